@@ -1,0 +1,452 @@
+// TBL v2 reader and writer (see tbl_format.h).
+#include "tbl_format.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <lz4.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+
+namespace tbljax::tbl {
+namespace {
+
+// Slicing-by-8 tables for a reflected CRC: t[k][b] is the CRC of byte b followed by k zeros.
+template <typename T>
+struct CrcTables {
+  std::array<std::array<T, 256>, 8> t{};
+  explicit CrcTables(T poly) {
+    for (uint32_t b = 0; b < 256; ++b) {
+      T c = static_cast<T>(b);
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? static_cast<T>((c >> 1) ^ poly) : static_cast<T>(c >> 1);
+      t[0][b] = c;
+    }
+    for (int k = 1; k < 8; ++k)
+      for (uint32_t b = 0; b < 256; ++b)
+        t[k][b] = static_cast<T>((t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xff]);
+  }
+  T Update(T crc, const uint8_t* p, size_t n) const {
+    while (n >= 8) {
+      uint64_t x;
+      std::memcpy(&x, p, 8);  // little-endian hosts only (x86-64, aarch64)
+      x ^= crc;
+      crc = static_cast<T>(t[7][x & 0xff] ^ t[6][(x >> 8) & 0xff] ^ t[5][(x >> 16) & 0xff] ^
+                           t[4][(x >> 24) & 0xff] ^ t[3][(x >> 32) & 0xff] ^
+                           t[2][(x >> 40) & 0xff] ^ t[1][(x >> 48) & 0xff] ^ t[0][x >> 56]);
+      p += 8;
+      n -= 8;
+    }
+    while (n--) crc = static_cast<T>((crc >> 8) ^ t[0][(crc ^ *p++) & 0xff]);
+    return crc;
+  }
+};
+
+const CrcTables<uint32_t>& Crc32Tables() {
+  static const CrcTables<uint32_t> tables(0xEDB88320u);
+  return tables;
+}
+const CrcTables<uint16_t>& Crc16Tables() {
+  static const CrcTables<uint16_t> tables(0xA001u);
+  return tables;
+}
+
+template <typename T>
+T Load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+template <typename T>
+void Store(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+
+uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+std::string DirName(const std::string& path) {
+  auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+std::string BaseName(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+void SyncDir(const std::string& dir) {
+  int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d >= 0) {
+    ::fsync(d);
+    ::close(d);
+  }
+}
+
+}  // namespace
+
+uint32_t Crc32(const uint8_t* data, size_t n, uint32_t crc) {
+  return ~Crc32Tables().Update(~crc, data, n);
+}
+
+uint16_t Crc16Modbus(const uint8_t* data, size_t n) {
+  return Crc16Tables().Update(0xFFFF, data, n);
+}
+
+// ------------------------------------------------------------------------------------------
+// Reader
+
+Status TblFile::Open(const std::string& path, std::unique_ptr<TblFile>* out) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return IOError(path + ": cannot open: " + ErrnoText());
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    std::string e = ErrnoText();
+    ::close(fd);
+    return IOError(path + ": cannot stat: " + e);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return IOError(path + ": not a regular file");
+  }
+  std::unique_ptr<TblFile> f(new TblFile());
+  f->path_ = path;
+  f->file_size_ = static_cast<uint64_t>(st.st_size);
+  if (f->file_size_ < kHeaderBytes) {
+    ::close(fd);
+    return Corrupt(path + ": file is " + std::to_string(f->file_size_) +
+                   " bytes, shorter than the 64-byte TBL header (truncated or not a TBL file)");
+  }
+  void* p = ::mmap(nullptr, f->file_size_, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);  // the mapping keeps the file alive
+  if (p == MAP_FAILED) return IOError(path + ": mmap failed: " + ErrnoText());
+  f->base_ = static_cast<const uint8_t*>(p);
+  TBLJAX_RETURN_IF_ERROR(f->Validate());
+  *out = std::move(f);
+  return Status::Ok();
+}
+
+TblFile::~TblFile() {
+  if (base_) ::munmap(const_cast<uint8_t*>(base_), file_size_);
+}
+
+std::string TblFile::Where(uint64_t i) const { return path_ + ": record " + std::to_string(i) + ": "; }
+
+RecordInfo TblFile::record(uint64_t i) const {
+  const uint8_t* e = base_ + kHeaderBytes + i * kIndexEntryBytes;
+  RecordInfo r;
+  r.offset = Load<uint64_t>(e);
+  r.size = Load<uint32_t>(e + 8);
+  r.uncompressed_size = Load<uint32_t>(e + 12);
+  r.width = Load<uint16_t>(e + 16);
+  r.height = Load<uint16_t>(e + 18);
+  r.format = e[20];
+  r.flags = e[21];
+  r.crc16 = Load<uint16_t>(e + 22);
+  return r;
+}
+
+Status TblFile::Validate() {
+  const uint8_t* h = base_;
+  if (std::memcmp(h, kMagic, 4) != 0) {
+    if (std::memcmp(h, kMagic, 3) == 0)
+      return Corrupt(path_ + ": TBL version byte is " + std::to_string(h[3]) + "; only TBL v2 is supported");
+    return Corrupt(path_ + ": not a TBL file (bad magic bytes)");
+  }
+  uint32_t version = Load<uint32_t>(h + 4);
+  if (version != kVersion)
+    return Corrupt(path_ + ": header says version " + std::to_string(version) + "; expected 2");
+  std::array<uint8_t, kHeaderBytes> copy;
+  std::memcpy(copy.data(), h, kHeaderBytes);
+  uint32_t stored_crc = Load<uint32_t>(h + 44);
+  Store<uint32_t>(copy.data() + 44, 0);
+  if (Crc32(copy.data(), kHeaderBytes) != stored_crc)
+    return Corrupt(path_ + ": header checksum mismatch (the 64-byte header is damaged)");
+  num_records_ = Load<uint64_t>(h + 8);
+  meta_offset_ = Load<uint64_t>(h + 24);
+  meta_size_ = Load<uint64_t>(h + 32);
+  flags_ = Load<uint32_t>(h + 40);
+
+  const uint64_t max_records = (file_size_ - kHeaderBytes) / kIndexEntryBytes;
+  if (num_records_ > max_records)
+    return Corrupt(path_ + ": header claims " + std::to_string(num_records_) +
+                   " records but the file (" + std::to_string(file_size_) +
+                   " bytes) cannot hold their index: truncated?");
+  const uint64_t index_end = kHeaderBytes + num_records_ * kIndexEntryBytes;
+  if (flags_ & kFlagHasMetadata) {
+    if (meta_offset_ < index_end || meta_offset_ > file_size_ || meta_size_ > file_size_ - meta_offset_)
+      return Corrupt(path_ + ": metadata section [" + std::to_string(meta_offset_) + ", +" +
+                     std::to_string(meta_size_) + ") lies outside the file (" +
+                     std::to_string(file_size_) + " bytes): truncated?");
+  }
+
+  uniform_raw_ = num_records_ > 0;
+  for (uint64_t i = 0; i < num_records_; ++i) {
+    RecordInfo r = record(i);
+    if (r.offset < index_end || r.offset > file_size_ || r.size > file_size_ - r.offset)
+      return Corrupt(Where(i) + "payload [" + std::to_string(r.offset) + ", +" + std::to_string(r.size) +
+                     ") lies outside the file (" + std::to_string(file_size_) + " bytes): truncated?");
+    if (r.format > kMaxFormat)
+      return Corrupt(Where(i) + "unknown record format " + std::to_string(r.format));
+    if (!r.lz4() && r.uncompressed_size != r.size)
+      return Corrupt(Where(i) + "uncompressed size " + std::to_string(r.uncompressed_size) +
+                     " differs from stored size " + std::to_string(r.size) + " of an uncompressed record");
+    if (r.format == kRawU8) {
+      const uint64_t want = uint64_t{r.width} * r.height * 3;
+      if (want == 0 || r.uncompressed_size != want)
+        return Corrupt(Where(i) + "RAW_U8 record of " + std::to_string(r.width) + "x" +
+                       std::to_string(r.height) + " must hold " + std::to_string(want) +
+                       " bytes, index says " + std::to_string(r.uncompressed_size));
+    }
+    if (uniform_raw_) {
+      if (i == 0) {
+        raw_offset_ = r.offset;
+        raw_h_ = r.height;
+        raw_w_ = r.width;
+      }
+      uniform_raw_ = r.format == kRawU8 && !r.lz4() && r.height == raw_h_ && r.width == raw_w_ &&
+                     r.offset == raw_offset_ + i * uint64_t{r.size};
+    }
+  }
+  if (!uniform_raw_) raw_offset_ = raw_h_ = raw_w_ = 0;
+
+  if ((flags_ & kFlagHasMetadata) && meta_size_ >= kMetaBlockHeaderBytes) {
+    const uint8_t* m = base_ + meta_offset_;
+    uint64_t sample = Load<uint64_t>(m);
+    uint32_t size = Load<uint32_t>(m + 8);
+    uint16_t type = Load<uint16_t>(m + 12);
+    if (sample == kDatasetBlockIndex && type == kMetaDataset) {
+      if (size > meta_size_ - kMetaBlockHeaderBytes)
+        return Corrupt(path_ + ": dataset metadata block runs past the end of the file: truncated?");
+      dataset_json_ = std::string_view(reinterpret_cast<const char*>(m + kMetaBlockHeaderBytes), size);
+    }
+  }
+  return Status::Ok();
+}
+
+std::string_view TblFile::metadata_section() const {
+  if (!(flags_ & kFlagHasMetadata)) return {};
+  return std::string_view(reinterpret_cast<const char*>(base_ + meta_offset_), meta_size_);
+}
+
+Status TblFile::ReadPayload(uint64_t i, std::vector<uint8_t>* out, bool verify) const {
+  if (i >= num_records_)
+    return OutOfRange(path_ + ": record " + std::to_string(i) + " out of range [0, " +
+                      std::to_string(num_records_) + ")");
+  RecordInfo r = record(i);
+  const uint8_t* src = base_ + r.offset;
+  out->resize(r.uncompressed_size);
+  if (r.lz4()) {
+    int got = LZ4_decompress_safe(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(out->data()),
+                                  static_cast<int>(r.size), static_cast<int>(r.uncompressed_size));
+    if (got != static_cast<int>(r.uncompressed_size))
+      return Corrupt(Where(i) + "LZ4 payload does not decompress to " + std::to_string(r.uncompressed_size) +
+                     " bytes (corrupt data)");
+  } else if (r.size) {
+    std::memcpy(out->data(), src, r.size);
+  }
+  if (verify && (flags_ & kFlagHasChecksums) && Crc16Modbus(out->data(), out->size()) != r.crc16)
+    return Corrupt(Where(i) + "checksum mismatch (CRC-16 of the payload differs from the index)");
+  return Status::Ok();
+}
+
+Status TblFile::VerifyRecord(uint64_t i) const {
+  if (i >= num_records_) return OutOfRange(path_ + ": record " + std::to_string(i) + " out of range");
+  RecordInfo r = record(i);
+  if (!r.lz4()) {
+    if ((flags_ & kFlagHasChecksums) && Crc16Modbus(base_ + r.offset, r.size) != r.crc16)
+      return Corrupt(Where(i) + "checksum mismatch (CRC-16 of the payload differs from the index)");
+    return Status::Ok();
+  }
+  std::vector<uint8_t> tmp;
+  return ReadPayload(i, &tmp, true);
+}
+
+// ------------------------------------------------------------------------------------------
+// Writer
+
+Status TblWriter::Create(const std::string& dst, uint64_t capacity, bool overwrite,
+                         std::unique_ptr<TblWriter>* out) {
+  if (dst.empty()) return InvalidArgument("destination path is empty");
+  struct stat st;
+  if (::stat(dst.c_str(), &st) == 0) {
+    if (!overwrite) return InvalidArgument(dst + ": already exists (pass overwrite=True to replace it)");
+    if (!S_ISREG(st.st_mode)) return InvalidArgument(dst + ": exists and is not a regular file");
+  }
+  const std::string dir = DirName(dst);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return IOError(dst + ": directory " + dir + " does not exist");
+  if (capacity > (uint64_t{1} << 40)) return InvalidArgument("capacity " + std::to_string(capacity) + " is too large");
+
+  std::unique_ptr<TblWriter> w(new TblWriter());
+  w->dst_ = dst;
+  w->overwrite_ = overwrite;
+  w->capacity_ = capacity;
+#ifdef O_TMPFILE
+  w->fd_ = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+#endif
+  if (w->fd_ < 0) {  // filesystem without O_TMPFILE: a hidden, unique name beside dst
+    static std::atomic<uint64_t> counter{0};
+    w->tmp_path_ = dir + "/." + BaseName(dst) + ".tbljax-tmp-" + std::to_string(::getpid()) + "-" +
+                   std::to_string(counter++);
+    w->fd_ = ::open(w->tmp_path_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0644);
+    if (w->fd_ < 0) {
+      std::string e = ErrnoText();
+      w->tmp_path_.clear();
+      return IOError(dst + ": cannot create a file in " + dir + ": " + e);
+    }
+  }
+  // Payloads start on a 4 KiB boundary after an index sized for `capacity` records.
+  w->cursor_ = AlignUp(kHeaderBytes + capacity * kIndexEntryBytes, kRawAlignment);
+  if (::ftruncate(w->fd_, static_cast<off_t>(w->cursor_)) != 0)
+    return IOError(dst + ": cannot size the new file: " + ErrnoText());
+  *out = std::move(w);
+  return Status::Ok();
+}
+
+TblWriter::~TblWriter() { Abort(); }
+
+void TblWriter::Abort() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  if (!done_ && !tmp_path_.empty()) ::unlink(tmp_path_.c_str());
+  done_ = true;
+}
+
+Status TblWriter::WriteAt(const void* p, size_t n, uint64_t off) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t k = ::pwrite(fd_, c, n, static_cast<off_t>(off));
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return IOError(dst_ + ": write failed: " + ErrnoText());
+    }
+    c += k;
+    n -= static_cast<size_t>(k);
+    off += static_cast<uint64_t>(k);
+  }
+  return Status::Ok();
+}
+
+Status TblWriter::Add(const uint8_t* data, size_t size, uint8_t format, uint32_t width, uint32_t height,
+                      bool lz4) {
+  if (done_) return InvalidArgument(dst_ + ": writer is already finalized or aborted");
+  if (count_ >= capacity_)
+    return InvalidArgument(dst_ + ": writer capacity of " + std::to_string(capacity_) + " records is full");
+  if (format > kMaxFormat) return InvalidArgument("unknown record format " + std::to_string(format));
+  if (width > 0xFFFF || height > 0xFFFF)
+    return InvalidArgument("record of " + std::to_string(width) + "x" + std::to_string(height) +
+                           " exceeds the format's 65535-pixel side");
+  if (size > 0xFFFFFFFFull) return InvalidArgument("record of " + std::to_string(size) + " bytes exceeds 4 GiB");
+  if (format == kRawU8 && size != uint64_t{width} * height * 3)
+    return InvalidArgument("RAW_U8 record of " + std::to_string(width) + "x" + std::to_string(height) +
+                           " must hold " + std::to_string(uint64_t{width} * height * 3) + " bytes, got " +
+                           std::to_string(size));
+  const uint8_t* stored = data;
+  size_t stored_size = size;
+  uint8_t flags = 0;
+  if (lz4 && size > 0) {
+    scratch_.resize(static_cast<size_t>(LZ4_compressBound(static_cast<int>(size))));
+    int c = LZ4_compress_default(reinterpret_cast<const char*>(data), reinterpret_cast<char*>(scratch_.data()),
+                                 static_cast<int>(size), static_cast<int>(scratch_.size()));
+    if (c > 0 && static_cast<size_t>(c) < size) {
+      stored = scratch_.data();
+      stored_size = static_cast<size_t>(c);
+      flags |= kRecordLz4;
+      any_lz4_ = true;
+    }
+  }
+  uint8_t e[kIndexEntryBytes] = {};
+  Store<uint64_t>(e, cursor_);
+  Store<uint32_t>(e + 8, static_cast<uint32_t>(stored_size));
+  Store<uint32_t>(e + 12, static_cast<uint32_t>(size));
+  Store<uint16_t>(e + 16, static_cast<uint16_t>(width));
+  Store<uint16_t>(e + 18, static_cast<uint16_t>(height));
+  e[20] = format;
+  e[21] = flags;
+  Store<uint16_t>(e + 22, Crc16Modbus(data, size));
+  TBLJAX_RETURN_IF_ERROR(WriteAt(stored, stored_size, cursor_));
+  TBLJAX_RETURN_IF_ERROR(WriteAt(e, sizeof e, kHeaderBytes + count_ * kIndexEntryBytes));
+  cursor_ += stored_size;
+  ++count_;
+  return Status::Ok();
+}
+
+Status TblWriter::Finalize(std::string_view dataset_json) {
+  if (done_) return InvalidArgument(dst_ + ": writer is already finalized or aborted");
+  if (dataset_json.size() > 0xFFFFFFFFull) return InvalidArgument("dataset metadata exceeds 4 GiB");
+  const uint64_t meta_offset = cursor_;
+  uint64_t meta_size = 0;
+  if (!dataset_json.empty()) {
+    uint8_t b[kMetaBlockHeaderBytes] = {};
+    Store<uint64_t>(b, kDatasetBlockIndex);
+    Store<uint32_t>(b + 8, static_cast<uint32_t>(dataset_json.size()));
+    Store<uint16_t>(b + 12, kMetaDataset);
+    TBLJAX_RETURN_IF_ERROR(WriteAt(b, sizeof b, meta_offset));
+    TBLJAX_RETURN_IF_ERROR(WriteAt(dataset_json.data(), dataset_json.size(), meta_offset + sizeof b));
+    meta_size = sizeof b + dataset_json.size();
+  }
+  uint8_t h[kHeaderBytes] = {};
+  std::memcpy(h, kMagic, 4);
+  Store<uint32_t>(h + 4, kVersion);
+  Store<uint64_t>(h + 8, count_);
+  Store<uint32_t>(h + 16, static_cast<uint32_t>(kHeaderBytes + count_ * kIndexEntryBytes));
+  Store<uint64_t>(h + 24, meta_offset);
+  Store<uint64_t>(h + 32, meta_size);
+  uint32_t flags = kFlagHasChecksums;
+  if (any_lz4_) flags |= kFlagCompressed;
+  if (meta_size) flags |= kFlagHasMetadata;
+  Store<uint32_t>(h + 40, flags);
+  Store<uint32_t>(h + 44, Crc32(h, kHeaderBytes));
+  TBLJAX_RETURN_IF_ERROR(WriteAt(h, sizeof h, 0));
+  if (::ftruncate(fd_, static_cast<off_t>(meta_offset + meta_size)) != 0)
+    return IOError(dst_ + ": cannot size the file: " + ErrnoText());
+  if (::fdatasync(fd_) != 0) return IOError(dst_ + ": sync failed: " + ErrnoText());
+
+  // Publish: link the finished file at dst (no-replace), or rename over it when overwriting.
+  std::string staged = tmp_path_;
+  if (staged.empty()) {  // unnamed O_TMPFILE: give it a name first
+    std::string fdpath = "/proc/self/fd/" + std::to_string(fd_);
+    if (!overwrite_) {
+      if (::linkat(AT_FDCWD, fdpath.c_str(), AT_FDCWD, dst_.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+        std::string e = errno == EEXIST ? "it appeared while converting; not overwritten" : ErrnoText();
+        return IOError(dst_ + ": cannot create: " + e);
+      }
+      ::close(fd_);
+      fd_ = -1;
+      done_ = true;
+      SyncDir(DirName(dst_));
+      return Status::Ok();
+    }
+    staged = DirName(dst_) + "/." + BaseName(dst_) + ".tbljax-tmp-" + std::to_string(::getpid());
+    ::unlink(staged.c_str());
+    if (::linkat(AT_FDCWD, fdpath.c_str(), AT_FDCWD, staged.c_str(), AT_SYMLINK_FOLLOW) != 0)
+      return IOError(dst_ + ": cannot stage the new file: " + ErrnoText());
+    tmp_path_ = staged;  // so a failure below removes it
+  }
+  int rc;
+  if (overwrite_) {
+    rc = ::rename(staged.c_str(), dst_.c_str());
+  } else {
+    rc = ::link(staged.c_str(), dst_.c_str());
+    if (rc == 0) ::unlink(staged.c_str());
+  }
+  if (rc != 0) {
+    std::string e = errno == EEXIST ? "it appeared while converting; not overwritten" : ErrnoText();
+    return IOError(dst_ + ": cannot publish: " + e);
+  }
+  ::close(fd_);
+  fd_ = -1;
+  done_ = true;
+  SyncDir(DirName(dst_));
+  return Status::Ok();
+}
+
+}  // namespace tbljax::tbl

@@ -1,0 +1,95 @@
+// Persistent thread pool (see thread_pool.h).
+#include "thread_pool.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace tbljax {
+
+ThreadPool::ThreadPool(int num_threads) {
+  for (int i = 1; i < std::max(1, num_threads); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::RunChunks() {
+  for (;;) {
+    int64_t begin, end;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (next_ >= n_) return;
+      begin = next_;
+      end = std::min(n_, begin + chunk_);
+      next_ = end;
+    }
+    for (int64_t i = begin; i < end; ++i) (*fn_)(i);
+  }
+}
+
+void ThreadPool::WorkerLoop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    RunChunks();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--active_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n <= 0) return;
+  if (workers_.empty() || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::lock_guard<std::mutex> call_lock(call_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    next_ = 0;
+    // Small chunks balance uneven work (JPEG decode); 4 per thread keeps locking cheap.
+    chunk_ = std::max<int64_t>(1, n / (static_cast<int64_t>(num_threads()) * 4));
+    active_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  work_cv_.notify_all();
+  RunChunks();
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return active_ == 0; });
+  fn_ = nullptr;
+}
+
+int ThreadPool::DefaultThreadCount() {
+  if (const char* env = std::getenv("TBLJAX_NUM_THREADS")) {
+    int v = std::atoi(env);
+    if (v > 0) return v;
+  }
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+ThreadPool& ThreadPool::Default() {
+  // Leaked on purpose: joining threads during static destruction at exit can deadlock.
+  static ThreadPool* pool = new ThreadPool(DefaultThreadCount());
+  return *pool;
+}
+
+}  // namespace tbljax

@@ -1,0 +1,48 @@
+// A persistent pool of worker threads that runs one parallel-for at a time. Kernels and
+// decoders share it so no call spawns threads; the caller's thread takes part in the work.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tbljax {
+
+class ThreadPool {
+ public:
+  // num_threads counts the calling thread: a pool of 1 runs everything inline.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(i) for every i in [0, n), spread over the pool in chunks, and returns when all
+  // are done. Calls from several threads at once are serialized.
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
+
+  // The process-wide pool used by default; its size is set by TBLJAX_NUM_THREADS or the
+  // number of CPUs this process may run on.
+  static ThreadPool& Default();
+  static int DefaultThreadCount();
+
+ private:
+  void WorkerLoop();
+  void RunChunks();
+
+  std::vector<std::thread> workers_;
+  std::mutex call_mu_;  // one ParallelFor at a time
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  const std::function<void(int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0, chunk_ = 1;
+  int64_t next_ = 0;          // next index to hand out (guarded by mu_)
+  int active_ = 0;            // workers still inside the current job
+  uint64_t generation_ = 0;   // bumps once per job so workers wake exactly once
+  bool stop_ = false;
+};
+
+}  // namespace tbljax

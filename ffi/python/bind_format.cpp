@@ -1,0 +1,166 @@
+// Python bindings for the TBL file: constants, checksums, the reader and the writer.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <mutex>
+#include <memory>
+
+#include "common.h"
+#include "tbl_format.h"
+#include "thread_pool.h"
+
+namespace tbljax::py {
+namespace {
+
+using tbl::TblFile;
+using tbl::TblWriter;
+
+// Holds the mapping; numpy views of it keep this object alive as their owner.
+struct PyTblFile {
+  std::unique_ptr<TblFile> f;
+};
+struct PyTblWriter {
+  std::unique_ptr<TblWriter> w;
+};
+
+using U8Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+nb::bytes BytesOf(std::string_view s) { return nb::bytes(s.data(), s.size()); }
+
+}  // namespace
+
+void BindFormat(nb::module_& m) {
+  m.attr("MAGIC") = nb::bytes(tbl::kMagic, 4);
+  m.attr("VERSION") = tbl::kVersion;
+  m.attr("HEADER_BYTES") = tbl::kHeaderBytes;
+  m.attr("INDEX_ENTRY_BYTES") = tbl::kIndexEntryBytes;
+  m.attr("META_BLOCK_HEADER_BYTES") = tbl::kMetaBlockHeaderBytes;
+  m.attr("RAW_ALIGNMENT") = tbl::kRawAlignment;
+  m.attr("META_JSON") = tbl::kMetaJson;
+  m.attr("META_DATASET") = tbl::kMetaDataset;
+  m.attr("DATASET_BLOCK_INDEX") = tbl::kDatasetBlockIndex;
+  m.attr("FLAG_COMPRESSED") = static_cast<uint32_t>(tbl::kFlagCompressed);
+  m.attr("FLAG_HAS_METADATA") = static_cast<uint32_t>(tbl::kFlagHasMetadata);
+  m.attr("FLAG_HAS_CHECKSUMS") = static_cast<uint32_t>(tbl::kFlagHasChecksums);
+  m.attr("RECORD_LZ4") = static_cast<uint32_t>(tbl::kRecordLz4);
+  nb::dict formats;
+  formats["UNKNOWN"] = int{tbl::kUnknown};
+  formats["JPEG"] = int{tbl::kJpeg};
+  formats["PNG"] = int{tbl::kPng};
+  formats["WEBP"] = int{tbl::kWebp};
+  formats["BMP"] = int{tbl::kBmp};
+  formats["TIFF"] = int{tbl::kTiff};
+  formats["MP4"] = int{tbl::kMp4};
+  formats["AVI"] = int{tbl::kAvi};
+  formats["RAW_U8"] = int{tbl::kRawU8};
+  m.attr("FORMATS") = formats;
+
+  m.def("crc32", [](U8Bytes b, uint32_t crc) { return tbl::Crc32(b.data(), b.shape(0), crc); },
+        nb::arg("data"), nb::arg("crc") = 0, "zlib-compatible CRC-32.");
+  m.def("crc16_modbus", [](U8Bytes b) { return tbl::Crc16Modbus(b.data(), b.shape(0)); },
+        nb::arg("data"), "CRC-16/MODBUS, the per-record checksum of TBL v2.");
+
+  nb::class_<PyTblFile>(m, "TblFile", "A validated, memory-mapped TBL v2 file.")
+      .def("__init__", [](PyTblFile* self, const std::string& path) {
+        std::unique_ptr<TblFile> f;
+        Status s;
+        {
+          nb::gil_scoped_release release;
+          s = TblFile::Open(path, &f);
+        }
+        Check(s);
+        new (self) PyTblFile{std::move(f)};
+      }, nb::arg("path"))
+      .def_prop_ro("path", [](const PyTblFile& s) { return s.f->path(); })
+      .def_prop_ro("num_records", [](const PyTblFile& s) { return s.f->num_records(); })
+      .def_prop_ro("file_size", [](const PyTblFile& s) { return s.f->file_size(); })
+      .def_prop_ro("header_flags", [](const PyTblFile& s) { return s.f->header_flags(); })
+      .def_prop_ro("uniform_raw", [](const PyTblFile& s) { return s.f->uniform_raw(); })
+      .def_prop_ro("raw_offset", [](const PyTblFile& s) { return s.f->raw_offset(); })
+      .def_prop_ro("raw_shape", [](const PyTblFile& s) {
+        return std::make_tuple(s.f->raw_height(), s.f->raw_width());
+      })
+      .def_prop_ro("dataset_json", [](const PyTblFile& s) { return BytesOf(s.f->dataset_json()); })
+      .def("metadata_section", [](const PyTblFile& s) { return BytesOf(s.f->metadata_section()); })
+      .def("index_bytes", [](nb::handle self_h) {
+        const PyTblFile& s = nb::cast<const PyTblFile&>(self_h);
+        size_t shape[2] = {static_cast<size_t>(s.f->num_records()), tbl::kIndexEntryBytes};
+        return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<2>>(
+            s.f->base() + tbl::kHeaderBytes, 2, shape, self_h);
+      }, "The index as a read-only (N, 24) uint8 view of the mapping.")
+      .def("raw_view", [](nb::handle self_h) {
+        const PyTblFile& s = nb::cast<const PyTblFile&>(self_h);
+        if (!s.f->uniform_raw())
+          Raise(InvalidArgument(s.f->path() + ": records are not uniform uncompressed RAW_U8, so there "
+                                "is no zero-copy view (use read(i))"));
+        size_t shape[4] = {static_cast<size_t>(s.f->num_records()), s.f->raw_height(), s.f->raw_width(), 3};
+        return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<4>>(
+            s.f->base() + s.f->raw_offset(), 4, shape, self_h);
+      }, "Zero-copy read-only (N, H, W, 3) uint8 view of a uniform RAW file.")
+      .def("read_payload", [](const PyTblFile& s, uint64_t i, bool verify) {
+        std::vector<uint8_t> buf;
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          st = s.f->ReadPayload(i, &buf, verify);
+        }
+        Check(st);
+        return nb::bytes(reinterpret_cast<const char*>(buf.data()), buf.size());
+      }, nb::arg("i"), nb::arg("verify") = true, "Record i's payload bytes, LZ4 undone.")
+      .def("verify", [](const PyTblFile& s, int threads) {
+        // Checks every record's CRC-16 in parallel; returns [(record, message)] of failures.
+        const uint64_t n = s.f->num_records();
+        std::vector<std::tuple<uint64_t, std::string>> bad;
+        {
+          nb::gil_scoped_release release;
+          std::mutex mu;
+          auto check = [&](int64_t i) {
+            Status st = s.f->VerifyRecord(static_cast<uint64_t>(i));
+            if (!st.ok()) {
+              std::lock_guard<std::mutex> lock(mu);
+              bad.emplace_back(static_cast<uint64_t>(i), st.message());
+            }
+          };
+          if (threads <= 0) {
+            ThreadPool::Default().ParallelFor(static_cast<int64_t>(n), check);
+          } else {
+            ThreadPool pool(threads);
+            pool.ParallelFor(static_cast<int64_t>(n), check);
+          }
+        }
+        std::sort(bad.begin(), bad.end());
+        return bad;
+      }, nb::arg("threads") = 0);
+
+  nb::class_<PyTblWriter>(m, "TblWriter", "Streaming, atomic TBL v2 writer (see tbljax.format.Writer).")
+      .def("__init__", [](PyTblWriter* self, const std::string& dst, uint64_t capacity, bool overwrite) {
+        std::unique_ptr<TblWriter> w;
+        Check(TblWriter::Create(dst, capacity, overwrite, &w));
+        new (self) PyTblWriter{std::move(w)};
+      }, nb::arg("dst"), nb::arg("capacity"), nb::arg("overwrite") = false)
+      .def("add", [](PyTblWriter& s, U8Bytes data, uint8_t format, uint32_t width, uint32_t height, bool lz4) {
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          st = s.w->Add(data.data(), data.shape(0), format, width, height, lz4);
+        }
+        Check(st);
+      }, nb::arg("data"), nb::arg("format"), nb::arg("width"), nb::arg("height"), nb::arg("lz4") = false)
+      .def("finalize", [](PyTblWriter& s, const std::string& json) {
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          st = s.w->Finalize(json);
+        }
+        Check(st);
+      }, nb::arg("dataset_json"))
+      .def("abort", [](PyTblWriter& s) { s.w->Abort(); })
+      .def_prop_ro("num_records", [](const PyTblWriter& s) { return s.w->num_records(); })
+      .def_prop_ro("capacity", [](const PyTblWriter& s) { return s.w->capacity(); });
+}
+
+}  // namespace tbljax::py

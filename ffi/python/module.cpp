@@ -1,0 +1,62 @@
+// tbljax._core: the nanobind front end over the C++ core. Each bind_*.cpp adds one room.
+#include <cstddef>
+#include <cstdio>
+#include <jpeglib.h>
+#include <lz4.h>
+
+#include "common.h"
+#include "thread_pool.h"
+
+namespace tbljax::py {
+
+PyObject* g_corrupt_file_error = nullptr;
+PyObject* g_decode_error = nullptr;
+
+void Raise(const Status& s) {
+  PyObject* type = PyExc_RuntimeError;
+  switch (s.code()) {
+    case Code::kInvalidArgument: type = PyExc_ValueError; break;
+    case Code::kOutOfRange: type = PyExc_IndexError; break;
+    case Code::kIOError: type = PyExc_OSError; break;
+    case Code::kCorrupt: type = g_corrupt_file_error; break;
+    case Code::kDecodeError: type = g_decode_error; break;
+    case Code::kUnimplemented: type = PyExc_NotImplementedError; break;
+    case Code::kCancelled: type = PyExc_KeyboardInterrupt; break;
+    case Code::kOk: break;
+  }
+  PyErr_SetString(type, s.message().c_str());
+  throw nb::python_error();
+}
+
+}  // namespace tbljax::py
+
+#define TBLJAX_STR2(x) #x
+#define TBLJAX_STR(x) TBLJAX_STR2(x)
+
+NB_MODULE(_core, m) {
+  namespace nb = nanobind;
+  using namespace tbljax::py;
+  m.doc() = "tbljax native core (TBL format, decode, kernels). Use the tbljax package, not this.";
+
+  g_corrupt_file_error = PyErr_NewExceptionWithDoc(
+      "tbljax.CorruptFileError",
+      "A TBL file's bytes break the format: truncated, damaged or not a TBL file.",
+      PyExc_ValueError, nullptr);
+  g_decode_error = PyErr_NewExceptionWithDoc(
+      "tbljax.DecodeError", "An image could not be decoded.", PyExc_ValueError, nullptr);
+  m.attr("CorruptFileError") = nb::borrow(g_corrupt_file_error);
+  m.attr("DecodeError") = nb::borrow(g_decode_error);
+
+  m.def("_native_info", [] {
+    nb::dict d;
+    d["version"] = TBLJAX_VERSION;
+    d["compiler"] = __VERSION__;
+    d["libjpeg_turbo"] = TBLJAX_STR(LIBJPEG_TURBO_VERSION);
+    d["jpeg_lib_version"] = JPEG_LIB_VERSION;
+    d["lz4"] = LZ4_versionString();
+    d["default_threads"] = tbljax::ThreadPool::DefaultThreadCount();
+    return d;
+  }, "What this build of the core was compiled with.");
+
+  BindFormat(m);
+}

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Developer build: compiles the native modules into tbljax/ so `PYTHONPATH=. pytest` tests the
+# working tree without installing. Usage: scripts/dev-build.sh [extra cmake -D options]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-$(command -v python)}
+cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" "$@" >/dev/null
+cmake --build build/dev
