@@ -1,2 +1,27 @@
-"""tbljax: decode an image dataset once into a TBL file, then serve every epoch to JAX."""
+"""tbljax: decode an image dataset once into a TBL file, then serve every epoch to JAX.
+
+>>> import tbljax
+>>> tbljax.convert("train-{000..099}.tar", "train.tbl", image_size=160)
+>>> ds = tbljax.open("train.tbl")
+"""
 from tbljax._core import CorruptFileError, DecodeError
+from tbljax.convert import ConversionError, ConvertSummary, convert
+from tbljax.format import Dataset, Writer, open
+
+__version__: str = __import__("tbljax._core", fromlist=["_native_info"])._native_info()["version"]
+
+
+def build_info() -> dict:
+    """What this build was compiled with and what runs: version, SIMD target in use,
+    libjpeg-turbo and lz4 versions, compiler, default thread count."""
+    from tbljax import _core
+
+    info = dict(_core._native_info())
+    info.setdefault("simd", "none (kernel not built)")
+    return info
+
+
+__all__ = [
+    "ConversionError", "ConvertSummary", "CorruptFileError", "Dataset", "DecodeError", "Writer",
+    "build_info", "convert", "open",
+]

@@ -1,0 +1,139 @@
+"""The `tbljax` command: convert | info | verify | demo."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+
+def _cmd_convert(a: argparse.Namespace) -> int:
+    import tbljax
+
+    try:
+        summary = tbljax.convert(a.sources, a.output, image_size=a.image_size, resize=a.resize,
+                                 format=a.format, threads=a.threads, strict=a.strict,
+                                 overwrite=a.overwrite, progress=not a.quiet)
+    except tbljax.ConversionError as e:
+        print(f"tbljax convert: {e}", file=sys.stderr)
+        for s in e.skipped:
+            print(f"  {s['key']} ({s['source']}): {s['reason']}", file=sys.stderr)
+        return 1
+    print(summary)
+    return 0
+
+
+def _describe(path: str) -> dict[str, Any]:
+    import tbljax
+
+    ds = tbljax.open(path)
+    idx = ds.index
+    sizes = Counter(zip(idx["height"].tolist(), idx["width"].tolist()))
+    labels = ds.labels
+    known = labels[labels >= 0]
+    return {
+        "path": path,
+        "records": len(ds),
+        "record_format": ds.record_format,
+        "image_shape": ds.image_shape,
+        "zero_copy_view": ds.image_shape is not None and ds.record_format == "raw",
+        "bytes": int(ds._files[0].file_size),
+        "stored_payload_bytes": int(idx["size"].sum()),
+        "record_sizes_hxw": {f"{h}x{w}": n for (h, w), n in sizes.most_common(5)},
+        "labelled": int(known.size),
+        "num_classes": len(ds.classes) if ds.classes else int(np.unique(known).size) if known.size else 0,
+        "classes": (ds.classes or [])[:10],
+        "recipe": ds.recipe,
+        "skipped": len(ds.skipped),
+        "fingerprint": ds.fingerprint,
+    }
+
+
+def _cmd_info(a: argparse.Namespace) -> int:
+    for path in a.files:
+        d = _describe(path)
+        if a.json:
+            print(json.dumps(d))
+            continue
+        print(f"{path}")
+        for k, v in d.items():
+            if k != "path":
+                print(f"  {k:22s} {v}")
+    return 0
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    import tbljax
+
+    bad_total = 0
+    for path in a.files:
+        try:
+            ds = tbljax.open(path)
+        except (tbljax.CorruptFileError, OSError) as e:
+            print(f"FAIL {e}")
+            bad_total += 1
+            continue
+        problems = ds.verify(threads=a.threads or 0)
+        bad_total += len(problems)
+        for f, i, msg in problems[:50]:
+            print(f"FAIL {msg}")
+        if len(problems) > 50:
+            print(f"FAIL ... and {len(problems) - 50} more records in {path}")
+        if not problems:
+            print(f"ok   {path}: {len(ds)} records, all checksums match")
+    return 1 if bad_total else 0
+
+
+def _cmd_demo(a: argparse.Namespace) -> int:
+    from tbljax import demo
+
+    return demo.main(steps=a.steps, workdir=a.workdir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tbljax", description="Decode once into a TBL file; serve every epoch to JAX.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="decode TAR shards / an image folder / image files into a TBL file")
+    c.add_argument("sources", nargs="+", help="TAR shards (brace patterns ok), an image folder, or image files")
+    c.add_argument("-o", "--output", required=True, help="destination .tbl file")
+    c.add_argument("-s", "--image-size", type=int, required=True, help="output side in pixels")
+    c.add_argument("--resize", default="center_crop", choices=["center_crop", "squash", "max_side"])
+    c.add_argument("--format", default="raw", choices=["raw", "jpeg", "lz4"])
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--strict", action="store_true", help="stop (and write nothing) at the first bad image")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(fn=_cmd_convert)
+
+    i = sub.add_parser("info", help="describe TBL files")
+    i.add_argument("files", nargs="+")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(fn=_cmd_info)
+
+    v = sub.add_parser("verify", help="check every record's checksum")
+    v.add_argument("files", nargs="+")
+    v.add_argument("--threads", type=int, default=None)
+    v.set_defaults(fn=_cmd_verify)
+
+    d = sub.add_parser("demo", help="make a small dataset, convert it, train a JAX model on it")
+    d.add_argument("--steps", type=int, default=300)
+    d.add_argument("--workdir", default=None, help="where to put the demo files (default: a temp dir)")
+    d.set_defaults(fn=_cmd_demo)
+
+    a = p.parse_args(argv)
+    try:
+        return a.fn(a)
+    except (ValueError, OSError) as e:  # bad input: one clear line, not a traceback
+        print(f"tbljax {a.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tbljax {a.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
