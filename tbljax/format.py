@@ -79,7 +79,11 @@ class Dataset:
         counts = np.array([f.num_records for f in self._files], dtype=np.int64)
         # starts[k] is the global index of file k's first record; starts[-1] == len(self).
         self._starts = np.concatenate([[0], np.cumsum(counts)])
-        self._meta = [self._parse_dataset_json(f) for f in self._files]
+
+    @cached_property
+    def _meta(self) -> list[dict[str, Any]]:
+        # Parsed on first use: keys of a large dataset are megabytes of JSON.
+        return [self._parse_dataset_json(f) for f in self._files]
 
     # ---- basics ----
     def __len__(self) -> int:

@@ -62,8 +62,9 @@ def test_layout_matches_spec(tmp_path):
         assert off == 4096 + i * rec  # first RAW payload 4 KiB-aligned, records contiguous
         assert b[off:off + size] == imgs[i].tobytes()
         assert c16 == crc16_modbus_bitwise(imgs[i].tobytes())
-    sample, size, mtype = struct.unpack_from("<QIH", b, meta_off)
+    sample, size, mtype, json_crc = struct.unpack_from("<QIHH", b, meta_off)
     assert (sample, mtype) == (2**64 - 1, 255) and 16 + size == meta_size
+    assert json_crc == crc16_modbus_bitwise(b[meta_off + 16:meta_off + 16 + size])
     assert meta_off + meta_size == len(b)
 
 
@@ -164,8 +165,11 @@ def damaged(src, tmp_path, fn):
         (lambda b: b.__setitem__(12, 0x7F), "header checksum"),
         (lambda b: b.__delitem__(slice(4200, None)), "truncated"),
         (lambda b: b.__delitem__(slice(100, None)), "truncated"),
+        (lambda b: b.__delitem__(slice(len(b) - 5, None)), "truncated"),
+        (lambda b: b.__setitem__(len(b) - 3, b[len(b) - 3] ^ 4), "metadata block checksum"),
     ],
-    ids=["short", "empty", "magic", "header-bitflip", "truncated-payload", "truncated-index"],
+    ids=["short", "empty", "magic", "header-bitflip", "truncated-payload", "truncated-index",
+         "truncated-metadata", "metadata-bitflip"],
 )
 def test_corrupt_files_fail_at_open(good_file, tmp_path, damage, message):
     p = damaged(good_file, tmp_path, damage)

@@ -223,6 +223,8 @@ Status TblFile::Validate() {
     if (sample == kDatasetBlockIndex && type == kMetaDataset) {
       if (size > meta_size_ - kMetaBlockHeaderBytes)
         return Corrupt(path_ + ": dataset metadata block runs past the end of the file: truncated?");
+      if (Crc16Modbus(m + kMetaBlockHeaderBytes, size) != Load<uint16_t>(m + 14))
+        return Corrupt(path_ + ": dataset metadata block checksum mismatch (labels/keys damaged)");
       dataset_json_ = std::string_view(reinterpret_cast<const char*>(m + kMetaBlockHeaderBytes), size);
     }
   }
@@ -389,6 +391,9 @@ Status TblWriter::Finalize(std::string_view dataset_json) {
     Store<uint64_t>(b, kDatasetBlockIndex);
     Store<uint32_t>(b + 8, static_cast<uint32_t>(dataset_json.size()));
     Store<uint16_t>(b + 12, kMetaDataset);
+    // The block header's reserved u16 carries a CRC-16 of the JSON (turboloader ignores it).
+    Store<uint16_t>(b + 14, Crc16Modbus(reinterpret_cast<const uint8_t*>(dataset_json.data()),
+                                        dataset_json.size()));
     TBLJAX_RETURN_IF_ERROR(WriteAt(b, sizeof b, meta_offset));
     TBLJAX_RETURN_IF_ERROR(WriteAt(dataset_json.data(), dataset_json.size(), meta_offset + sizeof b));
     meta_size = sizeof b + dataset_json.size();

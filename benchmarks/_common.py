@@ -1,0 +1,59 @@
+"""Shared by the benchmarks: run each configuration in its own process, several rounds
+interleaved, and report medians. A worker prints one JSON line as its last output."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def run_worker(script: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 900) -> dict:
+    """Runs `python script --worker args...` in a fresh process; returns its JSON result."""
+    e = dict(os.environ)
+    e.update(env or {})
+    r = subprocess.run([sys.executable, str(script), "--worker", *args], capture_output=True, text=True,
+                       env=e, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"worker {args} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def rounds(script: Path, configs: dict[str, list[str]], n: int, env: dict[str, dict[str, str]] | None = None,
+           ) -> dict[str, list[dict]]:
+    """Runs every config n times, interleaved round by round so drift hits all alike."""
+    out: dict[str, list[dict]] = {k: [] for k in configs}
+    for r in range(n):
+        for name, args in configs.items():
+            res = run_worker(script, args, (env or {}).get(name))
+            out[name].append(res)
+            print(f"  round {r + 1}/{n} {name}: {json.dumps(res)}", file=sys.stderr, flush=True)
+    return out
+
+
+def median(results: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in results)
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
