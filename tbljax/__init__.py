@@ -7,6 +7,9 @@
 from tbljax._core import CorruptFileError, DecodeError
 from tbljax.convert import ConversionError, ConvertSummary, convert
 from tbljax.format import Dataset, Writer, open
+from tbljax import order
+from tbljax.augment import Augment
+from tbljax.loader import IMAGENET_MEAN, IMAGENET_STD, Loader, loader
 
 __version__: str = __import__("tbljax._core", fromlist=["_native_info"])._native_info()["version"]
 
@@ -22,6 +25,7 @@ def build_info() -> dict:
 
 
 __all__ = [
+    "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "Loader", "loader", "order",
     "ConversionError", "ConvertSummary", "CorruptFileError", "Dataset", "DecodeError", "Writer",
     "build_info", "convert", "open",
 ]

@@ -1,0 +1,176 @@
+"""tbljax.batch: host memory for batches and its hand-off to JAX. Which rows of a global batch
+this process builds, a ring of 4 KiB-aligned host buffers laid out per device shard, and the
+assembly of global `jax.Array`s from per-device pieces without copying on CPU.
+
+Lifetime contract. On CPU, `jax.device_put` of a 64-byte-aligned NumPy array does not copy: the
+jax.Array reads the ring's memory, and XLA keeps a reference to the NumPy array for as long as
+any buffer aliases it (the jax.Array, arrays derived from it, `np.asarray` views of it, a
+computation still running on it). On GPU/TPU the same reference is held until the host-to-device
+copy has finished. So a slot is free exactly when nothing but the ring refers to its memory:
+`Slot.in_use` checks the reference count of the slot's memory, and `Ring.acquire` never hands
+out a slot in use; instead it retires it (its memory lives on, owned by whoever still views it)
+and allocates a fresh one. A user who keeps every batch therefore keeps correct batches (and
+the memory they hold); one who drops them recycles a fixed set of buffers.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ALIGN", "aligned_empty", "Layout", "Slot", "Ring", "batch_shardings"]
+
+ALIGN = 4096  # a page: also satisfies XLA's 64-byte zero-copy requirement
+
+
+def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
+    """An uninitialized 1-D uint8 array of `nbytes` whose data address is a multiple of `align`.
+
+    >>> aligned_empty(100).ctypes.data % 4096
+    0
+    """
+    raw = np.empty(nbytes + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + nbytes]
+
+
+def batch_shardings(sharding):
+    """The sharding the user gave → one sharding for every batch array (leading axis only).
+
+    None → the batch axis over all devices. A `Mesh` → the batch axis over all its axes. A
+    `NamedSharding` may partition only the leading (batch) axis; it is applied to arrays of every
+    rank, so image, label, index and valid rows land on the same devices.
+    """
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+    if sharding is None:
+        mesh = Mesh(np.array(jax.devices()), ("batch",))
+        return NamedSharding(mesh, PartitionSpec("batch"))
+    if isinstance(sharding, Mesh):
+        return NamedSharding(sharding, PartitionSpec(sharding.axis_names))
+    if isinstance(sharding, SingleDeviceSharding):
+        return sharding
+    if isinstance(sharding, NamedSharding):
+        spec = tuple(sharding.spec)
+        if any(s is not None for s in spec[1:]):
+            raise ValueError(f"sharding may partition only the batch (leading) axis, got spec "
+                             f"{sharding.spec}; use e.g. PartitionSpec({spec[0]!r})")
+        return NamedSharding(sharding.mesh, PartitionSpec(spec[0] if spec else None))
+    raise TypeError(f"sharding must be None, a jax.sharding.Mesh, NamedSharding or "
+                    f"SingleDeviceSharding, got {type(sharding).__name__}")
+
+
+def _batch_parts(sharding) -> int:
+    """How many pieces a sharding from `batch_shardings` cuts the batch axis into."""
+    spec = getattr(sharding, "spec", None)
+    if spec is None or not len(spec) or spec[0] is None:
+        return 1
+    axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+    return int(np.prod([sharding.mesh.shape[a] for a in axes]))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the rows of a global batch of `global_batch` rows live for this process.
+
+    ``ranges``: the distinct (start, stop) row ranges on this process's devices, sorted; each
+    is built once even when several devices hold it (replication). ``devices``: per addressable
+    device, (device, index into ranges).
+    """
+
+    sharding: object
+    global_batch: int
+    ranges: tuple[tuple[int, int], ...]
+    devices: tuple[tuple[object, int], ...]
+
+    @classmethod
+    def create(cls, sharding, global_batch: int) -> "Layout":
+        parts = _batch_parts(sharding)
+        if global_batch % parts:
+            raise ValueError(f"global batch {global_batch} does not split evenly over the "
+                             f"{parts} batch shards of {sharding}: use a multiple of {parts}")
+        per_device = sharding.addressable_devices_indices_map((global_batch,))
+        spans = {d: idx[0].indices(global_batch)[:2] for d, idx in per_device.items()}
+        ranges = tuple(sorted(set(spans.values())))
+        where = {r: i for i, r in enumerate(ranges)}
+        devices = tuple((d, where[spans[d]]) for d in per_device)
+        return cls(sharding, global_batch, ranges, devices)
+
+    @property
+    def local_rows(self) -> int:
+        return sum(b - a for a, b in self.ranges)
+
+    def to_global(self, pieces, row_shape=()):
+        """One global jax.Array from per-range host arrays (``pieces[i]`` holds ``ranges[i]``)."""
+        import jax
+
+        arrays = [jax.device_put(pieces[i], d) for d, i in self.devices]
+        shape = (self.global_batch, *row_shape)
+        return jax.make_array_from_single_device_arrays(shape, self.sharding, arrays)
+
+
+class Slot:
+    """Host memory for this process's rows of one batch: one aligned region per row range."""
+
+    def __init__(self, layout: Layout, row_shape: tuple[int, ...], dtype):
+        self.row_shape = tuple(row_shape)
+        self.dtype = np.dtype(dtype)
+        row_bytes = int(np.prod(self.row_shape)) * self.dtype.itemsize
+        self._regions = []  # (byte offset, rows); every region starts on an ALIGN boundary
+        offset = 0
+        for a, b in layout.ranges:
+            self._regions.append((offset, b - a))
+            offset += -(-(b - a) * row_bytes // ALIGN) * ALIGN
+        mem = aligned_empty(max(offset, ALIGN))
+        # Every view of `mem` (and so every jax.Array aliasing it) holds a reference to its
+        # owner; counting those references tells whether anything still reads this memory.
+        self._owner = mem.base
+        self._mem = mem
+        self._idle_refs = sys.getrefcount(self._owner)
+        self._row_bytes = row_bytes
+
+    def views(self) -> list[np.ndarray]:
+        """Fresh typed (rows, *row_shape) views, one per range. Drop them once handed to JAX."""
+        return [self._mem[o:o + r * self._row_bytes].view(self.dtype).reshape(r, *self.row_shape)
+                for o, r in self._regions]
+
+    def in_use(self) -> bool:
+        return sys.getrefcount(self._owner) > self._idle_refs
+
+
+def _release_dropped_buffers():
+    """Lets jaxlib drop host references it holds for buffers already deleted.
+
+    jaxlib defers those releases to its next call (or to a Python gc pass, which jax hooks),
+    so a reference count can be stale by one step: stale means "in use", the safe side. This
+    only spares a needless reallocation; without the hook the ring stays correct.
+    """
+    try:
+        importlib.import_module("jaxlib._jax").collect_garbage()
+    except (ImportError, AttributeError):
+        pass
+
+
+class Ring:
+    """A fixed set of slots handed out round-robin; a slot still in use is replaced, not reused."""
+
+    def __init__(self, layout: Layout, row_shape, dtype, size: int):
+        if size < 1:
+            raise ValueError(f"ring size must be >= 1, got {size}")
+        self._make = lambda: Slot(layout, row_shape, dtype)
+        self._slots = [self._make() for _ in range(size)]
+        self._next = 0
+        self.replaced = 0  # slots retired because a jax.Array still viewed them
+
+    def acquire(self) -> Slot:
+        i = self._next
+        self._next = (i + 1) % len(self._slots)
+        if self._slots[i].in_use():
+            _release_dropped_buffers()
+        if self._slots[i].in_use():
+            self._slots[i] = self._make()
+            self.replaced += 1
+        return self._slots[i]

@@ -1,0 +1,488 @@
+"""tbljax.loader: the iterator users hold. Wires a dataset, the order, the kernel and the host
+ring together and yields dicts of global `jax.Array`s; keeps the resumable state, the metrics,
+and a background producer thread that always shuts down cleanly.
+
+Data flows one way: `order` says which sample each row holds → `augment` says its crop and flip
+→ the kernel (`tbljax.kernels.gather`, GIL released) writes the rows into a ring slot →
+`batch` hands the slot to JAX (no copy on CPU) → the consumer receives it from a queue.
+
+Example:
+    >>> import tbljax
+    >>> loader = tbljax.loader("train.tbl", batch_size=256, seed=0, augment="rrc_flip")
+    >>> for batch in loader:
+    ...     state, loss = train_step(state, batch["image"], batch["label"])
+    ...     if step % 1000 == 0:
+    ...         save(state, loader.state_dict())   # {version, seed, epoch, position, fingerprint}
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import importlib
+import math
+import os
+import queue
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from tbljax import augment as _augment
+from tbljax import batch as _batch
+from tbljax import order
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Loader", "LoaderOptions", "loader"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "uint8": "uint8"}
+_LAYOUTS = ("NHWC", "NCHW")
+# Slots beyond the prefetch queue: one being filled, one the consumer holds, one still read by
+# a step in flight. A slot still viewed is replaced anyway (see tbljax.batch), never overwritten.
+_RING_EXTRA = 3
+_POLL_S = 0.05  # how often blocked queue calls look at the stop flag
+
+
+def _dtype_name(dtype) -> str:
+    name = dtype if isinstance(dtype, str) else getattr(np.dtype(dtype), "name", str(dtype))
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return name
+
+
+def _np_dtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _triple(name, value, positive):
+    try:
+        v = tuple(float(x) for x in value)
+    except (TypeError, ValueError):
+        v = ()
+    if len(v) != 3 or not all(math.isfinite(x) and (x > 0 or not positive) for x in v):
+        need = "three finite numbers > 0" if positive else "three finite numbers"
+        raise ValueError(f"{name} must be {need} (one per RGB channel), got {value!r}")
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions:
+    """Everything that decides what a loader yields, validated once. See `loader` for meanings."""
+
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+    num_epochs: int | None = None
+    dtype: str = "float32"
+    layout: str = "NHWC"
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    augment: _augment.Augment | None = None
+    drop_remainder: bool = True
+    prefetch: int = 2
+    threads: int | None = None
+
+    def __post_init__(self):
+        def integer(v):
+            return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+        if not integer(self.batch_size) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if not integer(self.seed) or not 0 <= self.seed < 1 << 64:
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if self.num_epochs is not None and (not integer(self.num_epochs) or self.num_epochs < 1):
+            raise ValueError(f"num_epochs must be None (endless) or an integer >= 1, got "
+                             f"{self.num_epochs!r}")
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+        if self.layout not in _LAYOUTS:
+            raise ValueError(f"layout must be one of {_LAYOUTS}, got {self.layout!r}")
+        object.__setattr__(self, "mean", _triple("mean", self.mean, positive=False))
+        object.__setattr__(self, "std", _triple("std", self.std, positive=True))
+        object.__setattr__(self, "augment", _augment.Augment.from_spec(self.augment))
+        if not integer(self.prefetch) or self.prefetch < 1:
+            raise ValueError(f"prefetch must be an integer >= 1, got {self.prefetch!r}")
+        if self.threads is not None and (not integer(self.threads) or self.threads < 1):
+            raise ValueError(f"threads must be None (the pool's default) or an integer >= 1, "
+                             f"got {self.threads!r}")
+        for flag in ("shuffle", "drop_remainder"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+
+
+class _Source:
+    """The one place that knows the Dataset API: size, labels, stored image size, fingerprint,
+    and how to write rows of a batch (RAW: the kernel gathers from the zero-copy views;
+    JPEG/LZ4: the dataset decodes into a scratch buffer that the kernel then reads)."""
+
+    def __init__(self, ds, threads):
+        self.n = len(ds)
+        if self.n == 0:
+            raise ValueError(f"{ds!r} holds no records")
+        if self.n > np.iinfo(np.int32).max:
+            raise ValueError(f"{ds!r} holds {self.n} records; the loader's int32 `index` "
+                             f"supports up to {np.iinfo(np.int32).max}")
+        self.labels = np.asarray(ds.labels, dtype=np.int64)
+        self.fingerprint = str(ds.fingerprint)
+        self.shape = ds.image_shape
+        if self.shape is None:
+            raise ValueError(f"{ds!r} has no single image size (records of different sizes and "
+                             "no resize recipe): convert it with an image_size to serve it")
+        self.shape = tuple(int(v) for v in self.shape)
+        self._raw = ds.record_format == "raw"
+        if self._raw:
+            views = ds.shard_views()
+            self._src = views[0] if len(views) == 1 else views
+        else:
+            self._ds = ds
+            self._scratch = np.empty((0, *self.shape, 3), np.uint8)
+        self._threads = threads or 0
+
+    def fill(self, indices, out, *, layout, crop, flip, mean, std):
+        kernels = importlib.import_module("tbljax.kernels")
+        kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std)
+        if self._raw:
+            kernels.gather(self._src, indices, out, **kw)
+            return
+        b = len(indices)
+        if len(self._scratch) < b:
+            self._scratch = np.empty((b, *self.shape, 3), np.uint8)
+        scratch = self._scratch[:b]
+        self._ds.read_into(indices, scratch, self._threads)
+        kernels.gather(scratch, np.arange(b, dtype=np.int64), out, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What the producer needs to build any step: immutable, so it is safe to share."""
+
+    source: _Source
+    layout: _batch.Layout
+    opts: LoaderOptions
+    row_shape: tuple[int, ...]
+    out_hw: tuple[int, int]
+    start: tuple[int, int]  # cursor (epoch, position) the iteration starts from
+
+    def steps(self):
+        """(epoch, first position) of every step from the cursor to the end (or forever)."""
+        n, g, opts = self.source.n, self.layout.global_batch, self.opts
+        epoch, position = self.start
+        while opts.num_epochs is None or epoch < opts.num_epochs:
+            count = order.steps_in_epoch(n, g, drop_remainder=opts.drop_remainder, start=position)
+            for s in range(count):
+                yield epoch, position + s * g
+            epoch, position = epoch + 1, 0
+
+    def build(self, ring, epoch, first):
+        """This process's rows of the step starting at position `first`, as global arrays."""
+        src, opts, aug = self.source, self.opts, self.opts.augment
+        normalize = opts.dtype != "uint8"
+        slot = ring.acquire()
+        views = slot.views()
+        labels, indices, valid = [], [], []
+        for (a, b), out in zip(self.layout.ranges, views):
+            rows = b - a
+            nvalid = int(np.clip(src.n - (first + a), 0, rows))
+            idx = order.permute(np.arange(first + a, first + a + nvalid, dtype=np.int64), src.n,
+                                opts.seed, epoch, shuffle=opts.shuffle)
+            if nvalid:
+                boxes, flip = (None, None) if aug is None else _augment.sample(
+                    aug, idx, height=src.shape[0], width=src.shape[1], seed=opts.seed, epoch=epoch)
+                src.fill(idx, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip,
+                         mean=opts.mean if normalize else None, std=opts.std if normalize else None)
+            out[nvalid:] = 0  # padding rows (only in the last step without drop_remainder)
+            pad = rows - nvalid
+            indices.append(np.concatenate([idx, np.full(pad, -1)]).astype(np.int32))
+            labels.append(np.concatenate([src.labels[idx], np.full(pad, -1)]).astype(np.int32))
+            valid.append(np.arange(rows) < nvalid)
+        result = {"image": self.layout.to_global(views, self.row_shape),
+                  "label": self.layout.to_global(labels),
+                  "index": self.layout.to_global(indices)}
+        if not opts.drop_remainder:
+            result["valid"] = self.layout.to_global(valid)
+        return result
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+_END = object()
+
+
+@dataclasses.dataclass
+class _Metrics:
+    steps: int = 0             # batches handed to the consumer
+    images: int = 0            # rows this process built (padding included)
+    produce_seconds: float = 0.0
+    wait_seconds: float = 0.0  # consumer time blocked waiting for a batch
+    last_wait_seconds: float = 0.0
+    slots_replaced: int = 0
+
+
+def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            pass
+    return False
+
+
+def _produce(plan: _Plan, ring: _batch.Ring, q: queue.Queue, stop: threading.Event,
+             metrics: _Metrics) -> None:
+    """The producer thread. Holds no reference to the iterator, so dropping the iterator
+    (break, exception, del, garbage collection) can always stop it."""
+    try:
+        rows = plan.layout.local_rows
+        for epoch, first in plan.steps():
+            if stop.is_set():
+                return
+            t0 = time.perf_counter()
+            item = (epoch, first, plan.build(ring, epoch, first))
+            metrics.produce_seconds += time.perf_counter() - t0
+            metrics.images += rows
+            metrics.slots_replaced = ring.replaced
+            if not _put(q, item, stop):
+                return
+            del item
+        _put(q, _END, stop)
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+        _put(q, _Failure(e), stop)
+
+
+_LIVE: "weakref.WeakSet[_Iterator]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    for it in list(_LIVE):
+        it.close()
+
+
+class _Iterator:
+    """One pass over a `Loader`: owns the producer thread and the prefetch queue."""
+
+    def __init__(self, owner: "Loader", plan: _Plan):
+        self._owner = owner
+        self._n, self._g = plan.source.n, plan.layout.global_batch
+        self._drop = plan.opts.drop_remainder
+        self._metrics = owner._metrics
+        self._queue: queue.Queue = queue.Queue(maxsize=plan.opts.prefetch)
+        self._stop = threading.Event()
+        self._closed = False
+        ring = _batch.Ring(plan.layout, plan.row_shape, _np_dtype(plan.opts.dtype),
+                           plan.opts.prefetch + _RING_EXTRA)
+        self._thread = threading.Thread(
+            target=_produce, args=(plan, ring, self._queue, self._stop, self._metrics),
+            name="tbljax-loader", daemon=True)
+        self._thread.start()
+        _LIVE.add(self)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        if self._closed:
+            raise StopIteration
+        t0 = time.perf_counter()
+        try:
+            while True:
+                try:
+                    item = self._queue.get(timeout=_POLL_S)
+                    break
+                except queue.Empty:
+                    if not self._thread.is_alive():
+                        raise RuntimeError("tbljax loader: the producer thread ended without "
+                                           "a result") from None
+        except BaseException:
+            self.close()
+            raise
+        waited = time.perf_counter() - t0
+        m = self._metrics
+        m.wait_seconds += waited
+        m.last_wait_seconds = waited
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.exc
+        epoch, first, result = item
+        # The state counts what was handed over, not what the producer prefetched.
+        self._owner._cursor = order.advance(epoch, first + self._g, self._n, self._g,
+                                            drop_remainder=self._drop)
+        m.steps += 1
+        return result
+
+    def close(self) -> None:
+        """Stops the producer and waits for it; idempotent, safe from any thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        try:
+            while True:  # drop prefetched batches now so their ring slots are released
+                self._queue.get_nowait()
+        except queue.Empty:
+            pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        _LIVE.discard(self)
+
+    def __del__(self):
+        self.close()
+
+
+class Loader:
+    """Serves a dataset to JAX as sharded global batches. Create it with `tbljax.loader`.
+
+    Iterating yields ``{"image", "label", "index"}`` (+ ``"valid"`` without drop_remainder),
+    each a global `jax.Array` whose leading axis is the global batch. Iteration starts at the
+    loader's cursor (epoch, position) and runs to the end of epoch ``num_epochs - 1`` (or
+    forever); iterating again after the end starts over at epoch 0.
+
+    Lifetime: a batch's image may share memory with the loader's host ring (on CPU it does).
+    The loader never rewrites memory that a live jax.Array (or anything derived from it) still
+    reads: hold batches as long as you like; batches you drop are recycled.
+    """
+
+    def __init__(self, dataset, opts: LoaderOptions, sharding=None):
+        self.options = opts
+        self._source = _Source(dataset, opts.threads)
+        self.sharding = _batch.batch_shardings(sharding)
+        self._layout = _batch.Layout.create(self.sharding, opts.batch_size)
+        h, w = self._source.shape
+        aug = opts.augment
+        self._out_hw = aug.size if aug is not None and aug.size is not None else (h, w)
+        oh, ow = self._out_hw
+        self._row_shape = (oh, ow, 3) if opts.layout == "NHWC" else (3, oh, ow)
+        if len(self) == 0:
+            raise ValueError(f"batch_size {opts.batch_size} is larger than the dataset "
+                             f"({self._source.n} samples) with drop_remainder=True: no step "
+                             "would run; use a smaller batch_size or drop_remainder=False")
+        self._cursor = (0, 0)
+        self._metrics = _Metrics()
+        self._active = None  # weakref to the live _Iterator
+
+    def __len__(self) -> int:
+        """Steps in one epoch."""
+        return order.steps_in_epoch(self._source.n, self.options.batch_size,
+                                    drop_remainder=self.options.drop_remainder)
+
+    @property
+    def num_samples(self) -> int:
+        return self._source.n
+
+    def __iter__(self) -> _Iterator:
+        self._close_active()
+        if self.options.num_epochs is not None and self._cursor[0] >= self.options.num_epochs:
+            self._cursor = (0, 0)
+        plan = _Plan(self._source, self._layout, self.options, self._row_shape, self._out_hw,
+                     self._cursor)
+        it = _Iterator(self, plan)
+        self._active = weakref.ref(it)
+        return it
+
+    def _close_active(self):
+        it = self._active() if self._active is not None else None
+        if it is not None:
+            it.close()
+        self._active = None
+
+    def close(self) -> None:
+        """Stops a running iteration (also done on break, error, del and interpreter exit)."""
+        self._close_active()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Moves the cursor to the start of `epoch`; the next iteration begins there."""
+        order.make_state(seed=self.options.seed, epoch=epoch, position=0, fingerprint="")
+        self._close_active()
+        self._cursor = (int(epoch), 0)
+
+    def state_dict(self) -> dict:
+        """{version, seed, epoch, position, fingerprint}: position counts the samples of
+        `epoch` already handed out. Restore with `load_state_dict`, with any batch size or
+        process count: the stream continues with nothing repeated and nothing skipped."""
+        epoch, position = self._cursor
+        return order.make_state(seed=self.options.seed, epoch=epoch, position=position,
+                                fingerprint=self._source.fingerprint)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores a `state_dict`; the next iteration continues from it. Raises ValueError
+        for another format version, another dataset or another seed."""
+        epoch, position = order.check_state(state, seed=self.options.seed,
+                                            fingerprint=self._source.fingerprint,
+                                            n=self._source.n)
+        self._close_active()
+        self._cursor = order.advance(epoch, position, self._source.n, self.options.batch_size,
+                                     drop_remainder=self.options.drop_remainder)
+
+    def metrics(self) -> dict:
+        """Counters since creation: steps handed out, images built by this process and the
+        producer's rate, consumer wait time (total and last step), ring slots replaced."""
+        m = self._metrics
+        d = dataclasses.asdict(m)
+        d["produced_img_per_s"] = m.images / m.produce_seconds if m.produce_seconds else 0.0
+        return d
+
+    def __repr__(self) -> str:
+        o = self.options
+        return (f"Loader({self._source.n} samples, batch_size={o.batch_size}, "
+                f"steps/epoch={len(self)}, dtype={o.dtype}, layout={o.layout}, "
+                f"augment={o.augment}, cursor={self._cursor})")
+
+
+def _open(path_or_dataset):
+    if isinstance(path_or_dataset, (str, os.PathLike)) or (
+            isinstance(path_or_dataset, (list, tuple)) and path_or_dataset
+            and all(isinstance(p, (str, os.PathLike)) for p in path_or_dataset)):
+        from tbljax import format as _format
+
+        return _format.open(path_or_dataset)
+    return path_or_dataset
+
+
+def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,
+           num_epochs: int | None = None, sharding=None, dtype="float32", layout: str = "NHWC",
+           mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=None, drop_remainder: bool = True,
+           prefetch: int = 2, threads: int | None = None) -> Loader:
+    """Serves a TBL dataset to JAX as sharded global batches.
+
+    Args:
+      path_or_paths: a TBL file, a list of shard files read as one dataset, or an open
+        `tbljax.Dataset`.
+      batch_size: the global batch G over all processes; it must split evenly over the batch
+        shards of `sharding`. Step s of an epoch holds shuffled positions [s*G, (s+1)*G).
+      seed, shuffle: the order of epoch e is a fixed bijection of (seed, e); shuffle=False
+        serves samples in file order.
+      num_epochs: None to iterate forever, or the number of epochs to serve.
+      sharding: None (batch axis over all devices), a `Mesh` or a `NamedSharding` that
+        partitions only the leading axis. Each process builds only its devices' rows.
+      dtype: "float32", "bfloat16" (normalized with mean/std) or "uint8" (raw pixels).
+      layout: "NHWC" or "NCHW".
+      mean, std: per-channel, on the 0..1 scale: value = (x/255 - mean) / std.
+      augment: None, "flip", "rrc_flip" or an `Augment`; a sample's crop and flip depend only
+        on (seed, epoch, sample index).
+      drop_remainder: True drops the last partial batch; False pads it (index and label -1,
+        zero image) and adds a bool `valid` mask, so every sample is served exactly once.
+      prefetch: batches prepared ahead of the consumer.
+      threads: threads for decoding non-RAW records (None: the pool's default).
+
+    >>> loader = tbljax.loader("val.tbl", batch_size=500, shuffle=False, num_epochs=1,
+    ...                        drop_remainder=False)
+    >>> correct = sum(int(((predict(b["image"]) == b["label"]) & b["valid"]).sum())
+    ...               for b in loader)
+    """
+    opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle,
+                         num_epochs=num_epochs, dtype=dtype, layout=layout, mean=mean, std=std,
+                         augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
+                         threads=threads)
+    return Loader(_open(path_or_paths), opts, sharding)
