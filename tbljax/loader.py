@@ -129,7 +129,7 @@ class _Source:
                              f"supports up to {np.iinfo(np.int32).max}")
         self.labels = np.asarray(ds.labels, dtype=np.int64)
         self.fingerprint = str(ds.fingerprint)
-        self.shape = ds.image_shape
+        self.shape = ds.image_shape or self._uniform_record_size(ds)
         if self.shape is None:
             raise ValueError(f"{ds!r} has no single image size (records of different sizes and "
                              "no resize recipe): convert it with an image_size to serve it")
@@ -142,6 +142,16 @@ class _Source:
             self._ds = ds
             self._scratch = np.empty((0, *self.shape, 3), np.uint8)
         self._threads = threads or 0
+
+    @staticmethod
+    def _uniform_record_size(ds):
+        # image_shape is None for LZ4 files written without a recipe even when every record
+        # has one size; the index says so (O(N) numpy, once, only for such files).
+        index = getattr(ds, "index", None)
+        if index is None or not len(index):
+            return None
+        h, w = np.unique(index["height"]), np.unique(index["width"])
+        return (int(h[0]), int(w[0])) if len(h) == 1 and len(w) == 1 else None
 
     def fill(self, indices, out, *, layout, crop, flip, mean, std):
         kernels = importlib.import_module("tbljax.kernels")

@@ -1,0 +1,539 @@
+"""tbljax.loader against plain NumPy: every batch equals the NumPy normalization of
+data[index], labels equal labels[index]; epochs are permutations; padding covers every sample
+once; resume (also with another batch size or process count) repeats and skips nothing;
+augmentation depends only on (seed, epoch, index); host buffers alias jax.Arrays without being
+overwritten; threads always stop. Multi-device and multi-process cases run in subprocesses."""
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import _loader_testing as T
+
+T.install_kernel_standin()
+
+import jax  # noqa: E402
+
+import tbljax  # noqa: E402
+from tbljax import augment, order  # noqa: E402
+from tbljax.augment import Augment  # noqa: E402
+
+N, H, W, G = 37, 6, 5, 8
+MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("loader")
+    imgs = T.images(N, H, W)
+    labels = (np.arange(N) * 7) % 10
+    path = T.write_tbl(d / "a.tbl", imgs, labels)
+    return imgs, labels, path
+
+
+def run(ld, steps=None):
+    """Batches as dicts of NumPy arrays (single process: every array is fully addressable)."""
+    out = []
+    for b in ld:
+        out.append({k: np.asarray(v) for k, v in b.items()})
+        if steps is not None and len(out) == steps:
+            break
+    return out
+
+
+def valid_stream(batches):
+    return np.concatenate([b["index"][b["valid"]] if "valid" in b else b["index"]
+                           for b in batches]).tolist()
+
+
+def loader_threads():
+    return [t for t in threading.enumerate() if t.name == "tbljax-loader"]
+
+
+@pytest.mark.parametrize("dtype,layout", [("float32", "NHWC"), ("float32", "NCHW"),
+                                          ("bfloat16", "NHWC"), ("uint8", "NCHW")])
+def test_batches_equal_numpy_reference(data, dtype, layout):
+    imgs, labels, path = data
+    ld = tbljax.loader(path, G, seed=5, num_epochs=1, dtype=dtype, layout=layout)
+    assert len(ld) == N // G
+    batches = run(ld)
+    assert len(batches) == N // G
+    np_dtype = T.normalize(imgs[:1], MEAN, STD).dtype if dtype == "float32" else (
+        np.dtype(jax.numpy.bfloat16) if dtype == "bfloat16" else np.uint8)
+    for s, b in enumerate(batches):
+        idx = b["index"]
+        assert set(b) == {"image", "label", "index"}
+        assert b["image"].dtype == np_dtype and b["index"].dtype == np.int32
+        np.testing.assert_array_equal(idx, order.permute(s * G + np.arange(G), N, 5, 0))
+        np.testing.assert_array_equal(b["label"], labels[idx])
+        if dtype == "uint8":
+            ref = imgs[idx].transpose(0, 3, 1, 2) if layout == "NCHW" else imgs[idx]
+        else:
+            ref = T.normalize(imgs[idx], MEAN, STD, np_dtype, layout)
+        np.testing.assert_array_equal(b["image"], ref)
+
+
+def test_padding_serves_every_sample_exactly_once(data):
+    imgs, labels, path = data
+    ld = tbljax.loader(path, G, seed=1, num_epochs=1, drop_remainder=False)
+    assert len(ld) == -(-N // G) == 5
+    batches = run(ld)
+    assert len(batches) == 5
+    for b in batches:  # one static shape for every step
+        assert b["image"].shape == (G, H, W, 3) and b["valid"].shape == (G,)
+    assert sorted(valid_stream(batches)) == list(range(N))
+    last = batches[-1]
+    assert last["valid"].tolist() == [True] * (N % G) + [False] * (G - N % G)
+    pad = ~last["valid"]
+    assert (last["index"][pad] == -1).all() and (last["label"][pad] == -1).all()
+    assert not last["image"][pad].any()
+    ok = last["valid"]
+    np.testing.assert_array_equal(last["image"][ok], T.normalize(imgs[last["index"][ok]], MEAN, STD))
+
+
+def test_shuffle_off_and_epochs_seeds_differ(data):
+    _, _, path = data
+    plain = run(tbljax.loader(path, G, shuffle=False, num_epochs=1))
+    assert valid_stream(plain) == list(range(N // G * G))
+    a = valid_stream(run(tbljax.loader(path, G, seed=0, num_epochs=2)))
+    b = valid_stream(run(tbljax.loader(path, G, seed=1, num_epochs=2)))
+    epoch_len = N // G * G
+    assert a[:epoch_len] != a[epoch_len:] and a != b
+    assert len(set(a[:epoch_len])) == epoch_len
+
+
+def test_resume_mid_epoch_gives_the_identical_stream(data):
+    _, _, path = data
+    full = run(tbljax.loader(path, G, seed=2, num_epochs=3, augment="flip"))
+    first = tbljax.loader(path, G, seed=2, num_epochs=3, augment="flip")
+    head = run(first, steps=6)          # 4 steps per epoch: stops inside epoch 1
+    state = first.state_dict()          # counts batches handed out, not those prefetched
+    assert state == {"version": 1, "seed": 2, "epoch": 1, "position": 16,
+                     "fingerprint": tbljax.open(path).fingerprint}
+    second = tbljax.loader(path, G, seed=2, num_epochs=3, augment="flip")
+    second.load_state_dict(json.loads(json.dumps(state)))  # survives a JSON round trip
+    tail = run(second)
+    assert len(head) + len(tail) == len(full) == 12
+    for got, want in zip(head + tail, full):
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_resume_with_another_batch_size_repeats_and_skips_nothing(data, drop_remainder):
+    _, _, path = data
+    first = tbljax.loader(path, G, seed=4, num_epochs=2, drop_remainder=drop_remainder)
+    head = valid_stream(run(first, steps=2))
+    state = first.state_dict()
+    assert (state["epoch"], state["position"]) == (0, 16)
+    for g in (3, 5, 16):
+        ld = tbljax.loader(path, g, seed=4, num_epochs=2, drop_remainder=drop_remainder)
+        ld.load_state_dict(state)
+        tail = valid_stream(run(ld))
+        perm0 = order.permute(np.arange(N), N, 4, 0).tolist()
+        perm1 = order.permute(np.arange(N), N, 4, 1).tolist()
+        assert head == perm0[:16]
+        if drop_remainder:  # each epoch ends at its last full batch of the new size
+            rest0 = (N - 16) // g * g
+            assert tail == perm0[16:16 + rest0] + perm1[:N // g * g], g
+        else:
+            assert tail == perm0[16:] + perm1, g
+
+
+def test_len_set_epoch_and_iterating_again(data):
+    _, _, path = data
+    ld = tbljax.loader(path, G, seed=6, num_epochs=2)
+    assert len(ld) == 4
+    ld.set_epoch(1)
+    first = run(ld, steps=1)[0]
+    np.testing.assert_array_equal(first["index"], order.permute(np.arange(G), N, 6, 1))
+    ld.set_epoch(0)
+    everything = run(ld)
+    assert len(everything) == 8 and ld.state_dict()["epoch"] == 2
+    again = run(ld)  # after the end, a new pass starts over at epoch 0
+    assert valid_stream(again) == valid_stream(everything)
+    with pytest.raises(ValueError, match="epoch must be .* got -1"):
+        ld.set_epoch(-1)
+
+
+def test_flip_matches_numpy(data):
+    imgs, _, path = data
+    for b in run(tbljax.loader(path, G, seed=8, num_epochs=1, augment="flip", dtype="uint8")):
+        idx = b["index"]
+        f = augment.flips(idx, seed=8, epoch=0)
+        ref = np.where(f[:, None, None, None], imgs[idx][:, :, ::-1], imgs[idx])
+        np.testing.assert_array_equal(b["image"], ref)
+
+
+def test_crop_depends_only_on_seed_epoch_and_index(data):
+    imgs, _, path = data
+    kernels = importlib.import_module("tbljax.kernels")
+    aug = Augment(size=(4, 3))
+    by_key = {}  # (epoch, index) -> images served for it, one per batch size
+    for g in (G, 4, 1):
+        ld = tbljax.loader(path, g, seed=9, num_epochs=2, augment=aug, dtype="uint8")
+        for step, b in enumerate(run(ld)):
+            assert b["image"].shape == (g, 4, 3, 3)
+            for row, i in enumerate(b["index"]):
+                by_key.setdefault((step // len(ld), int(i)), []).append(b["image"][row])
+    for (e, i), ims in by_key.items():
+        for im in ims[1:]:
+            np.testing.assert_array_equal(im, ims[0])
+        if i < 10:  # the kernel fed with this sample's own box and flip, alone
+            box = augment.crop_boxes(np.array([i]), height=H, width=W, seed=9, epoch=e)
+            flip = augment.flips(np.array([i]), seed=9, epoch=e)
+            ref = kernels.gather(imgs, np.array([i]), np.empty((1, 4, 3, 3), np.uint8),
+                                 crop=box, flip=flip)
+            np.testing.assert_array_equal(ims[0], ref[0])
+    served_by_all = [k for k, ims in by_key.items() if len(ims) == 3]
+    assert len(served_by_all) >= 2 * (N // G * G) - 2 * G
+    differ = [not np.array_equal(by_key[(0, i)][0], by_key[(1, i)][0])
+              for i in range(N) if (0, i) in by_key and (1, i) in by_key]
+    assert np.mean(differ) > 0.7  # another epoch, another crop
+
+
+def test_state_errors_name_the_mismatch(data, tmp_path):
+    imgs, labels, path = data
+    other = T.write_tbl(tmp_path / "b.tbl", imgs[:20], labels[:20])
+    ld = tbljax.loader(path, G, seed=1)
+    state = ld.state_dict()
+    ld2 = tbljax.loader(other, 4, seed=1)
+    with pytest.raises(ValueError, match="state is for dataset '37-.*' but this loader reads "
+                                         "dataset '20-"):
+        ld2.load_state_dict(state)
+    with pytest.raises(ValueError, match="version 2 is not supported"):
+        ld.load_state_dict({**state, "version": 2})
+    with pytest.raises(ValueError, match="seed=1 but this loader has seed=2"):
+        tbljax.loader(path, G, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"\[0, 37\], got 40"):
+        ld.load_state_dict({**state, "position": 40})
+
+
+def test_options_are_validated_with_the_value_received(data):
+    _, _, path = data
+    cases = [
+        (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
+        (dict(batch_size=64), "batch_size 64 is larger than the dataset \\(37 samples\\)"),
+        (dict(dtype="float16"), "dtype must be one of .* got 'float16'"),
+        (dict(layout="HWC"), "layout must be one of .* got 'HWC'"),
+        (dict(mean=(0.5, 0.5)), "mean must be three finite numbers"),
+        (dict(std=(1, 0, 1)), "std must be three finite numbers > 0"),
+        (dict(prefetch=0), "prefetch must be an integer >= 1, got 0"),
+        (dict(augment="rrc"), "augment must be None, 'rrc_flip', 'flip' or an Augment, got 'rrc'"),
+        (dict(num_epochs=0), "num_epochs must be None .* got 0"),
+        (dict(seed=-3), "seed must be an integer in \\[0, 2\\*\\*64\\), got -3"),
+    ]
+    for kw, msg in cases:
+        kw = {"batch_size": G, **kw}
+        with pytest.raises(ValueError, match=msg):
+            tbljax.loader(path, kw.pop("batch_size"), **kw)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()), ("batch",))
+    with pytest.raises(ValueError, match="only the batch .* got spec"):
+        tbljax.loader(path, G, sharding=NamedSharding(mesh, PartitionSpec(None, "batch")))
+    with pytest.raises(TypeError, match="got str"):
+        tbljax.loader(path, G, sharding="batch")
+    with pytest.raises(dataclasses_frozen_error()):
+        tbljax.loader(path, G).options.seed = 3
+
+
+def dataclasses_frozen_error():
+    import dataclasses
+
+    return dataclasses.FrozenInstanceError
+
+
+def test_ring_memory_is_aliased_by_jax_without_a_copy():
+    from tbljax import batch
+
+    layout = batch.Layout.create(batch.batch_shardings(None), 4)
+    slot = batch.Slot(layout, (5, 7, 3), np.float32)
+    views = slot.views()
+    assert all(v.ctypes.data % batch.ALIGN == 0 for v in views)
+    arr = layout.to_global(views, (5, 7, 3))
+    assert [s.data.unsafe_buffer_pointer() for s in arr.addressable_shards] == \
+        [v.ctypes.data for v in views]
+    del views
+    assert slot.in_use()           # the jax.Array still reads the slot
+    held = np.asarray(arr)         # so does a NumPy view of it
+    del arr
+    gc.collect()
+    assert slot.in_use()
+    del held
+    gc.collect()
+    assert not slot.in_use()
+
+
+def test_dropped_batches_recycle_the_ring_and_held_ones_stay_intact(data):
+    imgs, _, path = data
+    cpu = jax.devices()[0].platform == "cpu"
+    ld = tbljax.loader(path, G, seed=3, num_epochs=4, prefetch=2)
+    pointers = []
+    for b in ld:
+        pointers.append(b["image"].addressable_shards[0].data.unsafe_buffer_pointer())
+        del b
+        gc.collect()
+    if cpu:
+        assert all(p % 4096 == 0 for p in pointers)          # served from the aligned ring
+        assert len(set(pointers)) <= 2 + 3 + 1 < len(pointers)  # ring slots, reused
+    # Holding every batch: none of them is overwritten by later steps.
+    ld = tbljax.loader(path, G, seed=3, num_epochs=4, prefetch=2)
+    held = list(ld)
+    assert len(held) == 16
+    for b in held:
+        idx = np.asarray(b["index"])
+        np.testing.assert_array_equal(np.asarray(b["image"]), T.normalize(imgs[idx], MEAN, STD))
+    if cpu:
+        assert ld.metrics()["slots_replaced"] > 0
+    m = ld.metrics()
+    assert m["steps"] == 16 and m["images"] == 16 * G and m["produced_img_per_s"] > 0
+    assert m["wait_seconds"] >= m["last_wait_seconds"] >= 0
+
+
+def test_shutdown_is_clean_on_break_error_del_and_close(data):
+    _, _, path = data
+    before = len(loader_threads())
+    ld = tbljax.loader(path, G, prefetch=2)  # endless
+    for i, _ in enumerate(ld):
+        if i == 2:
+            break
+    assert len(loader_threads()) == before
+    with pytest.raises(ZeroDivisionError):
+        for _ in ld:
+            1 / 0
+    assert len(loader_threads()) == before
+    it = iter(ld)
+    next(it)
+    assert len(loader_threads()) == before + 1
+    del it
+    gc.collect()
+    assert len(loader_threads()) == before
+    it = iter(ld)
+    next(it)
+    it2 = iter(ld)  # a new pass stops the previous one
+    next(it2)
+    assert len(loader_threads()) == before + 1
+    with pytest.raises(StopIteration):
+        next(it)
+    ld.load_state_dict(ld.state_dict())  # changing the cursor stops the running pass too
+    assert len(loader_threads()) == before
+    del it, it2
+    it = iter(ld)
+    next(it)
+    del ld  # the iterator keeps what it needs; dropping it last stops the thread
+    gc.collect()
+    assert len(loader_threads()) == before + 1
+    it.close()
+    assert len(loader_threads()) == before
+
+
+def test_producer_errors_reach_the_consumer(data, monkeypatch):
+    _, _, path = data
+    kernels = importlib.import_module("tbljax.kernels")
+    real, calls = kernels.gather, []
+
+    def failing(*args, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("disk on fire")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(kernels, "gather", failing)
+    before = len(loader_threads())
+    got = []
+    with pytest.raises(ValueError, match="disk on fire"):
+        for b in tbljax.loader(path, G):
+            got.append(b)
+    assert len(got) == 2 and len(loader_threads()) == before
+
+
+def test_shard_files_serve_the_same_batches_as_one_file(data, tmp_path):
+    imgs, labels, path = data
+    parts = [T.write_tbl(tmp_path / f"p{k}.tbl", imgs[a:b], labels[a:b])
+             for k, (a, b) in enumerate([(0, 10), (10, 11), (11, N)])]
+    want = run(tbljax.loader(path, G, seed=7, num_epochs=1, augment="rrc_flip"))
+    got = run(tbljax.loader([str(p) for p in parts], G, seed=7, num_epochs=1,
+                            augment="rrc_flip"))
+    for a, b in zip(got, want):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_lz4_records_serve_like_raw(tmp_path):
+    """Non-RAW records go through Dataset.read_into, then the same kernel."""
+    imgs = np.repeat(T.images(21, 1, 8, seed=3), 8, axis=1)  # repeated rows: LZ4 shrinks them
+    labels = np.arange(21) % 4
+    raw, lz4 = T.write_tbl(tmp_path / "raw.tbl", imgs, labels), tmp_path / "lz4.tbl"
+    with tbljax.Writer(lz4, len(imgs)) as w:
+        for im in imgs:
+            w.add_raw(im, lz4=True)
+        w.set_metadata(labels=labels)
+    assert tbljax.open(lz4).record_format == "lz4"
+    want = run(tbljax.loader(raw, 4, seed=1, num_epochs=1, drop_remainder=False, threads=1))
+    got = run(tbljax.loader(lz4, 4, seed=1, num_epochs=1, drop_remainder=False, threads=1))
+    assert len(got) == len(want) == 6
+    for a, b in zip(got, want):
+        for k in b:
+            np.testing.assert_array_equal(a[k], b[k])
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+INTERRUPT_CHILD = r"""
+import os, signal, sys, threading, time
+import _loader_testing as T
+T.install_kernel_standin()
+import tbljax
+ld = tbljax.loader(sys.argv[1], 4, prefetch=2)  # endless
+try:
+    for i, b in enumerate(ld):
+        if i == 3:
+            raise KeyboardInterrupt
+except KeyboardInterrupt:
+    pass
+print("threads after caught interrupt:",
+      sum(t.name == "tbljax-loader" for t in threading.enumerate()), flush=True)
+for i, b in enumerate(ld):
+    if i == 3:
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, not caught this time
+    time.sleep(0.01)
+"""
+
+
+def test_keyboard_interrupt_exits_promptly(data):
+    _, _, path = data
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", INTERRUPT_CHILD, str(path)], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert "threads after caught interrupt: 0" in p.stdout, p.stdout + p.stderr
+    assert p.returncode != 0 and "KeyboardInterrupt" in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 60
+
+
+EXIT_CHILD = r"""
+import sys
+import _loader_testing as T
+T.install_kernel_standin()
+import tbljax
+it = iter(tbljax.loader(sys.argv[1], 4, prefetch=2))  # endless, left running at exit
+next(it)
+print("leaving", flush=True)
+"""
+
+
+def test_interpreter_exit_with_a_running_loader_does_not_hang(data):
+    _, _, path = data
+    p = subprocess.run([sys.executable, "-c", EXIT_CHILD, str(path)], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "leaving" in p.stdout, p.stderr
+
+
+EIGHT_DEVICES_CHILD = r"""
+import sys
+import numpy as np, jax
+import _loader_testing as T
+T.install_kernel_standin()
+import tbljax
+from tbljax import order
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+assert len(jax.devices()) == 8
+ds = tbljax.open(sys.argv[1]); data, labels, n = ds.view(), ds.labels, len(ds)
+mean, std = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
+
+def check(ld, g, per_device):
+    for s, b in enumerate(ld):
+        idx = order.permute(s * g + np.arange(g), n, 0, 0)
+        for shard in b["image"].addressable_shards:
+            assert shard.data.shape[0] == per_device, shard.data.shape
+            r = shard.index[0]
+            np.testing.assert_array_equal(np.asarray(shard.data),
+                                          T.normalize(data[idx[r]], mean, std))
+        np.testing.assert_array_equal(np.asarray(b["index"]), idx)
+        np.testing.assert_array_equal(np.asarray(b["label"]), labels[idx])
+        assert b["image"].sharding.is_equivalent_to(b["label"].sharding, 1)
+
+check(tbljax.loader(ds, 16, num_epochs=1), 16, 2)              # default: batch over all 8
+mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+ld = tbljax.loader(ds, 8, num_epochs=1, sharding=NamedSharding(mesh, P("data")))
+check(ld, 8, 4)                                                 # replicated over "model"
+assert ld._layout.ranges == ((0, 4), (4, 8))                    # each row range built once
+check(tbljax.loader(ds, 8, num_epochs=1, sharding=mesh), 8, 1)  # a Mesh: batch over both axes
+try:
+    tbljax.loader(ds, 12)
+except ValueError as e:
+    assert "global batch 12 does not split evenly over the 8 batch shards" in str(e), e
+else:
+    raise AssertionError("no error for a batch that does not split")
+print("ok", flush=True)
+"""
+
+
+def test_eight_devices_in_one_process(data):
+    _, _, path = data
+    p = subprocess.run([sys.executable, "-c", EIGHT_DEVICES_CHILD, str(path)],
+                       env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"),
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes(data, tmp_path):
+    """Two real JAX processes on localhost (2 CPU devices each) share one padded epoch."""
+    _, _, path = data
+    port = _free_port()
+    env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    outs = [tmp_path / f"p{i}.json" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(TESTS / "_multihost_worker.py"), str(i),
+                               str(port), str(path), str(outs[i])], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=240)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n---\n".join(logs)[-6000:]
+    res = [json.loads(o.read_text()) for o in outs]
+    perm = order.permute(np.arange(N), N, 3, 0).tolist()
+    for r in res:
+        # Each process gave its kernel exactly the indices of its own rows, nothing else.
+        assert r["kernel_indices"] == r["local_indices"]
+        assert r["stream"] == perm and r["steps"] == 5
+    k0, k1 = (set(r["kernel_indices"]) for r in res)
+    assert not k0 & k1 and k0 | k1 == set(range(N))
+    assert len(res[0]["kernel_indices"]) + len(res[1]["kernel_indices"]) == N
+    # Resume the two-process run's state in this single process, with another batch size.
+    state = res[0]["state_after_2"]
+    assert state == res[1]["state_after_2"] and state["position"] == 16
+    ld = tbljax.loader(path, 5, seed=3, num_epochs=1, drop_remainder=False)
+    ld.load_state_dict(state)
+    assert valid_stream(run(ld)) == perm[16:]
