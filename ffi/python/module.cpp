@@ -5,6 +5,7 @@
 #include <lz4.h>
 
 #include "common.h"
+#include "kernel.h"
 #include "thread_pool.h"
 
 namespace tbljax::py {
@@ -55,8 +56,11 @@ NB_MODULE(_core, m) {
     d["jpeg_lib_version"] = JPEG_LIB_VERSION;
     d["lz4"] = LZ4_versionString();
     d["default_threads"] = tbljax::ThreadPool::DefaultThreadCount();
+    tbljax::SimdTarget simd;
+    d["simd"] = tbljax::ActiveSimdTarget(&simd).ok() ? tbljax::SimdTargetName(simd) : "invalid TBLJAX_SIMD";
     return d;
   }, "What this build of the core was compiled with.");
 
   BindFormat(m);
+  BindKernel(m);
 }

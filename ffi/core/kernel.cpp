@@ -1,0 +1,520 @@
+// The serve kernel (see kernel.h): validation, normalization tables, SIMD target selection
+// and the parallel driver. The per-pixel work lives in kernel.inc, compiled once per target.
+#include "kernel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "thread_pool.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define TBLJAX_KERNEL_X86 1
+#include <immintrin.h>
+#else
+#define TBLJAX_KERNEL_X86 0
+#endif
+
+namespace tbljax {
+namespace kernel_detail {
+
+// Everything a unit of work needs, built once per Gather call on the caller's stack.
+struct Plan {
+  const RawSource* source;
+  const int64_t* indices;
+  const int32_t* crops;
+  const uint8_t* flips;
+  OutDType dtype;
+  Layout layout;
+  uint8_t* out;
+  int64_t elem_bytes;
+  int64_t out_h, out_w;
+  // Exact lookup tables (bit patterns), channel-major: table[c * 256 + x].
+  alignas(64) float table_f32[3 * 256];
+  alignas(64) uint16_t table_bf16[3 * 256];
+  // y = round(fma(x, affine_a[c], affine_b[c])) in float64, used by the SIMD targets only
+  // when it was checked to equal the table for all 3 x 256 inputs (use_affine).
+  double affine_a[3], affine_b[3];
+  bool use_affine;
+};
+
+// One horizontal tap: byte offsets of the two source pixels within a record row, weights.
+struct XTap {
+  int32_t o0, o1, w0, w1;
+};
+
+// Per-thread working memory, carved from one buffer that only ever grows.
+struct Scratch {
+  uint8_t* row;      // out_w * 3 u8: the resized / flipped row
+  uint8_t* planes;   // 3 * out_w u8: a row split into channel planes (NCHW)
+  int32_t* hrow[2];  // 2 x out_w * 3: horizontally resampled source rows
+  XTap* xtaps;       // out_w
+};
+
+using UnitFn = void (*)(const Plan&, int64_t sample, int64_t row_begin, int64_t row_end,
+                        const Scratch&);
+
+}  // namespace kernel_detail
+}  // namespace tbljax
+
+// ---- the per-target kernels: the same source compiled for each target ----
+#define TBLJAX_KERNEL_NS scalar_impl
+#define TBLJAX_KERNEL_LEVEL 0
+#include "kernel.inc"
+#undef TBLJAX_KERNEL_NS
+#undef TBLJAX_KERNEL_LEVEL
+
+#if TBLJAX_KERNEL_X86
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,bmi,bmi2,f16c,popcnt"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,bmi,bmi2,f16c,popcnt")
+#endif
+#define TBLJAX_KERNEL_NS avx2_impl
+#define TBLJAX_KERNEL_LEVEL 1
+#include "kernel.inc"
+#undef TBLJAX_KERNEL_NS
+#undef TBLJAX_KERNEL_LEVEL
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#if defined(__clang__)
+#pragma clang attribute push(                                                                 \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c,popcnt"))), \
+    apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c,popcnt")
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on _mm512_undefined_* (GCC PR105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define TBLJAX_KERNEL_NS avx512_impl
+#define TBLJAX_KERNEL_LEVEL 2
+#include "kernel.inc"
+#undef TBLJAX_KERNEL_NS
+#undef TBLJAX_KERNEL_LEVEL
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+#endif  // TBLJAX_KERNEL_X86
+
+namespace tbljax {
+
+using kernel_detail::Plan;
+using kernel_detail::Scratch;
+using kernel_detail::UnitFn;
+using kernel_detail::XTap;
+
+// ---------------------------------------------------------------------------------------
+// Normalization
+// ---------------------------------------------------------------------------------------
+
+double NormalizeValue(int x, double mean, double std) {
+  return (static_cast<double>(x) / 255.0 - mean) / std;
+}
+
+uint16_t DoubleToBfloat16(double d) {
+  // Round to float32 with "round to odd" (truncate, then set the last bit if anything was
+  // dropped), then to bfloat16 with ties to even. Round-to-odd keeps enough information for
+  // the second rounding to be the correct one-step rounding, as float32 has 16 more bits.
+  float r = static_cast<float>(d);  // nearest; step back one ulp if that went past d
+  uint32_t bits;
+  std::memcpy(&bits, &r, 4);
+  if (std::fabs(static_cast<double>(r)) > std::fabs(d)) --bits;  // magnitude step (sign kept)
+  float t;
+  std::memcpy(&t, &bits, 4);
+  if (static_cast<double>(t) != d && !std::isnan(d)) bits |= 1u;
+  if (std::isnan(d)) return static_cast<uint16_t>((bits >> 16) | 0x40);  // stay a quiet NaN
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+void NormalizeTableF32(const double mean[3], const double std[3], float table[3 * 256]) {
+  for (int c = 0; c < 3; ++c) {
+    for (int x = 0; x < 256; ++x) {
+      table[c * 256 + x] = static_cast<float>(NormalizeValue(x, mean[c], std[c]));
+    }
+  }
+}
+
+void NormalizeTableBf16(const double mean[3], const double std[3], uint16_t table[3 * 256]) {
+  for (int c = 0; c < 3; ++c)
+    for (int x = 0; x < 256; ++x)
+      table[c * 256 + x] = DoubleToBfloat16(NormalizeValue(x, mean[c], std[c]));
+}
+
+namespace {
+
+// Whether y = x * a + b (one float64 FMA, then the rounding the SIMD targets use) reproduces
+// channel c of the exact table for all 256 inputs. The SIMD code performs the same correctly
+// rounded operations, so agreement here means bit-identical output.
+bool AffineMatches(const Plan& p, int c, double a, double b) {
+  for (int x = 0; x < 256; ++x) {
+    const double y = std::fma(static_cast<double>(x), a, b);
+    if (p.dtype == OutDType::kFloat32) {
+      const float f = static_cast<float>(y), want = p.table_f32[c * 256 + x];
+      if (std::memcmp(&f, &want, 4) != 0) return false;
+    } else if (DoubleToBfloat16(y) != p.table_bf16[c * 256 + x]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+double StepUlps(double v, int k) {
+  for (int i = 0; i < std::abs(k); ++i) v = std::nextafter(v, k > 0 ? HUGE_VAL : -HUGE_VAL);
+  return v;
+}
+
+// Picks float64 constants for the affine path, channel by channel. The obvious pair
+// (1/(255 std), -mean/std) almost always matches the table; a few neighbouring doubles are
+// tried before giving up, and then the exact table lookup is used instead.
+void ChooseAffine(Plan* p, const double mean[3], const double std[3]) {
+  p->use_affine = true;
+  for (int c = 0; c < 3 && p->use_affine; ++c) {
+    const double a0 = 1.0 / (255.0 * std[c]), b0 = -mean[c] / std[c];
+    static constexpr int kSteps[] = {0, 1, -1, 2, -2};
+    bool found = false;
+    for (int da : kSteps) {
+      for (int db : kSteps) {
+        const double a = StepUlps(a0, da), b = StepUlps(b0, db);
+        if (!found && AffineMatches(*p, c, a, b)) {
+          p->affine_a[c] = a;
+          p->affine_b[c] = b;
+          found = true;
+        }
+      }
+    }
+    p->use_affine = found;
+  }
+}
+
+}  // namespace
+
+namespace {
+std::atomic<bool> g_affine_enabled{true};
+}  // namespace
+
+void SetAffineNormalizationEnabled(bool enabled) { g_affine_enabled.store(enabled); }
+
+bool AffineNormalizationIsExact(const double mean[3], const double std[3], OutDType dtype) {
+  if (dtype == OutDType::kUint8) return false;
+  Plan p;
+  p.dtype = dtype;
+  if (dtype == OutDType::kFloat32) NormalizeTableF32(mean, std, p.table_f32);
+  if (dtype == OutDType::kBfloat16) NormalizeTableBf16(mean, std, p.table_bf16);
+  ChooseAffine(&p, mean, std);
+  return p.use_affine;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// SIMD target selection
+// ---------------------------------------------------------------------------------------
+
+SimdTarget BestSupported() {
+#if TBLJAX_KERNEL_X86 && (defined(__GNUC__) || defined(__clang__))
+  // __builtin_cpu_supports also checks that the OS saves the wider registers (XGETBV).
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("bmi2"))
+    return SimdTarget::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c"))
+    return SimdTarget::kAvx2;
+#endif
+  return SimdTarget::kScalar;
+}
+
+bool ParseTarget(const std::string& name, bool* is_auto, SimdTarget* t) {
+  *is_auto = false;
+  if (name == "auto" || name.empty()) {
+    *is_auto = true;
+    return true;
+  }
+  for (SimdTarget c : {SimdTarget::kScalar, SimdTarget::kAvx2, SimdTarget::kAvx512}) {
+    if (name == SimdTargetName(c)) {
+      *t = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::mutex g_target_mu;
+bool g_target_set = false;  // guarded by g_target_mu
+std::atomic<int> g_target{-1};
+
+UnitFn UnitFor(SimdTarget t) {
+#if TBLJAX_KERNEL_X86
+  if (t == SimdTarget::kAvx512) return &kernel_detail::avx512_impl::RunUnit;
+  if (t == SimdTarget::kAvx2) return &kernel_detail::avx2_impl::RunUnit;
+#endif
+  (void)t;
+  return &kernel_detail::scalar_impl::RunUnit;
+}
+
+}  // namespace
+
+const char* SimdTargetName(SimdTarget t) {
+  switch (t) {
+    case SimdTarget::kScalar: return "scalar";
+    case SimdTarget::kAvx2: return "avx2";
+    case SimdTarget::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+std::vector<SimdTarget> SupportedSimdTargets() {
+  std::vector<SimdTarget> v;
+  for (int t = 0; t <= static_cast<int>(BestSupported()); ++t) v.push_back(static_cast<SimdTarget>(t));
+  return v;
+}
+
+Status ActiveSimdTarget(SimdTarget* out) {
+  const int cached = g_target.load(std::memory_order_acquire);
+  if (cached >= 0) {
+    *out = static_cast<SimdTarget>(cached);
+    return Status::Ok();
+  }
+  std::lock_guard<std::mutex> lock(g_target_mu);
+  if (!g_target_set) {
+    // TBLJAX_SIMD caps the target (Highway-style): asking for more than the CPU has gives the
+    // best it has; an unknown name is an error rather than a silent default.
+    const char* env = std::getenv("TBLJAX_SIMD");
+    const std::string name = env ? env : "auto";
+    bool is_auto;
+    SimdTarget want = SimdTarget::kScalar;
+    if (!ParseTarget(name, &is_auto, &want))
+      return InvalidArgument("TBLJAX_SIMD='" + name +
+                             "' is not one of: auto, scalar, avx2, avx512");
+    const SimdTarget best = BestSupported();
+    const SimdTarget t = is_auto ? best : std::min(want, best);
+    g_target.store(static_cast<int>(t), std::memory_order_release);
+    g_target_set = true;
+  }
+  *out = static_cast<SimdTarget>(g_target.load(std::memory_order_acquire));
+  return Status::Ok();
+}
+
+Status SetSimdTarget(const std::string& name) {
+  bool is_auto;
+  SimdTarget want = SimdTarget::kScalar;
+  if (!ParseTarget(name, &is_auto, &want))
+    return InvalidArgument("SIMD target '" + name + "' is not one of: auto, scalar, avx2, avx512");
+  const SimdTarget best = BestSupported();
+  if (!is_auto && want > best)
+    return InvalidArgument(std::string("SIMD target '") + name +
+                           "' is not supported by this CPU (best: " + SimdTargetName(best) + ")");
+  std::lock_guard<std::mutex> lock(g_target_mu);
+  g_target.store(static_cast<int>(is_auto ? best : want), std::memory_order_release);
+  g_target_set = true;
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------
+// RawSource
+// ---------------------------------------------------------------------------------------
+
+Status RawSource::Create(std::vector<RawShard> shards, int64_t height, int64_t width,
+                         RawSource* out) {
+  if (height < 1 || width < 1)
+    return InvalidArgument("records must be at least 1x1 pixels, got " + std::to_string(height) +
+                           "x" + std::to_string(width));
+  if (shards.empty()) return InvalidArgument("a RawSource needs at least one shard");
+  RawSource s;
+  s.height_ = height;
+  s.width_ = width;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    if (shards[k].num_records < 0)
+      return InvalidArgument("shard " + std::to_string(k) + " has a negative record count");
+    if (shards[k].num_records > 0 && shards[k].data == nullptr)
+      return InvalidArgument("shard " + std::to_string(k) + " has records but no data");
+    s.starts_.push_back(s.num_records_);
+    s.num_records_ += shards[k].num_records;
+  }
+  s.starts_.push_back(s.num_records_);
+  s.shards_ = std::move(shards);
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+const uint8_t* RawSource::Record(int64_t i) const {
+  // The last shard whose first record is <= i; empty shards share a start and are skipped.
+  const auto it = std::upper_bound(starts_.begin(), starts_.end() - 1, i);
+  const size_t k = static_cast<size_t>(it - starts_.begin()) - 1;
+  return shards_[k].data + (i - starts_[k]) * record_bytes();
+}
+
+// ---------------------------------------------------------------------------------------
+// Gather
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+std::string ShapeStr(const int64_t s[4]) {
+  return "(" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) +
+         ", " + std::to_string(s[3]) + ")";
+}
+
+// Thread-local scratch, grown (never shrunk) to the largest row seen; a pool thread lives for
+// the process, so steady-state batches allocate nothing.
+struct ThreadScratch {
+  std::unique_ptr<uint8_t[]> buf;
+  size_t capacity = 0;
+};
+
+bool PrepareScratch(int64_t out_w, Scratch* s) {
+  thread_local ThreadScratch ts;
+  const size_t row = static_cast<size_t>(out_w) * 3;
+  auto up = [](size_t n) { return (n + 63) & ~size_t{63}; };
+  // +64 slack after each piece: SIMD loops may read (never write) a few bytes past a row.
+  const size_t row_b = up(row + 64), planes_b = up(row + 64), h_b = up(row * 4 + 64),
+               taps_b = up(static_cast<size_t>(out_w) * sizeof(XTap) + 64);
+  const size_t need = row_b + planes_b + 2 * h_b + taps_b + 64;
+  if (ts.capacity < need) {
+    ts.buf.reset(new (std::nothrow) uint8_t[need]);
+    ts.capacity = ts.buf ? need : 0;
+    if (!ts.buf) return false;
+  }
+  uint8_t* p = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(ts.buf.get()) + 63) & ~uintptr_t{63});
+  s->row = p;
+  p += row_b;
+  s->planes = p;
+  p += planes_b;
+  s->hrow[0] = reinterpret_cast<int32_t*>(p);
+  p += h_b;
+  s->hrow[1] = reinterpret_cast<int32_t*>(p);
+  p += h_b;
+  s->xtaps = reinterpret_cast<XTap*>(p);
+  return true;
+}
+
+}  // namespace
+
+Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
+  if (src.num_records() < 0 || src.height() < 1) return InvalidArgument("RawSource is not initialized");
+  if (r.batch < 0) return InvalidArgument("batch size must be >= 0, got " + std::to_string(r.batch));
+  if (r.batch > 0 && r.indices == nullptr) return InvalidArgument("indices is null");
+  if (r.out == nullptr && r.batch > 0) return InvalidArgument("out is null");
+
+  const bool nchw = r.layout == Layout::kNCHW;
+  const int64_t* s = r.out_shape;
+  const char* layout_name = nchw ? "NCHW" : "NHWC";
+  const int64_t ch = nchw ? s[1] : s[3], oh = nchw ? s[2] : s[1], ow = nchw ? s[3] : s[2];
+  if (ch != 3 || oh < 1 || ow < 1)
+    return InvalidArgument("out has shape " + ShapeStr(s) + " but layout " + layout_name +
+                           " needs " + (nchw ? "(B, 3, OH, OW)" : "(B, OH, OW, 3)") +
+                           " with OH, OW >= 1");
+  if (s[0] != r.batch)
+    return InvalidArgument("out has shape " + ShapeStr(s) + " (batch " + std::to_string(s[0]) +
+                           ") but indices has " + std::to_string(r.batch) + " entries");
+  int64_t elem = 1;
+  switch (r.dtype) {
+    case OutDType::kUint8: elem = 1; break;
+    case OutDType::kFloat32: elem = 4; break;
+    case OutDType::kBfloat16: elem = 2; break;
+    default: return InvalidArgument("unknown output dtype " + std::to_string(static_cast<int>(r.dtype)));
+  }
+  if (reinterpret_cast<uintptr_t>(r.out) % static_cast<uintptr_t>(elem) != 0)
+    return InvalidArgument("out is not aligned to its element size (" + std::to_string(elem) +
+                           " bytes)");
+  if (r.dtype != OutDType::kUint8) {
+    for (int c = 0; c < 3; ++c) {
+      if (!std::isfinite(r.mean[c]))
+        return InvalidArgument("mean[" + std::to_string(c) + "] = " + std::to_string(r.mean[c]) +
+                               " must be a finite number");
+      if (!std::isfinite(r.std[c]) || r.std[c] == 0.0)
+        return InvalidArgument("std[" + std::to_string(c) + "] = " + std::to_string(r.std[c]) +
+                               " must be a finite nonzero number");
+    }
+  }
+  const int64_t n = src.num_records(), H = src.height(), W = src.width();
+  for (int64_t b = 0; b < r.batch; ++b) {
+    const int64_t i = r.indices[b];
+    if (i < 0 || i >= n)
+      return OutOfRange("indices[" + std::to_string(b) + "] = " + std::to_string(i) +
+                        " is out of range for a source of " + std::to_string(n) +
+                        " records (allowed 0.." + std::to_string(n - 1) + ")");
+  }
+  if (r.crops == nullptr) {
+    if (oh != H || ow != W)
+      return InvalidArgument("out is " + std::to_string(oh) + "x" + std::to_string(ow) +
+                             " (OHxOW) but the records are " + std::to_string(H) + "x" +
+                             std::to_string(W) +
+                             ": without crop boxes the output size must equal the source size");
+  } else {
+    for (int64_t b = 0; b < r.batch; ++b) {
+      const int32_t* c = r.crops + 4 * b;
+      const int64_t y0 = c[0], x0 = c[1], h = c[2], w = c[3];
+      if (y0 < 0 || x0 < 0 || h < 1 || w < 1 || y0 + h > H || x0 + w > W)
+        return InvalidArgument(
+            "crop[" + std::to_string(b) + "] = (y0=" + std::to_string(y0) + ", x0=" +
+            std::to_string(x0) + ", h=" + std::to_string(h) + ", w=" + std::to_string(w) +
+            ") is not a non-empty box inside the " + std::to_string(H) + "x" + std::to_string(W) +
+            " image (need y0 >= 0, x0 >= 0, h >= 1, w >= 1, y0 + h <= " + std::to_string(H) +
+            ", x0 + w <= " + std::to_string(W) + ")");
+    }
+  }
+  if (r.batch == 0) return Status::Ok();
+
+  SimdTarget target;
+  TBLJAX_RETURN_IF_ERROR(ActiveSimdTarget(&target));
+
+  // ~5 KB of tables; built per call (a few microseconds) so nothing is shared or cached.
+  Plan p;
+  p.source = &src;
+  p.indices = r.indices;
+  p.crops = r.crops;
+  p.flips = r.flips;
+  p.dtype = r.dtype;
+  p.layout = r.layout;
+  p.out = static_cast<uint8_t*>(r.out);
+  p.elem_bytes = elem;
+  p.out_h = oh;
+  p.out_w = ow;
+  p.use_affine = false;
+  if (r.dtype == OutDType::kFloat32) NormalizeTableF32(r.mean, r.std, p.table_f32);
+  if (r.dtype == OutDType::kBfloat16) NormalizeTableBf16(r.mean, r.std, p.table_bf16);
+  if (r.dtype != OutDType::kUint8 && target != SimdTarget::kScalar && g_affine_enabled.load())
+    ChooseAffine(&p, r.mean, r.std);
+
+  ThreadPool& tp = pool ? *pool : ThreadPool::Default();
+  // Samples are the unit of work; small batches are also split into row bands so every
+  // thread has work (about 4 units per thread, as the pool hands out chunks).
+  const int64_t want_units = 4 * static_cast<int64_t>(tp.num_threads());
+  const int64_t bands = r.batch >= want_units ? 1 : std::min(oh, (want_units + r.batch - 1) / r.batch);
+  const UnitFn run = UnitFor(target);
+  std::atomic<bool> no_memory{false};
+  tp.ParallelFor(r.batch * bands, [&](int64_t u) {
+    Scratch scratch;
+    if (!PrepareScratch(ow, &scratch)) {
+      no_memory.store(true, std::memory_order_relaxed);
+      return;
+    }
+    const int64_t b = u / bands, band = u % bands;
+    run(p, b, band * oh / bands, (band + 1) * oh / bands, scratch);
+  });
+  if (no_memory.load()) return IOError("out of memory for the kernel's per-thread scratch");
+  return Status::Ok();
+}
+
+}  // namespace tbljax

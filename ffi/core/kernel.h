@@ -1,0 +1,156 @@
+// The serve kernel: one fused, parallel pass that gathers RAW uint8 RGB records by index,
+// optionally crops + resizes and flips them, normalizes, and writes a batch in the caller's
+// dtype (uint8, float32, bfloat16) and layout (NHWC, NCHW). Framework-free; returns Status.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace tbljax {
+
+class ThreadPool;
+
+enum class OutDType : int { kUint8 = 0, kFloat32 = 1, kBfloat16 = 2 };
+
+// ---------------------------------------------------------------------------------------
+// Crop + resize: the exact integer arithmetic (every path must reproduce it bit-exactly)
+// ---------------------------------------------------------------------------------------
+//
+// A crop box (y0, x0, h, w) in source pixels is resized to the output (OH, OW) by bilinear
+// interpolation with pixel centres at half-integers (the "align_corners=False" convention of
+// OpenCV INTER_LINEAR and jax.image.resize "linear", without antialiasing), using weights
+// quantized to S = 11 bits (ONE = 2048). Per axis, with start = y0 | x0, len = h | w and
+// out = OH | OW, output coordinate o in [0, out) maps to two source taps and weights:
+//
+//   n  = max(0, (2*o + 1) * len - out)     # 2*out * (source position inside the box),
+//                                          # source position = (o + 1/2) * len/out - 1/2
+//   i  = n // (2*out)                      # integer part; always 0 <= i <= len - 1
+//   f  = n %  (2*out)                      # fractional part, in units of 1/(2*out)
+//   w1 = (f * ONE + out) // (2*out)        # weight of the next pixel, rounded half up,
+//   w0 = ONE - w1                          #   0 <= w1 <= ONE
+//   s0 = start + i
+//   s1 = start + min(i + 1, len - 1)       # clamp at the box's last pixel
+//
+// (// and % are floor division and remainder of non-negative integers.) With the taps
+// (sy0, sy1, wy0, wy1) of row oy and (sx0, sx1, wx0, wx1) of column ox, the uint8 pixel of
+// channel c is the exact integer bilinear sum, rounded half up once at the end:
+//
+//   acc = wy0 * (wx0 * P[sy0, sx0, c] + wx1 * P[sy0, sx1, c])
+//       + wy1 * (wx0 * P[sy1, sx0, c] + wx1 * P[sy1, sx1, c])      # 0 <= acc <= 255 * 2^22
+//   out[oy, ox, c] = (acc + 2^21) >> 22                              # always in [0, 255]
+//
+// Every intermediate is an exact integer, so the order of the sums does not matter, and all
+// of them fit in int32 when (2*out) * len < 2^31 (e.g. every side <= 32767). A box of the
+// output's size (h == OH, w == OW) gives w1 = 0 everywhere: a plain crop, exactly.
+// Horizontal flip is applied after the resize: flipped[oy, ox] = out[oy, OW - 1 - ox].
+// Without a crop box the output size must equal the source size (no resize).
+
+constexpr int kResizeWeightBits = 11;
+constexpr int32_t kResizeOne = 1 << kResizeWeightBits;
+
+// The taps of output coordinate `o` on one axis (the formula above).
+struct AxisTap {
+  int64_t s0, s1;  // absolute source coordinates
+  int32_t w0, w1;  // weights, w0 + w1 == kResizeOne
+};
+inline AxisTap ComputeAxisTap(int64_t o, int64_t start, int64_t len, int64_t out) {
+  int64_t n = (2 * o + 1) * len - out;
+  if (n < 0) n = 0;
+  const int64_t i = n / (2 * out), f = n % (2 * out);
+  const int32_t w1 = static_cast<int32_t>((f * kResizeOne + out) / (2 * out));
+  return {start + i, start + (i + 1 < len ? i + 1 : len - 1), kResizeOne - w1, w1};
+}
+
+// ---------------------------------------------------------------------------------------
+// Normalization contract (DESIGN.md §3)
+// ---------------------------------------------------------------------------------------
+// For pixel x of channel c the output is the float32 / bfloat16 nearest (ties to even) to
+// (x/255 - mean[c]) / std[c] evaluated in float64; bfloat16 is rounded from the float64
+// directly, never through float32 (which would round twice).
+
+// (x/255 - mean) / std in float64, exactly as the contract spells it.
+double NormalizeValue(int x, double mean, double std);
+// The bfloat16 (bit pattern) nearest to d, ties to even. Exact for every finite double.
+uint16_t DoubleToBfloat16(double d);
+// The float32 values / bfloat16 bit patterns for the 3 x 256 inputs: table[c * 256 + x].
+void NormalizeTableF32(const double mean[3], const double std[3], float table[3 * 256]);
+void NormalizeTableBf16(const double mean[3], const double std[3], uint16_t table[3 * 256]);
+// The SIMD targets compute y = x * a[c] + b[c] in float64 (one FMA) and round it, after
+// checking at setup that this equals the table for all 3 x 256 inputs; where it does not,
+// they look the table up. Says whether that check passes for these parameters (tests use it
+// to know which path they exercise).
+bool AffineNormalizationIsExact(const double mean[3], const double std[3], OutDType dtype);
+// Tests only: false makes the SIMD targets use the table lookup too (default true).
+void SetAffineNormalizationEnabled(bool enabled);
+
+// ---------------------------------------------------------------------------------------
+// Runtime SIMD dispatch
+// ---------------------------------------------------------------------------------------
+// "scalar" is portable C++ for the baseline ISA (what the compiler makes of it, no
+// intrinsics); "avx2" needs AVX2 + FMA; "avx512" needs AVX-512 F/BW/VL/DQ. The active target
+// is the best the CPU supports, capped by the environment variable TBLJAX_SIMD
+// (auto | scalar | avx2 | avx512), read at first use, or by SetSimdTarget.
+enum class SimdTarget : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+const char* SimdTargetName(SimdTarget t);
+// The targets this CPU can run, best last (always starts with scalar).
+std::vector<SimdTarget> SupportedSimdTargets();
+// The target Gather uses now. Fails only when TBLJAX_SIMD holds an unknown name.
+Status ActiveSimdTarget(SimdTarget* out);
+// Sets the target by name: "auto" (the best supported), or one this CPU supports.
+Status SetSimdTarget(const std::string& name);
+
+// ---------------------------------------------------------------------------------------
+// Sources and the gather
+// ---------------------------------------------------------------------------------------
+
+// A contiguous run of `num_records` records of height*width*3 bytes each.
+struct RawShard {
+  const uint8_t* data = nullptr;
+  int64_t num_records = 0;
+};
+
+// N records of H x W x 3 uint8 (RGB, HWC) spread over one or more shards, read as one
+// sequence: record i lives in the shard whose range holds it. Does not own the memory.
+class RawSource {
+ public:
+  RawSource() = default;
+  static Status Create(std::vector<RawShard> shards, int64_t height, int64_t width,
+                       RawSource* out);
+
+  int64_t num_records() const { return num_records_; }
+  int64_t height() const { return height_; }
+  int64_t width() const { return width_; }
+  int64_t record_bytes() const { return height_ * width_ * 3; }
+  // Record i, which must be in [0, num_records()).
+  const uint8_t* Record(int64_t i) const;
+
+ private:
+  std::vector<RawShard> shards_;
+  std::vector<int64_t> starts_;  // first record index of each shard, plus num_records_
+  int64_t num_records_ = 0, height_ = 0, width_ = 0;
+};
+
+enum class Layout : int { kNHWC = 0, kNCHW = 1 };
+
+struct GatherRequest {
+  const int64_t* indices = nullptr;  // (batch,) record indices, each in [0, N)
+  int64_t batch = 0;
+  const int32_t* crops = nullptr;    // (batch, 4) boxes y0, x0, h, w; null: no crop
+  const uint8_t* flips = nullptr;    // (batch,) nonzero: flip horizontally; null: none
+  double mean[3] = {0.0, 0.0, 0.0};  // ignored for uint8 output
+  double std[3] = {1.0, 1.0, 1.0};
+  OutDType dtype = OutDType::kFloat32;
+  Layout layout = Layout::kNHWC;
+  void* out = nullptr;               // C-contiguous, aligned to its element size
+  int64_t out_shape[4] = {0, 0, 0, 0};  // (B, OH, OW, 3) for NHWC, (B, 3, OH, OW) for NCHW
+};
+
+// Runs the fused pass over the pool (ThreadPool::Default() when null). Validates everything
+// before touching `out`; on error `out` is unchanged. Allocates nothing per call once each
+// pool thread's scratch has grown to the largest output row seen.
+Status Gather(const RawSource& source, const GatherRequest& request, ThreadPool* pool = nullptr);
+
+}  // namespace tbljax

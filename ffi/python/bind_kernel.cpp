@@ -1,0 +1,196 @@
+// Python bindings for the serve kernel: RawSource over NumPy shard arrays, gather (GIL
+// released), and the SIMD target. tbljax/kernels.py is the documented front end.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "kernel.h"
+
+namespace tbljax::py {
+namespace {
+
+// Holds the shard arrays so the memory the RawSource points into stays alive.
+struct PyRawSource {
+  RawSource source;
+  std::vector<nb::object> arrays;
+};
+
+using ShardArray = nb::ndarray<const uint8_t, nb::ndim<4>, nb::c_contig, nb::device::cpu>;
+using IndexArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using CropArray = nb::ndarray<const int32_t, nb::shape<-1, 4>, nb::c_contig, nb::device::cpu>;
+using FlipArray = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// Any dtype: checked against out_dtype below (bfloat16 arrives as a uint16 view).
+using OutArray = nb::ndarray<nb::ndim<4>, nb::c_contig, nb::device::cpu>;
+
+std::string ShapeOf(const ShardArray& a) {
+  return "(" + std::to_string(a.shape(0)) + ", " + std::to_string(a.shape(1)) + ", " +
+         std::to_string(a.shape(2)) + ", " + std::to_string(a.shape(3)) + ")";
+}
+
+void InitRawSource(PyRawSource* self, const nb::sequence& shards) {
+  std::vector<RawShard> raw;
+  std::vector<nb::object> keep;
+  int64_t h = -1, w = -1;
+  size_t k = 0;
+  for (nb::handle item : shards) {
+    ShardArray a;
+    if (!nb::try_cast(item, a, /*convert=*/false))
+      throw nb::type_error(("shards[" + std::to_string(k) +
+                            "] must be a C-contiguous uint8 NumPy array of shape (N, H, W, 3) "
+                            "on the CPU, got " + nb::inst_name(item).c_str())
+                               .c_str());
+    if (a.shape(3) != 3)
+      throw nb::value_error(("shards[" + std::to_string(k) + "] has shape " + ShapeOf(a) +
+                             ": records must be RGB, shape (N, H, W, 3)").c_str());
+    if (k == 0) {
+      h = static_cast<int64_t>(a.shape(1));
+      w = static_cast<int64_t>(a.shape(2));
+    } else if (static_cast<int64_t>(a.shape(1)) != h || static_cast<int64_t>(a.shape(2)) != w) {
+      throw nb::value_error(("shards[" + std::to_string(k) + "] has shape " + ShapeOf(a) +
+                             " but shards[0] holds " + std::to_string(h) + "x" +
+                             std::to_string(w) + " records: all shards must match").c_str());
+    }
+    raw.push_back({a.data(), static_cast<int64_t>(a.shape(0))});
+    keep.push_back(nb::borrow(item));
+    ++k;
+  }
+  if (k == 0) throw nb::value_error("RawSource needs at least one shard array");
+  RawSource src;
+  Check(RawSource::Create(std::move(raw), h, w, &src));
+  new (self) PyRawSource{std::move(src), std::move(keep)};
+}
+
+OutDType ParseDType(const std::string& s, const OutArray& out) {
+  const nb::dlpack::dtype d = out.dtype();
+  auto fail = [&](const char* want) {
+    throw nb::type_error(("out_dtype='" + s + "' needs an out array of " + want +
+                          ", got dtype code " + std::to_string(d.code) + " with " +
+                          std::to_string(d.bits) + " bits").c_str());
+  };
+  if (s == "uint8") {
+    if (d != nb::dtype<uint8_t>()) fail("uint8");
+    return OutDType::kUint8;
+  }
+  if (s == "float32") {
+    if (d != nb::dtype<float>()) fail("float32");
+    return OutDType::kFloat32;
+  }
+  if (s == "bfloat16") {
+    const bool bf16 = d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16;
+    if (d != nb::dtype<uint16_t>() && !bf16) fail("bfloat16 (or its uint16 view)");
+    return OutDType::kBfloat16;
+  }
+  throw nb::value_error(("out_dtype='" + s + "' is not one of: uint8, float32, bfloat16").c_str());
+}
+
+}  // namespace
+
+void BindKernel(nb::module_& m) {
+  nb::class_<PyRawSource>(m, "RawSource",
+                          "N records of HxWx3 uint8 (RGB) held in one or more shard arrays, "
+                          "read as one sequence. Holds references to the arrays.")
+      .def("__init__", &InitRawSource, nb::arg("shards"),
+           "shards: list of C-contiguous uint8 arrays of shape (N_k, H, W, 3), same H and W.")
+      .def_prop_ro("num_records", [](const PyRawSource& s) { return s.source.num_records(); })
+      .def_prop_ro("height", [](const PyRawSource& s) { return s.source.height(); })
+      .def_prop_ro("width", [](const PyRawSource& s) { return s.source.width(); })
+      .def_prop_ro("num_shards", [](const PyRawSource& s) { return s.arrays.size(); })
+      .def_prop_ro("shards", [](const PyRawSource& s) {
+        nb::list l;
+        for (const nb::object& a : s.arrays) l.append(a);
+        return l;
+      })
+      .def("__len__", [](const PyRawSource& s) { return s.source.num_records(); })
+      .def("__repr__", [](const PyRawSource& s) {
+        return "RawSource(num_records=" + std::to_string(s.source.num_records()) + ", height=" +
+               std::to_string(s.source.height()) + ", width=" + std::to_string(s.source.width()) +
+               ", num_shards=" + std::to_string(s.arrays.size()) + ")";
+      });
+
+  m.def(
+      "gather",
+      [](const PyRawSource& src, IndexArray indices, OutArray out, const std::string& layout,
+         const std::string& out_dtype, std::array<double, 3> mean, std::array<double, 3> std,
+         std::optional<CropArray> crop, std::optional<FlipArray> flip) {
+        GatherRequest r;
+        r.batch = static_cast<int64_t>(indices.shape(0));
+        r.indices = indices.data();
+        if (layout == "NHWC") {
+          r.layout = Layout::kNHWC;
+        } else if (layout == "NCHW") {
+          r.layout = Layout::kNCHW;
+        } else {
+          throw nb::value_error(("layout='" + layout + "' is not one of: NHWC, NCHW").c_str());
+        }
+        r.dtype = ParseDType(out_dtype, out);
+        if (crop) {
+          if (static_cast<int64_t>(crop->shape(0)) != r.batch)
+            throw nb::value_error(("crop has " + std::to_string(crop->shape(0)) +
+                                   " rows but indices has " + std::to_string(r.batch)).c_str());
+          r.crops = crop->data();
+        }
+        if (flip) {
+          if (static_cast<int64_t>(flip->shape(0)) != r.batch)
+            throw nb::value_error(("flip has " + std::to_string(flip->shape(0)) +
+                                   " entries but indices has " + std::to_string(r.batch)).c_str());
+          r.flips = flip->data();
+        }
+        for (int c = 0; c < 3; ++c) {
+          r.mean[c] = mean[c];
+          r.std[c] = std[c];
+        }
+        r.out = out.data();
+        for (int d = 0; d < 4; ++d) r.out_shape[d] = static_cast<int64_t>(out.shape(d));
+        Status s;
+        {
+          nb::gil_scoped_release release;
+          s = Gather(src.source, r);
+        }
+        Check(s);
+      },
+      nb::arg("source"), nb::arg("indices").noconvert(), nb::arg("out").noconvert(),
+      nb::arg("layout"), nb::arg("out_dtype"), nb::arg("mean"), nb::arg("std"),
+      nb::arg("crop").noconvert().none(), nb::arg("flip").noconvert().none(),
+      "Fused gather -> crop/resize -> flip -> normalize -> dtype/layout into `out` "
+      "(see tbljax.kernels.gather, which validates and documents the arguments).");
+
+  m.def("kernel_target", [] {
+    SimdTarget t;
+    Check(ActiveSimdTarget(&t));
+    return std::string(SimdTargetName(t));
+  }, "The SIMD target the kernel runs: scalar, avx2 or avx512.");
+  m.def("set_kernel_target", [](const std::string& name) {
+    Check(SetSimdTarget(name));
+    SimdTarget t;
+    Check(ActiveSimdTarget(&t));
+    return std::string(SimdTargetName(t));
+  }, nb::arg("name"), "Force a SIMD target ('auto', 'scalar', 'avx2', 'avx512'); for tests.");
+  m.def("_affine_normalization_is_exact",
+        [](std::array<double, 3> mean, std::array<double, 3> std, const std::string& dtype) {
+          if (dtype != "float32" && dtype != "bfloat16")
+            throw nb::value_error("dtype must be 'float32' or 'bfloat16'");
+          return AffineNormalizationIsExact(mean.data(), std.data(),
+                                            dtype == "float32" ? OutDType::kFloat32
+                                                               : OutDType::kBfloat16);
+        },
+        nb::arg("mean"), nb::arg("std"), nb::arg("dtype"),
+        "Whether the SIMD targets' float64 FMA path equals the exact table for these "
+        "parameters (else they use the table). For tests.");
+  m.def("_set_affine_normalization_enabled", &SetAffineNormalizationEnabled, nb::arg("enabled"),
+        "Tests only: False makes the SIMD targets normalize by table lookup as well.");
+  m.def("supported_kernel_targets", [] {
+    std::vector<std::string> v;
+    for (SimdTarget t : SupportedSimdTargets()) v.emplace_back(SimdTargetName(t));
+    return v;
+  }, "The SIMD targets this CPU can run, best last.");
+}
+
+}  // namespace tbljax::py

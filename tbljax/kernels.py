@@ -1,0 +1,225 @@
+"""The serve kernel from Python: gather uint8 RGB records by index, optionally crop-resize and
+flip them, normalize, and write a batch into a buffer the caller owns (one fused native pass).
+
+The exact arithmetic (crop-resize formula, normalization contract) is documented in
+ffi/core/kernel.h; ``normalize_table`` gives the normalization contract as NumPy tables.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import ml_dtypes
+import numpy as np
+
+from tbljax import _core
+
+__all__ = ["gather", "normalize_table", "raw_source", "kernel_target", "LAYOUTS", "OUT_DTYPES"]
+
+LAYOUTS = ("NHWC", "NCHW")
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_DTYPE_NAMES = {np.dtype(np.uint8): "uint8", np.dtype(np.float32): "float32", _BF16: "bfloat16"}
+OUT_DTYPES = tuple(_DTYPE_NAMES)
+
+_INT32 = np.iinfo(np.int32)
+
+
+def kernel_target() -> str:
+    """The SIMD target the kernel runs on this machine: ``scalar``, ``avx2`` or ``avx512``.
+
+    Set ``TBLJAX_SIMD=scalar`` (or ``avx2``) before the first gather to cap it.
+    """
+    return _core.kernel_target()
+
+
+def _check_shard(a, where: str) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{where} must be a numpy.ndarray of shape (N, H, W, 3) uint8, "
+                        f"got {type(a).__name__}")
+    if a.dtype != np.uint8 or a.ndim != 4 or a.shape[3] != 3:
+        raise ValueError(f"{where} must be uint8 of shape (N, H, W, 3), "
+                         f"got {a.dtype} of shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{where} must be C-contiguous (a strided view would be copied on "
+                         f"every batch); pass np.ascontiguousarray(...) once")
+    return a
+
+
+def raw_source(source) -> _core.RawSource:
+    """A reusable native view of ``source``: an ``(N, H, W, 3)`` uint8 array, a list of such
+    shard arrays (same H and W, read as one sequence), or an existing ``RawSource``.
+
+    Building one is cheap, but a loader that serves many batches should build it once.
+    """
+    if isinstance(source, _core.RawSource):
+        return source
+    if isinstance(source, np.ndarray):
+        return _core.RawSource([_check_shard(source, "source")])
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise ValueError("source is an empty list: give at least one (N, H, W, 3) uint8 array")
+        shards = [_check_shard(a, f"source[{k}]") for k, a in enumerate(source)]
+        hw = shards[0].shape[1:3]
+        for k, a in enumerate(shards):
+            if a.shape[1:3] != hw:
+                raise ValueError(f"source[{k}] holds {a.shape[1]}x{a.shape[2]} records but "
+                                 f"source[0] holds {hw[0]}x{hw[1]}: all shards must match")
+        return _core.RawSource(shards)
+    raise TypeError("source must be an (N, H, W, 3) uint8 numpy array, a list of them, or a "
+                    f"tbljax._core.RawSource, got {type(source).__name__}")
+
+
+def _channel_params(value, name: str, default: float) -> list[float]:
+    if value is None:
+        return [default] * 3
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be 3 numbers (one per RGB channel), got {value!r}")
+    try:
+        vals = [float(v) for v in value]
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of 3 numbers (one per RGB channel), "
+                        f"got {value!r}") from None
+    if len(vals) != 3:
+        raise ValueError(f"{name} must have 3 values (one per RGB channel), got {len(vals)}: "
+                         f"{value!r}")
+    for c, v in enumerate(vals):
+        if not math.isfinite(v) or (name == "std" and v == 0.0):
+            need = "a finite nonzero number" if name == "std" else "a finite number"
+            raise ValueError(f"{name}[{c}] = {v} must be {need}")
+    return vals
+
+
+def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None, flip=None,
+           mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> np.ndarray:
+    """Gathers ``source[indices]`` into ``out`` in one fused, parallel pass (GIL released).
+
+    For each sample b: take record ``indices[b]``; if ``crop`` is given, cut the box
+    ``crop[b] = (y0, x0, h, w)`` and resize it to the output size with the integer bilinear
+    formula of ffi/core/kernel.h (uint8 pixels, rounded to nearest); mirror it left-right if
+    ``flip[b]``; then write it as ``out.dtype``:
+
+    * uint8: the pixels as they are (``mean`` and ``std`` must be None);
+    * float32 / bfloat16: the value nearest to ``(x/255 - mean[c]) / std[c]`` computed in
+      float64 (``normalize_table``); mean defaults to 0 and std to 1, i.e. ``x/255``.
+
+    Args:
+      source: an ``(N, H, W, 3)`` uint8 C-contiguous array, a list of such shard arrays read
+        as one sequence, or a ``RawSource`` from ``raw_source``.
+      indices: ``(B,)`` integers in ``[0, N)``.
+      out: ``(B, OH, OW, 3)`` for NHWC or ``(B, 3, OH, OW)`` for NCHW; uint8, float32 or
+        ``ml_dtypes.bfloat16``; C-contiguous and writable. Never reallocated or converted.
+      layout: ``"NHWC"`` or ``"NCHW"``.
+      crop: ``(B, 4)`` integer boxes ``(y0, x0, h, w)`` inside the image, or None; without
+        crop boxes ``(OH, OW)`` must equal ``(H, W)``.
+      flip: ``(B,)`` booleans, or None.
+      mean, std: 3 numbers each (float outputs only).
+
+    Returns:
+      ``out``.
+
+    Example::
+
+        images = np.zeros((5000, 176, 176, 3), np.uint8)           # or a TBL file's view
+        batch = np.empty((256, 160, 160, 3), np.float32)           # reuse it every step
+        gather(images, idx, batch, crop=boxes, flip=flips,
+               mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    """
+    src = raw_source(source)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    name = _DTYPE_NAMES.get(out.dtype)
+    if name is None:
+        raise TypeError(f"out.dtype must be uint8, float32 or bfloat16, got {out.dtype}")
+    want = "(B, OH, OW, 3)" if layout == "NHWC" else "(B, 3, OH, OW)"
+    if out.ndim != 4 or out.shape[3 if layout == "NHWC" else 1] != 3:
+        raise ValueError(f"out must have shape {want} for layout {layout}, got {out.shape}")
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous (the kernel writes it in place)")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    if not out.flags.aligned:
+        raise ValueError(f"out must be aligned to its element size ({out.dtype.itemsize} bytes)")
+
+    idx = np.asarray(indices)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
+    if idx.ndim != 1:
+        raise ValueError(f"indices must be 1-D (B,), got shape {idx.shape}")
+    if idx.dtype == np.uint64 and idx.size and idx.max() > np.iinfo(np.int64).max:
+        raise IndexError(f"indices holds {idx.max()}, out of range for a source of "
+                         f"{src.num_records} records (allowed 0..{src.num_records - 1})")
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    batch = idx.shape[0]
+    if out.shape[0] != batch:
+        raise ValueError(f"out has batch size {out.shape[0]} but indices has {batch} entries")
+
+    if name == "uint8":
+        if mean is not None or std is not None:
+            raise ValueError("uint8 output is not normalized: mean and std must be None "
+                             "(normalize on device, or ask for float32 / bfloat16 output)")
+    m = _channel_params(mean, "mean", 0.0)
+    s = _channel_params(std, "std", 1.0)
+
+    crop_arr = None
+    if crop is not None:
+        c = np.asarray(crop)
+        if c.dtype.kind not in "iu":
+            raise TypeError(f"crop must hold integers (y0, x0, h, w), got dtype {c.dtype}")
+        if c.shape != (batch, 4):
+            raise ValueError(f"crop must have shape ({batch}, 4) as (y0, x0, h, w) per sample, "
+                             f"got {c.shape}")
+        if c.size and (c.min() < _INT32.min or c.max() > _INT32.max):
+            raise ValueError(f"crop values must fit in int32, got range [{c.min()}, {c.max()}]")
+        crop_arr = np.ascontiguousarray(c, dtype=np.int32)
+
+    flip_arr = None
+    if flip is not None:
+        f = np.asarray(flip)
+        if f.dtype.kind not in "biu":
+            raise TypeError(f"flip must hold booleans, got dtype {f.dtype}")
+        if f.shape != (batch,):
+            raise ValueError(f"flip must have shape ({batch},), got {f.shape}")
+        flip_arr = np.ascontiguousarray(f != 0).view(np.uint8)
+
+    buf = out.view(np.uint16) if name == "bfloat16" else out
+    _core.gather(src, idx, buf, layout, name, m, s, crop_arr, flip_arr)
+    return out
+
+
+def _float64_to_bfloat16_bits(d: np.ndarray) -> np.ndarray:
+    # Nearest bfloat16, ties to even, in one rounding from float64. (ml_dtypes' astype goes
+    # through float32 and so rounds twice.) Round to odd into float32 first -- truncate,
+    # then set the last bit if anything was dropped -- and then to nearest-even bfloat16:
+    # float32 keeps 16 more bits than bfloat16, which makes the result the one-step rounding.
+    d = np.asarray(d, np.float64)
+    with np.errstate(over="ignore"):
+        f = d.astype(np.float32)
+    bits = f.view(np.uint32).copy()
+    bits -= (np.abs(f.astype(np.float64)) > np.abs(d)).astype(np.uint32)  # toward zero
+    bits |= (bits.view(np.float32).astype(np.float64) != d).astype(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def normalize_table(mean: Sequence[float], std: Sequence[float], dtype=np.float32) -> np.ndarray:
+    """The normalization contract as a ``(3, 256)`` table: ``table[c, x]`` is the float32 or
+    bfloat16 nearest to ``(x/255 - mean[c]) / std[c]`` computed in float64. Every path that
+    normalizes (host kernel, XLA handler, pure-JAX twin, adapters) must agree with it.
+
+    Example::
+
+        t = normalize_table((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), ml_dtypes.bfloat16)
+        images_bf16 = t[np.arange(3), images_u8]        # (..., 3) uint8 -> bfloat16
+    """
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float32), _BF16):
+        raise TypeError(f"dtype must be float32 or bfloat16, got {dt}")
+    m = np.array(_channel_params(mean, "mean", 0.0), np.float64)[:, None]
+    s = np.array(_channel_params(std, "std", 1.0), np.float64)[:, None]
+    with np.errstate(over="ignore"):
+        v = (np.arange(256, dtype=np.float64)[None, :] / 255.0 - m) / s
+        if dt == np.dtype(np.float32):
+            return v.astype(np.float32)
+    return _float64_to_bfloat16_bits(v).view(_BF16)

@@ -1,0 +1,591 @@
+"""Tests of the serve kernel (tbljax.kernels.gather) against a plain NumPy reference written
+here: float64 normalization, the integer crop-resize formula of ffi/core/kernel.h written out
+directly, every dtype x layout x crop x flip x shards, every SIMD target, and the errors."""
+import fractions
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tbljax import _core, kernels
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+TARGETS = _core.supported_kernel_targets()
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _restore_target():
+    yield
+    _core.set_kernel_target("auto")
+    _core._set_affine_normalization_enabled(True)
+
+
+@pytest.fixture(params=["affine", "table"])
+def norm_path(request):
+    """Runs a test with the SIMD targets' float64-FMA path, then with their table fallback."""
+    _core._set_affine_normalization_enabled(request.param == "affine")
+    return request.param
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference
+# ---------------------------------------------------------------------------------------------
+
+def _all_bf16():
+    """Every finite bfloat16 as (sorted float64 values, their bit patterns), +0 only."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    with np.errstate(invalid="ignore"):  # the NaN patterns
+        vals = bits.view(BF16).astype(np.float64)
+    keep = np.isfinite(vals) & (bits != 0x8000)
+    order = np.argsort(vals[keep], kind="stable")
+    return vals[keep][order], bits[keep][order]
+
+
+_BF16_VALS, _BF16_BITS = _all_bf16()
+
+
+def nearest_bf16_bits(v: float) -> int:
+    """The bfloat16 nearest to the float64 v, ties to even, by exact rational comparison."""
+    if v == 0.0:
+        return 0x8000 if np.signbit(v) else 0
+    hi = int(np.searchsorted(_BF16_VALS, v, side="left"))
+    if hi < len(_BF16_VALS) and _BF16_VALS[hi] == v:
+        return int(_BF16_BITS[hi])
+    assert 0 < hi < len(_BF16_VALS), v  # values here are far from overflow
+    lo = hi - 1
+    fv = fractions.Fraction(v)
+    dlo = fv - fractions.Fraction(float(_BF16_VALS[lo]))
+    dhi = fractions.Fraction(float(_BF16_VALS[hi])) - fv
+    if dlo != dhi:
+        return int(_BF16_BITS[lo] if dlo < dhi else _BF16_BITS[hi])
+    return int(_BF16_BITS[lo] if _BF16_BITS[lo] % 2 == 0 else _BF16_BITS[hi])
+
+
+def reference_table(mean, std, dtype) -> np.ndarray:
+    """(3, 256) table of the contract: nearest float32 / bfloat16 to (x/255 - m)/s in float64."""
+    v = np.empty((3, 256), np.float64)
+    for c in range(3):
+        for x in range(256):
+            v[c, x] = (x / 255.0 - float(mean[c])) / float(std[c])
+    if np.dtype(dtype) == np.float32:
+        return v.astype(np.float32)
+    bits = np.array([[nearest_bf16_bits(float(v[c, x])) for x in range(256)] for c in range(3)],
+                    np.uint16)
+    return bits.view(BF16)
+
+
+def ref_taps(out_len: int, start: int, length: int):
+    """The per-axis formula of kernel.h, in int64 NumPy."""
+    o = np.arange(out_len, dtype=np.int64)
+    n = np.maximum(0, (2 * o + 1) * length - out_len)
+    i, f = n // (2 * out_len), n % (2 * out_len)
+    w1 = (f * 2048 + out_len) // (2 * out_len)
+    return start + i, start + np.minimum(i + 1, length - 1), 2048 - w1, w1
+
+
+def ref_crop_resize(img: np.ndarray, box, oh: int, ow: int) -> np.ndarray:
+    y0, x0, h, w = (int(v) for v in box)
+    sy0, sy1, wy0, wy1 = ref_taps(oh, y0, h)
+    sx0, sx1, wx0, wx1 = ref_taps(ow, x0, w)
+    p = img.astype(np.int64)
+    wx0, wx1 = wx0[None, :, None], wx1[None, :, None]
+    top = wx0 * p[sy0][:, sx0] + wx1 * p[sy0][:, sx1]
+    bottom = wx0 * p[sy1][:, sx0] + wx1 * p[sy1][:, sx1]
+    acc = wy0[:, None, None] * top + wy1[:, None, None] * bottom
+    return ((acc + (1 << 21)) >> 22).astype(np.uint8)
+
+
+def ref_gather(records, idx, oh, ow, crop=None, flip=None, dtype=np.uint8, layout="NHWC",
+               mean=None, std=None):
+    pix = []
+    for b, i in enumerate(idx):
+        img = records[i]
+        if crop is not None:
+            img = ref_crop_resize(img, crop[b], oh, ow)
+        if flip is not None and flip[b]:
+            img = img[:, ::-1]
+        pix.append(img)
+    pix = np.stack(pix) if pix else np.zeros((0, oh, ow, 3), np.uint8)
+    if np.dtype(dtype) == np.uint8:
+        out = pix
+    else:
+        table = reference_table(mean or (0, 0, 0), std or (1, 1, 1), dtype)
+        out = table[np.arange(3), pix]
+    return out if layout == "NHWC" else np.ascontiguousarray(out.transpose(0, 3, 1, 2))
+
+
+def out_buffer(batch, oh, ow, dtype, layout, fill=0x5A):
+    shape = (batch, oh, ow, 3) if layout == "NHWC" else (batch, 3, oh, ow)
+    buf = np.empty(shape, dtype)
+    buf.view(np.uint8)[...] = fill  # garbage, so unwritten elements show
+    return buf
+
+
+def bits(a):
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
+def random_boxes(rng, batch, h, w):
+    bh = rng.integers(1, h + 1, batch)
+    bw = rng.integers(1, w + 1, batch)
+    y0 = rng.integers(0, h - bh + 1)
+    x0 = rng.integers(0, w - bw + 1)
+    return np.stack([y0, x0, bh, bw], axis=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference itself
+# ---------------------------------------------------------------------------------------------
+
+def test_reference_taps_identity_and_bounds():
+    s0, s1, w0, w1 = ref_taps(37, 5, 37)  # a box of the output's size: a plain crop
+    assert (s0 == np.arange(37) + 5).all() and (w1 == 0).all() and (w0 == 2048).all()
+    for out_len, length in [(1, 1), (1, 9), (9, 1), (160, 50), (160, 176), (7, 300), (300, 7)]:
+        s0, s1, w0, w1 = ref_taps(out_len, 3, length)
+        assert (s0 >= 3).all() and (s1 <= 3 + length - 1).all() and (s1 >= s0).all()
+        assert ((w0 >= 0) & (w1 >= 0) & (w0 + w1 == 2048)).all()
+
+
+def test_nearest_bf16_rounds_once_from_float64():
+    # ml_dtypes goes float64 -> float32 -> bfloat16 and rounds this down to 1.0; the nearest
+    # bfloat16 is 1 + 2**-7, as the value is above the midpoint 1 + 2**-8.
+    v = 1 + 2**-8 + 2**-30
+    assert nearest_bf16_bits(v) == 0x3F81
+    assert int(kernels._float64_to_bfloat16_bits(np.array([v]))[0]) == 0x3F81
+    assert nearest_bf16_bits(1 + 2**-8) == 0x3F80  # a tie goes to even
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalization contract: all 256 values of every channel, every target, both layouts
+# ---------------------------------------------------------------------------------------------
+
+NORM_PARAMS = [
+    (IMAGENET_MEAN, IMAGENET_STD),
+    ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+    ((-3.25, 100.0, 1e-3), (-0.7, 3e-5, 1234.5)),
+]
+
+
+def _all_values_source():
+    # 16x16 = 256 pixels; channel c of pixel k is (k * (2c + 1)) % 256: every value once per
+    # channel, in a different order per channel.
+    k = np.arange(256)
+    img = np.stack([(k * (2 * c + 1)) % 256 for c in range(3)], axis=-1).astype(np.uint8)
+    return img.reshape(1, 16, 16, 3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("params", NORM_PARAMS, ids=["imagenet", "half", "unit", "odd"])
+def test_normalize_contract_all_values(dtype, params, norm_path):
+    mean, std = params
+    name = "float32" if dtype == np.float32 else "bfloat16"
+    assert _core._affine_normalization_is_exact(mean, std, name)  # the fast path is tested
+    want_table = reference_table(mean, std, dtype)
+    np.testing.assert_array_equal(bits(kernels.normalize_table(mean, std, dtype)),
+                                  bits(want_table))
+    src = _all_values_source()
+    want = want_table[np.arange(3), src[0]]  # (16, 16, 3)
+    for target in TARGETS:
+        _core.set_kernel_target(target)
+        for layout in ("NHWC", "NCHW"):
+            out = out_buffer(1, 16, 16, dtype, layout)
+            kernels.gather(src, [0], out, layout=layout, mean=mean, std=std)
+            got = out[0] if layout == "NHWC" else out[0].transpose(1, 2, 0)
+            np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"{target} {layout}")
+
+
+def test_normalize_contract_random_params_every_target():
+    # Many (mean, std): exercises the affine path's setup check and its table fallback.
+    rng = np.random.default_rng(7)
+    src = _all_values_source()
+    for trial in range(40):
+        mean = tuple(rng.uniform(-2, 2, 3))
+        std = tuple(rng.uniform(0.01, 3, 3) * rng.choice([-1, 1], 3))
+        for dtype in (np.float32, BF16):
+            with np.errstate(all="ignore"):
+                table = kernels.normalize_table(mean, std, dtype)
+            if dtype == np.float32:
+                np.testing.assert_array_equal(bits(table), bits(reference_table(mean, std, dtype)))
+            want = table[np.arange(3), src[0]]
+            for target in TARGETS:
+                _core.set_kernel_target(target)
+                out = out_buffer(1, 16, 16, dtype, "NHWC")
+                kernels.gather(src, [0], out, mean=mean, std=std)
+                np.testing.assert_array_equal(bits(out[0]), bits(want),
+                                              err_msg=f"trial {trial} {target} {dtype}")
+
+
+def test_normalize_table_bf16_matches_independent_reference_on_random_params():
+    rng = np.random.default_rng(11)
+    for _ in range(5):
+        mean, std = tuple(rng.uniform(-1, 1, 3)), tuple(rng.uniform(0.05, 2, 3))
+        np.testing.assert_array_equal(bits(kernels.normalize_table(mean, std, BF16)),
+                                      bits(reference_table(mean, std, BF16)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The matrix: dtype x layout x crop x flip x shards
+# ---------------------------------------------------------------------------------------------
+
+H, W = 23, 29  # odd sizes: rows are not a whole number of vectors
+CROP_OUT = (17, 31)
+
+
+def _records(seed=0, n=12, h=H, w=W):
+    return np.random.default_rng(seed).integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+
+
+def _shard(records, parts):
+    if parts == 1:
+        return records
+    # Three shards, one of them empty, to test index -> shard mapping.
+    return [records[:5], records[5:5], records[5:]]
+
+
+@pytest.mark.parametrize("shards", [1, 3], ids=["1shard", "3shards"])
+@pytest.mark.parametrize("flip", [False, True], ids=["noflip", "flip"])
+@pytest.mark.parametrize("crop", [False, True], ids=["nocrop", "crop"])
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("dtype, affine", [
+    (np.uint8, True),
+    (np.float32, True), (np.float32, False),
+    (BF16, True), (BF16, False),
+], ids=["uint8", "float32", "float32-table", "bfloat16", "bfloat16-table"])
+def test_gather_matrix(dtype, affine, layout, crop, flip, shards):
+    _core._set_affine_normalization_enabled(affine)
+    rng = np.random.default_rng(1)
+    records = _records()
+    batch = 9
+    idx = rng.integers(0, len(records), batch)
+    idx[0], idx[1] = 0, len(records) - 1  # first and last record (shard edges)
+    oh, ow = CROP_OUT if crop else (H, W)
+    boxes = random_boxes(rng, batch, H, W) if crop else None
+    if crop:
+        boxes[0] = (0, 0, H, W)           # the whole image, resized
+        boxes[1] = (3, 2, oh, ow - 10)     # same height: vertical identity
+        boxes[2] = (H - 1, W - 1, 1, 1)   # one pixel
+    flips = (rng.random(batch) < 0.5) if flip else None
+    if flip:
+        flips[:2] = True
+    norm = {} if dtype == np.uint8 else {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+    want = ref_gather(records, idx, oh, ow, boxes, flips, dtype, layout, **norm)
+    for target in TARGETS:
+        _core.set_kernel_target(target)
+        out = out_buffer(batch, oh, ow, dtype, layout)
+        res = kernels.gather(_shard(records, shards), idx, out, layout=layout, crop=boxes,
+                             flip=flips, **norm)
+        assert res is out
+        np.testing.assert_array_equal(bits(out), bits(want), err_msg=target)
+
+
+def test_uint8_and_float_outputs_agree_exactly():
+    # The float output is the normalization of exactly the uint8 output (resize before norm).
+    rng = np.random.default_rng(2)
+    records = _records(3, n=6, h=40, w=50)
+    idx = rng.integers(0, 6, 16)
+    boxes = random_boxes(rng, 16, 40, 50)
+    flips = rng.random(16) < 0.5
+    u8 = kernels.gather(records, idx, np.empty((16, 24, 24, 3), np.uint8), crop=boxes, flip=flips)
+    for dtype in (np.float32, BF16):
+        out = kernels.gather(records, idx, np.empty((16, 24, 24, 3), dtype), crop=boxes,
+                             flip=flips, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        table = kernels.normalize_table(IMAGENET_MEAN, IMAGENET_STD, dtype)
+        np.testing.assert_array_equal(bits(out), bits(table[np.arange(3), u8]))
+
+
+def test_default_mean_std_is_x_over_255():
+    records = _records(4, n=3)
+    out = kernels.gather(records, [2, 0], np.empty((2, H, W, 3), np.float32))
+    np.testing.assert_array_equal(out, (records[[2, 0]] / 255.0).astype(np.float32))
+
+
+def test_crop_of_output_size_is_an_exact_crop_and_flip_mirrors():
+    records = _records(5, n=4, h=30, w=40)
+    boxes = np.array([[4, 7, 20, 25], [0, 0, 20, 25], [10, 15, 20, 25]])
+    out = kernels.gather(records, [1, 2, 3], np.empty((3, 20, 25, 3), np.uint8), crop=boxes,
+                         flip=[False, True, False])
+    np.testing.assert_array_equal(out[0], records[1, 4:24, 7:32])
+    np.testing.assert_array_equal(out[1], records[2, 0:20, 0:25, :][:, ::-1])
+    np.testing.assert_array_equal(out[2], records[3, 10:30, 15:40])
+
+
+def test_resize_of_constant_image_is_constant():
+    img = np.full((1, 50, 60, 3), (17, 128, 255), np.uint8)
+    out = kernels.gather(img, [0], np.empty((1, 33, 97, 3), np.uint8),
+                         crop=[[3, 5, 41, 52]], flip=[True])
+    assert (out == np.array([17, 128, 255], np.uint8)).all()
+
+
+def test_random_resized_crop_sized_batch_every_target():
+    # The shape the benchmark serves: 176 px sources, RRC-like boxes, 160 px output, many
+    # samples (runs over the thread pool).
+    rng = np.random.default_rng(6)
+    records = rng.integers(0, 256, (20, 176, 176, 3), dtype=np.uint8)
+    batch = 24
+    idx = rng.integers(0, 20, batch)
+    area = rng.uniform(0.08, 1.0, batch) * 176 * 176
+    ratio = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3), batch))
+    bw = np.clip(np.round(np.sqrt(area * ratio)), 1, 176).astype(np.int64)
+    bh = np.clip(np.round(np.sqrt(area / ratio)), 1, 176).astype(np.int64)
+    boxes = np.stack([rng.integers(0, 176 - bh + 1), rng.integers(0, 176 - bw + 1), bh, bw], 1)
+    flips = rng.random(batch) < 0.5
+    for dtype, layout in [(np.float32, "NHWC"), (BF16, "NCHW"), (np.uint8, "NCHW")]:
+        norm = {} if dtype == np.uint8 else {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+        want = ref_gather(records, idx, 160, 160, boxes, flips, dtype, layout, **norm)
+        for target in TARGETS:
+            _core.set_kernel_target(target)
+            out = out_buffer(batch, 160, 160, dtype, layout)
+            kernels.gather(records, idx, out, layout=layout, crop=boxes, flip=flips, **norm)
+            np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{target} {layout}")
+
+
+def test_small_batches_split_into_row_bands_match():
+    rng = np.random.default_rng(8)
+    records = _records(9, n=5, h=64, w=48)
+    boxes = random_boxes(rng, 5, 64, 48)
+    full = kernels.gather(records, np.arange(5), np.empty((5, 3, 61, 47), np.float32),
+                          layout="NCHW", crop=boxes, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    for b in range(5):  # batch of 1: the rows are spread over the pool
+        one = kernels.gather(records, [b], np.empty((1, 3, 61, 47), np.float32), layout="NCHW",
+                             crop=boxes[b:b + 1], mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        np.testing.assert_array_equal(one[0], full[b])
+
+
+def test_empty_batch_and_prebuilt_source():
+    records = _records()
+    src = kernels.raw_source([records[:4], records[4:]])
+    assert (src.num_records, src.height, src.width, src.num_shards) == (12, H, W, 2)
+    out = np.empty((0, H, W, 3), np.float32)
+    assert kernels.gather(src, np.zeros(0, np.int64), out) is out
+    out = kernels.gather(src, [11, 3], np.empty((2, H, W, 3), np.uint8))
+    np.testing.assert_array_equal(out, records[[11, 3]])
+
+
+def test_read_only_memmap_like_source():
+    records = _records()
+    records.flags.writeable = False
+    out = kernels.gather(records, [1], np.empty((1, H, W, 3), np.uint8))
+    np.testing.assert_array_equal(out[0], records[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# SIMD dispatch: forced scalar (TBLJAX_SIMD in a fresh process) == dispatched, bit for bit
+# ---------------------------------------------------------------------------------------------
+
+_CASES_SCRIPT = textwrap.dedent("""
+    import numpy as np, ml_dtypes
+    from tbljax import kernels
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+    def run():
+        rng = np.random.default_rng(1234)
+        records = rng.integers(0, 256, (30, 67, 53, 3), dtype=np.uint8)
+        res = {}
+        for k, (dtype, layout, crop, flip) in enumerate(
+                [(d, l, c, f) for d in (np.uint8, np.float32, BF16) for l in ("NHWC", "NCHW")
+                 for c in (False, True) for f in (False, True)]):
+            idx = rng.integers(0, 30, 33)
+            oh, ow = (45, 71) if crop else (67, 53)
+            boxes = None
+            if crop:
+                bh = rng.integers(1, 68, 33); bw = rng.integers(1, 54, 33)
+                boxes = np.stack([rng.integers(0, 68 - bh), rng.integers(0, 54 - bw), bh, bw], 1)
+            flips = rng.random(33) < 0.5 if flip else None
+            norm = {} if dtype == np.uint8 else dict(mean=(0.485, 0.456, 0.406),
+                                                      std=(0.229, 0.224, 0.225))
+            shape = (33, oh, ow, 3) if layout == "NHWC" else (33, 3, oh, ow)
+            out = kernels.gather([records[:11], records[11:]], idx, np.empty(shape, dtype),
+                                 layout=layout, crop=boxes, flip=flips, **norm)
+            res[f"case{k}"] = out.view(np.uint8)
+        return res
+""")
+
+
+def test_forced_scalar_process_matches_dispatched(tmp_path):
+    path = tmp_path / "scalar.npz"
+    script = _CASES_SCRIPT + textwrap.dedent(f"""
+        from tbljax import _core
+        assert _core.kernel_target() == "scalar", _core.kernel_target()
+        assert _core._native_info()["simd"] == "scalar"
+        np.savez({str(path)!r}, **run())
+    """)
+    env = dict(os.environ, TBLJAX_SIMD="scalar", PYTHONPATH=REPO)
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, cwd=REPO)
+    forced = np.load(path)
+    ns: dict = {}
+    exec(_CASES_SCRIPT, ns)
+    for target in TARGETS:
+        _core.set_kernel_target(target)
+        here = ns["run"]()
+        assert set(here) == set(forced.files)
+        for k, v in here.items():
+            np.testing.assert_array_equal(v, forced[k], err_msg=f"{target} {k}")
+
+
+def test_target_reporting_and_env_errors():
+    assert _core.kernel_target() in TARGETS
+    assert kernels.kernel_target() == _core.kernel_target()
+    assert _core._native_info()["simd"] == _core.kernel_target()
+    assert TARGETS[0] == "scalar"
+    assert _core.set_kernel_target("scalar") == "scalar"
+    with pytest.raises(ValueError, match="not one of"):
+        _core.set_kernel_target("sse9")
+    code = "from tbljax import _core; _core.kernel_target()"
+    env = dict(os.environ, TBLJAX_SIMD="bogus", PYTHONPATH=REPO)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "TBLJAX_SIMD='bogus'" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: a clear exception naming the value and the allowed range, never a crash
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def small():
+    return _records(n=5)
+
+
+def test_error_negative_index(small):
+    with pytest.raises(IndexError, match=r"indices\[1\] = -1 is out of range.*allowed 0\.\.4"):
+        kernels.gather(small, [0, -1], np.empty((2, H, W, 3), np.uint8))
+
+
+def test_error_index_too_large(small):
+    with pytest.raises(IndexError, match=r"indices\[0\] = 5 .*5 records \(allowed 0\.\.4\)"):
+        kernels.gather([small[:2], small[2:]], [5], np.empty((1, H, W, 3), np.uint8))
+
+
+def test_error_out_untouched_on_error(small):
+    out = out_buffer(2, H, W, np.float32, "NHWC")
+    before = out.copy()
+    with pytest.raises(IndexError):
+        kernels.gather(small, [0, 99], out)
+    np.testing.assert_array_equal(bits(out), bits(before))
+
+
+@pytest.mark.parametrize("shape, layout, match", [
+    ((2, H, W, 4), "NHWC", r"shape \(B, OH, OW, 3\)"),
+    ((2, H, W, 3), "NCHW", r"shape \(B, 3, OH, OW\)"),
+    ((2, H, W), "NHWC", r"shape \(B, OH, OW, 3\)"),
+    ((3, H, W, 3), "NHWC", "batch size 3 but indices has 2"),
+    ((2, H + 1, W, 3), "NHWC", "without crop boxes the output size must equal the source size"),
+])
+def test_error_out_shape(small, shape, layout, match):
+    with pytest.raises(ValueError, match=match):
+        kernels.gather(small, [0, 1], np.empty(shape, np.float32), layout=layout)
+
+
+def test_error_out_dtype_and_layout(small):
+    with pytest.raises(TypeError, match="out.dtype must be uint8, float32 or bfloat16, got float64"):
+        kernels.gather(small, [0], np.empty((1, H, W, 3), np.float64))
+    with pytest.raises(TypeError, match="out must be a numpy.ndarray"):
+        kernels.gather(small, [0], [[0]])
+    with pytest.raises(ValueError, match="layout must be one of"):
+        kernels.gather(small, [0], np.empty((1, H, W, 3), np.uint8), layout="HWC")
+
+
+def test_error_out_not_contiguous_or_read_only(small):
+    big = np.empty((1, H, 2 * W, 3), np.float32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.gather(small, [0], big[:, :, ::2])
+    ro = np.empty((1, H, W, 3), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        kernels.gather(small, [0], ro)
+
+
+def test_native_binding_never_converts(small):
+    # Straight to _core: a float64 or strided out must be refused, not copied and dropped.
+    src = _core.RawSource([small])
+    idx = np.array([0], np.int64)
+    args = ("NHWC", "float32", [0, 0, 0], [1, 1, 1], None, None)
+    with pytest.raises(TypeError):
+        _core.gather(src, idx, np.empty((1, H, W, 3), np.float64), *args)
+    with pytest.raises(TypeError):
+        _core.gather(src, idx, np.empty((1, H, 2 * W, 3), np.float32)[:, :, ::2], *args)
+    with pytest.raises(TypeError):
+        _core.gather(src, idx.astype(np.int32), np.empty((1, H, W, 3), np.float32), *args)
+    with pytest.raises(TypeError, match="out_dtype='bfloat16'"):
+        _core.gather(src, idx, np.empty((1, H, W, 3), np.float32), "NHWC", "bfloat16",
+                     [0, 0, 0], [1, 1, 1], None, None)
+    with pytest.raises(ValueError, match="layout='NWHC'"):
+        _core.gather(src, idx, np.empty((1, H, W, 3), np.float32), "NWHC", "float32",
+                     [0, 0, 0], [1, 1, 1], None, None)
+
+
+@pytest.mark.parametrize("mean, std, exc, match", [
+    ((0.5, 0.5), None, ValueError, "mean must have 3 values"),
+    (None, (1, 1, 1, 1), ValueError, "std must have 3 values"),
+    (0.5, None, TypeError, "mean must be a sequence of 3 numbers"),
+    (None, (1, 0, 1), ValueError, r"std\[1\] = 0.0 must be a finite nonzero number"),
+    ((0, float("nan"), 0), None, ValueError, r"mean\[1\] = nan must be a finite number"),
+])
+def test_error_mean_std(small, mean, std, exc, match):
+    with pytest.raises(exc, match=match):
+        kernels.gather(small, [0], np.empty((1, H, W, 3), np.float32), mean=mean, std=std)
+
+
+def test_error_uint8_with_mean(small):
+    with pytest.raises(ValueError, match="uint8 output is not normalized"):
+        kernels.gather(small, [0], np.empty((1, H, W, 3), np.uint8), mean=IMAGENET_MEAN)
+
+
+@pytest.mark.parametrize("box, what", [
+    ((-1, 0, 5, 5), "y0=-1"),
+    ((0, -2, 5, 5), "x0=-2"),
+    ((0, 0, 0, 5), "h=0"),
+    ((0, 0, 5, 0), "w=0"),
+    ((20, 0, 4, 5), "y0=20, x0=0, h=4, w=5"),
+    ((0, 25, 5, 5), "x0=25"),
+])
+def test_error_crop_box(small, box, what):
+    boxes = np.array([(0, 0, H, W), box])
+    with pytest.raises(ValueError, match=rf"crop\[1\] = \(.*{what}.*inside the {H}x{W} image"):
+        kernels.gather(small, [0, 1], np.empty((2, 8, 8, 3), np.uint8), crop=boxes)
+
+
+def test_error_crop_and_flip_shapes(small):
+    out = np.empty((2, 8, 8, 3), np.uint8)
+    with pytest.raises(ValueError, match=r"crop must have shape \(2, 4\)"):
+        kernels.gather(small, [0, 1], out, crop=[[0, 0, 5, 5]])
+    with pytest.raises(TypeError, match="crop must hold integers"):
+        kernels.gather(small, [0, 1], out, crop=np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match="fit in int32"):
+        kernels.gather(small, [0, 1], out, crop=np.full((2, 4), 2**40))
+    with pytest.raises(ValueError, match=r"flip must have shape \(2,\)"):
+        kernels.gather(small, [0, 1], np.empty((2, H, W, 3), np.uint8), flip=[True])
+
+
+def test_error_indices_and_source(small):
+    out = np.empty((1, H, W, 3), np.uint8)
+    with pytest.raises(TypeError, match="indices must be integers"):
+        kernels.gather(small, [0.5], out)
+    with pytest.raises(ValueError, match="indices must be 1-D"):
+        kernels.gather(small, [[0]], out)
+    with pytest.raises(ValueError, match=r"uint8 of shape \(N, H, W, 3\)"):
+        kernels.gather(small.astype(np.float32), [0], out)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.gather(small[:, :, ::2], [0], out)
+    with pytest.raises(ValueError, match="all shards must match"):
+        kernels.gather([small, np.ascontiguousarray(small[:, :5])], [0], out)
+    with pytest.raises(ValueError, match="empty list"):
+        kernels.gather([], [0], out)
+    with pytest.raises(TypeError):
+        _core.RawSource([small.astype(np.float32)])
+    with pytest.raises(ValueError, match="all shards must match"):
+        _core.RawSource([small, np.ascontiguousarray(small[:, :5])])
+
+
+def test_normalize_table_errors():
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
+        kernels.normalize_table(IMAGENET_MEAN, IMAGENET_STD, np.float64)
+    with pytest.raises(ValueError, match="std must have 3 values"):
+        kernels.normalize_table(IMAGENET_MEAN, (1, 1))
