@@ -137,7 +137,10 @@ class _Source:
         self._raw = ds.record_format == "raw"
         if self._raw:
             views = ds.shard_views()
-            self._src = views[0] if len(views) == 1 else views
+            kernels = importlib.import_module("tbljax.kernels")
+            # Built once: the native view over the shards (the kernel takes it as is).
+            make = getattr(kernels, "raw_source", None)
+            self._src = make(views) if make is not None else views
         else:
             self._ds = ds
             self._scratch = np.empty((0, *self.shape, 3), np.uint8)
