@@ -178,7 +178,6 @@ class _Plan:
     layout: _batch.Layout
     opts: LoaderOptions
     row_shape: tuple[int, ...]
-    out_hw: tuple[int, int]
     start: tuple[int, int]  # cursor (epoch, position) the iteration starts from
 
     def steps(self):
@@ -374,8 +373,7 @@ class Loader:
         self._layout = _batch.Layout.create(self.sharding, opts.batch_size)
         h, w = self._source.shape
         aug = opts.augment
-        self._out_hw = aug.size if aug is not None and aug.size is not None else (h, w)
-        oh, ow = self._out_hw
+        oh, ow = aug.size if aug is not None and aug.size is not None else (h, w)
         self._row_shape = (oh, ow, 3) if opts.layout == "NHWC" else (3, oh, ow)
         if len(self) == 0:
             raise ValueError(f"batch_size {opts.batch_size} is larger than the dataset "
@@ -398,8 +396,7 @@ class Loader:
         self._close_active()
         if self.options.num_epochs is not None and self._cursor[0] >= self.options.num_epochs:
             self._cursor = (0, 0)
-        plan = _Plan(self._source, self._layout, self.options, self._row_shape, self._out_hw,
-                     self._cursor)
+        plan = _Plan(self._source, self._layout, self.options, self._row_shape, self._cursor)
         it = _Iterator(self, plan)
         self._active = weakref.ref(it)
         return it
@@ -416,7 +413,9 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Moves the cursor to the start of `epoch`; the next iteration begins there."""
-        order.make_state(seed=self.options.seed, epoch=epoch, position=0, fingerprint="")
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) \
+                or not 0 <= epoch < 1 << 32:
+            raise ValueError(f"epoch must be an integer in [0, 2**32), got {epoch!r}")
         self._close_active()
         self._cursor = (int(epoch), 0)
 
