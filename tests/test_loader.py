@@ -541,3 +541,24 @@ def test_two_processes(data, tmp_path):
     ld = tbljax.loader(path, 5, seed=3, num_epochs=1, drop_remainder=False)
     ld.load_state_dict(state)
     assert valid_stream(run(ld)) == perm[16:]
+
+
+def test_jitted_steps_read_their_own_batch_under_async_dispatch(data):
+    """Steps are dispatched without waiting, so XLA may still read a batch when the loader
+    wants its slot back: the slot must not be rewritten before that computation is done."""
+    imgs, _, path = data
+    jnp = jax.numpy
+
+    @jax.jit
+    def step(x):
+        w = jnp.full((256, 256), 1.0 / 256)
+        for _ in range(6):  # some work first, so the batch is read late
+            w = w @ w + 1.0 / 256
+        one = w[0, 0] / w[0, 0]  # 1.0, but only once the work is done
+        return (x.astype(jnp.float32) ** 2 * one).sum(axis=(1, 2, 3))
+
+    ld = tbljax.loader(path, G, seed=12, num_epochs=6, prefetch=1, dtype="uint8")
+    pending = [(step(b["image"]), np.asarray(b["index"])) for b in ld]  # no blocking here
+    for out, idx in pending:
+        want = (imgs[idx].astype(np.float32) ** 2).sum(axis=(1, 2, 3))
+        np.testing.assert_array_equal(np.asarray(out), want)
