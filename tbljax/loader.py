@@ -310,8 +310,13 @@ class _Iterator:
                     break
                 except queue.Empty:
                     if not self._thread.is_alive():
-                        raise RuntimeError("tbljax loader: the producer thread ended without "
-                                           "a result") from None
+                        # It may have put its last item just before ending: look once more.
+                        try:
+                            item = self._queue.get_nowait()
+                            break
+                        except queue.Empty:
+                            raise RuntimeError("tbljax loader: the producer thread ended "
+                                               "without a result") from None
         except BaseException:
             self.close()
             raise
