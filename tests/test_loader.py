@@ -6,7 +6,6 @@ overwritten; threads always stop. Multi-device and multi-process cases run in su
 from __future__ import annotations
 
 import gc
-import importlib
 import json
 import os
 import socket
@@ -20,14 +19,11 @@ import numpy as np
 import pytest
 
 import _loader_testing as T
+import jax
 
-T.install_kernel_standin()
-
-import jax  # noqa: E402
-
-import tbljax  # noqa: E402
-from tbljax import augment, order  # noqa: E402
-from tbljax.augment import Augment  # noqa: E402
+import tbljax
+from tbljax import augment, kernels, order
+from tbljax.augment import Augment
 
 N, H, W, G = 37, 6, 5, 8
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
@@ -71,8 +67,8 @@ def test_batches_equal_numpy_reference(data, dtype, layout):
     assert len(ld) == N // G
     batches = run(ld)
     assert len(batches) == N // G
-    np_dtype = T.normalize(imgs[:1], MEAN, STD).dtype if dtype == "float32" else (
-        np.dtype(jax.numpy.bfloat16) if dtype == "bfloat16" else np.uint8)
+    np_dtype = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(jax.numpy.bfloat16),
+                "uint8": np.dtype(np.uint8)}[dtype]
     for s, b in enumerate(batches):
         idx = b["index"]
         assert set(b) == {"image", "label", "index"}
@@ -183,7 +179,6 @@ def test_flip_matches_numpy(data):
 
 def test_crop_depends_only_on_seed_epoch_and_index(data):
     imgs, _, path = data
-    kernels = importlib.import_module("tbljax.kernels")
     aug = Augment(size=(4, 3))
     by_key = {}  # (epoch, index) -> images served for it, one per batch size
     for g in (G, 4, 1):
@@ -348,7 +343,6 @@ def test_shutdown_is_clean_on_break_error_del_and_close(data):
 
 def test_producer_errors_reach_the_consumer(data, monkeypatch):
     _, _, path = data
-    kernels = importlib.import_module("tbljax.kernels")
     real, calls = kernels.gather, []
 
     def failing(*args, **kw):
@@ -405,8 +399,6 @@ def _env(**extra):
 
 INTERRUPT_CHILD = r"""
 import os, signal, sys, threading, time
-import _loader_testing as T
-T.install_kernel_standin()
 import tbljax
 ld = tbljax.loader(sys.argv[1], 4, prefetch=2)  # endless
 try:
@@ -436,8 +428,6 @@ def test_keyboard_interrupt_exits_promptly(data):
 
 EXIT_CHILD = r"""
 import sys
-import _loader_testing as T
-T.install_kernel_standin()
 import tbljax
 it = iter(tbljax.loader(sys.argv[1], 4, prefetch=2))  # endless, left running at exit
 next(it)
@@ -456,7 +446,6 @@ EIGHT_DEVICES_CHILD = r"""
 import sys
 import numpy as np, jax
 import _loader_testing as T
-T.install_kernel_standin()
 import tbljax
 from tbljax import order
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
