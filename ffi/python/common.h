@@ -20,5 +20,6 @@ inline void Check(const Status& s) {
 }
 
 void BindFormat(nb::module_& m);
+void BindDecode(nb::module_& m);
 
 }  // namespace tbljax::py

@@ -5,6 +5,7 @@
 #include <lz4.h>
 
 #include "common.h"
+#include "decode.h"
 #include "thread_pool.h"
 
 namespace tbljax::py {
@@ -55,8 +56,11 @@ NB_MODULE(_core, m) {
     d["jpeg_lib_version"] = JPEG_LIB_VERSION;
     d["lz4"] = LZ4_versionString();
     d["default_threads"] = tbljax::ThreadPool::DefaultThreadCount();
+    d["jpeg_idct"] = "islow";
+    d["resize_filter"] = tbljax::kResizeFilterName;
     return d;
   }, "What this build of the core was compiled with.");
 
   BindFormat(m);
+  BindDecode(m);
 }
