@@ -51,9 +51,11 @@ void InitErrorMgr(ErrorMgr* e) {
   e->message[0] = '\0';
 }
 
-Status DecodeFailure(const ErrorMgr& e) {
-  return DecodeError(std::string(e.warning ? "corrupt or truncated JPEG data: " : "cannot decode JPEG: ") +
-                     e.message);
+Status DecodeFailure(const ErrorMgr& e, bool input_ended) {
+  const char* what = input_ended ? "truncated JPEG (the data ends before the image does): "
+                     : e.warning ? "corrupt JPEG data: "
+                                 : "cannot decode JPEG: ";
+  return DecodeError(what + std::string(e.message));
 }
 
 // Cheap check before libjpeg sees the bytes, naming the format when it is a common one so a
@@ -76,6 +78,50 @@ Status CheckJpegMagic(const uint8_t* p, size_t n) {
   }
   return DecodeError(std::string("not a JPEG") + (kind ? std::string(" (looks like ") + kind + ")" : "") +
                      ": " + std::to_string(n) + " bytes starting " + head);
+}
+
+// ---------------------------------------------------------------- input ------------------
+
+// Reads from memory like jpeg_mem_src, but where the bytes end it supplies an EOI marker
+// without a warning and notes it. Data that really is missing still fails: the entropy
+// decoder warns ("premature end of data segment") when it needs bits beyond that marker, and
+// a multi-scan image is checked after decoding. So a file that lacks only its final EOI
+// (complete pixel data) decodes, and a cut-off one does not.
+struct MemSource {
+  jpeg_source_mgr pub;  // first, so cinfo->src can be cast back
+  bool eof_hit;
+};
+
+const JOCTET kEoi[2] = {0xFF, JPEG_EOI};
+
+boolean FillInput(j_decompress_ptr cinfo) {
+  auto* s = reinterpret_cast<MemSource*>(cinfo->src);
+  s->eof_hit = true;
+  s->pub.next_input_byte = kEoi;
+  s->pub.bytes_in_buffer = sizeof(kEoi);
+  return TRUE;
+}
+
+void SkipInput(j_decompress_ptr cinfo, long n) {
+  jpeg_source_mgr* src = cinfo->src;
+  if (n <= 0) return;
+  while (static_cast<size_t>(n) > src->bytes_in_buffer) {
+    n -= static_cast<long>(src->bytes_in_buffer);
+    FillInput(cinfo);
+  }
+  src->next_input_byte += n;
+  src->bytes_in_buffer -= static_cast<size_t>(n);
+}
+
+void InitMemSource(MemSource* s, const uint8_t* data, size_t size) {
+  s->pub.init_source = [](j_decompress_ptr) {};
+  s->pub.fill_input_buffer = FillInput;
+  s->pub.skip_input_data = SkipInput;
+  s->pub.resync_to_restart = jpeg_resync_to_restart;
+  s->pub.term_source = [](j_decompress_ptr) {};
+  s->pub.next_input_byte = data;
+  s->pub.bytes_in_buffer = size;
+  s->eof_hit = false;
 }
 
 // ---------------------------------------------------------------- EXIF -------------------
@@ -146,6 +192,7 @@ void Orient(const uint8_t* src, int w, int h, int o, uint8_t* dst) {
 struct Decoder {
   jpeg_decompress_struct cinfo;
   ErrorMgr err;
+  MemSource src;
   bool created = false;
   int orientation = 1;
   Decoder() { InitErrorMgr(&err); }
@@ -166,7 +213,8 @@ bool ReadHeader(Decoder* d, const uint8_t* data, size_t size) {
   d->cinfo.err = &d->err.pub;
   jpeg_create_decompress(&d->cinfo);
   d->created = true;
-  jpeg_mem_src(&d->cinfo, data, static_cast<unsigned long>(size));
+  InitMemSource(&d->src, data, size);
+  d->cinfo.src = &d->src.pub;
   jpeg_save_markers(&d->cinfo, JPEG_APP0 + 1, 0xFFFF);
   jpeg_read_header(&d->cinfo, TRUE);
   for (jpeg_saved_marker_ptr m = d->cinfo.marker_list; m; m = m->next) {
@@ -192,6 +240,7 @@ bool Decompress(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels, std::
   c->scale_denom = static_cast<unsigned int>(scale_denom);
   const bool cmyk = c->jpeg_color_space == JCS_CMYK || c->jpeg_color_space == JCS_YCCK;
   c->out_color_space = cmyk ? JCS_CMYK : JCS_RGB;  // libjpeg turns YCCK into CMYK, gray into RGB
+  const bool multi_scan = jpeg_has_multiple_scans(c);
   jpeg_start_decompress(c);
   const size_t w = c->output_width, h = c->output_height;
   pixels->resize(w * h * 3);
@@ -219,7 +268,11 @@ bool Decompress(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels, std::
       }
     }
   }
-  jpeg_finish_decompress(c);  // reads to EOI, so damage after the last row still fails
+  jpeg_finish_decompress(c);  // reads to EOI: damage after the last row still fails
+  // A multi-scan image (progressive, or one scan per component) cut between two scans looks
+  // complete to libjpeg once it meets our stand-in EOI; the missing scans' coefficients
+  // would silently stay zero. Only a single-scan image may lack its EOI.
+  if (d->src.eof_hit && multi_scan) ERREXIT(c, JERR_INPUT_EOF);
   *out_w = static_cast<int>(w);
   *out_h = static_cast<int>(h);
   return true;
@@ -227,7 +280,7 @@ bool Decompress(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels, std::
 
 Status Open(Decoder* d, const uint8_t* data, size_t size, JpegInfo* info) {
   TBLJAX_RETURN_IF_ERROR(CheckJpegMagic(data, size));
-  if (!ReadHeader(d, data, size)) return DecodeFailure(d->err);
+  if (!ReadHeader(d, data, size)) return DecodeFailure(d->err, d->src.eof_hit);
   const jpeg_decompress_struct& c = d->cinfo;
   const int64_t pixels = int64_t{c.image_width} * c.image_height;
   if (pixels > kMaxJpegPixels)
@@ -251,7 +304,7 @@ Status DecodeOriented(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels,
   if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8)
     return InvalidArgument("scale_denom must be 1, 2, 4 or 8, got " + std::to_string(scale_denom));
   int sw = 0, sh = 0;
-  if (!Decompress(d, scale_denom, pixels, row, &sw, &sh)) return DecodeFailure(d->err);
+  if (!Decompress(d, scale_denom, pixels, row, &sw, &sh)) return DecodeFailure(d->err, d->src.eof_hit);
   const int o = d->orientation;
   if (o != 1) {
     spare->resize(pixels->size());
