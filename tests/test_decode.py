@@ -140,7 +140,7 @@ def test_grayscale_becomes_rgb():
         assert (ours[..., 0] == ours[..., 1]).all() and (ours[..., 1] == ours[..., 2]).all()
         np.testing.assert_array_equal(ours[..., 0], np.asarray(Image.open(io.BytesIO(data))))
         info = _core.jpeg_info(data)
-        assert info["components"] == 1
+        assert info["components"] == 1 and info["color_space"] == "grayscale"
 
 
 def test_grayscale_made_in_code():
@@ -165,7 +165,7 @@ def test_cmyk_decodes_to_the_right_colors():
     for i, (cmyk, _) in enumerate(patches):
         im.paste(cmyk, (32 * i, 0, 32 * (i + 1), 32))
     data = pil_jpeg(im, quality=100)
-    assert _core.jpeg_info(data)["components"] == 4
+    assert _core.jpeg_info(data)["color_space"] == "cmyk"
     ours = _core.decode_jpeg(data)
     assert ours.shape == (32, 32 * len(patches), 3)
     # Same libjpeg output, same (1-C)(1-K) rounding as Pillow's CMYK->RGB: identical.
@@ -173,6 +173,18 @@ def test_cmyk_decodes_to_the_right_colors():
     for i, (_, rgb) in enumerate(patches):
         centre = ours[8:24, 32 * i + 8 : 32 * i + 24].reshape(-1, 3).astype(int)
         assert np.abs(centre - rgb).max() <= 4, (i, centre.mean(0), rgb)
+
+
+@needs_data
+def test_cmyk_polarity_follows_the_adobe_marker():
+    # Without Adobe's APP14 marker the stored values are plain ink amounts (not inverted):
+    # what Pillow wrote as white (inverted zeros = 255s) then reads as full ink, black.
+    im = Image.new("CMYK", (16, 16), (0, 0, 0, 0))
+    data = pil_jpeg(im, quality=100)
+    app14 = data.index(b"\xff\xee")
+    stripped = data[:app14] + data[app14 + 2 + int.from_bytes(data[app14 + 2 : app14 + 4], "big") :]
+    assert (_core.decode_jpeg(data) >= 250).all()
+    assert (_core.decode_jpeg(stripped) <= 5).all()
 
 
 @needs_data

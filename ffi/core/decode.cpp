@@ -291,14 +291,21 @@ Status Open(Decoder* d, const uint8_t* data, size_t size, JpegInfo* info) {
   info->width = static_cast<int>(swap ? c.image_height : c.image_width);
   info->height = static_cast<int>(swap ? c.image_width : c.image_height);
   info->components = c.num_components;
-  info->color_space = c.jpeg_color_space;
+  switch (c.jpeg_color_space) {
+    case JCS_GRAYSCALE: info->color_space = "grayscale"; break;
+    case JCS_RGB: info->color_space = "rgb"; break;
+    case JCS_YCbCr: info->color_space = "ycbcr"; break;
+    case JCS_CMYK: info->color_space = "cmyk"; break;
+    case JCS_YCCK: info->color_space = "ycck"; break;
+    default: info->color_space = "unknown"; break;
+  }
   info->orientation = d->orientation;
   info->progressive = c.progressive_mode;
   return Status::Ok();
 }
 
-// Decodes at 1/scale_denom and orients. The result is in *img, which may alias one of the
-// two scratch vectors (swapped in, so nothing is copied when there is no orientation).
+// Decodes at 1/scale_denom into *pixels and applies the EXIF orientation (through *spare,
+// swapped in: an image without orientation is never copied). *w, *h: the displayed size.
 Status DecodeOriented(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels,
                       std::vector<uint8_t>* spare, std::vector<uint8_t>* row, int* w, int* h) {
   if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8)
@@ -345,8 +352,10 @@ Status DecodeResizeImpl(const uint8_t* data, size_t size, int out_size, ResizeMo
   Status st = DecodeOriented(&d, k, &s.pixels, &s.spare, &s.row, &w, &h);
   if (st.ok()) {
     // The box in the scaled image. libjpeg's scaled pixel i covers stored pixels
-    // [k*i, k*(i+1)), so coordinates divide by k; the last pixel may cover a partial block,
-    // which sits at the start of a displayed axis that runs backwards: shift by it there.
+    // [k*i, k*(i+1)), so coordinates divide by k. The scaled size is rounded up, so the last
+    // stored pixel may cover less than k; on a displayed axis that runs backwards through the
+    // stored one (a flip or rotation) that partial pixel comes first, so the box shifts by
+    // the part of it that is padding. k is a power of two: all of this is exact in doubles.
     if (k > 1) {
       const double full_w = info.width, full_h = info.height;
       plan.box_x = plan.box_x / k + (ReversesX(info.orientation) ? w - full_w / k : 0.0);

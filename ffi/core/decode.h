@@ -20,7 +20,7 @@ struct RgbImage {
 struct JpegInfo {
   int width = 0, height = 0;
   int components = 0;
-  int color_space = 0;   // libjpeg's J_COLOR_SPACE of the stored data
+  const char* color_space = "";  // stored: "grayscale", "rgb", "ycbcr", "cmyk", "ycck", "unknown"
   int orientation = 1;   // EXIF orientation 1..8 (1 when absent or malformed)
   bool progressive = false;
 };
