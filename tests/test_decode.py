@@ -448,6 +448,8 @@ def test_not_a_jpeg(data, what):
     with pytest.raises(DecodeError, match="not a JPEG") as e:
         _core.decode_jpeg(data)
     assert str(e.value).startswith("not a JPEG")
+    with pytest.raises(DecodeError, match="^not a JPEG"):
+        _core.jpeg_info(data)
     if what == "GIF":
         assert "GIF" in str(e.value)
 
@@ -569,6 +571,8 @@ def test_batch_rejects_bad_arguments(payloads):
         _core.decode_resize_into(payloads, np.empty((n, 32, 32, 3), np.uint8), "bogus")
     with pytest.raises(TypeError, match="bytes-like"):
         _core.decode_resize_into(payloads[:-1] + ["a str"], np.empty((n, 32, 32, 3), np.uint8), "squash")
+    with pytest.raises(ValueError, match="threads"):
+        _core.decode_resize_into(payloads, np.empty((n, 32, 32, 3), np.uint8), "squash", threads=-1)
     assert _core.decode_resize_into([], np.empty((0, 32, 32, 3), np.uint8), "squash") == []
 
 

@@ -33,9 +33,9 @@ inline constexpr int64_t kMaxJpegPixels = int64_t{1} << 28;
 // only when the scaled resize box still has at least this many pixels per output pixel on
 // both axes, so the antialiasing filter, not the IDCT, shapes the result. Measured on kodak
 // and caltech101 (center_crop and squash, S = 32..224) against full decode + resize: PSNR
-// median 48-55 dB, worst 34 dB (line art at S = 32), and against an independent Lanczos
-// reference a median loss of ~0.3 dB. Ratios near 1 lost ~3 dB (two chained low-passes blur),
-// so they are not used. 2.0 is also Pillow's default reducing_gap for JPEG draft in thumbnail().
+// median 48-56 dB per setting, worst image 34 dB (line art at S = 32), and against an
+// independent Lanczos reference a median loss of 0.3-0.5 dB. Ratios near 1 lost ~3 dB
+// there (two chained low-passes blur), so they are not used. 2.0 is also Pillow's default reducing_gap for JPEG draft in thumbnail().
 inline constexpr double kDctScaleMinRatio = 2.0;
 
 // The scale denominator (1, 2, 4 or 8) that DecodeResize uses for a box of box_w x box_h

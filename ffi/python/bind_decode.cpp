@@ -55,10 +55,12 @@ ResizeMode ModeOf(const std::string& name) {
   return mode;
 }
 
-// threads <= 0: the shared default pool. Otherwise a persistent pool of that size, made once
+constexpr int kMaxThreads = 1024;
+
+// threads == 0: the shared default pool. Otherwise a persistent pool of that size, made once
 // per size and kept, so a call never spawns threads.
 ThreadPool& PoolFor(int threads) {
-  if (threads <= 0) return ThreadPool::Default();
+  if (threads == 0) return ThreadPool::Default();
   static std::mutex mu;
   static auto* pools = new std::map<int, std::unique_ptr<ThreadPool>>();  // leaked, like Default()
   std::lock_guard<std::mutex> lock(mu);
@@ -86,6 +88,9 @@ void BindDecode(nb::module_& m) {
 
   m.def("decode_resize_into", [](nb::list payloads, Batch out, const std::string& mode_name, int threads) {
     const ResizeMode mode = ModeOf(mode_name);
+    if (threads < 0 || threads > kMaxThreads)
+      Check(InvalidArgument("threads must be 0 (the default pool) or 1.." + std::to_string(kMaxThreads) +
+                            ", got " + std::to_string(threads)));
     if (mode == ResizeMode::kMaxSide)
       Check(InvalidArgument("decode_resize_into needs a fixed output size: mode 'max_side' varies "
                             "per image, use decode_resize"));
@@ -117,7 +122,7 @@ void BindDecode(nb::module_& m) {
     return result;
   }, nb::arg("payloads"), nb::arg("out").noconvert(), nb::arg("mode") = "center_crop", nb::arg("threads") = 0,
   "Decodes JPEG payloads and resizes each into out[i] (uint8, (B, S, S, 3), C-contiguous).\n\n"
-  "Runs without the GIL on the thread pool (threads <= 0: the default pool). Returns one entry\n"
+  "Runs without the GIL on the thread pool (threads 0: the default pool). Returns one entry\n"
   "per payload: None on success, else the error message (out[i] is then zeroed). Input that is\n"
   "not a JPEG gives a message starting 'not a JPEG', so the caller can fall back to Pillow.\n\n"
   "    errs = _core.decode_resize_into([jpeg_bytes], np.empty((1, 160, 160, 3), np.uint8))");
