@@ -21,5 +21,6 @@ inline void Check(const Status& s) {
 
 void BindFormat(nb::module_& m);
 void BindKernel(nb::module_& m);
+void BindDecode(nb::module_& m);
 
 }  // namespace tbljax::py

@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "kernel.h"
+#include "decode.h"
 #include "thread_pool.h"
 
 namespace tbljax::py {
@@ -58,9 +59,12 @@ NB_MODULE(_core, m) {
     d["default_threads"] = tbljax::ThreadPool::DefaultThreadCount();
     tbljax::SimdTarget simd;
     d["simd"] = tbljax::ActiveSimdTarget(&simd).ok() ? tbljax::SimdTargetName(simd) : "invalid TBLJAX_SIMD";
+    d["jpeg_idct"] = "islow";
+    d["resize_filter"] = tbljax::kResizeFilterName;
     return d;
   }, "What this build of the core was compiled with.");
 
   BindFormat(m);
   BindKernel(m);
+  BindDecode(m);
 }

@@ -1,0 +1,477 @@
+// JPEG decode and encode over libjpeg-turbo (see decode.h). libjpeg reports errors by calling
+// back into us; we leave its frames with longjmp, so the functions that call setjmp hold only
+// trivially destructible locals and everything with a destructor lives in their callers.
+#include "decode.h"
+
+#include <csetjmp>
+#include <cstdio>  // jpeglib.h needs FILE
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <jerror.h>
+#include <jpeglib.h>
+
+namespace tbljax {
+namespace {
+
+// ---------------------------------------------------------------- errors -----------------
+
+struct ErrorMgr {
+  jpeg_error_mgr pub;  // first, so a j_common_ptr's err can be cast back to ErrorMgr
+  jmp_buf jump;
+  bool warning;
+  char message[JMSG_LENGTH_MAX];
+};
+
+[[noreturn]] void Fail(j_common_ptr cinfo, bool warning) {
+  auto* e = reinterpret_cast<ErrorMgr*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, e->message);
+  e->warning = warning;
+  std::longjmp(e->jump, 1);
+}
+
+void OnError(j_common_ptr cinfo) { Fail(cinfo, false); }
+
+// libjpeg "warns" about corrupt data and carries on with grey fill; for a dataset that is a
+// silently wrong image, so every warning fails the decode. The one exception says nothing
+// about the pixels: an unknown JFIF version number.
+void OnMessage(j_common_ptr cinfo, int level) {
+  if (level >= 0) return;  // trace messages
+  if (cinfo->err->msg_code == JWRN_JFIF_MAJOR) return;
+  Fail(cinfo, true);
+}
+
+void InitErrorMgr(ErrorMgr* e) {
+  jpeg_std_error(&e->pub);
+  e->pub.error_exit = OnError;
+  e->pub.emit_message = OnMessage;
+  e->pub.output_message = [](j_common_ptr) {};  // the core never prints
+  e->warning = false;
+  e->message[0] = '\0';
+}
+
+Status DecodeFailure(const ErrorMgr& e, bool input_ended) {
+  const char* what = input_ended ? "truncated JPEG (the data ends before the image does): "
+                     : e.warning ? "corrupt JPEG data: "
+                                 : "cannot decode JPEG: ";
+  return DecodeError(what + std::string(e.message));
+}
+
+// Cheap check before libjpeg sees the bytes, naming the format when it is a common one so a
+// caller can fall back (to Pillow) and a report says what the file really was.
+Status CheckJpegMagic(const uint8_t* p, size_t n) {
+  if (n == 0 || p == nullptr) return DecodeError("not a JPEG: input is empty (0 bytes)");
+  if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF) return Status::Ok();
+  const char* kind = nullptr;
+  if (n >= 8 && std::memcmp(p, "\x89PNG\r\n\x1a\n", 8) == 0) kind = "PNG";
+  else if (n >= 6 && (std::memcmp(p, "GIF87a", 6) == 0 || std::memcmp(p, "GIF89a", 6) == 0)) kind = "GIF";
+  else if (n >= 12 && std::memcmp(p, "RIFF", 4) == 0 && std::memcmp(p + 8, "WEBP", 4) == 0) kind = "WebP";
+  else if (n >= 4 && (std::memcmp(p, "II*\0", 4) == 0 || std::memcmp(p, "MM\0*", 4) == 0)) kind = "TIFF";
+  else if (n >= 12 && std::memcmp(p + 4, "ftyp", 4) == 0) kind = "ISO-BMFF (HEIF/AVIF)";
+  else if (n >= 2 && p[0] == 'B' && p[1] == 'M') kind = "BMP";
+  std::string head;
+  char hex[4];
+  for (size_t i = 0; i < n && i < 4; ++i) {
+    std::snprintf(hex, sizeof(hex), i ? " %02x" : "%02x", p[i]);
+    head += hex;
+  }
+  return DecodeError(std::string("not a JPEG") + (kind ? std::string(" (looks like ") + kind + ")" : "") +
+                     ": " + std::to_string(n) + " bytes starting " + head);
+}
+
+// ---------------------------------------------------------------- input ------------------
+
+// Reads from memory like jpeg_mem_src, but where the bytes end it supplies an EOI marker
+// without a warning and notes it. Data that really is missing still fails: the entropy
+// decoder warns ("premature end of data segment") when it needs bits beyond that marker, and
+// a multi-scan image is checked after decoding. So a file that lacks only its final EOI
+// (complete pixel data) decodes, and a cut-off one does not.
+struct MemSource {
+  jpeg_source_mgr pub;  // first, so cinfo->src can be cast back
+  bool eof_hit;
+};
+
+const JOCTET kEoi[2] = {0xFF, JPEG_EOI};
+
+boolean FillInput(j_decompress_ptr cinfo) {
+  auto* s = reinterpret_cast<MemSource*>(cinfo->src);
+  s->eof_hit = true;
+  s->pub.next_input_byte = kEoi;
+  s->pub.bytes_in_buffer = sizeof(kEoi);
+  return TRUE;
+}
+
+void SkipInput(j_decompress_ptr cinfo, long n) {
+  jpeg_source_mgr* src = cinfo->src;
+  if (n <= 0) return;
+  while (static_cast<size_t>(n) > src->bytes_in_buffer) {
+    n -= static_cast<long>(src->bytes_in_buffer);
+    FillInput(cinfo);
+  }
+  src->next_input_byte += n;
+  src->bytes_in_buffer -= static_cast<size_t>(n);
+}
+
+void InitMemSource(MemSource* s, const uint8_t* data, size_t size) {
+  s->pub.init_source = [](j_decompress_ptr) {};
+  s->pub.fill_input_buffer = FillInput;
+  s->pub.skip_input_data = SkipInput;
+  s->pub.resync_to_restart = jpeg_resync_to_restart;
+  s->pub.term_source = [](j_decompress_ptr) {};
+  s->pub.next_input_byte = data;
+  s->pub.bytes_in_buffer = size;
+  s->eof_hit = false;
+}
+
+// ---------------------------------------------------------------- EXIF -------------------
+
+// Orientation from an APP1 "Exif" payload: TIFF header, IFD0, tag 0x0112. Everything is
+// bounds-checked; anything malformed means "no orientation" (1), never a failure.
+int ExifOrientation(const uint8_t* p, size_t n) {
+  if (n < 6 + 8 || std::memcmp(p, "Exif\0\0", 6) != 0) return 1;
+  const uint8_t* t = p + 6;
+  const size_t tn = n - 6;
+  bool le;
+  if (t[0] == 'I' && t[1] == 'I') le = true;
+  else if (t[0] == 'M' && t[1] == 'M') le = false;
+  else return 1;
+  auto u16 = [&](size_t o) -> uint32_t { return le ? t[o] | t[o + 1] << 8 : t[o] << 8 | t[o + 1]; };
+  auto u32 = [&](size_t o) -> uint32_t {
+    return le ? u16(o) | u16(o + 2) << 16 : u16(o) << 16 | u16(o + 2);
+  };
+  if (u16(2) != 42) return 1;
+  const size_t ifd = u32(4);
+  if (ifd > tn || tn - ifd < 2) return 1;
+  const size_t count = u16(ifd);
+  for (size_t i = 0; i < count; ++i) {
+    const size_t e = ifd + 2 + 12 * i;
+    if (e + 12 > tn) break;
+    if (u16(e) != 0x0112) continue;
+    const uint32_t type = u16(e + 2);
+    const uint32_t v = type == 3 ? u16(e + 8) : type == 4 ? u32(e + 8) : 0;  // SHORT or LONG
+    return v >= 1 && v <= 8 ? static_cast<int>(v) : 1;
+  }
+  return 1;
+}
+
+// For EXIF orientation o, which axes of the displayed image run backwards through the
+// stored one (orientations 5-8 also swap the axes).
+bool SwapsAxes(int o) { return o >= 5; }
+bool ReversesX(int o) { return o == 2 || o == 3 || o == 6 || o == 7; }
+bool ReversesY(int o) { return o == 3 || o == 4 || o == 7 || o == 8; }
+
+// Writes the displayed image for orientation o of a stored w x h RGB image. Displayed pixel
+// (r, c) reads stored pixel base + r * step_r + c * step_c (in pixels).
+void Orient(const uint8_t* src, int w, int h, int o, uint8_t* dst) {
+  const ptrdiff_t W = w;
+  ptrdiff_t base = 0, step_r = W, step_c = 1;
+  switch (o) {
+    case 2: base = W - 1; step_r = W; step_c = -1; break;
+    case 3: base = (h - 1) * W + W - 1; step_r = -W; step_c = -1; break;
+    case 4: base = (h - 1) * W; step_r = -W; step_c = 1; break;
+    case 5: base = 0; step_r = 1; step_c = W; break;
+    case 6: base = (h - 1) * W; step_r = 1; step_c = -W; break;
+    case 7: base = (h - 1) * W + W - 1; step_r = -1; step_c = -W; break;
+    case 8: base = W - 1; step_r = -1; step_c = W; break;
+    default: break;
+  }
+  const int dh = SwapsAxes(o) ? w : h, dw = SwapsAxes(o) ? h : w;
+  for (int r = 0; r < dh; ++r) {
+    const uint8_t* s = src + 3 * (base + r * step_r);
+    for (int c = 0; c < dw; ++c, s += 3 * step_c, dst += 3) {
+      dst[0] = s[0];
+      dst[1] = s[1];
+      dst[2] = s[2];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- decode -----------------
+
+struct Decoder {
+  jpeg_decompress_struct cinfo;
+  ErrorMgr err;
+  MemSource src;
+  bool created = false;
+  int orientation = 1;
+  Decoder() { InitErrorMgr(&err); }
+  ~Decoder() {
+    if (created) jpeg_destroy_decompress(&cinfo);
+  }
+};
+
+// round(a * b / 255) for a, b in [0, 255], exactly.
+inline uint8_t MulDiv255(int a, int b) {
+  const int t = a * b + 128;
+  return static_cast<uint8_t>((t + (t >> 8)) >> 8);
+}
+
+// Header phase. Returns false after a libjpeg error (message in d->err).
+bool ReadHeader(Decoder* d, const uint8_t* data, size_t size) {
+  if (setjmp(d->err.jump)) return false;
+  d->cinfo.err = &d->err.pub;
+  jpeg_create_decompress(&d->cinfo);
+  d->created = true;
+  InitMemSource(&d->src, data, size);
+  d->cinfo.src = &d->src.pub;
+  jpeg_save_markers(&d->cinfo, JPEG_APP0 + 1, 0xFFFF);
+  jpeg_read_header(&d->cinfo, TRUE);
+  for (jpeg_saved_marker_ptr m = d->cinfo.marker_list; m; m = m->next) {
+    if (m->marker == JPEG_APP0 + 1 && m->data_length >= 6 && std::memcmp(m->data, "Exif\0\0", 6) == 0) {
+      d->orientation = ExifOrientation(m->data, m->data_length);
+      break;
+    }
+  }
+  return true;
+}
+
+// Pixel phase: decodes the stored (unoriented) image at 1/scale_denom into `pixels` as RGB.
+// `row` is scratch for CMYK. Returns false after a libjpeg error or warning.
+bool Decompress(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels, std::vector<uint8_t>* row,
+                int* out_w, int* out_h) {
+  if (setjmp(d->err.jump)) return false;
+  jpeg_decompress_struct* c = &d->cinfo;
+  // Fixed for reproducibility: the accurate integer IDCT and the smooth ("fancy") chroma
+  // upsampling, which is also what Pillow and most decoders use by default.
+  c->dct_method = JDCT_ISLOW;
+  c->do_fancy_upsampling = TRUE;
+  c->scale_num = 1;
+  c->scale_denom = static_cast<unsigned int>(scale_denom);
+  const bool cmyk = c->jpeg_color_space == JCS_CMYK || c->jpeg_color_space == JCS_YCCK;
+  c->out_color_space = cmyk ? JCS_CMYK : JCS_RGB;  // libjpeg turns YCCK into CMYK, gray into RGB
+  const bool multi_scan = jpeg_has_multiple_scans(c);
+  jpeg_start_decompress(c);
+  const size_t w = c->output_width, h = c->output_height;
+  pixels->resize(w * h * 3);
+  uint8_t* base = pixels->data();
+  if (cmyk) row->resize(w * 4);
+  while (c->output_scanline < h) {
+    const size_t y = c->output_scanline;
+    if (!cmyk) {
+      JSAMPROW rows[16];
+      const size_t n = std::min<size_t>(16, h - y);
+      for (size_t i = 0; i < n; ++i) rows[i] = base + (y + i) * w * 3;
+      if (jpeg_read_scanlines(c, rows, static_cast<JDIMENSION>(n)) == 0) ERREXIT(c, JERR_INPUT_EMPTY);
+    } else {
+      JSAMPROW r = row->data();
+      if (jpeg_read_scanlines(c, &r, 1) == 0) ERREXIT(c, JERR_INPUT_EMPTY);
+      // Adobe's writers store CMYK inverted and say so with an APP14 marker; without it the
+      // values are plain ink amounts. RGB = (1 - C)(1 - K), the usual naive conversion
+      // (Pillow's too), rounded exactly.
+      const bool inverted = c->saw_Adobe_marker;
+      uint8_t* out = base + y * w * 3;
+      for (size_t x = 0; x < w; ++x) {
+        const uint8_t* s = r + 4 * x;
+        const int k = inverted ? s[3] : 255 - s[3];
+        for (int ch = 0; ch < 3; ++ch) out[3 * x + ch] = MulDiv255(inverted ? s[ch] : 255 - s[ch], k);
+      }
+    }
+  }
+  jpeg_finish_decompress(c);  // reads to EOI: damage after the last row still fails
+  // A multi-scan image (progressive, or one scan per component) cut between two scans looks
+  // complete to libjpeg once it meets our stand-in EOI; the missing scans' coefficients
+  // would silently stay zero. Only a single-scan image may lack its EOI.
+  if (d->src.eof_hit && multi_scan) ERREXIT(c, JERR_INPUT_EOF);
+  *out_w = static_cast<int>(w);
+  *out_h = static_cast<int>(h);
+  return true;
+}
+
+Status Open(Decoder* d, const uint8_t* data, size_t size, JpegInfo* info) {
+  TBLJAX_RETURN_IF_ERROR(CheckJpegMagic(data, size));
+  if (!ReadHeader(d, data, size)) return DecodeFailure(d->err, d->src.eof_hit);
+  const jpeg_decompress_struct& c = d->cinfo;
+  const int64_t pixels = int64_t{c.image_width} * c.image_height;
+  if (pixels > kMaxJpegPixels)
+    return DecodeError("JPEG too large: " + std::to_string(c.image_width) + "x" +
+                       std::to_string(c.image_height) + " is over the limit of " +
+                       std::to_string(kMaxJpegPixels) + " pixels");
+  const bool swap = SwapsAxes(d->orientation);
+  info->width = static_cast<int>(swap ? c.image_height : c.image_width);
+  info->height = static_cast<int>(swap ? c.image_width : c.image_height);
+  info->components = c.num_components;
+  switch (c.jpeg_color_space) {
+    case JCS_GRAYSCALE: info->color_space = "grayscale"; break;
+    case JCS_RGB: info->color_space = "rgb"; break;
+    case JCS_YCbCr: info->color_space = "ycbcr"; break;
+    case JCS_CMYK: info->color_space = "cmyk"; break;
+    case JCS_YCCK: info->color_space = "ycck"; break;
+    default: info->color_space = "unknown"; break;
+  }
+  info->orientation = d->orientation;
+  info->progressive = c.progressive_mode;
+  return Status::Ok();
+}
+
+// Decodes at 1/scale_denom into *pixels and applies the EXIF orientation (through *spare,
+// swapped in: an image without orientation is never copied). *w, *h: the displayed size.
+Status DecodeOriented(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels,
+                      std::vector<uint8_t>* spare, std::vector<uint8_t>* row, int* w, int* h) {
+  if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8)
+    return InvalidArgument("scale_denom must be 1, 2, 4 or 8, got " + std::to_string(scale_denom));
+  int sw = 0, sh = 0;
+  if (!Decompress(d, scale_denom, pixels, row, &sw, &sh)) return DecodeFailure(d->err, d->src.eof_hit);
+  const int o = d->orientation;
+  if (o != 1) {
+    spare->resize(pixels->size());
+    Orient(pixels->data(), sw, sh, o, spare->data());
+    pixels->swap(*spare);
+  }
+  *w = SwapsAxes(o) ? sh : sw;
+  *h = SwapsAxes(o) ? sw : sh;
+  return Status::Ok();
+}
+
+// Per-thread decode buffers for the hot path, kept between images.
+struct DecodeScratch {
+  std::vector<uint8_t> pixels, spare, row;
+  void Trim() {
+    // A huge image should not pin its buffers in every pool thread for ever.
+    constexpr size_t kKeep = size_t{32} << 20;
+    if (pixels.capacity() > kKeep) pixels = {};
+    if (spare.capacity() > kKeep) spare = {};
+  }
+};
+
+// Decode + resize into dst (plan.out_h rows of plan.out_w * 3 bytes).
+Status DecodeResizeImpl(const uint8_t* data, size_t size, int out_size, ResizeMode mode,
+                        RgbImage* to_image, uint8_t* to_dst) {
+  Decoder d;
+  JpegInfo info;
+  TBLJAX_RETURN_IF_ERROR(Open(&d, data, size, &info));
+  ResizePlan plan;
+  TBLJAX_RETURN_IF_ERROR(PlanResize(info.height, info.width, out_size, mode, &plan));
+  if (to_dst != nullptr && (plan.out_h != out_size || plan.out_w != out_size))
+    return InvalidArgument(std::string("resize mode '") + ResizeModeName(mode) +
+                           "' gives a size that depends on the image; use DecodeResize");
+  const int k = ChooseDctScale(plan.box_w, plan.box_h, plan.out_w, plan.out_h);
+
+  static thread_local DecodeScratch s;
+  int w = 0, h = 0;
+  Status st = DecodeOriented(&d, k, &s.pixels, &s.spare, &s.row, &w, &h);
+  if (st.ok()) {
+    // The box in the scaled image. libjpeg's scaled pixel i covers stored pixels
+    // [k*i, k*(i+1)), so coordinates divide by k. The scaled size is rounded up, so the last
+    // stored pixel may cover less than k; on a displayed axis that runs backwards through the
+    // stored one (a flip or rotation) that partial pixel comes first, so the box shifts by
+    // the part of it that is padding. k is a power of two: all of this is exact in doubles.
+    if (k > 1) {
+      const double full_w = info.width, full_h = info.height;
+      plan.box_x = plan.box_x / k + (ReversesX(info.orientation) ? w - full_w / k : 0.0);
+      plan.box_y = plan.box_y / k + (ReversesY(info.orientation) ? h - full_h / k : 0.0);
+      plan.box_w /= k;
+      plan.box_h /= k;
+    }
+    uint8_t* dst = to_dst;
+    if (to_image != nullptr) {
+      to_image->height = plan.out_h;
+      to_image->width = plan.out_w;
+      to_image->pixels.resize(static_cast<size_t>(plan.out_h) * plan.out_w * 3);
+      dst = to_image->pixels.data();
+    }
+    st = ResizeRgb(s.pixels.data(), h, w, static_cast<ptrdiff_t>(w) * 3, plan, dst,
+                   static_cast<ptrdiff_t>(plan.out_w) * 3);
+  }
+  s.Trim();
+  return st;
+}
+
+// ---------------------------------------------------------------- encode -----------------
+
+struct Encoder {
+  jpeg_compress_struct cinfo;
+  ErrorMgr err;
+  bool created = false;
+  unsigned char* buf = nullptr;  // malloc'ed by libjpeg's memory destination
+  unsigned long len = 0;
+  Encoder() { InitErrorMgr(&err); }
+  ~Encoder() {
+    if (created) jpeg_destroy_compress(&cinfo);
+    std::free(buf);
+  }
+};
+
+bool Compress(Encoder* e, const uint8_t* pixels, int height, int width, int channels,
+              ptrdiff_t row_stride, const EncodeOptions& o) {
+  if (setjmp(e->err.jump)) return false;
+  jpeg_compress_struct* c = &e->cinfo;
+  c->err = &e->err.pub;
+  jpeg_create_compress(c);
+  e->created = true;
+  jpeg_mem_dest(c, &e->buf, &e->len);
+  c->image_width = static_cast<JDIMENSION>(width);
+  c->image_height = static_cast<JDIMENSION>(height);
+  c->input_components = channels;
+  c->in_color_space = channels == 3 ? JCS_RGB : JCS_GRAYSCALE;
+  jpeg_set_defaults(c);
+  jpeg_set_quality(c, o.quality, TRUE);
+  c->dct_method = JDCT_ISLOW;
+  if (channels == 3) {
+    const int h = o.subsampling == ChromaSubsampling::k444 ? 1 : 2;
+    const int v = o.subsampling == ChromaSubsampling::k420 ? 2 : 1;
+    c->comp_info[0].h_samp_factor = h;
+    c->comp_info[0].v_samp_factor = v;
+    for (int i = 1; i < 3; ++i) c->comp_info[i].h_samp_factor = c->comp_info[i].v_samp_factor = 1;
+  }
+  if (o.progressive) jpeg_simple_progression(c);
+  jpeg_start_compress(c, TRUE);
+  while (c->next_scanline < c->image_height) {
+    // libjpeg takes non-const rows but only reads them.
+    JSAMPROW r = const_cast<JSAMPROW>(pixels + static_cast<ptrdiff_t>(c->next_scanline) * row_stride);
+    jpeg_write_scanlines(c, &r, 1);
+  }
+  jpeg_finish_compress(c);
+  return true;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- public -----------------
+
+int ChooseDctScale(double box_w, double box_h, int out_w, int out_h) {
+  for (int k : {8, 4, 2})
+    if (box_w / k >= kDctScaleMinRatio * out_w && box_h / k >= kDctScaleMinRatio * out_h) return k;
+  return 1;
+}
+
+Status ReadJpegInfo(const uint8_t* data, size_t size, JpegInfo* info) {
+  Decoder d;
+  return Open(&d, data, size, info);
+}
+
+Status DecodeJpeg(const uint8_t* data, size_t size, RgbImage* out, int scale_denom) {
+  Decoder d;
+  JpegInfo info;
+  TBLJAX_RETURN_IF_ERROR(Open(&d, data, size, &info));
+  std::vector<uint8_t> spare, row;
+  return DecodeOriented(&d, scale_denom, &out->pixels, &spare, &row, &out->width, &out->height);
+}
+
+Status DecodeResize(const uint8_t* data, size_t size, int out_size, ResizeMode mode, RgbImage* out) {
+  return DecodeResizeImpl(data, size, out_size, mode, out, nullptr);
+}
+
+Status DecodeResizeInto(const uint8_t* data, size_t size, int out_size, ResizeMode mode, uint8_t* dst) {
+  Status st = DecodeResizeImpl(data, size, out_size, mode, nullptr, dst);
+  if (!st.ok() && out_size > 0) std::memset(dst, 0, static_cast<size_t>(out_size) * out_size * 3);
+  return st;
+}
+
+Status EncodeJpeg(const uint8_t* pixels, int height, int width, int channels, ptrdiff_t row_stride,
+                  const EncodeOptions& options, std::vector<uint8_t>* out) {
+  if (channels != 1 && channels != 3)
+    return InvalidArgument("encode_jpeg takes 1 (gray) or 3 (RGB) channels, got " + std::to_string(channels));
+  if (height < 1 || width < 1 || height > JPEG_MAX_DIMENSION || width > JPEG_MAX_DIMENSION)
+    return InvalidArgument("encode_jpeg: image size " + std::to_string(height) + "x" + std::to_string(width) +
+                           " outside [1, " + std::to_string(JPEG_MAX_DIMENSION) + "]");
+  if (options.quality < 1 || options.quality > 100)
+    return InvalidArgument("encode_jpeg: quality must be in [1, 100], got " + std::to_string(options.quality));
+  Encoder e;
+  if (!Compress(&e, pixels, height, width, channels, row_stride, options))
+    return InvalidArgument(std::string("cannot encode JPEG: ") + e.err.message);
+  out->assign(e.buf, e.buf + e.len);
+  return Status::Ok();
+}
+
+}  // namespace tbljax

@@ -1,0 +1,50 @@
+// Antialiased resize of RGB uint8 images: the geometry of the three resize modes and one
+// deterministic, fixed-point, separable convolution that serves them all.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "status.h"
+
+namespace tbljax {
+
+// How an image becomes size S:
+//   kCenterCrop  shorter side to S, then the central S x S (the default).
+//   kSquash      S x S, aspect ignored (what turboloader does).
+//   kMaxSide     aspect kept, longer side S; the shorter side is round(short * S / long) >= 1.
+// Every mode scales small images up as well: the output size depends only on (H, W, S, mode).
+enum class ResizeMode { kCenterCrop = 0, kSquash = 1, kMaxSide = 2 };
+
+Status ParseResizeMode(std::string_view name, ResizeMode* mode);
+const char* ResizeModeName(ResizeMode mode);
+
+// The filter: the triangle ("bilinear") kernel, widened by the downscale factor so that it
+// antialiases, exactly as Pillow's Image.BILINEAR and torchvision's Resize(antialias=True)
+// define it. Chosen because it is the training-recipe default, has no negative lobes (no
+// halos, no overshoot to clamp) and is the cheapest antialiased filter.
+inline constexpr const char* kResizeFilterName = "bilinear";
+
+// Largest S accepted (the TBL index stores widths and heights as u16).
+inline constexpr int kMaxResizeSize = 65535;
+
+// What region of the source, in continuous pixel coordinates, maps onto what output size.
+// center_crop maps the centred min(H,W) square straight to S x S in one pass (no rounded
+// intermediate image), which is the continuous form of "resize shorter side, then crop".
+struct ResizePlan {
+  int out_h = 0, out_w = 0;
+  double box_x = 0, box_y = 0, box_w = 0, box_h = 0;
+};
+
+Status PlanResize(int src_h, int src_w, int size, ResizeMode mode, ResizePlan* plan);
+
+// Resamples the box of `plan` (coordinates in the source's pixels) from an RGB source of
+// src_h rows of src_w pixels (src_stride bytes apart) into out_h rows of out_w pixels
+// (dst_stride bytes apart). Pure function of its inputs: bit-identical on every machine and
+// thread count. Arithmetic: weights are 14-bit integers that sum exactly to 1 per output
+// pixel; the vertical pass runs first and keeps 7 fractional bits, the horizontal pass
+// rounds to nearest. Scratch memory is per thread and reused.
+Status ResizeRgb(const uint8_t* src, int src_h, int src_w, ptrdiff_t src_stride,
+                 const ResizePlan& plan, uint8_t* dst, ptrdiff_t dst_stride);
+
+}  // namespace tbljax
