@@ -137,7 +137,8 @@ class Dataset:
 
     @cached_property
     def record_format(self) -> str:
-        """'raw' (uncompressed RAW_U8), 'lz4' (LZ4 RAW), 'jpeg', 'mixed' or 'empty'."""
+        """'raw' (uncompressed RAW_U8), 'lz4' (RAW_U8, LZ4-compressed where that was smaller),
+        'jpeg', 'mixed' or 'empty'."""
         idx = self.index
         if len(idx) == 0:
             return "empty"
@@ -146,7 +147,7 @@ class Dataset:
         raw = fmt == FORMATS["RAW_U8"]
         if np.all(raw & ~lz4):
             return "raw"
-        if np.all(raw & lz4):
+        if np.all(raw):
             return "lz4"
         if np.all(fmt == FORMATS["JPEG"]):
             return "jpeg"

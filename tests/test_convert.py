@@ -23,10 +23,12 @@ from tbljax.sources import expand_braces
 
 PIL_FILTERS = {"bilinear": Image.BILINEAR, "triangle": Image.BILINEAR, "bicubic": Image.BICUBIC,
                "lanczos": Image.LANCZOS, "lanczos3": Image.LANCZOS}
-# Our resize and Pillow's use different fixed-point rounding and geometry; on real photos they
-# agree to these bounds (measured worst case on caltech101 + kodak, with margin).
-MEAN_ABS_TOL = 1.0
-P99_ABS_TOL = 12
+# Same filter as Pillow, different fixed-point rounding: without DCT-domain downscaling the two
+# agree within 1 level (tests/test_decode.py). When the source is >= 2x the output, libjpeg's
+# DCT downscaling is used, which is not bit-identical to a full decode; measured on caltech101
+# + kodak its worst image is ~33 dB PSNR vs Pillow, median ~50 dB. Asserted with margin:
+MIN_PSNR_DB = 30.0
+MEAN_ABS_TOL = 2.0
 
 
 def pil_reference(data: bytes, size: int, mode: str) -> np.ndarray:
@@ -44,8 +46,10 @@ def pil_reference(data: bytes, size: int, mode: str) -> np.ndarray:
 def assert_close_to_reference(ours: np.ndarray, ref: np.ndarray, what: str):
     d = np.abs(ours.astype(np.int16) - ref.astype(np.int16))
     assert ours.shape == ref.shape, what
-    assert d.mean() <= MEAN_ABS_TOL and np.percentile(d, 99) <= P99_ABS_TOL, (
-        f"{what}: mean |diff| {d.mean():.2f}, p99 {np.percentile(d, 99)}, max {d.max()}")
+    mse = float((d.astype(np.float64) ** 2).mean())
+    psnr = 10 * np.log10(255**2 / mse) if mse else np.inf
+    assert psnr >= MIN_PSNR_DB and d.mean() <= MEAN_ABS_TOL, (
+        f"{what}: PSNR {psnr:.1f} dB, mean |diff| {d.mean():.2f}, max {d.max()}")
 
 
 def caltech_rows(root: Path) -> list[dict[str, str]]:
@@ -105,7 +109,8 @@ def test_max_side_keeps_aspect(caltech101, tmp_path):
     tbljax.convert(files, tmp_path / "m.tbl", image_size=100, resize="max_side", progress=False)
     ds = tbljax.open(tmp_path / "m.tbl")
     for i, f in enumerate(files):
-        w, h = Image.open(f).size
+        with Image.open(f) as im:
+            w, h = im.size
         img = ds.read(i)
         assert max(img.shape[:2]) == 100
         assert abs(img.shape[1] / img.shape[0] - w / h) < 0.02
@@ -303,7 +308,8 @@ def test_turboloader_jpeg_records_decode_like_pillow(caltech101, tmp_path):
     ds = tbljax.open(p)
     assert len(ds) == len(files)
     for i, f in enumerate(files):
-        ref = np.asarray(ImageOps.exif_transpose(Image.open(f)).convert("RGB"))
+        with Image.open(f) as im:
+            ref = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
         np.testing.assert_array_equal(ds.read(i), ref)  # both libjpeg-turbo ISLOW: identical
 
 
