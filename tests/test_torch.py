@@ -75,6 +75,23 @@ def test_same_order_and_pixels_as_the_jax_loader_and_numpy(data, dtype, layout):
             np.testing.assert_array_equal(x.numpy(), T.normalize(src, MEAN, STD, layout=layout))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_every_pixel_value_normalizes_by_the_contract(tmp_path, dtype):
+    """All 256 values in every channel: equal to tbljax.kernels.normalize_table."""
+    import ml_dtypes
+
+    from tbljax import kernels
+
+    v = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    img = np.stack([v, v[::-1], v.T], axis=-1)[None]
+    path = T.write_tbl(tmp_path / "v.tbl", img, [0])
+    x, _ = next(iter(tbljax.torch.loader(path, 1, dtype=dtype, layout="NHWC")))
+    table = kernels.normalize_table(MEAN, STD, np.float32 if dtype == "float32"
+                                    else ml_dtypes.bfloat16)
+    want = table[np.arange(3), img[0]]
+    np.testing.assert_array_equal(bits(x)[0], want.view(bits(x).dtype))
+
+
 def ring_pointers(ld):
     return {s.views()[0].ctypes.data for s in ld._ring._slots}
 
