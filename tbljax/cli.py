@@ -16,7 +16,7 @@ def _cmd_convert(a: argparse.Namespace) -> int:
     try:
         summary = tbljax.convert(a.sources, a.output, image_size=a.image_size, resize=a.resize,
                                  format=a.format, threads=a.threads, strict=a.strict,
-                                 overwrite=a.overwrite, progress=not a.quiet)
+                                 overwrite=a.overwrite, shard=a.shard, progress=not a.quiet)
     except tbljax.ConversionError as e:
         print(f"tbljax convert: {e}", file=sys.stderr)
         for s in e.skipped:
@@ -59,10 +59,34 @@ def _cmd_info(a: argparse.Namespace) -> int:
             print(json.dumps(d))
             continue
         print(f"{path}")
+        recipe = dict(d.pop("recipe"))
+        sizes = recipe.pop("source_sizes", None)
         for k, v in d.items():
             if k != "path":
                 print(f"  {k:22s} {v}")
+        for k, v in recipe.items():
+            print(f"  recipe.{k:15s} {v}")
+        if sizes and sizes.get("count"):
+            print(f"  source sizes ({sizes['count']} images; median {sizes['median_wh'][0]}x{sizes['median_wh'][1]}, "
+                  f"min {sizes['min_wh'][0]}x{sizes['min_wh'][1]}, max {sizes['max_wh'][0]}x{sizes['max_wh'][1]}):")
+            print(_histogram(sizes))
     return 0
+
+
+def _histogram(sizes: dict[str, Any], width: int = 40) -> str:
+    """Text bars of the source images' shorter and longer sides."""
+    edges = sizes["bins"]
+    top = max(max(sizes["shorter_side"]), max(sizes["longer_side"]), 1)
+    lines = [f"    {'pixels':>11s}  {'shorter side':<{width + 7}s} longer side"]
+    for k, lo in enumerate(edges):
+        label = f"{lo}-{edges[k + 1] - 1}" if k + 1 < len(edges) else f">={lo}"
+        short, long_ = sizes["shorter_side"][k], sizes["longer_side"][k]
+        if short == 0 and long_ == 0:
+            continue
+        bar_s = "#" * round(width * short / top)
+        bar_l = "#" * round(width * long_ / top)
+        lines.append(f"    {label:>11s}  {bar_s:<{width}s} {short:6d} {bar_l:<{width}s} {long_:6d}")
+    return "\n".join(lines)
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
@@ -106,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--strict", action="store_true", help="stop (and write nothing) at the first bad image")
     c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    c.add_argument("--shard", default=None, metavar="I/N",
+                   help="convert only share I of N (0-based) of the sources, for parallel jobs; "
+                        "'{shard}' in the output name becomes IIIII-of-NNNNN")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=_cmd_convert)
 
