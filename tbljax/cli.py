@@ -111,6 +111,15 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     return 1 if bad_total else 0
 
 
+def _cmd_show(a: argparse.Namespace) -> int:
+    from tbljax.show import save_grid_png
+
+    out = save_grid_png(a.file, a.out, count=a.count, columns=a.columns, augment=a.augment,
+                        seed=a.seed, epoch=a.epoch)
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_demo(a: argparse.Namespace) -> int:
     from tbljax import demo
 
@@ -145,6 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("files", nargs="+")
     v.add_argument("--threads", type=int, default=None)
     v.set_defaults(fn=_cmd_verify)
+
+    s = sub.add_parser("show", help="a PNG grid of samples with labels, optionally as augmented for training")
+    s.add_argument("file")
+    s.add_argument("--out", default="grid.png")
+    s.add_argument("--count", type=int, default=16)
+    s.add_argument("--columns", type=int, default=8)
+    s.add_argument("--augment", default=None, choices=["flip", "rrc_flip"],
+                   help="show the records as the loader serves them with this augmentation")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--epoch", type=int, default=0)
+    s.set_defaults(fn=_cmd_show)
 
     d = sub.add_parser("demo", help="make a small dataset, convert it, train a JAX model on it")
     d.add_argument("--steps", type=int, default=300)

@@ -163,12 +163,15 @@ def _prefetch(it: Iterable[Any], depth: int = 2) -> Iterator[Any]:
 
 
 def _chunks(items: Iterable[_sources.Item], n: int) -> Iterator[list[_sources.Item]]:
+    """Lists of up to n items; the first ones smaller so decoding starts while reading goes on."""
+    size = min(16, n)
     chunk: list[_sources.Item] = []
     for item in items:
         chunk.append(item)
-        if len(chunk) == n:
+        if len(chunk) == size:
             yield chunk
             chunk = []
+            size = min(2 * size, n)
     if chunk:
         yield chunk
 

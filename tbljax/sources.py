@@ -148,7 +148,7 @@ class TarSource:
                 yield Item(group_key, path, group[sorted(images)[0]], label)
 
         try:
-            with tarfile.open(path, "r|*") as tf:  # streaming: one pass, no seeking
+            with tarfile.open(path, "r:*") as tf:  # one pass in order; member reads go straight to the file
                 for m in tf:
                     if not m.isfile():
                         continue
