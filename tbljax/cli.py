@@ -111,6 +111,15 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     return 1 if bad_total else 0
 
 
+def _cmd_bench(a: argparse.Namespace) -> int:
+    from tbljax.bench import bench
+
+    r = bench(a.file, batch_size=a.batch_size, step=a.step, steps=a.steps, dtype=a.dtype, layout=a.layout,
+              augment=a.augment, threads=a.threads, prefetch=a.prefetch)
+    print(json.dumps(r.asdict()) if a.json else r)
+    return 0
+
+
 def _cmd_show(a: argparse.Namespace) -> int:
     from tbljax.show import save_grid_png
 
@@ -154,6 +163,21 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("files", nargs="+")
     v.add_argument("--threads", type=int, default=None)
     v.set_defaults(fn=_cmd_verify)
+
+    b = sub.add_parser("bench", help="is the input pipeline the bottleneck? loader img/s and a verdict")
+    b.add_argument("file")
+    b.add_argument("--batch-size", type=int, default=256)
+    b.add_argument("--step", default=None, metavar="MODULE:FUNCTION",
+                   help="your training step: a callable taking the batch dict (image, label, index) and "
+                        "returning something to block on; keep model state in a closure")
+    b.add_argument("--steps", type=int, default=30)
+    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "uint8"])
+    b.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"])
+    b.add_argument("--augment", default=None, choices=["flip", "rrc_flip"])
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--prefetch", type=int, default=2)
+    b.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    b.set_defaults(fn=_cmd_bench)
 
     s = sub.add_parser("show", help="a PNG grid of samples with labels, optionally as augmented for training")
     s.add_argument("file")

@@ -58,3 +58,49 @@ def test_show_cli_writes_png(small_file, tmp_path):
     assert r.returncode == 0, r.stderr
     with Image.open(out) as im:
         assert im.format == "PNG" and im.width > 6 * 18
+
+
+STEP_MODULE = '''
+import jax, jax.numpy as jnp, time
+_w = jnp.ones((3, 8))
+
+@jax.jit
+def _fast(x):
+    return (x.astype(jnp.float32).mean(axis=(1, 2)) @ _w).sum()
+
+def fast_step(batch):
+    return _fast(batch["image"])
+
+def slow_step(batch):
+    time.sleep(0.05)  # a step far slower than the loader
+    return _fast(batch["image"])
+'''
+
+
+def test_bench_cli_json_and_verdict(small_file, tmp_path):
+    p, _ = small_file
+    (tmp_path / "mysteps.py").write_text(STEP_MODULE)
+    r = subprocess.run([sys.executable, "-m", "tbljax.cli", "bench", str(p), "--batch-size", "8", "--steps", "6",
+                        "--step", "mysteps:slow_step", "--json"], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["produce_img_s"] > 0 and rep["consumed_img_s"] > 0
+    assert rep["step_floor_ms"] >= 50 and rep["step_fed_ms"] >= 50
+    assert rep["input_bound"] is False and rep["advice"] == ["the loader keeps up: nothing to change"]
+
+
+def test_bench_advice_for_an_input_bound_run():
+    from tbljax.bench import BenchReport, advise
+
+    rep = BenchReport(path="x", batch_size=256, settings={}, produce_img_s=5000, consumed_img_s=4000,
+                      step_floor_ms=10.0, step_fed_ms=51.2, loader_wait_ms=41.0, input_bound=True, overhead=4.12)
+    tips = advise(rep, threads=1, cpus=8, dtype="float32", prefetch=2, dataset_bytes=2**30)
+    assert any(t.startswith("threads: use all 8") for t in tips)
+    assert any(t.startswith("prefetch:") for t in tips)
+    assert any("uint8" in t for t in tips)
+    assert any("ResidentDataset" in t and "25,600 img/s" in t for t in tips)
+    ok = BenchReport(path="x", batch_size=256, settings={}, produce_img_s=5e4, consumed_img_s=4e4,
+                     step_floor_ms=10.0, step_fed_ms=10.2, loader_wait_ms=0.0, input_bound=False, overhead=0.02)
+    assert advise(ok, threads=8, cpus=8, dtype="uint8", prefetch=2, dataset_bytes=1) == \
+        ["the loader keeps up: nothing to change"]
