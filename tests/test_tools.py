@@ -104,3 +104,36 @@ def test_bench_advice_for_an_input_bound_run():
                      step_floor_ms=10.0, step_fed_ms=10.2, loader_wait_ms=0.0, input_bound=False, overhead=0.02)
     assert advise(ok, threads=8, cpus=8, dtype="uint8", prefetch=2, dataset_bytes=1) == \
         ["the loader keeps up: nothing to change"]
+
+
+def test_orbax_checkpoint_resumes_the_identical_stream(small_file, tmp_path):
+    ocp = pytest.importorskip("orbax.checkpoint", reason="orbax-checkpoint is in the test extra")
+    import jax.numpy as jnp
+
+    p, _ = small_file
+
+    def stream(ld, n):
+        it = iter(ld)
+        return [np.asarray(next(it)["index"]).tolist() for _ in range(n)]
+
+    full = stream(tbljax.loader(p, 4, seed=9, dtype="uint8", augment="flip"), 9)  # crosses an epoch end
+
+    ld = tbljax.loader(p, 4, seed=9, dtype="uint8", augment="flip")
+    first = stream(ld, 7)
+    params = {"w": jnp.arange(6.0)}
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        mngr.save(7, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                             loader=ocp.args.JsonSave(ld.state_dict())))
+        mngr.wait_until_finished()
+    ld.close()
+
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        step = mngr.latest_step()
+        got = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(params),
+                                                         loader=ocp.args.JsonRestore()))
+    resumed = tbljax.loader(p, 4, seed=9, dtype="uint8", augment="flip")
+    resumed.load_state_dict(got["loader"])
+    rest = stream(resumed, 2)
+    resumed.close()
+    assert step == 7 and np.array_equal(got["params"]["w"], params["w"])
+    assert first + rest == full
