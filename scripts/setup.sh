@@ -24,4 +24,4 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 echo "setup: building and installing tbljax into .venv (first build takes a few minutes)"
 .venv/bin/python -m pip install -q ".[test]"
-.venv/bin/python -c "import tbljax, json; print('setup: ok', json.dumps(tbljax.build_info()))"
+(cd / && "$OLDPWD"/.venv/bin/python -c "import tbljax, json; print('setup: ok', json.dumps(tbljax.build_info()))")

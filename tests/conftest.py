@@ -1,12 +1,26 @@
 """Shared test fixtures: where the real photos are, and small datasets made from code."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+# Tests run in a scratch directory: a child `python -c`/`-m` must import the installed tbljax,
+# not the source folder that the repository root would put first on its path. Relative
+# PYTHONPATH entries (a developer's `PYTHONPATH=.`) are made absolute so they still hold.
+if os.environ.get("PYTHONPATH"):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        os.path.abspath(p) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p)
+
+
+@pytest.fixture(autouse=True)
+def _run_in_scratch_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 def shared_dir(name: str) -> Path:
