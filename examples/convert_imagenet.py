@@ -3,10 +3,11 @@ and check what was skipped.
 
     # ImageNet-style folder: train/n01440764/*.JPEG, ... (sorted class folders give labels)
     python examples/convert_imagenet.py /data/imagenet/train train-160.tbl --image-size 160
-    # WebDataset shards (.jpg/.cls members), e.g. converted on 4 machines, one part each:
-    python examples/convert_imagenet.py 'imagenet-train-{000000..001281}.tar' train-160-0.tbl \
-        --image-size 160 --part 0 --parts 4
-    # ... then read the parts as one dataset: tbljax.loader(["train-160-0.tbl", ...], ...)
+    # WebDataset shards (.jpg/.cls members), converted by 4 jobs (machines, Slurm tasks), I=0..3:
+    python examples/convert_imagenet.py 'imagenet-train-{000000..001281}.tar' \
+        'train-160-{shard}.tbl' --image-size 160 --shard $I/4
+    # ... then read the parts as one dataset, exactly the single-job one:
+    #     tbljax.loader(sorted(glob.glob("train-160-*-of-00004.tbl")), ...)
 
 Recommended settings (why):
 - --image-size: store the largest side you will train at. 160 is the fast choice (FFCV's
@@ -41,36 +42,27 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="an ImageNet-style folder (one subfolder per class) or a "
                    "WebDataset shard pattern such as 'train-{000000..001281}.tar'")
-    p.add_argument("output", type=Path, help="the .tbl file to write")
+    p.add_argument("output", help="the .tbl file to write ('{shard}' becomes "
+                   "'iiiii-of-nnnnn' with --shard)")
     p.add_argument("--image-size", type=int, default=160, help="stored side S (default 160)")
     p.add_argument("--resize", default="center_crop", choices=["center_crop", "squash"])
     p.add_argument("--format", default="raw", choices=["raw", "jpeg", "lz4"])
     p.add_argument("--threads", type=int, default=None, help="decode threads (default: all)")
-    p.add_argument("--part", type=int, default=0, help="this machine's part (TAR shards only)")
-    p.add_argument("--parts", type=int, default=1, help="how many parts the shards are split in")
+    p.add_argument("--shard", default=None, metavar="I/N", help="convert only the I-th of N "
+                   "contiguous shares of the sources (whole TAR files; items of a folder)")
     p.add_argument("--max-skipped-fraction", type=float, default=0.001)
     p.add_argument("--verify", action="store_true", help="check every checksum afterwards")
     p.add_argument("--overwrite", action="store_true")
     a = p.parse_args(argv)
 
     import tbljax
-    from tbljax import sources
-
-    src = a.source
-    if not Path(src).is_dir():
-        shards = [s for pat in [src] for s in sources.expand_braces(pat)]
-        if not 0 <= a.part < a.parts:
-            p.error(f"--part must be in [0, {a.parts}), got {a.part}")
-        src = shards[a.part::a.parts]  # every parts-th shard: parts of similar size
-        print(f"part {a.part} of {a.parts}: {len(src)} of {len(shards)} TAR shards")
-    elif a.parts != 1:
-        p.error("--part/--parts split TAR shards; split a folder into several folders instead")
 
     t0 = time.perf_counter()
-    summary = tbljax.convert(src, a.output, image_size=a.image_size, resize=a.resize,
+    summary = tbljax.convert(a.source, a.output, image_size=a.image_size, resize=a.resize,
                              format=a.format, threads=a.threads, strict=False,
-                             overwrite=a.overwrite)
+                             overwrite=a.overwrite, shard=a.shard)
     print(summary)
+    a.output = Path(summary.dst)  # with '{shard}' filled in
 
     ds = tbljax.open(a.output)
     gb = ds.index["size"].sum() / 1e9

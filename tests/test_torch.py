@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,8 +26,6 @@ from tbljax import order  # noqa: E402
 
 N, H, W, B = 37, 6, 5, 4
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
 
 
 @pytest.fixture(scope="module")
@@ -284,9 +281,7 @@ dist.destroy_process_group()
 def test_two_gloo_processes_split_an_epoch(data):
     _, _, path = data
     port = str(_free_port())
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, "-c", GLOO_CHILD, str(r), port, str(path)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([sys.executable, "-c", GLOO_CHILD, str(r), port, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(2)]
     outs = []
     try:
