@@ -93,6 +93,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     >>> ld = tbljax.mlx.loader("train.tbl", 128, seed=0)
     >>> images, labels = next(iter(ld))      # (128, H, W, 3) float32, (128,) int32
     """
+    _mx()  # a clear ImportError here, not on the first batch
     rank, world_size = _adapter.check_rank(rank, world_size)
     opts = _adapter.options(batch_size, world_size, seed=seed, shuffle=shuffle,
                             dtype=_dtype_name(dtype), layout=layout, mean=mean, std=std,

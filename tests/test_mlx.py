@@ -138,3 +138,12 @@ def test_arguments_are_checked(data):
     with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 2\), got -1"):
         tbljax.mlx.loader(path, B, rank=-1, world_size=2)
     assert "rank 0 of 1" in repr(tbljax.mlx.loader(path, B))
+
+
+def test_without_mlx_the_error_says_what_to_install(data, monkeypatch):
+    import sys
+
+    _, _, path = data
+    monkeypatch.setitem(sys.modules, "mlx.core", None)  # as if MLX were not installed
+    with pytest.raises(ImportError, match=r"pip install 'tbljax\[mlx\]'"):
+        tbljax.mlx.loader(path, B)

@@ -236,6 +236,13 @@ def test_arguments_are_checked(data):
         tbljax.torch.loader(path, 20, rank=0, world_size=2)
 
 
+def test_without_torch_the_error_says_what_to_install(data, monkeypatch):
+    _, _, path = data
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    with pytest.raises(ImportError, match=r"pip install 'tbljax\[torch\]'"):
+        tbljax.torch.loader(path, B)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
