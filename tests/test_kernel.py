@@ -25,14 +25,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _restore_target():
     yield
     _core.set_kernel_target("auto")
-    _core._set_affine_normalization_enabled(True)
+    _core._set_normalization_path_limit("affine-f32")
 
 
-@pytest.fixture(params=["affine", "table"])
-def norm_path(request):
-    """Runs a test with the SIMD targets' float64-FMA path, then with their table fallback."""
-    _core._set_affine_normalization_enabled(request.param == "affine")
-    return request.param
+NORM_PATHS = ["affine-f32", "affine-f64", "table"]  # how the SIMD targets may normalize
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,10 +181,14 @@ def _all_values_source():
 
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("params", NORM_PARAMS, ids=["imagenet", "half", "unit", "odd"])
-def test_normalize_contract_all_values(dtype, params, norm_path):
+@pytest.mark.parametrize("limit", NORM_PATHS)
+def test_normalize_contract_all_values(dtype, params, limit):
     mean, std = params
     name = "float32" if dtype == np.float32 else "bfloat16"
-    assert _core._affine_normalization_is_exact(mean, std, name)  # the fast path is tested
+    # The fast path is the one tested here (with limit "affine-f32").
+    assert _core._normalization_path(mean, std, name) == (
+        "affine-f64" if dtype == np.float32 else "affine-f32")
+    _core._set_normalization_path_limit(limit)
     want_table = reference_table(mean, std, dtype)
     np.testing.assert_array_equal(bits(kernels.normalize_table(mean, std, dtype)),
                                   bits(want_table))
@@ -210,7 +210,8 @@ def test_normalize_contract_random_params_every_target():
     for trial in range(40):
         mean = tuple(rng.uniform(-2, 2, 3))
         std = tuple(rng.uniform(0.01, 3, 3) * rng.choice([-1, 1], 3))
-        for dtype in (np.float32, BF16):
+        for dtype, limit in itertools.product((np.float32, BF16), NORM_PATHS):
+            _core._set_normalization_path_limit(limit)
             with np.errstate(all="ignore"):
                 table = kernels.normalize_table(mean, std, dtype)
             if dtype == np.float32:
@@ -221,7 +222,7 @@ def test_normalize_contract_random_params_every_target():
                 out = out_buffer(1, 16, 16, dtype, "NHWC")
                 kernels.gather(src, [0], out, mean=mean, std=std)
                 np.testing.assert_array_equal(bits(out[0]), bits(want),
-                                              err_msg=f"trial {trial} {target} {dtype}")
+                                              err_msg=f"trial {trial} {target} {dtype} {limit}")
 
 
 def test_normalize_table_bf16_matches_independent_reference_on_random_params():
@@ -255,13 +256,13 @@ def _shard(records, parts):
 @pytest.mark.parametrize("flip", [False, True], ids=["noflip", "flip"])
 @pytest.mark.parametrize("crop", [False, True], ids=["nocrop", "crop"])
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
-@pytest.mark.parametrize("dtype, affine", [
-    (np.uint8, True),
-    (np.float32, True), (np.float32, False),
-    (BF16, True), (BF16, False),
-], ids=["uint8", "float32", "float32-table", "bfloat16", "bfloat16-table"])
-def test_gather_matrix(dtype, affine, layout, crop, flip, shards):
-    _core._set_affine_normalization_enabled(affine)
+@pytest.mark.parametrize("dtype, limit", [
+    (np.uint8, "affine-f32"),
+    (np.float32, "affine-f32"), (np.float32, "table"),
+    (BF16, "affine-f32"), (BF16, "affine-f64"), (BF16, "table"),
+], ids=["uint8", "float32", "float32-table", "bfloat16", "bfloat16-f64", "bfloat16-table"])
+def test_gather_matrix(dtype, limit, layout, crop, flip, shards):
+    _core._set_normalization_path_limit(limit)
     rng = np.random.default_rng(1)
     records = _records()
     batch = 9

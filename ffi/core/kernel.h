@@ -77,13 +77,17 @@ uint16_t DoubleToBfloat16(double d);
 // The float32 values / bfloat16 bit patterns for the 3 x 256 inputs: table[c * 256 + x].
 void NormalizeTableF32(const double mean[3], const double std[3], float table[3 * 256]);
 void NormalizeTableBf16(const double mean[3], const double std[3], uint16_t table[3 * 256]);
-// The SIMD targets compute y = x * a[c] + b[c] in float64 (one FMA) and round it, after
-// checking at setup that this equals the table for all 3 x 256 inputs; where it does not,
-// they look the table up. Says whether that check passes for these parameters (tests use it
-// to know which path they exercise).
-bool AffineNormalizationIsExact(const double mean[3], const double std[3], OutDType dtype);
-// Tests only: false makes the SIMD targets use the table lookup too (default true).
-void SetAffineNormalizationEnabled(bool enabled);
+// How the SIMD targets normalize. They compute y = x * a[c] + b[c] with one FMA and round
+// it -- in float64 ("affine-f64"), or for bfloat16 output in float32 ("affine-f32", twice
+// the lanes) -- after checking at setup that this equals the table for all 3 x 256 inputs
+// (trying a few neighbouring constants); otherwise they look the table up ("table"). The
+// scalar target always uses the table. All three give the same bits.
+enum class NormPath : int { kTable = 0, kAffineF64 = 1, kAffineF32 = 2 };
+const char* NormPathName(NormPath p);
+// The path the SIMD targets take for these parameters (ignoring the test cap below).
+NormPath ChooseNormPath(const double mean[3], const double std[3], OutDType dtype);
+// Tests only: caps the path the SIMD targets may take (default kAffineF32: no cap).
+void SetNormPathLimit(NormPath limit);
 
 // ---------------------------------------------------------------------------------------
 // Runtime SIMD dispatch

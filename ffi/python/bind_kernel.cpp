@@ -173,19 +173,25 @@ void BindKernel(nb::module_& m) {
     Check(ActiveSimdTarget(&t));
     return std::string(SimdTargetName(t));
   }, nb::arg("name"), "Force a SIMD target ('auto', 'scalar', 'avx2', 'avx512'); for tests.");
-  m.def("_affine_normalization_is_exact",
+  m.def("_normalization_path",
         [](std::array<double, 3> mean, std::array<double, 3> std, const std::string& dtype) {
           if (dtype != "float32" && dtype != "bfloat16")
             throw nb::value_error("dtype must be 'float32' or 'bfloat16'");
-          return AffineNormalizationIsExact(mean.data(), std.data(),
-                                            dtype == "float32" ? OutDType::kFloat32
-                                                               : OutDType::kBfloat16);
+          return std::string(NormPathName(ChooseNormPath(
+              mean.data(), std.data(),
+              dtype == "float32" ? OutDType::kFloat32 : OutDType::kBfloat16)));
         },
         nb::arg("mean"), nb::arg("std"), nb::arg("dtype"),
-        "Whether the SIMD targets' float64 FMA path equals the exact table for these "
-        "parameters (else they use the table). For tests.");
-  m.def("_set_affine_normalization_enabled", &SetAffineNormalizationEnabled, nb::arg("enabled"),
-        "Tests only: False makes the SIMD targets normalize by table lookup as well.");
+        "How the SIMD targets normalize for these parameters: 'affine-f32', 'affine-f64' or "
+        "'table' (all bit-identical; for tests).");
+  m.def("_set_normalization_path_limit",
+        [](const std::string& name) {
+          for (NormPath p : {NormPath::kTable, NormPath::kAffineF64, NormPath::kAffineF32}) {
+            if (name == NormPathName(p)) return SetNormPathLimit(p);
+          }
+          throw nb::value_error("expected 'table', 'affine-f64' or 'affine-f32'");
+        },
+        nb::arg("limit"), "Tests only: the best normalization path the SIMD targets may take.");
   m.def("supported_kernel_targets", [] {
     std::vector<std::string> v;
     for (SimdTarget t : SupportedSimdTargets()) v.emplace_back(SimdTargetName(t));
