@@ -349,6 +349,38 @@ def test_random_resized_crop_sized_batch_every_target():
             np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{target} {layout}")
 
 
+@pytest.mark.parametrize("src_hw, out_hw, boxes", [
+    # Wide boxes: some SIMD resamplers' windows overflow (AVX-512 > 1.27x, AVX2 > ~4x
+    # downscale) and those samples take the scalar loop; the others stay vectorized.
+    ((40, 300), (37, 41), [(0, 0, 40, 300), (5, 10, 30, 50), (0, 200, 40, 100),
+                           (3, 1, 20, 200), (0, 299, 40, 1), (39, 0, 1, 60)]),
+    # Rows shorter than one 16-byte window.
+    ((9, 4), (11, 13), [(0, 0, 9, 4), (2, 1, 5, 3), (8, 3, 1, 1), (0, 0, 9, 4), (1, 0, 3, 4),
+                        (0, 2, 9, 2)]),
+    # Output widths around the vector sizes.
+    ((30, 70), (5, 16), [(0, 0, 30, 70), (1, 2, 20, 16), (0, 50, 5, 20), (3, 3, 3, 3),
+                         (0, 0, 30, 17), (10, 60, 10, 10)]),
+    ((30, 70), (5, 47), [(0, 0, 30, 70), (1, 2, 20, 47), (0, 50, 5, 20), (3, 3, 3, 3),
+                         (0, 0, 30, 48), (10, 60, 10, 10)]),
+])
+def test_resize_shapes_and_ratios_every_target(src_hw, out_hw, boxes):
+    rng = np.random.default_rng(12)
+    records = rng.integers(0, 256, (3, *src_hw, 3), dtype=np.uint8)
+    boxes = np.array(boxes)
+    batch = len(boxes)
+    idx = rng.integers(0, 3, batch)
+    for flips in (np.zeros(batch, bool), np.ones(batch, bool)):
+        for dtype, layout in [(np.uint8, "NHWC"), (np.float32, "NCHW"), (BF16, "NHWC")]:
+            norm = {} if dtype == np.uint8 else {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+            want = ref_gather(records, idx, *out_hw, boxes, flips, dtype, layout, **norm)
+            for target in TARGETS:
+                _core.set_kernel_target(target)
+                out = out_buffer(batch, *out_hw, dtype, layout)
+                kernels.gather(records, idx, out, layout=layout, crop=boxes, flip=flips, **norm)
+                np.testing.assert_array_equal(bits(out), bits(want),
+                                              err_msg=f"{target} {layout} {dtype}")
+
+
 def test_small_batches_split_into_row_bands_match():
     rng = np.random.default_rng(8)
     records = _records(9, n=5, h=64, w=48)

@@ -68,6 +68,15 @@ struct alignas(64) HBlock {
   uint64_t mask;                         // window bytes to load (never past the tap span)
 };
 
+// 8 elements (2 x 4) of a resampled row for the AVX2 resampler: each 128-bit half loads a
+// 16-byte window that holds the taps of its 4 elements, and one byte shuffle places each
+// (left, right) tap pair, zero-extended to words, next to its (w0, w1) pair for vpmaddwd.
+struct alignas(32) LanePair {
+  uint8_t shuffle[32];  // per half: 4 x (left byte, 0x80, right byte, 0x80)
+  int16_t weights[16];  // 8 x (w0, w1)
+  int64_t base[2];      // window start of each half, bytes from the row start
+};
+
 // Per-thread working memory, carved from one buffer that only ever grows.
 struct Scratch {
   uint8_t* row;      // out_w * 3 u8: the resized / flipped row
@@ -75,6 +84,7 @@ struct Scratch {
   int32_t* hrow[2];  // 2 x out_w * 3: horizontally resampled source rows
   XTap* xtaps;       // out_w
   HBlock* hblocks;   // out_w / kBlockPixels
+  LanePair* lanes;   // 3 * out_w / 8
 };
 
 using UnitFn = void (*)(const Plan&, int64_t sample, int64_t row_begin, int64_t row_end,
@@ -451,7 +461,8 @@ bool PrepareScratch(int64_t out_w, Scratch* s) {
                taps_b = up(static_cast<size_t>(out_w) * sizeof(XTap) + 64),
                blocks_b = up(static_cast<size_t>(out_w / kernel_detail::kBlockPixels) *
                              sizeof(kernel_detail::HBlock));
-  const size_t need = row_b + planes_b + 2 * h_b + taps_b + blocks_b + 64;
+  const size_t lanes_b = up(static_cast<size_t>(3 * out_w / 8) * sizeof(kernel_detail::LanePair));
+  const size_t need = row_b + planes_b + 2 * h_b + taps_b + blocks_b + lanes_b + 64;
   if (ts.capacity < need) {
     ts.buf.reset(new (std::nothrow) uint8_t[need]);
     ts.capacity = ts.buf ? need : 0;
@@ -470,6 +481,8 @@ bool PrepareScratch(int64_t out_w, Scratch* s) {
   s->xtaps = reinterpret_cast<XTap*>(p);
   p += taps_b;
   s->hblocks = reinterpret_cast<kernel_detail::HBlock*>(p);
+  p += blocks_b;
+  s->lanes = reinterpret_cast<kernel_detail::LanePair*>(p);
   return true;
 }
 
