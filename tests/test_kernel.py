@@ -319,6 +319,18 @@ def test_crop_of_output_size_is_an_exact_crop_and_flip_mirrors():
     np.testing.assert_array_equal(out[2], records[3, 10:30, 15:40])
 
 
+def test_flip_without_resize_all_small_widths():
+    rng = np.random.default_rng(13)
+    for w in range(1, 19):
+        records = rng.integers(0, 256, (2, 3, w, 3), dtype=np.uint8)
+        for target in TARGETS:
+            _core.set_kernel_target(target)
+            out = kernels.gather(records, [1, 0], np.empty((2, 3, w, 3), np.uint8),
+                                 flip=[True, False])
+            np.testing.assert_array_equal(out[0], records[1, :, ::-1], err_msg=f"{target} w={w}")
+            np.testing.assert_array_equal(out[1], records[0], err_msg=f"{target} w={w}")
+
+
 def test_resize_of_constant_image_is_constant():
     img = np.full((1, 50, 60, 3), (17, 128, 255), np.uint8)
     out = kernels.gather(img, [0], np.empty((1, 33, 97, 3), np.uint8),
