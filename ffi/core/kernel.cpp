@@ -14,7 +14,9 @@
 
 #include "thread_pool.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
+// TBLJAX_KERNEL_GENERIC_ONLY builds only the portable target, as on non-x86 machines (a
+// way to check that build on x86).
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(TBLJAX_KERNEL_GENERIC_ONLY)
 #define TBLJAX_KERNEL_X86 1
 #include <immintrin.h>
 #else
