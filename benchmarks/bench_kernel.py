@@ -67,23 +67,27 @@ def aligned_empty(shape, dtype, align=4096):
     return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
-def interleaved(steps: dict, seconds: float, min_rounds: int = 10) -> dict:
+def interleaved(steps: dict, seconds: float, min_rounds: int = 10) -> tuple[dict, dict]:
     """Calls each step once per round, in turn, until the first has run `seconds`; returns
-    calls per second of each. Interleaving puts the kernel and its roofline under the same
-    background load (this machine is shared)."""
+    calls per wall second and per CPU second (all threads of this process) of each.
+    Interleaving puts the kernel and its roofline under the same background load (this
+    machine is shared); CPU seconds show what the kernel costs when other processes take
+    cores away from it."""
     for step in steps.values():
         for i in range(2):
             step(i)
-    total = dict.fromkeys(steps, 0.0)
+    wall = dict.fromkeys(steps, 0.0)
+    cpu = dict.fromkeys(steps, 0.0)
     first = next(iter(steps))
     n = 0
-    while total[first] < seconds or n < min_rounds:
+    while wall[first] < seconds or n < min_rounds:
         for name, step in steps.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             step(n)
-            total[name] += time.perf_counter() - t0
+            wall[name] += time.perf_counter() - t0
+            cpu[name] += time.process_time() - c0
         n += 1
-    return {name: n / t for name, t in total.items()}
+    return ({k: n / t for k, t in wall.items()}, {k: n / t for k, t in cpu.items()})
 
 
 def child(name: str, args) -> dict:
@@ -126,10 +130,11 @@ def child(name: str, args) -> dict:
     def fill_2t(i):  # numpy's fill releases the GIL: two threads, like the kernel's pool
         list(pool.map(lambda h: h.fill(i), halves))
 
-    rates = interleaved({"kernel": kernel_step, "fill_1t": fill_1t, "fill_2t": fill_2t},
-                        args.seconds)
+    rates, cpu_rates = interleaved(
+        {"kernel": kernel_step, "fill_1t": fill_1t, "fill_2t": fill_2t}, args.seconds)
     kernel_rate, f1, f2 = rates["kernel"], rates["fill_1t"], rates["fill_2t"]
     return {"img_s": kernel_rate * b, "ms_per_batch": 1e3 / kernel_rate,
+            "img_per_cpu_s": cpu_rates["kernel"] * b,
             "gb_s_written": kernel_rate * out.nbytes / 1e9,
             "fill_img_s": max(f1, f2) * b, "fill_1t_img_s": f1 * b, "fill_2t_img_s": f2 * b,
             "simd": _core.kernel_target()}
@@ -151,6 +156,7 @@ def main():
         return
 
     names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
+    load0 = os.getloadavg()
     results: dict[str, list[dict]] = {n: [] for n in names}
     passthrough = [f"--records={args.records}", f"--size={args.size}", f"--batch={args.batch}",
                    f"--rrc-source={args.rrc_source}", f"--seconds={args.seconds}"]
@@ -175,17 +181,19 @@ def main():
 
     print(f"\n{args.records} records, {args.size} px out (RRC from {args.rrc_source} px), "
           f"batch {args.batch}, median of {args.rounds} rounds, {os.cpu_count()} CPUs")
+    print(f"load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f}")
     print(f"{'config':26s} {'img/s':>9s} {'ms/batch':>9s} {'GB/s out':>9s} {'fill img/s':>11s} "
-          f"{'vs fill':>8s}  simd")
+          f"{'vs fill':>8s} {'img/CPU-s':>10s}  simd")
     for n in names:
         print(f"{n:26s} {med(n, 'img_s'):9,.0f} {med(n, 'ms_per_batch'):9.2f} "
               f"{med(n, 'gb_s_written'):9.1f} {med(n, 'fill_img_s'):11,.0f} "
-              f"{med_ratio(n):8.0%}  {results[n][0]['simd']}")
+              f"{med_ratio(n):8.0%} {med(n, 'img_per_cpu_s'):10,.0f}  {results[n][0]['simd']}")
     all_fill = [x for n in names for x in results[n]]
     print(f"fill roofline over all runs (float32 batch, numpy fill of a reused buffer): "
           f"1 thread {statistics.median(x['fill_1t_img_s'] for x in all_fill):,.0f} img/s, "
           f"2 threads {statistics.median(x['fill_2t_img_s'] for x in all_fill):,.0f} img/s; "
-          f"'vs fill' = kernel / the better fill measured in the same process")
+          f"'vs fill' = kernel / the better fill measured in the same process; "
+          f"img/CPU-s = images per CPU-second of all the process's threads")
 
 
 if __name__ == "__main__":

@@ -561,6 +561,14 @@ def test_native_binding_never_converts(small):
     with pytest.raises(TypeError, match="out_dtype='bfloat16'"):
         _core.gather(src, idx, np.empty((1, H, W, 3), np.float32), "NHWC", "bfloat16",
                      [0, 0, 0], [1, 1, 1], None, None)
+    out = np.empty((2, H, W, 3), np.uint8)
+    for flips in (np.array([True, False]), np.array([3, 0], np.uint8)):  # bool or uint8
+        _core.gather(src, np.array([1, 2], np.int64), out, "NHWC", "uint8", [0, 0, 0], [1, 1, 1],
+                     None, flips)
+        np.testing.assert_array_equal(out, [small[1, :, ::-1], small[2]])
+    with pytest.raises(TypeError, match="flip must be a uint8 or bool array"):
+        _core.gather(src, np.array([1, 2], np.int64), out, "NHWC", "uint8", [0, 0, 0],
+                     [1, 1, 1], None, np.array([1, 0], np.int32))
     with pytest.raises(ValueError, match="layout='NWHC'"):
         _core.gather(src, idx, np.empty((1, H, W, 3), np.float32), "NWHC", "float32",
                      [0, 0, 0], [1, 1, 1], None, None)
@@ -615,8 +623,10 @@ def test_error_indices_and_source(small):
         kernels.gather(small, [0.5], out)
     with pytest.raises(ValueError, match="indices must be 1-D"):
         kernels.gather(small, [[0]], out)
-    with pytest.raises(ValueError, match=r"uint8 of shape \(N, H, W, 3\)"):
+    with pytest.raises(TypeError, match="must hold uint8 RGB pixels, got dtype float32"):
         kernels.gather(small.astype(np.float32), [0], out)
+    with pytest.raises(ValueError, match=r"must have shape \(N, H, W, 3\), got \(5, 23, 29\)"):
+        kernels.gather(small[..., 0].copy(), [0], out)
     with pytest.raises(ValueError, match="C-contiguous"):
         kernels.gather(small[:, :, ::2], [0], out)
     with pytest.raises(ValueError, match="all shards must match"):

@@ -411,6 +411,8 @@ Status RawSource::Create(std::vector<RawShard> shards, int64_t height, int64_t w
   if (height < 1 || width < 1)
     return InvalidArgument("records must be at least 1x1 pixels, got " + std::to_string(height) +
                            "x" + std::to_string(width));
+  if (width > (int64_t{1} << 31) / 3 - 1)  // byte offsets within a row are int32
+    return InvalidArgument("records " + std::to_string(width) + " pixels wide are not supported");
   if (shards.empty()) return InvalidArgument("a RawSource needs at least one shard");
   RawSource s;
   s.height_ = height;

@@ -42,8 +42,8 @@ enum class OutDType : int { kUint8 = 0, kFloat32 = 1, kBfloat16 = 2 };
 //   out[oy, ox, c] = (acc + 2^21) >> 22                              # always in [0, 255]
 //
 // Every intermediate is an exact integer, so the order of the sums does not matter, and all
-// of them fit in int32 when (2*out) * len < 2^31 (e.g. every side <= 32767). A box of the
-// output's size (h == OH, w == OW) gives w1 = 0 everywhere: a plain crop, exactly.
+// of them fit in int32 when 2*out*len < 2^31 and out < 2^19 (e.g. every side <= 32767). A
+// box of the output's size (h == OH, w == OW) gives w1 = 0 everywhere: a plain crop, exactly.
 // Horizontal flip is applied after the resize: flipped[oy, ox] = out[oy, OW - 1 - ox].
 // Without a crop box the output size must equal the source size (no resize).
 

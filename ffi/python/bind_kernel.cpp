@@ -26,7 +26,8 @@ struct PyRawSource {
 using ShardArray = nb::ndarray<const uint8_t, nb::ndim<4>, nb::c_contig, nb::device::cpu>;
 using IndexArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using CropArray = nb::ndarray<const int32_t, nb::shape<-1, 4>, nb::c_contig, nb::device::cpu>;
-using FlipArray = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// uint8 or bool (both one byte, nonzero = flip); checked below.
+using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 // Any dtype: checked against out_dtype below (bfloat16 arrives as a uint16 view).
 using OutArray = nb::ndarray<nb::ndim<4>, nb::c_contig, nb::device::cpu>;
 
@@ -141,7 +142,10 @@ void BindKernel(nb::module_& m) {
           if (static_cast<int64_t>(flip->shape(0)) != r.batch)
             throw nb::value_error(("flip has " + std::to_string(flip->shape(0)) +
                                    " entries but indices has " + std::to_string(r.batch)).c_str());
-          r.flips = flip->data();
+          const nb::dlpack::dtype d = flip->dtype();
+          if (d != nb::dtype<uint8_t>() && d != nb::dtype<bool>())
+            throw nb::type_error("flip must be a uint8 or bool array");
+          r.flips = static_cast<const uint8_t*>(flip->data());
         }
         for (int c = 0; c < 3; ++c) {
           r.mean[c] = mean[c];
