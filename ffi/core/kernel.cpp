@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -590,7 +591,16 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
     }
   }
 
-  ThreadPool& tp = pool ? *pool : ThreadPool::Default();
+  if (pool == nullptr) {
+    // The first call starts the process-wide pool; the OS may refuse threads (EAGAIN seen
+    // here when another process held thousands), which must be an error, not a throw.
+    try {
+      pool = &ThreadPool::Default();
+    } catch (const std::exception& e) {
+      return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
+    }
+  }
+  ThreadPool& tp = *pool;
   // Samples are the unit of work; small batches are also split into row bands so every
   // thread has work (about 4 units per thread, as the pool hands out chunks).
   const int64_t want_units = 4 * static_cast<int64_t>(tp.num_threads());
