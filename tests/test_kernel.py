@@ -529,7 +529,8 @@ def test_error_out_shape(small, shape, layout, match):
 
 
 def test_error_out_dtype_and_layout(small):
-    with pytest.raises(TypeError, match="out.dtype must be uint8, float32 or bfloat16, got float64"):
+    with pytest.raises(TypeError,
+                       match="out.dtype must be uint8, float32 or bfloat16, got float64"):
         kernels.gather(small, [0], np.empty((1, H, W, 3), np.float64))
     with pytest.raises(TypeError, match="out must be a numpy.ndarray"):
         kernels.gather(small, [0], [[0]])

@@ -358,7 +358,8 @@ const char* SimdTargetName(SimdTarget t) {
 
 std::vector<SimdTarget> SupportedSimdTargets() {
   std::vector<SimdTarget> v;
-  for (int t = 0; t <= static_cast<int>(BestSupported()); ++t) v.push_back(static_cast<SimdTarget>(t));
+  for (int t = 0; t <= static_cast<int>(BestSupported()); ++t)
+    v.push_back(static_cast<SimdTarget>(t));
   return v;
 }
 
@@ -494,8 +495,10 @@ bool PrepareScratch(int64_t out_w, Scratch* s) {
 }  // namespace
 
 Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
-  if (src.num_records() < 0 || src.height() < 1) return InvalidArgument("RawSource is not initialized");
-  if (r.batch < 0) return InvalidArgument("batch size must be >= 0, got " + std::to_string(r.batch));
+  if (src.num_records() < 0 || src.height() < 1)
+    return InvalidArgument("RawSource is not initialized");
+  if (r.batch < 0)
+    return InvalidArgument("batch size must be >= 0, got " + std::to_string(r.batch));
   if (r.batch > 0 && r.indices == nullptr) return InvalidArgument("indices is null");
   if (r.out == nullptr && r.batch > 0) return InvalidArgument("out is null");
 
@@ -515,7 +518,9 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
     case OutDType::kUint8: elem = 1; break;
     case OutDType::kFloat32: elem = 4; break;
     case OutDType::kBfloat16: elem = 2; break;
-    default: return InvalidArgument("unknown output dtype " + std::to_string(static_cast<int>(r.dtype)));
+    default:
+      return InvalidArgument("unknown output dtype " +
+                             std::to_string(static_cast<int>(r.dtype)));
   }
   if (reinterpret_cast<uintptr_t>(r.out) % static_cast<uintptr_t>(elem) != 0)
     return InvalidArgument("out is not aligned to its element size (" + std::to_string(elem) +
@@ -604,7 +609,8 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   // Samples are the unit of work; small batches are also split into row bands so every
   // thread has work (about 4 units per thread, as the pool hands out chunks).
   const int64_t want_units = 4 * static_cast<int64_t>(tp.num_threads());
-  const int64_t bands = r.batch >= want_units ? 1 : std::min(oh, (want_units + r.batch - 1) / r.batch);
+  const int64_t bands =
+      r.batch >= want_units ? 1 : std::min(oh, (want_units + r.batch - 1) / r.batch);
   const UnitFn run = UnitFor(target);
   std::atomic<bool> no_memory{false};
   tp.ParallelFor(r.batch * bands, [&](int64_t u) {

@@ -85,7 +85,8 @@ OutDType ParseDType(const std::string& s, const OutArray& out) {
     return OutDType::kFloat32;
   }
   if (s == "bfloat16") {
-    const bool bf16 = d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16;
+    const bool bf16 =
+        d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16;
     if (d != nb::dtype<uint16_t>() && !bf16) fail("bfloat16 (or its uint16 view)");
     return OutDType::kBfloat16;
   }

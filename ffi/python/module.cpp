@@ -57,7 +57,8 @@ NB_MODULE(_core, m) {
     d["lz4"] = LZ4_versionString();
     d["default_threads"] = tbljax::ThreadPool::DefaultThreadCount();
     tbljax::SimdTarget simd;
-    d["simd"] = tbljax::ActiveSimdTarget(&simd).ok() ? tbljax::SimdTargetName(simd) : "invalid TBLJAX_SIMD";
+    d["simd"] = tbljax::ActiveSimdTarget(&simd).ok() ? tbljax::SimdTargetName(simd)
+                                                      : "invalid TBLJAX_SIMD";
     return d;
   }, "What this build of the core was compiled with.");
 
