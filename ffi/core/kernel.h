@@ -18,11 +18,12 @@ enum class OutDType : int { kUint8 = 0, kFloat32 = 1, kBfloat16 = 2 };
 // Crop + resize: the exact integer arithmetic (every path must reproduce it bit-exactly)
 // ---------------------------------------------------------------------------------------
 //
-// A crop box (y0, x0, h, w) in source pixels is resized to the output (OH, OW) by bilinear
-// interpolation with pixel centres at half-integers (the "align_corners=False" convention of
-// OpenCV INTER_LINEAR and jax.image.resize "linear", without antialiasing), using weights
-// quantized to S = 11 bits (ONE = 2048). Per axis, with start = y0 | x0, len = h | w and
-// out = OH | OW, output coordinate o in [0, out) maps to two source taps and weights:
+// A crop box (y0, x0, h, w) in source pixels of a record P (H x W x 3, uint8) is resized to
+// the output (OH, OW) by bilinear interpolation with pixel centres at half-integers (the
+// "align_corners=False" source coordinates of OpenCV INTER_LINEAR; no antialiasing when
+// shrinking), with weights quantized to S = 11 bits (ONE = 2048). Per axis, with
+// start = y0 | x0, len = h | w and out = OH | OW, output coordinate o in [0, out) maps to two
+// source taps and weights:
 //
 //   n  = max(0, (2*o + 1) * len - out)     # 2*out * (source position inside the box),
 //                                          # source position = (o + 1/2) * len/out - 1/2
