@@ -137,7 +137,10 @@ def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=Non
 # The FFI call
 # ---------------------------------------------------------------------------------------------
 
-def _ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, result):
+def _ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, out_size, dtype):
+    oh, ow = out_size
+    b = indices.shape[0]  # per shard under shard_map
+    result = jax.ShapeDtypeStruct((b, oh, ow, 3) if layout == "NHWC" else (b, 3, oh, ow), dtype)
     crop_op = jnp.zeros((0, 4), jnp.int32) if crop is None else crop.astype(jnp.int32)
     flip_op = jnp.zeros((0,), jnp.uint8) if flip is None else flip.astype(jnp.uint8)
     operands = [data, indices, crop_op, flip_op]
@@ -147,8 +150,17 @@ def _ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, result):
         aliases = {4: 0}
     call = jax.ffi.ffi_call(TARGET, result, vmap_method="sequential",
                             input_output_aliases=aliases)
-    return call(*operands, mean=np.asarray(mean, np.float64), std=np.asarray(std, np.float64),
-                layout=layout)
+    y = call(*operands, mean=np.asarray(mean, np.float64), std=np.asarray(std, np.float64),
+             layout=layout)
+    # Under shard_map the rows vary over the batch axes as the indices do. ffi_call cannot say
+    # so, and lax.platform_dependent needs the FFI and twin branches typed alike.
+    axes = _varying(indices) - _varying(y)
+    return jax.lax.pcast(y, tuple(sorted(axes)), to="varying") if axes else y
+
+
+def _varying(x) -> frozenset:
+    mat = getattr(jax.typeof(x), "manual_axis_type", None)
+    return frozenset(getattr(mat, "varying", ()) or ())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +336,7 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
         return twin_gather(d, i, crop=c, flip=f, out_size=(oh, ow), table=table, layout=layout)
 
     ffi = functools.partial(_ffi_gather, mean=mean_v, std=std_v, layout=layout,
-                            result=jax.ShapeDtypeStruct(shape, out_dt))
+                            out_size=(oh, ow), dtype=out_dt)
     if backend == "twin":
         body = twin
     elif backend == "ffi":
