@@ -24,8 +24,22 @@ def build_info() -> dict:
     return info
 
 
+def __getattr__(name: str):
+    # tbljax.ops and tbljax.ResidentDataset import jax (and register the XLA FFI handlers):
+    # loaded on first use, so `import tbljax` and the CLI stay quick.
+    if name == "ops":
+        import importlib
+
+        return importlib.import_module("tbljax.ops")
+    if name == "ResidentDataset":
+        from tbljax.resident import ResidentDataset
+
+        return ResidentDataset
+    raise AttributeError(f"module 'tbljax' has no attribute {name!r}")
+
+
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "Loader", "loader", "order",
     "ConversionError", "ConvertSummary", "CorruptFileError", "Dataset", "DecodeError", "Writer",
-    "build_info", "convert", "open",
+    "build_info", "convert", "open", "ops", "ResidentDataset",
 ]

@@ -28,7 +28,8 @@ from jax.sharding import PartitionSpec
 
 from tbljax import kernels as _kernels
 
-__all__ = ["TARGET", "BACKENDS", "gather_normalize", "registered_platforms", "twin_gather"]
+__all__ = ["TARGET", "BACKENDS", "gather_normalize", "normalize", "registered_platforms",
+           "twin_gather"]
 
 TARGET = "tbljax_gather_normalize"
 BACKENDS = ("auto", "ffi", "twin")
@@ -125,12 +126,41 @@ def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=Non
         acc = (wy0[:, :, None, None] * (wx0 * at(sy0, sx0) + wx1 * at(sy0, sx1))
                + wy1[:, :, None, None] * (wx0 * at(sy1, sx0) + wx1 * at(sy1, sx1)))
         pix = ((acc + (1 << (_ROUND_SHIFT - 1))) >> _ROUND_SHIFT).astype(jnp.uint8)
-    if table is None:
-        out = pix
-    else:
-        flat = jnp.asarray(table).reshape(-1)                          # c * 256 + x
-        out = flat[pix.astype(jnp.int32) + jnp.arange(3, dtype=jnp.int32) * 256]
+    out = pix if table is None else _lookup(pix, table, channel_axis=-1)
     return out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
+
+
+def _lookup(pix, table, channel_axis: int):
+    """table[c, x] for every uint8 value x of channel c: the normalization contract, exactly."""
+    flat = jnp.asarray(table).reshape(-1)                              # c * 256 + x
+    shape = [1] * pix.ndim
+    shape[channel_axis] = 3
+    offset = (jnp.arange(3, dtype=jnp.int32) * 256).reshape(shape)
+    return flat[pix.astype(jnp.int32) + offset]
+
+
+def normalize(pixels, *, mean=None, std=None, dtype=jnp.float32, layout: str = "NHWC"):
+    """uint8 pixels → the float32 / bfloat16 nearest to ``(x/255 - mean[c]) / std[c]``
+    (computed in float64): the normalization contract of every tbljax path, bit-exact, as a
+    table look-up that runs anywhere (use it on batches served as uint8, which move 4x fewer
+    bytes). ``layout`` says where the channel axis is: last ("NHWC") or second ("NCHW").
+
+    >>> normalize(jnp.full((1, 2, 2, 3), 255, jnp.uint8), mean=(0.5,) * 3, std=(0.5,) * 3)[0, 0, 0]
+    Array([1., 1., 1.], dtype=float32)
+    """
+    out_dt = _out_dtype(dtype)
+    if out_dt == np.uint8:
+        raise TypeError("normalize writes float32 or bfloat16, got dtype uint8")
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    pixels = jnp.asarray(pixels)
+    axis = -1 if layout == "NHWC" else 1
+    if pixels.dtype != jnp.uint8 or pixels.ndim < 2 or pixels.shape[axis] != 3:
+        raise ValueError(f"pixels must be uint8 with 3 channels on the {layout} channel axis, got "
+                         f"{pixels.dtype} of shape {tuple(pixels.shape)}")
+    table = _table(tuple(_kernels._channel_params(mean, "mean", 0.0)),
+                   tuple(_kernels._channel_params(std, "std", 1.0)), out_dt)
+    return _lookup(pixels, table, axis)
 
 
 # ---------------------------------------------------------------------------------------------
