@@ -267,9 +267,10 @@ class ResidentDataset:
             raise ValueError(f"sharding must be a NamedSharding (or Mesh) on the dataset's mesh "
                              f"{mesh}, got {sharding!r}")
         axes = _axes(sharding.spec[0] if len(sharding.spec) else None)
-        if set(axes) & set(data_axes):
-            raise ValueError(f"the batch cannot be split over {sorted(set(axes) & set(data_axes))}, "
-                             "which already partition the records")
+        both = sorted(set(axes) & set(data_axes))
+        if both:
+            raise ValueError(f"the batch cannot be split over {both}, which already partition "
+                             "the records")
         return mesh, axes
 
     def _batch(self, step, epoch, *, opts, batch_axes, backend):

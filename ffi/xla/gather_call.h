@@ -80,7 +80,8 @@ inline ffi::Error PrepareCall(const DataArg& data, const IndexArg& indices, cons
   if (id.size() != 1) return fail("indices must be 1-D (B,), got " + Dims(id));
   const ffi::DataType it = indices.element_type();
   if (it != ffi::DataType::S32 && it != ffi::DataType::S64)
-    return fail("indices must be int32 or int64, got XLA type " + std::to_string(static_cast<int>(it)));
+    return fail("indices must be int32 or int64, got XLA type " +
+                std::to_string(static_cast<int>(it)));
   const int64_t batch = id[0];
   const auto cd = crops.dimensions();
   if (cd[1] != 4 || (cd[0] != 0 && cd[0] != batch))

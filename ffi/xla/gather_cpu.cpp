@@ -2,6 +2,7 @@
 // wrapper: it checks the call (gather_call.h) and runs the same tbljax::Gather the host
 // loader runs, so the in-jit path and the loader agree bit for bit by construction.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <memory>
