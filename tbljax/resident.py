@@ -101,12 +101,12 @@ class ResidentDataset:
 
     def __init__(self, path_or_dataset, sharding=None, *, max_bytes: int | None = None,
                  chunk_bytes: int = _CHUNK_BYTES):
+        self.sharding = _data_sharding(sharding)
         ds = _open(path_or_dataset)
         src = _Source(ds, threads=None)
         self.num_records = src.n
         self.image_shape = tuple(int(v) for v in src.shape)
         self.fingerprint = src.fingerprint
-        self.sharding = _data_sharding(sharding)
         shape = (self.num_records, *self.image_shape, 3)
         parts = self._data_parts()
         if self.num_records % parts:
