@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -33,6 +34,7 @@ from _common import SHARED_DATA, machine, median, rounds  # noqa: E402
 DATA = Path(os.environ.get("TBLJAX_SHARED_DATA", SHARED_DATA))
 
 STORED, OUT = 176, 160
+PASSES = 5  # alternations of (batches alone, training step, floor) inside one process
 N_RECORDS = 1024
 CONFIGS = ("host loader", "in-jit FFI", "in-jit twin", "resident ds.batch")
 
@@ -220,13 +222,16 @@ def worker(config: str, path: str, batch: int, steps: int, augment: str) -> dict
 
     for fn in (gather, step_fn, floor_fn):  # compile and warm up
         timed(fn, 2)
-    t_gather = timed(gather, steps)
-    t_step = timed(step_fn, steps)
-    t_floor = timed(floor_fn, steps)
+    # Alternate the three a few times so drift (other load on the machine) hits all alike;
+    # the added time is the median of the per-pass differences.
+    passes = [(timed(gather, steps), timed(step_fn, steps), timed(floor_fn, steps))
+              for _ in range(PASSES)]
     if it is not None:
         it.close()
-    return {"img_s": batch * steps / t_gather, "step_ms": 1e3 * t_step / steps,
-            "floor_ms": 1e3 * t_floor / steps, "platform": jax.default_backend()}
+    g, st, fl = (statistics.median(p[k] for p in passes) for k in range(3))
+    added = statistics.median(p[1] - p[2] for p in passes)
+    return {"img_s": batch * steps / g, "step_ms": 1e3 * st / steps, "floor_ms": 1e3 * fl / steps,
+            "added_ms": 1e3 * added / steps, "platform": jax.default_backend()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,16 +265,18 @@ def main():
                     "--steps", str(args.steps), "--augment", aug] for c in configs}, args.rounds)
             for c in configs:
                 rs = runs[c]
-                step, floor = median(rs, "step_ms"), median(rs, "floor_ms")
-                rows.append((aug, c, median(rs, "img_s"), step, floor, rs[0]["platform"]))
+                rows.append((aug, c, median(rs, "img_s"), median(rs, "step_ms"),
+                             median(rs, "floor_ms"), median(rs, "added_ms"), rs[0]["platform"]))
     print(f"\nMachine: {machine()}. Data: {source}, {N_RECORDS} records of {STORED} px, "
-          f"float32 NHWC {OUT} px batches of {args.batch}; {args.steps} steps per round, "
-          f"median of {args.rounds} rounds, each configuration in its own process.\n")
+          f"float32 NHWC {OUT} px batches of {args.batch}; each configuration in its own process, "
+          f"{args.rounds} rounds interleaved, each round the median of {PASSES} alternating "
+          f"passes of {args.steps} steps (batches alone, training step, floor); medians of "
+          f"the rounds.\n")
     print("| augment | path | batches alone, img/s | train step, ms | floor step, ms "
           "| added by the input, ms | platform |")
     print("|---|---|---:|---:|---:|---:|---|")
-    for aug, c, img_s, step, floor, plat in rows:
-        print(f"| {aug} | {c} | {img_s:,.0f} | {step:.1f} | {floor:.1f} | {step - floor:+.1f} "
+    for aug, c, img_s, step, floor, added, plat in rows:
+        print(f"| {aug} | {c} | {img_s:,.0f} | {step:.1f} | {floor:.1f} | {added:+.1f} "
               f"| {plat} |")
 
 

@@ -184,13 +184,21 @@ def _ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, out_size, 
              layout=layout)
     # Under shard_map the rows vary over the batch axes as the indices do. ffi_call cannot say
     # so, and lax.platform_dependent needs the FFI and twin branches typed alike.
-    axes = _varying(indices) - _varying(y)
-    return jax.lax.pcast(y, tuple(sorted(axes)), to="varying") if axes else y
+    axes = tuple(sorted(_varying(indices) - _varying(y)))
+    if not axes:
+        return y
+    pcast = getattr(jax.lax, "pcast", None)
+    return pcast(y, axes, to="varying") if pcast else jax.lax.pvary(y, axes)
 
 
 def _varying(x) -> frozenset:
-    mat = getattr(jax.typeof(x), "manual_axis_type", None)
-    return frozenset(getattr(mat, "varying", ()) or ())
+    """The shard_map axes over which x varies (spelled `manual_axis_type.varying` in jax
+    0.10, `vma` in the releases around it)."""
+    aval = jax.typeof(x)
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
+    return frozenset(vma or ())
 
 
 # ---------------------------------------------------------------------------------------------
