@@ -178,7 +178,6 @@ class _Plan:
     layout: _batch.Layout
     opts: LoaderOptions
     row_shape: tuple[int, ...]
-    out_hw: tuple[int, int]
     start: tuple[int, int]  # cursor (epoch, position) the iteration starts from
 
     def steps(self):
@@ -283,7 +282,7 @@ def _close_all():
 class _Iterator:
     """One pass over a `Loader`: owns the producer thread and the prefetch queue."""
 
-    def __init__(self, owner: "Loader", plan: _Plan):
+    def __init__(self, owner: "Loader", plan: _Plan, ring: _batch.Ring):
         self._owner = owner
         self._n, self._g = plan.source.n, plan.layout.global_batch
         self._drop = plan.opts.drop_remainder
@@ -291,8 +290,6 @@ class _Iterator:
         self._queue: queue.Queue = queue.Queue(maxsize=plan.opts.prefetch)
         self._stop = threading.Event()
         self._closed = False
-        ring = _batch.Ring(plan.layout, plan.row_shape, _np_dtype(plan.opts.dtype),
-                           plan.opts.prefetch + _RING_EXTRA)
         self._thread = threading.Thread(
             target=_produce, args=(plan, ring, self._queue, self._stop, self._metrics),
             name="tbljax-loader", daemon=True)
@@ -313,8 +310,13 @@ class _Iterator:
                     break
                 except queue.Empty:
                     if not self._thread.is_alive():
-                        raise RuntimeError("tbljax loader: the producer thread ended without "
-                                           "a result") from None
+                        # It may have put its last item just before ending: look once more.
+                        try:
+                            item = self._queue.get_nowait()
+                            break
+                        except queue.Empty:
+                            raise RuntimeError("tbljax loader: the producer thread ended "
+                                               "without a result") from None
         except BaseException:
             self.close()
             raise
@@ -323,6 +325,7 @@ class _Iterator:
         m.wait_seconds += waited
         m.last_wait_seconds = waited
         if item is _END:
+            self._owner._finished = True
             self.close()
             raise StopIteration
         if isinstance(item, _Failure):
@@ -360,7 +363,9 @@ class Loader:
     Iterating yields ``{"image", "label", "index"}`` (+ ``"valid"`` without drop_remainder),
     each a global `jax.Array` whose leading axis is the global batch. Iteration starts at the
     loader's cursor (epoch, position) and runs to the end of epoch ``num_epochs - 1`` (or
-    forever); iterating again after the end starts over at epoch 0.
+    forever). Iterating again after a pass that ran to its end starts over at epoch 0 (an
+    evaluation loader serves the whole set each time); a restored state that is at the end
+    yields nothing, as the original run would have.
 
     Lifetime: a batch's image may share memory with the loader's host ring (on CPU it does).
     The loader never rewrites memory that a live jax.Array (or anything derived from it) still
@@ -374,16 +379,20 @@ class Loader:
         self._layout = _batch.Layout.create(self.sharding, opts.batch_size)
         h, w = self._source.shape
         aug = opts.augment
-        self._out_hw = aug.size if aug is not None and aug.size is not None else (h, w)
-        oh, ow = self._out_hw
+        oh, ow = aug.size if aug is not None and aug.size is not None else (h, w)
         self._row_shape = (oh, ow, 3) if opts.layout == "NHWC" else (3, oh, ow)
         if len(self) == 0:
             raise ValueError(f"batch_size {opts.batch_size} is larger than the dataset "
                              f"({self._source.n} samples) with drop_remainder=True: no step "
                              "would run; use a smaller batch_size or drop_remainder=False")
         self._cursor = (0, 0)
+        self._finished = False  # the last pass ran to its end: the next one starts over
         self._metrics = _Metrics()
         self._active = None  # weakref to the live _Iterator
+        # Kept across passes (one pass runs at a time), so its memory is reused, not
+        # page-faulted in again for every evaluation pass.
+        self._ring = _batch.Ring(self._layout, self._row_shape, _np_dtype(opts.dtype),
+                                 opts.prefetch + _RING_EXTRA)
 
     def __len__(self) -> int:
         """Steps in one epoch."""
@@ -396,11 +405,10 @@ class Loader:
 
     def __iter__(self) -> _Iterator:
         self._close_active()
-        if self.options.num_epochs is not None and self._cursor[0] >= self.options.num_epochs:
-            self._cursor = (0, 0)
-        plan = _Plan(self._source, self._layout, self.options, self._row_shape, self._out_hw,
-                     self._cursor)
-        it = _Iterator(self, plan)
+        if self._finished:
+            self._cursor, self._finished = (0, 0), False
+        plan = _Plan(self._source, self._layout, self.options, self._row_shape, self._cursor)
+        it = _Iterator(self, plan, self._ring)
         self._active = weakref.ref(it)
         return it
 
@@ -416,9 +424,11 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Moves the cursor to the start of `epoch`; the next iteration begins there."""
-        order.make_state(seed=self.options.seed, epoch=epoch, position=0, fingerprint="")
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) \
+                or not 0 <= epoch < 1 << 32:
+            raise ValueError(f"epoch must be an integer in [0, 2**32), got {epoch!r}")
         self._close_active()
-        self._cursor = (int(epoch), 0)
+        self._cursor, self._finished = (int(epoch), 0), False
 
     def state_dict(self) -> dict:
         """{version, seed, epoch, position, fingerprint}: position counts the samples of
@@ -435,6 +445,7 @@ class Loader:
                                             fingerprint=self._source.fingerprint,
                                             n=self._source.n)
         self._close_active()
+        self._finished = False  # a restored end state yields nothing, as the original run
         self._cursor = order.advance(epoch, position, self._source.n, self.options.batch_size,
                                      drop_remainder=self.options.drop_remainder)
 

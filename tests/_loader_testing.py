@@ -1,63 +1,8 @@
-"""Helpers for the loader tests and their subprocesses: small TBL files, plain-NumPy references,
-and a NumPy stand-in for `tbljax.kernels.gather`, installed only while that module is absent
-from this branch (it never ships in the package)."""
+"""Helpers for the loader tests and their subprocesses: small TBL files and plain-NumPy
+references (normalization, nearest bfloat16, the rows a process holds)."""
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-import types
-
 import numpy as np
-
-
-def _gather_standin(source, indices, out, *, layout="NHWC", crop=None, flip=None, mean=None,
-                    std=None):
-    """Same signature and contract as tbljax.kernels.gather, written plainly in NumPy."""
-    shards = list(source) if isinstance(source, (list, tuple)) else [source]
-    starts = np.cumsum([0] + [len(s) for s in shards])
-    indices = np.asarray(indices, np.int64)
-    oh, ow = (out.shape[1], out.shape[2]) if layout == "NHWC" else (out.shape[2], out.shape[3])
-    for row, i in enumerate(indices):
-        k = int(np.searchsorted(starts, i, side="right") - 1)
-        img = shards[k][i - starts[k]].astype(np.float64)
-        if crop is not None:
-            y0, x0, h, w = (int(v) for v in crop[row])
-            img = _bilinear(img[y0:y0 + h, x0:x0 + w], oh, ow)
-        if flip is not None and flip[row]:
-            img = img[:, ::-1]
-        if mean is not None:
-            img = (img / 255.0 - np.asarray(mean)) / np.asarray(std)
-        if layout == "NCHW":
-            img = img.transpose(2, 0, 1)
-        out[row] = img.astype(out.dtype)
-    return out
-
-
-def _bilinear(img, oh, ow):
-    h, w = img.shape[:2]
-    ys = np.clip((np.arange(oh) + 0.5) * h / oh - 0.5, 0, h - 1)
-    xs = np.clip((np.arange(ow) + 0.5) * w / ow - 0.5, 0, w - 1)
-    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
-    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
-    fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
-    top = img[y0][:, x0] * (1 - fx) + img[y0][:, x1] * fx
-    bot = img[y1][:, x0] * (1 - fx) + img[y1][:, x1] * fx
-    return np.rint(top * (1 - fy) + bot * fy)
-
-
-def install_kernel_standin() -> bool:
-    """Makes `tbljax.kernels` importable: the real module when present, else the stand-in."""
-    import tbljax
-
-    if importlib.util.find_spec("tbljax.kernels") is not None:
-        importlib.import_module("tbljax.kernels")
-        return False
-    mod = types.ModuleType("tbljax.kernels", "NumPy stand-in for tests (the kernel is not built).")
-    mod.gather = _gather_standin
-    sys.modules["tbljax.kernels"] = mod
-    tbljax.kernels = mod
-    return True
 
 
 def images(n, h=6, w=5, seed=0):
