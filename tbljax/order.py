@@ -13,7 +13,8 @@ time and memory, and a resumed run computes exactly what the uninterrupted run w
 chained over 32-bit words: ``h = IV; for w in words: h = mix32(h ^ w); out = mix32(h ^ PHI)``
 with ``IV = 0x243F6A88`` and ``PHI = 0x9E3779B9``. Only uint32 xor, shifts and multiplies that
 wrap modulo 2^32: NumPy, ``jax.numpy`` (with or without x64) and C agree bit for bit. Every
-function that touches arrays takes ``xp=numpy`` and runs unchanged with ``xp=jax.numpy``;
+function that touches arrays takes ``xp=numpy`` and runs unchanged with ``xp=jax.numpy``, also
+inside ``jax.jit`` with a traced epoch (the keys are then hashed in the graph);
 tests check that the two agree exactly.
 
 **Shuffle: a keyed Feistel network with cycle walking.** For N samples let k be the number of
