@@ -198,8 +198,7 @@ class ResidentDataset:
         for device, index in index_map.items():
             a, b, _ = index[0].indices(shape[0])
             local = (b - a, *shape[1:])
-            buf = jax.jit(lambda: jnp.zeros(local, jnp.uint8),
-                          out_shardings=jax.sharding.SingleDeviceSharding(device))()
+            buf = jnp.zeros(local, jnp.uint8, device=device)  # allocated on the device
             for r in range(a, b, rows_per_chunk):
                 rows = self._host_rows(ds, views, starts, r, min(b, r + rows_per_chunk))
                 buf = _write_rows(buf, jax.device_put(rows, device), np.int32(r - a))
@@ -232,9 +231,8 @@ class ResidentDataset:
         Call it inside a jitted function that receives this dataset as an argument; outside
         jit it runs a cached jitted program.
         """
-        opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle,
-                                     dtype=dtype, layout=layout, mean=mean, std=std,
-                                     augment=augment)
+        opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle, dtype=dtype,
+                             layout=layout, mean=mean, std=std, augment=augment)
         mesh, batch_axes = self._batch_axes(sharding)
         parts = int(np.prod([mesh.shape[a] for a in batch_axes], dtype=np.int64))
         if batch_size % parts:
