@@ -26,17 +26,22 @@ def build_info() -> dict:
 
 
 def __getattr__(name: str):
-    # tbljax.torch and tbljax.mlx load on first use, so `import tbljax` never imports a
-    # framework (and works without them installed).
-    if name in ("torch", "mlx"):
+    # Submodules that import a framework load on first use, so `import tbljax` and the CLI stay
+    # quick and work without torch/mlx installed: tbljax.torch, tbljax.mlx, tbljax.ops (which
+    # registers the XLA FFI handlers) and tbljax.ResidentDataset.
+    if name in ("torch", "mlx", "ops"):
         import importlib
 
         return importlib.import_module(f"tbljax.{name}")
+    if name == "ResidentDataset":
+        from tbljax.resident import ResidentDataset
+
+        return ResidentDataset
     raise AttributeError(f"module 'tbljax' has no attribute {name!r}")
 
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "Loader", "loader", "order",
     "ConversionError", "ConvertSummary", "CorruptFileError", "Dataset", "DecodeError", "Writer",
-    "bench", "build_info", "convert", "open",
+    "ResidentDataset", "bench", "build_info", "convert", "open", "ops",
 ]

@@ -13,7 +13,8 @@ time and memory, and a resumed run computes exactly what the uninterrupted run w
 chained over 32-bit words: ``h = IV; for w in words: h = mix32(h ^ w); out = mix32(h ^ PHI)``
 with ``IV = 0x243F6A88`` and ``PHI = 0x9E3779B9``. Only uint32 xor, shifts and multiplies that
 wrap modulo 2^32: NumPy, ``jax.numpy`` (with or without x64) and C agree bit for bit. Every
-function that touches arrays takes ``xp=numpy`` and runs unchanged with ``xp=jax.numpy``;
+function that touches arrays takes ``xp=numpy`` and runs unchanged with ``xp=jax.numpy``, also
+inside ``jax.jit`` with a traced epoch (the keys are then hashed in the graph);
 tests check that the two agree exactly.
 
 **Shuffle: a keyed Feistel network with cycle walking.** For N samples let k be the number of
@@ -111,6 +112,17 @@ def _key(tag, seed, epoch, *extra) -> int:
     return int(hash32([np.array([w], np.uint32) for w in words])[0])
 
 
+def _epoch_key(tag, seed, epoch, *extra, xp=np):
+    """`_key`, also for an epoch that is a traced jax value (a jitted step that computes its
+    epoch from the step number, e.g. tbljax.ResidentDataset): then the same hash is computed
+    in the graph, as a uint32 scalar."""
+    if xp is np or isinstance(epoch, (int, np.integer)):
+        return _key(tag, seed, epoch, *extra)
+    seed, _ = _check_seed_epoch(seed, 0)
+    words = [tag, seed & 0xFFFFFFFF, seed >> 32, xp.asarray(epoch).astype(xp.uint32), *extra]
+    return hash32(words, xp=xp)
+
+
 def _feistel(x, a, b, keys, xp):
     """One pass of the 8-round Feistel network on k = a + b bit values (uint32 halves)."""
     left = (x >> b).astype(xp.uint32)
@@ -150,7 +162,7 @@ def permute(positions, n: int, seed: int = 0, epoch: int = 0, *, shuffle: bool =
         return positions if xp is not np else positions.copy()
     k = (n - 1).bit_length()
     a, b = k - k // 2, k // 2
-    keys = [_key(TAG_SHUFFLE, seed, epoch, r) for r in range(_ROUNDS)]
+    keys = [_epoch_key(TAG_SHUFFLE, seed, epoch, r, xp=xp) for r in range(_ROUNDS)]
     y = _feistel(positions, a, b, keys, xp)
     if xp is np:
         # Cycle walking on the rows still out of range only: cheap, since the network maps
@@ -161,11 +173,12 @@ def permute(positions, n: int, seed: int = 0, epoch: int = 0, *, shuffle: bool =
             y[sel] = _feistel(y[sel], a, b, keys, np)
             out[sel] = y[sel] >= n
         return y
-    out = y >= n
-    while bool(xp.any(out)):
-        y = xp.where(out, _feistel(y, a, b, keys, xp), y)
-        out = y >= n
-    return y
+    import jax  # xp is jax.numpy: a loop that also runs inside jit
+
+    def walk(y):
+        return xp.where(y >= n, _feistel(y, a, b, keys, xp), y)
+
+    return jax.lax.while_loop(lambda y: xp.any(y >= n), walk, y)
 
 
 def random_bits(indices, counters, seed: int = 0, epoch: int = 0, *, xp=np):
@@ -176,7 +189,7 @@ def random_bits(indices, counters, seed: int = 0, epoch: int = 0, *, xp=np):
     >>> r.shape, r.dtype
     ((2, 4), dtype('uint32'))
     """
-    key = _key(TAG_AUGMENT, seed, epoch)
+    key = _epoch_key(TAG_AUGMENT, seed, epoch, xp=xp)
     indices = xp.asarray(indices)
     if indices.dtype.itemsize == 8:
         lo, hi = (indices & 0xFFFFFFFF).astype(xp.uint32), (indices >> 32).astype(xp.uint32)

@@ -48,6 +48,14 @@ enum class OutDType : int { kUint8 = 0, kFloat32 = 1, kBfloat16 = 2 };
 // Horizontal flip is applied after the resize: flipped[oy, ox] = out[oy, OW - 1 - ox].
 // Without a crop box the output size must equal the source size (no resize).
 
+// The CUDA handler (ffi/xla/gather_cuda.cu) calls ComputeAxisTap from device code, so the
+// formula has exactly one definition.
+#if defined(__CUDACC__)
+#define TBLJAX_HOST_DEVICE __host__ __device__
+#else
+#define TBLJAX_HOST_DEVICE
+#endif
+
 constexpr int kResizeWeightBits = 11;
 constexpr int32_t kResizeOne = 1 << kResizeWeightBits;
 
@@ -56,7 +64,7 @@ struct AxisTap {
   int64_t s0, s1;  // absolute source coordinates
   int32_t w0, w1;  // weights, w0 + w1 == kResizeOne
 };
-inline AxisTap ComputeAxisTap(int64_t o, int64_t start, int64_t len, int64_t out) {
+TBLJAX_HOST_DEVICE inline AxisTap ComputeAxisTap(int64_t o, int64_t start, int64_t len, int64_t out) {
   int64_t n = (2 * o + 1) * len - out;
   if (n < 0) n = 0;
   const int64_t i = n / (2 * out), f = n % (2 * out);

@@ -1,0 +1,143 @@
+// What the CPU and CUDA gather handlers share: the operand list of the custom call, the
+// checks that turn one call into a tbljax::GatherRequest, the one switch from the result's
+// element type to the kernel's output dtype, and Status -> ffi::Error. tbljax/ops.py builds
+// the calls; ffi/core/kernel.h documents the arithmetic.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kernel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace tbljax::xla_ffi {
+
+namespace ffi = ::xla::ffi;
+
+// The target name both platforms register (tbljax/ops.py reads it from registrations()).
+inline constexpr const char* kGatherTarget = "tbljax_gather_normalize";
+
+// Operands, in order. The dataset is an operand (never a pointer baked into the program).
+using DataArg = ffi::Buffer<ffi::U8, 4>;   // (N, H, W, 3) uint8 records
+using IndexArg = ffi::AnyBuffer;           // (B,) int32 (JAX without x64) or int64
+using CropArg = ffi::Buffer<ffi::S32, 2>;  // (B, 4) boxes (y0, x0, h, w), or (0, 4): no crop
+using FlipArg = ffi::Buffer<ffi::U8, 1>;   // (B,) nonzero = flip, or (0,): no flip
+// Any further operand is a buffer aliased to the result (a donated output); it is not read.
+// Attributes: mean, std (3 float64 each; ignored for uint8), layout ("NHWC" | "NCHW").
+// Result: the batch, uint8 / float32 / bfloat16, (B, OH, OW, 3) or (B, 3, OH, OW).
+
+inline ffi::Error ToError(const Status& s) {
+  switch (s.code()) {
+    case Code::kOk: return ffi::Error::Success();
+    case Code::kInvalidArgument: return ffi::Error(ffi::ErrorCode::kInvalidArgument, s.message());
+    case Code::kOutOfRange: return ffi::Error(ffi::ErrorCode::kOutOfRange, s.message());
+    case Code::kUnimplemented: return ffi::Error(ffi::ErrorCode::kUnimplemented, s.message());
+    default: return ffi::Error::Internal(s.message());
+  }
+}
+
+// The one dtype switch: the result buffer's element type decides what the kernel writes.
+inline ffi::Error OutDTypeOf(ffi::DataType t, OutDType* out) {
+  switch (t) {
+    case ffi::DataType::U8: *out = OutDType::kUint8; return ffi::Error::Success();
+    case ffi::DataType::F32: *out = OutDType::kFloat32; return ffi::Error::Success();
+    case ffi::DataType::BF16: *out = OutDType::kBfloat16; return ffi::Error::Success();
+    default:
+      return ffi::Error::InvalidArgument(
+          "tbljax gather: the result must be uint8, float32 or bfloat16, got XLA type " +
+          std::to_string(static_cast<int>(t)));
+  }
+}
+
+// One call, checked: the request (its pointers are host memory on CPU, device memory on
+// CUDA; `indices` is left to the handler, which may have to widen int32), the source's shape
+// and the raw indices.
+struct Call {
+  GatherRequest request;
+  int64_t num_records = 0, height = 0, width = 0;
+  const void* indices = nullptr;
+  bool indices_are_64bit = false;
+};
+
+inline std::string Dims(ffi::Span<const int64_t> d) {
+  std::string s = "(";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + (d.size() == 1 ? ",)" : ")");
+}
+
+// Checks everything the shapes and attributes decide (the data-dependent checks, index range
+// and crop boxes, are the kernel's). Never touches device memory, so CUDA can call it too.
+inline ffi::Error PrepareCall(const DataArg& data, const IndexArg& indices, const CropArg& crops,
+                              const FlipArg& flips, ffi::Span<const double> mean,
+                              ffi::Span<const double> stdev, std::string_view layout,
+                              const ffi::AnyBuffer& out, Call* call) {
+  auto fail = [](std::string m) { return ffi::Error::InvalidArgument("tbljax gather: " + m); };
+  const auto dd = data.dimensions();
+  if (dd[3] != 3) return fail("data must be (N, H, W, 3) uint8 RGB, got " + Dims(dd));
+  if (dd[0] < 1 || dd[1] < 1 || dd[2] < 1) return fail("data is empty: " + Dims(dd));
+  const auto id = indices.dimensions();
+  if (id.size() != 1) return fail("indices must be 1-D (B,), got " + Dims(id));
+  const ffi::DataType it = indices.element_type();
+  if (it != ffi::DataType::S32 && it != ffi::DataType::S64)
+    return fail("indices must be int32 or int64, got XLA type " +
+                std::to_string(static_cast<int>(it)));
+  const int64_t batch = id[0];
+  const auto cd = crops.dimensions();
+  if (cd[1] != 4 || (cd[0] != 0 && cd[0] != batch))
+    return fail("crop must be (B, 4) = (" + std::to_string(batch) + ", 4) or (0, 4), got " +
+                Dims(cd));
+  const auto fd = flips.dimensions();
+  if (fd[0] != 0 && fd[0] != batch)
+    return fail("flip must be (B,) = (" + std::to_string(batch) + ",) or (0,), got " + Dims(fd));
+  if (mean.size() != 3 || stdev.size() != 3)
+    return fail("mean and std need 3 values each, got " + std::to_string(mean.size()) +
+                " and " + std::to_string(stdev.size()));
+
+  GatherRequest& r = call->request;
+  if (layout == "NHWC") {
+    r.layout = Layout::kNHWC;
+  } else if (layout == "NCHW") {
+    r.layout = Layout::kNCHW;
+  } else {
+    return fail("layout must be NHWC or NCHW, got '" + std::string(layout) + "'");
+  }
+  if (ffi::Error e = OutDTypeOf(out.element_type(), &r.dtype); e.failure()) return e;
+  const auto od = out.dimensions();
+  if (od.size() != 4) return fail("the result must be 4-D, got " + Dims(od));
+  const bool nchw = r.layout == Layout::kNCHW;
+  const int64_t oh = nchw ? od[2] : od[1], ow = nchw ? od[3] : od[2];
+  if (od[0] != batch || (nchw ? od[1] : od[3]) != 3 || oh < 1 || ow < 1)
+    return fail("the result is " + Dims(od) + " but " + std::string(layout) + " with " +
+                std::to_string(batch) + " indices needs " +
+                (nchw ? "(B, 3, OH, OW)" : "(B, OH, OW, 3)") + " with B = " +
+                std::to_string(batch));
+  if (cd[0] == 0 && (oh != dd[1] || ow != dd[2]))
+    return fail("the result is " + std::to_string(oh) + "x" + std::to_string(ow) +
+                " but the records are " + std::to_string(dd[1]) + "x" + std::to_string(dd[2]) +
+                ": without crop boxes the output size must equal the source size");
+  if (r.dtype != OutDType::kUint8) {
+    for (int c = 0; c < 3; ++c) {
+      if (!std::isfinite(mean[c]) || !std::isfinite(stdev[c]) || stdev[c] == 0.0)
+        return fail("mean[" + std::to_string(c) + "] and std[" + std::to_string(c) +
+                    "] must be finite and std nonzero");
+    }
+  }
+  for (int c = 0; c < 3; ++c) {
+    r.mean[c] = mean[c];
+    r.std[c] = stdev[c];
+  }
+  for (int d = 0; d < 4; ++d) r.out_shape[d] = od[d];
+  r.batch = batch;
+  r.crops = cd[0] ? crops.typed_data() : nullptr;
+  r.flips = fd[0] ? flips.typed_data() : nullptr;
+  r.out = out.untyped_data();
+  call->num_records = dd[0];
+  call->height = dd[1];
+  call->width = dd[2];
+  call->indices = indices.untyped_data();
+  call->indices_are_64bit = it == ffi::DataType::S64;
+  return ffi::Error::Success();
+}
+
+}  // namespace tbljax::xla_ffi

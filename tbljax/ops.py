@@ -1,0 +1,412 @@
+"""tbljax.ops: the serve kernel inside `jax.jit`. `gather_normalize` gathers uint8 records by
+index, optionally crop-resizes and flips them, normalizes and writes the batch in a dtype and
+layout, all in the compiled program: as an XLA FFI custom call running the same C++ kernel as
+the host loader (CPU; CUDA when built with it), or as a pure-JAX twin with bit-identical
+results on every other platform (TPU).
+
+The handlers are registered once, when this module is imported. The arithmetic (the integer
+crop-resize formula, the normalization contract) is documented in ffi/core/kernel.h; the twin
+below spells the same formulas in jax.numpy, so all paths agree bit for bit.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from tbljax import ops
+    >>> data = jnp.zeros((100, 32, 32, 3), jnp.uint8)          # e.g. a ResidentDataset's array
+    >>> step = jax.jit(lambda d, i: ops.gather_normalize(d, i, mean=(0.5,) * 3, std=(0.25,) * 3))
+    >>> step(data, jnp.arange(8)).shape
+    (8, 32, 32, 3)
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from tbljax import kernels as _kernels
+
+__all__ = ["TARGET", "BACKENDS", "gather_normalize", "normalize", "registered_platforms",
+           "twin_gather"]
+
+TARGET = "tbljax_gather_normalize"
+BACKENDS = ("auto", "ffi", "twin")
+_LAYOUTS = ("NHWC", "NCHW")
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_OUT_DTYPES = (np.dtype(np.uint8), np.dtype(np.float32), _BF16)
+_ONE_BITS = 11  # kernel.h: kResizeWeightBits
+_ROUND_SHIFT = 2 * _ONE_BITS  # acc carries weights of 2^11 on each axis
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration: once, at import. {platform as lax.platform_dependent spells it: why not}
+# ---------------------------------------------------------------------------------------------
+
+def _register() -> tuple[dict[str, str], dict[str, str]]:
+    registered, missing = {}, {}
+    try:
+        from tbljax import _ffi_cpu
+    except ImportError as e:  # built without jaxlib's headers: the twin serves CPU too
+        missing["cpu"] = f"tbljax._ffi_cpu is not built ({e})"
+    else:
+        for name, capsule in _ffi_cpu.registrations().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+        registered["cpu"] = "tbljax._ffi_cpu"
+    try:
+        from tbljax import _ffi_cuda
+    except ImportError as e:  # the common case: a build without -DTBLJAX_CUDA=ON
+        missing["cuda"] = f"tbljax._ffi_cuda is not built ({e})"
+    else:
+        try:
+            for name, capsule in _ffi_cuda.registrations().items():
+                jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+            registered["cuda"] = "tbljax._ffi_cuda"
+        except Exception as e:  # noqa: BLE001 - jaxlib without a CUDA plugin: not fatal on CPU
+            missing["cuda"] = f"tbljax._ffi_cuda could not be registered ({e})"
+    return registered, missing
+
+
+_REGISTERED, _MISSING = _register()
+
+
+def registered_platforms() -> dict[str, str]:
+    """{platform: reason}: where the FFI handler runs ("registered by ...") and, for cpu and
+    cuda, why it does not. Platforms without a handler (e.g. tpu) use the pure-JAX twin.
+
+    >>> "cpu" in registered_platforms()
+    True
+    """
+    out = {p: f"registered by {m}" for p, m in _REGISTERED.items()}
+    out.update({p: f"not registered: {why}" for p, why in _MISSING.items()})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The pure-JAX twin: the formulas of ffi/core/kernel.h in jax.numpy (int32 throughout)
+# ---------------------------------------------------------------------------------------------
+
+def _axis_taps(o, start, length, out_len: int):
+    """kernel.h ComputeAxisTap, vectorized: source coordinates s0, s1 and weights w0, w1."""
+    two_out = 2 * out_len
+    n = jnp.maximum(0, (2 * o + 1) * length - out_len)
+    i, f = n // two_out, n % two_out
+    w1 = (f * (1 << _ONE_BITS) + out_len) // two_out
+    return start + i, start + jnp.minimum(i + 1, length - 1), (1 << _ONE_BITS) - w1, w1
+
+
+def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=None,
+                layout: str = "NHWC"):
+    """The kernel's semantics in jax.numpy, with arguments already checked by
+    `gather_normalize`: uint8 ``data`` (N, H, W, 3), int ``indices`` (B,), int32 ``crop``
+    (B, 4) or None, bool ``flip`` (B,) or None, ``out_size`` (OH, OW), ``table`` a (3, 256)
+    float32/bfloat16 normalization table or None for uint8 output. Bit-exact with the C++
+    kernel by construction: exact int32 arithmetic, then one table look-up per value."""
+    _, h, w, _ = data.shape
+    oh, ow = out_size if out_size is not None else (h, w)
+    idx = indices[:, None, None]
+    # Flip mirrors output columns, so it folds into which column each output reads.
+    ox = jnp.arange(ow, dtype=jnp.int32)[None, :]
+    if flip is not None:
+        ox = jnp.where(flip[:, None], ow - 1 - ox, ox)
+    if crop is None:
+        rows = jnp.arange(h, dtype=jnp.int32)[None, :, None]
+        pix = data[idx, rows, ox[:, None, :]] if flip is not None else data[indices]
+    else:
+        crop = crop.astype(jnp.int32)
+        oy = jnp.arange(oh, dtype=jnp.int32)[None, :]
+        sy0, sy1, wy0, wy1 = _axis_taps(oy, crop[:, :1], crop[:, 2:3], oh)   # (B, OH)
+        sx0, sx1, wx0, wx1 = _axis_taps(ox, crop[:, 1:2], crop[:, 3:4], ow)  # (B, OW)
+
+        def at(sy, sx):  # (B, OH, OW, 3) int32: pixel triplets at the given taps
+            return data[idx, sy[:, :, None], sx[:, None, :]].astype(jnp.int32)
+
+        wx0, wx1 = wx0[:, None, :, None], wx1[:, None, :, None]
+        acc = (wy0[:, :, None, None] * (wx0 * at(sy0, sx0) + wx1 * at(sy0, sx1))
+               + wy1[:, :, None, None] * (wx0 * at(sy1, sx0) + wx1 * at(sy1, sx1)))
+        pix = ((acc + (1 << (_ROUND_SHIFT - 1))) >> _ROUND_SHIFT).astype(jnp.uint8)
+    out = pix if table is None else _lookup(pix, table, channel_axis=-1)
+    return out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
+
+
+def _lookup(pix, table, channel_axis: int):
+    """table[c, x] for every uint8 value x of channel c: the normalization contract, exactly."""
+    flat = jnp.asarray(table).reshape(-1)                              # c * 256 + x
+    shape = [1] * pix.ndim
+    shape[channel_axis] = 3
+    offset = (jnp.arange(3, dtype=jnp.int32) * 256).reshape(shape)
+    return flat[pix.astype(jnp.int32) + offset]
+
+
+def normalize(pixels, *, mean=None, std=None, dtype=jnp.float32, layout: str = "NHWC"):
+    """uint8 pixels → the float32 / bfloat16 nearest to ``(x/255 - mean[c]) / std[c]``
+    (computed in float64): the normalization contract of every tbljax path, bit-exact, as a
+    table look-up that runs anywhere (use it on batches served as uint8, which move 4x fewer
+    bytes). ``layout`` says where the channel axis is: last ("NHWC") or second ("NCHW").
+
+    >>> normalize(jnp.full((1, 2, 2, 3), 255, jnp.uint8), mean=(0.5,) * 3, std=(0.5,) * 3)[0, 0, 0]
+    Array([1., 1., 1.], dtype=float32)
+    """
+    out_dt = _out_dtype(dtype)
+    if out_dt == np.uint8:
+        raise TypeError("normalize writes float32 or bfloat16, got dtype uint8")
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    pixels = jnp.asarray(pixels)
+    axis = -1 if layout == "NHWC" else 1
+    if pixels.dtype != jnp.uint8 or pixels.ndim < 2 or pixels.shape[axis] != 3:
+        raise ValueError(f"pixels must be uint8 with 3 channels on the {layout} channel axis, got "
+                         f"{pixels.dtype} of shape {tuple(pixels.shape)}")
+    table = _table(tuple(_kernels._channel_params(mean, "mean", 0.0)),
+                   tuple(_kernels._channel_params(std, "std", 1.0)), out_dt)
+    return _lookup(pixels, table, axis)
+
+
+# ---------------------------------------------------------------------------------------------
+# The FFI call
+# ---------------------------------------------------------------------------------------------
+
+def _ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, out_size, dtype):
+    oh, ow = out_size
+    b = indices.shape[0]  # per shard under shard_map
+    result = jax.ShapeDtypeStruct((b, oh, ow, 3) if layout == "NHWC" else (b, 3, oh, ow), dtype)
+    crop_op = jnp.zeros((0, 4), jnp.int32) if crop is None else crop.astype(jnp.int32)
+    flip_op = jnp.zeros((0,), jnp.uint8) if flip is None else flip.astype(jnp.uint8)
+    operands = [data, indices, crop_op, flip_op]
+    aliases = None
+    if out is not None:  # write into the caller's (donated) buffer, not a fresh allocation
+        operands.append(out)
+        aliases = {4: 0}
+    call = jax.ffi.ffi_call(TARGET, result, vmap_method="sequential",
+                            input_output_aliases=aliases)
+    y = call(*operands, mean=np.asarray(mean, np.float64), std=np.asarray(std, np.float64),
+             layout=layout)
+    # Under shard_map the rows vary over the batch axes as the indices do. ffi_call cannot say
+    # so, and lax.platform_dependent needs the FFI and twin branches typed alike.
+    axes = tuple(sorted(_varying(indices) - _varying(y)))
+    if not axes:
+        return y
+    pcast = getattr(jax.lax, "pcast", None)
+    return pcast(y, axes, to="varying") if pcast else jax.lax.pvary(y, axes)
+
+
+def _varying(x) -> frozenset:
+    """The shard_map axes over which x varies (spelled `manual_axis_type.varying` in jax
+    0.10, `vma` in the releases around it)."""
+    aval = jax.typeof(x)
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
+    return frozenset(vma or ())
+
+
+# ---------------------------------------------------------------------------------------------
+# The public entry point
+# ---------------------------------------------------------------------------------------------
+
+def _is_concrete(x) -> bool:
+    if x is None or isinstance(x, jax.core.Tracer):
+        return False
+    return not isinstance(x, jax.Array) or x.is_fully_addressable
+
+
+def _check_indices(idx: np.ndarray, n: int) -> None:
+    bad = np.flatnonzero((idx < 0) | (idx >= n))
+    if bad.size:
+        b = int(bad[0])
+        raise IndexError(f"indices[{b}] = {int(idx[b])} is out of range for a source of {n} "
+                         f"records (allowed 0..{n - 1})")
+
+
+def _check_crops(c: np.ndarray, h: int, w: int) -> None:
+    y0, x0, ch, cw = (c[:, k].astype(np.int64) for k in range(4))
+    bad = np.flatnonzero((y0 < 0) | (x0 < 0) | (ch < 1) | (cw < 1) | (y0 + ch > h) | (x0 + cw > w))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"crop[{b}] = (y0={y0[b]}, x0={x0[b]}, h={ch[b]}, w={cw[b]}) is not a "
+                         f"non-empty box inside the {h}x{w} image (need y0 >= 0, x0 >= 0, "
+                         f"h >= 1, w >= 1, y0 + h <= {h}, x0 + w <= {w})")
+
+
+def _out_dtype(dtype) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in _OUT_DTYPES:
+        raise TypeError(f"dtype must be uint8, float32 or bfloat16, got {dtype!r}")
+    return dt
+
+
+def _batch_spec(sharding):
+    """A Mesh or NamedSharding of the batch → (mesh, PartitionSpec of the batch axis)."""
+    from tbljax import batch as _batch
+
+    s = _batch.batch_shardings(sharding)
+    mesh = getattr(s, "mesh", None)
+    if mesh is None:
+        raise TypeError(f"sharding must be a Mesh or NamedSharding, got {type(sharding).__name__}")
+    spec = s.spec[0] if len(s.spec) else None
+    return mesh, PartitionSpec(spec)
+
+
+def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
+                     layout: str = "NHWC", crop=None, flip=None, out_size=None,
+                     backend: str = "auto", sharding=None, out=None):
+    """``data[indices]`` → optional crop-resize → optional flip → normalize, inside `jax.jit`.
+
+    The same fused pass as `tbljax.kernels.gather` (and the loader), as a traceable JAX
+    operation: for each b take record ``indices[b]``; if ``crop`` is given resize the box
+    ``crop[b] = (y0, x0, h, w)`` to ``out_size`` with the integer bilinear formula of
+    ffi/core/kernel.h; mirror it left-right if ``flip[b]``; write uint8 pixels, or float32 /
+    bfloat16 values nearest to ``(x/255 - mean[c]) / std[c]``.
+
+    Args:
+      data: ``(N, H, W, 3)`` uint8, on device (e.g. ``ResidentDataset.data``). It is passed to
+        the handler as an operand, so one compiled program serves any dataset of that shape.
+      indices: ``(B,)`` integers in ``[0, N)``. Concrete indices are checked here (IndexError);
+        inside jit the CPU handler fails the computation with an error naming the bad index
+        (CUDA and the twin cannot raise from the device: out-of-range rows are unspecified).
+      mean, std: 3 numbers each (float outputs; default 0 and 1, i.e. ``x/255``).
+      dtype: uint8, float32 or bfloat16 (``jnp.bfloat16`` / ``ml_dtypes.bfloat16``).
+      layout: ``"NHWC"`` → ``(B, OH, OW, 3)``; ``"NCHW"`` → ``(B, 3, OH, OW)``.
+      crop: ``(B, 4)`` int boxes inside the image, or None (then the output is ``(H, W)``).
+      flip: ``(B,)`` booleans, or None.
+      out_size: ``(OH, OW)`` of the crop-resize; default ``(H, W)``.
+      backend: ``"auto"`` (the FFI handler on platforms that registered one, the twin
+        elsewhere, decided when the program is lowered), ``"ffi"`` or ``"twin"``.
+      sharding: None, or a `Mesh` / `NamedSharding` partitioning the batch: each device then
+        gathers its own rows from its own copy of ``data`` (`jax.shard_map`; nothing is
+        all-gathered). ``data`` should be replicated over those devices.
+      out: optionally an array of the result's shape and dtype to write into (FFI path). Donate
+        it to the enclosing jit (``donate_argnums``) so XLA reuses its memory instead of
+        allocating (and page-faulting) a fresh batch each step.
+
+    Returns:
+      The batch as a `jax.Array`.
+
+    Example::
+
+        @jax.jit
+        def step(data, idx, boxes, flips):
+            x = ops.gather_normalize(data, idx, crop=boxes, flip=flips, out_size=(160, 160),
+                                     mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype=jnp.bfloat16)
+            return model(x)
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    out_dt = _out_dtype(dtype)
+    if not hasattr(data, "shape") or not hasattr(data, "dtype"):
+        data = jnp.asarray(data)
+    if data.dtype != np.uint8 or data.ndim != 4 or data.shape[3] != 3 or 0 in data.shape[:3]:
+        raise ValueError(f"data must be a non-empty uint8 array of shape (N, H, W, 3), got "
+                         f"{data.dtype} of shape {tuple(data.shape)}")
+    n, h, w, _ = (int(v) for v in data.shape)
+
+    concrete_idx = _is_concrete(indices)
+    if concrete_idx:
+        host_idx = np.asarray(indices)
+        if host_idx.dtype.kind not in "iu":
+            raise TypeError(f"indices must be integers, got dtype {host_idx.dtype}")
+        if host_idx.ndim != 1:
+            raise ValueError(f"indices must be 1-D (B,), got shape {host_idx.shape}")
+        _check_indices(host_idx, n)
+    indices = jnp.asarray(indices)
+    if not jnp.issubdtype(indices.dtype, jnp.integer) or indices.ndim != 1:
+        raise ValueError(f"indices must be a 1-D integer array, got {indices.dtype} of shape "
+                         f"{tuple(indices.shape)}")
+    # int64 stays int64 (x64 mode); everything else becomes int32, which JAX always has.
+    if indices.dtype != jnp.int64:
+        indices = indices.astype(jnp.int32)
+    batch = int(indices.shape[0])
+
+    if out_dt == np.uint8:
+        if mean is not None or std is not None:
+            raise ValueError("uint8 output is not normalized: mean and std must be None")
+    mean_v = tuple(_kernels._channel_params(mean, "mean", 0.0))
+    std_v = tuple(_kernels._channel_params(std, "std", 1.0))
+
+    if out_size is None:
+        oh, ow = h, w
+    else:
+        try:
+            oh, ow = (int(v) for v in out_size)
+        except (TypeError, ValueError):
+            raise ValueError(f"out_size must be (height, width), got {out_size!r}") from None
+        if not (1 <= oh <= 32767 and 1 <= ow <= 32767):
+            raise ValueError(f"out_size sides must be in [1, 32767], got {out_size!r}")
+    if crop is None and (oh, ow) != (h, w):
+        raise ValueError(f"out_size={out_size!r} differs from the records' {h}x{w}: resizing "
+                         "needs crop boxes (pass crop=[(0, 0, H, W)] * B for a plain resize)")
+    if crop is not None:
+        if _is_concrete(crop):
+            c = np.asarray(crop)
+            if c.dtype.kind not in "iu":
+                raise TypeError(f"crop must hold integers (y0, x0, h, w), got dtype {c.dtype}")
+            if c.shape != (batch, 4):
+                raise ValueError(f"crop must have shape ({batch}, 4), got {c.shape}")
+            _check_crops(c, h, w)
+        crop = jnp.asarray(crop)
+        if crop.shape != (batch, 4) or not jnp.issubdtype(crop.dtype, jnp.integer):
+            raise ValueError(f"crop must be ({batch}, 4) integers, got {crop.dtype} of shape "
+                             f"{tuple(crop.shape)}")
+        crop = crop.astype(jnp.int32)
+    if flip is not None:
+        flip = jnp.asarray(flip)
+        if flip.shape != (batch,):
+            raise ValueError(f"flip must have shape ({batch},), got {tuple(flip.shape)}")
+        flip = flip != 0 if flip.dtype != jnp.bool_ else flip
+
+    shape = (batch, oh, ow, 3) if layout == "NHWC" else (batch, 3, oh, ow)
+    if out is not None and (tuple(out.shape) != shape or out.dtype != out_dt):
+        raise ValueError(f"out must be {out_dt} of shape {shape}, got {out.dtype} of shape "
+                         f"{tuple(out.shape)}")
+    if batch == 0:
+        return jnp.zeros(shape, out_dt)
+
+    table = None if out_dt == np.uint8 else _table(mean_v, std_v, out_dt)
+
+    def twin(d, i, c, f, o):
+        del o
+        return twin_gather(d, i, crop=c, flip=f, out_size=(oh, ow), table=table, layout=layout)
+
+    ffi = functools.partial(_ffi_gather, mean=mean_v, std=std_v, layout=layout,
+                            out_size=(oh, ow), dtype=out_dt)
+    if backend == "twin":
+        body = twin
+    elif backend == "ffi":
+        body = ffi
+    else:
+        def body(*args):
+            # Resolved when the program is lowered: the handler where one is registered.
+            return jax.lax.platform_dependent(*args, default=twin,
+                                              **{p: ffi for p in _REGISTERED})
+
+    if sharding is None:
+        return body(data, indices, crop, flip, out)
+    mesh, spec = _batch_spec(sharding)
+    rep = PartitionSpec()
+    args = (data, indices, crop, flip, out)
+    specs = tuple(rep if k == 0 else spec for k in range(5))
+    present = [k for k, a in enumerate(args) if a is not None]
+
+    def per_shard(*local):
+        full = [None] * 5
+        for k, a in zip(present, local):
+            full[k] = a
+        return body(*full)
+
+    return jax.shard_map(per_shard, mesh=mesh, in_specs=tuple(specs[k] for k in present),
+                         out_specs=spec)(*(args[k] for k in present))
+
+
+@functools.lru_cache(maxsize=64)
+def _table(mean, std, dtype) -> np.ndarray:
+    """The (3, 256) normalization table of the contract (float32 or bfloat16), read-only."""
+    t = _kernels.normalize_table(mean, std, dtype)
+    t.setflags(write=False)
+    return t
+
