@@ -611,18 +611,23 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   const int64_t want_units = 4 * static_cast<int64_t>(tp.num_threads());
   const int64_t bands =
       r.batch >= want_units ? 1 : std::min(oh, (want_units + r.batch - 1) / r.batch);
-  const UnitFn run = UnitFor(target);
-  std::atomic<bool> no_memory{false};
-  tp.ParallelFor(r.batch * bands, [&](int64_t u) {
+  // The work item captures one pointer, so std::function keeps it inline (no allocation).
+  struct Job {
+    const Plan* plan;
+    UnitFn run;
+    int64_t bands, out_h, out_w;
+    std::atomic<bool> no_memory{false};
+  } job{&p, UnitFor(target), bands, oh, ow};
+  tp.ParallelFor(r.batch * bands, [j = &job](int64_t u) {
     Scratch scratch;
-    if (!PrepareScratch(ow, &scratch)) {
-      no_memory.store(true, std::memory_order_relaxed);
+    if (!PrepareScratch(j->out_w, &scratch)) {
+      j->no_memory.store(true, std::memory_order_relaxed);
       return;
     }
-    const int64_t b = u / bands, band = u % bands;
-    run(p, b, band * oh / bands, (band + 1) * oh / bands, scratch);
+    const int64_t b = u / j->bands, band = u % j->bands;
+    j->run(*j->plan, b, band * j->out_h / j->bands, (band + 1) * j->out_h / j->bands, scratch);
   });
-  if (no_memory.load()) return IOError("out of memory for the kernel's per-thread scratch");
+  if (job.no_memory.load()) return IOError("out of memory for the kernel's per-thread scratch");
   return Status::Ok();
 }
 
