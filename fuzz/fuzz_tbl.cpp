@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -93,6 +95,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   std::vector<uint8_t> file(data, data + size - 1);
   FixChecksums(&file, data[size - 1]);
+  // Replaying a crash with TBLJAX_FUZZ_SAVE=PATH writes the file the reader saw (checksums
+  // fixed), the form kept under tests/regressions/.
+  if (const char* save = std::getenv("TBLJAX_FUZZ_SAVE")) {
+    if (FILE* out = std::fopen(save, "wb")) {
+      std::fwrite(file.data(), 1, file.size(), out);
+      std::fclose(out);
+    }
+  }
 
   // The reader opens a path: a memory file named through /proc keeps the disk out of it.
   static const int fd = memfd_create("fuzz.tbl", 0);
