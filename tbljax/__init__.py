@@ -8,6 +8,7 @@ from tbljax._core import CorruptFileError, DecodeError
 from tbljax.convert import ConversionError, ConvertSummary, convert
 from tbljax.format import Dataset, Writer, open
 from tbljax import order
+from tbljax.bench import bench
 from tbljax.augment import Augment
 from tbljax.loader import IMAGENET_MEAN, IMAGENET_STD, Loader, loader
 
@@ -27,5 +28,5 @@ def build_info() -> dict:
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "Loader", "loader", "order",
     "ConversionError", "ConvertSummary", "CorruptFileError", "Dataset", "DecodeError", "Writer",
-    "build_info", "convert", "open",
+    "bench", "build_info", "convert", "open",
 ]

@@ -16,7 +16,7 @@ def _cmd_convert(a: argparse.Namespace) -> int:
     try:
         summary = tbljax.convert(a.sources, a.output, image_size=a.image_size, resize=a.resize,
                                  format=a.format, threads=a.threads, strict=a.strict,
-                                 overwrite=a.overwrite, progress=not a.quiet)
+                                 overwrite=a.overwrite, shard=a.shard, progress=not a.quiet)
     except tbljax.ConversionError as e:
         print(f"tbljax convert: {e}", file=sys.stderr)
         for s in e.skipped:
@@ -59,10 +59,34 @@ def _cmd_info(a: argparse.Namespace) -> int:
             print(json.dumps(d))
             continue
         print(f"{path}")
+        recipe = dict(d.pop("recipe"))
+        sizes = recipe.pop("source_sizes", None)
         for k, v in d.items():
             if k != "path":
                 print(f"  {k:22s} {v}")
+        for k, v in recipe.items():
+            print(f"  recipe.{k:15s} {v}")
+        if sizes and sizes.get("count"):
+            print(f"  source sizes ({sizes['count']} images; median {sizes['median_wh'][0]}x{sizes['median_wh'][1]}, "
+                  f"min {sizes['min_wh'][0]}x{sizes['min_wh'][1]}, max {sizes['max_wh'][0]}x{sizes['max_wh'][1]}):")
+            print(_histogram(sizes))
     return 0
+
+
+def _histogram(sizes: dict[str, Any], width: int = 40) -> str:
+    """Text bars of the source images' shorter and longer sides."""
+    edges = sizes["bins"]
+    top = max(max(sizes["shorter_side"]), max(sizes["longer_side"]), 1)
+    lines = [f"    {'pixels':>11s}  {'shorter side':<{width + 7}s} longer side"]
+    for k, lo in enumerate(edges):
+        label = f"{lo}-{edges[k + 1] - 1}" if k + 1 < len(edges) else f">={lo}"
+        short, long_ = sizes["shorter_side"][k], sizes["longer_side"][k]
+        if short == 0 and long_ == 0:
+            continue
+        bar_s = "#" * round(width * short / top)
+        bar_l = "#" * round(width * long_ / top)
+        lines.append(f"    {label:>11s}  {bar_s:<{width}s} {short:6d} {bar_l:<{width}s} {long_:6d}")
+    return "\n".join(lines)
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
@@ -87,6 +111,24 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     return 1 if bad_total else 0
 
 
+def _cmd_bench(a: argparse.Namespace) -> int:
+    from tbljax.bench import bench
+
+    r = bench(a.file, batch_size=a.batch_size, step=a.step, steps=a.steps, dtype=a.dtype, layout=a.layout,
+              augment=a.augment, threads=a.threads, prefetch=a.prefetch)
+    print(json.dumps(r.asdict()) if a.json else r)
+    return 0
+
+
+def _cmd_show(a: argparse.Namespace) -> int:
+    from tbljax.show import save_grid_png
+
+    out = save_grid_png(a.file, a.out, count=a.count, columns=a.columns, augment=a.augment,
+                        seed=a.seed, epoch=a.epoch)
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_demo(a: argparse.Namespace) -> int:
     from tbljax import demo
 
@@ -106,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--strict", action="store_true", help="stop (and write nothing) at the first bad image")
     c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    c.add_argument("--shard", default=None, metavar="I/N",
+                   help="convert only share I of N (0-based) of the sources, for parallel jobs; "
+                        "'{shard}' in the output name becomes IIIII-of-NNNNN")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=_cmd_convert)
 
@@ -118,6 +163,32 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("files", nargs="+")
     v.add_argument("--threads", type=int, default=None)
     v.set_defaults(fn=_cmd_verify)
+
+    b = sub.add_parser("bench", help="is the input pipeline the bottleneck? loader img/s and a verdict")
+    b.add_argument("file")
+    b.add_argument("--batch-size", type=int, default=256)
+    b.add_argument("--step", default=None, metavar="MODULE:FUNCTION",
+                   help="your training step: a callable taking the batch dict (image, label, index) and "
+                        "returning something to block on; keep model state in a closure")
+    b.add_argument("--steps", type=int, default=30)
+    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "uint8"])
+    b.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"])
+    b.add_argument("--augment", default=None, choices=["flip", "rrc_flip"])
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--prefetch", type=int, default=2)
+    b.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    b.set_defaults(fn=_cmd_bench)
+
+    s = sub.add_parser("show", help="a PNG grid of samples with labels, optionally as augmented for training")
+    s.add_argument("file")
+    s.add_argument("--out", default="grid.png")
+    s.add_argument("--count", type=int, default=16)
+    s.add_argument("--columns", type=int, default=8)
+    s.add_argument("--augment", default=None, choices=["flip", "rrc_flip"],
+                   help="show the records as the loader serves them with this augmentation")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--epoch", type=int, default=0)
+    s.set_defaults(fn=_cmd_show)
 
     d = sub.add_parser("demo", help="make a small dataset, convert it, train a JAX model on it")
     d.add_argument("--steps", type=int, default=300)

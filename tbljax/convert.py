@@ -63,22 +63,41 @@ def _is_jpeg(data: Any) -> bool:
     return isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:3]) == b"\xff\xd8\xff"
 
 
-def _jpeg_dims(data: bytes) -> tuple[int, int]:
-    """(width, height) from a JPEG's SOF marker, for the index of stored JPEG records."""
-    i, n = 2, len(data)
-    while i + 9 < n:
-        if data[i] != 0xFF:
-            i += 1
-            continue
-        marker = data[i + 1]
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7 or marker == 0xFF:
-            i += 1 if marker == 0xFF else 2
-            continue
-        seg = int.from_bytes(data[i + 2:i + 4], "big")
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            return int.from_bytes(data[i + 7:i + 9], "big"), int.from_bytes(data[i + 5:i + 7], "big")
-        i += 2 + seg
-    return 0, 0
+def _source_size(data: Any) -> tuple[int, int]:
+    """(width, height) of a source image as displayed, from its header only; (0, 0) if unknown."""
+    if isinstance(data, np.ndarray):
+        return int(data.shape[1]), int(data.shape[0])
+    if _is_jpeg(data):
+        info = _core.jpeg_info(data)
+        return int(info["width"]), int(info["height"])
+    try:
+        from PIL import Image
+        import io
+
+        with Image.open(io.BytesIO(data)) as im:
+            return im.size
+    except Exception:  # only statistics: an unreadable header just goes uncounted
+        return 0, 0
+
+
+SIZE_BINS = [0, 128, 256, 384, 512, 768, 1024, 2048, 4096]
+
+
+def size_histogram(widths: Sequence[int], heights: Sequence[int]) -> dict[str, Any]:
+    """Source-size statistics kept in the recipe (shown by `tbljax info`)."""
+    w, h = np.asarray(widths, np.int64), np.asarray(heights, np.int64)
+    known = (w > 0) & (h > 0)
+    w, h = w[known], h[known]
+    edges = SIZE_BINS + [np.iinfo(np.int64).max]
+    return {
+        "count": int(w.size),
+        "bins": SIZE_BINS,
+        "longer_side": np.histogram(np.maximum(w, h), edges)[0].tolist(),
+        "shorter_side": np.histogram(np.minimum(w, h), edges)[0].tolist(),
+        "median_wh": [int(np.median(w)), int(np.median(h))] if w.size else [0, 0],
+        "min_wh": [int(w.min()), int(h.min())] if w.size else [0, 0],
+        "max_wh": [int(w.max()), int(h.max())] if w.size else [0, 0],
+    }
 
 
 def _pil_decode(data: bytes) -> np.ndarray:
@@ -144,12 +163,15 @@ def _prefetch(it: Iterable[Any], depth: int = 2) -> Iterator[Any]:
 
 
 def _chunks(items: Iterable[_sources.Item], n: int) -> Iterator[list[_sources.Item]]:
+    """Lists of up to n items; the first ones smaller so decoding starts while reading goes on."""
+    size = min(16, n)
     chunk: list[_sources.Item] = []
     for item in items:
         chunk.append(item)
-        if len(chunk) == n:
+        if len(chunk) == size:
             yield chunk
             chunk = []
+            size = min(2 * size, n)
     if chunk:
         yield chunk
 
@@ -216,6 +238,7 @@ def convert(
     strict: bool = False,
     overwrite: bool = False,
     labels: Sequence[int] | None = None,
+    shard: tuple[int, int] | str | None = None,
     progress: bool | None = None,
 ) -> ConvertSummary:
     """Decodes `sources` once into the TBL file `dst`.
@@ -230,11 +253,18 @@ def convert(
     Bad items (corrupt, truncated, empty, not an image) are skipped and listed in the summary
     and in the file; with strict=True the first chunk holding one stops the conversion with
     ConversionError and nothing is written. An existing dst is kept unless overwrite=True.
+    shard: (i, n) or "i/n" converts only the i-th of n contiguous shares of the sources (whole
+      TAR files for shards; items otherwise), so n jobs on any runner convert in parallel;
+      `tbljax.open([part_0, ..., part_n-1])` then reads exactly the single-job dataset.
+      A '{shard}' in dst becomes 'iiiii-of-nnnnn'.
 
     >>> s = tbljax.convert("train-{000..099}.tar", "train.tbl", image_size=160)
     >>> print(s)
     """
     dst = os.fspath(dst)
+    if shard is not None:
+        shard = _sources.parse_shard(shard)
+        dst = dst.replace("{shard}", f"{shard[0]:05d}-of-{shard[1]:05d}")
     if not isinstance(image_size, (int, np.integer)) or not 1 <= image_size <= 65535:
         raise ValueError(f"image_size must be an int in [1, 65535], got {image_size!r}")
     if resize not in RESIZE_MODES:
@@ -249,6 +279,8 @@ def convert(
     if os.path.exists(dst) and not overwrite:
         raise FileExistsError(f"{dst} already exists (pass overwrite=True to replace it)")
     src = _sources.resolve(sources, labels)
+    if shard is not None:
+        src = src.select(*shard)
     size = int(image_size)
     nthreads = threads or _core._native_info()["default_threads"]
     progress = sys.stderr.isatty() if progress is None else progress
@@ -257,6 +289,8 @@ def convert(
     t0 = time.perf_counter()
     keys: list[str] = []
     out_labels: list[int] = []
+    src_w: list[int] = []
+    src_h: list[int] = []
     skipped: list[dict[str, str]] = []
     bar = _Progress(total, progress)
     seen = 0
@@ -274,8 +308,10 @@ def convert(
             for it, r in zip(chunk, results):
                 if isinstance(r, str):
                     continue
+                width, height = _source_size(it.data)
+                src_w.append(width)
+                src_h.append(height)
                 if format == "jpeg" and _is_jpeg(it.data):
-                    width, height = _jpeg_dims(bytes(it.data))
                     w.add_encoded(bytes(it.data), "JPEG", width, height)
                 else:
                     w.add_raw(r, lz4=(format == "lz4"))
@@ -288,7 +324,8 @@ def convert(
             recipe={
                 "image_size": size, "resize": resize, "format": format,
                 "idct": "islow", "resize_filter": _core._native_info().get("resize_filter", ""),
-                "sources": src.describe(), "tbljax": _core._native_info()["version"],
+                "sources": src.describe(), "shard": list(shard) if shard else None,
+                "source_sizes": size_histogram(src_w, src_h), "tbljax": _core._native_info()["version"],
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             },
         )

@@ -3,6 +3,7 @@ class), a list of image files, or numpy arrays. Each source yields `Item`s in a 
 and knows an upper bound of its count before reading (it sizes the TBL index)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -47,6 +48,25 @@ def expand_braces(pattern: str) -> list[str]:
     return [p for c in choices for p in expand_braces(head + c + tail)]
 
 
+def parse_shard(shard: tuple[int, int] | str) -> tuple[int, int]:
+    """'i/n' or (i, n) -> (i, n), checked: 0 <= i < n."""
+    if isinstance(shard, str):
+        try:
+            i, n = (int(x) for x in shard.split("/"))
+        except ValueError:
+            raise ValueError(f"shard must look like 'i/n' (e.g. '3/16'), got {shard!r}") from None
+    else:
+        i, n = shard
+    if not (isinstance(i, int) and isinstance(n, int) and 0 <= i < n):
+        raise ValueError(f"shard i/n needs 0 <= i < n, got {i}/{n}")
+    return i, n
+
+
+def _share(seq: Sequence[Any], i: int, n: int) -> list[Any]:
+    """The i-th of n contiguous, near-equal shares of seq (shares in order concatenate to seq)."""
+    return list(seq[len(seq) * i // n:len(seq) * (i + 1) // n])
+
+
 def _split_key(name: str) -> tuple[str, str]:
     # WebDataset: the key is the path up to the first dot of the file name.
     d, base = os.path.split(name)
@@ -84,6 +104,10 @@ class TarSource:
             if not os.path.isfile(p):
                 raise FileNotFoundError(f"TAR shard not found: {p}")
         self.classes: list[str] | None = None
+
+    def select(self, i: int, n: int) -> TarSource:
+        """Shard i of n: a contiguous share of whole TAR files."""
+        return TarSource(_share(self.paths, i, n))
 
     def describe(self) -> list[str]:
         return self.paths
@@ -124,7 +148,7 @@ class TarSource:
                 yield Item(group_key, path, group[sorted(images)[0]], label)
 
         try:
-            with tarfile.open(path, "r|*") as tf:  # streaming: one pass, no seeking
+            with tarfile.open(path, "r:*") as tf:  # one pass in order; member reads go straight to the file
                 for m in tf:
                     if not m.isfile():
                         continue
@@ -158,6 +182,12 @@ class FolderSource:
         else:
             self.files = [(f, -1) for f in sorted(self.root.iterdir()) if _is_image_file(f)]
 
+    def select(self, i: int, n: int) -> FolderSource:
+        """Shard i of n: a contiguous share of the files; classes stay those of the whole folder."""
+        part = copy.copy(self)
+        part.files = _share(self.files, i, n)
+        return part
+
     def describe(self) -> list[str]:
         return [str(self.root)]
 
@@ -185,6 +215,9 @@ class FileListSource:
             raise ValueError(f"{len(self.labels)} labels given for {len(self.paths)} files")
         self.classes: list[str] | None = None
 
+    def select(self, i: int, n: int) -> FileListSource:
+        return FileListSource(_share(self.paths, i, n), _share(self.labels, i, n))
+
     def describe(self) -> list[str]:
         return [f"{len(self.paths)} image files"]
 
@@ -211,6 +244,10 @@ class ArraySource:
         if self.labels.shape != (n,):
             raise ValueError(f"labels must have shape ({n},) to match the images, got {self.labels.shape}")
         self.classes: list[str] | None = None
+
+    def select(self, i: int, n: int) -> ArraySource:
+        lo, hi = len(self.images) * i // n, len(self.images) * (i + 1) // n
+        return ArraySource(self.images[lo:hi], self.labels[lo:hi])
 
     def describe(self) -> list[str]:
         return [f"<{len(self.images)} arrays>"]

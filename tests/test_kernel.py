@@ -18,7 +18,6 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 TARGETS = _core.supported_kernel_targets()
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(autouse=True)
@@ -417,8 +416,8 @@ def test_forced_scalar_process_matches_dispatched(tmp_path):
         assert _core._native_info()["simd"] == "scalar"
         np.savez({str(path)!r}, **run())
     """)
-    env = dict(os.environ, TBLJAX_SIMD="scalar", PYTHONPATH=REPO)
-    subprocess.run([sys.executable, "-c", script], env=env, check=True, cwd=REPO)
+    env = dict(os.environ, TBLJAX_SIMD="scalar")
+    subprocess.run([sys.executable, "-c", script], env=env, check=True)
     forced = np.load(path)
     ns: dict = {}
     exec(_CASES_SCRIPT, ns)
@@ -439,7 +438,7 @@ def test_target_reporting_and_env_errors():
     with pytest.raises(ValueError, match="not one of"):
         _core.set_kernel_target("sse9")
     code = "from tbljax import _core; _core.kernel_target()"
-    env = dict(os.environ, TBLJAX_SIMD="bogus", PYTHONPATH=REPO)
+    env = dict(os.environ, TBLJAX_SIMD="bogus")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "TBLJAX_SIMD='bogus'" in r.stderr
 

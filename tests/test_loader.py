@@ -28,7 +28,6 @@ from tbljax.augment import Augment
 N, H, W, G = 37, 6, 5, 8
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
 TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
 
 
 @pytest.fixture(scope="module")
@@ -392,7 +391,8 @@ def test_lz4_records_serve_like_raw(tmp_path):
 
 def _env(**extra):
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS), env.get("PYTHONPATH", "")])
+    # The installed tbljax (or the developer's absolute PYTHONPATH), plus the test helpers.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(TESTS), env.get("PYTHONPATH", "")] if p)
     env.update(extra)
     return env
 
