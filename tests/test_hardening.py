@@ -47,6 +47,36 @@ def test_every_regression_file_is_tested():
     assert on_disk == listed, "add each file under tests/regressions/ to a table above"
 
 
+_BIG_HEADER_CHILD = r"""
+import resource, sys, numpy as np
+from tbljax import _core
+def claim(jpeg, w, h):  # the same bytes with a start-of-frame claiming w x h pixels
+    j, i = bytearray(jpeg), 2
+    while j[i + 1] not in (0xC0, 0xC2):
+        i += 2 + int.from_bytes(j[i + 2:i + 4], "big")
+    j[i + 5:i + 9] = h.to_bytes(2, "big") + w.to_bytes(2, "big")
+    return bytes(j)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for progressive in (False, True):
+    bad = claim(_core.encode_jpeg(np.zeros((16, 16, 3), np.uint8), 90, "420", progressive), 16384, 16384)
+    for call in (lambda: _core.decode_jpeg(bad), lambda: _core.decode_resize(bad, 4096, "squash")):
+        try:
+            call()
+            sys.exit("decoded a truncated image")
+        except _core.DecodeError:
+            pass
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+def test_small_jpeg_claiming_a_huge_image_costs_little_memory():
+    # Regression: a 631-byte JPEG whose header claims 16384 x 16384 made decode_jpeg zero-fill
+    # an 805 MB buffer (0.7 s) before finding its data missing, per decoding thread.
+    r = subprocess.run([sys.executable, "-c", _BIG_HEADER_CHILD], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert int(r.stdout) < 100, f"peak memory grew by {int(r.stdout)} MB"
+
+
 # ---------------------------------------------------------------------------------------------
 # Crash mid-write: SIGKILL a conversion at random moments.
 
