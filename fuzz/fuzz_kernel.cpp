@@ -1,6 +1,6 @@
 // libFuzzer harness for the serve kernel's argument validation and its crop/resize/flip paths:
 // Gather over a small source with every request field taken from the input (indices, crop
-// boxes, flips, dtype, layout, output shape, mean, std, alignment). Gather must either reject
+// boxes, flips, dtype, layout, output shape, mean, std, alignment, SIMD target). Gather must either reject
 // the request without touching `out`, or write exactly the output and nothing else.
 #include <cmath>
 #include <cstdint>
@@ -41,12 +41,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> pixels(static_cast<size_t>(N * H * W * 3));
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 37 + (i >> 5));
   // Two shards (the second may be empty) exercise the shard lookup.
-  const int64_t split = in.Take<uint8_t>() % (N + 1);
+  const uint8_t split_byte = in.Take<uint8_t>();
+  const int64_t split = split_byte % (N + 1);
   RawSource src;
   Expect(RawSource::Create({{pixels.data(), split}, {pixels.data() + split * H * W * 3, N - split}}, H, W, &src).ok());
 
   GatherRequest r;
   const uint8_t mode = in.Take<uint8_t>();
+  // Every run sets its SIMD target (one of those this CPU has) from bit 7 and the shard byte,
+  // so each target is fuzzed and a crash replays on the same one.
+  static const std::vector<SimdTarget> targets = SupportedSimdTargets();
+  const size_t t = ((mode >> 7) | (split_byte / (N + 1)) << 1) % targets.size();
+  Expect(SetSimdTarget(SimdTargetName(targets[t])).ok());
   r.dtype = static_cast<OutDType>(mode & 3);         // 3 is not a dtype: must be rejected
   r.layout = (mode & 4) ? Layout::kNCHW : Layout::kNHWC;
   const bool use_crops = mode & 8, use_flips = mode & 16, misalign = mode & 32;
