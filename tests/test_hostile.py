@@ -237,6 +237,16 @@ def test_bytes_and_pathlike_paths_work(f):
     assert len(tbljax.open([f.raw, str(f.raw)])) == 2 * N
 
 
+def test_writer_failing_to_finalize_releases_its_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("TBLJAX_NO_O_TMPFILE", "1")  # a named temp file shows in the folder
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(ValueError, match="3 labels given for 1 records"):
+        with Writer(tmp_path / "a.tbl", 1) as w:
+            w.add_raw(images(1)[0])
+            w.set_metadata(labels=[1, 2, 3])
+    assert os.listdir(tmp_path) == [] and len(os.listdir("/proc/self/fd")) == fds
+
+
 def test_writer_hostile_input_leaves_no_file(f):
     names = set(os.listdir(f.dir))
     w = Writer(f.dir / "partial.tbl", 2)
