@@ -296,7 +296,10 @@ class Dataset:
                 continue  # foreign free-form metadata: not ours to judge
             if isinstance(obj, dict):
                 lab = obj.get("label", obj.get("cls"))
-                if isinstance(lab, int):
+                if isinstance(lab, int) and not isinstance(lab, bool):
+                    if not -(1 << 63) <= lab < 1 << 63:
+                        raise _core.CorruptFileError(f"{f.path}: metadata of record {sample}: label "
+                                                     f"{lab} does not fit in int64")
                     labels[sample] = lab
                 key = obj.get("key", obj.get("__key__"))
                 if isinstance(key, str):

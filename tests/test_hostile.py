@@ -407,3 +407,31 @@ def test_reading_a_view_of_a_truncated_file_is_sigbus_unless_checked(tmp_path):
     assert b"checked: " in r.stdout and b"changed on disk" in r.stdout
     # SIGBUS; under scripts/sanitize.sh ASan catches it and reports it before aborting.
     assert r.returncode == -7 or b"AddressSanitizer: BUS" in r.stderr, (r.returncode, r.stderr[-500:])
+
+
+def _with_sample_metadata(path, blocks):
+    """Rewrites a TBL file with turboloader-style per-sample JSON metadata blocks appended."""
+    import struct
+    import zlib
+
+    b = bytearray(path.read_bytes())
+    meta = b"".join(struct.pack("<QIHH", i, len(j), _core.META_JSON, 0) + j for i, j in blocks)
+    struct.pack_into("<QQ", b, 24, len(b), len(meta))
+    struct.pack_into("<I", b, 40, struct.unpack_from("<I", b, 40)[0] | _core.FLAG_HAS_METADATA)
+    struct.pack_into("<I", b, 44, 0)
+    struct.pack_into("<I", b, 44, zlib.crc32(bytes(b[:64])))
+    path.write_bytes(bytes(b) + meta)
+
+
+def test_foreign_per_sample_metadata(tmp_path):
+    p = tmp_path / "t.tbl"
+    with Writer(p, 3) as w:  # no dataset block: labels come from per-sample blocks
+        for im in images(3):
+            w.add_raw(im)
+    _with_sample_metadata(p, [(0, b'{"label": 4, "key": "a"}'), (1, b"not json"), (2, b'{"cls": true}'),
+                              (99, b'{"label": 1}')])
+    ds = tbljax.open(p)
+    assert ds.labels.tolist() == [4, -1, -1] and ds.keys == ["a", "", ""]
+    _with_sample_metadata(p, [(1, b'{"label": 1180591620717411303424}')])
+    with pytest.raises(tbljax.CorruptFileError, match="record 1: label 1180591620717411303424 does not fit in int64"):
+        tbljax.open(p).labels
