@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 py=${PYTHON:-$(command -v python)}
+py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")  # absolute: the tests run from build/
 out=build/sanitize
 # Build tools into the interpreter's environment when missing (CI's .venv has only the wheel).
 "$py" -c "import nanobind" 2>/dev/null || "$py" -m pip install -q "nanobind>=2.4"
