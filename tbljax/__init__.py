@@ -25,6 +25,16 @@ def build_info() -> dict:
     return info
 
 
+def __getattr__(name: str):
+    # tbljax.torch and tbljax.mlx load on first use, so `import tbljax` never imports a
+    # framework (and works without them installed).
+    if name in ("torch", "mlx"):
+        import importlib
+
+        return importlib.import_module(f"tbljax.{name}")
+    raise AttributeError(f"module 'tbljax' has no attribute {name!r}")
+
+
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "Loader", "loader", "order",
     "ConversionError", "ConvertSummary", "CorruptFileError", "Dataset", "DecodeError", "Writer",

@@ -76,7 +76,7 @@ def _batch_parts(sharding) -> int:
 class Layout:
     """Where the rows of a global batch of `global_batch` rows live for this process.
 
-    ``ranges``: the distinct (start, stop) row ranges on this process's devices, sorted; each
+    Made from a JAX sharding (`create`) or, framework-free, from a rank (`for_rank`). ``ranges``: the distinct (start, stop) row ranges on this process's devices, sorted; each
     is built once even when several devices hold it (replication). ``devices``: per addressable
     device, (device, index into ranges).
     """
@@ -99,6 +99,21 @@ class Layout:
         devices = tuple((d, where[spans[d]]) for d in per_device)
         return cls(sharding, global_batch, ranges, devices)
 
+    @classmethod
+    def for_rank(cls, global_batch: int, rank: int, world_size: int) -> "Layout":
+        """Rank `rank` of `world_size` holds rows [rank*b, (rank+1)*b) of each global batch,
+        b = global_batch / world_size: the rows the JAX loader's default sharding gives
+        process `rank` (jax.devices() lists processes in order). No devices, no jax.
+
+        >>> Layout.for_rank(8, 1, 4).ranges
+        ((2, 4),)
+        """
+        if global_batch % world_size:
+            raise ValueError(f"global batch {global_batch} does not split evenly over "
+                             f"world_size {world_size}")
+        b = global_batch // world_size
+        return cls(None, global_batch, ((rank * b, (rank + 1) * b),), ())
+
     @property
     def local_rows(self) -> int:
         return sum(b - a for a, b in self.ranges)
@@ -113,9 +128,13 @@ class Layout:
 
 
 class Slot:
-    """Host memory for this process's rows of one batch: one aligned region per row range."""
+    """Host memory for this process's rows of one batch: one aligned region per row range.
 
-    def __init__(self, layout: Layout, row_shape: tuple[int, ...], dtype):
+    ``alloc(nbytes)`` returns the ALIGN-aligned 1-D uint8 memory (default `aligned_empty`; the
+    torch adapter passes one that returns page-locked memory when CUDA is present).
+    """
+
+    def __init__(self, layout: Layout, row_shape: tuple[int, ...], dtype, alloc=aligned_empty):
         self.row_shape = tuple(row_shape)
         self.dtype = np.dtype(dtype)
         row_bytes = int(np.prod(self.row_shape)) * self.dtype.itemsize
@@ -124,7 +143,11 @@ class Slot:
         for a, b in layout.ranges:
             self._regions.append((offset, b - a))
             offset += -(-(b - a) * row_bytes // ALIGN) * ALIGN
-        mem = aligned_empty(max(offset, ALIGN))
+        mem = alloc(max(offset, ALIGN))
+        if mem.dtype != np.uint8 or mem.ndim != 1 or mem.ctypes.data % ALIGN \
+                or not isinstance(mem.base, np.ndarray):
+            raise ValueError("alloc must return a 1-D uint8 view of an array, aligned to "
+                             f"{ALIGN} bytes")
         # Every view of `mem` (and so every jax.Array aliasing it) holds a reference to its
         # owner; counting those references tells whether anything still reads this memory.
         self._owner = mem.base
@@ -155,12 +178,19 @@ def _release_dropped_buffers():
 
 
 class Ring:
-    """A fixed set of slots handed out round-robin; a slot still in use is replaced, not reused."""
+    """A fixed set of slots handed out round-robin; a slot still in use is replaced, not reused.
 
-    def __init__(self, layout: Layout, row_shape, dtype, size: int):
+    ``before_reuse()``, when given, runs before a slot that was handed out is written again
+    (the torch adapter waits there for asynchronous device copies that may still read it).
+    """
+
+    def __init__(self, layout: Layout, row_shape, dtype, size: int, *, alloc=aligned_empty,
+                 before_reuse=None):
         if size < 1:
             raise ValueError(f"ring size must be >= 1, got {size}")
-        self._make = lambda: Slot(layout, row_shape, dtype)
+        self._make = lambda: Slot(layout, row_shape, dtype, alloc)
+        self._before_reuse = before_reuse
+        self._used = [False] * size  # handed out since it was made
         self._slots = [self._make() for _ in range(size)]
         self._next = 0
         self.replaced = 0  # slots retired because a jax.Array still viewed them
@@ -172,5 +202,9 @@ class Ring:
             _release_dropped_buffers()
         if self._slots[i].in_use():
             self._slots[i] = self._make()
+            self._used[i] = False
             self.replaced += 1
+        if self._used[i] and self._before_reuse is not None:
+            self._before_reuse()
+        self._used[i] = True
         return self._slots[i]

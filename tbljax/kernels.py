@@ -36,9 +36,10 @@ def _check_shard(a, where: str) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{where} must be a numpy.ndarray of shape (N, H, W, 3) uint8, "
                         f"got {type(a).__name__}")
-    if a.dtype != np.uint8 or a.ndim != 4 or a.shape[3] != 3:
-        raise ValueError(f"{where} must be uint8 of shape (N, H, W, 3), "
-                         f"got {a.dtype} of shape {a.shape}")
+    if a.dtype != np.uint8:
+        raise TypeError(f"{where} must hold uint8 RGB pixels, got dtype {a.dtype}")
+    if a.ndim != 4 or a.shape[3] != 3:
+        raise ValueError(f"{where} must have shape (N, H, W, 3), got {a.shape}")
     if not a.flags.c_contiguous:
         raise ValueError(f"{where} must be C-contiguous (a strided view would be copied on "
                          f"every batch); pass np.ascontiguousarray(...) once")

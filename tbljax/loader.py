@@ -6,6 +6,11 @@ Data flows one way: `order` says which sample each row holds → `augment` says 
 → the kernel (`tbljax.kernels.gather`, GIL released) writes the rows into a ring slot →
 `batch` hands the slot to JAX (no copy on CPU) → the consumer receives it from a queue.
 
+Two layers: `HostLoader` is framework-free (order, kernel, ring, producer thread, state,
+metrics) and yields `HostBatch`es of NumPy views into the ring; `Loader` is one thin layer on
+top that assembles global `jax.Array`s. The torch and MLX adapters (`tbljax.torch`,
+`tbljax.mlx`) are other thin layers on the same `HostLoader`.
+
 Example:
     >>> import tbljax
     >>> loader = tbljax.loader("train.tbl", batch_size=256, seed=0, augment="rrc_flip")
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import importlib
 import math
 import os
@@ -32,7 +38,8 @@ from tbljax import augment as _augment
 from tbljax import batch as _batch
 from tbljax import order
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Loader", "LoaderOptions", "loader"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "HostBatch", "HostLoader", "Loader",
+           "LoaderOptions", "loader"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -187,6 +194,54 @@ class _Source:
 
 
 @dataclasses.dataclass(frozen=True)
+class HostBatch:
+    """This process's rows of one step, in host memory, before any framework sees them.
+
+    One entry per row range of the layout (`tbljax.batch.Layout.ranges`; a single range unless
+    a JAX sharding puts this process's rows on several devices). ``images`` are views of a
+    ring slot: the slot is not rewritten while any view of it (or an array built on it without
+    a copy) is alive. ``labels`` and ``indices`` are int32, -1 on padding rows; ``valids`` is
+    None with drop_remainder (no padding), else bool masks.
+
+    >>> ld = HostLoader(tbljax.open("train.tbl"), LoaderOptions(batch_size=256))
+    >>> hb = next(iter(ld))
+    >>> hb.image.shape, hb.index[:4], (hb.epoch, hb.position)
+    """
+
+    epoch: int
+    position: int  # global position of the step's first row
+    ranges: tuple[tuple[int, int], ...]
+    images: tuple[np.ndarray, ...]
+    labels: tuple[np.ndarray, ...]
+    indices: tuple[np.ndarray, ...]
+    valids: tuple[np.ndarray, ...] | None
+
+    def _one(self, name):
+        parts = getattr(self, name)
+        if parts is None:
+            return None
+        if len(parts) != 1:
+            raise ValueError(f"this batch has {len(parts)} row ranges: use .{name}")
+        return parts[0]
+
+    @property
+    def image(self) -> np.ndarray:
+        return self._one("images")
+
+    @property
+    def label(self) -> np.ndarray:
+        return self._one("labels")
+
+    @property
+    def index(self) -> np.ndarray:
+        return self._one("indices")
+
+    @property
+    def valid(self) -> np.ndarray | None:
+        return self._one("valids")
+
+
+@dataclasses.dataclass(frozen=True)
 class _Plan:
     """What the producer needs to build any step: immutable, so it is safe to share."""
 
@@ -195,19 +250,24 @@ class _Plan:
     opts: LoaderOptions
     row_shape: tuple[int, ...]
     start: tuple[int, int]  # cursor (epoch, position) the iteration starts from
+    end_epoch: int | None   # the pass stops before this epoch (None: never)
+    # HostBatch -> what the consumer receives; runs in the producer thread (so a transfer
+    # to a device overlaps the step). Must not refer to the loader: see _produce.
+    finish: object = None
 
     def steps(self):
         """(epoch, first position) of every step from the cursor to the end (or forever)."""
-        n, g, opts = self.source.n, self.layout.global_batch, self.opts
+        n, g = self.source.n, self.layout.global_batch
         epoch, position = self.start
-        while opts.num_epochs is None or epoch < opts.num_epochs:
-            count = order.steps_in_epoch(n, g, drop_remainder=opts.drop_remainder, start=position)
+        while self.end_epoch is None or epoch < self.end_epoch:
+            count = order.steps_in_epoch(n, g, drop_remainder=self.opts.drop_remainder,
+                                         start=position)
             for s in range(count):
                 yield epoch, position + s * g
             epoch, position = epoch + 1, 0
 
-    def build(self, ring, epoch, first):
-        """This process's rows of the step starting at position `first`, as global arrays."""
+    def build_host(self, ring, epoch, first) -> HostBatch:
+        """This process's rows of the step starting at position `first`, in a ring slot."""
         src, opts, aug = self.source, self.opts, self.opts.augment
         normalize = opts.dtype != "uint8"
         slot = ring.acquire()
@@ -228,12 +288,22 @@ class _Plan:
             indices.append(np.concatenate([idx, np.full(pad, -1)]).astype(np.int32))
             labels.append(np.concatenate([src.labels[idx], np.full(pad, -1)]).astype(np.int32))
             valid.append(np.arange(rows) < nvalid)
-        result = {"image": self.layout.to_global(views, self.row_shape),
-                  "label": self.layout.to_global(labels),
-                  "index": self.layout.to_global(indices)}
-        if not opts.drop_remainder:
-            result["valid"] = self.layout.to_global(valid)
-        return result
+        return HostBatch(epoch, first, self.layout.ranges, tuple(views), tuple(labels),
+                         tuple(indices), None if opts.drop_remainder else tuple(valid))
+
+    def build(self, ring, epoch, first):
+        host = self.build_host(ring, epoch, first)
+        return host if self.finish is None else self.finish(host)
+
+
+def _to_jax(layout: _batch.Layout, row_shape, host: HostBatch) -> dict:
+    """The JAX layer: a HostBatch → a dict of global jax.Arrays (no copy on CPU)."""
+    result = {"image": layout.to_global(host.images, row_shape),
+              "label": layout.to_global(host.labels),
+              "index": layout.to_global(host.indices)}
+    if host.valids is not None:
+        result["valid"] = layout.to_global(host.valids)
+    return result
 
 
 class _Failure:
@@ -315,7 +385,7 @@ class _Iterator:
     def __iter__(self):
         return self
 
-    def __next__(self) -> dict:
+    def __next__(self):
         if self._closed:
             raise StopIteration
         t0 = time.perf_counter()
@@ -341,7 +411,7 @@ class _Iterator:
         m.wait_seconds += waited
         m.last_wait_seconds = waited
         if item is _END:
-            self._owner._finished = True
+            self._owner._pass_ended()
             self.close()
             raise StopIteration
         if isinstance(item, _Failure):
@@ -373,32 +443,37 @@ class _Iterator:
         self.close()
 
 
-class Loader:
-    """Serves a dataset to JAX as sharded global batches. Create it with `tbljax.loader`.
+class HostLoader:
+    """The framework-free loader: order, kernel, ring, producer thread, state and metrics.
 
-    Iterating yields ``{"image", "label", "index"}`` (+ ``"valid"`` without drop_remainder),
-    each a global `jax.Array` whose leading axis is the global batch. Iteration starts at the
-    loader's cursor (epoch, position) and runs to the end of epoch ``num_epochs - 1`` (or
-    forever). Iterating again after a pass that ran to its end starts over at epoch 0 (an
-    evaluation loader serves the whole set each time); a restored state that is at the end
-    yields nothing, as the original run would have.
+    Yields `HostBatch`es (NumPy views of the ring) for the rows `layout` gives this process;
+    `Loader` (JAX) and the torch and MLX adapters are thin layers over it that override
+    `_finisher` (what the producer makes of a HostBatch) and `_pass_bounds` (where a pass
+    starts and ends). Iterating runs from the cursor (epoch, position) to the end of epoch
+    ``num_epochs - 1`` (or forever); a pass that ran to its end makes the next one start over
+    at epoch 0; a restored state that is at the end yields nothing.
 
-    Lifetime: a batch's image may share memory with the loader's host ring (on CPU it does).
-    The loader never rewrites memory that a live jax.Array (or anything derived from it) still
-    reads: hold batches as long as you like; batches you drop are recycled.
+    ``alloc`` and ``before_reuse`` go to the ring (`tbljax.batch.Ring`).
+
+    >>> from tbljax.batch import Layout
+    >>> ld = HostLoader(tbljax.open("train.tbl"), LoaderOptions(batch_size=256, num_epochs=1),
+    ...                 Layout.for_rank(256, rank=0, world_size=1))
+    >>> for hb in ld:
+    ...     hb.image, hb.label       # (256, H, W, 3) float32 view of the ring, int32 labels
     """
 
-    def __init__(self, dataset, opts: LoaderOptions, sharding=None):
+    def __init__(self, dataset, opts: LoaderOptions, layout: _batch.Layout | None = None, *,
+                 alloc=_batch.aligned_empty, before_reuse=None):
         self.options = opts
         self._source = _Source(dataset, opts.threads)
-        self.sharding = _batch.batch_shardings(sharding)
-        self._layout = _batch.Layout.create(self.sharding, opts.batch_size)
+        self._layout = layout if layout is not None else _batch.Layout.for_rank(
+            opts.batch_size, 0, 1)
         h, w = self._source.shape
         aug = opts.augment
         oh, ow = aug.size if aug is not None and aug.size is not None else (h, w)
         self._row_shape = (oh, ow, 3) if opts.layout == "NHWC" else (3, oh, ow)
         if len(self) == 0:
-            raise ValueError(f"batch_size {opts.batch_size} is larger than the dataset "
+            raise ValueError(f"batch_size {self._layout.global_batch} is larger than the dataset "
                              f"({self._source.n} samples) with drop_remainder=True: no step "
                              "would run; use a smaller batch_size or drop_remainder=False")
         self._cursor = (0, 0)
@@ -408,11 +483,28 @@ class Loader:
         # Kept across passes (one pass runs at a time), so its memory is reused, not
         # page-faulted in again for every evaluation pass.
         self._ring = _batch.Ring(self._layout, self._row_shape, _np_dtype(opts.dtype),
-                                 opts.prefetch + _RING_EXTRA)
+                                 opts.prefetch + _RING_EXTRA, alloc=alloc,
+                                 before_reuse=before_reuse)
 
+    # ---- what a layer on top decides ----
+    def _finisher(self):
+        """A function HostBatch -> what iteration yields, run in the producer thread; it must
+        not refer to `self` (the producer may not keep the loader alive). None: the HostBatch."""
+        return None
+
+    def _pass_bounds(self) -> tuple[tuple[int, int], int | None]:
+        """(cursor the next pass starts from, epoch it stops before)."""
+        if self._finished:
+            self._cursor, self._finished = (0, 0), False
+        return self._cursor, self.options.num_epochs
+
+    def _pass_ended(self) -> None:
+        self._finished = True
+
+    # ---- the iterator protocol and the state ----
     def __len__(self) -> int:
         """Steps in one epoch."""
-        return order.steps_in_epoch(self._source.n, self.options.batch_size,
+        return order.steps_in_epoch(self._source.n, self._layout.global_batch,
                                     drop_remainder=self.options.drop_remainder)
 
     @property
@@ -421,9 +513,9 @@ class Loader:
 
     def __iter__(self) -> _Iterator:
         self._close_active()
-        if self._finished:
-            self._cursor, self._finished = (0, 0), False
-        plan = _Plan(self._source, self._layout, self.options, self._row_shape, self._cursor)
+        start, end_epoch = self._pass_bounds()
+        plan = _Plan(self._source, self._layout, self.options, self._row_shape, start, end_epoch,
+                     self._finisher())
         it = _Iterator(self, plan, self._ring)
         self._active = weakref.ref(it)
         return it
@@ -438,13 +530,18 @@ class Loader:
         """Stops a running iteration (also done on break, error, del and interpreter exit)."""
         self._close_active()
 
-    def set_epoch(self, epoch: int) -> None:
-        """Moves the cursor to the start of `epoch`; the next iteration begins there."""
+    @staticmethod
+    def _check_epoch(epoch) -> int:
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) \
                 or not 0 <= epoch < 1 << 32:
             raise ValueError(f"epoch must be an integer in [0, 2**32), got {epoch!r}")
+        return int(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Moves the cursor to the start of `epoch`; the next iteration begins there."""
+        epoch = self._check_epoch(epoch)
         self._close_active()
-        self._cursor, self._finished = (int(epoch), 0), False
+        self._cursor, self._finished = (epoch, 0), False
 
     def state_dict(self) -> dict:
         """{version, seed, epoch, position, fingerprint}: position counts the samples of
@@ -462,7 +559,7 @@ class Loader:
                                             n=self._source.n)
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run
-        self._cursor = order.advance(epoch, position, self._source.n, self.options.batch_size,
+        self._cursor = order.advance(epoch, position, self._source.n, self._layout.global_batch,
                                      drop_remainder=self.options.drop_remainder)
 
     def metrics(self) -> dict:
@@ -475,9 +572,33 @@ class Loader:
 
     def __repr__(self) -> str:
         o = self.options
-        return (f"Loader({self._source.n} samples, batch_size={o.batch_size}, "
-                f"steps/epoch={len(self)}, dtype={o.dtype}, layout={o.layout}, "
-                f"augment={o.augment}, cursor={self._cursor})")
+        return (f"{type(self).__name__}({self._source.n} samples, "
+                f"batch_size={self._layout.global_batch}, steps/epoch={len(self)}, "
+                f"dtype={o.dtype}, layout={o.layout}, augment={o.augment}, "
+                f"cursor={self._cursor})")
+
+
+class Loader(HostLoader):
+    """Serves a dataset to JAX as sharded global batches. Create it with `tbljax.loader`.
+
+    Iterating yields ``{"image", "label", "index"}`` (+ ``"valid"`` without drop_remainder),
+    each a global `jax.Array` whose leading axis is the global batch. Iteration starts at the
+    loader's cursor (epoch, position) and runs to the end of epoch ``num_epochs - 1`` (or
+    forever). Iterating again after a pass that ran to its end starts over at epoch 0 (an
+    evaluation loader serves the whole set each time); a restored state that is at the end
+    yields nothing, as the original run would have.
+
+    Lifetime: a batch's image may share memory with the loader's host ring (on CPU it does).
+    The loader never rewrites memory that a live jax.Array (or anything derived from it) still
+    reads: hold batches as long as you like; batches you drop are recycled.
+    """
+
+    def __init__(self, dataset, opts: LoaderOptions, sharding=None):
+        self.sharding = _batch.batch_shardings(sharding)
+        super().__init__(dataset, opts, _batch.Layout.create(self.sharding, opts.batch_size))
+
+    def _finisher(self):
+        return functools.partial(_to_jax, self._layout, self._row_shape)
 
 
 def _open(path_or_dataset):

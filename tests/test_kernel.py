@@ -24,14 +24,10 @@ TARGETS = _core.supported_kernel_targets()
 def _restore_target():
     yield
     _core.set_kernel_target("auto")
-    _core._set_affine_normalization_enabled(True)
+    _core._set_normalization_path_limit("affine-f32")
 
 
-@pytest.fixture(params=["affine", "table"])
-def norm_path(request):
-    """Runs a test with the SIMD targets' float64-FMA path, then with their table fallback."""
-    _core._set_affine_normalization_enabled(request.param == "affine")
-    return request.param
+NORM_PATHS = ["affine-f32", "affine-f64", "table"]  # how the SIMD targets may normalize
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,10 +180,14 @@ def _all_values_source():
 
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("params", NORM_PARAMS, ids=["imagenet", "half", "unit", "odd"])
-def test_normalize_contract_all_values(dtype, params, norm_path):
+@pytest.mark.parametrize("limit", NORM_PATHS)
+def test_normalize_contract_all_values(dtype, params, limit):
     mean, std = params
     name = "float32" if dtype == np.float32 else "bfloat16"
-    assert _core._affine_normalization_is_exact(mean, std, name)  # the fast path is tested
+    # The fast path is the one tested here (with limit "affine-f32").
+    assert _core._normalization_path(mean, std, name) == (
+        "affine-f64" if dtype == np.float32 else "affine-f32")
+    _core._set_normalization_path_limit(limit)
     want_table = reference_table(mean, std, dtype)
     np.testing.assert_array_equal(bits(kernels.normalize_table(mean, std, dtype)),
                                   bits(want_table))
@@ -209,7 +209,8 @@ def test_normalize_contract_random_params_every_target():
     for trial in range(40):
         mean = tuple(rng.uniform(-2, 2, 3))
         std = tuple(rng.uniform(0.01, 3, 3) * rng.choice([-1, 1], 3))
-        for dtype in (np.float32, BF16):
+        for dtype, limit in itertools.product((np.float32, BF16), NORM_PATHS):
+            _core._set_normalization_path_limit(limit)
             with np.errstate(all="ignore"):
                 table = kernels.normalize_table(mean, std, dtype)
             if dtype == np.float32:
@@ -220,7 +221,7 @@ def test_normalize_contract_random_params_every_target():
                 out = out_buffer(1, 16, 16, dtype, "NHWC")
                 kernels.gather(src, [0], out, mean=mean, std=std)
                 np.testing.assert_array_equal(bits(out[0]), bits(want),
-                                              err_msg=f"trial {trial} {target} {dtype}")
+                                              err_msg=f"trial {trial} {target} {dtype} {limit}")
 
 
 def test_normalize_table_bf16_matches_independent_reference_on_random_params():
@@ -254,13 +255,13 @@ def _shard(records, parts):
 @pytest.mark.parametrize("flip", [False, True], ids=["noflip", "flip"])
 @pytest.mark.parametrize("crop", [False, True], ids=["nocrop", "crop"])
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
-@pytest.mark.parametrize("dtype, affine", [
-    (np.uint8, True),
-    (np.float32, True), (np.float32, False),
-    (BF16, True), (BF16, False),
-], ids=["uint8", "float32", "float32-table", "bfloat16", "bfloat16-table"])
-def test_gather_matrix(dtype, affine, layout, crop, flip, shards):
-    _core._set_affine_normalization_enabled(affine)
+@pytest.mark.parametrize("dtype, limit", [
+    (np.uint8, "affine-f32"),
+    (np.float32, "affine-f32"), (np.float32, "table"),
+    (BF16, "affine-f32"), (BF16, "affine-f64"), (BF16, "table"),
+], ids=["uint8", "float32", "float32-table", "bfloat16", "bfloat16-f64", "bfloat16-table"])
+def test_gather_matrix(dtype, limit, layout, crop, flip, shards):
+    _core._set_normalization_path_limit(limit)
     rng = np.random.default_rng(1)
     records = _records()
     batch = 9
@@ -317,6 +318,18 @@ def test_crop_of_output_size_is_an_exact_crop_and_flip_mirrors():
     np.testing.assert_array_equal(out[2], records[3, 10:30, 15:40])
 
 
+def test_flip_without_resize_all_small_widths():
+    rng = np.random.default_rng(13)
+    for w in range(1, 19):
+        records = rng.integers(0, 256, (2, 3, w, 3), dtype=np.uint8)
+        for target in TARGETS:
+            _core.set_kernel_target(target)
+            out = kernels.gather(records, [1, 0], np.empty((2, 3, w, 3), np.uint8),
+                                 flip=[True, False])
+            np.testing.assert_array_equal(out[0], records[1, :, ::-1], err_msg=f"{target} w={w}")
+            np.testing.assert_array_equal(out[1], records[0], err_msg=f"{target} w={w}")
+
+
 def test_resize_of_constant_image_is_constant():
     img = np.full((1, 50, 60, 3), (17, 128, 255), np.uint8)
     out = kernels.gather(img, [0], np.empty((1, 33, 97, 3), np.uint8),
@@ -345,6 +358,38 @@ def test_random_resized_crop_sized_batch_every_target():
             out = out_buffer(batch, 160, 160, dtype, layout)
             kernels.gather(records, idx, out, layout=layout, crop=boxes, flip=flips, **norm)
             np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{target} {layout}")
+
+
+@pytest.mark.parametrize("src_hw, out_hw, boxes", [
+    # Wide boxes: some SIMD resamplers' windows overflow (AVX-512 > 1.27x, AVX2 > ~4x
+    # downscale) and those samples take the scalar loop; the others stay vectorized.
+    ((40, 300), (37, 41), [(0, 0, 40, 300), (5, 10, 30, 50), (0, 200, 40, 100),
+                           (3, 1, 20, 200), (0, 299, 40, 1), (39, 0, 1, 60)]),
+    # Rows shorter than one 16-byte window.
+    ((9, 4), (11, 13), [(0, 0, 9, 4), (2, 1, 5, 3), (8, 3, 1, 1), (0, 0, 9, 4), (1, 0, 3, 4),
+                        (0, 2, 9, 2)]),
+    # Output widths around the vector sizes.
+    ((30, 70), (5, 16), [(0, 0, 30, 70), (1, 2, 20, 16), (0, 50, 5, 20), (3, 3, 3, 3),
+                         (0, 0, 30, 17), (10, 60, 10, 10)]),
+    ((30, 70), (5, 47), [(0, 0, 30, 70), (1, 2, 20, 47), (0, 50, 5, 20), (3, 3, 3, 3),
+                         (0, 0, 30, 48), (10, 60, 10, 10)]),
+])
+def test_resize_shapes_and_ratios_every_target(src_hw, out_hw, boxes):
+    rng = np.random.default_rng(12)
+    records = rng.integers(0, 256, (3, *src_hw, 3), dtype=np.uint8)
+    boxes = np.array(boxes)
+    batch = len(boxes)
+    idx = rng.integers(0, 3, batch)
+    for flips in (np.zeros(batch, bool), np.ones(batch, bool)):
+        for dtype, layout in [(np.uint8, "NHWC"), (np.float32, "NCHW"), (BF16, "NHWC")]:
+            norm = {} if dtype == np.uint8 else {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+            want = ref_gather(records, idx, *out_hw, boxes, flips, dtype, layout, **norm)
+            for target in TARGETS:
+                _core.set_kernel_target(target)
+                out = out_buffer(batch, *out_hw, dtype, layout)
+                kernels.gather(records, idx, out, layout=layout, crop=boxes, flip=flips, **norm)
+                np.testing.assert_array_equal(bits(out), bits(want),
+                                              err_msg=f"{target} {layout} {dtype}")
 
 
 def test_small_batches_split_into_row_bands_match():
@@ -483,7 +528,8 @@ def test_error_out_shape(small, shape, layout, match):
 
 
 def test_error_out_dtype_and_layout(small):
-    with pytest.raises(TypeError, match="out.dtype must be uint8, float32 or bfloat16, got float64"):
+    with pytest.raises(TypeError,
+                       match="out.dtype must be uint8, float32 or bfloat16, got float64"):
         kernels.gather(small, [0], np.empty((1, H, W, 3), np.float64))
     with pytest.raises(TypeError, match="out must be a numpy.ndarray"):
         kernels.gather(small, [0], [[0]])
@@ -515,6 +561,14 @@ def test_native_binding_never_converts(small):
     with pytest.raises(TypeError, match="out_dtype='bfloat16'"):
         _core.gather(src, idx, np.empty((1, H, W, 3), np.float32), "NHWC", "bfloat16",
                      [0, 0, 0], [1, 1, 1], None, None)
+    out = np.empty((2, H, W, 3), np.uint8)
+    for flips in (np.array([True, False]), np.array([3, 0], np.uint8)):  # bool or uint8
+        _core.gather(src, np.array([1, 2], np.int64), out, "NHWC", "uint8", [0, 0, 0], [1, 1, 1],
+                     None, flips)
+        np.testing.assert_array_equal(out, [small[1, :, ::-1], small[2]])
+    with pytest.raises(TypeError, match="flip must be a uint8 or bool array"):
+        _core.gather(src, np.array([1, 2], np.int64), out, "NHWC", "uint8", [0, 0, 0],
+                     [1, 1, 1], None, np.array([1, 0], np.int32))
     with pytest.raises(ValueError, match="layout='NWHC'"):
         _core.gather(src, idx, np.empty((1, H, W, 3), np.float32), "NWHC", "float32",
                      [0, 0, 0], [1, 1, 1], None, None)
@@ -569,8 +623,10 @@ def test_error_indices_and_source(small):
         kernels.gather(small, [0.5], out)
     with pytest.raises(ValueError, match="indices must be 1-D"):
         kernels.gather(small, [[0]], out)
-    with pytest.raises(ValueError, match=r"uint8 of shape \(N, H, W, 3\)"):
+    with pytest.raises(TypeError, match="must hold uint8 RGB pixels, got dtype float32"):
         kernels.gather(small.astype(np.float32), [0], out)
+    with pytest.raises(ValueError, match=r"must have shape \(N, H, W, 3\), got \(5, 23, 29\)"):
+        kernels.gather(small[..., 0].copy(), [0], out)
     with pytest.raises(ValueError, match="C-contiguous"):
         kernels.gather(small[:, :, ::2], [0], out)
     with pytest.raises(ValueError, match="all shards must match"):

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -14,7 +15,9 @@
 
 #include "thread_pool.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
+// TBLJAX_KERNEL_GENERIC_ONLY builds only the portable target, as on non-x86 machines (a
+// way to check that build on x86).
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(TBLJAX_KERNEL_GENERIC_ONLY)
 #define TBLJAX_KERNEL_X86 1
 #include <immintrin.h>
 #else
@@ -42,11 +45,39 @@ struct Plan {
   // when it was checked to equal the table for all 3 x 256 inputs (use_affine).
   double affine_a[3], affine_b[3];
   bool use_affine;
+  // bfloat16 only: y = round(fmaf(x, affine32_a[c], affine32_b[c])) in float32, where that
+  // too was checked to equal the table (twice the lanes of the float64 path).
+  float affine32_a[3], affine32_b[3];
+  bool use_affine_f32;
+  // The same constants repeated along the interleaved RGB order, seq[k] = const[k % 3], so
+  // SIMD code loads its per-lane constants instead of building them per row.
+  alignas(64) double seq_a64[48], seq_b64[48];
+  alignas(64) float seq_a32[48], seq_b32[48];
 };
 
 // One horizontal tap: byte offsets of the two source pixels within a record row, weights.
 struct XTap {
   int32_t o0, o1, w0, w1;
+};
+
+// 16 output pixels of the AVX-512 horizontal resampler: their taps all lie in one window of
+// at most 64 source bytes, loaded once; word permutes then place each (left, right) tap pair
+// next to its (w0, w1) weight pair for one vpmaddwd.
+constexpr int kBlockPixels = 16;
+struct alignas(64) HBlock {
+  int16_t pair_index[6 * kBlockPixels];  // 48 elements x (left, right): word index in window
+  int16_t weights[6 * kBlockPixels];     // 48 elements x (w0, w1)
+  int64_t base;                          // window start, bytes from the row start
+  uint64_t mask;                         // window bytes to load (never past the tap span)
+};
+
+// 8 elements (2 x 4) of a resampled row for the AVX2 resampler: each 128-bit half loads a
+// 16-byte window that holds the taps of its 4 elements, and one byte shuffle places each
+// (left, right) tap pair, zero-extended to words, next to its (w0, w1) pair for vpmaddwd.
+struct alignas(32) LanePair {
+  uint8_t shuffle[32];  // per half: 4 x (left byte, 0x80, right byte, 0x80)
+  int16_t weights[16];  // 8 x (w0, w1)
+  int64_t base[2];      // window start of each half, bytes from the row start
 };
 
 // Per-thread working memory, carved from one buffer that only ever grows.
@@ -55,6 +86,8 @@ struct Scratch {
   uint8_t* planes;   // 3 * out_w u8: a row split into channel planes (NCHW)
   int32_t* hrow[2];  // 2 x out_w * 3: horizontally resampled source rows
   XTap* xtaps;       // out_w
+  HBlock* hblocks;   // out_w / kBlockPixels
+  LanePair* lanes;   // 3 * out_w / 8
 };
 
 using UnitFn = void (*)(const Plan&, int64_t sample, int64_t row_begin, int64_t row_end,
@@ -175,8 +208,21 @@ bool AffineMatches(const Plan& p, int c, double a, double b) {
   return true;
 }
 
-double StepUlps(double v, int k) {
-  for (int i = 0; i < std::abs(k); ++i) v = std::nextafter(v, k > 0 ? HUGE_VAL : -HUGE_VAL);
+bool AffineF32Matches(const Plan& p, int c, float a, float b) {
+  for (int x = 0; x < 256; ++x) {
+    const float y = std::fma(static_cast<float>(x), a, b);
+    uint32_t bits;
+    std::memcpy(&bits, &y, 4);
+    if (static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16) !=
+        p.table_bf16[c * 256 + x])
+      return false;
+  }
+  return true;
+}
+
+template <class F>
+F StepUlps(F v, int k) {
+  for (int i = 0; i < std::abs(k); ++i) v = std::nextafter(v, k > 0 ? F(HUGE_VAL) : F(-HUGE_VAL));
   return v;
 }
 
@@ -201,24 +247,52 @@ void ChooseAffine(Plan* p, const double mean[3], const double std[3]) {
     }
     p->use_affine = found;
   }
+  p->use_affine_f32 = p->dtype == OutDType::kBfloat16;
+  for (int c = 0; c < 3 && p->use_affine_f32; ++c) {
+    const float a0 = static_cast<float>(1.0 / (255.0 * std[c]));
+    const float b0 = static_cast<float>(-mean[c] / std[c]);
+    static constexpr int kSteps[] = {0, 1, -1, 2, -2, 3, -3};
+    bool found = false;
+    for (int da : kSteps) {
+      for (int db : kSteps) {
+        const float a = StepUlps(a0, da), b = StepUlps(b0, db);
+        if (!found && AffineF32Matches(*p, c, a, b)) {
+          p->affine32_a[c] = a;
+          p->affine32_b[c] = b;
+          found = true;
+        }
+      }
+    }
+    p->use_affine_f32 = found;
+  }
 }
 
 }  // namespace
 
 namespace {
-std::atomic<bool> g_affine_enabled{true};
+std::atomic<int> g_norm_path_limit{static_cast<int>(NormPath::kAffineF32)};
 }  // namespace
 
-void SetAffineNormalizationEnabled(bool enabled) { g_affine_enabled.store(enabled); }
+const char* NormPathName(NormPath p) {
+  switch (p) {
+    case NormPath::kTable: return "table";
+    case NormPath::kAffineF64: return "affine-f64";
+    case NormPath::kAffineF32: return "affine-f32";
+  }
+  return "?";
+}
 
-bool AffineNormalizationIsExact(const double mean[3], const double std[3], OutDType dtype) {
-  if (dtype == OutDType::kUint8) return false;
+void SetNormPathLimit(NormPath limit) { g_norm_path_limit.store(static_cast<int>(limit)); }
+
+NormPath ChooseNormPath(const double mean[3], const double std[3], OutDType dtype) {
+  if (dtype == OutDType::kUint8) return NormPath::kTable;
   Plan p;
   p.dtype = dtype;
   if (dtype == OutDType::kFloat32) NormalizeTableF32(mean, std, p.table_f32);
   if (dtype == OutDType::kBfloat16) NormalizeTableBf16(mean, std, p.table_bf16);
   ChooseAffine(&p, mean, std);
-  return p.use_affine;
+  return p.use_affine_f32 ? NormPath::kAffineF32
+                          : p.use_affine ? NormPath::kAffineF64 : NormPath::kTable;
 }
 
 namespace {
@@ -298,7 +372,8 @@ const char* SimdTargetName(SimdTarget t) {
 
 std::vector<SimdTarget> SupportedSimdTargets() {
   std::vector<SimdTarget> v;
-  for (int t = 0; t <= static_cast<int>(BestSupported()); ++t) v.push_back(static_cast<SimdTarget>(t));
+  for (int t = 0; t <= static_cast<int>(BestSupported()); ++t)
+    v.push_back(static_cast<SimdTarget>(t));
   return v;
 }
 
@@ -352,6 +427,8 @@ Status RawSource::Create(std::vector<RawShard> shards, int64_t height, int64_t w
   if (height < 1 || width < 1)
     return InvalidArgument("records must be at least 1x1 pixels, got " + std::to_string(height) +
                            "x" + std::to_string(width));
+  if (width > (int64_t{1} << 31) / 3 - 1)  // byte offsets within a row are int32
+    return InvalidArgument("records " + std::to_string(width) + " pixels wide are not supported");
   if (shards.empty()) return InvalidArgument("a RawSource needs at least one shard");
   RawSource s;
   s.height_ = height;
@@ -401,8 +478,11 @@ bool PrepareScratch(int64_t out_w, Scratch* s) {
   auto up = [](size_t n) { return (n + 63) & ~size_t{63}; };
   // +64 slack after each piece: SIMD loops may read (never write) a few bytes past a row.
   const size_t row_b = up(row + 64), planes_b = up(row + 64), h_b = up(row * 4 + 64),
-               taps_b = up(static_cast<size_t>(out_w) * sizeof(XTap) + 64);
-  const size_t need = row_b + planes_b + 2 * h_b + taps_b + 64;
+               taps_b = up(static_cast<size_t>(out_w) * sizeof(XTap) + 64),
+               blocks_b = up(static_cast<size_t>(out_w / kernel_detail::kBlockPixels) *
+                             sizeof(kernel_detail::HBlock));
+  const size_t lanes_b = up(static_cast<size_t>(3 * out_w / 8) * sizeof(kernel_detail::LanePair));
+  const size_t need = row_b + planes_b + 2 * h_b + taps_b + blocks_b + lanes_b + 64;
   if (ts.capacity < need) {
     ts.buf.reset(new (std::nothrow) uint8_t[need]);
     ts.capacity = ts.buf ? need : 0;
@@ -419,14 +499,20 @@ bool PrepareScratch(int64_t out_w, Scratch* s) {
   s->hrow[1] = reinterpret_cast<int32_t*>(p);
   p += h_b;
   s->xtaps = reinterpret_cast<XTap*>(p);
+  p += taps_b;
+  s->hblocks = reinterpret_cast<kernel_detail::HBlock*>(p);
+  p += blocks_b;
+  s->lanes = reinterpret_cast<kernel_detail::LanePair*>(p);
   return true;
 }
 
 }  // namespace
 
 Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
-  if (src.num_records() < 0 || src.height() < 1) return InvalidArgument("RawSource is not initialized");
-  if (r.batch < 0) return InvalidArgument("batch size must be >= 0, got " + std::to_string(r.batch));
+  if (src.num_records() < 0 || src.height() < 1)
+    return InvalidArgument("RawSource is not initialized");
+  if (r.batch < 0)
+    return InvalidArgument("batch size must be >= 0, got " + std::to_string(r.batch));
   if (r.batch > 0 && r.indices == nullptr) return InvalidArgument("indices is null");
   if (r.out == nullptr && r.batch > 0) return InvalidArgument("out is null");
 
@@ -446,7 +532,9 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
     case OutDType::kUint8: elem = 1; break;
     case OutDType::kFloat32: elem = 4; break;
     case OutDType::kBfloat16: elem = 2; break;
-    default: return InvalidArgument("unknown output dtype " + std::to_string(static_cast<int>(r.dtype)));
+    default:
+      return InvalidArgument("unknown output dtype " +
+                             std::to_string(static_cast<int>(r.dtype)));
   }
   if (reinterpret_cast<uintptr_t>(r.out) % static_cast<uintptr_t>(elem) != 0)
     return InvalidArgument("out is not aligned to its element size (" + std::to_string(elem) +
@@ -506,16 +594,37 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   p.out_h = oh;
   p.out_w = ow;
   p.use_affine = false;
+  p.use_affine_f32 = false;
   if (r.dtype == OutDType::kFloat32) NormalizeTableF32(r.mean, r.std, p.table_f32);
   if (r.dtype == OutDType::kBfloat16) NormalizeTableBf16(r.mean, r.std, p.table_bf16);
-  if (r.dtype != OutDType::kUint8 && target != SimdTarget::kScalar && g_affine_enabled.load())
+  if (r.dtype != OutDType::kUint8 && target != SimdTarget::kScalar) {
     ChooseAffine(&p, r.mean, r.std);
+    const int limit = g_norm_path_limit.load();
+    if (limit < static_cast<int>(NormPath::kAffineF32)) p.use_affine_f32 = false;
+    if (limit < static_cast<int>(NormPath::kAffineF64)) p.use_affine = false;
+    for (int k = 0; k < 48; ++k) {
+      p.seq_a64[k] = p.affine_a[k % 3];
+      p.seq_b64[k] = p.affine_b[k % 3];
+      p.seq_a32[k] = p.affine32_a[k % 3];
+      p.seq_b32[k] = p.affine32_b[k % 3];
+    }
+  }
 
-  ThreadPool& tp = pool ? *pool : ThreadPool::Default();
+  if (pool == nullptr) {
+    // The first call starts the process-wide pool; the OS may refuse threads (EAGAIN seen
+    // here when another process held thousands), which must be an error, not a throw.
+    try {
+      pool = &ThreadPool::Default();
+    } catch (const std::exception& e) {
+      return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
+    }
+  }
+  ThreadPool& tp = *pool;
   // Samples are the unit of work; small batches are also split into row bands so every
   // thread has work (about 4 units per thread, as the pool hands out chunks).
   const int64_t want_units = 4 * static_cast<int64_t>(tp.num_threads());
-  const int64_t bands = r.batch >= want_units ? 1 : std::min(oh, (want_units + r.batch - 1) / r.batch);
+  const int64_t bands =
+      r.batch >= want_units ? 1 : std::min(oh, (want_units + r.batch - 1) / r.batch);
   const UnitFn run = UnitFor(target);
   std::atomic<bool> no_memory{false};
   tp.ParallelFor(r.batch * bands, [&](int64_t u) {

@@ -18,11 +18,12 @@ enum class OutDType : int { kUint8 = 0, kFloat32 = 1, kBfloat16 = 2 };
 // Crop + resize: the exact integer arithmetic (every path must reproduce it bit-exactly)
 // ---------------------------------------------------------------------------------------
 //
-// A crop box (y0, x0, h, w) in source pixels is resized to the output (OH, OW) by bilinear
-// interpolation with pixel centres at half-integers (the "align_corners=False" convention of
-// OpenCV INTER_LINEAR and jax.image.resize "linear", without antialiasing), using weights
-// quantized to S = 11 bits (ONE = 2048). Per axis, with start = y0 | x0, len = h | w and
-// out = OH | OW, output coordinate o in [0, out) maps to two source taps and weights:
+// A crop box (y0, x0, h, w) in source pixels of a record P (H x W x 3, uint8) is resized to
+// the output (OH, OW) by bilinear interpolation with pixel centres at half-integers (the
+// "align_corners=False" source coordinates of OpenCV INTER_LINEAR; no antialiasing when
+// shrinking), with weights quantized to S = 11 bits (ONE = 2048). Per axis, with
+// start = y0 | x0, len = h | w and out = OH | OW, output coordinate o in [0, out) maps to two
+// source taps and weights:
 //
 //   n  = max(0, (2*o + 1) * len - out)     # 2*out * (source position inside the box),
 //                                          # source position = (o + 1/2) * len/out - 1/2
@@ -42,8 +43,8 @@ enum class OutDType : int { kUint8 = 0, kFloat32 = 1, kBfloat16 = 2 };
 //   out[oy, ox, c] = (acc + 2^21) >> 22                              # always in [0, 255]
 //
 // Every intermediate is an exact integer, so the order of the sums does not matter, and all
-// of them fit in int32 when (2*out) * len < 2^31 (e.g. every side <= 32767). A box of the
-// output's size (h == OH, w == OW) gives w1 = 0 everywhere: a plain crop, exactly.
+// of them fit in int32 when 2*out*len < 2^31 and out < 2^19 (e.g. every side <= 32767). A
+// box of the output's size (h == OH, w == OW) gives w1 = 0 everywhere: a plain crop, exactly.
 // Horizontal flip is applied after the resize: flipped[oy, ox] = out[oy, OW - 1 - ox].
 // Without a crop box the output size must equal the source size (no resize).
 
@@ -77,13 +78,17 @@ uint16_t DoubleToBfloat16(double d);
 // The float32 values / bfloat16 bit patterns for the 3 x 256 inputs: table[c * 256 + x].
 void NormalizeTableF32(const double mean[3], const double std[3], float table[3 * 256]);
 void NormalizeTableBf16(const double mean[3], const double std[3], uint16_t table[3 * 256]);
-// The SIMD targets compute y = x * a[c] + b[c] in float64 (one FMA) and round it, after
-// checking at setup that this equals the table for all 3 x 256 inputs; where it does not,
-// they look the table up. Says whether that check passes for these parameters (tests use it
-// to know which path they exercise).
-bool AffineNormalizationIsExact(const double mean[3], const double std[3], OutDType dtype);
-// Tests only: false makes the SIMD targets use the table lookup too (default true).
-void SetAffineNormalizationEnabled(bool enabled);
+// How the SIMD targets normalize. They compute y = x * a[c] + b[c] with one FMA and round
+// it -- in float64 ("affine-f64"), or for bfloat16 output in float32 ("affine-f32", twice
+// the lanes) -- after checking at setup that this equals the table for all 3 x 256 inputs
+// (trying a few neighbouring constants); otherwise they look the table up ("table"). The
+// scalar target always uses the table. All three give the same bits.
+enum class NormPath : int { kTable = 0, kAffineF64 = 1, kAffineF32 = 2 };
+const char* NormPathName(NormPath p);
+// The path the SIMD targets take for these parameters (ignoring the test cap below).
+NormPath ChooseNormPath(const double mean[3], const double std[3], OutDType dtype);
+// Tests only: caps the path the SIMD targets may take (default kAffineF32: no cap).
+void SetNormPathLimit(NormPath limit);
 
 // ---------------------------------------------------------------------------------------
 // Runtime SIMD dispatch

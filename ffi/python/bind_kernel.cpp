@@ -26,7 +26,8 @@ struct PyRawSource {
 using ShardArray = nb::ndarray<const uint8_t, nb::ndim<4>, nb::c_contig, nb::device::cpu>;
 using IndexArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using CropArray = nb::ndarray<const int32_t, nb::shape<-1, 4>, nb::c_contig, nb::device::cpu>;
-using FlipArray = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// uint8 or bool (both one byte, nonzero = flip); checked below.
+using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 // Any dtype: checked against out_dtype below (bfloat16 arrives as a uint16 view).
 using OutArray = nb::ndarray<nb::ndim<4>, nb::c_contig, nb::device::cpu>;
 
@@ -84,7 +85,8 @@ OutDType ParseDType(const std::string& s, const OutArray& out) {
     return OutDType::kFloat32;
   }
   if (s == "bfloat16") {
-    const bool bf16 = d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16;
+    const bool bf16 =
+        d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16;
     if (d != nb::dtype<uint16_t>() && !bf16) fail("bfloat16 (or its uint16 view)");
     return OutDType::kBfloat16;
   }
@@ -141,7 +143,10 @@ void BindKernel(nb::module_& m) {
           if (static_cast<int64_t>(flip->shape(0)) != r.batch)
             throw nb::value_error(("flip has " + std::to_string(flip->shape(0)) +
                                    " entries but indices has " + std::to_string(r.batch)).c_str());
-          r.flips = flip->data();
+          const nb::dlpack::dtype d = flip->dtype();
+          if (d != nb::dtype<uint8_t>() && d != nb::dtype<bool>())
+            throw nb::type_error("flip must be a uint8 or bool array");
+          r.flips = static_cast<const uint8_t*>(flip->data());
         }
         for (int c = 0; c < 3; ++c) {
           r.mean[c] = mean[c];
@@ -173,19 +178,25 @@ void BindKernel(nb::module_& m) {
     Check(ActiveSimdTarget(&t));
     return std::string(SimdTargetName(t));
   }, nb::arg("name"), "Force a SIMD target ('auto', 'scalar', 'avx2', 'avx512'); for tests.");
-  m.def("_affine_normalization_is_exact",
+  m.def("_normalization_path",
         [](std::array<double, 3> mean, std::array<double, 3> std, const std::string& dtype) {
           if (dtype != "float32" && dtype != "bfloat16")
             throw nb::value_error("dtype must be 'float32' or 'bfloat16'");
-          return AffineNormalizationIsExact(mean.data(), std.data(),
-                                            dtype == "float32" ? OutDType::kFloat32
-                                                               : OutDType::kBfloat16);
+          return std::string(NormPathName(ChooseNormPath(
+              mean.data(), std.data(),
+              dtype == "float32" ? OutDType::kFloat32 : OutDType::kBfloat16)));
         },
         nb::arg("mean"), nb::arg("std"), nb::arg("dtype"),
-        "Whether the SIMD targets' float64 FMA path equals the exact table for these "
-        "parameters (else they use the table). For tests.");
-  m.def("_set_affine_normalization_enabled", &SetAffineNormalizationEnabled, nb::arg("enabled"),
-        "Tests only: False makes the SIMD targets normalize by table lookup as well.");
+        "How the SIMD targets normalize for these parameters: 'affine-f32', 'affine-f64' or "
+        "'table' (all bit-identical; for tests).");
+  m.def("_set_normalization_path_limit",
+        [](const std::string& name) {
+          for (NormPath p : {NormPath::kTable, NormPath::kAffineF64, NormPath::kAffineF32}) {
+            if (name == NormPathName(p)) return SetNormPathLimit(p);
+          }
+          throw nb::value_error("expected 'table', 'affine-f64' or 'affine-f32'");
+        },
+        nb::arg("limit"), "Tests only: the best normalization path the SIMD targets may take.");
   m.def("supported_kernel_targets", [] {
     std::vector<std::string> v;
     for (SimdTarget t : SupportedSimdTargets()) v.emplace_back(SimdTargetName(t));

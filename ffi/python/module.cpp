@@ -58,7 +58,8 @@ NB_MODULE(_core, m) {
     d["lz4"] = LZ4_versionString();
     d["default_threads"] = tbljax::ThreadPool::DefaultThreadCount();
     tbljax::SimdTarget simd;
-    d["simd"] = tbljax::ActiveSimdTarget(&simd).ok() ? tbljax::SimdTargetName(simd) : "invalid TBLJAX_SIMD";
+    d["simd"] = tbljax::ActiveSimdTarget(&simd).ok() ? tbljax::SimdTargetName(simd)
+                                                      : "invalid TBLJAX_SIMD";
     d["jpeg_idct"] = "islow";
     d["resize_filter"] = tbljax::kResizeFilterName;
     return d;

@@ -1,0 +1,167 @@
+"""The examples in examples/ run, each in its own process on a tiny dataset made here: they
+finish, print what they should, and a run stopped and resumed from its checkpoint prints the
+same steps as the uninterrupted run. The three training examples print per-step checksums of
+the samples they trained on, equal to those computed from tbljax.order: one order, whatever the
+framework."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import _loader_testing as T
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """64 training and 24 evaluation images of 16x16 px, 4 classes (brightness levels)."""
+    d = tmp_path_factory.mktemp("examples")
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, n in (("train", 64), ("val", 24)):
+        labels = np.arange(n) % 4
+        imgs = np.clip(rng.normal(40 + 50 * labels[:, None, None, None], 20, (n, 16, 16, 3)),
+                       0, 255).astype(np.uint8)
+        out[name] = T.write_tbl(d / f"{name}.tbl", imgs, labels)
+    out["dir"] = d
+    return out
+
+
+def start(script, *args, cwd, **env):
+    # The example imports the installed tbljax (or the developer's absolute PYTHONPATH, see
+    # conftest.py), as a user's script would.
+    full_env = dict(os.environ, **env)
+    return subprocess.Popen([sys.executable, str(EXAMPLES / script), *map(str, args)], cwd=cwd,
+                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish(p, expect=0):
+    try:
+        out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == expect, f"exit {p.returncode}\n{out}\n{err[-4000:]}"
+    return out
+
+
+def run(script, *args, cwd, expect=0, **env):
+    return finish(start(script, *args, cwd=cwd, **env), expect)
+
+
+def steps(out):
+    """{step: (loss, checksum)} from the per-step lines."""
+    found = re.findall(r"step (\d+) loss (\S+) indices-crc (\w+)", out)
+    return {int(s): (loss, crc) for s, loss, crc in found}
+
+
+def check_resume(script, tiny, extra, total, stop, ckpt_name, **env):
+    common = ["--train", tiny["train"], "--val", tiny["val"], "--batch-size", 16,
+              "--log-every", 1, *extra]
+    cwd = tiny["dir"]
+    ckpt = tiny["dir"] / ckpt_name
+    # The uninterrupted run and the one that stops run side by side (two cores).
+    procs = [start(script, *common, cwd=cwd, **env),
+             start(script, *common, "--checkpoint", ckpt, "--stop-at", stop, cwd=cwd, **env)]
+    full, stopped = [finish(p) for p in procs]
+    assert re.search(r"eval accuracy [\d.]+ on 24 images", full), full
+    assert f"stopping at step {stop}" in stopped and ckpt.exists()
+    resumed = run(script, *common, "--checkpoint", ckpt, "--resume", cwd=cwd, **env)
+    assert f"resumed at step {stop}" in resumed
+    a, b = steps(full), steps(resumed)
+    assert sorted(a) == list(range(1, total + 1)) and sorted(b) == list(range(stop + 1, total + 1))
+    for s in b:  # same batches, same parameters: the very same lines
+        assert b[s] == a[s], (s, a[s], b[s])
+    return a
+
+
+def expected_checksums(steps, n=64, batch=16, seed=0):
+    """CRC-32 of each step's int32 sample indices, straight from tbljax.order."""
+    from tbljax import order
+
+    per_epoch, out = n // batch, []
+    for s in range(steps):
+        epoch, k = divmod(s, per_epoch)
+        idx = order.permute(k * batch + np.arange(batch), n, seed, epoch).astype(np.int32)
+        out.append(f"{zlib.crc32(idx.tobytes()):08x}")
+    return out
+
+
+def test_train_jax_on_two_devices_resumes_the_stream(tiny):
+    got = check_resume("train_jax.py", tiny, ["--steps", 6, "--ckpt-every", 3], 6, 3,
+                       "jax.ckpt", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert [got[s][1] for s in sorted(got)] == expected_checksums(6)
+
+
+def test_train_torch_resumes_the_stream(tiny):
+    pytest.importorskip("torch")
+    got = check_resume("train_torch.py", tiny, ["--epochs", 2, "--threads", 1], 8, 5, "t.pt")
+    assert [got[s][1] for s in sorted(got)] == expected_checksums(8)
+
+
+def test_train_mlx_resumes_the_stream(tiny):
+    pytest.importorskip("mlx.core")
+    got = check_resume("train_mlx.py", tiny, ["--epochs", 2], 8, 5, "m.pkl")
+    assert [got[s][1] for s in sorted(got)] == expected_checksums(8)
+
+
+def _jpeg(rng, value):
+    from tbljax import _core
+
+    img = np.clip(rng.normal(value, 10, (40, 48, 3)), 0, 255).astype(np.uint8)
+    return _core.encode_jpeg(img, quality=90)
+
+
+def test_convert_imagenet_folder_skips_bad_files_and_reports_them(tmp_path):
+    rng = np.random.default_rng(1)
+    root = tmp_path / "train"
+    for k, wnid in enumerate(["n01440764", "n01443537"]):
+        (root / wnid).mkdir(parents=True)
+        for j in range(3):
+            (root / wnid / f"{wnid}_{j}.JPEG").write_bytes(_jpeg(rng, 60 + 100 * k))
+    good = (root / "n01443537" / "n01443537_0.JPEG").read_bytes()
+    (root / "n01443537" / "broken.JPEG").write_bytes(good[:len(good) // 3])  # truncated
+    out = tmp_path / "train-24.tbl"
+    text = run("convert_imagenet.py", root, out, "--image-size", 24, "--threads", 2,
+               "--max-skipped-fraction", 0.5, "--verify", cwd=tmp_path)
+    assert "wrote 6 records" in text and "skipped 1 of 7 items" in text, text
+    assert "image_shape (24, 24), 2 classes" in text and "all checksums match" in text
+    listed = json.loads((tmp_path / "train-24.tbl.skipped.json").read_text())
+    assert [s["key"] for s in listed] == ["n01443537/broken"] or \
+        [Path(s["source"]).name for s in listed] == ["broken.JPEG"], listed
+    import tbljax
+
+    ds = tbljax.open(out)
+    assert ds.classes == ["n01440764", "n01443537"] and ds.labels.tolist() == [0] * 3 + [1] * 3
+    # Too many bad items fail the run (exit 1), after writing the file and the list.
+    text = run("convert_imagenet.py", root, out, "--image-size", 24, "--overwrite",
+               "--max-skipped-fraction", 0.01, cwd=tmp_path, expect=1)
+
+
+def test_convert_imagenet_webdataset_shards_read_as_one(tmp_path):
+    import tbljax
+    from tbljax import demo
+
+    pattern = demo.write_shards(tmp_path / "wds", 24, 3, seed=0)
+    for shard in ("0/2", "1/2"):
+        text = run("convert_imagenet.py", pattern, "part-{shard}.tbl", "--image-size", 16,
+                   "--format", "jpeg", "--shard", shard, cwd=tmp_path)
+        assert "skipped 0 of" in text, text
+    run("convert_imagenet.py", pattern, "whole.tbl", "--image-size", 16, "--format", "jpeg",
+        cwd=tmp_path)
+    parts = tbljax.open(sorted(str(p) for p in tmp_path.glob("part-*-of-00002.tbl")))
+    whole = tbljax.open(tmp_path / "whole.tbl")
+    assert len(parts) == len(whole) == 24 and parts.record_format == "jpeg"
+    assert parts.keys == whole.keys and parts.labels.tolist() == whole.labels.tolist()
