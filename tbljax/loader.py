@@ -178,7 +178,8 @@ class _Source:
             # versions of a file). A truncation landing inside the gather itself is the one
             # case left: reading a page past the new end raises SIGBUS.
             check = getattr(self._ds, "check_unchanged", None)
-            files = self._ds._files_of(indices) if check is not None else None
+            files_of = getattr(self._ds, "_files_of", None)
+            files = files_of(indices) if files_of is not None else None
             if check is not None:
                 check(files)
             kernels.gather(self._src, indices, out, **kw)
