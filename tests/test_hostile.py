@@ -152,7 +152,7 @@ CASES = [
     ("gather-mean-str", lambda f: kernels.gather(f.imgs, [0, 1], out(), mean="abc"), TypeError, "mean must be 3 numbers"),
     ("gather-uint8-with-mean", lambda f: kernels.gather(f.imgs, [0, 1], u8(), mean=[0, 0, 0]), ValueError, "uint8 output is not normalized"),
     ("gather-source-empty", lambda f: kernels.gather(np.zeros((0, H, W, 3), np.uint8), [0], out(1)), IndexError, "source of 0 records"),
-    ("gather-source-float", lambda f: kernels.gather(f.imgs.astype(np.float32), [0], out(1)), ValueError, "source must be uint8"),
+    ("gather-source-float", lambda f: kernels.gather(f.imgs.astype(np.float32), [0], out(1)), TypeError, "source must hold uint8 RGB pixels, got dtype float32"),
     ("gather-source-list-of-lists", lambda f: kernels.gather([[1]], [0], out(1)), TypeError, r"source\[0\] must be a numpy.ndarray"),
     ("gather-source-empty-list", lambda f: kernels.gather([], [0], out(1)), ValueError, "empty list"),
     ("gather-source-zero-pixels", lambda f: kernels.gather(np.zeros((2, 0, W, 3), np.uint8), [0], np.empty((1, 0, W, 3), np.float32)), ValueError, "at least 1x1"),
