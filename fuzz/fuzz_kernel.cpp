@@ -37,7 +37,9 @@ void Expect(bool ok) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Reader in{data, size};
   const uint8_t shape = in.Take<uint8_t>();
-  const int64_t H = 1 + (shape & 7), W = 1 + (shape >> 3 & 7), N = 1 + (shape >> 6);
+  // Sides up to 22 x 36 reach every vector path (AVX2 lanes need rows of 16+ bytes, AVX-512
+  // blocks 16+ output pixels, the mirror 6+ pixels) and their tails.
+  const int64_t H = 1 + (shape & 7) * 3, W = 1 + (shape >> 3 & 7) * 5, N = 1 + (shape >> 6);
   std::vector<uint8_t> pixels(static_cast<size_t>(N * H * W * 3));
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 37 + (i >> 5));
   // Two shards (the second may be empty) exercise the shard lookup.
@@ -60,7 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t batch = r.batch > 0 ? r.batch : 0;
   for (int d = 0; d < 4; ++d) r.out_shape[d] = static_cast<int8_t>(in.Take<uint8_t>()) % 24;
   if (mode & 64) {  // usually a consistent shape, so the fuzzer gets past validation
-    const int64_t oh = 1 + in.Take<uint8_t>() % 20, ow = 1 + in.Take<uint8_t>() % 20;
+    const int64_t oh = 1 + in.Take<uint8_t>() % 24, ow = 1 + in.Take<uint8_t>() % 72;
     const bool nchw = r.layout == Layout::kNCHW;
     const int64_t s[4] = {r.batch, nchw ? 3 : oh, nchw ? oh : ow, nchw ? ow : 3};
     std::memcpy(r.out_shape, s, sizeof s);
@@ -74,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<int32_t> crops(batch * 4);
   for (auto& c : crops) {
     const int8_t v = static_cast<int8_t>(in.Take<uint8_t>());
-    c = v == -128 ? in.Take<int32_t>() : v % 12;
+    c = v == -128 ? in.Take<int32_t>() : v % 40;
   }
   if (use_crops) r.crops = crops.data();
   std::vector<uint8_t> flips(batch);
