@@ -273,8 +273,9 @@ def convert(
         raise ValueError(f"format must be one of {RECORD_FORMATS}, got {format!r}")
     if format == "jpeg" and resize == "max_side":
         raise ValueError("format='jpeg' serves square batches: use resize='center_crop' or 'squash'")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1 or None (all CPUs), got {threads}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
+                                or not 1 <= threads <= 1024):
+        raise ValueError(f"threads must be an integer in [1, 1024] or None (all CPUs), got {threads!r}")
     if os.path.exists(dst) and not overwrite:
         raise FileExistsError(f"{dst} already exists (pass overwrite=True to replace it)")
     src = _sources.resolve(sources, labels)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import operator
 import os
 from collections.abc import Sequence
 from functools import cached_property
@@ -53,11 +54,55 @@ def _encode_labels(labels: np.ndarray) -> dict[str, str]:
 
 
 def _decode_labels(obj: dict[str, str], n: int, path: str) -> np.ndarray:
-    raw = base64.b64decode(obj["base64"])
+    raw = base64.b64decode(obj["base64"], validate=True)
     arr = np.frombuffer(raw, dtype=obj.get("dtype", "<i8")).astype(np.int64)
     if arr.shape != (n,):
         raise _core.CorruptFileError(f"{path}: dataset metadata holds {arr.size} labels for {n} records")
     return arr
+
+
+def _check_meta(meta: dict[str, Any], n: int, path: str) -> None:
+    """Raises CorruptFileError naming the field when dataset metadata does not have the shape
+    Writer gives it: the JSON comes from the file, so it is as untrusted as its bytes."""
+
+    def bad(field: str, want: str) -> None:
+        raise _core.CorruptFileError(f"{path}: dataset metadata field {field!r} must be {want}, "
+                                     f"got {json.dumps(meta[field])[:80]}")
+
+    labels = meta.get("labels")
+    if labels is not None:
+        dtype = labels.get("dtype", "<i8") if isinstance(labels, dict) else None
+        if not (isinstance(labels, dict) and isinstance(labels.get("base64"), str)
+                and dtype in _LABEL_DTYPES):
+            bad("labels", f"{{'dtype': one of {sorted(_LABEL_DTYPES)}, 'base64': str}}")
+        try:
+            _decode_labels(labels, n, path)
+        except ValueError as e:  # bad base64, or a byte count that is no whole label
+            if isinstance(e, _core.CorruptFileError):
+                raise
+            bad("labels", f"base64 of {n} integers ({e})")
+    for field in ("keys", "classes"):
+        v = meta.get(field)
+        if v is not None and not (isinstance(v, list) and all(isinstance(k, str) for k in v)):
+            bad(field, "a list of strings")
+    if meta.get("keys") is not None and len(meta["keys"]) != n:
+        raise _core.CorruptFileError(f"{path}: metadata holds {len(meta['keys'])} keys for {n} records")
+    recipe = meta.get("recipe")
+    if recipe is not None:
+        if not isinstance(recipe, dict):
+            bad("recipe", "an object")
+        size = recipe.get("image_size")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int)
+                                 or not 1 <= size <= 65535):
+            bad("recipe", "an object whose image_size is an integer in [1, 65535]")
+        if recipe.get("resize", "center_crop") not in _core.RESIZE_MODES:
+            bad("recipe", f"an object whose resize is one of {list(_core.RESIZE_MODES)}")
+    skipped = meta.get("skipped")
+    if skipped is not None and not (isinstance(skipped, list) and all(isinstance(x, dict) for x in skipped)):
+        bad("skipped", "a list of objects")
+
+
+_LABEL_DTYPES = frozenset({"<i8", "<i4", "<i2", "|i1", "<u4", "<u2", "|u1"})
 
 
 class Dataset:
@@ -75,7 +120,7 @@ class Dataset:
     def __init__(self, paths: Sequence[PathLike]):
         if not paths:
             raise ValueError("tbljax.open: no paths given")
-        self._files = [_core.TblFile(os.fspath(p)) for p in paths]
+        self._files = [_core.TblFile(_path(p)) for p in paths]
         counts = np.array([f.num_records for f in self._files], dtype=np.int64)
         # starts[k] is the global index of file k's first record; starts[-1] == len(self).
         self._starts = np.concatenate([[0], np.cumsum(counts)])
@@ -99,6 +144,12 @@ class Dataset:
         return [f.path for f in self._files]
 
     def _locate(self, i: int) -> tuple[int, int]:
+        if isinstance(i, (bool, np.bool_)):
+            raise TypeError(f"record index must be an integer, got {i!r}")
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"record index must be an integer, got {type(i).__name__} {i!r}") from None
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"record {i} out of range for a dataset of {n} records")
@@ -117,6 +168,7 @@ class Dataset:
             raise _core.CorruptFileError(f"{f.path}: dataset metadata is not valid JSON ({e})") from None
         if not isinstance(meta, dict):
             raise _core.CorruptFileError(f"{f.path}: dataset metadata is not a JSON object")
+        _check_meta(meta, f.num_records, f.path)
         return meta
 
     # ---- the index ----
@@ -244,7 +296,10 @@ class Dataset:
                 continue  # foreign free-form metadata: not ours to judge
             if isinstance(obj, dict):
                 lab = obj.get("label", obj.get("cls"))
-                if isinstance(lab, int):
+                if isinstance(lab, int) and not isinstance(lab, bool):
+                    if not -(1 << 63) <= lab < 1 << 63:
+                        raise _core.CorruptFileError(f"{f.path}: metadata of record {sample}: label "
+                                                     f"{lab} does not fit in int64")
                     labels[sample] = lab
                 key = obj.get("key", obj.get("__key__"))
                 if isinstance(key, str):
@@ -272,15 +327,19 @@ class Dataset:
         """
         k, j = self._locate(i)
         f = self._files[k]
+        f.check_unchanged()
         e = f.index_bytes()[j].view(INDEX_DTYPE)[0]
         fmt = int(e["format"])
         if fmt == FORMATS["RAW_U8"]:
             if f.uniform_raw:
                 return f.raw_view()[j]
             data = f.read_payload(j)
+            f.check_unchanged()
             return np.frombuffer(data, np.uint8).reshape(int(e["height"]), int(e["width"]), 3)
         if fmt == FORMATS["JPEG"]:
-            return self._decode_encoded(k, f.read_payload(j), j)
+            data = f.read_payload(j)
+            f.check_unchanged()
+            return self._decode_encoded(k, data, j)
         raise NotImplementedError(f"{f.path}: record {j} has format {FORMAT_NAMES.get(fmt, fmt)}, "
                                   "which tbljax does not decode (RAW_U8 and JPEG are served)")
 
@@ -297,9 +356,19 @@ class Dataset:
     def read_into(self, indices: np.ndarray, out: np.ndarray, threads: int = 0) -> np.ndarray:
         """Decodes records `indices` into `out` (B, H, W, 3) uint8 with the file's recipe,
         JPEG decodes running in parallel in the C++ pool. For serving non-RAW files."""
-        indices = np.asarray(indices, dtype=np.int64)
+        indices = np.asarray(indices)
+        if indices.dtype.kind not in "iu" or indices.ndim != 1:
+            raise TypeError(f"indices must be a 1-D array of integers, got {indices.dtype} of shape "
+                            f"{indices.shape}")
+        indices = indices.astype(np.int64)
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
         if out.dtype != np.uint8 or out.ndim != 4 or out.shape[0] != len(indices) or out.shape[3] != 3:
             raise ValueError(f"out must be uint8 (B, H, W, 3) with B={len(indices)}, got {out.dtype} {out.shape}")
+        if not out.flags.writeable:
+            raise ValueError("out is read-only")
+        touched = self._files_of(indices)
+        self.check_unchanged(touched)
         jpeg_rows, payloads = [], []
         for row, i in enumerate(indices.tolist()):
             k, j = self._locate(i)
@@ -325,11 +394,35 @@ class Dataset:
                     raise _core.DecodeError(f"{self._files[k].path}: record {j}: {err}")
             if tmp is not out:
                 out[jpeg_rows] = tmp
+        self.check_unchanged(touched)
         return out
 
+    def _files_of(self, indices: np.ndarray) -> np.ndarray:
+        """The files that hold records `indices` (valid, possibly negative, indices)."""
+        if len(self._files) == 1:
+            return np.zeros(1, np.int64)
+        i = np.where(indices < 0, indices + len(self), indices)
+        return np.unique(np.searchsorted(self._starts, i, side="right") - 1)
+
+    def check_unchanged(self, files: Sequence[int] | None = None) -> None:
+        """Raises CorruptFileError if a file (all, or those numbered `files`) was truncated or
+        rewritten in place since it was opened. Replacing a file by renaming a new one over
+        it is safe: the open dataset keeps serving the old file. Readers call this around
+        every read; call it yourself around work on `view()`."""
+        for k in range(len(self._files)) if files is None else files:
+            self._files[int(k)].check_unchanged()
+
     def verify(self, threads: int = 0) -> list[tuple[str, int, str]]:
-        """Checks every record's checksum; returns [(file, record, problem)] (empty: all good)."""
-        return [(f.path, int(i), msg) for f in self._files for i, msg in f.verify(threads)]
+        """Checks every record's checksum; returns [(file, record, problem)] (empty: all good).
+
+        threads: 0 for the default pool, else 1..1024."""
+        if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) \
+                or not 0 <= threads <= 1024:
+            raise ValueError(f"threads must be an integer in [0, 1024] (0: the default pool), got {threads!r}")
+        self.check_unchanged()
+        bad = [(f.path, int(i), msg) for f in self._files for i, msg in f.verify(int(threads))]
+        self.check_unchanged()
+        return bad
 
 
 def open(paths: PathLike | Sequence[PathLike]) -> Dataset:  # noqa: A001 - the natural name
@@ -338,9 +431,21 @@ def open(paths: PathLike | Sequence[PathLike]) -> Dataset:  # noqa: A001 - the n
     >>> ds = tbljax.open("train.tbl")
     >>> ds = tbljax.open(["part-0.tbl", "part-1.tbl"])
     """
-    if isinstance(paths, (str, os.PathLike)):
+    if isinstance(paths, (str, bytes, os.PathLike)):
         paths = [paths]
-    return Dataset(list(paths))
+    if not isinstance(paths, Sequence):
+        raise TypeError(f"tbljax.open takes a path or a list of paths, got {type(paths).__name__}")
+    return Dataset([_path(p) for p in paths])
+
+
+def _path(p: Any) -> str:
+    """A str path from str, bytes or os.PathLike, refusing what the OS would misread."""
+    if not isinstance(p, (str, bytes, os.PathLike)):
+        raise TypeError(f"a path must be str, bytes or os.PathLike, got {type(p).__name__} {p!r}")
+    s = os.fsdecode(os.fspath(p))
+    if "\0" in s:
+        raise ValueError(f"path {s!r} contains a NUL byte")
+    return s
 
 
 class Writer:
@@ -355,9 +460,10 @@ class Writer:
     """
 
     def __init__(self, dst: PathLike, capacity: int, *, overwrite: bool = False):
-        if capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {capacity}")
-        self.dst = os.fspath(dst)
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) \
+                or not 0 <= capacity <= 1 << 40:
+            raise ValueError(f"capacity must be an integer in [0, 2**40], got {capacity!r}")
+        self.dst = _path(dst)
         self._w = _core.TblWriter(self.dst, int(capacity), bool(overwrite))
         self._meta: dict[str, Any] = {}
 
@@ -376,7 +482,10 @@ class Writer:
         """Appends an encoded image (e.g. the original JPEG bytes) as it is."""
         if format not in FORMATS:
             raise ValueError(f"unknown record format {format!r}; known: {sorted(FORMATS)}")
-        self._w.add(np.frombuffer(data, np.uint8), FORMATS[format], width, height, False)
+        for name, v in (("width", width), ("height", height)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= 65535:
+                raise ValueError(f"{name} must be an integer in [0, 65535], got {v!r}")
+        self._w.add(np.frombuffer(data, np.uint8), FORMATS[format], int(width), int(height), False)
 
     def set_metadata(self, *, labels: Sequence[int] | np.ndarray | None = None,
                      keys: Sequence[str] | None = None, classes: Sequence[str] | None = None,
@@ -384,7 +493,11 @@ class Writer:
                      skipped: Sequence[dict[str, str]] | None = None) -> None:
         """Dataset metadata stored in one block, read back in O(1) at open."""
         if labels is not None:
-            self._meta["labels"] = np.asarray(labels, dtype=np.int64)
+            arr = np.asarray(labels)
+            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+                raise ValueError(f"labels must be a 1-D sequence of integers, got {arr.dtype} of "
+                                 f"shape {arr.shape}")
+            self._meta["labels"] = arr.astype(np.int64)
         if keys is not None:
             self._meta["keys"] = [str(k) for k in keys]
         if classes is not None:
@@ -414,7 +527,11 @@ class Writer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.finalize()
-        else:
+        if exc_type is not None:
             self.abort()
+            return
+        try:
+            self.finalize()
+        except BaseException:
+            self.abort()  # release the file now, not whenever the writer is collected
+            raise

@@ -53,7 +53,12 @@ _POLL_S = 0.05  # how often blocked queue calls look at the stop flag
 
 
 def _dtype_name(dtype) -> str:
-    name = dtype if isinstance(dtype, str) else getattr(np.dtype(dtype), "name", str(dtype))
+    try:
+        name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name is None:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     if name not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     return name
@@ -142,6 +147,7 @@ class _Source:
                              "no resize recipe): convert it with an image_size to serve it")
         self.shape = tuple(int(v) for v in self.shape)
         self._raw = ds.record_format == "raw"
+        self._ds = ds
         if self._raw:
             views = ds.shard_views()
             kernels = importlib.import_module("tbljax.kernels")
@@ -149,7 +155,6 @@ class _Source:
             make = getattr(kernels, "raw_source", None)
             self._src = make(views) if make is not None else views
         else:
-            self._ds = ds
             self._scratch = np.empty((0, *self.shape, 3), np.uint8)
         self._threads = threads or 0
 
@@ -167,7 +172,19 @@ class _Source:
         kernels = importlib.import_module("tbljax.kernels")
         kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std)
         if self._raw:
+            # The kernel reads the files' mappings directly: a file truncated or rewritten in
+            # place since it was opened must fail the batch, not fill it with other bytes.
+            # Checked before (no read past a truncated end) and after (no batch mixed from two
+            # versions of a file). A truncation landing inside the gather itself is the one
+            # case left: reading a page past the new end raises SIGBUS.
+            check = getattr(self._ds, "check_unchanged", None)
+            files_of = getattr(self._ds, "_files_of", None)
+            files = files_of(indices) if files_of is not None else None
+            if check is not None:
+                check(files)
             kernels.gather(self._src, indices, out, **kw)
+            if check is not None:
+                check(files)
             return
         b = len(indices)
         if len(self._scratch) < b:
@@ -586,13 +603,18 @@ class Loader(HostLoader):
 
 
 def _open(path_or_dataset):
-    if isinstance(path_or_dataset, (str, os.PathLike)) or (
-            isinstance(path_or_dataset, (list, tuple)) and path_or_dataset
-            and all(isinstance(p, (str, os.PathLike)) for p in path_or_dataset)):
-        from tbljax import format as _format
+    from tbljax import format as _format
 
+    if isinstance(path_or_dataset, (str, bytes, os.PathLike)) or (
+            isinstance(path_or_dataset, (list, tuple)) and path_or_dataset
+            and all(isinstance(p, (str, bytes, os.PathLike)) for p in path_or_dataset)):
         return _format.open(path_or_dataset)
-    return path_or_dataset
+    # A Dataset, or anything shaped like one (what _Source reads).
+    if isinstance(path_or_dataset, _format.Dataset) or all(
+            hasattr(path_or_dataset, a) for a in ("__len__", "labels", "fingerprint", "record_format")):
+        return path_or_dataset
+    raise TypeError("tbljax.loader takes a TBL path, a list of shard paths or a tbljax.Dataset, "
+                    f"got {type(path_or_dataset).__name__} {path_or_dataset!r}"[:300])
 
 
 def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,

@@ -272,6 +272,9 @@ def resolve(sources: Any, labels: Sequence[int] | None = None) -> TarSource | Fo
         return ArraySource(sources, labels)
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
+    if not isinstance(sources, (list, tuple)) or not all(isinstance(s, (str, os.PathLike)) for s in sources):
+        raise TypeError("convert's sources must be a path, a brace pattern, a list of paths or numpy "
+                        f"arrays, got {type(sources).__name__} {sources!r}"[:300])
     paths = [p for s in sources for p in expand_braces(os.fspath(s))]
     if not paths:
         raise ValueError("convert: no sources given")

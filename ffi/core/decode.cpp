@@ -243,11 +243,16 @@ bool Decompress(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels, std::
   const bool multi_scan = jpeg_has_multiple_scans(c);
   jpeg_start_decompress(c);
   const size_t w = c->output_width, h = c->output_height;
-  pixels->resize(w * h * 3);
+  // The buffer is reserved (no page touched) and grown row by row as rows arrive: a
+  // 600-byte file whose header claims 16384 x 16384 fails at its first missing row having
+  // touched only that much, not after zero-filling 800 MB.
+  pixels->clear();
+  pixels->reserve(w * h * 3);
   uint8_t* base = pixels->data();
   if (cmyk) row->resize(w * 4);
   while (c->output_scanline < h) {
     const size_t y = c->output_scanline;
+    pixels->resize(std::min<size_t>(h, y + 16) * w * 3);  // within capacity: base stays put
     if (!cmyk) {
       JSAMPROW rows[16];
       const size_t n = std::min<size_t>(16, h - y);

@@ -301,6 +301,20 @@ namespace {
 // SIMD target selection
 // ---------------------------------------------------------------------------------------
 
+// Clang before 16 has no "f16c" for __builtin_cpu_supports (the core would not compile with
+// it); CPUID leaf 1, ECX bit 29 says the same thing everywhere.
+bool CpuHasF16c() {
+#if TBLJAX_KERNEL_X86 && defined(__clang__) && __clang_major__ < 16
+  unsigned a, b, c, d;
+  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+  return (c >> 29) & 1;
+#elif TBLJAX_KERNEL_X86
+  return __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
 SimdTarget BestSupported() {
 #if TBLJAX_KERNEL_X86 && (defined(__GNUC__) || defined(__clang__))
   // __builtin_cpu_supports also checks that the OS saves the wider registers (XGETBV).
@@ -311,7 +325,7 @@ SimdTarget BestSupported() {
       __builtin_cpu_supports("bmi2"))
     return SimdTarget::kAvx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c"))
+      __builtin_cpu_supports("bmi2") && CpuHasF16c())
     return SimdTarget::kAvx2;
 #endif
   return SimdTarget::kScalar;

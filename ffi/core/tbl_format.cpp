@@ -1,15 +1,19 @@
 // TBL v2 reader and writer (see tbl_format.h).
 #include "tbl_format.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <lz4.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 
 namespace tbljax::tbl {
@@ -67,7 +71,13 @@ void Store(uint8_t* p, T v) {
 
 uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+constexpr uint64_t kLz4MaxExpansion = 255;
+
 std::string ErrnoText() { return std::strerror(errno); }
+
+int64_t MtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
 
 std::string DirName(const std::string& path) {
   auto slash = path.rfind('/');
@@ -78,6 +88,50 @@ std::string DirName(const std::string& path) {
 std::string BaseName(const std::string& path) {
   auto slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Hidden names for files being written: ".NAME.tbljax-tmp-PID-SERIAL-HOST" beside NAME. The
+// host is part of the name because the named form is what network filesystems get (no
+// O_TMPFILE there), and a PID means something only on its own host.
+constexpr char kTempTag[] = ".tbljax-tmp-";
+
+std::string HostName() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "localhost";
+  for (char* c = host; *c; ++c)
+    if (*c == '/') *c = '_';
+  return host;
+}
+
+std::string TempName(const std::string& dst) {
+  static std::atomic<uint64_t> serial{0};
+  return DirName(dst) + "/." + BaseName(dst) + kTempTag + std::to_string(::getpid()) + "-" +
+         std::to_string(serial++) + "-" + HostName();
+}
+
+// Removes hidden temp files of dst left by writers that were killed (SIGKILL, power loss on
+// a filesystem without O_TMPFILE): those of this host whose process no longer exists. A
+// live PID, another host's file or any name not of our form is left alone.
+void RemoveStaleTemps(const std::string& dst) {
+  const std::string dir = DirName(dst), prefix = "." + BaseName(dst) + kTempTag, host = HostName();
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    // PID-SERIAL-HOST after the prefix.
+    size_t pos = prefix.size(), end = pos;
+    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+    if (end == pos || end - pos > 9 || end >= name.size() || name[end] != '-') continue;
+    const long pid = std::stol(name.substr(pos, end - pos));
+    pos = end + 1;
+    end = pos;
+    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+    if (end == pos || end >= name.size() || name[end] != '-' || name.substr(end + 1) != host) continue;
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      ::unlinkat(::dirfd(d), name.c_str(), 0);
+  }
+  ::closedir(d);
 }
 
 void SyncDir(const std::string& dir) {
@@ -117,6 +171,13 @@ Status TblFile::Open(const std::string& path, std::unique_ptr<TblFile>* out) {
   std::unique_ptr<TblFile> f(new TblFile());
   f->path_ = path;
   f->file_size_ = static_cast<uint64_t>(st.st_size);
+  f->dev_ = st.st_dev;
+  f->ino_ = st.st_ino;
+  f->mtime_ns_ = MtimeNs(st);
+  if (char* real = ::realpath(path.c_str(), nullptr)) {
+    f->abs_path_ = real;
+    std::free(real);
+  }
   if (f->file_size_ < kHeaderBytes) {
     ::close(fd);
     return Corrupt(path + ": file is " + std::to_string(f->file_size_) +
@@ -133,6 +194,22 @@ Status TblFile::Open(const std::string& path, std::unique_ptr<TblFile>* out) {
 
 TblFile::~TblFile() {
   if (base_) ::munmap(const_cast<uint8_t*>(base_), file_size_);
+}
+
+Status TblFile::CheckUnchanged() const {
+  struct stat st;
+  if (abs_path_.empty() || ::stat(abs_path_.c_str(), &st) != 0) return Status::Ok();
+  // Another inode at the path (renamed over, deleted and rewritten): ours can no longer be
+  // reached by name, so the mapping keeps serving the bytes it had.
+  if (static_cast<uint64_t>(st.st_dev) != dev_ || static_cast<uint64_t>(st.st_ino) != ino_) return Status::Ok();
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size == file_size_ && MtimeNs(st) == mtime_ns_) return Status::Ok();
+  return Corrupt(path_ + ": the file changed on disk while open (" +
+                 (size == file_size_ ? "rewritten in place"
+                                     : "size " + std::to_string(file_size_) + " -> " + std::to_string(size) +
+                                           " bytes") +
+                 "): its records can no longer be trusted. Replace TBL files by renaming a complete "
+                 "new file over them (as tbljax.convert does), and reopen");
 }
 
 std::string TblFile::Where(uint64_t i) const { return path_ + ": record " + std::to_string(i) + ": "; }
@@ -196,6 +273,14 @@ Status TblFile::Validate() {
     if (!r.lz4() && r.uncompressed_size != r.size)
       return Corrupt(Where(i) + "uncompressed size " + std::to_string(r.uncompressed_size) +
                      " differs from stored size " + std::to_string(r.size) + " of an uncompressed record");
+    // A reader allocates uncompressed_size before decompressing: a 100-byte file must not
+    // be able to ask for 4 GiB. LZ4 expands a block at most 255-fold (one length byte can
+    // add 255 output bytes), and its API takes sizes up to LZ4_MAX_INPUT_SIZE.
+    if (r.lz4() && (r.uncompressed_size > kLz4MaxExpansion * r.size || r.size > LZ4_MAX_INPUT_SIZE ||
+                    r.uncompressed_size > LZ4_MAX_INPUT_SIZE))
+      return Corrupt(Where(i) + "LZ4 record claims " + std::to_string(r.uncompressed_size) +
+                     " bytes from " + std::to_string(r.size) +
+                     " stored bytes, more than LZ4 can produce (at most 255x)");
     if (r.format == kRawU8) {
       const uint64_t want = uint64_t{r.width} * r.height * 3;
       if (want == 0 || r.uncompressed_size != want)
@@ -285,17 +370,20 @@ Status TblWriter::Create(const std::string& dst, uint64_t capacity, bool overwri
     return IOError(dst + ": directory " + dir + " does not exist");
   if (capacity > (uint64_t{1} << 40)) return InvalidArgument("capacity " + std::to_string(capacity) + " is too large");
 
+  RemoveStaleTemps(dst);
   std::unique_ptr<TblWriter> w(new TblWriter());
   w->dst_ = dst;
   w->overwrite_ = overwrite;
   w->capacity_ = capacity;
 #ifdef O_TMPFILE
-  w->fd_ = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  // TBLJAX_NO_O_TMPFILE=1 takes the named path below, as on filesystems without O_TMPFILE
+  // (tests use it to cover that path).
+  const char* no_tmpfile = std::getenv("TBLJAX_NO_O_TMPFILE");
+  if (no_tmpfile == nullptr || std::strcmp(no_tmpfile, "1") != 0)
+    w->fd_ = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
 #endif
   if (w->fd_ < 0) {  // filesystem without O_TMPFILE: a hidden, unique name beside dst
-    static std::atomic<uint64_t> counter{0};
-    w->tmp_path_ = dir + "/." + BaseName(dst) + ".tbljax-tmp-" + std::to_string(::getpid()) + "-" +
-                   std::to_string(counter++);
+    w->tmp_path_ = TempName(dst);
     w->fd_ = ::open(w->tmp_path_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0644);
     if (w->fd_ < 0) {
       std::string e = ErrnoText();
@@ -347,6 +435,10 @@ Status TblWriter::Add(const uint8_t* data, size_t size, uint8_t format, uint32_t
     return InvalidArgument("record of " + std::to_string(width) + "x" + std::to_string(height) +
                            " exceeds the format's 65535-pixel side");
   if (size > 0xFFFFFFFFull) return InvalidArgument("record of " + std::to_string(size) + " bytes exceeds 4 GiB");
+  // The reader refuses RAW_U8 records of no pixels, so the writer must not make them.
+  if (format == kRawU8 && (width == 0 || height == 0))
+    return InvalidArgument("RAW_U8 record of " + std::to_string(width) + "x" + std::to_string(height) +
+                           " pixels: an image needs at least 1x1");
   if (format == kRawU8 && size != uint64_t{width} * height * 3)
     return InvalidArgument("RAW_U8 record of " + std::to_string(width) + "x" + std::to_string(height) +
                            " must hold " + std::to_string(uint64_t{width} * height * 3) + " bytes, got " +
@@ -430,8 +522,7 @@ Status TblWriter::Finalize(std::string_view dataset_json) {
       SyncDir(DirName(dst_));
       return Status::Ok();
     }
-    staged = DirName(dst_) + "/." + BaseName(dst_) + ".tbljax-tmp-" + std::to_string(::getpid());
-    ::unlink(staged.c_str());
+    staged = TempName(dst_);
     if (::linkat(AT_FDCWD, fdpath.c_str(), AT_FDCWD, staged.c_str(), AT_SYMLINK_FOLLOW) != 0)
       return IOError(dst_ + ": cannot stage the new file: " + ErrnoText());
     tmp_path_ = staged;  // so a failure below removes it

@@ -76,6 +76,13 @@ class TblFile {
   // The whole metadata section, for the slow per-sample scan of foreign files.
   std::string_view metadata_section() const;
 
+  // The mapping serves the bytes the file held at Open. Replacing the file by rename (as
+  // TblWriter does) leaves it intact: it keeps the old inode. Writing or truncating the same
+  // inode in place changes what it serves, and reading a page past a truncated end raises
+  // SIGBUS. This says whether that happened to the file at path(): an error if the inode
+  // it names is still ours and its size or modification time changed since Open.
+  Status CheckUnchanged() const;
+
   // Payload bytes after LZ4 decompression, checked against the record's CRC-16 when
   // verify is set.
   Status ReadPayload(uint64_t i, std::vector<uint8_t>* out, bool verify) const;
@@ -88,6 +95,9 @@ class TblFile {
   std::string Where(uint64_t i) const;
 
   std::string path_;
+  std::string abs_path_;  // path_ resolved at Open, so a later chdir does not change it
+  uint64_t dev_ = 0, ino_ = 0;
+  int64_t mtime_ns_ = 0;
   const uint8_t* base_ = nullptr;
   uint64_t file_size_ = 0, num_records_ = 0;
   uint64_t meta_offset_ = 0, meta_size_ = 0;
@@ -101,7 +111,9 @@ class TblFile {
 // Streams records into a new TBL file. Memory stays flat in N: each index entry goes to its
 // slot in the file as its record is added. The file is built under a hidden name (an
 // unnamed O_TMPFILE where the filesystem has it) and appears at `dst` only in Finalize,
-// complete and synced; a crash or Abort leaves nothing at `dst`.
+// complete and synced; a crash or Abort leaves nothing at `dst`. Without O_TMPFILE (or with
+// TBLJAX_NO_O_TMPFILE=1, for tests) the hidden name is ".NAME.tbljax-tmp-PID-SERIAL-HOST";
+// one left by a killed writer is removed by the next Create for the same dst on that host.
 class TblWriter {
  public:
   // capacity bounds the number of records (it sizes the index region).

@@ -29,6 +29,9 @@ struct PyTblWriter {
 
 using U8Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
+// A verify pool is made per call: a bound keeps a typo from starting a million threads.
+constexpr int kMaxVerifyThreads = 1024;
+
 nb::bytes BytesOf(std::string_view s) { return nb::bytes(s.data(), s.size()); }
 
 }  // namespace
@@ -84,16 +87,28 @@ void BindFormat(nb::module_& m) {
       .def_prop_ro("raw_shape", [](const PyTblFile& s) {
         return std::make_tuple(s.f->raw_height(), s.f->raw_width());
       })
-      .def_prop_ro("dataset_json", [](const PyTblFile& s) { return BytesOf(s.f->dataset_json()); })
-      .def("metadata_section", [](const PyTblFile& s) { return BytesOf(s.f->metadata_section()); })
+      // These read the mapping: a file truncated or rewritten since it was opened is an
+      // error here, not bytes of zeros (or SIGBUS) handed on.
+      .def_prop_ro("dataset_json", [](const PyTblFile& s) {
+        Check(s.f->CheckUnchanged());
+        return BytesOf(s.f->dataset_json());
+      })
+      .def("metadata_section", [](const PyTblFile& s) {
+        Check(s.f->CheckUnchanged());
+        return BytesOf(s.f->metadata_section());
+      })
       .def("index_bytes", [](nb::handle self_h) {
         const PyTblFile& s = nb::cast<const PyTblFile&>(self_h);
+        Check(s.f->CheckUnchanged());
         size_t shape[2] = {static_cast<size_t>(s.f->num_records()), tbl::kIndexEntryBytes};
         return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<2>>(
             s.f->base() + tbl::kHeaderBytes, 2, shape, self_h);
       }, "The index as a read-only (N, 24) uint8 view of the mapping.")
       .def("raw_view", [](nb::handle self_h) {
         const PyTblFile& s = nb::cast<const PyTblFile&>(self_h);
+        Check(s.f->CheckUnchanged());
+        if (s.f->num_records() == 0)
+          Raise(InvalidArgument(s.f->path() + ": the file holds no records, so there is no image view"));
         if (!s.f->uniform_raw())
           Raise(InvalidArgument(s.f->path() + ": records are not uniform uncompressed RAW_U8, so there "
                                 "is no zero-copy view (use read(i))"));
@@ -101,18 +116,25 @@ void BindFormat(nb::module_& m) {
         return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<4>>(
             s.f->base() + s.f->raw_offset(), 4, shape, self_h);
       }, "Zero-copy read-only (N, H, W, 3) uint8 view of a uniform RAW file.")
+      .def("check_unchanged", [](const PyTblFile& s) { Check(s.f->CheckUnchanged()); },
+           "Raises CorruptFileError if the file was truncated or rewritten in place since it "
+           "was opened (a rename over it is fine: the mapping keeps the old file).")
       .def("read_payload", [](const PyTblFile& s, uint64_t i, bool verify) {
         std::vector<uint8_t> buf;
-        Status st;
-        {
+        Status st = s.f->CheckUnchanged();
+        if (st.ok()) {
           nb::gil_scoped_release release;
           st = s.f->ReadPayload(i, &buf, verify);
         }
+        if (st.ok()) st = s.f->CheckUnchanged();
         Check(st);
         return nb::bytes(reinterpret_cast<const char*>(buf.data()), buf.size());
       }, nb::arg("i"), nb::arg("verify") = true, "Record i's payload bytes, LZ4 undone.")
       .def("verify", [](const PyTblFile& s, int threads) {
         // Checks every record's CRC-16 in parallel; returns [(record, message)] of failures.
+        if (threads < 0 || threads > kMaxVerifyThreads)
+          Raise(InvalidArgument("threads must be 0 (the default pool) or 1.." +
+                                std::to_string(kMaxVerifyThreads) + ", got " + std::to_string(threads)));
         const uint64_t n = s.f->num_records();
         std::vector<std::tuple<uint64_t, std::string>> bad;
         {
