@@ -5,11 +5,18 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <system_error>
 
 namespace tbljax {
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < std::max(1, num_threads); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 1; i < std::max(1, num_threads); ++i) {
+    try {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    } catch (const std::system_error&) {
+      break;  // the OS refused another thread: run with the ones we have (the caller helps too)
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -64,8 +71,9 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
     fn_ = &fn;
     n_ = n;
     next_ = 0;
-    // Small chunks balance uneven work (JPEG decode); 4 per thread keeps locking cheap.
-    chunk_ = std::max<int64_t>(1, n / (static_cast<int64_t>(num_threads()) * 4));
+    // Small chunks balance uneven work (JPEG decode) and a descheduled thread (a busy machine):
+    // whoever is running takes the next chunk. 16 per thread still keeps locking cheap.
+    chunk_ = std::max<int64_t>(1, n / (static_cast<int64_t>(num_threads()) * 16));
     active_ = static_cast<int>(workers_.size());
     ++generation_;
   }
