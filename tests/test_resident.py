@@ -15,7 +15,6 @@ import pytest
 import tbljax
 from tbljax.resident import ResidentDataset, _data_sharding
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N, H, W, G = 40, 20, 24, 8  # 5 steps per epoch
 
 
@@ -198,7 +197,7 @@ _EIGHT = textwrap.dedent("""
 
 def test_eight_devices_replicated_and_records_partitioned(data):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+               JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", _EIGHT, data[0]], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
