@@ -162,8 +162,12 @@ def worker(kind: str, path: str, mode: str, n_batches: int) -> dict:
 
 
 def open_first_batch(path: str) -> dict:
+    # A training program has imported jax (and tbljax) already: imports are not open time.
+    import jax
+
     import tbljax
 
+    jax.devices()
     t0 = time.perf_counter()
     it = iter(tbljax.loader(path, B, seed=0))
     b = next(it)
