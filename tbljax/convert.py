@@ -162,6 +162,20 @@ def _prefetch(it: Iterable[Any], depth: int = 2) -> Iterator[Any]:
         t.join(timeout=5)
 
 
+def _decode_ahead(chunks: Iterable[list[_sources.Item]], decode: Any,
+                  executor: ThreadPoolExecutor) -> Iterator[tuple[list[_sources.Item], Any]]:
+    """(chunk, decode(chunk)) in order, the next chunk decoding (GIL released, all cores)
+    while the caller writes this one, so the decode pool does not idle during writes."""
+    pending = None
+    for chunk in chunks:
+        future = executor.submit(decode, chunk)
+        if pending is not None:
+            yield pending[0], pending[1].result()
+        pending = (chunk, future)
+    if pending is not None:
+        yield pending[0], pending[1].result()
+
+
 def _chunks(items: Iterable[_sources.Item], n: int) -> Iterator[list[_sources.Item]]:
     """Lists of up to n items; the first ones smaller so decoding starts while reading goes on."""
     size = min(16, n)
@@ -294,9 +308,12 @@ def convert(
     skipped: list[dict[str, str]] = []
     bar = _Progress(total, progress)
     seen = 0
-    with Writer(dst, total, overwrite=overwrite) as w, ThreadPoolExecutor(nthreads) as pool:
-        for chunk in _prefetch(_chunks(src, CHUNK)):
-            results = _decode_chunk(chunk, size, resize, threads or 0, pool)
+    with Writer(dst, total, overwrite=overwrite) as w, ThreadPoolExecutor(nthreads) as pool, \
+            ThreadPoolExecutor(1, thread_name_prefix="tbljax-convert-decode") as decoder:
+        def decode(chunk: list[_sources.Item]) -> list[np.ndarray | str]:
+            return _decode_chunk(chunk, size, resize, threads or 0, pool)
+
+        for chunk, results in _decode_ahead(_prefetch(_chunks(src, CHUNK)), decode, decoder):
             bad = [{"key": it.key, "source": it.source, "reason": r}
                    for it, r in zip(chunk, results) if isinstance(r, str)]
             if bad and strict:
