@@ -10,7 +10,19 @@ import numpy as np
 from tbljax import batch as _batch
 from tbljax.loader import HostLoader, LoaderOptions
 
-__all__ = ["Batch", "EpochLoader", "check_rank", "options"]
+__all__ = ["Batch", "EpochLoader", "check_rank", "dtype_name", "options"]
+
+
+def dtype_name(dtype, fw, prefix: str) -> str:
+    """'float32' | 'bfloat16' | 'uint8' from a string or framework `fw`'s dtype object
+    (`prefix` names the framework in the error, e.g. "torch" or "mx")."""
+    if isinstance(dtype, str):
+        return dtype
+    names = {fw.float32: "float32", fw.bfloat16: "bfloat16", fw.uint8: "uint8"}
+    if dtype in names:
+        return names[dtype]
+    raise ValueError(f"dtype must be one of {prefix}.float32, {prefix}.bfloat16, {prefix}.uint8 "
+                     f"(or their names), got {dtype!r}")
 
 
 class Batch(tuple):

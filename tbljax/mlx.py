@@ -34,18 +34,6 @@ def _mx():
                           "installs mlx[cpu])") from e
 
 
-def _dtype_name(dtype) -> str:
-    """'float32' | 'bfloat16' | 'uint8' from a string or an mx dtype."""
-    if isinstance(dtype, str):
-        return dtype
-    mx = _mx()
-    names = {mx.float32: "float32", mx.bfloat16: "bfloat16", mx.uint8: "uint8"}
-    if dtype in names:
-        return names[dtype]
-    raise ValueError(f"dtype must be one of mx.float32, mx.bfloat16, mx.uint8 (or their "
-                     f"names), got {dtype!r}")
-
-
 def _to_mlx(host) -> _adapter.Batch:
     """A HostBatch → mx.arrays (one copy of each array; the HostBatch is dropped after)."""
     mx = _mx()
@@ -96,7 +84,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     _mx()  # a clear ImportError here, not on the first batch
     rank, world_size = _adapter.check_rank(rank, world_size)
     opts = _adapter.options(batch_size, world_size, seed=seed, shuffle=shuffle,
-                            dtype=_dtype_name(dtype), layout=layout, mean=mean, std=std,
+                            dtype=_adapter.dtype_name(dtype, _mx(), "mx"),
+                            layout=layout, mean=mean, std=std,
                             augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
                             threads=threads)
     return MLXLoader(_open(path_or_paths), opts, rank, world_size)

@@ -37,18 +37,6 @@ def _torch():
         raise ImportError("tbljax.torch needs PyTorch: pip install 'tbljax[torch]'") from e
 
 
-def _dtype_name(dtype) -> str:
-    """'float32' | 'bfloat16' | 'uint8' from a string or a torch dtype."""
-    if isinstance(dtype, str):
-        return dtype
-    torch = _torch()
-    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.uint8: "uint8"}
-    if dtype in names:
-        return names[dtype]
-    raise ValueError(f"dtype must be one of torch.float32, torch.bfloat16, torch.uint8 (or "
-                     f"their names), got {dtype!r}")
-
-
 def _pinned_empty(nbytes: int) -> np.ndarray:
     """Page-locked host memory from torch's pinned allocator, seen from NumPy (so the ring's
     in-use check works on it unchanged) and aligned like `tbljax.batch.aligned_empty`."""
@@ -146,7 +134,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     opts = _adapter.options(batch_size, world_size, seed=seed, shuffle=shuffle,
-                            dtype=_dtype_name(dtype), layout=layout, mean=mean, std=std,
+                            dtype=_adapter.dtype_name(dtype, _torch(), "torch"),
+                            layout=layout, mean=mean, std=std,
                             augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
                             threads=threads)
     return TorchLoader(_open(path_or_paths), opts, rank, world_size, bool(pin_memory))

@@ -10,7 +10,6 @@ import sys
 import time
 import types
 
-import ml_dtypes
 import numpy as np
 import pytest
 

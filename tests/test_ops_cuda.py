@@ -6,7 +6,6 @@ skips; with TBLJAX_REQUIRE_CUDA=1 (benchmarks/gpu_check.sh sets it) they fail in
 import os
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
