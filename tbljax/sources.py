@@ -74,24 +74,28 @@ def _split_key(name: str) -> tuple[str, str]:
     return (f"{d}/{stem}" if d else stem), ext.lower()
 
 
+LABEL_EXTENSIONS = ("cls", "cls2", "label", "json")
+
+
 def _label_from(ext: str, payload: bytes) -> int | None:
+    if ext not in LABEL_EXTENSIONS:
+        return None  # never decode an image's bytes as text: that once cost more than the JPEG decode
     text = payload.decode("utf-8", "replace").strip()
-    if ext in ("cls", "cls2", "label"):
+    if ext != "json":
         try:
             return int(text)
         except ValueError:
             return None
-    if ext == "json":
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            return None
-        if isinstance(obj, int):
-            return obj
-        if isinstance(obj, dict):
-            for name in ("label", "cls", "class"):
-                if isinstance(obj.get(name), int):
-                    return obj[name]
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(obj, int):
+        return obj
+    if isinstance(obj, dict):
+        for name in ("label", "cls", "class"):
+            if isinstance(obj.get(name), int):
+                return obj[name]
     return None
 
 
