@@ -2,8 +2,8 @@
 N records): tbljax's loader in several output modes vs turboloader 2.39's TblRawImageLoader,
 Grain over the same file doing the same work, a tuned numpy gather, and the memory-bandwidth
 roofline measured in the same run. Each configuration runs in its own process; medians over
-rounds. "produce": the consumer touches one element per batch; "consumed": it reads every byte
-(np.sum).
+rounds; every configuration gets the same 8 warm-up batches before the timed ones. "produce":
+the consumer touches one element per batch; "consumed": it reads every byte (np.sum).
 
     python benchmarks/bench_serve.py [--rounds 3] [--records 5000] [--batches 40]
 """
@@ -49,17 +49,23 @@ def make_file(dst: Path, records: int, size: int) -> None:
     os.remove(base)
 
 
+WARMUP = 8  # batches before timing: threads started, every ring slot / buffer touched once
+
+
 def consume(x, mode: str) -> None:
     a = np.asarray(x)
     if mode == "consumed":
-        a.sum(dtype=np.float64 if a.dtype.kind == "f" else np.uint64)  # reads every byte
+        # np.sum with NumPy's own accumulator reads every byte (uint8 -> uint64, float32 ->
+        # float32). bfloat16 sums in float32: NumPy has no fast bfloat16 loop (~2k img/s).
+        a.sum(dtype=np.float32 if a.dtype.name == "bfloat16" else None)
     else:
         a.reshape(-1)[0].item()
 
 
 def timed(batches, n_batches: int, mode: str) -> float:
     it = iter(batches)
-    consume(next(it), mode)  # warm-up batch (threads, page cache, first-touch of buffers)
+    for _ in range(WARMUP):
+        consume(next(it), mode)
     t0 = time.perf_counter()
     for _ in range(n_batches):
         consume(next(it), mode)

@@ -53,6 +53,8 @@ import functools
 
 import numpy as np
 
+from tbljax import _core
+
 __all__ = [
     "STATE_VERSION", "mix32", "hash32", "permute", "random_bits", "steps_in_epoch",
     "advance", "make_state", "check_state",
@@ -163,6 +165,15 @@ def permute(positions, n: int, seed: int = 0, epoch: int = 0, *, shuffle: bool =
     k = (n - 1).bit_length()
     a, b = k - k // 2, k // 2
     keys = [_epoch_key(TAG_SHUFFLE, seed, epoch, r, xp=xp) for r in range(_ROUNDS)]
+    if xp is np:
+        # The same network in C++: one pass over the positions, no temporaries.
+        return _core.feistel_permute(np.ascontiguousarray(positions), n, keys, a, b)
+    return _permute_xp(positions, n, a, b, keys, xp)
+
+
+def _permute_xp(positions, n, a, b, keys, xp):
+    """The network with cycle walking in array code: the reference for the C++ fast path, and
+    the jax.numpy version (also inside jax.jit)."""
     y = _feistel(positions, a, b, keys, xp)
     if xp is np:
         # Cycle walking on the rows still out of range only: cheap, since the network maps

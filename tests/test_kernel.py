@@ -287,6 +287,29 @@ def test_gather_matrix(dtype, limit, layout, crop, flip, shards):
         np.testing.assert_array_equal(bits(out), bits(want), err_msg=target)
 
 
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_large_float32_batches_use_streaming_stores_exactly(layout):
+    # Outputs of 32 MiB or more take the non-temporal store path; an output whose first
+    # element is not vector-aligned takes the ordinary stores. Both equal the reference.
+    rng = np.random.default_rng(5)
+    records = _records(7, n=40, h=100, w=100)
+    batch = 300  # 300 x 100 x 100 x 3 float32 = 36 MB
+    idx = rng.integers(0, len(records), batch)
+    norm = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+    want = ref_gather(records, idx, 100, 100, dtype=np.float32, layout=layout, **norm)
+    shape = want.shape
+    for target in TARGETS:
+        _core.set_kernel_target(target)
+        out = out_buffer(batch, 100, 100, np.float32, layout)
+        kernels.gather(records, idx, out, layout=layout, **norm)
+        np.testing.assert_array_equal(bits(out), bits(want), err_msg=target)
+        raw = np.empty(out.nbytes + 64, np.uint8)
+        start = -raw.ctypes.data % 64 + 4  # 4 bytes past a 64-byte boundary
+        shifted = raw[start:start + out.nbytes].view(np.float32).reshape(shape)
+        kernels.gather(records, idx, shifted, layout=layout, **norm)
+        np.testing.assert_array_equal(bits(shifted), bits(want), err_msg=target)
+
+
 def test_uint8_and_float_outputs_agree_exactly():
     # The float output is the normalization of exactly the uint8 output (resize before norm).
     rng = np.random.default_rng(2)

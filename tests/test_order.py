@@ -32,6 +32,42 @@ def test_mix32_matches_plain_python():
     assert got.tolist() == [mix32_ref(int(x)) for x in xs]
 
 
+def hash32_ref(words, iv=0x243F6A88) -> int:
+    h = iv
+    for w in words:
+        h = mix32_ref(h ^ w)
+    return mix32_ref(h ^ 0x9E3779B9)
+
+
+def permute_ref(x: int, n: int, seed: int, epoch: int) -> int:
+    """The shuffle as order.py's docstring defines it, in plain Python ints."""
+    k = (n - 1).bit_length()
+    a, b = k - k // 2, k // 2
+    keys = [hash32_ref([0x53484646, seed & 0xFFFFFFFF, seed >> 32, epoch, r]) for r in range(8)]
+    while True:
+        left, right, wl = x >> b, x & ((1 << b) - 1), a
+        for key in keys:
+            left, right = right, left ^ (mix32_ref(right ^ key) & ((1 << wl) - 1))
+            wl = a + b - wl
+        x = (left << b) | right
+        if x < n:
+            return x
+
+
+@pytest.mark.parametrize("n", [2, 3, 17, 1000, 4097, 3_000_017, 2**31 + 11, 2**62])
+def test_native_shuffle_matches_the_definition_and_the_array_code(n):
+    # order.permute runs the network in C++; the array code (_permute_xp) is what jax.numpy
+    # runs. Both must give the plain-Python definition's indices.
+    pos = np.unique(np.r_[np.arange(min(n, 300)), n - 1 - np.arange(min(n, 300)),
+                          np.random.default_rng(n % 1000).integers(0, n, 300, dtype=np.int64)])
+    for seed, epoch in ((0, 0), (7, 3), (2**63 + 5, 2**32 - 1)):
+        want = [permute_ref(int(p), n, seed, epoch) for p in pos]
+        assert order.permute(pos, n, seed, epoch).tolist() == want, (n, seed, epoch)
+        k = (n - 1).bit_length()
+        keys = [order._key(order.TAG_SHUFFLE, seed, epoch, r) for r in range(8)]
+        assert order._permute_xp(pos.copy(), n, k - k // 2, k // 2, keys, np).tolist() == want
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_each_epoch_is_a_permutation(n):
     for seed in SEEDS:

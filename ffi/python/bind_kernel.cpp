@@ -13,6 +13,7 @@
 
 #include "common.h"
 #include "kernel.h"
+#include "order.h"
 
 namespace tbljax::py {
 namespace {
@@ -197,6 +198,19 @@ void BindKernel(nb::module_& m) {
           throw nb::value_error("expected 'table', 'affine-f64' or 'affine-f32'");
         },
         nb::arg("limit"), "Tests only: the best normalization path the SIMD targets may take.");
+  m.def("feistel_permute",
+        [](IndexArray positions, int64_t n, std::array<uint32_t, kShuffleRounds> keys, int a, int b) {
+          // Called by tbljax.order.permute, which has checked positions and n.
+          if (n < 2 || a < 1 || b < 0 || a > 31 || b > 31 || a + b > 62)
+            throw nb::value_error("feistel_permute: bad n or half widths");
+          const int64_t count = static_cast<int64_t>(positions.shape(0));
+          auto* out = new int64_t[static_cast<size_t>(count > 0 ? count : 1)];
+          nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
+          FeistelPermute(positions.data(), count, n, keys.data(), a, b, out);
+          return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(out, {static_cast<size_t>(count)}, owner);
+        },
+        nb::arg("positions").noconvert(), nb::arg("n"), nb::arg("keys"), nb::arg("a"), nb::arg("b"),
+        "The shuffle of tbljax.order.permute for int64 positions already checked to lie in [0, n).");
   m.def("supported_kernel_targets", [] {
     std::vector<std::string> v;
     for (SimdTarget t : SupportedSimdTargets()) v.emplace_back(SimdTargetName(t));
