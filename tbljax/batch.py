@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 import mmap
 import sys
+import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -180,6 +182,16 @@ class Slot:
     def in_use(self) -> bool:
         return sys.getrefcount(self._owner) > self._idle_refs
 
+    def watch(self, viewers) -> None:
+        """Remembers (weakly) the objects handed to the consumer that view this slot."""
+        self._watched = [weakref.ref(x) for x in viewers]
+
+    def held_by_consumer(self) -> bool:
+        """Whether an object handed out for this slot is still alive: kept on purpose, so
+        waiting for it is pointless. (Once they are all gone, what still holds the memory is
+        a computation in flight, which ends.)"""
+        return any(w() is not None for w in getattr(self, "_watched", ()))
+
 
 def _release_dropped_buffers():
     """Lets jaxlib drop host references it holds for buffers already deleted.
@@ -195,14 +207,22 @@ def _release_dropped_buffers():
 
 
 class Ring:
-    """A fixed set of slots handed out round-robin; a slot still in use is replaced, not reused.
+    """A fixed set of slots handed out round-robin; a slot still in use is never overwritten.
+
+    When the next slot is still viewed, but no longer by what was handed to the consumer
+    (`watch`), `acquire` first waits up to `patience` seconds for it to be released: with JAX's asynchronous dispatch a training loop runs ahead of the device
+    and its queued steps hold their batches until they run, so this wait is the loader's
+    back-pressure (memory stays at the ring's size, and no fresh memory is faulted in per
+    step). A slot not released in time is replaced by fresh memory (the old one lives on,
+    owned by whoever views it: a batch kept on purpose); after `max_timeouts` such waits the
+    ring stops waiting, since that consumer keeps its batches.
 
     ``before_reuse()``, when given, runs before a slot that was handed out is written again
     (the torch adapter waits there for asynchronous device copies that may still read it).
     """
 
     def __init__(self, layout: Layout, row_shape, dtype, size: int, *, alloc=aligned_empty,
-                 before_reuse=None):
+                 before_reuse=None, patience: float = 1.0, max_timeouts: int = 2):
         if size < 1:
             raise ValueError(f"ring size must be >= 1, got {size}")
         self._make = lambda: Slot(layout, row_shape, dtype, alloc)
@@ -210,13 +230,35 @@ class Ring:
         self._used = [False] * size  # handed out since it was made
         self._slots = [self._make() for _ in range(size)]
         self._next = 0
+        self._patience = patience
+        self._timeouts_left = max_timeouts
         self.replaced = 0  # slots retired because a jax.Array still viewed them
+        self.wait_seconds = 0.0  # time acquire spent waiting for the consumer to release a slot
 
-    def acquire(self) -> Slot:
+    def _wait_released(self, slot: Slot, stop) -> None:
+        t0 = time.perf_counter()
+        nap = 1e-4
+        while slot.in_use():
+            now = time.perf_counter()
+            if now - t0 > self._patience:
+                self._timeouts_left -= 1
+                break
+            if stop is not None and stop.is_set():
+                break
+            time.sleep(nap)
+            nap = min(2 * nap, 2e-3)
+            _release_dropped_buffers()
+        self.wait_seconds += time.perf_counter() - t0
+
+    def acquire(self, stop=None) -> Slot:
+        """The next slot to write; `stop` (a threading.Event) cuts a wait short."""
         i = self._next
         self._next = (i + 1) % len(self._slots)
         if self._slots[i].in_use():
             _release_dropped_buffers()
+        slot = self._slots[i]
+        if slot.in_use() and self._timeouts_left > 0 and not slot.held_by_consumer():
+            self._wait_released(slot, stop)
         if self._slots[i].in_use():
             self._slots[i] = self._make()
             self._used[i] = False
@@ -224,4 +266,9 @@ class Ring:
         if self._used[i] and self._before_reuse is not None:
             self._before_reuse()
         self._used[i] = True
+        self._last = self._slots[i]
         return self._slots[i]
+
+    def watch(self, viewers) -> None:
+        """`Slot.watch` for the slot handed out last."""
+        self._last.watch(viewers)

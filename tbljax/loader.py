@@ -47,7 +47,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "uint8": "uint8"}
 _LAYOUTS = ("NHWC", "NCHW")
 # Slots beyond the prefetch queue: one being filled, one the consumer holds, one still read by
-# a step in flight. A slot still viewed is replaced anyway (see tbljax.batch), never overwritten.
+# a step in flight. A slot still viewed is waited for, then replaced (see tbljax.batch.Ring),
+# never overwritten.
 _RING_EXTRA = 3
 _POLL_S = 0.05  # how often blocked queue calls look at the stop flag
 
@@ -267,11 +268,11 @@ class _Plan:
                 yield epoch, position + s * g
             epoch, position = epoch + 1, 0
 
-    def build_host(self, ring, epoch, first) -> HostBatch:
+    def build_host(self, ring, epoch, first, stop=None) -> HostBatch:
         """This process's rows of the step starting at position `first`, in a ring slot."""
         src, opts, aug = self.source, self.opts, self.opts.augment
         normalize = opts.dtype != "uint8"
-        slot = ring.acquire()
+        slot = ring.acquire(stop)
         views = slot.views()
         labels, indices, valid = [], [], []
         for (a, b), out in zip(self.layout.ranges, views):
@@ -292,9 +293,23 @@ class _Plan:
         return HostBatch(epoch, first, self.layout.ranges, tuple(views), tuple(labels),
                          tuple(indices), None if opts.drop_remainder else tuple(valid))
 
-    def build(self, ring, epoch, first):
-        host = self.build_host(ring, epoch, first)
-        return host if self.finish is None else self.finish(host)
+    def build(self, ring, epoch, first, stop=None):
+        host = self.build_host(ring, epoch, first, stop)
+        result = host if self.finish is None else self.finish(host)
+        ring.watch(_slot_viewers(result))
+        return result
+
+
+def _slot_viewers(result) -> list:
+    """What a finisher handed out that views the ring slot: the images (a HostBatch's views,
+    the JAX dict's "image", an adapter Batch's first item)."""
+    if isinstance(result, HostBatch):
+        return list(result.images)
+    if isinstance(result, dict):
+        return [result["image"]]
+    if isinstance(result, tuple):
+        return [result[0]]
+    return []
 
 
 def _to_jax(layout: _batch.Layout, row_shape, host: HostBatch) -> dict:
@@ -323,6 +338,7 @@ class _Metrics:
     wait_seconds: float = 0.0  # consumer time blocked waiting for a batch
     last_wait_seconds: float = 0.0
     slots_replaced: int = 0
+    slot_wait_seconds: float = 0.0  # producer waiting for the consumer to release a ring slot
 
 
 def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
@@ -344,11 +360,13 @@ def _produce(plan: _Plan, ring: _batch.Ring, q: queue.Queue, stop: threading.Eve
         for epoch, first in plan.steps():
             if stop.is_set():
                 return
-            t0 = time.perf_counter()
-            item = (epoch, first, plan.build(ring, epoch, first))
-            metrics.produce_seconds += time.perf_counter() - t0
+            t0, waited = time.perf_counter(), ring.wait_seconds
+            item = (epoch, first, plan.build(ring, epoch, first, stop))
+            # Producing, not waiting for the consumer to release a slot.
+            metrics.produce_seconds += time.perf_counter() - t0 - (ring.wait_seconds - waited)
             metrics.images += rows
             metrics.slots_replaced = ring.replaced
+            metrics.slot_wait_seconds = ring.wait_seconds
             if not _put(q, item, stop):
                 return
             del item
@@ -565,7 +583,8 @@ class HostLoader:
 
     def metrics(self) -> dict:
         """Counters since creation: steps handed out, images built by this process and the
-        producer's rate, consumer wait time (total and last step), ring slots replaced."""
+        producer's rate, consumer wait time (total and last step), producer wait time for
+        ring slots still held by the consumer, and ring slots replaced."""
         m = self._metrics
         d = dataclasses.asdict(m)
         d["produced_img_per_s"] = m.images / m.produce_seconds if m.produce_seconds else 0.0
