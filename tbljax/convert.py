@@ -24,7 +24,7 @@ from tbljax.format import Writer
 
 RESIZE_MODES = ("center_crop", "squash", "max_side")
 RECORD_FORMATS = ("raw", "jpeg", "lz4")
-CHUNK = 256  # items decoded per call into the C++ pool
+CHUNK = 32  # items decoded per call into the C++ pool: peak RSS flat in N (256 grew it 2.3x at 4x N)
 
 
 class ConversionError(RuntimeError):
