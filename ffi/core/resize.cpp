@@ -189,6 +189,12 @@ struct Scratch {
   std::vector<const uint8_t*> rows;
 };
 
+// Per-thread, reused between calls.
+Scratch& ThreadScratch() {
+  static thread_local Scratch s;
+  return s;
+}
+
 }  // namespace
 
 Status ParseResizeMode(std::string_view name, ResizeMode* mode) {
@@ -243,32 +249,77 @@ Status PlanResize(int src_h, int src_w, int size, ResizeMode mode, ResizePlan* p
   return Status::Ok();
 }
 
-Status ResizeRgb(const uint8_t* src, int src_h, int src_w, ptrdiff_t src_stride,
-                 const ResizePlan& plan, uint8_t* dst, ptrdiff_t dst_stride) {
+namespace {
+
+Status CheckPlan(int src_h, int src_w, const ResizePlan& plan) {
   if (src_h < 1 || src_w < 1 || plan.out_h < 1 || plan.out_w < 1 || !(plan.box_w > 0) ||
       !(plan.box_h > 0) || plan.box_x < 0 || plan.box_y < 0 || plan.box_x + plan.box_w > src_w ||
       plan.box_y + plan.box_h > src_h)
     return InvalidArgument("resize: box or sizes outside the source image");
-  static thread_local Scratch s;
+  return Status::Ok();
+}
+
+// [lo, hi): the source samples that the taps of one axis read.
+void TapSpan(const Taps& t, int* lo, int* hi) {
+  *lo = t.first[0];
+  *hi = t.first[0] + t.count[0];
+  for (size_t i = 1; i < t.first.size(); ++i) {
+    *lo = std::min(*lo, t.first[i]);
+    *hi = std::max(*hi, t.first[i] + t.count[i]);
+  }
+}
+
+}  // namespace
+
+Status ResizeSourceRect(int src_h, int src_w, const ResizePlan& plan, PixelRect* rect) {
+  TBLJAX_RETURN_IF_ERROR(CheckPlan(src_h, src_w, plan));
+  Scratch& s = ThreadScratch();
   ComputeTaps(src_w, plan.box_x, plan.box_w, plan.out_w, &s.tx, &s.tmp);
   ComputeTaps(src_h, plan.box_y, plan.box_h, plan.out_h, &s.ty, &s.tmp);
+  TapSpan(s.tx, &rect->x0, &rect->x1);
+  TapSpan(s.ty, &rect->y0, &rect->y1);
+  return Status::Ok();
+}
+
+Status ResizeRgb(const uint8_t* src, int src_h, int src_w, ptrdiff_t src_stride,
+                 const ResizePlan& plan, uint8_t* dst, ptrdiff_t dst_stride) {
+  PixelRect all;
+  all.x1 = src_w;
+  all.y1 = src_h;
+  return ResizeRgbWindow(src, src_h, src_w, all, src_stride, plan, dst, dst_stride);
+}
+
+Status ResizeRgbWindow(const uint8_t* src, int src_h, int src_w, const PixelRect& window,
+                       ptrdiff_t src_stride, const ResizePlan& plan, uint8_t* dst,
+                       ptrdiff_t dst_stride) {
+  TBLJAX_RETURN_IF_ERROR(CheckPlan(src_h, src_w, plan));
+  Scratch& s = ThreadScratch();
+  // The taps are laid out over the whole image, never over the window: the same doubles,
+  // so the same integer weights, wherever the window lies.
+  ComputeTaps(src_w, plan.box_x, plan.box_w, plan.out_w, &s.tx, &s.tmp);
+  ComputeTaps(src_h, plan.box_y, plan.box_h, plan.out_h, &s.ty, &s.tmp);
+  PixelRect need;
+  TapSpan(s.tx, &need.x0, &need.x1);
+  TapSpan(s.ty, &need.y0, &need.y1);
+  if (need.x0 < window.x0 || need.x1 > window.x1 || need.y0 < window.y0 || need.y1 > window.y1)
+    return InvalidArgument("resize: the source window does not hold the pixels the filter reads");
 
   // Only the columns the horizontal taps touch go through the vertical pass (a centre crop
   // of a landscape photo skips the sides).
-  const int col0 = s.tx.first.front();
-  const int col1 = s.tx.first.back() + s.tx.count.back();
-  const int mid_w = (col1 - col0) * 3;
+  const int col0 = need.x0;
+  const int mid_w = (need.x1 - col0) * 3;
   // The horizontal pass reads up to 4 values past the last pixel it weights (with weight 0).
   s.mid.assign(static_cast<size_t>(mid_w) + 8, 0);
   int pair_stride = 0;
   PackPairs(s.tx, &s.pairs, &pair_stride);
   s.rows.resize(s.ty.stride);
   for (int32_t& f : s.tx.first) f -= col0;
+  const uint8_t* origin = src + (col0 - window.x0) * 3;
 
   for (int oy = 0; oy < plan.out_h; ++oy) {
     const int n = s.ty.count[oy];
     for (int k = 0; k < n; ++k)
-      s.rows[k] = src + static_cast<ptrdiff_t>(s.ty.first[oy] + k) * src_stride + col0 * 3;
+      s.rows[k] = origin + static_cast<ptrdiff_t>(s.ty.first[oy] + k - window.y0) * src_stride;
     VerticalRow(s.rows.data(), &s.ty.w[static_cast<size_t>(oy) * s.ty.stride], n, mid_w, s.mid.data());
     HorizontalRow(s.mid.data(), s.tx.first.data(), s.tx.count.data(), s.pairs.data(), pair_stride,
                   plan.out_w, dst + oy * dst_stride);
