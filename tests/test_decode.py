@@ -818,3 +818,46 @@ def test_crop_aware_decode_still_fails_on_damage_outside_the_window():
     data = synthetic_jpegs(640, 129)["420"]
     np.testing.assert_array_equal(_core.decode_resize(data[:-2], 24, "center_crop"),
                                   _core.decode_resize(data, 24, "center_crop"))
+
+
+# ------------------------------------------------------------------ resize SIMD targets ----
+# The resize passes run as portable C++ ("scalar") or with AVX2 / AVX-512 intrinsics, chosen
+# at run time like the serve kernel's (TBLJAX_SIMD caps it). Every target must give the bytes
+# of the NumPy reference.
+
+
+@pytest.fixture
+def simd_targets():
+    yield _core.supported_kernel_targets()
+    _core.set_kernel_target("auto")
+
+
+def test_resize_every_simd_target_matches_the_reference(simd_targets):
+    # Rows narrower and wider than a SIMD step (32 and 64 bytes), odd and even tap counts,
+    # up- and downscaling, flat black/white (the clamps) and noise, every mode.
+    rng = np.random.default_rng(5)
+    for h, w in [(1, 1), (2, 3), (7, 40), (13, 9), (40, 7), (64, 64), (203, 317), (17, 1001)]:
+        for img in (rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
+                    np.where(rng.random((h, w, 1)) < 0.5, 0, 255).astype(np.uint8).repeat(3, 2)):
+            for mode in MODES:
+                for size in (1, 2, 5, 11, 16, 33, 64, 160, 300):
+                    (oh, ow), box = plan(h, w, size, mode)
+                    ref = np_resize(img, oh, ow, box)
+                    for target in simd_targets:
+                        _core.set_kernel_target(target)
+                        np.testing.assert_array_equal(_core.resize(img, size, mode), ref,
+                                                      err_msg=f"{target} {(h, w)} {mode} {size}")
+
+
+def test_decode_resize_same_on_every_simd_target(simd_targets):
+    data = [read(p) for p in KODAK[::25] + CALTECH[::100]]
+    data += [with_orientation(d, o) for d, o in zip(synthetic_jpegs(203, 317).values(), range(2, 9))]
+    for mode, size in (("center_crop", 160), ("center_crop", 224), ("squash", 32), ("squash", 97)):
+        outs = []
+        for target in simd_targets:
+            _core.set_kernel_target(target)
+            out = np.empty((len(data), size, size, 3), np.uint8)
+            assert _core.decode_resize_into(data, out, mode, 1) == [None] * len(data)
+            outs.append(out)
+        for target, out in zip(simd_targets, outs):
+            np.testing.assert_array_equal(out, outs[0], err_msg=f"{target} {mode} {size}")

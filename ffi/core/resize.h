@@ -40,10 +40,11 @@ Status PlanResize(int src_h, int src_w, int size, ResizeMode mode, ResizePlan* p
 
 // Resamples the box of `plan` (coordinates in the source's pixels) from an RGB source of
 // src_h rows of src_w pixels (src_stride bytes apart) into out_h rows of out_w pixels
-// (dst_stride bytes apart). Pure function of its inputs: bit-identical on every machine and
-// thread count. Arithmetic: weights are 14-bit integers that sum exactly to 1 per output
-// pixel; the vertical pass runs first and keeps 7 fractional bits, the horizontal pass
-// rounds to nearest. Scratch memory is per thread and reused.
+// (dst_stride bytes apart). Pure function of its inputs: bit-identical on every machine,
+// thread count and SIMD target (it runs on the serve kernel's, see kernel.h). Arithmetic:
+// weights are 14-bit integers that sum exactly to 1 per output pixel; the vertical pass runs
+// first and keeps 7 fractional bits, the horizontal pass rounds to nearest. Scratch memory
+// is per thread and reused.
 Status ResizeRgb(const uint8_t* src, int src_h, int src_w, ptrdiff_t src_stride,
                  const ResizePlan& plan, uint8_t* dst, ptrdiff_t dst_stride);
 
