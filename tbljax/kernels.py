@@ -25,7 +25,8 @@ _INT32 = np.iinfo(np.int32)
 
 
 def kernel_target() -> str:
-    """The SIMD target the kernel runs on this machine: ``scalar``, ``avx2`` or ``avx512``.
+    """The SIMD target the kernel (and the decoder's resize) runs on this machine: ``scalar``,
+    ``avx2`` or ``avx512``.
 
     Set ``TBLJAX_SIMD=scalar`` (or ``avx2``) before the first gather to cap it.
     """

@@ -8,6 +8,7 @@ make their images in code.
 from __future__ import annotations
 
 import io
+import math
 import os
 import random
 from pathlib import Path
@@ -616,3 +617,247 @@ def test_deterministic(jpeg):
     a = _core.decode_resize(jpeg, 37, "center_crop")
     for _ in range(3):
         np.testing.assert_array_equal(_core.decode_resize(jpeg, 37, "center_crop"), a)
+
+
+# ------------------------------------------------------------------ crop-aware decode ------
+# decode_resize decodes only the pixels the filter reads: for a box that is a strict part of
+# the image (center_crop) libjpeg crops the columns and skips the rows outside, with a margin
+# for chroma upsampling at the window's edges. That must not change a single output byte, so
+# these tests compare against the whole image decoded by decode_jpeg (which never crops) and
+# resized by _core.resize or, where decode_resize uses DCT scaling, by a NumPy port of the
+# fixed-point filter.
+
+
+def _lround(v: float) -> int:
+    """std::lround for v >= 0 (round half away from zero; floor(v + 0.5) can be off by one)."""
+    f = math.floor(v)
+    return f + (1 if v - f >= 0.5 else 0)
+
+
+def _taps(in_len: int, box0: float, box_len: float, out_len: int) -> np.ndarray:
+    """resize.cpp's ComputeTaps as a dense (out_len, in_len) matrix of 14-bit weights."""
+    scale = box_len / out_len
+    fscale = max(scale, 1.0)
+    support = 1.0 * fscale
+    w = np.zeros((out_len, in_len), np.float64)
+    for i in range(out_len):
+        center = box0 + (i + 0.5) * scale
+        lo = max(0, math.floor(center - support + 0.5))
+        hi = min(in_len, math.floor(center + support + 0.5))
+        t = [max(0.0, 1.0 - abs((j + 0.5 - center) / fscale)) for j in range(lo, hi)]
+        total = 0.0
+        for v in t:
+            total += v
+        while len(t) > 1 and t[0] == 0.0:
+            t.pop(0)
+            lo += 1
+        while len(t) > 1 and t[-1] == 0.0:
+            t.pop()
+        assert t and total > 0
+        q = [_lround(v / total * (1 << 14)) for v in t]
+        q[q.index(max(q))] += (1 << 14) - sum(q)
+        w[i, lo : lo + len(q)] = q
+    return w
+
+
+def np_resize(img: np.ndarray, out_h: int, out_w: int, box: tuple[float, float, float, float]) -> np.ndarray:
+    """The fixed-point resize of resize.h in NumPy: vertical pass to 7 fractional bits, then
+    horizontal, rounded to nearest. Integers throughout (float64 holds them exactly)."""
+    h, w = img.shape[:2]
+    bx, by, bw, bh = box
+    wy, wx = _taps(h, by, bh, out_h), _taps(w, bx, bw, out_w)
+    # Only the rows and columns with a weight (faster, same sums).
+    (r0, r1), (c0, c1) = [(int(nz[0]), int(nz[-1]) + 1) for nz in (np.flatnonzero(wy.any(0)), np.flatnonzero(wx.any(0)))]
+    src = img[r0:r1, c0:c1].reshape(r1 - r0, (c1 - c0) * 3).astype(np.float64)
+    mid = np.clip((((wy[:, r0:r1] @ src).astype(np.int64)) + 64) >> 7, 0, 255 << 7)
+    out = wx[:, c0:c1] @ mid.reshape(out_h, c1 - c0, 3).astype(np.float64)
+    return np.clip((out.astype(np.int64) + (1 << 20)) >> 21, 0, 255).astype(np.uint8)
+
+
+def plan(h: int, w: int, size: int, mode: str):
+    """(out_h, out_w), box (x, y, w, h): PlanResize."""
+    (ow, oh), (x0, y0, x1, y1) = geometry(h, w, size, mode)
+    return (oh, ow), (x0, y0, x1 - x0, y1 - y0)
+
+
+def whole_decode_resize(data: bytes, size: int, mode: str) -> np.ndarray:
+    """decode_resize's recipe from a whole-image decode: same DCT scale, same box."""
+    info = _core.jpeg_info(data)
+    big_h, big_w, o = info["height"], info["width"], info["orientation"]
+    (oh, ow), (bx, by, bw, bh) = plan(big_h, big_w, size, mode)
+    r = _core.DCT_SCALE_MIN_RATIO
+    k = next((k for k in (8, 4, 2) if bw / k >= r * ow and bh / k >= r * oh), 1)
+    img = _core.decode_jpeg(data, scale_denom=k)
+    if k == 1:
+        return _core.resize(img, size, mode)
+    # The scaled box: coordinates divide by k; on an axis that runs backwards through the
+    # stored image the partial last block comes first (see DecodeResizeImpl).
+    h, w = img.shape[:2]
+    bx = bx / k + (w - big_w / k if o in (2, 3, 6, 7) else 0.0)
+    by = by / k + (h - big_h / k if o in (3, 4, 7, 8) else 0.0)
+    return np_resize(img, oh, ow, (bx, by, bw / k, bh / k))
+
+
+def with_orientation(data: bytes, orientation: int) -> bytes:
+    """The JPEG with an APP1 EXIF segment carrying `orientation` after its SOI."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    payload = exif.tobytes()
+    return data[:2] + b"\xff\xe1" + (len(payload) + 2).to_bytes(2, "big") + payload + data[2:]
+
+
+def noisy_pattern(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """Strong colour noise: chroma upsampling at a window edge would show in many pixels."""
+    img = test_pattern(h, w, seed).astype(np.float64)
+    img += np.random.default_rng(seed).normal(0, 40, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def assert_same_as_whole(data: bytes, size: int, mode: str, what: str = "", batch: bool = True) -> None:
+    ours = _core.decode_resize(data, size, mode)
+    np.testing.assert_array_equal(ours, whole_decode_resize(data, size, mode), err_msg=f"{what} {mode} {size}")
+    if batch and mode != "max_side":
+        out = np.full((1, size, size, 3), 7, np.uint8)
+        assert _core.decode_resize_into([data], out, mode, 1) == [None]
+        np.testing.assert_array_equal(out[0], ours)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_numpy_resize_reference_is_the_library_resize(mode):
+    # The reference itself, against _core.resize where both apply (any box the modes make).
+    for (h, w), size in [((203, 317), 160), ((203, 317), 37), ((40, 333), 90), ((97, 33), 13)]:
+        img = noisy_pattern(h, w)
+        (oh, ow), box = plan(h, w, size, mode)
+        np.testing.assert_array_equal(np_resize(img, oh, ow, box), _core.resize(img, size, mode))
+
+
+@needs_data
+def test_crop_aware_decode_kodak():
+    # All of kodak at the benchmark's setting (4:4:4 and 4:2:0, landscape, portrait, square),
+    # through the batch entry the converter uses; other modes and DCT-scaled sizes on a sample.
+    data = [read(p) for p in KODAK]
+    out = np.empty((len(data), 160, 160, 3), np.uint8)
+    assert _core.decode_resize_into(data, out, "center_crop", 1) == [None] * len(data)
+    for i, d in enumerate(data):
+        np.testing.assert_array_equal(out[i], whole_decode_resize(d, 160, "center_crop"), err_msg=KODAK[i].name)
+    for i, d in enumerate(data[::7]):
+        for mode in MODES:
+            for size in (16, 32, 64, 224):  # DCT scales 8, 4, 2, 1 on kodak's sizes
+                assert_same_as_whole(d, size, mode, KODAK[7 * i].name)
+
+
+@needs_data
+def test_crop_aware_decode_caltech101():
+    # Other cameras and encoders: grayscale, odd sizes, 4:2:2, restart markers.
+    for p in CALTECH[::9]:
+        d = read(p)
+        for mode in MODES:
+            for size in (24, 160):
+                assert_same_as_whole(d, size, mode, p.name)
+
+
+# Odd sizes, sizes that are not multiples of an iMCU, extreme aspect ratios both ways.
+WINDOW_SHAPES = [(17, 1001), (1001, 17), (203, 317), (317, 203), (64, 96), (97, 33), (129, 640), (640, 129)]
+
+
+def synthetic_jpegs(h: int, w: int) -> dict[str, bytes]:
+    img = noisy_pattern(h, w, seed=h * 7 + w)
+    return {
+        "444": _core.encode_jpeg(img, quality=90, subsampling="444"),
+        "422": _core.encode_jpeg(img, quality=90, subsampling="422"),
+        "420": _core.encode_jpeg(img, quality=90, subsampling="420"),
+        "progressive": _core.encode_jpeg(img, quality=90, subsampling="420", progressive=True),
+        "gray": _core.encode_jpeg(np.ascontiguousarray(img[..., 1]), quality=90),
+        "cmyk": pil_jpeg(Image.fromarray(img).convert("CMYK"), quality=90),
+        "restarts": pil_jpeg(Image.fromarray(img), quality=90, subsampling=2, restart_marker_blocks=3),
+    }
+
+
+@pytest.mark.parametrize("shape", WINDOW_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_crop_aware_decode_synthetic(shape):
+    # The small sizes decode at 1/2, 1/4 or 1/8 where the box allows it. decode_resize_into
+    # shares decode_resize's code: checked for one orientation of each kind (axes kept, swapped).
+    for kind, data in synthetic_jpegs(*shape).items():
+        # Every orientation for each iMCU shape (8x8, 16x8, 16x16); two for the other kinds.
+        for orientation in range(1, 9) if kind in ("444", "422", "420") else (1, 6):
+            tagged = with_orientation(data, orientation)
+            assert _core.jpeg_info(tagged)["orientation"] == orientation
+            for mode in MODES:
+                for size in (1, 3, 8, 20, 57, 160):
+                    assert_same_as_whole(tagged, size, mode, f"{kind} orientation {orientation}",
+                                         batch=orientation in (1, 6))
+
+
+def test_crop_aware_decode_still_fails_on_damage_outside_the_window():
+    # A portrait image centre-cropped to a small size reads only its middle rows; its top and
+    # bottom rows are still entropy-decoded, so a cut or damage there fails as before.
+    for kind, data in synthetic_jpegs(640, 129).items():
+        sos = data.index(b"\xff\xda")
+        cuts = [sos + 30, len(data) // 2, len(data) - len(data) // 10, len(data) - 300, len(data) - 40, len(data) - 3]
+        for n in cuts + list(range(sos, len(data) - 2, max(1, len(data) // 60))):
+            with pytest.raises(DecodeError):
+                _core.decode_jpeg(data[:n])
+            for mode, size in (("center_crop", 24), ("center_crop", 100), ("squash", 24)):
+                with pytest.raises(DecodeError, match="truncated"):
+                    _core.decode_resize(data[:n], size, mode)
+                out = np.full((1, size, size, 3), 7, np.uint8)
+                (err,) = _core.decode_resize_into([data[:n]], out, mode, 1)
+                assert "truncated" in err and (out == 0).all(), (kind, n)
+        if kind == "progressive":
+            continue  # scans, not rows: a later scan's damage is everywhere
+        # Garbage in the entropy data of the bottom rows (the last tenth of the file), which
+        # the crop never shows.
+        for start in (len(data) - len(data) // 10, len(data) - 200):
+            bad = bytearray(data)
+            bad[start : start + 48] = np.random.default_rng(start).integers(0, 256, 48, dtype=np.uint8).tobytes()
+            with pytest.raises(DecodeError):
+                _core.decode_jpeg(bytes(bad))
+            with pytest.raises(DecodeError):
+                _core.decode_resize(bytes(bad), 24, "center_crop")
+    # Only the final EOI marker missing: all pixel data is there, so both decode.
+    data = synthetic_jpegs(640, 129)["420"]
+    np.testing.assert_array_equal(_core.decode_resize(data[:-2], 24, "center_crop"),
+                                  _core.decode_resize(data, 24, "center_crop"))
+
+
+# ------------------------------------------------------------------ resize SIMD targets ----
+# The resize passes run as portable C++ ("scalar") or with AVX2 / AVX-512 intrinsics, chosen
+# at run time like the serve kernel's (TBLJAX_SIMD caps it). Every target must give the bytes
+# of the NumPy reference.
+
+
+@pytest.fixture
+def simd_targets():
+    yield _core.supported_kernel_targets()
+    _core.set_kernel_target("auto")
+
+
+def test_resize_every_simd_target_matches_the_reference(simd_targets):
+    # Rows narrower and wider than a SIMD step (32 and 64 bytes), odd and even tap counts,
+    # up- and downscaling, flat black/white (the clamps) and noise, every mode.
+    rng = np.random.default_rng(5)
+    for h, w in [(1, 1), (2, 3), (7, 40), (13, 9), (40, 7), (64, 64), (203, 317), (17, 1001)]:
+        for img in (rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
+                    np.where(rng.random((h, w, 1)) < 0.5, 0, 255).astype(np.uint8).repeat(3, 2)):
+            for mode in MODES:
+                for size in (1, 2, 5, 11, 16, 33, 64, 160, 300):
+                    (oh, ow), box = plan(h, w, size, mode)
+                    ref = np_resize(img, oh, ow, box)
+                    for target in simd_targets:
+                        _core.set_kernel_target(target)
+                        np.testing.assert_array_equal(_core.resize(img, size, mode), ref,
+                                                      err_msg=f"{target} {(h, w)} {mode} {size}")
+
+
+def test_decode_resize_same_on_every_simd_target(simd_targets):
+    data = [read(p) for p in KODAK[::25] + CALTECH[::100]]
+    data += [with_orientation(d, o) for d, o in zip(synthetic_jpegs(203, 317).values(), range(2, 9))]
+    for mode, size in (("center_crop", 160), ("center_crop", 224), ("squash", 32), ("squash", 97)):
+        outs = []
+        for target in simd_targets:
+            _core.set_kernel_target(target)
+            out = np.empty((len(data), size, size, 3), np.uint8)
+            assert _core.decode_resize_into(data, out, mode, 1) == [None] * len(data)
+            outs.append(out)
+        for target, out in zip(simd_targets, outs):
+            np.testing.assert_array_equal(out, outs[0], err_msg=f"{target} {mode} {size}")

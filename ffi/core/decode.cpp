@@ -3,11 +3,13 @@
 // trivially destructible locals and everything with a destructor lives in their callers.
 #include "decode.h"
 
+#include <algorithm>
 #include <csetjmp>
 #include <cstdio>  // jpeglib.h needs FILE
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include <jerror.h>
 #include <jpeglib.h>
@@ -226,10 +228,16 @@ bool ReadHeader(Decoder* d, const uint8_t* data, size_t size) {
   return true;
 }
 
-// Pixel phase: decodes the stored (unoriented) image at 1/scale_denom into `pixels` as RGB.
-// `row` is scratch for CMYK. Returns false after a libjpeg error or warning.
-bool Decompress(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels, std::vector<uint8_t>* row,
-                int* out_w, int* out_h) {
+// The stored (unoriented) image at the decode scale, as libjpeg will emit it.
+struct Geometry {
+  int w = 0, h = 0;            // stored size at 1/scale_denom
+  int imcu_w = 0, imcu_h = 0;  // an iMCU (the unit libjpeg crops and skips by), in those pixels
+  bool windowable = false;     // whether Decompress may crop and skip (see SetUpDecode)
+};
+
+// Sets the fixed decode recipe and the scale, and says what libjpeg will emit. Returns false
+// after a libjpeg error (message in d->err).
+bool SetUpDecode(Decoder* d, int scale_denom, Geometry* g) {
   if (setjmp(d->err.jump)) return false;
   jpeg_decompress_struct* c = &d->cinfo;
   // Fixed for reproducibility: the accurate integer IDCT and the smooth ("fancy") chroma
@@ -240,18 +248,103 @@ bool Decompress(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels, std::
   c->scale_denom = static_cast<unsigned int>(scale_denom);
   const bool cmyk = c->jpeg_color_space == JCS_CMYK || c->jpeg_color_space == JCS_YCCK;
   c->out_color_space = cmyk ? JCS_CMYK : JCS_RGB;  // libjpeg turns YCCK into CMYK, gray into RGB
+  jpeg_calc_output_dimensions(c);
+  g->w = static_cast<int>(c->output_width);
+  g->h = static_cast<int>(c->output_height);
+  // A block is DCTSIZE / scale_denom pixels at this scale; an iMCU is max_samp_factor blocks
+  // on each axis (a single-component scan crops by single blocks, which is finer).
+  g->imcu_w = DCTSIZE / scale_denom * c->max_h_samp_factor;
+  g->imcu_h = DCTSIZE / scale_denom * c->max_v_samp_factor;
+  // Only single-scan Huffman images are decoded in a window. A multi-scan (progressive)
+  // image is entropy-decoded whole inside jpeg_start_decompress anyway, crop and skip have
+  // had most of their libjpeg-turbo bugs there, and arithmetic coding is rare: both are
+  // decoded whole, as before.
+  g->windowable = !jpeg_has_multiple_scans(c) && !c->arith_code;
+  return true;
+}
+
+// Columns [x, x + w), rows [y, y + h) of the stored image at the decode scale.
+struct Window {
+  int x = 0, y = 0, w = 0, h = 0;
+};
+
+// [a, b) on an axis of length n, counted from its other end when `reverse`.
+void FlipSpan(int n, bool reverse, int* a, int* b) {
+  if (!reverse) return;
+  const int a0 = *a;
+  *a = n - *b;
+  *b = n - a0;
+}
+
+// Rectangles between displayed and stored coordinates for EXIF orientation o of an image
+// stored g.w x g.h: the displayed x axis runs along the stored y axis when the axes swap,
+// and ReversesX/Y say which displayed axes run backwards.
+PixelRect ToStored(PixelRect r, const Geometry& g, int o) {
+  if (SwapsAxes(o)) {
+    std::swap(r.x0, r.y0);
+    std::swap(r.x1, r.y1);
+  }
+  FlipSpan(g.w, SwapsAxes(o) ? ReversesY(o) : ReversesX(o), &r.x0, &r.x1);
+  FlipSpan(g.h, SwapsAxes(o) ? ReversesX(o) : ReversesY(o), &r.y0, &r.y1);
+  return r;
+}
+
+PixelRect ToDisplayed(PixelRect r, const Geometry& g, int o) {
+  FlipSpan(g.w, SwapsAxes(o) ? ReversesY(o) : ReversesX(o), &r.x0, &r.x1);
+  FlipSpan(g.h, SwapsAxes(o) ? ReversesX(o) : ReversesY(o), &r.y0, &r.y1);
+  if (SwapsAxes(o)) {
+    std::swap(r.x0, r.y0);
+    std::swap(r.x1, r.y1);
+  }
+  return r;
+}
+
+// The stored window to decode so that the displayed pixels `need` come out exactly as a
+// whole-image decode gives them. Where a window edge lies inside the image, the pixels next
+// to it can differ from a whole decode: at a cropped column edge the chroma upsampler sees an
+// image edge instead of the next samples, and after skipped rows its context rows are not
+// those of the rows above. So the window reaches one iMCU past `need` to the left, to the
+// right and above (the effect is 1-2 pixels deep), and starts on an iMCU row. Below, rows
+// come out in order and nothing later changes them, so it only runs on to an iMCU row
+// boundary, where skipping the rest starts cleanly (libjpeg-turbo's skip has mishandled
+// starts inside a row group: issue #915).
+Window StoredWindow(const PixelRect& need, const Geometry& g, int o) {
+  const PixelRect r = ToStored(need, g, o);
+  Window win;
+  win.x = std::max(0, r.x0 - g.imcu_w);
+  win.w = std::min(g.w, r.x1 + g.imcu_w) - win.x;
+  win.y = std::max(0, r.y0 - g.imcu_h) / g.imcu_h * g.imcu_h;
+  win.h = std::min(g.h, (r.y1 + g.imcu_h - 1) / g.imcu_h * g.imcu_h) - win.y;
+  return win;
+}
+
+// Pixel phase: decodes the stored window `want` into `pixels` as RGB, got->h rows of got->w
+// pixels. Columns outside it are not transformed (jpeg_crop_scanline, which may move the
+// left edge down to an iMCU column: *got is the window decoded); rows outside it are
+// entropy-decoded only (jpeg_skip_scanlines), so damaged or truncated data anywhere still
+// fails. `row` is scratch. Returns false after a libjpeg error or warning.
+bool Decompress(Decoder* d, const Window& want, std::vector<uint8_t>* pixels,
+                std::vector<uint8_t>* row, Window* got) {
+  if (setjmp(d->err.jump)) return false;
+  jpeg_decompress_struct* c = &d->cinfo;
+  const bool cmyk = c->out_color_space == JCS_CMYK;
   const bool multi_scan = jpeg_has_multiple_scans(c);
   jpeg_start_decompress(c);
-  const size_t w = c->output_width, h = c->output_height;
+  const JDIMENSION full_h = c->output_height;
+  JDIMENSION x0 = static_cast<JDIMENSION>(want.x), width = static_cast<JDIMENSION>(want.w);
+  if (width < c->output_width) jpeg_crop_scanline(c, &x0, &width);
+  const JDIMENSION y0 = static_cast<JDIMENSION>(want.y), y1 = y0 + static_cast<JDIMENSION>(want.h);
+  if (y0 > 0 && jpeg_skip_scanlines(c, y0) != y0) ERREXIT(c, JERR_INPUT_EMPTY);
+  const size_t w = c->output_width, h = y1 - y0;
   // The buffer is reserved (no page touched) and grown row by row as rows arrive: a
   // 600-byte file whose header claims 16384 x 16384 fails at its first missing row having
   // touched only that much, not after zero-filling 800 MB.
   pixels->clear();
   pixels->reserve(w * h * 3);
   uint8_t* base = pixels->data();
-  if (cmyk) row->resize(w * 4);
-  while (c->output_scanline < h) {
-    const size_t y = c->output_scanline;
+  row->resize(w * 4);
+  while (c->output_scanline < y1) {
+    const size_t y = c->output_scanline - y0;
     pixels->resize(std::min<size_t>(h, y + 16) * w * 3);  // within capacity: base stays put
     if (!cmyk) {
       JSAMPROW rows[16];
@@ -273,13 +366,24 @@ bool Decompress(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels, std::
       }
     }
   }
+  // Rows below the window. Skipping to the end would not entropy-decode them at all (damage
+  // or truncation there would pass, and the unread data would then raise an "extraneous
+  // bytes" warning), so all but the last are skipped and the last is read, into scratch.
+  if (y1 < full_h) {
+    const JDIMENSION rest = full_h - 1 - y1;
+    if (rest > 0 && jpeg_skip_scanlines(c, rest) != rest) ERREXIT(c, JERR_INPUT_EMPTY);
+    JSAMPROW r = row->data();
+    if (jpeg_read_scanlines(c, &r, 1) == 0) ERREXIT(c, JERR_INPUT_EMPTY);
+  }
   jpeg_finish_decompress(c);  // reads to EOI: damage after the last row still fails
   // A multi-scan image (progressive, or one scan per component) cut between two scans looks
   // complete to libjpeg once it meets our stand-in EOI; the missing scans' coefficients
   // would silently stay zero. Only a single-scan image may lack its EOI.
   if (d->src.eof_hit && multi_scan) ERREXIT(c, JERR_INPUT_EOF);
-  *out_w = static_cast<int>(w);
-  *out_h = static_cast<int>(h);
+  got->x = static_cast<int>(x0);
+  got->y = want.y;
+  got->w = static_cast<int>(w);
+  got->h = want.h;
   return true;
 }
 
@@ -309,22 +413,26 @@ Status Open(Decoder* d, const uint8_t* data, size_t size, JpegInfo* info) {
   return Status::Ok();
 }
 
-// Decodes at 1/scale_denom into *pixels and applies the EXIF orientation (through *spare,
-// swapped in: an image without orientation is never copied). *w, *h: the displayed size.
-Status DecodeOriented(Decoder* d, int scale_denom, std::vector<uint8_t>* pixels,
-                      std::vector<uint8_t>* spare, std::vector<uint8_t>* row, int* w, int* h) {
-  if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8)
-    return InvalidArgument("scale_denom must be 1, 2, 4 or 8, got " + std::to_string(scale_denom));
-  int sw = 0, sh = 0;
-  if (!Decompress(d, scale_denom, pixels, row, &sw, &sh)) return DecodeFailure(d->err, d->src.eof_hit);
+// Decodes the stored window `want` (at the scale SetUpDecode set) into *pixels and applies
+// the EXIF orientation (through *spare, swapped in: an image without orientation is never
+// copied). *shown: where the pixels lie in the displayed image at that scale; rows of
+// shown->x1 - shown->x0 pixels.
+Status DecodeOriented(Decoder* d, const Geometry& g, const Window& want, std::vector<uint8_t>* pixels,
+                      std::vector<uint8_t>* spare, std::vector<uint8_t>* row, PixelRect* shown) {
+  Window got;
+  if (!Decompress(d, want, pixels, row, &got)) return DecodeFailure(d->err, d->src.eof_hit);
   const int o = d->orientation;
   if (o != 1) {
     spare->resize(pixels->size());
-    Orient(pixels->data(), sw, sh, o, spare->data());
+    Orient(pixels->data(), got.w, got.h, o, spare->data());
     pixels->swap(*spare);
   }
-  *w = SwapsAxes(o) ? sh : sw;
-  *h = SwapsAxes(o) ? sw : sh;
+  PixelRect r;
+  r.x0 = got.x;
+  r.x1 = got.x + got.w;
+  r.y0 = got.y;
+  r.y1 = got.y + got.h;
+  *shown = ToDisplayed(r, g, o);
   return Status::Ok();
 }
 
@@ -351,23 +459,38 @@ Status DecodeResizeImpl(const uint8_t* data, size_t size, int out_size, ResizeMo
     return InvalidArgument(std::string("resize mode '") + ResizeModeName(mode) +
                            "' gives a size that depends on the image; use DecodeResize");
   const int k = ChooseDctScale(plan.box_w, plan.box_h, plan.out_w, plan.out_h);
+  Geometry g;
+  if (!SetUpDecode(&d, k, &g)) return DecodeFailure(d.err, d.src.eof_hit);
+  const int o = info.orientation;
+  const int w = SwapsAxes(o) ? g.h : g.w, h = SwapsAxes(o) ? g.w : g.h;  // displayed, at 1/k
+
+  // The box in the scaled image. libjpeg's scaled pixel i covers stored pixels
+  // [k*i, k*(i+1)), so coordinates divide by k. The scaled size is rounded up, so the last
+  // stored pixel may cover less than k; on a displayed axis that runs backwards through the
+  // stored one (a flip or rotation) that partial pixel comes first, so the box shifts by
+  // the part of it that is padding. k is a power of two: all of this is exact in doubles.
+  if (k > 1) {
+    const double full_w = info.width, full_h = info.height;
+    plan.box_x = plan.box_x / k + (ReversesX(o) ? w - full_w / k : 0.0);
+    plan.box_y = plan.box_y / k + (ReversesY(o) ? h - full_h / k : 0.0);
+    plan.box_w /= k;
+    plan.box_h /= k;
+  }
+  // Decode only what the filter reads (a centre crop of a landscape photo skips its sides,
+  // of a portrait one its top and bottom rows), with the same bytes there as a whole decode.
+  Window want;
+  want.w = g.w;
+  want.h = g.h;
+  if (g.windowable) {
+    PixelRect need;
+    TBLJAX_RETURN_IF_ERROR(ResizeSourceRect(h, w, plan, &need));
+    want = StoredWindow(need, g, o);
+  }
 
   static thread_local DecodeScratch s;
-  int w = 0, h = 0;
-  Status st = DecodeOriented(&d, k, &s.pixels, &s.spare, &s.row, &w, &h);
+  PixelRect shown;
+  Status st = DecodeOriented(&d, g, want, &s.pixels, &s.spare, &s.row, &shown);
   if (st.ok()) {
-    // The box in the scaled image. libjpeg's scaled pixel i covers stored pixels
-    // [k*i, k*(i+1)), so coordinates divide by k. The scaled size is rounded up, so the last
-    // stored pixel may cover less than k; on a displayed axis that runs backwards through the
-    // stored one (a flip or rotation) that partial pixel comes first, so the box shifts by
-    // the part of it that is padding. k is a power of two: all of this is exact in doubles.
-    if (k > 1) {
-      const double full_w = info.width, full_h = info.height;
-      plan.box_x = plan.box_x / k + (ReversesX(info.orientation) ? w - full_w / k : 0.0);
-      plan.box_y = plan.box_y / k + (ReversesY(info.orientation) ? h - full_h / k : 0.0);
-      plan.box_w /= k;
-      plan.box_h /= k;
-    }
     uint8_t* dst = to_dst;
     if (to_image != nullptr) {
       to_image->height = plan.out_h;
@@ -375,8 +498,8 @@ Status DecodeResizeImpl(const uint8_t* data, size_t size, int out_size, ResizeMo
       to_image->pixels.resize(static_cast<size_t>(plan.out_h) * plan.out_w * 3);
       dst = to_image->pixels.data();
     }
-    st = ResizeRgb(s.pixels.data(), h, w, static_cast<ptrdiff_t>(w) * 3, plan, dst,
-                   static_cast<ptrdiff_t>(plan.out_w) * 3);
+    st = ResizeRgbWindow(s.pixels.data(), h, w, shown, static_cast<ptrdiff_t>(shown.x1 - shown.x0) * 3,
+                         plan, dst, static_cast<ptrdiff_t>(plan.out_w) * 3);
   }
   s.Trim();
   return st;
@@ -449,8 +572,19 @@ Status DecodeJpeg(const uint8_t* data, size_t size, RgbImage* out, int scale_den
   Decoder d;
   JpegInfo info;
   TBLJAX_RETURN_IF_ERROR(Open(&d, data, size, &info));
+  if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8)
+    return InvalidArgument("scale_denom must be 1, 2, 4 or 8, got " + std::to_string(scale_denom));
+  Geometry g;
+  if (!SetUpDecode(&d, scale_denom, &g)) return DecodeFailure(d.err, d.src.eof_hit);
+  Window all;
+  all.w = g.w;
+  all.h = g.h;
   std::vector<uint8_t> spare, row;
-  return DecodeOriented(&d, scale_denom, &out->pixels, &spare, &row, &out->width, &out->height);
+  PixelRect shown;
+  TBLJAX_RETURN_IF_ERROR(DecodeOriented(&d, g, all, &out->pixels, &spare, &row, &shown));
+  out->width = shown.x1 - shown.x0;
+  out->height = shown.y1 - shown.y0;
+  return Status::Ok();
 }
 
 Status DecodeResize(const uint8_t* data, size_t size, int out_size, ResizeMode mode, RgbImage* out) {

@@ -54,6 +54,9 @@ Status DecodeJpeg(const uint8_t* data, size_t size, RgbImage* out, int scale_den
 
 // Decode + resize with the same pixels whichever entry is used. The output is
 // plan.out_h x plan.out_w (see PlanResize: depends only on the oriented size, size, mode).
+// Only the pixels the resize reads are transformed (libjpeg crops the columns and skips the
+// rows outside them, plus a margin for chroma upsampling): the output bytes are those of a
+// whole-image decode, and the whole stream is still entropy-decoded, so damage anywhere fails.
 Status DecodeResize(const uint8_t* data, size_t size, int out_size, ResizeMode mode, RgbImage* out);
 
 // The hot path for fixed-size modes (center_crop, squash): writes size x size x 3 bytes at

@@ -110,7 +110,8 @@ enum class SimdTarget : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 const char* SimdTargetName(SimdTarget t);
 // The targets this CPU can run, best last (always starts with scalar).
 std::vector<SimdTarget> SupportedSimdTargets();
-// The target Gather uses now. Fails only when TBLJAX_SIMD holds an unknown name.
+// The target Gather (and ResizeRgb) uses now. Fails only when TBLJAX_SIMD holds an unknown
+// name.
 Status ActiveSimdTarget(SimdTarget* out);
 // Sets the target by name: "auto" (the best supported), or one this CPU supports.
 Status SetSimdTarget(const std::string& name);

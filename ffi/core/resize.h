@@ -40,11 +40,29 @@ Status PlanResize(int src_h, int src_w, int size, ResizeMode mode, ResizePlan* p
 
 // Resamples the box of `plan` (coordinates in the source's pixels) from an RGB source of
 // src_h rows of src_w pixels (src_stride bytes apart) into out_h rows of out_w pixels
-// (dst_stride bytes apart). Pure function of its inputs: bit-identical on every machine and
-// thread count. Arithmetic: weights are 14-bit integers that sum exactly to 1 per output
-// pixel; the vertical pass runs first and keeps 7 fractional bits, the horizontal pass
-// rounds to nearest. Scratch memory is per thread and reused.
+// (dst_stride bytes apart). Pure function of its inputs: bit-identical on every machine,
+// thread count and SIMD target (it runs on the serve kernel's, see kernel.h). Arithmetic:
+// weights are 14-bit integers that sum exactly to 1 per output pixel; the vertical pass runs
+// first and keeps 7 fractional bits, the horizontal pass rounds to nearest. Scratch memory
+// is per thread and reused.
 Status ResizeRgb(const uint8_t* src, int src_h, int src_w, ptrdiff_t src_stride,
                  const ResizePlan& plan, uint8_t* dst, ptrdiff_t dst_stride);
+
+// Source pixels: columns [x0, x1), rows [y0, y1).
+struct PixelRect {
+  int x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+};
+
+// The source pixels ResizeRgb reads (the span of its filter taps) for `plan` over a
+// src_h x src_w image, so that a decoder can decode only those.
+Status ResizeSourceRect(int src_h, int src_w, const ResizePlan& plan, PixelRect* rect);
+
+// ResizeRgb of a src_h x src_w image of which only `window` is in memory: src points at the
+// window's first pixel (row window.y0, column window.x0). The filter is laid out over the
+// whole image exactly as ResizeRgb lays it out, so the output is the same bytes whenever the
+// window holds ResizeSourceRect; a window that does not is an error.
+Status ResizeRgbWindow(const uint8_t* src, int src_h, int src_w, const PixelRect& window,
+                       ptrdiff_t src_stride, const ResizePlan& plan, uint8_t* dst,
+                       ptrdiff_t dst_stride);
 
 }  // namespace tbljax

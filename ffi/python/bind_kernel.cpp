@@ -172,7 +172,7 @@ void BindKernel(nb::module_& m) {
     SimdTarget t;
     Check(ActiveSimdTarget(&t));
     return std::string(SimdTargetName(t));
-  }, "The SIMD target the kernel runs: scalar, avx2 or avx512.");
+  }, "The SIMD target the kernel and the resize run: scalar, avx2 or avx512.");
   m.def("set_kernel_target", [](const std::string& name) {
     Check(SetSimdTarget(name));
     SimdTarget t;
