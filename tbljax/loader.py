@@ -268,8 +268,9 @@ class _Plan:
                 yield epoch, position + s * g
             epoch, position = epoch + 1, 0
 
-    def build_host(self, ring, epoch, first, stop=None) -> HostBatch:
-        """This process's rows of the step starting at position `first`, in a ring slot."""
+    def build_host(self, ring, epoch, first, stop=None) -> tuple[HostBatch, _batch.Slot]:
+        """This process's rows of the step starting at position `first`, in a ring slot (the
+        second item)."""
         src, opts, aug = self.source, self.opts, self.opts.augment
         normalize = opts.dtype != "uint8"
         slot = ring.acquire(stop)
@@ -291,12 +292,12 @@ class _Plan:
             labels.append(np.concatenate([src.labels[idx], np.full(pad, -1)]).astype(np.int32))
             valid.append(np.arange(rows) < nvalid)
         return HostBatch(epoch, first, self.layout.ranges, tuple(views), tuple(labels),
-                         tuple(indices), None if opts.drop_remainder else tuple(valid))
+                         tuple(indices), None if opts.drop_remainder else tuple(valid)), slot
 
-    def build(self, ring, epoch, first, stop=None):
-        host = self.build_host(ring, epoch, first, stop)
+    def finish_host(self, host: HostBatch, slot: _batch.Slot):
+        """What the consumer receives for `host`; the slot learns what views it."""
         result = host if self.finish is None else self.finish(host)
-        ring.watch(_slot_viewers(result))
+        slot.watch(_slot_viewers(result))
         return result
 
 
@@ -352,27 +353,74 @@ def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
 
 
 def _produce(plan: _Plan, ring: _batch.Ring, q: queue.Queue, stop: threading.Event,
-             metrics: _Metrics) -> None:
-    """The producer thread. Holds no reference to the iterator, so dropping the iterator
-    (break, exception, del, garbage collection) can always stop it."""
+             metrics: _Metrics, room: threading.Semaphore | None = None) -> None:
+    """The producer: builds each step's host batch (permutation, augmentation, the kernel with
+    the GIL released) and puts it on `q`. Holds no reference to the iterator, so dropping the
+    iterator (break, exception, del, garbage collection) can always stop it.
+
+    Pipelined (`room` given), `q` feeds `_finish`, a second thread that turns host batches
+    into what the consumer receives, so the Python of one step overlaps the kernel of the
+    next (the kernel alone nearly fills memory bandwidth on one core). `room` lets this
+    thread start a batch only once `_finish` has taken the previous one: one batch in the
+    pipeline at a time, as many ring slots as unpipelined. Otherwise `q` gets the finished
+    batches directly."""
     try:
         rows = plan.layout.local_rows
         for epoch, first in plan.steps():
+            while room is not None and not room.acquire(timeout=_POLL_S):
+                if stop.is_set():
+                    return
             if stop.is_set():
                 return
             t0, waited = time.perf_counter(), ring.wait_seconds
-            item = (epoch, first, plan.build(ring, epoch, first, stop))
+            host, slot = plan.build_host(ring, epoch, first, stop)
             # Producing, not waiting for the consumer to release a slot.
             metrics.produce_seconds += time.perf_counter() - t0 - (ring.wait_seconds - waited)
             metrics.images += rows
             metrics.slots_replaced = ring.replaced
             metrics.slot_wait_seconds = ring.wait_seconds
+            item = (epoch, first, host if room is not None else plan.finish_host(host, slot), slot)
             if not _put(q, item, stop):
                 return
-            del item
+            del item, host, slot
         _put(q, _END, stop)
     except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
         _put(q, _Failure(e), stop)
+
+
+def _finish(plan: _Plan, built: queue.Queue, room: threading.Semaphore, q: queue.Queue,
+            stop: threading.Event) -> None:
+    """The second stage of a pipelined producer (see `_produce`), in step order."""
+    try:
+        while not stop.is_set():
+            try:
+                item = built.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            room.release()
+            if item is not _END and not isinstance(item, _Failure):
+                epoch, first, host, slot = item
+                item = (epoch, first, plan.finish_host(host, slot), slot)
+                del host, slot
+            if not _put(q, item, stop) or item is _END or isinstance(item, _Failure):
+                return
+            del item
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+        stop.set()  # the builder stops too; the consumer then sees this failure
+        _put_anyway(q, _Failure(e))
+
+
+def _put_anyway(q: queue.Queue, item) -> None:
+    """Puts `item` even though `stop` is set, making room by dropping queued batches."""
+    while True:
+        try:
+            q.put_nowait(item)
+            return
+        except queue.Full:
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
 
 
 _LIVE: "weakref.WeakSet[_Iterator]" = weakref.WeakSet()
@@ -392,13 +440,23 @@ class _Iterator:
         self._n, self._g = plan.source.n, plan.layout.global_batch
         self._drop = plan.opts.drop_remainder
         self._metrics = owner._metrics
-        self._queue: queue.Queue = queue.Queue(maxsize=plan.opts.prefetch)
         self._stop = threading.Event()
         self._closed = False
-        self._thread = threading.Thread(
-            target=_produce, args=(plan, ring, self._queue, self._stop, self._metrics),
-            name="tbljax-loader", daemon=True)
-        self._thread.start()
+        prefetch = plan.opts.prefetch
+        if plan.finish is not None and prefetch >= 2:
+            # Two stages (see _produce); the batch in the second stage counts as prefetched.
+            self._queue: queue.Queue = queue.Queue(maxsize=prefetch - 1)
+            built: queue.Queue = queue.Queue(maxsize=1)
+            room = threading.Semaphore(1)
+            stages = [(_produce, (plan, ring, built, self._stop, self._metrics, room)),
+                      (_finish, (plan, built, room, self._queue, self._stop))]
+        else:
+            self._queue = queue.Queue(maxsize=prefetch)
+            stages = [(_produce, (plan, ring, self._queue, self._stop, self._metrics))]
+        self._threads = [threading.Thread(target=f, args=a, name="tbljax-loader", daemon=True)
+                         for f, a in stages]
+        for t in self._threads:
+            t.start()
         _LIVE.add(self)
 
     def __iter__(self):
@@ -414,7 +472,7 @@ class _Iterator:
                     item = self._queue.get(timeout=_POLL_S)
                     break
                 except queue.Empty:
-                    if not self._thread.is_alive():
+                    if not self._threads[-1].is_alive():
                         # It may have put its last item just before ending: look once more.
                         try:
                             item = self._queue.get_nowait()
@@ -436,7 +494,7 @@ class _Iterator:
         if isinstance(item, _Failure):
             self.close()
             raise item.exc
-        epoch, first, result = item
+        epoch, first, result, _ = item
         # The state counts what was handed over, not what the producer prefetched.
         self._owner._cursor = order.advance(epoch, first + self._g, self._n, self._g,
                                             drop_remainder=self._drop)
@@ -454,8 +512,9 @@ class _Iterator:
                 self._queue.get_nowait()
         except queue.Empty:
             pass
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
+        for t in self._threads:
+            if threading.current_thread() is not t:
+                t.join()
         _LIVE.discard(self)
 
     def __del__(self):

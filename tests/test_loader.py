@@ -6,6 +6,7 @@ overwritten; threads always stop. Multi-device and multi-process cases run in su
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import socket
@@ -24,6 +25,8 @@ import jax
 import tbljax
 from tbljax import augment, kernels, order
 from tbljax.augment import Augment
+
+loader_module = importlib.import_module("tbljax.loader")  # the name tbljax.loader is the function
 
 N, H, W, G = 37, 6, 5, 8
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
@@ -307,6 +310,7 @@ def test_shutdown_is_clean_on_break_error_del_and_close(data):
     _, _, path = data
     before = len(loader_threads())
     ld = tbljax.loader(path, G, prefetch=2)  # endless
+    per_pass = 2  # a pipelined pass: the builder and the finisher (see loader._produce)
     for i, _ in enumerate(ld):
         if i == 2:
             break
@@ -317,7 +321,7 @@ def test_shutdown_is_clean_on_break_error_del_and_close(data):
     assert len(loader_threads()) == before
     it = iter(ld)
     next(it)
-    assert len(loader_threads()) == before + 1
+    assert len(loader_threads()) == before + per_pass
     del it
     gc.collect()
     assert len(loader_threads()) == before
@@ -325,7 +329,7 @@ def test_shutdown_is_clean_on_break_error_del_and_close(data):
     next(it)
     it2 = iter(ld)  # a new pass stops the previous one
     next(it2)
-    assert len(loader_threads()) == before + 1
+    assert len(loader_threads()) == before + per_pass
     with pytest.raises(StopIteration):
         next(it)
     ld.load_state_dict(ld.state_dict())  # changing the cursor stops the running pass too
@@ -335,7 +339,7 @@ def test_shutdown_is_clean_on_break_error_del_and_close(data):
     next(it)
     del ld  # the iterator keeps what it needs; dropping it last stops the thread
     gc.collect()
-    assert len(loader_threads()) == before + 1
+    assert len(loader_threads()) == before + per_pass
     it.close()
     assert len(loader_threads()) == before
 
@@ -357,6 +361,23 @@ def test_producer_errors_reach_the_consumer(data, monkeypatch):
         for b in tbljax.loader(path, G):
             got.append(b)
     assert len(got) == 2 and len(loader_threads()) == before
+    # A failure in the second stage (making the jax.Arrays) reaches the consumer too, after
+    # the batches before it, and stops both threads.
+    monkeypatch.setattr(kernels, "gather", real)
+    real_to_jax, finished = loader_module._to_jax, []
+
+    def failing_to_jax(*args):
+        finished.append(1)
+        if len(finished) == 4:
+            raise RuntimeError("device lost")
+        return real_to_jax(*args)
+
+    monkeypatch.setattr(loader_module, "_to_jax", failing_to_jax)
+    got = []
+    with pytest.raises(RuntimeError, match="device lost"):
+        for b in tbljax.loader(path, G, prefetch=3):
+            got.append(b)
+    assert len(got) == 3 and len(loader_threads()) == before
 
 
 def test_shard_files_serve_the_same_batches_as_one_file(data, tmp_path):
