@@ -187,7 +187,12 @@ class Slot:
 
     def watch(self, viewers) -> None:
         """Remembers (weakly) the objects handed to the consumer that view this slot."""
-        self._watched = [weakref.ref(x) for x in viewers]
+        self._watched = []
+        for x in viewers:
+            try:
+                self._watched.append(weakref.ref(x))
+            except TypeError:
+                pass  # not weakly referenceable: the ring just waits, as for a computation
 
     def held_by_consumer(self) -> bool:
         """Whether an object handed out for this slot is still alive: kept on purpose, so
