@@ -218,7 +218,7 @@ class Ring:
     """A fixed set of slots handed out round-robin; a slot still in use is never overwritten.
 
     When the next slot is still viewed, but no longer by what was handed to the consumer
-    (`watch`), `acquire` first waits up to `patience` seconds for it to be released: with JAX's asynchronous dispatch a training loop runs ahead of the device
+    (`Slot.watch`), `acquire` first waits up to `patience` seconds for it to be released: with JAX's asynchronous dispatch a training loop runs ahead of the device
     and its queued steps hold their batches until they run, so this wait is the loader's
     back-pressure (memory stays at the ring's size, and no fresh memory is faulted in per
     step). A slot not released in time is replaced by fresh memory (the old one lives on,
@@ -274,9 +274,4 @@ class Ring:
         if self._used[i] and self._before_reuse is not None:
             self._before_reuse()
         self._used[i] = True
-        self._last = self._slots[i]
         return self._slots[i]
-
-    def watch(self, viewers) -> None:
-        """`Slot.watch` for the slot handed out last."""
-        self._last.watch(viewers)

@@ -1,6 +1,7 @@
 """tbljax.loader: the iterator users hold. Wires a dataset, the order, the kernel and the host
 ring together and yields dicts of global `jax.Array`s; keeps the resumable state, the metrics,
-and a background producer thread that always shuts down cleanly.
+and the background producer (one thread, or two pipelined ones: see `_produce`) that always
+shuts down cleanly.
 
 Data flows one way: `order` says which sample each row holds → `augment` says its crop and flip
 → the kernel (`tbljax.kernels.gather`, GIL released) writes the rows into a ring slot →
@@ -253,8 +254,9 @@ class _Plan:
     row_shape: tuple[int, ...]
     start: tuple[int, int]  # cursor (epoch, position) the iteration starts from
     end_epoch: int | None   # the pass stops before this epoch (None: never)
-    # HostBatch -> what the consumer receives; runs in the producer thread (so a transfer
-    # to a device overlaps the step). Must not refer to the loader: see _produce.
+    # HostBatch -> what the consumer receives; runs in a producer thread (so a transfer to a
+    # device overlaps the step; `_finish` when pipelined). Must not refer to the loader: see
+    # _produce.
     finish: object = None
 
     def steps(self):
@@ -433,7 +435,7 @@ def _close_all():
 
 
 class _Iterator:
-    """One pass over a `Loader`: owns the producer thread and the prefetch queue."""
+    """One pass over a `Loader`: owns the producer thread(s) and the prefetch queue."""
 
     def __init__(self, owner: "Loader", plan: _Plan, ring: _batch.Ring):
         self._owner = owner
