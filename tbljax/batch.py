@@ -241,10 +241,23 @@ class Ring:
         self._patience = patience
         self._timeouts_left = max_timeouts
         self.replaced = 0  # slots retired because a jax.Array still viewed them
-        self.wait_seconds = 0.0  # time acquire spent waiting for the consumer to release a slot
+        # Time acquire spent waiting for the consumer to release a slot: (total of finished
+        # waits, start of the wait in progress or None), one attribute so that another thread
+        # reads a consistent pair.
+        self._waits: tuple[float, float | None] = (0.0, None)
+
+    @property
+    def wait_seconds(self) -> float:
+        return self._waits[0]
+
+    def blocked_seconds(self, now: float) -> float:
+        """Total time spent waiting for slots up to `now`, the wait in progress included."""
+        total, since = self._waits
+        return total + (now - since if since is not None else 0.0)
 
     def _wait_released(self, slot: Slot, stop) -> None:
         t0 = time.perf_counter()
+        self._waits = (self._waits[0], t0)
         nap = 1e-4
         while slot.in_use():
             now = time.perf_counter()
@@ -256,7 +269,7 @@ class Ring:
             time.sleep(nap)
             nap = min(2 * nap, 2e-3)
             _release_dropped_buffers()
-        self.wait_seconds += time.perf_counter() - t0
+        self._waits = (self._waits[0] + time.perf_counter() - t0, None)
 
     def acquire(self, stop=None) -> Slot:
         """The next slot to write; `stop` (a threading.Event) cuts a wait short."""

@@ -442,6 +442,7 @@ class _Iterator:
         self._n, self._g = plan.source.n, plan.layout.global_batch
         self._drop = plan.opts.drop_remainder
         self._metrics = owner._metrics
+        self._ring = ring
         self._stop = threading.Event()
         self._closed = False
         prefetch = plan.opts.prefetch
@@ -468,6 +469,7 @@ class _Iterator:
         if self._closed:
             raise StopIteration
         t0 = time.perf_counter()
+        held0 = self._ring.blocked_seconds(t0)
         try:
             while True:
                 try:
@@ -485,7 +487,12 @@ class _Iterator:
         except BaseException:
             self.close()
             raise
-        waited = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        # Waiting for data counts only if the producer was never held back meanwhile. If it
+        # waited for a ring slot that one of the consumer's own queued computations still
+        # read (back-pressure under asynchronous dispatch), the device had that work and
+        # the ones queued after it to run: it was busy, not starved.
+        waited = t1 - t0 if self._ring.blocked_seconds(t1) == held0 else 0.0
         m = self._metrics
         m.wait_seconds += waited
         m.last_wait_seconds = waited

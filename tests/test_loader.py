@@ -577,6 +577,24 @@ def test_jitted_steps_read_their_own_batch_under_async_dispatch(data):
     assert ld.metrics()["slots_replaced"] == 0
 
 
+def test_wait_seconds_counts_a_slow_producer(data, monkeypatch):
+    # The other side of the back-pressure rule: a producer slower than the consumer is what
+    # wait_seconds is for (tbljax bench and the demo report it).
+    _, _, path = data
+    real = kernels.gather
+
+    def slow(*args, **kw):
+        time.sleep(0.02)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(kernels, "gather", slow)
+    ld = tbljax.loader(path, G, seed=1, num_epochs=2)
+    steps = sum(1 for _ in ld)
+    m = ld.metrics()
+    assert m["slot_wait_seconds"] == 0
+    assert m["wait_seconds"] > 0.5 * steps * 0.02
+
+
 def test_ring_waits_for_slots_in_flight_and_not_for_kept_batches(data):
     imgs, _, path = data
     from tbljax.loader import HostLoader, LoaderOptions
@@ -597,6 +615,8 @@ def test_ring_waits_for_slots_in_flight_and_not_for_kept_batches(data):
         t.join()
     m = ld.metrics()
     assert m["slots_replaced"] == 0 and m["slot_wait_seconds"] > 0
+    # The consumer then waited on its own earlier batches, not on data: not counted as such.
+    assert m["wait_seconds"] < 0.5 * m["slot_wait_seconds"]
     # A batch the consumer keeps is replaced at once: no waiting for what will never be
     # released (the training-loop pattern `first = next(it)` kept for the whole run).
     ld = HostLoader(tbljax.open(path), opts)
