@@ -36,7 +36,7 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
 
     Buffers of a huge page or more are mapped with transparent huge pages where the kernel
     offers them: first-touching a fresh 78 MB float32 batch costs ~160 ms in 4 KiB page
-    faults on a 2-core VM and ~8 ms in 2 MiB pages (benchmarks/README.md, "host memory").
+    faults on a 2-core VM and ~8 ms in 2 MiB pages (benchmarks/README.md, "Serving").
 
     >>> aligned_empty(100).ctypes.data % 4096
     0
@@ -176,6 +176,7 @@ class Slot:
         self._mem = mem
         self._idle_refs = sys.getrefcount(self._owner)
         self._row_bytes = row_bytes
+        self._watched: list[weakref.ref] = []  # see watch
 
     def views(self) -> list[np.ndarray]:
         """Fresh typed (rows, *row_shape) views, one per range. Drop them once handed to JAX."""
@@ -198,7 +199,7 @@ class Slot:
         """Whether an object handed out for this slot is still alive: kept on purpose, so
         waiting for it is pointless. (Once they are all gone, what still holds the memory is
         a computation in flight, which ends.)"""
-        return any(w() is not None for w in getattr(self, "_watched", ()))
+        return any(w() is not None for w in self._watched)
 
 
 def _release_dropped_buffers():
@@ -218,8 +219,9 @@ class Ring:
     """A fixed set of slots handed out round-robin; a slot still in use is never overwritten.
 
     When the next slot is still viewed, but no longer by what was handed to the consumer
-    (`Slot.watch`), `acquire` first waits up to `patience` seconds for it to be released: with JAX's asynchronous dispatch a training loop runs ahead of the device
-    and its queued steps hold their batches until they run, so this wait is the loader's
+    (`Slot.watch`), `acquire` first waits up to `patience` seconds for it to be released:
+    with JAX's asynchronous dispatch a training loop runs ahead of the device and its queued
+    steps hold their batches until they run, so this wait is the loader's
     back-pressure (memory stays at the ring's size, and no fresh memory is faulted in per
     step). A slot not released in time is replaced by fresh memory (the old one lives on,
     owned by whoever views it: a batch kept on purpose); after `max_timeouts` such waits the
@@ -275,12 +277,12 @@ class Ring:
         """The next slot to write; `stop` (a threading.Event) cuts a wait short."""
         i = self._next
         self._next = (i + 1) % len(self._slots)
-        if self._slots[i].in_use():
-            _release_dropped_buffers()
         slot = self._slots[i]
+        if slot.in_use():
+            _release_dropped_buffers()
         if slot.in_use() and self._timeouts_left > 0 and not slot.held_by_consumer():
             self._wait_released(slot, stop)
-        if self._slots[i].in_use():
+        if slot.in_use():
             self._slots[i] = self._make()
             self._used[i] = False
             self.replaced += 1

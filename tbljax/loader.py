@@ -381,7 +381,9 @@ def _produce(plan: _Plan, ring: _batch.Ring, q: queue.Queue, stop: threading.Eve
             metrics.images += rows
             metrics.slots_replaced = ring.replaced
             metrics.slot_wait_seconds = ring.wait_seconds
-            item = (epoch, first, host if room is not None else plan.finish_host(host, slot), slot)
+            # Pipelined, the slot travels with its batch to `_finish`, which watches it.
+            item = (epoch, first, host, slot) if room is not None else \
+                (epoch, first, plan.finish_host(host, slot))
             if not _put(q, item, stop):
                 return
             del item, host, slot
@@ -402,7 +404,7 @@ def _finish(plan: _Plan, built: queue.Queue, room: threading.Semaphore, q: queue
             room.release()
             if item is not _END and not isinstance(item, _Failure):
                 epoch, first, host, slot = item
-                item = (epoch, first, plan.finish_host(host, slot), slot)
+                item = (epoch, first, plan.finish_host(host, slot))
                 del host, slot
             if not _put(q, item, stop) or item is _END or isinstance(item, _Failure):
                 return
@@ -503,7 +505,7 @@ class _Iterator:
         if isinstance(item, _Failure):
             self.close()
             raise item.exc
-        epoch, first, result, _ = item
+        epoch, first, result = item
         # The state counts what was handed over, not what the producer prefetched.
         self._owner._cursor = order.advance(epoch, first + self._g, self._n, self._g,
                                             drop_remainder=self._drop)
