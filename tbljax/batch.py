@@ -35,8 +35,8 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
     """An uninitialized 1-D uint8 array of `nbytes` whose data address is a multiple of `align`.
 
     Buffers of a huge page or more are mapped with transparent huge pages where the kernel
-    offers them: first-touching a fresh 78 MB float32 batch costs ~160 ms in 4 KiB page
-    faults on a 2-core VM and ~8 ms in 2 MiB pages (benchmarks/README.md, "Serving").
+    offers them: first-touching a fresh 78 MB float32 batch took 8-163 ms in 4 KiB pages on a
+    2-core VM, and 7-9 ms in 2 MiB pages (benchmarks/probe.py first-touch).
 
     >>> aligned_empty(100).ctypes.data % 4096
     0
