@@ -31,6 +31,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 import weakref
 
 import numpy as np
@@ -52,6 +53,7 @@ _LAYOUTS = ("NHWC", "NCHW")
 # never overwritten.
 _RING_EXTRA = 3
 _POLL_S = 0.05  # how often blocked queue calls look at the stop flag
+_JOIN_S = 30.0  # how long close() waits for each producer thread
 
 
 def _dtype_name(dtype) -> str:
@@ -525,7 +527,13 @@ class _Iterator:
             pass
         for t in self._threads:
             if threading.current_thread() is not t:
-                t.join()
+                # A producer stops within one kernel call and a poll interval; a bound keeps
+                # a Ctrl-C or exit from ever hanging on one that does not (it is a daemon).
+                t.join(timeout=_JOIN_S)
+                if t.is_alive():
+                    warnings.warn(f"tbljax loader: a producer thread did not stop within "
+                                  f"{_JOIN_S:.0f} s; leaving it (daemon) behind", RuntimeWarning,
+                                  stacklevel=2)
         _LIVE.discard(self)
 
     def __del__(self):
