@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import mmap
 import sys
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -141,13 +140,12 @@ class Layout:
         """One global jax.Array from per-range host arrays (``pieces[i]`` holds ``ranges[i]``)."""
         import jax
 
-        with _JAX_CALLS:
-            if len(self.devices) == 1 and self.ranges == ((0, self.global_batch),):
-                # One device holds the whole batch: one call (half the cost of the general path).
-                return jax.device_put(pieces[0], self.sharding)
-            arrays = [jax.device_put(pieces[i], d) for d, i in self.devices]
-            shape = (self.global_batch, *row_shape)
-            return jax.make_array_from_single_device_arrays(shape, self.sharding, arrays)
+        if len(self.devices) == 1 and self.ranges == ((0, self.global_batch),):
+            # One device holds the whole batch: one call (half the cost of the general path).
+            return jax.device_put(pieces[0], self.sharding)
+        arrays = [jax.device_put(pieces[i], d) for d, i in self.devices]
+        shape = (self.global_batch, *row_shape)
+        return jax.make_array_from_single_device_arrays(shape, self.sharding, arrays)
 
 
 class Slot:
@@ -203,13 +201,6 @@ class Slot:
         return any(w() is not None for w in self._watched)
 
 
-# The producer's two threads both call into jaxlib: the builder releases dropped buffers
-# (`_release_dropped_buffers`) while the finisher may be making arrays (`Layout.to_global`).
-# They take turns: jaxlib's deferred releases and transfers are not made to run concurrently
-# from two Python threads of one pipeline.
-_JAX_CALLS = threading.Lock()
-
-
 def _release_dropped_buffers():
     """Lets jaxlib drop host references it holds for buffers already deleted.
 
@@ -220,8 +211,7 @@ def _release_dropped_buffers():
     jaxlib = sys.modules.get("jaxlib._jax")  # not loaded: no JAX buffer can hold a slot
     collect = getattr(jaxlib, "collect_garbage", None)
     if collect is not None:
-        with _JAX_CALLS:
-            collect()
+        collect()
 
 
 class Ring:

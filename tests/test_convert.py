@@ -248,7 +248,7 @@ import sys, numpy as np, tbljax
 rng = np.random.default_rng(0)
 imgs = [rng.integers(0, 256, (300, 300, 3), dtype=np.uint8) for _ in range(64)]
 print("started", flush=True)
-tbljax.convert(imgs * 4000, sys.argv[1], image_size=200, progress=False)  # ~10 s: well past the signal
+tbljax.convert(imgs * 400, sys.argv[1], image_size=200, progress=False)
 print("finished", flush=True)
 """
 
