@@ -3,14 +3,22 @@
 >>> import tbljax
 >>> tbljax.convert("train-{000..099}.tar", "train.tbl", image_size=160)
 >>> ds = tbljax.open("train.tbl")
+
+The public surface is what this module exports (`__all__`); the modules behind it are the
+rooms of DESIGN.md, and none of them is named like a function exported here.
 """
 from tbljax._core import CorruptFileError, DecodeError
-from tbljax.convert import ConversionError, ConvertSummary, convert
-from tbljax.format import Dataset, Writer, open
-from tbljax import order
-from tbljax.bench import bench
 from tbljax.augment import Augment
-from tbljax.loader import IMAGENET_MEAN, IMAGENET_STD, Loader, loader
+from tbljax.benchmark import bench
+from tbljax.contract import IMAGENET_MEAN, IMAGENET_STD
+from tbljax.convert import ConversionError, ConvertSummary, convert
+from tbljax.format import Writer
+from tbljax.host_loader import HostLoader
+from tbljax.jax_loader import Loader, loader
+from tbljax.options import LoaderOptions
+from tbljax.plan import HostBatch
+from tbljax.reader import Dataset, open
+from tbljax import order
 
 __version__: str = __import__("tbljax._core", fromlist=["_native_info"])._native_info()["version"]
 
@@ -41,7 +49,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "Loader", "loader", "order",
-    "ConversionError", "ConvertSummary", "CorruptFileError", "Dataset", "DecodeError", "Writer",
-    "ResidentDataset", "bench", "build_info", "convert", "open", "ops",
+    "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "HostBatch", "HostLoader", "Loader",
+    "LoaderOptions", "loader", "order", "ConversionError", "ConvertSummary", "CorruptFileError",
+    "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
+    "open", "ops",
 ]

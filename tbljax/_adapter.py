@@ -5,24 +5,12 @@ its framework's arrays.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from tbljax import batch as _batch
-from tbljax.loader import HostLoader, LoaderOptions
+from tbljax import contract
+from tbljax.host_loader import HostLoader
+from tbljax.options import LoaderOptions
 
-__all__ = ["Batch", "EpochLoader", "check_rank", "dtype_name", "options"]
-
-
-def dtype_name(dtype, fw, prefix: str) -> str:
-    """'float32' | 'bfloat16' | 'uint8' from a string or framework `fw`'s dtype object
-    (`prefix` names the framework in the error, e.g. "torch" or "mx")."""
-    if isinstance(dtype, str):
-        return dtype
-    names = {fw.float32: "float32", fw.bfloat16: "bfloat16", fw.uint8: "uint8"}
-    if dtype in names:
-        return names[dtype]
-    raise ValueError(f"dtype must be one of {prefix}.float32, {prefix}.bfloat16, {prefix}.uint8 "
-                     f"(or their names), got {dtype!r}")
+__all__ = ["Batch", "EpochLoader", "check_rank", "options"]
 
 
 class Batch(tuple):
@@ -47,10 +35,6 @@ class Batch(tuple):
         return self[1]
 
 
-def _integer(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
 def check_rank(rank, world_size) -> tuple[int, int]:
     """Validated (rank, world_size); both None means a single process (0, 1)."""
     if rank is None and world_size is None:
@@ -58,9 +42,9 @@ def check_rank(rank, world_size) -> tuple[int, int]:
     if rank is None or world_size is None:
         raise ValueError(f"give both rank and world_size, or neither; got rank={rank!r}, "
                          f"world_size={world_size!r}")
-    if not _integer(world_size) or world_size < 1:
+    if not contract.is_integer(world_size) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    if not _integer(rank) or not 0 <= rank < world_size:
+    if not contract.is_integer(rank) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
     return int(rank), int(world_size)
 
@@ -68,7 +52,7 @@ def check_rank(rank, world_size) -> tuple[int, int]:
 def options(batch_size, world_size: int, **kw) -> LoaderOptions:
     """LoaderOptions for a per-rank `batch_size`: the global batch is batch_size * world_size
     (the state's position and the order count global positions, as the JAX loader does)."""
-    if not _integer(batch_size) or batch_size < 1:
+    if not contract.is_integer(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size (per rank) must be an integer >= 1, got {batch_size!r}")
     return LoaderOptions(batch_size=int(batch_size) * world_size, **kw)
 
@@ -96,7 +80,7 @@ class EpochLoader(HostLoader):
     @property
     def batch_size(self) -> int:
         """Rows per batch on this rank (a torch DataLoader's ``batch_size``)."""
-        return self._layout.global_batch // self.world_size
+        return self.layout.global_batch // self.world_size
 
     @property
     def drop_last(self) -> bool:
@@ -107,19 +91,19 @@ class EpochLoader(HostLoader):
         return (f"{type(self).__name__}({self.num_samples} samples, batch_size={self.batch_size}"
                 f" on rank {self.rank} of {self.world_size}, steps/epoch={len(self)}, "
                 f"dtype={o.dtype}, layout={o.layout}, augment={o.augment}, "
-                f"cursor={self._cursor})")
+                f"cursor={self.cursor})")
 
-    def _pass_bounds(self):
-        return self._cursor, self._cursor[0] + 1
+    def pass_bounds(self):
+        return self.cursor, self.cursor[0] + 1
 
-    def _pass_ended(self) -> None:
+    def pass_ended(self) -> None:
         pass  # the last step already moved the cursor to (epoch + 1, 0)
 
     def set_epoch(self, epoch: int) -> None:
         """The next pass serves epoch `epoch`. If the cursor is already inside that epoch (a
         restored `state_dict`, or a pass left early) it continues from there, so a resumed
         run repeats and skips nothing; otherwise the epoch starts at its first step."""
-        epoch = self._check_epoch(epoch)
-        self._close_active()
-        if epoch != self._cursor[0]:
-            self._cursor = (epoch, 0)
+        if contract.is_integer(epoch) and epoch == self.cursor[0]:
+            self.close()  # continue inside this epoch
+        else:
+            super().set_epoch(epoch)

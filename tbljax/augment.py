@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from tbljax import order
+from tbljax import contract, order
 
 __all__ = ["Augment", "sample", "crop_boxes", "flips"]
 
@@ -50,7 +50,8 @@ _ATTEMPTS = 10
 _WORDS_PER_ATTEMPT = 4
 _FLIP_COUNTER = _ATTEMPTS * _WORDS_PER_ATTEMPT
 _TABLE_BITS = 12
-_MAX_SIDE = 65535  # TBL stores width and height as u16; keeps the placement product in uint32
+# TBL stores sides as u16, which keeps the placement product in uint32.
+_MAX_SIDE = contract.MAX_SIDE
 
 
 def _pair(name, value, lo_ok):

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ALIGN", "aligned_empty", "Layout", "Slot", "Ring", "batch_shardings"]
+from tbljax import sharding as _sharding
+
+__all__ = ["ALIGN", "aligned_empty", "Layout", "Slot", "Ring"]
 
 ALIGN = 4096  # a page: also satisfies XLA's 64-byte zero-copy requirement
 
@@ -54,48 +56,13 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
-def batch_shardings(sharding):
-    """The sharding the user gave → one sharding for every batch array (leading axis only).
-
-    None → the batch axis over all devices. A `Mesh` → the batch axis over all its axes. A
-    `NamedSharding` may partition only the leading (batch) axis; it is applied to arrays of every
-    rank, so image, label, index and valid rows land on the same devices.
-    """
-    import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
-
-    if sharding is None:
-        mesh = Mesh(np.array(jax.devices()), ("batch",))
-        return NamedSharding(mesh, PartitionSpec("batch"))
-    if isinstance(sharding, Mesh):
-        return NamedSharding(sharding, PartitionSpec(sharding.axis_names))
-    if isinstance(sharding, SingleDeviceSharding):
-        return sharding
-    if isinstance(sharding, NamedSharding):
-        spec = tuple(sharding.spec)
-        if any(s is not None for s in spec[1:]):
-            raise ValueError(f"sharding may partition only the batch (leading) axis, got spec "
-                             f"{sharding.spec}; use e.g. PartitionSpec({spec[0]!r})")
-        return NamedSharding(sharding.mesh, PartitionSpec(spec[0] if spec else None))
-    raise TypeError(f"sharding must be None, a jax.sharding.Mesh, NamedSharding or "
-                    f"SingleDeviceSharding, got {type(sharding).__name__}")
-
-
-def _batch_parts(sharding) -> int:
-    """How many pieces a sharding from `batch_shardings` cuts the batch axis into."""
-    spec = getattr(sharding, "spec", None)
-    if spec is None or not len(spec) or spec[0] is None:
-        return 1
-    axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
-    return int(np.prod([sharding.mesh.shape[a] for a in axes]))
-
-
 @dataclass(frozen=True)
 class Layout:
     """Where the rows of a global batch of `global_batch` rows live for this process.
 
-    Made from a JAX sharding (`create`) or, framework-free, from a rank (`for_rank`). ``ranges``: the distinct (start, stop) row ranges on this process's devices, sorted; each
-    is built once even when several devices hold it (replication). ``devices``: per addressable
+    Made from a JAX sharding (`create`, from `tbljax.sharding.batch_sharding`) or,
+    framework-free, from a rank (`for_rank`). ``ranges``: the distinct (start, stop) row
+    ranges on this process's devices, sorted; each is built once even when several devices hold it (replication). ``devices``: per addressable
     device, (device, index into ranges).
     """
 
@@ -106,7 +73,7 @@ class Layout:
 
     @classmethod
     def create(cls, sharding, global_batch: int) -> "Layout":
-        parts = _batch_parts(sharding)
+        parts = _sharding.parts(sharding)
         if global_batch % parts:
             raise ValueError(f"global batch {global_batch} does not split evenly over the "
                              f"{parts} batch shards of {sharding}: use a multiple of {parts}")

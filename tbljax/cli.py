@@ -112,7 +112,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from tbljax.bench import bench
+    from tbljax.benchmark import bench
 
     r = bench(a.file, batch_size=a.batch_size, step=a.step, steps=a.steps, dtype=a.dtype, layout=a.layout,
               augment=a.augment, threads=a.threads, prefetch=a.prefetch)

@@ -6,23 +6,13 @@ ffi/core/kernel.h; ``normalize_table`` gives the normalization contract as NumPy
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
-import ml_dtypes
 import numpy as np
 
-from tbljax import _core
+from tbljax import _core, contract
 
-__all__ = ["gather", "normalize_table", "raw_source", "kernel_target", "LAYOUTS", "OUT_DTYPES"]
-
-LAYOUTS = ("NHWC", "NCHW")
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-_DTYPE_NAMES = {np.dtype(np.uint8): "uint8", np.dtype(np.float32): "float32", _BF16: "bfloat16"}
-OUT_DTYPES = tuple(_DTYPE_NAMES)
-
-_INT32 = np.iinfo(np.int32)
-
+__all__ = ["gather", "normalize_table", "raw_source", "kernel_target"]
 
 def kernel_target() -> str:
     """The SIMD target the kernel (and the decoder's resize) runs on this machine: ``scalar``,
@@ -71,26 +61,6 @@ def raw_source(source) -> _core.RawSource:
                     f"tbljax._core.RawSource, got {type(source).__name__}")
 
 
-def _channel_params(value, name: str, default: float) -> list[float]:
-    if value is None:
-        return [default] * 3
-    if isinstance(value, (str, bytes)):
-        raise TypeError(f"{name} must be 3 numbers (one per RGB channel), got {value!r}")
-    try:
-        vals = [float(v) for v in value]
-    except TypeError:
-        raise TypeError(f"{name} must be a sequence of 3 numbers (one per RGB channel), "
-                        f"got {value!r}") from None
-    if len(vals) != 3:
-        raise ValueError(f"{name} must have 3 values (one per RGB channel), got {len(vals)}: "
-                         f"{value!r}")
-    for c, v in enumerate(vals):
-        if not math.isfinite(v) or (name == "std" and v == 0.0):
-            need = "a finite nonzero number" if name == "std" else "a finite number"
-            raise ValueError(f"{name}[{c}] = {v} must be {need}")
-    return vals
-
-
 def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None, flip=None,
            mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> np.ndarray:
     """Gathers ``source[indices]`` into ``out`` in one fused, parallel pass (GIL released).
@@ -127,13 +97,12 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
                mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     """
     src = raw_source(source)
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    contract.check_layout(layout)
 
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
-    name = _DTYPE_NAMES.get(out.dtype)
-    if name is None:
+    name = out.dtype.name
+    if name not in contract.OUT_DTYPES:
         raise TypeError(f"out.dtype must be uint8, float32 or bfloat16, got {out.dtype}")
     want = "(B, OH, OW, 3)" if layout == "NHWC" else "(B, 3, OH, OW)"
     if out.ndim != 4 or out.shape[3 if layout == "NHWC" else 1] != 3:
@@ -162,20 +131,12 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
         if mean is not None or std is not None:
             raise ValueError("uint8 output is not normalized: mean and std must be None "
                              "(normalize on device, or ask for float32 / bfloat16 output)")
-    m = _channel_params(mean, "mean", 0.0)
-    s = _channel_params(std, "std", 1.0)
+    m = list(contract.channel_params(mean, "mean", 0.0))
+    s = list(contract.channel_params(std, "std", 1.0))
 
     crop_arr = None
     if crop is not None:
-        c = np.asarray(crop)
-        if c.dtype.kind not in "iu":
-            raise TypeError(f"crop must hold integers (y0, x0, h, w), got dtype {c.dtype}")
-        if c.shape != (batch, 4):
-            raise ValueError(f"crop must have shape ({batch}, 4) as (y0, x0, h, w) per sample, "
-                             f"got {c.shape}")
-        if c.size and (c.min() < _INT32.min or c.max() > _INT32.max):
-            raise ValueError(f"crop values must fit in int32, got range [{c.min()}, {c.max()}]")
-        crop_arr = np.ascontiguousarray(c, dtype=np.int32)
+        crop_arr = contract.crop_boxes(crop, batch)
 
     flip_arr = None
     if flip is not None:
@@ -191,37 +152,24 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
     return out
 
 
-def _float64_to_bfloat16_bits(d: np.ndarray) -> np.ndarray:
-    # Nearest bfloat16, ties to even, in one rounding from float64. (ml_dtypes' astype goes
-    # through float32 and so rounds twice.) Round to odd into float32 first -- truncate,
-    # then set the last bit if anything was dropped -- and then to nearest-even bfloat16:
-    # float32 keeps 16 more bits than bfloat16, which makes the result the one-step rounding.
-    d = np.asarray(d, np.float64)
-    with np.errstate(over="ignore"):
-        f = d.astype(np.float32)
-    bits = f.view(np.uint32).copy()
-    bits -= (np.abs(f.astype(np.float64)) > np.abs(d)).astype(np.uint32)  # toward zero
-    bits |= (bits.view(np.float32).astype(np.float64) != d).astype(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-
-
 def normalize_table(mean: Sequence[float], std: Sequence[float], dtype=np.float32) -> np.ndarray:
     """The normalization contract as a ``(3, 256)`` table: ``table[c, x]`` is the float32 or
-    bfloat16 nearest to ``(x/255 - mean[c]) / std[c]`` computed in float64. Every path that
-    normalizes (host kernel, XLA handler, pure-JAX twin, adapters) must agree with it.
+    bfloat16 nearest to ``(x/255 - mean[c]) / std[c]`` computed in float64. It is the table
+    the C++ kernel builds and normalizes with; every other path (XLA handlers, pure-JAX
+    twin, adapters) looks values up in it too.
 
     Example::
 
         t = normalize_table((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), ml_dtypes.bfloat16)
         images_bf16 = t[np.arange(3), images_u8]        # (..., 3) uint8 -> bfloat16
     """
-    dt = np.dtype(dtype)
-    if dt not in (np.dtype(np.float32), _BF16):
-        raise TypeError(f"dtype must be float32 or bfloat16, got {dt}")
-    m = np.array(_channel_params(mean, "mean", 0.0), np.float64)[:, None]
-    s = np.array(_channel_params(std, "std", 1.0), np.float64)[:, None]
-    with np.errstate(over="ignore"):
-        v = (np.arange(256, dtype=np.float64)[None, :] / 255.0 - m) / s
-        if dt == np.dtype(np.float32):
-            return v.astype(np.float32)
-    return _float64_to_bfloat16_bits(v).view(_BF16)
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in ("float32", "bfloat16"):
+        raise TypeError(f"dtype must be float32 or bfloat16, got {name or repr(dtype)}")
+    m = list(contract.channel_params(mean, "mean", 0.0))
+    s = list(contract.channel_params(std, "std", 1.0))
+    table = np.asarray(_core.normalize_table(m, s, name))
+    return table.view(contract.np_dtype(name)) if name == "bfloat16" else table

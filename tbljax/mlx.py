@@ -21,7 +21,8 @@ from __future__ import annotations
 import importlib
 
 from tbljax import _adapter
-from tbljax.loader import IMAGENET_MEAN, IMAGENET_STD, _open
+from tbljax import contract, reader
+from tbljax.contract import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["MLXLoader", "loader"]
 
@@ -34,7 +35,7 @@ def _mx():
                           "installs mlx[cpu])") from e
 
 
-def _to_mlx(host) -> _adapter.Batch:
+def _to_mlx(host) -> tuple[_adapter.Batch, list]:
     """A HostBatch → mx.arrays (one copy of each array; the HostBatch is dropped after)."""
     mx = _mx()
     # Only constructors here, no lazy MLX op: this runs in the producer thread, and MLX binds
@@ -42,8 +43,9 @@ def _to_mlx(host) -> _adapter.Batch:
     # mx.array takes ml_dtypes' bfloat16 bit for bit (tested over every finite value).
     images = mx.array(host.image)
     valid = None if host.valid is None else mx.array(host.valid)
-    return _adapter.Batch(images, mx.array(host.label), index=mx.array(host.index),
-                          valid=valid, epoch=host.epoch, position=host.position)
+    batch = _adapter.Batch(images, mx.array(host.label), index=mx.array(host.index),
+                           valid=valid, epoch=host.epoch, position=host.position)
+    return batch, []  # copies: nothing handed out views the ring slot
 
 
 class MLXLoader(_adapter.EpochLoader):
@@ -52,7 +54,7 @@ class MLXLoader(_adapter.EpochLoader):
     ``load_state_dict`` work as for `tbljax.torch.loader`. Batches own their memory: keep
     them as long as you like."""
 
-    def _finisher(self):
+    def finisher(self):
         return _to_mlx
 
 
@@ -84,8 +86,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     _mx()  # a clear ImportError here, not on the first batch
     rank, world_size = _adapter.check_rank(rank, world_size)
     opts = _adapter.options(batch_size, world_size, seed=seed, shuffle=shuffle,
-                            dtype=_adapter.dtype_name(dtype, _mx(), "mx"),
+                            dtype=contract.dtype_name(dtype, _mx(), "mx"),
                             layout=layout, mean=mean, std=std,
                             augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
                             threads=threads)
-    return MLXLoader(_open(path_or_paths), opts, rank, world_size)
+    return MLXLoader(reader.as_dataset(path_or_paths), opts, rank, world_size)

@@ -22,21 +22,19 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from tbljax import _core, contract
 from tbljax import kernels as _kernels
+from tbljax import sharding as _sharding
 
 __all__ = ["TARGET", "BACKENDS", "gather_normalize", "normalize", "registered_platforms",
            "twin_gather"]
 
 TARGET = "tbljax_gather_normalize"
 BACKENDS = ("auto", "ffi", "twin")
-_LAYOUTS = ("NHWC", "NCHW")
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-_OUT_DTYPES = (np.dtype(np.uint8), np.dtype(np.float32), _BF16)
-_ONE_BITS = 11  # kernel.h: kResizeWeightBits
+_ONE_BITS = contract.RESIZE_WEIGHT_BITS
 _ROUND_SHIFT = 2 * _ONE_BITS  # acc carries weights of 2^11 on each axis
 
 
@@ -151,15 +149,14 @@ def normalize(pixels, *, mean=None, std=None, dtype=jnp.float32, layout: str = "
     out_dt = _out_dtype(dtype)
     if out_dt == np.uint8:
         raise TypeError("normalize writes float32 or bfloat16, got dtype uint8")
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    contract.check_layout(layout)
     pixels = jnp.asarray(pixels)
     axis = -1 if layout == "NHWC" else 1
     if pixels.dtype != jnp.uint8 or pixels.ndim < 2 or pixels.shape[axis] != 3:
         raise ValueError(f"pixels must be uint8 with 3 channels on the {layout} channel axis, got "
                          f"{pixels.dtype} of shape {tuple(pixels.shape)}")
-    table = _table(tuple(_kernels._channel_params(mean, "mean", 0.0)),
-                   tuple(_kernels._channel_params(std, "std", 1.0)), out_dt)
+    table = _table(contract.channel_params(mean, "mean", 0.0),
+                   contract.channel_params(std, "std", 1.0), out_dt)
     return _lookup(pixels, table, axis)
 
 
@@ -211,44 +208,17 @@ def _is_concrete(x) -> bool:
     return not isinstance(x, jax.Array) or x.is_fully_addressable
 
 
-def _check_indices(idx: np.ndarray, n: int) -> None:
-    bad = np.flatnonzero((idx < 0) | (idx >= n))
-    if bad.size:
-        b = int(bad[0])
-        raise IndexError(f"indices[{b}] = {int(idx[b])} is out of range for a source of {n} "
-                         f"records (allowed 0..{n - 1})")
-
-
-def _check_crops(c: np.ndarray, h: int, w: int) -> None:
-    y0, x0, ch, cw = (c[:, k].astype(np.int64) for k in range(4))
-    bad = np.flatnonzero((y0 < 0) | (x0 < 0) | (ch < 1) | (cw < 1) | (y0 + ch > h) | (x0 + cw > w))
-    if bad.size:
-        b = int(bad[0])
-        raise ValueError(f"crop[{b}] = (y0={y0[b]}, x0={x0[b]}, h={ch[b]}, w={cw[b]}) is not a "
-                         f"non-empty box inside the {h}x{w} image (need y0 >= 0, x0 >= 0, "
-                         f"h >= 1, w >= 1, y0 + h <= {h}, x0 + w <= {w})")
-
-
 def _out_dtype(dtype) -> np.dtype:
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt not in _OUT_DTYPES:
-        raise TypeError(f"dtype must be uint8, float32 or bfloat16, got {dtype!r}")
-    return dt
+    return contract.np_dtype(contract.dtype_name(dtype))
 
 
 def _batch_spec(sharding):
     """A Mesh or NamedSharding of the batch → (mesh, PartitionSpec of the batch axis)."""
-    from tbljax import batch as _batch
-
-    s = _batch.batch_shardings(sharding)
+    s = _sharding.batch_sharding(sharding)
     mesh = getattr(s, "mesh", None)
     if mesh is None:
         raise TypeError(f"sharding must be a Mesh or NamedSharding, got {type(sharding).__name__}")
-    spec = s.spec[0] if len(s.spec) else None
-    return mesh, PartitionSpec(spec)
+    return mesh, PartitionSpec(s.spec[0] if len(s.spec) else None)
 
 
 def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
@@ -296,8 +266,7 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    contract.check_layout(layout)
     out_dt = _out_dtype(dtype)
     if not hasattr(data, "shape") or not hasattr(data, "dtype"):
         data = jnp.asarray(data)
@@ -313,7 +282,7 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
             raise TypeError(f"indices must be integers, got dtype {host_idx.dtype}")
         if host_idx.ndim != 1:
             raise ValueError(f"indices must be 1-D (B,), got shape {host_idx.shape}")
-        _check_indices(host_idx, n)
+        _core.check_indices(np.ascontiguousarray(host_idx, np.int64), n)
     indices = jnp.asarray(indices)
     if not jnp.issubdtype(indices.dtype, jnp.integer) or indices.ndim != 1:
         raise ValueError(f"indices must be a 1-D integer array, got {indices.dtype} of shape "
@@ -326,29 +295,12 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
     if out_dt == np.uint8:
         if mean is not None or std is not None:
             raise ValueError("uint8 output is not normalized: mean and std must be None")
-    mean_v = tuple(_kernels._channel_params(mean, "mean", 0.0))
-    std_v = tuple(_kernels._channel_params(std, "std", 1.0))
-
-    if out_size is None:
-        oh, ow = h, w
-    else:
-        try:
-            oh, ow = (int(v) for v in out_size)
-        except (TypeError, ValueError):
-            raise ValueError(f"out_size must be (height, width), got {out_size!r}") from None
-        if not (1 <= oh <= 32767 and 1 <= ow <= 32767):
-            raise ValueError(f"out_size sides must be in [1, 32767], got {out_size!r}")
-    if crop is None and (oh, ow) != (h, w):
-        raise ValueError(f"out_size={out_size!r} differs from the records' {h}x{w}: resizing "
-                         "needs crop boxes (pass crop=[(0, 0, H, W)] * B for a plain resize)")
+    mean_v = contract.channel_params(mean, "mean", 0.0)
+    std_v = contract.channel_params(std, "std", 1.0)
+    oh, ow = contract.output_size((h, w), out_size, cropped=crop is not None)
     if crop is not None:
         if _is_concrete(crop):
-            c = np.asarray(crop)
-            if c.dtype.kind not in "iu":
-                raise TypeError(f"crop must hold integers (y0, x0, h, w), got dtype {c.dtype}")
-            if c.shape != (batch, 4):
-                raise ValueError(f"crop must have shape ({batch}, 4), got {c.shape}")
-            _check_crops(c, h, w)
+            _core.check_crops(contract.crop_boxes(crop, batch), h, w)
         crop = jnp.asarray(crop)
         if crop.shape != (batch, 4) or not jnp.issubdtype(crop.dtype, jnp.integer):
             raise ValueError(f"crop must be ({batch}, 4) integers, got {crop.dtype} of shape "

@@ -23,10 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tbljax import augment as _augment
-from tbljax.loader import IMAGENET_MEAN, IMAGENET_STD, LoaderOptions, _np_dtype, _open, _Source
 from tbljax import ops as _ops
-from tbljax import order
+from tbljax import order, reader
+from tbljax import sharding as _sharding
+from tbljax import step as _step
+from tbljax.contract import IMAGENET_MEAN, IMAGENET_STD
+from tbljax.options import LoaderOptions
+from tbljax.plan import RecordSource
 
 __all__ = ["ResidentDataset"]
 
@@ -45,29 +48,6 @@ def _available_host_bytes() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return None
-
-
-def _data_sharding(sharding) -> NamedSharding:
-    """None → replicated on all devices; a Mesh → replicated on it; a NamedSharding as given
-    (it may partition the record axis, N, and nothing else)."""
-    if sharding is None:
-        return NamedSharding(Mesh(np.array(jax.devices()), ("batch",)), PartitionSpec())
-    if isinstance(sharding, Mesh):
-        return NamedSharding(sharding, PartitionSpec())
-    if isinstance(sharding, NamedSharding):
-        spec = tuple(sharding.spec)
-        if any(s is not None for s in spec[1:]):
-            raise ValueError(f"sharding may partition only the record axis (N) of the (N, H, W, 3) "
-                             f"dataset, got spec {sharding.spec}")
-        return NamedSharding(sharding.mesh, PartitionSpec(spec[0] if spec else None))
-    raise TypeError(f"sharding must be None, a jax.sharding.Mesh or a NamedSharding, got "
-                    f"{type(sharding).__name__}")
-
-
-def _axes(entry) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -101,9 +81,9 @@ class ResidentDataset:
 
     def __init__(self, path_or_dataset, sharding=None, *, max_bytes: int | None = None,
                  chunk_bytes: int = _CHUNK_BYTES):
-        self.sharding = _data_sharding(sharding)
-        ds = _open(path_or_dataset)
-        src = _Source(ds, threads=None)
+        self.sharding = _sharding.data_sharding(sharding)
+        ds = reader.as_dataset(path_or_dataset)
+        src = RecordSource(ds, threads=None)
         self.num_records = src.n
         self.image_shape = tuple(int(v) for v in src.shape)
         self.fingerprint = src.fingerprint
@@ -143,11 +123,10 @@ class ResidentDataset:
 
     # ---- placement ----
     def _data_axes(self) -> tuple[str, ...]:
-        return _axes(self.sharding.spec[0] if len(self.sharding.spec) else None)
+        return _sharding.mesh_axes(self.sharding)
 
     def _data_parts(self) -> int:
-        mesh = self.sharding.mesh
-        return int(np.prod([mesh.shape[a] for a in self._data_axes()], dtype=np.int64))
+        return _sharding.parts(self.sharding)
 
     def _check_fits(self, shape, max_bytes):
         per_device = int(np.prod(shape, dtype=np.int64)) // self._data_parts()
@@ -234,7 +213,7 @@ class ResidentDataset:
         opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle, dtype=dtype,
                              layout=layout, mean=mean, std=std, augment=augment)
         mesh, batch_axes = self._batch_axes(sharding)
-        parts = int(np.prod([mesh.shape[a] for a in batch_axes], dtype=np.int64))
+        parts = _sharding.parts(self.sharding, batch_axes)
         if batch_size % parts:
             raise ValueError(f"batch_size {batch_size} does not split evenly over the {parts} "
                              f"batch shards {batch_axes}: use a multiple of {parts}")
@@ -264,7 +243,7 @@ class ResidentDataset:
         if not isinstance(sharding, NamedSharding) or sharding.mesh.shape != mesh.shape:
             raise ValueError(f"sharding must be a NamedSharding (or Mesh) on the dataset's mesh "
                              f"{mesh}, got {sharding!r}")
-        axes = _axes(sharding.spec[0] if len(sharding.spec) else None)
+        axes = _sharding.mesh_axes(sharding)
         both = sorted(set(axes) & set(data_axes))
         if both:
             raise ValueError(f"the batch cannot be split over {both}, which already partition "
@@ -276,13 +255,11 @@ class ResidentDataset:
         g = opts.batch_size
         mesh = self.sharding.mesh
         data_axes = self._data_axes()
-        aug = opts.augment
-        out_size = aug.size if aug is not None and aug.size is not None else (h, w)
-        parts = int(np.prod([mesh.shape[a] for a in batch_axes], dtype=np.int64))
-        local_b = g // parts
+        out_size = opts.output_size((h, w))
+        local_b = g // _sharding.parts(self.sharding, batch_axes)
         spe = self.steps_per_epoch(g)
-        normalize = opts.dtype != "uint8"
-        out_dtype = _np_dtype(opts.dtype)
+        mean, std = opts.normalization
+        out_dtype = opts.out_dtype
 
         def per_shard(data, labels, step, epoch):
             step = step.astype(jnp.int32)
@@ -291,15 +268,13 @@ class ResidentDataset:
             shard = jax.lax.axis_index(batch_axes) if batch_axes else 0
             first = step * g + shard * local_b
             positions = first + jnp.arange(local_b, dtype=jnp.int32)
-            idx = order.permute(positions, n, opts.seed, epoch, shuffle=opts.shuffle, xp=jnp)
-            boxes, flips = (None, None) if aug is None else _augment.sample(
-                aug, idx, height=h, width=w, seed=opts.seed, epoch=epoch, xp=jnp)
+            idx, boxes, flips = _step.draw(positions, opts, num_records=n, image_hw=(h, w),
+                                           epoch=epoch, xp=jnp)
             kw = dict(crop=boxes, flip=flips, out_size=out_size, layout=opts.layout,
                       backend=backend)
             if not data_axes:
-                image = _ops.gather_normalize(
-                    data, idx, dtype=out_dtype, mean=opts.mean if normalize else None,
-                    std=opts.std if normalize else None, **kw)
+                image = _ops.gather_normalize(data, idx, dtype=out_dtype, mean=mean, std=std,
+                                              **kw)
                 return image, labels[idx], idx
             # Records partitioned over data_axes: each device gathers the rows it holds (the
             # others are zero) and a uint8 sum over those axes assembles the batch exactly.
@@ -310,8 +285,8 @@ class ResidentDataset:
             pix = _ops.gather_normalize(data, local, dtype=jnp.uint8, **kw)
             pix = jax.lax.psum(jnp.where(own[:, None, None, None], pix, jnp.uint8(0)), data_axes)
             label = jax.lax.psum(jnp.where(own, labels[local], 0), data_axes)
-            image = pix if not normalize else _ops.normalize(
-                pix, mean=opts.mean, std=opts.std, dtype=out_dtype, layout=opts.layout)
+            image = pix if mean is None else _ops.normalize(
+                pix, mean=mean, std=std, dtype=out_dtype, layout=opts.layout)
             return image, label, idx
 
         rep, spec = PartitionSpec(), PartitionSpec(batch_axes or None)

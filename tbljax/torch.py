@@ -25,7 +25,8 @@ import numpy as np
 
 from tbljax import _adapter
 from tbljax import batch as _batch
-from tbljax.loader import IMAGENET_MEAN, IMAGENET_STD, _open
+from tbljax import contract, reader
+from tbljax.contract import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["TorchLoader", "loader"]
 
@@ -46,8 +47,8 @@ def _pinned_empty(nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
-def _to_torch(host) -> _adapter.Batch:
-    """A HostBatch → tensors. The images tensor views the ring slot; it holds a reference to
+def _to_torch(host) -> tuple[_adapter.Batch, list]:
+    """A HostBatch → (tensors, the images tensor that views the ring slot). The images tensor views the ring slot; it holds a reference to
     the NumPy view, so the slot counts as in use for as long as the tensor (or any tensor
     sharing its storage: slices, permutes, .view) lives."""
     torch = _torch()
@@ -57,9 +58,10 @@ def _to_torch(host) -> _adapter.Batch:
     else:
         images = torch.from_numpy(img)
     valid = None if host.valid is None else torch.from_numpy(host.valid)
-    return _adapter.Batch(images, torch.from_numpy(host.label.astype(np.int64)),
-                          index=torch.from_numpy(host.index.astype(np.int64)), valid=valid,
-                          epoch=host.epoch, position=host.position)
+    batch = _adapter.Batch(images, torch.from_numpy(host.label.astype(np.int64)),
+                           index=torch.from_numpy(host.index.astype(np.int64)), valid=valid,
+                           epoch=host.epoch, position=host.position)
+    return batch, [images]
 
 
 class TorchLoader(_adapter.EpochLoader):
@@ -87,7 +89,7 @@ class TorchLoader(_adapter.EpochLoader):
         self.pin_memory = pin_memory
         super().__init__(dataset, opts, rank, world_size, **ring)
 
-    def _finisher(self):
+    def finisher(self):
         return _to_torch
 
 
@@ -134,8 +136,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     opts = _adapter.options(batch_size, world_size, seed=seed, shuffle=shuffle,
-                            dtype=_adapter.dtype_name(dtype, _torch(), "torch"),
+                            dtype=contract.dtype_name(dtype, _torch(), "torch"),
                             layout=layout, mean=mean, std=std,
                             augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
                             threads=threads)
-    return TorchLoader(_open(path_or_paths), opts, rank, world_size, bool(pin_memory))
+    return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory))

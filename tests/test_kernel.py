@@ -601,7 +601,8 @@ def test_native_binding_never_converts(small):
     ((0.5, 0.5), None, ValueError, "mean must have 3 values"),
     (None, (1, 1, 1, 1), ValueError, "std must have 3 values"),
     (0.5, None, TypeError, "mean must be a sequence of 3 numbers"),
-    (None, (1, 0, 1), ValueError, r"std\[1\] = 0.0 must be a finite nonzero number"),
+    (None, (1, 0, 1), ValueError, r"std\[1\] = 0.0 must be a finite number > 0"),
+    (None, (1, -2, 1), ValueError, r"std\[1\] = -2.0 must be a finite number > 0"),
     ((0, float("nan"), 0), None, ValueError, r"mean\[1\] = nan must be a finite number"),
 ])
 def test_error_mean_std(small, mean, std, exc, match):

@@ -133,7 +133,7 @@ def test_padding_ranks_and_resume(data):
 
 def test_arguments_are_checked(data):
     _, _, path = data
-    with pytest.raises(ValueError, match="dtype must be one of mx.float32"):
+    with pytest.raises(ValueError, match="dtype must be one of mx.uint8, mx.float32, mx.bfloat16"):
         tbljax.mlx.loader(path, B, dtype=mx.float16)
     with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 2\), got -1"):
         tbljax.mlx.loader(path, B, rank=-1, world_size=2)

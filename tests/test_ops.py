@@ -265,7 +265,7 @@ def test_bad_index_inside_jit_fails_the_computation_naming_it():
     (dict(crop=[[0, 0, 2, 2]] * 2), ValueError, r"crop must have shape \(3, 4\)"),
     (dict(crop=[[0.0, 0, 2, 2]] * 3), TypeError, r"crop must hold integers"),
     (dict(flip=[True, False]), ValueError, r"flip must have shape \(3,\)"),
-    (dict(dtype=np.float16), TypeError, r"dtype must be uint8, float32 or bfloat16"),
+    (dict(dtype=np.float16), ValueError, r"dtype must be one of \['uint8', 'float32', 'bfloat16'\]"),
     (dict(dtype=np.uint8, mean=(0, 0, 0)), ValueError, r"uint8 output is not normalized"),
     (dict(std=(1, 0, 1)), ValueError, r"std\[1\] = 0.0 must be a finite nonzero number"),
     (dict(mean=(1, 2)), ValueError, r"mean must have 3 values"),

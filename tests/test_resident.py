@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax.resident import ResidentDataset, _data_sharding
+from tbljax import sharding
+from tbljax.resident import ResidentDataset
 
 N, H, W, G = 40, 20, 24, 8  # 5 steps per epoch
 
@@ -142,7 +143,7 @@ def test_dataset_that_does_not_fit_is_a_clear_error(data):
         ResidentDataset(data[0], max_bytes=1000)
     # Far beyond this machine: without memory_stats (CPU) the default limit is the free RAM.
     probe = ResidentDataset.__new__(ResidentDataset)
-    probe.sharding = _data_sharding(None)
+    probe.sharding = sharding.data_sharding(None)
     with pytest.raises(MemoryError, match=r"available host RAM"):
         probe._check_fits((1 << 40, 1000, 1000, 3), None)
 

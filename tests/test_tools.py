@@ -91,7 +91,7 @@ def test_bench_cli_json_and_verdict(small_file, tmp_path):
 
 
 def test_bench_advice_for_an_input_bound_run():
-    from tbljax.bench import BenchReport, advise
+    from tbljax.benchmark import BenchReport, advise
 
     rep = BenchReport(path="x", batch_size=256, settings={}, produce_img_s=5000, consumed_img_s=4000,
                       step_floor_ms=10.0, step_fed_ms=51.2, loader_wait_ms=41.0, input_bound=True, overhead=4.12)

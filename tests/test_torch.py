@@ -224,7 +224,7 @@ def test_arguments_are_checked(data):
     cases = [(dict(rank=1), "both rank and world_size"),
              (dict(rank=2, world_size=2), r"rank must be an integer in \[0, 2\), got 2"),
              (dict(rank=0, world_size=0), "world_size must be an integer >= 1, got 0"),
-             (dict(dtype=torch.float16), "dtype must be one of torch.float32"),
+             (dict(dtype=torch.float16), "dtype must be one of torch.uint8, torch.float32, torch.bfloat16"),
              (dict(layout="CHW"), "layout must be one of")]
     for kw, msg in cases:
         with pytest.raises(ValueError, match=msg):

@@ -1,0 +1,131 @@
+"""tbljax.contract: the rules every serving path shares, each written once. Output dtype and
+layout names, per-channel mean/std, the side limit of a record, and the rule that ties the
+output size to the crop. The host loader, the kernel, the in-jit op, the resident dataset and
+the torch and MLX adapters all validate through these functions, so they accept and refuse the
+same things with the same words.
+
+The numbers come from the C++ core (`tbljax._core`), which is where the kernel enforces them.
+
+>>> dtype_name("float32"), np_dtype("bfloat16").name
+('float32', 'bfloat16')
+>>> channel_params((0.5, 0.5, 0.5), "std", 1.0)
+(0.5, 0.5, 0.5)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tbljax import _core
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "MAX_OUT_SIDE", "MAX_SIDE", "OUT_DTYPES",
+           "RESIZE_WEIGHT_BITS", "channel_params", "check_layout", "crop_boxes", "dtype_name", "is_integer",
+           "np_dtype", "output_size"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+LAYOUTS: tuple[str, ...] = tuple(getattr(_core, "LAYOUTS", ("NHWC", "NCHW")))  # MERGE
+OUT_DTYPES: tuple[str, ...] = tuple(getattr(_core, "OUT_DTYPES", ("uint8", "float32", "bfloat16")))  # MERGE
+MAX_SIDE: int = int(getattr(_core, "MAX_SIDE", 65535))  # MERGE TBL stores sides as u16
+RESIZE_WEIGHT_BITS: int = int(getattr(_core, "RESIZE_WEIGHT_BITS", 11))  # MERGE kernel.h: fixed-point resize weights
+# Output sides of a crop-resize: kernel.h's integer sums stay exact in int32, the in-jit twin's
+# arithmetic, for output sides up to 32767.
+MAX_OUT_SIDE = 32767
+
+
+def is_integer(v) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def np_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of an output dtype name (bfloat16 is ml_dtypes')."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def dtype_name(dtype, framework=None, prefix: str = "") -> str:
+    """'uint8' | 'float32' | 'bfloat16' from a name, a NumPy / ml_dtypes / jax.numpy dtype, or
+    (with `framework`, e.g. the torch or mlx.core module) that framework's dtype object;
+    ValueError naming the accepted spellings otherwise."""
+    if framework is not None and not isinstance(dtype, str):
+        names = {getattr(framework, n): n for n in OUT_DTYPES}
+        if dtype in names:
+            return names[dtype]
+        spelled = ", ".join(f"{prefix}.{n}" for n in OUT_DTYPES)
+        raise ValueError(f"dtype must be one of {spelled} (or their names), got {dtype!r}")
+    try:
+        name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in OUT_DTYPES:
+        raise ValueError(f"dtype must be one of {list(OUT_DTYPES)}, got {dtype!r}")
+    return name
+
+
+def check_layout(layout) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def channel_params(value, name: str, default: float) -> tuple[float, float, float]:
+    """Three per-channel numbers for ``mean`` (finite) or ``std`` (finite and > 0); None gives
+    `default` for each channel."""
+    if value is None:
+        return (float(default),) * 3
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of 3 numbers (one per RGB channel), "
+                        f"got {value!r}")
+    try:
+        vals = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of 3 numbers (one per RGB channel), "
+                        f"got {value!r}") from None
+    if len(vals) != 3:
+        raise ValueError(f"{name} must have 3 values (one per RGB channel), got {len(vals)}: "
+                         f"{value!r}")
+    for c, v in enumerate(vals):
+        if not math.isfinite(v) or (name == "std" and v <= 0.0):
+            need = "a finite number > 0" if name == "std" else "a finite number"
+            raise ValueError(f"{name}[{c}] = {v} must be {need}")
+    return vals
+
+
+def crop_boxes(crop, batch: int) -> np.ndarray:
+    """Concrete crop boxes → a C-contiguous int32 (batch, 4) array of (y0, x0, h, w), checked
+    for dtype, shape and the int32 range (whether each box lies inside its record is the
+    kernel's check, `_core.check_crops`)."""
+    c = np.asarray(crop)
+    if c.dtype.kind not in "iu":
+        raise TypeError(f"crop must hold integers (y0, x0, h, w), got dtype {c.dtype}")
+    if c.shape != (batch, 4):
+        raise ValueError(f"crop must have shape ({batch}, 4) as (y0, x0, h, w) per sample, "
+                         f"got {c.shape}")
+    info = np.iinfo(np.int32)
+    if c.size and (c.min() < info.min or c.max() > info.max):
+        raise ValueError(f"crop values must fit in int32, got range [{c.min()}, {c.max()}]")
+    return np.ascontiguousarray(c, dtype=np.int32)
+
+
+def output_size(image_hw: tuple[int, int], out_hw, *, cropped: bool) -> tuple[int, int]:
+    """The (OH, OW) a batch is written at: `out_hw` when given, else the records' own size.
+    Only a crop-resize changes the size: without crop boxes the two must agree."""
+    h, w = (int(v) for v in image_hw)
+    if out_hw is None:
+        return h, w
+    try:
+        oh, ow = (int(v) for v in out_hw)
+    except (TypeError, ValueError):
+        raise ValueError(f"out_size must be (height, width), got {out_hw!r}") from None
+    if not (1 <= oh <= MAX_OUT_SIDE and 1 <= ow <= MAX_OUT_SIDE):
+        raise ValueError(f"out_size sides must be in [1, {MAX_OUT_SIDE}], got {out_hw!r}")
+    if not cropped and (oh, ow) != (h, w):
+        raise ValueError(f"out_size={out_hw!r} differs from the records' {h}x{w}: resizing "
+                         "needs crop boxes (pass crop=[(0, 0, H, W)] * B for a plain resize)")
+    return oh, ow

@@ -1,0 +1,97 @@
+"""tbljax.jax_loader: the loader JAX users hold. `tbljax.loader(...)` yields dicts of global
+`jax.Array`s sharded as the user asks; `Loader` is a thin layer over `tbljax.HostLoader` whose
+finisher assembles each host batch into global arrays (no copy on CPU).
+
+Example:
+    >>> import tbljax
+    >>> loader = tbljax.loader("train.tbl", batch_size=256, seed=0, augment="rrc_flip")
+    >>> for step, batch in enumerate(loader):
+    ...     state, loss = train_step(state, batch["image"], batch["label"])
+    ...     if step % 1000 == 0:
+    ...         save(state, loader.state_dict())   # {version, seed, epoch, position, fingerprint}
+"""
+from __future__ import annotations
+
+import functools
+
+from tbljax import batch as _batch
+from tbljax import reader
+from tbljax import sharding as _sharding
+from tbljax.contract import IMAGENET_MEAN, IMAGENET_STD
+from tbljax.host_loader import HostLoader
+from tbljax.options import LoaderOptions
+from tbljax.plan import HostBatch
+
+__all__ = ["Loader", "loader", "to_jax"]
+
+
+def to_jax(layout: _batch.Layout, row_shape, host: HostBatch) -> tuple[dict, list]:
+    """The JAX layer: a HostBatch → (a dict of global jax.Arrays, no copy on CPU; the arrays
+    in it that view the ring slot)."""
+    result = {"image": layout.to_global(host.images, row_shape),
+              "label": layout.to_global(host.labels),
+              "index": layout.to_global(host.indices)}
+    if host.valids is not None:
+        result["valid"] = layout.to_global(host.valids)
+    return result, [result["image"]]
+
+
+class Loader(HostLoader):
+    """Serves a dataset to JAX as sharded global batches. Create it with `tbljax.loader`.
+
+    Iterating yields ``{"image", "label", "index"}`` (+ ``"valid"`` without drop_remainder),
+    each a global `jax.Array` whose leading axis is the global batch. Iteration starts at the
+    loader's cursor (epoch, position) and runs to the end of epoch ``num_epochs - 1`` (or
+    forever). Iterating again after a pass that ran to its end starts over at epoch 0 (an
+    evaluation loader serves the whole set each time); a restored state that is at the end
+    yields nothing, as the original run would have.
+
+    Lifetime: a batch's image may share memory with the loader's host ring (on CPU it does).
+    The loader never rewrites memory that a live jax.Array (or anything derived from it) still
+    reads: hold batches as long as you like; batches you drop are recycled.
+    """
+
+    def __init__(self, dataset, opts: LoaderOptions, sharding=None):
+        self.sharding = _sharding.batch_sharding(sharding)
+        super().__init__(dataset, opts, _batch.Layout.create(self.sharding, opts.batch_size))
+
+    def finisher(self):
+        return functools.partial(to_jax, self.layout, self.row_shape)
+
+
+def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,
+           num_epochs: int | None = None, sharding=None, dtype="float32", layout: str = "NHWC",
+           mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=None, drop_remainder: bool = True,
+           prefetch: int = 2, threads: int | None = None) -> Loader:
+    """Serves a TBL dataset to JAX as sharded global batches.
+
+    Args:
+      path_or_paths: a TBL file, a list of shard files read as one dataset, or an open
+        `tbljax.Dataset`.
+      batch_size: the global batch G over all processes; it must split evenly over the batch
+        shards of `sharding`. Step s of an epoch holds shuffled positions [s*G, (s+1)*G).
+      seed, shuffle: the order of epoch e is a fixed bijection of (seed, e); shuffle=False
+        serves samples in file order.
+      num_epochs: None to iterate forever, or the number of epochs to serve.
+      sharding: None (batch axis over all devices), a `Mesh` or a `NamedSharding` that
+        partitions only the leading axis. Each process builds only its devices' rows.
+      dtype: "float32", "bfloat16" (normalized with mean/std) or "uint8" (raw pixels).
+      layout: "NHWC" or "NCHW".
+      mean, std: per-channel, on the 0..1 scale: value = (x/255 - mean) / std.
+      augment: None, "flip", "rrc_flip" or an `Augment`; a sample's crop and flip depend only
+        on (seed, epoch, sample index).
+      drop_remainder: True drops the last partial batch; False pads it (index and label -1,
+        zero image) and adds a bool `valid` mask, so every sample is served exactly once.
+      prefetch: batches prepared ahead of the consumer.
+      threads: threads for decoding non-RAW records (None: the pool's default).
+
+    >>> loader = tbljax.loader("val.tbl", batch_size=500, shuffle=False, num_epochs=1,
+    ...                        drop_remainder=False)
+    >>> correct = sum(int(((predict(b["image"]) == b["label"]) & b["valid"]).sum())
+    ...               for b in loader)
+    """
+    opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle,
+                         num_epochs=num_epochs, dtype=dtype, layout=layout, mean=mean, std=std,
+                         augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
+                         threads=threads)
+    return Loader(reader.as_dataset(path_or_paths), opts, sharding)

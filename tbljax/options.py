@@ -1,0 +1,79 @@
+"""tbljax.options: `LoaderOptions`, everything that decides what a loader yields, validated once
+when it is made (with the rules of `tbljax.contract`). Every loader (JAX, torch, MLX) and the
+resident dataset's `batch` take their arguments through it.
+
+>>> LoaderOptions(batch_size=256, dtype="bfloat16").out_dtype.name
+'bfloat16'
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tbljax import augment as _augment
+from tbljax import contract
+
+__all__ = ["LoaderOptions"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions:
+    """Everything that decides what a loader yields, validated once. See `tbljax.loader` for
+    what each field means."""
+
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+    num_epochs: int | None = None
+    dtype: str = "float32"
+    layout: str = "NHWC"
+    mean: tuple[float, float, float] = contract.IMAGENET_MEAN
+    std: tuple[float, float, float] = contract.IMAGENET_STD
+    augment: _augment.Augment | None = None
+    drop_remainder: bool = True
+    prefetch: int = 2
+    threads: int | None = None
+
+    def __post_init__(self):
+        integer = contract.is_integer
+        if not integer(self.batch_size) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if not integer(self.seed) or not 0 <= self.seed < 1 << 64:
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if self.num_epochs is not None and (not integer(self.num_epochs) or self.num_epochs < 1):
+            raise ValueError(f"num_epochs must be None (endless) or an integer >= 1, got "
+                             f"{self.num_epochs!r}")
+        object.__setattr__(self, "dtype", contract.dtype_name(self.dtype))
+        contract.check_layout(self.layout)
+        object.__setattr__(self, "mean", contract.channel_params(self.mean, "mean", 0.0))
+        object.__setattr__(self, "std", contract.channel_params(self.std, "std", 1.0))
+        object.__setattr__(self, "augment", _augment.Augment.from_spec(self.augment))
+        if not integer(self.prefetch) or self.prefetch < 1:
+            raise ValueError(f"prefetch must be an integer >= 1, got {self.prefetch!r}")
+        if self.threads is not None and (not integer(self.threads) or self.threads < 1):
+            raise ValueError(f"threads must be None (the pool's default) or an integer >= 1, "
+                             f"got {self.threads!r}")
+        for flag in ("shuffle", "drop_remainder"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+
+    @property
+    def out_dtype(self) -> np.dtype:
+        return contract.np_dtype(self.dtype)
+
+    @property
+    def normalization(self) -> tuple[tuple | None, tuple | None]:
+        """(mean, std) for the kernel: None, None for uint8 output (not normalized)."""
+        return (None, None) if self.dtype == "uint8" else (self.mean, self.std)
+
+    def output_size(self, image_hw: tuple[int, int]) -> tuple[int, int]:
+        """(OH, OW) of a batch from records of `image_hw`: the augmentation's size, if any."""
+        aug = self.augment
+        size = aug.size if aug is not None else None
+        return contract.output_size(image_hw, size, cropped=aug is not None and aug.crop)
+
+    def row_shape(self, image_hw: tuple[int, int]) -> tuple[int, int, int]:
+        """One row of a batch: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW."""
+        oh, ow = self.output_size(image_hw)
+        return (oh, ow, 3) if self.layout == "NHWC" else (3, oh, ow)

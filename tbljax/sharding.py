@@ -1,0 +1,76 @@
+"""tbljax.sharding: what the user's `sharding=` argument means, decided once. A batch's
+sharding (the loader, the in-jit op, the resident dataset's batches) partitions only the
+leading batch axis; a resident dataset's sharding partitions only its record axis. jax is
+imported when these are called, so `import tbljax` stays quick.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["batch_sharding", "data_sharding", "mesh_axes", "parts"]
+
+
+def _leading_only(sharding, what: str):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    spec = tuple(sharding.spec)
+    if any(s is not None for s in spec[1:]):
+        raise ValueError(f"sharding may partition only {what}, got spec {sharding.spec}; use "
+                         f"e.g. PartitionSpec({spec[0]!r})")
+    return NamedSharding(sharding.mesh, PartitionSpec(spec[0] if spec else None))
+
+
+def batch_sharding(sharding):
+    """The sharding the user gave → one sharding for every batch array (leading axis only).
+
+    None → the batch axis over all devices. A `Mesh` → the batch axis over all its axes. A
+    `NamedSharding` may partition only the leading (batch) axis; it is applied to arrays of
+    every rank, so image, label, index and valid rows land on the same devices.
+    """
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+    if sharding is None:
+        mesh = Mesh(np.array(jax.devices()), ("batch",))
+        return NamedSharding(mesh, PartitionSpec("batch"))
+    if isinstance(sharding, Mesh):
+        return NamedSharding(sharding, PartitionSpec(sharding.axis_names))
+    if isinstance(sharding, SingleDeviceSharding):
+        return sharding
+    if isinstance(sharding, NamedSharding):
+        return _leading_only(sharding, "the batch (leading) axis")
+    raise TypeError(f"sharding must be None, a jax.sharding.Mesh, NamedSharding or "
+                    f"SingleDeviceSharding, got {type(sharding).__name__}")
+
+
+def data_sharding(sharding):
+    """Where a resident dataset's ``(N, H, W, 3)`` records live. None → replicated on all
+    devices; a `Mesh` → replicated on it; a `NamedSharding` as given (it may partition the
+    record axis N, and nothing else)."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    if sharding is None:
+        return NamedSharding(Mesh(np.array(jax.devices()), ("batch",)), PartitionSpec())
+    if isinstance(sharding, Mesh):
+        return NamedSharding(sharding, PartitionSpec())
+    if isinstance(sharding, NamedSharding):
+        return _leading_only(sharding, "the record axis (N) of the (N, H, W, 3) dataset")
+    raise TypeError(f"sharding must be None, a jax.sharding.Mesh or a NamedSharding, got "
+                    f"{type(sharding).__name__}")
+
+
+def mesh_axes(sharding) -> tuple[str, ...]:
+    """The mesh axes that partition the leading axis of a sharding from this module."""
+    spec = getattr(sharding, "spec", None)
+    entry = spec[0] if spec is not None and len(spec) else None
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def parts(sharding, axes: tuple[str, ...] | None = None) -> int:
+    """How many pieces the leading axis is cut into (over `axes`, default the sharding's)."""
+    axes = mesh_axes(sharding) if axes is None else axes
+    mesh = getattr(sharding, "mesh", None)
+    return int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64)) if axes else 1

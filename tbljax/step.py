@@ -1,0 +1,32 @@
+"""tbljax.step: what the rows of a step hold, decided once for every path. Global positions →
+sample indices (`tbljax.order`, the epoch's permutation) → crop boxes and flips
+(`tbljax.augment`, keyed by sample index). The same function runs in NumPy for the host
+loaders and in jax.numpy inside `jax.jit` for the resident dataset, so both serve the same
+samples with the same augmentation.
+
+>>> from tbljax.options import LoaderOptions
+>>> idx, boxes, flips = draw(np.arange(4), LoaderOptions(batch_size=4, augment="flip"),
+...                          num_records=10, image_hw=(32, 32), epoch=0)
+>>> idx.shape, boxes, flips.dtype
+((4,), None, dtype('bool'))
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tbljax import augment as _augment
+from tbljax import order
+from tbljax.options import LoaderOptions
+
+__all__ = ["draw"]
+
+
+def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw: tuple[int, int], epoch,
+         xp=np):
+    """(sample indices, crop boxes or None, flips or None) for `positions` of epoch `epoch`."""
+    idx = order.permute(positions, num_records, opts.seed, epoch, shuffle=opts.shuffle, xp=xp)
+    if opts.augment is None:
+        return idx, None, None
+    boxes, flips = _augment.sample(opts.augment, idx, height=image_hw[0], width=image_hw[1],
+                                   seed=opts.seed, epoch=epoch, xp=xp)
+    return idx, boxes, flips
