@@ -3,7 +3,6 @@ NumPy reference written here from the formulas of ffi/core/kernel.h, bit for bit
 dtype x layout x crop x flip, eager and under jit; the normalization contract for all 256
 values of every channel; errors (eager and from inside jit); donated outputs; the dataset as
 an operand; and per-shard execution on 8 CPU devices (a subprocess)."""
-import fractions
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import oracle
 import pytest
 
 from tbljax import kernels, ops
@@ -22,71 +22,6 @@ DTYPES = [np.dtype(np.uint8), np.dtype(np.float32), BF16]
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 PLAIN = ((0, 0, 0), (1, 1, 1))  # x / 255
 RuntimeErr = getattr(jax.errors, "JaxRuntimeError", None) or jax.errors.XlaRuntimeError
-
-
-# ---------------------------------------------------------------------------------------------
-# The reference: plain NumPy, int64 and float64, exact rational rounding to bfloat16
-# ---------------------------------------------------------------------------------------------
-
-def _bf16_grid():
-    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    with np.errstate(invalid="ignore"):
-        vals = bits.view(BF16).astype(np.float64)
-    keep = np.isfinite(vals) & (bits != 0x8000)
-    order = np.argsort(vals[keep], kind="stable")
-    return vals[keep][order], bits[keep][order]
-
-
-_GRID_VALS, _GRID_BITS = _bf16_grid()
-
-
-def _nearest_bf16(v: float) -> int:
-    """Bits of the bfloat16 nearest to v (ties to even), by exact rational comparison."""
-    hi = int(np.searchsorted(_GRID_VALS, v))
-    if _GRID_VALS[hi] == v:
-        return int(_GRID_BITS[hi])
-    lo = hi - 1
-    d_lo = fractions.Fraction(v) - fractions.Fraction(float(_GRID_VALS[lo]))
-    d_hi = fractions.Fraction(float(_GRID_VALS[hi])) - fractions.Fraction(v)
-    if d_lo != d_hi:
-        return int(_GRID_BITS[lo] if d_lo < d_hi else _GRID_BITS[hi])
-    return int(_GRID_BITS[lo] if _GRID_BITS[lo] % 2 == 0 else _GRID_BITS[hi])
-
-
-def ref_table(mean, std, dtype) -> np.ndarray:
-    v = np.array([[(x / 255.0 - mean[c]) / std[c] for x in range(256)] for c in range(3)])
-    if np.dtype(dtype) == np.float32:
-        return v.astype(np.float32)
-    return np.vectorize(_nearest_bf16, otypes=[np.uint16])(v).view(BF16)
-
-
-def ref_taps(out_len, start, length):
-    o = np.arange(out_len, dtype=np.int64)
-    n = np.maximum(0, (2 * o + 1) * length - out_len)
-    i, f = n // (2 * out_len), n % (2 * out_len)
-    w1 = (f * 2048 + out_len) // (2 * out_len)
-    return start + i, start + np.minimum(i + 1, length - 1), 2048 - w1, w1
-
-
-def ref_gather(records, idx, out_hw, crop, flip, dtype, layout, mean, std):
-    oh, ow = out_hw
-    rows = []
-    for b, i in enumerate(idx):
-        img = records[i].astype(np.int64)
-        if crop is not None:
-            y0, x0, h, w = (int(v) for v in crop[b])
-            sy0, sy1, wy0, wy1 = ref_taps(oh, y0, h)
-            sx0, sx1, wx0, wx1 = ref_taps(ow, x0, w)
-            wx0, wx1 = wx0[None, :, None], wx1[None, :, None]
-            acc = (wy0[:, None, None] * (wx0 * img[sy0][:, sx0] + wx1 * img[sy0][:, sx1])
-                   + wy1[:, None, None] * (wx0 * img[sy1][:, sx0] + wx1 * img[sy1][:, sx1]))
-            img = (acc + (1 << 21)) >> 22
-        if flip is not None and flip[b]:
-            img = img[:, ::-1]
-        rows.append(img.astype(np.uint8))
-    pix = np.stack(rows)
-    out = pix if np.dtype(dtype) == np.uint8 else ref_table(mean, std, dtype)[np.arange(3), pix]
-    return out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
 
 
 def same(a, b) -> bool:
@@ -116,7 +51,7 @@ def test_ffi_twin_host_and_reference_agree(dtype, layout, crop, flip):
     mean, std = IMAGENET if norm else (None, None)
     c, f = (CROPS if crop else None), (FLIPS if flip else None)
     hw = OUT if crop else (H, W)
-    want = ref_gather(RECORDS, IDX, hw, c, f, dtype, layout, *(IMAGENET if norm else (0, 1)))
+    want = oracle.gather(RECORDS, IDX, hw, c, f, dtype, layout, *(IMAGENET if norm else (0, 1)))
     shape = want.shape
     host = kernels.gather(RECORDS, IDX, np.empty(shape, dtype), layout=layout, crop=c, flip=f,
                           mean=mean, std=std)
@@ -153,7 +88,7 @@ def _all_values_image():
 def test_normalize_contract_all_256_values_per_channel(dtype, params):
     img = _all_values_image()
     mean, std = params
-    table = ref_table(mean, std, dtype)
+    table = oracle.table(mean, std, dtype)
     want = table[np.arange(3), img[0]][None]
     assert same(kernels.normalize_table(mean, std, dtype), table)
     for backend in ("ffi", "twin"):
@@ -169,7 +104,7 @@ def test_normalize_contract_all_256_values_per_channel(dtype, params):
 def test_every_simd_target_of_the_handler_matches():
     from tbljax import _ffi_cpu
 
-    want = ref_gather(RECORDS, IDX, OUT, CROPS, FLIPS, BF16, "NCHW", *IMAGENET)
+    want = oracle.gather(RECORDS, IDX, OUT, CROPS, FLIPS, BF16, "NCHW", *IMAGENET)
     f = jax.jit(lambda d, i: ops.gather_normalize(d, i, crop=CROPS, flip=FLIPS, out_size=OUT,
                                                   mean=IMAGENET[0], std=IMAGENET[1],
                                                   dtype=BF16, layout="NCHW", backend="ffi"))
@@ -188,7 +123,7 @@ def test_int64_indices_and_uint8_flips_and_random_resized_crops():
     idx = np.random.default_rng(1).integers(0, N, 40)
     boxes = augment.crop_boxes(idx, height=H, width=W, seed=5, epoch=2)
     flips = augment.flips(idx, seed=5, epoch=2).astype(np.uint8)
-    want = ref_gather(RECORDS, idx, (7, 8), boxes, flips, np.float32, "NHWC", *PLAIN)
+    want = oracle.gather(RECORDS, idx, (7, 8), boxes, flips, np.float32, "NHWC", *PLAIN)
     for backend in ("ffi", "twin"):
         f = jax.jit(lambda d, i, c, fl: ops.gather_normalize(d, i, crop=c, flip=fl,
                                                              out_size=(7, 8), backend=backend))
@@ -220,7 +155,7 @@ def test_donated_output_is_written_in_place():
     assert "input_output_alias" in lowered
     got = f(jnp.asarray(RECORDS), jnp.asarray(IDX), out)
     assert out.is_deleted()
-    assert same(got, ref_gather(RECORDS, IDX, OUT, CROPS, None, np.float32, "NHWC", *PLAIN))
+    assert same(got, oracle.gather(RECORDS, IDX, OUT, CROPS, None, np.float32, "NHWC", *PLAIN))
 
 
 def test_vmap_runs_each_batch():
@@ -257,7 +192,7 @@ def test_bad_index_inside_jit_fails_the_computation_naming_it():
         g(jnp.asarray(RECORDS), jnp.array([[0, 0, 2, 2], [10, 0, 5, 3]])).block_until_ready()
     # The failure is per call: the next good call runs.
     assert same(f(jnp.asarray(RECORDS), jnp.array([1, 2, 3])),
-                ref_gather(RECORDS, [1, 2, 3], (H, W), None, None, np.float32, "NHWC", *PLAIN))
+                oracle.gather(RECORDS, [1, 2, 3], (H, W), None, None, np.float32, "NHWC", *PLAIN))
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
