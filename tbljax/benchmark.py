@@ -120,13 +120,13 @@ def bench(path: Any, *, batch_size: int = 256, step: str | Callable[[dict], Any]
     """
     import jax
 
-    import tbljax
+    from tbljax import jax_loader, reader
 
-    ds = tbljax.open(path) if not isinstance(path, tbljax.Dataset) else path
+    ds = reader.as_dataset(path)
     kw = dict(seed=seed, dtype=dtype, layout=layout, augment=augment, threads=threads, prefetch=prefetch)
 
     def make() -> Any:
-        return tbljax.loader(ds, batch_size, **kw)
+        return jax_loader.loader(ds, batch_size, **kw)
 
     rates = {}
     for consume in (False, True):

@@ -14,13 +14,13 @@ def sample_grid(path: Any, *, count: int = 16, columns: int = 8, augment: Any = 
     """(grid uint8 (rows*H, columns*W, 3), captions) of the first `count` records, drawn by the
     loader itself (unshuffled, uint8 out) so that with `augment` the tiles are exactly what
     `tbljax.loader(..., augment=augment, seed=seed)` serves for those records in `epoch`."""
-    import tbljax
+    from tbljax import jax_loader, reader
 
-    ds = path if isinstance(path, tbljax.Dataset) else tbljax.open(path)
+    ds = reader.as_dataset(path)
     n = min(count, len(ds))
     if n <= 0:
         raise ValueError(f"{ds.paths[0]}: no records to show")
-    ld = tbljax.loader(ds, n, shuffle=False, seed=seed, dtype="uint8", augment=augment,
+    ld = jax_loader.loader(ds, n, shuffle=False, seed=seed, dtype="uint8", augment=augment,
                        sharding=_one_device())
     ld.set_epoch(epoch)
     try:
