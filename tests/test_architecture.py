@@ -5,6 +5,7 @@ in `ROOMS` below, and a shortcut fails here before it spreads."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,21 @@ def test_the_checks_catch_what_they_guard_against():
     assert targets == ["jax_loader", "kernels", "plan"] or sorted(targets) == sorted(
         ["jax_loader", "kernels", "plan"])
     assert _module_aliases(tree) == {"k": "kernels"}
+
+
+def test_the_readme_files_map_lists_every_module_and_folder():
+    repo = PACKAGE.parent
+    readme = (repo / "README.md").read_text()
+    files = readme[readme.index("## Files"):]
+    files = files[:files.find("\n## ", 1)] if "\n## " in files[1:] else files
+    mentioned = set(re.findall(r"`([^`]+)`", files))
+    expanded = set()
+    for m in mentioned:  # "`tbljax/torch.py`, `tbljax/mlx.py`" and "`a`, `b`" rows
+        expanded.update(p.strip() for p in m.split(","))
+    want = {f"tbljax/{p.name}" for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    want |= {f"{p.relative_to(repo)}/" for p in (repo / "ffi").iterdir() if p.is_dir()}
+    want |= {f"{p.name}/" for p in repo.iterdir()
+             if p.is_dir() and not p.name.startswith(".")
+             and p.name not in ("build", "dist", "tbljax", "ffi")}  # those two: by part
+    missing = sorted(w for w in want if w not in expanded)
+    assert missing == [], f"README.md's Files map does not list {missing}"
