@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
+from tbljax.contract import MAX_SIDE, is_integer
 
 FORMATS: dict[str, int] = dict(_core.FORMATS)
 FORMAT_NAMES: dict[int, str] = {v: k for k, v in FORMATS.items()}
@@ -76,8 +77,8 @@ def check_metadata(meta: dict[str, Any], n: int, path: str) -> None:
             bad("recipe", "an object")
         size = recipe.get("image_size")
         if size is not None and (isinstance(size, bool) or not isinstance(size, int)
-                                 or not 1 <= size <= 65535):
-            bad("recipe", "an object whose image_size is an integer in [1, 65535]")
+                                 or not 1 <= size <= MAX_SIDE):
+            bad("recipe", f"an object whose image_size is an integer in [1, {MAX_SIDE}]")
         if recipe.get("resize", "center_crop") not in _core.RESIZE_MODES:
             bad("recipe", f"an object whose resize is one of {list(_core.RESIZE_MODES)}")
     skipped = meta.get("skipped")
@@ -133,8 +134,8 @@ class Writer:
         if format not in FORMATS:
             raise ValueError(f"unknown record format {format!r}; known: {sorted(FORMATS)}")
         for name, v in (("width", width), ("height", height)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= 65535:
-                raise ValueError(f"{name} must be an integer in [0, 65535], got {v!r}")
+            if not is_integer(v) or not 0 <= v <= MAX_SIDE:
+                raise ValueError(f"{name} must be an integer in [0, {MAX_SIDE}], got {v!r}")
         self._w.add(np.frombuffer(data, np.uint8), FORMATS[format], int(width), int(height), False)
 
     def set_metadata(self, *, labels: Sequence[int] | np.ndarray | None = None,
