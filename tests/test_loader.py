@@ -626,3 +626,46 @@ def test_ring_waits_for_slots_in_flight_and_not_for_kept_batches(data):
     m = ld.metrics()
     assert m["slots_replaced"] >= 1 and m["slot_wait_seconds"] < 0.5
     np.testing.assert_array_equal(first.image, imgs[first.index])
+
+
+def test_a_layer_on_top_plugs_in_through_the_public_seams(data):
+    """A framework layer is a HostLoader subclass overriding finisher / pass_bounds /
+    pass_ended, reading cursor, layout and row_shape: what Loader and the adapters do."""
+    imgs, labels, path = data
+    from tbljax import HostLoader, LoaderOptions
+
+    class Copies(HostLoader):
+        ended = 0
+
+        def finisher(self):
+            # Copies: nothing handed out views the slot, so the ring never waits or replaces.
+            return lambda hb: ((hb.index.copy(), hb.image.copy()), [])
+
+        def pass_bounds(self):
+            return self.cursor, self.cursor[0] + 1  # one epoch per pass
+
+        def pass_ended(self):
+            type(self).ended += 1
+
+    ld = Copies(tbljax.open(path), LoaderOptions(batch_size=G, seed=2, dtype="uint8"))
+    assert ld.row_shape == (*imgs.shape[1:3], 3) and ld.layout.global_batch == G
+    first = [b for b in ld]
+    assert ld.cursor == (1, 0) and Copies.ended == 1 and len(first) == len(ld)
+    second = [b for b in ld]  # the next pass serves the next epoch, as its bounds say
+    assert ld.cursor == (2, 0) and Copies.ended == 2
+    for (idx, img), want in zip(first + second, [order.permute(np.arange(s * G, (s + 1) * G), N, 2, e)
+                                                  for e in (0, 1) for s in range(len(ld))]):
+        np.testing.assert_array_equal(idx, want)
+        np.testing.assert_array_equal(img, imgs[idx])
+    assert ld.metrics()["slots_replaced"] == 0
+
+    class Views(HostLoader):
+        def finisher(self):
+            return lambda hb: (hb.image, [hb.image])  # hands out a view of the slot
+
+    ld = Views(tbljax.open(path), LoaderOptions(batch_size=G, seed=2, dtype="uint8",
+                                                num_epochs=2, prefetch=1))
+    kept = list(ld)  # every view kept: each slot is replaced, never overwritten
+    assert ld.metrics()["slots_replaced"] >= 1
+    ref = order.permute(np.arange(G), N, 2, 0)
+    np.testing.assert_array_equal(kept[0], imgs[ref])
