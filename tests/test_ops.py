@@ -147,7 +147,7 @@ def _all_values_image():
 
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=lambda d: d.name)
 @pytest.mark.parametrize("params", [IMAGENET, ((0, 0, 0), (1, 1, 1)),
-                                    ((0.5, -0.25, 3.0), (0.1, -2.0, 1e-3)),
+                                    ((0.5, -0.25, 3.0), (0.1, 2.0, 1e-3)),
                                     ((0.3, 0.7, 0.11), (0.37, 0.019, 7.5))],
                          ids=["imagenet", "identity", "odd", "random"])
 def test_normalize_contract_all_256_values_per_channel(dtype, params):

@@ -7,15 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "kernel.h"  // the SIMD target, shared with the serve kernel
+#include "simd.h"  // the SIMD target, shared with the serve kernel and the CRC
 
-// As in kernel.cpp: TBLJAX_KERNEL_GENERIC_ONLY builds only the portable passes on x86.
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(TBLJAX_KERNEL_GENERIC_ONLY)
-#define TBLJAX_RESIZE_X86 1
+#if TBLJAX_SIMD_X86
 #include <immintrin.h>
-#else
-#define TBLJAX_RESIZE_X86 0
 #endif
 
 namespace tbljax {
@@ -95,8 +90,8 @@ void ComputeTaps(int in_len, double box0, double box_len, int out_len, Taps* t,
 
 // ---------------------------------------------------------------- the two passes ---------
 // Each pass exists as portable C++ (SIMD target "scalar", and every build off x86-64) and,
-// on x86-64, with AVX2 and AVX-512 intrinsics, chosen at run time like the serve kernel's
-// (kernel.h: the best the CPU has, capped by TBLJAX_SIMD). Every version computes the same
+// on x86-64, with AVX2 and AVX-512 intrinsics, chosen at run time by the one SIMD target of
+// the core (simd.h: the best the CPU has, capped by TBLJAX_SIMD). Every version computes the same
 // integer sums, so they give the same bits; the tests run every target.
 
 constexpr int kVShift = kWeightBits - kMidBits;  // vertical: keep kMidBits fractional bits
@@ -164,16 +159,11 @@ void BuildHBlocks(int col0, const std::vector<int32_t>& first, const std::vector
   }
 }
 
-#if TBLJAX_RESIZE_X86
+#if TBLJAX_SIMD_X86
 // The SIMD passes take weights as (w[2j], w[2j+1]) int16 pairs packed in 32 bits, an odd
 // count padded with a zero weight, so that one multiply-add (vpmaddwd) applies two taps;
 // the vertical ones take 2 * npairs row pointers (an odd count repeats the last row).
-//
-// Function attributes, not a target pragma over a region: a std:: template instantiated in
-// such a region could be emitted with AVX-512 code and shared, via the linker, with callers
-// on CPUs without it.
-#define TBLJAX_AVX2 __attribute__((target("avx2")))
-#define TBLJAX_AVX512 __attribute__((target("avx2,avx512f,avx512bw,avx512vl")))
+// Function attributes (simd.h), not a target region: see there why.
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers trip these on _mm512_undefined_* (GCC PR105593).
 #pragma GCC diagnostic push
@@ -186,7 +176,7 @@ void BuildHBlocks(int col0, const std::vector<int32_t>& first, const std::vector
 // of taps; per lane the sums come out as pixels [0-3], [4-7], and packing them back lane by
 // lane restores the order. The sums of a step stay in registers over all taps; the last
 // step overlaps the one before where n is not a multiple of 32 (same values again).
-TBLJAX_AVX2 void VerticalRowAvx2(const uint8_t* const* rows, const int32_t* pairs, int npairs, int n,
+TBLJAX_TARGET_AVX2 void VerticalRowAvx2(const uint8_t* const* rows, const int32_t* pairs, int npairs, int n,
                                  int16_t* mid, const int16_t* w, int taps, int32_t* acc) {
   if (n < 32) return VerticalRowScalar(rows, w, taps, n, mid, acc);
   const __m256i round = _mm256_set1_epi32(1 << (kVShift - 1));
@@ -219,7 +209,7 @@ TBLJAX_AVX2 void VerticalRowAvx2(const uint8_t* const* rows, const int32_t* pair
 }
 
 // The same, 64 bytes a step.
-TBLJAX_AVX512 void VerticalRowAvx512(const uint8_t* const* rows, const int32_t* pairs, int npairs, int n,
+TBLJAX_TARGET_AVX512 void VerticalRowAvx512(const uint8_t* const* rows, const int32_t* pairs, int npairs, int n,
                                      int16_t* mid, const int16_t* w, int taps, int32_t* acc) {
   if (n < 64) return VerticalRowAvx2(rows, pairs, npairs, n, mid, w, taps, acc);
   const __m512i round = _mm512_set1_epi32(1 << (kVShift - 1));
@@ -252,7 +242,7 @@ TBLJAX_AVX512 void VerticalRowAvx512(const uint8_t* const* rows, const int32_t* 
 
 // Writes the first 3 * n bytes of px (n <= 4 RGB pixels) at dst; a 16-byte store where the
 // row has room for it (the next block overwrites the extra bytes).
-TBLJAX_AVX2 inline void StoreRgb(__m128i px, uint8_t* dst, int n, bool room) {
+TBLJAX_TARGET_AVX2 inline void StoreRgb(__m128i px, uint8_t* dst, int n, bool room) {
   if (room) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), px);
   } else {
@@ -269,7 +259,7 @@ TBLJAX_AVX2 inline void StoreRgb(__m128i px, uint8_t* dst, int n, bool room) {
 #define TBLJAX_PAIR_SHUFFLE 0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -128, -128, -128, -128
 #define TBLJAX_RGB0_TO_RGB 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -128, -128, -128, -128
 
-TBLJAX_AVX2 void HorizontalRowAvx2(const int16_t* mid, const HBlocks& h, int out_w, uint8_t* dst) {
+TBLJAX_TARGET_AVX2 void HorizontalRowAvx2(const int16_t* mid, const HBlocks& h, int out_w, uint8_t* dst) {
   const __m256i pick = _mm256_setr_epi8(TBLJAX_PAIR_SHUFFLE, TBLJAX_PAIR_SHUFFLE);
   const __m128i compact = _mm_setr_epi8(TBLJAX_RGB0_TO_RGB);
   const __m256i round = _mm256_set1_epi32(1 << (kHShift - 1));
@@ -297,7 +287,7 @@ TBLJAX_AVX2 void HorizontalRowAvx2(const int16_t* mid, const HBlocks& h, int out
   }
 }
 
-TBLJAX_AVX512 void HorizontalRowAvx512(const int16_t* mid, const HBlocks& h, int out_w, uint8_t* dst) {
+TBLJAX_TARGET_AVX512 void HorizontalRowAvx512(const int16_t* mid, const HBlocks& h, int out_w, uint8_t* dst) {
   const __m512i pick = _mm512_broadcast_i32x4(_mm_setr_epi8(TBLJAX_PAIR_SHUFFLE));
   const __m128i compact = _mm_setr_epi8(TBLJAX_RGB0_TO_RGB);
   const __m512i round = _mm512_set1_epi32(1 << (kHShift - 1));
@@ -323,7 +313,7 @@ TBLJAX_AVX512 void HorizontalRowAvx512(const int16_t* mid, const HBlocks& h, int
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-#endif  // TBLJAX_RESIZE_X86
+#endif  // TBLJAX_SIMD_X86
 
 // Packs a Taps' int16 weights into (w[2j], w[2j+1]) pairs, (t.stride + 1) / 2 per output,
 // and returns that stride.
@@ -507,7 +497,7 @@ Status ResizeRgbWindow(const uint8_t* src, int src_h, int src_w, const PixelRect
     const int16_t* yw = &s.ty.w[static_cast<size_t>(oy) * s.ty.stride];
     uint8_t* out = dst + oy * dst_stride;
     switch (target) {
-#if TBLJAX_RESIZE_X86
+#if TBLJAX_SIMD_X86
       case SimdTarget::kAvx512:
       case SimdTarget::kAvx2: {
         if (n % 2) s.rows[n] = s.rows[n - 1];  // its weight is 0

@@ -16,14 +16,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "kernel.h"  // the SIMD target: "scalar" keeps the CRC on its tables too
+#include "simd.h"  // the SIMD target: "scalar" keeps the CRC on its tables too
 
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(TBLJAX_KERNEL_GENERIC_ONLY)
-#define TBLJAX_CRC_CLMUL 1
+#if TBLJAX_SIMD_X86
 #include <immintrin.h>
-#else
-#define TBLJAX_CRC_CLMUL 0
 #endif
 
 namespace tbljax::tbl {
@@ -152,7 +148,7 @@ void SyncDir(const std::string& dir) {
   }
 }
 
-#if TBLJAX_CRC_CLMUL
+#if TBLJAX_SIMD_X86
 // CRC-16/MODBUS by carry-less multiplication (PCLMULQDQ), after Gopal et al., "Fast CRC
 // Computation for Generic Polynomials Using PCLMULQDQ Instruction" (Intel, 2009). The data,
 // 16 bytes at a time, are polynomials over GF(2), reflected: bit 0 of byte 0 is the highest
@@ -177,11 +173,11 @@ constexpr uint64_t FoldConstant(int n) {
 }
 
 // Folds x forward by the distance of k = (x^(D+64) mod P, x^D mod P) (low, high qword).
-__attribute__((target("pclmul"))) inline __m128i Fold(__m128i x, __m128i k) {
+TBLJAX_TARGET_AVX2 inline __m128i Fold(__m128i x, __m128i k) {
   return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
 }
 
-__attribute__((target("pclmul"))) uint16_t Crc16ModbusClmul(const uint8_t* p, size_t n) {  // n >= 64
+TBLJAX_TARGET_AVX2 uint16_t Crc16ModbusClmul(const uint8_t* p, size_t n) {  // n >= 64
   static_assert(FoldConstant(192) == 0xccd0000000000000 && FoldConstant(128) == 0xc100000000000000,
                 "fold constants");
   const __m128i k512 = _mm_set_epi64x(static_cast<int64_t>(FoldConstant(512)), static_cast<int64_t>(FoldConstant(576)));
@@ -208,17 +204,13 @@ __attribute__((target("pclmul"))) uint16_t Crc16ModbusClmul(const uint8_t* p, si
   return t.Update(t.Update(0, last, 16), reinterpret_cast<const uint8_t*>(q), n);
 }
 
-// PCLMULQDQ where the CPU has it, unless the SIMD target is capped to "scalar" (TBLJAX_SIMD,
-// set_kernel_target): then the tables, so that tests reach both.
+// PCLMULQDQ on the avx2 and avx512 targets (both include it), the tables on "scalar"
+// (TBLJAX_SIMD, set_kernel_target), so that tests reach both.
 bool UseClmul() {
-  static const bool cpu = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("pclmul") != 0;
-  }();
   SimdTarget target;
-  return cpu && ActiveSimdTarget(&target).ok() && target != SimdTarget::kScalar;
+  return ActiveSimdTarget(&target).ok() && target != SimdTarget::kScalar;
 }
-#endif  // TBLJAX_CRC_CLMUL
+#endif  // TBLJAX_SIMD_X86
 
 }  // namespace
 
@@ -227,7 +219,7 @@ uint32_t Crc32(const uint8_t* data, size_t n, uint32_t crc) {
 }
 
 uint16_t Crc16Modbus(const uint8_t* data, size_t n) {
-#if TBLJAX_CRC_CLMUL
+#if TBLJAX_SIMD_X86
   if (n >= 64 && UseClmul()) return Crc16ModbusClmul(data, n);
 #endif
   return Crc16Tables().Update(0xFFFF, data, n);
@@ -512,9 +504,9 @@ Status TblWriter::Add(const uint8_t* data, size_t size, uint8_t format, uint32_t
   if (count_ >= capacity_)
     return InvalidArgument(dst_ + ": writer capacity of " + std::to_string(capacity_) + " records is full");
   if (format > kMaxFormat) return InvalidArgument("unknown record format " + std::to_string(format));
-  if (width > 0xFFFF || height > 0xFFFF)
+  if (width > kMaxSide || height > kMaxSide)
     return InvalidArgument("record of " + std::to_string(width) + "x" + std::to_string(height) +
-                           " exceeds the format's 65535-pixel side");
+                           " exceeds the format's " + std::to_string(kMaxSide) + "-pixel side");
   if (size > 0xFFFFFFFFull) return InvalidArgument("record of " + std::to_string(size) + " bytes exceeds 4 GiB");
   // The reader refuses RAW_U8 records of no pixels, so the writer must not make them.
   if (format == kRawU8 && (width == 0 || height == 0))

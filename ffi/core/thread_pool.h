@@ -12,8 +12,10 @@ namespace tbljax {
 
 class ThreadPool {
  public:
-  // num_threads counts the calling thread: a pool of 1 runs everything inline.
-  explicit ThreadPool(int num_threads);
+  // num_threads counts the calling thread: a pool of 1 runs everything inline. The workers
+  // carry `name` (at most 15 characters) where the OS names threads (Linux: top -H, ps -L,
+  // /proc/PID/task/*/comm), so a process shows how many pools it runs.
+  explicit ThreadPool(int num_threads, const char* name = kDefaultName);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -25,12 +27,16 @@ class ThreadPool {
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 
   // The process-wide pool used by default; its size is set by TBLJAX_NUM_THREADS or the
-  // number of CPUs this process may run on.
+  // number of CPUs this process may run on. Started on first use.
   static ThreadPool& Default();
   static int DefaultThreadCount();
+  // The default pool if it has been started, else null (starts nothing).
+  static ThreadPool* DefaultIfStarted();
+
+  static constexpr const char* kDefaultName = "tbljax-pool";
 
  private:
-  void WorkerLoop();
+  void WorkerLoop(const char* name);
   void RunChunks();
 
   std::vector<std::thread> workers_;

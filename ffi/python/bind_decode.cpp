@@ -65,7 +65,7 @@ ThreadPool& PoolFor(int threads) {
   static auto* pools = new std::map<int, std::unique_ptr<ThreadPool>>();  // leaked, like Default()
   std::lock_guard<std::mutex> lock(mu);
   auto& p = (*pools)[threads];
-  if (!p) p = std::make_unique<ThreadPool>(threads);
+  if (!p) p = std::make_unique<ThreadPool>(threads, "tbljax-decode");
   return *p;
 }
 

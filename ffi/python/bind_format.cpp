@@ -43,6 +43,7 @@ void BindFormat(nb::module_& m) {
   m.attr("INDEX_ENTRY_BYTES") = tbl::kIndexEntryBytes;
   m.attr("META_BLOCK_HEADER_BYTES") = tbl::kMetaBlockHeaderBytes;
   m.attr("RAW_ALIGNMENT") = tbl::kRawAlignment;
+  m.attr("MAX_SIDE") = tbl::kMaxSide;
   m.attr("META_JSON") = tbl::kMetaJson;
   m.attr("META_DATASET") = tbl::kMetaDataset;
   m.attr("DATASET_BLOCK_INDEX") = tbl::kDatasetBlockIndex;
@@ -150,7 +151,7 @@ void BindFormat(nb::module_& m) {
           if (threads <= 0) {
             ThreadPool::Default().ParallelFor(static_cast<int64_t>(n), check);
           } else {
-            ThreadPool pool(threads);
+            ThreadPool pool(threads, "tbljax-verify");
             pool.ParallelFor(static_cast<int64_t>(n), check);
           }
         }

@@ -3,7 +3,6 @@
 // element type to the kernel's output dtype, and Status -> ffi::Error. tbljax/ops.py builds
 // the calls; ffi/core/kernel.h documents the arithmetic.
 #pragma once
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -95,13 +94,7 @@ inline ffi::Error PrepareCall(const DataArg& data, const IndexArg& indices, cons
                 " and " + std::to_string(stdev.size()));
 
   GatherRequest& r = call->request;
-  if (layout == "NHWC") {
-    r.layout = Layout::kNHWC;
-  } else if (layout == "NCHW") {
-    r.layout = Layout::kNCHW;
-  } else {
-    return fail("layout must be NHWC or NCHW, got '" + std::string(layout) + "'");
-  }
+  if (Status s = ParseLayout(layout, &r.layout); !s.ok()) return fail(s.message());
   if (ffi::Error e = OutDTypeOf(out.element_type(), &r.dtype); e.failure()) return e;
   const auto od = out.dimensions();
   if (od.size() != 4) return fail("the result must be 4-D, got " + Dims(od));
@@ -112,20 +105,14 @@ inline ffi::Error PrepareCall(const DataArg& data, const IndexArg& indices, cons
                 std::to_string(batch) + " indices needs " +
                 (nchw ? "(B, 3, OH, OW)" : "(B, OH, OW, 3)") + " with B = " +
                 std::to_string(batch));
-  if (cd[0] == 0 && (oh != dd[1] || ow != dd[2]))
-    return fail("the result is " + std::to_string(oh) + "x" + std::to_string(ow) +
-                " but the records are " + std::to_string(dd[1]) + "x" + std::to_string(dd[2]) +
-                ": without crop boxes the output size must equal the source size");
-  if (r.dtype != OutDType::kUint8) {
-    for (int c = 0; c < 3; ++c) {
-      if (!std::isfinite(mean[c]) || !std::isfinite(stdev[c]) || stdev[c] == 0.0)
-        return fail("mean[" + std::to_string(c) + "] and std[" + std::to_string(c) +
-                    "] must be finite and std nonzero");
-    }
-  }
+  if (Status s = CheckOutputSize(cd[0] != 0, oh, ow, dd[1], dd[2]); !s.ok())
+    return fail(s.message());
   for (int c = 0; c < 3; ++c) {
     r.mean[c] = mean[c];
     r.std[c] = stdev[c];
+  }
+  if (r.dtype != OutDType::kUint8) {
+    if (Status s = CheckNormalization(r.mean, r.std); !s.ok()) return fail(s.message());
   }
   for (int d = 0; d < 4; ++d) r.out_shape[d] = od[d];
   r.batch = batch;
