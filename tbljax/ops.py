@@ -46,14 +46,18 @@ _ROUND_SHIFT = 2 * _ONE_BITS  # acc carries weights of 2^11 on each axis
 
 def _register() -> tuple[dict[str, str], dict[str, str]]:
     registered, missing = {}, {}
-    try:
-        from tbljax import _ffi_cpu
-    except ImportError as e:  # built without jaxlib's headers: the twin serves CPU too
-        missing["cpu"] = f"tbljax._ffi_cpu is not built ({e})"
+    from tbljax import _core
+
+    # The CPU handlers live in _core itself (one thread pool, one SIMD target with the loader);
+    # a build without XLA's FFI headers leaves them out, and the twin serves CPU too.
+    cpu_registrations = getattr(_core, "xla_registrations", None)
+    if cpu_registrations is None:
+        missing["cpu"] = ("tbljax._core was built without the XLA CPU handlers (no XLA FFI "
+                          "headers: jax.ffi.include_dir() was not available to the build)")
     else:
-        for name, capsule in _ffi_cpu.registrations().items():
+        for name, capsule in cpu_registrations().items():
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-        registered["cpu"] = "tbljax._ffi_cpu"
+        registered["cpu"] = "tbljax._core"
     try:
         from tbljax import _ffi_cuda
     except ImportError as e:  # the common case: a build without -DTBLJAX_CUDA=ON
