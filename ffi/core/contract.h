@@ -61,8 +61,7 @@ Status CheckIndices(const int64_t* indices, int64_t batch, int64_t num_records);
 // InvalidArgument naming the first that is not.
 Status CheckCrops(const int32_t* crops, int64_t batch, int64_t height, int64_t width);
 // Without crop boxes the output is the records' size: (out_h, out_w) == (height, width).
-Status CheckOutputSize(bool has_crops, int64_t out_h, int64_t out_w, int64_t height,
-                       int64_t width);
+Status CheckOutputSize(bool has_crops, int64_t out_h, int64_t out_w, int64_t height, int64_t width);
 
 // A double as Python's repr() writes it ("0.0", "-2.5", "1e-05", "nan"), so that a message
 // built here reads the same as one built in Python.

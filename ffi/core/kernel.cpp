@@ -237,8 +237,8 @@ NormPath ChooseNormPath(const double mean[3], const double std[3], OutDType dtyp
   if (dtype == OutDType::kFloat32) NormalizeTableF32(mean, std, p.table_f32);
   if (dtype == OutDType::kBfloat16) NormalizeTableBf16(mean, std, p.table_bf16);
   ChooseAffine(&p, mean, std);
-  return p.use_affine_f32 ? NormPath::kAffineF32
-                          : p.use_affine ? NormPath::kAffineF64 : NormPath::kTable;
+  if (p.use_affine_f32) return NormPath::kAffineF32;
+  return p.use_affine ? NormPath::kAffineF64 : NormPath::kTable;
 }
 
 namespace {
@@ -324,8 +324,8 @@ bool PrepareScratch(int64_t out_w, Scratch* s) {
     ts.capacity = ts.buf ? need : 0;
     if (!ts.buf) return false;
   }
-  uint8_t* p = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(ts.buf.get()) + 63) & ~uintptr_t{63});
+  uint8_t* p =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ts.buf.get()) + 63) & ~uintptr_t{63});
   s->row = p;
   p += row_b;
   s->planes = p;

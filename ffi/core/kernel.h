@@ -64,7 +64,8 @@ struct AxisTap {
   int64_t s0, s1;  // absolute source coordinates
   int32_t w0, w1;  // weights, w0 + w1 == kResizeOne
 };
-TBLJAX_HOST_DEVICE inline AxisTap ComputeAxisTap(int64_t o, int64_t start, int64_t len, int64_t out) {
+TBLJAX_HOST_DEVICE inline AxisTap ComputeAxisTap(int64_t o, int64_t start, int64_t len,
+                                                 int64_t out) {
   int64_t n = (2 * o + 1) * len - out;
   if (n < 0) n = 0;
   const int64_t i = n / (2 * out), f = n % (2 * out);
@@ -102,8 +103,7 @@ struct RawShard {
 class RawSource {
  public:
   RawSource() = default;
-  static Status Create(std::vector<RawShard> shards, int64_t height, int64_t width,
-                       RawSource* out);
+  static Status Create(std::vector<RawShard> shards, int64_t height, int64_t width, RawSource* out);
 
   int64_t num_records() const { return num_records_; }
   int64_t height() const { return height_; }
@@ -127,7 +127,7 @@ struct GatherRequest {
   double std[3] = {1.0, 1.0, 1.0};
   OutDType dtype = OutDType::kFloat32;
   Layout layout = Layout::kNHWC;
-  void* out = nullptr;               // C-contiguous, aligned to its element size
+  void* out = nullptr;                  // C-contiguous, aligned to its element size
   int64_t out_shape[4] = {0, 0, 0, 0};  // (B, OH, OW, 3) for NHWC, (B, 3, OH, OW) for NCHW
 };
 

@@ -23,7 +23,8 @@
 // each (a target pragma does not concatenate strings); avx512 is avx2's list and four more.
 // DetectedCpuFeatures() checks exactly these names.
 #define TBLJAX_AVX2_FEATURES "avx2,fma,bmi,bmi2,f16c,popcnt,pclmul"
-#define TBLJAX_AVX512_FEATURES "avx2,fma,bmi,bmi2,f16c,popcnt,pclmul,avx512f,avx512bw,avx512vl,avx512dq"
+#define TBLJAX_AVX512_FEATURES \
+  "avx2,fma,bmi,bmi2,f16c,popcnt,pclmul,avx512f,avx512bw,avx512vl,avx512dq"
 
 #if TBLJAX_SIMD_X86
 // For one function. Prefer these to a region: a std:: template instantiated inside a target
@@ -34,6 +35,7 @@
 
 // For a region (kernel.cpp compiles kernel.inc once per target):
 //   TBLJAX_PUSH_TARGET(TBLJAX_AVX2_FEATURES) ... TBLJAX_POP_TARGET
+// clang-format off
 #define TBLJAX_PRAGMA_(x) _Pragma(#x)
 #define TBLJAX_PRAGMA(x) TBLJAX_PRAGMA_(x)
 #if defined(__clang__)
@@ -42,12 +44,14 @@
 #define TBLJAX_POP_TARGET TBLJAX_PRAGMA(clang attribute pop)
 #else
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on _mm512_undefined_* (GCC PR105593).
-#define TBLJAX_PUSH_TARGET(features)                              \
-  TBLJAX_PRAGMA(GCC push_options) TBLJAX_PRAGMA(GCC target(features)) \
-  TBLJAX_PRAGMA(GCC diagnostic push)                              \
+#define TBLJAX_PUSH_TARGET(features)                                \
+  TBLJAX_PRAGMA(GCC push_options)                                   \
+  TBLJAX_PRAGMA(GCC target(features))                               \
+  TBLJAX_PRAGMA(GCC diagnostic push)                                \
   TBLJAX_PRAGMA(GCC diagnostic ignored "-Wmaybe-uninitialized")
 #define TBLJAX_POP_TARGET TBLJAX_PRAGMA(GCC diagnostic pop) TBLJAX_PRAGMA(GCC pop_options)
 #endif
+// clang-format on
 #endif  // TBLJAX_SIMD_X86
 
 namespace tbljax {

@@ -24,7 +24,15 @@ inline constexpr uint64_t kRawAlignment = 4096;
 inline constexpr uint32_t kMaxSide = 0xFFFF;
 
 enum Format : uint8_t {
-  kUnknown = 0, kJpeg = 1, kPng = 2, kWebp = 3, kBmp = 4, kTiff = 5, kMp4 = 6, kAvi = 7, kRawU8 = 8,
+  kUnknown = 0,
+  kJpeg = 1,
+  kPng = 2,
+  kWebp = 3,
+  kBmp = 4,
+  kTiff = 5,
+  kMp4 = 6,
+  kAvi = 7,
+  kRawU8 = 8,
 };
 inline constexpr uint8_t kMaxFormat = kRawU8;
 

@@ -90,8 +90,8 @@ inline ffi::Error PrepareCall(const DataArg& data, const IndexArg& indices, cons
   if (fd[0] != 0 && fd[0] != batch)
     return fail("flip must be (B,) = (" + std::to_string(batch) + ",) or (0,), got " + Dims(fd));
   if (mean.size() != 3 || stdev.size() != 3)
-    return fail("mean and std need 3 values each, got " + std::to_string(mean.size()) +
-                " and " + std::to_string(stdev.size()));
+    return fail("mean and std need 3 values each, got " + std::to_string(mean.size()) + " and " +
+                std::to_string(stdev.size()));
 
   GatherRequest& r = call->request;
   if (Status s = ParseLayout(layout, &r.layout); !s.ok()) return fail(s.message());
@@ -103,8 +103,8 @@ inline ffi::Error PrepareCall(const DataArg& data, const IndexArg& indices, cons
   if (od[0] != batch || (nchw ? od[1] : od[3]) != 3 || oh < 1 || ow < 1)
     return fail("the result is " + Dims(od) + " but " + std::string(layout) + " with " +
                 std::to_string(batch) + " indices needs " +
-                (nchw ? "(B, 3, OH, OW)" : "(B, OH, OW, 3)") + " with B = " +
-                std::to_string(batch));
+                (nchw ? "(B, 3, OH, OW)" : "(B, OH, OW, 3)") +
+                " with B = " + std::to_string(batch));
   if (Status s = CheckOutputSize(cd[0] != 0, oh, ow, dd[1], dd[2]); !s.ok())
     return fail(s.message());
   for (int c = 0; c < 3; ++c) {
