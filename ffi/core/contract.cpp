@@ -42,22 +42,32 @@ const char* LayoutName(Layout l) {
 
 namespace {
 
+// "a, b, c": the names of `values`.
+template <class E, size_t N, class NameFn>
+std::string JoinNames(const E (&values)[N], NameFn name_of) {
+  std::string all;
+  for (E v : values) all += (all.empty() ? "" : ", ") + std::string(name_of(v));
+  return all;
+}
+
 // Finds `name` among `values` by their names, or says which names there are.
 template <class E, size_t N, class NameFn>
 Status ParseByName(std::string_view name, const E (&values)[N], NameFn name_of, const char* arg,
                    E* out) {
-  std::string all;
   for (E v : values) {
     if (name == name_of(v)) {
       *out = v;
       return Status::Ok();
     }
-    all += (all.empty() ? "" : ", ") + std::string(name_of(v));
   }
-  return InvalidArgument(std::string(arg) + "='" + std::string(name) + "' is not one of: " + all);
+  return InvalidArgument(std::string(arg) + "='" + std::string(name) +
+                         "' is not one of: " + JoinNames(values, name_of));
 }
 
 }  // namespace
+
+std::string OutDTypeNames() { return JoinNames(kOutDTypes, OutDTypeName); }
+std::string LayoutNames() { return JoinNames(kLayouts, LayoutName); }
 
 Status ParseOutDType(std::string_view name, OutDType* out, const char* arg) {
   return ParseByName(name, kOutDTypes, OutDTypeName, arg, out);

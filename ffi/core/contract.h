@@ -25,11 +25,13 @@ const char* OutDTypeName(OutDType t);
 int OutDTypeBytes(OutDType t);
 // By name; `arg` names the argument in the error ("out_dtype='x' is not one of: ...").
 Status ParseOutDType(std::string_view name, OutDType* out, const char* arg = "out_dtype");
+std::string OutDTypeNames();  // "uint8, float32, bfloat16", for messages
 
 enum class Layout : int { kNHWC = 0, kNCHW = 1 };
 inline constexpr Layout kLayouts[] = {Layout::kNHWC, Layout::kNCHW};
 const char* LayoutName(Layout l);  // "NHWC", "NCHW"
 Status ParseLayout(std::string_view name, Layout* out, const char* arg = "layout");
+std::string LayoutNames();  // "NHWC, NCHW"
 
 // ---------------------------------------------------------------------------------------
 // Normalization contract (DESIGN.md §3)

@@ -104,7 +104,10 @@ OutDType ParseFloatDType(const std::string& s) {
   OutDType t;
   Check(ParseOutDType(s, &t, "dtype"));
   if (t == OutDType::kUint8)
-    throw nb::value_error("dtype='uint8' is not normalized: ask for 'float32' or 'bfloat16'");
+    throw nb::value_error((std::string("dtype='") + OutDTypeName(t) +
+                           "' is not normalized: ask for '" + OutDTypeName(OutDType::kFloat32) +
+                           "' or '" + OutDTypeName(OutDType::kBfloat16) + "'")
+                              .c_str());
   return t;
 }
 

@@ -43,9 +43,9 @@ inline ffi::Error OutDTypeOf(ffi::DataType t, OutDType* out) {
     case ffi::DataType::F32: *out = OutDType::kFloat32; return ffi::Error::Success();
     case ffi::DataType::BF16: *out = OutDType::kBfloat16; return ffi::Error::Success();
     default:
-      return ffi::Error::InvalidArgument(
-          "tbljax gather: the result must be uint8, float32 or bfloat16, got XLA type " +
-          std::to_string(static_cast<int>(t)));
+      return ffi::Error::InvalidArgument("tbljax gather: the result must be one of " +
+                                         OutDTypeNames() + ", got XLA type " +
+                                         std::to_string(static_cast<int>(t)));
   }
 }
 
