@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <string>
 #include <system_error>
 
 namespace tbljax {
@@ -18,7 +19,8 @@ std::atomic<ThreadPool*> g_default{nullptr};
 ThreadPool::ThreadPool(int num_threads, const char* name) {
   for (int i = 1; i < std::max(1, num_threads); ++i) {
     try {
-      workers_.emplace_back([this, name] { WorkerLoop(name); });
+      // Linux takes at most 15 characters; each worker holds its own copy of the name.
+      workers_.emplace_back([this, n = std::string(name).substr(0, 15)] { WorkerLoop(n); });
     } catch (const std::system_error&) {
       break;  // the OS refused another thread: run with the ones we have (the caller helps too)
     }
@@ -48,9 +50,9 @@ void ThreadPool::RunChunks() {
   }
 }
 
-void ThreadPool::WorkerLoop(const char* name) {
+void ThreadPool::WorkerLoop(const std::string& name) {
 #if defined(__linux__)
-  pthread_setname_np(pthread_self(), name);  // fails only for names over 15 characters
+  pthread_setname_np(pthread_self(), name.c_str());
 #else
   (void)name;
 #endif

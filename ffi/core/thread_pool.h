@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -13,7 +14,7 @@ namespace tbljax {
 class ThreadPool {
  public:
   // num_threads counts the calling thread: a pool of 1 runs everything inline. The workers
-  // carry `name` (at most 15 characters) where the OS names threads (Linux: top -H, ps -L,
+  // carry `name` (its first 15 characters) where the OS names threads (Linux: top -H, ps -L,
   // /proc/PID/task/*/comm), so a process shows how many pools it runs.
   explicit ThreadPool(int num_threads, const char* name = kDefaultName);
   ~ThreadPool();
@@ -36,7 +37,7 @@ class ThreadPool {
   static constexpr const char* kDefaultName = "tbljax-pool";
 
  private:
-  void WorkerLoop(const char* name);
+  void WorkerLoop(const std::string& name);
   void RunChunks();
 
   std::vector<std::thread> workers_;
