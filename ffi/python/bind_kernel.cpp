@@ -267,6 +267,9 @@ void BindKernel(nb::module_& m) {
         return nb::cast(TableArray<uint16_t>(mean, std, NormalizeTableBf16));
       },
       nb::arg("mean"), nb::arg("std"), nb::arg("dtype"),
+      nb::sig("def normalize_table(mean: collections.abc.Sequence[float], "
+              "std: collections.abc.Sequence[float], dtype: str) -> "
+              "numpy.typing.NDArray[numpy.float32] | numpy.typing.NDArray[numpy.uint16]"),
       "The normalization contract as a new (3, 256) array: table[c, x] is the float32 (dtype "
       "'float32') or the bfloat16 bit pattern as uint16 (dtype 'bfloat16') nearest to "
       "(x/255 - mean[c]) / std[c] computed in float64 -- the kernel's own table. ValueError "
