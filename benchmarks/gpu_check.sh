@@ -46,7 +46,7 @@ if ! have_header jpeglib.h || ! have_header lz4.h; then
     note "build: libjpeg/liblz4 headers missing and no .gpu_deps carried (see this script's header)"
   fi
 fi
-rm -f tbljax/_core*.so tbljax/_ffi_cpu*.so tbljax/_ffi_cuda*.so
+rm -f tbljax/_core*.so tbljax/_ffi_cuda*.so
 t0=$(date +%s)
 if PYTHON=$(command -v "$PY") timeout 150 scripts/dev-build.sh -DTBLJAX_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES=90 "${extra[@]}" >"$OUT/build.log" 2>&1; then

@@ -32,14 +32,16 @@ uint32_t Sum(const std::vector<uint8_t>& v) {
 void FuzzDecode(const uint8_t* data, size_t size, int mode_bits, int scale, int out_size) {
   JpegInfo info;
   const Status hs = ReadJpegInfo(data, size, &info);
-  if (hs.ok()) Expect(info.width >= 1 && info.height >= 1 && info.orientation >= 1 && info.orientation <= 8);
+  if (hs.ok())
+    Expect(info.width >= 1 && info.height >= 1 && info.orientation >= 1 && info.orientation <= 8);
 
   RgbImage img;
   const Status ds = DecodeJpeg(data, size, &img, scale);
   if (ds.ok()) {
     Expect(hs.ok());
     Expect(img.pixels.size() == static_cast<size_t>(img.width) * img.height * 3);
-    Expect(img.width == (info.width + scale - 1) / scale && img.height == (info.height + scale - 1) / scale);
+    Expect(img.width == (info.width + scale - 1) / scale &&
+           img.height == (info.height + scale - 1) / scale);
   } else {
     Expect(ds.code() == Code::kDecodeError && !ds.message().empty());
   }
@@ -80,11 +82,13 @@ void FuzzResize(const uint8_t* data, size_t size, int out_size, int width, int m
     }
     std::vector<uint8_t> dst(static_cast<size_t>(plan.out_h) * plan.out_w * 3 + 64, 0xA5);
     Expect(ResizeRgb(data, h, width, static_cast<ptrdiff_t>(width) * 3, plan, dst.data(),
-                     static_cast<ptrdiff_t>(plan.out_w) * 3).ok());
+                     static_cast<ptrdiff_t>(plan.out_w) * 3)
+               .ok());
     for (size_t i = dst.size() - 64; i < dst.size(); ++i) Expect(dst[i] == 0xA5);
     // A constant image stays constant: the weights sum to exactly one.
     bool flat = true;
-    for (size_t i = 3; i < static_cast<size_t>(h) * width * 3 && flat; ++i) flat = data[i] == data[i % 3];
+    for (size_t i = 3; i < static_cast<size_t>(h) * width * 3 && flat; ++i)
+      flat = data[i] == data[i % 3];
     if (flat)
       for (size_t i = 0; i < dst.size() - 64; ++i) Expect(dst[i] == data[i % 3]);
   }

@@ -1,7 +1,7 @@
 // libFuzzer harness for the serve kernel's argument validation and its crop/resize/flip paths:
 // Gather over a small source with every request field taken from the input (indices, crop
-// boxes, flips, dtype, layout, output shape, mean, std, alignment, SIMD target). Gather must either reject
-// the request without touching `out`, or write exactly the output and nothing else.
+// boxes, flips, dtype, layout, output shape, mean, std, alignment, SIMD target). Gather must either
+// reject the request without touching `out`, or write exactly the output and nothing else.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -46,7 +46,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t split_byte = in.Take<uint8_t>();
   const int64_t split = split_byte % (N + 1);
   RawSource src;
-  Expect(RawSource::Create({{pixels.data(), split}, {pixels.data() + split * H * W * 3, N - split}}, H, W, &src).ok());
+  Expect(RawSource::Create({{pixels.data(), split}, {pixels.data() + split * H * W * 3, N - split}},
+                           H, W, &src)
+             .ok());
 
   GatherRequest r;
   const uint8_t mode = in.Take<uint8_t>();
@@ -55,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::vector<SimdTarget> targets = SupportedSimdTargets();
   const size_t t = ((mode >> 7) | (split_byte / (N + 1)) << 1) % targets.size();
   Expect(SetSimdTarget(SimdTargetName(targets[t])).ok());
-  r.dtype = static_cast<OutDType>(mode & 3);         // 3 is not a dtype: must be rejected
+  r.dtype = static_cast<OutDType>(mode & 3);  // 3 is not a dtype: must be rejected
   r.layout = (mode & 4) ? Layout::kNCHW : Layout::kNHWC;
   const bool use_crops = mode & 8, use_flips = mode & 16, misalign = mode & 32;
   r.batch = static_cast<int8_t>(in.Take<uint8_t>()) % 9;  // may be negative
@@ -114,7 +116,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Accepted: the request was consistent, and only the output region was written.
   Expect(positive || r.batch == 0);
   for (size_t i = 0; i < kGuard; ++i) Expect(buf[i] == 0xA5);
-  for (size_t i = kGuard + (misalign ? 1 : 0) + (positive ? bytes : 0); i < buf.size(); ++i) Expect(buf[i] == 0xA5);
+  for (size_t i = kGuard + (misalign ? 1 : 0) + (positive ? bytes : 0); i < buf.size(); ++i)
+    Expect(buf[i] == 0xA5);
   if (r.dtype == OutDType::kFloat32 && batch) {
     // Normalized values of finite parameters are never NaN.
     for (int64_t i = 0; i < elems; ++i) {

@@ -107,7 +107,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The reader opens a path: a memory file named through /proc keeps the disk out of it.
   static const int fd = memfd_create("fuzz.tbl", 0);
   if (fd < 0) __builtin_trap();
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, file.data(), file.size(), 0) != static_cast<ssize_t>(file.size()))
+  if (ftruncate(fd, 0) != 0 ||
+      pwrite(fd, file.data(), file.size(), 0) != static_cast<ssize_t>(file.size()))
     __builtin_trap();
   static const std::string path = "/proc/self/fd/" + std::to_string(fd);
 

@@ -4,14 +4,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>  // jpeglib.h needs FILE and size_t
-#include <jpeglib.h>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <jpeglib.h>  // after <cstdio>: it needs FILE and size_t
 
 #include "decode.h"
 #include "tbl_format.h"
@@ -42,7 +43,8 @@ Bytes Load(const std::string& path) {
 
 Bytes Pattern(int h, int w, int channels, int seed) {
   Bytes p(static_cast<size_t>(h) * w * channels);
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>((i * 7 + seed * 31 + (i / 5) * (i % 3)) & 0xFF);
+  for (size_t i = 0; i < p.size(); ++i)
+    p[i] = static_cast<uint8_t>((i * 7 + seed * 31 + (i / 5) * (i % 3)) & 0xFF);
   return p;
 }
 
@@ -93,20 +95,22 @@ Bytes WithExif(const Bytes& jpeg, int o, bool big_endian) {
     else b->insert(b->end(), {uint8_t(v), uint8_t(v >> 8)});
   };
   auto u32 = [&](Bytes* b, uint32_t v) {
-    if (big_endian) b->insert(b->end(), {uint8_t(v >> 24), uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)});
+    if (big_endian)
+      b->insert(b->end(), {uint8_t(v >> 24), uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)});
     else b->insert(b->end(), {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)});
   };
   Bytes tiff;
-  tiff.insert(tiff.end(), big_endian ? std::initializer_list<uint8_t>{'M', 'M'} : std::initializer_list<uint8_t>{'I', 'I'});
+  tiff.insert(tiff.end(), big_endian ? std::initializer_list<uint8_t>{'M', 'M'}
+                                     : std::initializer_list<uint8_t>{'I', 'I'});
   u16(&tiff, 42);
   u32(&tiff, 8);
-  u16(&tiff, 1);        // one IFD entry
-  u16(&tiff, 0x0112);   // Orientation
-  u16(&tiff, 3);        // SHORT
+  u16(&tiff, 1);       // one IFD entry
+  u16(&tiff, 0x0112);  // Orientation
+  u16(&tiff, 3);       // SHORT
   u32(&tiff, 1);
   u16(&tiff, o);
   u16(&tiff, 0);
-  u32(&tiff, 0);        // no next IFD
+  u32(&tiff, 0);  // no next IFD
   Bytes app1 = {'E', 'x', 'i', 'f', 0, 0};
   app1.insert(app1.end(), tiff.begin(), tiff.end());
   const size_t seg = app1.size() + 2;
@@ -161,7 +165,8 @@ int main(int argc, char** argv) {
       Save(root + "/decode", "seed-" + std::to_string(k++), Concat(j, ctrl));
     }
   }
-  Save(root + "/decode", "seed-truncated", Concat(Bytes(base.begin(), base.begin() + base.size() / 2), {0, 8, 0}));
+  Save(root + "/decode", "seed-truncated",
+       Concat(Bytes(base.begin(), base.begin() + base.size() / 2), {0, 8, 0}));
   Save(root + "/decode", "seed-raw-pixels", Concat(Pattern(9, 11, 3, 1), {0x03, 20, 10}));
   Save(root + "/decode", "seed-raw-flat", Concat(Bytes(12 * 5 * 3, 77), {0x03, 63, 4}));
 
@@ -171,41 +176,59 @@ int main(int argc, char** argv) {
   const std::string tmp = tmpl;
   const std::string json = R"({"tbljax_metadata":1,"num_records":3,"recipe":{"image_size":4}})";
   const Bytes ctrl = {0x07};
-  Save(root + "/tbl", "seed-raw", Concat(Tbl(tmp, 3, json, [](tbl::TblWriter* w) {
-    for (int i = 0; i < 3; ++i) {
-      Bytes p = Pattern(4, 4, 3, i);
-      Ok(w->Add(p.data(), p.size(), tbl::kRawU8, 4, 4, false));
-    }
-  }), ctrl));
-  Save(root + "/tbl", "seed-lz4", Concat(Tbl(tmp, 3, json, [](tbl::TblWriter* w) {
-    for (int i = 0; i < 3; ++i) {
-      Bytes p(6 * 5 * 3, static_cast<uint8_t>(i));
-      Ok(w->Add(p.data(), p.size(), tbl::kRawU8, 5, 6, true));
-    }
-  }), ctrl));
-  Save(root + "/tbl", "seed-jpeg", Concat(Tbl(tmp, 2, json, [&](tbl::TblWriter* w) {
-    for (const Bytes& j : {jpegs[1], jpegs[5]}) Ok(w->Add(j.data(), j.size(), tbl::kJpeg, 13, 7, false));
-  }), ctrl));
-  Save(root + "/tbl", "seed-mixed", Concat(Tbl(tmp, 4, "", [&](tbl::TblWriter* w) {
-    Bytes a = Pattern(2, 3, 3, 1), b = Pattern(3, 2, 3, 2), z(300, 0);
-    Ok(w->Add(a.data(), a.size(), tbl::kRawU8, 3, 2, false));
-    Ok(w->Add(b.data(), b.size(), tbl::kRawU8, 2, 3, true));
-    Ok(w->Add(z.data(), z.size(), tbl::kPng, 10, 10, true));
-    Ok(w->Add(z.data(), 0, tbl::kUnknown, 0, 0, false));
-  }), ctrl));
-  Save(root + "/tbl", "seed-empty", Concat(Tbl(tmp, 0, R"({"num_records":0})", [](tbl::TblWriter*) {}), ctrl));
+  Save(root + "/tbl", "seed-raw",
+       Concat(Tbl(tmp, 3, json,
+                  [](tbl::TblWriter* w) {
+                    for (int i = 0; i < 3; ++i) {
+                      Bytes p = Pattern(4, 4, 3, i);
+                      Ok(w->Add(p.data(), p.size(), tbl::kRawU8, 4, 4, false));
+                    }
+                  }),
+              ctrl));
+  Save(root + "/tbl", "seed-lz4",
+       Concat(Tbl(tmp, 3, json,
+                  [](tbl::TblWriter* w) {
+                    for (int i = 0; i < 3; ++i) {
+                      Bytes p(6 * 5 * 3, static_cast<uint8_t>(i));
+                      Ok(w->Add(p.data(), p.size(), tbl::kRawU8, 5, 6, true));
+                    }
+                  }),
+              ctrl));
+  Save(root + "/tbl", "seed-jpeg",
+       Concat(Tbl(tmp, 2, json,
+                  [&](tbl::TblWriter* w) {
+                    for (const Bytes& j : {jpegs[1], jpegs[5]})
+                      Ok(w->Add(j.data(), j.size(), tbl::kJpeg, 13, 7, false));
+                  }),
+              ctrl));
+  Save(root + "/tbl", "seed-mixed",
+       Concat(Tbl(tmp, 4, "",
+                  [&](tbl::TblWriter* w) {
+                    Bytes a = Pattern(2, 3, 3, 1), b = Pattern(3, 2, 3, 2), z(300, 0);
+                    Ok(w->Add(a.data(), a.size(), tbl::kRawU8, 3, 2, false));
+                    Ok(w->Add(b.data(), b.size(), tbl::kRawU8, 2, 3, true));
+                    Ok(w->Add(z.data(), z.size(), tbl::kPng, 10, 10, true));
+                    Ok(w->Add(z.data(), 0, tbl::kUnknown, 0, 0, false));
+                  }),
+              ctrl));
+  Save(root + "/tbl", "seed-empty",
+       Concat(Tbl(tmp, 0, R"({"num_records":0})", [](tbl::TblWriter*) {}), ctrl));
   Save(root + "/tbl", "seed-empty-bare", Concat(Tbl(tmp, 0, "", [](tbl::TblWriter*) {}), ctrl));
   ::unlink((tmp + "/seed.tbl").c_str());
   ::rmdir(tmp.c_str());
 
   // ---- kernel: request encodings (see fuzz_kernel.cpp), mostly with consistent shapes ----
   const std::vector<Bytes> requests = {
-      {0x1B, 1, 0x41, 4, 0, 0, 0, 0, 8, 8, 0, 1, 2, 3, 0, 0, 0, 0, 1, 0, 1, 0, 100, 140, 100, 140, 100, 140},
-      {0xFF, 2, 0x59, 3, 0, 0, 0, 0, 5, 7, 2, 1, 0, 1, 1, 6, 6, 2, 2, 5, 5, 0, 0, 3, 4, 1, 0, 1, 120, 130, 90, 150, 60, 180},
-      {0x3F, 0, 0x46, 2, 0, 0, 0, 0, 3, 3, 1, 2, 0, 0, 2, 2, 1, 1, 3, 3, 1, 0, 100, 250, 100, 240, 99, 230},
+      {0x1B, 1, 0x41, 4, 0, 0, 0, 0, 8,   8,   0,   1,   2,   3,
+       0,    0, 0,    0, 1, 0, 1, 0, 100, 140, 100, 140, 100, 140},
+      {0xFF, 2, 0x59, 3, 0, 0, 0, 0, 5, 7, 2, 1,   0,   1,  1,   6,  6,
+       2,    2, 5,    5, 0, 0, 3, 4, 1, 0, 1, 120, 130, 90, 150, 60, 180},
+      {0x3F, 0, 0x46, 2, 0, 0, 0, 0, 3,   3,   1,   2,   0,  0,
+       2,    2, 1,    1, 3, 3, 1, 0, 100, 250, 100, 240, 99, 230},
       {0x12, 1, 0x00, 2, 2, 6, 5, 3, 0, 1, 100, 140, 100, 140, 100, 140},
       {0x09, 0, 0x62, 1, 0, 0, 0, 0, 4, 4, 0x80, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F},
   };
-  for (size_t i = 0; i < requests.size(); ++i) Save(root + "/kernel", "seed-" + std::to_string(i), requests[i]);
+  for (size_t i = 0; i < requests.size(); ++i)
+    Save(root + "/kernel", "seed-" + std::to_string(i), requests[i]);
   return 0;
 }

@@ -17,7 +17,7 @@ cxx=${CXX_FUZZ:-$(command -v clang++ || command -v clang++-14 || true)}
 [ -n "$cxx" ] || { echo "clang++ not found: apt-get install clang-14 libclang-rt-14-dev" >&2; exit 2; }
 out=build/fuzz
 mkdir -p "$out/artifacts"
-core=(ffi/core/tbl_format.cpp ffi/core/decode.cpp ffi/core/resize.cpp ffi/core/kernel.cpp ffi/core/thread_pool.cpp)
+core=(ffi/core/*.cpp)  # the whole core, as CMakeLists.txt builds it
 # The kernel's bit-exact contract needs no FMA contraction, as in CMakeLists.txt.
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -ffp-contract=off -Iffi/core -DTBLJAX_VERSION='"fuzz"')
 san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined)

@@ -7,6 +7,7 @@
 The public surface is what this module exports (`__all__`); the modules behind it are the
 rooms of DESIGN.md, and none of them is named like a function exported here.
 """
+from tbljax import _core
 from tbljax._core import CorruptFileError, DecodeError
 from tbljax.augment import Augment
 from tbljax.benchmark import bench
@@ -20,16 +21,30 @@ from tbljax.plan import HostBatch
 from tbljax.reader import Dataset, open
 from tbljax import order
 
-__version__: str = __import__("tbljax._core", fromlist=["_native_info"])._native_info()["version"]
+__version__: str = _core.native_info()["version"]
 
 
 def build_info() -> dict:
-    """What this build was compiled with and what runs: version, SIMD target in use,
-    libjpeg-turbo and lz4 versions, compiler, default thread count."""
-    from tbljax import _core
+    """What this build was compiled with and what runs, for both native front ends.
 
-    info = dict(_core._native_info())
-    info.setdefault("simd", "none (kernel not built)")
+    Keys include ``version``, ``compiler``, ``libjpeg_turbo``, ``lz4``; ``simd`` (the one SIMD
+    target of the kernel, the resize and the CRC), ``simd_targets`` and ``cpu_features``;
+    ``threads`` (the size of the one thread pool) and ``pool_started``; ``xla_cpu`` (whether
+    the XLA CPU handlers are compiled into ``tbljax._core``) and ``xla_ffi_api``; ``xla_cuda``
+    (whether ``tbljax._ffi_cuda`` imports) and, when it does not, ``xla_cuda_error``.
+
+    >>> tbljax.build_info()["simd"] in tbljax.build_info()["simd_targets"]
+    True
+    """
+    import importlib
+
+    info = dict(_core.native_info())
+    try:
+        importlib.import_module("tbljax._ffi_cuda")  # imports no framework
+    except ImportError as e:
+        info["xla_cuda"], info["xla_cuda_error"] = False, str(e)
+    else:
+        info["xla_cuda"] = True
     return info
 
 

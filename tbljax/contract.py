@@ -8,28 +8,26 @@ The numbers come from the C++ core (`tbljax._core`), which is where the kernel e
 
 >>> dtype_name("float32"), np_dtype("bfloat16").name
 ('float32', 'bfloat16')
->>> channel_params((0.5, 0.5, 0.5), "std", 1.0)
-(0.5, 0.5, 0.5)
+>>> normalization(None, (0.5, 0.5, 0.5))
+((0.0, 0.0, 0.0), (0.5, 0.5, 0.5))
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from tbljax import _core
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "MAX_OUT_SIDE", "MAX_SIDE", "OUT_DTYPES",
-           "RESIZE_WEIGHT_BITS", "channel_params", "check_layout", "crop_boxes", "dtype_name", "is_integer",
-           "np_dtype", "output_size"]
+           "RESIZE_WEIGHT_BITS", "check_layout", "crop_boxes", "dtype_name", "is_integer",
+           "normalization", "np_dtype", "output_size"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-LAYOUTS: tuple[str, ...] = tuple(getattr(_core, "LAYOUTS", ("NHWC", "NCHW")))  # MERGE
-OUT_DTYPES: tuple[str, ...] = tuple(getattr(_core, "OUT_DTYPES", ("uint8", "float32", "bfloat16")))  # MERGE
-MAX_SIDE: int = int(getattr(_core, "MAX_SIDE", 65535))  # MERGE TBL stores sides as u16
-RESIZE_WEIGHT_BITS: int = int(getattr(_core, "RESIZE_WEIGHT_BITS", 11))  # MERGE kernel.h: fixed-point resize weights
+LAYOUTS: tuple[str, ...] = tuple(_core.LAYOUTS)          # ("NHWC", "NCHW")
+OUT_DTYPES: tuple[str, ...] = tuple(_core.OUT_DTYPES)    # ("uint8", "float32", "bfloat16")
+MAX_SIDE: int = _core.MAX_SIDE                           # TBL stores sides as u16
+RESIZE_WEIGHT_BITS: int = _core.RESIZE_WEIGHT_BITS       # kernel.h: fixed-point resize weights
 # Output sides of a crop-resize: kernel.h's integer sums stay exact in int32, the in-jit twin's
 # arithmetic, for output sides up to 32767.
 MAX_OUT_SIDE = 32767
@@ -74,27 +72,30 @@ def check_layout(layout) -> str:
     return layout
 
 
-def channel_params(value, name: str, default: float) -> tuple[float, float, float]:
-    """Three per-channel numbers for ``mean`` (finite) or ``std`` (finite and > 0); None gives
-    `default` for each channel."""
+def _three(value, name: str, default: float) -> list[float]:
     if value is None:
-        return (float(default),) * 3
+        return [float(default)] * 3
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{name} must be a sequence of 3 numbers (one per RGB channel), "
                         f"got {value!r}")
     try:
-        vals = tuple(float(v) for v in value)
+        vals = [float(v) for v in value]
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a sequence of 3 numbers (one per RGB channel), "
                         f"got {value!r}") from None
     if len(vals) != 3:
         raise ValueError(f"{name} must have 3 values (one per RGB channel), got {len(vals)}: "
                          f"{value!r}")
-    for c, v in enumerate(vals):
-        if not math.isfinite(v) or (name == "std" and v <= 0.0):
-            need = "a finite number > 0" if name == "std" else "a finite number"
-            raise ValueError(f"{name}[{c}] = {v} must be {need}")
     return vals
+
+
+def normalization(mean, std) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """Per-channel ``mean`` and ``std`` as two triples (None: 0 and 1, i.e. ``x/255``). The rule,
+    ``mean`` finite and ``std`` finite and > 0, is the C++ kernel's own check
+    (`_core.check_normalization`), so every path refuses the same values with the same words."""
+    m, s = _three(mean, "mean", 0.0), _three(std, "std", 1.0)
+    _core.check_normalization(m, s)
+    return tuple(m), tuple(s)
 
 
 def crop_boxes(crop, batch: int) -> np.ndarray:

@@ -296,7 +296,7 @@ def convert(
     if shard is not None:
         src = src.select(*shard)
     size = int(image_size)
-    nthreads = threads or _core._native_info()["default_threads"]
+    nthreads = threads or _core.native_info()["default_threads"]
     progress = sys.stderr.isatty() if progress is None else progress
     total = src.count()
 
@@ -340,9 +340,9 @@ def convert(
             labels=np.asarray(out_labels, np.int64), keys=keys, classes=src.classes, skipped=skipped,
             recipe={
                 "image_size": size, "resize": resize, "format": format,
-                "idct": "islow", "resize_filter": _core._native_info().get("resize_filter", ""),
+                "idct": "islow", "resize_filter": _core.native_info().get("resize_filter", ""),
                 "sources": src.describe(), "shard": list(shard) if shard else None,
-                "source_sizes": size_histogram(src_w, src_h), "tbljax": _core._native_info()["version"],
+                "source_sizes": size_histogram(src_w, src_h), "tbljax": _core.native_info()["version"],
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             },
         )

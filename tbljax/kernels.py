@@ -131,8 +131,7 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
         if mean is not None or std is not None:
             raise ValueError("uint8 output is not normalized: mean and std must be None "
                              "(normalize on device, or ask for float32 / bfloat16 output)")
-    m = list(contract.channel_params(mean, "mean", 0.0))
-    s = list(contract.channel_params(std, "std", 1.0))
+    m, s = contract.normalization(mean, std)
 
     crop_arr = None
     if crop is not None:
@@ -169,7 +168,6 @@ def normalize_table(mean: Sequence[float], std: Sequence[float], dtype=np.float3
         name = None
     if name not in ("float32", "bfloat16"):
         raise TypeError(f"dtype must be float32 or bfloat16, got {name or repr(dtype)}")
-    m = list(contract.channel_params(mean, "mean", 0.0))
-    s = list(contract.channel_params(std, "std", 1.0))
+    m, s = contract.normalization(mean, std)
     table = np.asarray(_core.normalize_table(m, s, name))
     return table.view(contract.np_dtype(name)) if name == "bfloat16" else table

@@ -44,14 +44,18 @@ _ROUND_SHIFT = 2 * _ONE_BITS  # acc carries weights of 2^11 on each axis
 
 def _register() -> tuple[dict[str, str], dict[str, str]]:
     registered, missing = {}, {}
-    try:
-        from tbljax import _ffi_cpu
-    except ImportError as e:  # built without jaxlib's headers: the twin serves CPU too
-        missing["cpu"] = f"tbljax._ffi_cpu is not built ({e})"
+    from tbljax import _core
+
+    # The CPU handlers live in _core itself (one thread pool, one SIMD target with the loader);
+    # a build without XLA's FFI headers leaves them out, and the twin serves CPU too.
+    cpu_registrations = getattr(_core, "xla_registrations", None)
+    if cpu_registrations is None:
+        missing["cpu"] = ("tbljax._core was built without the XLA CPU handlers (no XLA FFI "
+                          "headers: jax.ffi.include_dir() was not available to the build)")
     else:
-        for name, capsule in _ffi_cpu.registrations().items():
+        for name, capsule in cpu_registrations().items():
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-        registered["cpu"] = "tbljax._ffi_cpu"
+        registered["cpu"] = "tbljax._core"
     try:
         from tbljax import _ffi_cuda
     except ImportError as e:  # the common case: a build without -DTBLJAX_CUDA=ON
@@ -155,8 +159,7 @@ def normalize(pixels, *, mean=None, std=None, dtype=jnp.float32, layout: str = "
     if pixels.dtype != jnp.uint8 or pixels.ndim < 2 or pixels.shape[axis] != 3:
         raise ValueError(f"pixels must be uint8 with 3 channels on the {layout} channel axis, got "
                          f"{pixels.dtype} of shape {tuple(pixels.shape)}")
-    table = _table(contract.channel_params(mean, "mean", 0.0),
-                   contract.channel_params(std, "std", 1.0), out_dt)
+    table = _table(*contract.normalization(mean, std), out_dt)
     return _lookup(pixels, table, axis)
 
 
@@ -295,8 +298,7 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
     if out_dt == np.uint8:
         if mean is not None or std is not None:
             raise ValueError("uint8 output is not normalized: mean and std must be None")
-    mean_v = contract.channel_params(mean, "mean", 0.0)
-    std_v = contract.channel_params(std, "std", 1.0)
+    mean_v, std_v = contract.normalization(mean, std)
     oh, ow = contract.output_size((h, w), out_size, cropped=crop is not None)
     if crop is not None:
         if _is_concrete(crop):

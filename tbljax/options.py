@@ -46,8 +46,9 @@ class LoaderOptions:
                              f"{self.num_epochs!r}")
         object.__setattr__(self, "dtype", contract.dtype_name(self.dtype))
         contract.check_layout(self.layout)
-        object.__setattr__(self, "mean", contract.channel_params(self.mean, "mean", 0.0))
-        object.__setattr__(self, "std", contract.channel_params(self.std, "std", 1.0))
+        mean, std = contract.normalization(self.mean, self.std)
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
         object.__setattr__(self, "augment", _augment.Augment.from_spec(self.augment))
         if not integer(self.prefetch) or self.prefetch < 1:
             raise ValueError(f"prefetch must be an integer >= 1, got {self.prefetch!r}")

@@ -35,7 +35,7 @@ def pil_reference(data: bytes, size: int, mode: str) -> np.ndarray:
     """Independent reference: Pillow decode + EXIF transpose + Pillow's antialiased resize."""
     im = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
     w, h = im.size
-    filt = PIL_FILTERS[_core._native_info().get("resize_filter", "bilinear").lower()]
+    filt = PIL_FILTERS[_core.native_info().get("resize_filter", "bilinear").lower()]
     if mode == "squash":
         return np.asarray(im.resize((size, size), filt))
     side = min(w, h)  # center_crop: the centred square of the short side, scaled to S×S

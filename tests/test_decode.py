@@ -606,7 +606,7 @@ def test_encode_jpeg_rejects_bad_input():
 
 
 def test_native_info_names_the_recipe():
-    info = _core._native_info()
+    info = _core.native_info()
     assert info["jpeg_idct"] == "islow" and info["resize_filter"] == "bilinear"
     assert _core.JPEG_IDCT == "islow" and _core.RESIZE_FILTER == "bilinear"
     assert set(_core.RESIZE_MODES) == set(MODES)

@@ -89,7 +89,7 @@ NORM_PARAMS = [
     (IMAGENET_MEAN, IMAGENET_STD),
     ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
-    ((-3.25, 100.0, 1e-3), (-0.7, 3e-5, 1234.5)),
+    ((-3.25, 100.0, 1e-3), (0.7, 3e-5, 1234.5)),  # std > 0: the contract (contract.h)
 ]
 
 
@@ -131,7 +131,7 @@ def test_normalize_contract_random_params_every_target():
     src = _all_values_source()
     for trial in range(40):
         mean = tuple(rng.uniform(-2, 2, 3))
-        std = tuple(rng.uniform(0.01, 3, 3))
+        std = tuple(rng.uniform(0.01, 3, 3))  # > 0: the contract (contract.h)
         for dtype, limit in itertools.product((np.float32, BF16), NORM_PATHS):
             _core._set_normalization_path_limit(limit)
             with np.errstate(all="ignore"):
@@ -404,7 +404,7 @@ def test_forced_scalar_process_matches_dispatched(tmp_path):
     script = _CASES_SCRIPT + textwrap.dedent(f"""
         from tbljax import _core
         assert _core.kernel_target() == "scalar", _core.kernel_target()
-        assert _core._native_info()["simd"] == "scalar"
+        assert _core.native_info()["simd"] == "scalar"
         np.savez({str(path)!r}, **run())
     """)
     env = dict(os.environ, TBLJAX_SIMD="scalar")
@@ -423,7 +423,7 @@ def test_forced_scalar_process_matches_dispatched(tmp_path):
 def test_target_reporting_and_env_errors():
     assert _core.kernel_target() in TARGETS
     assert kernels.kernel_target() == _core.kernel_target()
-    assert _core._native_info()["simd"] == _core.kernel_target()
+    assert _core.native_info()["simd"] == _core.kernel_target()
     assert TARGETS[0] == "scalar"
     assert _core.set_kernel_target("scalar") == "scalar"
     with pytest.raises(ValueError, match="not one of"):

@@ -67,9 +67,12 @@ Status CheckJpegMagic(const uint8_t* p, size_t n) {
   if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF) return Status::Ok();
   const char* kind = nullptr;
   if (n >= 8 && std::memcmp(p, "\x89PNG\r\n\x1a\n", 8) == 0) kind = "PNG";
-  else if (n >= 6 && (std::memcmp(p, "GIF87a", 6) == 0 || std::memcmp(p, "GIF89a", 6) == 0)) kind = "GIF";
-  else if (n >= 12 && std::memcmp(p, "RIFF", 4) == 0 && std::memcmp(p + 8, "WEBP", 4) == 0) kind = "WebP";
-  else if (n >= 4 && (std::memcmp(p, "II*\0", 4) == 0 || std::memcmp(p, "MM\0*", 4) == 0)) kind = "TIFF";
+  else if (n >= 6 && (std::memcmp(p, "GIF87a", 6) == 0 || std::memcmp(p, "GIF89a", 6) == 0))
+    kind = "GIF";
+  else if (n >= 12 && std::memcmp(p, "RIFF", 4) == 0 && std::memcmp(p + 8, "WEBP", 4) == 0)
+    kind = "WebP";
+  else if (n >= 4 && (std::memcmp(p, "II*\0", 4) == 0 || std::memcmp(p, "MM\0*", 4) == 0))
+    kind = "TIFF";
   else if (n >= 12 && std::memcmp(p + 4, "ftyp", 4) == 0) kind = "ISO-BMFF (HEIF/AVIF)";
   else if (n >= 2 && p[0] == 'B' && p[1] == 'M') kind = "BMP";
   std::string head;
@@ -78,8 +81,9 @@ Status CheckJpegMagic(const uint8_t* p, size_t n) {
     std::snprintf(hex, sizeof(hex), i ? " %02x" : "%02x", p[i]);
     head += hex;
   }
-  return DecodeError(std::string("not a JPEG") + (kind ? std::string(" (looks like ") + kind + ")" : "") +
-                     ": " + std::to_string(n) + " bytes starting " + head);
+  return DecodeError(std::string("not a JPEG") +
+                     (kind ? std::string(" (looks like ") + kind + ")" : "") + ": " +
+                     std::to_string(n) + " bytes starting " + head);
 }
 
 // ---------------------------------------------------------------- input ------------------
@@ -169,13 +173,41 @@ void Orient(const uint8_t* src, int w, int h, int o, uint8_t* dst) {
   const ptrdiff_t W = w;
   ptrdiff_t base = 0, step_r = W, step_c = 1;
   switch (o) {
-    case 2: base = W - 1; step_r = W; step_c = -1; break;
-    case 3: base = (h - 1) * W + W - 1; step_r = -W; step_c = -1; break;
-    case 4: base = (h - 1) * W; step_r = -W; step_c = 1; break;
-    case 5: base = 0; step_r = 1; step_c = W; break;
-    case 6: base = (h - 1) * W; step_r = 1; step_c = -W; break;
-    case 7: base = (h - 1) * W + W - 1; step_r = -1; step_c = -W; break;
-    case 8: base = W - 1; step_r = -1; step_c = W; break;
+    case 2:
+      base = W - 1;
+      step_r = W;
+      step_c = -1;
+      break;
+    case 3:
+      base = (h - 1) * W + W - 1;
+      step_r = -W;
+      step_c = -1;
+      break;
+    case 4:
+      base = (h - 1) * W;
+      step_r = -W;
+      step_c = 1;
+      break;
+    case 5:
+      base = 0;
+      step_r = 1;
+      step_c = W;
+      break;
+    case 6:
+      base = (h - 1) * W;
+      step_r = 1;
+      step_c = -W;
+      break;
+    case 7:
+      base = (h - 1) * W + W - 1;
+      step_r = -1;
+      step_c = -W;
+      break;
+    case 8:
+      base = W - 1;
+      step_r = -1;
+      step_c = W;
+      break;
     default: break;
   }
   const int dh = SwapsAxes(o) ? w : h, dw = SwapsAxes(o) ? h : w;
@@ -220,7 +252,8 @@ bool ReadHeader(Decoder* d, const uint8_t* data, size_t size) {
   jpeg_save_markers(&d->cinfo, JPEG_APP0 + 1, 0xFFFF);
   jpeg_read_header(&d->cinfo, TRUE);
   for (jpeg_saved_marker_ptr m = d->cinfo.marker_list; m; m = m->next) {
-    if (m->marker == JPEG_APP0 + 1 && m->data_length >= 6 && std::memcmp(m->data, "Exif\0\0", 6) == 0) {
+    if (m->marker == JPEG_APP0 + 1 && m->data_length >= 6 &&
+        std::memcmp(m->data, "Exif\0\0", 6) == 0) {
       d->orientation = ExifOrientation(m->data, m->data_length);
       break;
     }
@@ -350,7 +383,8 @@ bool Decompress(Decoder* d, const Window& want, std::vector<uint8_t>* pixels,
       JSAMPROW rows[16];
       const size_t n = std::min<size_t>(16, h - y);
       for (size_t i = 0; i < n; ++i) rows[i] = base + (y + i) * w * 3;
-      if (jpeg_read_scanlines(c, rows, static_cast<JDIMENSION>(n)) == 0) ERREXIT(c, JERR_INPUT_EMPTY);
+      if (jpeg_read_scanlines(c, rows, static_cast<JDIMENSION>(n)) == 0)
+        ERREXIT(c, JERR_INPUT_EMPTY);
     } else {
       JSAMPROW r = row->data();
       if (jpeg_read_scanlines(c, &r, 1) == 0) ERREXIT(c, JERR_INPUT_EMPTY);
@@ -362,7 +396,8 @@ bool Decompress(Decoder* d, const Window& want, std::vector<uint8_t>* pixels,
       for (size_t x = 0; x < w; ++x) {
         const uint8_t* s = r + 4 * x;
         const int k = inverted ? s[3] : 255 - s[3];
-        for (int ch = 0; ch < 3; ++ch) out[3 * x + ch] = MulDiv255(inverted ? s[ch] : 255 - s[ch], k);
+        for (int ch = 0; ch < 3; ++ch)
+          out[3 * x + ch] = MulDiv255(inverted ? s[ch] : 255 - s[ch], k);
       }
     }
   }
@@ -417,8 +452,9 @@ Status Open(Decoder* d, const uint8_t* data, size_t size, JpegInfo* info) {
 // the EXIF orientation (through *spare, swapped in: an image without orientation is never
 // copied). *shown: where the pixels lie in the displayed image at that scale; rows of
 // shown->x1 - shown->x0 pixels.
-Status DecodeOriented(Decoder* d, const Geometry& g, const Window& want, std::vector<uint8_t>* pixels,
-                      std::vector<uint8_t>* spare, std::vector<uint8_t>* row, PixelRect* shown) {
+Status DecodeOriented(Decoder* d, const Geometry& g, const Window& want,
+                      std::vector<uint8_t>* pixels, std::vector<uint8_t>* spare,
+                      std::vector<uint8_t>* row, PixelRect* shown) {
   Window got;
   if (!Decompress(d, want, pixels, row, &got)) return DecodeFailure(d->err, d->src.eof_hit);
   const int o = d->orientation;
@@ -498,8 +534,9 @@ Status DecodeResizeImpl(const uint8_t* data, size_t size, int out_size, ResizeMo
       to_image->pixels.resize(static_cast<size_t>(plan.out_h) * plan.out_w * 3);
       dst = to_image->pixels.data();
     }
-    st = ResizeRgbWindow(s.pixels.data(), h, w, shown, static_cast<ptrdiff_t>(shown.x1 - shown.x0) * 3,
-                         plan, dst, static_cast<ptrdiff_t>(plan.out_w) * 3);
+    st = ResizeRgbWindow(s.pixels.data(), h, w, shown,
+                         static_cast<ptrdiff_t>(shown.x1 - shown.x0) * 3, plan, dst,
+                         static_cast<ptrdiff_t>(plan.out_w) * 3);
   }
   s.Trim();
   return st;
@@ -546,7 +583,8 @@ bool Compress(Encoder* e, const uint8_t* pixels, int height, int width, int chan
   jpeg_start_compress(c, TRUE);
   while (c->next_scanline < c->image_height) {
     // libjpeg takes non-const rows but only reads them.
-    JSAMPROW r = const_cast<JSAMPROW>(pixels + static_cast<ptrdiff_t>(c->next_scanline) * row_stride);
+    JSAMPROW r =
+        const_cast<JSAMPROW>(pixels + static_cast<ptrdiff_t>(c->next_scanline) * row_stride);
     jpeg_write_scanlines(c, &r, 1);
   }
   jpeg_finish_compress(c);
@@ -587,11 +625,13 @@ Status DecodeJpeg(const uint8_t* data, size_t size, RgbImage* out, int scale_den
   return Status::Ok();
 }
 
-Status DecodeResize(const uint8_t* data, size_t size, int out_size, ResizeMode mode, RgbImage* out) {
+Status DecodeResize(const uint8_t* data, size_t size, int out_size, ResizeMode mode,
+                    RgbImage* out) {
   return DecodeResizeImpl(data, size, out_size, mode, out, nullptr);
 }
 
-Status DecodeResizeInto(const uint8_t* data, size_t size, int out_size, ResizeMode mode, uint8_t* dst) {
+Status DecodeResizeInto(const uint8_t* data, size_t size, int out_size, ResizeMode mode,
+                        uint8_t* dst) {
   Status st = DecodeResizeImpl(data, size, out_size, mode, nullptr, dst);
   if (!st.ok() && out_size > 0) std::memset(dst, 0, static_cast<size_t>(out_size) * out_size * 3);
   return st;
@@ -600,12 +640,15 @@ Status DecodeResizeInto(const uint8_t* data, size_t size, int out_size, ResizeMo
 Status EncodeJpeg(const uint8_t* pixels, int height, int width, int channels, ptrdiff_t row_stride,
                   const EncodeOptions& options, std::vector<uint8_t>* out) {
   if (channels != 1 && channels != 3)
-    return InvalidArgument("encode_jpeg takes 1 (gray) or 3 (RGB) channels, got " + std::to_string(channels));
+    return InvalidArgument("encode_jpeg takes 1 (gray) or 3 (RGB) channels, got " +
+                           std::to_string(channels));
   if (height < 1 || width < 1 || height > JPEG_MAX_DIMENSION || width > JPEG_MAX_DIMENSION)
-    return InvalidArgument("encode_jpeg: image size " + std::to_string(height) + "x" + std::to_string(width) +
-                           " outside [1, " + std::to_string(JPEG_MAX_DIMENSION) + "]");
+    return InvalidArgument("encode_jpeg: image size " + std::to_string(height) + "x" +
+                           std::to_string(width) + " outside [1, " +
+                           std::to_string(JPEG_MAX_DIMENSION) + "]");
   if (options.quality < 1 || options.quality > 100)
-    return InvalidArgument("encode_jpeg: quality must be in [1, 100], got " + std::to_string(options.quality));
+    return InvalidArgument("encode_jpeg: quality must be in [1, 100], got " +
+                           std::to_string(options.quality));
   Encoder e;
   if (!Compress(&e, pixels, height, width, channels, row_stride, options))
     return InvalidArgument(std::string("cannot encode JPEG: ") + e.err.message);

@@ -21,7 +21,7 @@ struct JpegInfo {
   int width = 0, height = 0;
   int components = 0;
   const char* color_space = "";  // stored: "grayscale", "rgb", "ycbcr", "cmyk", "ycck", "unknown"
-  int orientation = 1;   // EXIF orientation 1..8 (1 when absent or malformed)
+  int orientation = 1;           // EXIF orientation 1..8 (1 when absent or malformed)
   bool progressive = false;
 };
 
@@ -35,7 +35,8 @@ inline constexpr int64_t kMaxJpegPixels = int64_t{1} << 28;
 // and caltech101 (center_crop and squash, S = 32..224) against full decode + resize: PSNR
 // median 48-56 dB per setting, worst image 34 dB (line art at S = 32), and against an
 // independent Lanczos reference a median loss of 0.3-0.5 dB. Ratios near 1 lost ~3 dB
-// there (two chained low-passes blur), so they are not used. 2.0 is also Pillow's default reducing_gap for JPEG draft in thumbnail().
+// there (two chained low-passes blur), so they are not used. 2.0 is also Pillow's default
+// reducing_gap for JPEG draft in thumbnail().
 inline constexpr double kDctScaleMinRatio = 2.0;
 
 // The scale denominator (1, 2, 4 or 8) that DecodeResize uses for a box of box_w x box_h
@@ -62,7 +63,8 @@ Status DecodeResize(const uint8_t* data, size_t size, int out_size, ResizeMode m
 // The hot path for fixed-size modes (center_crop, squash): writes size x size x 3 bytes at
 // dst. On failure dst is zero-filled, never left with stale pixels. Thread-safe; decode
 // buffers are per thread and reused.
-Status DecodeResizeInto(const uint8_t* data, size_t size, int out_size, ResizeMode mode, uint8_t* dst);
+Status DecodeResizeInto(const uint8_t* data, size_t size, int out_size, ResizeMode mode,
+                        uint8_t* dst);
 
 enum class ChromaSubsampling { k444, k422, k420 };
 

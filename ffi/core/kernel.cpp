@@ -1,5 +1,6 @@
-// The serve kernel (see kernel.h): validation, normalization tables, SIMD target selection
-// and the parallel driver. The per-pixel work lives in kernel.inc, compiled once per target.
+// The serve kernel (see kernel.h): validation, the choice of normalization path and the
+// parallel driver. The per-pixel work lives in kernel.inc, compiled once per SIMD target
+// (simd.h chooses which one runs).
 #include "kernel.h"
 
 #include <algorithm>
@@ -9,19 +10,14 @@
 #include <cstring>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <string>
 
+#include "simd.h"
 #include "thread_pool.h"
 
-// TBLJAX_KERNEL_GENERIC_ONLY builds only the portable target, as on non-x86 machines (a
-// way to check that build on x86).
-#if (defined(__x86_64__) || defined(_M_X64)) && !defined(TBLJAX_KERNEL_GENERIC_ONLY)
-#define TBLJAX_KERNEL_X86 1
+#if TBLJAX_SIMD_X86
 #include <immintrin.h>
-#else
-#define TBLJAX_KERNEL_X86 0
 #endif
 
 namespace tbljax {
@@ -110,48 +106,23 @@ using UnitFn = void (*)(const Plan&, int64_t sample, int64_t row_begin, int64_t 
 #undef TBLJAX_KERNEL_NS
 #undef TBLJAX_KERNEL_LEVEL
 
-#if TBLJAX_KERNEL_X86
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,bmi,bmi2,f16c,popcnt"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,bmi,bmi2,f16c,popcnt")
-#endif
+#if TBLJAX_SIMD_X86
+TBLJAX_PUSH_TARGET(TBLJAX_AVX2_FEATURES)
 #define TBLJAX_KERNEL_NS avx2_impl
 #define TBLJAX_KERNEL_LEVEL 1
 #include "kernel.inc"
 #undef TBLJAX_KERNEL_NS
 #undef TBLJAX_KERNEL_LEVEL
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+TBLJAX_POP_TARGET
 
-#if defined(__clang__)
-#pragma clang attribute push(                                                                 \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c,popcnt"))), \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c,popcnt")
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on _mm512_undefined_* (GCC PR105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+TBLJAX_PUSH_TARGET(TBLJAX_AVX512_FEATURES)
 #define TBLJAX_KERNEL_NS avx512_impl
 #define TBLJAX_KERNEL_LEVEL 2
 #include "kernel.inc"
 #undef TBLJAX_KERNEL_NS
 #undef TBLJAX_KERNEL_LEVEL
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
-#endif  // TBLJAX_KERNEL_X86
+TBLJAX_POP_TARGET
+#endif  // TBLJAX_SIMD_X86
 
 namespace tbljax {
 
@@ -161,41 +132,8 @@ using kernel_detail::UnitFn;
 using kernel_detail::XTap;
 
 // ---------------------------------------------------------------------------------------
-// Normalization
+// Normalization paths of the SIMD targets
 // ---------------------------------------------------------------------------------------
-
-double NormalizeValue(int x, double mean, double std) {
-  return (static_cast<double>(x) / 255.0 - mean) / std;
-}
-
-uint16_t DoubleToBfloat16(double d) {
-  // Round to float32 with "round to odd" (truncate, then set the last bit if anything was
-  // dropped), then to bfloat16 with ties to even. Round-to-odd keeps enough information for
-  // the second rounding to be the correct one-step rounding, as float32 has 16 more bits.
-  float r = static_cast<float>(d);  // nearest; step back one ulp if that went past d
-  uint32_t bits;
-  std::memcpy(&bits, &r, 4);
-  if (std::fabs(static_cast<double>(r)) > std::fabs(d)) --bits;  // magnitude step (sign kept)
-  float t;
-  std::memcpy(&t, &bits, 4);
-  if (static_cast<double>(t) != d && !std::isnan(d)) bits |= 1u;
-  if (std::isnan(d)) return static_cast<uint16_t>((bits >> 16) | 0x40);  // stay a quiet NaN
-  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-
-void NormalizeTableF32(const double mean[3], const double std[3], float table[3 * 256]) {
-  for (int c = 0; c < 3; ++c) {
-    for (int x = 0; x < 256; ++x) {
-      table[c * 256 + x] = static_cast<float>(NormalizeValue(x, mean[c], std[c]));
-    }
-  }
-}
-
-void NormalizeTableBf16(const double mean[3], const double std[3], uint16_t table[3 * 256]) {
-  for (int c = 0; c < 3; ++c)
-    for (int x = 0; x < 256; ++x)
-      table[c * 256 + x] = DoubleToBfloat16(NormalizeValue(x, mean[c], std[c]));
-}
 
 namespace {
 
@@ -298,67 +236,14 @@ NormPath ChooseNormPath(const double mean[3], const double std[3], OutDType dtyp
   if (dtype == OutDType::kFloat32) NormalizeTableF32(mean, std, p.table_f32);
   if (dtype == OutDType::kBfloat16) NormalizeTableBf16(mean, std, p.table_bf16);
   ChooseAffine(&p, mean, std);
-  return p.use_affine_f32 ? NormPath::kAffineF32
-                          : p.use_affine ? NormPath::kAffineF64 : NormPath::kTable;
+  if (p.use_affine_f32) return NormPath::kAffineF32;
+  return p.use_affine ? NormPath::kAffineF64 : NormPath::kTable;
 }
 
 namespace {
 
-// ---------------------------------------------------------------------------------------
-// SIMD target selection
-// ---------------------------------------------------------------------------------------
-
-// Clang before 16 has no "f16c" for __builtin_cpu_supports (the core would not compile with
-// it); CPUID leaf 1, ECX bit 29 says the same thing everywhere.
-bool CpuHasF16c() {
-#if TBLJAX_KERNEL_X86 && defined(__clang__) && __clang_major__ < 16
-  unsigned a, b, c, d;
-  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
-  return (c >> 29) & 1;
-#elif TBLJAX_KERNEL_X86
-  return __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
-
-SimdTarget BestSupported() {
-#if TBLJAX_KERNEL_X86 && (defined(__GNUC__) || defined(__clang__))
-  // __builtin_cpu_supports also checks that the OS saves the wider registers (XGETBV).
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("bmi2"))
-    return SimdTarget::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("bmi2") && CpuHasF16c())
-    return SimdTarget::kAvx2;
-#endif
-  return SimdTarget::kScalar;
-}
-
-bool ParseTarget(const std::string& name, bool* is_auto, SimdTarget* t) {
-  *is_auto = false;
-  if (name == "auto" || name.empty()) {
-    *is_auto = true;
-    return true;
-  }
-  for (SimdTarget c : {SimdTarget::kScalar, SimdTarget::kAvx2, SimdTarget::kAvx512}) {
-    if (name == SimdTargetName(c)) {
-      *t = c;
-      return true;
-    }
-  }
-  return false;
-}
-
-std::mutex g_target_mu;
-bool g_target_set = false;  // guarded by g_target_mu
-std::atomic<int> g_target{-1};
-
 UnitFn UnitFor(SimdTarget t) {
-#if TBLJAX_KERNEL_X86
+#if TBLJAX_SIMD_X86
   if (t == SimdTarget::kAvx512) return &kernel_detail::avx512_impl::RunUnit;
   if (t == SimdTarget::kAvx2) return &kernel_detail::avx2_impl::RunUnit;
 #endif
@@ -367,63 +252,6 @@ UnitFn UnitFor(SimdTarget t) {
 }
 
 }  // namespace
-
-const char* SimdTargetName(SimdTarget t) {
-  switch (t) {
-    case SimdTarget::kScalar: return "scalar";
-    case SimdTarget::kAvx2: return "avx2";
-    case SimdTarget::kAvx512: return "avx512";
-  }
-  return "?";
-}
-
-std::vector<SimdTarget> SupportedSimdTargets() {
-  std::vector<SimdTarget> v;
-  for (int t = 0; t <= static_cast<int>(BestSupported()); ++t)
-    v.push_back(static_cast<SimdTarget>(t));
-  return v;
-}
-
-Status ActiveSimdTarget(SimdTarget* out) {
-  const int cached = g_target.load(std::memory_order_acquire);
-  if (cached >= 0) {
-    *out = static_cast<SimdTarget>(cached);
-    return Status::Ok();
-  }
-  std::lock_guard<std::mutex> lock(g_target_mu);
-  if (!g_target_set) {
-    // TBLJAX_SIMD caps the target (Highway-style): asking for more than the CPU has gives the
-    // best it has; an unknown name is an error rather than a silent default.
-    const char* env = std::getenv("TBLJAX_SIMD");
-    const std::string name = env ? env : "auto";
-    bool is_auto;
-    SimdTarget want = SimdTarget::kScalar;
-    if (!ParseTarget(name, &is_auto, &want))
-      return InvalidArgument("TBLJAX_SIMD='" + name +
-                             "' is not one of: auto, scalar, avx2, avx512");
-    const SimdTarget best = BestSupported();
-    const SimdTarget t = is_auto ? best : std::min(want, best);
-    g_target.store(static_cast<int>(t), std::memory_order_release);
-    g_target_set = true;
-  }
-  *out = static_cast<SimdTarget>(g_target.load(std::memory_order_acquire));
-  return Status::Ok();
-}
-
-Status SetSimdTarget(const std::string& name) {
-  bool is_auto;
-  SimdTarget want = SimdTarget::kScalar;
-  if (!ParseTarget(name, &is_auto, &want))
-    return InvalidArgument("SIMD target '" + name + "' is not one of: auto, scalar, avx2, avx512");
-  const SimdTarget best = BestSupported();
-  if (!is_auto && want > best)
-    return InvalidArgument(std::string("SIMD target '") + name +
-                           "' is not supported by this CPU (best: " + SimdTargetName(best) + ")");
-  std::lock_guard<std::mutex> lock(g_target_mu);
-  g_target.store(static_cast<int>(is_auto ? best : want), std::memory_order_release);
-  g_target_set = true;
-  return Status::Ok();
-}
 
 // ---------------------------------------------------------------------------------------
 // RawSource
@@ -495,8 +323,8 @@ bool PrepareScratch(int64_t out_w, Scratch* s) {
     ts.capacity = ts.buf ? need : 0;
     if (!ts.buf) return false;
   }
-  uint8_t* p = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(ts.buf.get()) + 63) & ~uintptr_t{63});
+  uint8_t* p =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ts.buf.get()) + 63) & ~uintptr_t{63});
   s->row = p;
   p += row_b;
   s->planes = p;
@@ -525,7 +353,7 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
 
   const bool nchw = r.layout == Layout::kNCHW;
   const int64_t* s = r.out_shape;
-  const char* layout_name = nchw ? "NCHW" : "NHWC";
+  const char* layout_name = LayoutName(nchw ? Layout::kNCHW : Layout::kNHWC);
   const int64_t ch = nchw ? s[1] : s[3], oh = nchw ? s[2] : s[1], ow = nchw ? s[3] : s[2];
   if (ch != 3 || oh < 1 || ow < 1)
     return InvalidArgument("out has shape " + ShapeStr(s) + " but layout " + layout_name +
@@ -534,55 +362,17 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   if (s[0] != r.batch)
     return InvalidArgument("out has shape " + ShapeStr(s) + " (batch " + std::to_string(s[0]) +
                            ") but indices has " + std::to_string(r.batch) + " entries");
-  int64_t elem = 1;
-  switch (r.dtype) {
-    case OutDType::kUint8: elem = 1; break;
-    case OutDType::kFloat32: elem = 4; break;
-    case OutDType::kBfloat16: elem = 2; break;
-    default:
-      return InvalidArgument("unknown output dtype " +
-                             std::to_string(static_cast<int>(r.dtype)));
-  }
+  const int64_t elem = OutDTypeBytes(r.dtype);
+  if (elem == 0)
+    return InvalidArgument("unknown output dtype " + std::to_string(static_cast<int>(r.dtype)));
   if (reinterpret_cast<uintptr_t>(r.out) % static_cast<uintptr_t>(elem) != 0)
     return InvalidArgument("out is not aligned to its element size (" + std::to_string(elem) +
                            " bytes)");
-  if (r.dtype != OutDType::kUint8) {
-    for (int c = 0; c < 3; ++c) {
-      if (!std::isfinite(r.mean[c]))
-        return InvalidArgument("mean[" + std::to_string(c) + "] = " + std::to_string(r.mean[c]) +
-                               " must be a finite number");
-      if (!std::isfinite(r.std[c]) || r.std[c] == 0.0)
-        return InvalidArgument("std[" + std::to_string(c) + "] = " + std::to_string(r.std[c]) +
-                               " must be a finite nonzero number");
-    }
-  }
-  const int64_t n = src.num_records(), H = src.height(), W = src.width();
-  for (int64_t b = 0; b < r.batch; ++b) {
-    const int64_t i = r.indices[b];
-    if (i < 0 || i >= n)
-      return OutOfRange("indices[" + std::to_string(b) + "] = " + std::to_string(i) +
-                        " is out of range for a source of " + std::to_string(n) +
-                        " records (allowed 0.." + std::to_string(n - 1) + ")");
-  }
-  if (r.crops == nullptr) {
-    if (oh != H || ow != W)
-      return InvalidArgument("out is " + std::to_string(oh) + "x" + std::to_string(ow) +
-                             " (OHxOW) but the records are " + std::to_string(H) + "x" +
-                             std::to_string(W) +
-                             ": without crop boxes the output size must equal the source size");
-  } else {
-    for (int64_t b = 0; b < r.batch; ++b) {
-      const int32_t* c = r.crops + 4 * b;
-      const int64_t y0 = c[0], x0 = c[1], h = c[2], w = c[3];
-      if (y0 < 0 || x0 < 0 || h < 1 || w < 1 || y0 + h > H || x0 + w > W)
-        return InvalidArgument(
-            "crop[" + std::to_string(b) + "] = (y0=" + std::to_string(y0) + ", x0=" +
-            std::to_string(x0) + ", h=" + std::to_string(h) + ", w=" + std::to_string(w) +
-            ") is not a non-empty box inside the " + std::to_string(H) + "x" + std::to_string(W) +
-            " image (need y0 >= 0, x0 >= 0, h >= 1, w >= 1, y0 + h <= " + std::to_string(H) +
-            ", x0 + w <= " + std::to_string(W) + ")");
-    }
-  }
+  if (r.dtype != OutDType::kUint8) TBLJAX_RETURN_IF_ERROR(CheckNormalization(r.mean, r.std));
+  const int64_t H = src.height(), W = src.width();
+  TBLJAX_RETURN_IF_ERROR(CheckIndices(r.indices, r.batch, src.num_records()));
+  TBLJAX_RETURN_IF_ERROR(CheckOutputSize(r.crops != nullptr, oh, ow, H, W));
+  if (r.crops != nullptr) TBLJAX_RETURN_IF_ERROR(CheckCrops(r.crops, r.batch, H, W));
   if (r.batch == 0) return Status::Ok();
 
   SimdTarget target;
@@ -648,7 +438,7 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
     }
     const int64_t b = u / j->bands, band = u % j->bands;
     j->run(*j->plan, b, band * j->out_h / j->bands, (band + 1) * j->out_h / j->bands, scratch);
-#if TBLJAX_KERNEL_X86
+#if TBLJAX_SIMD_X86
     if (j->plan->stream) _mm_sfence();  // the non-temporal stores land before the pool's "done"
 #endif
   });

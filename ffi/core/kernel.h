@@ -6,13 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "contract.h"  // OutDType, Layout, the normalization contract, the argument checks
+#include "simd.h"      // the SIMD target the kernel runs
 #include "status.h"
 
 namespace tbljax {
 
 class ThreadPool;
-
-enum class OutDType : int { kUint8 = 0, kFloat32 = 1, kBfloat16 = 2 };
 
 // ---------------------------------------------------------------------------------------
 // Crop + resize: the exact integer arithmetic (every path must reproduce it bit-exactly)
@@ -64,7 +64,8 @@ struct AxisTap {
   int64_t s0, s1;  // absolute source coordinates
   int32_t w0, w1;  // weights, w0 + w1 == kResizeOne
 };
-TBLJAX_HOST_DEVICE inline AxisTap ComputeAxisTap(int64_t o, int64_t start, int64_t len, int64_t out) {
+TBLJAX_HOST_DEVICE inline AxisTap ComputeAxisTap(int64_t o, int64_t start, int64_t len,
+                                                 int64_t out) {
   int64_t n = (2 * o + 1) * len - out;
   if (n < 0) n = 0;
   const int64_t i = n / (2 * out), f = n % (2 * out);
@@ -73,19 +74,8 @@ TBLJAX_HOST_DEVICE inline AxisTap ComputeAxisTap(int64_t o, int64_t start, int64
 }
 
 // ---------------------------------------------------------------------------------------
-// Normalization contract (DESIGN.md §3)
+// Normalization on the SIMD targets (the contract and its tables: contract.h)
 // ---------------------------------------------------------------------------------------
-// For pixel x of channel c the output is the float32 / bfloat16 nearest (ties to even) to
-// (x/255 - mean[c]) / std[c] evaluated in float64; bfloat16 is rounded from the float64
-// directly, never through float32 (which would round twice).
-
-// (x/255 - mean) / std in float64, exactly as the contract spells it.
-double NormalizeValue(int x, double mean, double std);
-// The bfloat16 (bit pattern) nearest to d, ties to even. Exact for every finite double.
-uint16_t DoubleToBfloat16(double d);
-// The float32 values / bfloat16 bit patterns for the 3 x 256 inputs: table[c * 256 + x].
-void NormalizeTableF32(const double mean[3], const double std[3], float table[3 * 256]);
-void NormalizeTableBf16(const double mean[3], const double std[3], uint16_t table[3 * 256]);
 // How the SIMD targets normalize. They compute y = x * a[c] + b[c] with one FMA and round
 // it -- in float64 ("affine-f64"), or for bfloat16 output in float32 ("affine-f32", twice
 // the lanes) -- after checking at setup that this equals the table for all 3 x 256 inputs
@@ -97,24 +87,6 @@ const char* NormPathName(NormPath p);
 NormPath ChooseNormPath(const double mean[3], const double std[3], OutDType dtype);
 // Tests only: caps the path the SIMD targets may take (default kAffineF32: no cap).
 void SetNormPathLimit(NormPath limit);
-
-// ---------------------------------------------------------------------------------------
-// Runtime SIMD dispatch
-// ---------------------------------------------------------------------------------------
-// "scalar" is portable C++ for the baseline ISA (what the compiler makes of it, no
-// intrinsics); "avx2" needs AVX2 + FMA; "avx512" needs AVX-512 F/BW/VL/DQ. The active target
-// is the best the CPU supports, capped by the environment variable TBLJAX_SIMD
-// (auto | scalar | avx2 | avx512), read at first use, or by SetSimdTarget.
-enum class SimdTarget : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
-
-const char* SimdTargetName(SimdTarget t);
-// The targets this CPU can run, best last (always starts with scalar).
-std::vector<SimdTarget> SupportedSimdTargets();
-// The target Gather (and ResizeRgb) uses now. Fails only when TBLJAX_SIMD holds an unknown
-// name.
-Status ActiveSimdTarget(SimdTarget* out);
-// Sets the target by name: "auto" (the best supported), or one this CPU supports.
-Status SetSimdTarget(const std::string& name);
 
 // ---------------------------------------------------------------------------------------
 // Sources and the gather
@@ -131,8 +103,7 @@ struct RawShard {
 class RawSource {
  public:
   RawSource() = default;
-  static Status Create(std::vector<RawShard> shards, int64_t height, int64_t width,
-                       RawSource* out);
+  static Status Create(std::vector<RawShard> shards, int64_t height, int64_t width, RawSource* out);
 
   int64_t num_records() const { return num_records_; }
   int64_t height() const { return height_; }
@@ -147,8 +118,6 @@ class RawSource {
   int64_t num_records_ = 0, height_ = 0, width_ = 0;
 };
 
-enum class Layout : int { kNHWC = 0, kNCHW = 1 };
-
 struct GatherRequest {
   const int64_t* indices = nullptr;  // (batch,) record indices, each in [0, N)
   int64_t batch = 0;
@@ -158,7 +127,7 @@ struct GatherRequest {
   double std[3] = {1.0, 1.0, 1.0};
   OutDType dtype = OutDType::kFloat32;
   Layout layout = Layout::kNHWC;
-  void* out = nullptr;               // C-contiguous, aligned to its element size
+  void* out = nullptr;                  // C-contiguous, aligned to its element size
   int64_t out_shape[4] = {0, 0, 0, 0};  // (B, OH, OW, 3) for NHWC, (B, 3, OH, OW) for NCHW
 };
 

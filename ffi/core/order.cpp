@@ -30,8 +30,8 @@ inline uint64_t Feistel(uint64_t x, int a, int b, const uint32_t keys[kShuffleRo
 
 }  // namespace
 
-void FeistelPermute(const int64_t* pos, int64_t count, int64_t n, const uint32_t keys[kShuffleRounds],
-                    int a, int b, int64_t* out) {
+void FeistelPermute(const int64_t* pos, int64_t count, int64_t n,
+                    const uint32_t keys[kShuffleRounds], int a, int b, int64_t* out) {
   for (int64_t i = 0; i < count; ++i) {
     uint64_t y = Feistel(static_cast<uint64_t>(pos[i]), a, b, keys);
     while (y >= static_cast<uint64_t>(n)) y = Feistel(y, a, b, keys);  // < 2 passes on average

@@ -11,7 +11,7 @@ inline constexpr int kShuffleRounds = 8;
 // out[i] = the sample index at position pos[i] of a permutation of [0, n): 8 Feistel rounds
 // on k = a + b bits (2^k >= n > 2^(k-1), a = k - k/2, b = k/2) with round keys `keys`, then
 // cycle walking until the value is below n. Positions must lie in [0, n); n in [2, 2^62].
-void FeistelPermute(const int64_t* pos, int64_t count, int64_t n, const uint32_t keys[kShuffleRounds],
-                    int a, int b, int64_t* out);
+void FeistelPermute(const int64_t* pos, int64_t count, int64_t n,
+                    const uint32_t keys[kShuffleRounds], int a, int b, int64_t* out);
 
 }  // namespace tbljax

@@ -7,15 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "kernel.h"  // the SIMD target, shared with the serve kernel
+#include "simd.h"  // the SIMD target, shared with the serve kernel and the CRC
 
-// As in kernel.cpp: TBLJAX_KERNEL_GENERIC_ONLY builds only the portable passes on x86.
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(TBLJAX_KERNEL_GENERIC_ONLY)
-#define TBLJAX_RESIZE_X86 1
+#if TBLJAX_SIMD_X86
 #include <immintrin.h>
-#else
-#define TBLJAX_RESIZE_X86 0
 #endif
 
 namespace tbljax {
@@ -95,8 +90,8 @@ void ComputeTaps(int in_len, double box0, double box_len, int out_len, Taps* t,
 
 // ---------------------------------------------------------------- the two passes ---------
 // Each pass exists as portable C++ (SIMD target "scalar", and every build off x86-64) and,
-// on x86-64, with AVX2 and AVX-512 intrinsics, chosen at run time like the serve kernel's
-// (kernel.h: the best the CPU has, capped by TBLJAX_SIMD). Every version computes the same
+// on x86-64, with AVX2 and AVX-512 intrinsics, chosen at run time by the one SIMD target of
+// the core (simd.h: the best the CPU has, capped by TBLJAX_SIMD). Every version computes the same
 // integer sums, so they give the same bits; the tests run every target.
 
 constexpr int kVShift = kWeightBits - kMidBits;  // vertical: keep kMidBits fractional bits
@@ -113,7 +108,8 @@ void VerticalRowScalar(const uint8_t* const* rows, const int16_t* w, int taps, i
     const uint8_t* r = rows[k];
     for (int x = 0; x < n; ++x) acc[x] += wk * r[x];
   }
-  for (int x = 0; x < n; ++x) mid[x] = static_cast<int16_t>(std::min(std::max(acc[x] >> kVShift, 0), kMidMax));
+  for (int x = 0; x < n; ++x)
+    mid[x] = static_cast<int16_t>(std::min(std::max(acc[x] >> kVShift, 0), kMidMax));
 }
 
 // One output row of the horizontal pass: RGB pixels from the intermediate row, which starts
@@ -164,16 +160,11 @@ void BuildHBlocks(int col0, const std::vector<int32_t>& first, const std::vector
   }
 }
 
-#if TBLJAX_RESIZE_X86
+#if TBLJAX_SIMD_X86
 // The SIMD passes take weights as (w[2j], w[2j+1]) int16 pairs packed in 32 bits, an odd
 // count padded with a zero weight, so that one multiply-add (vpmaddwd) applies two taps;
 // the vertical ones take 2 * npairs row pointers (an odd count repeats the last row).
-//
-// Function attributes, not a target pragma over a region: a std:: template instantiated in
-// such a region could be emitted with AVX-512 code and shared, via the linker, with callers
-// on CPUs without it.
-#define TBLJAX_AVX2 __attribute__((target("avx2")))
-#define TBLJAX_AVX512 __attribute__((target("avx2,avx512f,avx512bw,avx512vl")))
+// Function attributes (simd.h), not a target region: see there why.
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers trip these on _mm512_undefined_* (GCC PR105593).
 #pragma GCC diagnostic push
@@ -186,8 +177,9 @@ void BuildHBlocks(int col0, const std::vector<int32_t>& first, const std::vector
 // of taps; per lane the sums come out as pixels [0-3], [4-7], and packing them back lane by
 // lane restores the order. The sums of a step stay in registers over all taps; the last
 // step overlaps the one before where n is not a multiple of 32 (same values again).
-TBLJAX_AVX2 void VerticalRowAvx2(const uint8_t* const* rows, const int32_t* pairs, int npairs, int n,
-                                 int16_t* mid, const int16_t* w, int taps, int32_t* acc) {
+TBLJAX_TARGET_AVX2 void VerticalRowAvx2(const uint8_t* const* rows, const int32_t* pairs,
+                                        int npairs, int n, int16_t* mid, const int16_t* w, int taps,
+                                        int32_t* acc) {
   if (n < 32) return VerticalRowScalar(rows, w, taps, n, mid, acc);
   const __m256i round = _mm256_set1_epi32(1 << (kVShift - 1));
   const __m256i zero = _mm256_setzero_si256(), top = _mm256_set1_epi16(kMidMax);
@@ -198,10 +190,14 @@ TBLJAX_AVX2 void VerticalRowAvx2(const uint8_t* const* rows, const int32_t* pair
       const __m256i c = _mm256_set1_epi32(pairs[j]);
       const uint8_t* ra = rows[2 * j] + x;
       const uint8_t* rb = rows[2 * j + 1] + x;
-      const __m256i a0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ra)));
-      const __m256i b0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rb)));
-      const __m256i a1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ra + 16)));
-      const __m256i b1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rb + 16)));
+      const __m256i a0 =
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ra)));
+      const __m256i b0 =
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rb)));
+      const __m256i a1 =
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ra + 16)));
+      const __m256i b1 =
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rb + 16)));
       s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_unpacklo_epi16(a0, b0), c));
       s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_unpackhi_epi16(a0, b0), c));
       s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_unpacklo_epi16(a1, b1), c));
@@ -219,8 +215,9 @@ TBLJAX_AVX2 void VerticalRowAvx2(const uint8_t* const* rows, const int32_t* pair
 }
 
 // The same, 64 bytes a step.
-TBLJAX_AVX512 void VerticalRowAvx512(const uint8_t* const* rows, const int32_t* pairs, int npairs, int n,
-                                     int16_t* mid, const int16_t* w, int taps, int32_t* acc) {
+TBLJAX_TARGET_AVX512 void VerticalRowAvx512(const uint8_t* const* rows, const int32_t* pairs,
+                                            int npairs, int n, int16_t* mid, const int16_t* w,
+                                            int taps, int32_t* acc) {
   if (n < 64) return VerticalRowAvx2(rows, pairs, npairs, n, mid, w, taps, acc);
   const __m512i round = _mm512_set1_epi32(1 << (kVShift - 1));
   const __m512i zero = _mm512_setzero_si512(), top = _mm512_set1_epi16(kMidMax);
@@ -231,10 +228,14 @@ TBLJAX_AVX512 void VerticalRowAvx512(const uint8_t* const* rows, const int32_t* 
       const __m512i c = _mm512_set1_epi32(pairs[j]);
       const uint8_t* ra = rows[2 * j] + x;
       const uint8_t* rb = rows[2 * j + 1] + x;
-      const __m512i a0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra)));
-      const __m512i b0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb)));
-      const __m512i a1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + 32)));
-      const __m512i b1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + 32)));
+      const __m512i a0 =
+          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra)));
+      const __m512i b0 =
+          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb)));
+      const __m512i a1 =
+          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + 32)));
+      const __m512i b1 =
+          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + 32)));
       s0 = _mm512_add_epi32(s0, _mm512_madd_epi16(_mm512_unpacklo_epi16(a0, b0), c));
       s1 = _mm512_add_epi32(s1, _mm512_madd_epi16(_mm512_unpackhi_epi16(a0, b0), c));
       s2 = _mm512_add_epi32(s2, _mm512_madd_epi16(_mm512_unpacklo_epi16(a1, b1), c));
@@ -252,7 +253,7 @@ TBLJAX_AVX512 void VerticalRowAvx512(const uint8_t* const* rows, const int32_t* 
 
 // Writes the first 3 * n bytes of px (n <= 4 RGB pixels) at dst; a 16-byte store where the
 // row has room for it (the next block overwrites the extra bytes).
-TBLJAX_AVX2 inline void StoreRgb(__m128i px, uint8_t* dst, int n, bool room) {
+TBLJAX_TARGET_AVX2 inline void StoreRgb(__m128i px, uint8_t* dst, int n, bool room) {
   if (room) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), px);
   } else {
@@ -269,7 +270,8 @@ TBLJAX_AVX2 inline void StoreRgb(__m128i px, uint8_t* dst, int n, bool room) {
 #define TBLJAX_PAIR_SHUFFLE 0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -128, -128, -128, -128
 #define TBLJAX_RGB0_TO_RGB 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -128, -128, -128, -128
 
-TBLJAX_AVX2 void HorizontalRowAvx2(const int16_t* mid, const HBlocks& h, int out_w, uint8_t* dst) {
+TBLJAX_TARGET_AVX2 void HorizontalRowAvx2(const int16_t* mid, const HBlocks& h, int out_w,
+                                          uint8_t* dst) {
   const __m256i pick = _mm256_setr_epi8(TBLJAX_PAIR_SHUFFLE, TBLJAX_PAIR_SHUFFLE);
   const __m128i compact = _mm_setr_epi8(TBLJAX_RGB0_TO_RGB);
   const __m256i round = _mm256_set1_epi32(1 << (kHShift - 1));
@@ -279,25 +281,32 @@ TBLJAX_AVX2 void HorizontalRowAvx2(const int16_t* mid, const HBlocks& h, int out
     __m256i s01 = round, s23 = round;
     for (int j = 0, step = 0; j < h.npairs[b]; ++j, step += 6, w += 16) {
       const __m256i v01 = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[0] + step))),
+          _mm256_castsi128_si256(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[0] + step))),
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[1] + step)), 1);
       const __m256i v23 = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[2] + step))),
+          _mm256_castsi128_si256(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[2] + step))),
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[3] + step)), 1);
-      s01 = _mm256_add_epi32(s01, _mm256_madd_epi16(_mm256_shuffle_epi8(v01, pick),
-                                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))));
-      s23 = _mm256_add_epi32(s23, _mm256_madd_epi16(_mm256_shuffle_epi8(v23, pick),
-                                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8))));
+      s01 = _mm256_add_epi32(
+          s01, _mm256_madd_epi16(_mm256_shuffle_epi8(v01, pick),
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))));
+      s23 = _mm256_add_epi32(
+          s23, _mm256_madd_epi16(_mm256_shuffle_epi8(v23, pick),
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8))));
     }
     // packs + packus saturate to [0, 255]. Lanes: [p0 p2 p0 p2 | p1 p3 p1 p3], 4 bytes each.
-    const __m256i m = _mm256_packs_epi32(_mm256_srai_epi32(s01, kHShift), _mm256_srai_epi32(s23, kHShift));
+    const __m256i m =
+        _mm256_packs_epi32(_mm256_srai_epi32(s01, kHShift), _mm256_srai_epi32(s23, kHShift));
     const __m256i u8 = _mm256_packus_epi16(m, m);
-    const __m128i px = _mm_unpacklo_epi32(_mm256_castsi256_si128(u8), _mm256_extracti128_si256(u8, 1));
+    const __m128i px =
+        _mm_unpacklo_epi32(_mm256_castsi256_si128(u8), _mm256_extracti128_si256(u8, 1));
     StoreRgb(_mm_shuffle_epi8(px, compact), dst + 3 * ox, out_w - ox, 3 * ox + 16 <= 3 * out_w);
   }
 }
 
-TBLJAX_AVX512 void HorizontalRowAvx512(const int16_t* mid, const HBlocks& h, int out_w, uint8_t* dst) {
+TBLJAX_TARGET_AVX512 void HorizontalRowAvx512(const int16_t* mid, const HBlocks& h, int out_w,
+                                              uint8_t* dst) {
   const __m512i pick = _mm512_broadcast_i32x4(_mm_setr_epi8(TBLJAX_PAIR_SHUFFLE));
   const __m128i compact = _mm_setr_epi8(TBLJAX_RGB0_TO_RGB);
   const __m512i round = _mm512_set1_epi32(1 << (kHShift - 1));
@@ -307,14 +316,20 @@ TBLJAX_AVX512 void HorizontalRowAvx512(const int16_t* mid, const HBlocks& h, int
     const int32_t* w = &h.weights[static_cast<size_t>(b) * h.stride * 16];
     __m512i s = round;
     for (int j = 0, step = 0; j < h.npairs[b]; ++j, step += 6, w += 16) {
-      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[0] + step)));
-      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[1] + step)), 1);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[2] + step)), 2);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[3] + step)), 3);
-      s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_shuffle_epi8(v, pick), _mm512_loadu_si512(w)));
+      __m512i v = _mm512_castsi128_si512(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[0] + step)));
+      v = _mm512_inserti32x4(
+          v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[1] + step)), 1);
+      v = _mm512_inserti32x4(
+          v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[2] + step)), 2);
+      v = _mm512_inserti32x4(
+          v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[3] + step)), 3);
+      s = _mm512_add_epi32(s,
+                           _mm512_madd_epi16(_mm512_shuffle_epi8(v, pick), _mm512_loadu_si512(w)));
     }
     // Clamp to [0, 255]: max with 0, then vpmovusdb saturates above.
-    const __m128i px = _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_srai_epi32(s, kHShift), zero));
+    const __m128i px =
+        _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_srai_epi32(s, kHShift), zero));
     StoreRgb(_mm_shuffle_epi8(px, compact), dst + 3 * ox, out_w - ox, 3 * ox + 16 <= 3 * out_w);
   }
 }
@@ -323,7 +338,7 @@ TBLJAX_AVX512 void HorizontalRowAvx512(const int16_t* mid, const HBlocks& h, int
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-#endif  // TBLJAX_RESIZE_X86
+#endif  // TBLJAX_SIMD_X86
 
 // Packs a Taps' int16 weights into (w[2j], w[2j+1]) pairs, (t.stride + 1) / 2 per output,
 // and returns that stride.
@@ -364,7 +379,8 @@ Scratch& ThreadScratch() {
 void UpdateTaps(Scratch* s, int src_h, int src_w, const ResizePlan& plan) {
   const ResizePlan& p = s->taps_plan;
   if (s->taps_h == src_h && s->taps_w == src_w && p.out_h == plan.out_h && p.out_w == plan.out_w &&
-      p.box_x == plan.box_x && p.box_y == plan.box_y && p.box_w == plan.box_w && p.box_h == plan.box_h)
+      p.box_x == plan.box_x && p.box_y == plan.box_y && p.box_w == plan.box_w &&
+      p.box_h == plan.box_h)
     return;
   ComputeTaps(src_w, plan.box_x, plan.box_w, plan.out_w, &s->tx, &s->tmp);
   ComputeTaps(src_h, plan.box_y, plan.box_h, plan.out_h, &s->ty, &s->tmp);
@@ -507,16 +523,18 @@ Status ResizeRgbWindow(const uint8_t* src, int src_h, int src_w, const PixelRect
     const int16_t* yw = &s.ty.w[static_cast<size_t>(oy) * s.ty.stride];
     uint8_t* out = dst + oy * dst_stride;
     switch (target) {
-#if TBLJAX_RESIZE_X86
+#if TBLJAX_SIMD_X86
       case SimdTarget::kAvx512:
       case SimdTarget::kAvx2: {
         if (n % 2) s.rows[n] = s.rows[n - 1];  // its weight is 0
         const int32_t* ypairs = &s.ypairs[static_cast<size_t>(oy) * ypair_stride];
         if (target == SimdTarget::kAvx512) {
-          VerticalRowAvx512(s.rows.data(), ypairs, (n + 1) / 2, mid_w, s.mid.data(), yw, n, s.acc.data());
+          VerticalRowAvx512(s.rows.data(), ypairs, (n + 1) / 2, mid_w, s.mid.data(), yw, n,
+                            s.acc.data());
           HorizontalRowAvx512(s.mid.data(), s.blocks, plan.out_w, out);
         } else {
-          VerticalRowAvx2(s.rows.data(), ypairs, (n + 1) / 2, mid_w, s.mid.data(), yw, n, s.acc.data());
+          VerticalRowAvx2(s.rows.data(), ypairs, (n + 1) / 2, mid_w, s.mid.data(), yw, n,
+                          s.acc.data());
           HorizontalRowAvx2(s.mid.data(), s.blocks, plan.out_w, out);
         }
         break;
@@ -524,8 +542,8 @@ Status ResizeRgbWindow(const uint8_t* src, int src_h, int src_w, const PixelRect
 #endif
       default:
         VerticalRowScalar(s.rows.data(), yw, n, mid_w, s.mid.data(), s.acc.data());
-        HorizontalRowScalar(s.mid.data(), col0, s.tx.first.data(), s.tx.count.data(), s.tx.w.data(), s.tx.stride,
-                            plan.out_w, out);
+        HorizontalRowScalar(s.mid.data(), col0, s.tx.first.data(), s.tx.count.data(), s.tx.w.data(),
+                            s.tx.stride, plan.out_w, out);
         break;
     }
   }

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "status.h"
+#include "tbl_format.h"  // tbl::kMaxSide
 
 namespace tbljax {
 
@@ -25,8 +26,8 @@ const char* ResizeModeName(ResizeMode mode);
 // halos, no overshoot to clamp) and is the cheapest antialiased filter.
 inline constexpr const char* kResizeFilterName = "bilinear";
 
-// Largest S accepted (the TBL index stores widths and heights as u16).
-inline constexpr int kMaxResizeSize = 65535;
+// Largest S accepted: the largest side a TBL record can have.
+inline constexpr int kMaxResizeSize = static_cast<int>(tbl::kMaxSide);
 
 // What region of the source, in continuous pixel coordinates, maps onto what output size.
 // center_crop maps the centred min(H,W) square straight to S x S in one pass (no rounded

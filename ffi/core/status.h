@@ -37,10 +37,10 @@ inline Status IOError(std::string m) { return {Code::kIOError, std::move(m)}; }
 inline Status Corrupt(std::string m) { return {Code::kCorrupt, std::move(m)}; }
 inline Status DecodeError(std::string m) { return {Code::kDecodeError, std::move(m)}; }
 
-#define TBLJAX_RETURN_IF_ERROR(expr)      \
-  do {                                    \
-    ::tbljax::Status _st = (expr);        \
-    if (!_st.ok()) return _st;            \
+#define TBLJAX_RETURN_IF_ERROR(expr) \
+  do {                               \
+    ::tbljax::Status _st = (expr);   \
+    if (!_st.ok()) return _st;       \
   } while (0)
 
 }  // namespace tbljax

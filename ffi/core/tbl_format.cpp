@@ -16,14 +16,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "kernel.h"  // the SIMD target: "scalar" keeps the CRC on its tables too
+#include "simd.h"  // the SIMD target: "scalar" keeps the CRC on its tables too
 
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(TBLJAX_KERNEL_GENERIC_ONLY)
-#define TBLJAX_CRC_CLMUL 1
+#if TBLJAX_SIMD_X86
 #include <immintrin.h>
-#else
-#define TBLJAX_CRC_CLMUL 0
 #endif
 
 namespace tbljax::tbl {
@@ -36,7 +32,8 @@ struct CrcTables {
   explicit CrcTables(T poly) {
     for (uint32_t b = 0; b < 256; ++b) {
       T c = static_cast<T>(b);
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? static_cast<T>((c >> 1) ^ poly) : static_cast<T>(c >> 1);
+      for (int k = 0; k < 8; ++k)
+        c = (c & 1) ? static_cast<T>((c >> 1) ^ poly) : static_cast<T>(c >> 1);
       t[0][b] = c;
     }
     for (int k = 1; k < 8; ++k)
@@ -137,7 +134,8 @@ void RemoveStaleTemps(const std::string& dst) {
     pos = end + 1;
     end = pos;
     while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
-    if (end == pos || end >= name.size() || name[end] != '-' || name.substr(end + 1) != host) continue;
+    if (end == pos || end >= name.size() || name[end] != '-' || name.substr(end + 1) != host)
+      continue;
     if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
       ::unlinkat(::dirfd(d), name.c_str(), 0);
   }
@@ -152,7 +150,7 @@ void SyncDir(const std::string& dir) {
   }
 }
 
-#if TBLJAX_CRC_CLMUL
+#if TBLJAX_SIMD_X86
 // CRC-16/MODBUS by carry-less multiplication (PCLMULQDQ), after Gopal et al., "Fast CRC
 // Computation for Generic Polynomials Using PCLMULQDQ Instruction" (Intel, 2009). The data,
 // 16 bytes at a time, are polynomials over GF(2), reflected: bit 0 of byte 0 is the highest
@@ -177,15 +175,17 @@ constexpr uint64_t FoldConstant(int n) {
 }
 
 // Folds x forward by the distance of k = (x^(D+64) mod P, x^D mod P) (low, high qword).
-__attribute__((target("pclmul"))) inline __m128i Fold(__m128i x, __m128i k) {
+TBLJAX_TARGET_AVX2 inline __m128i Fold(__m128i x, __m128i k) {
   return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
 }
 
-__attribute__((target("pclmul"))) uint16_t Crc16ModbusClmul(const uint8_t* p, size_t n) {  // n >= 64
+TBLJAX_TARGET_AVX2 uint16_t Crc16ModbusClmul(const uint8_t* p, size_t n) {  // n >= 64
   static_assert(FoldConstant(192) == 0xccd0000000000000 && FoldConstant(128) == 0xc100000000000000,
                 "fold constants");
-  const __m128i k512 = _mm_set_epi64x(static_cast<int64_t>(FoldConstant(512)), static_cast<int64_t>(FoldConstant(576)));
-  const __m128i k128 = _mm_set_epi64x(static_cast<int64_t>(FoldConstant(128)), static_cast<int64_t>(FoldConstant(192)));
+  const __m128i k512 = _mm_set_epi64x(static_cast<int64_t>(FoldConstant(512)),
+                                      static_cast<int64_t>(FoldConstant(576)));
+  const __m128i k128 = _mm_set_epi64x(static_cast<int64_t>(FoldConstant(128)),
+                                      static_cast<int64_t>(FoldConstant(192)));
   const __m128i* q = reinterpret_cast<const __m128i*>(p);
   // The initial value 0xFFFF is the first two message bytes' complement.
   __m128i x0 = _mm_xor_si128(_mm_loadu_si128(q), _mm_cvtsi32_si128(0xFFFF));
@@ -208,17 +208,13 @@ __attribute__((target("pclmul"))) uint16_t Crc16ModbusClmul(const uint8_t* p, si
   return t.Update(t.Update(0, last, 16), reinterpret_cast<const uint8_t*>(q), n);
 }
 
-// PCLMULQDQ where the CPU has it, unless the SIMD target is capped to "scalar" (TBLJAX_SIMD,
-// set_kernel_target): then the tables, so that tests reach both.
+// PCLMULQDQ on the avx2 and avx512 targets (both include it), the tables on "scalar"
+// (TBLJAX_SIMD, set_kernel_target), so that tests reach both.
 bool UseClmul() {
-  static const bool cpu = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("pclmul") != 0;
-  }();
   SimdTarget target;
-  return cpu && ActiveSimdTarget(&target).ok() && target != SimdTarget::kScalar;
+  return ActiveSimdTarget(&target).ok() && target != SimdTarget::kScalar;
 }
-#endif  // TBLJAX_CRC_CLMUL
+#endif  // TBLJAX_SIMD_X86
 
 }  // namespace
 
@@ -227,7 +223,7 @@ uint32_t Crc32(const uint8_t* data, size_t n, uint32_t crc) {
 }
 
 uint16_t Crc16Modbus(const uint8_t* data, size_t n) {
-#if TBLJAX_CRC_CLMUL
+#if TBLJAX_SIMD_X86
   if (n >= 64 && UseClmul()) return Crc16ModbusClmul(data, n);
 #endif
   return Crc16Tables().Update(0xFFFF, data, n);
@@ -282,18 +278,22 @@ Status TblFile::CheckUnchanged() const {
   if (abs_path_.empty() || ::stat(abs_path_.c_str(), &st) != 0) return Status::Ok();
   // Another inode at the path (renamed over, deleted and rewritten): ours can no longer be
   // reached by name, so the mapping keeps serving the bytes it had.
-  if (static_cast<uint64_t>(st.st_dev) != dev_ || static_cast<uint64_t>(st.st_ino) != ino_) return Status::Ok();
+  if (static_cast<uint64_t>(st.st_dev) != dev_ || static_cast<uint64_t>(st.st_ino) != ino_)
+    return Status::Ok();
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size == file_size_ && MtimeNs(st) == mtime_ns_) return Status::Ok();
-  return Corrupt(path_ + ": the file changed on disk while open (" +
-                 (size == file_size_ ? "rewritten in place"
-                                     : "size " + std::to_string(file_size_) + " -> " + std::to_string(size) +
-                                           " bytes") +
-                 "): its records can no longer be trusted. Replace TBL files by renaming a complete "
-                 "new file over them (as tbljax.convert does), and reopen");
+  return Corrupt(
+      path_ + ": the file changed on disk while open (" +
+      (size == file_size_
+           ? "rewritten in place"
+           : "size " + std::to_string(file_size_) + " -> " + std::to_string(size) + " bytes") +
+      "): its records can no longer be trusted. Replace TBL files by renaming a complete "
+      "new file over them (as tbljax.convert does), and reopen");
 }
 
-std::string TblFile::Where(uint64_t i) const { return path_ + ": record " + std::to_string(i) + ": "; }
+std::string TblFile::Where(uint64_t i) const {
+  return path_ + ": record " + std::to_string(i) + ": ";
+}
 
 RecordInfo TblFile::record(uint64_t i) const {
   const uint8_t* e = base_ + kHeaderBytes + i * kIndexEntryBytes;
@@ -313,7 +313,8 @@ Status TblFile::Validate() {
   const uint8_t* h = base_;
   if (std::memcmp(h, kMagic, 4) != 0) {
     if (std::memcmp(h, kMagic, 3) == 0)
-      return Corrupt(path_ + ": TBL version byte is " + std::to_string(h[3]) + "; only TBL v2 is supported");
+      return Corrupt(path_ + ": TBL version byte is " + std::to_string(h[3]) +
+                     "; only TBL v2 is supported");
     return Corrupt(path_ + ": not a TBL file (bad magic bytes)");
   }
   uint32_t version = Load<uint32_t>(h + 4);
@@ -337,7 +338,8 @@ Status TblFile::Validate() {
                    " bytes) cannot hold their index: truncated?");
   const uint64_t index_end = kHeaderBytes + num_records_ * kIndexEntryBytes;
   if (flags_ & kFlagHasMetadata) {
-    if (meta_offset_ < index_end || meta_offset_ > file_size_ || meta_size_ > file_size_ - meta_offset_)
+    if (meta_offset_ < index_end || meta_offset_ > file_size_ ||
+        meta_size_ > file_size_ - meta_offset_)
       return Corrupt(path_ + ": metadata section [" + std::to_string(meta_offset_) + ", +" +
                      std::to_string(meta_size_) + ") lies outside the file (" +
                      std::to_string(file_size_) + " bytes): truncated?");
@@ -347,18 +349,20 @@ Status TblFile::Validate() {
   for (uint64_t i = 0; i < num_records_; ++i) {
     RecordInfo r = record(i);
     if (r.offset < index_end || r.offset > file_size_ || r.size > file_size_ - r.offset)
-      return Corrupt(Where(i) + "payload [" + std::to_string(r.offset) + ", +" + std::to_string(r.size) +
-                     ") lies outside the file (" + std::to_string(file_size_) + " bytes): truncated?");
+      return Corrupt(Where(i) + "payload [" + std::to_string(r.offset) + ", +" +
+                     std::to_string(r.size) + ") lies outside the file (" +
+                     std::to_string(file_size_) + " bytes): truncated?");
     if (r.format > kMaxFormat)
       return Corrupt(Where(i) + "unknown record format " + std::to_string(r.format));
     if (!r.lz4() && r.uncompressed_size != r.size)
       return Corrupt(Where(i) + "uncompressed size " + std::to_string(r.uncompressed_size) +
-                     " differs from stored size " + std::to_string(r.size) + " of an uncompressed record");
+                     " differs from stored size " + std::to_string(r.size) +
+                     " of an uncompressed record");
     // A reader allocates uncompressed_size before decompressing: a 100-byte file must not
     // be able to ask for 4 GiB. LZ4 expands a block at most 255-fold (one length byte can
     // add 255 output bytes), and its API takes sizes up to LZ4_MAX_INPUT_SIZE.
-    if (r.lz4() && (r.uncompressed_size > kLz4MaxExpansion * r.size || r.size > LZ4_MAX_INPUT_SIZE ||
-                    r.uncompressed_size > LZ4_MAX_INPUT_SIZE))
+    if (r.lz4() && (r.uncompressed_size > kLz4MaxExpansion * r.size ||
+                    r.size > LZ4_MAX_INPUT_SIZE || r.uncompressed_size > LZ4_MAX_INPUT_SIZE))
       return Corrupt(Where(i) + "LZ4 record claims " + std::to_string(r.uncompressed_size) +
                      " bytes from " + std::to_string(r.size) +
                      " stored bytes, more than LZ4 can produce (at most 255x)");
@@ -388,10 +392,12 @@ Status TblFile::Validate() {
     uint16_t type = Load<uint16_t>(m + 12);
     if (sample == kDatasetBlockIndex && type == kMetaDataset) {
       if (size > meta_size_ - kMetaBlockHeaderBytes)
-        return Corrupt(path_ + ": dataset metadata block runs past the end of the file: truncated?");
+        return Corrupt(path_ +
+                       ": dataset metadata block runs past the end of the file: truncated?");
       if (Crc16Modbus(m + kMetaBlockHeaderBytes, size) != Load<uint16_t>(m + 14))
         return Corrupt(path_ + ": dataset metadata block checksum mismatch (labels/keys damaged)");
-      dataset_json_ = std::string_view(reinterpret_cast<const char*>(m + kMetaBlockHeaderBytes), size);
+      dataset_json_ =
+          std::string_view(reinterpret_cast<const char*>(m + kMetaBlockHeaderBytes), size);
     }
   }
   return Status::Ok();
@@ -410,11 +416,12 @@ Status TblFile::ReadPayload(uint64_t i, std::vector<uint8_t>* out, bool verify) 
   const uint8_t* src = base_ + r.offset;
   out->resize(r.uncompressed_size);
   if (r.lz4()) {
-    int got = LZ4_decompress_safe(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(out->data()),
-                                  static_cast<int>(r.size), static_cast<int>(r.uncompressed_size));
+    int got = LZ4_decompress_safe(reinterpret_cast<const char*>(src),
+                                  reinterpret_cast<char*>(out->data()), static_cast<int>(r.size),
+                                  static_cast<int>(r.uncompressed_size));
     if (got != static_cast<int>(r.uncompressed_size))
-      return Corrupt(Where(i) + "LZ4 payload does not decompress to " + std::to_string(r.uncompressed_size) +
-                     " bytes (corrupt data)");
+      return Corrupt(Where(i) + "LZ4 payload does not decompress to " +
+                     std::to_string(r.uncompressed_size) + " bytes (corrupt data)");
   } else if (r.size) {
     std::memcpy(out->data(), src, r.size);
   }
@@ -424,7 +431,8 @@ Status TblFile::ReadPayload(uint64_t i, std::vector<uint8_t>* out, bool verify) 
 }
 
 Status TblFile::VerifyRecord(uint64_t i) const {
-  if (i >= num_records_) return OutOfRange(path_ + ": record " + std::to_string(i) + " out of range");
+  if (i >= num_records_)
+    return OutOfRange(path_ + ": record " + std::to_string(i) + " out of range");
   RecordInfo r = record(i);
   if (!r.lz4()) {
     if ((flags_ & kFlagHasChecksums) && Crc16Modbus(base_ + r.offset, r.size) != r.crc16)
@@ -443,13 +451,15 @@ Status TblWriter::Create(const std::string& dst, uint64_t capacity, bool overwri
   if (dst.empty()) return InvalidArgument("destination path is empty");
   struct stat st;
   if (::stat(dst.c_str(), &st) == 0) {
-    if (!overwrite) return InvalidArgument(dst + ": already exists (pass overwrite=True to replace it)");
+    if (!overwrite)
+      return InvalidArgument(dst + ": already exists (pass overwrite=True to replace it)");
     if (!S_ISREG(st.st_mode)) return InvalidArgument(dst + ": exists and is not a regular file");
   }
   const std::string dir = DirName(dst);
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     return IOError(dst + ": directory " + dir + " does not exist");
-  if (capacity > (uint64_t{1} << 40)) return InvalidArgument("capacity " + std::to_string(capacity) + " is too large");
+  if (capacity > (uint64_t{1} << 40))
+    return InvalidArgument("capacity " + std::to_string(capacity) + " is too large");
 
   RemoveStaleTemps(dst);
   std::unique_ptr<TblWriter> w(new TblWriter());
@@ -506,31 +516,35 @@ Status TblWriter::WriteAt(const void* p, size_t n, uint64_t off) {
   return Status::Ok();
 }
 
-Status TblWriter::Add(const uint8_t* data, size_t size, uint8_t format, uint32_t width, uint32_t height,
-                      bool lz4) {
+Status TblWriter::Add(const uint8_t* data, size_t size, uint8_t format, uint32_t width,
+                      uint32_t height, bool lz4) {
   if (done_) return InvalidArgument(dst_ + ": writer is already finalized or aborted");
   if (count_ >= capacity_)
-    return InvalidArgument(dst_ + ": writer capacity of " + std::to_string(capacity_) + " records is full");
-  if (format > kMaxFormat) return InvalidArgument("unknown record format " + std::to_string(format));
-  if (width > 0xFFFF || height > 0xFFFF)
+    return InvalidArgument(dst_ + ": writer capacity of " + std::to_string(capacity_) +
+                           " records is full");
+  if (format > kMaxFormat)
+    return InvalidArgument("unknown record format " + std::to_string(format));
+  if (width > kMaxSide || height > kMaxSide)
     return InvalidArgument("record of " + std::to_string(width) + "x" + std::to_string(height) +
-                           " exceeds the format's 65535-pixel side");
-  if (size > 0xFFFFFFFFull) return InvalidArgument("record of " + std::to_string(size) + " bytes exceeds 4 GiB");
+                           " exceeds the format's " + std::to_string(kMaxSide) + "-pixel side");
+  if (size > 0xFFFFFFFFull)
+    return InvalidArgument("record of " + std::to_string(size) + " bytes exceeds 4 GiB");
   // The reader refuses RAW_U8 records of no pixels, so the writer must not make them.
   if (format == kRawU8 && (width == 0 || height == 0))
-    return InvalidArgument("RAW_U8 record of " + std::to_string(width) + "x" + std::to_string(height) +
-                           " pixels: an image needs at least 1x1");
+    return InvalidArgument("RAW_U8 record of " + std::to_string(width) + "x" +
+                           std::to_string(height) + " pixels: an image needs at least 1x1");
   if (format == kRawU8 && size != uint64_t{width} * height * 3)
-    return InvalidArgument("RAW_U8 record of " + std::to_string(width) + "x" + std::to_string(height) +
-                           " must hold " + std::to_string(uint64_t{width} * height * 3) + " bytes, got " +
-                           std::to_string(size));
+    return InvalidArgument(
+        "RAW_U8 record of " + std::to_string(width) + "x" + std::to_string(height) + " must hold " +
+        std::to_string(uint64_t{width} * height * 3) + " bytes, got " + std::to_string(size));
   const uint8_t* stored = data;
   size_t stored_size = size;
   uint8_t flags = 0;
   if (lz4 && size > 0) {
     scratch_.resize(static_cast<size_t>(LZ4_compressBound(static_cast<int>(size))));
-    int c = LZ4_compress_default(reinterpret_cast<const char*>(data), reinterpret_cast<char*>(scratch_.data()),
-                                 static_cast<int>(size), static_cast<int>(scratch_.size()));
+    int c = LZ4_compress_default(reinterpret_cast<const char*>(data),
+                                 reinterpret_cast<char*>(scratch_.data()), static_cast<int>(size),
+                                 static_cast<int>(scratch_.size()));
     if (c > 0 && static_cast<size_t>(c) < size) {
       stored = scratch_.data();
       stored_size = static_cast<size_t>(c);
@@ -568,7 +582,8 @@ Status TblWriter::Finalize(std::string_view dataset_json) {
     Store<uint16_t>(b + 14, Crc16Modbus(reinterpret_cast<const uint8_t*>(dataset_json.data()),
                                         dataset_json.size()));
     TBLJAX_RETURN_IF_ERROR(WriteAt(b, sizeof b, meta_offset));
-    TBLJAX_RETURN_IF_ERROR(WriteAt(dataset_json.data(), dataset_json.size(), meta_offset + sizeof b));
+    TBLJAX_RETURN_IF_ERROR(
+        WriteAt(dataset_json.data(), dataset_json.size(), meta_offset + sizeof b));
     meta_size = sizeof b + dataset_json.size();
   }
   uint8_t h[kHeaderBytes] = {};
@@ -594,7 +609,8 @@ Status TblWriter::Finalize(std::string_view dataset_json) {
     std::string fdpath = "/proc/self/fd/" + std::to_string(fd_);
     if (!overwrite_) {
       if (::linkat(AT_FDCWD, fdpath.c_str(), AT_FDCWD, dst_.c_str(), AT_SYMLINK_FOLLOW) != 0) {
-        std::string e = errno == EEXIST ? "it appeared while converting; not overwritten" : ErrnoText();
+        std::string e =
+            errno == EEXIST ? "it appeared while converting; not overwritten" : ErrnoText();
         return IOError(dst_ + ": cannot create: " + e);
       }
       ::close(fd_);

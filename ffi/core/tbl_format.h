@@ -20,9 +20,19 @@ inline constexpr uint64_t kHeaderBytes = 64;
 inline constexpr uint64_t kIndexEntryBytes = 24;
 inline constexpr uint64_t kMetaBlockHeaderBytes = 16;
 inline constexpr uint64_t kRawAlignment = 4096;
+// The largest width or height a record can have: the index stores them as u16.
+inline constexpr uint32_t kMaxSide = 0xFFFF;
 
 enum Format : uint8_t {
-  kUnknown = 0, kJpeg = 1, kPng = 2, kWebp = 3, kBmp = 4, kTiff = 5, kMp4 = 6, kAvi = 7, kRawU8 = 8,
+  kUnknown = 0,
+  kJpeg = 1,
+  kPng = 2,
+  kWebp = 3,
+  kBmp = 4,
+  kTiff = 5,
+  kMp4 = 6,
+  kAvi = 7,
+  kRawU8 = 8,
 };
 inline constexpr uint8_t kMaxFormat = kRawU8;
 

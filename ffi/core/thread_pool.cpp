@@ -1,18 +1,26 @@
 // Persistent thread pool (see thread_pool.h).
 #include "thread_pool.h"
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <string>
 #include <system_error>
 
 namespace tbljax {
 
-ThreadPool::ThreadPool(int num_threads) {
+namespace {
+std::atomic<ThreadPool*> g_default{nullptr};
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads, const char* name) {
   for (int i = 1; i < std::max(1, num_threads); ++i) {
     try {
-      workers_.emplace_back([this] { WorkerLoop(); });
+      // Linux takes at most 15 characters; each worker holds its own copy of the name.
+      workers_.emplace_back([this, n = std::string(name).substr(0, 15)] { WorkerLoop(n); });
     } catch (const std::system_error&) {
       break;  // the OS refused another thread: run with the ones we have (the caller helps too)
     }
@@ -42,7 +50,12 @@ void ThreadPool::RunChunks() {
   }
 }
 
-void ThreadPool::WorkerLoop() {
+void ThreadPool::WorkerLoop(const std::string& name) {
+#if defined(__linux__)
+  pthread_setname_np(pthread_self(), name.c_str());
+#else
+  (void)name;
+#endif
   uint64_t seen = 0;
   for (;;) {
     {
@@ -96,8 +109,14 @@ int ThreadPool::DefaultThreadCount() {
 
 ThreadPool& ThreadPool::Default() {
   // Leaked on purpose: joining threads during static destruction at exit can deadlock.
-  static ThreadPool* pool = new ThreadPool(DefaultThreadCount());
+  static ThreadPool* pool = [] {
+    auto* p = new ThreadPool(DefaultThreadCount());
+    g_default.store(p, std::memory_order_release);
+    return p;
+  }();
   return *pool;
 }
+
+ThreadPool* ThreadPool::DefaultIfStarted() { return g_default.load(std::memory_order_acquire); }
 
 }  // namespace tbljax

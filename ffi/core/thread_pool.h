@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -12,8 +13,10 @@ namespace tbljax {
 
 class ThreadPool {
  public:
-  // num_threads counts the calling thread: a pool of 1 runs everything inline.
-  explicit ThreadPool(int num_threads);
+  // num_threads counts the calling thread: a pool of 1 runs everything inline. The workers
+  // carry `name` (its first 15 characters) where the OS names threads (Linux: top -H, ps -L,
+  // /proc/PID/task/*/comm), so a process shows how many pools it runs.
+  explicit ThreadPool(int num_threads, const char* name = kDefaultName);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -25,12 +28,16 @@ class ThreadPool {
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 
   // The process-wide pool used by default; its size is set by TBLJAX_NUM_THREADS or the
-  // number of CPUs this process may run on.
+  // number of CPUs this process may run on. Started on first use.
   static ThreadPool& Default();
   static int DefaultThreadCount();
+  // The default pool if it has been started, else null (starts nothing).
+  static ThreadPool* DefaultIfStarted();
+
+  static constexpr const char* kDefaultName = "tbljax-pool";
 
  private:
-  void WorkerLoop();
+  void WorkerLoop(const std::string& name);
   void RunChunks();
 
   std::vector<std::thread> workers_;
@@ -39,9 +46,9 @@ class ThreadPool {
   std::condition_variable work_cv_, done_cv_;
   const std::function<void(int64_t)>* fn_ = nullptr;
   int64_t n_ = 0, chunk_ = 1;
-  int64_t next_ = 0;          // next index to hand out (guarded by mu_)
-  int active_ = 0;            // workers still inside the current job
-  uint64_t generation_ = 0;   // bumps once per job so workers wake exactly once
+  int64_t next_ = 0;         // next index to hand out (guarded by mu_)
+  int active_ = 0;           // workers still inside the current job
+  uint64_t generation_ = 0;  // bumps once per job so workers wake exactly once
   bool stop_ = false;
 };
 

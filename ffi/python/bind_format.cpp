@@ -6,8 +6,8 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
-#include <mutex>
 #include <memory>
+#include <mutex>
 
 #include "common.h"
 #include "tbl_format.h"
@@ -43,6 +43,7 @@ void BindFormat(nb::module_& m) {
   m.attr("INDEX_ENTRY_BYTES") = tbl::kIndexEntryBytes;
   m.attr("META_BLOCK_HEADER_BYTES") = tbl::kMetaBlockHeaderBytes;
   m.attr("RAW_ALIGNMENT") = tbl::kRawAlignment;
+  m.attr("MAX_SIDE") = tbl::kMaxSide;
   m.attr("META_JSON") = tbl::kMetaJson;
   m.attr("META_DATASET") = tbl::kMetaDataset;
   m.attr("DATASET_BLOCK_INDEX") = tbl::kDatasetBlockIndex;
@@ -62,129 +63,165 @@ void BindFormat(nb::module_& m) {
   formats["RAW_U8"] = int{tbl::kRawU8};
   m.attr("FORMATS") = formats;
 
-  m.def("crc32", [](U8Bytes b, uint32_t crc) { return tbl::Crc32(b.data(), b.shape(0), crc); },
-        nb::arg("data"), nb::arg("crc") = 0, "zlib-compatible CRC-32.");
-  m.def("crc16_modbus", [](U8Bytes b) { return tbl::Crc16Modbus(b.data(), b.shape(0)); },
-        nb::arg("data"), "CRC-16/MODBUS, the per-record checksum of TBL v2.");
+  m.def(
+      "crc32", [](U8Bytes b, uint32_t crc) { return tbl::Crc32(b.data(), b.shape(0), crc); },
+      nb::arg("data"), nb::arg("crc") = 0, "zlib-compatible CRC-32.");
+  m.def(
+      "crc16_modbus", [](U8Bytes b) { return tbl::Crc16Modbus(b.data(), b.shape(0)); },
+      nb::arg("data"), "CRC-16/MODBUS, the per-record checksum of TBL v2.");
 
   nb::class_<PyTblFile>(m, "TblFile", "A validated, memory-mapped TBL v2 file.")
-      .def("__init__", [](PyTblFile* self, const std::string& path) {
-        std::unique_ptr<TblFile> f;
-        Status s;
-        {
-          nb::gil_scoped_release release;
-          s = TblFile::Open(path, &f);
-        }
-        Check(s);
-        new (self) PyTblFile{std::move(f)};
-      }, nb::arg("path"))
+      .def(
+          "__init__",
+          [](PyTblFile* self, const std::string& path) {
+            std::unique_ptr<TblFile> f;
+            Status s;
+            {
+              nb::gil_scoped_release release;
+              s = TblFile::Open(path, &f);
+            }
+            Check(s);
+            new (self) PyTblFile{std::move(f)};
+          },
+          nb::arg("path"))
       .def_prop_ro("path", [](const PyTblFile& s) { return s.f->path(); })
       .def_prop_ro("num_records", [](const PyTblFile& s) { return s.f->num_records(); })
       .def_prop_ro("file_size", [](const PyTblFile& s) { return s.f->file_size(); })
       .def_prop_ro("header_flags", [](const PyTblFile& s) { return s.f->header_flags(); })
       .def_prop_ro("uniform_raw", [](const PyTblFile& s) { return s.f->uniform_raw(); })
       .def_prop_ro("raw_offset", [](const PyTblFile& s) { return s.f->raw_offset(); })
-      .def_prop_ro("raw_shape", [](const PyTblFile& s) {
-        return std::make_tuple(s.f->raw_height(), s.f->raw_width());
-      })
+      .def_prop_ro(
+          "raw_shape",
+          [](const PyTblFile& s) { return std::make_tuple(s.f->raw_height(), s.f->raw_width()); })
       // These read the mapping: a file truncated or rewritten since it was opened is an
       // error here, not bytes of zeros (or SIGBUS) handed on.
-      .def_prop_ro("dataset_json", [](const PyTblFile& s) {
-        Check(s.f->CheckUnchanged());
-        return BytesOf(s.f->dataset_json());
-      })
-      .def("metadata_section", [](const PyTblFile& s) {
-        Check(s.f->CheckUnchanged());
-        return BytesOf(s.f->metadata_section());
-      })
-      .def("index_bytes", [](nb::handle self_h) {
-        const PyTblFile& s = nb::cast<const PyTblFile&>(self_h);
-        Check(s.f->CheckUnchanged());
-        size_t shape[2] = {static_cast<size_t>(s.f->num_records()), tbl::kIndexEntryBytes};
-        return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<2>>(
-            s.f->base() + tbl::kHeaderBytes, 2, shape, self_h);
-      }, "The index as a read-only (N, 24) uint8 view of the mapping.")
-      .def("raw_view", [](nb::handle self_h) {
-        const PyTblFile& s = nb::cast<const PyTblFile&>(self_h);
-        Check(s.f->CheckUnchanged());
-        if (s.f->num_records() == 0)
-          Raise(InvalidArgument(s.f->path() + ": the file holds no records, so there is no image view"));
-        if (!s.f->uniform_raw())
-          Raise(InvalidArgument(s.f->path() + ": records are not uniform uncompressed RAW_U8, so there "
-                                "is no zero-copy view (use read(i))"));
-        size_t shape[4] = {static_cast<size_t>(s.f->num_records()), s.f->raw_height(), s.f->raw_width(), 3};
-        return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<4>>(
-            s.f->base() + s.f->raw_offset(), 4, shape, self_h);
-      }, "Zero-copy read-only (N, H, W, 3) uint8 view of a uniform RAW file.")
-      .def("check_unchanged", [](const PyTblFile& s) { Check(s.f->CheckUnchanged()); },
-           "Raises CorruptFileError if the file was truncated or rewritten in place since it "
-           "was opened (a rename over it is fine: the mapping keeps the old file).")
-      .def("read_payload", [](const PyTblFile& s, uint64_t i, bool verify) {
-        std::vector<uint8_t> buf;
-        Status st = s.f->CheckUnchanged();
-        if (st.ok()) {
-          nb::gil_scoped_release release;
-          st = s.f->ReadPayload(i, &buf, verify);
-        }
-        if (st.ok()) st = s.f->CheckUnchanged();
-        Check(st);
-        return nb::bytes(reinterpret_cast<const char*>(buf.data()), buf.size());
-      }, nb::arg("i"), nb::arg("verify") = true, "Record i's payload bytes, LZ4 undone.")
-      .def("verify", [](const PyTblFile& s, int threads) {
-        // Checks every record's CRC-16 in parallel; returns [(record, message)] of failures.
-        if (threads < 0 || threads > kMaxVerifyThreads)
-          Raise(InvalidArgument("threads must be 0 (the default pool) or 1.." +
-                                std::to_string(kMaxVerifyThreads) + ", got " + std::to_string(threads)));
-        const uint64_t n = s.f->num_records();
-        std::vector<std::tuple<uint64_t, std::string>> bad;
-        {
-          nb::gil_scoped_release release;
-          std::mutex mu;
-          auto check = [&](int64_t i) {
-            Status st = s.f->VerifyRecord(static_cast<uint64_t>(i));
-            if (!st.ok()) {
-              std::lock_guard<std::mutex> lock(mu);
-              bad.emplace_back(static_cast<uint64_t>(i), st.message());
+      .def_prop_ro("dataset_json",
+                   [](const PyTblFile& s) {
+                     Check(s.f->CheckUnchanged());
+                     return BytesOf(s.f->dataset_json());
+                   })
+      .def("metadata_section",
+           [](const PyTblFile& s) {
+             Check(s.f->CheckUnchanged());
+             return BytesOf(s.f->metadata_section());
+           })
+      .def(
+          "index_bytes",
+          [](nb::handle self_h) {
+            const PyTblFile& s = nb::cast<const PyTblFile&>(self_h);
+            Check(s.f->CheckUnchanged());
+            size_t shape[2] = {static_cast<size_t>(s.f->num_records()), tbl::kIndexEntryBytes};
+            return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<2>>(
+                s.f->base() + tbl::kHeaderBytes, 2, shape, self_h);
+          },
+          "The index as a read-only (N, 24) uint8 view of the mapping.")
+      .def(
+          "raw_view",
+          [](nb::handle self_h) {
+            const PyTblFile& s = nb::cast<const PyTblFile&>(self_h);
+            Check(s.f->CheckUnchanged());
+            if (s.f->num_records() == 0)
+              Raise(InvalidArgument(s.f->path() +
+                                    ": the file holds no records, so there is no image view"));
+            if (!s.f->uniform_raw())
+              Raise(InvalidArgument(s.f->path() +
+                                    ": records are not uniform uncompressed RAW_U8, so there "
+                                    "is no zero-copy view (use read(i))"));
+            size_t shape[4] = {static_cast<size_t>(s.f->num_records()), s.f->raw_height(),
+                               s.f->raw_width(), 3};
+            return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<4>>(
+                s.f->base() + s.f->raw_offset(), 4, shape, self_h);
+          },
+          "Zero-copy read-only (N, H, W, 3) uint8 view of a uniform RAW file.")
+      .def(
+          "check_unchanged", [](const PyTblFile& s) { Check(s.f->CheckUnchanged()); },
+          "Raises CorruptFileError if the file was truncated or rewritten in place since it "
+          "was opened (a rename over it is fine: the mapping keeps the old file).")
+      .def(
+          "read_payload",
+          [](const PyTblFile& s, uint64_t i, bool verify) {
+            std::vector<uint8_t> buf;
+            Status st = s.f->CheckUnchanged();
+            if (st.ok()) {
+              nb::gil_scoped_release release;
+              st = s.f->ReadPayload(i, &buf, verify);
             }
-          };
-          if (threads <= 0) {
-            ThreadPool::Default().ParallelFor(static_cast<int64_t>(n), check);
-          } else {
-            ThreadPool pool(threads);
-            pool.ParallelFor(static_cast<int64_t>(n), check);
-          }
-        }
-        std::sort(bad.begin(), bad.end());
-        return bad;
-      }, nb::arg("threads") = 0);
+            if (st.ok()) st = s.f->CheckUnchanged();
+            Check(st);
+            return nb::bytes(reinterpret_cast<const char*>(buf.data()), buf.size());
+          },
+          nb::arg("i"), nb::arg("verify") = true, "Record i's payload bytes, LZ4 undone.")
+      .def(
+          "verify",
+          [](const PyTblFile& s, int threads) {
+            // Checks every record's CRC-16 in parallel; returns [(record, message)] of failures.
+            if (threads < 0 || threads > kMaxVerifyThreads)
+              Raise(InvalidArgument("threads must be 0 (the default pool) or 1.." +
+                                    std::to_string(kMaxVerifyThreads) + ", got " +
+                                    std::to_string(threads)));
+            const uint64_t n = s.f->num_records();
+            std::vector<std::tuple<uint64_t, std::string>> bad;
+            {
+              nb::gil_scoped_release release;
+              std::mutex mu;
+              auto check = [&](int64_t i) {
+                Status st = s.f->VerifyRecord(static_cast<uint64_t>(i));
+                if (!st.ok()) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  bad.emplace_back(static_cast<uint64_t>(i), st.message());
+                }
+              };
+              if (threads <= 0) {
+                ThreadPool::Default().ParallelFor(static_cast<int64_t>(n), check);
+              } else {
+                ThreadPool pool(threads, "tbljax-verify");
+                pool.ParallelFor(static_cast<int64_t>(n), check);
+              }
+            }
+            std::sort(bad.begin(), bad.end());
+            return bad;
+          },
+          nb::arg("threads") = 0);
 
-  nb::class_<PyTblWriter>(m, "TblWriter", "Streaming, atomic TBL v2 writer (see tbljax.format.Writer).")
-      .def("__init__", [](PyTblWriter* self, const std::string& dst, uint64_t capacity, bool overwrite) {
-        std::unique_ptr<TblWriter> w;
-        Check(TblWriter::Create(dst, capacity, overwrite, &w));
-        new (self) PyTblWriter{std::move(w)};
-      }, nb::arg("dst"), nb::arg("capacity"), nb::arg("overwrite") = false)
-      .def("add", [](PyTblWriter& s, U8Bytes data, uint8_t format, uint32_t width, uint32_t height, bool lz4) {
-        // A typical record (a 160 px image: ~60 us of CRC and write) keeps the GIL: releasing it
-        // makes this thread queue behind any other Python thread for a whole switch interval
-        // (5 ms), which measured 6x slower per record inside convert. Large records let go.
-        Status st;
-        if (data.shape(0) < (size_t{1} << 20)) {
-          st = s.w->Add(data.data(), data.shape(0), format, width, height, lz4);
-        } else {
-          nb::gil_scoped_release release;
-          st = s.w->Add(data.data(), data.shape(0), format, width, height, lz4);
-        }
-        Check(st);
-      }, nb::arg("data"), nb::arg("format"), nb::arg("width"), nb::arg("height"), nb::arg("lz4") = false)
-      .def("finalize", [](PyTblWriter& s, const std::string& json) {
-        Status st;
-        {
-          nb::gil_scoped_release release;
-          st = s.w->Finalize(json);
-        }
-        Check(st);
-      }, nb::arg("dataset_json"))
+  nb::class_<PyTblWriter>(m, "TblWriter",
+                          "Streaming, atomic TBL v2 writer (see tbljax.format.Writer).")
+      .def(
+          "__init__",
+          [](PyTblWriter* self, const std::string& dst, uint64_t capacity, bool overwrite) {
+            std::unique_ptr<TblWriter> w;
+            Check(TblWriter::Create(dst, capacity, overwrite, &w));
+            new (self) PyTblWriter{std::move(w)};
+          },
+          nb::arg("dst"), nb::arg("capacity"), nb::arg("overwrite") = false)
+      .def(
+          "add",
+          [](PyTblWriter& s, U8Bytes data, uint8_t format, uint32_t width, uint32_t height,
+             bool lz4) {
+            // A typical record (a 160 px image: ~60 us of CRC and write) keeps the GIL: releasing
+            // it makes this thread queue behind any other Python thread for a whole switch interval
+            // (5 ms), which measured 6x slower per record inside convert. Large records let go.
+            Status st;
+            if (data.shape(0) < (size_t{1} << 20)) {
+              st = s.w->Add(data.data(), data.shape(0), format, width, height, lz4);
+            } else {
+              nb::gil_scoped_release release;
+              st = s.w->Add(data.data(), data.shape(0), format, width, height, lz4);
+            }
+            Check(st);
+          },
+          nb::arg("data"), nb::arg("format"), nb::arg("width"), nb::arg("height"),
+          nb::arg("lz4") = false)
+      .def(
+          "finalize",
+          [](PyTblWriter& s, const std::string& json) {
+            Status st;
+            {
+              nb::gil_scoped_release release;
+              st = s.w->Finalize(json);
+            }
+            Check(st);
+          },
+          nb::arg("dataset_json"))
       .def("abort", [](PyTblWriter& s) { s.w->Abort(); })
       .def_prop_ro("num_records", [](const PyTblWriter& s) { return s.w->num_records(); })
       .def_prop_ro("capacity", [](const PyTblWriter& s) { return s.w->capacity(); });

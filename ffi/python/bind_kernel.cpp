@@ -1,5 +1,7 @@
 // Python bindings for the serve kernel: RawSource over NumPy shard arrays, gather (GIL
-// released), and the SIMD target. tbljax/kernels.py is the documented front end.
+// released), the SIMD target, and the batch contract (names, normalization tables, argument
+// checks) that Python uses instead of retyping it. tbljax/kernels.py is the documented front
+// end.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
@@ -47,18 +49,21 @@ void InitRawSource(PyRawSource* self, const nb::sequence& shards) {
     if (!nb::try_cast(item, a, /*convert=*/false))
       throw nb::type_error(("shards[" + std::to_string(k) +
                             "] must be a C-contiguous uint8 NumPy array of shape (N, H, W, 3) "
-                            "on the CPU, got " + nb::inst_name(item).c_str())
+                            "on the CPU, got " +
+                            nb::inst_name(item).c_str())
                                .c_str());
     if (a.shape(3) != 3)
       throw nb::value_error(("shards[" + std::to_string(k) + "] has shape " + ShapeOf(a) +
-                             ": records must be RGB, shape (N, H, W, 3)").c_str());
+                             ": records must be RGB, shape (N, H, W, 3)")
+                                .c_str());
     if (k == 0) {
       h = static_cast<int64_t>(a.shape(1));
       w = static_cast<int64_t>(a.shape(2));
     } else if (static_cast<int64_t>(a.shape(1)) != h || static_cast<int64_t>(a.shape(2)) != w) {
       throw nb::value_error(("shards[" + std::to_string(k) + "] has shape " + ShapeOf(a) +
-                             " but shards[0] holds " + std::to_string(h) + "x" +
-                             std::to_string(w) + " records: all shards must match").c_str());
+                             " but shards[0] holds " + std::to_string(h) + "x" + std::to_string(w) +
+                             " records: all shards must match")
+                                .c_str());
     }
     raw.push_back({a.data(), static_cast<int64_t>(a.shape(0))});
     keep.push_back(nb::borrow(item));
@@ -70,28 +75,51 @@ void InitRawSource(PyRawSource* self, const nb::sequence& shards) {
   new (self) PyRawSource{std::move(src), std::move(keep)};
 }
 
+// The out_dtype name, checked against the array it describes.
 OutDType ParseDType(const std::string& s, const OutArray& out) {
+  OutDType t;
+  Check(ParseOutDType(s, &t));
   const nb::dlpack::dtype d = out.dtype();
-  auto fail = [&](const char* want) {
+  bool ok = false;
+  const char* want = OutDTypeName(t);
+  switch (t) {
+    case OutDType::kUint8: ok = d == nb::dtype<uint8_t>(); break;
+    case OutDType::kFloat32: ok = d == nb::dtype<float>(); break;
+    case OutDType::kBfloat16:
+      ok = d == nb::dtype<uint16_t>() ||
+           (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16);
+      want = "bfloat16 (or its uint16 view)";
+      break;
+  }
+  if (!ok)
     throw nb::type_error(("out_dtype='" + s + "' needs an out array of " + want +
                           ", got dtype code " + std::to_string(d.code) + " with " +
-                          std::to_string(d.bits) + " bits").c_str());
-  };
-  if (s == "uint8") {
-    if (d != nb::dtype<uint8_t>()) fail("uint8");
-    return OutDType::kUint8;
-  }
-  if (s == "float32") {
-    if (d != nb::dtype<float>()) fail("float32");
-    return OutDType::kFloat32;
-  }
-  if (s == "bfloat16") {
-    const bool bf16 =
-        d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16;
-    if (d != nb::dtype<uint16_t>() && !bf16) fail("bfloat16 (or its uint16 view)");
-    return OutDType::kBfloat16;
-  }
-  throw nb::value_error(("out_dtype='" + s + "' is not one of: uint8, float32, bfloat16").c_str());
+                          std::to_string(d.bits) + " bits")
+                             .c_str());
+  return t;
+}
+
+// float32 or bfloat16 by name, for the normalization helpers (uint8 is never normalized).
+OutDType ParseFloatDType(const std::string& s) {
+  OutDType t;
+  Check(ParseOutDType(s, &t, "dtype"));
+  if (t == OutDType::kUint8)
+    throw nb::value_error((std::string("dtype='") + OutDTypeName(t) +
+                           "' is not normalized: ask for '" + OutDTypeName(OutDType::kFloat32) +
+                           "' or '" + OutDTypeName(OutDType::kBfloat16) + "'")
+                              .c_str());
+  return t;
+}
+
+template <class T>
+nb::ndarray<nb::numpy, T, nb::shape<3, 256>> TableArray(const std::array<double, 3>& mean,
+                                                        const std::array<double, 3>& std,
+                                                        void (*build)(const double*, const double*,
+                                                                      T*)) {
+  auto* table = new T[3 * 256];
+  nb::capsule owner(table, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+  build(mean.data(), std.data(), table);
+  return nb::ndarray<nb::numpy, T, nb::shape<3, 256>>(table, {3, 256}, owner);
 }
 
 }  // namespace
@@ -106,15 +134,17 @@ void BindKernel(nb::module_& m) {
       .def_prop_ro("height", [](const PyRawSource& s) { return s.source.height(); })
       .def_prop_ro("width", [](const PyRawSource& s) { return s.source.width(); })
       .def_prop_ro("num_shards", [](const PyRawSource& s) { return s.arrays.size(); })
-      .def_prop_ro("shards", [](const PyRawSource& s) {
-        nb::list l;
-        for (const nb::object& a : s.arrays) l.append(a);
-        return l;
-      })
+      .def_prop_ro("shards",
+                   [](const PyRawSource& s) {
+                     nb::list l;
+                     for (const nb::object& a : s.arrays) l.append(a);
+                     return l;
+                   })
       .def("__len__", [](const PyRawSource& s) { return s.source.num_records(); })
       .def("__repr__", [](const PyRawSource& s) {
-        return "RawSource(num_records=" + std::to_string(s.source.num_records()) + ", height=" +
-               std::to_string(s.source.height()) + ", width=" + std::to_string(s.source.width()) +
+        return "RawSource(num_records=" + std::to_string(s.source.num_records()) +
+               ", height=" + std::to_string(s.source.height()) +
+               ", width=" + std::to_string(s.source.width()) +
                ", num_shards=" + std::to_string(s.arrays.size()) + ")";
       });
 
@@ -126,24 +156,20 @@ void BindKernel(nb::module_& m) {
         GatherRequest r;
         r.batch = static_cast<int64_t>(indices.shape(0));
         r.indices = indices.data();
-        if (layout == "NHWC") {
-          r.layout = Layout::kNHWC;
-        } else if (layout == "NCHW") {
-          r.layout = Layout::kNCHW;
-        } else {
-          throw nb::value_error(("layout='" + layout + "' is not one of: NHWC, NCHW").c_str());
-        }
+        Check(ParseLayout(layout, &r.layout));
         r.dtype = ParseDType(out_dtype, out);
         if (crop) {
           if (static_cast<int64_t>(crop->shape(0)) != r.batch)
             throw nb::value_error(("crop has " + std::to_string(crop->shape(0)) +
-                                   " rows but indices has " + std::to_string(r.batch)).c_str());
+                                   " rows but indices has " + std::to_string(r.batch))
+                                      .c_str());
           r.crops = crop->data();
         }
         if (flip) {
           if (static_cast<int64_t>(flip->shape(0)) != r.batch)
             throw nb::value_error(("flip has " + std::to_string(flip->shape(0)) +
-                                   " entries but indices has " + std::to_string(r.batch)).c_str());
+                                   " entries but indices has " + std::to_string(r.batch))
+                                      .c_str());
           const nb::dlpack::dtype d = flip->dtype();
           if (d != nb::dtype<uint8_t>() && d != nb::dtype<bool>())
             throw nb::type_error("flip must be a uint8 or bool array");
@@ -168,54 +194,119 @@ void BindKernel(nb::module_& m) {
       "Fused gather -> crop/resize -> flip -> normalize -> dtype/layout into `out` "
       "(see tbljax.kernels.gather, which validates and documents the arguments).");
 
-  m.def("kernel_target", [] {
-    SimdTarget t;
-    Check(ActiveSimdTarget(&t));
-    return std::string(SimdTargetName(t));
-  }, "The SIMD target the kernel and the resize run: scalar, avx2 or avx512.");
-  m.def("set_kernel_target", [](const std::string& name) {
-    Check(SetSimdTarget(name));
-    SimdTarget t;
-    Check(ActiveSimdTarget(&t));
-    return std::string(SimdTargetName(t));
-  }, nb::arg("name"), "Force a SIMD target ('auto', 'scalar', 'avx2', 'avx512'); for tests.");
-  m.def("_normalization_path",
-        [](std::array<double, 3> mean, std::array<double, 3> std, const std::string& dtype) {
-          if (dtype != "float32" && dtype != "bfloat16")
-            throw nb::value_error("dtype must be 'float32' or 'bfloat16'");
-          return std::string(NormPathName(ChooseNormPath(
-              mean.data(), std.data(),
-              dtype == "float32" ? OutDType::kFloat32 : OutDType::kBfloat16)));
-        },
-        nb::arg("mean"), nb::arg("std"), nb::arg("dtype"),
-        "How the SIMD targets normalize for these parameters: 'affine-f32', 'affine-f64' or "
-        "'table' (all bit-identical; for tests).");
-  m.def("_set_normalization_path_limit",
-        [](const std::string& name) {
-          for (NormPath p : {NormPath::kTable, NormPath::kAffineF64, NormPath::kAffineF32}) {
-            if (name == NormPathName(p)) return SetNormPathLimit(p);
-          }
-          throw nb::value_error("expected 'table', 'affine-f64' or 'affine-f32'");
-        },
-        nb::arg("limit"), "Tests only: the best normalization path the SIMD targets may take.");
-  m.def("feistel_permute",
-        [](IndexArray positions, int64_t n, std::array<uint32_t, kShuffleRounds> keys, int a, int b) {
-          // Called by tbljax.order.permute, which has checked positions and n.
-          if (n < 2 || a < 1 || b < 0 || a > 31 || b > 31 || a + b > 62)
-            throw nb::value_error("feistel_permute: bad n or half widths");
-          const int64_t count = static_cast<int64_t>(positions.shape(0));
-          auto* out = new int64_t[static_cast<size_t>(count > 0 ? count : 1)];
-          nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
-          FeistelPermute(positions.data(), count, n, keys.data(), a, b, out);
-          return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(out, {static_cast<size_t>(count)}, owner);
-        },
-        nb::arg("positions").noconvert(), nb::arg("n"), nb::arg("keys"), nb::arg("a"), nb::arg("b"),
-        "The shuffle of tbljax.order.permute for int64 positions already checked to lie in [0, n).");
-  m.def("supported_kernel_targets", [] {
-    std::vector<std::string> v;
-    for (SimdTarget t : SupportedSimdTargets()) v.emplace_back(SimdTargetName(t));
-    return v;
-  }, "The SIMD targets this CPU can run, best last.");
+  m.def(
+      "kernel_target",
+      [] {
+        SimdTarget t;
+        Check(ActiveSimdTarget(&t));
+        return std::string(SimdTargetName(t));
+      },
+      "The SIMD target the kernel, the resize and the CRC run: scalar, avx2 or avx512.");
+  m.def(
+      "set_kernel_target",
+      [](const std::string& name) {
+        Check(SetSimdTarget(name));
+        SimdTarget t;
+        Check(ActiveSimdTarget(&t));
+        return std::string(SimdTargetName(t));
+      },
+      nb::arg("name"),
+      "Force the SIMD target of the kernel, the resize and the CRC ('auto', 'scalar', 'avx2', "
+      "'avx512'); for tests.");
+  m.def(
+      "_normalization_path",
+      [](std::array<double, 3> mean, std::array<double, 3> std, const std::string& dtype) {
+        const OutDType t = ParseFloatDType(dtype);
+        Check(CheckNormalization(mean.data(), std.data()));
+        return std::string(NormPathName(ChooseNormPath(mean.data(), std.data(), t)));
+      },
+      nb::arg("mean"), nb::arg("std"), nb::arg("dtype"),
+      "How the SIMD targets normalize for these parameters: 'affine-f32', 'affine-f64' or "
+      "'table' (all bit-identical; for tests).");
+  m.def(
+      "_set_normalization_path_limit",
+      [](const std::string& name) {
+        for (NormPath p : {NormPath::kTable, NormPath::kAffineF64, NormPath::kAffineF32}) {
+          if (name == NormPathName(p)) return SetNormPathLimit(p);
+        }
+        throw nb::value_error("expected 'table', 'affine-f64' or 'affine-f32'");
+      },
+      nb::arg("limit"), "Tests only: the best normalization path the SIMD targets may take.");
+  m.def(
+      "feistel_permute",
+      [](IndexArray positions, int64_t n, std::array<uint32_t, kShuffleRounds> keys, int a, int b) {
+        // Called by tbljax.order.permute, which has checked positions and n.
+        if (n < 2 || a < 1 || b < 0 || a > 31 || b > 31 || a + b > 62)
+          throw nb::value_error("feistel_permute: bad n or half widths");
+        const int64_t count = static_cast<int64_t>(positions.shape(0));
+        auto* out = new int64_t[static_cast<size_t>(count > 0 ? count : 1)];
+        nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
+        FeistelPermute(positions.data(), count, n, keys.data(), a, b, out);
+        return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(out, {static_cast<size_t>(count)},
+                                                            owner);
+      },
+      nb::arg("positions").noconvert(), nb::arg("n"), nb::arg("keys"), nb::arg("a"), nb::arg("b"),
+      "The shuffle of tbljax.order.permute for int64 positions already checked to lie in [0, n).");
+  // ---- the batch contract (contract.h), exported so Python never retypes it ----
+  m.attr("RESIZE_WEIGHT_BITS") = kResizeWeightBits;
+  {
+    nb::list layouts, dtypes;
+    for (Layout l : kLayouts) layouts.append(LayoutName(l));
+    for (OutDType t : kOutDTypes) dtypes.append(OutDTypeName(t));
+    m.attr("LAYOUTS") = nb::tuple(layouts);
+    m.attr("OUT_DTYPES") = nb::tuple(dtypes);
+  }
+  m.def(
+      "normalize_table",
+      [](std::array<double, 3> mean, std::array<double, 3> std,
+         const std::string& dtype) -> nb::object {
+        const OutDType t = ParseFloatDType(dtype);
+        Check(CheckNormalization(mean.data(), std.data()));
+        if (t == OutDType::kFloat32)
+          return nb::cast(TableArray<float>(mean, std, NormalizeTableF32));
+        return nb::cast(TableArray<uint16_t>(mean, std, NormalizeTableBf16));
+      },
+      nb::arg("mean"), nb::arg("std"), nb::arg("dtype"),
+      nb::sig("def normalize_table(mean: collections.abc.Sequence[float], "
+              "std: collections.abc.Sequence[float], dtype: str) -> "
+              "numpy.typing.NDArray[numpy.float32] | numpy.typing.NDArray[numpy.uint16]"),
+      "The normalization contract as a new (3, 256) array: table[c, x] is the float32 (dtype "
+      "'float32') or the bfloat16 bit pattern as uint16 (dtype 'bfloat16') nearest to "
+      "(x/255 - mean[c]) / std[c] computed in float64 -- the kernel's own table. ValueError "
+      "unless every mean is finite and every std finite and > 0.");
+  m.def(
+      "check_normalization",
+      [](std::array<double, 3> mean, std::array<double, 3> std) {
+        Check(CheckNormalization(mean.data(), std.data()));
+      },
+      nb::arg("mean"), nb::arg("std"),
+      "ValueError unless every mean is finite and every std finite and > 0 (the kernel's "
+      "check and message).");
+  m.def(
+      "check_indices",
+      [](IndexArray indices, int64_t n) {
+        Check(CheckIndices(indices.data(), static_cast<int64_t>(indices.shape(0)), n));
+      },
+      nb::arg("indices").noconvert(), nb::arg("n"),
+      "IndexError naming the first position and value unless every int64 index is in "
+      "[0, n) (the kernel's check and message).");
+  m.def(
+      "check_crops",
+      [](CropArray crop, int64_t height, int64_t width) {
+        Check(CheckCrops(crop.data(), static_cast<int64_t>(crop.shape(0)), height, width));
+      },
+      nb::arg("crop").noconvert(), nb::arg("height"), nb::arg("width"),
+      "ValueError naming the first box unless every int32 row (y0, x0, h, w) is a non-empty "
+      "box inside a height x width image (the kernel's check and message).");
+
+  m.def(
+      "supported_kernel_targets",
+      [] {
+        std::vector<std::string> v;
+        for (SimdTarget t : SupportedSimdTargets()) v.emplace_back(SimdTargetName(t));
+        return v;
+      },
+      "The SIMD targets this CPU can run, best last.");
 }
 
 }  // namespace tbljax::py

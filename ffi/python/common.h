@@ -22,5 +22,10 @@ inline void Check(const Status& s) {
 void BindFormat(nb::module_& m);
 void BindKernel(nb::module_& m);
 void BindDecode(nb::module_& m);
+#if TBLJAX_XLA_CPU
+// bind_xla.cpp, compiled only where XLA's FFI headers were found.
+void BindXla(nb::module_& m);
+const char* XlaFfiApiVersion();  // "MAJOR.MINOR" of the headers the handlers were built with
+#endif
 
 }  // namespace tbljax::py

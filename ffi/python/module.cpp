@@ -1,12 +1,21 @@
-// tbljax._core: the nanobind front end over the C++ core. Each bind_*.cpp adds one room.
+// tbljax._core: the one native module. The nanobind front end over the C++ core (each
+// bind_*.cpp adds one room) and, where XLA's FFI headers were found, the XLA CPU handlers
+// (bind_xla.cpp), so the loader and the in-jit op share one thread pool and one SIMD target.
+#include <lz4.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
 #include <cstddef>
 #include <cstdio>
-#include <jpeglib.h>
-#include <lz4.h>
+#include <string>
+#include <vector>
+
+#include <jpeglib.h>  // after <cstddef> and <cstdio>: it needs size_t and FILE
 
 #include "common.h"
-#include "kernel.h"
 #include "decode.h"
+#include "kernel.h"
+#include "simd.h"
 #include "thread_pool.h"
 
 namespace tbljax::py {
@@ -44,28 +53,54 @@ NB_MODULE(_core, m) {
       "tbljax.CorruptFileError",
       "A TBL file's bytes break the format: truncated, damaged or not a TBL file.",
       PyExc_ValueError, nullptr);
-  g_decode_error = PyErr_NewExceptionWithDoc(
-      "tbljax.DecodeError", "An image could not be decoded.", PyExc_ValueError, nullptr);
+  g_decode_error = PyErr_NewExceptionWithDoc("tbljax.DecodeError", "An image could not be decoded.",
+                                             PyExc_ValueError, nullptr);
   m.attr("CorruptFileError") = nb::borrow(g_corrupt_file_error);
   m.attr("DecodeError") = nb::borrow(g_decode_error);
 
-  m.def("_native_info", [] {
-    nb::dict d;
-    d["version"] = TBLJAX_VERSION;
-    d["compiler"] = __VERSION__;
-    d["libjpeg_turbo"] = TBLJAX_STR(LIBJPEG_TURBO_VERSION);
-    d["jpeg_lib_version"] = JPEG_LIB_VERSION;
-    d["lz4"] = LZ4_versionString();
-    d["default_threads"] = tbljax::ThreadPool::DefaultThreadCount();
-    tbljax::SimdTarget simd;
-    d["simd"] = tbljax::ActiveSimdTarget(&simd).ok() ? tbljax::SimdTargetName(simd)
-                                                      : "invalid TBLJAX_SIMD";
-    d["jpeg_idct"] = "islow";
-    d["resize_filter"] = tbljax::kResizeFilterName;
-    return d;
-  }, "What this build of the core was compiled with.");
+  m.def(
+      "native_info",
+      [] {
+        nb::dict d;
+        d["version"] = TBLJAX_VERSION;
+        d["compiler"] = __VERSION__;
+        d["nanobind"] = TBLJAX_STR(NB_VERSION_MAJOR) "." TBLJAX_STR(
+            NB_VERSION_MINOR) "." TBLJAX_STR(NB_VERSION_PATCH);
+        d["libjpeg_turbo"] = TBLJAX_STR(LIBJPEG_TURBO_VERSION);
+        d["jpeg_lib_version"] = JPEG_LIB_VERSION;
+        d["lz4"] = LZ4_versionString();
+        // One pool for the loader, the decoder and the XLA CPU handler: its size (what it has if
+        // started, what it will start with otherwise).
+        d["default_threads"] = tbljax::ThreadPool::DefaultThreadCount();
+        const tbljax::ThreadPool* pool = tbljax::ThreadPool::DefaultIfStarted();
+        d["threads"] = pool ? pool->num_threads() : tbljax::ThreadPool::DefaultThreadCount();
+        d["pool_started"] = pool != nullptr;
+        // One SIMD target for the serve kernel, the resize and the CRC.
+        tbljax::SimdTarget simd;
+        d["simd"] = tbljax::ActiveSimdTarget(&simd).ok() ? tbljax::SimdTargetName(simd)
+                                                         : "invalid TBLJAX_SIMD";
+        std::vector<std::string> targets;
+        for (tbljax::SimdTarget t : tbljax::SupportedSimdTargets())
+          targets.emplace_back(tbljax::SimdTargetName(t));
+        d["simd_targets"] = targets;
+        d["cpu_features"] = tbljax::CpuFeatureNames(tbljax::DetectedCpuFeatures());
+#if TBLJAX_XLA_CPU
+        d["xla_cpu"] = true;
+        d["xla_ffi_api"] = XlaFfiApiVersion();
+#else
+        d["xla_cpu"] = false;
+        d["xla_ffi_api"] = nb::none();
+#endif
+        d["jpeg_idct"] = "islow";
+        d["resize_filter"] = tbljax::kResizeFilterName;
+        return d;
+      },
+      "What this build of the core was compiled with and what it runs.");
 
   BindFormat(m);
   BindKernel(m);
   BindDecode(m);
+#if TBLJAX_XLA_CPU
+  BindXla(m);
+#endif
 }

@@ -3,7 +3,6 @@
 // element type to the kernel's output dtype, and Status -> ffi::Error. tbljax/ops.py builds
 // the calls; ffi/core/kernel.h documents the arithmetic.
 #pragma once
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -44,9 +43,9 @@ inline ffi::Error OutDTypeOf(ffi::DataType t, OutDType* out) {
     case ffi::DataType::F32: *out = OutDType::kFloat32; return ffi::Error::Success();
     case ffi::DataType::BF16: *out = OutDType::kBfloat16; return ffi::Error::Success();
     default:
-      return ffi::Error::InvalidArgument(
-          "tbljax gather: the result must be uint8, float32 or bfloat16, got XLA type " +
-          std::to_string(static_cast<int>(t)));
+      return ffi::Error::InvalidArgument("tbljax gather: the result must be one of " +
+                                         OutDTypeNames() + ", got XLA type " +
+                                         std::to_string(static_cast<int>(t)));
   }
 }
 
@@ -91,17 +90,11 @@ inline ffi::Error PrepareCall(const DataArg& data, const IndexArg& indices, cons
   if (fd[0] != 0 && fd[0] != batch)
     return fail("flip must be (B,) = (" + std::to_string(batch) + ",) or (0,), got " + Dims(fd));
   if (mean.size() != 3 || stdev.size() != 3)
-    return fail("mean and std need 3 values each, got " + std::to_string(mean.size()) +
-                " and " + std::to_string(stdev.size()));
+    return fail("mean and std need 3 values each, got " + std::to_string(mean.size()) + " and " +
+                std::to_string(stdev.size()));
 
   GatherRequest& r = call->request;
-  if (layout == "NHWC") {
-    r.layout = Layout::kNHWC;
-  } else if (layout == "NCHW") {
-    r.layout = Layout::kNCHW;
-  } else {
-    return fail("layout must be NHWC or NCHW, got '" + std::string(layout) + "'");
-  }
+  if (Status s = ParseLayout(layout, &r.layout); !s.ok()) return fail(s.message());
   if (ffi::Error e = OutDTypeOf(out.element_type(), &r.dtype); e.failure()) return e;
   const auto od = out.dimensions();
   if (od.size() != 4) return fail("the result must be 4-D, got " + Dims(od));
@@ -110,22 +103,16 @@ inline ffi::Error PrepareCall(const DataArg& data, const IndexArg& indices, cons
   if (od[0] != batch || (nchw ? od[1] : od[3]) != 3 || oh < 1 || ow < 1)
     return fail("the result is " + Dims(od) + " but " + std::string(layout) + " with " +
                 std::to_string(batch) + " indices needs " +
-                (nchw ? "(B, 3, OH, OW)" : "(B, OH, OW, 3)") + " with B = " +
-                std::to_string(batch));
-  if (cd[0] == 0 && (oh != dd[1] || ow != dd[2]))
-    return fail("the result is " + std::to_string(oh) + "x" + std::to_string(ow) +
-                " but the records are " + std::to_string(dd[1]) + "x" + std::to_string(dd[2]) +
-                ": without crop boxes the output size must equal the source size");
-  if (r.dtype != OutDType::kUint8) {
-    for (int c = 0; c < 3; ++c) {
-      if (!std::isfinite(mean[c]) || !std::isfinite(stdev[c]) || stdev[c] == 0.0)
-        return fail("mean[" + std::to_string(c) + "] and std[" + std::to_string(c) +
-                    "] must be finite and std nonzero");
-    }
-  }
+                (nchw ? "(B, 3, OH, OW)" : "(B, OH, OW, 3)") +
+                " with B = " + std::to_string(batch));
+  if (Status s = CheckOutputSize(cd[0] != 0, oh, ow, dd[1], dd[2]); !s.ok())
+    return fail(s.message());
   for (int c = 0; c < 3; ++c) {
     r.mean[c] = mean[c];
     r.std[c] = stdev[c];
+  }
+  if (r.dtype != OutDType::kUint8) {
+    if (Status s = CheckNormalization(r.mean, r.std); !s.ok()) return fail(s.message());
   }
   for (int d = 0; d < 4; ++d) r.out_shape[d] = od[d];
   r.batch = batch;

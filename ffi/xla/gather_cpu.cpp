@@ -1,9 +1,7 @@
-// tbljax._ffi_cpu: the serve kernel as an XLA FFI handler for the CPU platform. A thin
-// wrapper: it checks the call (gather_call.h) and runs the same tbljax::Gather the host
-// loader runs, so the in-jit path and the loader agree bit for bit by construction.
-#include <nanobind/nanobind.h>
-#include <nanobind/stl/string.h>
-
+// The serve kernel as an XLA FFI handler for the CPU platform, compiled into tbljax._core
+// (ffi/python/bind_xla.cpp hands it to JAX). A thin wrapper: it checks the call
+// (gather_call.h) and runs the same tbljax::Gather, on the same thread pool and SIMD target,
+// as the host loader, so the in-jit path and the loader agree bit for bit by construction.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -61,24 +59,3 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TbljaxGatherCpu, tbljax::xla_ffi::GatherCpu,
                                   .Attr<xla::ffi::Span<const double>>("std")
                                   .Attr<std::string_view>("layout")
                                   .Ret<xla::ffi::AnyBuffer>());
-
-NB_MODULE(_ffi_cpu, m) {
-  namespace nb = nanobind;
-  m.doc() = "tbljax XLA FFI handlers for CPU. Registered by tbljax.ops at import; use that.";
-  m.def("registrations", [] {
-    nb::dict d;
-    d[tbljax::xla_ffi::kGatherTarget] = nb::capsule(reinterpret_cast<void*>(&TbljaxGatherCpu));
-    return d;
-  }, "{target name: PyCapsule of its XLA FFI handler}, for jax.ffi.register_ffi_target.");
-  m.def("kernel_target", [] {
-    // This module links its own copy of the core, so it reports (and may be capped by
-    // TBLJAX_SIMD) separately from tbljax._core.
-    tbljax::SimdTarget t;
-    if (!tbljax::ActiveSimdTarget(&t).ok()) return std::string("invalid TBLJAX_SIMD");
-    return std::string(tbljax::SimdTargetName(t));
-  }, "The SIMD target the CPU handler's kernel runs.");
-  m.def("set_kernel_target", [](const std::string& name) {
-    tbljax::Status s = tbljax::SetSimdTarget(name);
-    if (!s.ok()) throw nb::value_error(s.message().c_str());
-  }, nb::arg("name"), "Force the CPU handler's SIMD target ('auto', 'scalar', ...); for tests.");
-}

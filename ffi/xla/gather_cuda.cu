@@ -85,9 +85,7 @@ __global__ void GatherKernel(const Params p) {
       const int64_t o = p.nchw ? ((b * 3 + c) * p.out_h + oy) * p.out_w + ox
                                : ((b * p.out_h + oy) * p.out_w + ox) * 3 + c;
       switch (static_cast<OutDType>(p.dtype)) {  // uniform across the grid: no divergence
-        case OutDType::kUint8:
-          static_cast<uint8_t*>(p.out)[o] = static_cast<uint8_t>(px[c]);
-          break;
+        case OutDType::kUint8: static_cast<uint8_t*>(p.out)[o] = static_cast<uint8_t>(px[c]); break;
         case OutDType::kFloat32:
           static_cast<uint32_t*>(p.out)[o] = valid ? table[c * 256 + px[c]] : 0u;
           break;

@@ -10,9 +10,12 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(TbljaxGatherCuda);
 NB_MODULE(_ffi_cuda, m) {
   namespace nb = nanobind;
   m.doc() = "tbljax XLA FFI handlers for CUDA. Registered by tbljax.ops at import; use that.";
-  m.def("registrations", [] {
-    nb::dict d;
-    d[tbljax::xla_ffi::kGatherTarget] = nb::capsule(reinterpret_cast<void*>(&TbljaxGatherCuda));
-    return d;
-  }, "{target name: PyCapsule of its XLA FFI handler}, for jax.ffi.register_ffi_target.");
+  m.def(
+      "registrations",
+      [] {
+        nb::dict d;
+        d[tbljax::xla_ffi::kGatherTarget] = nb::capsule(reinterpret_cast<void*>(&TbljaxGatherCuda));
+        return d;
+      },
+      "{target name: PyCapsule of its XLA FFI handler}, for jax.ffi.register_ffi_target.");
 }
