@@ -97,13 +97,15 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for name, rs in res.items():
         t = rs[0]["threads"]
-        print(f"| {name} | {median(rs, 'img_s'):.0f} | {median(rs, 'img_s') / t:.0f} | {median(rs, 'peak_rss_mib'):.0f} |")
+        rate = median(rs, "img_s")
+        print(f"| {name} | {rate:.0f} | {rate / t:.0f} | {median(rs, 'peak_rss_mib'):.0f} |")
     tj = median(res[f"tbljax, {cores} threads"], "img_s")
     tl = median(res[f"turboloader preprocess_to_tbl, {cores} workers"], "img_s")
     pil = median(res["Pillow loop, 1 core"], "img_s")
     one = median(res["tbljax, 1 thread"], "img_s")
     print(f"\ntbljax / turboloader: {tj / tl:.2f}x   (target >= 3x)")
-    print(f"tbljax per core / Pillow loop: {tj / cores / pil:.2f}x; 1 thread / Pillow: {one / pil:.2f}x   (target >= 1.5x)")
+    print(f"tbljax per core / Pillow loop: {tj / cores / pil:.2f}x; 1 thread / Pillow: {one / pil:.2f}x"
+          "   (target >= 1.5x)")
     rss1 = median(res[f"tbljax, {cores} threads"], "peak_rss_mib")
     rss4 = median(res[f"tbljax, {cores} threads, 4x N"], "peak_rss_mib")
     print(f"peak RSS at N={n1}: {rss1:.0f} MiB, at N={n4}: {rss4:.0f} MiB (flat: ratio {rss4 / rss1:.2f})")

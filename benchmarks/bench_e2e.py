@@ -109,7 +109,8 @@ def main() -> None:
         make_file(path, a.size, 2000)
         configs = {m: [m, str(path), str(a.steps), str(a.batch)] for m in ("floor", "loader", "loader-aug")}
         res = rounds(Path(__file__), configs, a.rounds)
-    print(f"\nbench_e2e: small CNN (4x4/4 patchify conv, 3x3/2 conv, linear head), batch {a.batch} at {a.size} px, float32 NHWC, "
+    print(f"\nbench_e2e: small CNN (4x4/4 patchify conv, 3x3/2 conv, linear head), batch {a.batch} "
+          f"at {a.size} px, float32 NHWC, "
           f"{a.steps} steps, median of {a.rounds} rounds\nmachine: {machine()}\n")
     print("| configuration | step ms | img/s | overhead vs floor |")
     print("|---|---:|---:|---:|")

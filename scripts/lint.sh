@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Style checks; exits non-zero on the first check that fails. Usage: scripts/lint.sh
+#   Python: ruff check with ruff.toml (ruff comes with the test extra; PYTHON picks the
+#   interpreter, default .venv/bin/python).
 #   C++ / CUDA: clang-format --dry-run --Werror over ffi/ and fuzz/ with the repository's
 #   .clang-format (written for clang-format 14, Debian 12's package "clang-format"; installed
 #   with apt-get when missing). To fix what it reports: clang-format -i FILE...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# ---- Python (ruff): to be added here --------------------------------------------------------
-# (reserved for the Python lint step; it runs before the C++ check below)
-# ---------------------------------------------------------------------------------------------
+# ---- Python (ruff) ----
+py=${PYTHON:-.venv/bin/python}
+"$py" -m ruff check --no-cache tbljax tests benchmarks examples
+echo "lint: ruff: clean ($("$py" -m ruff --version))"
 
 # ---- C++ / CUDA (clang-format) ----
 if ! command -v clang-format >/dev/null; then

@@ -62,8 +62,8 @@ class Layout:
 
     Made from a JAX sharding (`create`, from `tbljax.sharding.batch_sharding`) or,
     framework-free, from a rank (`for_rank`). ``ranges``: the distinct (start, stop) row
-    ranges on this process's devices, sorted; each is built once even when several devices hold it (replication). ``devices``: per addressable
-    device, (device, index into ranges).
+    ranges on this process's devices, sorted; each is built once even when several devices
+    hold it (replication). ``devices``: per addressable device, (device, index into ranges).
     """
 
     sharding: object

@@ -42,8 +42,9 @@ class BenchReport:
                  f"  loader alone: {self.produce_img_s:,.0f} img/s produced, {self.consumed_img_s:,.0f} img/s "
                  f"when every byte is read"]
         if self.step_floor_ms is not None:
-            lines += [f"  step on a resident batch (floor): {self.step_floor_ms:.2f} ms = {b / self.step_floor_ms * 1e3:,.0f} img/s",
-                      f"  step fed by the loader:           {self.step_fed_ms:.2f} ms = {b / self.step_fed_ms * 1e3:,.0f} img/s "
+            floor, fed = b / self.step_floor_ms * 1e3, b / self.step_fed_ms * 1e3
+            lines += [f"  step on a resident batch (floor): {self.step_floor_ms:.2f} ms = {floor:,.0f} img/s",
+                      f"  step fed by the loader:           {self.step_fed_ms:.2f} ms = {fed:,.0f} img/s "
                       f"(waited {self.loader_wait_ms:.2f} ms/step for data)"]
             verdict = "INPUT-BOUND" if self.input_bound else "not input-bound"
             lines.append(f"  verdict: {verdict}: the fed step is {100 * self.overhead:+.1f}% vs the floor "

@@ -32,9 +32,10 @@ class HostLoader:
     Yields `HostBatch`es (NumPy views of the ring) for the rows `layout` gives this process.
     A layer on top (`tbljax.Loader` for JAX, the torch and MLX adapters) is a subclass that
     overrides the seams below: `finisher` (what the producer makes of a HostBatch),
-    `pass_bounds` and `pass_ended` (where a pass starts and ends). Iterating runs from the cursor (epoch, position) to the end of epoch
-    ``num_epochs - 1`` (or forever); a pass that ran to its end makes the next one start over
-    at epoch 0; a restored state that is at the end yields nothing.
+    `pass_bounds` and `pass_ended` (where a pass starts and ends). By default iterating runs
+    from the cursor (epoch, position) to the end of epoch ``num_epochs - 1`` (or forever); a
+    pass that ran to its end makes the next one start over at epoch 0; a restored state that
+    is at the end yields nothing.
 
     ``alloc`` and ``before_reuse`` go to the ring (`tbljax.batch.Ring`).
 

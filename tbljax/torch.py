@@ -48,9 +48,9 @@ def _pinned_empty(nbytes: int) -> np.ndarray:
 
 
 def _to_torch(host) -> tuple[_adapter.Batch, list]:
-    """A HostBatch → (tensors, the images tensor that views the ring slot). The images tensor views the ring slot; it holds a reference to
-    the NumPy view, so the slot counts as in use for as long as the tensor (or any tensor
-    sharing its storage: slices, permutes, .view) lives."""
+    """A HostBatch → (tensors, the images tensor, which views the ring slot). It holds a
+    reference to the NumPy view, so the slot counts as in use for as long as the tensor (or
+    any tensor sharing its storage: slices, permutes, .view) lives."""
     torch = _torch()
     img = host.image
     if img.dtype.name == "bfloat16":  # torch.from_numpy knows no ml_dtypes: same bits as int16

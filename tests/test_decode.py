@@ -478,7 +478,7 @@ def test_mutations_never_crash(jpeg):
     rnd = random.Random(7)
     base = bytearray(jpeg)
     ok = 0
-    for i in range(300):
+    for _i in range(300):
         b = bytearray(base)
         for _ in range(rnd.randint(1, 8)):
             op = rnd.random()
@@ -667,7 +667,8 @@ def np_resize(img: np.ndarray, out_h: int, out_w: int, box: tuple[float, float, 
     bx, by, bw, bh = box
     wy, wx = _taps(h, by, bh, out_h), _taps(w, bx, bw, out_w)
     # Only the rows and columns with a weight (faster, same sums).
-    (r0, r1), (c0, c1) = [(int(nz[0]), int(nz[-1]) + 1) for nz in (np.flatnonzero(wy.any(0)), np.flatnonzero(wx.any(0)))]
+    (r0, r1), (c0, c1) = [(int(nz[0]), int(nz[-1]) + 1)
+                          for nz in (np.flatnonzero(wy.any(0)), np.flatnonzero(wx.any(0)))]
     src = img[r0:r1, c0:c1].reshape(r1 - r0, (c1 - c0) * 3).astype(np.float64)
     mid = np.clip((((wy[:, r0:r1] @ src).astype(np.int64)) + 64) >> 7, 0, 255 << 7)
     out = wx[:, c0:c1] @ mid.reshape(out_h, c1 - c0, 3).astype(np.float64)

@@ -296,7 +296,7 @@ def test_damaged_dataset_metadata(tmp_path, name, kind):
     w.finalize(meta if isinstance(meta, str) else json.dumps(meta))
     ds = tbljax.open(p)  # the header, index and block checksum are fine: open is O(1)
     with pytest.raises(tbljax.CorruptFileError, match=f"m.tbl: .*{match}"):
-        ds.labels
+        ds.labels  # noqa: B018 - reading the property is the test
     with pytest.raises(tbljax.CorruptFileError, match=match):
         tbljax.loader(p, 2)
 
@@ -433,4 +433,4 @@ def test_foreign_per_sample_metadata(tmp_path):
     assert ds.labels.tolist() == [4, -1, -1] and ds.keys == ["a", "", ""]
     _with_sample_metadata(p, [(1, b'{"label": 1180591620717411303424}')])
     with pytest.raises(tbljax.CorruptFileError, match="record 1: label 1180591620717411303424 does not fit in int64"):
-        tbljax.open(p).labels
+        tbljax.open(p).labels  # noqa: B018 - reading the property is the test

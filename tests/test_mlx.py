@@ -56,7 +56,7 @@ def test_same_order_and_pixels_as_the_jax_loader_and_numpy(data, dtype, layout):
         np.testing.assert_array_equal(bits(x), w["image"].view(bits(x).dtype))
     # Without augmentation, straight against the NumPy normalization.
     if dtype != "uint8":
-        for s, batch in enumerate(tbljax.mlx.loader(path, B, seed=7, dtype=dtype, layout=layout)):
+        for batch in tbljax.mlx.loader(path, B, seed=7, dtype=dtype, layout=layout):
             idx = np.array(batch.index)
             ref = T.normalize(imgs[idx], MEAN, STD, np.dtype(w["image"].dtype), layout)
             np.testing.assert_array_equal(bits(batch[0]), ref.view(bits(batch[0]).dtype))
@@ -66,7 +66,7 @@ def test_batches_own_their_memory_and_the_ring_is_recycled(data):
     imgs, _, path = data
     ld = tbljax.mlx.loader(path, B, seed=2, prefetch=1)
     kept = []
-    for epoch in range(3):
+    for _epoch in range(3):
         kept += list(ld)
     gc.collect()
     assert ld.metrics()["slots_replaced"] == 0  # copied out: the ring never waits on a batch

@@ -3,6 +3,7 @@ NumPy reference written here from the formulas of ffi/core/kernel.h, bit for bit
 dtype x layout x crop x flip, eager and under jit; the normalization contract for all 256
 values of every channel; errors (eager and from inside jit); donated outputs; the dataset as
 an operand; and per-shard execution on 8 CPU devices (a subprocess)."""
+import functools
 import os
 import subprocess
 import sys
@@ -126,8 +127,10 @@ def test_int64_indices_and_uint8_flips_and_random_resized_crops():
     flips = augment.flips(idx, seed=5, epoch=2).astype(np.uint8)
     want = oracle.gather(RECORDS, idx, (7, 8), boxes, flips, np.float32, "NHWC", *PLAIN)
     for backend in ("ffi", "twin"):
-        f = jax.jit(lambda d, i, c, fl: ops.gather_normalize(d, i, crop=c, flip=fl,
-                                                             out_size=(7, 8), backend=backend))
+        f = jax.jit(functools.partial(
+            lambda d, i, c, fl, backend: ops.gather_normalize(d, i, crop=c, flip=fl,
+                                                              out_size=(7, 8), backend=backend),
+            backend=backend))
         assert same(f(jnp.asarray(RECORDS), idx, boxes, flips), want), backend
 
 

@@ -118,8 +118,8 @@ def test_held_tensors_are_never_overwritten(data):
     imgs, _, path = data
     ld = tbljax.torch.loader(path, B, seed=2, prefetch=1)
     kept = []
-    for epoch in range(3):
-        for x, y in ld:
+    for _epoch in range(3):
+        for x, _y in ld:
             kept.append((x, ld.state_dict()))
     assert ld.metrics()["slots_replaced"] > 0
     ld = tbljax.torch.loader(path, B, seed=2, prefetch=1)
@@ -162,7 +162,7 @@ def stream(ld, epochs, start_epoch=0, stop_after=None):
     out = []
     for epoch in range(start_epoch, epochs):
         ld.set_epoch(epoch)
-        for x, y in ld:
+        for x, _y in ld:
             out.append(x.numpy().copy())
             if stop_after is not None and len(out) == stop_after:
                 return out
@@ -204,7 +204,7 @@ def test_set_epoch_len_and_dataloader_attributes(data):
     assert len(list(ld)) == len(ld) and ld.state_dict()["epoch"] == 1  # one epoch per pass
     assert len(list(ld)) == len(ld) and ld.state_dict()["epoch"] == 2  # passes move on
     ld.set_epoch(0)
-    for step, batch in enumerate(ld):
+    for step, _batch in enumerate(ld):
         if step == 2:
             break
     ld.set_epoch(0)  # the cursor is inside epoch 0: continue there
@@ -287,7 +287,8 @@ dist.destroy_process_group()
 def test_two_gloo_processes_split_an_epoch(data):
     _, _, path = data
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", GLOO_CHILD, str(r), port, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([sys.executable, "-c", GLOO_CHILD, str(r), port, str(path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(2)]
     outs = []
     try:
@@ -326,7 +327,7 @@ def test_the_cuda_path_with_cuda_faked(data, monkeypatch):
     assert isinstance(slot._owner.base, torch.Tensor)  # the ring's memory is torch's
     kept = [b for _, b in zip(range(3), ld)]
     dropped = 0
-    for x, _ in ld:
+    for _x, _ in ld:
         dropped += 1
     assert syncs and set(syncs) == {0}
     for b in kept:  # held ones intact (their slots were replaced, not rewritten)
