@@ -1,8 +1,21 @@
-"""The `tbljax` command: convert | info | verify | demo."""
+"""The `tbljax` command, six subcommands:
+
+  convert  decode TAR shards, an image folder or image files once into a TBL file
+  info     describe TBL files (records, format, shapes, labels, classes, recipe, skipped items)
+  verify   check every record's checksum
+  show     draw a PNG grid of samples, as stored or as the loader serves them
+  bench    is the input pipeline the bottleneck? loader img/s and a verdict
+  demo     make a small dataset, convert it, train a JAX model on it
+
+Exit status: 0 on success; 1 for bad data (a corrupt file, a strict conversion that met a bad
+image, a conversion that could write nothing); 2 for usage errors (bad arguments, a missing
+input file, an output that exists); 130 when interrupted.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from typing import Any
@@ -13,17 +26,20 @@ import numpy as np
 def _cmd_convert(a: argparse.Namespace) -> int:
     import tbljax
 
-    try:
-        summary = tbljax.convert(a.sources, a.output, image_size=a.image_size, resize=a.resize,
-                                 format=a.format, threads=a.threads, strict=a.strict,
-                                 overwrite=a.overwrite, shard=a.shard, progress=not a.quiet)
-    except tbljax.ConversionError as e:
-        print(f"tbljax convert: {e}", file=sys.stderr)
-        for s in e.skipped:
-            print(f"  {s['key']} ({s['source']}): {s['reason']}", file=sys.stderr)
-        return 1
+    summary = tbljax.convert(a.sources, a.output, image_size=a.image_size, resize=a.resize,
+                             format=a.format, threads=a.threads, strict=a.strict,
+                             overwrite=a.overwrite, shard=a.shard, classes=a.classes,
+                             label_ext=a.label_ext, progress=False if a.quiet else None,
+                             progress_interval=a.progress_interval)
     print(summary)
     return 0
+
+
+def _require_files(paths: list[str]) -> None:
+    """Input files must exist: a missing one is a usage error (exit 2), not bad data."""
+    for p in paths:
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"no such file: {p}")
 
 
 def _describe(path: str) -> dict[str, Any]:
@@ -53,6 +69,7 @@ def _describe(path: str) -> dict[str, Any]:
 
 
 def _cmd_info(a: argparse.Namespace) -> int:
+    _require_files(a.files)
     for path in a.files:
         d = _describe(path)
         if a.json:
@@ -92,11 +109,12 @@ def _histogram(sizes: dict[str, Any], width: int = 40) -> str:
 def _cmd_verify(a: argparse.Namespace) -> int:
     import tbljax
 
+    _require_files(a.files)
     bad_total = 0
     for path in a.files:
         try:
             ds = tbljax.open(path)
-        except (tbljax.CorruptFileError, OSError) as e:
+        except tbljax.CorruptFileError as e:
             print(f"FAIL {e}")
             bad_total += 1
             continue
@@ -114,6 +132,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 def _cmd_bench(a: argparse.Namespace) -> int:
     from tbljax.benchmark import bench
 
+    _require_files([a.file])
     r = bench(a.file, batch_size=a.batch_size, step=a.step, steps=a.steps, dtype=a.dtype, layout=a.layout,
               augment=a.augment, threads=a.threads, prefetch=a.prefetch)
     print(json.dumps(r.asdict()) if a.json else r)
@@ -123,6 +142,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 def _cmd_show(a: argparse.Namespace) -> int:
     from tbljax.show import save_grid_png
 
+    _require_files([a.file])
     out = save_grid_png(a.file, a.out, count=a.count, columns=a.columns, augment=a.augment,
                         seed=a.seed, epoch=a.epoch)
     print(f"wrote {out}")
@@ -135,75 +155,144 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     return demo.main(steps=a.steps, workdir=a.workdir)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tbljax", description="Decode once into a TBL file; serve every epoch to JAX.")
-    sub = p.add_subparsers(dest="command", required=True)
+def _version() -> str:
+    from tbljax import _core
 
-    c = sub.add_parser("convert", help="decode TAR shards / an image folder / image files into a TBL file")
-    c.add_argument("sources", nargs="+", help="TAR shards (brace patterns ok), an image folder, or image files")
+    return f"tbljax {_core.native_info()['version']}"
+
+
+class _VersionAction(argparse.Action):
+    """--version, reading the version only when asked (the native module loads then)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any):
+        super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(_version())
+        parser.exit()
+
+
+THREADS_HELP = "threads for decoding (default: all CPUs this process may use, or TBLJAX_NUM_THREADS)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `tbljax` argument parser (every option has a help text; tests hold it to that)."""
+    p = argparse.ArgumentParser(prog="tbljax", description="Decode once into a TBL file; serve every epoch to JAX.",
+                                epilog="exit status: 0 ok; 1 bad data; 2 usage error; 130 interrupted")
+    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("convert", help="decode TAR shards / an image folder / image files into a TBL file",
+                       description="Decode a dataset once into a TBL file (tbljax.convert).")
+    c.add_argument("sources", nargs="+",
+                   help="TAR shards (brace patterns as bash expands them: 'train-{000..099}.tar'), "
+                        "an image folder with one subfolder per class, or image files")
     c.add_argument("-o", "--output", required=True, help="destination .tbl file")
-    c.add_argument("-s", "--image-size", type=int, required=True, help="output side in pixels")
-    c.add_argument("--resize", default="center_crop", choices=["center_crop", "squash", "max_side"])
-    c.add_argument("--format", default="raw", choices=["raw", "jpeg", "lz4"])
-    c.add_argument("--threads", type=int, default=None)
-    c.add_argument("--strict", action="store_true", help="stop (and write nothing) at the first bad image")
+    c.add_argument("-s", "--image-size", type=int, required=True, metavar="SIZE",
+                   help="output side in pixels")
+    c.add_argument("--resize", default="center_crop", choices=["center_crop", "squash", "max_side"],
+                   help="center_crop: shorter side to SIZE, then the central square (default); "
+                        "squash: SIZE x SIZE ignoring aspect; max_side: longer side SIZE, aspect kept")
+    c.add_argument("--format", default="raw", choices=["raw", "jpeg", "lz4"],
+                   help="raw: decoded pixels, fastest to serve (default); jpeg: the source JPEG "
+                        "bytes, smallest; lz4: raw pixels LZ4-compressed")
+    c.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
+    c.add_argument("--classes", default=None, metavar="FILE",
+                   help="class names in id order, one per line: labels that are names take their id "
+                        "from it (needed with --shard when TAR labels are names)")
+    c.add_argument("--label-ext", default=None, metavar="EXT",
+                   help="the TAR member holding the label, e.g. txt (default: the first of "
+                        "cls, cls2, label, json)")
+    c.add_argument("--strict", action="store_true", help="stop (and write nothing) at the first bad image or label")
     c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     c.add_argument("--shard", default=None, metavar="I/N",
                    help="convert only share I of N (0-based) of the sources, for parallel jobs; "
                         "'{shard}' in the output name becomes IIIII-of-NNNNN")
-    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress report")
+    c.add_argument("--progress-interval", type=float, default=None, metavar="SECONDS",
+                   help="seconds between progress reports (default: 0.5 on a terminal, 10 in logs)")
     c.set_defaults(fn=_cmd_convert)
 
-    i = sub.add_parser("info", help="describe TBL files")
-    i.add_argument("files", nargs="+")
-    i.add_argument("--json", action="store_true")
+    i = sub.add_parser("info", help="describe TBL files",
+                       description="Records, format, shapes, labels, classes, recipe and skipped items of TBL files.")
+    i.add_argument("files", nargs="+", metavar="FILE", help="TBL files")
+    i.add_argument("--json", action="store_true", help="one JSON object per file, for scripts")
     i.set_defaults(fn=_cmd_info)
 
-    v = sub.add_parser("verify", help="check every record's checksum")
-    v.add_argument("files", nargs="+")
-    v.add_argument("--threads", type=int, default=None)
+    v = sub.add_parser("verify", help="check every record's checksum",
+                       description="Check every record's CRC-16; exit 1 naming each bad file or record.")
+    v.add_argument("files", nargs="+", metavar="FILE", help="TBL files")
+    v.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="threads checking records (default: all CPUs, or TBLJAX_NUM_THREADS)")
     v.set_defaults(fn=_cmd_verify)
 
-    b = sub.add_parser("bench", help="is the input pipeline the bottleneck? loader img/s and a verdict")
-    b.add_argument("file")
-    b.add_argument("--batch-size", type=int, default=256)
+    b = sub.add_parser("bench", help="is the input pipeline the bottleneck? loader img/s and a verdict",
+                       description="Measure the loader alone and, with --step, against your step.")
+    b.add_argument("file", metavar="FILE", help="a TBL file")
+    b.add_argument("--batch-size", type=int, default=256, metavar="B", help="global batch size (default 256)")
     b.add_argument("--step", default=None, metavar="MODULE:FUNCTION",
                    help="your training step: a callable taking the batch dict (image, label, index) and "
                         "returning something to block on; keep model state in a closure")
-    b.add_argument("--steps", type=int, default=30)
-    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "uint8"])
-    b.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"])
-    b.add_argument("--augment", default=None, choices=["flip", "rrc_flip"])
-    b.add_argument("--threads", type=int, default=None)
-    b.add_argument("--prefetch", type=int, default=2)
+    b.add_argument("--steps", type=int, default=30, metavar="N", help="steps to time (default 30)")
+    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "uint8"],
+                   help="batch dtype (default float32)")
+    b.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"], help="batch layout (default NHWC)")
+    b.add_argument("--augment", default=None, choices=["flip", "rrc_flip"],
+                   help="augmentation: flip, or random-resized-crop + flip (default none)")
+    b.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="threads decoding non-RAW records (default: all CPUs, or TBLJAX_NUM_THREADS)")
+    b.add_argument("--prefetch", type=int, default=2, metavar="P", help="batches prepared ahead (default 2)")
     b.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     b.set_defaults(fn=_cmd_bench)
 
-    s = sub.add_parser("show", help="a PNG grid of samples with labels, optionally as augmented for training")
-    s.add_argument("file")
-    s.add_argument("--out", default="grid.png")
-    s.add_argument("--count", type=int, default=16)
-    s.add_argument("--columns", type=int, default=8)
+    s = sub.add_parser("show", help="a PNG grid of samples with labels, optionally as augmented for training",
+                       description="Draw the first records with their labels or class names as a PNG.")
+    s.add_argument("file", metavar="FILE", help="a TBL file")
+    s.add_argument("--out", default="grid.png", help="the PNG to write (default grid.png)")
+    s.add_argument("--count", type=int, default=16, metavar="N", help="records to draw (default 16)")
+    s.add_argument("--columns", type=int, default=8, metavar="C", help="tiles per row (default 8)")
     s.add_argument("--augment", default=None, choices=["flip", "rrc_flip"],
                    help="show the records as the loader serves them with this augmentation")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--epoch", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, metavar="S", help="the loader seed for --augment (default 0)")
+    s.add_argument("--epoch", type=int, default=0, metavar="E", help="the epoch for --augment (default 0)")
     s.set_defaults(fn=_cmd_show)
 
-    d = sub.add_parser("demo", help="make a small dataset, convert it, train a JAX model on it")
-    d.add_argument("--steps", type=int, default=300)
-    d.add_argument("--workdir", default=None, help="where to put the demo files (default: a temp dir)")
+    d = sub.add_parser("demo", help="make a small dataset, convert it, train a JAX model on it",
+                       description="Make labelled JPEG shards, convert them, train a small CNN on the loader.")
+    d.add_argument("--steps", type=int, default=300, metavar="N", help="training steps (default 300)")
+    d.add_argument("--workdir", default=None, metavar="DIR", help="where to put the demo files (default: a temp dir)")
     d.set_defaults(fn=_cmd_demo)
+    return p
 
-    a = p.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    import tbljax  # after parsing: --help and usage errors stay quick
+
     try:
         return a.fn(a)
-    except (ValueError, OSError) as e:  # bad input: one clear line, not a traceback
-        print(f"tbljax {a.command}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+    except (tbljax.ConversionError, tbljax.CorruptFileError, tbljax.DecodeError) as e:
+        return _fail(a.command, e, 1)  # bad data (both errors subclass ValueError: caught first)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError,
+            NotADirectoryError, PermissionError) as e:
+        return _fail(a.command, e, 2)  # usage: bad arguments, a missing input, an existing output
+    except OSError as e:
+        return _fail(a.command, e, 1)  # the system failed us (disk full, I/O error)
     except KeyboardInterrupt:
         print(f"tbljax {a.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _fail(command: str, e: BaseException, status: int) -> int:
+    """One clear line on stderr, no traceback; then the bad items a conversion met, one a line."""
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    print(f"tbljax {command}: error: {msg}", file=sys.stderr)
+    skipped = getattr(e, "skipped", None) or []
+    for s in skipped[:50]:
+        print(f"  {s['key']} ({s['source']}): {s['reason']}", file=sys.stderr)
+    if len(skipped) > 50:
+        print(f"  ... and {len(skipped) - 50} more", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

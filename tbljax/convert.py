@@ -3,6 +3,8 @@
 Items stream from a source (tbljax.sources) in chunks; JPEGs are decoded and resized in the
 C++ pool with the GIL released, other formats through Pillow with the same C++ resize; good
 records are written in source order by the streaming writer, bad ones skipped and reported.
+Labels arrive as ids or class names and leave as ids against one classes table
+(`_LabelTable`); progress goes to stderr in the form that suits where it goes (`_Progress`).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,34 +30,47 @@ CHUNK = 32  # items decoded per call into the C++ pool: peak RSS flat in N (256 
 
 
 class ConversionError(RuntimeError):
-    """A strict conversion met bad input; `.skipped` lists every bad item (key, source, reason)."""
+    """A conversion that cannot give a sound file: a strict run met bad input, no record could
+    be written, or the labels cannot be made into one classes table. `.skipped` lists the bad
+    items (key, source, reason). Nothing is left at the destination, and a file that was
+    already there (overwrite=True) is kept as it was."""
 
-    def __init__(self, message: str, skipped: list[dict[str, str]]):
+    def __init__(self, message: str, skipped: list[dict[str, str]] | None = None):
         super().__init__(message)
-        self.skipped = skipped
+        self.skipped = list(skipped or [])
 
 
 @dataclasses.dataclass
 class ConvertSummary:
-    """What a conversion did."""
+    """What a conversion did. `label_errors` lists the written records whose label could not
+    be read (their label is -1), each {'key', 'source', 'reason'}."""
 
     dst: str
     written: int
     skipped: list[dict[str, str]]
     seconds: float
     bytes: int
+    label_errors: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    classes: list[str] | None = None
 
     @property
     def images_per_second(self) -> float:
         return (self.written + len(self.skipped)) / self.seconds if self.seconds > 0 else 0.0
 
     def __str__(self) -> str:
-        lines = [f"wrote {self.written} records to {self.dst} ({self.bytes / 2**20:.1f} MiB) in "
-                 f"{self.seconds:.1f} s ({self.images_per_second:.0f} img/s); skipped {len(self.skipped)}"]
-        for s in self.skipped[:20]:
-            lines.append(f"  skipped {s['key']} ({s['source']}): {s['reason']}")
-        if len(self.skipped) > 20:
-            lines.append(f"  ... and {len(self.skipped) - 20} more (Dataset.skipped lists all)")
+        head = (f"wrote {self.written} records to {self.dst} ({self.bytes / 2**20:.1f} MiB) in "
+                f"{self.seconds:.1f} s ({self.images_per_second:.0f} img/s); skipped {len(self.skipped)}")
+        if self.label_errors:
+            head += f"; labels unreadable {len(self.label_errors)}"
+        if self.classes:
+            head += f"; classes {len(self.classes)}"
+        lines = [head]
+        for title, items in (("skipped", self.skipped), ("label unreadable", self.label_errors)):
+            for s in items[:20]:
+                lines.append(f"  {title} {s['key']} ({s['source']}): {s['reason']}")
+            if len(items) > 20:
+                where = "Dataset.skipped lists all" if title == "skipped" else "summary.label_errors lists all"
+                lines.append(f"  ... and {len(items) - 20} more ({where})")
         return "\n".join(lines)
 
 
@@ -190,22 +205,165 @@ def _chunks(items: Iterable[_sources.Item], n: int) -> Iterator[list[_sources.It
         yield chunk
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled = total, enabled
-        self.t0 = self.last = time.perf_counter()
+def _in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (whose stderr is no terminal, yet is watched)."""
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
-    def update(self, done: int, skipped: int, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not self.enabled or (not force and now - self.last < 0.5):
+
+def _progress_mode(progress: bool | None) -> str | None:
+    """None (off), 'notebook' (a tqdm.auto bar), 'tty' (one line redrawn in place) or 'log'
+    (a line every interval: Slurm logs, CI, files)."""
+    if progress is False:
+        return None
+    if _in_notebook():
+        try:
+            import tqdm.auto  # noqa: F401 - optional
+            return "notebook"
+        except ImportError:
+            return "tty"  # Jupyter renders carriage returns
+    try:
+        return "tty" if sys.stderr.isatty() else "log"
+    except (AttributeError, ValueError):  # no stderr, or a closed one
+        return "log"
+
+
+def _duration(s: float) -> str:
+    s = max(0.0, s)
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+class _Progress:
+    """Conversion progress on stderr in the form that suits where it goes (`_progress_mode`):
+    count, percentage, rate, skipped items, elapsed time and ETA. `interval` is the time
+    between reports (default 0.5 s redrawn on a terminal, 10 s as lines in a log)."""
+
+    def __init__(self, total: int, mode: str | None, interval: float | None,
+                 clock: Callable[[], float] = time.monotonic, stream: Any = None):
+        self.total, self.mode, self.clock = total, mode, clock
+        self.interval = interval if interval is not None else (10.0 if mode == "log" else 0.5)
+        self.stream = stream
+        self.t0 = self.last = clock()
+        self.width = 0
+        self.bar: Any = None
+        if mode == "notebook":
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit="img", desc="convert", smoothing=0.1)
+
+    def _write(self, text: str, final: bool = False) -> None:
+        out = self.stream or sys.stderr
+        if self.mode == "log":
+            out.write(text + "\n")
+        else:
+            out.write("\r" + text.ljust(self.width) + ("\n" if final else ""))
+            self.width = 0 if final else len(text)
+        out.flush()
+
+    def counting(self, done: int, shards: int) -> None:
+        """Reports the pass that counts the images of compressed TAR shards."""
+        now = self.clock()
+        if self.mode is None or (now - self.last < self.interval and done < shards):
             return
         self.last = now
-        rate = done / max(now - self.t0, 1e-9)
-        pct = 100.0 * done / self.total if self.total else 100.0
-        sys.stderr.write(f"\rconvert: {done}/{self.total} ({pct:.0f}%) {rate:.0f} img/s, {skipped} skipped")
-        if force:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        self._write(f"convert: counting images in compressed TAR shards: {done}/{shards} shards, "
+                    f"{_duration(now - self.t0)}", final=done == shards and self.mode != "log")
+
+    def start(self, total: int) -> None:
+        """Conversion proper starts (after any counting pass)."""
+        self.total = total
+        self.t0 = self.last = self.clock()
+        if self.bar is not None:
+            self.bar.reset(total=total)
+
+    def update(self, done: int, skipped: int, final: bool = False) -> None:
+        if self.mode is None:
+            return
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+            self.bar.set_postfix(skipped=skipped, refresh=False)
+            if final:
+                self.bar.close()
+            return
+        now = self.clock()
+        if not final and now - self.last < self.interval:
+            return
+        self.last = now
+        elapsed = now - self.t0
+        rate = done / elapsed if elapsed > 0 else 0.0
+        total = max(self.total, done)  # the count bounds images; samples without one count too
+        pct = 100.0 * done / total if total else 100.0
+        text = (f"convert: {done}/{total} ({pct:.0f}%), {rate:.0f} img/s, {skipped} skipped, "
+                f"{_duration(elapsed)} elapsed")
+        if final:
+            text += ", done"
+        else:
+            left = total - done
+            text += f", ETA {_duration(left / rate)}" if rate > 0 else ", ETA ?"
+        self._write(text, final)
+
+
+class _LabelTable:
+    """Labels as int ids against one classes table.
+
+    With a table (given, or known before reading: an image folder's subfolders, the labels= of
+    arrays and file lists) names map through it and ids must lie in [-1, len). Without one,
+    ids pass through and names are collected; at the end they get ids in sorted order, so every
+    conversion that sees the same names makes the same table. A sharded conversion of TAR
+    shards sees only some names, so there a name without a table is an error."""
+
+    def __init__(self, classes: list[str] | None, sharded: bool):
+        self.classes = classes
+        self.index = {c: i for i, c in enumerate(classes)} if classes is not None else None
+        self.sharded = sharded
+        self.values: list[int | str] = []
+        self.first_id: tuple[str, int] | None = None
+        self.first_name: tuple[str, str] | None = None
+
+    def add(self, key: str, label: int | str) -> str | None:
+        """Records one written record's label; returns why it is unusable (then it is -1)."""
+        if self.index is not None:
+            if isinstance(label, str):
+                i = self.index.get(label, -1)
+                self.values.append(i)
+                return None if i >= 0 else f"class name {label!r} is not in classes"
+            ok = -1 <= label < len(self.index)
+            self.values.append(label if ok else -1)
+            return None if ok else f"label id {label} is out of range for {len(self.index)} classes"
+        if isinstance(label, str):
+            if self.sharded:
+                raise ConversionError(
+                    f"record {key} is labelled by class name ({label!r}), and this is a sharded "
+                    "conversion: each job sees only some names, so tables sorted per job would give "
+                    "the same class different ids. Pass the full list of names as classes= (CLI: "
+                    "--classes FILE, one name per line)")
+            self.first_name = self.first_name or (key, label)
+        elif label != -1:
+            self.first_id = self.first_id or (key, label)
+        if self.first_name and self.first_id:
+            raise ConversionError(
+                f"labels mix integer ids (record {self.first_id[0]}: {self.first_id[1]}) and class "
+                f"names (record {self.first_name[0]}: {self.first_name[1]!r}); pass classes= to say "
+                "which id each name has")
+        self.values.append(label)
+        return None
+
+    def finish(self) -> tuple[np.ndarray, list[str] | None]:
+        if self.index is None and self.first_name is not None:
+            table = sorted({v for v in self.values if isinstance(v, str)})
+            ids = {c: i for i, c in enumerate(table)}
+            return np.array([ids[v] if isinstance(v, str) else v for v in self.values], np.int64), table
+        return np.asarray(self.values, np.int64).reshape(-1), self.classes
 
 
 def _decode_chunk(chunk: list[_sources.Item], size: int, mode: str, threads: int,
@@ -251,26 +409,46 @@ def convert(
     threads: int | None = None,
     strict: bool = False,
     overwrite: bool = False,
-    labels: Sequence[int] | None = None,
+    labels: Sequence[int | str] | None = None,
+    classes: Sequence[str] | str | os.PathLike | None = None,
+    label_ext: str | None = None,
     shard: tuple[int, int] | str | None = None,
     progress: bool | None = None,
+    progress_interval: float | None = None,
 ) -> ConvertSummary:
     """Decodes `sources` once into the TBL file `dst`.
 
-    sources: WebDataset TAR shards (a path, a brace pattern such as 'train-{000..099}.tar', or
-      a list), an image folder with one subfolder per class, a list of image files, or numpy
-      arrays ((N, H, W, 3) uint8 or a list of (H, W[, 3]) arrays) with `labels`.
+    sources: WebDataset TAR shards (a path, a brace pattern such as 'train-{000..099}.tar' —
+      expanded exactly as bash does —, or a list), an image folder with one subfolder per
+      class, a list of image files, or images in memory: a uint8 (N, H, W, 3) or (N, H, W)
+      array, a list of (H, W[, C]) arrays or (B, H, W, C) batches, a tuple (images, labels) or
+      a dict {'image': images, 'label': labels}. A source named twice is an error.
     image_size: output side S. resize: 'center_crop' (shorter side to S, then the centre S×S;
       default), 'squash' (S×S ignoring aspect) or 'max_side' (longer side S, aspect kept).
     format: 'raw' (decoded uint8: fastest to serve), 'jpeg' (the original JPEG bytes: smallest;
       decoded with this recipe when served), or 'lz4' (LZ4-compressed RAW).
+    labels: integer ids or class names for arrays and file lists.
+    classes: the class names, in id order: a list, or a text file of one name per line. Names
+      met in the data (TAR `.cls`/`.json` holding e.g. 'n01440764', labels= names, subfolders)
+      take their id from it. Without it, names get ids in sorted order and integer ids stay as
+      they are (`Dataset.classes` is then None: no names are invented). A sharded conversion
+      of TAR shards labelled by name needs it, so that every job gives a name the same id.
+    label_ext: the TAR member that holds the label (e.g. 'txt'); default: the first of .cls,
+      .cls2, .label, .json. Records whose label member cannot be read are written with label
+      -1 and listed in `summary.label_errors` (strict=True stops on them).
     Bad items (corrupt, truncated, empty, not an image) are skipped and listed in the summary
     and in the file; with strict=True the first chunk holding one stops the conversion with
-    ConversionError and nothing is written. An existing dst is kept unless overwrite=True.
+    ConversionError and nothing is written. A conversion that would write no record raises
+    ConversionError. An existing dst is kept unless overwrite=True, and is replaced only when
+    the new file is complete.
     shard: (i, n) or "i/n" converts only the i-th of n contiguous shares of the sources (whole
       TAR files for shards; items otherwise), so n jobs on any runner convert in parallel;
       `tbljax.open([part_0, ..., part_n-1])` then reads exactly the single-job dataset.
       A '{shard}' in dst becomes 'iiiii-of-nnnnn'.
+    progress: None or True: report on stderr — a line redrawn on a terminal, a tqdm bar in
+      Jupyter (when tqdm is installed), and elsewhere (Slurm logs, CI) one line every
+      progress_interval seconds (default 10; 0.5 on a terminal) with count, rate and ETA.
+      False: silent.
 
     >>> s = tbljax.convert("train-{000..099}.tar", "train.tbl", image_size=160)
     >>> print(s)
@@ -290,23 +468,38 @@ def convert(
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
                                 or not 1 <= threads <= 1024):
         raise ValueError(f"threads must be an integer in [1, 1024] or None (all CPUs), got {threads!r}")
+    if progress not in (None, True, False):
+        raise ValueError(f"progress must be None, True or False, got {progress!r}")
+    if progress_interval is not None and (isinstance(progress_interval, bool) or not isinstance(
+            progress_interval, (int, float)) or not progress_interval > 0):
+        raise ValueError(f"progress_interval must be a positive number of seconds, got {progress_interval!r}")
+    if label_ext is not None and (not isinstance(label_ext, str) or not label_ext or "/" in label_ext):
+        raise ValueError(f"label_ext must be a member extension such as 'txt' or 'cls', got {label_ext!r}")
     if os.path.exists(dst) and not overwrite:
         raise FileExistsError(f"{dst} already exists (pass overwrite=True to replace it)")
-    src = _sources.resolve(sources, labels)
+    out_dir = os.path.dirname(os.path.abspath(dst))
+    if not os.path.isdir(out_dir):
+        raise FileNotFoundError(f"destination directory does not exist: {out_dir}")
+    table = _sources.load_classes(classes)
+    src = _sources.resolve(sources, labels, table, label_ext.lower() if label_ext else None)
     if shard is not None:
         src = src.select(*shard)
     size = int(image_size)
     nthreads = threads or _core.native_info()["default_threads"]
-    progress = sys.stderr.isatty() if progress is None else progress
-    total = src.count()
+    bar = _Progress(0, _progress_mode(progress), progress_interval)
+    total = src.count(bar.counting if src.count_is_slow else None)
+    if total == 0:
+        raise ConversionError(f"no record to write: the sources hold no images ({_describe(src)}); "
+                              f"{dst} was not written")
 
     t0 = time.perf_counter()
     keys: list[str] = []
-    out_labels: list[int] = []
+    label_table = _LabelTable(src.classes, sharded=shard is not None)
+    label_errors: list[dict[str, str]] = []
     src_w: list[int] = []
     src_h: list[int] = []
     skipped: list[dict[str, str]] = []
-    bar = _Progress(total, progress)
+    bar.start(total)
     seen = 0
     with Writer(dst, total, overwrite=overwrite) as w, ThreadPoolExecutor(nthreads) as pool, \
             ThreadPoolExecutor(1, thread_name_prefix="tbljax-convert-decode") as decoder:
@@ -316,12 +509,21 @@ def convert(
         for chunk, results in _decode_ahead(_prefetch(_chunks(src, CHUNK)), decode, decoder):
             bad = [{"key": it.key, "source": it.source, "reason": r}
                    for it, r in zip(chunk, results) if isinstance(r, str)]
-            if bad and strict:
-                skipped.extend(bad)
+            bad_labels = []
+            for it, r in zip(chunk, results):
+                if not isinstance(r, str):
+                    problem = label_table.add(it.key, -1 if it.label_error else it.label)
+                    if it.label_error or problem:
+                        bad_labels.append({"key": it.key, "source": it.source,
+                                           "reason": it.label_error or problem})
+            if strict and (bad or bad_labels):
+                skipped.extend(bad + [dict(b, reason=f"label unreadable: {b['reason']}") for b in bad_labels])
+                first = skipped[0]
                 raise ConversionError(
-                    f"strict conversion stopped: {len(bad)} bad item(s), first {bad[0]['key']} "
-                    f"({bad[0]['source']}): {bad[0]['reason']}; {dst} was not written", skipped)
+                    f"strict conversion stopped: {len(bad) + len(bad_labels)} bad item(s), first "
+                    f"{first['key']} ({first['source']}): {first['reason']}; {dst} was not written", skipped)
             skipped.extend(bad)
+            label_errors.extend(bad_labels)
             for it, r in zip(chunk, results):
                 if isinstance(r, str):
                     continue
@@ -333,20 +535,31 @@ def convert(
                 else:
                     w.add_raw(r, lz4=(format == "lz4"))
                 keys.append(it.key)
-                out_labels.append(it.label)
             seen += len(chunk)
             bar.update(seen, len(skipped))
+        if not keys:
+            first = f"; first: {skipped[0]['key']} ({skipped[0]['source']}): {skipped[0]['reason']}" if skipped else ""
+            raise ConversionError(f"no record written: all {seen} items were skipped{first}; "
+                                  f"{dst} was not written", skipped)
+        out_labels, out_classes = label_table.finish()
         w.set_metadata(
-            labels=np.asarray(out_labels, np.int64), keys=keys, classes=src.classes, skipped=skipped,
+            labels=out_labels, keys=keys, classes=out_classes, skipped=skipped,
             recipe={
                 "image_size": size, "resize": resize, "format": format,
                 "idct": "islow", "resize_filter": _core.native_info().get("resize_filter", ""),
                 "sources": src.describe(), "shard": list(shard) if shard else None,
+                "label_errors": len(label_errors),
                 "source_sizes": size_histogram(src_w, src_h), "tbljax": _core.native_info()["version"],
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             },
         )
-    bar.update(seen, len(skipped), force=True)
+    bar.update(seen, len(skipped), final=True)
     summary = ConvertSummary(dst=dst, written=len(keys), skipped=skipped,
-                             seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst))
+                             seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst),
+                             label_errors=label_errors, classes=out_classes)
     return summary
+
+
+def _describe(src: Any) -> str:
+    d = src.describe()
+    return ", ".join(d[:3]) + (f" and {len(d) - 3} more" if len(d) > 3 else "")

@@ -50,3 +50,41 @@ def test_info_prints_source_size_histogram(caltech101, tmp_path):
     r = subprocess.run([sys.executable, "-m", "tbljax.cli", "info", str(tmp_path / "f.tbl")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "source sizes (10 images" in r.stdout and "#" in r.stdout, r.stdout
+
+
+def test_parallel_jobs_over_shards_labelled_by_name_need_a_classes_file(tmp_path):
+    """Each job sees only its shards' class names: tables sorted per job would disagree, so a
+    sharded conversion takes the names from --classes, and without it refuses (exit 1)."""
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    wnids = ["n01440764", "n01443537", "n01484850", "n01491361"]
+    want = {}
+    for s in range(4):
+        with tarfile.open(tmp_path / f"train-{s:02d}.tar", "w") as tf:
+            for j in range(3):
+                key, wnid = f"s{s}{j}", wnids[(s * 3 + j) % 3 + (s == 3)]  # shard 3 holds the 4th class
+                want[key] = wnid
+                b = io.BytesIO()
+                Image.fromarray(np.full((12, 12, 3), 20 * j + s, np.uint8)).save(b, "JPEG")
+                for name, data in ((f"{key}.jpg", b.getvalue()), (f"{key}.cls", wnid.encode())):
+                    ti = tarfile.TarInfo(name)
+                    ti.size = len(data)
+                    tf.addfile(ti, io.BytesIO(data))
+    (tmp_path / "classes.txt").write_text("\n".join(wnids) + "\n")
+    pattern = str(tmp_path / "train-{00..03}.tar")
+    r = subprocess.run([sys.executable, "-m", "tbljax.cli", "convert", pattern, "-s", "8", "-q", "--shard", "0/2",
+                        "-o", str(tmp_path / "x-{shard}.tbl")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "--classes" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    jobs = [subprocess.Popen([sys.executable, "-m", "tbljax.cli", "convert", pattern, "-s", "8", "-q",
+                              "--classes", str(tmp_path / "classes.txt"), "--shard", f"{i}/2",
+                              "-o", str(tmp_path / "part-{shard}.tbl")], stderr=subprocess.PIPE, text=True)
+            for i in range(2)]
+    for j in jobs:
+        assert j.wait(timeout=120) == 0, j.stderr.read()
+        j.stderr.close()
+    ds = tbljax.open([tmp_path / f"part-{i:05d}-of-00002.tbl" for i in range(2)])
+    assert ds.classes == wnids and [wnids[i] for i in ds.labels] == [want[k] for k in ds.keys]
+    assert len(ds) == 12

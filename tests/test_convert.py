@@ -244,7 +244,10 @@ def test_jpeg_and_lz4_files_serve_the_raw_pixels(caltech101, tmp_path, fmt):
 
 
 INTERRUPT_SCRIPT = r"""
-import sys, numpy as np, tbljax
+import signal, sys, numpy as np, tbljax
+# A shell that starts jobs in the background (a CI runner, `nohup ... &`) makes them ignore
+# SIGINT, and children inherit that: Ctrl-C would then never reach Python. Restore it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 rng = np.random.default_rng(0)
 imgs = [rng.integers(0, 256, (300, 300, 3), dtype=np.uint8) for _ in range(64)]
 print("started", flush=True)
@@ -282,10 +285,14 @@ def test_cli_convert_progress_and_summary(caltech101, tmp_path):
 
 # ---- turboloader 2.39 interop on real photos ----
 
-tl = pytest.importorskip("turboloader", reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')")
+@pytest.fixture
+def tl():
+    # Per test, not at module level: a module-level importorskip skips every test of the file
+    # where turboloader is absent (as in CI's job on the oldest dependency versions).
+    return pytest.importorskip("turboloader", reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')")
 
 
-def test_turboloader_preprocess_to_tbl_opens_identically(kodak, tmp_path):
+def test_turboloader_preprocess_to_tbl_opens_identically(tl, kodak, tmp_path):
     files = sorted((kodak / "images").rglob("*.jpg"))[:24]
     make_tar(tmp_path / "k.tar", [(f"{i:04d}.jpg", f.read_bytes()) for i, f in enumerate(files)])
     dst = tmp_path / "tl.tbl"
@@ -298,7 +305,7 @@ def test_turboloader_preprocess_to_tbl_opens_identically(kodak, tmp_path):
     assert ds.verify() == []
 
 
-def test_turboloader_jpeg_records_decode_like_pillow(caltech101, tmp_path):
+def test_turboloader_jpeg_records_decode_like_pillow(tl, caltech101, tmp_path):
     files = sorted((caltech101 / "images").rglob("*.jpg"))[::101]
     p = tmp_path / "tlj.tbl"
     w = tl.TblWriterV2(str(p), enable_compression=True)
@@ -313,7 +320,7 @@ def test_turboloader_jpeg_records_decode_like_pillow(caltech101, tmp_path):
         np.testing.assert_array_equal(ds.read(i), ref)  # both libjpeg-turbo ISLOW: identical
 
 
-def test_our_converted_file_serves_through_turboloader(caltech101, tmp_path):
+def test_our_converted_file_serves_through_turboloader(tl, caltech101, tmp_path):
     files = sorted((caltech101 / "images").rglob("*.jpg"))[::60]
     tbljax.convert(files, tmp_path / "o.tbl", image_size=40, progress=False)
     ds = tbljax.open(tmp_path / "o.tbl")
@@ -324,3 +331,268 @@ def test_our_converted_file_serves_through_turboloader(caltech101, tmp_path):
     batch, meta = next(iter(loader))
     got = np.rint(np.asarray(batch).transpose(0, 2, 3, 1) * 255).astype(np.uint8)
     np.testing.assert_array_equal(got, ds.view()[np.asarray(meta["indices"])])
+
+
+# ---- labels: names, tables, unreadable labels ----
+
+def tiny_jpeg(seed: int) -> bytes:
+    b = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (24, 20, 3), dtype=np.uint8)).save(b, "JPEG")
+    return b.getvalue()
+
+
+def named_label_shards(tmp_path: Path) -> dict[str, str]:
+    """Two shards whose labels are WordNet ids in every spelling a WebDataset shard carries
+    them; returns key -> name."""
+    names = {"a": "n02", "b": "n01", "c": "n03", "d": "n01", "e": "n02", "f": "n03"}
+    make_tar(tmp_path / "s-0.tar", [("a.jpg", tiny_jpeg(0)), ("a.cls", b"n02\n"),
+                                    ("b.jpg", tiny_jpeg(1)), ("b.json", b'{"label": "n01", "x": 1}'),
+                                    ("c.jpg", tiny_jpeg(2)), ("c.json", b'"n03"')])
+    make_tar(tmp_path / "s-1.tar", [("d.jpg", tiny_jpeg(3)), ("d.cls2", b"n01"),
+                                    ("e.jpg", tiny_jpeg(4)), ("e.label", b" n02 "),
+                                    ("f.jpg", tiny_jpeg(5)), ("f.json", b'{"class": "n03"}')])
+    return names
+
+
+def test_class_names_in_tar_shards_build_a_sorted_table(tmp_path):
+    names = named_label_shards(tmp_path)
+    s = tbljax.convert(str(tmp_path / "s-{0..1}.tar"), tmp_path / "o.tbl", image_size=16, progress=False)
+    ds = tbljax.open(tmp_path / "o.tbl")
+    assert ds.classes == s.classes == ["n01", "n02", "n03"] and s.label_errors == []
+    assert [ds.classes[i] for i in ds.labels] == [names[k] for k in ds.keys]
+
+
+def test_classes_fix_the_ids_for_every_source(tmp_path):
+    names = named_label_shards(tmp_path)
+    order = ["n03", "n01", "n02", "n99"]
+    (tmp_path / "classes.txt").write_text("\n".join(order) + "\n\n")
+    for classes in (order, tmp_path / "classes.txt", str(tmp_path / "classes.txt")):
+        tbljax.convert(str(tmp_path / "s-{0..1}.tar"), tmp_path / "o.tbl", image_size=16, classes=classes,
+                       overwrite=True, progress=False)
+        ds = tbljax.open(tmp_path / "o.tbl")
+        assert ds.classes == order and ds.labels.tolist() == [order.index(names[k]) for k in ds.keys]
+    # An image folder: subfolder names take their ids from the list (extra names allowed).
+    for c in ("cat", "dog"):
+        (tmp_path / "folder" / c).mkdir(parents=True)
+        (tmp_path / "folder" / c / "x.jpg").write_bytes(tiny_jpeg(len(c)))
+    tbljax.convert(tmp_path / "folder", tmp_path / "f.tbl", image_size=16, classes=["eel", "dog", "cat"],
+                   progress=False)
+    ds = tbljax.open(tmp_path / "f.tbl")
+    assert ds.classes == ["eel", "dog", "cat"] and dict(zip(ds.keys, ds.labels.tolist())) == {"cat/x.jpg": 2, "dog/x.jpg": 1}
+    with pytest.raises(ValueError, match="'dog'.*not in classes"):
+        tbljax.convert(tmp_path / "folder", tmp_path / "g.tbl", image_size=16, classes=["cat"])
+    # Arrays: names as labels=, with or without a table; ids checked against one.
+    imgs = np.zeros((3, 8, 8, 3), np.uint8)
+    tbljax.convert(imgs, tmp_path / "a.tbl", image_size=8, labels=["dog", "cat", "dog"], progress=False)
+    ds = tbljax.open(tmp_path / "a.tbl")
+    assert ds.classes == ["cat", "dog"] and ds.labels.tolist() == [1, 0, 1]
+    tbljax.convert((imgs, [2, 0, 1]), tmp_path / "b.tbl", image_size=8, classes=["x", "y", "z"], progress=False)
+    assert tbljax.open(tmp_path / "b.tbl").classes == ["x", "y", "z"]
+    with pytest.raises(ValueError, match="out of range"):
+        tbljax.convert((imgs, [3, 0, 1]), tmp_path / "c.tbl", image_size=8, classes=["x", "y", "z"])
+    with pytest.raises(ValueError, match="appears twice"):
+        tbljax.convert(imgs, tmp_path / "c.tbl", image_size=8, classes=["x", "y", "x"])
+    with pytest.raises(FileNotFoundError, match="classes file"):
+        tbljax.convert(imgs, tmp_path / "c.tbl", image_size=8, classes=tmp_path / "nope.txt")
+
+
+def test_integer_labels_leave_classes_none(tmp_path):
+    make_tar(tmp_path / "i.tar", [("a.jpg", tiny_jpeg(0)), ("a.cls", b"7"), ("b.jpg", tiny_jpeg(1)),
+                                  ("b.json", b'{"label": 2}')])
+    s = tbljax.convert(tmp_path / "i.tar", tmp_path / "i.tbl", image_size=16, progress=False)
+    ds = tbljax.open(tmp_path / "i.tbl")
+    assert ds.labels.tolist() == [7, 2] and ds.classes is None and s.classes is None
+
+
+def test_unreadable_labels_are_reported_and_strict_stops(tmp_path):
+    make_tar(tmp_path / "l.tar", [
+        ("ok.jpg", tiny_jpeg(0)), ("ok.cls", b"n01"),
+        ("binary.jpg", tiny_jpeg(1)), ("binary.cls", b"\xff\xfe\x00"),
+        ("empty.jpg", tiny_jpeg(2)), ("empty.cls", b""),
+        ("badjson.jpg", tiny_jpeg(3)), ("badjson.json", b"{nope"),
+        ("float.jpg", tiny_jpeg(4)), ("float.json", b'{"label": 1.5}'),
+        ("meta.jpg", tiny_jpeg(5)), ("meta.json", b'{"caption": "a dog"}'),   # metadata, not a label
+        ("nolabel.jpg", tiny_jpeg(6)),
+    ])
+    s = tbljax.convert(tmp_path / "l.tar", tmp_path / "l.tbl", image_size=16, progress=False)
+    ds = tbljax.open(tmp_path / "l.tbl")
+    assert s.written == 7 and s.skipped == [] and ds.classes == ["n01"]
+    assert ds.labels.tolist() == [0, -1, -1, -1, -1, -1, -1]
+    reasons = {e["key"]: e["reason"] for e in s.label_errors}
+    assert set(reasons) == {"binary", "empty", "badjson", "float"}
+    assert "UTF-8" in reasons["binary"] and "empty" in reasons["empty"] and "JSON" in reasons["badjson"]
+    assert "labels unreadable 4" in str(s) and ds.recipe["label_errors"] == 4
+    with pytest.raises(tbljax.ConversionError, match="label unreadable") as e:
+        tbljax.convert(tmp_path / "l.tar", tmp_path / "strict.tbl", image_size=16, strict=True, progress=False)
+    assert {x["key"] for x in e.value.skipped} >= {"binary", "empty"} and not (tmp_path / "strict.tbl").exists()
+    # A name missing from a given table is unreadable too; ids beyond it as well.
+    s = tbljax.convert(tmp_path / "l.tar", tmp_path / "t.tbl", image_size=16, classes=["n02"], progress=False)
+    assert "'n01' is not in classes" in {e["key"]: e["reason"] for e in s.label_errors}["ok"]
+
+
+def test_label_ext_reads_class_names_from_txt(tmp_path):
+    make_tar(tmp_path / "t.tar", [("a.jpg", tiny_jpeg(0)), ("a.txt", b"tench\n"), ("a.cls", b"5"),
+                                  ("b.jpg", tiny_jpeg(1)), ("b.txt", b"goldfish")])
+    s = tbljax.convert(tmp_path / "t.tar", tmp_path / "default.tbl", image_size=16, progress=False)
+    assert tbljax.open(tmp_path / "default.tbl").labels.tolist() == [5, -1] and s.label_errors == []
+    tbljax.convert(tmp_path / "t.tar", tmp_path / "txt.tbl", image_size=16, label_ext="txt", progress=False)
+    ds = tbljax.open(tmp_path / "txt.tbl")
+    assert ds.classes == ["goldfish", "tench"] and ds.labels.tolist() == [1, 0]
+
+
+def test_mixed_ids_and_names_are_an_error(tmp_path):
+    make_tar(tmp_path / "m.tar", [("a.jpg", tiny_jpeg(0)), ("a.cls", b"3"), ("b.jpg", tiny_jpeg(1)),
+                                  ("b.cls", b"n01")])
+    with pytest.raises(tbljax.ConversionError, match="mix integer ids"):
+        tbljax.convert(tmp_path / "m.tar", tmp_path / "m.tbl", image_size=16, progress=False)
+    assert not (tmp_path / "m.tbl").exists()
+
+
+# ---- conversions that write nothing, missing inputs ----
+
+def test_a_conversion_that_writes_no_record_is_an_error(tmp_path):
+    images = np.zeros((4, 8, 8, 3), np.uint8)
+    labels = np.arange(4)
+    make_tar(tmp_path / "empty.tar", [])
+    make_tar(tmp_path / "labels-only.tar", [("a.cls", b"1"), ("b.cls", b"2")])
+    make_tar(tmp_path / "all-bad.tar", [("a.jpg", b"not a jpeg"), ("b.jpg", b"")])
+    cases = [(tmp_path / "empty.tar", "no images"), (tmp_path / "labels-only.tar", "no images"),
+             (tmp_path / "all-bad.tar", "all 2 items were skipped"),
+             ([np.zeros((8, 8), np.float32)] * 3, "all 3 items were skipped")]
+    for src, msg in cases:
+        with pytest.raises(tbljax.ConversionError, match=msg):
+            tbljax.convert(src, tmp_path / "o.tbl", image_size=8, progress=False)
+        assert not (tmp_path / "o.tbl").exists()
+    # The spelling of issue 11 that used to write an empty file: now it converts.
+    assert tbljax.convert((images, labels), tmp_path / "x.tbl", image_size=32, progress=False).written == 4
+
+
+def test_missing_inputs_raise_file_not_found(tmp_path):
+    for src in (str(tmp_path / "s-{0..2}.tar"), tmp_path / "nope.jpg", tmp_path / "nofolder",
+                [tmp_path / "a.png", tmp_path / "b.png"]):
+        with pytest.raises(FileNotFoundError, match="not found"):
+            tbljax.convert(src, tmp_path / "o.tbl", image_size=8, progress=False)
+    with pytest.raises(FileNotFoundError, match="destination directory"):
+        tbljax.convert(np.zeros((1, 8, 8, 3), np.uint8), tmp_path / "no" / "o.tbl", image_size=8)
+
+
+def test_sharded_conversion_with_class_names_needs_classes(tmp_path):
+    names = named_label_shards(tmp_path)
+    pattern = str(tmp_path / "s-{0..1}.tar")
+    with pytest.raises(tbljax.ConversionError, match="classes="):
+        tbljax.convert(pattern, tmp_path / "p-{shard}.tbl", image_size=16, shard="1/2", progress=False)
+    order = ["n03", "n02", "n01"]
+    for i in range(2):
+        tbljax.convert(pattern, tmp_path / "p-{shard}.tbl", image_size=16, shard=(i, 2), classes=order,
+                       progress=False)
+    parts = [tmp_path / f"p-{i:05d}-of-00002.tbl" for i in range(2)]
+    ds = tbljax.open(parts)
+    assert all(tbljax.open(p).classes == order for p in parts)
+    assert [order[i] for i in ds.labels] == [names[k] for k in ds.keys]
+    with pytest.raises(ValueError, match="empty"):  # more shares than TAR files
+        tbljax.convert(pattern, tmp_path / "q-{shard}.tbl", image_size=16, shard="0/3", classes=order)
+
+
+# ---- progress where stderr goes ----
+
+def test_progress_in_logs_is_a_line_every_interval_with_rate_and_eta():
+    from tbljax.convert import _Progress
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = _Progress(0, "log", 0.1, clock=lambda: now[0], stream=out)
+    bar.start(1000)
+    for done in range(0, 1001, 50):  # 50 images every 0.05 s: a line every other update
+        now[0] += 0.05
+        bar.update(done, skipped=done // 500)
+    bar.update(1000, 2, final=True)
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue() and 9 <= len(lines) <= 12
+    assert lines[0].startswith("convert: 50/1000 (5%), 500 img/s, 0 skipped") and "ETA 1.9 s" in lines[0]
+    assert lines[-1].startswith("convert: 1000/1000 (100%)") and lines[-1].endswith("done")
+
+
+def test_progress_on_a_terminal_redraws_one_line():
+    from tbljax.convert import _Progress
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = _Progress(0, "tty", None, clock=lambda: now[0], stream=out)
+    bar.start(10)
+    for done in range(11):
+        now[0] += 0.3
+        bar.update(done, 0)
+    bar.update(10, 0, final=True)
+    text = out.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n") and text.rstrip().endswith("done") and text.count("\r") >= 5
+
+
+def test_progress_in_jupyter_is_a_tqdm_bar(monkeypatch, tmp_path):
+    import types
+
+    conv = sys.modules["tbljax.convert"]  # the module (tbljax.convert is the function)
+
+    made = []
+
+    class FakeBar:
+        def __init__(self, **kw):
+            self.kw, self.n, self.closed = kw, 0, False
+            made.append(self)
+
+        def reset(self, total):
+            self.kw["total"] = total
+
+        def update(self, k):
+            self.n += k
+
+        def set_postfix(self, **kw):
+            pass
+
+        def close(self):
+            self.closed = True
+
+    auto = types.ModuleType("tqdm.auto")
+    auto.tqdm = FakeBar
+    monkeypatch.setitem(sys.modules, "tqdm", types.ModuleType("tqdm"))
+    monkeypatch.setitem(sys.modules, "tqdm.auto", auto)
+    monkeypatch.setattr(conv, "_in_notebook", lambda: True)
+    assert conv._progress_mode(None) == "notebook" and conv._progress_mode(False) is None
+    tbljax.convert(np.zeros((5, 8, 8, 3), np.uint8), tmp_path / "n.tbl", image_size=8)
+    assert len(made) == 1 and made[0].n == 5 and made[0].kw["total"] == 5 and made[0].closed
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # Jupyter without tqdm: a redrawn line
+    assert conv._progress_mode(None) == "tty"
+
+
+def test_compressed_shards_are_counted_with_progress_and_plain_ones_from_headers(tmp_path, monkeypatch):
+    import gzip
+
+    members = [("000.bin", bytes(2_000_000))] + [(f"{i:03d}.jpg", tiny_jpeg(i)) for i in range(40)]
+    make_tar(tmp_path / "p.tar", members)
+    (tmp_path / "c.tar.gz").write_bytes(gzip.compress((tmp_path / "p.tar").read_bytes()))
+    # Counting a plain .tar reads headers and seeks over the data.
+    read = [0]
+    real_open = tarfile.bltn_open
+
+    def counting_open(*a, **kw):
+        f = real_open(*a, **kw)
+        real_read = f.read
+
+        def read_and_count(*ra):
+            b = real_read(*ra)
+            read[0] += len(b)
+            return b
+        f.read = read_and_count
+        return f
+
+    from tbljax.sources import TarSource
+
+    monkeypatch.setattr(tarfile, "bltn_open", counting_open)
+    assert TarSource([str(tmp_path / "p.tar")]).count() == 40
+    assert read[0] < 100_000, read[0]  # the file is 2.7 MB
+    monkeypatch.undo()
+    r = subprocess.run([sys.executable, "-m", "tbljax.cli", "convert", str(tmp_path / "c.tar.gz"), "-s", "8",
+                        "-o", str(tmp_path / "c.tbl"), "--progress-interval", "0.1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "counting images in compressed TAR shards: 1/1" in r.stderr and "\r" not in r.stderr
+    assert "convert: 40/40 (100%)" in r.stderr and f"wrote 40 records" in r.stdout

@@ -165,6 +165,27 @@ def test_sigkill_mid_conversion_leaves_nothing_or_a_complete_file(jpeg_folder, t
     assert _tree_hash(src) == before
 
 
+@pytest.mark.parametrize("named_temp", [False, True], ids=["O_TMPFILE", "named-temp"])
+def test_failed_conversion_keeps_the_file_it_would_replace(tmp_path, named_temp, monkeypatch):
+    """overwrite=True replaces dst only when the new file is complete: a conversion that stops
+    (no record written, strict, a label table it cannot make) leaves the old file as it was."""
+    if named_temp:
+        monkeypatch.setenv("TBLJAX_NO_O_TMPFILE", "1")
+    dst = tmp_path / "train.tbl"
+    tbljax.convert(images(3), dst, image_size=8, progress=False)
+    before = dst.read_bytes()
+    failures = [
+        dict(sources=[np.zeros((8, 8), np.float32)] * 3),                       # every item bad
+        dict(sources=[images(1)[0], np.zeros((8, 8), np.float32)], strict=True),  # strict stops
+        dict(sources=images(2), labels=[1, "cat"]),                              # ids and names mixed
+    ]
+    for kw in failures:
+        with pytest.raises((tbljax.ConversionError, ValueError)):
+            tbljax.convert(kw.pop("sources"), dst, image_size=8, overwrite=True, progress=False, **kw)
+        assert dst.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["train.tbl"]
+    assert len(tbljax.open(dst)) == 3
+
+
 def test_named_temp_path_is_used_and_cleaned_on_abort(tmp_path, monkeypatch):
     monkeypatch.setenv("TBLJAX_NO_O_TMPFILE", "1")
     w = tbljax.Writer(tmp_path / "a.tbl", 1)

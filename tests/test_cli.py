@@ -1,0 +1,117 @@
+"""The `tbljax` command as a user meets it: --version, help for every option of every
+command, the module docstring naming all commands, one-line errors with the documented exit
+status (2 usage, 1 bad data), and the conversion options --classes and --label-ext."""
+from __future__ import annotations
+
+import argparse
+import io
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import tbljax
+from tbljax import cli
+
+
+def run(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "tbljax.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=120, **kw)
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_version():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"tbljax {tbljax.__version__}", r
+
+
+def test_every_option_of_every_command_has_help():
+    commands = subcommands()
+    assert sorted(commands) == ["bench", "convert", "demo", "info", "show", "verify"]
+    for name, parser in [("tbljax", cli.build_parser()), *commands.items()]:
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            assert action.help and action.help.strip(), f"{name} {action.option_strings or action.dest}: no help"
+    for name, parser in commands.items():
+        r = run(name, "--help")
+        assert r.returncode == 0, r.stderr
+        for action in parser._actions:
+            for flag in action.option_strings:
+                assert flag in r.stdout, f"{name} --help does not show {flag}"
+
+
+def test_module_docstring_lists_every_command():
+    for name in subcommands():
+        assert f"\n  {name} " in cli.__doc__, name
+
+
+def one_line_error(r, status, *words, items=0):
+    """One error line (then, for a conversion, one line per bad item), no traceback."""
+    assert r.returncode == status, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 + items and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith(f"tbljax {r.args[3]}: error: "), lines[0]
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_exit_status_usage_errors_are_2(tmp_path):
+    one_line_error(run("convert", tmp_path / "nope-{0..3}.tar", "-o", tmp_path / "o.tbl", "-s", "8"),
+                   2, "not found", "nope-0.tar")
+    one_line_error(run("convert", tmp_path / "nope.jpg", "-o", tmp_path / "o.tbl", "-s", "8"), 2, "not found")
+    one_line_error(run("info", tmp_path / "nope.tbl"), 2, "no such file")
+    one_line_error(run("verify", tmp_path / "nope.tbl"), 2, "no such file")
+    one_line_error(run("show", tmp_path / "nope.tbl"), 2, "no such file")
+    one_line_error(run("bench", tmp_path / "nope.tbl"), 2, "no such file")
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(imgs / "a.png")
+    one_line_error(run("convert", imgs, "-o", tmp_path / "o.tbl", "-s", "0"), 2, "image_size")
+    one_line_error(run("convert", imgs, "-o", tmp_path / "o.tbl", "-s", "8", "--classes", tmp_path / "c.txt"),
+                   2, "classes file not found")
+    one_line_error(run("convert", imgs, "-o", tmp_path / "o.tbl", "-s", "8", "--label-ext", "txt"), 2, "label_ext")
+    (tmp_path / "exists.tbl").write_bytes(b"x")
+    one_line_error(run("convert", imgs, "-o", tmp_path / "exists.tbl", "-s", "8"), 2, "already exists")
+    r = run("convert", imgs, "-s", "8")  # argparse: usage and status 2
+    assert r.returncode == 2 and "required" in r.stderr
+
+
+def test_exit_status_bad_data_is_1(tmp_path):
+    (tmp_path / "junk.tbl").write_bytes(b"garbage")
+    one_line_error(run("info", tmp_path / "junk.tbl"), 1, "junk.tbl")
+    with tarfile.open(tmp_path / "bad.tar", "w") as tf:
+        ti = tarfile.TarInfo("a.jpg")
+        ti.size = 5
+        tf.addfile(ti, io.BytesIO(b"nope!"))
+    one_line_error(run("convert", tmp_path / "bad.tar", "-o", tmp_path / "o.tbl", "-s", "8", "--strict"), 1,
+                   "strict conversion stopped", items=1)
+    one_line_error(run("convert", tmp_path / "bad.tar", "-o", tmp_path / "o.tbl", "-s", "8"), 1,
+                   "no record written", items=1)
+    assert not (tmp_path / "o.tbl").exists()
+
+
+def test_convert_classes_file_and_label_ext(tmp_path):
+    def jpeg(v):
+        b = io.BytesIO()
+        Image.fromarray(np.full((10, 10, 3), v, np.uint8)).save(b, "JPEG")
+        return b.getvalue()
+
+    with tarfile.open(tmp_path / "s.tar", "w") as tf:
+        for name, data in [("a.jpg", jpeg(10)), ("a.txt", b"tench"), ("b.jpg", jpeg(20)), ("b.txt", b"goldfish")]:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    (tmp_path / "classes.txt").write_text("tench\ngoldfish\n")
+    r = run("convert", tmp_path / "s.tar", "-o", tmp_path / "o.tbl", "-s", "8", "--label-ext", "txt",
+            "--classes", tmp_path / "classes.txt", "-q")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    ds = tbljax.open(tmp_path / "o.tbl")
+    assert ds.classes == ["tench", "goldfish"] and ds.labels.tolist() == [0, 1]
