@@ -113,7 +113,7 @@ def convert_gaps() -> None:
 
     import tbljax
 
-    convert_module = importlib.import_module("tbljax.convert")
+    convert_module = importlib.import_module("tbljax.conversion")
     real = convert_module._core.decode_resize_into
     spans = []
 

@@ -12,7 +12,7 @@ from tbljax._core import CorruptFileError, DecodeError
 from tbljax.augment import Augment
 from tbljax.benchmark import bench
 from tbljax.contract import IMAGENET_MEAN, IMAGENET_STD
-from tbljax.convert import ConversionError, ConvertSummary, convert
+from tbljax.conversion import ConversionError, ConvertSummary, convert
 from tbljax.format import Writer
 from tbljax.host_loader import HostLoader
 from tbljax.jax_loader import Loader, loader

@@ -120,7 +120,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
             continue
         problems = ds.verify(threads=a.threads or 0)
         bad_total += len(problems)
-        for f, i, msg in problems[:50]:
+        for _file, _record, msg in problems[:50]:
             print(f"FAIL {msg}")
         if len(problems) > 50:
             print(f"FAIL ... and {len(problems) - 50} more records in {path}")

@@ -720,7 +720,8 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
         raise ValueError("label_ext is for TAR shards; image files take labels=")
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:
-        raise FileNotFoundError(f"source not found: {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise FileNotFoundError(f"source not found: {missing[0]}{more}")
     if all(Path(p).suffix.lower().lstrip(".") in IMAGE_EXTENSIONS for p in paths):
         lab = _label_list(labels, len(paths)) if labels is not None else None
         return FileListSource(paths, lab, _table_for(lab or [], classes))

@@ -19,7 +19,7 @@ ROOMS = [
     ["contract", "sharding", "sources"],         # shared rules; what `sharding=` means; sources
     ["format", "order", "kernels", "batch"],     # the file's bytes; order; the kernel; host buffers
     ["reader", "augment"],                       # open a file; crops and flips
-    ["convert", "options"],                      # sources -> file; what a loader yields
+    ["conversion", "options"],                   # sources -> file; what a loader yields
     ["step"],                                    # positions -> samples -> crops and flips
     ["plan", "ops"],                             # one host batch; the kernel inside jit
     ["producer"],                                # the threads of a pass

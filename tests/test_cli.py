@@ -10,7 +10,6 @@ import sys
 import tarfile
 
 import numpy as np
-import pytest
 from PIL import Image
 
 import tbljax

@@ -289,7 +289,8 @@ def test_cli_convert_progress_and_summary(caltech101, tmp_path):
 def tl():
     # Per test, not at module level: a module-level importorskip skips every test of the file
     # where turboloader is absent (as in CI's job on the oldest dependency versions).
-    return pytest.importorskip("turboloader", reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')")
+    return pytest.importorskip("turboloader",
+                               reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')")
 
 
 def test_turboloader_preprocess_to_tbl_opens_identically(tl, kodak, tmp_path):
@@ -378,7 +379,8 @@ def test_classes_fix_the_ids_for_every_source(tmp_path):
     tbljax.convert(tmp_path / "folder", tmp_path / "f.tbl", image_size=16, classes=["eel", "dog", "cat"],
                    progress=False)
     ds = tbljax.open(tmp_path / "f.tbl")
-    assert ds.classes == ["eel", "dog", "cat"] and dict(zip(ds.keys, ds.labels.tolist())) == {"cat/x.jpg": 2, "dog/x.jpg": 1}
+    assert ds.classes == ["eel", "dog", "cat"]
+    assert dict(zip(ds.keys, ds.labels.tolist())) == {"cat/x.jpg": 2, "dog/x.jpg": 1}
     with pytest.raises(ValueError, match="'dog'.*not in classes"):
         tbljax.convert(tmp_path / "folder", tmp_path / "g.tbl", image_size=16, classes=["cat"])
     # Arrays: names as labels=, with or without a table; ids checked against one.
@@ -496,7 +498,7 @@ def test_sharded_conversion_with_class_names_needs_classes(tmp_path):
 # ---- progress where stderr goes ----
 
 def test_progress_in_logs_is_a_line_every_interval_with_rate_and_eta():
-    from tbljax.convert import _Progress
+    from tbljax.conversion import _Progress
 
     now = [0.0]
     out = io.StringIO()
@@ -513,7 +515,7 @@ def test_progress_in_logs_is_a_line_every_interval_with_rate_and_eta():
 
 
 def test_progress_on_a_terminal_redraws_one_line():
-    from tbljax.convert import _Progress
+    from tbljax.conversion import _Progress
 
     now = [0.0]
     out = io.StringIO()
@@ -530,7 +532,7 @@ def test_progress_on_a_terminal_redraws_one_line():
 def test_progress_in_jupyter_is_a_tqdm_bar(monkeypatch, tmp_path):
     import types
 
-    conv = sys.modules["tbljax.convert"]  # the module (tbljax.convert is the function)
+    from tbljax import conversion as conv
 
     made = []
 
@@ -595,4 +597,4 @@ def test_compressed_shards_are_counted_with_progress_and_plain_ones_from_headers
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "counting images in compressed TAR shards: 1/1" in r.stderr and "\r" not in r.stderr
-    assert "convert: 40/40 (100%)" in r.stderr and f"wrote 40 records" in r.stdout
+    assert "convert: 40/40 (100%)" in r.stderr and "wrote 40 records" in r.stdout

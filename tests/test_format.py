@@ -232,10 +232,13 @@ def test_cli_verify_and_info(good_file, tmp_path, capsys):
 
 # ---- turboloader 2.39 interop (the real package) ----
 
-tl = pytest.importorskip("turboloader", reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')")
+@pytest.fixture
+def tl():
+    return pytest.importorskip("turboloader",
+                               reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')")
 
 
-def test_turboloader_reads_our_raw_file(tmp_path):
+def test_turboloader_reads_our_raw_file(tmp_path, tl):
     imgs = rand_imgs(9, 16, 20)
     p = tmp_path / "ours.tbl"
     write_raw(p, imgs, labels=range(9), keys=[str(i) for i in range(9)])
@@ -255,7 +258,7 @@ def test_turboloader_reads_our_raw_file(tmp_path):
     assert sorted(seen) == list(range(9))
 
 
-def test_turboloader_reads_our_lz4_file(tmp_path):
+def test_turboloader_reads_our_lz4_file(tmp_path, tl):
     imgs = np.zeros((2, 8, 8, 3), np.uint8)
     imgs[1, :4] = 7
     p = tmp_path / "ours.tbl"
@@ -266,7 +269,7 @@ def test_turboloader_reads_our_lz4_file(tmp_path):
     assert [r.read_sample(i) for i in range(2)] == [im.tobytes() for im in imgs]
 
 
-def test_we_read_turboloader_written_records(tmp_path):
+def test_we_read_turboloader_written_records(tmp_path, tl):
     imgs = rand_imgs(3, 8, 8)
     smooth = np.zeros((8, 8, 3), np.uint8)
     p = tmp_path / "theirs.tbl"

@@ -419,6 +419,9 @@ def _env(**extra):
 
 INTERRUPT_CHILD = r"""
 import os, signal, sys, threading, time
+# A shell that started pytest in the background ignores SIGINT, and children inherit that:
+# restore Python's Ctrl-C handler, which is what this test is about.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import tbljax
 ld = tbljax.loader(sys.argv[1], 4, prefetch=2)  # endless
 try:
