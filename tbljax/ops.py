@@ -23,7 +23,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from tbljax import _core, contract
 from tbljax import kernels as _kernels
@@ -251,7 +251,14 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
         elsewhere, decided when the program is lowered), ``"ffi"`` or ``"twin"``.
       sharding: None, or a `Mesh` / `NamedSharding` partitioning the batch: each device then
         gathers its own rows from its own copy of ``data`` (`jax.shard_map`; nothing is
-        all-gathered). ``data`` should be replicated over those devices.
+        all-gathered). ``data`` should be replicated over those devices. With None the op
+        follows the mesh of its operands inside `jax.jit`: when ``indices`` arrive split over
+        mesh axes, the batch axis of the result (and of ``crop``, ``flip``, ``out``) is split
+        the same way and each device runs the kernel on its own rows (a
+        `jax.experimental.custom_partitioning` rule; under a mesh with explicit axes,
+        `jax.shard_map` over the axes in the indices' type). ``data`` is used whole on every
+        device: records that arrive sharded are all-gathered once. Replicated indices, or
+        axes that do not divide the batch, run the whole batch on every device.
       out: optionally an array of the result's shape and dtype to write into (FFI path). Donate
         it to the enclosing jit (``donate_argnums``) so XLA reuses its memory instead of
         allocating (and page-faulting) a fresh batch each step.
@@ -321,14 +328,21 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
     if batch == 0:
         return jnp.zeros(shape, out_dt)
 
-    table = None if out_dt == np.uint8 else _table(mean_v, std_v, out_dt)
+    # The twin takes the table as an operand, not a closed-over constant, so that one traced
+    # body serves every placement (custom_partitioning traces it without constants).
+    table = None
+    if out_dt != np.uint8 and backend != "ffi":
+        table = jnp.asarray(_table(mean_v, std_v, out_dt))
 
-    def twin(d, i, c, f, o):
+    def twin(d, i, c, f, o, t):
         del o
-        return twin_gather(d, i, crop=c, flip=f, out_size=(oh, ow), table=table, layout=layout)
+        return twin_gather(d, i, crop=c, flip=f, out_size=(oh, ow), table=t, layout=layout)
 
-    ffi = functools.partial(_ffi_gather, mean=mean_v, std=std_v, layout=layout,
-                            out_size=(oh, ow), dtype=out_dt)
+    def ffi(d, i, c, f, o, t):
+        del t
+        return _ffi_gather(d, i, c, f, o, mean=mean_v, std=std_v, layout=layout,
+                           out_size=(oh, ow), dtype=out_dt)
+
     if backend == "twin":
         body = twin
     elif backend == "ffi":
@@ -339,22 +353,122 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
             return jax.lax.platform_dependent(*args, default=twin,
                                               **{p: ffi for p in _REGISTERED})
 
-    if sharding is None:
-        return body(data, indices, crop, flip, out)
-    mesh, spec = _batch_spec(sharding)
-    rep = PartitionSpec()
-    args = (data, indices, crop, flip, out)
-    specs = tuple(rep if k == 0 else spec for k in range(5))
-    present = [k for k, a in enumerate(args) if a is not None]
+    args = (data, indices, crop, flip, out, table)
+    if sharding is not None:
+        mesh, spec = _batch_spec(sharding)
+        return _shard_map(body, args, mesh, spec)
+    return _follow_indices(body, args, layout)
 
-    def per_shard(*local):
-        full = [None] * 5
-        for k, a in zip(present, local):
+
+# ---------------------------------------------------------------------------------------------
+# Per shard: with `sharding=`, or following the indices' sharding
+# ---------------------------------------------------------------------------------------------
+
+# The op's operands, in order: data, indices, crop, flip, out, table. Their axes as factors of
+# a Shardy sharding rule: the batch b is the one factor operands and result share.
+_FACTORS = ("n h w d", "b", "b k", "b", None, "t v")
+_BATCHED = (1, 2, 3, 4)  # split like the batch; data and table are whole on every device
+
+
+def _present(body, args):
+    """body over all six operands → (fn over the operands that are not None, their slots)."""
+    slots = tuple(k for k, a in enumerate(args) if a is not None)
+
+    def fn(*local):
+        full = [None] * len(args)
+        for k, a in zip(slots, local):
             full[k] = a
         return body(*full)
 
-    return jax.shard_map(per_shard, mesh=mesh, in_specs=tuple(specs[k] for k in present),
-                         out_specs=spec)(*(args[k] for k in present))
+    return fn, slots
+
+
+def _shard_map(body, args, mesh, spec):
+    """body under `jax.shard_map`: each device gets its rows of the batched operands."""
+    fn, slots = _present(body, args)
+    rep = PartitionSpec()
+    in_specs = tuple(spec if k in _BATCHED else rep for k in slots)
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs,
+                         out_specs=spec)(*(args[k] for k in slots))
+
+
+def _follow_indices(body, args, layout):
+    """body as one op that XLA partitions like the indices (no `sharding=`, inside jit).
+
+    A `custom_partitioning` rule: the batch axis of the result and of crop, flip and out is
+    split as the indices' axis is; data and table are replicated (gathered first if they
+    arrive sharded); each device runs body on its own rows. Indices that are replicated, or
+    split over axes that do not divide the batch, run whole on every device. On one device,
+    and inside a `shard_map` over every mesh axis, XLA inlines body as it is. Under a mesh
+    with explicit axes the indices' type names their sharding, and `shard_map` splits the
+    batch the same way (custom_partitioning there would type the result replicated).
+    """
+    fn, slots = _present(body, args)
+    operands = [args[k] for k in slots]
+    batch = int(args[1].shape[0])
+    context = jax.sharding.get_abstract_mesh()
+    if context.axis_names and set(context.manual_axes) == set(context.axis_names):
+        return fn(*operands)  # inside shard_map over every axis: already one device's rows
+    typed = getattr(jax.typeof(args[1]), "sharding", None)
+    explicit = _explicit_entry(typed, batch)
+    if explicit is not None:
+        return _shard_map(body, args, typed.mesh, PartitionSpec(explicit))
+    if not any(isinstance(x, jax.core.Tracer) for x in operands):
+        return fn(*operands)  # eager: nothing is partitioned outside a compiled program
+
+    from jax.experimental.custom_partitioning import custom_partitioning
+
+    def placement(mesh, arg_shapes):
+        entry = _split_entry(arg_shapes[1].sharding, batch)  # the indices decide
+        rows = NamedSharding(mesh, PartitionSpec(entry))
+        rep = NamedSharding(mesh, PartitionSpec())
+        return rows, tuple(rows if k in _BATCHED else rep for k in slots)
+
+    def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
+        del result_shape
+        return placement(mesh, arg_shapes)[0]
+
+    def partition(mesh, arg_shapes, result_shape):
+        del result_shape
+        rows, in_shardings = placement(mesh, arg_shapes)
+        return mesh, fn, rows, in_shardings
+
+    result = "b y x c" if layout == "NHWC" else "b c y x"
+    factors = [result if k == 4 else _FACTORS[k] for k in slots]
+    op = custom_partitioning(fn)
+    op.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
+                     sharding_rule=f"{', '.join(factors)} -> {result}")
+
+    # custom_partitioning has no batching rule: under vmap, body is batched as it is.
+    @jax.custom_batching.custom_vmap
+    def call(*xs):
+        return op(*xs)
+
+    @call.def_vmap
+    def _(axis_size, in_batched, *xs):
+        del axis_size
+        return jax.vmap(fn, in_axes=tuple(0 if b else None for b in in_batched))(*xs), True
+
+    return call(*operands)
+
+
+def _split_entry(sharding, batch: int):
+    """The PartitionSpec entry splitting a 1-D array's axis, if it divides `batch`, else None."""
+    if getattr(sharding, "mesh", None) is None or getattr(sharding, "spec", None) is None:
+        return None
+    entry = sharding.spec[0] if len(sharding.spec) else None
+    return entry if entry is not None and batch % _sharding.parts(sharding) == 0 else None
+
+
+def _explicit_entry(sharding, batch: int):
+    """`_split_entry` for an array typed with a sharding over explicit mesh axes, else None."""
+    entry = _split_entry(sharding, batch)
+    if entry is None:
+        return None
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    types = dict(zip(sharding.mesh.axis_names, getattr(sharding.mesh, "axis_types", ())))
+    axes = entry if isinstance(entry, tuple) else (entry,)
+    return entry if explicit is not None and all(types.get(a) == explicit for a in axes) else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -2,7 +2,8 @@
 NumPy reference written here from the formulas of ffi/core/kernel.h, bit for bit, for every
 dtype x layout x crop x flip, eager and under jit; the normalization contract for all 256
 values of every channel; errors (eager and from inside jit); donated outputs; the dataset as
-an operand; and per-shard execution on 8 CPU devices (a subprocess)."""
+an operand; and per-shard execution on 8 CPU devices (subprocesses), with `sharding=` and
+without it, following the indices' sharding."""
 import functools
 import os
 import subprocess
@@ -166,6 +167,10 @@ def test_vmap_runs_each_batch():
     idx = jnp.asarray(np.array([[1, 2], [3, 4], [5, 6]]))
     got = jax.vmap(lambda i: ops.gather_normalize(jnp.asarray(RECORDS), i, dtype=jnp.uint8))(idx)
     assert same(got, RECORDS[np.asarray(idx)])
+    for backend in ("ffi", "twin"):  # traced: through the op that follows the mesh
+        f = jax.jit(jax.vmap(functools.partial(ops.gather_normalize, dtype=jnp.uint8,
+                                               backend=backend), in_axes=(None, 0)))
+        assert same(f(jnp.asarray(RECORDS), idx), RECORDS[np.asarray(idx)]), backend
 
 
 def test_empty_batch():
@@ -276,5 +281,66 @@ def test_sharded_indices_run_per_shard_on_8_cpu_devices():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+
+
+_FOLLOWS = textwrap.dedent("""
+    import numpy as np, jax, jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from tbljax import kernels, ops
+    assert jax.device_count() == 8
+    devices = np.array(jax.devices())
+    rng = np.random.default_rng(1)
+    host = rng.integers(0, 256, (48, 12, 10, 3), dtype=np.uint8)
+    idx = rng.integers(0, 48, 32).astype(np.int32)
+    crop = np.tile(np.array([[1, 2, 8, 7]], np.int32), (32, 1))
+    crop[::3] = [0, 0, 12, 10]
+    flip = rng.integers(0, 2, 32).astype(bool)
+    kw = dict(out_size=(6, 5), mean=(0.5,) * 3, std=(0.2,) * 3, layout="NCHW")
+    want = np.asarray(jax.jit(lambda d, i: ops.gather_normalize(d, i, crop=crop, flip=flip, **kw))(
+        jax.device_put(host, devices[0]), jax.device_put(idx, devices[0])))  # on one device
+    assert np.array_equal(want, kernels.gather(host, idx, np.empty((32, 3, 6, 5), np.float32),
+                                               crop=crop, flip=flip, mean=kw["mean"],
+                                               std=kw["std"], layout="NCHW"))
+
+    def check(mesh, rows, data_spec=P(), gathers=0):
+        data = jax.device_put(host, NamedSharding(mesh, data_spec))
+        args = [jax.device_put(x, rows) for x in (idx, crop, flip)]
+        per = rows.shard_shape((32,))[0]
+        for backend in ("ffi", "twin"):
+            f = jax.jit(lambda d, i, c, fl: ops.gather_normalize(d, i, crop=c, flip=fl,
+                                                             backend=backend, **kw))
+            got = f(data, *args)
+            where = (mesh.axis_names, rows.spec, data_spec, backend)
+            assert np.array_equal(np.asarray(got), want), where
+            assert got.sharding.is_equivalent_to(rows, 4), (where, got.sharding)
+            text = f.lower(data, *args).compile().as_text()
+            assert text.count("all-gather(") + text.count("all-gather-start(") == gathers, where
+            assert "all-to-all" not in text, where
+            # Each device computes its own rows: the result exists only at the per-shard size.
+            assert f"f32[{per},3,6,5]" in text and "f32[32,3,6,5]" not in text, (where, text)
+            if backend == "ffi":
+                assert f"f32[{per},3,6,5]{{3,2,1,0}} custom-call(" in text, (where, text)
+
+    flat = Mesh(devices, ("data",))
+    check(flat, NamedSharding(flat, P("data")))
+    grid = Mesh(devices.reshape(4, 2), ("data", "model"))
+    check(grid, NamedSharding(grid, P("data")))            # batch over data; model replicated
+    check(grid, NamedSharding(grid, P(("data", "model"))))
+    # Records that arrive sharded are gathered whole (one all-gather), as sharding= expects.
+    check(flat, NamedSharding(flat, P("data")), data_spec=P("data"), gathers=1)
+    # Under a mesh with explicit axes the indices' type carries the sharding.
+    explicit = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    with jax.set_mesh(explicit):
+        check(explicit, NamedSharding(explicit, P("data")))
+    print("OK")
+""")
+
+
+def test_without_sharding_the_op_follows_the_indices_on_8_cpu_devices():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", _FOLLOWS], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
