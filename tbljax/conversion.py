@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from tbljax import _core, sources as _sources
+from tbljax import _core, contract
+from tbljax import sources as _sources
 from tbljax.format import Writer
 
 RESIZE_MODES = ("center_crop", "squash", "max_side")
@@ -457,8 +458,8 @@ def convert(
     if shard is not None:
         shard = _sources.parse_shard(shard)
         dst = dst.replace("{shard}", f"{shard[0]:05d}-of-{shard[1]:05d}")
-    if not isinstance(image_size, (int, np.integer)) or not 1 <= image_size <= 65535:
-        raise ValueError(f"image_size must be an int in [1, 65535], got {image_size!r}")
+    if not contract.is_integer(image_size) or not 1 <= image_size <= contract.MAX_SIDE:
+        raise ValueError(f"image_size must be an int in [1, {contract.MAX_SIDE}], got {image_size!r}")
     if resize not in RESIZE_MODES:
         raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
     if format not in RECORD_FORMATS:
