@@ -277,12 +277,17 @@ _SHARDED = textwrap.dedent("""
 """)
 
 
-def test_sharded_indices_run_per_shard_on_8_cpu_devices():
+def _run_on_8_cpu_devices(code: str) -> None:
+    """Runs `code` in a child process that sees 8 CPU devices; it must end by printing OK."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+
+
+def test_sharded_indices_run_per_shard_on_8_cpu_devices():
+    _run_on_8_cpu_devices(_SHARDED)
 
 
 _FOLLOWS = textwrap.dedent("""
@@ -343,8 +348,4 @@ _FOLLOWS = textwrap.dedent("""
 
 
 def test_without_sharding_the_op_follows_the_indices_on_8_cpu_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", _FOLLOWS], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+    _run_on_8_cpu_devices(_FOLLOWS)
