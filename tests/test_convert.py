@@ -588,13 +588,14 @@ def test_compressed_shards_are_counted_with_progress_and_plain_ones_from_headers
 
     from tbljax.sources import TarSource
 
-    monkeypatch.setattr(tarfile, "bltn_open", counting_open)
-    assert TarSource([str(tmp_path / "p.tar")]).count() == 40
+    with monkeypatch.context() as m:  # (not monkeypatch.undo: it would undo the scratch cwd too)
+        m.setattr(tarfile, "bltn_open", counting_open)
+        assert TarSource([str(tmp_path / "p.tar")]).count() == 40
     assert read[0] < 100_000, read[0]  # the file is 2.7 MB
-    monkeypatch.undo()
+    # cwd: `python -m` puts it first on the path; the source folder there has no native module.
     r = subprocess.run([sys.executable, "-m", "tbljax.cli", "convert", str(tmp_path / "c.tar.gz"), "-s", "8",
                         "-o", str(tmp_path / "c.tbl"), "--progress-interval", "0.1"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "counting images in compressed TAR shards: 1/1" in r.stderr and "\r" not in r.stderr
     assert "convert: 40/40 (100%)" in r.stderr and "wrote 40 records" in r.stdout
