@@ -110,21 +110,10 @@ def _finish(plan: Plan, built: queue.Queue, room: threading.Semaphore, q: queue.
                 return
             del item
     except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
-        stop.set()  # the builder stops too; the consumer then sees this failure
-        _put_anyway(q, _Failure(e))
-
-
-def _put_anyway(q: queue.Queue, item) -> None:
-    """Puts `item` even though `stop` is set, making room by dropping queued batches."""
-    while True:
-        try:
-            q.put_nowait(item)
-            return
-        except queue.Full:
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                pass
+        # After the batches already queued (the consumer gets every step before the failing
+        # one); only a consumer that has stopped gives up on it. Then the builder stops too.
+        _put(q, _Failure(e), stop)
+        stop.set()
 
 
 _LIVE: "weakref.WeakSet[Pass]" = weakref.WeakSet()

@@ -372,11 +372,14 @@ def test_producer_errors_reach_the_consumer(data, monkeypatch):
         return real_to_jax(*args)
 
     monkeypatch.setattr(jax_loader, "to_jax", failing_to_jax)
-    got = []
-    with pytest.raises(RuntimeError, match="device lost"):
-        for b in tbljax.loader(path, G, prefetch=3):
-            got.append(b)
-    assert len(got) == 3 and len(loader_threads()) == before
+    for consumer_pause in (0.0, 0.05):  # a slow consumer: the queue is full when it fails
+        finished.clear()
+        got = []
+        with pytest.raises(RuntimeError, match="device lost"):
+            for b in tbljax.loader(path, G, prefetch=3):
+                time.sleep(consumer_pause)
+                got.append(b)
+        assert len(got) == 3 and len(loader_threads()) == before
 
 
 def test_shard_files_serve_the_same_batches_as_one_file(data, tmp_path):
