@@ -16,8 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tbljax"
 # a later one). "tbljax" is the public facade (__init__.py).
 ROOMS = [
     ["_core", "_ffi_cuda"],                      # native: the core (C++), the CUDA handler
-    ["contract", "sharding", "sources"],         # shared rules; what `sharding=` means; sources
-    ["format", "order", "kernels", "batch"],     # the file's bytes; order; the kernel; host buffers
+    ["contract", "sharding", "braces"],          # shared rules; what `sharding=` means; {a,b}
+    ["format", "order", "kernels", "batch", "sources"],  # file bytes; order; kernel; buffers; inputs
     ["reader", "augment"],                       # open a file; crops and flips
     ["conversion", "options"],                   # sources -> file; what a loader yields
     ["step"],                                    # positions -> samples -> crops and flips

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax.sources import MAX_EXPANSION, expand_braces
+from tbljax.braces import MAX_EXPANSION, expand_braces
 
 BASH = shutil.which("bash")
 needs_bash = pytest.mark.skipif(BASH is None, reason="bash is the reference for brace expansion")
