@@ -8,6 +8,7 @@ given by the loader layered on top (`tbljax.jax_loader`, the torch and MLX adapt
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import weakref
@@ -75,10 +76,9 @@ class RecordSource:
         if not self.reads_ahead or not len(indices):
             return
         idx = np.asarray(indices, np.int64)
-        files = np.searchsorted(self._starts, idx, side="right") - 1
-        rows = idx - self._starts[files]
-        if self._resident(files[:_SAMPLE], rows[:_SAMPLE]):
+        if self._resident(idx[:_SAMPLE]):
             return
+        files = np.searchsorted(self._starts, idx, side="right") - 1
         index = self._ds.index
         offsets, sizes = index["offset"][idx].tolist(), index["size"][idx].tolist()
         for k, offset, size in zip(files.tolist(), offsets, sizes):
@@ -99,20 +99,20 @@ class RecordSource:
                 return None
         return fd
 
-    def _resident(self, files, rows) -> bool:
-        """True if every page of these records is in the page cache (False if unknown)."""
+    def _resident(self, indices) -> bool:
+        """True if every page of records `indices` is in the page cache (False if unknown)."""
         mincore = _mincore()
         if mincore is None:
             return False
-        page = mincore.page
-        vec = np.empty(self._row_bytes // page + 2, np.uint8)
-        for k, j in zip(files.tolist(), rows.tolist()):
-            start = self._bases[k] + j * self._row_bytes
+        page, size = mincore.page, self._row_bytes
+        files = np.searchsorted(self._starts, indices, side="right") - 1
+        vec = ctypes.create_string_buffer(size // page + 2)
+        for k, j in zip(files.tolist(), (indices - self._starts[files]).tolist()):
+            start = self._bases[k] + j * size
             first = start - start % page
-            length = start + self._row_bytes - first
-            if mincore(first, length, vec.ctypes.data) != 0:
-                return False
-            if not np.all(vec[:-(-length // page)] & 1):
+            length = start + size - first
+            # One byte a page, bit 0 set when resident (the other bits are 0 on Linux).
+            if mincore(first, length, vec) != 0 or b"\0" in vec.raw[:-(-length // page)]:
                 return False
         return True
 
@@ -172,7 +172,6 @@ def _mincore():
     if not _MINCORE:
         fn = None
         try:
-            import ctypes
             import mmap
 
             fn = ctypes.CDLL(None, use_errno=True).mincore
