@@ -34,7 +34,7 @@ def paths(request, tmp_path):
 @pytest.fixture
 def cold(monkeypatch):
     """Every step counts as not resident, so it is advised (small test files are always warm)."""
-    monkeypatch.setattr(RecordSource, "_resident", lambda self, indices: False)
+    monkeypatch.setattr(RecordSource, "resident", lambda self, indices: False)
 
 
 @pytest.fixture
