@@ -153,6 +153,7 @@ class RecordSource:
 
 
 _SAMPLE = 4     # records of a step checked for residency before advising it
+_MAX_SKIP = 16  # a warm file: steps between two checks, at most (a colder one is caught then)
 _MAX_FDS = 64   # files kept open for posix_fadvise
 
 
@@ -258,18 +259,27 @@ class Plan:
             yield from self._steps()
             return
         ahead, asked = self._steps(), 0
+        every, skip = 1, 0  # a warm file is checked every 2, 4, ... _MAX_SKIP steps
         for s, step in enumerate(self._steps()):
             while asked <= s + k:
                 nxt = next(ahead, None)
                 if nxt is None:
                     break
-                self.read_ahead(*nxt)
                 asked += 1
+                if skip:
+                    skip -= 1
+                elif self.read_ahead(*nxt):
+                    every = min(2 * every, _MAX_SKIP)
+                    skip = every - 1
+                else:
+                    every = 1
             yield step
 
-    def read_ahead(self, epoch, first) -> None:
-        """Asks the disk for this process's records of the step starting at `first`."""
+    def read_ahead(self, epoch, first) -> bool:
+        """Asks the disk for this process's records of the step starting at `first`; True if
+        they were resident already (nothing asked)."""
         src, opts = self.source, self.opts
+        resident = True
         for a, b in self.layout.ranges:
             pos = np.arange(first + a, min(first + b, src.n), dtype=np.int64)
             if not len(pos):
@@ -278,7 +288,9 @@ class Plan:
             if src.resident(order.permute(pos[:_SAMPLE], src.n, opts.seed, epoch,
                                           shuffle=opts.shuffle)):
                 continue
+            resident = False
             src.read_ahead(order.permute(pos, src.n, opts.seed, epoch, shuffle=opts.shuffle))
+        return resident
 
     def _steps(self):
         n, g = self.source.n, self.layout.global_batch

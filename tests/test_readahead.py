@@ -162,3 +162,17 @@ def test_lz4_files_are_not_advised_and_serve_the_same(tmp_path, cold, advised):
 def test_read_ahead_is_validated(bad):
     with pytest.raises(ValueError, match="read_ahead must be an integer >= 0"):
         tbljax.LoaderOptions(batch_size=4, read_ahead=bad)
+
+
+def test_a_warm_file_is_checked_ever_less_often(paths, monkeypatch, advised):
+    checks = []
+
+    def resident(self, indices):
+        checks.append(np.array(indices))
+        return True
+
+    monkeypatch.setattr(RecordSource, "resident", resident)
+    serve(paths, 2, drop_remainder=False)  # 10 steps: checked at steps 0, 2 and 6
+    first = [order.permute(np.array([p]), N, 3, e)[0] for e in range(2) for p in range(0, N, G)]
+    assert [c[0] for c in checks] == [first[0], first[2], first[6]]
+    assert not [e for e in advised if e[0] == "advise"]
