@@ -62,7 +62,7 @@ class Loader(HostLoader):
 def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,
            num_epochs: int | None = None, sharding=None, dtype="float32", layout: str = "NHWC",
            mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=None, drop_remainder: bool = True,
-           prefetch: int = 2, threads: int | None = None) -> Loader:
+           prefetch: int = 2, threads: int | None = None, read_ahead: int = 2) -> Loader:
     """Serves a TBL dataset to JAX as sharded global batches.
 
     Args:
@@ -84,6 +84,9 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         zero image) and adds a bool `valid` mask, so every sample is served exactly once.
       prefetch: batches prepared ahead of the consumer.
       threads: threads for decoding non-RAW records (None: the pool's default).
+      read_ahead: RAW files: steps whose records are requested from the disk before the
+        kernel reads them (posix_fadvise WILLNEED into the page cache), so an epoch larger
+        than the page cache runs at the disk's random-read speed; 0 turns it off.
 
     >>> loader = tbljax.loader("val.tbl", batch_size=500, shuffle=False, num_epochs=1,
     ...                        drop_remainder=False)
@@ -93,5 +96,5 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle,
                          num_epochs=num_epochs, dtype=dtype, layout=layout, mean=mean, std=std,
                          augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
-                         threads=threads)
+                         threads=threads, read_ahead=read_ahead)
     return Loader(reader.as_dataset(path_or_paths), opts, sharding)

@@ -34,6 +34,7 @@ class LoaderOptions:
     drop_remainder: bool = True
     prefetch: int = 2
     threads: int | None = None
+    read_ahead: int = 2
 
     def __post_init__(self):
         integer = contract.is_integer
@@ -52,6 +53,9 @@ class LoaderOptions:
         object.__setattr__(self, "augment", _augment.Augment.from_spec(self.augment))
         if not integer(self.prefetch) or self.prefetch < 1:
             raise ValueError(f"prefetch must be an integer >= 1, got {self.prefetch!r}")
+        if not integer(self.read_ahead) or self.read_ahead < 0:
+            raise ValueError(f"read_ahead must be an integer >= 0 (0: off), got "
+                             f"{self.read_ahead!r}")
         if self.threads is not None and (not integer(self.threads) or self.threads < 1):
             raise ValueError(f"threads must be None (the pool's default) or an integer >= 1, "
                              f"got {self.threads!r}")

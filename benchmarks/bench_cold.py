@@ -1,0 +1,163 @@
+"""Cold epochs: one epoch of a RAW file that is not in the page cache, served with read-ahead off
+and on (`tbljax.loader(..., read_ahead=)`), beside the disk's own random-read rate measured in
+the same run (16 threads of `pread` of the same record sizes in a random order). The file is
+../shared/data/kodak converted at 160 px, its records repeated to --gb gigabytes. Before every
+cold configuration the file is dropped from the page cache (fsync, then
+posix_fadvise(DONTNEED): no root needed) and `mincore` checks that it was; the warm
+configurations read it all first. Each configuration runs in its own process; medians over
+rounds. uint8, batch 256, the consumer touches one element per batch ("produce").
+
+    python benchmarks/bench_cold.py [--gb 4] [--rounds 3] [--dir /tmp]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import SHARED_DATA, machine, median, rounds  # noqa: E402
+
+B = 256
+THREADS = 16  # pread threads for the disk's rate
+
+
+def resident_fraction(path: str) -> float:
+    """Share of the file's pages in the page cache (mincore over a mapping of the file)."""
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+    view = np.frombuffer(m, np.uint8)  # only for the mapping's address; mapping touches nothing
+    vec = np.zeros(-(-size // mmap.PAGESIZE), np.uint8)
+    ok = libc.mincore(view.__array_interface__["data"][0], size, vec.ctypes.data) == 0
+    del view
+    m.close()
+    return float(np.mean(vec & 1)) if ok else float("nan")
+
+
+def drop(path: str) -> float:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # DONTNEED drops only clean pages
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return resident_fraction(path)
+
+
+def warm(path: str) -> float:
+    with open(path, "rb") as f:
+        while f.read(1 << 24):
+            pass
+    return resident_fraction(path)
+
+
+def disk_rate(path: str) -> dict:
+    """Records per second read by THREADS threads of pread, in a random order (one epoch)."""
+    import tbljax
+
+    index = tbljax.open(path).index
+    offsets, sizes = index["offset"].astype(np.int64), index["size"].astype(np.int64)
+    order = np.random.default_rng(0).permutation(len(index))
+    fd = os.open(path, os.O_RDONLY)
+
+    def read(chunk):
+        buf = bytearray(int(sizes.max()))
+        for i in chunk.tolist():
+            os.preadv(fd, [memoryview(buf)[:sizes[i]]], int(offsets[i]))
+
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(THREADS) as ex:
+            list(ex.map(read, np.array_split(order, THREADS * 64)))
+        dt = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+    return {"img_s": len(order) / dt, "MB_s": float(sizes.sum()) / dt / 1e6}
+
+
+def epoch(path: str, read_ahead: int) -> dict:
+    import tbljax
+
+    ld = tbljax.loader(path, B, seed=0, num_epochs=1, dtype="uint8", read_ahead=read_ahead)
+    n = 0
+    t0 = time.perf_counter()
+    for b in ld:
+        np.asarray(b["image"]).reshape(-1)[0].item()
+        n += B
+    return {"img_s": n / (time.perf_counter() - t0)}
+
+
+def worker(kind: str, path: str) -> dict:
+    state, _, what = kind.partition("-")
+    resident = drop(path) if state == "cold" else warm(path)
+    res = disk_rate(path) if what == "disk" else epoch(path, 0 if what == "off" else 2)
+    res["resident_before"] = resident
+    return res
+
+
+def make_file(dst: Path, gb: float, size: int) -> int:
+    """kodak converted once at `size`, its records repeated to about `gb` GB."""
+    import tbljax
+    from tbljax.format import Writer
+
+    base = dst.with_suffix(".base.tbl")
+    tbljax.convert(SHARED_DATA / "kodak" / "images", base, image_size=size, progress=False)
+    src = tbljax.open(base).view()
+    records = int(gb * 1e9 // src[0].nbytes)
+    with Writer(dst, records) as w:
+        for i in range(records):
+            w.add_raw(src[i % len(src)])
+        w.set_metadata(labels=np.arange(records) % 24)
+    os.remove(base)
+    return records
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", nargs=2, metavar=("KIND", "PATH"))
+    ap.add_argument("--gb", type=float, default=4.0, help="file size in GB (default 4)")
+    ap.add_argument("--size", type=int, default=160)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where to write the file (default: the temp dir)")
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(worker(*a.worker)))
+        return
+    if not (SHARED_DATA / "kodak").is_dir():
+        sys.exit(f"needs {SHARED_DATA / 'kodak'} (real photos beside the repo)")
+    kinds = ["cold-disk", "cold-off", "cold-on", "warm-off", "warm-on"]
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        path = Path(d) / "cold.tbl"
+        records = make_file(path, a.gb, a.size)
+        gb = path.stat().st_size / 1e9
+        res = rounds(Path(__file__), {k: [k, str(path)] for k in kinds}, a.rounds)
+    print(f"\nbench_cold: kodak -> {a.size} px, {records} records ({gb:.2f} GB), uint8, batch {B}, "
+          f"one epoch per configuration, median of {a.rounds} rounds\nmachine: {machine()}\n")
+    print("| configuration | img/s | MB/s | resident before |")
+    print("|---|---:|---:|---:|")
+    rec_mb = gb * 1e3 / records
+    for k in kinds:
+        ips = median(res[k], "img_s")
+        print(f"| {k} | {ips:.0f} | {ips * rec_mb:.0f} | {median(res[k], 'resident_before'):.0%} |")
+    disk = median(res["cold-disk"], "img_s")
+    for label, k in (("off", "cold-off"), ("on", "cold-on")):
+        print(f"cold epoch / disk random-read rate, read-ahead {label}: "
+              f"{median(res[k], 'img_s') / disk:.2f} (target >= 0.9)")
+    per_round = [on["img_s"] / off["img_s"] for on, off in zip(res["warm-on"], res["warm-off"])]
+    print(f"warm epoch, read-ahead on / off: {np.median(per_round):.2f} (median of per-round ratios)")
+
+
+if __name__ == "__main__":
+    main()
