@@ -66,8 +66,10 @@ class RecordSource:
 
     @property
     def reads_ahead(self) -> bool:
-        """Whether `read_ahead` does anything: RAW records, on an OS with posix_fadvise."""
-        return self._raw and hasattr(os, "posix_fadvise")
+        """Whether `read_ahead` does anything: RAW records of a dataset that says where they
+        are (``index``, ``paths``), on an OS with posix_fadvise."""
+        return (self._raw and hasattr(os, "posix_fadvise") and hasattr(self._ds, "index")
+                and hasattr(self._ds, "paths"))
 
     def read_ahead(self, indices) -> None:
         """Asks the disk for records `indices` before `fill` reads them (`posix_fadvise`

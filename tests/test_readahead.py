@@ -176,3 +176,18 @@ def test_a_warm_file_is_checked_ever_less_often(paths, monkeypatch, advised):
     first = [order.permute(np.array([p]), N, 3, e)[0] for e in range(2) for p in range(0, N, G)]
     assert [c[0] for c in checks] == [first[0], first[2], first[6]]
     assert not [e for e in advised if e[0] == "advise"]
+
+
+def test_the_adapters_take_read_ahead_too(paths):
+    import tbljax.mlx
+    import tbljax.torch
+
+    for make in (tbljax.torch.loader, tbljax.mlx.loader):
+        if make is tbljax.torch.loader:
+            pytest.importorskip("torch", reason="torch is not installed")
+        else:
+            pytest.importorskip("mlx.core", reason="MLX is not installed")
+        assert make(paths, 2, read_ahead=0).options.read_ahead == 0
+        assert make(paths, 2).options.read_ahead == 2
+        with pytest.raises(ValueError, match="read_ahead must be an integer >= 0"):
+            make(paths, 2, read_ahead=-1)
