@@ -250,13 +250,13 @@ class Plan:
     # HostBatch itself. Must not refer to the loader (see tbljax.producer).
     finish: object = None
 
-    def steps(self, *, read_ahead: bool = False):
+    def steps(self):
         """(epoch, first position) of every step from the cursor to the end (or forever).
 
-        With `read_ahead` (and a source that reads ahead), before yielding step s it asks the
-        disk for the records of steps s..s+k not yet asked for (k = opts.read_ahead): never
-        more than k steps ahead of the step about to be built."""
-        k = self.opts.read_ahead if read_ahead and self.source.reads_ahead else 0
+        When the source reads ahead, before yielding step s it asks the disk for the records
+        of steps s..s+k not yet asked for (k = opts.read_ahead): never more than k steps
+        ahead of the step about to be built."""
+        k = self.opts.read_ahead if self.source.reads_ahead else 0
         if k == 0:
             yield from self._steps()
             return

@@ -68,7 +68,7 @@ def _produce(plan: Plan, ring: _batch.Ring, q: queue.Queue, stop: threading.Even
     batches directly."""
     try:
         rows = plan.layout.local_rows
-        for epoch, first in plan.steps(read_ahead=True):
+        for epoch, first in plan.steps():
             while room is not None and not room.acquire(timeout=_POLL_S):
                 if stop.is_set():
                     return
