@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tbljax"
 # a later one). "tbljax" is the public facade (__init__.py).
 ROOMS = [
     ["_core", "_ffi_cuda"],                      # native: the core (C++), the CUDA handler
-    ["contract", "sharding", "braces"],          # shared rules; what `sharding=` means; {a,b}
+    ["contract", "sharding", "braces", "partition"],  # shared rules; `sharding=`; {a,b}; host parts
     ["format", "order", "kernels", "batch", "sources"],  # file bytes; order; kernel; buffers; inputs
     ["reader", "augment"],                       # open a file; crops and flips
     ["conversion", "options"],                   # sources -> file; what a loader yields
