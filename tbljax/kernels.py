@@ -12,7 +12,7 @@ import numpy as np
 
 from tbljax import _core, contract
 
-__all__ = ["gather", "normalize_table", "raw_source", "kernel_target"]
+__all__ = ["gather", "normalize_table", "raw_source", "kernel_target", "variable_source"]
 
 def kernel_target() -> str:
     """The SIMD target the kernel (and the decoder's resize) runs on this machine: ``scalar``,
@@ -61,13 +61,35 @@ def raw_source(source) -> _core.RawSource:
                     f"tbljax._core.RawSource, got {type(source).__name__}")
 
 
+def variable_source(shards, counts, offsets, heights, widths) -> _core.RawSource:
+    """A native view of RAW records of different sizes: ``shards[k]`` (C-contiguous uint8
+    arrays, e.g. `Dataset.raw_records` of a file) holds ``counts[k]`` records; record i is
+    ``heights[i] x widths[i] x 3`` bytes at byte ``offsets[i]`` of its shard. Every record is
+    checked to lie inside its shard. `gather` from it needs crop boxes (they fix the output
+    size)."""
+    def arr(a, dtype, name):
+        a = np.asarray(a)
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            raise TypeError(f"{name} must be a 1-D integer array, got {a.dtype} of shape {a.shape}")
+        return np.ascontiguousarray(a, dtype=dtype)
+
+    shards = list(shards)
+    for k, a in enumerate(shards):
+        if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or not a.flags.c_contiguous:
+            raise TypeError(f"shards[{k}] must be a C-contiguous uint8 numpy array")
+    return _core.RawSource.variable(shards, arr(counts, np.int64, "counts"),
+                                    arr(offsets, np.int64, "offsets"),
+                                    arr(heights, np.int32, "heights"), arr(widths, np.int32, "widths"))
+
+
 def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None, flip=None,
            mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> np.ndarray:
     """Gathers ``source[indices]`` into ``out`` in one fused, parallel pass (GIL released).
 
     For each sample b: take record ``indices[b]``; if ``crop`` is given, cut the box
-    ``crop[b] = (y0, x0, h, w)`` and resize it to the output size with the integer bilinear
-    formula of ffi/core/kernel.h (uint8 pixels, rounded to nearest); mirror it left-right if
+    ``crop[b] = (y0, x0, h, w)`` and resize it to the output size with the exact integer
+    triangle filter of ffi/core/kernel.h (bilinear, antialiased when shrinking; uint8 pixels,
+    rounded to nearest); mirror it left-right if
     ``flip[b]``; then write it as ``out.dtype``:
 
     * uint8: the pixels as they are (``mean`` and ``std`` must be None);
@@ -76,7 +98,9 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
 
     Args:
       source: an ``(N, H, W, 3)`` uint8 C-contiguous array, a list of such shard arrays read
-        as one sequence, or a ``RawSource`` from ``raw_source``.
+        as one sequence, or a ``RawSource`` from ``raw_source`` or ``variable_source``
+        (records of different sizes: ``crop`` is then required, each box inside its own
+        record).
       indices: ``(B,)`` integers in ``[0, N)``.
       out: ``(B, OH, OW, 3)`` for NHWC or ``(B, 3, OH, OW)`` for NCHW; uint8, float32 or
         ``ml_dtypes.bfloat16``; C-contiguous and writable. Never reallocated or converted.

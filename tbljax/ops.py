@@ -29,10 +29,14 @@ from tbljax import _core, contract
 from tbljax import kernels as _kernels
 from tbljax import sharding as _sharding
 
-__all__ = ["TARGET", "BACKENDS", "gather_normalize", "normalize", "registered_platforms",
-           "twin_gather"]
+__all__ = ["TARGET", "PACKED_TARGET", "BACKENDS", "PAGE_BYTES", "PackedRecords", "gather_normalize",
+           "normalize", "pack_layout", "registered_platforms", "twin_gather"]
 
 TARGET = "tbljax_gather_normalize"
+PACKED_TARGET = "tbljax_gather_normalize_packed"
+# Packed records start at multiples of this many bytes (so a record's place is an int32 page
+# number whatever the total size; padding averages half a page a record).
+PAGE_BYTES = 4096
 BACKENDS = ("auto", "ffi", "twin")
 _ONE_BITS = contract.RESIZE_WEIGHT_BITS
 _ROUND_SHIFT = 2 * _ONE_BITS  # acc carries weights of 2^11 on each axis
@@ -89,44 +93,121 @@ def registered_platforms() -> dict[str, str]:
 # The pure-JAX twin: the formulas of ffi/core/kernel.h in jax.numpy (int32 throughout)
 # ---------------------------------------------------------------------------------------------
 
-def _axis_taps(o, start, length, out_len: int):
-    """kernel.h ComputeAxisTap, vectorized: source coordinates s0, s1 and weights w0, w1."""
-    two_out = 2 * out_len
-    n = jnp.maximum(0, (2 * o + 1) * length - out_len)
-    i, f = n // two_out, n % two_out
-    w1 = (f * (1 << _ONE_BITS) + out_len) // two_out
-    return start + i, start + jnp.minimum(i + 1, length - 1), (1 << _ONE_BITS) - w1, w1
+@jax.tree_util.register_pytree_node_class
+class PackedRecords:
+    """RAW records of different sizes for `gather_normalize`, in two arrays: ``pages``, uint8
+    ``(P, PAGE_BYTES)``, and ``table``, int32 ``(N, 3)``: record i is ``table[i, 1] x
+    table[i, 2] x 3`` bytes (HWC) starting at ``pages[table[i, 0], 0]``. ``max_side`` (the
+    longest side of any record) is static: it bounds how many filter taps a crop can need.
+    `pack_layout` computes the table; `tbljax.ResidentDataset` of a file of records of
+    different sizes holds one."""
+
+    def __init__(self, pages, table, max_side: int):
+        self.pages, self.table, self.max_side = pages, table, int(max_side)
+
+    def tree_flatten(self):
+        return (self.pages, self.table), self.max_side
+
+    @classmethod
+    def tree_unflatten(cls, max_side, children):
+        return cls(*children, max_side)
+
+    def __len__(self) -> int:
+        return int(self.table.shape[0])
+
+    def __repr__(self) -> str:
+        return (f"PackedRecords({len(self)} records, {self.pages.shape[0]} pages of "
+                f"{PAGE_BYTES} bytes, max_side={self.max_side})")
+
+
+def pack_layout(heights, widths) -> tuple[np.ndarray, int]:
+    """(int32 (N, 3) table of (first page, height, width), number of pages) for records of
+    these sizes packed one after another, each from a page start."""
+    h = np.asarray(heights, np.int64)
+    w = np.asarray(widths, np.int64)
+    pages = -(-(h * w * 3) // PAGE_BYTES)
+    first = np.concatenate([[0], np.cumsum(pages)[:-1]]) if len(pages) else pages
+    total = int(pages.sum())
+    if total > np.iinfo(np.int32).max or (len(h) and (h * w * 3).max() > np.iinfo(np.int32).max):
+        raise ValueError(f"{len(h)} records of {total * PAGE_BYTES} bytes do not fit the packed "
+                         "layout (int32 page numbers, records under 2 GiB)")
+    return np.stack([first, h, w], axis=1).astype(np.int32), total
+
+
+def _max_taps(length: int, out_len: int) -> int:
+    """kernel.h: an output coordinate reads at most 2*max(len, out)/out + 1 box pixels."""
+    return 2 * max(length, out_len) // out_len + 1
+
+
+def _axis_weights(o, length, out_len: int, taps: int):
+    """kernel.h's taps of output coordinates `o` (..., O) for box lengths `length` (..., 1):
+    the first box pixel (..., O) and `taps` weights each (..., O, taps), zero past the run.
+    int32 throughout; exact (kernel.h bounds every intermediate below 2^31)."""
+    m2 = 2 * jnp.maximum(length, out_len)
+    c = (2 * o + 1) * length - out_len
+    lo = jnp.maximum((c - m2) // (2 * out_len) + 1, 0)           # floor division, as kernel.h
+    j = lo[..., None] + jnp.arange(taps, dtype=jnp.int32)
+    length = length[..., None]
+    d = jnp.abs((2 * j + 1) * out_len - (2 * o[..., None] + 1) * length)
+    u = jnp.where(j < length, jnp.maximum(m2[..., None] - d, 0), 0)
+    total = jnp.sum(u, axis=-1, keepdims=True)
+    n = u * (1 << _ONE_BITS)
+    q, r = n // total, n % total
+    w = q + (r >= total - r).astype(jnp.int32) * (u > 0)
+    rest = (1 << _ONE_BITS) - jnp.sum(w, axis=-1, keepdims=True)
+    big = jnp.argmax(w, axis=-1)[..., None]                        # the first largest
+    w = w + jnp.where(jnp.arange(taps, dtype=jnp.int32) == big, rest, 0)
+    return lo, w
 
 
 def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=None,
                 layout: str = "NHWC"):
     """The kernel's semantics in jax.numpy, with arguments already checked by
-    `gather_normalize`: uint8 ``data`` (N, H, W, 3), int ``indices`` (B,), int32 ``crop``
-    (B, 4) or None, bool ``flip`` (B,) or None, ``out_size`` (OH, OW), ``table`` a (3, 256)
-    float32/bfloat16 normalization table or None for uint8 output. Bit-exact with the C++
-    kernel by construction: exact int32 arithmetic, then one table look-up per value."""
-    _, h, w, _ = data.shape
-    oh, ow = out_size if out_size is not None else (h, w)
-    idx = indices[:, None, None]
+    `gather_normalize`: ``data`` uint8 (N, H, W, 3) or `PackedRecords`, int ``indices`` (B,),
+    int32 ``crop`` (B, 4) or None (uniform data only), bool ``flip`` (B,) or None,
+    ``out_size`` (OH, OW), ``table`` a (3, 256) float32/bfloat16 normalization table or None
+    for uint8 output. Bit-exact with the C++ kernel by construction: exact int32 arithmetic
+    (kernel.h's double sum over the filter taps), then one table look-up per value."""
+    packed = isinstance(data, PackedRecords)
+    if packed:
+        rec = data.table[indices]                                      # (B, 3)
+        first, rec_w = rec[:, 0, None, None], rec[:, 2, None, None]
+        max_h = max_w = data.max_side
+
+        def at(sy, sx):  # (B, OH, OW, 3) int32: pixel triplets of each sample's record
+            o = (sy[:, :, None] * rec_w + sx[:, None, :]) * 3
+            o = o[..., None] + jnp.arange(3, dtype=jnp.int32)
+            return data.pages[first[..., None] + o // PAGE_BYTES, o % PAGE_BYTES].astype(jnp.int32)
+    else:
+        _, max_h, max_w, _ = data.shape
+        idx = indices[:, None, None]
+
+        def at(sy, sx):
+            return data[idx, sy[:, :, None], sx[:, None, :]].astype(jnp.int32)
+    oh, ow = out_size if out_size is not None else (max_h, max_w)
     # Flip mirrors output columns, so it folds into which column each output reads.
     ox = jnp.arange(ow, dtype=jnp.int32)[None, :]
     if flip is not None:
         ox = jnp.where(flip[:, None], ow - 1 - ox, ox)
     if crop is None:
-        rows = jnp.arange(h, dtype=jnp.int32)[None, :, None]
+        rows = jnp.arange(max_h, dtype=jnp.int32)[None, :, None]
         pix = data[idx, rows, ox[:, None, :]] if flip is not None else data[indices]
     else:
         crop = crop.astype(jnp.int32)
-        oy = jnp.arange(oh, dtype=jnp.int32)[None, :]
-        sy0, sy1, wy0, wy1 = _axis_taps(oy, crop[:, :1], crop[:, 2:3], oh)   # (B, OH)
-        sx0, sx1, wx0, wx1 = _axis_taps(ox, crop[:, 1:2], crop[:, 3:4], ow)  # (B, OW)
-
-        def at(sy, sx):  # (B, OH, OW, 3) int32: pixel triplets at the given taps
-            return data[idx, sy[:, :, None], sx[:, None, :]].astype(jnp.int32)
-
-        wx0, wx1 = wx0[:, None, :, None], wx1[:, None, :, None]
-        acc = (wy0[:, :, None, None] * (wx0 * at(sy0, sx0) + wx1 * at(sy0, sx1))
-               + wy1[:, :, None, None] * (wx0 * at(sy1, sx0) + wx1 * at(sy1, sx1)))
+        oy = jnp.broadcast_to(jnp.arange(oh, dtype=jnp.int32)[None, :], (crop.shape[0], oh))
+        ky, kx = _max_taps(max_h, oh), _max_taps(max_w, ow)
+        ly, wy = _axis_weights(oy, crop[:, 2:3], oh, ky)                 # (B, OH), (B, OH, ky)
+        lx, wx = _axis_weights(ox, crop[:, 3:4], ow, kx)                 # (B, OW), (B, OW, kx)
+        sy0, sx0 = crop[:, :1] + ly, crop[:, 1:2] + lx
+        y_last, x_last = crop[:, :1] + crop[:, 2:3] - 1, crop[:, 1:2] + crop[:, 3:4] - 1
+        acc = jnp.zeros((crop.shape[0], oh, ow, 3), jnp.int32)
+        for a in range(ky):  # sum over taps; a zero weight's pixel is clamped into the box
+            sy = jnp.minimum(sy0 + a, y_last)
+            row = jnp.zeros_like(acc)
+            for b in range(kx):
+                sx = jnp.minimum(sx0 + b, x_last)
+                row = row + wx[:, None, :, b, None] * at(sy, sx)
+            acc = acc + wy[:, :, a, None, None] * row
         pix = ((acc + (1 << (_ROUND_SHIFT - 1))) >> _ROUND_SHIFT).astype(jnp.uint8)
     out = pix if table is None else _lookup(pix, table, channel_axis=-1)
     return out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
@@ -168,17 +249,20 @@ def normalize(pixels, *, mean=None, std=None, dtype=jnp.float32, layout: str = "
 # ---------------------------------------------------------------------------------------------
 
 def _ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, out_size, dtype):
+    """The FFI custom call; `data` is an (N, H, W, 3) array or `PackedRecords`."""
     oh, ow = out_size
     b = indices.shape[0]  # per shard under shard_map
     result = jax.ShapeDtypeStruct((b, oh, ow, 3) if layout == "NHWC" else (b, 3, oh, ow), dtype)
     crop_op = jnp.zeros((0, 4), jnp.int32) if crop is None else crop.astype(jnp.int32)
     flip_op = jnp.zeros((0,), jnp.uint8) if flip is None else flip.astype(jnp.uint8)
-    operands = [data, indices, crop_op, flip_op]
+    packed = isinstance(data, PackedRecords)
+    records = [data.pages, data.table] if packed else [data]
+    operands = [*records, indices, crop_op, flip_op]
     aliases = None
     if out is not None:  # write into the caller's (donated) buffer, not a fresh allocation
+        aliases = {len(operands): 0}
         operands.append(out)
-        aliases = {4: 0}
-    call = jax.ffi.ffi_call(TARGET, result, vmap_method="sequential",
+    call = jax.ffi.ffi_call(PACKED_TARGET if packed else TARGET, result, vmap_method="sequential",
                             input_output_aliases=aliases)
     y = call(*operands, mean=np.asarray(mean, np.float64), std=np.asarray(std, np.float64),
              layout=layout)
@@ -278,12 +362,25 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     contract.check_layout(layout)
     out_dt = _out_dtype(dtype)
-    if not hasattr(data, "shape") or not hasattr(data, "dtype"):
-        data = jnp.asarray(data)
-    if data.dtype != np.uint8 or data.ndim != 4 or data.shape[3] != 3 or 0 in data.shape[:3]:
-        raise ValueError(f"data must be a non-empty uint8 array of shape (N, H, W, 3), got "
-                         f"{data.dtype} of shape {tuple(data.shape)}")
-    n, h, w, _ = (int(v) for v in data.shape)
+    packed = isinstance(data, PackedRecords)
+    if packed:
+        n, h, w = len(data), None, None
+        if data.pages.dtype != np.uint8 or data.pages.ndim != 2 or data.pages.shape[1] != PAGE_BYTES:
+            raise ValueError(f"PackedRecords.pages must be uint8 (P, {PAGE_BYTES}), got "
+                             f"{data.pages.dtype} of shape {tuple(data.pages.shape)}")
+        if data.table.dtype != np.int32 or data.table.ndim != 2 or data.table.shape[1] != 3 or n < 1:
+            raise ValueError(f"PackedRecords.table must be int32 (N, 3) with N >= 1, got "
+                             f"{data.table.dtype} of shape {tuple(data.table.shape)}")
+        if crop is None or out_size is None:
+            raise ValueError("the records differ in size: the output size is fixed only by crop "
+                             "boxes and out_size (e.g. augment=tbljax.Augment(size=(224, 224)))")
+    else:
+        if not hasattr(data, "shape") or not hasattr(data, "dtype"):
+            data = jnp.asarray(data)
+        if data.dtype != np.uint8 or data.ndim != 4 or data.shape[3] != 3 or 0 in data.shape[:3]:
+            raise ValueError(f"data must be a non-empty uint8 array of shape (N, H, W, 3) or "
+                             f"PackedRecords, got {data.dtype} of shape {tuple(data.shape)}")
+        n, h, w, _ = (int(v) for v in data.shape)
 
     concrete_idx = _is_concrete(indices)
     if concrete_idx:
@@ -306,10 +403,16 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
         if mean is not None or std is not None:
             raise ValueError("uint8 output is not normalized: mean and std must be None")
     mean_v, std_v = contract.normalization(mean, std)
-    oh, ow = contract.output_size((h, w), out_size, cropped=crop is not None)
+    oh, ow = contract.output_size((h, w) if not packed else out_size, out_size,
+                                  cropped=crop is not None)
     if crop is not None:
-        if _is_concrete(crop):
-            _core.check_crops(contract.crop_boxes(crop, batch), h, w)
+        if _is_concrete(crop) and not packed:
+            _core.check_crops(contract.crop_boxes(crop, batch), h, w, oh, ow)
+        elif _is_concrete(crop) and concrete_idx and _is_concrete(data.table):
+            dims = np.asarray(data.table)[np.asarray(host_idx, np.int64)]
+            _core.check_crops_per_record(contract.crop_boxes(crop, batch),
+                                         np.ascontiguousarray(dims[:, 1]),
+                                         np.ascontiguousarray(dims[:, 2]), oh, ow)
         crop = jnp.asarray(crop)
         if crop.shape != (batch, 4) or not jnp.issubdtype(crop.dtype, jnp.integer):
             raise ValueError(f"crop must be ({batch}, 4) integers, got {crop.dtype} of shape "
@@ -334,13 +437,19 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
     if out_dt != np.uint8 and backend != "ffi":
         table = jnp.asarray(_table(mean_v, std_v, out_dt))
 
-    def twin(d, i, c, f, o, t):
-        del o
-        return twin_gather(d, i, crop=c, flip=f, out_size=(oh, ow), table=t, layout=layout)
+    max_side = data.max_side if packed else None
 
-    def ffi(d, i, c, f, o, t):
+    def records(d, r):
+        return d if r is None else PackedRecords(d, r, max_side)
+
+    def twin(d, r, i, c, f, o, t):
+        del o
+        return twin_gather(records(d, r), i, crop=c, flip=f, out_size=(oh, ow), table=t,
+                           layout=layout)
+
+    def ffi(d, r, i, c, f, o, t):
         del t
-        return _ffi_gather(d, i, c, f, o, mean=mean_v, std=std_v, layout=layout,
+        return _ffi_gather(records(d, r), i, c, f, o, mean=mean_v, std=std_v, layout=layout,
                            out_size=(oh, ow), dtype=out_dt)
 
     if backend == "twin":
@@ -353,7 +462,7 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
             return jax.lax.platform_dependent(*args, default=twin,
                                               **{p: ffi for p in _REGISTERED})
 
-    args = (data, indices, crop, flip, out, table)
+    args = ((data.pages, data.table) if packed else (data, None)) + (indices, crop, flip, out, table)
     if sharding is not None:
         mesh, spec = _batch_spec(sharding)
         return _shard_map(body, args, mesh, spec)
@@ -364,14 +473,17 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
 # Per shard: with `sharding=`, or following the indices' sharding
 # ---------------------------------------------------------------------------------------------
 
-# The op's operands, in order: data, indices, crop, flip, out, table. Their axes as factors of
-# a Shardy sharding rule: the batch b is the one factor operands and result share.
-_FACTORS = ("n h w d", "b", "b k", "b", None, "t v")
-_BATCHED = (1, 2, 3, 4)  # split like the batch; data and table are whole on every device
+# The op's operands, in order: data (records, or the pages of packed records), the packed
+# records' table (None for records of one size), indices, crop, flip, out, the normalization
+# table. Their axes as factors of a Shardy sharding rule: the batch b is the one factor
+# operands and result share.
+_FACTORS = ("n h w d", "r s", "b", "b k", "b", None, "t v")
+_INDICES, _OUT = 2, 5
+_BATCHED = (2, 3, 4, 5)  # split like the batch; records and tables are whole on every device
 
 
 def _present(body, args):
-    """body over all six operands → (fn over the operands that are not None, their slots)."""
+    """body over all seven operands → (fn over the operands that are not None, their slots)."""
     slots = tuple(k for k, a in enumerate(args) if a is not None)
 
     def fn(*local):
@@ -405,11 +517,11 @@ def _follow_indices(body, args, layout):
     """
     fn, slots = _present(body, args)
     operands = [args[k] for k in slots]
-    batch = int(args[1].shape[0])
+    batch = int(args[_INDICES].shape[0])
     context = jax.sharding.get_abstract_mesh()
     if context.axis_names and set(context.manual_axes) == set(context.axis_names):
         return fn(*operands)  # inside shard_map over every axis: already one device's rows
-    typed = getattr(jax.typeof(args[1]), "sharding", None)
+    typed = getattr(jax.typeof(args[_INDICES]), "sharding", None)
     explicit = _explicit_entry(typed, batch)
     if explicit is not None:
         return _shard_map(body, args, typed.mesh, PartitionSpec(explicit))
@@ -419,7 +531,7 @@ def _follow_indices(body, args, layout):
     from jax.experimental.custom_partitioning import custom_partitioning
 
     def placement(mesh, arg_shapes):
-        entry = _split_entry(arg_shapes[1].sharding, batch)  # the indices decide
+        entry = _split_entry(arg_shapes[slots.index(_INDICES)].sharding, batch)  # indices decide
         rows = NamedSharding(mesh, PartitionSpec(entry))
         rep = NamedSharding(mesh, PartitionSpec())
         return rows, tuple(rows if k in _BATCHED else rep for k in slots)
@@ -434,7 +546,8 @@ def _follow_indices(body, args, layout):
         return mesh, fn, rows, in_shardings
 
     result = "b y x c" if layout == "NHWC" else "b c y x"
-    factors = [result if k == 4 else _FACTORS[k] for k in slots]
+    data_factors = "n h w d" if args[0].ndim == 4 else "p q"
+    factors = [result if k == _OUT else data_factors if k == 0 else _FACTORS[k] for k in slots]
     op = custom_partitioning(fn)
     op.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
                      sharding_rule=f"{', '.join(factors)} -> {result}")

@@ -269,6 +269,27 @@ class Dataset:
         """Zero-copy read-only (N_k, H, W, 3) uint8 views, one per file (uniform RAW only)."""
         return [f.raw_view() for f in self._files]
 
+    def raw_records(self):
+        """Where the RAW records of a file of records of different sizes lie, for the kernel:
+        (one read-only 1-D uint8 view of each file's mapping, records per file, each record's
+        byte offset in its file (int64), height and width (int32)). Uncompressed RAW only;
+        CorruptFileError if an index entry's size is not its height * width * 3."""
+        if self.record_format != "raw":
+            raise ValueError(f"{self!r}: only uncompressed RAW records are gathered in place "
+                             f"(this file holds {self.record_format} records)")
+        idx = self.index
+        heights, widths = idx["height"].astype(np.int32), idx["width"].astype(np.int32)
+        bad = np.flatnonzero(idx["size"].astype(np.int64)
+                             != heights.astype(np.int64) * widths * 3)
+        if len(bad):
+            k, j = self._locate(int(bad[0]))
+            raise _core.CorruptFileError(
+                f"{self._files[k].path}: record {j}: RAW payload of {int(idx['size'][bad[0]])} "
+                f"bytes is not {int(heights[bad[0]])}x{int(widths[bad[0]])}x3")
+        counts = np.diff(self._starts).astype(np.int64)
+        return ([f.file_view() for f in self._files], counts,
+                np.ascontiguousarray(idx["offset"], dtype=np.int64), heights, widths)
+
     def view(self) -> np.ndarray:
         """Zero-copy read-only (N, H, W, 3) uint8 view of a single uniform RAW file."""
         if len(self._files) != 1:

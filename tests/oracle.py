@@ -64,25 +64,29 @@ def normalize(pixels, mean, std, dtype=np.float32, layout="NHWC") -> np.ndarray:
     return out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
 
 
-def taps(out_len: int, start: int, length: int):
-    """kernel.h's per-axis formula in int64: source rows s0, s1 and weights w0, w1 (of 2^11)."""
-    o = np.arange(out_len, dtype=np.int64)
-    n = np.maximum(0, (2 * o + 1) * length - out_len)
-    i, f = n // (2 * out_len), n % (2 * out_len)
-    w1 = (f * 2048 + out_len) // (2 * out_len)
-    return start + i, start + np.minimum(i + 1, length - 1), 2048 - w1, w1
+def axis_weights(out_len: int, length: int) -> np.ndarray:
+    """kernel.h's per-axis weights as a dense (out_len, length) int64 matrix: row o holds the
+    weights (of 2^11) of the box's pixels for output coordinate o. Written from the formula:
+    triangle values u_j = max(0, 2M - |(2j+1) out - (2o+1) len|), M = max(len, out); weights
+    round(u_j * 2048 / sum u), halves up; the remainder to the largest (first of equals)."""
+    o = np.arange(out_len, dtype=np.int64)[:, None]
+    j = np.arange(length, dtype=np.int64)[None, :]
+    m2 = 2 * max(length, out_len)
+    u = np.maximum(0, m2 - np.abs((2 * j + 1) * out_len - (2 * o + 1) * length))
+    total = u.sum(axis=1, keepdims=True)
+    w = (2 * u * 2048 + total) // (2 * total)           # round half up, exact in int64
+    big = np.argmax(w, axis=1)                           # first of the largest
+    w[np.arange(out_len), big] += 2048 - w.sum(axis=1)
+    assert (w >= 0).all() and (w.sum(axis=1) == 2048).all()
+    return w
 
 
 def crop_resize(img: np.ndarray, box, oh: int, ow: int) -> np.ndarray:
     """The box (y0, x0, h, w) of an (H, W, 3) uint8 image resized to (oh, ow), exactly."""
     y0, x0, h, w = (int(v) for v in box)
-    sy0, sy1, wy0, wy1 = taps(oh, y0, h)
-    sx0, sx1, wx0, wx1 = taps(ow, x0, w)
-    p = img.astype(np.int64)
-    wx0, wx1 = wx0[None, :, None], wx1[None, :, None]
-    top = wx0 * p[sy0][:, sx0] + wx1 * p[sy0][:, sx1]
-    bottom = wx0 * p[sy1][:, sx0] + wx1 * p[sy1][:, sx1]
-    acc = wy0[:, None, None] * top + wy1[:, None, None] * bottom
+    p = img[y0:y0 + h, x0:x0 + w].astype(np.int64)
+    wy, wx = axis_weights(oh, h), axis_weights(ow, w)
+    acc = np.einsum("oj,jic,pi->opc", wy, p, wx)          # sum_j sum_i wy wx P, exact
     return ((acc + (1 << 21)) >> 22).astype(np.uint8)
 
 

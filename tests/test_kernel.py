@@ -15,7 +15,7 @@ import pytest
 from oracle import crop_resize as ref_crop_resize  # noqa: F401
 from oracle import nearest_bf16_bits
 from oracle import table as reference_table
-from oracle import taps as ref_taps
+from oracle import axis_weights as ref_weights
 from tbljax import _core, kernels
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -61,13 +61,17 @@ def random_boxes(rng, batch, h, w):
 # The reference itself
 # ---------------------------------------------------------------------------------------------
 
-def test_reference_taps_identity_and_bounds():
-    s0, s1, w0, w1 = ref_taps(37, 5, 37)  # a box of the output's size: a plain crop
-    assert (s0 == np.arange(37) + 5).all() and (w1 == 0).all() and (w0 == 2048).all()
+def test_reference_weights_identity_bounds_and_antialiasing():
+    assert (ref_weights(37, 37) == 2048 * np.eye(37, dtype=np.int64)).all()  # a plain crop
     for out_len, length in [(1, 1), (1, 9), (9, 1), (160, 50), (160, 176), (7, 300), (300, 7)]:
-        s0, s1, w0, w1 = ref_taps(out_len, 3, length)
-        assert (s0 >= 3).all() and (s1 <= 3 + length - 1).all() and (s1 >= s0).all()
-        assert ((w0 >= 0) & (w1 >= 0) & (w0 + w1 == 2048)).all()
+        w = ref_weights(out_len, length)
+        assert (w >= 0).all() and (w.sum(axis=1) == 2048).all()
+        taps = (w > 0).sum(axis=1)
+        assert (taps <= 2 * max(length, out_len) // out_len + 1).all()
+        if length <= out_len:  # upscaling: ordinary 2-tap bilinear
+            assert (taps <= 2).all()
+    # Shrinking by 2 averages with the triangle stretched 2x: (1, 3, 3, 1) / 8 inside.
+    assert list(ref_weights(8, 16)[3, 5:9]) == [256, 768, 768, 256]
 
 
 def test_nearest_bf16_rounds_once_from_float64():

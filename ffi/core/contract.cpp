@@ -139,18 +139,37 @@ Status CheckIndices(const int64_t* indices, int64_t batch, int64_t n) {
   return Status::Ok();
 }
 
-Status CheckCrops(const int32_t* crops, int64_t batch, int64_t H, int64_t W) {
-  for (int64_t b = 0; b < batch; ++b) {
-    const int32_t* c = crops + 4 * b;
-    const int64_t y0 = c[0], x0 = c[1], h = c[2], w = c[3];
-    if (y0 < 0 || x0 < 0 || h < 1 || w < 1 || y0 + h > H || x0 + w > W)
-      return InvalidArgument(
-          "crop[" + std::to_string(b) + "] = (y0=" + std::to_string(y0) +
-          ", x0=" + std::to_string(x0) + ", h=" + std::to_string(h) + ", w=" + std::to_string(w) +
-          ") is not a non-empty box inside the " + std::to_string(H) + "x" + std::to_string(W) +
-          " image (need y0 >= 0, x0 >= 0, h >= 1, w >= 1, y0 + h <= " + std::to_string(H) +
-          ", x0 + w <= " + std::to_string(W) + ")");
-  }
+namespace {
+
+// kernel.h: per axis, 2 * out * len and 2 * M * (2 * M / out + 2) below 2^31.
+bool ResizeFitsInt32(int64_t len, int64_t out) {
+  const int64_t m2 = 2 * (len > out ? len : out), limit = int64_t{1} << 31;
+  return 2 * out * len < limit && m2 * (m2 / out + 2) < limit;
+}
+
+}  // namespace
+
+Status CheckCropBox(int64_t b, const int32_t* c, int64_t H, int64_t W, int64_t oh, int64_t ow) {
+  const int64_t y0 = c[0], x0 = c[1], h = c[2], w = c[3];
+  const std::string box = "crop[" + std::to_string(b) + "] = (y0=" + std::to_string(y0) +
+                          ", x0=" + std::to_string(x0) + ", h=" + std::to_string(h) +
+                          ", w=" + std::to_string(w) + ")";
+  if (y0 < 0 || x0 < 0 || h < 1 || w < 1 || y0 + h > H || x0 + w > W)
+    return InvalidArgument(box + " is not a non-empty box inside the " + std::to_string(H) + "x" +
+                           std::to_string(W) + " image (need y0 >= 0, x0 >= 0, h >= 1, w >= 1, " +
+                           "y0 + h <= " + std::to_string(H) + ", x0 + w <= " + std::to_string(W) +
+                           ")");
+  if (oh > 0 && ow > 0 && !(ResizeFitsInt32(h, oh) && ResizeFitsInt32(w, ow)))
+    return InvalidArgument(box + " resized to " + std::to_string(oh) + "x" + std::to_string(ow) +
+                           " shrinks too much for the exact integer resize (kernel.h: per axis "
+                           "2*out*len and 2*M*(2*M/out+2) must stay below 2^31)");
+  return Status::Ok();
+}
+
+Status CheckCrops(const int32_t* crops, int64_t batch, int64_t H, int64_t W, int64_t oh,
+                  int64_t ow) {
+  for (int64_t b = 0; b < batch; ++b)
+    TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, crops + 4 * b, H, W, oh, ow));
   return Status::Ok();
 }
 

@@ -59,9 +59,14 @@ void NormalizeTableBf16(const double mean[3], const double std[3], uint16_t tabl
 
 // Every indices[b] in [0, num_records), or OutOfRange naming the first position and value.
 Status CheckIndices(const int64_t* indices, int64_t batch, int64_t num_records);
-// Every crops[b] = (y0, x0, h, w) a non-empty box inside a height x width image, or
-// InvalidArgument naming the first that is not.
-Status CheckCrops(const int32_t* crops, int64_t batch, int64_t height, int64_t width);
+// box = crops[b] = (y0, x0, h, w) a non-empty box inside a height x width record whose resize
+// to (out_h, out_w) stays within the exact int32 arithmetic of kernel.h (not checked when
+// out_h or out_w is 0), or InvalidArgument naming it.
+Status CheckCropBox(int64_t b, const int32_t* box, int64_t height, int64_t width, int64_t out_h,
+                    int64_t out_w);
+// CheckCropBox for every box of a batch of records of one size.
+Status CheckCrops(const int32_t* crops, int64_t batch, int64_t height, int64_t width,
+                  int64_t out_h = 0, int64_t out_w = 0);
 // Without crop boxes the output is the records' size: (out_h, out_w) == (height, width).
 Status CheckOutputSize(bool has_crops, int64_t out_h, int64_t out_w, int64_t height, int64_t width);
 

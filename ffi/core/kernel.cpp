@@ -91,7 +91,19 @@ struct Scratch {
   XTap* xtaps;       // out_w
   HBlock* hblocks;   // out_w / kBlockPixels
   LanePair* lanes;   // 3 * out_w / 8
+  // The general resize (any box; antialiased shrink), sized per batch (GeneralScratchInts):
+  int32_t* mid;      // 3 * box width: the box's rows combined with one output row's weights
+  int32_t* gx;       // out_w * (2 + taps): per output column its first byte in mid, its tap
+                     // count and its weights (stride gx_stride)
+  int32_t* gy;       // taps: one output row's weights
+  int64_t gx_stride;
 };
+
+// The most taps one output coordinate can have on an axis of `len` box pixels resized to
+// `out` (kernel.h: at most 2*M/out + 1), plus one for safety.
+inline int64_t MaxTaps(int64_t len, int64_t out) {
+  return 2 * (len > out ? len : out) / out + 2;
+}
 
 using UnitFn = void (*)(const Plan&, int64_t sample, int64_t row_begin, int64_t row_end,
                         const Scratch&);
@@ -282,11 +294,50 @@ Status RawSource::Create(std::vector<RawShard> shards, int64_t height, int64_t w
   return Status::Ok();
 }
 
-const uint8_t* RawSource::Record(int64_t i) const {
+Status RawSource::CreateVariable(std::vector<RawShard> shards, RecordTable table, RawSource* out) {
+  if (shards.empty()) return InvalidArgument("a RawSource needs at least one shard");
+  if (!(table.offsets || (table.pages && table.page_bytes > 0)) || !table.heights ||
+      !table.widths || table.stride < 1)
+    return InvalidArgument("a RawSource of records of different sizes needs its record table");
+  RawSource s;
+  s.table_ = table;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    if (shards[k].num_records < 0 || shards[k].bytes < 0)
+      return InvalidArgument("shard " + std::to_string(k) + " has a negative size");
+    if (shards[k].num_records > 0 && shards[k].data == nullptr)
+      return InvalidArgument("shard " + std::to_string(k) + " has records but no data");
+    s.starts_.push_back(s.num_records_);
+    s.num_records_ += shards[k].num_records;
+  }
+  s.starts_.push_back(s.num_records_);
+  s.shards_ = std::move(shards);
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+Status RawSource::CheckRecord(int64_t i) const {
+  if (uniform()) return Status::Ok();
+  const size_t k = ShardOf(i);
+  const int64_t h = Height(i), w = Width(i), off = Offset(i), bytes = shards_[k].bytes;
+  if (h < 1 || w < 1 || w > (int64_t{1} << 31) / 3 - 1 || off < 0 || off > bytes ||
+      h * w * 3 > bytes - off)
+    return InvalidArgument("record " + std::to_string(i) + " (" + std::to_string(h) + "x" +
+                           std::to_string(w) + " pixels at byte " + std::to_string(off) +
+                           ") does not lie inside its shard of " + std::to_string(bytes) +
+                           " bytes");
+  return Status::Ok();
+}
+
+size_t RawSource::ShardOf(int64_t i) const {
   // The last shard whose first record is <= i; empty shards share a start and are skipped.
   const auto it = std::upper_bound(starts_.begin(), starts_.end() - 1, i);
-  const size_t k = static_cast<size_t>(it - starts_.begin()) - 1;
-  return shards_[k].data + (i - starts_[k]) * record_bytes();
+  return static_cast<size_t>(it - starts_.begin()) - 1;
+}
+
+const uint8_t* RawSource::Record(int64_t i) const {
+  const size_t k = ShardOf(i);
+  if (!uniform()) return shards_[k].data + Offset(i);
+  return shards_[k].data + (i - starts_[k]) * height_ * width_ * 3;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -307,7 +358,7 @@ struct ThreadScratch {
   size_t capacity = 0;
 };
 
-bool PrepareScratch(int64_t out_w, Scratch* s) {
+bool PrepareScratch(int64_t out_w, int64_t general_ints, int64_t gx_stride, Scratch* s) {
   thread_local ThreadScratch ts;
   const size_t row = static_cast<size_t>(out_w) * 3;
   auto up = [](size_t n) { return (n + 63) & ~size_t{63}; };
@@ -317,7 +368,8 @@ bool PrepareScratch(int64_t out_w, Scratch* s) {
                blocks_b = up(static_cast<size_t>(out_w / kernel_detail::kBlockPixels) *
                              sizeof(kernel_detail::HBlock));
   const size_t lanes_b = up(static_cast<size_t>(3 * out_w / 8) * sizeof(kernel_detail::LanePair));
-  const size_t need = row_b + planes_b + 2 * h_b + taps_b + blocks_b + lanes_b + 64;
+  const size_t gen_b = up(static_cast<size_t>(general_ints) * 4 + 64);
+  const size_t need = row_b + planes_b + 2 * h_b + taps_b + blocks_b + lanes_b + gen_b + 64;
   if (ts.capacity < need) {
     ts.buf.reset(new (std::nothrow) uint8_t[need]);
     ts.capacity = ts.buf ? need : 0;
@@ -338,13 +390,18 @@ bool PrepareScratch(int64_t out_w, Scratch* s) {
   s->hblocks = reinterpret_cast<kernel_detail::HBlock*>(p);
   p += blocks_b;
   s->lanes = reinterpret_cast<kernel_detail::LanePair*>(p);
+  p += lanes_b;
+  s->gx_stride = gx_stride;
+  s->gx = reinterpret_cast<int32_t*>(p);
+  s->gy = s->gx + out_w * (2 + gx_stride);
+  s->mid = s->gy + gx_stride;  // gx_stride >= the row taps too (see Gather)
   return true;
 }
 
 }  // namespace
 
 Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
-  if (src.num_records() < 0 || src.height() < 1)
+  if (src.uniform() && src.height() < 1)
     return InvalidArgument("RawSource is not initialized");
   if (r.batch < 0)
     return InvalidArgument("batch size must be >= 0, got " + std::to_string(r.batch));
@@ -369,10 +426,32 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
     return InvalidArgument("out is not aligned to its element size (" + std::to_string(elem) +
                            " bytes)");
   if (r.dtype != OutDType::kUint8) TBLJAX_RETURN_IF_ERROR(CheckNormalization(r.mean, r.std));
-  const int64_t H = src.height(), W = src.width();
   TBLJAX_RETURN_IF_ERROR(CheckIndices(r.indices, r.batch, src.num_records()));
-  TBLJAX_RETURN_IF_ERROR(CheckOutputSize(r.crops != nullptr, oh, ow, H, W));
-  if (r.crops != nullptr) TBLJAX_RETURN_IF_ERROR(CheckCrops(r.crops, r.batch, H, W));
+  if (src.uniform()) {
+    TBLJAX_RETURN_IF_ERROR(CheckOutputSize(r.crops != nullptr, oh, ow, src.height(), src.width()));
+    if (r.crops != nullptr)
+      TBLJAX_RETURN_IF_ERROR(CheckCrops(r.crops, r.batch, src.height(), src.width(), oh, ow));
+  } else {
+    if (r.crops == nullptr && r.batch > 0)
+      return InvalidArgument(
+          "the records differ in size: the output size is fixed only by a crop box per sample "
+          "(crop=...; e.g. augment=tbljax.Augment(size=(H, W)))");
+    for (int64_t b = 0; b < r.batch; ++b) {
+      TBLJAX_RETURN_IF_ERROR(src.CheckRecord(r.indices[b]));
+      TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, r.crops + 4 * b, src.Height(r.indices[b]),
+                                          src.Width(r.indices[b]), oh, ow));
+    }
+  }
+  // The general resize's scratch: the widest box and the most taps of the batch.
+  int64_t general_ints = 0, taps = 2;
+  for (int64_t b = 0; r.crops != nullptr && b < r.batch; ++b) {
+    const int64_t ch = r.crops[4 * b + 2], cw = r.crops[4 * b + 3];
+    if (ch <= oh && cw <= ow) continue;  // the 2-tap path
+    const int64_t kx = kernel_detail::MaxTaps(cw, ow), ky = kernel_detail::MaxTaps(ch, oh);
+    taps = std::max({taps, kx, ky});
+    general_ints = std::max(general_ints, 3 * cw);
+  }
+  if (general_ints > 0) general_ints += ow * (2 + taps) + taps + 16;
   if (r.batch == 0) return Status::Ok();
 
   SimdTarget target;
@@ -427,12 +506,12 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   struct Job {
     const Plan* plan;
     UnitFn run;
-    int64_t bands, out_h, out_w;
+    int64_t bands, out_h, out_w, general_ints, taps;
     std::atomic<bool> no_memory{false};
-  } job{&p, UnitFor(target), bands, oh, ow};
+  } job{&p, UnitFor(target), bands, oh, ow, general_ints, taps};
   tp.ParallelFor(r.batch * bands, [j = &job](int64_t u) {
     Scratch scratch;
-    if (!PrepareScratch(j->out_w, &scratch)) {
+    if (!PrepareScratch(j->out_w, j->general_ints, j->taps, &scratch)) {
       j->no_memory.store(true, std::memory_order_relaxed);
       return;
     }

@@ -19,37 +19,39 @@ class ThreadPool;
 // ---------------------------------------------------------------------------------------
 //
 // A crop box (y0, x0, h, w) in source pixels of a record P (H x W x 3, uint8) is resized to
-// the output (OH, OW) by bilinear interpolation with pixel centres at half-integers (the
-// "align_corners=False" source coordinates of OpenCV INTER_LINEAR; no antialiasing when
-// shrinking), with weights quantized to S = 11 bits (ONE = 2048). Per axis, with
-// start = y0 | x0, len = h | w and out = OH | OW, output coordinate o in [0, out) maps to two
-// source taps and weights:
+// the output (OH, OW) with the triangle ("bilinear") filter, antialiased when shrinking: the
+// filter of Pillow's BILINEAR and torchvision's antialiased bilinear, applied to the box
+// alone (as `img.crop(box).resize(size, BILINEAR)`), with weights quantized to S = 11 bits
+// (ONE = 2048). Per axis, with start = y0 | x0, len = h | w, out = OH | OW and
+// M = max(len, out), output coordinate o in [0, out) reads the box's pixels j in [0, len)
+// with the integer filter values
 //
-//   n  = max(0, (2*o + 1) * len - out)     # 2*out * (source position inside the box),
-//                                          # source position = (o + 1/2) * len/out - 1/2
-//   i  = n // (2*out)                      # integer part; always 0 <= i <= len - 1
-//   f  = n %  (2*out)                      # fractional part, in units of 1/(2*out)
-//   w1 = (f * ONE + out) // (2*out)        # weight of the next pixel, rounded half up,
-//   w0 = ONE - w1                          #   0 <= w1 <= ONE
-//   s0 = start + i
-//   s1 = start + min(i + 1, len - 1)       # clamp at the box's last pixel
+//   D_j = (2*j + 1) * out - (2*o + 1) * len    # 2*out * (pixel centre - sampling position)
+//   u_j = max(0, 2*M - |D_j|)                  # the triangle of half-width max(1, len/out)
 //
-// (// and % are floor division and remainder of non-negative integers.) With the taps
-// (sy0, sy1, wy0, wy1) of row oy and (sx0, sx1, wx0, wx1) of column ox, the uint8 pixel of
-// channel c is the exact integer bilinear sum, rounded half up once at the end:
+// (the sampling position of o is (o + 1/2) * len/out - 1/2 in box pixels). The taps are the
+// j with u_j > 0, a run [lo, hi) of at most 2*M/out + 1 pixels. With sum = sum of u_j,
 //
-//   acc = wy0 * (wx0 * P[sy0, sx0, c] + wx1 * P[sy0, sx1, c])
-//       + wy1 * (wx0 * P[sy1, sx0, c] + wx1 * P[sy1, sx1, c])      # 0 <= acc <= 255 * 2^22
+//   w_j = round(u_j * ONE / sum)                # nearest, halves up, in exact integers
+//
+// and ONE - sum of w_j (a few units at most) is added to the largest w_j (the first of equal
+// ones), so the weights sum to exactly ONE. When len <= out (upscaling, or a plain crop) this
+// is ordinary 2-tap bilinear interpolation, and len == out gives the pixel itself. With the
+// weights wy of output row oy and wx of output column ox, the uint8 pixel of channel c is
+// the exact integer sum, rounded half up once at the end:
+//
+//   acc = sum over (j, i) of wy_j * wx_i * P[y0 + j, x0 + i, c]   # 0 <= acc <= 255 * 2^22
 //   out[oy, ox, c] = (acc + 2^21) >> 22                              # always in [0, 255]
 //
-// Every intermediate is an exact integer, so the order of the sums does not matter, and all
-// of them fit in int32 when 2*out*len < 2^31 and out < 2^19 (e.g. every side <= 32767). A
-// box of the output's size (h == OH, w == OW) gives w1 = 0 everywhere: a plain crop, exactly.
-// Horizontal flip is applied after the resize: flipped[oy, ox] = out[oy, OW - 1 - ox].
-// Without a crop box the output size must equal the source size (no resize).
+// Every intermediate is an exact integer (weights are >= 0 and sum to ONE), so the order of
+// the sums does not matter, and all of them fit in int32 when, per axis, 2 * out * len and
+// 2 * M * (2 * M / out + 2) are below 2^31 (CheckResize; e.g. any box of a record with sides
+// <= 65535 resized to an output side >= 8). Horizontal flip is applied after the resize:
+// flipped[oy, ox] = out[oy, OW - 1 - ox]. Without a crop box the output size must equal the
+// source size (no resize).
 
-// The CUDA handler (ffi/xla/gather_cuda.cu) calls ComputeAxisTap from device code, so the
-// formula has exactly one definition.
+// The CUDA handler (ffi/xla/gather_cuda.cu) calls these from device code, so the formula has
+// exactly one definition.
 #if defined(__CUDACC__)
 #define TBLJAX_HOST_DEVICE __host__ __device__
 #else
@@ -59,18 +61,58 @@ class ThreadPool;
 constexpr int kResizeWeightBits = 11;
 constexpr int32_t kResizeOne = 1 << kResizeWeightBits;
 
-// The taps of output coordinate `o` on one axis (the formula above).
-struct AxisTap {
-  int64_t s0, s1;  // absolute source coordinates
-  int32_t w0, w1;  // weights, w0 + w1 == kResizeOne
+// The taps of one output coordinate on one axis: box pixels [lo, hi), the sum of their
+// filter values, which tap takes the rounding remainder and how much it is.
+struct AxisTaps {
+  int64_t lo, hi, sum, big;
+  int32_t rest;
 };
-TBLJAX_HOST_DEVICE inline AxisTap ComputeAxisTap(int64_t o, int64_t start, int64_t len,
-                                                 int64_t out) {
-  int64_t n = (2 * o + 1) * len - out;
-  if (n < 0) n = 0;
-  const int64_t i = n / (2 * out), f = n % (2 * out);
-  const int32_t w1 = static_cast<int32_t>((f * kResizeOne + out) / (2 * out));
-  return {start + i, start + (i + 1 < len ? i + 1 : len - 1), kResizeOne - w1, w1};
+
+TBLJAX_HOST_DEVICE inline int64_t FloorDiv(int64_t a, int64_t b) {  // b > 0
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// u_j of the formula above.
+TBLJAX_HOST_DEVICE inline int64_t TapValue(int64_t j, int64_t o, int64_t len, int64_t out) {
+  const int64_t m2 = 2 * (len > out ? len : out);
+  int64_t d = (2 * j + 1) * out - (2 * o + 1) * len;
+  d = d < 0 ? -d : d;
+  return d < m2 ? m2 - d : 0;
+}
+
+// round(u * ONE / sum), halves up, without overflow.
+TBLJAX_HOST_DEVICE inline int32_t RoundedWeight(int64_t u, int64_t sum) {
+  const int64_t n = u * kResizeOne, q = n / sum, r = n % sum;
+  return static_cast<int32_t>(q + (r >= sum - r ? 1 : 0));
+}
+
+TBLJAX_HOST_DEVICE inline AxisTaps ComputeAxisTaps(int64_t o, int64_t len, int64_t out) {
+  const int64_t m2 = 2 * (len > out ? len : out), c = (2 * o + 1) * len - out;
+  AxisTaps t;
+  t.lo = FloorDiv(c - m2, 2 * out) + 1;  // |2*out*j - c| < 2*M
+  t.hi = FloorDiv(c + m2 - 1, 2 * out) + 1;
+  if (t.lo < 0) t.lo = 0;
+  if (t.hi > len) t.hi = len;
+  t.sum = 0;
+  for (int64_t j = t.lo; j < t.hi; ++j) t.sum += TapValue(j, o, len, out);
+  int32_t total = 0, best = -1;
+  t.big = t.lo;
+  for (int64_t j = t.lo; j < t.hi; ++j) {
+    const int32_t w = RoundedWeight(TapValue(j, o, len, out), t.sum);
+    total += w;
+    if (w > best) {
+      best = w;
+      t.big = j;
+    }
+  }
+  t.rest = kResizeOne - total;
+  return t;
+}
+
+// The weight of box pixel j (in [t.lo, t.hi)) of output coordinate o.
+TBLJAX_HOST_DEVICE inline int32_t TapWeight(const AxisTaps& t, int64_t j, int64_t o, int64_t len,
+                                            int64_t out) {
+  return RoundedWeight(TapValue(j, o, len, out), t.sum) + (j == t.big ? t.rest : 0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -92,36 +134,67 @@ void SetNormPathLimit(NormPath limit);
 // Sources and the gather
 // ---------------------------------------------------------------------------------------
 
-// A contiguous run of `num_records` records of height*width*3 bytes each.
+// A contiguous run of `num_records` records. Uniform sources: height*width*3 bytes each, back
+// to back. Sources of records of different sizes: `bytes` long, records where the offset
+// table says.
 struct RawShard {
   const uint8_t* data = nullptr;
   int64_t num_records = 0;
+  int64_t bytes = 0;  // sources of records of different sizes only
 };
 
-// N records of H x W x 3 uint8 (RGB, HWC) spread over one or more shards, read as one
-// sequence: record i lives in the shard whose range holds it. Does not own the memory.
+// Where each record of a source of records of different sizes lies: per record, its byte
+// offset within its shard (offsets[i], or pages[i * stride] * page_bytes for records packed
+// at page starts, as the in-jit op's operands hold them) and its height and width
+// (heights[i * stride], widths[i * stride]). Not owned (the caller keeps it alive).
+struct RecordTable {
+  const int64_t* offsets = nullptr;
+  const int32_t* pages = nullptr;
+  int64_t page_bytes = 0;
+  const int32_t* heights = nullptr;
+  const int32_t* widths = nullptr;
+  int64_t stride = 1;
+};
+
+// N records of uint8 RGB (HWC) spread over one or more shards, read as one sequence: record
+// i lives in the shard whose range holds it. Either uniform (every record H x W) or of
+// records of different sizes (a RecordTable). Does not own the memory.
 class RawSource {
  public:
   RawSource() = default;
   static Status Create(std::vector<RawShard> shards, int64_t height, int64_t width, RawSource* out);
+  // Records of different sizes. Nothing per record is checked here (O(1), so a handler can
+  // build one per call): CheckRecord checks the records a batch reads.
+  static Status CreateVariable(std::vector<RawShard> shards, RecordTable table, RawSource* out);
+  // Record i (in range) has sides >= 1 and lies inside its shard, or InvalidArgument.
+  Status CheckRecord(int64_t i) const;
 
   int64_t num_records() const { return num_records_; }
+  bool uniform() const { return table_.heights == nullptr; }
+  // Uniform sources only (0 otherwise).
   int64_t height() const { return height_; }
   int64_t width() const { return width_; }
-  int64_t record_bytes() const { return height_ * width_ * 3; }
-  // Record i, which must be in [0, num_records()).
+  // Record i, which must be in [0, num_records()), and its size.
   const uint8_t* Record(int64_t i) const;
+  int64_t Height(int64_t i) const { return uniform() ? height_ : table_.heights[i * table_.stride]; }
+  int64_t Width(int64_t i) const { return uniform() ? width_ : table_.widths[i * table_.stride]; }
 
  private:
+  size_t ShardOf(int64_t i) const;
+  int64_t Offset(int64_t i) const {
+    return table_.offsets ? table_.offsets[i] : table_.pages[i * table_.stride] * table_.page_bytes;
+  }
   std::vector<RawShard> shards_;
   std::vector<int64_t> starts_;  // first record index of each shard, plus num_records_
+  RecordTable table_;
   int64_t num_records_ = 0, height_ = 0, width_ = 0;
 };
 
 struct GatherRequest {
   const int64_t* indices = nullptr;  // (batch,) record indices, each in [0, N)
   int64_t batch = 0;
-  const int32_t* crops = nullptr;    // (batch, 4) boxes y0, x0, h, w; null: no crop
+  const int32_t* crops = nullptr;    // (batch, 4) boxes y0, x0, h, w; null: no crop (then a
+                                     // source of records of different sizes cannot be served)
   const uint8_t* flips = nullptr;    // (batch,) nonzero: flip horizontally; null: none
   double mean[3] = {0.0, 0.0, 0.0};  // ignored for uint8 output
   double std[3] = {1.0, 1.0, 1.0};

@@ -134,6 +134,17 @@ void BindFormat(nb::module_& m) {
           },
           "Zero-copy read-only (N, H, W, 3) uint8 view of a uniform RAW file.")
       .def(
+          "file_view",
+          [](nb::handle self_h) {
+            const PyTblFile& s = nb::cast<const PyTblFile&>(self_h);
+            Check(s.f->CheckUnchanged());
+            size_t shape[1] = {static_cast<size_t>(s.f->file_size())};
+            return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>(s.f->base(), 1, shape,
+                                                                      self_h);
+          },
+          "The whole file as a read-only 1-D uint8 view of the mapping (records at the "
+          "index's offsets).")
+      .def(
           "check_unchanged", [](const PyTblFile& s) { Check(s.f->CheckUnchanged()); },
           "Raises CorruptFileError if the file was truncated or rewritten in place since it "
           "was opened (a rename over it is fine: the mapping keeps the old file).")

@@ -24,6 +24,7 @@ namespace {
 struct PyRawSource {
   RawSource source;
   std::vector<nb::object> arrays;
+  std::vector<nb::object> tables;  // records of different sizes: offsets, heights, widths
 };
 
 using ShardArray = nb::ndarray<const uint8_t, nb::ndim<4>, nb::c_contig, nb::device::cpu>;
@@ -73,6 +74,51 @@ void InitRawSource(PyRawSource* self, const nb::sequence& shards) {
   RawSource src;
   Check(RawSource::Create(std::move(raw), h, w, &src));
   new (self) PyRawSource{std::move(src), std::move(keep)};
+}
+
+using ByteArray = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
+using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Records of different sizes: shard k is a C-contiguous uint8 array (any shape; its bytes)
+// holding counts[k] records; the tables say where each record lies and its size.
+PyRawSource VariableRawSource(const nb::sequence& shards, I64Array counts, I64Array offsets,
+                              I32Array heights, I32Array widths) {
+  std::vector<RawShard> raw;
+  std::vector<nb::object> keep;
+  size_t k = 0;
+  int64_t total = 0;
+  for (nb::handle item : shards) {
+    ByteArray a;
+    if (!nb::try_cast(item, a, /*convert=*/false))
+      throw nb::type_error(("shards[" + std::to_string(k) +
+                            "] must be a C-contiguous uint8 NumPy array on the CPU, got " +
+                            nb::inst_name(item).c_str())
+                               .c_str());
+    if (k >= counts.shape(0)) throw nb::value_error("counts has fewer entries than shards");
+    raw.push_back({a.data(), counts.data()[k], static_cast<int64_t>(a.size())});
+    total += counts.data()[k];
+    keep.push_back(nb::borrow(item));
+    ++k;
+  }
+  if (k != counts.shape(0)) throw nb::value_error("counts must have one entry per shard");
+  const int64_t n = static_cast<int64_t>(offsets.shape(0));
+  if (total != n || static_cast<int64_t>(heights.shape(0)) != n ||
+      static_cast<int64_t>(widths.shape(0)) != n)
+    throw nb::value_error(("offsets, heights and widths need one entry per record (" +
+                           std::to_string(total) + "), got " + std::to_string(n) + ", " +
+                           std::to_string(heights.shape(0)) + ", " +
+                           std::to_string(widths.shape(0)))
+                              .c_str());
+  RecordTable table;
+  table.offsets = offsets.data();
+  table.heights = heights.data();
+  table.widths = widths.data();
+  RawSource src;
+  Check(RawSource::CreateVariable(std::move(raw), table, &src));
+  for (int64_t i = 0; i < n; ++i) Check(src.CheckRecord(i));  // once, here: not per batch
+  std::vector<nb::object> tables{nb::cast(offsets), nb::cast(heights), nb::cast(widths)};
+  return PyRawSource{std::move(src), std::move(keep), std::move(tables)};
 }
 
 // The out_dtype name, checked against the array it describes.
@@ -130,6 +176,12 @@ void BindKernel(nb::module_& m) {
                           "read as one sequence. Holds references to the arrays.")
       .def("__init__", &InitRawSource, nb::arg("shards"),
            "shards: list of C-contiguous uint8 arrays of shape (N_k, H, W, 3), same H and W.")
+      .def_static("variable", &VariableRawSource, nb::arg("shards"), nb::arg("counts").noconvert(),
+                  nb::arg("offsets").noconvert(), nb::arg("heights").noconvert(),
+                  nb::arg("widths").noconvert(),
+                  "Records of different sizes: shards[k] (uint8 bytes) holds counts[k] records; "
+                  "record i is heights[i] x widths[i] x 3 at byte offsets[i] of its shard.")
+      .def_prop_ro("uniform", [](const PyRawSource& s) { return s.source.uniform(); })
       .def_prop_ro("num_records", [](const PyRawSource& s) { return s.source.num_records(); })
       .def_prop_ro("height", [](const PyRawSource& s) { return s.source.height(); })
       .def_prop_ro("width", [](const PyRawSource& s) { return s.source.width(); })
@@ -292,12 +344,28 @@ void BindKernel(nb::module_& m) {
       "[0, n) (the kernel's check and message).");
   m.def(
       "check_crops",
-      [](CropArray crop, int64_t height, int64_t width) {
-        Check(CheckCrops(crop.data(), static_cast<int64_t>(crop.shape(0)), height, width));
+      [](CropArray crop, int64_t height, int64_t width, int64_t out_h, int64_t out_w) {
+        Check(CheckCrops(crop.data(), static_cast<int64_t>(crop.shape(0)), height, width, out_h,
+                         out_w));
       },
-      nb::arg("crop").noconvert(), nb::arg("height"), nb::arg("width"),
+      nb::arg("crop").noconvert(), nb::arg("height"), nb::arg("width"), nb::arg("out_h") = 0,
+      nb::arg("out_w") = 0,
       "ValueError naming the first box unless every int32 row (y0, x0, h, w) is a non-empty "
-      "box inside a height x width image (the kernel's check and message).");
+      "box inside a height x width image whose resize to (out_h, out_w) stays in the kernel's "
+      "exact int32 range (the kernel's check and message; 0: size not checked).");
+  m.def(
+      "check_crops_per_record",
+      [](CropArray crop, I32Array heights, I32Array widths, int64_t out_h, int64_t out_w) {
+        const int64_t b = static_cast<int64_t>(crop.shape(0));
+        if (static_cast<int64_t>(heights.shape(0)) != b || static_cast<int64_t>(widths.shape(0)) != b)
+          throw nb::value_error("heights and widths need one entry per crop box");
+        for (int64_t i = 0; i < b; ++i)
+          Check(CheckCropBox(i, crop.data() + 4 * i, heights.data()[i], widths.data()[i], out_h,
+                             out_w));
+      },
+      nb::arg("crop").noconvert(), nb::arg("heights").noconvert(), nb::arg("widths").noconvert(),
+      nb::arg("out_h"), nb::arg("out_w"),
+      "check_crops where box b lies in a record of its own heights[b] x widths[b].");
 
   m.def(
       "supported_kernel_targets",

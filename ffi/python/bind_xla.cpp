@@ -6,6 +6,7 @@
 #include "gather_call.h"
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(TbljaxGatherCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(TbljaxGatherPackedCpu);
 
 namespace tbljax::py {
 
@@ -15,6 +16,8 @@ void BindXla(nb::module_& m) {
       [] {
         nb::dict d;
         d[xla_ffi::kGatherTarget] = nb::capsule(reinterpret_cast<void*>(&TbljaxGatherCpu));
+        d[xla_ffi::kGatherPackedTarget] =
+            nb::capsule(reinterpret_cast<void*>(&TbljaxGatherPackedCpu));
         return d;
       },
       "{target name: PyCapsule of its XLA FFI handler for CPU}, for "

@@ -14,11 +14,18 @@ namespace tbljax::xla_ffi {
 
 namespace ffi = ::xla::ffi;
 
-// The target name both platforms register (tbljax/ops.py reads it from registrations()).
+// The target names both platforms register (tbljax/ops.py reads them from registrations()):
+// records of one size in an (N, H, W, 3) array, and records of different sizes packed at
+// page starts.
 inline constexpr const char* kGatherTarget = "tbljax_gather_normalize";
+inline constexpr const char* kGatherPackedTarget = "tbljax_gather_normalize_packed";
 
 // Operands, in order. The dataset is an operand (never a pointer baked into the program).
 using DataArg = ffi::Buffer<ffi::U8, 4>;   // (N, H, W, 3) uint8 records
+// Packed records (the packed target): record i is table[i] = (first page, height, width),
+// its height*width*3 bytes starting at pages[first page, 0].
+using PagesArg = ffi::Buffer<ffi::U8, 2>;   // (P, page bytes) uint8
+using TableArg = ffi::Buffer<ffi::S32, 2>;  // (N, 3) int32
 using IndexArg = ffi::AnyBuffer;           // (B,) int32 (JAX without x64) or int64
 using CropArg = ffi::Buffer<ffi::S32, 2>;  // (B, 4) boxes (y0, x0, h, w), or (0, 4): no crop
 using FlipArg = ffi::Buffer<ffi::U8, 1>;   // (B,) nonzero = flip, or (0,): no flip
@@ -65,16 +72,38 @@ inline std::string Dims(ffi::Span<const int64_t> d) {
   return s + (d.size() == 1 ? ",)" : ")");
 }
 
-// Checks everything the shapes and attributes decide (the data-dependent checks, index range
-// and crop boxes, are the kernel's). Never touches device memory, so CUDA can call it too.
-inline ffi::Error PrepareCall(const DataArg& data, const IndexArg& indices, const CropArg& crops,
+// The source's shape: uniform records from the data operand, or packed ones from the table.
+struct SourceShape {
+  int64_t num_records = 0, height = 0, width = 0;  // height = width = 0: packed
+};
+
+inline ffi::Error ShapeOfData(const DataArg& data, SourceShape* shape) {
+  const auto dd = data.dimensions();
+  auto fail = [](std::string m) { return ffi::Error::InvalidArgument("tbljax gather: " + m); };
+  if (dd[3] != 3) return fail("data must be (N, H, W, 3) uint8 RGB, got " + Dims(dd));
+  if (dd[0] < 1 || dd[1] < 1 || dd[2] < 1) return fail("data is empty: " + Dims(dd));
+  *shape = {dd[0], dd[1], dd[2]};
+  return ffi::Error::Success();
+}
+
+inline ffi::Error ShapeOfPacked(const PagesArg& pages, const TableArg& table, SourceShape* shape) {
+  auto fail = [](std::string m) { return ffi::Error::InvalidArgument("tbljax gather: " + m); };
+  const auto td = table.dimensions(), pd = pages.dimensions();
+  if (td[1] != 3 || td[0] < 1)
+    return fail("the record table must be (N, 3) int32 (first page, height, width), got " +
+                Dims(td));
+  if (pd[1] < 1) return fail("pages must be (P, page bytes) uint8, got " + Dims(pd));
+  *shape = {td[0], 0, 0};
+  return ffi::Error::Success();
+}
+
+// Checks everything the shapes and attributes decide (the data-dependent checks, index range,
+// records and crop boxes, are the kernel's). Never touches device memory, so CUDA can call it.
+inline ffi::Error PrepareCall(const SourceShape& src, const IndexArg& indices, const CropArg& crops,
                               const FlipArg& flips, ffi::Span<const double> mean,
                               ffi::Span<const double> stdev, std::string_view layout,
                               const ffi::AnyBuffer& out, Call* call) {
   auto fail = [](std::string m) { return ffi::Error::InvalidArgument("tbljax gather: " + m); };
-  const auto dd = data.dimensions();
-  if (dd[3] != 3) return fail("data must be (N, H, W, 3) uint8 RGB, got " + Dims(dd));
-  if (dd[0] < 1 || dd[1] < 1 || dd[2] < 1) return fail("data is empty: " + Dims(dd));
   const auto id = indices.dimensions();
   if (id.size() != 1) return fail("indices must be 1-D (B,), got " + Dims(id));
   const ffi::DataType it = indices.element_type();
@@ -105,8 +134,13 @@ inline ffi::Error PrepareCall(const DataArg& data, const IndexArg& indices, cons
                 std::to_string(batch) + " indices needs " +
                 (nchw ? "(B, 3, OH, OW)" : "(B, OH, OW, 3)") +
                 " with B = " + std::to_string(batch));
-  if (Status s = CheckOutputSize(cd[0] != 0, oh, ow, dd[1], dd[2]); !s.ok())
-    return fail(s.message());
+  if (src.height > 0) {
+    if (Status s = CheckOutputSize(cd[0] != 0, oh, ow, src.height, src.width); !s.ok())
+      return fail(s.message());
+  } else if (cd[0] == 0 && batch > 0) {
+    return fail("the records differ in size: the output size is fixed only by a crop box per "
+                "sample (crop=...)");
+  }
   for (int c = 0; c < 3; ++c) {
     r.mean[c] = mean[c];
     r.std[c] = stdev[c];
@@ -119,9 +153,9 @@ inline ffi::Error PrepareCall(const DataArg& data, const IndexArg& indices, cons
   r.crops = cd[0] ? crops.typed_data() : nullptr;
   r.flips = fd[0] ? flips.typed_data() : nullptr;
   r.out = out.untyped_data();
-  call->num_records = dd[0];
-  call->height = dd[1];
-  call->width = dd[2];
+  call->num_records = src.num_records;
+  call->height = src.height;
+  call->width = src.width;
   call->indices = indices.untyped_data();
   call->indices_are_64bit = it == ffi::DataType::S64;
   return ffi::Error::Success();

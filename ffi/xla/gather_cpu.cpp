@@ -25,24 +25,58 @@ const int64_t* WidenIndices(const int32_t* idx, int64_t n) {
   return buf.get();
 }
 
+// The request's indices as the kernel takes them (int64).
+void SetIndices(const Call& call, GatherRequest* r) {
+  r->indices = call.indices_are_64bit
+                   ? static_cast<const int64_t*>(call.indices)
+                   : WidenIndices(static_cast<const int32_t*>(call.indices), r->batch);
+}
+
 ffi::Error GatherCpu(DataArg data, IndexArg indices, CropArg crops, FlipArg flips,
                      ffi::RemainingArgs /*aliased output, if any*/, ffi::Span<const double> mean,
                      ffi::Span<const double> stdev, std::string_view layout,
                      ffi::Result<ffi::AnyBuffer> out) {
+  SourceShape shape;
+  if (ffi::Error e = ShapeOfData(data, &shape); e.failure()) return e;
   Call call;
-  if (ffi::Error e = PrepareCall(data, indices, crops, flips, mean, stdev, layout, *out, &call);
+  if (ffi::Error e = PrepareCall(shape, indices, crops, flips, mean, stdev, layout, *out, &call);
       e.failure())
     return e;
-  GatherRequest& r = call.request;
-  r.indices = call.indices_are_64bit
-                  ? static_cast<const int64_t*>(call.indices)
-                  : WidenIndices(static_cast<const int32_t*>(call.indices), r.batch);
+  SetIndices(call, &call.request);
   RawSource source;
   if (Status s = RawSource::Create({RawShard{data.typed_data(), call.num_records}}, call.height,
                                    call.width, &source);
       !s.ok())
     return ToError(s);
-  return ToError(Gather(source, r));
+  return ToError(Gather(source, call.request));
+}
+
+// Records of different sizes, packed at page starts: the kernel reads each record's own
+// height and width from the table (and checks that the records it reads lie in the pages).
+ffi::Error GatherPackedCpu(PagesArg pages, TableArg table, IndexArg indices, CropArg crops,
+                           FlipArg flips, ffi::RemainingArgs /*aliased output, if any*/,
+                           ffi::Span<const double> mean, ffi::Span<const double> stdev,
+                           std::string_view layout, ffi::Result<ffi::AnyBuffer> out) {
+  SourceShape shape;
+  if (ffi::Error e = ShapeOfPacked(pages, table, &shape); e.failure()) return e;
+  Call call;
+  if (ffi::Error e = PrepareCall(shape, indices, crops, flips, mean, stdev, layout, *out, &call);
+      e.failure())
+    return e;
+  SetIndices(call, &call.request);
+  const auto pd = pages.dimensions();
+  RecordTable t;
+  t.pages = table.typed_data();
+  t.page_bytes = pd[1];
+  t.heights = table.typed_data() + 1;
+  t.widths = table.typed_data() + 2;
+  t.stride = 3;
+  RawSource source;
+  if (Status s = RawSource::CreateVariable(
+          {RawShard{pages.typed_data(), call.num_records, pd[0] * pd[1]}}, t, &source);
+      !s.ok())
+    return ToError(s);
+  return ToError(Gather(source, call.request));
 }
 
 }  // namespace
@@ -51,6 +85,19 @@ ffi::Error GatherCpu(DataArg data, IndexArg indices, CropArg crops, FlipArg flip
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TbljaxGatherCpu, tbljax::xla_ffi::GatherCpu,
                               xla::ffi::Ffi::Bind()
                                   .Arg<tbljax::xla_ffi::DataArg>()
+                                  .Arg<tbljax::xla_ffi::IndexArg>()
+                                  .Arg<tbljax::xla_ffi::CropArg>()
+                                  .Arg<tbljax::xla_ffi::FlipArg>()
+                                  .RemainingArgs()
+                                  .Attr<xla::ffi::Span<const double>>("mean")
+                                  .Attr<xla::ffi::Span<const double>>("std")
+                                  .Attr<std::string_view>("layout")
+                                  .Ret<xla::ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TbljaxGatherPackedCpu, tbljax::xla_ffi::GatherPackedCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<tbljax::xla_ffi::PagesArg>()
+                                  .Arg<tbljax::xla_ffi::TableArg>()
                                   .Arg<tbljax::xla_ffi::IndexArg>()
                                   .Arg<tbljax::xla_ffi::CropArg>()
                                   .Arg<tbljax::xla_ffi::FlipArg>()

@@ -1,5 +1,5 @@
 // The serve kernel for NVIDIA GPUs as an XLA FFI handler: the same documented integer
-// crop-resize (ComputeAxisTap from kernel.h, one definition for both) and the same exact
+// crop-resize (ComputeAxisTaps / TapWeight from kernel.h, one definition for both) and the same exact
 // normalization tables (built on the host by the core), launched on XLA's stream. The handler
 // never synchronizes: the tables travel as kernel parameters, nothing is copied.
 #include <cuda_runtime.h>
@@ -18,6 +18,10 @@ namespace {
 struct Params {
   const uint8_t* data;
   int64_t num_records, height, width;
+  // Packed records of different sizes (null: uniform): record i is records[3i + 1] x
+  // records[3i + 2] pixels at byte records[3i] * page_bytes of data (data_bytes long).
+  const int32_t* records;
+  int64_t page_bytes, data_bytes;
   const void* indices;
   int indices_are_64bit;
   const int32_t* crops;  // null: no crop
@@ -50,35 +54,50 @@ __global__ void GatherKernel(const Params p) {
     const int64_t rec = p.indices_are_64bit ? static_cast<const int64_t*>(p.indices)[b]
                                             : static_cast<const int32_t*>(p.indices)[b];
     bool valid = rec >= 0 && rec < p.num_records;
-    int64_t y0 = 0, x0 = 0, ch = p.height, cw = p.width;
+    int64_t H = p.height, W = p.width, offset = 0;
+    if (valid && p.records != nullptr) {
+      H = p.records[3 * rec + 1];
+      W = p.records[3 * rec + 2];
+      offset = p.records[3 * rec] * p.page_bytes;
+      valid = H >= 1 && W >= 1 && offset >= 0 && offset <= p.data_bytes &&
+              H * W * 3 <= p.data_bytes - offset;
+    } else if (valid) {
+      offset = rec * H * W * 3;
+    }
+    int64_t y0 = 0, x0 = 0, ch = H, cw = W;
     if (p.crops != nullptr) {
       y0 = p.crops[4 * b];
       x0 = p.crops[4 * b + 1];
       ch = p.crops[4 * b + 2];
       cw = p.crops[4 * b + 3];
-      valid = valid && y0 >= 0 && x0 >= 0 && ch >= 1 && cw >= 1 && y0 + ch <= p.height &&
-              x0 + cw <= p.width;
+      valid = valid && y0 >= 0 && x0 >= 0 && ch >= 1 && cw >= 1 && y0 + ch <= H && x0 + cw <= W;
     }
     // Flip mirrors output columns: output column ox reads what column OW-1-ox would.
     const int64_t sx = (p.flips != nullptr && p.flips[b]) ? p.out_w - 1 - ox : ox;
     int32_t px[3] = {0, 0, 0};
     if (valid) {
-      const uint8_t* img = p.data + rec * p.height * p.width * 3;
+      const uint8_t* img = p.data + offset;
       if (p.crops == nullptr) {
-        const uint8_t* s = img + (oy * p.width + sx) * 3;
+        const uint8_t* s = img + (oy * W + sx) * 3;
         for (int c = 0; c < 3; ++c) px[c] = s[c];
       } else {
-        const AxisTap ty = ComputeAxisTap(oy, y0, ch, p.out_h);
-        const AxisTap tx = ComputeAxisTap(sx, x0, cw, p.out_w);
-        const uint8_t* r0 = img + ty.s0 * p.width * 3;
-        const uint8_t* r1 = img + ty.s1 * p.width * 3;
-        for (int c = 0; c < 3; ++c) {
-          // Exact integers (kernel.h): acc <= 255 * 2^22 fits int32; one rounding at the end.
-          const int32_t top = tx.w0 * r0[tx.s0 * 3 + c] + tx.w1 * r0[tx.s1 * 3 + c];
-          const int32_t bottom = tx.w0 * r1[tx.s0 * 3 + c] + tx.w1 * r1[tx.s1 * 3 + c];
-          const int32_t acc = ty.w0 * top + ty.w1 * bottom;
-          px[c] = (acc + (1 << (2 * kResizeWeightBits - 1))) >> (2 * kResizeWeightBits);
+        // Exact integers (kernel.h): the sum over the taps of both axes fits int32, with one
+        // rounding at the end.
+        const AxisTaps ty = ComputeAxisTaps(oy, ch, p.out_h);
+        const AxisTaps tx = ComputeAxisTaps(sx, cw, p.out_w);
+        int32_t acc[3] = {0, 0, 0};
+        for (int64_t j = ty.lo; j < ty.hi; ++j) {
+          const int32_t wy = TapWeight(ty, j, oy, ch, p.out_h);
+          const uint8_t* row = img + ((y0 + j) * W + x0) * 3;
+          int32_t h[3] = {0, 0, 0};
+          for (int64_t i = tx.lo; i < tx.hi; ++i) {
+            const int32_t wx = TapWeight(tx, i, sx, cw, p.out_w);
+            for (int c = 0; c < 3; ++c) h[c] += wx * row[i * 3 + c];
+          }
+          for (int c = 0; c < 3; ++c) acc[c] += wy * h[c];
         }
+        for (int c = 0; c < 3; ++c)
+          px[c] = (acc[c] + (1 << (2 * kResizeWeightBits - 1))) >> (2 * kResizeWeightBits);
       }
     }
     for (int c = 0; c < 3; ++c) {
@@ -98,18 +117,17 @@ __global__ void GatherKernel(const Params p) {
   }
 }
 
-ffi::Error GatherCuda(cudaStream_t stream, DataArg data, IndexArg indices, CropArg crops,
-                      FlipArg flips, ffi::RemainingArgs /*aliased output, if any*/,
-                      ffi::Span<const double> mean, ffi::Span<const double> stdev,
-                      std::string_view layout, ffi::Result<ffi::AnyBuffer> out) {
-  Call call;
-  if (ffi::Error e = PrepareCall(data, indices, crops, flips, mean, stdev, layout, *out, &call);
-      e.failure())
-    return e;
+// Launches the kernel for a checked call on `data` (uniform records, or packed ones when
+// `table` is set).
+ffi::Error Launch(cudaStream_t stream, const Call& call, const uint8_t* data, const int32_t* table,
+                  int64_t page_bytes, int64_t data_bytes) {
   const GatherRequest& r = call.request;
   if (r.batch == 0) return ffi::Error::Success();
   Params p;
-  p.data = data.typed_data();
+  p.data = data;
+  p.records = table;
+  p.page_bytes = page_bytes;
+  p.data_bytes = data_bytes;
   p.num_records = call.num_records;
   p.height = call.height;
   p.width = call.width;
@@ -145,6 +163,33 @@ ffi::Error GatherCuda(cudaStream_t stream, DataArg data, IndexArg indices, CropA
   return ffi::Error::Success();
 }
 
+ffi::Error GatherCuda(cudaStream_t stream, DataArg data, IndexArg indices, CropArg crops,
+                      FlipArg flips, ffi::RemainingArgs /*aliased output, if any*/,
+                      ffi::Span<const double> mean, ffi::Span<const double> stdev,
+                      std::string_view layout, ffi::Result<ffi::AnyBuffer> out) {
+  SourceShape shape;
+  if (ffi::Error e = ShapeOfData(data, &shape); e.failure()) return e;
+  Call call;
+  if (ffi::Error e = PrepareCall(shape, indices, crops, flips, mean, stdev, layout, *out, &call);
+      e.failure())
+    return e;
+  return Launch(stream, call, data.typed_data(), nullptr, 0, 0);
+}
+
+ffi::Error GatherPackedCuda(cudaStream_t stream, PagesArg pages, TableArg table, IndexArg indices,
+                            CropArg crops, FlipArg flips, ffi::RemainingArgs /*aliased output*/,
+                            ffi::Span<const double> mean, ffi::Span<const double> stdev,
+                            std::string_view layout, ffi::Result<ffi::AnyBuffer> out) {
+  SourceShape shape;
+  if (ffi::Error e = ShapeOfPacked(pages, table, &shape); e.failure()) return e;
+  Call call;
+  if (ffi::Error e = PrepareCall(shape, indices, crops, flips, mean, stdev, layout, *out, &call);
+      e.failure())
+    return e;
+  const auto pd = pages.dimensions();
+  return Launch(stream, call, pages.typed_data(), table.typed_data(), pd[1], pd[0] * pd[1]);
+}
+
 }  // namespace
 }  // namespace tbljax::xla_ffi
 
@@ -152,6 +197,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TbljaxGatherCuda, tbljax::xla_ffi::GatherCuda,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<tbljax::xla_ffi::DataArg>()
+                                  .Arg<tbljax::xla_ffi::IndexArg>()
+                                  .Arg<tbljax::xla_ffi::CropArg>()
+                                  .Arg<tbljax::xla_ffi::FlipArg>()
+                                  .RemainingArgs()
+                                  .Attr<xla::ffi::Span<const double>>("mean")
+                                  .Attr<xla::ffi::Span<const double>>("std")
+                                  .Attr<std::string_view>("layout")
+                                  .Ret<xla::ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TbljaxGatherPackedCuda, tbljax::xla_ffi::GatherPackedCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<tbljax::xla_ffi::PagesArg>()
+                                  .Arg<tbljax::xla_ffi::TableArg>()
                                   .Arg<tbljax::xla_ffi::IndexArg>()
                                   .Arg<tbljax::xla_ffi::CropArg>()
                                   .Arg<tbljax::xla_ffi::FlipArg>()
