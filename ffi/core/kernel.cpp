@@ -93,8 +93,8 @@ struct Scratch {
   LanePair* lanes;   // 3 * out_w / 8
   // The general resize (any box; antialiased shrink), sized per batch (GeneralScratchInts):
   int32_t* mid;      // 3 * box width: the box's rows combined with one output row's weights
-  int32_t* gx;       // out_w * (2 + taps): per output column its first byte in mid, its tap
-                     // count and its weights (stride gx_stride)
+  int32_t* gx;       // 3 * out_w * (2 + taps): per output element its first element in mid,
+                     // its sum, and the weight of each tap (tap-major)
   int32_t* gy;       // taps: one output row's weights
   int64_t gx_stride;
 };
@@ -393,7 +393,7 @@ bool PrepareScratch(int64_t out_w, int64_t general_ints, int64_t gx_stride, Scra
   p += lanes_b;
   s->gx_stride = gx_stride;
   s->gx = reinterpret_cast<int32_t*>(p);
-  s->gy = s->gx + out_w * (2 + gx_stride);
+  s->gy = s->gx + 3 * out_w * (2 + gx_stride);
   s->mid = s->gy + gx_stride;  // gx_stride >= the row taps too (see Gather)
   return true;
 }
@@ -451,7 +451,7 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
     taps = std::max({taps, kx, ky});
     general_ints = std::max(general_ints, 3 * cw);
   }
-  if (general_ints > 0) general_ints += ow * (2 + taps) + taps + 16;
+  if (general_ints > 0) general_ints += 3 * ow * (2 + taps) + 4 * taps + 64;
   if (r.batch == 0) return Status::Ok();
 
   SimdTarget target;
