@@ -27,6 +27,15 @@ counter 40 (flip when its top bit is set), also when cropping is off, so a sampl
 same way with and without the crop. Quantizing s and log r to 4096 levels changes nothing
 visible (steps of 2.3e-4 in area fraction and 1.4e-4 in log ratio).
 
+**Records of different sizes** (`RecordGeometry`): H and W above are each sample's own record,
+gathered by sample index. What needs float64 (``float32(sqrt(H*W))``, the fallback crop, the
+center crop) is computed once per record on the host as a table and gathered the same way, so
+jax.numpy never recomputes it in float32 and both give the same boxes.
+
+**Center crop** (``crop="center"``, evaluation): the central square of side
+c = max(1, int(center_fraction * min(H, W))) at ((H - c) // 2, (W - c) // 2), as FFCV's
+``CenterCropRGBImageDecoder``; the kernel resizes it to ``size``.
+
 Example:
     >>> import numpy as np
     >>> from tbljax.augment import Augment, sample
@@ -44,7 +53,7 @@ import numpy as np
 
 from tbljax import contract, order
 
-__all__ = ["Augment", "sample", "crop_boxes", "flips"]
+__all__ = ["Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
 
 _ATTEMPTS = 10
 _WORDS_PER_ATTEMPT = 4
@@ -64,46 +73,92 @@ def _pair(name, value, lo_ok):
     return lo, hi
 
 
+def _side_pair(value) -> tuple[int, int] | None:
+    """(height, width) as two ints in [1, MAX_SIDE], or None if `value` is not one."""
+    try:
+        h, w = value
+    except (TypeError, ValueError):
+        return None
+    ok = all(contract.is_integer(v) and 1 <= v <= _MAX_SIDE for v in (h, w))
+    return (int(h), int(w)) if ok else None
+
+
+def _size_or_schedule(size):
+    """`size` normalized: None, (h, w), or a schedule ((0, (h, w)), (e1, (h1, w1)), ...) sorted
+    by epoch (a tuple, so an Augment stays hashable: jit takes it as a static argument)."""
+    if size is None:
+        return None
+    bad = (f"size must be (height, width) with each in [1, {_MAX_SIDE}], a schedule "
+           f"{{epoch: (height, width)}} starting at epoch 0, or None for the stored size; "
+           f"got {size!r}")
+    if isinstance(size, dict):
+        if not size or not all(contract.is_integer(e) and e >= 0 for e in size):
+            raise ValueError(bad)
+        steps = tuple(sorted((int(e), _side_pair(s)) for e, s in size.items()))
+        if steps[0][0] != 0 or any(s is None for _, s in steps):
+            raise ValueError(bad)
+        return steps[0][1] if len(steps) == 1 else steps
+    pair = _side_pair(size)
+    if pair is None:
+        raise ValueError(bad)
+    return pair
+
+
 @dataclasses.dataclass(frozen=True)
 class Augment:
-    """Training augmentation: random-resized-crop (optional) and horizontal flip (optional).
+    """Training augmentation (random-resized-crop and flip) or the evaluation center crop.
 
     Attributes:
-      crop: draw a random-resized-crop box per sample (torchvision semantics).
+      crop: True draws a random-resized-crop box per sample (torchvision semantics, from the
+        whole record); "center" takes the central square of side
+        ``int(center_fraction * min(H, W))`` (evaluation); False: no crop.
       flip: flip horizontally with probability 1/2.
-      size: output (height, width) of the crop, or None for the stored image size.
+      size: output (height, width) of the crop; None for the stored image size; or a schedule
+        ``{epoch: (height, width)}`` (progressive resizing: each size from its epoch on; the
+        first key must be 0). Records of different sizes need it.
       scale: range of the crop's area as a fraction of the image's.
       ratio: range of the crop's aspect ratio w/h, sampled log-uniformly.
+      center_fraction: the center crop's side as a fraction of the record's shorter side,
+        in (0, 1] (0.875: 224 of 256).
 
     ``"rrc_flip"`` is ``Augment()``; ``"flip"`` is ``Augment(crop=False)``.
 
     >>> Augment(size=(128, 128), scale=(0.25, 1.0)).size
     (128, 128)
+    >>> Augment(size={0: (160, 160), 30: (192, 192)}).size_at(31)
+    (192, 192)
     """
 
-    crop: bool = True
+    crop: bool | str = True
     flip: bool = True
-    size: tuple[int, int] | None = None
+    size: tuple[int, int] | dict | None = None
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    center_fraction: float = 0.875
 
     def __post_init__(self):
-        if self.size is not None:
-            try:
-                h, w = self.size
-                ok = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-                         and 1 <= v <= _MAX_SIDE for v in (h, w))
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                raise ValueError(f"size must be (height, width) with each in [1, {_MAX_SIDE}], "
-                                 f"or None for the stored size; got {self.size!r}")
-            object.__setattr__(self, "size", (int(h), int(w)))
-            if not self.crop:
-                raise ValueError(f"size={self.size!r} needs crop=True: without a crop the output "
-                                 "is the stored size")
+        if isinstance(self.crop, (bool, np.bool_)):
+            object.__setattr__(self, "crop", bool(self.crop))
+        elif not (isinstance(self.crop, str) and self.crop == "center"):
+            raise ValueError(f"crop must be True (random-resized-crop), 'center' or False, "
+                             f"got {self.crop!r}")
+        if not isinstance(self.flip, (bool, np.bool_)):
+            raise ValueError(f"flip must be True or False, got {self.flip!r}")
+        object.__setattr__(self, "flip", bool(self.flip))
+        object.__setattr__(self, "size", _size_or_schedule(self.size))
+        if self.size is not None and not self.crop:
+            raise ValueError(f"size={self.size!r} needs crop=True or crop='center': without a "
+                             "crop the output is the stored size")
+        if self.crop == "center" and self.size is None:
+            raise ValueError("crop='center' needs an output size, e.g. "
+                             "Augment(crop='center', flip=False, size=(224, 224))")
         object.__setattr__(self, "scale", _pair("scale", self.scale, lambda v: v > 0))
         object.__setattr__(self, "ratio", _pair("ratio", self.ratio, lambda v: v > 0))
+        f = self.center_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float, np.floating, np.integer)) \
+                or not 0 < f <= 1:
+            raise ValueError(f"center_fraction must be a number in (0, 1], got {f!r}")
+        object.__setattr__(self, "center_fraction", float(f))
 
     @classmethod
     def from_spec(cls, spec) -> "Augment | None":
@@ -115,6 +170,130 @@ class Augment:
         if spec == "flip":
             return cls(crop=False)
         raise ValueError(f"augment must be None, 'rrc_flip', 'flip' or an Augment, got {spec!r}")
+
+    @property
+    def schedule(self) -> tuple[tuple[int, tuple[int, int] | None], ...]:
+        """((first epoch, output size or None), ...): one entry unless `size` is a schedule."""
+        if self.size is not None and isinstance(self.size[0], tuple):
+            return self.size
+        return ((0, self.size),)
+
+    def size_at(self, epoch: int) -> tuple[int, int] | None:
+        """The output size of epoch `epoch` (a Python int), or None for the stored size."""
+        if not contract.is_integer(epoch) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        return [s for first, s in self.schedule if first <= epoch][-1]
+
+    def at_epoch(self, epoch: int) -> "Augment":
+        """This augmentation with the fixed output size of epoch `epoch` (the same boxes and
+        flips: they never depend on the output size). One per size of a schedule is what a
+        jitted step takes as a static argument (see `tbljax.ResidentDataset.batch`)."""
+        return dataclasses.replace(self, size=self.size_at(epoch))
+
+
+class RecordGeometry:
+    """The stored (height, width) of every record, and the per-record float64 tables that
+    boxes need, built once on the host and gathered by sample index.
+
+    ``RecordGeometry(h, w)`` with two ints: every record is h×w (``shape == (h, w)``).
+    ``RecordGeometry(heights, widths)`` with two 1-D integer arrays: record i is
+    heights[i]×widths[i] (``shape`` is None unless they are all equal).
+
+    >>> g = RecordGeometry(np.array([300, 40]), np.array([200, 90]))
+    >>> g.shape, len(g), g.center_table(0.5).tolist()
+    (None, 2, [[100, 50, 100, 100], [10, 35, 20, 20]])
+    """
+
+    def __init__(self, heights, widths):
+        if np.ndim(heights) == 0 and np.ndim(widths) == 0:
+            hw = [_check_side(name, v) for name, v in (("height", heights), ("width", widths))]
+            self.heights, self.widths = (np.array([v], np.int32) for v in hw)
+            self._uniform = True
+        else:
+            h, w = np.asarray(heights), np.asarray(widths)
+            if h.ndim != 1 or h.shape != w.shape or not len(h) or h.dtype.kind not in "iu" \
+                    or w.dtype.kind not in "iu":
+                raise ValueError(f"heights and widths must be two ints or two 1-D integer arrays "
+                                 f"of one length >= 1, got {h.dtype} {h.shape} and "
+                                 f"{w.dtype} {w.shape}")
+            for name, a in (("height", h), ("width", w)):
+                if a.min() < 1 or a.max() > _MAX_SIDE:
+                    k = int(np.argmax((a < 1) | (a > _MAX_SIDE)))
+                    raise ValueError(f"record {k}: {name} must be an integer in "
+                                     f"[1, {_MAX_SIDE}], got {int(a[k])}")
+            self.heights, self.widths = h.astype(np.int32), w.astype(np.int32)
+            self._uniform = bool((h == h[0]).all() and (w == w[0]).all())
+            if self._uniform:  # one size after all: the scalar path (one table row)
+                self.heights, self.widths = self.heights[:1], self.widths[:1]
+        for a in (self.heights, self.widths):
+            a.setflags(write=False)
+        self._tables: dict = {}
+
+    @classmethod
+    def of(cls, hw) -> "RecordGeometry":
+        """`hw` itself if it is a RecordGeometry, else RecordGeometry(*hw)."""
+        return hw if isinstance(hw, cls) else cls(*hw)
+
+    @property
+    def shape(self) -> tuple[int, int] | None:
+        """(H, W) when every record has that size, else None."""
+        return (int(self.heights[0]), int(self.widths[0])) if self._uniform else None
+
+    def __len__(self) -> int:
+        """Records described (1 for a uniform geometry: it holds one size for all)."""
+        return len(self.heights)
+
+    def __repr__(self) -> str:
+        if self._uniform:
+            return f"RecordGeometry({self.shape[0]}, {self.shape[1]})"
+        return f"RecordGeometry({len(self)} records of different sizes)"
+
+    def gather(self, table, indices, xp=np):
+        """Rows of a per-record `table` for sample `indices` (uniform: its one row, shaped to
+        broadcast against the batch)."""
+        t = xp.asarray(table)
+        return t[:1] if self._uniform else t[xp.asarray(indices)]
+
+    def _cached(self, key, make):
+        if key not in self._tables:
+            table = make()
+            table.setflags(write=False)
+            self._tables[key] = table
+        return self._tables[key]
+
+    def sqrt_area_table(self) -> np.ndarray:
+        """float32 (N,): float32(sqrt(H*W)) per record, computed in float64."""
+        return self._cached("sqrt_area", lambda: np.sqrt(
+            self.heights.astype(np.float64) * self.widths).astype(np.float32))
+
+    def fallback_table(self, ratio) -> np.ndarray:
+        """int32 (N, 4): torchvision's central crop clamped to `ratio`, per record (float64
+        and round-half-to-even, as Python's round)."""
+        lo, hi = (float(r) for r in ratio)
+
+        def make():
+            h, w = self.heights.astype(np.float64), self.widths.astype(np.float64)
+            in_ratio = w / h
+            # At least 1 pixel: an extreme ratio range may round a side to 0.
+            ch = np.where(in_ratio < lo, np.maximum(np.rint(w / lo), 1), h)
+            cw = np.where(in_ratio > hi, np.maximum(np.rint(h * hi), 1), w)
+            return _boxes(h, w, ch, cw)
+        return self._cached(("fallback", lo, hi), make)
+
+    def center_table(self, fraction: float) -> np.ndarray:
+        """int32 (N, 4): the central square of side max(1, int(fraction * min(H, W)))."""
+        fraction = float(fraction)
+
+        def make():
+            h, w = self.heights.astype(np.float64), self.widths.astype(np.float64)
+            c = np.maximum(np.floor(fraction * np.minimum(h, w)), 1)
+            return _boxes(h, w, c, c)
+        return self._cached(("center", fraction), make)
+
+
+def _boxes(h, w, ch, cw):
+    """int32 (N, 4) boxes (y0, x0, ch, cw) centred in h×w records (float64 whole numbers)."""
+    return np.stack([(h - ch) // 2, (w - cw) // 2, ch, cw], axis=-1).astype(np.int32)
 
 
 @functools.lru_cache(maxsize=32)
@@ -129,56 +308,74 @@ def _tables(scale, ratio):
     return tables
 
 
-def _fallback(height, width, ratio):
-    """torchvision's central crop when no attempt fits: a host constant (Python floats)."""
-    in_ratio = width / height
-    if in_ratio < ratio[0]:
-        w, h = width, int(round(width / ratio[0]))
-    elif in_ratio > ratio[1]:
-        w, h = int(round(height * ratio[1])), height
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
+def _check_side(name, v):
+    if not contract.is_integer(v) or not 1 <= v <= _MAX_SIDE:
+        raise ValueError(f"{name} must be an integer in [1, {_MAX_SIDE}], got {v!r}")
+    return int(v)
 
 
-def _check_hw(height, width):
-    for name, v in (("height", height), ("width", width)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= _MAX_SIDE:
-            raise ValueError(f"{name} must be an integer in [1, {_MAX_SIDE}], got {v!r}")
-    return int(height), int(width)
+def _geometry(height, width, geometry) -> RecordGeometry:
+    if geometry is not None:
+        if height is not None or width is not None:
+            raise ValueError("give either height and width or geometry, not both")
+        return RecordGeometry.of(geometry)
+    if height is None or width is None:
+        raise ValueError("give height and width (one size for every record) or geometry")
+    return RecordGeometry(height, width)
 
 
-def crop_boxes(indices, *, height: int, width: int, seed: int, epoch: int,
-               scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), xp=np):
-    """int32 (B, 4) boxes (y0, x0, h, w) in source pixels for samples `indices` of an H×W image.
+def crop_boxes(indices, *, height: int | None = None, width: int | None = None, seed: int,
+               epoch: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), geometry=None, xp=np):
+    """int32 (B, 4) random-resized-crop boxes (y0, x0, h, w) in source pixels for samples
+    `indices`: of an H×W image (`height`, `width`), or each of its own record's size
+    (`geometry`: a `RecordGeometry` indexed by sample index).
 
     >>> b = crop_boxes(np.arange(3), height=32, width=32, seed=0, epoch=0)
     >>> bool(((b[:, 0] + b[:, 2] <= 32) & (b[:, 1] + b[:, 3] <= 32)).all())
     True
     """
-    height, width = _check_hw(height, width)
+    geo = _geometry(height, width, geometry)
     scale = _pair("scale", scale, lambda v: v > 0)
     ratio = _pair("ratio", ratio, lambda v: v > 0)
     sqrt_scale, sqrt_ratio, inv_sqrt_ratio = (xp.asarray(t) for t in _tables(scale, ratio))
+    indices = xp.asarray(indices)
+    # Each sample's record: (B, 1) against the attempts axis ((1, 1) when all are one size).
+    rec_h = geo.gather(geo.heights, indices, xp)[:, None]
+    rec_w = geo.gather(geo.widths, indices, xp)[:, None]
+    sqrt_area = geo.gather(geo.sqrt_area_table(), indices, xp)[:, None]
     counters = xp.arange(_ATTEMPTS * _WORDS_PER_ATTEMPT, dtype=xp.uint32).reshape(
         _ATTEMPTS, _WORDS_PER_ATTEMPT)
-    u = order.random_bits(xp.asarray(indices)[:, None, None], counters, seed, epoch, xp=xp)
+    u = order.random_bits(indices[:, None, None], counters, seed, epoch, xp=xp)
     shift = xp.uint32(32 - _TABLE_BITS)
-    side = xp.float32(math.sqrt(height * width)) * sqrt_scale[u[..., 0] >> shift]
+    side = sqrt_area * sqrt_scale[u[..., 0] >> shift]
     kr = u[..., 1] >> shift
     w = xp.rint(side * sqrt_ratio[kr]).astype(xp.int32)
     h = xp.rint(side * inv_sqrt_ratio[kr]).astype(xp.int32)
-    fits = (w >= 1) & (w <= width) & (h >= 1) & (h <= height)
+    fits = (w >= 1) & (w <= rec_w) & (h >= 1) & (h <= rec_h)
     # Place every attempt (clamping spans of those that do not fit) and pick the first that fits.
-    span_y = xp.maximum(height - h + 1, 1).astype(xp.uint32)
-    span_x = xp.maximum(width - w + 1, 1).astype(xp.uint32)
+    span_y = xp.maximum(rec_h - h + 1, 1).astype(xp.uint32)
+    span_x = xp.maximum(rec_w - w + 1, 1).astype(xp.uint32)
     y0 = (((u[..., 2] >> 16) * span_y) >> 16).astype(xp.int32)
     x0 = (((u[..., 3] >> 16) * span_x) >> 16).astype(xp.int32)
     boxes = xp.stack([y0, x0, h, w], axis=-1)                        # (B, attempts, 4)
     first = xp.argmax(fits, axis=1)                                   # 0 when none fits
     chosen = xp.take_along_axis(boxes, first[:, None, None], axis=1)[:, 0]
-    fallback = xp.asarray(_fallback(height, width, ratio), dtype=xp.int32)
-    return xp.where(xp.any(fits, axis=1)[:, None], chosen, fallback[None, :])
+    fallback = geo.gather(geo.fallback_table(ratio), indices, xp)
+    return xp.where(xp.any(fits, axis=1)[:, None], chosen, fallback)
+
+
+def center_boxes(indices, *, fraction: float, height: int | None = None,
+                 width: int | None = None, geometry=None, xp=np):
+    """int32 (B, 4) center-crop boxes (y0, x0, c, c) for samples `indices`: the central square
+    of side max(1, int(fraction * min(H, W))) of each sample's record.
+
+    >>> center_boxes(np.arange(2), fraction=0.875, height=256, width=320).tolist()
+    [[16, 48, 224, 224], [16, 48, 224, 224]]
+    """
+    geo = _geometry(height, width, geometry)
+    indices = xp.asarray(indices)
+    box = geo.gather(geo.center_table(fraction), indices, xp)
+    return xp.broadcast_to(box, (indices.shape[0], 4))
 
 
 def flips(indices, *, seed: int, epoch: int, xp=np):
@@ -191,9 +388,16 @@ def flips(indices, *, seed: int, epoch: int, xp=np):
     return (u >> 31) == 1
 
 
-def sample(aug: Augment, indices, *, height: int, width: int, seed: int, epoch: int, xp=np):
-    """(boxes or None, flips or None) for a batch of sample indices under options `aug`."""
-    boxes = crop_boxes(indices, height=height, width=width, seed=seed, epoch=epoch,
-                       scale=aug.scale, ratio=aug.ratio, xp=xp) if aug.crop else None
+def sample(aug: Augment, indices, *, height: int | None = None, width: int | None = None,
+           seed: int, epoch: int, geometry=None, xp=np):
+    """(boxes or None, flips or None) for a batch of sample indices under options `aug`, for
+    H×W records (`height`, `width`) or records of their own sizes (`geometry`)."""
+    boxes = None
+    if aug.crop == "center":
+        boxes = center_boxes(indices, fraction=aug.center_fraction, height=height, width=width,
+                             geometry=geometry, xp=xp)
+    elif aug.crop:
+        boxes = crop_boxes(indices, height=height, width=width, seed=seed, epoch=epoch,
+                           scale=aug.scale, ratio=aug.ratio, geometry=geometry, xp=xp)
     flip = flips(indices, seed=seed, epoch=epoch, xp=xp) if aug.flip else None
     return boxes, flip

@@ -120,6 +120,8 @@ class Slot:
 
     ``alloc(nbytes)`` returns the ALIGN-aligned 1-D uint8 memory (default `aligned_empty`; the
     torch adapter passes one that returns page-locked memory when CUDA is present).
+    ``row_shape`` is the largest row the slot holds: `views` may view it at any row shape of
+    no more bytes (the sizes of a schedule share one ring).
     """
 
     def __init__(self, layout: Layout, row_shape: tuple[int, ...], dtype, alloc=aligned_empty):
@@ -144,9 +146,14 @@ class Slot:
         self._row_bytes = row_bytes
         self._watched: list[weakref.ref] = []  # see watch
 
-    def views(self) -> list[np.ndarray]:
-        """Fresh typed (rows, *row_shape) views, one per range. Drop them once handed to JAX."""
-        return [self._mem[o:o + r * self._row_bytes].view(self.dtype).reshape(r, *self.row_shape)
+    def views(self, row_shape: tuple[int, ...] | None = None) -> list[np.ndarray]:
+        """Fresh typed (rows, *row_shape) views, one per range (default: the slot's row shape).
+        Drop them once handed to JAX."""
+        shape = self.row_shape if row_shape is None else tuple(row_shape)
+        row_bytes = int(np.prod(shape)) * self.dtype.itemsize
+        if row_bytes > self._row_bytes:
+            raise ValueError(f"rows of {shape} do not fit this slot's rows of {self.row_shape}")
+        return [self._mem[o:o + r * row_bytes].view(self.dtype).reshape(r, *shape)
                 for o, r in self._regions]
 
     def in_use(self) -> bool:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
+import numpy as np
+
 from tbljax import batch as _batch
 from tbljax import contract, order
 from tbljax.options import LoaderOptions
@@ -53,7 +55,11 @@ class HostLoader:
         self._source = RecordSource(dataset, opts.threads)
         self._layout = layout if layout is not None else _batch.Layout.for_rank(
             opts.batch_size, 0, 1)
-        self._row_shape = opts.row_shape(self._source.shape)
+        # One row shape per entry of a size schedule (one without); the ring is sized once for
+        # the largest, and each batch views it at its epoch's size (tbljax.batch.Slot.views).
+        schedule = opts.augment.schedule if opts.augment is not None else ((0, None),)
+        shapes = [self._source.row_shape(opts, epoch) for epoch, _ in schedule]
+        largest = max(shapes, key=lambda s: int(np.prod(s)))
         if len(self) == 0:
             raise ValueError(f"batch_size {self._layout.global_batch} is larger than the dataset "
                              f"({self._source.n} samples) with drop_remainder=True: no step "
@@ -64,7 +70,7 @@ class HostLoader:
         self._active = None  # weakref to the live Pass
         # Kept across passes (one pass runs at a time), so its memory is reused, not
         # page-faulted in again for every evaluation pass.
-        self._ring = _batch.Ring(self._layout, self._row_shape, opts.out_dtype,
+        self._ring = _batch.Ring(self._layout, largest, opts.out_dtype,
                                  opts.prefetch + _RING_EXTRA, alloc=alloc,
                                  before_reuse=before_reuse)
 
@@ -100,8 +106,13 @@ class HostLoader:
 
     @property
     def row_shape(self) -> tuple[int, int, int]:
-        """One row of a batch: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW."""
-        return self._row_shape
+        """One row of the next batch: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW (the cursor's
+        epoch's size under a size schedule; a batch's own shape says what it holds)."""
+        return self.row_shape_at(self._cursor[0])
+
+    def row_shape_at(self, epoch: int) -> tuple[int, int, int]:
+        """One row of a batch of `epoch`."""
+        return self._source.row_shape(self.options, epoch)
 
     # ---- the iterator protocol and the state ----
     def __len__(self) -> int:
@@ -116,8 +127,7 @@ class HostLoader:
     def __iter__(self) -> Pass:
         self._close_active()
         start, end_epoch = self.pass_bounds()
-        plan = Plan(self._source, self._layout, self.options, self._row_shape, start, end_epoch,
-                    self.finisher())
+        plan = Plan(self._source, self._layout, self.options, start, end_epoch, self.finisher())
         it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out,
                   on_end=self.pass_ended)
         self._active = weakref.ref(it)

@@ -25,9 +25,10 @@ from tbljax.plan import HostBatch
 __all__ = ["Loader", "loader", "to_jax"]
 
 
-def to_jax(layout: _batch.Layout, row_shape, host: HostBatch) -> tuple[dict, list]:
+def to_jax(layout: _batch.Layout, host: HostBatch) -> tuple[dict, list]:
     """The JAX layer: a HostBatch → (a dict of global jax.Arrays, no copy on CPU; the arrays
     in it that view the ring slot)."""
+    row_shape = host.images[0].shape[1:]  # the batch's own: a size schedule changes it
     result = {"image": layout.to_global(host.images, row_shape),
               "label": layout.to_global(host.labels),
               "index": layout.to_global(host.indices)}
@@ -56,7 +57,7 @@ class Loader(HostLoader):
         super().__init__(dataset, opts, _batch.Layout.create(self.sharding, opts.batch_size))
 
     def finisher(self):
-        return functools.partial(to_jax, self.layout, self.row_shape)
+        return functools.partial(to_jax, self.layout)
 
 
 def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,

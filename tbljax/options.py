@@ -72,13 +72,32 @@ class LoaderOptions:
         """(mean, std) for the kernel: None, None for uint8 output (not normalized)."""
         return (None, None) if self.dtype == "uint8" else (self.mean, self.std)
 
-    def output_size(self, image_hw: tuple[int, int]) -> tuple[int, int]:
-        """(OH, OW) of a batch from records of `image_hw`: the augmentation's size, if any."""
+    def output_size(self, image_hw: tuple[int, int] | None, epoch: int | None = None
+                    ) -> tuple[int, int]:
+        """(OH, OW) of a batch of epoch `epoch` from records of `image_hw` (None: records of
+        different sizes): the augmentation's size at that epoch, if any, else the stored size.
+        `epoch` may be left out only when the size does not change with it."""
         aug = self.augment
-        size = aug.size if aug is not None else None
-        return contract.output_size(image_hw, size, cropped=aug is not None and aug.crop)
+        size = None
+        if aug is not None:
+            if epoch is None:
+                if len(aug.schedule) > 1:
+                    raise ValueError(f"the output size changes with the epoch (size="
+                                     f"{aug.size!r}): say which epoch")
+                epoch = 0
+            size = aug.size_at(epoch)
+        if image_hw is None:
+            if size is None:
+                raise ValueError(
+                    "records of different sizes need an output size fixed by the augmentation: "
+                    "pass augment=tbljax.Augment(size=(224, 224)) for training or "
+                    "augment=tbljax.Augment(crop='center', flip=False, size=(224, 224)) for "
+                    "evaluation")
+            return size
+        return contract.output_size(image_hw, size, cropped=aug is not None and bool(aug.crop))
 
-    def row_shape(self, image_hw: tuple[int, int]) -> tuple[int, int, int]:
-        """One row of a batch: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW."""
-        oh, ow = self.output_size(image_hw)
+    def row_shape(self, image_hw: tuple[int, int] | None, epoch: int | None = None
+                  ) -> tuple[int, int, int]:
+        """One row of a batch of epoch `epoch`: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW."""
+        oh, ow = self.output_size(image_hw, epoch)
         return (oh, ow, 3) if self.layout == "NHWC" else (3, oh, ow)

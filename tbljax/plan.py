@@ -15,6 +15,7 @@ import weakref
 
 import numpy as np
 
+from tbljax import augment as _augment
 from tbljax import batch as _batch
 from tbljax import order
 from tbljax import step as _step
@@ -30,7 +31,8 @@ class RecordSource:
 
     ``threads`` is for decoding non-RAW records (None or 0: the pool's default). The host
     loader fills its batches through `fill`; the resident dataset reads ``n``, ``labels``,
-    ``shape`` and ``fingerprint`` from it."""
+    ``shape`` and ``fingerprint`` from it. ``geometry`` (`tbljax.augment.RecordGeometry`) holds
+    every record's stored size; ``shape`` is the one (H, W) of all, or None when they differ."""
 
     def __init__(self, ds, threads):
         self.n = len(ds)
@@ -41,12 +43,12 @@ class RecordSource:
                              f"supports up to {np.iinfo(np.int32).max}")
         self.labels = np.asarray(ds.labels, dtype=np.int64)
         self.fingerprint = str(ds.fingerprint)
-        self.shape = ds.image_shape or self._uniform_record_size(ds)
-        if self.shape is None:
-            raise ValueError(f"{ds!r} has no single image size (records of different sizes and "
-                             "no resize recipe): convert it with an image_size to serve it")
-        self.shape = tuple(int(v) for v in self.shape)
-        self._raw = ds.record_format == "raw"
+        self.geometry = self._record_geometry(ds)
+        # (H, W) of every record, or None: records of different sizes (`geometry` has each).
+        self.shape = self.geometry.shape
+        # Records of different sizes take neither path below: `fill` refuses them until the
+        # kernel gathers each record at its own size.
+        self._raw = ds.record_format == "raw" and self.shape is not None
         self._ds = ds
         if self._raw:
             from tbljax import kernels  # imported on first use: `import tbljax` stays quick
@@ -60,7 +62,7 @@ class RecordSource:
             self._row_bytes = int(np.prod(self.shape)) * 3
             self._fds: dict[int, int] = {}  # file number -> fd for posix_fadvise, opened lazily
             weakref.finalize(self, _close_all, self._fds)
-        else:
+        elif self.shape is not None:
             self._scratch = np.empty((0, *self.shape, 3), np.uint8)
         self._threads = threads or 0
 
@@ -117,20 +119,38 @@ class RecordSource:
         return True
 
     @staticmethod
-    def _uniform_record_size(ds):
-        # image_shape is None for LZ4 files written without a recipe even when every record
-        # has one size; the index says so (O(N) numpy, once, only for such files).
+    def _record_geometry(ds) -> _augment.RecordGeometry:
+        if ds.image_shape is not None:
+            return _augment.RecordGeometry(*(int(v) for v in ds.image_shape))
+        # No single stored size (LZ4 files written without a recipe, records of different
+        # sizes): the index has each record's (O(N) numpy, once, only for such files).
         index = getattr(ds, "index", None)
-        if index is None or not len(index):
-            return None
-        h, w = np.unique(index["height"]), np.unique(index["width"])
-        return (int(h[0]), int(w[0])) if len(h) == 1 and len(w) == 1 else None
+        if index is None:
+            raise ValueError(f"{ds!r} has no single image size and no index of record sizes: "
+                             "convert it with an image_size to serve it")
+        try:
+            return _augment.RecordGeometry(index["height"], index["width"])
+        except ValueError as e:
+            raise ValueError(f"{ds!r}: {e}") from None
+
+    def row_shape(self, opts: LoaderOptions, epoch: int | None = None) -> tuple[int, int, int]:
+        """One row of a batch of `epoch` under `opts` (`LoaderOptions.row_shape`); ValueError
+        naming the dataset when its records differ in size and the augmentation does not fix
+        the output size."""
+        try:
+            return opts.row_shape(self.shape, epoch)
+        except ValueError as e:
+            raise ValueError(f"{self._ds!r}: {e}") from None
 
     def fill(self, indices, out, *, layout, crop, flip, mean, std):
         """Writes records `indices` into `out` (the kernel's arguments, `tbljax.kernels.gather`)."""
         from tbljax import kernels
 
         kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std)
+        if self.shape is None:
+            raise ValueError(f"{self._ds!r} holds records of different sizes: serving them needs "
+                             "a kernel that gathers each record at its own size, which this "
+                             "build of tbljax._core does not have; convert with an image_size")
         if self._raw:
             # The kernel reads the files' mappings directly: a file truncated or rewritten in
             # place since it was opened must fail the batch, not fill it with other bytes.
@@ -242,7 +262,6 @@ class Plan:
     source: RecordSource
     layout: _batch.Layout
     opts: LoaderOptions
-    row_shape: tuple[int, ...]
     start: tuple[int, int]  # cursor (epoch, position) the iteration starts from
     end_epoch: int | None   # the pass stops before this epoch (None: never)
     # HostBatch -> (what the consumer receives, the objects in it that view the ring slot);
@@ -310,14 +329,14 @@ class Plan:
         src, opts = self.source, self.opts
         mean, std = opts.normalization
         slot = ring.acquire(stop)
-        views = slot.views()
+        views = slot.views(src.row_shape(opts, epoch))  # a size schedule's size of `epoch`
         labels, indices, valid = [], [], []
         for (a, b), out in zip(self.layout.ranges, views):
             rows = b - a
             nvalid = int(np.clip(src.n - (first + a), 0, rows))
             idx, boxes, flip = _step.draw(
                 np.arange(first + a, first + a + nvalid, dtype=np.int64), opts,
-                num_records=src.n, image_hw=src.shape, epoch=epoch)
+                num_records=src.n, image_hw=src.geometry, epoch=epoch)
             if nvalid:
                 src.fill(idx, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip,
                          mean=mean, std=std)

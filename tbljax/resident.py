@@ -15,6 +15,7 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -85,6 +86,10 @@ class ResidentDataset:
         ds = reader.as_dataset(path_or_dataset)
         src = RecordSource(ds, threads=None)
         self.num_records = src.n
+        if src.shape is None:
+            raise ValueError(f"{ds!r} holds records of different sizes: a ResidentDataset keeps "
+                             "one (N, H, W, 3) array; convert with an image_size, or stream it "
+                             "with tbljax.loader(..., augment=tbljax.Augment(size=(224, 224)))")
         self.image_shape = tuple(int(v) for v in src.shape)
         self.fingerprint = src.fingerprint
         shape = (self.num_records, *self.image_shape, 3)
@@ -212,6 +217,10 @@ class ResidentDataset:
         """
         opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle, dtype=dtype,
                              layout=layout, mean=mean, std=std, augment=augment)
+        if opts.augment is not None and len(opts.augment.schedule) > 1:
+            # The output shape must be static: fix the size of the (concrete) epoch.
+            opts = dataclasses.replace(opts, augment=opts.augment.at_epoch(
+                self._concrete_epoch(step, epoch, batch_size)))
         mesh, batch_axes = self._batch_axes(sharding)
         parts = _sharding.parts(self.sharding, batch_axes)
         if batch_size % parts:
@@ -232,6 +241,20 @@ class ResidentDataset:
                                 None if epoch is None else jnp.asarray(epoch, jnp.int32),
                                 opts=opts, batch_axes=batch_axes, backend=backend)
         return self._batch(step, epoch, opts=opts, batch_axes=batch_axes, backend=backend)
+
+    def _concrete_epoch(self, step, epoch, batch_size) -> int:
+        """The epoch of a batch whose augmentation has a size schedule, as a Python int."""
+        try:
+            if epoch is not None:
+                return int(epoch)
+            spe = self.steps_per_epoch(batch_size)
+            return int(step) // spe if spe else 0
+        except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
+            raise ValueError(
+                "the augmentation's size schedule makes the output size depend on the epoch, "
+                "which is traced here, but a jitted step's output shape must be static: use one "
+                "jitted step per size, passing augment=aug.at_epoch(epoch) (a static argument, "
+                "fixed in Python) for the epoch being run") from None
 
     def _batch_axes(self, sharding) -> tuple[Mesh, tuple[str, ...]]:
         mesh = self.sharding.mesh

@@ -21,12 +21,14 @@ from tbljax.options import LoaderOptions
 __all__ = ["draw"]
 
 
-def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw: tuple[int, int], epoch,
-         xp=np):
-    """(sample indices, crop boxes or None, flips or None) for `positions` of epoch `epoch`."""
+def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, xp=np):
+    """(sample indices, crop boxes or None, flips or None) for `positions` of epoch `epoch`.
+
+    `image_hw`: (H, W) of every record, or a `tbljax.augment.RecordGeometry` (records of their
+    own sizes, each sample's looked up by its index)."""
     idx = order.permute(positions, num_records, opts.seed, epoch, shuffle=opts.shuffle, xp=xp)
     if opts.augment is None:
         return idx, None, None
-    boxes, flips = _augment.sample(opts.augment, idx, height=image_hw[0], width=image_hw[1],
+    boxes, flips = _augment.sample(opts.augment, idx, geometry=_augment.RecordGeometry.of(image_hw),
                                    seed=opts.seed, epoch=epoch, xp=xp)
     return idx, boxes, flips

@@ -1,10 +1,12 @@
 """The one NumPy oracle every test compares against, written from the contracts, not from the
 code: the normalization contract (DESIGN §3: the float32 / bfloat16 nearest to
 (x/255 - mean)/std computed in float64; bfloat16 rounding by exact rational comparison over
-every finite bfloat16) and the integer crop-resize formula of ffi/core/kernel.h in int64."""
+every finite bfloat16), the integer crop-resize formula of ffi/core/kernel.h in int64, and the
+crop boxes of torchvision's RandomResizedCrop and FFCV's center crop."""
 from __future__ import annotations
 
 import fractions
+import math
 
 import ml_dtypes
 import numpy as np
@@ -109,3 +111,52 @@ def gather(records, idx, out_hw, crop=None, flip=None, dtype=np.uint8, layout="N
         out = normalize(pix, (0, 0, 0) if mean is None else mean, (1, 1, 1) if std is None else std,
                         dtype)
     return out if layout == "NHWC" else np.ascontiguousarray(out.transpose(0, 3, 1, 2))
+
+
+# ---- crop boxes: torchvision's RandomResizedCrop.get_params and FFCV's center crop ----
+
+def rrc_reference(u, height, width, scale, ratio):
+    """torchvision's RandomResizedCrop.get_params in float64, driven by the same random words
+    (uniforms taken as the centre of the word's 4096-level bin)."""
+    area = height * width
+    lo, hi = math.log(ratio[0]), math.log(ratio[1])
+    for t in range(10):
+        s = scale[0] + (scale[1] - scale[0]) * ((int(u[t, 0]) >> 20) + 0.5) / 4096
+        r = math.exp(lo + (hi - lo) * ((int(u[t, 1]) >> 20) + 0.5) / 4096)
+        w = round(math.sqrt(area * s * r))
+        h = round(math.sqrt(area * s / r))
+        if 0 < w <= width and 0 < h <= height:
+            y = ((int(u[t, 2]) >> 16) * (height - h + 1)) >> 16
+            x = ((int(u[t, 3]) >> 16) * (width - w + 1)) >> 16
+            return (y, x, h, w)
+    return fallback_box(height, width, ratio)
+
+
+def fallback_box(height, width, ratio):
+    """torchvision's central crop when no attempt fits: the whole image clamped to the ratio."""
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, round(width / min(ratio))
+    elif in_ratio > max(ratio):
+        h, w = height, round(height * max(ratio))
+    else:
+        w, h = width, height
+    return ((height - h) // 2, (width - w) // 2, h, w)
+
+
+def torchvision_sample(rng, height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """(h, w) of torchvision's RandomResizedCrop.get_params with an independent generator."""
+    for _ in range(10):
+        s = rng.uniform(*scale)
+        r = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        w, h = round(math.sqrt(height * width * s * r)), round(math.sqrt(height * width * s / r))
+        if 0 < w <= width and 0 < h <= height:
+            return h, w
+    return fallback_box(height, width, ratio)[2:]
+
+
+def center_crop_box(height, width, fraction):
+    """FFCV's CenterCropRGBImageDecoder (get_center_crop): the central square of side
+    int(fraction * min(H, W)), at least 1 pixel here, as (y0, x0, c, c)."""
+    c = max(1, int(fraction * min(height, width)))
+    return ((height - c) // 2, (width - c) // 2, c, c)

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from oracle import rrc_reference, torchvision_sample
 
 from tbljax import augment, order
 from tbljax.augment import Augment
@@ -192,41 +193,6 @@ def test_state_roundtrip_and_clear_errors():
 
 
 # ---- augmentation ----
-
-def rrc_reference(u, height, width, scale, ratio):
-    """torchvision's RandomResizedCrop.get_params in float64, driven by the same random words
-    (uniforms taken as the centre of the word's 4096-level bin)."""
-    area = height * width
-    lo, hi = math.log(ratio[0]), math.log(ratio[1])
-    for t in range(10):
-        s = scale[0] + (scale[1] - scale[0]) * ((int(u[t, 0]) >> 20) + 0.5) / 4096
-        r = math.exp(lo + (hi - lo) * ((int(u[t, 1]) >> 20) + 0.5) / 4096)
-        w = round(math.sqrt(area * s * r))
-        h = round(math.sqrt(area * s / r))
-        if 0 < w <= width and 0 < h <= height:
-            y = ((int(u[t, 2]) >> 16) * (height - h + 1)) >> 16
-            x = ((int(u[t, 3]) >> 16) * (width - w + 1)) >> 16
-            return (y, x, h, w)
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w, h = width, round(width / min(ratio))
-    elif in_ratio > max(ratio):
-        h, w = height, round(height * max(ratio))
-    else:
-        w, h = width, height
-    return ((height - h) // 2, (width - w) // 2, h, w)
-
-
-def torchvision_sample(rng, height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
-    """(h, w) of torchvision's RandomResizedCrop.get_params with an independent generator."""
-    for _ in range(10):
-        s = rng.uniform(*scale)
-        r = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
-        w, h = round(math.sqrt(height * width * s * r)), round(math.sqrt(height * width * s / r))
-        if 0 < w <= width and 0 < h <= height:
-            return h, w
-    return height, width
-
 
 @pytest.mark.parametrize("hw", [(64, 48), (160, 160), (3, 200), (37, 5)])
 def test_crop_boxes_follow_torchvision_semantics(hw):
