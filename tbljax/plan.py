@@ -46,24 +46,31 @@ class RecordSource:
         self.geometry = self._record_geometry(ds)
         # (H, W) of every record, or None: records of different sizes (`geometry` has each).
         self.shape = self.geometry.shape
-        # Records of different sizes take neither path below: `fill` refuses them until the
-        # kernel gathers each record at its own size.
-        self._raw = ds.record_format == "raw" and self.shape is not None
+        self._raw = ds.record_format == "raw"
         self._ds = ds
         if self._raw:
             from tbljax import kernels  # imported on first use: `import tbljax` stays quick
 
-            views = ds.shard_views()
-            # Built once: the native view over the shards (the kernel takes it as is).
-            self._src = kernels.raw_source(views)
-            counts = np.array([len(v) for v in views], np.int64)
+            if self.shape is not None:
+                views = ds.shard_views()
+                # Built once: the native view over the shards (the kernel takes it as is).
+                self._src = kernels.raw_source(views)
+                counts = np.array([len(v) for v in views], np.int64)
+                self._bases = [v.__array_interface__["data"][0] for v in views]
+                self._offsets = None
+            else:  # records of different sizes: each where the index says, at its own size
+                views, counts, self._offsets, heights, widths = ds.raw_records()
+                self._src = kernels.variable_source(views, counts, self._offsets, heights, widths)
+                self._bases = [v.__array_interface__["data"][0] for v in views]
+                self._sizes = heights.astype(np.int64) * widths * 3
             self._starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            self._bases = [v.__array_interface__["data"][0] for v in views]
-            self._row_bytes = int(np.prod(self.shape)) * 3
+            self._row_bytes = int(np.prod(self.shape)) * 3 if self.shape is not None else 0
             self._fds: dict[int, int] = {}  # file number -> fd for posix_fadvise, opened lazily
             weakref.finalize(self, _close_all, self._fds)
         elif self.shape is not None:
             self._scratch = np.empty((0, *self.shape, 3), np.uint8)
+        else:
+            self._packed = np.empty(0, np.uint8)  # decoded records of different sizes
         self._threads = threads or 0
 
     @property
@@ -106,11 +113,17 @@ class RecordSource:
         mincore = _mincore() if self.reads_ahead else None
         if mincore is None:
             return False
-        page, size = mincore.page, self._row_bytes
+        page = mincore.page
         files = np.searchsorted(self._starts, indices, side="right") - 1
-        vec = ctypes.create_string_buffer(size // page + 2)
-        for k, j in zip(files.tolist(), (indices - self._starts[files]).tolist()):
-            start = self._bases[k] + j * size
+        if self._offsets is None:
+            size = self._row_bytes
+            starts = (indices - self._starts[files]) * size
+            sizes = np.full(len(indices), size)
+        else:  # offsets into the whole file's mapping
+            starts, sizes = self._offsets[indices], self._sizes[indices]
+        vec = ctypes.create_string_buffer(int(sizes.max()) // page + 2 if len(sizes) else 1)
+        for k, rel, size in zip(files.tolist(), starts.tolist(), sizes.tolist()):
+            start = self._bases[k] + rel
             first = start - start % page
             length = start + size - first
             # One byte a page, bit 0 set when resident (the other bits are 0 on Linux).
@@ -147,10 +160,6 @@ class RecordSource:
         from tbljax import kernels
 
         kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std)
-        if self.shape is None:
-            raise ValueError(f"{self._ds!r} holds records of different sizes: serving them needs "
-                             "a kernel that gathers each record at its own size, which this "
-                             "build of tbljax._core does not have; convert with an image_size")
         if self._raw:
             # The kernel reads the files' mappings directly: a file truncated or rewritten in
             # place since it was opened must fail the batch, not fill it with other bytes.
@@ -167,6 +176,21 @@ class RecordSource:
                 check(files)
             return
         b = len(indices)
+        if self.shape is None:
+            # Decoded records of different sizes, packed one after another in a buffer that
+            # only grows, then gathered like RAW ones.
+            images = [self._ds.read(int(i)) for i in indices]
+            sizes = np.array([im.size for im in images], np.int64)
+            offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            if len(self._packed) < sizes.sum():
+                self._packed = np.empty(int(sizes.sum()), np.uint8)
+            for im, o, n in zip(images, offsets.tolist(), sizes.tolist()):
+                self._packed[o:o + n] = im.reshape(-1)
+            src = kernels.variable_source([self._packed], [b], offsets,
+                                          [im.shape[0] for im in images],
+                                          [im.shape[1] for im in images])
+            kernels.gather(src, np.arange(b, dtype=np.int64), out, **kw)
+            return
         if len(self._scratch) < b:
             self._scratch = np.empty((b, *self.shape, 3), np.uint8)
         scratch = self._scratch[:b]
