@@ -58,7 +58,7 @@ void FuzzDecode(const uint8_t* data, size_t size, int mode_bits, int scale, int 
   }
   sink = sink + Sum(out.pixels);
 
-  if (mode != ResizeMode::kMaxSide) {
+  if (mode == ResizeMode::kCenterCrop || mode == ResizeMode::kSquash) {
     // The hot path writes exactly S*S*3 bytes; guard bytes on both sides catch overruns.
     const size_t n = static_cast<size_t>(out_size) * out_size * 3;
     std::vector<uint8_t> dst(n + 64, 0xA5);
@@ -72,8 +72,8 @@ void FuzzDecode(const uint8_t* data, size_t size, int mode_bits, int scale, int 
 
 void FuzzResize(const uint8_t* data, size_t size, int out_size, int width, int mode_seed) {
   const int h = static_cast<int>(size / (3 * static_cast<size_t>(width)));
-  for (int m = 0; m < 3; ++m) {
-    const ResizeMode mode = static_cast<ResizeMode>((m + mode_seed) % 3);
+  for (int m = 0; m < 4; ++m) {
+    const ResizeMode mode = static_cast<ResizeMode>((m + mode_seed) % 4);
     ResizePlan plan;
     const Status ps = PlanResize(h, width, out_size, mode, &plan);
     if (!ps.ok()) {
@@ -106,7 +106,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (mode_bits == 3) {
     FuzzResize(data, size, out_size, 1 + ctrl[2] % 32, ctrl[2] / 32);
   } else {
-    FuzzDecode(size ? data : nullptr, size, mode_bits, scale, out_size);
+    // Mode 2 stands for both modes that keep the aspect: max_side, or shorter_side (3).
+    const int mode = mode_bits == 2 && (ctrl[2] & 1) ? 3 : mode_bits;
+    FuzzDecode(size ? data : nullptr, size, mode, scale, out_size);
   }
   return 0;
 }

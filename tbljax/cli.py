@@ -26,7 +26,8 @@ def _cmd_convert(a: argparse.Namespace) -> int:
     import tbljax
 
     summary = tbljax.convert(a.sources, a.output, image_size=a.image_size, resize=a.resize,
-                             format=a.format, threads=a.threads, strict=a.strict,
+                             max_long_side=a.max_long_side, format=a.format, quality=a.quality,
+                             chroma=a.chroma, threads=a.threads, strict=a.strict,
                              overwrite=a.overwrite, shard=a.shard, classes=a.classes,
                              label_ext=a.label_ext, progress=False if a.quiet else None,
                              progress_interval=a.progress_interval)
@@ -40,6 +41,8 @@ def _describe(path: str) -> dict[str, Any]:
     ds = tbljax.open(path)
     idx = ds.index
     sizes = Counter(zip(idx["height"].tolist(), idx["width"].tolist()))
+    stored = int(idx["size"].sum())
+    raw = int((idx["height"].astype(np.int64) * idx["width"] * 3).sum())  # what RAW records would take
     labels = ds.labels
     known = labels[labels >= 0]
     return {
@@ -49,7 +52,9 @@ def _describe(path: str) -> dict[str, Any]:
         "image_shape": ds.image_shape,
         "zero_copy_view": ds.image_shape is not None and ds.record_format == "raw",
         "bytes": int(ds._files[0].file_size),
-        "stored_payload_bytes": int(idx["size"].sum()),
+        "stored_payload_bytes": stored,
+        "bytes_per_image": round(stored / len(ds)) if len(ds) else 0,
+        "ratio_to_raw": round(stored / raw, 4) if raw else None,
         "record_sizes_hxw": {f"{h}x{w}": n for (h, w), n in sizes.most_common(5)},
         "labelled": int(known.size),
         "num_classes": len(ds.classes) if ds.classes else int(np.unique(known).size) if known.size else 0,
@@ -174,16 +179,27 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Decode a dataset once into a TBL file (tbljax.convert).")
     c.add_argument("sources", nargs="+",
                    help="TAR shards (brace patterns as bash expands them: 'train-{000..099}.tar'), "
-                        "an image folder with one subfolder per class, or image files")
+                        "an image folder with one subfolder per class, image files, or a TBL file "
+                        "(decoded record for record into --format raw or lz4)")
     c.add_argument("-o", "--output", required=True, help="destination .tbl file")
-    c.add_argument("-s", "--image-size", type=int, required=True, metavar="SIZE",
-                   help="output side in pixels")
-    c.add_argument("--resize", default="center_crop", choices=["center_crop", "squash", "max_side"],
+    c.add_argument("-s", "--image-size", type=int, default=None, metavar="SIZE",
+                   help="output side in pixels (required, except for a TBL file as the source)")
+    c.add_argument("--resize", default="center_crop",
+                   choices=["center_crop", "squash", "max_side", "shorter_side"],
                    help="center_crop: shorter side to SIZE, then the central square (default); "
-                        "squash: SIZE x SIZE ignoring aspect; max_side: longer side SIZE, aspect kept")
+                        "squash: SIZE x SIZE ignoring aspect; max_side: longer side SIZE, aspect kept; "
+                        "shorter_side: shorter side SIZE, aspect kept")
+    c.add_argument("--max-long-side", type=int, default=None, metavar="L",
+                   help="with --resize shorter_side: cap the longer side at L (default: no cap)")
     c.add_argument("--format", default="raw", choices=["raw", "jpeg", "lz4"],
-                   help="raw: decoded pixels, fastest to serve (default); jpeg: the source JPEG "
-                        "bytes, smallest; lz4: raw pixels LZ4-compressed")
+                   help="raw: decoded pixels, fastest to serve (default); jpeg: JPEG records, smallest "
+                        "(the source bytes, or re-encoded at the converted size with --quality); "
+                        "lz4: raw pixels LZ4-compressed. A TBL file as the source converts to raw or lz4")
+    c.add_argument("--quality", type=int, default=None, metavar="Q",
+                   help="with --format jpeg: re-encode each image at its converted size with JPEG "
+                        "quality Q (1-100; 90 is the usual choice): compact records")
+    c.add_argument("--chroma", default=None, choices=["420", "444"],
+                   help="chroma subsampling of --quality records: 420 (default) or 444")
     c.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
     c.add_argument("--classes", default=None, metavar="FILE",
                    help="class names in id order, one per line: labels that are names take their id "

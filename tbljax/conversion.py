@@ -1,8 +1,10 @@
 """convert: decode a dataset once into a TBL file.
 
 Items stream from a source (tbljax.sources) in chunks; JPEGs are decoded and resized in the
-C++ pool with the GIL released, other formats through Pillow with the same C++ resize; good
-records are written in source order by the streaming writer, bad ones skipped and reported.
+C++ pool with the GIL released, other formats through Pillow with the same C++ resize; compact
+JPEG records (quality=) are re-encoded at the converted geometry in the same pool; good records
+are written in source order by the streaming writer, bad ones skipped and reported. A TBL file
+as the source is decoded record for record into RAW (`_convert_tbl`).
 Labels arrive as ids or class names and leave as ids against one classes table
 (`_LabelTable`); progress goes to stderr in the form that suits where it goes (`_Progress`).
 """
@@ -17,16 +19,20 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from tbljax import _core, contract
+from tbljax import reader as _reader
 from tbljax import sources as _sources
+from tbljax.braces import expand_braces
 from tbljax.format import Writer
 
-RESIZE_MODES = ("center_crop", "squash", "max_side")
+RESIZE_MODES = ("center_crop", "squash", "max_side", "shorter_side")
+FIXED_SIZE_MODES = ("center_crop", "squash")  # every record S x S
 RECORD_FORMATS = ("raw", "jpeg", "lz4")
+CHROMA = ("420", "444")
 CHUNK = 32  # items decoded per call into the C++ pool: peak RSS flat in N (256 grew it 2.3x at 4x N)
 
 
@@ -367,8 +373,29 @@ class _LabelTable:
         return np.asarray(self.values, np.int64).reshape(-1), self.classes
 
 
+class Encoded(NamedTuple):
+    """A compact record: JPEG bytes of an image at its converted geometry."""
+
+    data: bytes
+    height: int
+    width: int
+
+
+def _encode_chunk(pixels: list[np.ndarray | str], quality: int, chroma: str,
+                  threads: int) -> list[Encoded | str]:
+    """Re-encodes the decoded images of a chunk (libjpeg-turbo, C++ pool, GIL released);
+    failures pass through."""
+    rows = [i for i, r in enumerate(pixels) if not isinstance(r, str)]
+    blobs = _core.encode_jpeg_batch([pixels[i] for i in rows], quality, chroma, threads)
+    out: list[Encoded | str] = list(pixels)  # type: ignore[arg-type]
+    for i, blob in zip(rows, blobs):
+        img = pixels[i]
+        out[i] = Encoded(blob, int(img.shape[0]), int(img.shape[1]))  # type: ignore[union-attr]
+    return out
+
+
 def _decode_chunk(chunk: list[_sources.Item], size: int, mode: str, threads: int,
-                  pool: ThreadPoolExecutor) -> list[np.ndarray | str]:
+                  pool: ThreadPoolExecutor, max_long: int = 0) -> list[np.ndarray | str]:
     """Decoded + resized pixels for each item, or the reason it failed."""
     out: list[np.ndarray | str | None] = [None] * len(chunk)
     for i, item in enumerate(chunk):
@@ -377,7 +404,7 @@ def _decode_chunk(chunk: list[_sources.Item], size: int, mode: str, threads: int
         elif item.data is None or (not isinstance(item.data, np.ndarray) and len(item.data) == 0):
             out[i] = "empty (zero-byte) image"
     jpeg_rows = [i for i, it in enumerate(chunk) if out[i] is None and _is_jpeg(it.data)]
-    if jpeg_rows and mode != "max_side":
+    if jpeg_rows and mode in FIXED_SIZE_MODES:
         buf = np.empty((len(jpeg_rows), size, size, 3), np.uint8)
         errors = _core.decode_resize_into([chunk[i].data for i in jpeg_rows], buf, mode, threads)
         for k, (i, err) in enumerate(zip(jpeg_rows, errors)):
@@ -388,10 +415,10 @@ def _decode_chunk(chunk: list[_sources.Item], size: int, mode: str, threads: int
         data = chunk[i].data
         try:
             if isinstance(data, np.ndarray):
-                return _core.resize(_as_rgb(data), size, mode)
+                return _core.resize(_as_rgb(data), size, mode, max_long)
             if _is_jpeg(data):
-                return _core.decode_resize(data, size, mode)
-            return _core.resize(_pil_decode(data), size, mode)
+                return _core.decode_resize(data, size, mode, max_long)
+            return _core.resize(_pil_decode(data), size, mode, max_long)
         except (ValueError, _core.DecodeError) as e:
             return str(e)
 
@@ -404,9 +431,12 @@ def convert(
     sources: Any,
     dst: str | os.PathLike,
     *,
-    image_size: int,
+    image_size: int | None = None,
     resize: str = "center_crop",
+    max_long_side: int | None = None,
     format: str = "raw",  # noqa: A002 - the natural name
+    quality: int | None = None,
+    chroma: str | None = None,
     threads: int | None = None,
     strict: bool = False,
     overwrite: bool = False,
@@ -424,10 +454,23 @@ def convert(
       class, a list of image files, or images in memory: a uint8 (N, H, W, 3) or (N, H, W)
       array, a list of (H, W[, C]) arrays or (B, H, W, C) batches, a tuple (images, labels) or
       a dict {'image': images, 'label': labels}. A source named twice is an error.
-    image_size: output side S. resize: 'center_crop' (shorter side to S, then the centre S×S;
-      default), 'squash' (S×S ignoring aspect) or 'max_side' (longer side S, aspect kept).
-    format: 'raw' (decoded uint8: fastest to serve), 'jpeg' (the original JPEG bytes: smallest;
-      decoded with this recipe when served), or 'lz4' (LZ4-compressed RAW).
+      A TBL file (or shard files, '*.tbl') is decoded record for record into a RAW (or lz4)
+      file: same labels, keys, order and geometry (see `format`); image_size, resize and the
+      other recipe arguments do not apply to it.
+    image_size: output side S (required unless the source is a TBL file). resize:
+      'center_crop' (shorter side to S, then the centre S×S; default), 'squash' (S×S ignoring
+      aspect), 'max_side' (longer side S, aspect kept) or 'shorter_side' (shorter side S,
+      aspect kept). The last two give each record its own size (`Dataset.image_shape` None).
+    max_long_side: with resize='shorter_side', a cap L >= S on the longer side: an image whose
+      longer side would pass L gets longer side L and a shorter side under S (torchvision's
+      Resize(S, max_size=L)). None: no cap.
+    format: 'raw' (decoded uint8: fastest to serve), 'jpeg' (JPEG records: smallest), or 'lz4'
+      (LZ4-compressed RAW). With format='jpeg', quality=None keeps the original JPEG bytes
+      (decoded with this recipe when served; fixed-size modes only), and quality=1..100 makes
+      compact records: each image re-encoded by libjpeg-turbo at its converted geometry, so
+      serving it is a plain decode; any resize mode.
+    chroma: chroma subsampling of compact records: '420' (default) or '444' (sharper colour
+      edges, more bytes).
     labels: integer ids or class names for arrays and file lists.
     classes: the class names, in id order: a list, or a text file of one name per line. Names
       met in the data (TAR `.cls`/`.json` holding e.g. 'n01440764', labels= names, subfolders)
@@ -453,19 +496,30 @@ def convert(
 
     >>> s = tbljax.convert("train-{000..099}.tar", "train.tbl", image_size=160)
     >>> print(s)
+    >>> tbljax.convert("train/", "train-256-q90.tbl", image_size=256, resize="max_side",
+    ...                format="jpeg", quality=90)        # compact records, the whole photo
+    >>> tbljax.convert("train-256-q90.tbl", "train-256.tbl", format="raw")  # back to RAW
     """
     dst = os.fspath(dst)
+    if format not in RECORD_FORMATS:
+        raise ValueError(f"format must be one of {RECORD_FORMATS}, got {format!r}")
+    tbl_paths = _tbl_paths(sources)
+    if tbl_paths is not None:
+        given = {"image_size": image_size, "max_long_side": max_long_side, "quality": quality,
+                 "chroma": chroma, "labels": labels, "classes": classes, "label_ext": label_ext,
+                 "shard": shard, "resize": None if resize == "center_crop" else resize}
+        extra = [k for k, v in given.items() if v is not None]
+        if extra:
+            raise ValueError(f"a TBL source is decoded record for record at its stored geometry: "
+                             f"{', '.join(extra)} {'does' if len(extra) == 1 else 'do'} not apply to it")
+        if format == "jpeg":
+            raise ValueError("a TBL source converts to format='raw' or 'lz4'; to make JPEG records, "
+                             "convert the original images")
     if shard is not None:
         shard = _sources.parse_shard(shard)
         dst = dst.replace("{shard}", f"{shard[0]:05d}-of-{shard[1]:05d}")
-    if not contract.is_integer(image_size) or not 1 <= image_size <= contract.MAX_SIDE:
-        raise ValueError(f"image_size must be an int in [1, {contract.MAX_SIDE}], got {image_size!r}")
-    if resize not in RESIZE_MODES:
-        raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
-    if format not in RECORD_FORMATS:
-        raise ValueError(f"format must be one of {RECORD_FORMATS}, got {format!r}")
-    if format == "jpeg" and resize == "max_side":
-        raise ValueError("format='jpeg' serves square batches: use resize='center_crop' or 'squash'")
+    if tbl_paths is None:
+        chroma = _check_recipe(image_size, resize, max_long_side, format, quality, chroma)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
                                 or not 1 <= threads <= 1024):
         raise ValueError(f"threads must be an integer in [1, 1024] or None (all CPUs), got {threads!r}")
@@ -481,6 +535,8 @@ def convert(
     out_dir = os.path.dirname(os.path.abspath(dst))
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"destination directory does not exist: {out_dir}")
+    if tbl_paths is not None:
+        return _convert_tbl(tbl_paths, dst, format, threads, overwrite, progress, progress_interval)
     table = _sources.load_classes(classes)
     src = _sources.resolve(sources, labels, table, label_ext.lower() if label_ext else None)
     if shard is not None:
@@ -504,8 +560,11 @@ def convert(
     seen = 0
     with Writer(dst, total, overwrite=overwrite) as w, ThreadPoolExecutor(nthreads) as pool, \
             ThreadPoolExecutor(1, thread_name_prefix="tbljax-convert-decode") as decoder:
-        def decode(chunk: list[_sources.Item]) -> list[np.ndarray | str]:
-            return _decode_chunk(chunk, size, resize, threads or 0, pool)
+        def decode(chunk: list[_sources.Item]) -> list[np.ndarray | Encoded | str]:
+            pixels = _decode_chunk(chunk, size, resize, threads or 0, pool, max_long_side or 0)
+            if quality is None:
+                return pixels  # type: ignore[return-value]
+            return _encode_chunk(pixels, quality, chroma, threads or 0)  # type: ignore[arg-type]
 
         for chunk, results in _decode_ahead(_prefetch(_chunks(src, CHUNK)), decode, decoder):
             bad = [{"key": it.key, "source": it.source, "reason": r}
@@ -531,7 +590,9 @@ def convert(
                 width, height = _source_size(it.data)
                 src_w.append(width)
                 src_h.append(height)
-                if format == "jpeg" and _is_jpeg(it.data):
+                if isinstance(r, Encoded):
+                    w.add_encoded(r.data, "JPEG", r.width, r.height)  # the stored geometry
+                elif format == "jpeg" and _is_jpeg(it.data):
                     w.add_encoded(bytes(it.data), "JPEG", width, height)
                 else:
                     w.add_raw(r, lz4=(format == "lz4"))
@@ -543,10 +604,15 @@ def convert(
             raise ConversionError(f"no record written: all {seen} items were skipped{first}; "
                                   f"{dst} was not written", skipped)
         out_labels, out_classes = label_table.finish()
+        recipe: dict[str, Any] = {"image_size": size, "resize": resize, "format": format}
+        if resize == "shorter_side":
+            recipe["max_long_side"] = max_long_side
+        if format == "jpeg":  # compact records hold the converted geometry: served by a plain decode
+            recipe.update(quality=quality, chroma=chroma, stored="resized" if quality else "original")
         w.set_metadata(
             labels=out_labels, keys=keys, classes=out_classes, skipped=skipped,
             recipe={
-                "image_size": size, "resize": resize, "format": format,
+                **recipe,
                 "idct": "islow", "resize_filter": _core.native_info().get("resize_filter", ""),
                 "sources": src.describe(), "shard": list(shard) if shard else None,
                 "label_errors": len(label_errors),
@@ -564,3 +630,77 @@ def convert(
 def _describe(src: Any) -> str:
     d = src.describe()
     return ", ".join(d[:3]) + (f" and {len(d) - 3} more" if len(d) > 3 else "")
+
+
+def _check_recipe(image_size: Any, resize: Any, max_long_side: Any, format: str,  # noqa: A002
+                  quality: Any, chroma: Any) -> str | None:
+    """Checks the recipe arguments of a conversion from images; returns the chroma to use."""
+    if not contract.is_integer(image_size) or not 1 <= image_size <= contract.MAX_SIDE:
+        raise ValueError(f"image_size must be an int in [1, {contract.MAX_SIDE}], got {image_size!r}")
+    if resize not in RESIZE_MODES:
+        raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
+    if max_long_side is not None:
+        if resize != "shorter_side":
+            raise ValueError(f"max_long_side caps resize='shorter_side' only; resize is {resize!r}")
+        if not contract.is_integer(max_long_side) or not image_size <= max_long_side <= contract.MAX_SIDE:
+            raise ValueError(f"max_long_side must be an int in [image_size, {contract.MAX_SIDE}] = "
+                             f"[{image_size}, {contract.MAX_SIDE}], got {max_long_side!r}")
+    if quality is not None:
+        if format != "jpeg":
+            raise ValueError(f"quality= re-encodes JPEG records: it needs format='jpeg', not {format!r}")
+        if not contract.is_integer(quality) or not 1 <= quality <= 100:
+            raise ValueError(f"quality must be an int in [1, 100] or None (the original bytes), got {quality!r}")
+    elif chroma is not None:
+        raise ValueError("chroma= applies to re-encoded JPEG records: pass quality= (e.g. 90) with format='jpeg'")
+    elif format == "jpeg" and resize not in FIXED_SIZE_MODES:
+        raise ValueError(f"format='jpeg' with the original bytes serves square batches: use resize="
+                         f"'center_crop' or 'squash', or re-encode at the {resize!r} geometry with quality=90")
+    if chroma is not None and chroma not in CHROMA:
+        raise ValueError(f"chroma must be one of {CHROMA}, got {chroma!r}")
+    return (chroma or "420") if quality is not None else None
+
+
+def _tbl_paths(sources: Any) -> list[str] | None:
+    """The files of a TBL source (paths ending in .tbl, brace patterns expanded), else None."""
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    if not isinstance(sources, (list, tuple)) or not sources \
+            or not all(isinstance(s, (str, os.PathLike)) for s in sources):
+        return None
+    paths = [p for s in sources for p in expand_braces(os.fspath(s))]
+    return paths if paths and all(p.lower().endswith(".tbl") for p in paths) else None
+
+
+def _convert_tbl(paths: list[str], dst: str, format: str, threads: int | None,  # noqa: A002
+                 overwrite: bool, progress: bool | None, progress_interval: float | None) -> ConvertSummary:
+    """Decodes every record of a TBL dataset (`Dataset.read`: a plain decode for compact
+    records) into a RAW (or lz4) file, record for record: labels, keys, classes, skipped list
+    and geometry carry over. A record that fails its checksum or its decode stops the run with
+    CorruptFileError/DecodeError naming the file and record, and nothing is written."""
+    ds = _reader.open(paths)
+    n = len(ds)
+    if n == 0:
+        raise ConversionError(f"no record to write: {', '.join(paths)} holds no record; {dst} was not written")
+    recipe = ds.recipe  # parsed before the threads read records
+    bar = _Progress(n, _progress_mode(progress), progress_interval)
+    bar.start(n)
+    t0 = time.perf_counter()
+    nthreads = threads or _core.native_info()["default_threads"]
+    with Writer(dst, n, overwrite=overwrite) as w, ThreadPoolExecutor(nthreads) as pool:
+        for start in range(0, n, CHUNK):
+            for img in pool.map(ds.read, range(start, min(n, start + CHUNK))):
+                w.add_raw(img, lz4=(format == "lz4"))
+            bar.update(min(n, start + CHUNK), 0)
+        w.set_metadata(
+            labels=ds.labels, keys=ds.keys, classes=ds.classes, skipped=ds.skipped,
+            recipe={
+                **{k: v for k, v in recipe.items() if k not in ("quality", "chroma", "stored")},
+                "format": format, "decoded_from": {"fingerprint": ds.fingerprint, "format": ds.record_format,
+                                                   **{k: recipe.get(k) for k in ("quality", "chroma")}},
+                "sources": ds.paths, "tbljax": _core.native_info()["version"],
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            },
+        )
+    bar.update(n, 0, final=True)
+    return ConvertSummary(dst=dst, written=n, skipped=[], seconds=time.perf_counter() - t0,
+                          bytes=os.path.getsize(dst), classes=ds.classes)

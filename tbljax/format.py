@@ -81,6 +81,8 @@ def check_metadata(meta: dict[str, Any], n: int, path: str) -> None:
             bad("recipe", f"an object whose image_size is an integer in [1, {MAX_SIDE}]")
         if recipe.get("resize", "center_crop") not in _core.RESIZE_MODES:
             bad("recipe", f"an object whose resize is one of {list(_core.RESIZE_MODES)}")
+        if recipe.get("stored", "original") not in ("original", "resized"):
+            bad("recipe", "an object whose stored is 'original' or 'resized'")
     skipped = meta.get("skipped")
     if skipped is not None and not (isinstance(skipped, list) and all(isinstance(x, dict) for x in skipped)):
         bad("skipped", "a list of objects")

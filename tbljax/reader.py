@@ -300,8 +300,9 @@ class Dataset:
         """Decoded pixels of record i as (H, W, 3) uint8, for any record format.
 
         RAW records come back as they are stored (a read-only view for uncompressed RAW);
-        JPEG records are decoded and, when the file records a recipe, resized by it, giving
-        exactly the pixels a RAW conversion of the same source holds.
+        JPEG records holding the original bytes are decoded and, when the file records a
+        recipe, resized by it, giving exactly the pixels a RAW conversion of the same source
+        holds; compact JPEG records (stored at the converted geometry) are decoded as they are.
         """
         k, j = self._locate(i)
         f = self._files[k]
@@ -317,7 +318,12 @@ class Dataset:
         if fmt == FORMATS["JPEG"]:
             data = f.read_payload(j)
             f.check_unchanged()
-            return self._decode_encoded(k, data, j)
+            img = self._decode_encoded(k, data, j)
+            resized = self._meta[k].get("recipe", {}).get("stored") == "resized"  # compact records
+            if resized and img.shape[:2] != (int(e["height"]), int(e["width"])):
+                raise _core.CorruptFileError(f"{f.path}: record {j}: the JPEG is {img.shape[1]}x{img.shape[0]}, "
+                                             f"the index says {int(e['width'])}x{int(e['height'])}")
+            return img
         raise NotImplementedError(f"{f.path}: record {j} has format {FORMAT_NAMES.get(fmt, fmt)}, "
                                   "which tbljax does not decode (RAW_U8 and JPEG are served)")
 
@@ -325,7 +331,7 @@ class Dataset:
         recipe = self._meta[k].get("recipe", {})
         size, mode = recipe.get("image_size"), recipe.get("resize", "center_crop")
         try:
-            if size:
+            if size and recipe.get("stored") != "resized":
                 return _core.decode_resize(data, int(size), mode)
             return _core.decode_jpeg(data)
         except _core.DecodeError as e:

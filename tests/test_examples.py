@@ -137,7 +137,9 @@ def test_convert_imagenet_folder_skips_bad_files_and_reports_them(tmp_path):
     text = run("convert_imagenet.py", root, out, "--image-size", 24, "--threads", 2,
                "--max-skipped-fraction", 0.5, "--verify", cwd=tmp_path)
     assert "wrote 6 records" in text and "skipped 1 of 7 items" in text, text
-    assert "image_shape (24, 24), 2 classes" in text and "all checksums match" in text
+    # 40x48 photos at max side 24: 20x24 records (all one size: a uniform RAW file)
+    assert "image_shape (20, 24), 2 classes" in text and "all checksums match" in text
+    assert "(1.000 of RAW); for 1,281,167 images about" in text, text
     listed = json.loads((tmp_path / "train-24.tbl.skipped.json").read_text())
     assert [s["key"] for s in listed] == ["n01443537/broken"] or \
         [Path(s["source"]).name for s in listed] == ["broken.JPEG"], listed
@@ -145,6 +147,7 @@ def test_convert_imagenet_folder_skips_bad_files_and_reports_them(tmp_path):
 
     ds = tbljax.open(out)
     assert ds.classes == ["n01440764", "n01443537"] and ds.labels.tolist() == [0] * 3 + [1] * 3
+    assert {ds.read(i).shape for i in range(len(ds))} == {(20, 24, 3)}
     # Too many bad items fail the run (exit 1), after writing the file and the list.
     text = run("convert_imagenet.py", root, out, "--image-size", 24, "--overwrite",
                "--max-skipped-fraction", 0.01, cwd=tmp_path, expect=1)
@@ -157,9 +160,9 @@ def test_convert_imagenet_webdataset_shards_read_as_one(tmp_path):
     pattern = demo.write_shards(tmp_path / "wds", 24, 3, seed=0)
     for shard in ("0/2", "1/2"):
         text = run("convert_imagenet.py", pattern, "part-{shard}.tbl", "--image-size", 16,
-                   "--format", "jpeg", "--shard", shard, cwd=tmp_path)
+                   "--format", "compact", "--shard", shard, cwd=tmp_path)
         assert "skipped 0 of" in text, text
-    run("convert_imagenet.py", pattern, "whole.tbl", "--image-size", 16, "--format", "jpeg",
+    run("convert_imagenet.py", pattern, "whole.tbl", "--image-size", 16, "--format", "compact",
         cwd=tmp_path)
     parts = tbljax.open(sorted(str(p) for p in tmp_path.glob("part-*-of-00002.tbl")))
     whole = tbljax.open(tmp_path / "whole.tbl")

@@ -485,12 +485,12 @@ struct DecodeScratch {
 
 // Decode + resize into dst (plan.out_h rows of plan.out_w * 3 bytes).
 Status DecodeResizeImpl(const uint8_t* data, size_t size, int out_size, ResizeMode mode,
-                        RgbImage* to_image, uint8_t* to_dst) {
+                        int max_long, RgbImage* to_image, uint8_t* to_dst) {
   Decoder d;
   JpegInfo info;
   TBLJAX_RETURN_IF_ERROR(Open(&d, data, size, &info));
   ResizePlan plan;
-  TBLJAX_RETURN_IF_ERROR(PlanResize(info.height, info.width, out_size, mode, &plan));
+  TBLJAX_RETURN_IF_ERROR(PlanResize(info.height, info.width, out_size, mode, &plan, max_long));
   if (to_dst != nullptr && (plan.out_h != out_size || plan.out_w != out_size))
     return InvalidArgument(std::string("resize mode '") + ResizeModeName(mode) +
                            "' gives a size that depends on the image; use DecodeResize");
@@ -625,14 +625,14 @@ Status DecodeJpeg(const uint8_t* data, size_t size, RgbImage* out, int scale_den
   return Status::Ok();
 }
 
-Status DecodeResize(const uint8_t* data, size_t size, int out_size, ResizeMode mode,
-                    RgbImage* out) {
-  return DecodeResizeImpl(data, size, out_size, mode, out, nullptr);
+Status DecodeResize(const uint8_t* data, size_t size, int out_size, ResizeMode mode, RgbImage* out,
+                    int max_long) {
+  return DecodeResizeImpl(data, size, out_size, mode, max_long, out, nullptr);
 }
 
 Status DecodeResizeInto(const uint8_t* data, size_t size, int out_size, ResizeMode mode,
                         uint8_t* dst) {
-  Status st = DecodeResizeImpl(data, size, out_size, mode, nullptr, dst);
+  Status st = DecodeResizeImpl(data, size, out_size, mode, 0, nullptr, dst);
   if (!st.ok() && out_size > 0) std::memset(dst, 0, static_cast<size_t>(out_size) * out_size * 3);
   return st;
 }

@@ -58,7 +58,9 @@ Status DecodeJpeg(const uint8_t* data, size_t size, RgbImage* out, int scale_den
 // Only the pixels the resize reads are transformed (libjpeg crops the columns and skips the
 // rows outside them, plus a margin for chroma upsampling): the output bytes are those of a
 // whole-image decode, and the whole stream is still entropy-decoded, so damage anywhere fails.
-Status DecodeResize(const uint8_t* data, size_t size, int out_size, ResizeMode mode, RgbImage* out);
+// max_long: the cap on the longer side of 'shorter_side' (see PlanResize; 0: none).
+Status DecodeResize(const uint8_t* data, size_t size, int out_size, ResizeMode mode, RgbImage* out,
+                    int max_long = 0);
 
 // The hot path for fixed-size modes (center_crop, squash): writes size x size x 3 bytes at
 // dst. On failure dst is zero-filled, never left with stale pixels. Thread-safe; decode

@@ -389,15 +389,20 @@ void UpdateTaps(Scratch* s, int src_h, int src_w, const ResizePlan& plan) {
   s->taps_plan = plan;
 }
 
+// round(a * b / c) for positive a, b, c, half up, in integers.
+int64_t MulDivRound(int64_t a, int64_t b, int64_t c) { return (2 * a * b + c) / (2 * c); }
+
 }  // namespace
 
 Status ParseResizeMode(std::string_view name, ResizeMode* mode) {
   if (name == "center_crop") *mode = ResizeMode::kCenterCrop;
   else if (name == "squash") *mode = ResizeMode::kSquash;
   else if (name == "max_side") *mode = ResizeMode::kMaxSide;
+  else if (name == "shorter_side") *mode = ResizeMode::kShorterSide;
   else
-    return InvalidArgument("resize mode must be 'center_crop', 'squash' or 'max_side', got '" +
-                           std::string(name) + "'");
+    return InvalidArgument(
+        "resize mode must be 'center_crop', 'squash', 'max_side' or 'shorter_side', got '" +
+        std::string(name) + "'");
   return Status::Ok();
 }
 
@@ -406,17 +411,27 @@ const char* ResizeModeName(ResizeMode mode) {
     case ResizeMode::kCenterCrop: return "center_crop";
     case ResizeMode::kSquash: return "squash";
     case ResizeMode::kMaxSide: return "max_side";
+    case ResizeMode::kShorterSide: return "shorter_side";
   }
   return "?";
 }
 
-Status PlanResize(int src_h, int src_w, int size, ResizeMode mode, ResizePlan* plan) {
+Status PlanResize(int src_h, int src_w, int size, ResizeMode mode, ResizePlan* plan, int max_long) {
   if (src_h < 1 || src_w < 1)
     return InvalidArgument("cannot resize an empty image (" + std::to_string(src_h) + "x" +
                            std::to_string(src_w) + ")");
   if (size < 1 || size > kMaxResizeSize)
     return InvalidArgument("size must be in [1, " + std::to_string(kMaxResizeSize) + "], got " +
                            std::to_string(size));
+  if (max_long != 0 &&
+      (mode != ResizeMode::kShorterSide || max_long < size || max_long > kMaxResizeSize))
+    return InvalidArgument(
+        mode != ResizeMode::kShorterSide
+            ? std::string("a cap on the longer side applies to mode 'shorter_side' only, not '") +
+                  ResizeModeName(mode) + "'"
+            : "the cap on the longer side must be in [size, " + std::to_string(kMaxResizeSize) +
+                  "] = [" + std::to_string(size) + ", " + std::to_string(kMaxResizeSize) +
+                  "], got " + std::to_string(max_long));
   ResizePlan p;
   p.box_w = src_w;
   p.box_h = src_h;
@@ -436,6 +451,24 @@ Status PlanResize(int src_h, int src_w, int size, ResizeMode mode, ResizePlan* p
       const int other = static_cast<int>(std::max<int64_t>(1, (2 * shrt * size + lng) / (2 * lng)));
       if (src_w >= src_h) p.out_h = other;
       else p.out_w = other;
+      break;
+    }
+    case ResizeMode::kShorterSide: {
+      const int64_t lng = std::max(src_h, src_w), shrt = std::min(src_h, src_w);
+      int64_t out_short = size, out_long = MulDivRound(lng, size, shrt);
+      if (max_long > 0 && out_long > max_long) {
+        out_long = max_long;
+        out_short = std::max<int64_t>(1, MulDivRound(shrt, max_long, lng));
+      }
+      if (out_long > kMaxResizeSize)
+        return InvalidArgument("resize 'shorter_side' " + std::to_string(size) + " of a " +
+                               std::to_string(src_h) + "x" + std::to_string(src_w) +
+                               " image gives a longer side of " + std::to_string(out_long) +
+                               ", over the limit of " + std::to_string(kMaxResizeSize) +
+                               ": cap it (max_long_side)");
+      const bool wide = src_w >= src_h;
+      p.out_w = static_cast<int>(wide ? out_long : out_short);
+      p.out_h = static_cast<int>(wide ? out_short : out_long);
       break;
     }
   }

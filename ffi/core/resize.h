@@ -14,8 +14,12 @@ namespace tbljax {
 //   kCenterCrop  shorter side to S, then the central S x S (the default).
 //   kSquash      S x S, aspect ignored (what turboloader does).
 //   kMaxSide     aspect kept, longer side S; the shorter side is round(short * S / long) >= 1.
-// Every mode scales small images up as well: the output size depends only on (H, W, S, mode).
-enum class ResizeMode { kCenterCrop = 0, kSquash = 1, kMaxSide = 2 };
+//   kShorterSide aspect kept, shorter side S; the longer side is round(long * S / short). With a
+//                cap L (max_long > 0) a longer side above L becomes L and the shorter side
+//                round(short * L / long) >= 1 instead (torchvision's Resize(S, max_size=L)).
+// Every mode scales small images up as well: the output size depends only on
+// (H, W, S, mode, max_long). Rounding is integer round-half-up, never a float comparison.
+enum class ResizeMode { kCenterCrop = 0, kSquash = 1, kMaxSide = 2, kShorterSide = 3 };
 
 Status ParseResizeMode(std::string_view name, ResizeMode* mode);
 const char* ResizeModeName(ResizeMode mode);
@@ -37,7 +41,10 @@ struct ResizePlan {
   double box_x = 0, box_y = 0, box_w = 0, box_h = 0;
 };
 
-Status PlanResize(int src_h, int src_w, int size, ResizeMode mode, ResizePlan* plan);
+// max_long: the cap on the longer side of kShorterSide (0: none; else >= size). Other modes
+// take 0 only. A size whose longer side would exceed kMaxResizeSize is an error.
+Status PlanResize(int src_h, int src_w, int size, ResizeMode mode, ResizePlan* plan,
+                  int max_long = 0);
 
 // Resamples the box of `plan` (coordinates in the source's pixels) from an RGB source of
 // src_h rows of src_w pixels (src_stride bytes apart) into out_h rows of out_w pixels

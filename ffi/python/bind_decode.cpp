@@ -70,6 +70,14 @@ ThreadPool& PoolFor(int threads) {
   return *p;
 }
 
+ChromaSubsampling SubsamplingOf(const std::string& name) {
+  if (name == "420") return ChromaSubsampling::k420;
+  if (name == "422") return ChromaSubsampling::k422;
+  if (name != "444")
+    Check(InvalidArgument("subsampling must be '420', '422' or '444', got '" + name + "'"));
+  return ChromaSubsampling::k444;
+}
+
 // Hands an RgbImage's buffer to numpy without copying.
 Out3 ToNumpy(RgbImage&& img) {
   auto* owned = new std::vector<uint8_t>(std::move(img.pixels));
@@ -83,7 +91,7 @@ Out3 ToNumpy(RgbImage&& img) {
 void BindDecode(nb::module_& m) {
   m.attr("JPEG_IDCT") = "islow";
   m.attr("RESIZE_FILTER") = kResizeFilterName;
-  m.attr("RESIZE_MODES") = nb::make_tuple("center_crop", "squash", "max_side");
+  m.attr("RESIZE_MODES") = nb::make_tuple("center_crop", "squash", "max_side", "shorter_side");
   m.attr("DCT_SCALE_MIN_RATIO") = kDctScaleMinRatio;
   m.attr("MAX_JPEG_PIXELS") = kMaxJpegPixels;
 
@@ -94,10 +102,10 @@ void BindDecode(nb::module_& m) {
         if (threads < 0 || threads > kMaxThreads)
           Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
                                 std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
-        if (mode == ResizeMode::kMaxSide)
-          Check(InvalidArgument(
-              "decode_resize_into needs a fixed output size: mode 'max_side' varies "
-              "per image, use decode_resize"));
+        if (mode == ResizeMode::kMaxSide || mode == ResizeMode::kShorterSide)
+          Check(
+              InvalidArgument(std::string("decode_resize_into needs a fixed output size: mode '") +
+                              mode_name + "' varies per image, use decode_resize"));
         const size_t n = nb::len(payloads);
         if (out.shape(0) != n || out.shape(1) != out.shape(2) || out.shape(3) != 3)
           Check(InvalidArgument("out must have shape (" + std::to_string(n) + ", S, S, 3) for " +
@@ -175,14 +183,14 @@ void BindDecode(nb::module_& m) {
 
   m.def(
       "resize",
-      [](AnyU8 img, int size, const std::string& mode_name) {
+      [](AnyU8 img, int size, const std::string& mode_name, int max_long_side) {
         const ResizeMode mode = ModeOf(mode_name);
         if (img.ndim() != 3 || img.shape(2) != 3)
           Check(InvalidArgument("resize takes an (H, W, 3) uint8 image, got ndim " +
                                 std::to_string(img.ndim())));
         const int h = static_cast<int>(img.shape(0)), w = static_cast<int>(img.shape(1));
         ResizePlan plan;
-        Check(PlanResize(h, w, size, mode, &plan));
+        Check(PlanResize(h, w, size, mode, &plan, max_long_side));
         RgbImage out;
         out.height = plan.out_h;
         out.width = plan.out_w;
@@ -211,25 +219,29 @@ void BindDecode(nb::module_& m) {
         return ToNumpy(std::move(out));
       },
       nb::arg("img").noconvert(), nb::arg("size"), nb::arg("mode") = "center_crop",
+      nb::arg("max_long_side") = 0,
       "Resizes an (H, W, 3) uint8 RGB image with the decoder's filter and geometry, so images\n"
-      "decoded elsewhere (Pillow for PNG) get exactly the same resize as decode_resize.");
+      "decoded elsewhere (Pillow for PNG) get exactly the same resize as decode_resize.\n"
+      "max_long_side: the cap on the longer side of mode 'shorter_side' (0: none).");
 
   m.def(
       "decode_resize",
-      [](nb::handle data, int size, const std::string& mode_name) {
+      [](nb::handle data, int size, const std::string& mode_name, int max_long_side) {
         const ResizeMode mode = ModeOf(mode_name);
         BytesView v(data);
         RgbImage img;
         Status st;
         {
           nb::gil_scoped_release release;
-          st = DecodeResize(v.data(), v.size(), size, mode, &img);
+          st = DecodeResize(v.data(), v.size(), size, mode, &img, max_long_side);
         }
         Check(st);
         return ToNumpy(std::move(img));
       },
       nb::arg("data"), nb::arg("size"), nb::arg("mode") = "center_crop",
-      "Decodes one JPEG and resizes it (any mode; 'max_side' gives a per-image size).\n"
+      nb::arg("max_long_side") = 0,
+      "Decodes one JPEG and resizes it (any mode; 'max_side' and 'shorter_side' give a per-image\n"
+      "size; max_long_side caps the longer side of 'shorter_side', 0: none).\n"
       "Same pixels as decode_resize_into for the fixed-size modes.");
 
   m.def(
@@ -238,12 +250,7 @@ void BindDecode(nb::module_& m) {
         EncodeOptions o;
         o.quality = quality;
         o.progressive = progressive;
-        if (subsampling == "420") o.subsampling = ChromaSubsampling::k420;
-        else if (subsampling == "422") o.subsampling = ChromaSubsampling::k422;
-        else if (subsampling == "444") o.subsampling = ChromaSubsampling::k444;
-        else
-          Check(InvalidArgument("subsampling must be '420', '422' or '444', got '" + subsampling +
-                                "'"));
+        o.subsampling = SubsamplingOf(subsampling);
         const bool gray = img.ndim() == 2;
         if (!(gray || (img.ndim() == 3 && img.shape(2) == 3)))
           Check(InvalidArgument("encode_jpeg takes an (H, W, 3) or (H, W) uint8 image"));
@@ -264,6 +271,54 @@ void BindDecode(nb::module_& m) {
       nb::arg("img").noconvert(), nb::arg("quality") = 90, nb::arg("subsampling") = "420",
       nb::arg("progressive") = false,
       "Encodes an (H, W, 3) RGB or (H, W) gray uint8 image as JPEG bytes (libjpeg, ISLOW DCT).");
+
+  m.def(
+      "encode_jpeg_batch",
+      [](nb::list images, int quality, const std::string& subsampling, int threads) {
+        EncodeOptions o;
+        o.quality = quality;
+        o.subsampling = SubsamplingOf(subsampling);
+        if (threads < 0 || threads > kMaxThreads)
+          Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
+                                std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+        using Image = nb::ndarray<const uint8_t, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+        const size_t n = nb::len(images);
+        std::vector<Image> views;  // holds a reference to each array while the GIL is released
+        views.reserve(n);
+        for (size_t i = 0; i < n; ++i) {
+          Image img;
+          if (!nb::try_cast(images[i], img, false) || img.shape(2) != 3)
+            Check(InvalidArgument("encode_jpeg_batch: image " + std::to_string(i) +
+                                  " is not a C-contiguous (H, W, 3) uint8 array"));
+          views.push_back(img);
+        }
+        std::vector<std::vector<uint8_t>> encoded(n);
+        std::vector<Status> status(n);
+        {
+          nb::gil_scoped_release release;
+          PoolFor(threads).ParallelFor(static_cast<int64_t>(n), [&](int64_t i) {
+            const Image& v = views[i];
+            const int w = static_cast<int>(v.shape(1));
+            status[i] = EncodeJpeg(v.data(), static_cast<int>(v.shape(0)), w, 3,
+                                   static_cast<ptrdiff_t>(w) * 3, o, &encoded[i]);
+          });
+        }
+        nb::list out;
+        for (size_t i = 0; i < n; ++i) {
+          if (!status[i].ok())
+            Check(InvalidArgument("encode_jpeg_batch: image " + std::to_string(i) + ": " +
+                                  status[i].message()));
+          out.append(
+              nb::bytes(reinterpret_cast<const char*>(encoded[i].data()), encoded[i].size()));
+        }
+        return out;
+      },
+      nb::arg("images"), nb::arg("quality") = 90, nb::arg("subsampling") = "420",
+      nb::arg("threads") = 0,
+      "Encodes a list of (H, W, 3) uint8 RGB arrays (C-contiguous, sizes may differ) as JPEG\n"
+      "bytes, one image per task on the thread pool without the GIL (threads 0: the default\n"
+      "pool). Same bytes as encode_jpeg with the same quality and subsampling.\n\n"
+      "    blobs = _core.encode_jpeg_batch([img0, img1], quality=90, subsampling='420')");
 }
 
 }  // namespace tbljax::py
