@@ -57,6 +57,11 @@ def _write_rows(buf, rows, start):
     return jax.lax.dynamic_update_slice(buf, rows, (start, 0, 0, 0))
 
 
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_pages(buf, rows, start):
+    return jax.lax.dynamic_update_slice(buf, rows, (start, 0))
+
+
 @jax.tree_util.register_pytree_node_class
 class ResidentDataset:
     """A TBL dataset held in device memory as one uint8 ``(N, H, W, 3)`` `jax.Array`, from
@@ -86,31 +91,44 @@ class ResidentDataset:
         ds = reader.as_dataset(path_or_dataset)
         src = RecordSource(ds, threads=None)
         self.num_records = src.n
-        if src.shape is None:
-            raise ValueError(f"{ds!r} holds records of different sizes: a ResidentDataset keeps "
-                             "one (N, H, W, 3) array; convert with an image_size, or stream it "
-                             "with tbljax.loader(..., augment=tbljax.Augment(size=(224, 224)))")
-        self.image_shape = tuple(int(v) for v in src.shape)
         self.fingerprint = src.fingerprint
-        shape = (self.num_records, *self.image_shape, 3)
-        parts = self._data_parts()
-        if self.num_records % parts:
-            raise ValueError(f"the dataset's {self.num_records} records do not split evenly over "
-                             f"the {parts} record shards of {self.sharding}")
-        self._check_fits(shape, max_bytes)
-        self.data = self._upload(ds, shape, max(1, int(chunk_bytes)))
+        self.geometry = src.geometry
+        chunk_bytes = max(1, int(chunk_bytes))
+        if src.shape is None:
+            # Records of different sizes: packed from page starts in one (P, PAGE_BYTES) array
+            # with a table of where each is (tbljax.ops.PackedRecords), on every device.
+            if self._data_parts() != 1:
+                raise ValueError("records of different sizes are held whole on every device: "
+                                 f"sharding {self.sharding} partitions them")
+            self.image_shape = None
+            table, pages = _ops.pack_layout(self.geometry.heights, self.geometry.widths)
+            self._check_fits((pages, _ops.PAGE_BYTES), max_bytes)
+            self.data = _ops.PackedRecords(self._upload_packed(ds, table, pages, chunk_bytes),
+                                           jax.device_put(table, NamedSharding(
+                                               self.sharding.mesh, PartitionSpec())),
+                                           int(max(self.geometry.heights.max(),
+                                                   self.geometry.widths.max())))
+        else:
+            self.image_shape = tuple(int(v) for v in src.shape)
+            shape = (self.num_records, *self.image_shape, 3)
+            parts = self._data_parts()
+            if self.num_records % parts:
+                raise ValueError(f"the dataset's {self.num_records} records do not split evenly "
+                                 f"over the {parts} record shards of {self.sharding}")
+            self._check_fits(shape, max_bytes)
+            self.data = self._upload(ds, shape, chunk_bytes)
         self.labels = jax.device_put(src.labels.astype(np.int32), NamedSharding(
             self.sharding.mesh, PartitionSpec(*self.sharding.spec[:1])))
 
     # ---- pytree: the arrays are leaves, so a jitted step takes the dataset as an argument ----
     def tree_flatten(self):
-        aux = (self.num_records, self.image_shape, self.fingerprint, self.sharding)
+        aux = (self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry)
         return (self.data, self.labels), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         self = object.__new__(cls)
-        self.num_records, self.image_shape, self.fingerprint, self.sharding = aux
+        self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry = aux
         self.data, self.labels = children
         return self
 
@@ -118,12 +136,15 @@ class ResidentDataset:
         return self.num_records
 
     def __repr__(self) -> str:
-        return (f"ResidentDataset({self.num_records} records of {self.image_shape}, "
-                f"sharding={self.sharding})")
+        size = self.image_shape or "different sizes"
+        return f"ResidentDataset({self.num_records} records of {size}, sharding={self.sharding})"
 
     @property
     def nbytes(self) -> int:
-        """Bytes of pixels per full copy (N * H * W * 3)."""
+        """Bytes of pixels per full copy (N * H * W * 3; records of different sizes: their
+        pages)."""
+        if self.image_shape is None:
+            return int(self.data.pages.shape[0]) * _ops.PAGE_BYTES
         return self.num_records * self.image_shape[0] * self.image_shape[1] * 3
 
     # ---- placement ----
@@ -153,9 +174,11 @@ class ResidentDataset:
                     where = (f"available host RAM ({avail / 2**30:.1f} GiB) shared by "
                              f"{len(devices)} local device(s)")
         if limit is not None and per_device > limit:
+            what = (f"{self.num_records} records of different sizes in {shape[0]} pages"
+                    if len(shape) == 2 else f"{shape[0]} records of {shape[1]}x{shape[2]}x3 uint8")
             raise MemoryError(
-                f"the dataset needs {per_device / 2**20:.1f} MiB per device ({shape[0]} records "
-                f"of {shape[1]}x{shape[2]}x3 uint8 over {self._data_parts()} record shard(s)) "
+                f"the dataset needs {per_device / 2**20:.1f} MiB per device ({what} "
+                f"over {self._data_parts()} record shard(s)) "
                 f"but only {limit / 2**20:.1f} MiB fit ({where}): shard the records over more "
                 f"devices (sharding=NamedSharding(mesh, PartitionSpec('data'))), convert at a "
                 f"smaller image_size, or stream with tbljax.loader instead")
@@ -188,6 +211,42 @@ class ResidentDataset:
                 buf = _write_rows(buf, jax.device_put(rows, device), np.int32(r - a))
             pieces.append(buf)
         return jax.make_array_from_single_device_arrays(shape, self.sharding, pieces)
+
+    def _upload_packed(self, ds, table, pages, chunk_bytes):
+        """The records packed from page starts (`tbljax.ops.pack_layout`), uploaded a chunk of
+        records at a time into a (pages, PAGE_BYTES) array on every device."""
+        page = _ops.PAGE_BYTES
+        raw = ds.record_format == "raw"
+        if raw:
+            views, counts, offsets, _, _ = ds.raw_records()
+            starts = np.concatenate([[0], np.cumsum(counts)])
+        bufs = {d: jnp.zeros((pages, page), jnp.uint8, device=d)
+                for d in self.sharding.addressable_devices}
+        first_page = table[:, 0].astype(np.int64)
+        end_page = np.append(first_page[1:], pages)
+        a = 0
+        while a < self.num_records:
+            # Records [a, b) fill pages [first_page[a], end_page[b - 1]): about chunk_bytes.
+            b = int(np.searchsorted(first_page, first_page[a] + max(1, chunk_bytes // page),
+                                    side="right"))
+            b = max(b, a + 1)
+            chunk = np.zeros((int(end_page[b - 1] - first_page[a]), page), np.uint8)
+            flat = chunk.reshape(-1)
+            for i in range(a, b):
+                if raw:
+                    k = int(np.searchsorted(starts, i, side="right") - 1)
+                    o, n = int(offsets[i]), int(table[i, 1]) * int(table[i, 2]) * 3
+                    pixels = views[k][o:o + n]
+                else:
+                    pixels = ds.read(i).reshape(-1)
+                at = int(first_page[i] - first_page[a]) * page
+                flat[at:at + pixels.size] = pixels
+            for d in bufs:
+                bufs[d] = _write_pages(bufs[d], jax.device_put(chunk, d), np.int32(first_page[a]))
+            a = b
+        pieces = [bufs[d] for d in self.sharding.addressable_devices]
+        rep = NamedSharding(self.sharding.mesh, PartitionSpec())
+        return jax.make_array_from_single_device_arrays((pages, page), rep, pieces)
 
     # ---- batches ----
     def steps_per_epoch(self, batch_size: int) -> int:
@@ -274,11 +333,12 @@ class ResidentDataset:
         return mesh, axes
 
     def _batch(self, step, epoch, *, opts, batch_axes, backend):
-        n, (h, w) = self.num_records, self.image_shape
+        n = self.num_records
+        image_hw = self.image_shape or self.geometry  # one size, or each record's own
         g = opts.batch_size
         mesh = self.sharding.mesh
         data_axes = self._data_axes()
-        out_size = opts.output_size((h, w))
+        out_size = opts.output_size(self.image_shape)
         local_b = g // _sharding.parts(self.sharding, batch_axes)
         spe = self.steps_per_epoch(g)
         mean, std = opts.normalization
@@ -291,7 +351,7 @@ class ResidentDataset:
             shard = jax.lax.axis_index(batch_axes) if batch_axes else 0
             first = step * g + shard * local_b
             positions = first + jnp.arange(local_b, dtype=jnp.int32)
-            idx, boxes, flips = _step.draw(positions, opts, num_records=n, image_hw=(h, w),
+            idx, boxes, flips = _step.draw(positions, opts, num_records=n, image_hw=image_hw,
                                            epoch=epoch, xp=jnp)
             kw = dict(crop=boxes, flip=flips, out_size=out_size, layout=opts.layout,
                       backend=backend)
