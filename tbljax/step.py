@@ -22,9 +22,13 @@ __all__ = ["draw"]
 
 
 def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw: tuple[int, int], epoch,
-         xp=np):
-    """(sample indices, crop boxes or None, flips or None) for `positions` of epoch `epoch`."""
+         xp=np, first_index: int = 0):
+    """(sample indices, crop boxes or None, flips or None) for `positions` of epoch `epoch`.
+
+    `first_index`: the records are global indices [first_index, first_index + num_records)
+    (a host part, `tbljax.order.Parts`); crops and flips are keyed by the global index."""
     idx = order.permute(positions, num_records, opts.seed, epoch, shuffle=opts.shuffle, xp=xp)
+    idx = idx + first_index if first_index else idx
     if opts.augment is None:
         return idx, None, None
     boxes, flips = _augment.sample(opts.augment, idx, height=image_hw[0], width=image_hw[1],
