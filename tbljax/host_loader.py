@@ -192,7 +192,7 @@ class HostLoader:
 
     def __repr__(self) -> str:
         o = self.options
-        return (f"{type(self).__name__}({self._source.n} samples, "
+        return (f"{type(self).__name__}({self.num_samples} samples, "
                 f"batch_size={self._layout.global_batch}, steps/epoch={len(self)}, "
                 f"dtype={o.dtype}, layout={o.layout}, augment={o.augment}, "
                 f"cursor={self._cursor})")
