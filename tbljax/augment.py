@@ -45,6 +45,7 @@ Example:
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -228,6 +229,7 @@ class RecordGeometry:
         for a in (self.heights, self.widths):
             a.setflags(write=False)
         self._tables: dict = {}
+        self._first = 0  # the global index of record 0 (`shifted`)
 
     @classmethod
     def of(cls, hw) -> "RecordGeometry":
@@ -248,11 +250,20 @@ class RecordGeometry:
             return f"RecordGeometry({self.shape[0]}, {self.shape[1]})"
         return f"RecordGeometry({len(self)} records of different sizes)"
 
+    def shifted(self, first: int) -> "RecordGeometry":
+        """This geometry for records numbered from global index `first` (a host's part of a
+        dataset): `gather` then takes global sample indices. Shares the tables."""
+        if not first or self._uniform:
+            return self
+        other = copy.copy(self)
+        other._first = int(first)
+        return other
+
     def gather(self, table, indices, xp=np):
         """Rows of a per-record `table` for sample `indices` (uniform: its one row, shaped to
         broadcast against the batch)."""
         t = xp.asarray(table)
-        return t[:1] if self._uniform else t[xp.asarray(indices)]
+        return t[:1] if self._uniform else t[xp.asarray(indices) - self._first]
 
     def _cached(self, key, make):
         if key not in self._tables:

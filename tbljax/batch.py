@@ -103,6 +103,28 @@ class Layout:
     def local_rows(self) -> int:
         return sum(b - a for a, b in self.ranges)
 
+    def process_local(self, processes: int) -> "Layout":
+        """This process's rows as a batch of their own, for host-local reading: each of
+        `processes` processes fills G / P contiguous rows of every global batch from its own
+        part of the data, so its rows are local positions [0, G/P). The ranges keep their
+        sizes and order (a slot made for it holds the pieces `to_global` of `self` takes).
+
+        >>> Layout.for_rank(8, 1, 2).process_local(2).ranges
+        ((0, 4),)
+        """
+        g, p = self.global_batch, int(processes)
+        if g % p:
+            raise ValueError(f"global batch {g} does not split evenly over {p} processes: "
+                             f"with partition='host' use a multiple of {p}")
+        lo, hi = self.ranges[0][0], self.ranges[-1][1]
+        contiguous = all(a == b for (_, a), (b, _) in zip(self.ranges, self.ranges[1:]))
+        if not contiguous or hi - lo != g // p:
+            raise ValueError(f"with partition='host' each process must hold G/P = {g // p} "
+                             f"contiguous rows of the batch, but the sharding gives this "
+                             f"process rows {list(self.ranges)}: shard the batch axis over "
+                             "all processes' devices, with no replication across processes")
+        return Layout(None, g // p, tuple((a - lo, b - lo) for a, b in self.ranges), ())
+
     def to_global(self, pieces, row_shape=()):
         """One global jax.Array from per-range host arrays (``pieces[i]`` holds ``ranges[i]``)."""
         import jax

@@ -39,7 +39,10 @@ class HostLoader:
     pass that ran to its end makes the next one start over at epoch 0; a restored state that
     is at the end yields nothing.
 
-    ``alloc`` and ``before_reuse`` go to the ring (`tbljax.batch.Ring`).
+    ``alloc`` and ``before_reuse`` go to the ring (`tbljax.batch.Ring`). ``parts`` (a
+    `tbljax.order.Parts`) makes it serve one host part (partition="host"): `dataset` is then
+    this process's part, `layout` its rows alone (``global_batch`` = its local batch), and
+    the steps of an epoch and the state count over every process's part.
 
     >>> from tbljax.batch import Layout
     >>> ld = tbljax.HostLoader(tbljax.open("train.tbl"),
@@ -50,9 +53,14 @@ class HostLoader:
     """
 
     def __init__(self, dataset, opts: LoaderOptions, layout: _batch.Layout | None = None, *,
-                 alloc=_batch.aligned_empty, before_reuse=None):
+                 alloc=_batch.aligned_empty, before_reuse=None, parts: order.Parts | None = None):
         self.options = opts
         self._source = RecordSource(dataset, opts.threads)
+        if parts is not None and parts.n != self._source.n:
+            raise ValueError(f"part {parts.index} should hold {parts.n} records, the dataset "
+                             f"given holds {self._source.n}")
+        self._parts = parts
+        self._part = parts if parts is not None else order.Parts.whole(self._source.n)
         self._layout = layout if layout is not None else _batch.Layout.for_rank(
             opts.batch_size, 0, 1)
         # One row shape per entry of a size schedule (one without); the ring is sized once for
@@ -61,9 +69,11 @@ class HostLoader:
         shapes = [self._source.row_shape(opts, epoch) for epoch, _ in schedule]
         largest = max(shapes, key=lambda s: int(np.prod(s)))
         if len(self) == 0:
-            raise ValueError(f"batch_size {self._layout.global_batch} is larger than the dataset "
-                             f"({self._source.n} samples) with drop_remainder=True: no step "
-                             "would run; use a smaller batch_size or drop_remainder=False")
+            what = (f"the dataset ({self._source.n} samples)" if parts is None else
+                    f"the smallest host part ({min(parts.counts)} samples)")
+            raise ValueError(f"batch_size {self._layout.global_batch} is larger than {what} "
+                             "with drop_remainder=True: no step would run; use a smaller "
+                             "batch_size or drop_remainder=False")
         self._cursor = (0, 0)
         self._finished = False  # the last pass ran to its end: the next one starts over
         self._metrics = Metrics()
@@ -117,17 +127,19 @@ class HostLoader:
     # ---- the iterator protocol and the state ----
     def __len__(self) -> int:
         """Steps in one epoch."""
-        return order.steps_in_epoch(self._source.n, self._layout.global_batch,
-                                    drop_remainder=self.options.drop_remainder)
+        return self._part.steps(self._layout.global_batch,
+                                drop_remainder=self.options.drop_remainder)
 
     @property
     def num_samples(self) -> int:
-        return self._source.n
+        """Samples in the dataset (all host parts together)."""
+        return sum(self._part.counts)
 
     def __iter__(self) -> Pass:
         self._close_active()
         start, end_epoch = self.pass_bounds()
-        plan = Plan(self._source, self._layout, self.options, start, end_epoch, self.finisher())
+        plan = Plan(self._source, self._layout, self.options, start, end_epoch, self.finisher(),
+                    parts=self._parts)
         it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out,
                   on_end=self.pass_ended)
         self._active = weakref.ref(it)
@@ -156,21 +168,29 @@ class HostLoader:
     def state_dict(self) -> dict:
         """{version, seed, epoch, position, fingerprint}: position counts the samples of
         `epoch` already handed out. Restore with `load_state_dict`, with any batch size or
-        process count: the stream continues with nothing repeated and nothing skipped."""
+        process count: the stream continues with nothing repeated and nothing skipped.
+
+        With host parts it also holds {partition: "host", processes: P}, and position counts
+        the rows of each part handed out; it restores exactly at the same process count (any
+        batch size), and at another process count only at an epoch boundary
+        (`tbljax.order.check_state`)."""
         epoch, position = self._cursor
+        processes = len(self._parts.counts) if self._parts is not None else None
         return order.make_state(seed=self.options.seed, epoch=epoch, position=position,
-                                fingerprint=self._source.fingerprint)
+                                fingerprint=self._source.fingerprint, processes=processes)
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a `state_dict`; the next iteration continues from it. Raises ValueError
-        for another format version, another dataset or another seed."""
-        epoch, position = order.check_state(state, seed=self.options.seed,
-                                            fingerprint=self._source.fingerprint,
-                                            n=self._source.n)
+        for another format version, another dataset, another seed, another partition, or
+        (host parts) a mid-epoch state of another process count."""
+        parts = self._parts
+        epoch, position = order.check_state(
+            state, seed=self.options.seed, fingerprint=self._source.fingerprint,
+            n=max(self._part.counts), processes=len(parts.counts) if parts is not None else None)
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run
-        self._cursor = order.advance(epoch, position, self._source.n, self._layout.global_batch,
-                                     drop_remainder=self.options.drop_remainder)
+        self._cursor = self._part.advance(epoch, position, self._layout.global_batch,
+                                          drop_remainder=self.options.drop_remainder)
 
     def metrics(self) -> dict:
         """Counters since creation: steps handed out, images built by this process and the
@@ -183,7 +203,7 @@ class HostLoader:
 
     def __repr__(self) -> str:
         o = self.options
-        return (f"{type(self).__name__}({self._source.n} samples, "
+        return (f"{type(self).__name__}({self.num_samples} samples, "
                 f"batch_size={self._layout.global_batch}, steps/epoch={len(self)}, "
                 f"dtype={o.dtype}, layout={o.layout}, augment={o.augment}, "
                 f"cursor={self._cursor})")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 
 from tbljax import batch as _batch
-from tbljax import reader
+from tbljax import local_part, order, reader
 from tbljax import sharding as _sharding
 from tbljax.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax.host_loader import HostLoader
@@ -52,18 +52,25 @@ class Loader(HostLoader):
     reads: hold batches as long as you like; batches you drop are recycled.
     """
 
-    def __init__(self, dataset, opts: LoaderOptions, sharding=None):
+    def __init__(self, dataset, opts: LoaderOptions, sharding=None, parts: order.Parts | None = None):
         self.sharding = _sharding.batch_sharding(sharding)
-        super().__init__(dataset, opts, _batch.Layout.create(self.sharding, opts.batch_size))
+        # Which rows of each global batch this process's devices hold; with host parts the
+        # host loader fills them as a batch of their own, from this process's part.
+        self._global_layout = _batch.Layout.create(self.sharding, opts.batch_size)
+        layout = self._global_layout
+        if parts is not None:
+            layout = layout.process_local(len(parts.counts))
+        super().__init__(dataset, opts, layout, parts=parts)
 
     def finisher(self):
-        return functools.partial(to_jax, self.layout)
+        return functools.partial(to_jax, self._global_layout)
 
 
 def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,
            num_epochs: int | None = None, sharding=None, dtype="float32", layout: str = "NHWC",
            mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=None, drop_remainder: bool = True,
-           prefetch: int = 2, threads: int | None = None, read_ahead: int = 2) -> Loader:
+           prefetch: int = 2, threads: int | None = None, read_ahead: int = 2,
+           partition: str | None = None) -> Loader:
     """Serves a TBL dataset to JAX as sharded global batches.
 
     Args:
@@ -88,6 +95,15 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
       read_ahead: RAW files: steps whose records are requested from the disk before the
         kernel reads them (posix_fadvise WILLNEED into the page cache), so an epoch larger
         than the page cache runs at the disk's random-read speed; 0 turns it off.
+      partition: None (every process serves rows drawn from the whole dataset, the global
+        order) or "host": each process opens and reads only its own part (its block of the
+        shard files by `tbljax.partition.host_part`, or of the records of a single file),
+        reshuffled every epoch, and fills its G/P rows of each global batch from it (process
+        p's rows are rows [p*G/P, (p+1)*G/P) under the default sharding). Every process runs
+        the same steps; without drop_remainder every record is served exactly once an epoch
+        (the parts that run out first pad). `path_or_paths` is then the list of all shard
+        paths (other parts' files may be absent). Every process must create the loader: the
+        processes exchange their parts' sizes once. See docs/pods.md.
 
     >>> loader = tbljax.loader("val.tbl", batch_size=500, shuffle=False, num_epochs=1,
     ...                        drop_remainder=False)
@@ -98,4 +114,10 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
                          num_epochs=num_epochs, dtype=dtype, layout=layout, mean=mean, std=std,
                          augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
                          threads=threads, read_ahead=read_ahead)
-    return Loader(reader.as_dataset(path_or_paths), opts, sharding)
+    if partition is None:
+        return Loader(reader.as_dataset(path_or_paths), opts, sharding)
+    if partition != "host":
+        raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
+                         f"process reads only its own part), got {partition!r}")
+    part = local_part.open_part(path_or_paths)
+    return Loader(part.dataset, opts, sharding, parts=part.parts)

@@ -36,6 +36,16 @@ position a resumed run starts from) covers positions [p0 + s*G, p0 + (s+1)*G). W
 ``drop_remainder`` the last partial step is dropped; without it the last step is padded past
 N and a ``valid`` mask marks real rows.
 
+**Host parts** (``tbljax.loader(..., partition="host")``). Process p of P serves only the
+records of its part: global indices [start_p, start_p + n_p), the parts in process order
+(`tbljax.partition.host_part` of the shard files, or of the records of a single file). Its
+local position x of epoch e holds sample ``start_p + permute(x, n_p, seed, e)``: each part is
+reshuffled every epoch by the same (seed, epoch) key. Step s of an epoch covers local positions
+[s*b, (s+1)*b) of every part, b = G / P, and every process runs the same steps: with
+``drop_remainder`` as many as the smallest part fills, min(n_p // b); without, as many as the
+largest part needs, max(ceil(n_p / b)), the parts that run out first padding their rows.
+`Parts` holds the counts; with one part (the whole dataset, start 0) it is the global order.
+
 **Augmentation bits** for sample index i are ``hash(i_lo, i_hi, counter)`` chained from the key
 ``hash(TAG_AUGMENT, seed_lo, seed_hi, epoch)``: they depend on (seed, epoch, i, counter) only,
 never on batch size, thread count, host count or resume point.
@@ -49,6 +59,7 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -57,7 +68,7 @@ from tbljax import _core
 
 __all__ = [
     "STATE_VERSION", "mix32", "hash32", "permute", "random_bits", "steps_in_epoch",
-    "advance", "make_state", "check_state",
+    "advance", "Parts", "make_state", "check_state",
 ]
 
 _M1 = 0x7FEB352D
@@ -244,21 +255,83 @@ def advance(epoch: int, position: int, n: int, global_batch: int, *, drop_remain
     return epoch, position
 
 
-def make_state(*, seed: int, epoch: int, position: int, fingerprint: str) -> dict:
-    """The resumable state: a small versioned dict of plain ints and a string.
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """The record counts of every process's part and which part is this process's (see
+    "Host parts" above). ``Parts.whole(n)``: one part, the whole dataset (the global order).
+
+    >>> p = Parts((5, 3), index=1)
+    >>> p.start, p.n, p.steps(2, drop_remainder=True), p.steps(2, drop_remainder=False)
+    (5, 3, 1, 3)
+    """
+
+    counts: tuple[int, ...]
+    index: int = 0
+
+    def __post_init__(self):
+        counts = tuple(int(c) for c in self.counts)
+        object.__setattr__(self, "counts", counts)
+        if not counts or not 0 <= self.index < len(counts):
+            raise ValueError(f"part {self.index} is not one of the {len(counts)} parts")
+        empty = [p for p, c in enumerate(counts) if c < 1]
+        if empty:
+            raise ValueError(f"the parts of processes {empty} hold no records (part sizes "
+                             f"{list(counts)}): every process needs at least one record")
+
+    @classmethod
+    def whole(cls, n: int) -> "Parts":
+        return cls((n,), 0)
+
+    @property
+    def start(self) -> int:
+        """Global index of this part's first record."""
+        return sum(self.counts[:self.index])
+
+    @property
+    def n(self) -> int:
+        return self.counts[self.index]
+
+    def steps(self, batch: int, *, drop_remainder: bool, start: int = 0) -> int:
+        """Steps left from local position `start` with `batch` rows of each part a step: the
+        same on every process."""
+        left = [steps_in_epoch(c, batch, drop_remainder=drop_remainder, start=min(start, c))
+                for c in self.counts]
+        return min(left) if drop_remainder else max(left)
+
+    def advance(self, epoch: int, position: int, batch: int, *, drop_remainder: bool):
+        """`advance` for parts: the cursor after a step that ended at local `position`."""
+        position = min(position, max(self.counts))
+        if self.steps(batch, drop_remainder=drop_remainder, start=position) == 0:
+            return epoch + 1, 0
+        return epoch, position
+
+
+def make_state(*, seed: int, epoch: int, position: int, fingerprint: str,
+               processes: int | None = None) -> dict:
+    """The resumable state: a small versioned dict of plain ints and strings. A
+    partition="host" loader gives `processes` (P): its state also says ``"partition":
+    "host"`` and P, and its position is the local position of every part.
 
     >>> make_state(seed=0, epoch=1, position=512, fingerprint="ab12")["version"]
     1
     """
     seed, epoch = _check_seed_epoch(seed, epoch)
-    return {"version": STATE_VERSION, "seed": seed, "epoch": epoch, "position": int(position),
-            "fingerprint": str(fingerprint)}
+    state = {"version": STATE_VERSION, "seed": seed, "epoch": epoch, "position": int(position),
+             "fingerprint": str(fingerprint)}
+    if processes is not None:
+        state.update(partition="host", processes=int(processes))
+    return state
 
 
-def check_state(state, *, seed: int, fingerprint: str, n: int) -> tuple[int, int]:
+def check_state(state, *, seed: int, fingerprint: str, n: int,
+                processes: int | None = None) -> tuple[int, int]:
     """Validates a state from `make_state` against this run; returns (epoch, position).
 
-    Raises ValueError naming the offending value and what was expected.
+    `n` bounds the position (with parts: the largest part). `processes`: P for a
+    partition="host" loader, None for the global order. A host-part state resumes at another
+    process count only at an epoch boundary: mid-epoch the parts hold other records, so the
+    rest of that epoch has no exact continuation, and this refuses it (the error says how to
+    go on). Raises ValueError naming the offending value and what was expected.
     """
     if not isinstance(state, dict):
         raise ValueError(f"state must be a dict from state_dict(), got {type(state).__name__}")
@@ -268,6 +341,12 @@ def check_state(state, *, seed: int, fingerprint: str, n: int) -> tuple[int, int
     if state["version"] != STATE_VERSION:
         raise ValueError(f"state version {state['version']!r} is not supported: this tbljax "
                          f"reads version {STATE_VERSION}")
+    saved, mine = state.get("partition"), ("host" if processes is not None else None)
+    if saved != mine:
+        # Checked before the fingerprint: the two modes fingerprint the data differently.
+        raise ValueError(f"state was saved by a loader with partition={saved!r} but this loader "
+                         f"has partition={mine!r}: its positions count other rows; create the "
+                         f"loader with partition={saved!r}")
     if state["fingerprint"] != fingerprint:
         raise ValueError(f"state is for dataset {state['fingerprint']!r} but this loader reads "
                          f"dataset {fingerprint!r}")
@@ -279,4 +358,16 @@ def check_state(state, *, seed: int, fingerprint: str, n: int) -> tuple[int, int
     if isinstance(position, bool) or not isinstance(position, (int, np.integer)) \
             or not 0 <= position <= n:
         raise ValueError(f"state position must be an integer in [0, {n}], got {position!r}")
+    if processes is not None:
+        saved_p = state.get("processes")
+        if isinstance(saved_p, bool) or not isinstance(saved_p, (int, np.integer)) or saved_p < 1:
+            raise ValueError(f"state 'processes' must be an integer >= 1, got {saved_p!r}")
+        if saved_p != processes and position != 0:
+            raise ValueError(
+                f"state was saved mid-epoch (epoch {epoch}, position {position} of each "
+                f"process's part) by {saved_p} processes, and this job has {processes}: with "
+                f"partition='host' each process now owns other records, so the rest of epoch "
+                f"{epoch} has no exact continuation. Resume at an epoch boundary: "
+                f"loader.set_epoch({epoch + 1}) skips the rest of epoch {epoch}, "
+                f"loader.set_epoch({epoch}) serves epoch {epoch} again from its start")
     return int(epoch), int(position)

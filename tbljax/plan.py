@@ -247,7 +247,7 @@ class HostBatch:
     """
 
     epoch: int
-    position: int  # global position of the step's first row
+    position: int  # position of the step's first row (host parts: in this process's part)
     ranges: tuple[tuple[int, int], ...]
     images: tuple[np.ndarray, ...]
     labels: tuple[np.ndarray, ...]
@@ -292,6 +292,14 @@ class Plan:
     # runs in a producer thread, so a transfer to a device overlaps the step. None: the
     # HostBatch itself. Must not refer to the loader (see tbljax.producer).
     finish: object = None
+    # partition="host": every process's part (positions are then local to the source, which
+    # holds this process's part); None: one part, the whole dataset.
+    parts: order.Parts | None = None
+
+    @property
+    def part(self) -> order.Parts:
+        """The parts the steps of an epoch are counted over (`tbljax.order.Parts`)."""
+        return self.parts if self.parts is not None else order.Parts.whole(self.source.n)
 
     def steps(self):
         """(epoch, first position) of every step from the cursor to the end (or forever).
@@ -338,11 +346,10 @@ class Plan:
         return resident
 
     def _steps(self):
-        n, g = self.source.n, self.layout.global_batch
+        part, g = self.part, self.layout.global_batch
         epoch, position = self.start
         while self.end_epoch is None or epoch < self.end_epoch:
-            count = order.steps_in_epoch(n, g, drop_remainder=self.opts.drop_remainder,
-                                         start=position)
+            count = part.steps(g, drop_remainder=self.opts.drop_remainder, start=position)
             for s in range(count):
                 yield epoch, position + s * g
             epoch, position = epoch + 1, 0
@@ -352,6 +359,7 @@ class Plan:
         second item)."""
         src, opts = self.source, self.opts
         mean, std = opts.normalization
+        first_index = self.part.start  # source record i is sample first_index + i
         slot = ring.acquire(stop)
         views = slot.views(src.row_shape(opts, epoch))  # a size schedule's size of `epoch`
         labels, indices, valid = [], [], []
@@ -360,14 +368,15 @@ class Plan:
             nvalid = int(np.clip(src.n - (first + a), 0, rows))
             idx, boxes, flip = _step.draw(
                 np.arange(first + a, first + a + nvalid, dtype=np.int64), opts,
-                num_records=src.n, image_hw=src.geometry, epoch=epoch)
+                num_records=src.n, image_hw=src.geometry, epoch=epoch, first_index=first_index)
+            records = idx - first_index
             if nvalid:
-                src.fill(idx, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip,
+                src.fill(records, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip,
                          mean=mean, std=std)
-            out[nvalid:] = 0  # padding rows (only in the last step without drop_remainder)
+            out[nvalid:] = 0  # padding rows (only at the end of an epoch without drop_remainder)
             pad = rows - nvalid
             indices.append(np.concatenate([idx, np.full(pad, -1)]).astype(np.int32))
-            labels.append(np.concatenate([src.labels[idx], np.full(pad, -1)]).astype(np.int32))
+            labels.append(np.concatenate([src.labels[records], np.full(pad, -1)]).astype(np.int32))
             valid.append(np.arange(rows) < nvalid)
         return HostBatch(epoch, first, self.layout.ranges, tuple(views), tuple(labels),
                          tuple(indices), None if opts.drop_remainder else tuple(valid)), slot

@@ -14,7 +14,6 @@ import warnings
 import weakref
 
 from tbljax import batch as _batch
-from tbljax import order
 from tbljax.plan import Plan
 
 __all__ = ["Metrics", "Pass"]
@@ -134,7 +133,7 @@ class Pass:
 
     def __init__(self, plan: Plan, ring: _batch.Ring, metrics: Metrics, *, on_step, on_end):
         self._on_step, self._on_end = on_step, on_end
-        self._n, self._g = plan.source.n, plan.layout.global_batch
+        self._part, self._g = plan.part, plan.layout.global_batch
         self._drop = plan.opts.drop_remainder
         self._metrics = metrics
         self._ring = ring
@@ -200,8 +199,8 @@ class Pass:
             raise item.exc
         epoch, first, result = item
         # The state counts what was handed over, not what the producer prefetched.
-        self._on_step(order.advance(epoch, first + self._g, self._n, self._g,
-                                    drop_remainder=self._drop))
+        self._on_step(self._part.advance(epoch, first + self._g, self._g,
+                                         drop_remainder=self._drop))
         m.steps += 1
         return result
 

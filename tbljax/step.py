@@ -21,14 +21,19 @@ from tbljax.options import LoaderOptions
 __all__ = ["draw"]
 
 
-def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, xp=np):
+def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, xp=np,
+         first_index: int = 0):
     """(sample indices, crop boxes or None, flips or None) for `positions` of epoch `epoch`.
 
     `image_hw`: (H, W) of every record, or a `tbljax.augment.RecordGeometry` (records of their
-    own sizes, each sample's looked up by its index)."""
+    own sizes, each sample's looked up by its index). `first_index`: the records are global
+    indices [first_index, first_index + num_records) (a host part, `tbljax.order.Parts`);
+    crops and flips are keyed by the global index."""
     idx = order.permute(positions, num_records, opts.seed, epoch, shuffle=opts.shuffle, xp=xp)
+    idx = idx + first_index if first_index else idx
     if opts.augment is None:
         return idx, None, None
-    boxes, flips = _augment.sample(opts.augment, idx, geometry=_augment.RecordGeometry.of(image_hw),
-                                   seed=opts.seed, epoch=epoch, xp=xp)
+    geometry = _augment.RecordGeometry.of(image_hw).shifted(first_index)
+    boxes, flips = _augment.sample(opts.augment, idx, geometry=geometry, seed=opts.seed,
+                                   epoch=epoch, xp=xp)
     return idx, boxes, flips

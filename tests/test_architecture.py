@@ -19,7 +19,7 @@ ROOMS = [
     ["contract", "sharding", "braces", "partition"],  # shared rules; `sharding=`; {a,b}; host parts
     ["format", "order", "kernels", "batch", "sources"],  # file bytes; order; kernel; buffers; inputs
     ["reader", "augment"],                       # open a file; crops and flips
-    ["conversion", "options"],                   # sources -> file; what a loader yields
+    ["conversion", "options", "local_part"],     # sources -> file; what a loader yields; host part
     ["step"],                                    # positions -> samples -> crops and flips
     ["plan", "ops"],                             # one host batch; the kernel inside jit
     ["producer"],                                # the threads of a pass
