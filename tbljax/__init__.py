@@ -3,6 +3,7 @@
 >>> import tbljax
 >>> tbljax.convert("train-{000..099}.tar", "train.tbl", image_size=160)
 >>> ds = tbljax.open("train.tbl")
+>>> paths = tbljax.stage("gs://bucket/train-{0000..0063}.tbl", "/cache", partition="host")
 
 The public surface is what this module exports (`__all__`); the modules behind it are the
 rooms of DESIGN.md, and none of them is named like a function exported here.
@@ -19,6 +20,7 @@ from tbljax.jax_loader import Loader, loader
 from tbljax.options import LoaderOptions
 from tbljax.plan import HostBatch
 from tbljax.reader import Dataset, open
+from tbljax.staging import stage
 from tbljax import order
 
 __version__: str = _core.native_info()["version"]
@@ -67,5 +69,5 @@ __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "HostBatch", "HostLoader", "Loader",
     "LoaderOptions", "loader", "order", "ConversionError", "ConvertSummary", "CorruptFileError",
     "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
-    "open", "ops",
+    "open", "ops", "stage",
 ]

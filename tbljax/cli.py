@@ -1,6 +1,7 @@
-"""The `tbljax` command, six subcommands:
+"""The `tbljax` command, seven subcommands:
 
   convert  decode TAR shards, an image folder or image files once into a TBL file
+  stage    copy TBL shard files from a URL to a local cache, verified (this host's part)
   info     describe TBL files (records, format, shapes, labels, classes, recipe, skipped items)
   verify   check every record's checksum
   show     draw a PNG grid of samples, as stored or as the loader serves them
@@ -30,8 +31,23 @@ def _cmd_convert(a: argparse.Namespace) -> int:
                              chroma=a.chroma, threads=a.threads, strict=a.strict,
                              overwrite=a.overwrite, shard=a.shard, classes=a.classes,
                              label_ext=a.label_ext, progress=False if a.quiet else None,
-                             progress_interval=a.progress_interval)
+                             progress_interval=a.progress_interval, retries=a.retries,
+                             retry_backoff=a.retry_backoff)
     print(summary)
+    return 0
+
+
+def _cmd_stage(a: argparse.Namespace) -> int:
+    import os
+
+    import tbljax
+
+    paths = tbljax.stage(a.source, a.cache_dir, partition=a.partition, budget_bytes=a.budget,
+                         retries=a.retries, retry_backoff=a.retry_backoff, workers=a.workers)
+    for p in paths:  # every file, in the global order: the list a loader takes on every host
+        print(p)
+    here = sum(os.path.exists(p) for p in paths)
+    print(f"tbljax stage: {here} of {len(paths)} files in {a.cache_dir}", file=sys.stderr)
     return 0
 
 
@@ -165,6 +181,14 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _retry_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--retries", type=int, default=5, metavar="N",
+                   help="failures in a row a read of a URL survives, each re-opened at the byte where "
+                        "it broke (default 5)")
+    p.add_argument("--retry-backoff", type=float, default=0.5, metavar="SECONDS",
+                   help="wait before the first retry, doubled each time up to 30 s (default 0.5)")
+
+
 THREADS_HELP = "threads for decoding (default: all CPUs this process may use, or TBLJAX_NUM_THREADS)"
 
 
@@ -215,7 +239,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-q", "--quiet", action="store_true", help="no progress report")
     c.add_argument("--progress-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between progress reports (default: 0.5 on a terminal, 10 in logs)")
+    _retry_options(c)
     c.set_defaults(fn=_cmd_convert)
+
+    g = sub.add_parser("stage", help="copy TBL shard files from a URL to a local cache, verified",
+                       description="Copy TBL shard files to a local directory (tbljax.stage): each "
+                                   "verified and renamed into place when complete; a rerun resumes.")
+    g.add_argument("source", metavar="URL",
+                   help="a URL or path, brace pattern or glob: 'gs://bucket/train-{0000..0063}.tbl'")
+    g.add_argument("cache_dir", metavar="CACHE_DIR", help="the local directory to copy into")
+    g.add_argument("--partition", default=None, metavar="host|I/N",
+                   help="copy only a part: 'host' (this JAX process's) or I/N (part I of N); default all")
+    g.add_argument("--budget", default=None, metavar="SIZE",
+                   help="the most the part may take, e.g. 500G (K, M, G, T: powers of 1024); "
+                        "checked, with the disk's free space, before copying")
+    g.add_argument("--workers", type=int, default=4, metavar="N", help="files copied at once (default 4)")
+    _retry_options(g)
+    g.set_defaults(fn=_cmd_stage)
 
     i = sub.add_parser("info", help="describe TBL files",
                        description="Records, format, shapes, labels, classes, recipe and skipped items of TBL files.")
@@ -278,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     except (tbljax.ConversionError, tbljax.CorruptFileError, tbljax.DecodeError) as e:
         return _fail(a.command, e, 1)  # bad data (both errors subclass ValueError: caught first)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError,
-            NotADirectoryError, PermissionError) as e:
+            NotADirectoryError, PermissionError, ImportError) as e:
         return _fail(a.command, e, 2)  # usage: bad arguments, a missing input, an existing output
     except OSError as e:
         return _fail(a.command, e, 1)  # the system failed us (disk full, I/O error)

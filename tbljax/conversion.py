@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tbljax import _core, contract
+from tbljax import _core, contract, remote
 from tbljax import reader as _reader
 from tbljax import sources as _sources
 from tbljax.braces import expand_braces
@@ -446,11 +446,15 @@ def convert(
     shard: tuple[int, int] | str | None = None,
     progress: bool | None = None,
     progress_interval: float | None = None,
+    retries: int = 5,
+    retry_backoff: float = 0.5,
 ) -> ConvertSummary:
     """Decodes `sources` once into the TBL file `dst`.
 
     sources: WebDataset TAR shards (a path, a brace pattern such as 'train-{000..099}.tar' —
-      expanded exactly as bash does —, or a list), an image folder with one subfolder per
+      expanded exactly as bash does —, or a list; or URLs read through fsspec, e.g.
+      'gs://bucket/train-{0000..1023}.tar', s3://, https://, file://, memory://, with glob
+      characters matched where the filesystem can list), an image folder with one subfolder per
       class, a list of image files, or images in memory: a uint8 (N, H, W, 3) or (N, H, W)
       array, a list of (H, W[, C]) arrays or (B, H, W, C) batches, a tuple (images, labels) or
       a dict {'image': images, 'label': labels}. A source named twice is an error.
@@ -493,6 +497,10 @@ def convert(
       Jupyter (when tqdm is installed), and elsewhere (Slurm logs, CI) one line every
       progress_interval seconds (default 10; 0.5 on a terminal) with count, rate and ETA.
       False: silent.
+    retries, retry_backoff: a shard at a URL whose connection drops is re-opened and resumed
+      at the byte where it broke, after retry_backoff seconds (doubled each time, at most 30);
+      after `retries` failures in a row with no byte read between them the rest of the shard
+      is skipped and reported like a bad item (strict=True: ConversionError).
 
     >>> s = tbljax.convert("train-{000..099}.tar", "train.tbl", image_size=160)
     >>> print(s)
@@ -537,8 +545,9 @@ def convert(
         raise FileNotFoundError(f"destination directory does not exist: {out_dir}")
     if tbl_paths is not None:
         return _convert_tbl(tbl_paths, dst, format, threads, overwrite, progress, progress_interval)
+    retry = remote.Retry(retries, retry_backoff)
     table = _sources.load_classes(classes)
-    src = _sources.resolve(sources, labels, table, label_ext.lower() if label_ext else None)
+    src = _sources.resolve(sources, labels, table, label_ext.lower() if label_ext else None, retry)
     if shard is not None:
         src = src.select(*shard)
     size = int(image_size)

@@ -1,6 +1,7 @@
-"""Where convert's images come from: WebDataset TAR shards, an image folder (one subfolder per
-class), a list of image files, or numpy arrays. Each source yields `Item`s in a fixed order
-and knows an upper bound of its count before reading (it sizes the TBL index).
+"""Where convert's images come from: WebDataset TAR shards (local, or at a URL through fsspec:
+tbljax.remote), an image folder (one subfolder per class), a list of image files, or numpy
+arrays. Each source yields `Item`s in a fixed order and knows an upper bound of its count
+before reading (it sizes the TBL index).
 
 Labels travel as the sources hold them: an integer id, a class name (str), or -1 when the item
 has none; `tbljax.convert` turns names into ids against one classes table.
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tbljax import remote
 from tbljax.braces import expand_braces
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif"})
@@ -203,35 +205,43 @@ def _is_image_member(name: str) -> bool:
     return _split_key(name)[1].rsplit(".", 1)[-1] in IMAGE_EXTENSIONS
 
 
-def _count_shard(path: str) -> int:
-    """Image members of one shard. A plain .tar is read header by header, seeking over the data
-    (tarfile does so for uncompressed files); a compressed one is decompressed once."""
+def _count_shard(path: str, retry: remote.Retry = remote.DEFAULT_RETRY) -> tuple[int, str | None]:
+    """Image members of one shard, and why counting stopped early (None: it did not). A plain
+    .tar is read header by header, seeking over the data (tarfile does so for uncompressed
+    files; at a URL the seeks are ranged reads of fsspec's blocks, so small members cost about
+    one download of the shard); a compressed one is decompressed once."""
     n = 0
     try:
-        with tarfile.open(path, "r:*") as tf:
+        with remote.open_input(path, retry) as f, tarfile.open(fileobj=f, mode="r:*") as tf:
             for m in tf:
                 n += m.isfile() and _is_image_member(m.name)
-    except (tarfile.TarError, EOFError, OSError):
-        pass  # a damaged shard: its readable members were counted; the error is reported later
-    return n
+    except (tarfile.TarError, EOFError, OSError) as e:
+        return n, f"{type(e).__name__}: {e}"  # its readable members were counted
+    return n, None
 
 
 class TarSource:
-    """WebDataset shards: members grouped by key; `.cls`/`.json` (or `label_ext`) give the label."""
+    """WebDataset shards: members grouped by key; `.cls`/`.json` (or `label_ext`) give the label.
+    Shards at a URL are streamed through `remote.RetryingReader`: a dropped connection is
+    retried as `retry` says and resumed at the byte where it broke."""
 
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
-                 label_ext: str | None = None):
+                 label_ext: str | None = None, retry: remote.Retry = remote.DEFAULT_RETRY):
         self.paths = list(paths)
-        missing = [p for p in self.paths if not os.path.isfile(p)]
+        self.retry = retry
+        missing = _missing(self.paths, retry)
         if missing:
             more = f" (and {len(missing) - 1} more of {len(self.paths)})" if len(missing) > 1 else ""
             raise FileNotFoundError(f"TAR shard not found: {missing[0]}{more}")
         self.classes = classes
         self.label_ext = label_ext
+        # Shards whose count stopped early: (images counted, why). Reading such a shard stops
+        # there too, even if the network is back by then: the count sized the file's index.
+        self.cut_short: dict[str, tuple[int, str]] = {}
 
     def select(self, i: int, n: int) -> TarSource:
         """Shard i of n: a contiguous share of whole TAR files."""
-        return TarSource(_share(self.paths, i, n, "TAR files"), self.classes, self.label_ext)
+        return TarSource(_share(self.paths, i, n, "TAR files"), self.classes, self.label_ext, self.retry)
 
     def describe(self) -> list[str]:
         return self.paths
@@ -241,20 +251,37 @@ class TarSource:
         shards counted in parallel (reads overlap; zlib/bz2/lzma release the GIL)."""
         total = 0
         with ThreadPoolExecutor(min(8, len(self.paths)), thread_name_prefix="tbljax-count") as ex:
-            for k, n in enumerate(ex.map(_count_shard, self.paths)):
+            for k, (p, (n, problem)) in enumerate(zip(self.paths, ex.map(
+                    lambda p: _count_shard(p, self.retry), self.paths))):
                 total += n
+                if problem is not None:
+                    self.cut_short[p] = (n, problem)
                 if report is not None:
                     report(k + 1, len(self.paths))
         return total
 
     @property
     def count_is_slow(self) -> bool:
-        """Whether count() decompresses data (compressed shards) rather than reading headers."""
-        return not all(p.endswith(".tar") for p in self.paths)
+        """Whether count() reads data (compressed shards, or shards at a URL) rather than
+        seeking over it."""
+        return not all(p.endswith(".tar") and not remote.is_url(p) for p in self.paths)
 
     def __iter__(self) -> Iterator[Item]:
         for p in self.paths:
-            yield from self._iter_shard(p)
+            if p not in self.cut_short:
+                yield from self._iter_shard(p)
+                continue
+            left, problem = self.cut_short[p]
+            last = "start"
+            for item in self._iter_shard(p):
+                if item.data is not None:
+                    if left == 0:
+                        yield Item(f"<after {last}>", p, None, error=f"unreadable TAR data while counting "
+                                   f"({problem}); rest of shard skipped")
+                        break
+                    left -= 1
+                last = item.key
+                yield item
 
     def _label(self, group: dict[str, bytes]) -> tuple[Label, str | None]:
         if self.label_ext is not None:
@@ -281,7 +308,8 @@ class TarSource:
                 yield Item(group_key, path, group[sorted(images)[0]], label, label_error=problem)
 
         try:
-            with tarfile.open(path, "r:*") as tf:  # one pass in order; member reads go straight to the file
+            # One pass in order; member reads go straight to the file (or the URL's block cache).
+            with remote.open_input(path, self.retry) as f, tarfile.open(fileobj=f, mode="r:*") as tf:
                 for m in tf:
                     if not m.isfile():
                         continue
@@ -296,6 +324,25 @@ class TarSource:
             yield from flush()
             yield Item(f"<after {group_key or 'start'}>", path, None,
                        error=f"unreadable TAR data ({type(e).__name__}: {e}); rest of shard skipped")
+
+
+def _missing(paths: Sequence[str], retry: remote.Retry) -> list[str]:
+    """The shards that do not exist: local ones by a stat, URLs by asking their size (in
+    parallel: one round trip each)."""
+    missing = [p for p in paths if not remote.is_url(p) and not os.path.isfile(p)]
+    urls = [p for p in paths if remote.is_url(p)]
+
+    def absent(url: str) -> bool:
+        try:
+            remote.size_of(url, retry)
+        except (FileNotFoundError, IsADirectoryError):
+            return True
+        return False
+
+    if urls:
+        with ThreadPoolExecutor(min(16, len(urls)), thread_name_prefix="tbljax-stat") as ex:
+            missing += [u for u, gone in zip(urls, ex.map(absent, urls)) if gone]
+    return missing
 
 
 def _is_image_file(p: Path) -> bool:
@@ -502,8 +549,10 @@ def _split_images_labels(sources: Any, labels: Any) -> tuple[Any, Any] | None:
 
 
 def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[str] | None = None,
-            label_ext: str | None = None) -> TarSource | FolderSource | FileListSource | ArraySource:
-    """Turns convert's `sources` argument into a source object (see ACCEPTED_FORMS)."""
+            label_ext: str | None = None, retry: remote.Retry = remote.DEFAULT_RETRY,
+            ) -> TarSource | FolderSource | FileListSource | ArraySource:
+    """Turns convert's `sources` argument into a source object (see ACCEPTED_FORMS). URLs name
+    TAR shards (braces expanded; glob characters matched where the filesystem can list)."""
     split = _split_images_labels(sources, labels)
     if label_ext is not None and split is not None:
         raise ValueError("label_ext is for TAR shards; arrays take labels=")
@@ -519,20 +568,25 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
     if not isinstance(sources, (list, tuple)) or not all(isinstance(s, (str, os.PathLike)) for s in sources):
         raise TypeError(f"convert's sources must be {ACCEPTED_FORMS}; got {type(sources).__name__} "
                         f"{sources!r}"[:700])
-    paths = [p for s in sources for p in expand_braces(os.fspath(s))]
+    paths = [p for s in map(os.fspath, sources)
+             for p in (remote.expand(s) if remote.is_url(s) else expand_braces(s))]
     if not paths:
-        raise ValueError("convert: no sources given")
+        raise ValueError(f"convert: no sources given (or the pattern matched no file: {sources!r})"[:300])
     _refuse_duplicates(paths)
+    is_tar = [remote.name_of(p).endswith(TAR_SUFFIXES) for p in paths]
+    if any(map(remote.is_url, paths)) and not all(is_tar):
+        other = paths[is_tar.index(False)]
+        raise ValueError(f"sources at a URL must be TAR shards ({', '.join(TAR_SUFFIXES)}); {other!r} is not")
     if len(paths) == 1 and os.path.isdir(paths[0]):
         if labels is not None:
             raise ValueError("labels= is for arrays and file lists; an image folder takes labels from subfolders")
         if label_ext is not None:
             raise ValueError("label_ext is for TAR shards; an image folder takes labels from subfolders")
         return FolderSource(paths[0], classes)
-    if all(p.endswith(TAR_SUFFIXES) for p in paths):
+    if all(is_tar):
         if labels is not None:
             raise ValueError("labels= is for arrays and file lists; TAR shards carry .cls/.json labels")
-        return TarSource(paths, classes, label_ext)
+        return TarSource(paths, classes, label_ext, retry)
     if label_ext is not None:
         raise ValueError("label_ext is for TAR shards; image files take labels=")
     missing = [p for p in paths if not os.path.exists(p)]
@@ -550,7 +604,7 @@ def _refuse_duplicates(paths: list[str]) -> None:
     """A source named twice (by the pattern, or two spellings of one file) is duplicated data."""
     seen: dict[str, str] = {}
     for p in paths:
-        real = os.path.realpath(p)
+        real = p if remote.is_url(p) else os.path.realpath(p)
         if real in seen:
             same = "" if seen[real] == p else f" (as {seen[real]!r} and {p!r})"
             raise ValueError(f"source {p!r} is named twice{same}: it would be converted twice")

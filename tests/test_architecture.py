@@ -17,9 +17,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tbljax"
 ROOMS = [
     ["_core", "_ffi_cuda"],                      # native: the core (C++), the CUDA handler
     ["contract", "sharding", "braces", "partition"],  # shared rules; `sharding=`; {a,b}; host parts
+    ["remote"],                                  # files at a URL (fsspec), retried and resumed
     ["format", "order", "kernels", "batch", "sources"],  # file bytes; order; kernel; buffers; inputs
     ["reader", "augment"],                       # open a file; crops and flips
-    ["conversion", "options", "local_part"],     # sources -> file; what a loader yields; host part
+    ["conversion", "options", "local_part", "staging"],  # sources -> file; loader options; host part; copy to disk
     ["step"],                                    # positions -> samples -> crops and flips
     ["plan", "ops"],                             # one host batch; the kernel inside jit
     ["producer"],                                # the threads of a pass

@@ -33,7 +33,7 @@ def test_version():
 
 def test_every_option_of_every_command_has_help():
     commands = subcommands()
-    assert sorted(commands) == ["bench", "convert", "demo", "info", "show", "verify"]
+    assert sorted(commands) == ["bench", "convert", "demo", "info", "show", "stage", "verify"]
     for name, parser in [("tbljax", cli.build_parser()), *commands.items()]:
         for action in parser._actions:
             if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):

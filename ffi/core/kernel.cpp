@@ -92,18 +92,16 @@ struct Scratch {
   HBlock* hblocks;   // out_w / kBlockPixels
   LanePair* lanes;   // 3 * out_w / 8
   // The general resize (any box; antialiased shrink), sized per batch (GeneralScratchInts):
-  int32_t* mid;      // 3 * box width: the box's rows combined with one output row's weights
-  int32_t* gx;       // 3 * out_w * (2 + taps): per output element its first element in mid,
-                     // its sum, and the weight of each tap (tap-major)
-  int32_t* gy;       // taps: one output row's weights
+  int32_t* mid;  // 3 * box width: the box's rows combined with one output row's weights
+  int32_t* gx;   // 3 * out_w * (2 + taps): per output element its first element in mid,
+                 // its sum, and the weight of each tap (tap-major)
+  int32_t* gy;   // taps: one output row's weights
   int64_t gx_stride;
 };
 
 // The most taps one output coordinate can have on an axis of `len` box pixels resized to
 // `out` (kernel.h: at most 2*M/out + 1), plus one for safety.
-inline int64_t MaxTaps(int64_t len, int64_t out) {
-  return 2 * (len > out ? len : out) / out + 2;
-}
+inline int64_t MaxTaps(int64_t len, int64_t out) { return 2 * (len > out ? len : out) / out + 2; }
 
 using UnitFn = void (*)(const Plan&, int64_t sample, int64_t row_begin, int64_t row_end,
                         const Scratch&);
@@ -401,8 +399,7 @@ bool PrepareScratch(int64_t out_w, int64_t general_ints, int64_t gx_stride, Scra
 }  // namespace
 
 Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
-  if (src.uniform() && src.height() < 1)
-    return InvalidArgument("RawSource is not initialized");
+  if (src.uniform() && src.height() < 1) return InvalidArgument("RawSource is not initialized");
   if (r.batch < 0)
     return InvalidArgument("batch size must be >= 0, got " + std::to_string(r.batch));
   if (r.batch > 0 && r.indices == nullptr) return InvalidArgument("indices is null");

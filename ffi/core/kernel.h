@@ -176,7 +176,9 @@ class RawSource {
   int64_t width() const { return width_; }
   // Record i, which must be in [0, num_records()), and its size.
   const uint8_t* Record(int64_t i) const;
-  int64_t Height(int64_t i) const { return uniform() ? height_ : table_.heights[i * table_.stride]; }
+  int64_t Height(int64_t i) const {
+    return uniform() ? height_ : table_.heights[i * table_.stride];
+  }
   int64_t Width(int64_t i) const { return uniform() ? width_ : table_.widths[i * table_.stride]; }
 
  private:

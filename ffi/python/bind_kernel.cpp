@@ -357,7 +357,8 @@ void BindKernel(nb::module_& m) {
       "check_crops_per_record",
       [](CropArray crop, I32Array heights, I32Array widths, int64_t out_h, int64_t out_w) {
         const int64_t b = static_cast<int64_t>(crop.shape(0));
-        if (static_cast<int64_t>(heights.shape(0)) != b || static_cast<int64_t>(widths.shape(0)) != b)
+        if (static_cast<int64_t>(heights.shape(0)) != b ||
+            static_cast<int64_t>(widths.shape(0)) != b)
           throw nb::value_error("heights and widths need one entry per crop box");
         for (int64_t i = 0; i < b; ++i)
           Check(CheckCropBox(i, crop.data() + 4 * i, heights.data()[i], widths.data()[i], out_h,

@@ -21,14 +21,14 @@ inline constexpr const char* kGatherTarget = "tbljax_gather_normalize";
 inline constexpr const char* kGatherPackedTarget = "tbljax_gather_normalize_packed";
 
 // Operands, in order. The dataset is an operand (never a pointer baked into the program).
-using DataArg = ffi::Buffer<ffi::U8, 4>;   // (N, H, W, 3) uint8 records
+using DataArg = ffi::Buffer<ffi::U8, 4>;  // (N, H, W, 3) uint8 records
 // Packed records (the packed target): record i is table[i] = (first page, height, width),
 // its height*width*3 bytes starting at pages[first page, 0].
 using PagesArg = ffi::Buffer<ffi::U8, 2>;   // (P, page bytes) uint8
 using TableArg = ffi::Buffer<ffi::S32, 2>;  // (N, 3) int32
-using IndexArg = ffi::AnyBuffer;           // (B,) int32 (JAX without x64) or int64
-using CropArg = ffi::Buffer<ffi::S32, 2>;  // (B, 4) boxes (y0, x0, h, w), or (0, 4): no crop
-using FlipArg = ffi::Buffer<ffi::U8, 1>;   // (B,) nonzero = flip, or (0,): no flip
+using IndexArg = ffi::AnyBuffer;            // (B,) int32 (JAX without x64) or int64
+using CropArg = ffi::Buffer<ffi::S32, 2>;   // (B, 4) boxes (y0, x0, h, w), or (0, 4): no crop
+using FlipArg = ffi::Buffer<ffi::U8, 1>;    // (B,) nonzero = flip, or (0,): no flip
 // Any further operand is a buffer aliased to the result (a donated output); it is not read.
 // Attributes: mean, std (3 float64 each; ignored for uint8), layout ("NHWC" | "NCHW").
 // Result: the batch, uint8 / float32 / bfloat16, (B, OH, OW, 3) or (B, 3, OH, OW).
@@ -138,8 +138,9 @@ inline ffi::Error PrepareCall(const SourceShape& src, const IndexArg& indices, c
     if (Status s = CheckOutputSize(cd[0] != 0, oh, ow, src.height, src.width); !s.ok())
       return fail(s.message());
   } else if (cd[0] == 0 && batch > 0) {
-    return fail("the records differ in size: the output size is fixed only by a crop box per "
-                "sample (crop=...)");
+    return fail(
+        "the records differ in size: the output size is fixed only by a crop box per "
+        "sample (crop=...)");
   }
   for (int c = 0; c < 3; ++c) {
     r.mean[c] = mean[c];

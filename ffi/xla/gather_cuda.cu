@@ -1,6 +1,6 @@
 // The serve kernel for NVIDIA GPUs as an XLA FFI handler: the same documented integer
-// crop-resize (ComputeAxisTaps / TapWeight from kernel.h, one definition for both) and the same exact
-// normalization tables (built on the host by the core), launched on XLA's stream. The handler
+// crop-resize (ComputeAxisTaps / TapWeight from kernel.h, one definition for both) and the same
+// exact normalization tables (built on the host by the core), launched on XLA's stream. The handler
 // never synchronizes: the tables travel as kernel parameters, nothing is copied.
 #include <cuda_runtime.h>
 
