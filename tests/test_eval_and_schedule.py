@@ -250,6 +250,3 @@ def test_records_of_different_sizes_are_described_per_record(mixed):
         ld.set_epoch(3)
         assert ld.row_shape == (8, 6, 3) and len(ld) == 2
         ld.close()
-    with pytest.raises(ValueError, match="mixed.tbl.* holds records of different sizes: a "
-                                         "ResidentDataset keeps one"):
-        tbljax.ResidentDataset(path)
