@@ -289,7 +289,7 @@ class ResidentDataset:
             raise ValueError(f"batch_size {batch_size} is larger than the dataset "
                              f"({self.num_records} records): no full step")
         traced = [isinstance(v, jax.core.Tracer) for v in (step, epoch)]
-        if not isinstance(self.data, jax.core.Tracer):
+        if not isinstance(jax.tree_util.tree_leaves(self.data)[0], jax.core.Tracer):
             if any(traced):
                 raise ValueError(
                     "ResidentDataset.batch is being traced with the dataset closed over: it would "
