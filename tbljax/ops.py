@@ -315,13 +315,16 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
 
     The same fused pass as `tbljax.kernels.gather` (and the loader), as a traceable JAX
     operation: for each b take record ``indices[b]``; if ``crop`` is given resize the box
-    ``crop[b] = (y0, x0, h, w)`` to ``out_size`` with the integer bilinear formula of
-    ffi/core/kernel.h; mirror it left-right if ``flip[b]``; write uint8 pixels, or float32 /
-    bfloat16 values nearest to ``(x/255 - mean[c]) / std[c]``.
+    ``crop[b] = (y0, x0, h, w)`` to ``out_size`` with the exact integer triangle filter of
+    ffi/core/kernel.h (bilinear, antialiased when shrinking); mirror it left-right if
+    ``flip[b]``; write uint8 pixels, or float32 / bfloat16 values nearest to
+    ``(x/255 - mean[c]) / std[c]``.
 
     Args:
-      data: ``(N, H, W, 3)`` uint8, on device (e.g. ``ResidentDataset.data``). It is passed to
-        the handler as an operand, so one compiled program serves any dataset of that shape.
+      data: ``(N, H, W, 3)`` uint8, on device (e.g. ``ResidentDataset.data``), or
+        `PackedRecords` (records of different sizes; ``crop`` and ``out_size`` are then
+        required and each box lies in its own record). It is passed to the handler as an
+        operand, so one compiled program serves any dataset of that shape.
       indices: ``(B,)`` integers in ``[0, N)``. Concrete indices are checked here (IndexError);
         inside jit the CPU handler fails the computation with an error naming the bad index
         (CUDA and the twin cannot raise from the device: out-of-range rows are unspecified).
