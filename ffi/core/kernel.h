@@ -46,7 +46,7 @@ class ThreadPool;
 // Every intermediate is an exact integer (weights are >= 0 and sum to ONE), so the order of
 // the sums does not matter, and all of them fit in int32 when, per axis, 2 * out * len and
 // 2 * M * (2 * M / out + 2) are below 2^31 (CheckResize; e.g. any box of a record with sides
-// <= 65535 resized to an output side >= 8). Horizontal flip is applied after the resize:
+// <= 65535 resized to an output side >= 9). Horizontal flip is applied after the resize:
 // flipped[oy, ox] = out[oy, OW - 1 - ox]. Without a crop box the output size must equal the
 // source size (no resize).
 
