@@ -21,6 +21,26 @@ import numpy as np  # noqa: E402
 import _loader_testing as T  # noqa: E402
 
 
+def check_assembly_aliases_the_ring(batch_size):
+    """This process's rows become its part of the global array without a copy, and the ring
+    slot counts as in use while the array lives (tbljax.batch's lifetime contract)."""
+    import gc
+
+    from tbljax import batch, sharding
+
+    whole = batch.Layout.create(sharding.batch_sharding(None), batch_size)
+    slot = batch.Slot(whole.process_local(jax.process_count()), (4, 3, 3), np.uint8)
+    views = slot.views()
+    arr = whole.to_global(views, (4, 3, 3))
+    assert [s.data.unsafe_buffer_pointer() for s in arr.addressable_shards] == \
+        [v.ctypes.data for v in views]
+    del views
+    assert slot.in_use()
+    del arr
+    gc.collect()
+    assert not slot.in_use()
+
+
 def main():
     pid, processes, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     spec = json.loads(open(sys.argv[4]).read())
@@ -29,6 +49,7 @@ def main():
     import tbljax
     from jax.experimental import multihost_utils
 
+    check_assembly_aliases_the_ring(spec["batch"])
     ref, labels = np.load(spec["images"]), np.load(spec["labels"])
     cache = os.path.join(spec["caches"], f"host{pid}")
     paths = tbljax.stage(spec["url"], cache, partition="host", retry_backoff=0.01)
