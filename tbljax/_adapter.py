@@ -72,15 +72,18 @@ class EpochLoader(HostLoader):
                 ...
     """
 
-    def __init__(self, dataset, opts: LoaderOptions, rank: int, world_size: int, **ring):
+    def __init__(self, dataset, opts: LoaderOptions, rank: int, world_size: int, *, parts=None,
+                 **ring):
         self.rank, self.world_size = rank, world_size
         layout = _batch.Layout.for_rank(opts.batch_size, rank, world_size)
-        super().__init__(dataset, opts, layout, **ring)
+        if parts is not None:  # host parts: this rank's rows are a batch of its own part
+            layout = layout.process_local(world_size)
+        super().__init__(dataset, opts, layout, parts=parts, **ring)
 
     @property
     def batch_size(self) -> int:
         """Rows per batch on this rank (a torch DataLoader's ``batch_size``)."""
-        return self.layout.global_batch // self.world_size
+        return self.layout.local_rows
 
     @property
     def drop_last(self) -> bool:

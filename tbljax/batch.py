@@ -132,8 +132,13 @@ class Layout:
         if len(self.devices) == 1 and self.ranges == ((0, self.global_batch),):
             # One device holds the whole batch: one call (half the cost of the general path).
             return jax.device_put(pieces[0], self.sharding)
-        arrays = [jax.device_put(pieces[i], d) for d, i in self.devices]
         shape = (self.global_batch, *row_shape)
+        if len(self.ranges) == 1:
+            # This process's rows are one block (one device a process, or replicas of it):
+            # JAX slices it for its devices in one call, no copy on CPU; 2 CPU processes,
+            # 256 rows of 160 px: 31-101 us against 104-182 us per device (docs/pods.md).
+            return jax.make_array_from_process_local_data(self.sharding, pieces[0], shape)
+        arrays = [jax.device_put(pieces[i], d) for d, i in self.devices]
         return jax.make_array_from_single_device_arrays(shape, self.sharding, arrays)
 
 

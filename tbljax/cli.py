@@ -42,6 +42,8 @@ def _cmd_stage(a: argparse.Namespace) -> int:
 
     import tbljax
 
+    if a.partition == "host":
+        _join_jax_job()
     paths = tbljax.stage(a.source, a.cache_dir, partition=a.partition, budget_bytes=a.budget,
                          retries=a.retries, retry_backoff=a.retry_backoff, workers=a.workers)
     for p in paths:  # every file, in the global order: the list a loader takes on every host
@@ -49,6 +51,22 @@ def _cmd_stage(a: argparse.Namespace) -> int:
     here = sum(os.path.exists(p) for p in paths)
     print(f"tbljax stage: {here} of {len(paths)} files in {a.cache_dir}", file=sys.stderr)
     return 0
+
+
+def _join_jax_job() -> None:
+    """`stage --partition host`: joins the job's JAX runtime as the training processes will
+    (cluster detected by jax.distributed.initialize) to learn this process's index and count."""
+    import os
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # copying files needs no accelerator
+    import jax
+
+    try:
+        jax.distributed.initialize()
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"--partition host: could not join a JAX job to learn this host's part "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); it is "
+                         "detected on Slurm, TPU pods and Open MPI; elsewhere give --partition I/N") from e
 
 
 def _describe(path: str) -> dict[str, Any]:
@@ -249,7 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a URL or path, brace pattern or glob: 'gs://bucket/train-{0000..0063}.tbl'")
     g.add_argument("cache_dir", metavar="CACHE_DIR", help="the local directory to copy into")
     g.add_argument("--partition", default=None, metavar="host|I/N",
-                   help="copy only a part: 'host' (this JAX process's) or I/N (part I of N); default all")
+                   help="copy only a part: 'host' (this process's part of the job, found by joining it "
+                        "with jax.distributed.initialize()) or I/N (part I of N); default all")
     g.add_argument("--budget", default=None, metavar="SIZE",
                    help="the most the part may take, e.g. 500G (K, M, G, T: powers of 1024); "
                         "checked, with the disk's free space, before copying")

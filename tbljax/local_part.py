@@ -135,30 +135,38 @@ def _open_local(paths: list, index: int, processes: int):
     return ds, lo, hi, row
 
 
-def _allgather(row: np.ndarray) -> np.ndarray:
+def _jax_allgather(row: np.ndarray) -> np.ndarray:
     from jax.experimental import multihost_utils
 
-    return np.asarray(multihost_utils.process_allgather(row)).reshape(-1, len(row))
+    return np.asarray(multihost_utils.process_allgather(row))
 
 
-def open_part(path_or_paths) -> LocalPart:
+def open_part(path_or_paths, rank: int | None = None, world_size: int | None = None,
+              allgather=None) -> LocalPart:
     """Opens this process's part of a dataset for host-local reading, and agrees with the
     other processes on every part's size and the dataset's fingerprint. Every process of the
     job must call it, with the same list of paths (files of other parts may be absent).
 
     Several files: process p of P opens files ``host_part(len(paths), p, P)``. One file: every
     process opens it and serves records ``host_part(len(file), p, P)`` of it. Raises on every
-    process if any process cannot open its part (that process raises its own error)."""
-    import jax
+    process if any process cannot open its part (that process raises its own error).
 
+    By default p and P are this JAX process's (``jax.process_index()``, ``jax.process_count()``)
+    and the rows are exchanged over JAX. Another framework gives `rank`, `world_size` and
+    ``allgather(row) -> (world_size, len(row))`` array, every rank's row in rank order (the
+    torch adapter passes one over torch.distributed)."""
+    if allgather is None:
+        import jax
+
+        rank, world_size, allgather = jax.process_index(), jax.process_count(), _jax_allgather
     paths = _as_paths(path_or_paths)
-    index, processes = jax.process_index(), jax.process_count()
+    index, processes = rank, world_size
     error, row = None, np.zeros(_ROW, np.uint32)
     try:
         ds, lo, hi, row = _open_local(paths, index, processes)
     except Exception as e:  # reported to the others first, so that no process waits forever
         error = e
-    rows = _allgather(row)
+    rows = np.asarray(allgather(row)).astype(np.uint32).reshape(-1, _ROW)
     if error is not None:
         raise error
     failed = [q for q in range(processes) if rows[q, 0] != _OK]

@@ -62,7 +62,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
            dtype="float32", layout: str = "NHWC", mean=IMAGENET_MEAN, std=IMAGENET_STD,
            augment=None, drop_remainder: bool = True, prefetch: int = 2,
            threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
-           world_size: int | None = None) -> MLXLoader:
+           world_size: int | None = None, partition: None = None) -> MLXLoader:
     """Serves a TBL dataset to MLX: ``(images, labels)`` mx.arrays, one epoch per pass.
 
     Args:
@@ -75,6 +75,9 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         both None for a single process. Rank r gets the rows the JAX loader gives process r.
       seed, shuffle, mean, std, augment, drop_remainder, prefetch, threads, read_ahead: as
         `tbljax.torch.loader` and `tbljax.loader`.
+      partition: None only: every rank draws its rows from the whole dataset. Host parts
+        (partition="host") need the ranks to exchange their parts' sizes, which tbljax does
+        over JAX (`tbljax.loader`) and torch.distributed (`tbljax.torch.loader`), not MLX.
 
     Returns:
       An `MLXLoader`. Labels and index are int32 (-1 on padding rows); ``valid`` is a bool
@@ -83,6 +86,11 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     >>> ld = tbljax.mlx.loader("train.tbl", 128, seed=0)
     >>> images, labels = next(iter(ld))      # (128, H, W, 3) float32, (128,) int32
     """
+    if partition is not None:
+        raise ValueError(f"tbljax.mlx.loader supports partition=None only (rows from the whole "
+                         f"dataset on every rank), got {partition!r}: host parts "
+                         "(partition='host') are served by tbljax.loader (JAX) and "
+                         "tbljax.torch.loader (torch.distributed)")
     _mx()  # a clear ImportError here, not on the first batch
     rank, world_size = _adapter.check_rank(rank, world_size)
     opts = _adapter.options(batch_size, world_size, seed=seed, shuffle=shuffle,

@@ -56,10 +56,21 @@ def parse_size(text: str | int) -> int:
 
 def parse_partition(partition: Any, count: int) -> range:
     """The files (indices among `count`) of a partition: None (all), 'host' (this JAX process's
-    part, `partition.host_part`), (i, n) or 'i/n' (part i of n by the same rule)."""
+    part, `partition.host_part`), (i, n) or 'i/n' (part i of n by the same rule).
+
+    'host' needs `jax.distributed` initialized: asking an uninitialized JAX for the process
+    index would start a one-process backend (the part would be every file) and make a later
+    `jax.distributed.initialize()` fail."""
     if partition is None:
         return range(count)
     if partition == "host":
+        import jax
+
+        if not jax.distributed.is_initialized():
+            raise ValueError("partition='host' stages this process's part of a multi-process JAX "
+                             "job, but jax.distributed is not initialized in this process: call "
+                             "jax.distributed.initialize() before tbljax.stage (no arguments needed "
+                             "on Slurm, TPU pods and Open MPI), or give the part as (i, n) or 'i/n'")
         return host_part(count)
     if isinstance(partition, str):
         m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", partition)
@@ -216,8 +227,9 @@ def stage(
       glob where the filesystem can list ('s3://b/train-*.tbl'), or a list of these. The files,
       in this order, are the dataset's global order; their names must differ.
     partition: None copies every file; 'host' only this JAX process's part
-      (`tbljax.partition.host_part(len(files))`: jax.process_index() of jax.process_count());
-      (i, n) or 'i/n' part i of n by the same rule.
+      (`tbljax.partition.host_part(len(files))`: jax.process_index() of jax.process_count();
+      call `jax.distributed.initialize()` first, else ValueError); (i, n) or 'i/n' part i of
+      n by the same rule (e.g. ``(int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"]))``).
     budget_bytes: the most the part may take in the cache (an int, or '500G'); a part larger
       than it, or than the free space of the cache's disk, is refused before copying anything.
     retries, retry_backoff: as for `tbljax.convert`: a dropped connection is re-opened and

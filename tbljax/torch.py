@@ -25,7 +25,7 @@ import numpy as np
 
 from tbljax import _adapter
 from tbljax import batch as _batch
-from tbljax import contract, reader
+from tbljax import contract, local_part, reader
 from tbljax.contract import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["TorchLoader", "loader"]
@@ -79,7 +79,7 @@ class TorchLoader(_adapter.EpochLoader):
     again the producer waits for the device (``torch.cuda.synchronize``).
     """
 
-    def __init__(self, dataset, opts, rank, world_size, pin_memory: bool):
+    def __init__(self, dataset, opts, rank, world_size, pin_memory: bool, parts=None):
         ring = {}
         if pin_memory:
             torch = _torch()
@@ -87,18 +87,41 @@ class TorchLoader(_adapter.EpochLoader):
             ring = dict(alloc=_pinned_empty,
                         before_reuse=functools.partial(torch.cuda.synchronize, device))
         self.pin_memory = pin_memory
-        super().__init__(dataset, opts, rank, world_size, **ring)
+        super().__init__(dataset, opts, rank, world_size, parts=parts, **ring)
 
     def finisher(self):
         return _to_torch
+
+
+def _allgather(torch, rank: int, world_size: int):
+    """What partition='host' exchanges each rank's part size with: torch.distributed's
+    default group, which must be the ranks the loader splits the data over."""
+    if world_size == 1:
+        return lambda row: np.asarray(row)[None]
+    dist = torch.distributed
+    ready = dist.is_available() and dist.is_initialized()
+    if not ready or (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+        group = f"rank {dist.get_rank()} of {dist.get_world_size()}" if ready else "not initialized"
+        raise ValueError(f"partition='host' on rank {rank} of {world_size}: the ranks exchange their "
+                         "parts' sizes over torch.distributed, so its default group must be those "
+                         f"ranks (it is {group}); call torch.distributed.init_process_group first")
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+
+    def allgather(row):
+        mine = torch.from_numpy(np.asarray(row, np.int64)).to(device)
+        rows = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(rows, mine)
+        return torch.stack(rows).cpu().numpy()
+
+    return allgather
 
 
 def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,
            dtype="float32", layout: str = "NCHW", mean=IMAGENET_MEAN, std=IMAGENET_STD,
            augment=None, drop_remainder: bool = True, prefetch: int = 2,
            threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
-           world_size: int | None = None,
-           pin_memory: bool | None = None) -> TorchLoader:
+           world_size: int | None = None, pin_memory: bool | None = None,
+           partition: str | None = None) -> TorchLoader:
     """Serves a TBL dataset to PyTorch: ``(images, labels)`` tensors, one epoch per pass.
 
     Args:
@@ -118,6 +141,14 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         ``torch.distributed`` when it is initialized, else 0 and 1. Given explicitly they win
         (e.g. the data-parallel rank when tensor parallelism shares batches).
       pin_memory: page-locked ring buffers; None means ``torch.cuda.is_available()``.
+      partition: None (rows drawn from the whole dataset) or "host": rank r of world_size
+        opens and reads only its part (its block of the shard files by
+        `tbljax.partition.host_part`, or of the records of a single file), as
+        `tbljax.loader(partition="host")` does for JAX process r. `path_or_paths` is then the
+        list of all shard paths (other ranks' files may be absent); every rank must create the
+        loader, and the ranks exchange their parts' sizes once over torch.distributed (its
+        default group must be these ranks). Every rank runs the same steps; without
+        drop_remainder every record is served once an epoch over all ranks.
 
     Returns:
       A `TorchLoader`. Labels and index are int64 tensors; ``valid`` is a bool tensor or None.
@@ -141,4 +172,10 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
                             layout=layout, mean=mean, std=std,
                             augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
                             threads=threads, read_ahead=read_ahead)
-    return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory))
+    if partition is None:
+        return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory))
+    if partition != "host":
+        raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
+                         f"rank reads only its own part), got {partition!r}")
+    part = local_part.open_part(path_or_paths, rank, world_size, _allgather(torch, rank, world_size))
+    return TorchLoader(part.dataset, opts, rank, world_size, bool(pin_memory), parts=part.parts)

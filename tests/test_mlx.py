@@ -137,6 +137,9 @@ def test_arguments_are_checked(data):
         tbljax.mlx.loader(path, B, dtype=mx.float16)
     with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 2\), got -1"):
         tbljax.mlx.loader(path, B, rank=-1, world_size=2)
+    with pytest.raises(ValueError, match=r"partition=None only .* tbljax.loader \(JAX\) and "
+                                         r"tbljax.torch.loader \(torch.distributed\)"):
+        tbljax.mlx.loader(path, B, partition="host")
     assert "rank 0 of 1" in repr(tbljax.mlx.loader(path, B))
 
 

@@ -138,11 +138,14 @@ def test_partitions_are_disjoint_and_cover_all_files(server, tmp_path, n):
     assert [[os.path.basename(p) for p in paths] for paths in lists] == [[p.name for p in srcs]] * n
 
 
-def test_host_partition_is_the_whole_list_for_one_process(server, tmp_path):
-    srcs = make_tbls(server.root, files=3)
-    assert staging.parse_partition("host", 3) == range(3)  # jax.process_count() == 1 here
-    stage(f"{server.url}/train-{{00..02}}.tbl", tmp_path / "c", partition="host")
-    assert_staged(tmp_path / "c", srcs)
+def test_host_partition_needs_the_jax_job(server, tmp_path):
+    """'host' without jax.distributed (this test process) is refused before anything is copied,
+    naming the ways out, instead of staging everything as a one-process job (tests/test_pod.py
+    stages host parts in a real multi-process job)."""
+    make_tbls(server.root, files=3)
+    with pytest.raises(ValueError, match=r"jax.distributed is not initialized.*\(i, n\) or 'i/n'"):
+        stage(f"{server.url}/train-{{00..02}}.tbl", tmp_path / "c", partition="host")
+    assert not (tmp_path / "c").exists()
     assert staging.parse_partition("1/3", 7) == range(2, 4)
     for bad in ("3/3", "x", (1,), (-1, 2), "host2"):
         with pytest.raises(ValueError, match="partition"):

@@ -307,6 +307,91 @@ def test_two_gloo_processes_split_an_epoch(data):
         assert o["counts"] == [1] * N  # every sample exactly once over both ranks
 
 
+GLOO_PARTS_CHILD = r"""
+import json, sys
+import numpy as np, torch.distributed as dist
+import tbljax.torch
+rank, world, port, spec = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+imgs, labels = np.load(spec["images"]), np.load(spec["labels"])
+ld = tbljax.torch.loader(spec["paths"][rank], 2, seed=9, dtype="uint8", layout="NHWC",
+                         drop_remainder=False, partition="host")
+epochs = []
+for epoch in range(2):
+    ld.set_epoch(epoch)
+    served = []
+    for b in ld:
+        x, idx, valid = b.images.numpy(), b.index.numpy(), b.valid.numpy()
+        assert np.array_equal(x[valid], imgs[idx[valid]]) and not x[~valid].any()
+        assert np.array_equal(b.labels.numpy()[valid], labels[idx[valid]])
+        served += idx[valid].tolist()
+    epochs.append(served)
+print(json.dumps({"steps": len(ld), "batch": ld.batch_size, "epochs": epochs,
+                  "state": ld.state_dict()}), flush=True)
+dist.destroy_process_group()
+"""
+PART_FILES = [5, 9, 4, 11, 7]  # records of each shard file: uneven parts
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gloo_ranks_read_only_their_host_parts(tmp_path, world):
+    """partition="host" over torch.distributed: rank r holds only its shard files (the others
+    are absent from its folder), reads them alone, and over all ranks every record is served
+    once an epoch, each from the rank whose files hold it; every rank runs the same steps."""
+    n = sum(PART_FILES)
+    imgs, labels = T.images(n, H, W, seed=4), np.arange(n) % 9
+    np.save(tmp_path / "images.npy", imgs)
+    np.save(tmp_path / "labels.npy", labels)
+    starts = np.concatenate([[0], np.cumsum(PART_FILES)]).tolist()
+    f = len(PART_FILES)
+    files_of = [range(r * f // world, (r + 1) * f // world) for r in range(world)]  # by hand
+    paths = []
+    for r in range(world):
+        (tmp_path / f"rank{r}").mkdir()
+        for k in files_of[r]:
+            T.write_tbl(tmp_path / f"rank{r}" / f"s{k}.tbl", imgs[starts[k]:starts[k + 1]],
+                        labels[starts[k]:starts[k + 1]])
+        paths.append([str(tmp_path / f"rank{r}" / f"s{k}.tbl") for k in range(f)])
+    spec = json.dumps({"images": str(tmp_path / "images.npy"), "labels": str(tmp_path / "labels.npy"),
+                       "paths": paths})
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", GLOO_PARTS_CHILD, str(r), str(world), port, spec],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-4000:]
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    parts = [range(starts[fs.start], starts[fs.stop]) for fs in files_of]
+    assert {o["steps"] for o in outs} == {max(-(-len(p) // 2) for p in parts)}
+    assert {o["batch"] for o in outs} == {2}
+    for e in range(2):
+        for r, o in enumerate(outs):
+            assert sorted(o["epochs"][e]) == list(parts[r])
+        assert sorted(i for o in outs for i in o["epochs"][e]) == list(range(n))
+    assert all(o["epochs"][0] != o["epochs"][1] for o in outs)  # reshuffled every epoch
+    assert all(o["state"] == dict(outs[0]["state"]) for o in outs)
+    assert outs[0]["state"]["partition"] == "host" and outs[0]["state"]["processes"] == world
+
+
+def test_host_partition_without_its_ranks_is_refused(data):
+    _, _, path = data
+    one = tbljax.torch.loader([path], B, seed=1, partition="host")  # one rank: the whole part
+    assert one.num_samples == N and len(one) == N // B
+    with pytest.raises(ValueError, match=r"partition='host' on rank 1 of 2: .*torch.distributed.*"
+                                         "not initialized"):
+        tbljax.torch.loader([path, path], B, rank=1, world_size=2, partition="host")
+    with pytest.raises(ValueError, match="partition must be None .* or 'host'"):
+        tbljax.torch.loader(path, B, partition=(0, 1))
+
+
 def test_the_cuda_path_with_cuda_faked(data, monkeypatch):
     """Without a GPU here: pinned allocation (torch-owned memory seen from NumPy) and the wait
     before a slot is rewritten, with torch.cuda replaced by stand-ins that record calls."""
