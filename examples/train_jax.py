@@ -8,6 +8,14 @@ that hold the loader's state so a restarted run continues the exact same stream.
 Without --train it makes a small labelled dataset from code first (tbljax.demo's patterns).
 To try it on several CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=4.
 
+    python examples/train_jax.py --recipe standard --size-schedule 0:160,30:192 --train ...
+
+`--recipe standard` is the usual ImageNet recipe on full-aspect records (converted with
+resize="max_side" or "shorter_side", each record at its own size): random-resized-crop + flip
+drawn from the whole record, a size schedule (progressive resizing: small crops first), and
+evaluation on the center crop (87.5% of the shorter side) at the last training size. Without
+--train it makes records of several aspect ratios.
+
 What it shows:
 - `tbljax.loader(..., sharding=...)` yields global jax.Arrays whose batch axis is split over a
   mesh of all devices; parameters are replicated; one jitted step.
@@ -16,6 +24,8 @@ What it shows:
   the steps after a resume see exactly the batches (same samples, same crops and flips) the
   uninterrupted run would have: the per-step lines it prints are identical.
 - Evaluation: a padded last batch with a `valid` mask, so every image counts exactly once.
+- `--recipe standard`: `tbljax.Augment(size={epoch: (side, side), ...})` for training and
+  `tbljax.Augment(crop="center", flip=False, size=...)` for evaluation.
 """
 from __future__ import annotations
 
@@ -45,6 +55,41 @@ def make_dataset(workdir: Path, n: int, size: int) -> tuple[Path, Path]:
                        progress=False)
         out.append(path)
     return out[0], out[1]
+
+
+# Aspect ratios (height, width) of the made full-aspect images: portrait, landscape, square.
+FULL_ASPECT_SHAPES = ((72, 48), (48, 72), (72, 72), (54, 72), (72, 60))
+
+
+def make_fullaspect_dataset(workdir: Path, n: int, size: int) -> tuple[Path, Path]:
+    """The same patterns cut to several aspect ratios, converted with the longer side `size`
+    and the aspect kept (resize="max_side"): records of different sizes."""
+    import tbljax
+    from tbljax import demo
+
+    rng = np.random.default_rng(0)
+    out = []
+    for name, count in (("train", n), ("val", max(n // 4, 8))):
+        labels = rng.integers(len(demo.CLASSES), size=count)
+        images = []
+        for k, label in enumerate(labels):
+            h, w = FULL_ASPECT_SHAPES[k % len(FULL_ASPECT_SHAPES)]
+            images.append(demo.make_image(rng, int(label))[:h, :w])
+        path = workdir / f"{name}.tbl"
+        tbljax.convert(images, path, image_size=size, resize="max_side", labels=labels,
+                       overwrite=True, progress=False)
+        out.append(path)
+    return out[0], out[1]
+
+
+def parse_schedule(text: str) -> dict[int, tuple[int, int]]:
+    """"0:24,1:32" → {0: (24, 24), 1: (32, 32)}: from each epoch on, square crops of that side."""
+    try:
+        pairs = [item.split(":") for item in text.split(",")]
+        return {int(e): (int(s), int(s)) for e, s in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--size-schedule wants EPOCH:SIDE,... (e.g. 0:160,30:192), got {text!r}") from None
 
 
 def init_params(key, num_classes: int, width: int = 16):
@@ -88,7 +133,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=64, help="global batch, all devices")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--augment", default="flip", choices=["none", "flip", "rrc_flip"])
+    p.add_argument("--augment", default="flip", choices=["none", "flip", "rrc_flip"],
+                   help="with --recipe basic: the augmentation")
+    p.add_argument("--recipe", default="basic", choices=["basic", "standard"],
+                   help="basic: --augment on fixed-size records; standard: random-resized-crop "
+                        "+ flip with --size-schedule on full-aspect records, center-crop eval")
+    p.add_argument("--size-schedule", type=parse_schedule, default=parse_schedule("0:24,1:32"),
+                   metavar="EPOCH:SIDE,...", help="with --recipe standard: the crop side from "
+                   "each epoch on (default 0:24,1:32)")
     p.add_argument("--checkpoint", type=Path, help="checkpoint file")
     p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
@@ -106,14 +158,25 @@ def main(argv=None) -> int:
     if a.train is None:
         work = a.workdir or Path(tempfile.mkdtemp(prefix="tbljax-train-jax-"))
         work.mkdir(parents=True, exist_ok=True)
-        a.train, a.val = make_dataset(work, a.synthetic, 32)
+        make = make_fullaspect_dataset if a.recipe == "standard" else make_dataset
+        a.train, a.val = make(work, a.synthetic, 40 if a.recipe == "standard" else 32)
         print(f"made {a.synthetic} training images in {work}")
+
+    if a.recipe == "standard":
+        train_augment = tbljax.Augment(size=a.size_schedule)
+        # Evaluate at the last training size, on the central 87.5% of the shorter side.
+        eval_size = train_augment.schedule[-1][1]
+        eval_augment = tbljax.Augment(crop="center", flip=False, size=eval_size,
+                                      center_fraction=0.875)
+    else:
+        train_augment = None if a.augment == "none" else a.augment
+        eval_augment = None
 
     mesh = Mesh(np.array(jax.devices()), ("batch",))
     batch_sharding = NamedSharding(mesh, P("batch"))
     replicated = NamedSharding(mesh, P())
     loader = tbljax.loader(a.train, a.batch_size, seed=a.seed, sharding=batch_sharding,
-                           augment=None if a.augment == "none" else a.augment)
+                           augment=train_augment)
     ds = tbljax.open(a.train)
     num_classes = len(ds.classes) if ds.classes else int(ds.labels.max()) + 1
     print(f"{loader.num_samples} images, {len(loader)} steps per epoch of {a.batch_size} over "
@@ -143,9 +206,13 @@ def main(argv=None) -> int:
         return params, momentum, loss
 
     t0, first_step = time.perf_counter(), step
+    shape = None
     for batch in loader:
         if step >= a.steps:
             break
+        if batch["image"].shape[1:3] != shape:  # a size schedule's change (jit compiles anew)
+            shape = batch["image"].shape[1:3]
+            print(f"training on {shape[0]}x{shape[1]} crops from step {step + 1}", flush=True)
         params, momentum, loss = train_step(params, momentum, batch["image"], batch["label"])
         step += 1
         if step % a.log_every == 0 or step == a.steps:
@@ -176,7 +243,8 @@ def main(argv=None) -> int:
         eval_batch = max(ndev, a.batch_size // ndev * ndev)
         correct = total = 0
         for batch in tbljax.loader(a.val, eval_batch, shuffle=False, num_epochs=1,
-                                   drop_remainder=False, sharding=batch_sharding):
+                                   drop_remainder=False, sharding=batch_sharding,
+                                   augment=eval_augment):
             c, n = eval_step(params, batch["image"], batch["label"], batch["valid"])
             correct, total = correct + int(c), total + int(n)
         print(f"eval accuracy {correct / total:.3f} on {total} images")

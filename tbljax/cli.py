@@ -158,11 +158,45 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     return 1 if bad_total else 0
 
 
+def _augment_of(a: argparse.Namespace) -> Any:
+    """The augmentation that --augment, --size and --center-crop ask for (None: as stored). A
+    file of records of different sizes needs an output size: the error says what to pass."""
+    import tbljax
+
+    if a.center_crop:
+        if a.augment is not None or a.size is None:
+            raise ValueError("--center-crop takes --size S (the evaluation crop, resized to SxS) "
+                             "and no --augment")
+        return tbljax.Augment(crop="center", flip=False, size=(a.size, a.size))
+    if a.size is not None:
+        if a.augment != "rrc_flip":
+            raise ValueError("--size S resizes a crop to SxS: pass it with --augment rrc_flip "
+                             "(training crops) or --center-crop (evaluation)")
+        return tbljax.Augment(size=(a.size, a.size))
+    index = tbljax.open(a.file).index
+    if len(index) and ((index["height"] != index[0]["height"]) |
+                       (index["width"] != index[0]["width"])).any():
+        raise ValueError(f"{a.file}: its records have different sizes (converted keeping the "
+                         "aspect): pass an output size, --augment rrc_flip --size 224 (training "
+                         "crops) or --center-crop --size 224 (evaluation)")
+    return a.augment
+
+
+def _crop_options(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--augment", default=None, choices=["flip", "rrc_flip"],
+                   help=f"{what} with this augmentation: flip, or random-resized-crop + flip (default none)")
+    p.add_argument("--size", type=int, default=None, metavar="S",
+                   help="with --augment rrc_flip or --center-crop: resize the crops to SxS (needed for "
+                        "files of records of different sizes)")
+    p.add_argument("--center-crop", action="store_true",
+                   help="the evaluation crop: the central 87.5%% of the shorter side, resized to --size")
+
+
 def _cmd_bench(a: argparse.Namespace) -> int:
     from tbljax.benchmark import bench
 
     r = bench(a.file, batch_size=a.batch_size, step=a.step, steps=a.steps, dtype=a.dtype, layout=a.layout,
-              augment=a.augment, threads=a.threads, prefetch=a.prefetch)
+              augment=_augment_of(a), threads=a.threads, prefetch=a.prefetch)
     print(json.dumps(r.asdict()) if a.json else r)
     return 0
 
@@ -170,7 +204,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 def _cmd_show(a: argparse.Namespace) -> int:
     from tbljax.show import save_grid_png
 
-    out = save_grid_png(a.file, a.out, count=a.count, columns=a.columns, augment=a.augment,
+    out = save_grid_png(a.file, a.out, count=a.count, columns=a.columns, augment=_augment_of(a),
                         seed=a.seed, epoch=a.epoch)
     print(f"wrote {out}")
     return 0
@@ -300,8 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "uint8"],
                    help="batch dtype (default float32)")
     b.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"], help="batch layout (default NHWC)")
-    b.add_argument("--augment", default=None, choices=["flip", "rrc_flip"],
-                   help="augmentation: flip, or random-resized-crop + flip (default none)")
+    _crop_options(b, "measure the loader")
     b.add_argument("--threads", type=int, default=None, metavar="N",
                    help="threads decoding non-RAW records (default: all CPUs, or TBLJAX_NUM_THREADS)")
     b.add_argument("--prefetch", type=int, default=2, metavar="P", help="batches prepared ahead (default 2)")
@@ -314,8 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="grid.png", help="the PNG to write (default grid.png)")
     s.add_argument("--count", type=int, default=16, metavar="N", help="records to draw (default 16)")
     s.add_argument("--columns", type=int, default=8, metavar="C", help="tiles per row (default 8)")
-    s.add_argument("--augment", default=None, choices=["flip", "rrc_flip"],
-                   help="show the records as the loader serves them with this augmentation")
+    _crop_options(s, "show the records as the loader serves them")
     s.add_argument("--seed", type=int, default=0, metavar="S", help="the loader seed for --augment (default 0)")
     s.add_argument("--epoch", type=int, default=0, metavar="E", help="the epoch for --augment (default 0)")
     s.set_defaults(fn=_cmd_show)

@@ -289,7 +289,8 @@ class ResidentDataset:
             raise ValueError(f"batch_size {batch_size} is larger than the dataset "
                              f"({self.num_records} records): no full step")
         traced = [isinstance(v, jax.core.Tracer) for v in (step, epoch)]
-        if not isinstance(jax.tree_util.tree_leaves(self.data)[0], jax.core.Tracer):
+        # The labels are a leaf whatever the records are (an array or a PackedRecords).
+        if not isinstance(self.labels, jax.core.Tracer):
             if any(traced):
                 raise ValueError(
                     "ResidentDataset.batch is being traced with the dataset closed over: it would "

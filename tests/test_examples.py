@@ -105,6 +105,43 @@ def test_train_jax_on_two_devices_resumes_the_stream(tiny):
     assert [got[s][1] for s in sorted(got)] == expected_checksums(6)
 
 
+def test_train_jax_standard_recipe_on_full_aspect_records(tmp_path):
+    """--recipe standard makes records of several aspect ratios, trains with RRC + flip under
+    a size schedule (24 px in epoch 0, 32 px from epoch 1), evaluates every record once on
+    the center crop, and a run stopped before the size change resumes across it exactly."""
+    import tbljax
+
+    work = tmp_path / "data"
+    common = ["--recipe", "standard", "--batch-size", 16, "--log-every", 1, "--steps", 8,
+              "--size-schedule", "0:24,1:32"]
+    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    full = run("train_jax.py", *common, "--synthetic", 64, "--workdir", work, cwd=tmp_path,
+               **two)
+    train = tbljax.open(work / "train.tbl")
+    shapes = {train.read(i).shape for i in range(len(train))}
+    assert train.image_shape is None and len(shapes) >= 4, shapes
+    assert max(max(s[:2]) for s in shapes) == 40  # resize="max_side": longer side 40
+    assert "training on 24x24 crops from step 1" in full
+    assert "training on 32x32 crops from step 5" in full  # 4 steps per epoch of 64 images
+    val = tbljax.open(work / "val.tbl")
+    assert re.search(rf"eval accuracy [\d.]+ on {len(val)} images", full), full
+    a = steps(full)
+    assert [a[s][1] for s in sorted(a)] == expected_checksums(8)
+
+    data = ["--train", work / "train.tbl", "--val", work / "val.tbl"]
+    ckpt = tmp_path / "std.ckpt"
+    stopped = run("train_jax.py", *common, *data, "--checkpoint", ckpt, "--ckpt-every", 3,
+                  "--stop-at", 3, cwd=tmp_path, **two)
+    assert "stopping at step 3" in stopped
+    resumed = run("train_jax.py", *common, *data, "--checkpoint", ckpt, "--resume",
+                  cwd=tmp_path, **two)
+    assert "resumed at step 3" in resumed and "training on 32x32 crops from step 5" in resumed
+    b = steps(resumed)
+    assert sorted(b) == list(range(4, 9))
+    for s in b:  # the same batches, the same losses
+        assert b[s] == a[s], (s, a[s], b[s])
+
+
 def test_train_torch_resumes_the_stream(tiny):
     pytest.importorskip("torch")
     got = check_resume("train_torch.py", tiny, ["--epochs", 2, "--threads", 1], 8, 5, "t.pt")
