@@ -4,7 +4,12 @@ compact files): the crop-aware decode gives Pillow's whole-image pixels for ever
 batch equals the NumPy oracle over Pillow's decode, a compact file serves exactly what its RAW
 twin (`tbljax convert --format raw`) serves through the host loader, torch and MLX, damaged and
 truncated records fail naming file and record, and the DCT-scaled option is taken only where
-allowed."""
+allowed.
+
+The box-class tests are what proves the decoded window's margins (ffi/core/decode.cpp,
+StoredWindow: one MCU left, right and above the box): built with the window cut exactly at the
+box, 15 of the box-class and oracle tests fail (chroma upsampling next to a cropped or skipped
+edge differs from a whole decode)."""
 from __future__ import annotations
 
 import io
