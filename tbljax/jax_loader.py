@@ -70,7 +70,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
            num_epochs: int | None = None, sharding=None, dtype="float32", layout: str = "NHWC",
            mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=None, drop_remainder: bool = True,
            prefetch: int = 2, threads: int | None = None, read_ahead: int = 2,
-           partition: str | None = None) -> Loader:
+           partition: str | None = None, jpeg_dct_scale: bool = False) -> Loader:
     """Serves a TBL dataset to JAX as sharded global batches.
 
     Args:
@@ -104,6 +104,10 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         (the parts that run out first pad). `path_or_paths` is then the list of all shard
         paths (other parts' files may be absent). Every process must create the loader: the
         processes exchange their parts' sizes once. See docs/pods.md.
+      jpeg_dct_scale: compact JPEG files: decode a box at 1/2, 1/4 or 1/8 (libjpeg's scaled
+        IDCT) when at that scale it still covers the output twice over on both axes, then
+        resize from there: faster for small outputs of large records, not bit-identical to
+        the default exact path (benchmarks/README.md measures both).
 
     >>> loader = tbljax.loader("val.tbl", batch_size=500, shuffle=False, num_epochs=1,
     ...                        drop_remainder=False)
@@ -113,7 +117,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle,
                          num_epochs=num_epochs, dtype=dtype, layout=layout, mean=mean, std=std,
                          augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
-                         threads=threads, read_ahead=read_ahead)
+                         threads=threads, read_ahead=read_ahead, jpeg_dct_scale=jpeg_dct_scale)
     if partition is None:
         return Loader(reader.as_dataset(path_or_paths), opts, sharding)
     if partition != "host":

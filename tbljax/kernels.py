@@ -12,7 +12,8 @@ import numpy as np
 
 from tbljax import _core, contract
 
-__all__ = ["gather", "normalize_table", "raw_source", "kernel_target", "variable_source"]
+__all__ = ["gather", "jpeg_source", "kernel_target", "normalize_table", "raw_source", "serve_jpeg",
+           "variable_source"]
 
 def kernel_target() -> str:
     """The SIMD target the kernel (and the decoder's resize) runs on this machine: ``scalar``,
@@ -67,19 +68,21 @@ def variable_source(shards, counts, offsets, heights, widths) -> _core.RawSource
     ``heights[i] x widths[i] x 3`` bytes at byte ``offsets[i]`` of its shard. Every record is
     checked to lie inside its shard. `gather` from it needs crop boxes (they fix the output
     size)."""
-    def arr(a, dtype, name):
-        a = np.asarray(a)
-        if a.ndim != 1 or a.dtype.kind not in "iu":
-            raise TypeError(f"{name} must be a 1-D integer array, got {a.dtype} of shape {a.shape}")
-        return np.ascontiguousarray(a, dtype=dtype)
-
     shards = list(shards)
     for k, a in enumerate(shards):
         if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or not a.flags.c_contiguous:
             raise TypeError(f"shards[{k}] must be a C-contiguous uint8 numpy array")
-    return _core.RawSource.variable(shards, arr(counts, np.int64, "counts"),
-                                    arr(offsets, np.int64, "offsets"),
-                                    arr(heights, np.int32, "heights"), arr(widths, np.int32, "widths"))
+    return _core.RawSource.variable(shards, _int_array(counts, np.int64, "counts"),
+                                    _int_array(offsets, np.int64, "offsets"),
+                                    _int_array(heights, np.int32, "heights"),
+                                    _int_array(widths, np.int32, "widths"))
+
+
+def _int_array(a, dtype, name) -> np.ndarray:
+    a = np.asarray(a)
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be a 1-D integer array, got {a.dtype} of shape {a.shape}")
+    return np.ascontiguousarray(a, dtype=dtype)
 
 
 def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None, flip=None,
@@ -121,6 +124,14 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
                mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     """
     src = raw_source(source)
+    args = _batch_args(src.num_records, indices, out, layout, crop, flip, mean, std)
+    _core.gather(src, *args)
+    return out
+
+
+def _batch_args(num_records, indices, out, layout, crop, flip, mean, std) -> tuple:
+    """The checked arguments every batch entry of the core takes after its source: (indices,
+    out buffer, layout, dtype name, mean, std, crop boxes, flips)."""
     contract.check_layout(layout)
 
     if not isinstance(out, np.ndarray):
@@ -145,7 +156,7 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
         raise ValueError(f"indices must be 1-D (B,), got shape {idx.shape}")
     if idx.dtype == np.uint64 and idx.size and idx.max() > np.iinfo(np.int64).max:
         raise IndexError(f"indices holds {idx.max()}, out of range for a source of "
-                         f"{src.num_records} records (allowed 0..{src.num_records - 1})")
+                         f"{num_records} records (allowed 0..{num_records - 1})")
     idx = np.ascontiguousarray(idx, dtype=np.int64)
     batch = idx.shape[0]
     if out.shape[0] != batch:
@@ -171,8 +182,7 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
         flip_arr = np.ascontiguousarray(f != 0).view(np.uint8)
 
     buf = out.view(np.uint16) if name == "bfloat16" else out
-    _core.gather(src, idx, buf, layout, name, m, s, crop_arr, flip_arr)
-    return out
+    return idx, buf, layout, name, m, s, crop_arr, flip_arr
 
 
 def normalize_table(mean: Sequence[float], std: Sequence[float], dtype=np.float32) -> np.ndarray:
@@ -195,3 +205,56 @@ def normalize_table(mean: Sequence[float], std: Sequence[float], dtype=np.float3
     m, s = contract.normalization(mean, std)
     table = np.asarray(_core.normalize_table(m, s, name))
     return table.view(contract.np_dtype(name)) if name == "bfloat16" else table
+
+
+def jpeg_source(shards, counts, offsets, sizes, heights, widths) -> _core.JpegSource:
+    """A native view of JPEG records (compact records: JPEG bytes at the stored geometry):
+    ``shards[k]`` (C-contiguous uint8 arrays, e.g. `Dataset.jpeg_records` of a file) holds
+    ``counts[k]`` records; record i is ``sizes[i]`` bytes at byte ``offsets[i]`` of its shard
+    and decodes to ``heights[i] x widths[i]`` pixels. Every record is checked to lie inside
+    its shard (CorruptFileError)."""
+    shards = list(shards)
+    for k, a in enumerate(shards):
+        if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or not a.flags.c_contiguous:
+            raise TypeError(f"shards[{k}] must be a C-contiguous uint8 numpy array")
+    return _core.JpegSource.create(shards, _int_array(counts, np.int64, "counts"),
+                                   _int_array(offsets, np.int64, "offsets"),
+                                   _int_array(sizes, np.int64, "sizes"),
+                                   _int_array(heights, np.int32, "heights"),
+                                   _int_array(widths, np.int32, "widths"))
+
+
+def serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *, layout: str = "NHWC",
+               crop=None, flip=None, mean: Sequence[float] | None = None,
+               std: Sequence[float] | None = None, dct_scale: bool = False, threads: int = 0,
+               where=None) -> np.ndarray:
+    """`gather` from JPEG records: each sample's record is decoded in the C++ pool, only the
+    part its box needs (columns cropped, rows above skipped, decoding stopped after the box),
+    and that part goes at once through the same crop/resize, flip and normalize as RAW
+    records. With ``dct_scale=False`` the pixels are exactly those of `gather` over the
+    decoded records; damage below a box goes unnoticed (those rows are not decoded; `verify`
+    checks every record's checksum).
+
+    Args:
+      source: a `jpeg_source`.
+      indices, out, layout, crop, flip, mean, std: as `gather` (crop None: each record must
+        have the output size).
+      dct_scale: decode at 1/2, 1/4 or 1/8 (libjpeg's scaled IDCT) where the box at that
+        scale still covers the output twice over on both axes, then resize from there:
+        faster for boxes much larger than the output, not bit-identical.
+      threads: 0 for the default pool, else a pool of that many threads.
+      where: ``where(i) -> str`` names record i in the error of a record that fails
+        (DecodeError, or CorruptFileError when it does not decode to its index's size).
+
+    Example::
+
+        src = jpeg_source(*ds.jpeg_records())
+        serve_jpeg(src, idx, batch, crop=boxes, flip=flips, mean=mean, std=std)
+    """
+    if not isinstance(source, _core.JpegSource):
+        raise TypeError(f"source must be a tbljax.kernels.jpeg_source, got {type(source).__name__}")
+    if not isinstance(dct_scale, bool):
+        raise TypeError(f"dct_scale must be True or False, got {dct_scale!r}")
+    args = _batch_args(source.num_records, indices, out, layout, crop, flip, mean, std)
+    _core.serve_jpeg(source, *args, dct_scale, int(threads), where)
+    return out

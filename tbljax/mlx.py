@@ -62,7 +62,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
            dtype="float32", layout: str = "NHWC", mean=IMAGENET_MEAN, std=IMAGENET_STD,
            augment=None, drop_remainder: bool = True, prefetch: int = 2,
            threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
-           world_size: int | None = None, partition: None = None) -> MLXLoader:
+           world_size: int | None = None, partition: None = None,
+           jpeg_dct_scale: bool = False) -> MLXLoader:
     """Serves a TBL dataset to MLX: ``(images, labels)`` mx.arrays, one epoch per pass.
 
     Args:
@@ -73,8 +74,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
       rank, world_size: this process's place in a data-parallel job (e.g. from
         ``group = mx.distributed.init(); rank=group.rank(), world_size=group.size()``);
         both None for a single process. Rank r gets the rows the JAX loader gives process r.
-      seed, shuffle, mean, std, augment, drop_remainder, prefetch, threads, read_ahead: as
-        `tbljax.torch.loader` and `tbljax.loader`.
+      seed, shuffle, mean, std, augment, drop_remainder, prefetch, threads, read_ahead,
+        jpeg_dct_scale: as `tbljax.torch.loader` and `tbljax.loader`.
       partition: None only: every rank draws its rows from the whole dataset. Host parts
         (partition="host") need the ranks to exchange their parts' sizes, which tbljax does
         over JAX (`tbljax.loader`) and torch.distributed (`tbljax.torch.loader`), not MLX.
@@ -97,5 +98,6 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
                             dtype=contract.dtype_name(dtype, _mx(), "mx"),
                             layout=layout, mean=mean, std=std,
                             augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
-                            threads=threads, read_ahead=read_ahead)
+                            threads=threads, read_ahead=read_ahead,
+                            jpeg_dct_scale=jpeg_dct_scale)
     return MLXLoader(reader.as_dataset(path_or_paths), opts, rank, world_size)

@@ -35,6 +35,7 @@ class LoaderOptions:
     prefetch: int = 2
     threads: int | None = None
     read_ahead: int = 2
+    jpeg_dct_scale: bool = False
 
     def __post_init__(self):
         integer = contract.is_integer
@@ -59,7 +60,7 @@ class LoaderOptions:
         if self.threads is not None and (not integer(self.threads) or self.threads < 1):
             raise ValueError(f"threads must be None (the pool's default) or an integer >= 1, "
                              f"got {self.threads!r}")
-        for flag in ("shuffle", "drop_remainder"):
+        for flag in ("shuffle", "drop_remainder", "jpeg_dct_scale"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
 

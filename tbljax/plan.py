@@ -27,7 +27,8 @@ __all__ = ["HostBatch", "Plan", "RecordSource"]
 class RecordSource:
     """The one place that knows the Dataset API: size, labels, stored image size, fingerprint,
     and how to write rows of a batch (RAW: the kernel gathers from the zero-copy views;
-    JPEG/LZ4: the dataset decodes into a scratch buffer that the kernel then reads).
+    compact JPEG: the kernel decodes each box's part of the record in the same pass;
+    original-bytes JPEG/LZ4: the dataset decodes into a scratch buffer that the kernel reads).
 
     ``threads`` is for decoding non-RAW records (None or 0: the pool's default). The host
     loader fills its batches through `fill`; the resident dataset reads ``n``, ``labels``,
@@ -48,6 +49,12 @@ class RecordSource:
         self.shape = self.geometry.shape
         self._raw = ds.record_format == "raw"
         self._ds = ds
+        self._jpeg = None  # compact JPEG records: their native source, decoded in the kernel
+        if (ds.record_format == "jpeg" and getattr(ds, "recipe", {}).get("stored") == "resized"
+                and hasattr(ds, "jpeg_records")):
+            from tbljax import kernels
+
+            self._jpeg = kernels.jpeg_source(*ds.jpeg_records())
         if self._raw:
             from tbljax import kernels  # imported on first use: `import tbljax` stays quick
 
@@ -67,6 +74,8 @@ class RecordSource:
             self._row_bytes = int(np.prod(self.shape)) * 3 if self.shape is not None else 0
             self._fds: dict[int, int] = {}  # file number -> fd for posix_fadvise, opened lazily
             weakref.finalize(self, _close_all, self._fds)
+        elif self._jpeg is not None:
+            pass
         elif self.shape is not None:
             self._scratch = np.empty((0, *self.shape, 3), np.uint8)
         else:
@@ -131,6 +140,10 @@ class RecordSource:
                 return False
         return True
 
+    def _name_record(self, i) -> str:
+        path, j = self._ds.locate(int(i))
+        return f"{path}: record {j}"
+
     @staticmethod
     def _record_geometry(ds) -> _augment.RecordGeometry:
         if ds.image_shape is not None:
@@ -155,11 +168,19 @@ class RecordSource:
         except ValueError as e:
             raise ValueError(f"{self._ds!r}: {e}") from None
 
-    def fill(self, indices, out, *, layout, crop, flip, mean, std):
-        """Writes records `indices` into `out` (the kernel's arguments, `tbljax.kernels.gather`)."""
+    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False):
+        """Writes records `indices` into `out` (the kernel's arguments, `tbljax.kernels.gather`;
+        `jpeg_dct_scale`: `tbljax.kernels.serve_jpeg`'s dct_scale, for compact records)."""
         from tbljax import kernels
 
         kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std)
+        if self._jpeg is not None:
+            files = self._ds.files_of(indices)
+            self._ds.check_unchanged(files)  # the kernel reads the mapping, as for RAW records
+            kernels.serve_jpeg(self._jpeg, indices, out, **kw, dct_scale=jpeg_dct_scale,
+                               threads=self._threads, where=self._name_record)
+            self._ds.check_unchanged(files)
+            return
         if self._raw:
             # The kernel reads the files' mappings directly: a file truncated or rewritten in
             # place since it was opened must fail the batch, not fill it with other bytes.
@@ -372,7 +393,7 @@ class Plan:
             records = idx - first_index
             if nvalid:
                 src.fill(records, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip,
-                         mean=mean, std=std)
+                         mean=mean, std=std, jpeg_dct_scale=opts.jpeg_dct_scale)
             out[nvalid:] = 0  # padding rows (only at the end of an epoch without drop_remainder)
             pad = rows - nvalid
             indices.append(np.concatenate([idx, np.full(pad, -1)]).astype(np.int32))

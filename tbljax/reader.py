@@ -290,6 +290,25 @@ class Dataset:
         return ([f.file_view() for f in self._files], counts,
                 np.ascontiguousarray(idx["offset"], dtype=np.int64), heights, widths)
 
+    def jpeg_records(self):
+        """Where the JPEG records lie, for `tbljax.kernels.jpeg_source`: (one read-only 1-D
+        uint8 view of each file's mapping, records per file, each record's byte offset in its
+        file and size (int64), its height and width in the index (int32)). JPEG files only."""
+        if self.record_format != "jpeg":
+            raise ValueError(f"{self!r}: only JPEG records are served from their bytes "
+                             f"(this file holds {self.record_format} records)")
+        idx = self.index
+        counts = np.diff(self._starts).astype(np.int64)
+        return ([f.file_view() for f in self._files], counts,
+                np.ascontiguousarray(idx["offset"], dtype=np.int64),
+                np.ascontiguousarray(idx["size"], dtype=np.int64),
+                idx["height"].astype(np.int32), idx["width"].astype(np.int32))
+
+    def locate(self, i: int) -> tuple[str, int]:
+        """(the file that holds record i, the record's number within that file)."""
+        k, j = self._locate(i)
+        return self._files[k].path, j
+
     def view(self) -> np.ndarray:
         """Zero-copy read-only (N, H, W, 3) uint8 view of a single uniform RAW file."""
         if len(self._files) != 1:

@@ -121,7 +121,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
            augment=None, drop_remainder: bool = True, prefetch: int = 2,
            threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
            world_size: int | None = None, pin_memory: bool | None = None,
-           partition: str | None = None) -> TorchLoader:
+           partition: str | None = None, jpeg_dct_scale: bool = False) -> TorchLoader:
     """Serves a TBL dataset to PyTorch: ``(images, labels)`` tensors, one epoch per pass.
 
     Args:
@@ -133,7 +133,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
       dtype: "float32" (default), "bfloat16" or "uint8", or the torch dtype.
       layout: "NCHW" (default) or "NHWC". Tip: ``x.permute(0, 3, 1, 2)`` of an NHWC batch is
         an NCHW tensor in ``torch.channels_last`` memory format, without a copy.
-      mean, std, augment, prefetch, threads, read_ahead: as `tbljax.loader`.
+      mean, std, augment, prefetch, threads, read_ahead, jpeg_dct_scale: as `tbljax.loader`.
       drop_remainder: True drops the last partial global batch; False pads it, and the
         batch's ``valid`` mask marks real rows (labels and index are -1 on padding), so every
         sample is served exactly once over all ranks, every rank taking the same steps.
@@ -171,7 +171,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
                             dtype=contract.dtype_name(dtype, _torch(), "torch"),
                             layout=layout, mean=mean, std=std,
                             augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
-                            threads=threads, read_ahead=read_ahead)
+                            threads=threads, read_ahead=read_ahead,
+                            jpeg_dct_scale=jpeg_dct_scale)
     if partition is None:
         return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory))
     if partition != "host":

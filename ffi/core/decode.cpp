@@ -4,6 +4,7 @@
 #include "decode.h"
 
 #include <algorithm>
+#include <cmath>
 #include <csetjmp>
 #include <cstdio>  // jpeglib.h needs FILE
 #include <cstdlib>
@@ -355,8 +356,9 @@ Window StoredWindow(const PixelRect& need, const Geometry& g, int o) {
 // pixels. Columns outside it are not transformed (jpeg_crop_scanline, which may move the
 // left edge down to an iMCU column: *got is the window decoded); rows outside it are
 // entropy-decoded only (jpeg_skip_scanlines), so damaged or truncated data anywhere still
-// fails. `row` is scratch. Returns false after a libjpeg error or warning.
-bool Decompress(Decoder* d, const Window& want, std::vector<uint8_t>* pixels,
+// fails, unless `whole_stream` is false: then decoding stops after the window's last row.
+// `row` is scratch. Returns false after a libjpeg error or warning.
+bool Decompress(Decoder* d, const Window& want, bool whole_stream, std::vector<uint8_t>* pixels,
                 std::vector<uint8_t>* row, Window* got) {
   if (setjmp(d->err.jump)) return false;
   jpeg_decompress_struct* c = &d->cinfo;
@@ -401,6 +403,11 @@ bool Decompress(Decoder* d, const Window& want, std::vector<uint8_t>* pixels,
       }
     }
   }
+  got->x = static_cast<int>(x0);
+  got->y = want.y;
+  got->w = static_cast<int>(w);
+  got->h = want.h;
+  if (!whole_stream && y1 < full_h) return true;  // the decoder is destroyed mid-image
   // Rows below the window. Skipping to the end would not entropy-decode them at all (damage
   // or truncation there would pass, and the unread data would then raise an "extraneous
   // bytes" warning), so all but the last are skipped and the last is read, into scratch.
@@ -415,10 +422,6 @@ bool Decompress(Decoder* d, const Window& want, std::vector<uint8_t>* pixels,
   // complete to libjpeg once it meets our stand-in EOI; the missing scans' coefficients
   // would silently stay zero. Only a single-scan image may lack its EOI.
   if (d->src.eof_hit && multi_scan) ERREXIT(c, JERR_INPUT_EOF);
-  got->x = static_cast<int>(x0);
-  got->y = want.y;
-  got->w = static_cast<int>(w);
-  got->h = want.h;
   return true;
 }
 
@@ -454,9 +457,10 @@ Status Open(Decoder* d, const uint8_t* data, size_t size, JpegInfo* info) {
 // shown->x1 - shown->x0 pixels.
 Status DecodeOriented(Decoder* d, const Geometry& g, const Window& want,
                       std::vector<uint8_t>* pixels, std::vector<uint8_t>* spare,
-                      std::vector<uint8_t>* row, PixelRect* shown) {
+                      std::vector<uint8_t>* row, PixelRect* shown, bool whole_stream = true) {
   Window got;
-  if (!Decompress(d, want, pixels, row, &got)) return DecodeFailure(d->err, d->src.eof_hit);
+  if (!Decompress(d, want, whole_stream, pixels, row, &got))
+    return DecodeFailure(d->err, d->src.eof_hit);
   const int o = d->orientation;
   if (o != 1) {
     spare->resize(pixels->size());
@@ -622,6 +626,61 @@ Status DecodeJpeg(const uint8_t* data, size_t size, RgbImage* out, int scale_den
   TBLJAX_RETURN_IF_ERROR(DecodeOriented(&d, g, all, &out->pixels, &spare, &row, &shown));
   out->width = shown.x1 - shown.x0;
   out->height = shown.y1 - shown.y0;
+  return Status::Ok();
+}
+
+Status DecodeJpegBox(const uint8_t* data, size_t size, const JpegBoxRequest& r,
+                     JpegBoxScratch* scratch, JpegBoxRegion* region) {
+  Decoder d;
+  JpegInfo info;
+  TBLJAX_RETURN_IF_ERROR(Open(&d, data, size, &info));
+  if (r.expect_h > 0 && (info.height != r.expect_h || info.width != r.expect_w))
+    return Corrupt("the JPEG is " + std::to_string(info.width) + "x" + std::to_string(info.height) +
+                   ", the index says " + std::to_string(r.expect_w) + "x" +
+                   std::to_string(r.expect_h));
+  const int64_t y0 = r.box[0], x0 = r.box[1], bh = r.box[2], bw = r.box[3];
+  if (bh < 1 || bw < 1 || y0 < 0 || x0 < 0 || y0 + bh > info.height || x0 + bw > info.width)
+    return InvalidArgument(
+        "crop box (y0, x0, h, w) = (" + std::to_string(y0) + ", " + std::to_string(x0) + ", " +
+        std::to_string(bh) + ", " + std::to_string(bw) + ") does not lie inside the " +
+        std::to_string(info.height) + "x" + std::to_string(info.width) + " image");
+  const int k = r.dct_scale ? ChooseDctScale(static_cast<double>(bw), static_cast<double>(bh),
+                                             r.out_w, r.out_h)
+                            : 1;
+  Geometry g;
+  if (!SetUpDecode(&d, k, &g)) return DecodeFailure(d.err, d.src.eof_hit);
+  const int o = info.orientation;
+  const int w = SwapsAxes(o) ? g.h : g.w, h = SwapsAxes(o) ? g.w : g.h;  // displayed, at 1/k
+  // The box at 1/k, rounded outwards to whole scaled pixels (see DecodeResizeImpl for the
+  // shift on a reversed axis); at k = 1 it is the box itself.
+  PixelRect need;
+  need.x0 = static_cast<int>(x0);
+  need.y0 = static_cast<int>(y0);
+  need.x1 = static_cast<int>(x0 + bw);
+  need.y1 = static_cast<int>(y0 + bh);
+  if (k > 1) {
+    const double sx = ReversesX(o) ? w - static_cast<double>(info.width) / k : 0.0;
+    const double sy = ReversesY(o) ? h - static_cast<double>(info.height) / k : 0.0;
+    need.x0 = std::max(0, static_cast<int>(std::floor(x0 / static_cast<double>(k) + sx)));
+    need.y0 = std::max(0, static_cast<int>(std::floor(y0 / static_cast<double>(k) + sy)));
+    need.x1 = std::min(w, static_cast<int>(std::ceil((x0 + bw) / static_cast<double>(k) + sx)));
+    need.y1 = std::min(h, static_cast<int>(std::ceil((y0 + bh) / static_cast<double>(k) + sy)));
+  }
+  Window want;
+  want.w = g.w;
+  want.h = g.h;
+  if (g.windowable) want = StoredWindow(need, g, o);
+  PixelRect shown;
+  TBLJAX_RETURN_IF_ERROR(DecodeOriented(&d, g, want, &scratch->pixels, &scratch->spare,
+                                        &scratch->row, &shown, /*whole_stream=*/false));
+  region->pixels = scratch->pixels.data();
+  region->width = shown.x1 - shown.x0;
+  region->height = shown.y1 - shown.y0;
+  region->box[0] = need.y0 - shown.y0;
+  region->box[1] = need.x0 - shown.x0;
+  region->box[2] = need.y1 - need.y0;
+  region->box[3] = need.x1 - need.x0;
+  region->scale_denom = k;
   return Status::Ok();
 }
 

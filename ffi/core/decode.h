@@ -68,6 +68,40 @@ Status DecodeResize(const uint8_t* data, size_t size, int out_size, ResizeMode m
 Status DecodeResizeInto(const uint8_t* data, size_t size, int out_size, ResizeMode mode,
                         uint8_t* dst);
 
+// ---- the part of an image one crop box needs (serving compact records, serve_jpeg.h) ----
+
+// What DecodeJpegBox decodes: a crop box of the displayed image and the resize it feeds.
+struct JpegBoxRequest {
+  int32_t box[4] = {0, 0, 0, 0};   // y0, x0, h, w in the displayed (oriented) image
+  int out_h = 0, out_w = 0;        // the size the box is resized to (chooses the DCT scale)
+  bool dct_scale = false;          // decode at 1/2, 1/4, 1/8 where ChooseDctScale allows
+  int expect_h = 0, expect_w = 0;  // the image size the caller's index says (0: unchecked)
+};
+
+// Buffers of DecodeJpegBox, kept by the caller (one per thread) and reused between images.
+struct JpegBoxScratch {
+  std::vector<uint8_t> pixels, spare, row;
+};
+
+// The decoded part: `height` rows of `width` * 3 bytes at `pixels` (inside the scratch),
+// holding `box` (y0, x0, h, w, shifted into it). With scale_denom k > 1 it is the image at
+// 1/k and the box the scaled box rounded outwards to whole pixels.
+struct JpegBoxRegion {
+  const uint8_t* pixels = nullptr;
+  int height = 0, width = 0;
+  int32_t box[4] = {0, 0, 0, 0};
+  int scale_denom = 1;
+};
+
+// Decodes the pixels of request.box, and only about those: columns outside it are not
+// transformed, rows above it are entropy-decoded only, and decoding stops after the box's
+// last iMCU row (damage or truncation below the box goes unnoticed: those rows are never
+// served). At scale 1 the region's bytes are those of a whole-image decode (StoredWindow's
+// margins). A box outside the image is InvalidArgument; an image of another size than
+// expect_h x expect_w is Corrupt; bad data is DecodeError.
+Status DecodeJpegBox(const uint8_t* data, size_t size, const JpegBoxRequest& request,
+                     JpegBoxScratch* scratch, JpegBoxRegion* region);
+
 enum class ChromaSubsampling { k444, k422, k420 };
 
 struct EncodeOptions {

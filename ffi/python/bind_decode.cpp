@@ -56,20 +56,6 @@ ResizeMode ModeOf(const std::string& name) {
   return mode;
 }
 
-constexpr int kMaxThreads = 1024;
-
-// threads == 0: the shared default pool. Otherwise a persistent pool of that size, made once
-// per size and kept, so a call never spawns threads.
-ThreadPool& PoolFor(int threads) {
-  if (threads == 0) return ThreadPool::Default();
-  static std::mutex mu;
-  static auto* pools = new std::map<int, std::unique_ptr<ThreadPool>>();  // leaked, like Default()
-  std::lock_guard<std::mutex> lock(mu);
-  auto& p = (*pools)[threads];
-  if (!p) p = std::make_unique<ThreadPool>(threads, "tbljax-decode");
-  return *p;
-}
-
 ChromaSubsampling SubsamplingOf(const std::string& name) {
   if (name == "420") return ChromaSubsampling::k420;
   if (name == "422") return ChromaSubsampling::k422;
@@ -319,6 +305,16 @@ void BindDecode(nb::module_& m) {
       "bytes, one image per task on the thread pool without the GIL (threads 0: the default\n"
       "pool). Same bytes as encode_jpeg with the same quality and subsampling.\n\n"
       "    blobs = _core.encode_jpeg_batch([img0, img1], quality=90, subsampling='420')");
+}
+
+ThreadPool& PoolFor(int threads) {
+  if (threads == 0) return ThreadPool::Default();
+  static std::mutex mu;
+  static auto* pools = new std::map<int, std::unique_ptr<ThreadPool>>();  // leaked, like Default()
+  std::lock_guard<std::mutex> lock(mu);
+  auto& p = (*pools)[threads];
+  if (!p) p = std::make_unique<ThreadPool>(threads, "tbljax-decode");
+  return *p;
 }
 
 }  // namespace tbljax::py

@@ -28,12 +28,6 @@ struct PyRawSource {
 };
 
 using ShardArray = nb::ndarray<const uint8_t, nb::ndim<4>, nb::c_contig, nb::device::cpu>;
-using IndexArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using CropArray = nb::ndarray<const int32_t, nb::shape<-1, 4>, nb::c_contig, nb::device::cpu>;
-// uint8 or bool (both one byte, nonzero = flip); checked below.
-using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-// Any dtype: checked against out_dtype below (bfloat16 arrives as a uint16 view).
-using OutArray = nb::ndarray<nb::ndim<4>, nb::c_contig, nb::device::cpu>;
 
 std::string ShapeOf(const ShardArray& a) {
   return "(" + std::to_string(a.shape(0)) + ", " + std::to_string(a.shape(1)) + ", " +
@@ -121,8 +115,10 @@ PyRawSource VariableRawSource(const nb::sequence& shards, I64Array counts, I64Ar
   return PyRawSource{std::move(src), std::move(keep), std::move(tables)};
 }
 
+}  // namespace
+
 // The out_dtype name, checked against the array it describes.
-OutDType ParseDType(const std::string& s, const OutArray& out) {
+static OutDType ParseDType(const std::string& s, const OutArray& out) {
   OutDType t;
   Check(ParseOutDType(s, &t));
   const nb::dlpack::dtype d = out.dtype();
@@ -144,6 +140,46 @@ OutDType ParseDType(const std::string& s, const OutArray& out) {
                              .c_str());
   return t;
 }
+
+// The gather arguments every kernel entry takes, checked (see common.h).
+GatherRequest ParseGatherRequest(const IndexArray& indices, const OutArray& out,
+                                 const std::string& layout, const std::string& out_dtype,
+                                 const std::array<double, 3>& mean,
+                                 const std::array<double, 3>& std,
+                                 const std::optional<CropArray>& crop,
+                                 const std::optional<FlipArray>& flip) {
+  GatherRequest r;
+  r.batch = static_cast<int64_t>(indices.shape(0));
+  r.indices = indices.data();
+  Check(ParseLayout(layout, &r.layout));
+  r.dtype = ParseDType(out_dtype, out);
+  if (crop) {
+    if (static_cast<int64_t>(crop->shape(0)) != r.batch)
+      throw nb::value_error(("crop has " + std::to_string(crop->shape(0)) +
+                             " rows but indices has " + std::to_string(r.batch))
+                                .c_str());
+    r.crops = crop->data();
+  }
+  if (flip) {
+    if (static_cast<int64_t>(flip->shape(0)) != r.batch)
+      throw nb::value_error(("flip has " + std::to_string(flip->shape(0)) +
+                             " entries but indices has " + std::to_string(r.batch))
+                                .c_str());
+    const nb::dlpack::dtype d = flip->dtype();
+    if (d != nb::dtype<uint8_t>() && d != nb::dtype<bool>())
+      throw nb::type_error("flip must be a uint8 or bool array");
+    r.flips = static_cast<const uint8_t*>(flip->data());
+  }
+  for (int c = 0; c < 3; ++c) {
+    r.mean[c] = mean[c];
+    r.std[c] = std[c];
+  }
+  r.out = out.data();
+  for (int d = 0; d < 4; ++d) r.out_shape[d] = static_cast<int64_t>(out.shape(d));
+  return r;
+}
+
+namespace {
 
 // float32 or bfloat16 by name, for the normalization helpers (uint8 is never normalized).
 OutDType ParseFloatDType(const std::string& s) {
@@ -205,34 +241,8 @@ void BindKernel(nb::module_& m) {
       [](const PyRawSource& src, IndexArray indices, OutArray out, const std::string& layout,
          const std::string& out_dtype, std::array<double, 3> mean, std::array<double, 3> std,
          std::optional<CropArray> crop, std::optional<FlipArray> flip) {
-        GatherRequest r;
-        r.batch = static_cast<int64_t>(indices.shape(0));
-        r.indices = indices.data();
-        Check(ParseLayout(layout, &r.layout));
-        r.dtype = ParseDType(out_dtype, out);
-        if (crop) {
-          if (static_cast<int64_t>(crop->shape(0)) != r.batch)
-            throw nb::value_error(("crop has " + std::to_string(crop->shape(0)) +
-                                   " rows but indices has " + std::to_string(r.batch))
-                                      .c_str());
-          r.crops = crop->data();
-        }
-        if (flip) {
-          if (static_cast<int64_t>(flip->shape(0)) != r.batch)
-            throw nb::value_error(("flip has " + std::to_string(flip->shape(0)) +
-                                   " entries but indices has " + std::to_string(r.batch))
-                                      .c_str());
-          const nb::dlpack::dtype d = flip->dtype();
-          if (d != nb::dtype<uint8_t>() && d != nb::dtype<bool>())
-            throw nb::type_error("flip must be a uint8 or bool array");
-          r.flips = static_cast<const uint8_t*>(flip->data());
-        }
-        for (int c = 0; c < 3; ++c) {
-          r.mean[c] = mean[c];
-          r.std[c] = std[c];
-        }
-        r.out = out.data();
-        for (int d = 0; d < 4; ++d) r.out_shape[d] = static_cast<int64_t>(out.shape(d));
+        GatherRequest r =
+            ParseGatherRequest(indices, out, layout, out_dtype, mean, std, crop, flip);
         Status s;
         {
           nb::gil_scoped_release release;

@@ -1,9 +1,17 @@
-// Shared by the nanobind binding files: turning a core Status into a Python exception.
+// Shared by the nanobind binding files: turning a core Status into a Python exception, the
+// kernel's batch arguments, and the thread pools a call may ask for.
 #pragma once
 #include <Python.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 
+#include <array>
+#include <optional>
+#include <string>
+
+#include "kernel.h"
 #include "status.h"
+#include "thread_pool.h"
 
 namespace tbljax::py {
 
@@ -19,9 +27,33 @@ inline void Check(const Status& s) {
   if (!s.ok()) Raise(s);
 }
 
+// The kernel's array arguments, as every entry that serves a batch takes them.
+using IndexArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using CropArray = nb::ndarray<const int32_t, nb::shape<-1, 4>, nb::c_contig, nb::device::cpu>;
+// uint8 or bool (both one byte, nonzero = flip); checked by ParseGatherRequest.
+using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// Any dtype: checked against out_dtype (bfloat16 arrives as a uint16 view).
+using OutArray = nb::ndarray<nb::ndim<4>, nb::c_contig, nb::device::cpu>;
+
+// A GatherRequest from the arguments of _core.gather (bind_kernel.cpp): layout and dtype
+// parsed, out's dtype checked against out_dtype, crop and flip rows counted. The arrays must
+// outlive the request.
+GatherRequest ParseGatherRequest(const IndexArray& indices, const OutArray& out,
+                                 const std::string& layout, const std::string& out_dtype,
+                                 const std::array<double, 3>& mean,
+                                 const std::array<double, 3>& std,
+                                 const std::optional<CropArray>& crop,
+                                 const std::optional<FlipArray>& flip);
+
 void BindFormat(nb::module_& m);
 void BindKernel(nb::module_& m);
 void BindDecode(nb::module_& m);
+void BindServe(nb::module_& m);
+
+// threads 0: the shared default pool; 1..kMaxThreads: a persistent pool of that size, made
+// once per size and kept (bind_decode.cpp), so a call never spawns threads.
+constexpr int kMaxThreads = 1024;
+ThreadPool& PoolFor(int threads);
 #if TBLJAX_XLA_CPU
 // bind_xla.cpp, compiled only where XLA's FFI headers were found.
 void BindXla(nb::module_& m);

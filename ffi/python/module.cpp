@@ -100,6 +100,7 @@ NB_MODULE(_core, m) {
   BindFormat(m);
   BindKernel(m);
   BindDecode(m);
+  BindServe(m);
 #if TBLJAX_XLA_CPU
   BindXla(m);
 #endif

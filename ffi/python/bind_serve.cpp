@@ -1,0 +1,112 @@
+// Python bindings for serving compact JPEG records (serve_jpeg.h): JpegSource over a file's
+// mapping and its index, and serve_jpeg (GIL released). tbljax/kernels.py is the documented
+// front end.
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "serve_jpeg.h"
+
+namespace tbljax::py {
+namespace {
+
+// Holds the shard arrays and the tables so the memory the JpegSource points into stays alive.
+struct PyJpegSource {
+  JpegSource source;
+  std::vector<nb::object> keep;
+};
+
+using ByteArray = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
+using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+PyJpegSource MakeJpegSource(const nb::sequence& shards, I64Array counts, I64Array offsets,
+                            I64Array sizes, I32Array heights, I32Array widths) {
+  std::vector<RawShard> raw;
+  std::vector<nb::object> keep;
+  size_t k = 0;
+  int64_t total = 0;
+  for (nb::handle item : shards) {
+    ByteArray a;
+    if (!nb::try_cast(item, a, /*convert=*/false))
+      throw nb::type_error(("shards[" + std::to_string(k) +
+                            "] must be a C-contiguous uint8 NumPy array on the CPU, got " +
+                            nb::inst_name(item).c_str())
+                               .c_str());
+    if (k >= counts.shape(0)) throw nb::value_error("counts has fewer entries than shards");
+    raw.push_back({a.data(), counts.data()[k], static_cast<int64_t>(a.size())});
+    total += counts.data()[k];
+    keep.push_back(nb::borrow(item));
+    ++k;
+  }
+  if (k != counts.shape(0)) throw nb::value_error("counts must have one entry per shard");
+  for (size_t n : {offsets.shape(0), sizes.shape(0), heights.shape(0), widths.shape(0)})
+    if (static_cast<int64_t>(n) != total)
+      throw nb::value_error(("offsets, sizes, heights and widths need one entry per record (" +
+                             std::to_string(total) + "), got " + std::to_string(n))
+                                .c_str());
+  JpegSource src;
+  Check(JpegSource::Create(std::move(raw), offsets.data(), sizes.data(), heights.data(),
+                           widths.data(), &src));
+  for (nb::object t : {nb::cast(offsets), nb::cast(sizes), nb::cast(heights), nb::cast(widths)})
+    keep.push_back(t);
+  return PyJpegSource{std::move(src), std::move(keep)};
+}
+
+}  // namespace
+
+void BindServe(nb::module_& m) {
+  nb::class_<PyJpegSource>(m, "JpegSource",
+                           "N JPEG records in one or more shards (file mappings), read as one "
+                           "sequence. Holds references to the arrays.")
+      .def_static("create", &MakeJpegSource, nb::arg("shards"), nb::arg("counts").noconvert(),
+                  nb::arg("offsets").noconvert(), nb::arg("sizes").noconvert(),
+                  nb::arg("heights").noconvert(), nb::arg("widths").noconvert(),
+                  "shards[k] (uint8 bytes) holds counts[k] records; record i is sizes[i] bytes "
+                  "at byte offsets[i] of its shard and decodes to heights[i] x widths[i]. "
+                  "CorruptFileError if a record does not lie inside its shard.")
+      .def_prop_ro("num_records", [](const PyJpegSource& s) { return s.source.num_records(); })
+      .def("__len__", [](const PyJpegSource& s) { return s.source.num_records(); });
+
+  m.def(
+      "serve_jpeg",
+      [](const PyJpegSource& src, IndexArray indices, OutArray out, const std::string& layout,
+         const std::string& out_dtype, std::array<double, 3> mean, std::array<double, 3> std,
+         std::optional<CropArray> crop, std::optional<FlipArray> flip, bool dct_scale, int threads,
+         nb::object where) {
+        GatherRequest r =
+            ParseGatherRequest(indices, out, layout, out_dtype, mean, std, crop, flip);
+        if (threads < 0 || threads > kMaxThreads)
+          Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
+                                std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+        JpegServeOptions o;
+        o.dct_scale = dct_scale;
+        Status s;
+        int64_t row = -1;
+        {
+          nb::gil_scoped_release release;
+          s = ServeJpeg(src.source, r, o, &PoolFor(threads), &row);
+        }
+        if (!s.ok() && row >= 0 && !where.is_none()) {
+          // The caller names the record (file and record within it).
+          const std::string name = nb::cast<std::string>(where(r.indices[row]));
+          s = Status(s.code(), name + ": " + s.message());
+        }
+        Check(s);
+      },
+      nb::arg("source"), nb::arg("indices").noconvert(), nb::arg("out").noconvert(),
+      nb::arg("layout"), nb::arg("out_dtype"), nb::arg("mean"), nb::arg("std"),
+      nb::arg("crop").noconvert().none(), nb::arg("flip").noconvert().none(),
+      nb::arg("dct_scale") = false, nb::arg("threads") = 0, nb::arg("where").none() = nb::none(),
+      "Decode only each box's part of compact JPEG records, then crop/resize -> flip -> "
+      "normalize -> dtype/layout into `out` (see tbljax.kernels.serve_jpeg). where(i) -> str "
+      "names record i in the error of a record that fails.");
+}
+
+}  // namespace tbljax::py
