@@ -50,12 +50,15 @@ class RecordSource:
         self._raw = ds.record_format == "raw"
         self._ds = ds
         self._jpeg = None  # compact JPEG records: their native source, decoded in the kernel
+        self._offsets = None  # records not at a fixed stride: each one's offset and size
         if (ds.record_format == "jpeg" and getattr(ds, "recipe", {}).get("stored") == "resized"
                 and hasattr(ds, "jpeg_records")):
             from tbljax import kernels
 
-            self._jpeg = kernels.jpeg_source(*ds.jpeg_records())
-        if self._raw:
+            views, counts, self._offsets, self._sizes, heights, widths = ds.jpeg_records()
+            self._jpeg = kernels.jpeg_source(views, counts, self._offsets, self._sizes, heights,
+                                             widths)
+        elif self._raw:
             from tbljax import kernels  # imported on first use: `import tbljax` stays quick
 
             if self.shape is not None:
@@ -63,19 +66,17 @@ class RecordSource:
                 # Built once: the native view over the shards (the kernel takes it as is).
                 self._src = kernels.raw_source(views)
                 counts = np.array([len(v) for v in views], np.int64)
-                self._bases = [v.__array_interface__["data"][0] for v in views]
-                self._offsets = None
             else:  # records of different sizes: each where the index says, at its own size
                 views, counts, self._offsets, heights, widths = ds.raw_records()
                 self._src = kernels.variable_source(views, counts, self._offsets, heights, widths)
-                self._bases = [v.__array_interface__["data"][0] for v in views]
                 self._sizes = heights.astype(np.int64) * widths * 3
+        if self._raw or self._jpeg is not None:
+            # Records the kernel reads from the files' mappings: read-ahead and residency.
+            self._bases = [v.__array_interface__["data"][0] for v in views]
             self._starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
             self._row_bytes = int(np.prod(self.shape)) * 3 if self.shape is not None else 0
             self._fds: dict[int, int] = {}  # file number -> fd for posix_fadvise, opened lazily
             weakref.finalize(self, _close_all, self._fds)
-        elif self._jpeg is not None:
-            pass
         elif self.shape is not None:
             self._scratch = np.empty((0, *self.shape, 3), np.uint8)
         else:
@@ -84,10 +85,10 @@ class RecordSource:
 
     @property
     def reads_ahead(self) -> bool:
-        """Whether `read_ahead` does anything: RAW records of a dataset that says where they
-        are (``index``, ``paths``), on an OS with posix_fadvise."""
-        return (self._raw and hasattr(os, "posix_fadvise") and hasattr(self._ds, "index")
-                and hasattr(self._ds, "paths"))
+        """Whether `read_ahead` does anything: RAW or compact JPEG records of a dataset that
+        says where they are (``index``, ``paths``), on an OS with posix_fadvise."""
+        return ((self._raw or self._jpeg is not None) and hasattr(os, "posix_fadvise")
+                and hasattr(self._ds, "index") and hasattr(self._ds, "paths"))
 
     def read_ahead(self, indices) -> None:
         """Asks the disk for records `indices` before `fill` reads them (`posix_fadvise`
