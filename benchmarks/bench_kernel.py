@@ -5,6 +5,7 @@ reported. Records are random uint8 (the kernel's cost does not depend on pixel v
 
     PYTHONPATH=. python benchmarks/bench_kernel.py               # 5,000 x 160 px, batch 256
     PYTHONPATH=. python benchmarks/bench_kernel.py --rounds 5 --only f32_nhwc,rrc_flip_f32_nhwc
+    PYTHONPATH=. python benchmarks/bench_kernel.py --only whole192x256_to224_f32,whole192x256_to112_f32
 
 "produce" = batches written per second x batch size, into one reused output buffer.
 """
@@ -35,7 +36,14 @@ CONFIGS = {
     "rrc_flip_f32_nhwc_avx2": ("rrc", "float32", "NHWC", "avx2"),
     "f32_nhwc_scalar": ("plain", "float32", "NHWC", "scalar"),
     "rrc_flip_f32_nhwc_scalar": ("rrc", "float32", "NHWC", "scalar"),
+    # The general (shrinking) resize path: whole 192x256 records (a full-aspect record of max
+    # side 256) to 224 px (rows stretched, columns shrunk) and to 112 px (both shrunk).
+    "whole192x256_to224_f32": ("whole:224", "float32", "NHWC", None),
+    "whole192x256_to112_f32": ("whole:112", "float32", "NHWC", None),
+    "whole192x256_to112_f32_avx2": ("whole:112", "float32", "NHWC", "avx2"),
+    "whole192x256_to112_f32_scalar": ("whole:112", "float32", "NHWC", "scalar"),
 }
+WHOLE_HW = (192, 256)  # the source records of the "whole:" configurations
 IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 
 
@@ -99,19 +107,23 @@ def child(name: str, args) -> dict:
     kind, dtype_name, layout, _ = CONFIGS[name]
     dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "uint8": np.uint8}[dtype_name]
     s, b = args.size, args.batch
+    if kind.startswith("whole:"):
+        kind, s = "whole", int(kind.split(":")[1])
     shape = (b, s, s, 3) if layout == "NHWC" else (b, 3, s, s)
     out = aligned_empty(shape, dtype)
     out.view(np.uint8).fill(0)  # fault the pages in: the loader reuses its buffers
     rng = np.random.default_rng(0)
 
-    src_size = args.rrc_source if kind == "rrc" else s
-    records = np.frombuffer(rng.bytes(args.records * src_size * src_size * 3), np.uint8)
-    records = records.reshape(args.records, src_size, src_size, 3)
+    src_hw = {"rrc": (args.rrc_source,) * 2, "whole": WHOLE_HW}.get(kind, (s, s))
+    records = np.frombuffer(rng.bytes(args.records * src_hw[0] * src_hw[1] * 3), np.uint8)
+    records = records.reshape(args.records, *src_hw, 3)
     source = kernels.raw_source(records)
     nb = 64
     idx = [rng.integers(0, args.records, b) for _ in range(nb)]
-    crops = [rrc_boxes(rng, b, src_size) if kind == "rrc" else None for _ in range(nb)]
-    flips = [rng.random(b) < 0.5 if kind == "rrc" else None for _ in range(nb)]
+    crops = [rrc_boxes(rng, b, src_hw[0]) if kind == "rrc"
+             else np.tile(np.array([0, 0, *src_hw], np.int32), (b, 1)) if kind == "whole" else None
+             for _ in range(nb)]
+    flips = [rng.random(b) < 0.5 if kind != "plain" else None for _ in range(nb)]
     norm = {} if dtype_name == "uint8" else IMAGENET
 
     def kernel_step(i):

@@ -5,7 +5,13 @@ roofline measured in the same run. Each configuration runs in its own process; m
 rounds; every configuration gets the same 8 warm-up batches before the timed ones. "produce":
 the consumer touches one element per batch; "consumed": it reads every byte (np.sum).
 
+`--suite fullaspect` (issue 13): the real photos (kodak + caltech101) converted at max side 256
+with their aspect kept vs the same photos as 256 px squares, RRC + flip + normalize to 224 px
+float32, the eval center crop, and peers on the same pixels (albumentations + OpenCV over the
+decoded records, turboloader's train_aug, which serves only records of one size).
+
     python benchmarks/bench_serve.py [--rounds 3] [--records 5000] [--batches 40]
+    python benchmarks/bench_serve.py --suite fullaspect [--rounds 3] [--records 5000]
 """
 from __future__ import annotations
 
@@ -47,6 +53,127 @@ def make_file(dst: Path, records: int, size: int) -> None:
             w.add_raw(src[i % len(src)])
         w.set_metadata(labels=np.arange(records) % 24)
     os.remove(base)
+
+
+def photo_files() -> list[Path]:
+    return sorted((SHARED_DATA / "kodak" / "images").rglob("*.jpg")) + \
+        sorted((SHARED_DATA / "caltech101" / "images").rglob("*.jpg"))
+
+
+def make_photo_file(dst: Path, records: int, **recipe) -> None:
+    """The real photos converted once with `recipe`, their records repeated to `records`."""
+    import tbljax
+    from tbljax.format import Writer
+
+    base = dst.with_suffix(".base.tbl")
+    files = photo_files()
+    tbljax.convert(files, base, labels=[0] * len(files), progress=False, **recipe)
+    ds = tbljax.open(base)
+    images = [ds.read(i) for i in range(len(ds))]
+    with Writer(dst, records) as w:
+        for i in range(records):
+            w.add_raw(images[i % len(images)])
+        w.set_metadata(labels=np.zeros(records, np.int64))
+    os.remove(base)
+
+
+def albumentations_batches(path: str, threads: int):
+    """albumentations + OpenCV over the decoded records (read once into memory): RRC to 224,
+    flip, normalize, each batch's samples spread over `threads` threads, stacked (B, 224, 224, 3)
+    float32."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import albumentations as A
+    import cv2
+
+    import tbljax
+
+    cv2.setNumThreads(1)  # the `threads` workers are all the parallelism, as for tbljax
+    ds = tbljax.open(path)
+    images = [ds.read(i) for i in range(len(ds))]
+    aug = A.Compose([A.RandomResizedCrop(size=(224, 224)), A.HorizontalFlip(), A.Normalize(mean=MEAN, std=STD)])
+    pool = ThreadPoolExecutor(threads)
+    rng = np.random.default_rng(0)
+    while True:
+        perm = rng.permutation(len(images))
+        for s in range(len(images) // B):
+            yield np.stack(list(pool.map(lambda i: aug(image=images[i])["image"], perm[s * B:(s + 1) * B])))
+
+
+FULLASPECT_KINDS = {  # kind -> (file, what it is)
+    "fa-rrc": ("fa", "tbljax RRC+flip, full-aspect records"),
+    "sq-rrc": ("sq256", "tbljax RRC+flip, square 256 records"),
+    "fa-center": ("fa", "tbljax eval center crop, full-aspect records"),
+    "sq224-plain": ("sq224", "tbljax, square 224 records, no resize"),
+    "albumentations": ("fa", "albumentations+OpenCV RRC+flip+normalize, full-aspect"),
+    "turboloader-train-aug": ("sq256", "turboloader train_aug, square 256 records"),
+}
+
+
+def fullaspect_worker(kind: str, path: str, n_batches: int) -> dict:
+    """Every byte consumed (np.sum); 2 threads for every configuration."""
+    threads = 2
+    if kind in ("fa-rrc", "sq-rrc", "fa-center", "sq224-plain"):
+        import tbljax
+
+        augment = {"fa-rrc": tbljax.Augment(size=(224, 224)), "sq-rrc": tbljax.Augment(size=(224, 224)),
+                   "fa-center": tbljax.Augment(crop="center", flip=False, size=(224, 224)),
+                   "sq224-plain": None}[kind]
+        it = tbljax.loader(path, B, seed=0, num_epochs=None, dtype="float32", layout="NHWC",
+                           augment=augment, threads=threads)
+        ips = timed((b["image"] for b in it), n_batches, "consumed")
+        it.close()
+    elif kind == "albumentations":
+        ips = timed(albumentations_batches(path, threads), n_batches, "consumed")
+    elif kind == "turboloader-train-aug":
+        import turboloader as tl
+
+        def batches():
+            epoch = 0
+            while True:
+                ld = tl.TblRawImageLoader(path, batch_size=B, seed=0, shuffle=True, drop_last=True,
+                                          image_size=224, train_aug=True, hflip_prob=0.5)
+                ld.set_epoch(epoch)
+                for x, _ in ld:
+                    yield x
+                epoch += 1
+        ips = timed(batches(), n_batches, "consumed")
+    else:
+        raise ValueError(kind)
+    return {"kind": kind, "img_s": ips, "rss_anon_mib": rss_anon_mib()}
+
+
+def fullaspect_suite(a) -> None:
+    for name in ("kodak", "caltech101"):
+        if not (SHARED_DATA / name).is_dir():
+            sys.exit(f"needs {SHARED_DATA / name} (real photos beside the repo)")
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory() as d:
+        paths = {"fa": Path(d) / "fa256.tbl", "sq256": Path(d) / "sq256.tbl", "sq224": Path(d) / "sq224.tbl"}
+        make_photo_file(paths["fa"], a.records, image_size=256, resize="max_side")
+        make_photo_file(paths["sq256"], a.records, image_size=256, resize="center_crop")
+        make_photo_file(paths["sq224"], a.records, image_size=224, resize="center_crop")
+        kinds = [k for k in FULLASPECT_KINDS if not a.only or k in a.only.split(",")]
+        configs = {k: ["fa:" + k, str(paths[FULLASPECT_KINDS[k][0]]), "consumed", str(a.batches)] for k in kinds}
+        res = rounds(Path(__file__), configs, a.rounds)
+    m = {k: median(v, "img_s") for k, v in res.items()}
+    print(f"\nbench_serve --suite fullaspect: {len(photo_files())} photos (kodak + caltech101) repeated to "
+          f"{a.records} records, 224 px float32 NHWC out (turboloader: NCHW, its layout), batch {B}, 2 threads, "
+          f"every byte consumed, {a.batches} timed batches, median of {a.rounds} rounds\nmachine: {machine()}\n"
+          f"load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f}\n")
+    print("| configuration | records | consumed img/s |")
+    print("|---|---|---:|")
+    for k in kinds:
+        print(f"| {FULLASPECT_KINDS[k][1]} | {FULLASPECT_KINDS[k][0]} | {m[k]:.0f} |")
+    print()
+    for label, num, den, target in [
+            ("(a) full-aspect RRC / square RRC", "fa-rrc", "sq-rrc", ">= 0.7x"),
+            ("(b) full-aspect center crop / square 224 no resize", "fa-center", "sq224-plain", ">= 1x"),
+            ("(b) full-aspect center crop / square RRC", "fa-center", "sq-rrc", ">= 1x"),
+            ("(c) full-aspect RRC / albumentations+OpenCV", "fa-rrc", "albumentations", ">= 5x"),
+            ("(c) full-aspect RRC / turboloader train_aug (square)", "fa-rrc", "turboloader-train-aug", ">= 3x")]:
+        if num in m and den in m:
+            print(f"{label}: {m[num] / m[den]:.2f}x (target {target})")
 
 
 WARMUP = 8  # batches before timing: threads started, every ring slot / buffer touched once
@@ -190,11 +317,18 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--size", type=int, default=160)
     ap.add_argument("--only", default="", help="comma-separated kinds to run (default: all)")
+    ap.add_argument("--suite", choices=("serve", "fullaspect"), default="serve")
     a = ap.parse_args()
     if a.worker:
         kind, path, mode, nb = a.worker
+        if kind.startswith("fa:"):
+            print(json.dumps(fullaspect_worker(kind[3:], path, int(nb))))
+            return
         res = open_first_batch(path) if kind == "open+first" else worker(kind, path, mode, int(nb))
         print(json.dumps(res))
+        return
+    if a.suite == "fullaspect":
+        fullaspect_suite(a)
         return
     if not (SHARED_DATA / "kodak").is_dir():
         sys.exit(f"needs {SHARED_DATA / 'kodak'} (real photos beside the repo)")

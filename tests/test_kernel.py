@@ -323,6 +323,10 @@ def test_random_resized_crop_sized_batch_every_target():
                          (0, 0, 30, 17), (10, 60, 10, 10)]),
     ((30, 70), (5, 47), [(0, 0, 30, 70), (1, 2, 20, 47), (0, 50, 5, 20), (3, 3, 3, 3),
                          (0, 0, 30, 48), (10, 60, 10, 10)]),
+    # A full-aspect record shrunk whole and by boxes (the general path's vertical pass takes
+    # rows in pairs: odd and even tap counts; rows of 3 * width bytes not a multiple of 32).
+    ((192, 256), (112, 112), [(0, 0, 192, 256), (7, 9, 120, 120), (0, 100, 150, 156),
+                              (5, 3, 64, 64), (150, 0, 40, 256), (0, 0, 192, 250)]),
 ])
 def test_resize_shapes_and_ratios_every_target(src_hw, out_hw, boxes):
     rng = np.random.default_rng(12)

@@ -93,8 +93,8 @@ struct Scratch {
   LanePair* lanes;   // 3 * out_w / 8
   // The general resize (any box; antialiased shrink), sized per batch (GeneralScratchInts):
   int32_t* mid;  // 3 * box width: the box's rows combined with one output row's weights
-  int32_t* gx;   // 3 * out_w * (2 + taps): per output element its first element in mid,
-                 // its sum, and the weight of each tap (tap-major)
+  int32_t* gx;   // 3 * out_w * (1 + taps): per output element its first element in mid
+                 // and the weight of each tap (tap-major)
   int32_t* gy;   // taps: one output row's weights
   int64_t gx_stride;
 };
@@ -391,7 +391,7 @@ bool PrepareScratch(int64_t out_w, int64_t general_ints, int64_t gx_stride, Scra
   p += lanes_b;
   s->gx_stride = gx_stride;
   s->gx = reinterpret_cast<int32_t*>(p);
-  s->gy = s->gx + 3 * out_w * (2 + gx_stride);
+  s->gy = s->gx + 3 * out_w * (1 + gx_stride);
   s->mid = s->gy + gx_stride;  // gx_stride >= the row taps too (see Gather)
   return true;
 }
@@ -448,7 +448,9 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
     taps = std::max({taps, kx, ky});
     general_ints = std::max(general_ints, 3 * cw);
   }
-  if (general_ints > 0) general_ints += 3 * ow * (2 + taps) + 4 * taps + 64;
+  // + the per-element tables, the row taps, and 3 * taps + 64 elements past mid's last (the
+  // column pass reads up to that far: ColumnTaps).
+  if (general_ints > 0) general_ints += 3 * ow * (1 + taps) + 4 * taps + 64;
   if (r.batch == 0) return Status::Ok();
 
   SimdTarget target;
