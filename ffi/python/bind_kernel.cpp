@@ -70,32 +70,13 @@ void InitRawSource(PyRawSource* self, const nb::sequence& shards) {
   new (self) PyRawSource{std::move(src), std::move(keep)};
 }
 
-using ByteArray = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
-using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
 // Records of different sizes: shard k is a C-contiguous uint8 array (any shape; its bytes)
 // holding counts[k] records; the tables say where each record lies and its size.
 PyRawSource VariableRawSource(const nb::sequence& shards, I64Array counts, I64Array offsets,
                               I32Array heights, I32Array widths) {
   std::vector<RawShard> raw;
   std::vector<nb::object> keep;
-  size_t k = 0;
-  int64_t total = 0;
-  for (nb::handle item : shards) {
-    ByteArray a;
-    if (!nb::try_cast(item, a, /*convert=*/false))
-      throw nb::type_error(("shards[" + std::to_string(k) +
-                            "] must be a C-contiguous uint8 NumPy array on the CPU, got " +
-                            nb::inst_name(item).c_str())
-                               .c_str());
-    if (k >= counts.shape(0)) throw nb::value_error("counts has fewer entries than shards");
-    raw.push_back({a.data(), counts.data()[k], static_cast<int64_t>(a.size())});
-    total += counts.data()[k];
-    keep.push_back(nb::borrow(item));
-    ++k;
-  }
-  if (k != counts.shape(0)) throw nb::value_error("counts must have one entry per shard");
+  const int64_t total = ByteShards(shards, counts, &raw, &keep);
   const int64_t n = static_cast<int64_t>(offsets.shape(0));
   if (total != n || static_cast<int64_t>(heights.shape(0)) != n ||
       static_cast<int64_t>(widths.shape(0)) != n)
@@ -205,6 +186,27 @@ nb::ndarray<nb::numpy, T, nb::shape<3, 256>> TableArray(const std::array<double,
 }
 
 }  // namespace
+
+int64_t ByteShards(const nb::sequence& shards, const I64Array& counts, std::vector<RawShard>* raw,
+                   std::vector<nb::object>* keep) {
+  size_t k = 0;
+  int64_t total = 0;
+  for (nb::handle item : shards) {
+    ByteArray a;
+    if (!nb::try_cast(item, a, /*convert=*/false))
+      throw nb::type_error(("shards[" + std::to_string(k) +
+                            "] must be a C-contiguous uint8 NumPy array on the CPU, got " +
+                            nb::inst_name(item).c_str())
+                               .c_str());
+    if (k >= counts.shape(0)) throw nb::value_error("counts has fewer entries than shards");
+    raw->push_back({a.data(), counts.data()[k], static_cast<int64_t>(a.size())});
+    total += counts.data()[k];
+    keep->push_back(nb::borrow(item));
+    ++k;
+  }
+  if (k != counts.shape(0)) throw nb::value_error("counts must have one entry per shard");
+  return total;
+}
 
 void BindKernel(nb::module_& m) {
   nb::class_<PyRawSource>(m, "RawSource",

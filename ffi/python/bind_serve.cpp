@@ -22,30 +22,11 @@ struct PyJpegSource {
   std::vector<nb::object> keep;
 };
 
-using ByteArray = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
-using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
 PyJpegSource MakeJpegSource(const nb::sequence& shards, I64Array counts, I64Array offsets,
                             I64Array sizes, I32Array heights, I32Array widths) {
   std::vector<RawShard> raw;
   std::vector<nb::object> keep;
-  size_t k = 0;
-  int64_t total = 0;
-  for (nb::handle item : shards) {
-    ByteArray a;
-    if (!nb::try_cast(item, a, /*convert=*/false))
-      throw nb::type_error(("shards[" + std::to_string(k) +
-                            "] must be a C-contiguous uint8 NumPy array on the CPU, got " +
-                            nb::inst_name(item).c_str())
-                               .c_str());
-    if (k >= counts.shape(0)) throw nb::value_error("counts has fewer entries than shards");
-    raw.push_back({a.data(), counts.data()[k], static_cast<int64_t>(a.size())});
-    total += counts.data()[k];
-    keep.push_back(nb::borrow(item));
-    ++k;
-  }
-  if (k != counts.shape(0)) throw nb::value_error("counts must have one entry per shard");
+  const int64_t total = ByteShards(shards, counts, &raw, &keep);
   for (size_t n : {offsets.shape(0), sizes.shape(0), heights.shape(0), widths.shape(0)})
     if (static_cast<int64_t>(n) != total)
       throw nb::value_error(("offsets, sizes, heights and widths need one entry per record (" +

@@ -8,6 +8,7 @@
 #include <array>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kernel.h"
 #include "status.h"
@@ -34,6 +35,15 @@ using CropArray = nb::ndarray<const int32_t, nb::shape<-1, 4>, nb::c_contig, nb:
 using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 // Any dtype: checked against out_dtype (bfloat16 arrives as a uint16 view).
 using OutArray = nb::ndarray<nb::ndim<4>, nb::c_contig, nb::device::cpu>;
+using ByteArray = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
+using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Shards of records stored as bytes (RAW records of different sizes, JPEG records): shards[k]
+// a C-contiguous uint8 array holding counts[k] records. Appends them to `raw` (their bytes)
+// and `keep` (the arrays, kept alive by the source); returns the total record count.
+int64_t ByteShards(const nb::sequence& shards, const I64Array& counts, std::vector<RawShard>* raw,
+                   std::vector<nb::object>* keep);
 
 // A GatherRequest from the arguments of _core.gather (bind_kernel.cpp): layout and dtype
 // parsed, out's dtype checked against out_dtype, crop and flip rows counted. The arrays must
