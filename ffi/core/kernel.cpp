@@ -278,18 +278,7 @@ Status RawSource::Create(std::vector<RawShard> shards, int64_t height, int64_t w
   RawSource s;
   s.height_ = height;
   s.width_ = width;
-  for (size_t k = 0; k < shards.size(); ++k) {
-    if (shards[k].num_records < 0)
-      return InvalidArgument("shard " + std::to_string(k) + " has a negative record count");
-    if (shards[k].num_records > 0 && shards[k].data == nullptr)
-      return InvalidArgument("shard " + std::to_string(k) + " has records but no data");
-    s.starts_.push_back(s.num_records_);
-    s.num_records_ += shards[k].num_records;
-  }
-  s.starts_.push_back(s.num_records_);
-  s.shards_ = std::move(shards);
-  *out = std::move(s);
-  return Status::Ok();
+  return s.TakeShards(std::move(shards), out);
 }
 
 Status RawSource::CreateVariable(std::vector<RawShard> shards, RecordTable table, RawSource* out) {
@@ -299,17 +288,23 @@ Status RawSource::CreateVariable(std::vector<RawShard> shards, RecordTable table
     return InvalidArgument("a RawSource of records of different sizes needs its record table");
   RawSource s;
   s.table_ = table;
+  return s.TakeShards(std::move(shards), out);
+}
+
+Status RawSource::TakeShards(std::vector<RawShard> shards, RawSource* out) {
   for (size_t k = 0; k < shards.size(); ++k) {
-    if (shards[k].num_records < 0 || shards[k].bytes < 0)
+    if (shards[k].num_records < 0)
+      return InvalidArgument("shard " + std::to_string(k) + " has a negative record count");
+    if (shards[k].bytes < 0)
       return InvalidArgument("shard " + std::to_string(k) + " has a negative size");
     if (shards[k].num_records > 0 && shards[k].data == nullptr)
       return InvalidArgument("shard " + std::to_string(k) + " has records but no data");
-    s.starts_.push_back(s.num_records_);
-    s.num_records_ += shards[k].num_records;
+    starts_.push_back(num_records_);
+    num_records_ += shards[k].num_records;
   }
-  s.starts_.push_back(s.num_records_);
-  s.shards_ = std::move(shards);
-  *out = std::move(s);
+  starts_.push_back(num_records_);
+  shards_ = std::move(shards);
+  *out = std::move(*this);
   return Status::Ok();
 }
 

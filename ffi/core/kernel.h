@@ -182,6 +182,8 @@ class RawSource {
   int64_t Width(int64_t i) const { return uniform() ? width_ : table_.widths[i * table_.stride]; }
 
  private:
+  // Checks the shards, takes them and moves this source (geometry already set) into `out`.
+  Status TakeShards(std::vector<RawShard> shards, RawSource* out);
   size_t ShardOf(int64_t i) const;
   int64_t Offset(int64_t i) const {
     return table_.offsets ? table_.offsets[i] : table_.pages[i * table_.stride] * table_.page_bytes;

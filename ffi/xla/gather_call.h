@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "kernel.h"
 #include "xla/ffi/api/ffi.h"
@@ -32,6 +33,21 @@ using FlipArg = ffi::Buffer<ffi::U8, 1>;    // (B,) nonzero = flip, or (0,): no 
 // Any further operand is a buffer aliased to the result (a donated output); it is not read.
 // Attributes: mean, std (3 float64 each; ignored for uint8), layout ("NHWC" | "NCHW").
 // Result: the batch, uint8 / float32 / bfloat16, (B, OH, OW, 3) or (B, 3, OH, OW).
+
+// The operands after the records and the attributes, alike in every gather handler's binding:
+// BindGatherCall(ffi::Ffi::Bind()[.Ctx<...>()].Arg<records>()...).
+template <class Binding>
+auto BindGatherCall(Binding b) {
+  return std::move(b)
+      .template Arg<IndexArg>()
+      .template Arg<CropArg>()
+      .template Arg<FlipArg>()
+      .RemainingArgs()
+      .template Attr<ffi::Span<const double>>("mean")
+      .template Attr<ffi::Span<const double>>("std")
+      .template Attr<std::string_view>("layout")
+      .template Ret<ffi::AnyBuffer>();
+}
 
 inline ffi::Error ToError(const Status& s) {
   switch (s.code()) {

@@ -82,27 +82,11 @@ ffi::Error GatherPackedCpu(PagesArg pages, TableArg table, IndexArg indices, Cro
 }  // namespace
 }  // namespace tbljax::xla_ffi
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(TbljaxGatherCpu, tbljax::xla_ffi::GatherCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<tbljax::xla_ffi::DataArg>()
-                                  .Arg<tbljax::xla_ffi::IndexArg>()
-                                  .Arg<tbljax::xla_ffi::CropArg>()
-                                  .Arg<tbljax::xla_ffi::FlipArg>()
-                                  .RemainingArgs()
-                                  .Attr<xla::ffi::Span<const double>>("mean")
-                                  .Attr<xla::ffi::Span<const double>>("std")
-                                  .Attr<std::string_view>("layout")
-                                  .Ret<xla::ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    TbljaxGatherCpu, tbljax::xla_ffi::GatherCpu,
+    tbljax::xla_ffi::BindGatherCall(xla::ffi::Ffi::Bind().Arg<tbljax::xla_ffi::DataArg>()));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(TbljaxGatherPackedCpu, tbljax::xla_ffi::GatherPackedCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<tbljax::xla_ffi::PagesArg>()
-                                  .Arg<tbljax::xla_ffi::TableArg>()
-                                  .Arg<tbljax::xla_ffi::IndexArg>()
-                                  .Arg<tbljax::xla_ffi::CropArg>()
-                                  .Arg<tbljax::xla_ffi::FlipArg>()
-                                  .RemainingArgs()
-                                  .Attr<xla::ffi::Span<const double>>("mean")
-                                  .Attr<xla::ffi::Span<const double>>("std")
-                                  .Attr<std::string_view>("layout")
-                                  .Ret<xla::ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    TbljaxGatherPackedCpu, tbljax::xla_ffi::GatherPackedCpu,
+    tbljax::xla_ffi::BindGatherCall(
+        xla::ffi::Ffi::Bind().Arg<tbljax::xla_ffi::PagesArg>().Arg<tbljax::xla_ffi::TableArg>()));

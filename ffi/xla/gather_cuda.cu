@@ -193,29 +193,15 @@ ffi::Error GatherPackedCuda(cudaStream_t stream, PagesArg pages, TableArg table,
 }  // namespace
 }  // namespace tbljax::xla_ffi
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(TbljaxGatherCuda, tbljax::xla_ffi::GatherCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<tbljax::xla_ffi::DataArg>()
-                                  .Arg<tbljax::xla_ffi::IndexArg>()
-                                  .Arg<tbljax::xla_ffi::CropArg>()
-                                  .Arg<tbljax::xla_ffi::FlipArg>()
-                                  .RemainingArgs()
-                                  .Attr<xla::ffi::Span<const double>>("mean")
-                                  .Attr<xla::ffi::Span<const double>>("std")
-                                  .Attr<std::string_view>("layout")
-                                  .Ret<xla::ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    TbljaxGatherCuda, tbljax::xla_ffi::GatherCuda,
+    tbljax::xla_ffi::BindGatherCall(xla::ffi::Ffi::Bind()
+                                        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                        .Arg<tbljax::xla_ffi::DataArg>()));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(TbljaxGatherPackedCuda, tbljax::xla_ffi::GatherPackedCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<tbljax::xla_ffi::PagesArg>()
-                                  .Arg<tbljax::xla_ffi::TableArg>()
-                                  .Arg<tbljax::xla_ffi::IndexArg>()
-                                  .Arg<tbljax::xla_ffi::CropArg>()
-                                  .Arg<tbljax::xla_ffi::FlipArg>()
-                                  .RemainingArgs()
-                                  .Attr<xla::ffi::Span<const double>>("mean")
-                                  .Attr<xla::ffi::Span<const double>>("std")
-                                  .Attr<std::string_view>("layout")
-                                  .Ret<xla::ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    TbljaxGatherPackedCuda, tbljax::xla_ffi::GatherPackedCuda,
+    tbljax::xla_ffi::BindGatherCall(xla::ffi::Ffi::Bind()
+                                        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                        .Arg<tbljax::xla_ffi::PagesArg>()
+                                        .Arg<tbljax::xla_ffi::TableArg>()));
