@@ -28,9 +28,7 @@ namespace kernel_detail {
 constexpr int64_t kStreamMinBytes = int64_t{32} << 20;
 
 struct Plan {
-  const RawSource* source;
-  const int64_t* indices;
-  const int32_t* crops;
+  SimdTarget target;
   const uint8_t* flips;
   OutDType dtype;
   Layout layout;
@@ -103,8 +101,8 @@ struct Scratch {
 // `out` (kernel.h: at most 2*M/out + 1), plus one for safety.
 inline int64_t MaxTaps(int64_t len, int64_t out) { return 2 * (len > out ? len : out) / out + 2; }
 
-using UnitFn = void (*)(const Plan&, int64_t sample, int64_t row_begin, int64_t row_end,
-                        const Scratch&);
+using UnitFn = void (*)(const Plan&, int64_t sample, const SamplePixels&, int64_t row_begin,
+                        int64_t row_end, const Scratch&);
 
 }  // namespace kernel_detail
 }  // namespace tbljax
@@ -393,18 +391,21 @@ bool PrepareScratch(int64_t out_w, int64_t general_ints, int64_t gx_stride, Scra
 
 }  // namespace
 
-Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
-  if (src.uniform() && src.height() < 1) return InvalidArgument("RawSource is not initialized");
+namespace {
+
+// The output of a request: shape for its layout, dtype, alignment and normalization (not the
+// indices or boxes). *oh, *ow: the output size.
+Status CheckOutput(const GatherRequest& r, int64_t* oh, int64_t* ow) {
   if (r.batch < 0)
     return InvalidArgument("batch size must be >= 0, got " + std::to_string(r.batch));
-  if (r.batch > 0 && r.indices == nullptr) return InvalidArgument("indices is null");
   if (r.out == nullptr && r.batch > 0) return InvalidArgument("out is null");
-
   const bool nchw = r.layout == Layout::kNCHW;
   const int64_t* s = r.out_shape;
   const char* layout_name = LayoutName(nchw ? Layout::kNCHW : Layout::kNHWC);
-  const int64_t ch = nchw ? s[1] : s[3], oh = nchw ? s[2] : s[1], ow = nchw ? s[3] : s[2];
-  if (ch != 3 || oh < 1 || ow < 1)
+  const int64_t ch = nchw ? s[1] : s[3];
+  *oh = nchw ? s[2] : s[1];
+  *ow = nchw ? s[3] : s[2];
+  if (ch != 3 || *oh < 1 || *ow < 1)
     return InvalidArgument("out has shape " + ShapeStr(s) + " but layout " + layout_name +
                            " needs " + (nchw ? "(B, 3, OH, OW)" : "(B, OH, OW, 3)") +
                            " with OH, OW >= 1");
@@ -418,6 +419,75 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
     return InvalidArgument("out is not aligned to its element size (" + std::to_string(elem) +
                            " bytes)");
   if (r.dtype != OutDType::kUint8) TBLJAX_RETURN_IF_ERROR(CheckNormalization(r.mean, r.std));
+  return Status::Ok();
+}
+
+// The per-call tables (~5 KB; built per call, a few microseconds, so nothing is shared or
+// cached) for a request CheckOutput accepted.
+Status FillPlan(const GatherRequest& r, int64_t oh, int64_t ow, Plan* p) {
+  TBLJAX_RETURN_IF_ERROR(ActiveSimdTarget(&p->target));
+  const int64_t elem = OutDTypeBytes(r.dtype);
+  p->flips = r.flips;
+  p->dtype = r.dtype;
+  p->layout = r.layout;
+  p->out = static_cast<uint8_t*>(r.out);
+  p->elem_bytes = elem;
+  p->out_h = oh;
+  p->out_w = ow;
+  p->use_affine = false;
+  p->use_affine_f32 = false;
+  p->stream = r.batch * oh * ow * 3 * elem >= kernel_detail::kStreamMinBytes;
+  if (r.dtype == OutDType::kFloat32) NormalizeTableF32(r.mean, r.std, p->table_f32);
+  if (r.dtype == OutDType::kBfloat16) NormalizeTableBf16(r.mean, r.std, p->table_bf16);
+  if (r.dtype != OutDType::kUint8 && p->target != SimdTarget::kScalar) {
+    ChooseAffine(p, r.mean, r.std);
+    const int limit = g_norm_path_limit.load();
+    if (limit < static_cast<int>(NormPath::kAffineF32)) p->use_affine_f32 = false;
+    if (limit < static_cast<int>(NormPath::kAffineF64)) p->use_affine = false;
+    for (int k = 0; k < 48; ++k) {
+      p->seq_a64[k] = p->affine_a[k % 3];
+      p->seq_b64[k] = p->affine_b[k % 3];
+      p->seq_a32[k] = p->affine32_a[k % 3];
+      p->seq_b32[k] = p->affine32_b[k % 3];
+    }
+  }
+  return Status::Ok();
+}
+
+// The general resize's scratch (PrepareScratch's general_ints) for boxes at most max_cw wide
+// and with at most `taps` taps per axis: mid (3 * max_cw), the per-element tables, the row
+// taps, and 3 * taps + 64 elements past mid's last (the column pass reads up to that far:
+// ColumnTaps). 0 when no box takes the general path (max_cw 0).
+int64_t GeneralInts(int64_t max_cw, int64_t taps, int64_t ow) {
+  return max_cw == 0 ? 0 : 3 * max_cw + 3 * ow * (1 + taps) + 4 * taps + 64;
+}
+
+// Whether a ch x cw box resized to oh x ow takes the general path, and its most taps per axis.
+bool TakesGeneralPath(int64_t ch, int64_t cw, int64_t oh, int64_t ow, int64_t* taps) {
+  if (ch <= oh && cw <= ow) return false;  // the 2-tap path
+  *taps = std::max({*taps, kernel_detail::MaxTaps(cw, ow), kernel_detail::MaxTaps(ch, oh)});
+  return true;
+}
+
+// Output rows [row_begin, row_end) of sample b from its pixels, on this thread's scratch.
+bool RunRows(const Plan& p, int64_t b, const SamplePixels& px, int64_t general_ints, int64_t taps,
+             int64_t row_begin, int64_t row_end) {
+  Scratch scratch;
+  if (!PrepareScratch(p.out_w, general_ints, taps, &scratch)) return false;
+  UnitFor(p.target)(p, b, px, row_begin, row_end, scratch);
+#if TBLJAX_SIMD_X86
+  if (p.stream) _mm_sfence();  // the non-temporal stores land before the pool's "done"
+#endif
+  return true;
+}
+
+}  // namespace
+
+Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
+  if (src.uniform() && src.height() < 1) return InvalidArgument("RawSource is not initialized");
+  if (r.batch > 0 && r.indices == nullptr) return InvalidArgument("indices is null");
+  int64_t oh = 0, ow = 0;
+  TBLJAX_RETURN_IF_ERROR(CheckOutput(r, &oh, &ow));
   TBLJAX_RETURN_IF_ERROR(CheckIndices(r.indices, r.batch, src.num_records()));
   if (src.uniform()) {
     TBLJAX_RETURN_IF_ERROR(CheckOutputSize(r.crops != nullptr, oh, ow, src.height(), src.width()));
@@ -435,51 +505,15 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
     }
   }
   // The general resize's scratch: the widest box and the most taps of the batch.
-  int64_t general_ints = 0, taps = 2;
+  int64_t max_cw = 0, taps = 2;
   for (int64_t b = 0; r.crops != nullptr && b < r.batch; ++b) {
     const int64_t ch = r.crops[4 * b + 2], cw = r.crops[4 * b + 3];
-    if (ch <= oh && cw <= ow) continue;  // the 2-tap path
-    const int64_t kx = kernel_detail::MaxTaps(cw, ow), ky = kernel_detail::MaxTaps(ch, oh);
-    taps = std::max({taps, kx, ky});
-    general_ints = std::max(general_ints, 3 * cw);
+    if (TakesGeneralPath(ch, cw, oh, ow, &taps)) max_cw = std::max(max_cw, cw);
   }
-  // + the per-element tables, the row taps, and 3 * taps + 64 elements past mid's last (the
-  // column pass reads up to that far: ColumnTaps).
-  if (general_ints > 0) general_ints += 3 * ow * (1 + taps) + 4 * taps + 64;
+  const int64_t general_ints = GeneralInts(max_cw, taps, ow);
   if (r.batch == 0) return Status::Ok();
-
-  SimdTarget target;
-  TBLJAX_RETURN_IF_ERROR(ActiveSimdTarget(&target));
-
-  // ~5 KB of tables; built per call (a few microseconds) so nothing is shared or cached.
   Plan p;
-  p.source = &src;
-  p.indices = r.indices;
-  p.crops = r.crops;
-  p.flips = r.flips;
-  p.dtype = r.dtype;
-  p.layout = r.layout;
-  p.out = static_cast<uint8_t*>(r.out);
-  p.elem_bytes = elem;
-  p.out_h = oh;
-  p.out_w = ow;
-  p.use_affine = false;
-  p.use_affine_f32 = false;
-  p.stream = r.batch * oh * ow * 3 * elem >= kernel_detail::kStreamMinBytes;
-  if (r.dtype == OutDType::kFloat32) NormalizeTableF32(r.mean, r.std, p.table_f32);
-  if (r.dtype == OutDType::kBfloat16) NormalizeTableBf16(r.mean, r.std, p.table_bf16);
-  if (r.dtype != OutDType::kUint8 && target != SimdTarget::kScalar) {
-    ChooseAffine(&p, r.mean, r.std);
-    const int limit = g_norm_path_limit.load();
-    if (limit < static_cast<int>(NormPath::kAffineF32)) p.use_affine_f32 = false;
-    if (limit < static_cast<int>(NormPath::kAffineF64)) p.use_affine = false;
-    for (int k = 0; k < 48; ++k) {
-      p.seq_a64[k] = p.affine_a[k % 3];
-      p.seq_b64[k] = p.affine_b[k % 3];
-      p.seq_a32[k] = p.affine32_a[k % 3];
-      p.seq_b32[k] = p.affine32_b[k % 3];
-    }
-  }
+  TBLJAX_RETURN_IF_ERROR(FillPlan(r, oh, ow, &p));
 
   if (pool == nullptr) {
     // The first call starts the process-wide pool; the OS may refuse threads (EAGAIN seen
@@ -499,23 +533,67 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   // The work item captures one pointer, so std::function keeps it inline (no allocation).
   struct Job {
     const Plan* plan;
-    UnitFn run;
-    int64_t bands, out_h, out_w, general_ints, taps;
+    const RawSource* src;
+    const GatherRequest* r;
+    int64_t bands, general_ints, taps;
     std::atomic<bool> no_memory{false};
-  } job{&p, UnitFor(target), bands, oh, ow, general_ints, taps};
+  } job{&p, &src, &r, bands, general_ints, taps};
   tp.ParallelFor(r.batch * bands, [j = &job](int64_t u) {
-    Scratch scratch;
-    if (!PrepareScratch(j->out_w, j->general_ints, j->taps, &scratch)) {
-      j->no_memory.store(true, std::memory_order_relaxed);
-      return;
+    const int64_t b = u / j->bands, band = u % j->bands, oh = j->plan->out_h;
+    const int64_t index = j->r->indices[b];
+    SamplePixels px;
+    px.pixels = j->src->Record(index);
+    px.height = j->src->Height(index);
+    px.width = j->src->Width(index);
+    px.h = px.height;
+    px.w = px.width;
+    if (const int32_t* c = j->r->crops) {
+      px.y0 = c[4 * b];
+      px.x0 = c[4 * b + 1];
+      px.h = c[4 * b + 2];
+      px.w = c[4 * b + 3];
     }
-    const int64_t b = u / j->bands, band = u % j->bands;
-    j->run(*j->plan, b, band * j->out_h / j->bands, (band + 1) * j->out_h / j->bands, scratch);
-#if TBLJAX_SIMD_X86
-    if (j->plan->stream) _mm_sfence();  // the non-temporal stores land before the pool's "done"
-#endif
+    if (!RunRows(*j->plan, b, px, j->general_ints, j->taps, band * oh / j->bands,
+                 (band + 1) * oh / j->bands))
+      j->no_memory.store(true, std::memory_order_relaxed);
   });
   if (job.no_memory.load()) return IOError("out of memory for the kernel's per-thread scratch");
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------
+// SampleKernel
+// ---------------------------------------------------------------------------------------
+
+SampleKernel::SampleKernel() = default;
+SampleKernel::~SampleKernel() = default;
+SampleKernel::SampleKernel(SampleKernel&&) noexcept = default;
+SampleKernel& SampleKernel::operator=(SampleKernel&&) noexcept = default;
+
+Status SampleKernel::Prepare(const GatherRequest& r, SampleKernel* out) {
+  int64_t oh = 0, ow = 0;
+  TBLJAX_RETURN_IF_ERROR(CheckOutput(r, &oh, &ow));
+  auto p = std::make_unique<Plan>();
+  TBLJAX_RETURN_IF_ERROR(FillPlan(r, oh, ow, p.get()));
+  out->plan_ = std::move(p);
+  return Status::Ok();
+}
+
+int64_t SampleKernel::out_h() const { return plan_ ? plan_->out_h : 0; }
+int64_t SampleKernel::out_w() const { return plan_ ? plan_->out_w : 0; }
+
+Status SampleKernel::Run(int64_t b, const SamplePixels& px) const {
+  if (!plan_) return InvalidArgument("SampleKernel is not prepared");
+  const int32_t box[4] = {static_cast<int32_t>(px.y0), static_cast<int32_t>(px.x0),
+                          static_cast<int32_t>(px.h), static_cast<int32_t>(px.w)};
+  if (px.pixels == nullptr || px.height > (int64_t{1} << 31) || px.width > (int64_t{1} << 31) / 3)
+    return InvalidArgument("sample pixels are null or too large");
+  TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, box, px.height, px.width, plan_->out_h, plan_->out_w));
+  int64_t taps = 2;
+  const bool general = TakesGeneralPath(px.h, px.w, plan_->out_h, plan_->out_w, &taps);
+  if (!RunRows(*plan_, b, px, GeneralInts(general ? px.w : 0, taps, plan_->out_w), taps, 0,
+               plan_->out_h))
+    return IOError("out of memory for the kernel's per-thread scratch");
   return Status::Ok();
 }
 

@@ -3,6 +3,7 @@
 // dtype (uint8, float32, bfloat16) and layout (NHWC, NCHW). Framework-free; returns Status.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -212,5 +213,41 @@ struct GatherRequest {
 // before touching `out`; on error `out` is unchanged. Allocates nothing per call once each
 // pool thread's scratch has grown to the largest output row seen.
 Status Gather(const RawSource& source, const GatherRequest& request, ThreadPool* pool = nullptr);
+
+namespace kernel_detail {
+struct Plan;
+}
+
+// One sample's pixels as the kernel reads them: `height` packed rows of `width` RGB pixels,
+// and the box (y0, x0, h, w) inside them that is resized to the output.
+struct SamplePixels {
+  const uint8_t* pixels = nullptr;
+  int64_t height = 0, width = 0;
+  int64_t y0 = 0, x0 = 0, h = 0, w = 0;
+};
+
+// The fused pass prepared once for a batch whose samples' pixels the caller supplies one at a
+// time, from its own threads (serving compact records: each sample is decoded in a pool thread
+// and run at once, while its pixels are still in cache). Prepare checks everything about the
+// output (shape, dtype, alignment, normalization) and builds the per-batch tables; `indices`
+// and `crops` of the request are not read. Run writes sample b's row of `out` (flipped when
+// flips[b]), from any thread, each b at most once; it allocates nothing once the thread's
+// scratch has grown to the largest box seen.
+class SampleKernel {
+ public:
+  SampleKernel();
+  ~SampleKernel();
+  SampleKernel(SampleKernel&&) noexcept;
+  SampleKernel& operator=(SampleKernel&&) noexcept;
+  static Status Prepare(const GatherRequest& request, SampleKernel* out);
+  int64_t out_h() const;
+  int64_t out_w() const;
+  // InvalidArgument when the box does not lie inside the pixels or the output is past the
+  // exact range (CheckCropBox); IOError when the thread's scratch cannot grow.
+  Status Run(int64_t b, const SamplePixels& pixels) const;
+
+ private:
+  std::unique_ptr<kernel_detail::Plan> plan_;
+};
 
 }  // namespace tbljax

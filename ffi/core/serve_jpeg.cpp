@@ -56,35 +56,18 @@ const uint8_t* JpegSource::Data(int64_t i) const {
 
 namespace {
 
-// Everything ServeJpeg checks before touching `out`; *oh, *ow: the output size.
-Status CheckRequest(const JpegSource& src, const GatherRequest& r, int64_t* oh, int64_t* ow) {
-  if (r.batch < 0)
-    return InvalidArgument("batch size must be >= 0, got " + std::to_string(r.batch));
-  if (r.batch > 0 && (r.indices == nullptr || r.out == nullptr))
-    return InvalidArgument("indices or out is null");
-  const bool nchw = r.layout == Layout::kNCHW;
-  const int64_t* s = r.out_shape;
-  const int64_t ch = nchw ? s[1] : s[3];
-  *oh = nchw ? s[2] : s[1];
-  *ow = nchw ? s[3] : s[2];
-  if (ch != 3 || *oh < 1 || *ow < 1 || s[0] != r.batch)
-    return InvalidArgument(std::string("out must have shape ") +
-                           (nchw ? "(B, 3, OH, OW)" : "(B, OH, OW, 3)") +
-                           " with B = " + std::to_string(r.batch) + " and OH, OW >= 1 for layout " +
-                           LayoutName(r.layout));
-  const int64_t elem = OutDTypeBytes(r.dtype);
-  if (elem == 0)
-    return InvalidArgument("unknown output dtype " + std::to_string(static_cast<int>(r.dtype)));
-  if (reinterpret_cast<uintptr_t>(r.out) % static_cast<uintptr_t>(elem) != 0)
-    return InvalidArgument("out is not aligned to its element size");
-  if (r.dtype != OutDType::kUint8) TBLJAX_RETURN_IF_ERROR(CheckNormalization(r.mean, r.std));
+// What ServeJpeg checks about the records before touching `out` (SampleKernel::Prepare checks
+// the output): indices, and each sample's box against its record (or, without boxes, the
+// record's size against the output's).
+Status CheckRecords(const JpegSource& src, const GatherRequest& r, int64_t oh, int64_t ow) {
+  if (r.batch > 0 && r.indices == nullptr) return InvalidArgument("indices is null");
   TBLJAX_RETURN_IF_ERROR(CheckIndices(r.indices, r.batch, src.num_records()));
   for (int64_t b = 0; b < r.batch; ++b) {
     const int64_t i = r.indices[b], h = src.Height(i), w = src.Width(i);
     if (r.crops != nullptr) {
-      TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, r.crops + 4 * b, h, w, *oh, *ow));
+      TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, r.crops + 4 * b, h, w, oh, ow));
     } else {
-      TBLJAX_RETURN_IF_ERROR(CheckOutputSize(false, *oh, *ow, h, w));
+      TBLJAX_RETURN_IF_ERROR(CheckOutputSize(false, oh, ow, h, w));
     }
   }
   return Status::Ok();
@@ -104,9 +87,9 @@ struct FirstFailure {
   }
 };
 
-// One sample: decode its box's part, then the kernel over that part, inline in this thread.
-Status ServeOne(const JpegSource& src, const GatherRequest& r, const JpegServeOptions& o, int64_t b,
-                int64_t oh, int64_t ow) {
+// One sample: decode its box's part, then the kernel over that part, in this thread.
+Status ServeOne(const JpegSource& src, const GatherRequest& r, const JpegServeOptions& o,
+                const SampleKernel& kernel, int64_t b) {
   const int64_t i = r.indices[b];
   JpegBoxRequest q;
   if (r.crops != nullptr) {
@@ -115,30 +98,25 @@ Status ServeOne(const JpegSource& src, const GatherRequest& r, const JpegServeOp
     q.box[2] = src.Height(i);
     q.box[3] = src.Width(i);
   }
-  q.out_h = static_cast<int>(oh);
-  q.out_w = static_cast<int>(ow);
+  q.out_h = static_cast<int>(kernel.out_h());
+  q.out_w = static_cast<int>(kernel.out_w());
   q.dct_scale = o.dct_scale;
   q.expect_h = src.Height(i);
   q.expect_w = src.Width(i);
   thread_local JpegBoxScratch scratch;
   JpegBoxRegion region;
-  TBLJAX_RETURN_IF_ERROR(
-      DecodeJpegBox(src.Data(i), static_cast<size_t>(src.Size(i)), q, &scratch, &region));
-  RawSource one;
-  TBLJAX_RETURN_IF_ERROR(
-      RawSource::Create({RawShard{region.pixels, 1}}, region.height, region.width, &one));
-  GatherRequest g = r;
-  const int64_t zero = 0;
-  g.indices = &zero;
-  g.batch = 1;
-  g.crops = region.box;
-  g.flips = r.flips != nullptr ? r.flips + b : nullptr;
-  const int64_t sample_bytes = oh * ow * 3 * OutDTypeBytes(r.dtype);
-  g.out = static_cast<uint8_t*>(r.out) + b * sample_bytes;
-  g.out_shape[0] = 1;
-  // A pool of one runs the kernel inline: this thread already is one of the pool's.
-  thread_local ThreadPool inline_pool(1);
-  Status s = Gather(one, g, &inline_pool);
+  Status s = DecodeJpegBox(src.Data(i), static_cast<size_t>(src.Size(i)), q, &scratch, &region);
+  if (s.ok()) {
+    SamplePixels px;
+    px.pixels = region.pixels;
+    px.height = region.height;
+    px.width = region.width;
+    px.y0 = region.box[0];
+    px.x0 = region.box[1];
+    px.h = region.box[2];
+    px.w = region.box[3];
+    s = kernel.Run(b, px);
+  }
   // A huge record should not pin its buffers in every pool thread for ever.
   constexpr size_t kKeep = size_t{32} << 20;
   if (scratch.pixels.capacity() > kKeep) scratch = JpegBoxScratch();
@@ -150,8 +128,9 @@ Status ServeOne(const JpegSource& src, const GatherRequest& r, const JpegServeOp
 Status ServeJpeg(const JpegSource& src, const GatherRequest& r, const JpegServeOptions& o,
                  ThreadPool* pool, int64_t* failed_row) {
   if (failed_row != nullptr) *failed_row = -1;
-  int64_t oh = 0, ow = 0;
-  TBLJAX_RETURN_IF_ERROR(CheckRequest(src, r, &oh, &ow));
+  SampleKernel kernel;
+  TBLJAX_RETURN_IF_ERROR(SampleKernel::Prepare(r, &kernel));
+  TBLJAX_RETURN_IF_ERROR(CheckRecords(src, r, kernel.out_h(), kernel.out_w()));
   if (r.batch == 0) return Status::Ok();
   if (pool == nullptr) {
     try {
@@ -164,7 +143,7 @@ Status ServeJpeg(const JpegSource& src, const GatherRequest& r, const JpegServeO
   std::atomic<bool> failed{false};
   pool->ParallelFor(r.batch, [&](int64_t b) {
     if (failed.load(std::memory_order_relaxed)) return;  // the batch fails anyway
-    Status s = ServeOne(src, r, o, b, oh, ow);
+    Status s = ServeOne(src, r, o, kernel, b);
     if (!s.ok()) {
       failed.store(true, std::memory_order_relaxed);
       failure.Note(b, std::move(s));

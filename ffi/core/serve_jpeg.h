@@ -1,8 +1,8 @@
 // Serving compact JPEG records (JPEG re-encoded at the converted geometry) in one pass: each
 // sample's record is decoded in a pool thread, only the part its crop box needs
-// (DecodeJpegBox), and that part goes at once through the serve kernel (Gather over a
-// one-record RawSource, the box shifted into it) while it is still in cache. So a compact
-// file serves exactly the pixels of the RAW file decoded from it.
+// (DecodeJpegBox), and that part goes at once through the serve kernel (a SampleKernel
+// prepared once for the batch, the box shifted into the part) while it is still in cache. So
+// a compact file serves exactly the pixels of the RAW file decoded from it.
 #pragma once
 #include <cstdint>
 #include <vector>
