@@ -229,11 +229,13 @@ def serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *, layout: st
                std: Sequence[float] | None = None, dct_scale: bool = False, threads: int = 0,
                where=None) -> np.ndarray:
     """`gather` from JPEG records: each sample's record is decoded in the C++ pool, only the
-    part its box needs (columns cropped, rows above skipped, decoding stopped after the box),
-    and that part goes at once through the same crop/resize, flip and normalize as RAW
-    records. With ``dct_scale=False`` the pixels are exactly those of `gather` over the
-    decoded records; damage below a box goes unnoticed (those rows are not decoded; `verify`
-    checks every record's checksum).
+    part its box needs (with restart markers dividing the rows, as in compact records: only
+    the restart segments covering the box; else columns cropped, rows above skipped, decoding
+    stopped after the box), and that part goes at once through the same crop/resize, flip and
+    normalize as RAW records. With ``dct_scale=False`` the pixels are exactly those of `gather`
+    over the decoded records; damage in data the box does not need (below it; with restart
+    segments, also beside or above it) goes unnoticed (`verify` checks every record's
+    checksum), but restart markers out of sequence or of the wrong count fail any box.
 
     Args:
       source: a `jpeg_source`.

@@ -365,6 +365,9 @@ def test_batch_encode_gives_the_single_image_bytes():
     imgs = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((9, 13), (32, 32), (1, 70))]
     for chroma in ("420", "444"):
         assert _core.encode_jpeg_batch(imgs, 90, chroma) == [_core.encode_jpeg(im, 90, chroma) for im in imgs]
+        for r in (1, 2):
+            assert (_core.encode_jpeg_batch(imgs, 90, chroma, restart_mcus=r)
+                    == [_core.encode_jpeg(im, 90, chroma, restart_mcus=r) for im in imgs])
     with pytest.raises(ValueError, match="image 1 is not a C-contiguous"):
         _core.encode_jpeg_batch([imgs[0], imgs[1][:, ::2]], 90)
 

@@ -320,6 +320,22 @@ def test_record_of_another_size_than_its_index_fails(damaged):
         serve_all(path)
 
 
+def test_damaged_restart_segment_or_marker_fails_naming_file_and_record(damaged):
+    # Compact records carry restart markers: the first RST0 ends the first segment.
+    def first_marker(p):
+        return p.index(b"\xff\xd0", scan_start(p))
+
+    def zero_first_segment(p):
+        return p[:scan_start(p)] + b"\0" * (first_marker(p) - scan_start(p)) + p[first_marker(p):]
+
+    def garble_first_marker(p):
+        return p[:first_marker(p) + 1] + b"\xd3" + p[first_marker(p) + 2:]
+    with pytest.raises(tbljax.DecodeError, match=r"bad\.tbl: record 3: corrupt"):
+        serve_all(damaged(zero_first_segment))
+    with pytest.raises(tbljax.DecodeError, match=r"bad\.tbl: record 3: .*restart marker 1 is RST3"):
+        serve_all(damaged(garble_first_marker))
+
+
 def test_truncated_bytes_fail_when_the_box_reaches_them():
     h, w = 96, 80
     blob = _core.encode_jpeg(textured(h, w), quality=90)

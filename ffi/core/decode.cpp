@@ -15,6 +15,8 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
+#include "jpeg_restart.h"
+
 namespace tbljax {
 namespace {
 
@@ -487,6 +489,78 @@ struct DecodeScratch {
   }
 };
 
+// Pixels next to a cut edge that fancy chroma upsampling makes differ from a whole decode: it
+// reads one chroma neighbour on each side (h2v1, h2v2, h1v2), so one pixel row or column at a
+// part's inner edge is off. Checked by tests/test_restart_decode.py: every box class for
+// 4:2:0, 4:2:2, 4:4:4 and grayscale equals Pillow's whole decode with this margin.
+constexpr int kUpsampleMargin = 1;
+
+// The restart path of DecodeJpegBox (decode.h): when the record is a single-scan Huffman JPEG
+// of 8-bit samples with a restart interval dividing its MCUs per row, shown unrotated at
+// scale 1, decodes just the restart segments that cover `need` (plus kUpsampleMargin) as a JPEG
+// of their own. *taken is false when the record is not such a one (nothing done).
+Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, const PixelRect& need,
+                         int scale_denom, JpegBoxScratch* s, JpegBoxRegion* region, bool* taken) {
+  *taken = false;
+  const jpeg_decompress_struct& c = d.cinfo;
+  const int R = static_cast<int>(c.restart_interval);
+  if (R <= 0 || scale_denom != 1 || d.orientation != 1 || c.progressive_mode || c.arith_code ||
+      c.data_precision != 8 || c.comps_in_scan != c.num_components)
+    return Status::Ok();
+  // An MCU: one block of a single-component scan, else max_samp_factor blocks on each axis.
+  const bool one = c.num_components == 1;
+  const int mcu_w = DCTSIZE * (one ? 1 : c.max_h_samp_factor);
+  const int mcu_h = DCTSIZE * (one ? 1 : c.max_v_samp_factor);
+  const int W = static_cast<int>(c.image_width), H = static_cast<int>(c.image_height);
+  const int per_row = (W + mcu_w - 1) / mcu_w, rows = (H + mcu_h - 1) / mcu_h;
+  if (per_row % R != 0) return Status::Ok();  // segments would span rows
+  JpegPart part;
+  part.mcus_per_row = per_row;
+  part.restart_mcus = R;
+  part.row0 = std::max(0, need.y0 - kUpsampleMargin) / mcu_h;
+  part.row1 = (std::min(H, need.y1 + kUpsampleMargin) + mcu_h - 1) / mcu_h;
+  part.col0 = std::max(0, need.x0 - kUpsampleMargin) / mcu_w / R * R;
+  const int last_col = (std::min(W, need.x1 + kUpsampleMargin) + mcu_w - 1) / mcu_w;
+  part.col1 = std::min(per_row, (last_col + R - 1) / R * R);
+  const int y0 = part.row0 * mcu_h, x0 = part.col0 * mcu_w;
+  part.height = (part.row1 == rows ? H : part.row1 * mcu_h) - y0;
+  part.width = (part.col1 == per_row ? W : part.col1 * mcu_w) - x0;
+  JpegScanLayout layout;
+  if (!FindJpegScan(data, size, &layout)) return Status::Ok();
+  bool usable = false;
+  TBLJAX_RETURN_IF_ERROR(
+      FindRestartSegments(data, size, layout, int64_t{rows} * per_row / R, &s->segments, &usable));
+  if (!usable) return Status::Ok();
+  CutJpegPart(data, layout, s->segments, part, &s->part);
+
+  Decoder p;
+  JpegInfo info;
+  TBLJAX_RETURN_IF_ERROR(Open(&p, s->part.data(), s->part.size(), &info));
+  Geometry g;
+  if (!SetUpDecode(&p, 1, &g)) return DecodeFailure(p.err, p.src.eof_hit);
+  Window all;
+  all.w = g.w;
+  all.h = g.h;
+  PixelRect shown;
+  const Status st =
+      DecodeOriented(&p, g, all, &s->pixels, &s->spare, &s->row, &shown, /*whole_stream=*/true);
+  if (!st.ok())  // the messages of libjpeg speak of the part: say which part of the record it is
+    return DecodeError(st.message() + " (in the restart segments of MCU rows " +
+                       std::to_string(part.row0) + "-" + std::to_string(part.row1 - 1) +
+                       ", columns " + std::to_string(part.col0) + "-" +
+                       std::to_string(part.col1 - 1) + ")");
+  region->pixels = s->pixels.data();
+  region->width = part.width;
+  region->height = part.height;
+  region->box[0] = need.y0 - y0;
+  region->box[1] = need.x0 - x0;
+  region->box[2] = need.y1 - need.y0;
+  region->box[3] = need.x1 - need.x0;
+  region->scale_denom = 1;
+  *taken = true;
+  return Status::Ok();
+}
+
 // Decode + resize into dst (plan.out_h rows of plan.out_w * 3 bytes).
 Status DecodeResizeImpl(const uint8_t* data, size_t size, int out_size, ResizeMode mode,
                         int max_long, RgbImage* to_image, uint8_t* to_dst) {
@@ -583,6 +657,7 @@ bool Compress(Encoder* e, const uint8_t* pixels, int height, int width, int chan
     c->comp_info[0].v_samp_factor = v;
     for (int i = 1; i < 3; ++i) c->comp_info[i].h_samp_factor = c->comp_info[i].v_samp_factor = 1;
   }
+  c->restart_interval = static_cast<unsigned int>(o.restart_mcus);
   if (o.progressive) jpeg_simple_progression(c);
   jpeg_start_compress(c, TRUE);
   while (c->next_scanline < c->image_height) {
@@ -666,6 +741,9 @@ Status DecodeJpegBox(const uint8_t* data, size_t size, const JpegBoxRequest& r,
     need.x1 = std::min(w, static_cast<int>(std::ceil((x0 + bw) / static_cast<double>(k) + sx)));
     need.y1 = std::min(h, static_cast<int>(std::ceil((y0 + bh) / static_cast<double>(k) + sy)));
   }
+  bool taken = false;
+  TBLJAX_RETURN_IF_ERROR(DecodeRestartPart(d, data, size, need, k, scratch, region, &taken));
+  if (taken) return Status::Ok();
   Window want;
   want.w = g.w;
   want.h = g.h;
@@ -708,6 +786,9 @@ Status EncodeJpeg(const uint8_t* pixels, int height, int width, int channels, pt
   if (options.quality < 1 || options.quality > 100)
     return InvalidArgument("encode_jpeg: quality must be in [1, 100], got " +
                            std::to_string(options.quality));
+  if (options.restart_mcus < 0 || options.restart_mcus > 65535)
+    return InvalidArgument("encode_jpeg: restart_mcus must be in [0, 65535] (0: none), got " +
+                           std::to_string(options.restart_mcus));
   Encoder e;
   if (!Compress(&e, pixels, height, width, channels, row_stride, options))
     return InvalidArgument(std::string("cannot encode JPEG: ") + e.err.message);

@@ -81,6 +81,8 @@ struct JpegBoxRequest {
 // Buffers of DecodeJpegBox, kept by the caller (one per thread) and reused between images.
 struct JpegBoxScratch {
   std::vector<uint8_t> pixels, spare, row;
+  std::vector<uint8_t> part;     // the JPEG of the box's restart segments (jpeg_restart.h)
+  std::vector<size_t> segments;  // where the record's restart segments lie
 };
 
 // The decoded part: `height` rows of `width` * 3 bytes at `pixels` (inside the scratch),
@@ -93,12 +95,19 @@ struct JpegBoxRegion {
   int scale_denom = 1;
 };
 
-// Decodes the pixels of request.box, and only about those: columns outside it are not
-// transformed, rows above it are entropy-decoded only, and decoding stops after the box's
-// last iMCU row (damage or truncation below the box goes unnoticed: those rows are never
-// served). At scale 1 the region's bytes are those of a whole-image decode (StoredWindow's
-// margins). A box outside the image is InvalidArgument; an image of another size than
-// expect_h x expect_w is Corrupt; bad data is DecodeError.
+// Decodes the pixels of request.box, and only about those. A baseline Huffman record with a
+// restart interval R that divides its MCUs per row, decoded at scale 1 without EXIF rotation
+// (compact records: tbljax.convert writes restart markers), is cut down to the restart
+// segments covering the box plus a one-pixel margin where the box edge is not an image edge
+// (fancy chroma upsampling reads one neighbour), and only that part is entropy-decoded
+// (jpeg_restart.h); its segment count and marker sequence are checked over the whole record.
+// Any other record: columns outside the box are not transformed, rows above it are
+// entropy-decoded only, and decoding stops after the box's last iMCU row. Either way damage
+// or truncation in data the box does not need (below it; with restart segments, also beside
+// or above it) goes unnoticed: those pixels are never served. At scale 1 the region's bytes
+// are those of a whole-image decode (StoredWindow's margins). A box outside the image is
+// InvalidArgument; an image of another size than expect_h x expect_w is Corrupt; bad data is
+// DecodeError.
 Status DecodeJpegBox(const uint8_t* data, size_t size, const JpegBoxRequest& request,
                      JpegBoxScratch* scratch, JpegBoxRegion* region);
 
@@ -108,6 +117,9 @@ struct EncodeOptions {
   int quality = 90;  // 1..100
   ChromaSubsampling subsampling = ChromaSubsampling::k420;
   bool progressive = false;
+  // A restart marker every this many MCUs (DRI; 0: none). Segments a decoder can take alone:
+  // DecodeJpegBox entropy-decodes only those a box needs when this divides the MCUs per row.
+  int restart_mcus = 0;
 };
 
 // Encodes RGB (channels 3) or grayscale (channels 1) uint8 rows with libjpeg (ISLOW DCT).

@@ -232,10 +232,12 @@ void BindDecode(nb::module_& m) {
 
   m.def(
       "encode_jpeg",
-      [](AnyU8 img, int quality, const std::string& subsampling, bool progressive) {
+      [](AnyU8 img, int quality, const std::string& subsampling, bool progressive,
+         int restart_mcus) {
         EncodeOptions o;
         o.quality = quality;
         o.progressive = progressive;
+        o.restart_mcus = restart_mcus;
         o.subsampling = SubsamplingOf(subsampling);
         const bool gray = img.ndim() == 2;
         if (!(gray || (img.ndim() == 3 && img.shape(2) == 3)))
@@ -255,14 +257,18 @@ void BindDecode(nb::module_& m) {
         return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
       },
       nb::arg("img").noconvert(), nb::arg("quality") = 90, nb::arg("subsampling") = "420",
-      nb::arg("progressive") = false,
-      "Encodes an (H, W, 3) RGB or (H, W) gray uint8 image as JPEG bytes (libjpeg, ISLOW DCT).");
+      nb::arg("progressive") = false, nb::arg("restart_mcus") = 0,
+      "Encodes an (H, W, 3) RGB or (H, W) gray uint8 image as JPEG bytes (libjpeg, ISLOW DCT).\n"
+      "restart_mcus: a restart marker every that many MCUs (0: none), which lets a crop box's\n"
+      "decode skip the entropy-coded data it does not need.");
 
   m.def(
       "encode_jpeg_batch",
-      [](nb::list images, int quality, const std::string& subsampling, int threads) {
+      [](nb::list images, int quality, const std::string& subsampling, int threads,
+         int restart_mcus) {
         EncodeOptions o;
         o.quality = quality;
+        o.restart_mcus = restart_mcus;
         o.subsampling = SubsamplingOf(subsampling);
         if (threads < 0 || threads > kMaxThreads)
           Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
@@ -300,10 +306,10 @@ void BindDecode(nb::module_& m) {
         return out;
       },
       nb::arg("images"), nb::arg("quality") = 90, nb::arg("subsampling") = "420",
-      nb::arg("threads") = 0,
+      nb::arg("threads") = 0, nb::arg("restart_mcus") = 0,
       "Encodes a list of (H, W, 3) uint8 RGB arrays (C-contiguous, sizes may differ) as JPEG\n"
       "bytes, one image per task on the thread pool without the GIL (threads 0: the default\n"
-      "pool). Same bytes as encode_jpeg with the same quality and subsampling.\n\n"
+      "pool). Same bytes as encode_jpeg with the same quality, subsampling and restart_mcus.\n\n"
       "    blobs = _core.encode_jpeg_batch([img0, img1], quality=90, subsampling='420')");
 }
 
