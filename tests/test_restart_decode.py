@@ -1,22 +1,31 @@
 """Compact records with restart markers: a crop box of a record whose restart interval divides
 its MCUs per row is decoded from the restart segments covering the box alone
 (ffi/core/jpeg_restart.h, DecodeJpegBox), and gives exactly Pillow's whole-image decode for
-every box class, subsampling, size and interval; an interval that does not divide the row
-keeps the crop-and-skip path; convert writes the markers; damaged segments and restart
+every box class, subsampling, size and interval, at full size and at 1/2, 1/4 and 1/8
+(dct_scale=True: Pillow's draft() decode at that scale); an interval that does not divide the
+row keeps the crop-and-skip path; convert writes the markers; damaged segments and restart
 markers fail with DecodeError, damage in segments the box does not need goes unnoticed.
 
 The one-pixel margin of the part (kUpsampleMargin in ffi/core/decode.cpp) is what the box-class
 tests prove: built with no margin, 12 of the box tests of this file and test_compact_serve.py
-fail (chroma upsampling at the part's inner edge differs from a whole decode)."""
+fail (chroma upsampling at the part's inner edge differs from a whole decode). At 1/k the
+margin is one pixel at that scale: without it 10 of the scaled tests below fail (4:2:2 at 1/2
+and 1/4, and the real photos); 4:2:0 needs none there (libjpeg's IDCT scales its chroma up to
+full size). A part at most 4 pixels wide at 1/k is widened (its at most 2 chroma samples
+libjpeg would repeat, not smooth): without that, 6 of them fail."""
 from __future__ import annotations
 
+import io
 import struct
 
 import numpy as np
 import pytest
+from PIL import Image
 
+import oracle
 import tbljax
-from tbljax import _core
+from tbljax import _core, kernels
+from tbljax.augment import RecordGeometry, crop_boxes
 
 from conftest import shared_dir
 from test_compact_serve import (box_classes, box_pixels, pil_decode, scan_start, source_of,
@@ -224,3 +233,132 @@ def test_original_bytes_records_are_stored_unchanged(tmp_path):
             fh.seek(info.offset)
             stored = fh.read(info.size)
         assert stored == f.read_bytes() and restart_interval(stored) == 0
+
+
+# ---- DCT-scaled decodes (dct_scale=True): the part is decoded at 1/k as well ----
+
+def pil_decode_scaled(data: bytes, k: int) -> np.ndarray:
+    """Pillow's whole decode at 1/k: draft() asks libjpeg-turbo for its scaled IDCT (ISLOW,
+    fancy upsampling, as ours); a request of (w // k, h // k) makes it pick exactly k."""
+    with Image.open(io.BytesIO(data)) as im:
+        w, h = im.size
+        im.draft(im.mode, (w // k, h // k))
+        out = np.asarray(im.convert("RGB"))
+    assert out.shape[:2] == (-(-h // k), -(-w // k)), "Pillow did not decode at 1/k"
+    return out
+
+
+def dct_scale_of(bh: int, bw: int, oh: int, ow: int) -> int:
+    """The scale serve_jpeg(dct_scale=True) decodes at: the largest k whose scaled box still
+    covers the output DCT_SCALE_MIN_RATIO times on both axes (ChooseDctScale, decode.h)."""
+    r = _core.DCT_SCALE_MIN_RATIO
+    return next((k for k in (8, 4, 2) if bw / k >= r * ow and bh / k >= r * oh), 1)
+
+
+def out_size_for(bh: int, bw: int, k: int) -> tuple[int, int]:
+    """An output size that makes serve_jpeg decode a bh x bw box at exactly 1/k."""
+    r = _core.DCT_SCALE_MIN_RATIO
+    out = int(bh / (r * k)), int(bw / (r * k))
+    assert dct_scale_of(bh, bw, *out) == k
+    return out
+
+
+def scaled_expected(whole_k: np.ndarray, box, out_hw, k: int) -> np.ndarray:
+    """The box rounded outwards to whole pixels of the 1/k decode, then the exact resize."""
+    y0, x0, bh, bw = box
+    ys, xs = y0 // k, x0 // k
+    ye = min(whole_k.shape[0], -(-(y0 + bh) // k))
+    xe = min(whole_k.shape[1], -(-(x0 + bw) // k))
+    return oracle.crop_resize(whole_k, (ys, xs, ye - ys, xe - xs), *out_hw)
+
+
+def served_scaled(src, i: int, box, out_hw) -> np.ndarray:
+    out = np.empty((1, *out_hw, 3), np.uint8)
+    kernels.serve_jpeg(src, [i], out, crop=[box], dct_scale=True)
+    return out[0]
+
+
+def grown(box, h: int, w: int, side: int) -> tuple[int, int, int, int]:
+    """The box made at least side x side (the least a scale-k box has), kept inside the image."""
+    y0, x0, bh, bw = box
+    bh, bw = max(bh, side), max(bw, side)
+    return min(y0, h - bh), min(x0, w - bw), bh, bw
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("kind", ["420", "422", "444", "gray"])
+@pytest.mark.parametrize("hw", [(67, 93), (33, 257), (256, 171), (20, 30), (100, 40)])
+def test_scaled_box_decode_of_restart_records_is_the_whole_scaled_decode(k, kind, hw):
+    h, w = hw
+    side = int(np.ceil(_core.DCT_SCALE_MIN_RATIO * k))  # a box of 1 output pixel at 1/k
+    if min(h, w) < side:
+        pytest.skip(f"no box of a {h}x{w} image is decoded at 1/{k}")
+    img = textured(h, w, seed=h + w + k)
+    n = per_row(w, kind)
+    for r in sorted({r for r in (1, 2, n) if n % r == 0}):
+        blob = encode(img, kind, r)
+        assert restart_interval(blob) == r
+        whole_k = pil_decode_scaled(blob, k)
+        src = source_of([blob], [hw])
+        for box in box_classes(h, w, MCU[kind][0], np.random.default_rng(h * w + r))[:40]:
+            y0, x0, bh, bw = box
+            if y0 < 0 or x0 < 0 or y0 + bh > h or x0 + bw > w:
+                continue
+            box = grown(box, h, w, side)
+            out_hw = out_size_for(box[2], box[3], k)
+            np.testing.assert_array_equal(served_scaled(src, 0, box, out_hw),
+                                          scaled_expected(whole_k, box, out_hw, k),
+                                          err_msg=f"R={r} k={k} box={box} out={out_hw}")
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_scaled_decode_reads_only_the_boxs_segments(k):
+    h, w = 96, 128
+    blob = encode(textured(h, w, seed=8), "420", 2)
+    whole_k = pil_decode_scaled(blob, k)
+    src = source_of([zero_segment(blob, restart_segments(blob)[0])], [(h, w)])
+    # A box over the damaged top-left segment fails...
+    box = (0, 0, 4 * k, 4 * k)
+    with pytest.raises(tbljax.DecodeError, match="corrupt"):
+        served_scaled(src, 0, box, out_size_for(4 * k, 4 * k, k))
+    # ...one below it serves the whole scaled decode, where the crop-and-skip path (which
+    # entropy-decodes every row above the box) would have failed on the damage.
+    box = (h - 40, w - 48, 40, 48) if k < 8 else (h - 48, w - 64, 48, 64)
+    out_hw = out_size_for(box[2], box[3], k)
+    np.testing.assert_array_equal(served_scaled(src, 0, box, out_hw),
+                                  scaled_expected(whole_k, box, out_hw, k))
+
+
+def test_real_photos_with_restart_markers_serve_the_whole_scaled_decode(tmp_path):
+    photos = sorted((shared_dir("kodak") / "images").glob("*.jpg"))[3::40]
+    photos += sorted(shared_dir("caltech101").rglob("*.jpg"))[11::250]
+    path = tmp_path / "c512.tbl"
+    tbljax.convert(photos, path, image_size=512, resize="max_side", format="jpeg", quality=90,
+                   progress=False)
+    ds = tbljax.open(path)
+    records = ds.jpeg_records()
+    src = kernels.jpeg_source(*records)
+    heights, widths = records[4], records[5]
+    n = len(ds)
+    blobs = []
+    for i in range(n):
+        info = ds.info(i)
+        with open(info.file, "rb") as f:
+            f.seek(info.offset)
+            blobs.append(f.read(info.size))
+    wholes = {}
+    seen = set()
+    geometry = RecordGeometry(np.asarray(heights), np.asarray(widths))
+    for size in (48, 16):  # random-resized crops: at 48 px 1/1 to 1/4, at 16 px up to 1/8
+        idx = np.tile(np.arange(n), 2)
+        boxes = np.asarray(crop_boxes(idx, seed=size, epoch=0, geometry=geometry))
+        out = np.empty((len(idx), size, size, 3), np.uint8)
+        kernels.serve_jpeg(src, idx, out, crop=boxes, dct_scale=True)
+        for b, (i, box) in enumerate(zip(idx.tolist(), boxes.tolist())):
+            k = dct_scale_of(box[2], box[3], size, size)
+            seen.add(k)
+            if (i, k) not in wholes:
+                wholes[i, k] = pil_decode(blobs[i]) if k == 1 else pil_decode_scaled(blobs[i], k)
+            np.testing.assert_array_equal(out[b], scaled_expected(wholes[i, k], box, (size, size), k),
+                                          err_msg=f"record {i} box {box} k={k}")
+    assert seen == {1, 2, 4, 8}

@@ -491,21 +491,28 @@ struct DecodeScratch {
 
 // Pixels next to a cut edge that fancy chroma upsampling makes differ from a whole decode: it
 // reads one chroma neighbour on each side (h2v1, h2v2, h1v2), so one pixel row or column at a
-// part's inner edge is off. Checked by tests/test_restart_decode.py: every box class for
-// 4:2:0, 4:2:2, 4:4:4 and grayscale equals Pillow's whole decode with this margin.
+// part's inner edge is off. At 1/k it is one pixel at that scale (k stored pixels): libjpeg
+// upsamples the scaled chroma the same way, or not at all where its IDCT scales chroma up to
+// the luma size. Checked by tests/test_restart_decode.py: every box class for 4:2:0, 4:2:2,
+// 4:4:4 and grayscale, at scales 1, 2, 4 and 8, equals Pillow's whole decode with this margin.
 constexpr int kUpsampleMargin = 1;
 
+// libjpeg upsamples a chroma component this many samples wide or less by repeating them, not
+// smoothly (jdsample.c: fancy upsampling needs downsampled_width > 2).
+constexpr int kMaxRepeatedChroma = 2;
+
 // The restart path of DecodeJpegBox (decode.h): when the record is a single-scan Huffman JPEG
-// of 8-bit samples with a restart interval dividing its MCUs per row, shown unrotated at
-// scale 1, decodes just the restart segments that cover `need` (plus kUpsampleMargin) as a JPEG
-// of their own. *taken is false when the record is not such a one (nothing done).
+// of 8-bit samples with a restart interval dividing its MCUs per row, shown unrotated, decodes
+// just the restart segments that cover `need` (pixels at 1/scale_denom, plus kUpsampleMargin of
+// them) as a JPEG of their own, at the same scale. *taken is false when the record is not such
+// a one (nothing done).
 Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, const PixelRect& need,
                          int scale_denom, JpegBoxScratch* s, JpegBoxRegion* region, bool* taken) {
   *taken = false;
   const jpeg_decompress_struct& c = d.cinfo;
   const int R = static_cast<int>(c.restart_interval);
-  if (R <= 0 || scale_denom != 1 || d.orientation != 1 || c.progressive_mode || c.arith_code ||
-      c.data_precision != 8 || c.comps_in_scan != c.num_components)
+  if (R <= 0 || d.orientation != 1 || c.progressive_mode || c.arith_code || c.data_precision != 8 ||
+      c.comps_in_scan != c.num_components)
     return Status::Ok();
   // An MCU: one block of a single-component scan, else max_samp_factor blocks on each axis.
   const bool one = c.num_components == 1;
@@ -514,17 +521,36 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   const int W = static_cast<int>(c.image_width), H = static_cast<int>(c.image_height);
   const int per_row = (W + mcu_w - 1) / mcu_w, rows = (H + mcu_h - 1) / mcu_h;
   if (per_row % R != 0) return Status::Ok();  // segments would span rows
+  // `need` with its margin, in stored pixels: scaled pixel i is stored pixels [k*i, k*(i+1)).
+  const int k = scale_denom;
+  const int top = std::max(0, (need.y0 - kUpsampleMargin) * k);
+  const int bottom = std::min(H, (need.y1 + kUpsampleMargin) * k);
+  const int left = std::max(0, (need.x0 - kUpsampleMargin) * k);
+  const int right = std::min(W, (need.x1 + kUpsampleMargin) * k);
   JpegPart part;
   part.mcus_per_row = per_row;
   part.restart_mcus = R;
-  part.row0 = std::max(0, need.y0 - kUpsampleMargin) / mcu_h;
-  part.row1 = (std::min(H, need.y1 + kUpsampleMargin) + mcu_h - 1) / mcu_h;
-  part.col0 = std::max(0, need.x0 - kUpsampleMargin) / mcu_w / R * R;
-  const int last_col = (std::min(W, need.x1 + kUpsampleMargin) + mcu_w - 1) / mcu_w;
+  part.row0 = top / mcu_h;
+  part.row1 = (bottom + mcu_h - 1) / mcu_h;
+  part.col0 = left / mcu_w / R * R;
+  const int last_col = (right + mcu_w - 1) / mcu_w;
   part.col1 = std::min(per_row, (last_col + R - 1) / R * R);
+  // A part at most 4 pixels wide at 1/k has half-width chroma of at most kMaxRepeatedChroma
+  // samples, which libjpeg upsamples otherwise than the whole image's: widen it by whole
+  // intervals.
+  const auto part_w = [&] {
+    return (part.col1 == per_row ? W : part.col1 * mcu_w) - part.col0 * mcu_w;
+  };
+  while (part_w() <= kMaxRepeatedChroma * 2 * k && (part.col0 > 0 || part.col1 < per_row)) {
+    if (part.col0 > 0) part.col0 -= R;
+    else part.col1 = std::min(per_row, part.col1 + R);
+  }
+  // The part starts on an MCU edge (a multiple of 8 or 16, so of k), and where it meets the
+  // image's right or bottom edge ends there, so libjpeg's rounded-up scaled size of the part
+  // ends where the whole image's does.
   const int y0 = part.row0 * mcu_h, x0 = part.col0 * mcu_w;
   part.height = (part.row1 == rows ? H : part.row1 * mcu_h) - y0;
-  part.width = (part.col1 == per_row ? W : part.col1 * mcu_w) - x0;
+  part.width = part_w();
   JpegScanLayout layout;
   if (!FindJpegScan(data, size, &layout)) return Status::Ok();
   bool usable = false;
@@ -537,7 +563,7 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   JpegInfo info;
   TBLJAX_RETURN_IF_ERROR(Open(&p, s->part.data(), s->part.size(), &info));
   Geometry g;
-  if (!SetUpDecode(&p, 1, &g)) return DecodeFailure(p.err, p.src.eof_hit);
+  if (!SetUpDecode(&p, k, &g)) return DecodeFailure(p.err, p.src.eof_hit);
   Window all;
   all.w = g.w;
   all.h = g.h;
@@ -550,13 +576,13 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
                        ", columns " + std::to_string(part.col0) + "-" +
                        std::to_string(part.col1 - 1) + ")");
   region->pixels = s->pixels.data();
-  region->width = part.width;
-  region->height = part.height;
-  region->box[0] = need.y0 - y0;
-  region->box[1] = need.x0 - x0;
+  region->width = g.w;
+  region->height = g.h;
+  region->box[0] = need.y0 - y0 / k;
+  region->box[1] = need.x0 - x0 / k;
   region->box[2] = need.y1 - need.y0;
   region->box[3] = need.x1 - need.x0;
-  region->scale_denom = 1;
+  region->scale_denom = k;
   *taken = true;
   return Status::Ok();
 }

@@ -96,16 +96,18 @@ struct JpegBoxRegion {
 };
 
 // Decodes the pixels of request.box, and only about those. A baseline Huffman record with a
-// restart interval R that divides its MCUs per row, decoded at scale 1 without EXIF rotation
-// (compact records: tbljax.convert writes restart markers), is cut down to the restart
-// segments covering the box plus a one-pixel margin where the box edge is not an image edge
-// (fancy chroma upsampling reads one neighbour), and only that part is entropy-decoded
-// (jpeg_restart.h); its segment count and marker sequence are checked over the whole record.
+// restart interval R that divides its MCUs per row, without EXIF rotation (compact records:
+// tbljax.convert writes restart markers), is cut down to the restart segments covering the box
+// plus a margin of one pixel at the decode scale where the box edge is not an image edge (fancy
+// chroma upsampling reads one neighbour), and only that part is entropy-decoded, at the same
+// scale (jpeg_restart.h); its segment count and marker sequence are checked over the whole
+// record.
 // Any other record: columns outside the box are not transformed, rows above it are
 // entropy-decoded only, and decoding stops after the box's last iMCU row. Either way damage
 // or truncation in data the box does not need (below it; with restart segments, also beside
 // or above it) goes unnoticed: those pixels are never served. At scale 1 the region's bytes
-// are those of a whole-image decode (StoredWindow's margins). A box outside the image is
+// are those of a whole-image decode (StoredWindow's margins); from restart segments they are
+// at every scale (those of a whole-image decode at 1/k). A box outside the image is
 // InvalidArgument; an image of another size than expect_h x expect_w is Corrupt; bad data is
 // DecodeError.
 Status DecodeJpegBox(const uint8_t* data, size_t size, const JpegBoxRequest& request,
