@@ -556,7 +556,10 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   bool usable = false;
   TBLJAX_RETURN_IF_ERROR(
       FindRestartSegments(data, size, layout, int64_t{rows} * per_row / R, &s->segments, &usable));
-  if (!usable) return Status::Ok();
+  // A part of the whole image is the record itself: the usual path decodes it without a copy
+  // (the markers were checked above all the same).
+  if (!usable || (part.row0 == 0 && part.row1 == rows && part.col0 == 0 && part.col1 == per_row))
+    return Status::Ok();
   CutJpegPart(data, layout, s->segments, part, &s->part);
 
   Decoder p;
