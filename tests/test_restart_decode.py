@@ -195,21 +195,29 @@ def test_convert_writes_restart_markers_into_compact_records(tmp_path, chroma):
     assert seen == {1, 2}  # both kinds of row occur in this set
 
 
-def test_real_photos_with_restart_markers_serve_the_whole_decode(tmp_path):
-    photos = sorted((shared_dir("kodak") / "images").glob("*.jpg"))[5::17]
-    photos += sorted(shared_dir("caltech101").rglob("*.jpg"))[7::150]
-    path = tmp_path / "c.tbl"
-    tbljax.convert(photos, path, image_size=256, resize="max_side", format="jpeg", quality=90,
+def compact_photos(tmp_path, size: int, kodak: slice, caltech: slice):
+    """Some real photos as a compact file at max side `size`: (dataset, each record's bytes)."""
+    photos = sorted((shared_dir("kodak") / "images").glob("*.jpg"))[kodak]
+    photos += sorted(shared_dir("caltech101").rglob("*.jpg"))[caltech]
+    path = tmp_path / f"c{size}.tbl"
+    tbljax.convert(photos, path, image_size=size, resize="max_side", format="jpeg", quality=90,
                    progress=False)
     ds = tbljax.open(path)
-    src = tbljax.kernels.jpeg_source(*ds.jpeg_records())
-    rng = np.random.default_rng(1)
+    blobs = []
     for i in range(len(ds)):
         info = ds.info(i)
         with open(info.file, "rb") as f:
             f.seek(info.offset)
-            blob = f.read(info.size)
-        assert restart_interval(blob) == expected_interval(info.width, "420")
+            blobs.append(f.read(info.size))
+    return ds, blobs
+
+
+def test_real_photos_with_restart_markers_serve_the_whole_decode(tmp_path):
+    ds, blobs = compact_photos(tmp_path, 256, slice(5, None, 17), slice(7, None, 150))
+    src = tbljax.kernels.jpeg_source(*ds.jpeg_records())
+    rng = np.random.default_rng(1)
+    for i, blob in enumerate(blobs):
+        assert restart_interval(blob) == expected_interval(int(ds.info(i).width), "420")
         whole = pil_decode(blob)
         h, w = whole.shape[:2]
         for _ in range(20):
@@ -330,22 +338,11 @@ def test_scaled_decode_reads_only_the_boxs_segments(k):
 
 
 def test_real_photos_with_restart_markers_serve_the_whole_scaled_decode(tmp_path):
-    photos = sorted((shared_dir("kodak") / "images").glob("*.jpg"))[3::40]
-    photos += sorted(shared_dir("caltech101").rglob("*.jpg"))[11::250]
-    path = tmp_path / "c512.tbl"
-    tbljax.convert(photos, path, image_size=512, resize="max_side", format="jpeg", quality=90,
-                   progress=False)
-    ds = tbljax.open(path)
+    ds, blobs = compact_photos(tmp_path, 512, slice(3, None, 40), slice(11, None, 250))
     records = ds.jpeg_records()
     src = kernels.jpeg_source(*records)
     heights, widths = records[4], records[5]
     n = len(ds)
-    blobs = []
-    for i in range(n):
-        info = ds.info(i)
-        with open(info.file, "rb") as f:
-            f.seek(info.offset)
-            blobs.append(f.read(info.size))
     wholes = {}
     seen = set()
     geometry = RecordGeometry(np.asarray(heights), np.asarray(widths))
