@@ -113,7 +113,7 @@ def make_file(dst: Path, gb: float, size: int, fmt: str = "raw") -> int:
     """kodak converted once at `size` (RAW, or compact JPEG q90), its records repeated to about
     `gb` GB."""
     import tbljax
-    from tbljax.format import Writer
+    from tbljax._src.io.format import Writer
 
     base = dst.with_suffix(".base.tbl")
     compact = dict(format="jpeg", quality=90) if fmt == "compact" else {}

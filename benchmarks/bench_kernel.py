@@ -3,9 +3,9 @@
 Each configuration runs in its own process, rounds are interleaved, and the median is
 reported. Records are random uint8 (the kernel's cost does not depend on pixel values).
 
-    PYTHONPATH=. python benchmarks/bench_kernel.py               # 5,000 x 160 px, batch 256
-    PYTHONPATH=. python benchmarks/bench_kernel.py --rounds 5 --only f32_nhwc,rrc_flip_f32_nhwc
-    PYTHONPATH=. python benchmarks/bench_kernel.py --only whole192x256_to224_f32,whole192x256_to112_f32
+    PYTHONPATH=src python benchmarks/bench_kernel.py               # 5,000 x 160 px, batch 256
+    PYTHONPATH=src python benchmarks/bench_kernel.py --rounds 5 --only f32_nhwc,rrc_flip_f32_nhwc
+    PYTHONPATH=src python benchmarks/bench_kernel.py --only whole192x256_to224_f32,whole192x256_to112_f32
 
 "produce" = batches written per second x batch size, into one reused output buffer.
 """
@@ -103,7 +103,8 @@ def child(name: str, args) -> dict:
     import numpy as np
     from concurrent.futures import ThreadPoolExecutor
 
-    from tbljax import _core, kernels
+    from tbljax import _core
+    from tbljax._src.engine import kernels
     kind, dtype_name, layout, _ = CONFIGS[name]
     dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "uint8": np.uint8}[dtype_name]
     s, b = args.size, args.batch

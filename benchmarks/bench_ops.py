@@ -128,8 +128,9 @@ def worker(config: str, path: str, batch: int, steps: int, augment: str) -> dict
     import jax.numpy as jnp
 
     import tbljax
-    from tbljax import augment as aug_mod
-    from tbljax import ops, order
+    from tbljax._src.rules import augment as aug_mod
+    from tbljax._src.jax import ops
+    from tbljax._src.rules import order
 
     aug = augment_spec(augment)
     mean, std, seed, n = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD, 0, N_RECORDS

@@ -46,11 +46,11 @@ if ! have_header jpeglib.h || ! have_header lz4.h; then
     note "build: libjpeg/liblz4 headers missing and no .gpu_deps carried (see this script's header)"
   fi
 fi
-rm -f tbljax/_core*.so tbljax/_ffi_cuda*.so
+rm -f src/tbljax/_core*.so src/tbljax/_ffi_cuda*.so
 t0=$(date +%s)
 if PYTHON=$(command -v "$PY") timeout 150 scripts/dev-build.sh -DTBLJAX_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES=90 "${extra[@]}" >"$OUT/build.log" 2>&1; then
-  note "build: ok in $(( $(date +%s) - t0 )) s ($(ls tbljax/*.so | xargs -n1 basename | tr '\n' ' '))"
+  note "build: ok in $(( $(date +%s) - t0 )) s ($(ls src/tbljax/*.so | xargs -n1 basename | tr '\n' ' '))"
 else
   note "build: FAILED after $(( $(date +%s) - t0 )) s; last lines:"
   tail -25 "$OUT/build.log" | tee -a "$OUT/summary.txt"
@@ -58,13 +58,13 @@ else
 fi
 
 # ---- the GPU tests: no skips allowed ----
-TBLJAX_REQUIRE_CUDA=1 PYTHONPATH=. timeout 120 "$PY" -m pytest tests/test_ops_cuda.py -q \
+TBLJAX_REQUIRE_CUDA=1 PYTHONPATH=src timeout 120 "$PY" -m pytest tests/test_ops_cuda.py -q \
   -p no:cacheprovider >"$OUT/tests.txt" 2>&1
 rc=$?
 note "gpu tests: exit $rc: $(tail -1 "$OUT/tests.txt")"
 [ $rc -eq 0 ] || { status=1; tail -40 "$OUT/tests.txt" >>"$OUT/summary.txt"; }
 # The CPU suite of the same module, as a cross-check on this machine's jax version.
-PYTHONPATH=. JAX_PLATFORMS=cpu timeout 60 "$PY" -m pytest tests/test_ops.py -q \
+PYTHONPATH=src JAX_PLATFORMS=cpu timeout 60 "$PY" -m pytest tests/test_ops.py -q \
   -p no:cacheprovider >"$OUT/tests_cpu.txt" 2>&1
 rc=$?
 note "cpu tests (tests/test_ops.py on this machine's jax): exit $rc: $(tail -1 "$OUT/tests_cpu.txt")"
@@ -72,7 +72,7 @@ note "cpu tests (tests/test_ops.py on this machine's jax): exit $rc: $(tail -1 "
 # ---- a short GPU benchmark: batches of 256 at 160 px, one round of 5 passes per path (the
 # per-round lines land in bench.err as they come). Worst case of all steps: 150 + 120 + 60 +
 # 150 s = 8 minutes. ----
-PYTHONPATH=. timeout 150 "$PY" benchmarks/bench_ops.py --rounds 1 --steps 10 --batch 256 \
+PYTHONPATH=src timeout 150 "$PY" benchmarks/bench_ops.py --rounds 1 --steps 10 --batch 256 \
   --augment rrc_flip >"$OUT/bench.md" 2>"$OUT/bench.err"
 rc=$?
 note "bench: exit $rc"

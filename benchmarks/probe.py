@@ -1,11 +1,11 @@
 """Small probes behind the explanations in benchmarks/README.md (not targets: single runs,
 best or median of a few repetitions, on whatever the machine is doing at the time).
 
-    PYTHONPATH=. python benchmarks/probe.py first-touch   # fresh 78 MB batch buffer: 4 KiB vs huge pages
-    PYTHONPATH=. python benchmarks/probe.py map-passes    # kernel on a freshly opened file: pass 1 vs pass 2
-    PYTHONPATH=. python benchmarks/probe.py permute       # the shuffle of one batch: C++ vs array code
-    PYTHONPATH=. python benchmarks/probe.py decode        # decode_resize_into per image, 1 thread
-    PYTHONPATH=. python benchmarks/probe.py convert-gaps  # idle time of the decode pool inside convert
+    PYTHONPATH=src python benchmarks/probe.py first-touch   # fresh 78 MB batch buffer: 4 KiB vs huge pages
+    PYTHONPATH=src python benchmarks/probe.py map-passes    # kernel on a freshly opened file: pass 1 vs pass 2
+    PYTHONPATH=src python benchmarks/probe.py permute       # the shuffle of one batch: C++ vs array code
+    PYTHONPATH=src python benchmarks/probe.py decode        # decode_resize_into per image, 1 thread
+    PYTHONPATH=src python benchmarks/probe.py convert-gaps  # idle time of the decode pool inside convert
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ BATCH_BYTES = 256 * 160 * 160 * 3 * 4  # one float32 NHWC batch of 256 at 160 px
 
 
 def first_touch() -> None:
-    from tbljax.batch import aligned_empty
+    from tbljax._src.engine.ring import aligned_empty
 
     for name, make in (("np.empty (4 KiB pages)", lambda: np.empty(BATCH_BYTES, np.uint8)),
                        ("aligned_empty (huge pages)", lambda: aligned_empty(BATCH_BYTES))):
@@ -51,7 +51,7 @@ def _kodak_file(d: Path, records: int) -> Path:
 
 def map_passes() -> None:
     import tbljax
-    from tbljax import kernels
+    from tbljax._src.engine import kernels
 
     with tempfile.TemporaryDirectory() as d:
         path = _kodak_file(Path(d), 5000)  # written just now: in the page cache, never mapped here
@@ -70,7 +70,7 @@ def map_passes() -> None:
 
 
 def permute() -> None:
-    from tbljax import order
+    from tbljax._src.rules import order
 
     n, pos = 1_281_167, np.arange(256, dtype=np.int64) + 100_000
     k = (n - 1).bit_length()

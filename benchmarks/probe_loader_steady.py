@@ -2,7 +2,7 @@
 ring's slots have all been written once (the first write to each faults its memory in).
 Used for the step-by-step table of compact serving in benchmarks/README.md.
 
-    TBLJAX_NUM_THREADS=2 PYTHONPATH=. python benchmarks/probe_loader_steady.py FILE.tbl [--batches 24]
+    TBLJAX_NUM_THREADS=2 PYTHONPATH=src python benchmarks/probe_loader_steady.py FILE.tbl [--batches 24]
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ aspect kept, then each record is resized whole to 64, 112, 160 and 224 px square
 torchvision-style RRC boxes (scale 0.08-1, ratio 3/4-4/3) to 224 and 112. PSNR of each method
 against Pillow per image: mean and worst per configuration (identical images count as 99 dB).
 
-    PYTHONPATH=. python benchmarks/probe_resize_quality.py [--caltech-step 10] [--boxes 4]
+    PYTHONPATH=src python benchmarks/probe_resize_quality.py [--caltech-step 10] [--boxes 4]
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def pillow(img: np.ndarray, box, oh: int, ow: int) -> np.ndarray:
 
 
 def ours(img: np.ndarray, boxes: np.ndarray, oh: int, ow: int) -> np.ndarray:
-    from tbljax import kernels
+    from tbljax._src.engine import kernels
 
     out = np.empty((len(boxes), oh, ow, 3), np.uint8)
     return kernels.gather(np.ascontiguousarray(img[None]), np.zeros(len(boxes), np.int64), out,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Developer build: compiles the native modules into tbljax/ so `PYTHONPATH=. pytest` tests the
+# Developer build: compiles the native modules into src/tbljax/ so `PYTHONPATH=src pytest` tests the
 # working tree without installing. Usage: scripts/dev-build.sh [extra cmake -D options]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,7 +4,7 @@
 # that build.
 # Usage: scripts/sanitize.sh [extra pytest args]    (PYTHON=... to pick the interpreter)
 # The sanitized module lives in build/sanitize/ with a copy of the Python package beside it;
-# the developer build in tbljax/ is not touched.
+# the developer build in src/tbljax/ is not touched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -26,7 +26,7 @@ cmake --build "$out" --target _core
 # The package as tests import it: this tree's Python files and the sanitized module.
 pkg=$out/pkg/tbljax
 rm -rf "$out/pkg" && mkdir -p "$pkg"
-cp tbljax/*.py "$pkg/"
+(cd src/tbljax && find . -name "*.py" -exec cp --parents {} "$root/$pkg/" \;)
 cp "$out"/_core*.so "$pkg/"
 
 # ASan must be loaded before anything else in the process, so it is preloaded into Python;

@@ -29,7 +29,8 @@ def main():
     from jax.experimental import multihost_utils
 
     import tbljax
-    from tbljax import kernels, order
+    from tbljax._src.engine import kernels
+    from tbljax._src.rules import order
 
     seen = []
     real_gather = kernels.gather

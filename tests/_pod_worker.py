@@ -26,7 +26,8 @@ def check_assembly_aliases_the_ring(batch_size):
     slot counts as in use while the array lives (tbljax.batch's lifetime contract)."""
     import gc
 
-    from tbljax import batch, sharding
+    from tbljax._src.engine import ring as batch
+    from tbljax._src.rules import sharding
 
     whole = batch.Layout.create(sharding.batch_sharding(None), batch_size)
     slot = batch.Slot(whole.process_local(jax.process_count()), (4, 3, 3), np.uint8)

@@ -1,7 +1,9 @@
-"""The package keeps DESIGN.md's map: data flows one way, so a module imports only modules
-upstream of it, and no module reaches into another's private names. Read from the source (the
-`ast` of every module, imports inside functions included), so a new module must take its place
-in `ROOMS` below, and a shortcut fails here before it spreads."""
+"""The package keeps docs/architecture.md's map: a public facade over private rooms, one folder
+per room under `tbljax/_src/`, data flowing one way. A module imports only modules upstream of
+it (an earlier folder, or an earlier module of its own folder), and no module reaches into
+another's private names or private attributes. Read from the source (the `ast` of every
+module, imports inside functions included), so a new module must take its place in `ROOMS`
+below, and a shortcut fails here before it spreads."""
 from __future__ import annotations
 
 import ast
@@ -10,60 +12,78 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "tbljax"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "src" / "tbljax"
 
-# Upstream first. A module may import only modules of an earlier line (never its own line or
-# a later one). "tbljax" is the public facade (__init__.py).
+# Upstream first: (folder, its modules in order). A module may import a module of an earlier
+# folder, or an earlier module of its own folder; never a later one. Names are dotted paths
+# inside the package ("_src.io.reader"); the public facade is the package's top level
+# ("tbljax" is its __init__.py), last, so no private room depends on it.
 ROOMS = [
-    ["_core", "_ffi_cuda"],                      # native: the core (C++), the CUDA handler
-    ["contract", "sharding", "braces", "partition"],  # shared rules; `sharding=`; {a,b}; host parts
-    ["remote"],                                  # files at a URL (fsspec), retried and resumed
-    ["format", "order", "kernels", "batch", "sources"],  # file bytes; order; kernel; buffers; inputs
-    ["reader", "augment"],                       # open a file; crops and flips
-    ["conversion", "options", "local_part", "staging"],  # sources -> file; loader options; host part; copy to disk
-    ["step"],                                    # positions -> samples -> crops and flips
-    ["plan", "ops"],                             # one host batch; the kernel inside jit
-    ["producer"],                                # the threads of a pass
-    ["host_loader"],                             # cursor, state, metrics
-    ["jax_loader", "_adapter"],                  # JAX arrays; what torch and MLX share
-    ["torch", "mlx", "resident"],                # adapters; the dataset on device
-    ["benchmark", "show"],                       # tools over the loaders
-    ["tbljax"],                                  # the public facade
-    ["demo"],                                    # the demo program
-    ["cli"],                                     # the command line
+    ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
+    ("_src/rules", ["contract", "braces", "sharding", "partition", "order", "augment",
+                    "dataset", "options"]),         # what every path agrees on
+    ("_src/io", ["remote", "format", "sources", "reader", "host_part", "staging",
+                 "conversion"]),                    # bytes on disk and at URLs
+    ("_src/engine", ["kernels", "ring", "step", "record_source", "plan", "producer",
+                     "host_loader"]),               # the framework-free serving machine
+    ("_src/jax", ["ops", "loader", "resident"]),    # JAX arrays, the kernel inside jit
+    ("_src/adapters", ["common", "torch", "mlx"]),  # torch and MLX
+    ("_src/tools", ["benchmark", "show", "demo", "cli"]),  # programs over the loaders
+    ("facade", ["kernels", "order", "augment", "show", "ops", "torch", "mlx", "tbljax",
+                "__main__"]),                       # what users import
 ]
-RANK = {m: r for r, line in enumerate(ROOMS) for m in line}
+
+
+def _name(folder: str, module: str) -> str:
+    if folder in ("native", "facade"):
+        return module
+    return folder.replace("/", ".") + "." + module
+
+
+RANK = {_name(f, m): (r, i) for r, (f, mods) in enumerate(ROOMS) for i, m in enumerate(mods)}
 
 
 def _modules() -> dict[str, Path]:
-    mods = {p.stem: p for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    mods["tbljax"] = PACKAGE / "__init__.py"
+    mods = {}
+    for p in PACKAGE.rglob("*.py"):
+        rel = p.relative_to(PACKAGE).with_suffix("")
+        if rel.name == "__init__":
+            if rel.parent == Path("."):
+                mods["tbljax"] = p
+            continue  # a room's __init__ holds only its docstring (checked below)
+        mods[".".join(rel.parts)] = p
     return mods
 
 
+def _resolve(dotted: str) -> str:
+    """The module a `tbljax...` dotted import names: "tbljax" for the facade itself."""
+    parts = dotted.split(".")[1:]
+    return ".".join(parts) if parts else "tbljax"
+
+
 def _imports(tree: ast.AST) -> list[tuple[str, int, list[str]]]:
-    """(tbljax module imported, line, names taken from it) for every import in the tree."""
+    """(module imported, line, names taken from it) for every tbljax import in the tree."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                parts = a.name.split(".")
-                if parts[0] == "tbljax":
-                    found.append((parts[1] if len(parts) > 1 else "tbljax", node.lineno, []))
+                if a.name.split(".")[0] == "tbljax":
+                    found.append((_resolve(a.name), node.lineno, []))
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            parts = node.module.split(".")
-            if parts[0] != "tbljax":
+            if node.module.split(".")[0] != "tbljax":
                 continue
-            if len(parts) > 1:
-                found.append((parts[1], node.lineno, [a.name for a in node.names]))
-            else:  # from tbljax import x, y: modules, or names of the facade
-                for a in node.names:
-                    target = a.name if a.name in RANK else "tbljax"
-                    found.append((target, node.lineno, [] if target != "tbljax" else [a.name]))
+            base = _resolve(node.module)
+            for a in node.names:
+                sub = a.name if base == "tbljax" else f"{base}.{a.name}"
+                if sub in RANK:  # `from tbljax._src.io import reader`: the module itself
+                    found.append((sub, node.lineno, []))
+                else:
+                    found.append((base, node.lineno, [a.name]))
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
               and node.args and isinstance(node.args[0], ast.Constant)
               and str(node.args[0].value).startswith("tbljax.")):
-            found.append((str(node.args[0].value).split(".")[1], node.lineno, []))
+            found.append((_resolve(str(node.args[0].value)), node.lineno, []))
     return found
 
 
@@ -71,69 +91,137 @@ def _module_aliases(tree: ast.AST) -> dict[str, str]:
     """Local names bound to tbljax modules: {alias: module}."""
     aliases = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "tbljax":
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tbljax":
+            base = _resolve(node.module)
             for a in node.names:
-                if a.name in RANK:
-                    aliases[a.asname or a.name] = a.name
+                sub = a.name if base == "tbljax" else f"{base}.{a.name}"
+                if sub in RANK:
+                    aliases[a.asname or a.name] = sub
         elif isinstance(node, ast.Import):
             for a in node.names:
-                parts = a.name.split(".")
-                if parts[0] == "tbljax" and len(parts) == 2 and a.asname:
-                    aliases[a.asname] = parts[1]
+                if a.name.split(".")[0] == "tbljax" and a.asname:
+                    aliases[a.asname] = _resolve(a.name)
     return aliases
+
+
+def _own_private_names(tree: ast.AST) -> set[str]:
+    """Private names this module defines: functions, classes, attributes it assigns."""
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+        elif isinstance(node, ast.arg):
+            own.add(node.arg)
+    return own
+
+
+def private_reaches(tree: ast.AST, module: str) -> list[str]:
+    """Every use of another module's private name: imported, through a module alias, or as an
+    attribute of an object that this module did not define (``ds._files``)."""
+    bad = [f"line {line}: from tbljax.{target} import {name}"
+           for target, line, names in _imports(tree) if target != module
+           for name in names if name.startswith("_") and not name.startswith("__")
+           and target + "." + name not in RANK]
+    aliases = _module_aliases(tree)
+    own = _own_private_names(tree)
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            continue
+        if isinstance(node.value, ast.Name) and node.value.id in aliases:
+            if aliases[node.value.id] != module and aliases[node.value.id] != "native":
+                bad.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+        elif node.attr not in own:
+            bad.append(f"line {node.lineno}: .{node.attr} (an attribute this module does not define)")
+    return bad
 
 
 def test_every_module_has_a_place_on_the_map():
     assert sorted(set(_modules()) - set(RANK)) == []
-    assert sorted(set(RANK) - set(_modules()) - set(ROOMS[0])) == []
+    assert sorted(set(RANK) - set(_modules()) - {"_core", "_ffi_cuda"}) == []
+
+
+def test_private_rooms_are_folders_of_one_layer_each():
+    rooms = sorted(p.name for p in (PACKAGE / "_src").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert rooms == sorted(f.split("/")[1] for f, _ in ROOMS if f.startswith("_src/"))
+    for room in rooms:  # a room's __init__ says what the room is for and exports nothing
+        tree = ast.parse((PACKAGE / "_src" / room / "__init__.py").read_text())
+        assert ast.get_docstring(tree), f"_src/{room}/__init__.py has no docstring"
+        assert [type(n).__name__ for n in tree.body] == ["Expr"], f"_src/{room}/__init__.py holds code"
 
 
 @pytest.mark.parametrize("module", sorted(_modules()))
 def test_imports_flow_downstream_only(module):
     tree = ast.parse(_modules()[module].read_text())
-    upward = [f"line {line}: imports {target} (rank {RANK.get(target)} >= {RANK[module]})"
+    upward = [f"line {line}: imports {target} {RANK.get(target)} >= {RANK[module]}"
               for target, line, _ in _imports(tree)
               if target in RANK and target != module and RANK[target] >= RANK[module]]
-    assert upward == [], f"tbljax/{module}: " + "; ".join(upward)
+    unknown = [f"line {line}: imports {target}, which is not on the map"
+               for target, line, _ in _imports(tree) if target not in RANK]
+    assert upward + unknown == [], f"tbljax/{module}: " + "; ".join(upward + unknown)
 
 
 @pytest.mark.parametrize("module", sorted(_modules()))
 def test_no_private_name_of_another_module(module):
-    tree = ast.parse(_modules()[module].read_text())
-    bad = [f"line {line}: from tbljax.{target} import {name}"
-           for target, line, names in _imports(tree) if target != module
-           for name in names if name.startswith("_") and name != "__version__"]
-    aliases = _module_aliases(tree)
-    bad += [f"line {node.lineno}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-            and node.value.id in aliases and aliases[node.value.id] != module
-            and node.attr.startswith("_") and not node.attr.startswith("__")]
+    bad = private_reaches(ast.parse(_modules()[module].read_text()), module)
     assert bad == [], f"tbljax/{module} uses private names: " + "; ".join(bad)
 
 
+def test_tests_use_public_seams_not_private_attributes():
+    # Tests hold the code to its promises through what it offers, not through its insides.
+    bad = {}
+    for p in sorted((REPO / "tests").glob("*.py")):
+        if p.name == Path(__file__).name:
+            continue
+        found = private_reaches(ast.parse(p.read_text()), "tests")
+        if found:
+            bad[p.name] = found
+    assert bad == {}
+
+
 def test_the_checks_catch_what_they_guard_against():
-    # The two rules above, on code that breaks them.
-    tree = ast.parse("from tbljax.jax_loader import Loader\nfrom tbljax import kernels as k\n"
-                     "k._core\nimport importlib\nimportlib.import_module('tbljax.plan')\n")
-    targets = [t for t, _, _ in _imports(tree)]
-    assert targets == ["jax_loader", "kernels", "plan"] or sorted(targets) == sorted(
-        ["jax_loader", "kernels", "plan"])
-    assert _module_aliases(tree) == {"k": "kernels"}
+    tree = ast.parse("from tbljax._src.jax.loader import Loader\nfrom tbljax._src.engine import kernels as k\n"
+                     "k._core\nimport importlib\nimportlib.import_module('tbljax._src.engine.plan')\n"
+                     "from tbljax import order\nds = 1\nds._files\n")
+    assert [t for t, _, _ in _imports(tree)] == ["_src.jax.loader", "_src.engine.kernels",
+                                                 "_src.engine.plan", "order"]
+    assert _module_aliases(tree) == {"k": "_src.engine.kernels", "order": "order"}
+    found = private_reaches(tree, "_src.tools.cli")
+    assert found == ["line 3: k._core", "line 8: ._files (an attribute this module does not define)"]
 
 
-def test_the_readme_files_map_lists_every_module_and_folder():
-    repo = PACKAGE.parent
-    readme = (repo / "README.md").read_text()
+def _backticked(section: str) -> set[str]:
+    names = set()
+    for m in re.findall(r"`([^`]+)`", section):  # "`a`, `b`" rows and "`a, b`"
+        names.update(p.strip() for p in m.split(","))
+    return names
+
+
+def test_the_readme_files_map_lists_every_folder_and_public_module():
+    readme = (REPO / "README.md").read_text()
     files = readme[readme.index("## Files"):]
     files = files[:files.find("\n## ", 1)] if "\n## " in files[1:] else files
-    mentioned = set(re.findall(r"`([^`]+)`", files))
-    expanded = set()
-    for m in mentioned:  # "`tbljax/torch.py`, `tbljax/mlx.py`" and "`a`, `b`" rows
-        expanded.update(p.strip() for p in m.split(","))
-    want = {f"tbljax/{p.name}" for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
-    want |= {f"{p.relative_to(repo)}/" for p in (repo / "ffi").iterdir() if p.is_dir()}
-    want |= {f"{p.name}/" for p in repo.iterdir()
+    mentioned = _backticked(files)
+    want = {f"src/tbljax/{p.name}" for p in PACKAGE.glob("*.py")}
+    want |= {f"src/tbljax/_src/{p.name}/" for p in (PACKAGE / "_src").iterdir()
+             if p.is_dir() and p.name != "__pycache__"}
+    want |= {f"{p.relative_to(REPO)}/" for p in (REPO / "ffi").iterdir() if p.is_dir()}
+    want |= {f"{p.name}/" for p in REPO.iterdir()
              if p.is_dir() and not p.name.startswith(".")
-             and p.name not in ("build", "dist", "tbljax", "ffi")}  # those two: by part
-    missing = sorted(w for w in want if w not in expanded)
+             and p.name not in ("build", "dist", "src", "ffi", "wheelhouse")}
+    missing = sorted(w for w in want if w not in mentioned)
     assert missing == [], f"README.md's Files map does not list {missing}"
+
+
+def test_the_architecture_document_maps_every_room_and_module():
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    mentioned = _backticked(doc)
+    missing = [f"{folder}/{m}.py" for folder, mods in ROOMS if folder.startswith("_src/")
+               for m in mods if f"{folder}/{m}.py" not in mentioned and f"{m}.py" not in mentioned]
+    missing += [f"{folder}/" for folder, _ in ROOMS if folder.startswith("_src/")
+                and f"{folder}/" not in mentioned]
+    assert missing == [], f"docs/architecture.md does not map {missing}"

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from oracle import center_crop_box, fallback_box, rrc_reference, torchvision_sample
 
-from tbljax import augment, order
-from tbljax.augment import Augment, RecordGeometry
-from tbljax.options import LoaderOptions
+from tbljax._src.rules import augment
+from tbljax._src.rules import order
+from tbljax._src.rules.augment import Augment, RecordGeometry
+from tbljax._src.rules.options import LoaderOptions
 
 # Wide, tall, square, odd and small records (H, W); sample i lives on record i % len(SIZES).
 SIZES = [(120, 400), (400, 120), (200, 200), (37, 53), (53, 37), (375, 500), (500, 333),
@@ -165,7 +166,7 @@ def test_numpy_and_jax_numpy_boxes_are_identical_for_mixed_sizes():
                                   [center_crop_box(heights[i], widths[i], 0.7) for i in idx])
     np.testing.assert_array_equal(np.asarray(cflips), augment.flips(idx, seed=7, epoch=3))
     # Eager jax.numpy too (no jit), through the step's draw as the loaders call it.
-    from tbljax import step
+    from tbljax._src.engine import step
 
     opts = LoaderOptions(batch_size=8, seed=7, augment=aug)
     got = step.draw(jnp.arange(300, dtype=jnp.int32), opts, num_records=n, image_hw=geo,

@@ -13,11 +13,11 @@ import numpy as np
 from PIL import Image
 
 import tbljax
-from tbljax import cli
+from tbljax._src.tools import cli
 
 
 def run(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "tbljax.cli", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tbljax", *map(str, args)], capture_output=True,
                           text=True, timeout=120, **kw)
 
 

@@ -192,7 +192,7 @@ def test_tbl_to_raw_by_the_command_line_keeps_labels_and_square_view(caltech101,
     labels = list(range(len(files)))
     tbljax.convert(files, tmp_path / "c.tbl", image_size=48, format="jpeg", quality=90,
                    labels=labels, progress=False)
-    r = subprocess.run([sys.executable, "-m", "tbljax.cli", "convert", str(tmp_path / "c.tbl"),
+    r = subprocess.run([sys.executable, "-m", "tbljax", "convert", str(tmp_path / "c.tbl"),
                         "-o", str(tmp_path / "r.tbl"), "--format", "raw", "-q"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -304,13 +304,13 @@ def test_info_shows_bytes_per_image_and_ratio_to_raw(converted):
     entries = index_entries(converted["420"])
     stored = sum(e[1] for e in entries)
     raw = sum(e[2] * e[3] * 3 for e in entries)
-    r = subprocess.run([sys.executable, "-m", "tbljax.cli", "info", "--json", str(converted["420"])],
+    r = subprocess.run([sys.executable, "-m", "tbljax", "info", "--json", str(converted["420"])],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["bytes_per_image"] == round(stored / len(entries))
     assert d["ratio_to_raw"] == pytest.approx(stored / raw, abs=1e-4) and d["ratio_to_raw"] <= 0.2
-    text = subprocess.run([sys.executable, "-m", "tbljax.cli", "info", str(converted["raw"])],
+    text = subprocess.run([sys.executable, "-m", "tbljax", "info", str(converted["raw"])],
                           capture_output=True, text=True, timeout=120).stdout
     assert "bytes_per_image" in text and "ratio_to_raw           1.0" in text
 

@@ -22,7 +22,8 @@ import pytest
 from PIL import Image
 
 import tbljax
-from tbljax import _core, kernels
+from tbljax import _core
+from tbljax._src.engine import kernels
 
 from conftest import shared_dir
 

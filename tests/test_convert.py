@@ -19,7 +19,7 @@ from PIL import Image, ImageOps
 
 import tbljax
 from tbljax import _core
-from tbljax.sources import expand_braces
+from tbljax._src.io.sources import expand_braces
 
 PIL_FILTERS = {"bilinear": Image.BILINEAR, "triangle": Image.BILINEAR, "bicubic": Image.BICUBIC,
                "lanczos": Image.LANCZOS, "lanczos3": Image.LANCZOS}
@@ -274,11 +274,11 @@ def test_interrupted_convert_leaves_no_file(tmp_path, sig):
 
 def test_cli_convert_progress_and_summary(caltech101, tmp_path):
     files = [str(f) for f in sorted((caltech101 / "images/Leopards").glob("*.jpg"))]
-    r = subprocess.run([sys.executable, "-m", "tbljax.cli", "convert", *files, "-o", str(tmp_path / "c.tbl"),
+    r = subprocess.run([sys.executable, "-m", "tbljax", "convert", *files, "-o", str(tmp_path / "c.tbl"),
                         "-s", "32"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "img/s" in r.stderr and f"wrote {len(files)} records" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "tbljax.cli", "convert", *files, "-o", str(tmp_path / "c.tbl"),
+    r = subprocess.run([sys.executable, "-m", "tbljax", "convert", *files, "-o", str(tmp_path / "c.tbl"),
                         "-s", "32"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "already exists" in r.stderr
 
@@ -498,7 +498,7 @@ def test_sharded_conversion_with_class_names_needs_classes(tmp_path):
 # ---- progress where stderr goes ----
 
 def test_progress_in_logs_is_a_line_every_interval_with_rate_and_eta():
-    from tbljax.conversion import _Progress
+    from tbljax._src.io.conversion import _Progress
 
     now = [0.0]
     out = io.StringIO()
@@ -515,7 +515,7 @@ def test_progress_in_logs_is_a_line_every_interval_with_rate_and_eta():
 
 
 def test_progress_on_a_terminal_redraws_one_line():
-    from tbljax.conversion import _Progress
+    from tbljax._src.io.conversion import _Progress
 
     now = [0.0]
     out = io.StringIO()
@@ -532,7 +532,7 @@ def test_progress_on_a_terminal_redraws_one_line():
 def test_progress_in_jupyter_is_a_tqdm_bar(monkeypatch, tmp_path):
     import types
 
-    from tbljax import conversion as conv
+    from tbljax._src.io import conversion as conv
 
     made = []
 
@@ -586,14 +586,14 @@ def test_compressed_shards_are_counted_with_progress_and_plain_ones_from_headers
         f.read = read_and_count
         return f
 
-    from tbljax.sources import TarSource
+    from tbljax._src.io.sources import TarSource
 
     with monkeypatch.context() as m:  # (not monkeypatch.undo: it would undo the scratch cwd too)
         m.setattr(tarfile, "bltn_open", counting_open)
         assert TarSource([str(tmp_path / "p.tar")]).count() == 40
     assert read[0] < 100_000, read[0]  # the file is 2.7 MB
     # cwd: `python -m` puts it first on the path; the source folder there has no native module.
-    r = subprocess.run([sys.executable, "-m", "tbljax.cli", "convert", str(tmp_path / "c.tar.gz"), "-s", "8",
+    r = subprocess.run([sys.executable, "-m", "tbljax", "convert", str(tmp_path / "c.tar.gz"), "-s", "8",
                         "-o", str(tmp_path / "c.tbl"), "--progress-interval", "0.1"],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr

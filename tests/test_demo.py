@@ -7,7 +7,7 @@ import sys
 
 
 def test_demo_runs_and_learns(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tbljax.cli", "demo", "--steps", "150", "--workdir", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "tbljax", "demo", "--steps", "150", "--workdir", str(tmp_path)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout

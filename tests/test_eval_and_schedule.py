@@ -11,8 +11,9 @@ import pytest
 
 import _loader_testing as T
 import tbljax
-from tbljax import augment, order
-from tbljax.augment import Augment
+from tbljax._src.rules import augment
+from tbljax._src.rules import order
+from tbljax._src.rules.augment import Augment
 
 N, H, W, G = 37, 20, 14, 8
 SCHEDULE = Augment(size={0: (4, 3), 2: (7, 5)})  # a bigger size from epoch 2 on
@@ -238,7 +239,7 @@ def test_records_of_different_sizes_need_an_output_size(mixed, spec):
 
 def test_records_of_different_sizes_are_described_per_record(mixed):
     path, sizes = mixed
-    from tbljax.plan import RecordSource
+    from tbljax._src.engine.plan import RecordSource
 
     src = RecordSource(tbljax.open(path), None)
     assert src.shape is None

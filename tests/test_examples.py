@@ -89,7 +89,7 @@ def check_resume(script, tiny, extra, total, stop, ckpt_name, **env):
 
 def expected_checksums(steps, n=64, batch=16, seed=0):
     """CRC-32 of each step's int32 sample indices, straight from tbljax.order."""
-    from tbljax import order
+    from tbljax._src.rules import order
 
     per_epoch, out = n // batch, []
     for s in range(steps):
@@ -192,7 +192,7 @@ def test_convert_imagenet_folder_skips_bad_files_and_reports_them(tmp_path):
 
 def test_convert_imagenet_webdataset_shards_read_as_one(tmp_path):
     import tbljax
-    from tbljax import demo
+    from tbljax._src.tools import demo
 
     pattern = demo.write_shards(tmp_path / "wds", 24, 3, seed=0)
     for shard in ("0/2", "1/2"):

@@ -12,7 +12,7 @@ import pytest
 
 import tbljax
 from tbljax import _core
-from tbljax.format import Writer
+from tbljax._src.io.format import Writer
 
 
 def crc16_modbus_bitwise(data: bytes) -> int:
@@ -219,7 +219,7 @@ def test_payload_bitflip_found_by_verify(good_file, tmp_path):
 
 
 def test_cli_verify_and_info(good_file, tmp_path, capsys):
-    from tbljax.cli import main
+    from tbljax._src.tools.cli import main
 
     assert main(["verify", str(good_file)]) == 0
     assert "all checksums match" in capsys.readouterr().out

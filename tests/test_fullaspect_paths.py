@@ -18,7 +18,7 @@ import oracle
 import pytest
 
 import tbljax
-from tbljax.augment import Augment, RecordGeometry, sample
+from tbljax._src.rules.augment import Augment, RecordGeometry, sample
 
 # Portrait, landscape, square, tiny (upscaled) and large (shrunk several times: the
 # antialiased filter reads many taps) records.
@@ -192,7 +192,7 @@ def test_gather_normalize_of_packed_records_equals_the_oracle(mixed, resident, b
     import jax
     import jax.numpy as jnp
 
-    from tbljax import ops
+    from tbljax._src.jax import ops
 
     imgs = mixed[0]
     pages, table = packed_by_hand(imgs)
@@ -268,7 +268,7 @@ def test_resume_across_the_size_change(mixed, cut):
 
 
 def cli(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "tbljax.cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "tbljax", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -292,7 +292,7 @@ def test_show_and_bench_say_what_to_pass_without_an_output_size(mixed, command, 
 
 def test_show_draws_center_crops_of_full_aspect_records(mixed, tmp_path):
     Image = pytest.importorskip("PIL.Image")
-    from tbljax.show import sample_grid
+    from tbljax._src.tools.show import sample_grid
 
     imgs, raw, _ = mixed
     grid, captions = sample_grid(raw, count=N, columns=N, augment=CENTER)

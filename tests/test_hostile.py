@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax import _core, kernels, order
-from tbljax.format import Writer
+from tbljax import _core
+from tbljax._src.engine import kernels
+from tbljax._src.rules import order
+from tbljax._src.io.format import Writer
 
 from _loader_testing import images, write_tbl
 

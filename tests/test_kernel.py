@@ -16,7 +16,8 @@ from oracle import crop_resize as ref_crop_resize  # noqa: F401
 from oracle import nearest_bf16_bits
 from oracle import table as reference_table
 from oracle import axis_weights as ref_weights
-from tbljax import _core, kernels
+from tbljax import _core
+from tbljax._src.engine import kernels
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

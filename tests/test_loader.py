@@ -22,10 +22,12 @@ import _loader_testing as T
 import jax
 
 import tbljax
-from tbljax import augment, kernels, order
-from tbljax.augment import Augment
+from tbljax._src.rules import augment
+from tbljax._src.engine import kernels
+from tbljax._src.rules import order
+from tbljax._src.rules.augment import Augment
 
-from tbljax import jax_loader  # noqa: E402
+from tbljax._src.jax import loader as jax_loader  # noqa: E402
 
 N, H, W, G = 37, 6, 5, 8
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
@@ -257,7 +259,8 @@ def dataclasses_frozen_error():
 
 
 def test_ring_memory_is_aliased_by_jax_without_a_copy():
-    from tbljax import batch, sharding
+    from tbljax._src.engine import ring as batch
+    from tbljax._src.rules import sharding
 
     layout = batch.Layout.create(sharding.batch_sharding(None), 4)
     slot = batch.Slot(layout, (5, 7, 3), np.float32)

@@ -61,7 +61,10 @@ with open("/proc/self/maps") as m:
     libs = {line.split()[-1] for line in m if line.rstrip().endswith(".so")}
 print(json.dumps(dict(
     before=before, after=tbljax_threads(), same=bool(np.array_equal(host, in_jit)),
-    native=sorted(os.path.basename(p) for p in libs if os.sep + "tbljax" + os.sep in p),
+    # The package folder itself, not any path holding "/tbljax/": a clone named tbljax
+    # keeps its .venv (numpy, jaxlib, ...) under such a path.
+    native=sorted(os.path.basename(p) for p in libs
+                  if os.path.dirname(os.path.realpath(p)) == os.path.dirname(os.path.realpath(tbljax.__file__))),
     info=tbljax.build_info(), cpu=ops.registered_platforms()["cpu"])))
 """
 
@@ -207,7 +210,7 @@ def test_mean_must_be_finite_and_dtype_named():
 
 def test_the_xla_handler_refuses_a_negative_std():
     jnp = pytest.importorskip("jax.numpy")
-    from tbljax import ops
+    from tbljax._src.jax import ops
 
     data = jnp.zeros((2, 3, 3, 3), jnp.uint8)
     with pytest.raises(Exception, match=r"std\[1\] = -2\.0 must be a finite number > 0"):

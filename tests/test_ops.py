@@ -17,7 +17,8 @@ import numpy as np
 import oracle
 import pytest
 
-from tbljax import kernels, ops
+from tbljax._src.engine import kernels
+from tbljax._src.jax import ops
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.uint8), np.dtype(np.float32), BF16]
@@ -121,7 +122,7 @@ def test_every_simd_target_of_the_handler_matches():
 
 
 def test_int64_indices_and_uint8_flips_and_random_resized_crops():
-    from tbljax import augment
+    from tbljax._src.rules import augment
 
     idx = np.random.default_rng(1).integers(0, N, 40)
     boxes = augment.crop_boxes(idx, height=H, width=W, seed=5, epoch=2)

@@ -10,7 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tbljax import kernels, ops
+from tbljax._src.engine import kernels
+from tbljax._src.jax import ops
 
 REQUIRE = os.environ.get("TBLJAX_REQUIRE_CUDA", "") == "1"
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -102,7 +103,7 @@ def test_all_256_values_per_channel(gpu, dtype):
 
 
 def test_int64_indices_and_random_resized_crops(gpu):
-    from tbljax import augment
+    from tbljax._src.rules import augment
 
     idx = np.random.default_rng(1).integers(0, N, 300)
     boxes = augment.crop_boxes(idx, height=H, width=W, seed=5, epoch=2)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from oracle import rrc_reference, torchvision_sample
 
-from tbljax import augment, order
-from tbljax.augment import Augment
+from tbljax._src.rules import augment
+from tbljax._src.rules import order
+from tbljax._src.rules.augment import Augment
 
 SIZES = [1, 2, 3, 5, 7, 8, 13, 15, 16, 17, 31, 32, 33, 97, 127, 128, 129, 1000, 1021, 1024,
          4095, 4097]

@@ -54,7 +54,7 @@ def test_every_import_is_declared():
     core = {_dist(d) for d in project["dependencies"]}
     extras = {name: {_dist(d) for d in deps} for name, deps in project["optional-dependencies"].items()}
     missing = []
-    for path in sorted((REPO / "tbljax").glob("*.py")):
+    for path in sorted((REPO / "src" / "tbljax").rglob("*.py")):
         for mod in imported_modules(path):
             dist = IMPORT_NAME_TO_DIST.get(mod, mod).lower().replace("_", "-")
             extra = EXTRA_OF.get(path.name)

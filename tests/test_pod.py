@@ -132,7 +132,7 @@ def test_stage_cli_finds_its_part_in_the_job(served, tmp_path):
     url, port = f"{server.url}/train-{{00..{len(FILES) - 1:02d}}}.tbl", _free_port()
     slurm = dict(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2",
                  JAX_COORDINATOR_PORT=str(port))
-    logs = _run([subprocess.Popen([sys.executable, "-m", "tbljax.cli", "stage", url,
+    logs = _run([subprocess.Popen([sys.executable, "-m", "tbljax", "stage", url,
                                    str(tmp_path / f"host{i}"), "--partition", "host"],
                                   env=_env(SLURM_PROCID=str(i), SLURM_LOCALID=str(i), **slurm),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -149,7 +149,7 @@ def test_stage_cli_finds_its_part_in_the_job(served, tmp_path):
 def test_stage_cli_host_outside_a_job_says_what_to_do(served, tmp_path):
     _, _, server = served
     env = {k: v for k, v in _env().items() if not k.startswith(("SLURM_", "OMPI_", "JAX_COORD"))}
-    run = subprocess.run([sys.executable, "-m", "tbljax.cli", "stage", f"{server.url}/train-00.tbl",
+    run = subprocess.run([sys.executable, "-m", "tbljax", "stage", f"{server.url}/train-00.tbl",
                           str(tmp_path / "c"), "--partition", "host"], env=env, capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 2 and "could not join a JAX job" in run.stderr, run.stderr

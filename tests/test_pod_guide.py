@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tbljax.braces import expand_braces
-from tbljax.cli import build_parser
+from tbljax._src.rules.braces import expand_braces
+from tbljax._src.tools.cli import build_parser
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "pods.md"
 TEXT = GUIDE.read_text()
@@ -30,7 +30,7 @@ def _target(name):
     """The function a dotted name of a block calls (tbljax.x.y), or None for other packages."""
     parts = name.split(".")
     if parts[0] == "loader" and len(parts) == 2:  # the blocks' JAX loader: its methods
-        from tbljax.jax_loader import Loader
+        from tbljax._src.jax.loader import Loader
 
         return getattr(Loader, parts[1])
     if parts[0] != "tbljax":

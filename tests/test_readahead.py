@@ -12,9 +12,9 @@ import pytest
 import _loader_testing as T
 
 import tbljax
-from tbljax import order
-from tbljax.batch import Layout
-from tbljax.plan import RecordSource
+from tbljax._src.rules import order
+from tbljax._src.engine.ring import Layout
+from tbljax._src.engine.plan import RecordSource
 
 N, H, W, G = 37, 6, 5, 8
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax import remote
+from tbljax._src.io import remote
 
 pytest.importorskip("aiohttp", reason="fsspec's HTTP filesystem needs aiohttp (pip install 'tbljax[http]')")
 Image = pytest.importorskip("PIL.Image", reason="the test shards are JPEGs made with Pillow")
@@ -158,7 +158,7 @@ def test_shard_whose_count_failed_stops_there_when_the_network_is_back(server, t
 
 def test_shard_option_with_urls_matches_local(server, tmp_path):
     make_shards(server.root, shards=4)
-    from tbljax.cli import main
+    from tbljax._src.tools.cli import main
 
     for i in range(2):
         assert main(["convert", f"{server.url}/train-{{0..3}}.tar", "-o", str(tmp_path / f"u{i}.tbl"), "-s", "32",

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax import sharding
-from tbljax.resident import ResidentDataset
+from tbljax._src.rules import sharding
+from tbljax._src.jax.resident import ResidentDataset
 
 N, H, W, G = 40, 20, 24, 8  # 5 steps per epoch
 

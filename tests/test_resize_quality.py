@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import shared_dir
-from tbljax import kernels
+from tbljax._src.engine import kernels
 
 # Measured by benchmarks/probe_resize_quality.py on kodak + every 10th caltech101 photo at max
 # side 256 (413 images): whole record -> 64..224 and RRC boxes -> 112, 224 are 55.9-58.3 dB

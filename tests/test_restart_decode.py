@@ -24,8 +24,9 @@ from PIL import Image
 
 import oracle
 import tbljax
-from tbljax import _core, kernels
-from tbljax.augment import RecordGeometry, crop_boxes
+from tbljax import _core
+from tbljax._src.engine import kernels
+from tbljax._src.rules.augment import RecordGeometry, crop_boxes
 
 from conftest import shared_dir
 from test_compact_serve import (box_classes, box_pixels, pil_decode, scan_start, source_of,

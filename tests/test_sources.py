@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax.braces import MAX_EXPANSION, expand_braces
+from tbljax._src.rules.braces import MAX_EXPANSION, expand_braces
 
 BASH = shutil.which("bash")
 needs_bash = pytest.mark.skipif(BASH is None, reason="bash is the reference for brace expansion")

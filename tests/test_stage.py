@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax import staging
+from tbljax._src.io import staging
 
 pytest.importorskip("aiohttp", reason="fsspec's HTTP filesystem needs aiohttp (pip install 'tbljax[http]')")
 
@@ -198,7 +198,7 @@ def test_sigkill_mid_copy_then_rerun_completes(server, tmp_path):
     srcs = make_tbls(server.root, files=3, records=48, side=256)  # ~9.4 MB each: three ranged reads
     server.bytes_per_second = 3e6
     cache = tmp_path / "cache"
-    cmd = [sys.executable, "-m", "tbljax.cli", "stage", f"{server.url}/train-{{00..02}}.tbl", str(cache)]
+    cmd = [sys.executable, "-m", "tbljax", "stage", f"{server.url}/train-{{00..02}}.tbl", str(cache)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     partials: list[str] = []
@@ -229,7 +229,7 @@ def test_sigkill_mid_copy_then_rerun_completes(server, tmp_path):
 
 
 def test_cli_errors_are_one_line(server, tmp_path, capsys):
-    from tbljax.cli import main
+    from tbljax._src.tools.cli import main
 
     make_tbls(server.root, files=2)
     assert main(["stage", f"{server.url}/train-{{00..01}}.tbl", str(tmp_path / "c"), "--budget", "1K"]) == 2

@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 import tbljax
-from tbljax.format import Writer
-from tbljax.show import sample_grid
+from tbljax._src.io.format import Writer
+from tbljax._src.tools.show import sample_grid
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_show_augmented_grid_is_what_the_loader_serves(small_file):
 def test_show_cli_writes_png(small_file, tmp_path):
     p, _ = small_file
     out = tmp_path / "g.png"
-    r = subprocess.run([sys.executable, "-m", "tbljax.cli", "show", str(p), "--out", str(out), "--count", "6",
+    r = subprocess.run([sys.executable, "-m", "tbljax", "show", str(p), "--out", str(out), "--count", "6",
                         "--augment", "rrc_flip"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     with Image.open(out) as im:
@@ -80,7 +80,7 @@ def slow_step(batch):
 def test_bench_cli_json_and_verdict(small_file, tmp_path):
     p, _ = small_file
     (tmp_path / "mysteps.py").write_text(STEP_MODULE)
-    r = subprocess.run([sys.executable, "-m", "tbljax.cli", "bench", str(p), "--batch-size", "8", "--steps", "6",
+    r = subprocess.run([sys.executable, "-m", "tbljax", "bench", str(p), "--batch-size", "8", "--steps", "6",
                         "--step", "mysteps:slow_step", "--json"], capture_output=True, text=True, timeout=300,
                        cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -91,7 +91,7 @@ def test_bench_cli_json_and_verdict(small_file, tmp_path):
 
 
 def test_bench_advice_for_an_input_bound_run():
-    from tbljax.benchmark import BenchReport, advise
+    from tbljax._src.tools.benchmark import BenchReport, advise
 
     rep = BenchReport(path="x", batch_size=256, settings={}, produce_img_s=5000, consumed_img_s=4000,
                       step_floor_ms=10.0, step_fed_ms=51.2, loader_wait_ms=41.0, input_bound=True, overhead=4.12)

@@ -21,7 +21,7 @@ import _loader_testing as T  # noqa: E402
 
 import tbljax  # noqa: E402
 import tbljax.torch  # noqa: E402
-from tbljax import order  # noqa: E402
+from tbljax._src.rules import order  # noqa: E402
 
 N, H, W, B = 37, 6, 5, 4
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
@@ -76,7 +76,7 @@ def test_every_pixel_value_normalizes_by_the_contract(tmp_path, dtype):
     """All 256 values in every channel: equal to tbljax.kernels.normalize_table."""
     import ml_dtypes
 
-    from tbljax import kernels
+    from tbljax._src.engine import kernels
 
     v = np.arange(256, dtype=np.uint8).reshape(16, 16)
     img = np.stack([v, v[::-1], v.T], axis=-1)[None]

@@ -2,7 +2,7 @@
 
 Usage: python make_stub.py PKG_DIR [stubgen options, e.g. -o PKG_DIR/_core.pyi -M py.typed]
 
-CMakeLists.txt runs it after a developer build (PKG_DIR = tbljax/ in the sources) and at
+CMakeLists.txt runs it after a developer build (PKG_DIR = src/tbljax/ in the sources) and at
 install (PKG_DIR = the installed package); tests/test_native.py runs it again to check that
 the stub beside a module is that module's. The module is imported as tbljax._core -- the name
 users import it by, which the stub's own imports follow -- from PKG_DIR itself: a stand-in

@@ -1,0 +1,52 @@
+"""tbljax: decode an image dataset once into a TBL file, then serve every epoch to JAX.
+
+>>> import tbljax
+>>> tbljax.convert("train-{000..099}.tar", "train.tbl", image_size=160)
+>>> ds = tbljax.open("train.tbl")
+>>> paths = tbljax.stage("gs://bucket/train-{0000..0063}.tbl", "/cache", partition="host")
+
+The public surface is what this module exports (`__all__`) and the public submodules
+`tbljax.torch`, `tbljax.mlx`, `tbljax.ops`, `tbljax.kernels`, `tbljax.order`, `tbljax.augment`
+and `tbljax.show`. Everything under `tbljax._src` is private: its rooms are mapped in
+docs/architecture.md.
+"""
+from tbljax import _core
+from tbljax._core import CorruptFileError, DecodeError
+from tbljax._src.rules.augment import Augment
+from tbljax._src.tools.benchmark import bench
+from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
+from tbljax._src.io.conversion import ConversionError, ConvertSummary, convert
+from tbljax._src.io.format import Writer
+from tbljax._src.engine.host_loader import HostLoader
+from tbljax._src.engine.kernels import build_info
+from tbljax._src.jax.loader import Loader, loader
+from tbljax._src.rules.options import LoaderOptions
+from tbljax._src.engine.plan import HostBatch
+from tbljax._src.io.reader import Dataset, open
+from tbljax._src.io.staging import stage
+from tbljax import augment, kernels, order, show
+
+__version__: str = _core.native_info()["version"]
+
+
+def __getattr__(name: str):
+    # Submodules that import a framework load on first use, so `import tbljax` and the CLI stay
+    # quick and work without torch/mlx installed: tbljax.torch, tbljax.mlx, tbljax.ops (which
+    # registers the XLA FFI handlers) and tbljax.ResidentDataset.
+    if name in ("torch", "mlx", "ops"):
+        import importlib
+
+        return importlib.import_module(f"tbljax.{name}")
+    if name == "ResidentDataset":
+        from tbljax._src.jax.resident import ResidentDataset
+
+        return ResidentDataset
+    raise AttributeError(f"module 'tbljax' has no attribute {name!r}")
+
+
+__all__ = [
+    "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "HostBatch", "HostLoader", "Loader",
+    "LoaderOptions", "loader", "order", "ConversionError", "ConvertSummary", "CorruptFileError",
+    "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
+    "open", "ops", "stage",
+]

@@ -1,0 +1,1 @@
+"""adapters: the same engine served to PyTorch and MLX, and what the two share."""

@@ -1,0 +1,112 @@
+"""What the torch and MLX adapters share: a `HostLoader` for one rank of a data-parallel job
+that serves one epoch per pass (as a torch DataLoader does), the `Batch` they yield, and the
+checks of their arguments. Framework-free: each adapter only adds how a `HostBatch` becomes
+its framework's arrays.
+"""
+from __future__ import annotations
+
+from tbljax._src.engine import ring as _batch
+from tbljax._src.rules import contract
+from tbljax._src.engine.host_loader import HostLoader
+from tbljax._src.rules.options import LoaderOptions
+
+__all__ = ["Batch", "EpochLoader", "check_rank", "options"]
+
+
+class Batch(tuple):
+    """``(images, labels)`` — so ``for x, y in loader`` works — with more on attributes:
+
+    ``index``: the sample index of every row (-1 on padding rows); ``valid``: a bool mask of
+    the real rows, or None with drop_remainder (no padding); ``epoch`` and ``position``: the
+    step's epoch and the global position of its first row.
+    """
+
+    def __new__(cls, images, labels, *, index, valid, epoch: int, position: int):
+        self = super().__new__(cls, (images, labels))
+        self.index, self.valid, self.epoch, self.position = index, valid, epoch, position
+        return self
+
+    @property
+    def images(self):
+        return self[0]
+
+    @property
+    def labels(self):
+        return self[1]
+
+
+def check_rank(rank, world_size) -> tuple[int, int]:
+    """Validated (rank, world_size); both None means a single process (0, 1)."""
+    if rank is None and world_size is None:
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ValueError(f"give both rank and world_size, or neither; got rank={rank!r}, "
+                         f"world_size={world_size!r}")
+    if not contract.is_integer(world_size) or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    if not contract.is_integer(rank) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
+    return int(rank), int(world_size)
+
+
+def options(batch_size, world_size: int, **kw) -> LoaderOptions:
+    """LoaderOptions for a per-rank `batch_size`: the global batch is batch_size * world_size
+    (the state's position and the order count global positions, as the JAX loader does)."""
+    if not contract.is_integer(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size (per rank) must be an integer >= 1, got {batch_size!r}")
+    return LoaderOptions(batch_size=int(batch_size) * world_size, **kw)
+
+
+class EpochLoader(HostLoader):
+    """A `HostLoader` for rank `rank` of `world_size`, one epoch per pass.
+
+    Rank r holds rows [r*b, (r+1)*b) of every global batch of b*world_size rows: the rows the
+    JAX loader gives process r, so a job can switch frameworks (or world sizes) and resume
+    from the same state. Each pass (``for x, y in loader``) serves the rest of the cursor's
+    epoch and leaves the cursor at the start of the next epoch, so the usual loop works with
+    or without ``set_epoch``::
+
+        for epoch in range(start_epoch, num_epochs):
+            loader.set_epoch(epoch)
+            for x, y in loader:
+                ...
+    """
+
+    def __init__(self, dataset, opts: LoaderOptions, rank: int, world_size: int, *, parts=None,
+                 **ring):
+        self.rank, self.world_size = rank, world_size
+        layout = _batch.Layout.for_rank(opts.batch_size, rank, world_size)
+        if parts is not None:  # host parts: this rank's rows are a batch of its own part
+            layout = layout.process_local(world_size)
+        super().__init__(dataset, opts, layout, parts=parts, **ring)
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch on this rank (a torch DataLoader's ``batch_size``)."""
+        return self.layout.local_rows
+
+    @property
+    def drop_last(self) -> bool:
+        return self.options.drop_remainder
+
+    def __repr__(self) -> str:
+        o = self.options
+        return (f"{type(self).__name__}({self.num_samples} samples, batch_size={self.batch_size}"
+                f" on rank {self.rank} of {self.world_size}, steps/epoch={len(self)}, "
+                f"dtype={o.dtype}, layout={o.layout}, augment={o.augment}, "
+                f"cursor={self.cursor})")
+
+    def pass_bounds(self):
+        return self.cursor, self.cursor[0] + 1
+
+    def pass_ended(self) -> None:
+        pass  # the last step already moved the cursor to (epoch + 1, 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next pass serves epoch `epoch`. If the cursor is already inside that epoch (a
+        restored `state_dict`, or a pass left early) it continues from there, so a resumed
+        run repeats and skips nothing; otherwise the epoch starts at its first step."""
+        if contract.is_integer(epoch) and epoch == self.cursor[0]:
+            self.close()  # continue inside this epoch
+        else:
+            super().set_epoch(epoch)

@@ -1,0 +1,184 @@
+"""tbljax.torch: serve a TBL dataset to a PyTorch training loop, where a DataLoader was.
+
+Batches are ``(images, labels)`` torch tensors whose images share memory with the loader's
+ring of 4 KiB-aligned host buffers (no copy between the kernel and your step), page-locked
+when CUDA is present so ``.cuda(non_blocking=True)`` is a direct DMA. The order, the pixels
+and the state are those of `tbljax.loader`: rank r of a data-parallel job gets exactly the
+rows the JAX loader would give process r, and a `state_dict` saved here resumes there and
+back, with another world size too. torch is imported only when a loader is made
+(``pip install 'tbljax[torch]'``).
+
+Example:
+    >>> import tbljax.torch
+    >>> loader = tbljax.torch.loader("train.tbl", batch_size=256, augment="rrc_flip")
+    >>> for epoch in range(90):
+    ...     loader.set_epoch(epoch)
+    ...     for images, labels in loader:        # NCHW float32, int64
+    ...         loss = criterion(model(images.cuda(non_blocking=True)), labels.cuda())
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+
+import numpy as np
+
+from tbljax._src.adapters import common as _adapter
+from tbljax._src.engine import ring as _batch
+from tbljax._src.rules import contract
+from tbljax._src.io import host_part as local_part
+from tbljax._src.io import reader
+from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
+
+__all__ = ["TorchLoader", "loader"]
+
+
+def _torch():
+    try:
+        return importlib.import_module("torch")
+    except ImportError as e:
+        raise ImportError("tbljax.torch needs PyTorch: pip install 'tbljax[torch]'") from e
+
+
+def _pinned_empty(nbytes: int) -> np.ndarray:
+    """Page-locked host memory from torch's pinned allocator, seen from NumPy (so the ring's
+    in-use check works on it unchanged) and aligned like `tbljax.batch.aligned_empty`."""
+    torch = _torch()
+    raw = torch.empty(nbytes + _batch.ALIGN, dtype=torch.uint8, pin_memory=True).numpy()
+    start = -raw.ctypes.data % _batch.ALIGN
+    return raw[start:start + nbytes]
+
+
+def _to_torch(host) -> tuple[_adapter.Batch, list]:
+    """A HostBatch → (tensors, the images tensor, which views the ring slot). It holds a
+    reference to the NumPy view, so the slot counts as in use for as long as the tensor (or
+    any tensor sharing its storage: slices, permutes, .view) lives."""
+    torch = _torch()
+    img = host.image
+    if img.dtype.name == "bfloat16":  # torch.from_numpy knows no ml_dtypes: same bits as int16
+        images = torch.from_numpy(img.view(np.int16)).view(torch.bfloat16)
+    else:
+        images = torch.from_numpy(img)
+    valid = None if host.valid is None else torch.from_numpy(host.valid)
+    batch = _adapter.Batch(images, torch.from_numpy(host.label.astype(np.int64)),
+                           index=torch.from_numpy(host.index.astype(np.int64)), valid=valid,
+                           epoch=host.epoch, position=host.position)
+    return batch, [images]
+
+
+class TorchLoader(_adapter.EpochLoader):
+    """Yields `Batch` ``(images, labels)`` of torch tensors; one epoch per pass. Create it
+    with `tbljax.torch.loader`.
+
+    Drop-in for a ``torch.utils.data.DataLoader``: iterable, ``len()`` (steps per epoch),
+    ``batch_size`` (per rank), ``drop_last``, ``set_epoch``, ``state_dict`` /
+    ``load_state_dict``.
+
+    Lifetime: ``images`` shares memory with the loader's ring. A slot is never rewritten
+    while any tensor viewing it is alive; keep batches as long as you like (kept ones are
+    replaced by fresh memory, dropped ones are recycled). With CUDA, a dropped tensor may
+    still be the source of a ``non_blocking`` copy in flight, so before a slot is written
+    again the producer waits for the device (``torch.cuda.synchronize``).
+    """
+
+    def __init__(self, dataset, opts, rank, world_size, pin_memory: bool, parts=None):
+        ring = {}
+        if pin_memory:
+            torch = _torch()
+            device = torch.cuda.current_device()
+            ring = dict(alloc=_pinned_empty,
+                        before_reuse=functools.partial(torch.cuda.synchronize, device))
+        self.pin_memory = pin_memory
+        super().__init__(dataset, opts, rank, world_size, parts=parts, **ring)
+
+    def finisher(self):
+        return _to_torch
+
+
+def _allgather(torch, rank: int, world_size: int):
+    """What partition='host' exchanges each rank's part size with: torch.distributed's
+    default group, which must be the ranks the loader splits the data over."""
+    if world_size == 1:
+        return lambda row: np.asarray(row)[None]
+    dist = torch.distributed
+    ready = dist.is_available() and dist.is_initialized()
+    if not ready or (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+        group = f"rank {dist.get_rank()} of {dist.get_world_size()}" if ready else "not initialized"
+        raise ValueError(f"partition='host' on rank {rank} of {world_size}: the ranks exchange their "
+                         "parts' sizes over torch.distributed, so its default group must be those "
+                         f"ranks (it is {group}); call torch.distributed.init_process_group first")
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+
+    def allgather(row):
+        mine = torch.from_numpy(np.asarray(row, np.int64)).to(device)
+        rows = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(rows, mine)
+        return torch.stack(rows).cpu().numpy()
+
+    return allgather
+
+
+def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,
+           dtype="float32", layout: str = "NCHW", mean=IMAGENET_MEAN, std=IMAGENET_STD,
+           augment=None, drop_remainder: bool = True, prefetch: int = 2,
+           threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
+           world_size: int | None = None, pin_memory: bool | None = None,
+           partition: str | None = None, jpeg_dct_scale: bool = False) -> TorchLoader:
+    """Serves a TBL dataset to PyTorch: ``(images, labels)`` tensors, one epoch per pass.
+
+    Args:
+      path_or_paths: a TBL file, a list of shard files read as one, or a `tbljax.Dataset`.
+      batch_size: rows per batch on this rank (as for a DataLoader). The global batch is
+        batch_size * world_size and step s of an epoch holds global positions
+        [s*G, (s+1)*G) of the shuffled order; rank r takes rows [r*batch_size, (r+1)*batch_size).
+      seed, shuffle: as `tbljax.loader` (use the same seed on every rank).
+      dtype: "float32" (default), "bfloat16" or "uint8", or the torch dtype.
+      layout: "NCHW" (default) or "NHWC". Tip: ``x.permute(0, 3, 1, 2)`` of an NHWC batch is
+        an NCHW tensor in ``torch.channels_last`` memory format, without a copy.
+      mean, std, augment, prefetch, threads, read_ahead, jpeg_dct_scale: as `tbljax.loader`.
+      drop_remainder: True drops the last partial global batch; False pads it, and the
+        batch's ``valid`` mask marks real rows (labels and index are -1 on padding), so every
+        sample is served exactly once over all ranks, every rank taking the same steps.
+      rank, world_size: this process's place in a data-parallel job. None (both): read from
+        ``torch.distributed`` when it is initialized, else 0 and 1. Given explicitly they win
+        (e.g. the data-parallel rank when tensor parallelism shares batches).
+      pin_memory: page-locked ring buffers; None means ``torch.cuda.is_available()``.
+      partition: None (rows drawn from the whole dataset) or "host": rank r of world_size
+        opens and reads only its part (its block of the shard files by
+        `tbljax.partition.host_part`, or of the records of a single file), as
+        `tbljax.loader(partition="host")` does for JAX process r. `path_or_paths` is then the
+        list of all shard paths (other ranks' files may be absent); every rank must create the
+        loader, and the ranks exchange their parts' sizes once over torch.distributed (its
+        default group must be these ranks). Every rank runs the same steps; without
+        drop_remainder every record is served once an epoch over all ranks.
+
+    Returns:
+      A `TorchLoader`. Labels and index are int64 tensors; ``valid`` is a bool tensor or None.
+
+    >>> ld = tbljax.torch.loader("val.tbl", 250, shuffle=False, drop_remainder=False)
+    >>> correct = 0
+    >>> for batch in ld:                      # a Batch: (images, labels) + index, valid
+    ...     x, y = batch
+    ...     correct += int(((model(x).argmax(1) == y) & batch.valid).sum())
+    """
+    torch = _torch()
+    if rank is None and world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = _adapter.check_rank(rank, world_size)
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    opts = _adapter.options(batch_size, world_size, seed=seed, shuffle=shuffle,
+                            dtype=contract.dtype_name(dtype, _torch(), "torch"),
+                            layout=layout, mean=mean, std=std,
+                            augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
+                            threads=threads, read_ahead=read_ahead,
+                            jpeg_dct_scale=jpeg_dct_scale)
+    if partition is None:
+        return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory))
+    if partition != "host":
+        raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
+                         f"rank reads only its own part), got {partition!r}")
+    part = local_part.open_part(path_or_paths, rank, world_size, _allgather(torch, rank, world_size))
+    return TorchLoader(part.dataset, opts, rank, world_size, bool(pin_memory), parts=part.parts)

@@ -1,0 +1,210 @@
+"""tbljax.host_loader: `HostLoader`, the framework-free loader. It wires a dataset, the order,
+the kernel and the host ring into passes (`tbljax.producer`), and keeps what a training job
+saves and watches: the cursor, the resumable state and the metrics.
+
+Data flows one way: `order` says which sample each row holds → `augment` says its crop and flip
+→ the kernel (GIL released) writes the rows into a ring slot → a layer on top makes the slot
+its framework's arrays (no copy on CPU) → the consumer receives it from a queue. That layer is
+a subclass: `tbljax.jax_loader.Loader` for JAX, and the torch and MLX adapters' loaders.
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import numpy as np
+
+from tbljax._src.engine import ring as _batch
+from tbljax._src.rules import contract
+from tbljax._src.rules import order
+from tbljax._src.rules.options import LoaderOptions
+from tbljax._src.engine.plan import Plan, RecordSource
+from tbljax._src.engine.producer import Metrics, Pass
+
+__all__ = ["HostLoader"]
+
+# Slots beyond the prefetch queue: one being filled, one the consumer holds, one still read by
+# a step in flight. A slot still viewed is waited for, then replaced (see tbljax.batch.Ring),
+# never overwritten.
+_RING_EXTRA = 3
+
+
+class HostLoader:
+    """The framework-free loader: order, kernel, ring, producer thread, state and metrics.
+
+    Yields `HostBatch`es (NumPy views of the ring) for the rows `layout` gives this process.
+    A layer on top (`tbljax.Loader` for JAX, the torch and MLX adapters) is a subclass that
+    overrides the seams below: `finisher` (what the producer makes of a HostBatch),
+    `pass_bounds` and `pass_ended` (where a pass starts and ends). By default iterating runs
+    from the cursor (epoch, position) to the end of epoch ``num_epochs - 1`` (or forever); a
+    pass that ran to its end makes the next one start over at epoch 0; a restored state that
+    is at the end yields nothing.
+
+    ``alloc`` and ``before_reuse`` go to the ring (`tbljax.batch.Ring`). ``parts`` (a
+    `tbljax.order.Parts`) makes it serve one host part (partition="host"): `dataset` is then
+    this process's part, `layout` its rows alone (``global_batch`` = its local batch), and
+    the steps of an epoch and the state count over every process's part.
+
+    >>> from tbljax.batch import Layout
+    >>> ld = tbljax.HostLoader(tbljax.open("train.tbl"),
+    ...                        tbljax.LoaderOptions(batch_size=256, num_epochs=1),
+    ...                        Layout.for_rank(256, rank=0, world_size=1))
+    >>> for hb in ld:
+    ...     hb.image, hb.label       # (256, H, W, 3) float32 view of the ring, int32 labels
+    """
+
+    def __init__(self, dataset, opts: LoaderOptions, layout: _batch.Layout | None = None, *,
+                 alloc=_batch.aligned_empty, before_reuse=None, parts: order.Parts | None = None):
+        self.options = opts
+        self._source = RecordSource(dataset, opts.threads)
+        if parts is not None and parts.n != self._source.n:
+            raise ValueError(f"part {parts.index} should hold {parts.n} records, the dataset "
+                             f"given holds {self._source.n}")
+        self._parts = parts
+        self._part = parts if parts is not None else order.Parts.whole(self._source.n)
+        self._layout = layout if layout is not None else _batch.Layout.for_rank(
+            opts.batch_size, 0, 1)
+        # One row shape per entry of a size schedule (one without); the ring is sized once for
+        # the largest, and each batch views it at its epoch's size (tbljax.batch.Slot.views).
+        schedule = opts.augment.schedule if opts.augment is not None else ((0, None),)
+        shapes = [self._source.row_shape(opts, epoch) for epoch, _ in schedule]
+        largest = max(shapes, key=lambda s: int(np.prod(s)))
+        if len(self) == 0:
+            what = (f"the dataset ({self._source.n} samples)" if parts is None else
+                    f"the smallest host part ({min(parts.counts)} samples)")
+            raise ValueError(f"batch_size {self._layout.global_batch} is larger than {what} "
+                             "with drop_remainder=True: no step would run; use a smaller "
+                             "batch_size or drop_remainder=False")
+        self._cursor = (0, 0)
+        self._finished = False  # the last pass ran to its end: the next one starts over
+        self._metrics = Metrics()
+        self._active = None  # weakref to the live Pass
+        # Kept across passes (one pass runs at a time), so its memory is reused, not
+        # page-faulted in again for every evaluation pass.
+        self._ring = _batch.Ring(self._layout, largest, opts.out_dtype,
+                                 opts.prefetch + _RING_EXTRA, alloc=alloc,
+                                 before_reuse=before_reuse)
+
+    # ---- the seams a layer on top overrides ----
+    def finisher(self):
+        """A function HostBatch -> (what iteration yields, the objects in it that view the
+        ring slot), run in the producer thread; it must not refer to `self` (the producer may
+        not keep the loader alive). None: yield the HostBatch itself."""
+        return None
+
+    def pass_bounds(self) -> tuple[tuple[int, int], int | None]:
+        """(cursor the next pass starts from, epoch it stops before). Default: from the
+        cursor to the end of epoch ``num_epochs - 1`` (or forever), starting over at epoch 0
+        after a pass that ran to its end."""
+        if self._finished:
+            self._cursor, self._finished = (0, 0), False
+        return self._cursor, self.options.num_epochs
+
+    def pass_ended(self) -> None:
+        """Called when a pass ran to its end."""
+        self._finished = True
+
+    # ---- what the seams read ----
+    @property
+    def cursor(self) -> tuple[int, int]:
+        """(epoch, position) of the next batch to hand out."""
+        return self._cursor
+
+    @property
+    def layout(self) -> _batch.Layout:
+        """Which rows of each global batch this process builds."""
+        return self._layout
+
+    @property
+    def row_shape(self) -> tuple[int, int, int]:
+        """One row of the next batch: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW (the cursor's
+        epoch's size under a size schedule; a batch's own shape says what it holds)."""
+        return self.row_shape_at(self._cursor[0])
+
+    def row_shape_at(self, epoch: int) -> tuple[int, int, int]:
+        """One row of a batch of `epoch`."""
+        return self._source.row_shape(self.options, epoch)
+
+    # ---- the iterator protocol and the state ----
+    def __len__(self) -> int:
+        """Steps in one epoch."""
+        return self._part.steps(self._layout.global_batch,
+                                drop_remainder=self.options.drop_remainder)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the dataset (all host parts together)."""
+        return sum(self._part.counts)
+
+    def __iter__(self) -> Pass:
+        self._close_active()
+        start, end_epoch = self.pass_bounds()
+        plan = Plan(self._source, self._layout, self.options, start, end_epoch, self.finisher(),
+                    parts=self._parts)
+        it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out,
+                  on_end=self.pass_ended)
+        self._active = weakref.ref(it)
+        return it
+
+    def _handed_out(self, cursor: tuple[int, int]) -> None:
+        self._cursor = cursor
+
+    def _close_active(self):
+        it = self._active() if self._active is not None else None
+        if it is not None:
+            it.close()
+        self._active = None
+
+    def close(self) -> None:
+        """Stops a running iteration (also done on break, error, del and interpreter exit)."""
+        self._close_active()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Moves the cursor to the start of `epoch`; the next iteration begins there."""
+        if not contract.is_integer(epoch) or not 0 <= epoch < 1 << 32:
+            raise ValueError(f"epoch must be an integer in [0, 2**32), got {epoch!r}")
+        self._close_active()
+        self._cursor, self._finished = (int(epoch), 0), False
+
+    def state_dict(self) -> dict:
+        """{version, seed, epoch, position, fingerprint}: position counts the samples of
+        `epoch` already handed out. Restore with `load_state_dict`, with any batch size or
+        process count: the stream continues with nothing repeated and nothing skipped.
+
+        With host parts it also holds {partition: "host", processes: P}, and position counts
+        the rows of each part handed out; it restores exactly at the same process count (any
+        batch size), and at another process count only at an epoch boundary
+        (`tbljax.order.check_state`)."""
+        epoch, position = self._cursor
+        processes = len(self._parts.counts) if self._parts is not None else None
+        return order.make_state(seed=self.options.seed, epoch=epoch, position=position,
+                                fingerprint=self._source.fingerprint, processes=processes)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores a `state_dict`; the next iteration continues from it. Raises ValueError
+        for another format version, another dataset, another seed, another partition, or
+        (host parts) a mid-epoch state of another process count."""
+        parts = self._parts
+        epoch, position = order.check_state(
+            state, seed=self.options.seed, fingerprint=self._source.fingerprint,
+            n=max(self._part.counts), processes=len(parts.counts) if parts is not None else None)
+        self._close_active()
+        self._finished = False  # a restored end state yields nothing, as the original run
+        self._cursor = self._part.advance(epoch, position, self._layout.global_batch,
+                                          drop_remainder=self.options.drop_remainder)
+
+    def metrics(self) -> dict:
+        """Counters since creation: steps handed out, images built by this process and the
+        producer's rate, consumer wait time (total and last step), producer wait time for
+        ring slots still held by the consumer, and ring slots replaced."""
+        m = self._metrics
+        d = dataclasses.asdict(m)
+        d["produced_img_per_s"] = m.images / m.produce_seconds if m.produce_seconds else 0.0
+        return d
+
+    def __repr__(self) -> str:
+        o = self.options
+        return (f"{type(self).__name__}({self.num_samples} samples, "
+                f"batch_size={self._layout.global_batch}, steps/epoch={len(self)}, "
+                f"dtype={o.dtype}, layout={o.layout}, augment={o.augment}, "
+                f"cursor={self._cursor})")

@@ -1,0 +1,230 @@
+"""tbljax.producer: one pass over a loader. The background producer (one thread, or two
+pipelined ones: see `_produce`) builds each step with a `tbljax.plan.Plan` and hands it over a
+bounded queue; `Pass` is the iterator the consumer holds. It counts the metrics, and always
+shuts down cleanly: on break, error, del, garbage collection and interpreter exit.
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import queue
+import threading
+import time
+import warnings
+import weakref
+
+from tbljax._src.engine import ring as _batch
+from tbljax._src.engine.plan import Plan
+
+__all__ = ["Metrics", "Pass"]
+
+_POLL_S = 0.05  # how often blocked queue calls look at the stop flag
+_JOIN_S = 30.0  # how long close() waits for each producer thread
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+_END = object()
+
+
+@dataclasses.dataclass
+class Metrics:
+    """A loader's counters since it was made (`HostLoader.metrics`)."""
+
+    steps: int = 0             # batches handed to the consumer
+    images: int = 0            # rows this process built (padding included)
+    produce_seconds: float = 0.0
+    wait_seconds: float = 0.0  # consumer time blocked waiting for a batch
+    last_wait_seconds: float = 0.0
+    slots_replaced: int = 0
+    slot_wait_seconds: float = 0.0  # producer waiting for the consumer to release a ring slot
+
+
+def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            pass
+    return False
+
+
+def _produce(plan: Plan, ring: _batch.Ring, q: queue.Queue, stop: threading.Event,
+             metrics: Metrics, room: threading.Semaphore | None = None) -> None:
+    """The producer: builds each step's host batch (permutation, augmentation, the kernel with
+    the GIL released) and puts it on `q`. Holds no reference to the iterator, so dropping the
+    iterator (break, exception, del, garbage collection) can always stop it.
+
+    Pipelined (`room` given), `q` feeds `_finish`, a second thread that turns host batches
+    into what the consumer receives, so the Python of one step overlaps the kernel of the
+    next (the kernel alone nearly fills memory bandwidth on one core). `room` lets this
+    thread start a batch only once `_finish` has taken the previous one: one batch in the
+    pipeline at a time, as many ring slots as unpipelined. Otherwise `q` gets the finished
+    batches directly."""
+    try:
+        rows = plan.layout.local_rows
+        for epoch, first in plan.steps():
+            while room is not None and not room.acquire(timeout=_POLL_S):
+                if stop.is_set():
+                    return
+            if stop.is_set():
+                return
+            t0, waited = time.perf_counter(), ring.wait_seconds
+            host, slot = plan.build_host(ring, epoch, first, stop)
+            # Producing, not waiting for the consumer to release a slot.
+            metrics.produce_seconds += time.perf_counter() - t0 - (ring.wait_seconds - waited)
+            metrics.images += rows
+            metrics.slots_replaced = ring.replaced
+            metrics.slot_wait_seconds = ring.wait_seconds
+            # Pipelined, the slot travels with its batch to `_finish`, which watches it.
+            item = (epoch, first, host, slot) if room is not None else \
+                (epoch, first, plan.finish_host(host, slot))
+            if not _put(q, item, stop):
+                return
+            del item, host, slot
+        _put(q, _END, stop)
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+        _put(q, _Failure(e), stop)
+
+
+def _finish(plan: Plan, built: queue.Queue, room: threading.Semaphore, q: queue.Queue,
+            stop: threading.Event) -> None:
+    """The second stage of a pipelined producer (see `_produce`), in step order."""
+    try:
+        while not stop.is_set():
+            try:
+                item = built.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            room.release()
+            if item is not _END and not isinstance(item, _Failure):
+                epoch, first, host, slot = item
+                item = (epoch, first, plan.finish_host(host, slot))
+                del host, slot
+            if not _put(q, item, stop) or item is _END or isinstance(item, _Failure):
+                return
+            del item
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+        # After the batches already queued (the consumer gets every step before the failing
+        # one); only a consumer that has stopped gives up on it. Then the builder stops too.
+        _put(q, _Failure(e), stop)
+        stop.set()
+
+
+_LIVE: "weakref.WeakSet[Pass]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    for it in list(_LIVE):
+        it.close()
+
+
+class Pass:
+    """One pass over a loader: owns the producer thread(s) and the prefetch queue.
+
+    ``metrics`` is updated in place. ``on_step(cursor)`` runs in the consumer's thread for
+    every batch handed over, with the cursor (epoch, position) just after it; ``on_end()``
+    when the pass ran to its end. The producer threads hold neither callback."""
+
+    def __init__(self, plan: Plan, ring: _batch.Ring, metrics: Metrics, *, on_step, on_end):
+        self._on_step, self._on_end = on_step, on_end
+        self._part, self._g = plan.part, plan.layout.global_batch
+        self._drop = plan.opts.drop_remainder
+        self._metrics = metrics
+        self._ring = ring
+        self._stop = threading.Event()
+        self._closed = False
+        prefetch = plan.opts.prefetch
+        if plan.finish is not None and prefetch >= 2:
+            # Two stages (see _produce); the batch in the second stage counts as prefetched.
+            self._queue: queue.Queue = queue.Queue(maxsize=prefetch - 1)
+            built: queue.Queue = queue.Queue(maxsize=1)
+            room = threading.Semaphore(1)
+            stages = [(_produce, (plan, ring, built, self._stop, self._metrics, room)),
+                      (_finish, (plan, built, room, self._queue, self._stop))]
+        else:
+            self._queue = queue.Queue(maxsize=prefetch)
+            stages = [(_produce, (plan, ring, self._queue, self._stop, self._metrics))]
+        self._threads = [threading.Thread(target=f, args=a, name="tbljax-loader", daemon=True)
+                         for f, a in stages]
+        for t in self._threads:
+            t.start()
+        _LIVE.add(self)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._closed:
+            raise StopIteration
+        t0 = time.perf_counter()
+        held0 = self._ring.blocked_seconds(t0)
+        try:
+            while True:
+                try:
+                    item = self._queue.get(timeout=_POLL_S)
+                    break
+                except queue.Empty:
+                    if not self._threads[-1].is_alive():
+                        # It may have put its last item just before ending: look once more.
+                        try:
+                            item = self._queue.get_nowait()
+                            break
+                        except queue.Empty:
+                            raise RuntimeError("tbljax loader: the producer thread ended "
+                                               "without a result") from None
+        except BaseException:
+            self.close()
+            raise
+        t1 = time.perf_counter()
+        # Waiting for data counts only if the producer was never held back meanwhile. If it
+        # waited for a ring slot that one of the consumer's own queued computations still
+        # read (back-pressure under asynchronous dispatch), the device had that work and
+        # the ones queued after it to run: it was busy, not starved.
+        waited = t1 - t0 if self._ring.blocked_seconds(t1) == held0 else 0.0
+        m = self._metrics
+        m.wait_seconds += waited
+        m.last_wait_seconds = waited
+        if item is _END:
+            self._on_end()
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.exc
+        epoch, first, result = item
+        # The state counts what was handed over, not what the producer prefetched.
+        self._on_step(self._part.advance(epoch, first + self._g, self._g,
+                                         drop_remainder=self._drop))
+        m.steps += 1
+        return result
+
+    def close(self) -> None:
+        """Stops the producer and waits for it; idempotent, safe from any thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        try:
+            while True:  # drop prefetched batches now so their ring slots are released
+                self._queue.get_nowait()
+        except queue.Empty:
+            pass
+        for t in self._threads:
+            if threading.current_thread() is not t:
+                # A producer stops within one kernel call and a poll interval; a bound keeps
+                # a Ctrl-C or exit from ever hanging on one that does not (it is a daemon).
+                t.join(timeout=_JOIN_S)
+                if t.is_alive():
+                    warnings.warn(f"tbljax loader: a producer thread did not stop within "
+                                  f"{_JOIN_S:.0f} s; leaving it (daemon) behind", RuntimeWarning,
+                                  stacklevel=2)
+        _LIVE.discard(self)
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,458 @@
+"""tbljax.reader: `open` a TBL file (or shard files read as one) as a `Dataset`: per-record
+info, labels, keys, class names and the conversion recipe, zero-copy views of RAW records and
+decoded reads of any record format, checksum verification, and the dataset's fingerprint.
+
+The byte layout, validation and checksums live in the C++ core (`ffi/core/tbl_format.*`); the
+metadata block's encoding lives in `tbljax.format`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import operator
+import os
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import numpy.lib.recfunctions  # noqa: F401 - np.lib.recfunctions.repack_fields
+
+from tbljax import _core
+from tbljax._src.io.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path, check_metadata, decode_labels
+
+__all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
+
+# Recipe fields about the run, not the data: left out of `Dataset.fingerprint`.
+NOT_FINGERPRINTED = frozenset({"created", "sources", "tbljax"})
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordInfo:
+    """What the index says about one record."""
+
+    file: str
+    offset: int
+    size: int
+    uncompressed_size: int
+    width: int
+    height: int
+    format: str
+    lz4: bool
+    crc16: int
+
+
+class Dataset:
+    """One TBL file, or several shard files read as one dataset (records in file order).
+
+    Opening validates every file's header and index in C++ and maps it; nothing per record
+    runs in Python, so opening is fast whatever the size.
+
+    >>> ds = tbljax.open("train.tbl")
+    >>> len(ds), ds.image_shape, ds.labels[:4]
+    >>> pixels = ds.read(0)            # (H, W, 3) uint8, any record format
+    >>> batch = ds.view()[[3, 1, 4]]   # zero-copy (N, H, W, 3) view of a RAW file
+    """
+
+    def __init__(self, paths: Sequence[PathLike]):
+        if not paths:
+            raise ValueError("tbljax.open: no paths given")
+        paths = [as_path(p) for p in paths]
+        for p in paths:
+            if not os.path.exists(p):
+                raise FileNotFoundError(errno.ENOENT, "tbljax.open: no such file", p)
+        self._files = [_core.TblFile(p) for p in paths]
+        counts = np.array([f.num_records for f in self._files], dtype=np.int64)
+        # starts[k] is the global index of file k's first record; starts[-1] == len(self).
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+
+    @cached_property
+    def _meta(self) -> list[dict[str, Any]]:
+        # Parsed on first use: keys of a large dataset are megabytes of JSON.
+        return [self._parse_dataset_json(f) for f in self._files]
+
+    # ---- basics ----
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __repr__(self) -> str:
+        shape = self.image_shape
+        return (f"Dataset({len(self)} records, {self.record_format}, image_shape={shape}, "
+                f"files={self.paths!r})")
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Record i as a fresh, writable (H, W, 3) uint8 array (negative i counts from the
+        end): a random-access source for Grain, a torch ``Dataset`` or plain Python."""
+        return np.array(self.read(i))
+
+    @property
+    def paths(self) -> list[str]:
+        return [f.path for f in self._files]
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        if isinstance(i, (bool, np.bool_)):
+            raise TypeError(f"record index must be an integer, got {i!r}")
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"record index must be an integer, got {type(i).__name__} {i!r}") from None
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"record {i} out of range for a dataset of {n} records")
+        i %= n
+        k = int(np.searchsorted(self._starts, i, side="right") - 1)
+        return k, i - int(self._starts[k])
+
+    @staticmethod
+    def _parse_dataset_json(f: Any) -> dict[str, Any]:
+        raw = f.dataset_json
+        if not raw:
+            return {}
+        try:
+            meta = json.loads(raw)
+        except ValueError as e:
+            raise _core.CorruptFileError(f"{f.path}: dataset metadata is not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise _core.CorruptFileError(f"{f.path}: dataset metadata is not a JSON object")
+        check_metadata(meta, f.num_records, f.path)
+        return meta
+
+    # ---- the index ----
+    @cached_property
+    def index(self) -> np.ndarray:
+        """The index of all files as one structured array (fields of INDEX_DTYPE)."""
+        parts = [f.index_bytes().view(INDEX_DTYPE).reshape(-1) for f in self._files]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def info(self, i: int) -> RecordInfo:
+        k, j = self._locate(i)
+        e = self._files[k].index_bytes()[j].view(INDEX_DTYPE)[0]
+        return RecordInfo(
+            file=self._files[k].path, offset=int(e["offset"]), size=int(e["size"]),
+            uncompressed_size=int(e["uncompressed_size"]), width=int(e["width"]),
+            height=int(e["height"]), format=FORMAT_NAMES.get(int(e["format"]), "UNKNOWN"),
+            lz4=bool(e["flags"] & _core.RECORD_LZ4), crc16=int(e["crc16"]))
+
+    @cached_property
+    def record_format(self) -> str:
+        """'raw' (uncompressed RAW_U8), 'lz4' (RAW_U8, LZ4-compressed where that was smaller),
+        'jpeg', 'mixed' or 'empty'."""
+        idx = self.index
+        if len(idx) == 0:
+            return "empty"
+        fmt = idx["format"]
+        lz4 = (idx["flags"] & _core.RECORD_LZ4) != 0
+        raw = fmt == FORMATS["RAW_U8"]
+        if np.all(raw & ~lz4):
+            return "raw"
+        if np.all(raw):
+            return "lz4"
+        if np.all(fmt == FORMATS["JPEG"]):
+            return "jpeg"
+        return "mixed"
+
+    @property
+    def image_shape(self) -> tuple[int, int] | None:
+        """(H, W) when every record is uniform RAW (zero-copy servable), else the recipe's
+        output size when it has one, else None."""
+        shapes = {f.raw_shape for f in self._files if f.uniform_raw}
+        if len(shapes) == 1 and all(f.uniform_raw for f in self._files):
+            return shapes.pop()
+        size = self.recipe.get("image_size")
+        if size and self.recipe.get("resize", "center_crop") in ("center_crop", "squash"):
+            return (int(size), int(size))
+        return None
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Identifies the data, not the run that wrote it: the record count and a CRC-32 over
+        every record's index entry except its byte offset (sizes, shape, format, checksum of
+        the pixels), the labels, the keys, the class names and the recipe without the fields
+        that say when, where from and by which version it was made (`NOT_FINGERPRINTED`).
+        Converting the same data again with the same recipe gives the same fingerprint, so a
+        saved loader state stays valid."""
+        idx = self.index
+        fields = [f for f in INDEX_DTYPE.names if f != "offset"]
+        entries = np.lib.recfunctions.repack_fields(idx[fields]) if len(idx) else idx
+        crc = _core.crc32(np.frombuffer(np.ascontiguousarray(entries).tobytes(), np.uint8), 0)
+        crc = _core.crc32(np.frombuffer(self.labels.astype("<i8").tobytes(), np.uint8), crc)
+        crc = _core.crc32(np.frombuffer("\0".join(self.keys).encode(), np.uint8), crc)
+        recipe = {k: v for k, v in self.recipe.items() if k not in NOT_FINGERPRINTED}
+        described = json.dumps({"classes": self.classes, "recipe": recipe}, sort_keys=True)
+        crc = _core.crc32(np.frombuffer(described.encode(), np.uint8), crc)
+        return f"{len(self)}-{crc:08x}"
+
+    # ---- dataset metadata ----
+    @cached_property
+    def labels(self) -> np.ndarray:
+        """int64 (N,) labels, -1 where a record has none."""
+        parts = []
+        for f, meta in zip(self._files, self._meta):
+            n = f.num_records
+            if "labels" in meta and meta["labels"] is not None:
+                parts.append(decode_labels(meta["labels"], n, f.path))
+            elif f.header_flags & _core.FLAG_HAS_METADATA:
+                parts.append(self._scan_sample_metadata(f)[0])
+            else:
+                parts.append(np.full(n, -1, np.int64))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    @cached_property
+    def keys(self) -> list[str]:
+        """Per-record keys (WebDataset __key__ or source file name); '' where unknown."""
+        out: list[str] = []
+        for f, meta in zip(self._files, self._meta):
+            keys = meta.get("keys")
+            if keys is None and f.header_flags & _core.FLAG_HAS_METADATA and not meta:
+                keys = self._scan_sample_metadata(f)[1]
+            keys = keys if keys is not None else [""] * f.num_records
+            if len(keys) != f.num_records:
+                raise _core.CorruptFileError(f"{f.path}: metadata holds {len(keys)} keys for {f.num_records} records")
+            out.extend(keys)
+        return out
+
+    @property
+    def classes(self) -> list[str] | None:
+        """Class names (label i is classes[i]) when the conversion knew them."""
+        return self._meta[0].get("classes") if self._meta else None
+
+    @property
+    def recipe(self) -> dict[str, Any]:
+        """How the file was made: image_size, resize mode, record format, sources, ..."""
+        return dict(self._meta[0].get("recipe", {})) if self._meta else {}
+
+    @property
+    def skipped(self) -> list[dict[str, str]]:
+        """Source items the conversion skipped, each {'key', 'source', 'reason'}."""
+        return [s for m in self._meta for s in m.get("skipped", [])]
+
+    @staticmethod
+    def _scan_sample_metadata(f: Any) -> tuple[np.ndarray, list[str] | None]:
+        # Files from other writers (turboloader's add_metadata) carry one JSON block per
+        # sample: a linear scan, done once and only when labels or keys are asked for.
+        n = f.num_records
+        labels = np.full(n, -1, np.int64)
+        keys: list[str] = [""] * n
+        found_key = False
+        sec = f.metadata_section()
+        pos, hdr = 0, _core.META_BLOCK_HEADER_BYTES
+        while pos + hdr <= len(sec):
+            sample = int.from_bytes(sec[pos:pos + 8], "little")
+            size = int.from_bytes(sec[pos + 8:pos + 12], "little")
+            mtype = int.from_bytes(sec[pos + 12:pos + 14], "little")
+            payload = sec[pos + hdr:pos + hdr + size]
+            if len(payload) != size:
+                raise _core.CorruptFileError(f"{f.path}: metadata block at byte {pos} runs past the section end")
+            pos += hdr + size
+            if mtype != _core.META_JSON or sample >= n:
+                continue
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                continue  # foreign free-form metadata: not ours to judge
+            if isinstance(obj, dict):
+                lab = obj.get("label", obj.get("cls"))
+                if isinstance(lab, int) and not isinstance(lab, bool):
+                    if not -(1 << 63) <= lab < 1 << 63:
+                        raise _core.CorruptFileError(f"{f.path}: metadata of record {sample}: label "
+                                                     f"{lab} does not fit in int64")
+                    labels[sample] = lab
+                key = obj.get("key", obj.get("__key__"))
+                if isinstance(key, str):
+                    keys[sample] = key
+                    found_key = True
+        return labels, (keys if found_key else None)
+
+    # ---- pixels ----
+    def shard_views(self) -> list[np.ndarray]:
+        """Zero-copy read-only (N_k, H, W, 3) uint8 views, one per file (uniform RAW only)."""
+        return [f.raw_view() for f in self._files]
+
+    def raw_records(self):
+        """Where the RAW records of a file of records of different sizes lie, for the kernel:
+        (one read-only 1-D uint8 view of each file's mapping, records per file, each record's
+        byte offset in its file (int64), height and width (int32)). Uncompressed RAW only;
+        CorruptFileError if an index entry's size is not its height * width * 3."""
+        if self.record_format != "raw":
+            raise ValueError(f"{self!r}: only uncompressed RAW records are gathered in place "
+                             f"(this file holds {self.record_format} records)")
+        idx = self.index
+        heights, widths = idx["height"].astype(np.int32), idx["width"].astype(np.int32)
+        bad = np.flatnonzero(idx["size"].astype(np.int64)
+                             != heights.astype(np.int64) * widths * 3)
+        if len(bad):
+            k, j = self._locate(int(bad[0]))
+            raise _core.CorruptFileError(
+                f"{self._files[k].path}: record {j}: RAW payload of {int(idx['size'][bad[0]])} "
+                f"bytes is not {int(heights[bad[0]])}x{int(widths[bad[0]])}x3")
+        counts = np.diff(self._starts).astype(np.int64)
+        return ([f.file_view() for f in self._files], counts,
+                np.ascontiguousarray(idx["offset"], dtype=np.int64), heights, widths)
+
+    def jpeg_records(self):
+        """Where the JPEG records lie, for `tbljax.kernels.jpeg_source`: (one read-only 1-D
+        uint8 view of each file's mapping, records per file, each record's byte offset in its
+        file and size (int64), its height and width in the index (int32)). JPEG files only."""
+        if self.record_format != "jpeg":
+            raise ValueError(f"{self!r}: only JPEG records are served from their bytes "
+                             f"(this file holds {self.record_format} records)")
+        idx = self.index
+        counts = np.diff(self._starts).astype(np.int64)
+        return ([f.file_view() for f in self._files], counts,
+                np.ascontiguousarray(idx["offset"], dtype=np.int64),
+                np.ascontiguousarray(idx["size"], dtype=np.int64),
+                idx["height"].astype(np.int32), idx["width"].astype(np.int32))
+
+    def locate(self, i: int) -> tuple[str, int]:
+        """(the file that holds record i, the record's number within that file)."""
+        k, j = self._locate(i)
+        return self._files[k].path, j
+
+    def view(self) -> np.ndarray:
+        """Zero-copy read-only (N, H, W, 3) uint8 view of a single uniform RAW file."""
+        if len(self._files) != 1:
+            raise ValueError(f"a dataset of {len(self._files)} files has no single view: use shard_views()")
+        return self._files[0].raw_view()
+
+    def read(self, i: int) -> np.ndarray:
+        """Decoded pixels of record i as (H, W, 3) uint8, for any record format.
+
+        RAW records come back as they are stored (a read-only view for uncompressed RAW);
+        JPEG records holding the original bytes are decoded and, when the file records a
+        recipe, resized by it, giving exactly the pixels a RAW conversion of the same source
+        holds; compact JPEG records (stored at the converted geometry) are decoded as they are.
+        """
+        k, j = self._locate(i)
+        f = self._files[k]
+        f.check_unchanged()
+        e = f.index_bytes()[j].view(INDEX_DTYPE)[0]
+        fmt = int(e["format"])
+        if fmt == FORMATS["RAW_U8"]:
+            if f.uniform_raw:
+                return f.raw_view()[j]
+            data = f.read_payload(j)
+            f.check_unchanged()
+            return np.frombuffer(data, np.uint8).reshape(int(e["height"]), int(e["width"]), 3)
+        if fmt == FORMATS["JPEG"]:
+            data = f.read_payload(j)
+            f.check_unchanged()
+            img = self._decode_encoded(k, data, j)
+            resized = self._meta[k].get("recipe", {}).get("stored") == "resized"  # compact records
+            if resized and img.shape[:2] != (int(e["height"]), int(e["width"])):
+                raise _core.CorruptFileError(f"{f.path}: record {j}: the JPEG is {img.shape[1]}x{img.shape[0]}, "
+                                             f"the index says {int(e['width'])}x{int(e['height'])}")
+            return img
+        raise NotImplementedError(f"{f.path}: record {j} has format {FORMAT_NAMES.get(fmt, fmt)}, "
+                                  "which tbljax does not decode (RAW_U8 and JPEG are served)")
+
+    def _decode_encoded(self, k: int, data: bytes, j: int) -> np.ndarray:
+        recipe = self._meta[k].get("recipe", {})
+        size, mode = recipe.get("image_size"), recipe.get("resize", "center_crop")
+        try:
+            if size and recipe.get("stored") != "resized":
+                return _core.decode_resize(data, int(size), mode)
+            return _core.decode_jpeg(data)
+        except _core.DecodeError as e:
+            raise _core.DecodeError(f"{self._files[k].path}: record {j}: {e}") from None
+
+    def read_into(self, indices: np.ndarray, out: np.ndarray, threads: int = 0) -> np.ndarray:
+        """Decodes records `indices` into `out` (B, H, W, 3) uint8 with the file's recipe,
+        JPEG decodes running in parallel in the C++ pool. For serving non-RAW files."""
+        indices = np.asarray(indices)
+        if indices.dtype.kind not in "iu" or indices.ndim != 1:
+            raise TypeError(f"indices must be a 1-D array of integers, got {indices.dtype} of shape "
+                            f"{indices.shape}")
+        indices = indices.astype(np.int64)
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+        if out.dtype != np.uint8 or out.ndim != 4 or out.shape[0] != len(indices) or out.shape[3] != 3:
+            raise ValueError(f"out must be uint8 (B, H, W, 3) with B={len(indices)}, got {out.dtype} {out.shape}")
+        if not out.flags.writeable:
+            raise ValueError("out is read-only")
+        touched = self.files_of(indices)
+        self.check_unchanged(touched)
+        jpeg_rows, payloads = [], []
+        for row, i in enumerate(indices.tolist()):
+            k, j = self._locate(i)
+            f = self._files[k]
+            e = f.index_bytes()[j].view(INDEX_DTYPE)[0]
+            if int(e["format"]) == FORMATS["JPEG"]:
+                jpeg_rows.append(row)
+                payloads.append(f.read_payload(j))
+            else:
+                img = self.read(i)
+                if img.shape != out.shape[1:]:
+                    raise ValueError(f"{f.path}: record {j} is {img.shape}, batch rows are {out.shape[1:]}")
+                out[row] = img
+        if payloads:
+            mode = self.recipe.get("resize", "center_crop")
+            if out.shape[1] != out.shape[2]:
+                raise ValueError(f"JPEG records decode to square images; out rows are {out.shape[1:3]}")
+            tmp = out if len(jpeg_rows) == len(indices) else np.empty((len(payloads),) + out.shape[1:], np.uint8)
+            errors = _core.decode_resize_into(payloads, tmp, mode, threads)
+            for row, err in zip(jpeg_rows, errors):
+                if err is not None:
+                    k, j = self._locate(int(indices[row]))
+                    raise _core.DecodeError(f"{self._files[k].path}: record {j}: {err}")
+            if tmp is not out:
+                out[jpeg_rows] = tmp
+        self.check_unchanged(touched)
+        return out
+
+    def files_of(self, indices: np.ndarray) -> np.ndarray:
+        """The files that hold records `indices` (valid, possibly negative, indices)."""
+        if len(self._files) == 1:
+            return np.zeros(1, np.int64)
+        i = np.where(indices < 0, indices + len(self), indices)
+        return np.unique(np.searchsorted(self._starts, i, side="right") - 1)
+
+    def check_unchanged(self, files: Sequence[int] | None = None) -> None:
+        """Raises CorruptFileError if a file (all, or those numbered `files`) was truncated or
+        rewritten in place since it was opened. Replacing a file by renaming a new one over
+        it is safe: the open dataset keeps serving the old file. Readers call this around
+        every read; call it yourself around work on `view()`."""
+        for k in range(len(self._files)) if files is None else files:
+            self._files[int(k)].check_unchanged()
+
+    def verify(self, threads: int = 0) -> list[tuple[str, int, str]]:
+        """Checks every record's checksum; returns [(file, record, problem)] (empty: all good).
+
+        threads: 0 for the default pool, else 1..1024."""
+        if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) \
+                or not 0 <= threads <= 1024:
+            raise ValueError(f"threads must be an integer in [0, 1024] (0: the default pool), got {threads!r}")
+        self.check_unchanged()
+        bad = [(f.path, int(i), msg) for f in self._files for i, msg in f.verify(int(threads))]
+        self.check_unchanged()
+        return bad
+
+
+def open(paths: PathLike | Sequence[PathLike]) -> Dataset:  # noqa: A001 - the natural name
+    """Opens a TBL file, or a list of shard files read as one dataset (in the order given).
+
+    >>> ds = tbljax.open("train.tbl")
+    >>> ds = tbljax.open(["part-0.tbl", "part-1.tbl"])
+    """
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        paths = [paths]
+    if not isinstance(paths, Sequence):
+        raise TypeError(f"tbljax.open takes a path or a list of paths, got {type(paths).__name__}")
+    return Dataset([as_path(p) for p in paths])
+
+
+
+
+def as_dataset(path_or_dataset) -> Dataset:
+    """A `Dataset` from what a loader accepts: a TBL path, a list of shard paths, or a dataset
+    (a `Dataset`, or an object with its ``__len__``, ``labels``, ``fingerprint`` and
+    ``record_format``)."""
+    if isinstance(path_or_dataset, (str, bytes, os.PathLike)) or (
+            isinstance(path_or_dataset, (list, tuple)) and path_or_dataset
+            and all(isinstance(p, (str, bytes, os.PathLike)) for p in path_or_dataset)):
+        return open(path_or_dataset)
+    if isinstance(path_or_dataset, Dataset) or all(
+            hasattr(path_or_dataset, a) for a in ("__len__", "labels", "fingerprint", "record_format")):
+        return path_or_dataset
+    raise TypeError("tbljax.loader takes a TBL path, a list of shard paths or a tbljax.Dataset, "
+                    f"got {type(path_or_dataset).__name__} {path_or_dataset!r}"[:300])

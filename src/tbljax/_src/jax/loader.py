@@ -1,0 +1,129 @@
+"""tbljax.jax_loader: the loader JAX users hold. `tbljax.loader(...)` yields dicts of global
+`jax.Array`s sharded as the user asks; `Loader` is a thin layer over `tbljax.HostLoader` whose
+finisher assembles each host batch into global arrays (no copy on CPU).
+
+Example:
+    >>> import tbljax
+    >>> loader = tbljax.loader("train.tbl", batch_size=256, seed=0, augment="rrc_flip")
+    >>> for step, batch in enumerate(loader):
+    ...     state, loss = train_step(state, batch["image"], batch["label"])
+    ...     if step % 1000 == 0:
+    ...         save(state, loader.state_dict())   # {version, seed, epoch, position, fingerprint}
+"""
+from __future__ import annotations
+
+import functools
+
+from tbljax._src.engine import ring as _batch
+from tbljax._src.io import host_part as local_part
+from tbljax._src.rules import order
+from tbljax._src.io import reader
+from tbljax._src.rules import sharding as _sharding
+from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
+from tbljax._src.engine.host_loader import HostLoader
+from tbljax._src.rules.options import LoaderOptions
+from tbljax._src.engine.plan import HostBatch
+
+__all__ = ["Loader", "loader", "to_jax"]
+
+
+def to_jax(layout: _batch.Layout, host: HostBatch) -> tuple[dict, list]:
+    """The JAX layer: a HostBatch → (a dict of global jax.Arrays, no copy on CPU; the arrays
+    in it that view the ring slot)."""
+    row_shape = host.images[0].shape[1:]  # the batch's own: a size schedule changes it
+    result = {"image": layout.to_global(host.images, row_shape),
+              "label": layout.to_global(host.labels),
+              "index": layout.to_global(host.indices)}
+    if host.valids is not None:
+        result["valid"] = layout.to_global(host.valids)
+    return result, [result["image"]]
+
+
+class Loader(HostLoader):
+    """Serves a dataset to JAX as sharded global batches. Create it with `tbljax.loader`.
+
+    Iterating yields ``{"image", "label", "index"}`` (+ ``"valid"`` without drop_remainder),
+    each a global `jax.Array` whose leading axis is the global batch. Iteration starts at the
+    loader's cursor (epoch, position) and runs to the end of epoch ``num_epochs - 1`` (or
+    forever). Iterating again after a pass that ran to its end starts over at epoch 0 (an
+    evaluation loader serves the whole set each time); a restored state that is at the end
+    yields nothing, as the original run would have.
+
+    Lifetime: a batch's image may share memory with the loader's host ring (on CPU it does).
+    The loader never rewrites memory that a live jax.Array (or anything derived from it) still
+    reads: hold batches as long as you like; batches you drop are recycled.
+    """
+
+    def __init__(self, dataset, opts: LoaderOptions, sharding=None, parts: order.Parts | None = None):
+        self.sharding = _sharding.batch_sharding(sharding)
+        # Which rows of each global batch this process's devices hold; with host parts the
+        # host loader fills them as a batch of their own, from this process's part.
+        self._global_layout = _batch.Layout.create(self.sharding, opts.batch_size)
+        layout = self._global_layout
+        if parts is not None:
+            layout = layout.process_local(len(parts.counts))
+        super().__init__(dataset, opts, layout, parts=parts)
+
+    def finisher(self):
+        return functools.partial(to_jax, self._global_layout)
+
+
+def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,
+           num_epochs: int | None = None, sharding=None, dtype="float32", layout: str = "NHWC",
+           mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=None, drop_remainder: bool = True,
+           prefetch: int = 2, threads: int | None = None, read_ahead: int = 2,
+           partition: str | None = None, jpeg_dct_scale: bool = False) -> Loader:
+    """Serves a TBL dataset to JAX as sharded global batches.
+
+    Args:
+      path_or_paths: a TBL file, a list of shard files read as one dataset, or an open
+        `tbljax.Dataset`.
+      batch_size: the global batch G over all processes; it must split evenly over the batch
+        shards of `sharding`. Step s of an epoch holds shuffled positions [s*G, (s+1)*G).
+      seed, shuffle: the order of epoch e is a fixed bijection of (seed, e); shuffle=False
+        serves samples in file order.
+      num_epochs: None to iterate forever, or the number of epochs to serve.
+      sharding: None (batch axis over all devices), a `Mesh` or a `NamedSharding` that
+        partitions only the leading axis. Each process builds only its devices' rows.
+      dtype: "float32", "bfloat16" (normalized with mean/std) or "uint8" (raw pixels).
+      layout: "NHWC" or "NCHW".
+      mean, std: per-channel, on the 0..1 scale: value = (x/255 - mean) / std.
+      augment: None, "flip", "rrc_flip" or an `Augment`; a sample's crop and flip depend only
+        on (seed, epoch, sample index).
+      drop_remainder: True drops the last partial batch; False pads it (index and label -1,
+        zero image) and adds a bool `valid` mask, so every sample is served exactly once.
+      prefetch: batches prepared ahead of the consumer.
+      threads: threads for decoding non-RAW records (None: the pool's default).
+      read_ahead: RAW files: steps whose records are requested from the disk before the
+        kernel reads them (posix_fadvise WILLNEED into the page cache), so an epoch larger
+        than the page cache runs at the disk's random-read speed; 0 turns it off.
+      partition: None (every process serves rows drawn from the whole dataset, the global
+        order) or "host": each process opens and reads only its own part (its block of the
+        shard files by `tbljax.partition.host_part`, or of the records of a single file),
+        reshuffled every epoch, and fills its G/P rows of each global batch from it (process
+        p's rows are rows [p*G/P, (p+1)*G/P) under the default sharding). Every process runs
+        the same steps; without drop_remainder every record is served exactly once an epoch
+        (the parts that run out first pad). `path_or_paths` is then the list of all shard
+        paths (other parts' files may be absent). Every process must create the loader: the
+        processes exchange their parts' sizes once. See docs/pods.md.
+      jpeg_dct_scale: compact JPEG files: decode a box at 1/2, 1/4 or 1/8 (libjpeg's scaled
+        IDCT) when at that scale it still covers the output twice over on both axes, then
+        resize from there: faster for small outputs of large records, not bit-identical to
+        the default exact path (benchmarks/README.md measures both).
+
+    >>> loader = tbljax.loader("val.tbl", batch_size=500, shuffle=False, num_epochs=1,
+    ...                        drop_remainder=False)
+    >>> correct = sum(int(((predict(b["image"]) == b["label"]) & b["valid"]).sum())
+    ...               for b in loader)
+    """
+    opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle,
+                         num_epochs=num_epochs, dtype=dtype, layout=layout, mean=mean, std=std,
+                         augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
+                         threads=threads, read_ahead=read_ahead, jpeg_dct_scale=jpeg_dct_scale)
+    if partition is None:
+        return Loader(reader.as_dataset(path_or_paths), opts, sharding)
+    if partition != "host":
+        raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
+                         f"process reads only its own part), got {partition!r}")
+    part = local_part.open_part(path_or_paths)
+    return Loader(part.dataset, opts, sharding, parts=part.parts)

@@ -1,0 +1,391 @@
+"""tbljax.resident: a dataset that lives in device memory. `ResidentDataset` uploads the uint8
+records once (in chunks, straight from the file's memory map) and draws each batch *inside* the
+jitted step: the order (`tbljax.order`), the augmentation (`tbljax.augment`) and the fused
+gather-normalize (`tbljax.ops`) all run in the compiled program, and give exactly the batches
+`tbljax.loader` yields for the same (seed, epoch, step).
+
+Example:
+    >>> ds = tbljax.ResidentDataset("train.tbl")                  # replicated on every device
+    >>> @jax.jit
+    ... def train_step(state, ds, step):                          # pass ds as an argument
+    ...     b = ds.batch(step, batch_size=256, seed=0, augment="rrc_flip")
+    ...     return update(state, b["image"], b["label"])
+    >>> for step in range(num_steps):
+    ...     state = train_step(state, ds, step)
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from tbljax._src.jax import ops as _ops
+from tbljax._src.rules import order
+from tbljax._src.io import reader
+from tbljax._src.rules import sharding as _sharding
+from tbljax._src.engine import step as _step
+from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
+from tbljax._src.rules.options import LoaderOptions
+from tbljax._src.engine.plan import RecordSource
+
+__all__ = ["ResidentDataset"]
+
+_CHUNK_BYTES = 64 << 20  # host staging per upload step: bounded, whatever the dataset size
+
+
+def _available_host_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_rows(buf, rows, start):
+    # Donated: the device buffer is updated in place, chunk after chunk.
+    return jax.lax.dynamic_update_slice(buf, rows, (start, 0, 0, 0))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_pages(buf, rows, start):
+    return jax.lax.dynamic_update_slice(buf, rows, (start, 0))
+
+
+@jax.tree_util.register_pytree_node_class
+class ResidentDataset:
+    """A TBL dataset held in device memory as one uint8 ``(N, H, W, 3)`` `jax.Array`, from
+    which `batch` draws training batches inside `jax.jit`.
+
+    Args:
+      path_or_dataset: a TBL file, a list of shard files, or an open `tbljax.Dataset` (any
+        record format; non-RAW records are decoded once, chunk by chunk, on the way up).
+      sharding: where the records live. None: a full copy on every device. A `Mesh`: a copy
+        on every device of it. A `NamedSharding`: as given; it may partition the record axis
+        N over some mesh axes (for datasets larger than one device), and each batch then
+        gathers locally and sums the uint8 rows over those axes (an all-reduce of the batch).
+      max_bytes: the most device memory (bytes per device) the records may take; default:
+        what the device reports free (``memory_stats``), or on CPU the available RAM shared
+        by the local devices. A dataset that does not fit raises MemoryError before anything
+        is uploaded.
+      chunk_bytes: host memory staged per upload step (the file is never copied whole).
+
+    Pass the dataset *as an argument* of the jitted function (it is a pytree of its arrays):
+    a dataset closed over by a jitted function would be embedded in the compiled program as a
+    constant, so `batch` refuses that.
+    """
+
+    def __init__(self, path_or_dataset, sharding=None, *, max_bytes: int | None = None,
+                 chunk_bytes: int = _CHUNK_BYTES):
+        self.sharding = _sharding.data_sharding(sharding)
+        ds = reader.as_dataset(path_or_dataset)
+        src = RecordSource(ds, threads=None)
+        self.num_records = src.n
+        self.fingerprint = src.fingerprint
+        self.geometry = src.geometry
+        chunk_bytes = max(1, int(chunk_bytes))
+        if src.shape is None:
+            # Records of different sizes: packed from page starts in one (P, PAGE_BYTES) array
+            # with a table of where each is (tbljax.ops.PackedRecords), on every device.
+            if self._data_parts() != 1:
+                raise ValueError("records of different sizes are held whole on every device: "
+                                 f"sharding {self.sharding} partitions them")
+            self.image_shape = None
+            table, pages = _ops.pack_layout(self.geometry.heights, self.geometry.widths)
+            self._check_fits((pages, _ops.PAGE_BYTES), max_bytes)
+            self.data = _ops.PackedRecords(self._upload_packed(ds, table, pages, chunk_bytes),
+                                           jax.device_put(table, NamedSharding(
+                                               self.sharding.mesh, PartitionSpec())),
+                                           int(max(self.geometry.heights.max(),
+                                                   self.geometry.widths.max())))
+        else:
+            self.image_shape = tuple(int(v) for v in src.shape)
+            shape = (self.num_records, *self.image_shape, 3)
+            parts = self._data_parts()
+            if self.num_records % parts:
+                raise ValueError(f"the dataset's {self.num_records} records do not split evenly "
+                                 f"over the {parts} record shards of {self.sharding}")
+            self._check_fits(shape, max_bytes)
+            self.data = self._upload(ds, shape, chunk_bytes)
+        self.labels = jax.device_put(src.labels.astype(np.int32), NamedSharding(
+            self.sharding.mesh, PartitionSpec(*self.sharding.spec[:1])))
+
+    # ---- pytree: the arrays are leaves, so a jitted step takes the dataset as an argument ----
+    def tree_flatten(self):
+        aux = (self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry)
+        return (self.data, self.labels), aux
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        self = object.__new__(cls)
+        self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry = aux
+        self.data, self.labels = children
+        return self
+
+    def __len__(self) -> int:
+        return self.num_records
+
+    def __repr__(self) -> str:
+        size = self.image_shape or "different sizes"
+        return f"ResidentDataset({self.num_records} records of {size}, sharding={self.sharding})"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of pixels per full copy (N * H * W * 3; records of different sizes: their
+        pages)."""
+        if self.image_shape is None:
+            return int(self.data.pages.shape[0]) * _ops.PAGE_BYTES
+        return self.num_records * self.image_shape[0] * self.image_shape[1] * 3
+
+    # ---- placement ----
+    def _data_axes(self) -> tuple[str, ...]:
+        return _sharding.mesh_axes(self.sharding)
+
+    def _data_parts(self) -> int:
+        return _sharding.parts(self.sharding)
+
+    def _check_fits(self, shape, max_bytes):
+        per_device = int(np.prod(shape, dtype=np.int64)) // self._data_parts()
+        devices = list(self.sharding.addressable_devices)
+        where = f"max_bytes={max_bytes}"
+        limit = max_bytes
+        if limit is None:
+            free = []
+            for d in devices:
+                stats = d.memory_stats() if hasattr(d, "memory_stats") else None
+                if stats and "bytes_limit" in stats:
+                    free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
+            if free:
+                limit, where = min(free), "free on the device (memory_stats)"
+            else:  # CPU: every local device's copy shares the host's RAM
+                avail = _available_host_bytes()
+                if avail is not None:
+                    limit = avail // max(1, len(devices))
+                    where = (f"available host RAM ({avail / 2**30:.1f} GiB) shared by "
+                             f"{len(devices)} local device(s)")
+        if limit is not None and per_device > limit:
+            what = (f"{self.num_records} records of different sizes in {shape[0]} pages"
+                    if len(shape) == 2 else f"{shape[0]} records of {shape[1]}x{shape[2]}x3 uint8")
+            raise MemoryError(
+                f"the dataset needs {per_device / 2**20:.1f} MiB per device ({what} "
+                f"over {self._data_parts()} record shard(s)) "
+                f"but only {limit / 2**20:.1f} MiB fit ({where}): shard the records over more "
+                f"devices (sharding=NamedSharding(mesh, PartitionSpec('data'))), convert at a "
+                f"smaller image_size, or stream with tbljax.loader instead")
+
+    def _host_rows(self, ds, views, starts, a: int, b: int) -> np.ndarray:
+        """Records [a, b) on the host: a zero-copy slice of the memory map when they sit in
+        one RAW file, else a chunk-sized copy (decoded for JPEG / LZ4 records)."""
+        if views is not None:
+            k = int(np.searchsorted(starts, a, side="right") - 1)
+            if b <= starts[k + 1]:
+                return views[k][a - starts[k]:b - starts[k]]
+            return np.concatenate([self._host_rows(ds, views, starts, a, int(starts[k + 1])),
+                                   self._host_rows(ds, views, starts, int(starts[k + 1]), b)])
+        out = np.empty((b - a, *self.image_shape, 3), np.uint8)
+        return ds.read_into(np.arange(a, b, dtype=np.int64), out)
+
+    def _upload(self, ds, shape, chunk_bytes):
+        raw = ds.record_format == "raw"
+        views = ds.shard_views() if raw else None
+        starts = np.concatenate([[0], np.cumsum([len(v) for v in views])]) if raw else None
+        rows_per_chunk = max(1, chunk_bytes // (shape[1] * shape[2] * 3))
+        index_map = self.sharding.addressable_devices_indices_map(shape)
+        pieces = []
+        for device, index in index_map.items():
+            a, b, _ = index[0].indices(shape[0])
+            local = (b - a, *shape[1:])
+            buf = jnp.zeros(local, jnp.uint8, device=device)  # allocated on the device
+            for r in range(a, b, rows_per_chunk):
+                rows = self._host_rows(ds, views, starts, r, min(b, r + rows_per_chunk))
+                buf = _write_rows(buf, jax.device_put(rows, device), np.int32(r - a))
+            pieces.append(buf)
+        return jax.make_array_from_single_device_arrays(shape, self.sharding, pieces)
+
+    def _upload_packed(self, ds, table, pages, chunk_bytes):
+        """The records packed from page starts (`tbljax.ops.pack_layout`), uploaded a chunk of
+        records at a time into a (pages, PAGE_BYTES) array on every device."""
+        page = _ops.PAGE_BYTES
+        raw = ds.record_format == "raw"
+        if raw:
+            views, counts, offsets, _, _ = ds.raw_records()
+            starts = np.concatenate([[0], np.cumsum(counts)])
+        bufs = {d: jnp.zeros((pages, page), jnp.uint8, device=d)
+                for d in self.sharding.addressable_devices}
+        first_page = table[:, 0].astype(np.int64)
+        end_page = np.append(first_page[1:], pages)
+        a = 0
+        while a < self.num_records:
+            # Records [a, b) fill pages [first_page[a], end_page[b - 1]): about chunk_bytes.
+            b = int(np.searchsorted(first_page, first_page[a] + max(1, chunk_bytes // page),
+                                    side="right"))
+            b = max(b, a + 1)
+            chunk = np.zeros((int(end_page[b - 1] - first_page[a]), page), np.uint8)
+            flat = chunk.reshape(-1)
+            for i in range(a, b):
+                if raw:
+                    k = int(np.searchsorted(starts, i, side="right") - 1)
+                    o, n = int(offsets[i]), int(table[i, 1]) * int(table[i, 2]) * 3
+                    pixels = views[k][o:o + n]
+                else:
+                    pixels = ds.read(i).reshape(-1)
+                at = int(first_page[i] - first_page[a]) * page
+                flat[at:at + pixels.size] = pixels
+            for d in bufs:
+                bufs[d] = _write_pages(bufs[d], jax.device_put(chunk, d), np.int32(first_page[a]))
+            a = b
+        pieces = [bufs[d] for d in self.sharding.addressable_devices]
+        rep = NamedSharding(self.sharding.mesh, PartitionSpec())
+        return jax.make_array_from_single_device_arrays((pages, page), rep, pieces)
+
+    # ---- batches ----
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """Steps in one epoch (the last partial batch is dropped, as the loader does)."""
+        return order.steps_in_epoch(self.num_records, batch_size, drop_remainder=True)
+
+    def batch(self, step, *, batch_size: int, seed: int = 0, epoch=None, shuffle: bool = True,
+              augment=None, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+              dtype="float32", layout: str = "NHWC", sharding=None, backend: str = "auto"):
+        """The batch of `step`, computed in the graph: ``{"image", "label", "index"}``, exactly
+        what ``tbljax.loader(path, batch_size, seed=seed, shuffle=shuffle, augment=augment,
+        mean=mean, std=std, dtype=dtype, layout=layout)`` yields at that step.
+
+        Args:
+          step: with ``epoch=None``, the global step since the start of training (epoch
+            ``step // steps_per_epoch``, then the step within it); with an ``epoch``, the step
+            within that epoch. A Python int or a traced int32 (one compiled step serves all).
+          batch_size: the global batch G; the batch axes of `sharding` must divide it.
+          seed, shuffle, augment, mean, std, dtype, layout: as for `tbljax.loader`.
+          sharding: the batch's sharding: None (the batch axis over every mesh axis that does
+            not partition the records), or a `NamedSharding` / `Mesh` on the dataset's mesh.
+            Each device computes only its own rows.
+          backend: passed to `tbljax.ops.gather_normalize` ("auto", "ffi", "twin").
+
+        Call it inside a jitted function that receives this dataset as an argument; outside
+        jit it runs a cached jitted program.
+        """
+        opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle, dtype=dtype,
+                             layout=layout, mean=mean, std=std, augment=augment)
+        if opts.augment is not None and len(opts.augment.schedule) > 1:
+            # The output shape must be static: fix the size of the (concrete) epoch.
+            opts = dataclasses.replace(opts, augment=opts.augment.at_epoch(
+                self._concrete_epoch(step, epoch, batch_size)))
+        mesh, batch_axes = self._batch_axes(sharding)
+        parts = _sharding.parts(self.sharding, batch_axes)
+        if batch_size % parts:
+            raise ValueError(f"batch_size {batch_size} does not split evenly over the {parts} "
+                             f"batch shards {batch_axes}: use a multiple of {parts}")
+        if self.steps_per_epoch(batch_size) == 0:
+            raise ValueError(f"batch_size {batch_size} is larger than the dataset "
+                             f"({self.num_records} records): no full step")
+        traced = [isinstance(v, jax.core.Tracer) for v in (step, epoch)]
+        # The labels are a leaf whatever the records are (an array or a PackedRecords).
+        if not isinstance(self.labels, jax.core.Tracer):
+            if any(traced):
+                raise ValueError(
+                    "ResidentDataset.batch is being traced with the dataset closed over: it would "
+                    "be embedded in the compiled program as a constant. Pass the dataset as an "
+                    "argument of the jitted function instead: jax.jit(lambda ds, step: "
+                    "ds.batch(step, ...))(ds, step)")
+            return _eager_batch(self, jnp.asarray(step, jnp.int32),
+                                None if epoch is None else jnp.asarray(epoch, jnp.int32),
+                                opts=opts, batch_axes=batch_axes, backend=backend)
+        return self._batch(step, epoch, opts=opts, batch_axes=batch_axes, backend=backend)
+
+    def _concrete_epoch(self, step, epoch, batch_size) -> int:
+        """The epoch of a batch whose augmentation has a size schedule, as a Python int."""
+        try:
+            if epoch is not None:
+                return int(epoch)
+            spe = self.steps_per_epoch(batch_size)
+            return int(step) // spe if spe else 0
+        except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
+            raise ValueError(
+                "the augmentation's size schedule makes the output size depend on the epoch, "
+                "which is traced here, but a jitted step's output shape must be static: use one "
+                "jitted step per size, passing augment=aug.at_epoch(epoch) (a static argument, "
+                "fixed in Python) for the epoch being run") from None
+
+    def _batch_axes(self, sharding) -> tuple[Mesh, tuple[str, ...]]:
+        mesh = self.sharding.mesh
+        data_axes = self._data_axes()
+        if sharding is None:
+            return mesh, tuple(a for a in mesh.axis_names if a not in data_axes)
+        if isinstance(sharding, Mesh):
+            sharding = NamedSharding(sharding, PartitionSpec(sharding.axis_names))
+        if not isinstance(sharding, NamedSharding) or sharding.mesh.shape != mesh.shape:
+            raise ValueError(f"sharding must be a NamedSharding (or Mesh) on the dataset's mesh "
+                             f"{mesh}, got {sharding!r}")
+        axes = _sharding.mesh_axes(sharding)
+        both = sorted(set(axes) & set(data_axes))
+        if both:
+            raise ValueError(f"the batch cannot be split over {both}, which already partition "
+                             "the records")
+        return mesh, axes
+
+    def _batch(self, step, epoch, *, opts, batch_axes, backend):
+        n = self.num_records
+        image_hw = self.image_shape or self.geometry  # one size, or each record's own
+        g = opts.batch_size
+        mesh = self.sharding.mesh
+        data_axes = self._data_axes()
+        out_size = opts.output_size(self.image_shape)
+        local_b = g // _sharding.parts(self.sharding, batch_axes)
+        spe = self.steps_per_epoch(g)
+        mean, std = opts.normalization
+        out_dtype = opts.out_dtype
+
+        def per_shard(data, labels, step, epoch):
+            step = step.astype(jnp.int32)
+            if epoch is None:
+                epoch, step = step // spe, step % spe
+            shard = jax.lax.axis_index(batch_axes) if batch_axes else 0
+            first = step * g + shard * local_b
+            positions = first + jnp.arange(local_b, dtype=jnp.int32)
+            idx, boxes, flips = _step.draw(positions, opts, num_records=n, image_hw=image_hw,
+                                           epoch=epoch, xp=jnp)
+            kw = dict(crop=boxes, flip=flips, out_size=out_size, layout=opts.layout,
+                      backend=backend)
+            if not data_axes:
+                image = _ops.gather_normalize(data, idx, dtype=out_dtype, mean=mean, std=std,
+                                              **kw)
+                return image, labels[idx], idx
+            # Records partitioned over data_axes: each device gathers the rows it holds (the
+            # others are zero) and a uint8 sum over those axes assembles the batch exactly.
+            rows = data.shape[0]
+            local = idx - jax.lax.axis_index(data_axes) * rows
+            own = (local >= 0) & (local < rows)
+            local = jnp.where(own, local, 0)
+            pix = _ops.gather_normalize(data, local, dtype=jnp.uint8, **kw)
+            pix = jax.lax.psum(jnp.where(own[:, None, None, None], pix, jnp.uint8(0)), data_axes)
+            label = jax.lax.psum(jnp.where(own, labels[local], 0), data_axes)
+            image = pix if mean is None else _ops.normalize(
+                pix, mean=mean, std=std, dtype=out_dtype, layout=opts.layout)
+            return image, label, idx
+
+        rep, spec = PartitionSpec(), PartitionSpec(batch_axes or None)
+        data_spec = PartitionSpec(data_axes or None)
+        args, in_specs = [self.data, self.labels, step], [data_spec, data_spec, rep]
+        if epoch is not None:
+            args.append(epoch)
+            in_specs.append(rep)
+        fn = jax.shard_map(lambda d, lab, s, *e: per_shard(d, lab, s, e[0] if e else None),
+                           mesh=mesh, in_specs=tuple(in_specs), out_specs=(spec, spec, spec))
+        image, label, idx = fn(*args)
+        return {"image": image, "label": label, "index": idx.astype(jnp.int32)}
+
+
+@functools.partial(jax.jit, static_argnames=("opts", "batch_axes", "backend"))
+def _eager_batch(ds, step, epoch, *, opts, batch_axes, backend):
+    return ds._batch(step, epoch, opts=opts, batch_axes=batch_axes, backend=backend)

@@ -1,0 +1,397 @@
+"""The `tbljax` command, seven subcommands:
+
+  convert  decode TAR shards, an image folder or image files once into a TBL file
+  stage    copy TBL shard files from a URL to a local cache, verified (this host's part)
+  info     describe TBL files (records, format, shapes, labels, classes, recipe, skipped items)
+  verify   check every record's checksum
+  show     draw a PNG grid of samples, as stored or as the loader serves them
+  bench    is the input pipeline the bottleneck? loader img/s and a verdict
+  demo     make a small dataset, convert it, train a JAX model on it
+
+Exit status: 0 on success; 1 for bad data (a corrupt file, a strict conversion that met a bad
+image, a conversion that could write nothing); 2 for usage errors (bad arguments, a missing
+input file, an output that exists); 130 when interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+
+def _cmd_convert(a: argparse.Namespace) -> int:
+    from tbljax._src.io.conversion import convert
+
+    summary = convert(a.sources, a.output, image_size=a.image_size, resize=a.resize,
+                             max_long_side=a.max_long_side, format=a.format, quality=a.quality,
+                             chroma=a.chroma, threads=a.threads, strict=a.strict,
+                             overwrite=a.overwrite, shard=a.shard, classes=a.classes,
+                             label_ext=a.label_ext, progress=False if a.quiet else None,
+                             progress_interval=a.progress_interval, retries=a.retries,
+                             retry_backoff=a.retry_backoff)
+    print(summary)
+    return 0
+
+
+def _cmd_stage(a: argparse.Namespace) -> int:
+    import os
+
+    from tbljax._src.io.staging import stage
+
+    if a.partition == "host":
+        _join_jax_job()
+    paths = stage(a.source, a.cache_dir, partition=a.partition, budget_bytes=a.budget,
+                         retries=a.retries, retry_backoff=a.retry_backoff, workers=a.workers)
+    for p in paths:  # every file, in the global order: the list a loader takes on every host
+        print(p)
+    here = sum(os.path.exists(p) for p in paths)
+    print(f"tbljax stage: {here} of {len(paths)} files in {a.cache_dir}", file=sys.stderr)
+    return 0
+
+
+def _join_jax_job() -> None:
+    """`stage --partition host`: joins the job's JAX runtime as the training processes will
+    (cluster detected by jax.distributed.initialize) to learn this process's index and count."""
+    import os
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # copying files needs no accelerator
+    import jax
+
+    try:
+        jax.distributed.initialize()
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"--partition host: could not join a JAX job to learn this host's part "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); it is "
+                         "detected on Slurm, TPU pods and Open MPI; elsewhere give --partition I/N") from e
+
+
+def _describe(path: str) -> dict[str, Any]:
+    from tbljax._src.io import reader
+
+    ds = reader.open(path)
+    idx = ds.index
+    sizes = Counter(zip(idx["height"].tolist(), idx["width"].tolist()))
+    stored = int(idx["size"].sum())
+    raw = int((idx["height"].astype(np.int64) * idx["width"] * 3).sum())  # what RAW records would take
+    labels = ds.labels
+    known = labels[labels >= 0]
+    return {
+        "path": path,
+        "records": len(ds),
+        "record_format": ds.record_format,
+        "image_shape": ds.image_shape,
+        "zero_copy_view": ds.image_shape is not None and ds.record_format == "raw",
+        "bytes": int(ds._files[0].file_size),
+        "stored_payload_bytes": stored,
+        "bytes_per_image": round(stored / len(ds)) if len(ds) else 0,
+        "ratio_to_raw": round(stored / raw, 4) if raw else None,
+        "record_sizes_hxw": {f"{h}x{w}": n for (h, w), n in sizes.most_common(5)},
+        "labelled": int(known.size),
+        "num_classes": len(ds.classes) if ds.classes else int(np.unique(known).size) if known.size else 0,
+        "classes": (ds.classes or [])[:10],
+        "recipe": ds.recipe,
+        "skipped": len(ds.skipped),
+        "fingerprint": ds.fingerprint,
+    }
+
+
+def _cmd_info(a: argparse.Namespace) -> int:
+    for path in a.files:
+        d = _describe(path)
+        if a.json:
+            print(json.dumps(d))
+            continue
+        print(f"{path}")
+        recipe = dict(d.pop("recipe"))
+        sizes = recipe.pop("source_sizes", None)
+        for k, v in d.items():
+            if k != "path":
+                print(f"  {k:22s} {v}")
+        for k, v in recipe.items():
+            print(f"  recipe.{k:15s} {v}")
+        if sizes and sizes.get("count"):
+            print(f"  source sizes ({sizes['count']} images; median {sizes['median_wh'][0]}x{sizes['median_wh'][1]}, "
+                  f"min {sizes['min_wh'][0]}x{sizes['min_wh'][1]}, max {sizes['max_wh'][0]}x{sizes['max_wh'][1]}):")
+            print(_histogram(sizes))
+    return 0
+
+
+def _histogram(sizes: dict[str, Any], width: int = 40) -> str:
+    """Text bars of the source images' shorter and longer sides."""
+    edges = sizes["bins"]
+    top = max(max(sizes["shorter_side"]), max(sizes["longer_side"]), 1)
+    lines = [f"    {'pixels':>11s}  {'shorter side':<{width + 7}s} longer side"]
+    for k, lo in enumerate(edges):
+        label = f"{lo}-{edges[k + 1] - 1}" if k + 1 < len(edges) else f">={lo}"
+        short, long_ = sizes["shorter_side"][k], sizes["longer_side"][k]
+        if short == 0 and long_ == 0:
+            continue
+        bar_s = "#" * round(width * short / top)
+        bar_l = "#" * round(width * long_ / top)
+        lines.append(f"    {label:>11s}  {bar_s:<{width}s} {short:6d} {bar_l:<{width}s} {long_:6d}")
+    return "\n".join(lines)
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    from tbljax import _core
+    from tbljax._src.io import reader
+
+    bad_total = 0
+    for path in a.files:
+        try:
+            ds = reader.open(path)
+        except _core.CorruptFileError as e:
+            print(f"FAIL {e}")
+            bad_total += 1
+            continue
+        problems = ds.verify(threads=a.threads or 0)
+        bad_total += len(problems)
+        for _file, _record, msg in problems[:50]:
+            print(f"FAIL {msg}")
+        if len(problems) > 50:
+            print(f"FAIL ... and {len(problems) - 50} more records in {path}")
+        if not problems:
+            print(f"ok   {path}: {len(ds)} records, all checksums match")
+    return 1 if bad_total else 0
+
+
+def _augment_of(a: argparse.Namespace) -> Any:
+    """The augmentation that --augment, --size and --center-crop ask for (None: as stored). A
+    file of records of different sizes needs an output size: the error says what to pass."""
+    from tbljax._src.io import reader
+    from tbljax._src.rules.augment import Augment
+
+    if a.center_crop:
+        if a.augment is not None or a.size is None:
+            raise ValueError("--center-crop takes --size S (the evaluation crop, resized to SxS) "
+                             "and no --augment")
+        return Augment(crop="center", flip=False, size=(a.size, a.size))
+    if a.size is not None:
+        if a.augment != "rrc_flip":
+            raise ValueError("--size S resizes a crop to SxS: pass it with --augment rrc_flip "
+                             "(training crops) or --center-crop (evaluation)")
+        return Augment(size=(a.size, a.size))
+    index = reader.open(a.file).index
+    if len(index) and ((index["height"] != index[0]["height"]) |
+                       (index["width"] != index[0]["width"])).any():
+        raise ValueError(f"{a.file}: its records have different sizes (converted keeping the "
+                         "aspect): pass an output size, --augment rrc_flip --size 224 (training "
+                         "crops) or --center-crop --size 224 (evaluation)")
+    return a.augment
+
+
+def _crop_options(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--augment", default=None, choices=["flip", "rrc_flip"],
+                   help=f"{what} with this augmentation: flip, or random-resized-crop + flip (default none)")
+    p.add_argument("--size", type=int, default=None, metavar="S",
+                   help="with --augment rrc_flip or --center-crop: resize the crops to SxS (needed for "
+                        "files of records of different sizes)")
+    p.add_argument("--center-crop", action="store_true",
+                   help="the evaluation crop: the central 87.5%% of the shorter side, resized to --size")
+
+
+def _cmd_bench(a: argparse.Namespace) -> int:
+    from tbljax._src.tools.benchmark import bench
+
+    r = bench(a.file, batch_size=a.batch_size, step=a.step, steps=a.steps, dtype=a.dtype, layout=a.layout,
+              augment=_augment_of(a), threads=a.threads, prefetch=a.prefetch)
+    print(json.dumps(r.asdict()) if a.json else r)
+    return 0
+
+
+def _cmd_show(a: argparse.Namespace) -> int:
+    from tbljax._src.tools.show import save_grid_png
+
+    out = save_grid_png(a.file, a.out, count=a.count, columns=a.columns, augment=_augment_of(a),
+                        seed=a.seed, epoch=a.epoch)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_demo(a: argparse.Namespace) -> int:
+    from tbljax._src.tools import demo
+
+    return demo.main(steps=a.steps, workdir=a.workdir)
+
+
+def _version() -> str:
+    from tbljax import _core
+
+    return f"tbljax {_core.native_info()['version']}"
+
+
+class _VersionAction(argparse.Action):
+    """--version, reading the version only when asked (the native module loads then)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any):
+        super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(_version())
+        parser.exit()
+
+
+def _retry_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--retries", type=int, default=5, metavar="N",
+                   help="failures in a row a read of a URL survives, each re-opened at the byte where "
+                        "it broke (default 5)")
+    p.add_argument("--retry-backoff", type=float, default=0.5, metavar="SECONDS",
+                   help="wait before the first retry, doubled each time up to 30 s (default 0.5)")
+
+
+THREADS_HELP = "threads for decoding (default: all CPUs this process may use, or TBLJAX_NUM_THREADS)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `tbljax` argument parser (every option has a help text; tests hold it to that)."""
+    p = argparse.ArgumentParser(prog="tbljax", description="Decode once into a TBL file; serve every epoch to JAX.",
+                                epilog="exit status: 0 ok; 1 bad data; 2 usage error; 130 interrupted")
+    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("convert", help="decode TAR shards / an image folder / image files into a TBL file",
+                       description="Decode a dataset once into a TBL file (tbljax.convert).")
+    c.add_argument("sources", nargs="+",
+                   help="TAR shards (brace patterns as bash expands them: 'train-{000..099}.tar'), "
+                        "an image folder with one subfolder per class, image files, or a TBL file "
+                        "(decoded record for record into --format raw or lz4)")
+    c.add_argument("-o", "--output", required=True, help="destination .tbl file")
+    c.add_argument("-s", "--image-size", type=int, default=None, metavar="SIZE",
+                   help="output side in pixels (required, except for a TBL file as the source)")
+    c.add_argument("--resize", default="center_crop",
+                   choices=["center_crop", "squash", "max_side", "shorter_side"],
+                   help="center_crop: shorter side to SIZE, then the central square (default); "
+                        "squash: SIZE x SIZE ignoring aspect; max_side: longer side SIZE, aspect kept; "
+                        "shorter_side: shorter side SIZE, aspect kept")
+    c.add_argument("--max-long-side", type=int, default=None, metavar="L",
+                   help="with --resize shorter_side: cap the longer side at L (default: no cap)")
+    c.add_argument("--format", default="raw", choices=["raw", "jpeg", "lz4"],
+                   help="raw: decoded pixels, fastest to serve (default); jpeg: JPEG records, smallest "
+                        "(the source bytes, or re-encoded at the converted size with --quality); "
+                        "lz4: raw pixels LZ4-compressed. A TBL file as the source converts to raw or lz4")
+    c.add_argument("--quality", type=int, default=None, metavar="Q",
+                   help="with --format jpeg: re-encode each image at its converted size with JPEG "
+                        "quality Q (1-100; 90 is the usual choice): compact records")
+    c.add_argument("--chroma", default=None, choices=["420", "444"],
+                   help="chroma subsampling of --quality records: 420 (default) or 444")
+    c.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
+    c.add_argument("--classes", default=None, metavar="FILE",
+                   help="class names in id order, one per line: labels that are names take their id "
+                        "from it (needed with --shard when TAR labels are names)")
+    c.add_argument("--label-ext", default=None, metavar="EXT",
+                   help="the TAR member holding the label, e.g. txt (default: the first of "
+                        "cls, cls2, label, json)")
+    c.add_argument("--strict", action="store_true", help="stop (and write nothing) at the first bad image or label")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    c.add_argument("--shard", default=None, metavar="I/N",
+                   help="convert only share I of N (0-based) of the sources, for parallel jobs; "
+                        "'{shard}' in the output name becomes IIIII-of-NNNNN")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress report")
+    c.add_argument("--progress-interval", type=float, default=None, metavar="SECONDS",
+                   help="seconds between progress reports (default: 0.5 on a terminal, 10 in logs)")
+    _retry_options(c)
+    c.set_defaults(fn=_cmd_convert)
+
+    g = sub.add_parser("stage", help="copy TBL shard files from a URL to a local cache, verified",
+                       description="Copy TBL shard files to a local directory (tbljax.stage): each "
+                                   "verified and renamed into place when complete; a rerun resumes.")
+    g.add_argument("source", metavar="URL",
+                   help="a URL or path, brace pattern or glob: 'gs://bucket/train-{0000..0063}.tbl'")
+    g.add_argument("cache_dir", metavar="CACHE_DIR", help="the local directory to copy into")
+    g.add_argument("--partition", default=None, metavar="host|I/N",
+                   help="copy only a part: 'host' (this process's part of the job, found by joining it "
+                        "with jax.distributed.initialize()) or I/N (part I of N); default all")
+    g.add_argument("--budget", default=None, metavar="SIZE",
+                   help="the most the part may take, e.g. 500G (K, M, G, T: powers of 1024); "
+                        "checked, with the disk's free space, before copying")
+    g.add_argument("--workers", type=int, default=4, metavar="N", help="files copied at once (default 4)")
+    _retry_options(g)
+    g.set_defaults(fn=_cmd_stage)
+
+    i = sub.add_parser("info", help="describe TBL files",
+                       description="Records, format, shapes, labels, classes, recipe and skipped items of TBL files.")
+    i.add_argument("files", nargs="+", metavar="FILE", help="TBL files")
+    i.add_argument("--json", action="store_true", help="one JSON object per file, for scripts")
+    i.set_defaults(fn=_cmd_info)
+
+    v = sub.add_parser("verify", help="check every record's checksum",
+                       description="Check every record's CRC-16; exit 1 naming each bad file or record.")
+    v.add_argument("files", nargs="+", metavar="FILE", help="TBL files")
+    v.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="threads checking records (default: all CPUs, or TBLJAX_NUM_THREADS)")
+    v.set_defaults(fn=_cmd_verify)
+
+    b = sub.add_parser("bench", help="is the input pipeline the bottleneck? loader img/s and a verdict",
+                       description="Measure the loader alone and, with --step, against your step.")
+    b.add_argument("file", metavar="FILE", help="a TBL file")
+    b.add_argument("--batch-size", type=int, default=256, metavar="B", help="global batch size (default 256)")
+    b.add_argument("--step", default=None, metavar="MODULE:FUNCTION",
+                   help="your training step: a callable taking the batch dict (image, label, index) and "
+                        "returning something to block on; keep model state in a closure")
+    b.add_argument("--steps", type=int, default=30, metavar="N", help="steps to time (default 30)")
+    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "uint8"],
+                   help="batch dtype (default float32)")
+    b.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"], help="batch layout (default NHWC)")
+    _crop_options(b, "measure the loader")
+    b.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="threads decoding non-RAW records (default: all CPUs, or TBLJAX_NUM_THREADS)")
+    b.add_argument("--prefetch", type=int, default=2, metavar="P", help="batches prepared ahead (default 2)")
+    b.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    b.set_defaults(fn=_cmd_bench)
+
+    s = sub.add_parser("show", help="a PNG grid of samples with labels, optionally as augmented for training",
+                       description="Draw the first records with their labels or class names as a PNG.")
+    s.add_argument("file", metavar="FILE", help="a TBL file")
+    s.add_argument("--out", default="grid.png", help="the PNG to write (default grid.png)")
+    s.add_argument("--count", type=int, default=16, metavar="N", help="records to draw (default 16)")
+    s.add_argument("--columns", type=int, default=8, metavar="C", help="tiles per row (default 8)")
+    _crop_options(s, "show the records as the loader serves them")
+    s.add_argument("--seed", type=int, default=0, metavar="S", help="the loader seed for --augment (default 0)")
+    s.add_argument("--epoch", type=int, default=0, metavar="E", help="the epoch for --augment (default 0)")
+    s.set_defaults(fn=_cmd_show)
+
+    d = sub.add_parser("demo", help="make a small dataset, convert it, train a JAX model on it",
+                       description="Make labelled JPEG shards, convert them, train a small CNN on the loader.")
+    d.add_argument("--steps", type=int, default=300, metavar="N", help="training steps (default 300)")
+    d.add_argument("--workdir", default=None, metavar="DIR", help="where to put the demo files (default: a temp dir)")
+    d.set_defaults(fn=_cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    from tbljax import _core
+    from tbljax._src.io.conversion import ConversionError  # after parsing: --help and usage errors stay quick
+
+    try:
+        return a.fn(a)
+    except (ConversionError, _core.CorruptFileError, _core.DecodeError) as e:
+        return _fail(a.command, e, 1)  # bad data (both errors subclass ValueError: caught first)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError,
+            NotADirectoryError, PermissionError, ImportError) as e:
+        return _fail(a.command, e, 2)  # usage: bad arguments, a missing input, an existing output
+    except OSError as e:
+        return _fail(a.command, e, 1)  # the system failed us (disk full, I/O error)
+    except KeyboardInterrupt:
+        print(f"tbljax {a.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _fail(command: str, e: BaseException, status: int) -> int:
+    """One clear line on stderr, no traceback; then the bad items a conversion met, one a line."""
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    print(f"tbljax {command}: error: {msg}", file=sys.stderr)
+    skipped = getattr(e, "skipped", None) or []
+    for s in skipped[:50]:
+        print(f"  {s['key']} ({s['source']}): {s['reason']}", file=sys.stderr)
+    if len(skipped) > 50:
+        print(f"  ... and {len(skipped) - 50} more", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""tbljax.augment: random-resized-crop boxes and flips as pure functions of (seed, epoch,
+sample index), the same under NumPy and jax.numpy, for records of one size or many.
+
+>>> boxes, flips = tbljax.augment.sample(idx, tbljax.Augment(size=160), geometry, seed=0)
+"""
+from tbljax._src.rules.augment import (Augment, RecordGeometry, center_boxes, crop_boxes, flips,
+                                       sample)
+
+__all__ = ["Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]

@@ -1,0 +1,10 @@
+"""tbljax.order: which sample sits where — the shuffled order of an epoch as a pure function of
+(seed, epoch, position), the steps of an epoch, host parts and the loader's resume state.
+
+>>> tbljax.order.permute(np.arange(4), n=10, seed=0, epoch=0)
+"""
+from tbljax._src.rules.order import (STATE_VERSION, Parts, advance, check_state, hash32,
+                                     make_state, mix32, permute, random_bits, steps_in_epoch)
+
+__all__ = ["STATE_VERSION", "mix32", "hash32", "permute", "random_bits", "steps_in_epoch",
+           "advance", "Parts", "make_state", "check_state"]
