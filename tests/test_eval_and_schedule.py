@@ -239,7 +239,7 @@ def test_records_of_different_sizes_need_an_output_size(mixed, spec):
 
 def test_records_of_different_sizes_are_described_per_record(mixed):
     path, sizes = mixed
-    from tbljax._src.engine.plan import RecordSource
+    from tbljax._src.engine.record_source import RecordSource
 
     src = RecordSource(tbljax.open(path), None)
     assert src.shape is None

@@ -14,7 +14,7 @@ import _loader_testing as T
 import tbljax
 from tbljax._src.rules import order
 from tbljax._src.engine.ring import Layout
-from tbljax._src.engine.plan import RecordSource
+from tbljax._src.engine.record_source import RecordSource
 
 N, H, W, G = 37, 6, 5, 8
 

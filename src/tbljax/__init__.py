@@ -24,6 +24,7 @@ from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import HostBatch
 from tbljax._src.io.reader import Dataset, open
 from tbljax._src.io.staging import stage
+from tbljax._src.rules.partition import host_part
 from tbljax import augment, kernels, order, show
 
 __version__: str = _core.native_info()["version"]
@@ -46,7 +47,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "HostBatch", "HostLoader", "Loader",
-    "LoaderOptions", "loader", "order", "ConversionError", "ConvertSummary", "CorruptFileError",
+    "LoaderOptions", "loader", "augment", "kernels", "order", "show", "ConversionError", "ConvertSummary", "CorruptFileError",
     "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
-    "open", "ops", "stage",
+    "host_part", "open", "ops", "stage",
 ]

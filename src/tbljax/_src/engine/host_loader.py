@@ -18,7 +18,8 @@ from tbljax._src.engine import ring as _batch
 from tbljax._src.rules import contract
 from tbljax._src.rules import order
 from tbljax._src.rules.options import LoaderOptions
-from tbljax._src.engine.plan import Plan, RecordSource
+from tbljax._src.engine.plan import Plan
+from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.engine.producer import Metrics, Pass
 
 __all__ = ["HostLoader"]

@@ -17,14 +17,17 @@ other parts would need their files here; the exchange needs nothing but the runn
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 from functools import cached_property
 
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.rules import order
+from tbljax._src.rules import contract, order
 from tbljax._src.io import reader
+from tbljax._src.rules.augment import RecordGeometry
+from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset
 from tbljax._src.rules.partition import host_part
 
 __all__ = ["LocalPart", "PartDataset", "open_part"]
@@ -35,22 +38,46 @@ _OK = 1
 _ROW = 7
 
 
-class PartDataset:
+class PartDataset(RecordDataset):
     """Records [lo, hi) of an open `tbljax.Dataset` (this process's part), under the
     fingerprint of the whole dataset: what `tbljax.HostLoader` reads for a host part. Record
-    i here is record lo + i of `dataset` (lo > 0 only for a single file split by records)."""
+    i here is record lo + i of `dataset` (lo > 0 only for a single file split by records).
+    Implements the whole dataset contract (`tbljax._src.rules.dataset`), so every record kind
+    serves from a host part as from the whole dataset."""
 
     def __init__(self, dataset: reader.Dataset, lo: int, hi: int, fingerprint: str):
         if (lo, hi) != (0, len(dataset)) and len(dataset.paths) != 1:
             raise ValueError("a part of several files holds whole files")
+        if not 0 <= lo <= hi <= len(dataset):
+            raise ValueError(f"records [{lo}, {hi}) are not records of {dataset!r}")
         self._ds, self._lo, self._hi = dataset, int(lo), int(hi)
-        self.fingerprint = fingerprint
+        self._fingerprint = fingerprint
 
     def __len__(self) -> int:
         return self._hi - self._lo
 
     def __repr__(self) -> str:
         return f"PartDataset(records [{self._lo}, {self._hi}) of {self._ds!r})"
+
+    @property
+    def whole(self) -> bool:
+        """True when the part is the whole of the dataset it was cut from (whole files)."""
+        return (self._lo, self._hi) == (0, len(self._ds))
+
+    def _global(self, indices) -> np.ndarray:
+        idx = np.asarray(indices, np.int64)
+        return idx if self.whole else idx + self._lo
+
+    def _record(self, i: int) -> int:
+        n = len(self)
+        i = operator.index(i)
+        if not -n <= i < n:
+            raise IndexError(f"record {i} out of range for a part of {n} records")
+        return self._lo + i % n
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
 
     @property
     def paths(self) -> list[str]:
@@ -61,8 +88,23 @@ class PartDataset:
         return self._ds.record_format
 
     @property
+    def compact(self) -> bool:
+        return self._ds.compact
+
+    @property
+    def classes(self):
+        return self._ds.classes
+
+    @property
     def image_shape(self):
         return self._ds.image_shape
+
+    @cached_property
+    def geometry(self) -> RecordGeometry:
+        g = self._ds.geometry
+        if g.shape is not None:
+            return g
+        return RecordGeometry(g.heights[self._lo:self._hi], g.widths[self._lo:self._hi])
 
     @cached_property
     def labels(self) -> np.ndarray:
@@ -74,13 +116,38 @@ class PartDataset:
 
     def shard_views(self) -> list[np.ndarray]:
         views = self._ds.shard_views()
-        return views if len(views) > 1 else [views[0][self._lo:self._hi]]
+        return views if self.whole else [views[0][self._lo:self._hi]]
+
+    def raw_records(self) -> RawRecords:
+        r = self._ds.raw_records()
+        if self.whole:
+            return r
+        cut = slice(self._lo, self._hi)
+        return RawRecords(r.views, np.array([len(self)], np.int64), r.offsets[cut],
+                          r.heights[cut], r.widths[cut])
+
+    def jpeg_records(self) -> JpegRecords:
+        r = self._ds.jpeg_records()
+        if self.whole:
+            return r
+        cut = slice(self._lo, self._hi)
+        return JpegRecords(r.views, np.array([len(self)], np.int64), r.offsets[cut],
+                           r.sizes[cut], r.heights[cut], r.widths[cut])
+
+    def byte_ranges(self, indices):
+        return self._ds.byte_ranges(self._global(indices))
+
+    def read(self, i: int) -> np.ndarray:
+        return self._ds.read(self._record(i))
 
     def read_into(self, indices, out, threads: int = 0):
-        return self._ds.read_into(np.asarray(indices, np.int64) + self._lo, out, threads)
+        return self._ds.read_into(self._global(indices), out, threads)
+
+    def locate(self, i: int) -> tuple[str, int]:
+        return self._ds.locate(self._record(i))
 
     def files_of(self, indices) -> np.ndarray:
-        return self._ds.files_of(np.asarray(indices, np.int64) + self._lo)
+        return self._ds.files_of(self._global(indices))
 
     def check_unchanged(self, files=None) -> None:
         self._ds.check_unchanged(files)
@@ -188,8 +255,6 @@ def open_part(path_or_paths, rank: int | None = None, world_size: int | None = N
                          "processes (their fingerprints do not match)")
     parts = order.Parts(tuple(rows[:, 2].tolist()), index)
     total = sum(parts.counts)
-    if total > np.iinfo(np.int32).max:
-        raise ValueError(f"the dataset holds {total} records; the loader's int32 `index` "
-                         f"supports up to {np.iinfo(np.int32).max}")
+    contract.check_record_count(total, what="the dataset")
     fingerprint = f"{total}-{int(rows[:, 5].astype(np.uint64).sum()) % (1 << 32):08x}"
     return LocalPart(PartDataset(ds, lo, hi, fingerprint), parts)

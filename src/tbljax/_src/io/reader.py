@@ -20,6 +20,8 @@ import numpy as np
 import numpy.lib.recfunctions  # noqa: F401 - np.lib.recfunctions.repack_fields
 
 from tbljax import _core
+from tbljax._src.rules.augment import RecordGeometry
+from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset, require
 from tbljax._src.io.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path, check_metadata, decode_labels
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
@@ -43,7 +45,7 @@ class RecordInfo:
     crc16: int
 
 
-class Dataset:
+class Dataset(RecordDataset):
     """One TBL file, or several shard files read as one dataset (records in file order).
 
     Opening validates every file's header and index in C++ and maps it; nothing per record
@@ -163,6 +165,28 @@ class Dataset:
         if size and self.recipe.get("resize", "center_crop") in ("center_crop", "squash"):
             return (int(size), int(size))
         return None
+
+    @property
+    def compact(self) -> bool:
+        """True for compact records: JPEGs re-encoded at the served geometry (decoded in the
+        kernel, box by box), False for the original JPEG bytes and for RAW/LZ4 records."""
+        return self.record_format == "jpeg" and self.recipe.get("stored") == "resized"
+
+    @cached_property
+    def geometry(self) -> RecordGeometry:
+        """The (height, width) every record is served at: for RAW, LZ4 and compact records
+        the size the index holds; for original JPEG bytes the recipe's output size (the index
+        holds the source photo's size). Pass this, not ``index["height"]``, to
+        `tbljax.augment.sample` and `tbljax.ops.gather_normalize`."""
+        if self.image_shape is not None:
+            return RecordGeometry(*self.image_shape)
+        if len(self) == 0:
+            raise ValueError(f"{self!r} holds no records")
+        idx = self.index
+        try:
+            return RecordGeometry(idx["height"], idx["width"])
+        except ValueError as e:
+            raise ValueError(f"{self!r}: {e}") from None
 
     @cached_property
     def fingerprint(self) -> str:
@@ -287,8 +311,8 @@ class Dataset:
                 f"{self._files[k].path}: record {j}: RAW payload of {int(idx['size'][bad[0]])} "
                 f"bytes is not {int(heights[bad[0]])}x{int(widths[bad[0]])}x3")
         counts = np.diff(self._starts).astype(np.int64)
-        return ([f.file_view() for f in self._files], counts,
-                np.ascontiguousarray(idx["offset"], dtype=np.int64), heights, widths)
+        return RawRecords([f.file_view() for f in self._files], counts,
+                          np.ascontiguousarray(idx["offset"], dtype=np.int64), heights, widths)
 
     def jpeg_records(self):
         """Where the JPEG records lie, for `tbljax.kernels.jpeg_source`: (one read-only 1-D
@@ -299,10 +323,17 @@ class Dataset:
                              f"(this file holds {self.record_format} records)")
         idx = self.index
         counts = np.diff(self._starts).astype(np.int64)
-        return ([f.file_view() for f in self._files], counts,
-                np.ascontiguousarray(idx["offset"], dtype=np.int64),
-                np.ascontiguousarray(idx["size"], dtype=np.int64),
-                idx["height"].astype(np.int32), idx["width"].astype(np.int32))
+        return JpegRecords([f.file_view() for f in self._files], counts,
+                           np.ascontiguousarray(idx["offset"], dtype=np.int64),
+                           np.ascontiguousarray(idx["size"], dtype=np.int64),
+                           idx["height"].astype(np.int32), idx["width"].astype(np.int32))
+
+    def byte_ranges(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(file number, byte offset in that file, byte count) of records `indices`."""
+        idx = np.asarray(indices, np.int64)
+        files = np.searchsorted(self._starts, idx, side="right") - 1
+        index = self.index
+        return files, index["offset"][idx].astype(np.int64), index["size"][idx].astype(np.int64)
 
     def locate(self, i: int) -> tuple[str, int]:
         """(the file that holds record i, the record's number within that file)."""
@@ -443,16 +474,15 @@ def open(paths: PathLike | Sequence[PathLike]) -> Dataset:  # noqa: A001 - the n
 
 
 
-def as_dataset(path_or_dataset) -> Dataset:
-    """A `Dataset` from what a loader accepts: a TBL path, a list of shard paths, or a dataset
-    (a `Dataset`, or an object with its ``__len__``, ``labels``, ``fingerprint`` and
-    ``record_format``)."""
-    if isinstance(path_or_dataset, (str, bytes, os.PathLike)) or (
-            isinstance(path_or_dataset, (list, tuple)) and path_or_dataset
-            and all(isinstance(p, (str, bytes, os.PathLike)) for p in path_or_dataset)):
+def as_dataset(path_or_dataset, what: str = "tbljax.loader") -> RecordDataset:
+    """A dataset from what a loader accepts: a TBL path, a list of shard paths, or a dataset
+    (anything implementing `tbljax._src.rules.dataset.RecordDataset`: a `Dataset`, a host part)."""
+    if isinstance(path_or_dataset, (str, bytes, os.PathLike)):
         return open(path_or_dataset)
-    if isinstance(path_or_dataset, Dataset) or all(
-            hasattr(path_or_dataset, a) for a in ("__len__", "labels", "fingerprint", "record_format")):
-        return path_or_dataset
-    raise TypeError("tbljax.loader takes a TBL path, a list of shard paths or a tbljax.Dataset, "
-                    f"got {type(path_or_dataset).__name__} {path_or_dataset!r}"[:300])
+    if isinstance(path_or_dataset, (list, tuple)):
+        if not path_or_dataset:
+            raise ValueError(f"{what} was given an empty list of paths (a glob that matched "
+                             "nothing?)")
+        if all(isinstance(p, (str, bytes, os.PathLike)) for p in path_or_dataset):
+            return open(path_or_dataset)
+    return require(path_or_dataset, what)

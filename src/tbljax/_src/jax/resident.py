@@ -31,7 +31,7 @@ from tbljax._src.rules import sharding as _sharding
 from tbljax._src.engine import step as _step
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.rules.options import LoaderOptions
-from tbljax._src.engine.plan import RecordSource
+from tbljax._src.engine.record_source import RecordSource
 
 __all__ = ["ResidentDataset"]
 

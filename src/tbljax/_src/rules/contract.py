@@ -17,8 +17,8 @@ import numpy as np
 
 from tbljax import _core
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "MAX_OUT_SIDE", "MAX_SIDE", "OUT_DTYPES",
-           "RESIZE_WEIGHT_BITS", "check_layout", "crop_boxes", "dtype_name", "is_integer",
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "MAX_OUT_SIDE", "MAX_RECORDS", "MAX_SIDE", "OUT_DTYPES",
+           "RESIZE_WEIGHT_BITS", "check_layout", "check_record_count", "crop_boxes", "dtype_name", "is_integer",
            "normalization", "np_dtype", "output_size"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -31,6 +31,15 @@ RESIZE_WEIGHT_BITS: int = _core.RESIZE_WEIGHT_BITS       # kernel.h: fixed-point
 # Output sides of a crop-resize: kernel.h's integer sums stay exact in int32, the in-jit twin's
 # arithmetic, for output sides up to 32767.
 MAX_OUT_SIDE = 32767
+# Records a loader serves at most: its `index` output is int32.
+MAX_RECORDS = int(np.iinfo(np.int32).max)
+
+
+def check_record_count(n: int, what: str) -> None:
+    """ValueError naming `what` when `n` records are more than a loader serves (`MAX_RECORDS`)."""
+    if n > MAX_RECORDS:
+        raise ValueError(f"{what} holds {n} records; the loader's int32 `index` supports up to "
+                         f"{MAX_RECORDS}")
 
 
 def is_integer(v) -> bool:

@@ -74,9 +74,16 @@ def _describe(path: str) -> dict[str, Any]:
 
     ds = reader.open(path)
     idx = ds.index
-    sizes = Counter(zip(idx["height"].tolist(), idx["width"].tolist()))
+    # The served sizes: for original JPEG bytes the index holds the source photos' sizes.
+    g = ds.geometry if len(ds) else None
+    if g is None:
+        sizes = Counter()
+    elif g.shape is not None:
+        sizes = Counter({g.shape: len(ds)})
+    else:
+        sizes = Counter(zip(g.heights.tolist(), g.widths.tolist()))
     stored = int(idx["size"].sum())
-    raw = int((idx["height"].astype(np.int64) * idx["width"] * 3).sum())  # what RAW records would take
+    raw = ds.served_bytes() if len(ds) else 0  # what RAW records would take
     labels = ds.labels
     known = labels[labels >= 0]
     return {
@@ -175,9 +182,8 @@ def _augment_of(a: argparse.Namespace) -> Any:
             raise ValueError("--size S resizes a crop to SxS: pass it with --augment rrc_flip "
                              "(training crops) or --center-crop (evaluation)")
         return Augment(size=(a.size, a.size))
-    index = reader.open(a.file).index
-    if len(index) and ((index["height"] != index[0]["height"]) |
-                       (index["width"] != index[0]["width"])).any():
+    ds = reader.open(a.file)
+    if len(ds) and ds.geometry.shape is None:  # the served sizes (not the source photos')
         raise ValueError(f"{a.file}: its records have different sizes (converted keeping the "
                          "aspect): pass an output size, --augment rrc_flip --size 224 (training "
                          "crops) or --center-crop --size 224 (evaluation)")

@@ -1,0 +1,96 @@
+"""The datasets of the combination matrix (tests/test_matrix.py and its 2-process worker): every
+record kind tbljax writes, as one file and as two shard files, made from the same small JPEG
+photos, and each record's reference pixels taken from the file's bytes by an independent reader
+(NumPy over the index for RAW records, Pillow for JPEG records, the RAW twin for records that
+are decoded and resized at serve time)."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+import tbljax
+from tbljax._src.io.format import FORMATS
+
+N = 10        # records per dataset
+S = 16        # stored side
+OUT = (8, 8)  # served crop
+# kind: convert's arguments. Every kind is made from the same JPEG sources.
+KINDS = {
+    "raw_square": dict(resize="center_crop", format="raw"),
+    "raw_shorter_side": dict(resize="shorter_side", format="raw"),
+    "raw_max_side": dict(resize="max_side", format="raw"),
+    "compact_square": dict(resize="center_crop", format="jpeg", quality=90),
+    "compact_full_aspect": dict(resize="shorter_side", format="jpeg", quality=90),
+    "original_jpeg": dict(resize="center_crop", format="jpeg"),
+    "lz4": dict(resize="center_crop", format="lz4"),
+}
+# Records decoded and resized at serve time have the pixels of the RAW conversion of the same
+# sources with the same recipe (DESIGN §3): that twin is their reference.
+TWIN = {"original_jpeg": "raw_square", "lz4": "raw_square"}
+LAYOUTS = ("file", "shards")
+
+
+def photos(d: Path) -> list[Path]:
+    """N small JPEG photos of different shapes (smooth content, so LZ4 and JPEG both work)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+    paths = []
+    for i in range(N):
+        h, w = int(rng.integers(18, 40)), int(rng.integers(18, 40))
+        y, x = np.mgrid[0:h, 0:w] // 14  # flat blocks: LZ4 finds repeats after the resize
+        img = rng.integers(0, 256, (h // 14 + 1, w // 14 + 1, 3))[y, x].astype(np.uint8)
+        p = d / f"c{i % 3}" / f"img{i:02d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(img).save(p, "JPEG", quality=92)
+        paths.append(p)
+    return paths
+
+
+def make(d: Path) -> dict[tuple[str, str], object]:
+    """{(kind, layout): path or [shard paths]} under folder d."""
+    src = photos(d / "src")
+    out = {}
+    for kind, kw in KINDS.items():
+        one = d / f"{kind}.tbl"
+        tbljax.convert([str(p) for p in src], one, image_size=S, labels=list(range(N)), progress=False,
+                       **kw)
+        parts = [d / f"{kind}-{k}.tbl" for k in range(2)]
+        for k, p in enumerate(parts):
+            tbljax.convert([str(p) for p in src], p, image_size=S, labels=list(range(N)),
+                           shard=(k, 2), progress=False, **kw)
+        out[kind, "file"], out[kind, "shards"] = str(one), [str(p) for p in parts]
+    return out
+
+
+def _stored(path: str) -> list[np.ndarray]:
+    """Each record's pixels, read from the file's bytes without tbljax's decoders: NumPy over
+    the index for uncompressed RAW, Pillow for JPEG records."""
+    from PIL import Image
+
+    ds = tbljax.open(path)
+    data = np.fromfile(path, np.uint8)
+    out = []
+    for e in ds.index:
+        blob = data[int(e["offset"]):int(e["offset"]) + int(e["size"])]
+        if int(e["format"]) == FORMATS["JPEG"]:
+            with Image.open(io.BytesIO(blob.tobytes())) as im:
+                out.append(np.asarray(im.convert("RGB")))
+        else:
+            out.append(blob.reshape(int(e["height"]), int(e["width"]), 3))
+    return out
+
+
+def references(files: dict) -> dict[tuple[str, str], list[np.ndarray]]:
+    """{(kind, layout): every record's reference pixels, by global record index}."""
+    refs = {}
+    for (kind, layout), where in files.items():
+        paths = [where] if isinstance(where, str) else where
+        twin = TWIN.get(kind)
+        if twin is not None:
+            tw = files[twin, layout]
+            paths = [tw] if isinstance(tw, str) else tw
+        refs[kind, layout] = [img for p in paths for img in _stored(p)]
+    return refs

@@ -1,0 +1,331 @@
+"""The combination matrix: every record kind tbljax writes × {one file, two shard files} ×
+every path a user combines them with, each cell checked against the NumPy oracle
+(tests/oracle.py) over each record's reference pixels (tests/_matrix_data.py: read from the
+file's bytes by NumPy or Pillow, not by tbljax's decoders), or against the documented error.
+Tiny images, so the whole matrix runs in seconds; every new feature adds its row here.
+
+Paths: the JAX loader (uint8 random-resized crop; float32 centre-crop eval with the last batch
+padded; a mid-epoch state resumed by a new loader), torch, MLX, `ResidentDataset` inside
+`jax.jit`, `partition="host"` in two real processes (JAX and torch.distributed), `show`,
+`bench`, `info`/`verify`, TBL → RAW; and the dataset contract itself on every dataset kind."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import oracle
+import pytest
+
+import _matrix_data as M
+import tbljax
+from tbljax._src.io.host_part import PartDataset
+from tbljax._src.rules.augment import RecordGeometry, sample
+from tbljax._src.rules.dataset import RecordDataset, members
+
+SEED, B = 3, 4
+RRC = tbljax.Augment(size=M.OUT)
+CENTER = tbljax.Augment(crop="center", flip=False, size=M.OUT)
+MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)
+CELLS = [(k, layout) for k in M.KINDS for layout in M.LAYOUTS]
+IDS = [f"{k}-{layout}" for k, layout in CELLS]
+FULL_ASPECT = {"raw_shorter_side", "raw_max_side", "compact_full_aspect"}
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    pytest.importorskip("PIL")
+    files = M.make(tmp_path_factory.mktemp("matrix"))
+    return files, M.references(files)
+
+
+def _geometry(imgs) -> RecordGeometry:
+    return RecordGeometry(np.array([im.shape[0] for im in imgs]), np.array([im.shape[1] for im in imgs]))
+
+
+def expected(imgs, idx, aug, *, epoch=0, dtype=np.uint8, layout="NHWC", mean=None, std=None):
+    """The oracle's rows for samples `idx` (the augmentation keyed by global index)."""
+    idx = np.asarray(idx, np.int64)
+    boxes, flips = sample(aug, idx, geometry=_geometry(imgs), seed=SEED, epoch=epoch)
+    return oracle.gather(imgs, idx, aug.size, crop=boxes, flip=flips, dtype=dtype, layout=layout,
+                         mean=mean, std=std)
+
+
+def _host(x) -> np.ndarray:
+    return np.asarray(x)
+
+
+# ---- the dataset contract ----
+
+def _kinds_of_dataset(files, kind, layout):
+    """Every dataset kind for one cell: the opened file(s), and host parts cut from them."""
+    ds = tbljax.open(files[kind, layout])
+    n = len(ds)
+    yield "dataset", ds, 0
+    if layout == "shards":
+        first = tbljax.open(files[kind, layout][1])  # a part of whole files: the second file
+        yield "part of files", PartDataset(first, 0, len(first), "fp"), n - len(first)
+    else:
+        yield "part of records", PartDataset(ds, 3, n, "fp"), 3
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_every_dataset_kind_implements_the_whole_contract(matrix, kind, layout):
+    files, refs = matrix
+    ref = refs[kind, layout]
+    for what, ds, lo in _kinds_of_dataset(files, kind, layout):
+        assert isinstance(ds, RecordDataset), what
+        assert all(hasattr(ds, m) for m in members()), what
+        mine = ref[lo:]
+        assert len(ds) == len(mine)
+        g = ds.geometry  # the served sizes
+        assert [(int(h), int(w)) for h, w in zip(*np.broadcast_arrays(g.heights, g.widths))] == (
+            [mine[0].shape[:2]] if g.shape else [im.shape[:2] for im in mine]), what
+        assert (ds.image_shape is None) == (kind in FULL_ASPECT)
+        assert ds.labels.tolist() == list(range(lo, M.N)), what
+        for i in (0, len(ds) - 1, -1):
+            assert np.array_equal(ds.read(i), mine[i]), (what, i)
+        path, j = ds.locate(len(ds) - 1)
+        assert path == ds.paths[-1] and j == len(tbljax.open(path)) - 1
+        files_, offsets, sizes = ds.byte_ranges(np.arange(len(ds)))
+        data = {p: np.fromfile(p, np.uint8) for p in ds.paths}
+        assert all(o + s <= len(data[ds.paths[f]]) for f, o, s in zip(files_, offsets, sizes))
+        assert ds.compact == kind.startswith("compact")
+        if ds.record_format == "jpeg":
+            r = ds.jpeg_records()
+            assert int(r.counts.sum()) == len(ds) and np.array_equal(r.offsets, offsets)
+        else:
+            with pytest.raises(ValueError, match="only JPEG records"):
+                ds.jpeg_records()
+        if ds.record_format == "raw":
+            assert int(ds.raw_records().counts.sum()) == len(ds)
+        else:
+            with pytest.raises(ValueError, match="only uncompressed RAW"):
+                ds.raw_records()
+        with pytest.raises(IndexError):
+            ds.read(len(ds))
+
+
+def test_a_dataset_that_leaves_out_part_of_the_contract_cannot_be_made():
+    class Partial(RecordDataset):
+        def __len__(self):
+            return 1
+
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()
+
+
+def test_the_loader_refuses_what_is_not_a_dataset_by_name():
+    with pytest.raises(TypeError, match="tbljax.loader takes a TBL path.*got dict"):
+        tbljax.loader({"image": 1}, 4)
+    with pytest.raises(ValueError, match="empty list of paths"):
+        tbljax.loader([], 4)
+
+
+def test_original_bytes_report_the_served_geometry(matrix):
+    files, refs = matrix
+    ds = tbljax.open(files["original_jpeg", "file"])
+    assert (ds.index["height"] != M.S).any()          # the index holds the source photos' sizes
+    assert ds.geometry.shape == (M.S, M.S)           # ... the records serve at 16x16
+    stored = int(ds.index["size"].sum())
+    info = _info(files["original_jpeg", "file"])[0]
+    assert info["record_sizes_hxw"] == {f"{M.S}x{M.S}": M.N}
+    assert info["ratio_to_raw"] == round(stored / (M.N * M.S * M.S * 3), 4) and info["ratio_to_raw"] > 1
+
+
+# ---- the JAX loader ----
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_loader_uint8_random_resized_crop(matrix, kind, layout):
+    files, refs = matrix
+    got = 0
+    for batch in tbljax.loader(files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1):
+        idx = _host(batch["index"])
+        np.testing.assert_array_equal(_host(batch["image"]), expected(refs[kind, layout], idx, RRC))
+        assert _host(batch["label"]).tolist() == idx.tolist()
+        got += 1
+    assert got == M.N // B
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_eval_float32_center_crop_serves_every_record_once(matrix, kind, layout):
+    files, refs = matrix
+    seen = []
+    for batch in tbljax.loader(files[kind, layout], B, seed=SEED, augment=CENTER, num_epochs=1,
+                               drop_remainder=False, mean=MEAN, std=STD):
+        idx, valid = _host(batch["index"]), _host(batch["valid"])
+        assert (idx >= 0).tolist() == valid.tolist()
+        want = expected(refs[kind, layout], idx[valid], CENTER, dtype=np.float32, mean=MEAN, std=STD)
+        np.testing.assert_array_equal(_host(batch["image"])[valid], want)
+        assert not _host(batch["image"])[~valid].any()
+        seen += idx[valid].tolist()
+    assert sorted(seen) == list(range(M.N))
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_mid_epoch_state_resumes_the_identical_stream(matrix, kind, layout):
+    files, _ = matrix
+    kw = dict(seed=SEED, dtype="uint8", augment=RRC, num_epochs=2)
+    ld = tbljax.loader(files[kind, layout], B, **kw)
+    it = iter(ld)
+    next(it), next(it), next(it)  # into the second epoch
+    state = ld.state_dict()
+    rest = [(_host(b["index"]), _host(b["image"])) for b in it]
+    again = tbljax.loader(files[kind, layout], B, **kw)
+    again.load_state_dict(state)
+    resumed = [(_host(b["index"]), _host(b["image"])) for b in again]
+    assert len(rest) == len(resumed) == 1
+    for (i1, x1), (i2, x2) in zip(rest, resumed):
+        np.testing.assert_array_equal(i1, i2)
+        np.testing.assert_array_equal(x1, x2)
+
+
+# ---- torch, MLX, the dataset on device ----
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_torch(matrix, kind, layout):
+    pytest.importorskip("torch")
+    import tbljax.torch
+
+    files, refs = matrix
+    for b in tbljax.torch.loader(files[kind, layout], B, seed=SEED, dtype="uint8", layout="NHWC", augment=RRC):
+        idx = b.index.numpy()
+        np.testing.assert_array_equal(b.images.numpy(), expected(refs[kind, layout], idx, RRC))
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_mlx(matrix, kind, layout):
+    pytest.importorskip("mlx.core")
+    import tbljax.mlx
+
+    files, refs = matrix
+    for b in tbljax.mlx.loader(files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC):
+        idx = np.array(b.index)
+        np.testing.assert_array_equal(np.array(b.images), expected(refs[kind, layout], idx, RRC))
+    with pytest.raises(ValueError, match="partition=None only"):
+        tbljax.mlx.loader(files[kind, layout], B, partition="host")
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_resident_dataset_inside_jit(matrix, kind, layout):
+    import jax
+
+    files, refs = matrix
+    rd = tbljax.ResidentDataset(files[kind, layout])
+    step = jax.jit(lambda ds, s: ds.batch(s, batch_size=B, seed=SEED, augment=RRC, dtype="uint8"))
+    for s in range(M.N // B):
+        batch = step(rd, s)
+        idx = _host(batch["index"])
+        np.testing.assert_array_equal(_host(batch["image"]), expected(refs[kind, layout], idx, RRC))
+
+
+# ---- host-local reading in two real processes ----
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_host_partition_in_two_processes_serves_the_one_process_crops(matrix, tmp_path):
+    pytest.importorskip("torch")
+    files, refs = matrix
+    spec = tmp_path / "spec.json"
+    names = {f"{k}-{layout}": (k, layout) for k, layout in CELLS}
+    spec.write_text(json.dumps({"datasets": {n: files[c] for n, c in names.items()},
+                                "batch": 2, "seed": SEED, "out": list(M.OUT)}))
+    worker = Path(__file__).with_name("_matrix_worker.py")
+    ports = [str(_free_port()), str(_free_port())]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
+        [str(worker.parent), os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, str(worker), str(p), *ports, str(spec),
+                               str(tmp_path / f"out{p}.npz")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for p in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
+    outs = [dict(np.load(tmp_path / f"out{p}.npz")) for p in range(2)]
+    for name, cell in names.items():
+        for framework in ("jax", "torch"):
+            key = f"{name}|{framework}"
+            errors = [str(o[key + "|error"]) for o in outs if key + "|error" in o]
+            assert errors == [], (key, errors)
+            served = []
+            for o in outs:
+                idx, img = o[key + "|index"], o[key + "|image"]
+                np.testing.assert_array_equal(img, expected(refs[cell], idx, RRC), err_msg=key)
+                served += idx.tolist()
+            # Each process serves its own part: whole records, none twice (drop_remainder).
+            assert len(served) == len(set(served)) and set(served) <= set(range(M.N)), key
+
+
+# ---- the tools ----
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_show_draws_what_the_loader_serves(matrix, kind, layout):
+    files, refs = matrix
+    grid, captions = tbljax.show.sample_grid(files[kind, layout], count=3, columns=3, augment=RRC, seed=SEED)
+    oh, ow = M.OUT
+    want = expected(refs[kind, layout], [0, 1, 2], RRC)
+    for k in range(3):
+        np.testing.assert_array_equal(grid[1:1 + oh, 1 + k * (ow + 2):1 + k * (ow + 2) + ow], want[k])
+    assert captions == ["0: 0", "1: 1", "2: 2"]
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_bench(matrix, kind, layout):
+    files, _ = matrix
+    report = tbljax.bench(files[kind, layout], batch_size=B, steps=2, augment=RRC, dtype="uint8")
+    assert report.produce_img_s > 0 and report.consumed_img_s > 0
+    if kind in FULL_ASPECT:  # no output size: the documented error, naming what to pass
+        with pytest.raises(ValueError, match="different sizes"):
+            tbljax.bench(files[kind, layout], batch_size=B, steps=2)
+
+
+def _info(where) -> list[dict]:
+    from tbljax._src.tools.cli import main
+
+    import contextlib
+    import io
+
+    paths = [where] if isinstance(where, str) else where
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["info", "--json", *paths]) == 0
+    return [json.loads(line) for line in buf.getvalue().splitlines()]  # one object a file
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_info_and_verify(matrix, kind, layout):
+    from tbljax._src.tools.cli import main
+
+    files, refs = matrix
+    paths = [files[kind, layout]] if layout == "file" else files[kind, layout]
+    ref, lo = refs[kind, layout], 0
+    for info in _info(paths):
+        mine = ref[lo:lo + info["records"]]
+        lo += info["records"]
+        sizes = {}
+        for im in mine:
+            sizes[f"{im.shape[0]}x{im.shape[1]}"] = sizes.get(f"{im.shape[0]}x{im.shape[1]}", 0) + 1
+        shown = info["record_sizes_hxw"]  # the 5 most common served sizes
+        assert len(shown) == min(5, len(sizes)) and all(sizes[k] == n for k, n in shown.items())
+        raw = sum(im.size for im in mine)
+        assert info["ratio_to_raw"] == round(info["stored_payload_bytes"] / raw, 4)
+    assert lo == M.N
+    assert main(["verify", *paths]) == 0
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_tbl_to_raw_keeps_the_served_pixels(matrix, kind, layout, tmp_path):
+    files, refs = matrix
+    dst = tmp_path / "raw.tbl"
+    tbljax.convert(files[kind, layout], dst, format="raw", progress=False)
+    out = tbljax.open(dst)
+    assert out.record_format == "raw" and out.labels.tolist() == list(range(M.N))
+    for i, want in enumerate(refs[kind, layout]):
+        np.testing.assert_array_equal(out.read(i), want)
