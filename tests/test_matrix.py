@@ -23,6 +23,7 @@ import pytest
 
 import _matrix_data as M
 import tbljax
+from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.io.host_part import PartDataset
 from tbljax._src.rules.augment import RecordGeometry, sample
 from tbljax._src.rules.dataset import RecordDataset, members
@@ -34,6 +35,9 @@ MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)
 CELLS = [(k, layout) for k in M.KINDS for layout in M.LAYOUTS]
 IDS = [f"{k}-{layout}" for k, layout in CELLS]
 FULL_ASPECT = {"raw_shorter_side", "raw_max_side", "compact_full_aspect"}
+MODES = {"raw_square": "gather", "raw_shorter_side": "gather_variable", "raw_max_side": "gather_variable",
+         "compact_square": "jpeg_boxes", "compact_full_aspect": "jpeg_boxes", "original_jpeg": "decode",
+         "lz4": "decode"}
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +112,9 @@ def test_every_dataset_kind_implements_the_whole_contract(matrix, kind, layout):
                 ds.raw_records()
         with pytest.raises(IndexError):
             ds.read(len(ds))
+        # The engine takes each kind's fast path from every dataset kind (a host part of
+        # compact records decodes only each box's part, as the whole dataset does).
+        assert RecordSource(ds, 0).mode == MODES[kind], what
 
 
 def test_a_dataset_that_leaves_out_part_of_the_contract_cannot_be_made():

@@ -47,7 +47,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "HostBatch", "HostLoader", "Loader",
-    "LoaderOptions", "loader", "augment", "kernels", "order", "show", "ConversionError", "ConvertSummary", "CorruptFileError",
+    "LoaderOptions", "loader", "augment", "kernels", "order", "show", "ConversionError",
+    "ConvertSummary", "CorruptFileError",
     "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
     "host_part", "open", "ops", "stage",
 ]

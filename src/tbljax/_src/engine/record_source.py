@@ -76,6 +76,18 @@ class RecordSource:
         self._threads = threads or 0
 
     @property
+    def mode(self) -> str:
+        """How `fill` writes rows: ``"gather"`` (RAW records of one size, from the zero-copy
+        views), ``"gather_variable"`` (RAW records of several sizes, in place),
+        ``"jpeg_boxes"`` (compact records, each box's part decoded in the kernel) or
+        ``"decode"`` (original JPEG bytes and LZ4: decoded by the dataset, then gathered)."""
+        if self._jpeg is not None:
+            return "jpeg_boxes"
+        if self._raw:
+            return "gather" if self.shape is not None else "gather_variable"
+        return "decode"
+
+    @property
     def reads_ahead(self) -> bool:
         """Whether `read_ahead` does anything: RAW or compact JPEG records (the kernel reads
         them from the files' mappings), on an OS with posix_fadvise."""
