@@ -22,6 +22,7 @@ from tbljax._src.engine.kernels import build_info
 from tbljax._src.jax.loader import Loader, loader
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import HostBatch
+from tbljax._src.engine.rows import RowLayout
 from tbljax._src.io.reader import Dataset, open
 from tbljax._src.io.staging import stage
 from tbljax import augment, kernels, order, show
@@ -46,7 +47,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "HostBatch", "HostLoader", "Loader",
-    "LoaderOptions", "loader", "order", "ConversionError", "ConvertSummary", "CorruptFileError",
+    "LoaderOptions", "RowLayout", "loader", "order", "ConversionError", "ConvertSummary", "CorruptFileError",
     "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
     "open", "ops", "stage",
 ]

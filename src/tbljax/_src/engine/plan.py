@@ -16,7 +16,8 @@ import weakref
 import numpy as np
 
 from tbljax._src.rules import augment as _augment
-from tbljax._src.engine import ring as _batch
+from tbljax._src.engine.ring import Slot
+from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules import order
 from tbljax._src.engine import step as _step
 from tbljax._src.rules.options import LoaderOptions
@@ -257,7 +258,7 @@ def _mincore():
 class HostBatch:
     """This process's rows of one step, in host memory, before any framework sees them.
 
-    One entry per row range of the layout (`tbljax.batch.Layout.ranges`; a single range unless
+    One entry per row range of the layout (`RowLayout.ranges`; a single range unless
     a JAX sharding puts this process's rows on several devices). ``images`` are views of a
     ring slot: the slot is not rewritten while any view of it (or an array built on it without
     a copy) is alive. ``labels`` and ``indices`` are int32, -1 on padding rows; ``valids`` is
@@ -306,7 +307,7 @@ class Plan:
     """What the producer needs to build any step: immutable, so it is safe to share."""
 
     source: RecordSource
-    layout: _batch.Layout
+    layout: RowLayout
     opts: LoaderOptions
     start: tuple[int, int]  # cursor (epoch, position) the iteration starts from
     end_epoch: int | None   # the pass stops before this epoch (None: never)
@@ -376,7 +377,7 @@ class Plan:
                 yield epoch, position + s * g
             epoch, position = epoch + 1, 0
 
-    def build_host(self, ring, epoch, first, stop=None) -> tuple[HostBatch, _batch.Slot]:
+    def build_host(self, ring, epoch, first, stop=None) -> tuple[HostBatch, Slot]:
         """This process's rows of the step starting at position `first`, in a ring slot (the
         second item)."""
         src, opts = self.source, self.opts
@@ -403,7 +404,7 @@ class Plan:
         return HostBatch(epoch, first, self.layout.ranges, tuple(views), tuple(labels),
                          tuple(indices), None if opts.drop_remainder else tuple(valid)), slot
 
-    def finish_host(self, host: HostBatch, slot: _batch.Slot):
+    def finish_host(self, host: HostBatch, slot: Slot):
         """What the consumer receives for `host`; the slot learns what views it."""
         result, viewers = (host, host.images) if self.finish is None else self.finish(host)
         slot.watch(viewers)

@@ -25,6 +25,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tbljax._src.jax import ops as _ops
+from tbljax._src.jax import packed as _packed
+from tbljax._src.jax import twin as _twin
 from tbljax._src.rules import order
 from tbljax._src.io import reader
 from tbljax._src.rules import sharding as _sharding
@@ -102,9 +104,9 @@ class ResidentDataset:
                 raise ValueError("records of different sizes are held whole on every device: "
                                  f"sharding {self.sharding} partitions them")
             self.image_shape = None
-            table, pages = _ops.pack_layout(self.geometry.heights, self.geometry.widths)
-            self._check_fits((pages, _ops.PAGE_BYTES), max_bytes)
-            self.data = _ops.PackedRecords(self._upload_packed(ds, table, pages, chunk_bytes),
+            table, pages = _packed.pack_layout(self.geometry.heights, self.geometry.widths)
+            self._check_fits((pages, _packed.PAGE_BYTES), max_bytes)
+            self.data = _packed.PackedRecords(self._upload_packed(ds, table, pages, chunk_bytes),
                                            jax.device_put(table, NamedSharding(
                                                self.sharding.mesh, PartitionSpec())),
                                            int(max(self.geometry.heights.max(),
@@ -145,7 +147,7 @@ class ResidentDataset:
         """Bytes of pixels per full copy (N * H * W * 3; records of different sizes: their
         pages)."""
         if self.image_shape is None:
-            return int(self.data.pages.shape[0]) * _ops.PAGE_BYTES
+            return int(self.data.pages.shape[0]) * _packed.PAGE_BYTES
         return self.num_records * self.image_shape[0] * self.image_shape[1] * 3
 
     # ---- placement ----
@@ -216,7 +218,7 @@ class ResidentDataset:
     def _upload_packed(self, ds, table, pages, chunk_bytes):
         """The records packed from page starts (`tbljax.ops.pack_layout`), uploaded a chunk of
         records at a time into a (pages, PAGE_BYTES) array on every device."""
-        page = _ops.PAGE_BYTES
+        page = _packed.PAGE_BYTES
         raw = ds.record_format == "raw"
         if raw:
             views, counts, offsets, _, _ = ds.raw_records()
@@ -370,7 +372,7 @@ class ResidentDataset:
             pix = _ops.gather_normalize(data, local, dtype=jnp.uint8, **kw)
             pix = jax.lax.psum(jnp.where(own[:, None, None, None], pix, jnp.uint8(0)), data_axes)
             label = jax.lax.psum(jnp.where(own, labels[local], 0), data_axes)
-            image = pix if mean is None else _ops.normalize(
+            image = pix if mean is None else _twin.normalize(
                 pix, mean=mean, std=std, dtype=out_dtype, layout=opts.layout)
             return image, label, idx
 
