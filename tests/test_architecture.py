@@ -21,7 +21,7 @@ PACKAGE = REPO / "src" / "tbljax"
 # ("tbljax" is its __init__.py), last, so no private room depends on it.
 ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
-    ("_src/rules", ["contract", "braces", "sharding", "partition", "order", "augment",
+    ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "augment",
                     "dataset", "options"]),         # what every path agrees on
     ("_src/io", ["remote", "format", "sources", "reader", "host_part", "staging",
                  "conversion"]),                    # bytes on disk and at URLs

@@ -12,7 +12,7 @@ import pytest
 import _loader_testing as T
 import tbljax
 from tbljax._src.rules import augment
-from tbljax._src.rules import order
+from tbljax import order
 from tbljax._src.rules.augment import Augment
 
 N, H, W, G = 37, 20, 14, 8

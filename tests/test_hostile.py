@@ -16,7 +16,7 @@ import pytest
 import tbljax
 from tbljax import _core
 from tbljax._src.engine import kernels
-from tbljax._src.rules import order
+from tbljax import order
 from tbljax._src.io.format import Writer
 
 from _loader_testing import images, write_tbl

@@ -24,7 +24,7 @@ import jax
 import tbljax
 from tbljax._src.rules import augment
 from tbljax._src.engine import kernels
-from tbljax._src.rules import order
+from tbljax import order
 from tbljax._src.rules.augment import Augment
 
 from tbljax._src.jax import loader as jax_loader  # noqa: E402

@@ -18,7 +18,7 @@ import pytest
 
 import _loader_testing as T
 import tbljax
-from tbljax._src.rules import order
+from tbljax import order
 
 TESTS = Path(__file__).resolve().parent
 FILES = [5, 9, 4, 11, 7]   # records of each shard file: parts of uneven sizes

@@ -17,7 +17,8 @@ import numpy as np
 from tbljax._src.engine.ring import Ring, aligned_empty
 from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules import contract
-from tbljax._src.rules import order
+from tbljax._src.rules import resume
+from tbljax._src.rules.parts import Parts
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import Plan, RecordSource
 from tbljax._src.engine.producer import Metrics, Pass
@@ -55,7 +56,7 @@ class HostLoader:
     """
 
     def __init__(self, dataset, opts: LoaderOptions, rows: RowLayout | None = None, *,
-                 alloc=aligned_empty, before_reuse=None, parts: order.Parts | None = None,
+                 alloc=aligned_empty, before_reuse=None, parts: Parts | None = None,
                  layout: RowLayout | None = None):
         if layout is not None:  # the keyword's former name, kept for callers that use it
             if rows is not None:
@@ -68,7 +69,7 @@ class HostLoader:
                              f"given holds {self._source.n}")
         self._host_parts = parts  # None unless partition="host"
         # What the steps and the state count over: the host parts, or one part of every record.
-        self._step_parts = parts if parts is not None else order.Parts.whole(self._source.n)
+        self._step_parts = parts if parts is not None else Parts.whole(self._source.n)
         self._rows = rows if rows is not None else RowLayout.for_rank(opts.batch_size, 0, 1)
         # One row shape per entry of a size schedule (one without); the ring is sized once for
         # the largest, and each batch views it at its epoch's size (`Slot.views` in ring.py).
@@ -194,7 +195,7 @@ class HostLoader:
         (`tbljax.order.check_state`)."""
         epoch, position = self._cursor
         processes = len(self._host_parts.counts) if self._host_parts is not None else None
-        return order.make_state(seed=self.options.seed, epoch=epoch, position=position,
+        return resume.make_state(seed=self.options.seed, epoch=epoch, position=position,
                                 fingerprint=self._source.fingerprint, processes=processes)
 
     def load_state_dict(self, state: dict) -> None:
@@ -202,7 +203,7 @@ class HostLoader:
         for another format version, another dataset, another seed, another partition, or
         (host parts) a mid-epoch state of another process count."""
         parts = self._host_parts
-        epoch, position = order.check_state(
+        epoch, position = resume.check_state(
             state, seed=self.options.seed, fingerprint=self._source.fingerprint,
             n=max(self._step_parts.counts), processes=len(parts.counts) if parts is not None else None)
         self._close_active()

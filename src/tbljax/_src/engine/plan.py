@@ -19,6 +19,7 @@ from tbljax._src.rules import augment as _augment
 from tbljax._src.engine.ring import Slot
 from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules import order
+from tbljax._src.rules.parts import Parts
 from tbljax._src.engine import step as _step
 from tbljax._src.rules.options import LoaderOptions
 
@@ -317,12 +318,12 @@ class Plan:
     finish: object = None
     # partition="host": every process's part (positions are then local to the source, which
     # holds this process's part); None: one part, the whole dataset.
-    parts: order.Parts | None = None
+    parts: Parts | None = None
 
     @property
-    def part(self) -> order.Parts:
+    def part(self) -> Parts:
         """The parts the steps of an epoch are counted over (`tbljax.order.Parts`)."""
-        return self.parts if self.parts is not None else order.Parts.whole(self.source.n)
+        return self.parts if self.parts is not None else Parts.whole(self.source.n)
 
     def steps(self):
         """(epoch, first position) of every step from the cursor to the end (or forever).

@@ -18,6 +18,7 @@ from tbljax._src.engine.rows import RowLayout
 from tbljax._src.jax.arrays import to_global
 from tbljax._src.io import host_part as local_part
 from tbljax._src.rules import order
+from tbljax._src.rules.parts import Parts
 from tbljax._src.io import reader
 from tbljax._src.rules import sharding as _sharding
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
@@ -55,7 +56,7 @@ class Loader(HostLoader):
     reads: hold batches as long as you like; batches you drop are recycled.
     """
 
-    def __init__(self, dataset, opts: LoaderOptions, sharding=None, parts: order.Parts | None = None):
+    def __init__(self, dataset, opts: LoaderOptions, sharding=None, parts: Parts | None = None):
         self.sharding = _sharding.batch_sharding(sharding)
         # Which rows of each global batch this process's devices hold; with host parts the
         # host loader fills them as a batch of their own, from this process's part.

@@ -27,8 +27,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tbljax._src.jax import ops as _ops
 from tbljax._src.jax import packed as _packed
 from tbljax._src.jax import twin as _twin
-from tbljax._src.rules import order
 from tbljax._src.io import reader
+from tbljax._src.rules.parts import steps_in_epoch
 from tbljax._src.rules import sharding as _sharding
 from tbljax._src.engine import step as _step
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
@@ -254,7 +254,7 @@ class ResidentDataset:
     # ---- batches ----
     def steps_per_epoch(self, batch_size: int) -> int:
         """Steps in one epoch (the last partial batch is dropped, as the loader does)."""
-        return order.steps_in_epoch(self.num_records, batch_size, drop_remainder=True)
+        return steps_in_epoch(self.num_records, batch_size, drop_remainder=True)
 
     def batch(self, step, *, batch_size: int, seed: int = 0, epoch=None, shuffle: bool = True,
               augment=None, mean=IMAGENET_MEAN, std=IMAGENET_STD,
