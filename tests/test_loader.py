@@ -500,7 +500,7 @@ check(tbljax.loader(ds, 16, num_epochs=1), 16, 2)              # default: batch 
 mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
 ld = tbljax.loader(ds, 8, num_epochs=1, sharding=NamedSharding(mesh, P("data")))
 check(ld, 8, 4)                                                 # replicated over "model"
-assert ld._layout.ranges == ((0, 4), (4, 8))                    # each row range built once
+assert ld.rows.ranges == ((0, 4), (4, 8))                    # each row range built once
 check(tbljax.loader(ds, 8, num_epochs=1, sharding=mesh), 8, 1)  # a Mesh: batch over both axes
 try:
     tbljax.loader(ds, 12)

@@ -133,7 +133,7 @@ class Pass:
 
     def __init__(self, plan: Plan, ring: Ring, metrics: Metrics, *, on_step, on_end):
         self._on_step, self._on_end = on_step, on_end
-        self._part, self._g = plan.part, plan.layout.global_batch
+        self._step_parts, self._g = plan.part, plan.layout.global_batch
         self._drop = plan.opts.drop_remainder
         self._metrics = metrics
         self._ring = ring
@@ -199,7 +199,7 @@ class Pass:
             raise item.exc
         epoch, first, result = item
         # The state counts what was handed over, not what the producer prefetched.
-        self._on_step(self._part.advance(epoch, first + self._g, self._g,
+        self._on_step(self._step_parts.advance(epoch, first + self._g, self._g,
                                          drop_remainder=self._drop))
         m.steps += 1
         return result

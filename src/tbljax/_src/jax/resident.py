@@ -35,7 +35,7 @@ from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import RecordSource
 
-__all__ = ["ResidentDataset"]
+__all__ = ["ResidentDataset", "check_fits", "host_rows"]
 
 _CHUNK_BYTES = 64 << 20  # host staging per upload step: bounded, whatever the dataset size
 
@@ -52,6 +52,53 @@ def _available_host_bytes() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return None
+
+
+def check_fits(shape, sharding, max_bytes: int | None, *, num_records: int = 0) -> None:
+    """MemoryError, saying what to do, when records of `shape` ((N, H, W, 3), or (pages,
+    PAGE_BYTES) of packed records) split over `sharding`'s record shards do not fit each
+    device: in `max_bytes`, else in what the device reports free, else (CPU) in the host's
+    available RAM shared by the local devices."""
+    per_device = int(np.prod(shape, dtype=np.int64)) // _sharding.parts(sharding)
+    devices = list(sharding.addressable_devices)
+    where = f"max_bytes={max_bytes}"
+    limit = max_bytes
+    if limit is None:
+        free = []
+        for d in devices:
+            stats = d.memory_stats() if hasattr(d, "memory_stats") else None
+            if stats and "bytes_limit" in stats:
+                free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
+        if free:
+            limit, where = min(free), "free on the device (memory_stats)"
+        else:  # CPU: every local device's copy shares the host's RAM
+            avail = _available_host_bytes()
+            if avail is not None:
+                limit = avail // max(1, len(devices))
+                where = (f"available host RAM ({avail / 2**30:.1f} GiB) shared by "
+                         f"{len(devices)} local device(s)")
+    if limit is not None and per_device > limit:
+        what = (f"{num_records} records of different sizes in {shape[0]} pages"
+                if len(shape) == 2 else f"{shape[0]} records of {shape[1]}x{shape[2]}x3 uint8")
+        raise MemoryError(
+            f"the dataset needs {per_device / 2**20:.1f} MiB per device ({what} "
+            f"over {_sharding.parts(sharding)} record shard(s)) "
+            f"but only {limit / 2**20:.1f} MiB fit ({where}): shard the records over more "
+            f"devices (sharding=NamedSharding(mesh, PartitionSpec('data'))), convert at a "
+            f"smaller image_size, or stream with tbljax.loader instead")
+
+
+def host_rows(ds, views, starts, a: int, b: int, image_shape) -> np.ndarray:
+    """Records [a, b) on the host: a zero-copy slice of the memory map when they sit in
+    one RAW file (`views`: the files' memory maps, `starts`: their first records), else a chunk-sized copy (decoded for JPEG / LZ4 records)."""
+    if views is not None:
+        k = int(np.searchsorted(starts, a, side="right") - 1)
+        if b <= starts[k + 1]:
+            return views[k][a - starts[k]:b - starts[k]]
+        return np.concatenate([host_rows(ds, views, starts, a, int(starts[k + 1]), image_shape),
+                               host_rows(ds, views, starts, int(starts[k + 1]), b, image_shape)])
+    out = np.empty((b - a, *image_shape, 3), np.uint8)
+    return ds.read_into(np.arange(a, b, dtype=np.int64), out)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -158,45 +205,10 @@ class ResidentDataset:
         return _sharding.parts(self.sharding)
 
     def _check_fits(self, shape, max_bytes):
-        per_device = int(np.prod(shape, dtype=np.int64)) // self._data_parts()
-        devices = list(self.sharding.addressable_devices)
-        where = f"max_bytes={max_bytes}"
-        limit = max_bytes
-        if limit is None:
-            free = []
-            for d in devices:
-                stats = d.memory_stats() if hasattr(d, "memory_stats") else None
-                if stats and "bytes_limit" in stats:
-                    free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
-            if free:
-                limit, where = min(free), "free on the device (memory_stats)"
-            else:  # CPU: every local device's copy shares the host's RAM
-                avail = _available_host_bytes()
-                if avail is not None:
-                    limit = avail // max(1, len(devices))
-                    where = (f"available host RAM ({avail / 2**30:.1f} GiB) shared by "
-                             f"{len(devices)} local device(s)")
-        if limit is not None and per_device > limit:
-            what = (f"{self.num_records} records of different sizes in {shape[0]} pages"
-                    if len(shape) == 2 else f"{shape[0]} records of {shape[1]}x{shape[2]}x3 uint8")
-            raise MemoryError(
-                f"the dataset needs {per_device / 2**20:.1f} MiB per device ({what} "
-                f"over {self._data_parts()} record shard(s)) "
-                f"but only {limit / 2**20:.1f} MiB fit ({where}): shard the records over more "
-                f"devices (sharding=NamedSharding(mesh, PartitionSpec('data'))), convert at a "
-                f"smaller image_size, or stream with tbljax.loader instead")
+        check_fits(shape, self.sharding, max_bytes, num_records=self.num_records)
 
     def _host_rows(self, ds, views, starts, a: int, b: int) -> np.ndarray:
-        """Records [a, b) on the host: a zero-copy slice of the memory map when they sit in
-        one RAW file, else a chunk-sized copy (decoded for JPEG / LZ4 records)."""
-        if views is not None:
-            k = int(np.searchsorted(starts, a, side="right") - 1)
-            if b <= starts[k + 1]:
-                return views[k][a - starts[k]:b - starts[k]]
-            return np.concatenate([self._host_rows(ds, views, starts, a, int(starts[k + 1])),
-                                   self._host_rows(ds, views, starts, int(starts[k + 1]), b)])
-        out = np.empty((b - a, *self.image_shape, 3), np.uint8)
-        return ds.read_into(np.arange(a, b, dtype=np.int64), out)
+        return host_rows(ds, views, starts, a, b, self.image_shape)
 
     def _upload(self, ds, shape, chunk_bytes):
         raw = ds.record_format == "raw"

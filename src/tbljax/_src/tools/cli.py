@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from typing import Any
 
-import numpy as np
 
 
 def _cmd_convert(a: argparse.Namespace) -> int:
@@ -72,31 +70,7 @@ def _join_jax_job() -> None:
 def _describe(path: str) -> dict[str, Any]:
     from tbljax._src.io import reader
 
-    ds = reader.open(path)
-    idx = ds.index
-    sizes = Counter(zip(idx["height"].tolist(), idx["width"].tolist()))
-    stored = int(idx["size"].sum())
-    raw = int((idx["height"].astype(np.int64) * idx["width"] * 3).sum())  # what RAW records would take
-    labels = ds.labels
-    known = labels[labels >= 0]
-    return {
-        "path": path,
-        "records": len(ds),
-        "record_format": ds.record_format,
-        "image_shape": ds.image_shape,
-        "zero_copy_view": ds.image_shape is not None and ds.record_format == "raw",
-        "bytes": int(ds._files[0].file_size),
-        "stored_payload_bytes": stored,
-        "bytes_per_image": round(stored / len(ds)) if len(ds) else 0,
-        "ratio_to_raw": round(stored / raw, 4) if raw else None,
-        "record_sizes_hxw": {f"{h}x{w}": n for (h, w), n in sizes.most_common(5)},
-        "labelled": int(known.size),
-        "num_classes": len(ds.classes) if ds.classes else int(np.unique(known).size) if known.size else 0,
-        "classes": (ds.classes or [])[:10],
-        "recipe": ds.recipe,
-        "skipped": len(ds.skipped),
-        "fingerprint": ds.fingerprint,
-    }
+    return {"path": path, **reader.open(path).describe()}
 
 
 def _cmd_info(a: argparse.Namespace) -> int:
@@ -246,9 +220,30 @@ def _retry_options(p: argparse.ArgumentParser) -> None:
 THREADS_HELP = "threads for decoding (default: all CPUs this process may use, or TBLJAX_NUM_THREADS)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser that keeps what it was given: `options`, every argument added to it
+    (help included), and `commands`, the parsers of its subcommands by name; so the help of
+    every option can be checked without argparse's insides. Subcommand parsers are of this
+    class too (argparse makes them of the parent's class)."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.__dict__.setdefault("options", []).append(action)
+        return action
+
+    def add_subparsers(self, **kwargs: Any):
+        self._subcommands = super().add_subparsers(**kwargs)
+        return self._subcommands
+
+    @property
+    def commands(self) -> dict[str, argparse.ArgumentParser]:
+        sub = getattr(self, "_subcommands", None)
+        return dict(sub.choices) if sub is not None else {}
+
+
+def build_parser() -> CommandParser:
     """The `tbljax` argument parser (every option has a help text; tests hold it to that)."""
-    p = argparse.ArgumentParser(prog="tbljax", description="Decode once into a TBL file; serve every epoch to JAX.",
+    p = CommandParser(prog="tbljax", description="Decode once into a TBL file; serve every epoch to JAX.",
                                 epilog="exit status: 0 ok; 1 bad data; 2 usage error; 130 interrupted")
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
