@@ -24,7 +24,8 @@ ROOMS = [
     ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "augment",
                     "dataset", "options"]),         # what every path agrees on
     ("_src/io", ["remote", "format", "sources", "reader", "host_part", "staging",
-                 "progress", "convert_options", "conversion"]),                    # bytes on disk and at URLs
+                 "progress", "convert_options", "label_table", "image_records",
+                 "conversion"]),                    # bytes on disk and at URLs
     ("_src/engine", ["kernels", "rows", "ring", "step", "record_source", "plan", "producer",
                      "host_loader"]),               # the framework-free serving machine
     ("_src/jax", ["packed", "registration", "twin", "ffi_call", "partitioning", "ops",

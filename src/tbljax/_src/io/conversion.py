@@ -1,13 +1,12 @@
 """convert: decode a dataset once into a TBL file.
 
-Items stream from a source (tbljax.sources) in chunks; JPEGs are decoded and resized in the
-C++ pool with the GIL released, other formats through Pillow with the same C++ resize; compact
-JPEG records (quality=) are re-encoded at the converted geometry in the same pool; good records
-are written in source order by the streaming writer, bad ones skipped and reported. A TBL file
-as the source is decoded record for record into RAW (`_convert_tbl`).
-Labels arrive as ids or class names and leave as ids against one classes table
-(`_LabelTable`); progress goes to stderr in the form that suits where it goes
-(`progress.Progress`). The arguments are checked once, in `convert_options.ConvertOptions`.
+Items stream from a source (`sources.py`) in chunks, ahead of the writer, and become records
+(`image_records.py`: the C++ pool decodes, resizes and re-encodes them with the GIL released);
+good records are written in source order by the streaming writer, bad ones skipped and
+reported. A TBL file as the source is decoded record for record into RAW (`_convert_tbl`).
+Labels leave as ids against one classes table (`label_table.LabelTable`); progress goes to
+stderr in the form that suits where it goes (`progress.Progress`). The arguments are checked
+once, in `convert_options.ConvertOptions`.
 """
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -30,31 +29,13 @@ from tbljax._src.io import reader as _reader
 from tbljax._src.io import sources as _sources
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.io.format import Writer
-from tbljax._src.io.convert_options import FIXED_SIZE_MODES, ConvertOptions
+from tbljax._src.io.convert_options import ConversionError, ConvertOptions
+from tbljax._src.io.image_records import (Encoded, decode_chunk, encode_chunk, is_jpeg,
+                                          size_histogram, source_size)
+from tbljax._src.io.label_table import LabelTable
 from tbljax._src.io.progress import Progress, progress_mode
 
-_MCU_WIDTH = {"420": 16, "444": 8}  # an MCU's width in pixels at each chroma subsampling
-# Compact records carry a restart marker every COMPACT_RESTART_MCUS MCUs (1 where a row's MCU
-# count is odd: segments must not span rows), so serving a crop box entropy-decodes only the
-# segments it covers (ffi/core/jpeg_restart.h). Measured here: 817 real photos (kodak, half of
-# caltech101) at max side 256, q90 4:2:0, RRC boxes resized to 160 px, one thread, medians of 9
-# rounds in each of 3 processes. No markers: 15.04 KiB a record, 213-216 us an image. Every MCU:
-# +4.7 % bytes, 0.86-0.87x the time; every 2 (odd rows: none) +2.3 %, 0.83-0.84x; every 4 (one
-# run) +1.2 %, 0.88x; every 2 (odd rows: 1) +2.7 %, 0.80-0.81x: taken. A whole-image box costs
-# 1.08x (restart handling in libjpeg; every MCU: 1.09x).
-COMPACT_RESTART_MCUS = 2
 CHUNK = 32  # items decoded per call into the C++ pool: peak RSS flat in N (256 grew it 2.3x at 4x N)
-
-
-class ConversionError(RuntimeError):
-    """A conversion that cannot give a sound file: a strict run met bad input, no record could
-    be written, or the labels cannot be made into one classes table. `.skipped` lists the bad
-    items (key, source, reason). Nothing is left at the destination, and a file that was
-    already there (overwrite=True) is kept as it was."""
-
-    def __init__(self, message: str, skipped: list[dict[str, str]] | None = None):
-        super().__init__(message)
-        self.skipped = list(skipped or [])
 
 
 @dataclasses.dataclass
@@ -89,73 +70,6 @@ class ConvertSummary:
                 where = "Dataset.skipped lists all" if title == "skipped" else "summary.label_errors lists all"
                 lines.append(f"  ... and {len(items) - 20} more ({where})")
         return "\n".join(lines)
-
-
-def _is_jpeg(data: Any) -> bool:
-    return isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:3]) == b"\xff\xd8\xff"
-
-
-def _source_size(data: Any) -> tuple[int, int]:
-    """(width, height) of a source image as displayed, from its header only; (0, 0) if unknown."""
-    if isinstance(data, np.ndarray):
-        return int(data.shape[1]), int(data.shape[0])
-    if _is_jpeg(data):
-        info = _core.jpeg_info(data)
-        return int(info["width"]), int(info["height"])
-    try:
-        from PIL import Image
-        import io
-
-        with Image.open(io.BytesIO(data)) as im:
-            return im.size
-    except Exception:  # only statistics: an unreadable header just goes uncounted
-        return 0, 0
-
-
-SIZE_BINS = [0, 128, 256, 384, 512, 768, 1024, 2048, 4096]
-
-
-def size_histogram(widths: Sequence[int], heights: Sequence[int]) -> dict[str, Any]:
-    """Source-size statistics kept in the recipe (shown by `tbljax info`)."""
-    w, h = np.asarray(widths, np.int64), np.asarray(heights, np.int64)
-    known = (w > 0) & (h > 0)
-    w, h = w[known], h[known]
-    edges = SIZE_BINS + [np.iinfo(np.int64).max]
-    return {
-        "count": int(w.size),
-        "bins": SIZE_BINS,
-        "longer_side": np.histogram(np.maximum(w, h), edges)[0].tolist(),
-        "shorter_side": np.histogram(np.minimum(w, h), edges)[0].tolist(),
-        "median_wh": [int(np.median(w)), int(np.median(h))] if w.size else [0, 0],
-        "min_wh": [int(w.min()), int(h.min())] if w.size else [0, 0],
-        "max_wh": [int(w.max()), int(h.max())] if w.size else [0, 0],
-    }
-
-
-def _pil_decode(data: bytes) -> np.ndarray:
-    try:
-        from PIL import Image, ImageOps
-    except ImportError:
-        raise ValueError("not a JPEG; other formats need Pillow (pip install 'tbljax[pil]')") from None
-    import io
-
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
-            im = ImageOps.exif_transpose(im)
-            return np.asarray(im.convert("RGB"))
-    except Exception as e:  # Pillow raises many types for bad data; all mean "cannot decode"
-        raise ValueError(f"cannot decode image: {type(e).__name__}: {e}") from None
-
-
-def _as_rgb(img: np.ndarray) -> np.ndarray:
-    if img.ndim == 2:
-        img = img[:, :, None]
-    if img.shape[2] == 1:
-        img = np.repeat(img, 3, axis=2)
-    elif img.shape[2] == 4:
-        img = img[:, :, :3]
-    return np.ascontiguousarray(img)
 
 
 def _prefetch(it: Iterable[Any], depth: int = 2) -> Iterator[Any]:
@@ -220,129 +134,6 @@ def _chunks(items: Iterable[_sources.Item], n: int) -> Iterator[list[_sources.It
             size = min(2 * size, n)
     if chunk:
         yield chunk
-
-
-class _LabelTable:
-    """Labels as int ids against one classes table.
-
-    With a table (given, or known before reading: an image folder's subfolders, the labels= of
-    arrays and file lists) names map through it and ids must lie in [-1, len). Without one,
-    ids pass through and names are collected; at the end they get ids in sorted order, so every
-    conversion that sees the same names makes the same table. A sharded conversion of TAR
-    shards sees only some names, so there a name without a table is an error."""
-
-    def __init__(self, classes: list[str] | None, sharded: bool):
-        self.classes = classes
-        self.index = {c: i for i, c in enumerate(classes)} if classes is not None else None
-        self.sharded = sharded
-        self.values: list[int | str] = []
-        self.first_id: tuple[str, int] | None = None
-        self.first_name: tuple[str, str] | None = None
-
-    def add(self, key: str, label: int | str) -> str | None:
-        """Records one written record's label; returns why it is unusable (then it is -1)."""
-        if self.index is not None:
-            if isinstance(label, str):
-                i = self.index.get(label, -1)
-                self.values.append(i)
-                return None if i >= 0 else f"class name {label!r} is not in classes"
-            ok = -1 <= label < len(self.index)
-            self.values.append(label if ok else -1)
-            return None if ok else f"label id {label} is out of range for {len(self.index)} classes"
-        if isinstance(label, str):
-            if self.sharded:
-                raise ConversionError(
-                    f"record {key} is labelled by class name ({label!r}), and this is a sharded "
-                    "conversion: each job sees only some names, so tables sorted per job would give "
-                    "the same class different ids. Pass the full list of names as classes= (CLI: "
-                    "--classes FILE, one name per line)")
-            self.first_name = self.first_name or (key, label)
-        elif label != -1:
-            self.first_id = self.first_id or (key, label)
-        if self.first_name and self.first_id:
-            raise ConversionError(
-                f"labels mix integer ids (record {self.first_id[0]}: {self.first_id[1]}) and class "
-                f"names (record {self.first_name[0]}: {self.first_name[1]!r}); pass classes= to say "
-                "which id each name has")
-        self.values.append(label)
-        return None
-
-    def finish(self) -> tuple[np.ndarray, list[str] | None]:
-        if self.index is None and self.first_name is not None:
-            table = sorted({v for v in self.values if isinstance(v, str)})
-            ids = {c: i for i, c in enumerate(table)}
-            return np.array([ids[v] if isinstance(v, str) else v for v in self.values], np.int64), table
-        return np.asarray(self.values, np.int64).reshape(-1), self.classes
-
-
-class Encoded(NamedTuple):
-    """A compact record: JPEG bytes of an image at its converted geometry."""
-
-    data: bytes
-    height: int
-    width: int
-
-
-def _encode_chunk(pixels: list[np.ndarray | str], quality: int, chroma: str,
-                  threads: int) -> list[Encoded | str]:
-    """Re-encodes the decoded images of a chunk (libjpeg-turbo, C++ pool, GIL released);
-    failures pass through."""
-    out: list[Encoded | str] = list(pixels)  # type: ignore[arg-type]
-    by_interval: dict[int, list[int]] = {}
-    for i, img in enumerate(pixels):
-        if not isinstance(img, str):
-            by_interval.setdefault(_restart_mcus(img.shape[1], chroma), []).append(i)
-    for interval, rows in by_interval.items():
-        blobs = _core.encode_jpeg_batch([pixels[i] for i in rows], quality, chroma, threads,
-                                        restart_mcus=interval)
-        for i, blob in zip(rows, blobs):
-            img = pixels[i]
-            out[i] = Encoded(blob, int(img.shape[0]), int(img.shape[1]))  # type: ignore[union-attr]
-    return out
-
-
-def _restart_mcus(width: int, chroma: str) -> int:
-    """The restart interval (in MCUs) of a compact record `width` pixels wide: COMPACT_RESTART_MCUS
-    where it divides the MCUs of a row, else 1.
-
-    >>> _restart_mcus(256, "420"), _restart_mcus(171, "420")
-    (2, 1)
-    """
-    per_row = -(-width // _MCU_WIDTH[chroma])
-    return COMPACT_RESTART_MCUS if per_row % COMPACT_RESTART_MCUS == 0 else 1
-
-
-def _decode_chunk(chunk: list[_sources.Item], size: int, mode: str, threads: int,
-                  pool: ThreadPoolExecutor, max_long: int = 0) -> list[np.ndarray | str]:
-    """Decoded + resized pixels for each item, or the reason it failed."""
-    out: list[np.ndarray | str | None] = [None] * len(chunk)
-    for i, item in enumerate(chunk):
-        if item.error is not None:
-            out[i] = item.error
-        elif item.data is None or (not isinstance(item.data, np.ndarray) and len(item.data) == 0):
-            out[i] = "empty (zero-byte) image"
-    jpeg_rows = [i for i, it in enumerate(chunk) if out[i] is None and _is_jpeg(it.data)]
-    if jpeg_rows and mode in FIXED_SIZE_MODES:
-        buf = np.empty((len(jpeg_rows), size, size, 3), np.uint8)
-        errors = _core.decode_resize_into([chunk[i].data for i in jpeg_rows], buf, mode, threads)
-        for k, (i, err) in enumerate(zip(jpeg_rows, errors)):
-            out[i] = buf[k] if err is None else err
-    rest = [i for i in range(len(chunk)) if out[i] is None]
-
-    def one(i: int) -> np.ndarray | str:
-        data = chunk[i].data
-        try:
-            if isinstance(data, np.ndarray):
-                return _core.resize(_as_rgb(data), size, mode, max_long)
-            if _is_jpeg(data):
-                return _core.decode_resize(data, size, mode, max_long)
-            return _core.resize(_pil_decode(data), size, mode, max_long)
-        except (ValueError, _core.DecodeError) as e:
-            return str(e)
-
-    for i, r in zip(rest, pool.map(one, rest)):
-        out[i] = r
-    return out  # type: ignore[return-value]
 
 
 def convert(
@@ -460,7 +251,7 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
         raise ConversionError(f"no record to write: the sources hold no images ({_describe(src)}); "
                               f"{dst} was not written")
     t0 = time.perf_counter()
-    records = _Records(dst, opts, _LabelTable(src.classes, sharded=opts.shard is not None))
+    records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None))
     bar.start(total)
     with Writer(dst, total, overwrite=opts.overwrite) as w, \
             ThreadPoolExecutor(opts.pool_threads) as pool, \
@@ -481,11 +272,11 @@ def _decode_records(chunk: list[_sources.Item], *, opts: ConvertOptions,
     """A chunk's records as the file stores them: pixels, or (quality=) compact JPEG records;
     a string for an item that failed, saying why."""
     threads = opts.threads or 0
-    pixels = _decode_chunk(chunk, int(opts.image_size), opts.resize, threads, pool,
+    pixels = decode_chunk(chunk, int(opts.image_size), opts.resize, threads, pool,
                            opts.max_long_side or 0)
     if opts.quality is None:
         return pixels  # type: ignore[return-value]
-    return _encode_chunk(pixels, opts.quality, opts.chroma, threads)  # type: ignore[arg-type]
+    return encode_chunk(pixels, opts.quality, opts.chroma, threads)  # type: ignore[arg-type]
 
 
 class _Records:
@@ -493,7 +284,7 @@ class _Records:
     (skipped items, unreadable labels); `add` writes a chunk's good records in source order,
     `finish` the metadata."""
 
-    def __init__(self, dst: str, opts: ConvertOptions, labels: _LabelTable):
+    def __init__(self, dst: str, opts: ConvertOptions, labels: LabelTable):
         self.dst, self.opts, self.labels = dst, opts, labels
         self.keys: list[str] = []
         self.skipped: list[dict[str, str]] = []
@@ -528,12 +319,12 @@ class _Records:
         self.seen += len(chunk)
 
     def _write(self, w: Writer, it: _sources.Item, r: np.ndarray | Encoded) -> None:
-        width, height = _source_size(it.data)
+        width, height = source_size(it.data)
         self.widths.append(width)
         self.heights.append(height)
         if isinstance(r, Encoded):
             w.add_encoded(r.data, "JPEG", r.width, r.height)  # the stored geometry
-        elif self.opts.format == "jpeg" and _is_jpeg(it.data):
+        elif self.opts.format == "jpeg" and is_jpeg(it.data):
             w.add_encoded(bytes(it.data), "JPEG", width, height)
         else:
             w.add_raw(r, lz4=(self.opts.format == "lz4"))

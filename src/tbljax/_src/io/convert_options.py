@@ -1,7 +1,8 @@
 """The arguments of `tbljax.convert`, checked once: `ConvertOptions`, a frozen dataclass that
 validates itself when made (as `LoaderOptions` does for the loaders), so the conversion reads
 settled values. The recipe rules (sizes, resize modes, record formats, JPEG quality and chroma)
-and the names they accept are here; `conversion.py` does the work."""
+and the names they accept are here, with `ConversionError`, the error of a conversion that
+cannot give a sound file; `conversion.py` does the work."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,8 @@ from tbljax import _core
 from tbljax._src.rules import contract
 from tbljax._src.io import sources as _sources
 
-__all__ = ["CHROMA", "FIXED_SIZE_MODES", "RECORD_FORMATS", "RESIZE_MODES", "ConvertOptions"]
+__all__ = ["CHROMA", "FIXED_SIZE_MODES", "RECORD_FORMATS", "RESIZE_MODES", "ConversionError",
+           "ConvertOptions"]
 
 RESIZE_MODES: tuple[str, ...] = tuple(_core.RESIZE_MODES)  # the C++ resize's names
 FIXED_SIZE_MODES = ("center_crop", "squash")  # every record S x S
@@ -22,6 +24,17 @@ CHROMA = ("420", "444")
 # The arguments that shape records decoded from images; a TBL source keeps its own geometry.
 _IMAGE_ONLY = ("image_size", "max_long_side", "quality", "chroma", "labels", "classes",
                "label_ext", "shard")
+
+
+class ConversionError(RuntimeError):
+    """A conversion that cannot give a sound file: a strict run met bad input, no record could
+    be written, or the labels cannot be made into one classes table. `.skipped` lists the bad
+    items (key, source, reason). Nothing is left at the destination, and a file that was
+    already there (overwrite=True) is kept as it was."""
+
+    def __init__(self, message: str, skipped: list[dict[str, str]] | None = None):
+        super().__init__(message)
+        self.skipped = list(skipped or [])
 
 
 @dataclasses.dataclass(frozen=True)
