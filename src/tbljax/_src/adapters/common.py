@@ -14,7 +14,8 @@ __all__ = ["TensorBatch", "EpochLoader", "check_rank", "options"]
 
 
 class TensorBatch(tuple):
-    """A step as the framework's arrays (torch tensors, mx.arrays): ``(images, labels)`` — so ``for x, y in loader`` works — with more on attributes:
+    """A step as the framework's arrays (torch tensors, mx.arrays): ``(images, labels)`` — so
+    ``for x, y in loader`` works — with more on attributes:
 
     ``index``: the sample index of every row (-1 on padding rows); ``valid``: a bool mask of
     the real rows, or None with drop_remainder (no padding); ``epoch`` and ``position``: the

@@ -17,7 +17,6 @@ import functools
 from tbljax._src.engine.rows import RowLayout
 from tbljax._src.jax.arrays import to_global
 from tbljax._src.io import host_part as local_part
-from tbljax._src.rules import order
 from tbljax._src.rules.parts import Parts
 from tbljax._src.io import reader
 from tbljax._src.rules import sharding as _sharding

@@ -89,8 +89,9 @@ def check_fits(shape, sharding, max_bytes: int | None, *, num_records: int = 0) 
 
 
 def host_rows(ds, views, starts, a: int, b: int, image_shape) -> np.ndarray:
-    """Records [a, b) on the host: a zero-copy slice of the memory map when they sit in
-    one RAW file (`views`: the files' memory maps, `starts`: their first records), else a chunk-sized copy (decoded for JPEG / LZ4 records)."""
+    """Records [a, b) on the host: a zero-copy slice of the memory map when they sit in one
+    RAW file (`views`: the files' memory maps, `starts`: their first records), else a
+    chunk-sized copy (decoded for JPEG / LZ4 records)."""
     if views is not None:
         k = int(np.searchsorted(starts, a, side="right") - 1)
         if b <= starts[k + 1]:

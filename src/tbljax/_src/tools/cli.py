@@ -241,12 +241,9 @@ class CommandParser(argparse.ArgumentParser):
         return dict(sub.choices) if sub is not None else {}
 
 
-def build_parser() -> CommandParser:
-    """The `tbljax` argument parser (every option has a help text; tests hold it to that)."""
-    p = CommandParser(prog="tbljax", description="Decode once into a TBL file; serve every epoch to JAX.",
-                                epilog="exit status: 0 ok; 1 bad data; 2 usage error; 130 interrupted")
-    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _add_convert(sub) -> None:
+    """The `convert` command (tbljax.convert's arguments; its choices are ConvertOptions')."""
+    from tbljax._src.io.convert_options import CHROMA, RECORD_FORMATS, RESIZE_MODES
 
     c = sub.add_parser("convert", help="decode TAR shards / an image folder / image files into a TBL file",
                        description="Decode a dataset once into a TBL file (tbljax.convert).")
@@ -258,20 +255,20 @@ def build_parser() -> CommandParser:
     c.add_argument("-s", "--image-size", type=int, default=None, metavar="SIZE",
                    help="output side in pixels (required, except for a TBL file as the source)")
     c.add_argument("--resize", default="center_crop",
-                   choices=["center_crop", "squash", "max_side", "shorter_side"],
+                   choices=list(RESIZE_MODES),
                    help="center_crop: shorter side to SIZE, then the central square (default); "
                         "squash: SIZE x SIZE ignoring aspect; max_side: longer side SIZE, aspect kept; "
                         "shorter_side: shorter side SIZE, aspect kept")
     c.add_argument("--max-long-side", type=int, default=None, metavar="L",
                    help="with --resize shorter_side: cap the longer side at L (default: no cap)")
-    c.add_argument("--format", default="raw", choices=["raw", "jpeg", "lz4"],
+    c.add_argument("--format", default="raw", choices=list(RECORD_FORMATS),
                    help="raw: decoded pixels, fastest to serve (default); jpeg: JPEG records, smallest "
                         "(the source bytes, or re-encoded at the converted size with --quality); "
                         "lz4: raw pixels LZ4-compressed. A TBL file as the source converts to raw or lz4")
     c.add_argument("--quality", type=int, default=None, metavar="Q",
                    help="with --format jpeg: re-encode each image at its converted size with JPEG "
                         "quality Q (1-100; 90 is the usual choice): compact records")
-    c.add_argument("--chroma", default=None, choices=["420", "444"],
+    c.add_argument("--chroma", default=None, choices=list(CHROMA),
                    help="chroma subsampling of --quality records: 420 (default) or 444")
     c.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
     c.add_argument("--classes", default=None, metavar="FILE",
@@ -291,6 +288,9 @@ def build_parser() -> CommandParser:
     _retry_options(c)
     c.set_defaults(fn=_cmd_convert)
 
+
+def _add_stage(sub) -> None:
+    """The `stage` command (tbljax.stage's arguments)."""
     g = sub.add_parser("stage", help="copy TBL shard files from a URL to a local cache, verified",
                        description="Copy TBL shard files to a local directory (tbljax.stage): each "
                                    "verified and renamed into place when complete; a rerun resumes.")
@@ -306,6 +306,19 @@ def build_parser() -> CommandParser:
     g.add_argument("--workers", type=int, default=4, metavar="N", help="files copied at once (default 4)")
     _retry_options(g)
     g.set_defaults(fn=_cmd_stage)
+
+
+def build_parser() -> CommandParser:
+    """The `tbljax` argument parser (every option has a help text; tests hold it to that)."""
+    from tbljax._src.rules import contract
+
+    p = CommandParser(prog="tbljax", description="Decode once into a TBL file; serve every epoch to JAX.",
+                                epilog="exit status: 0 ok; 1 bad data; 2 usage error; 130 interrupted")
+    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _add_convert(sub)
+    _add_stage(sub)
 
     i = sub.add_parser("info", help="describe TBL files",
                        description="Records, format, shapes, labels, classes, recipe and skipped items of TBL files.")
@@ -328,9 +341,9 @@ def build_parser() -> CommandParser:
                    help="your training step: a callable taking the batch dict (image, label, index) and "
                         "returning something to block on; keep model state in a closure")
     b.add_argument("--steps", type=int, default=30, metavar="N", help="steps to time (default 30)")
-    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "uint8"],
+    b.add_argument("--dtype", default="float32", choices=list(contract.OUT_DTYPES),
                    help="batch dtype (default float32)")
-    b.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"], help="batch layout (default NHWC)")
+    b.add_argument("--layout", default="NHWC", choices=list(contract.LAYOUTS), help="batch layout (default NHWC)")
     _crop_options(b, "measure the loader")
     b.add_argument("--threads", type=int, default=None, metavar="N",
                    help="threads decoding non-RAW records (default: all CPUs, or TBLJAX_NUM_THREADS)")
