@@ -1,7 +1,7 @@
 // What the CPU and CUDA gather handlers share: the operand list of the custom call, the
 // checks that turn one call into a tbljax::GatherRequest, the one switch from the result's
-// element type to the kernel's output dtype, and Status -> ffi::Error. tbljax/ops.py builds
-// the calls; ffi/core/kernel.h documents the arithmetic.
+// element type to the kernel's output dtype, and Status -> ffi::Error. _src/jax/ffi_call.py
+// builds the calls; ffi/core/kernel.h documents the arithmetic.
 #pragma once
 #include <cstdint>
 #include <string>
