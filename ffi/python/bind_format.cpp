@@ -29,7 +29,6 @@ struct PyTblWriter {
 
 using U8Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-
 nb::bytes BytesOf(std::string_view s) { return nb::bytes(s.data(), s.size()); }
 
 }  // namespace
@@ -164,6 +163,7 @@ void BindFormat(nb::module_& m) {
           "verify",
           [](const PyTblFile& s, int threads) {
             // Checks every record's CRC-16 in parallel; returns [(record, message)] of failures.
+            // The pool is made per call; kMaxThreads keeps a typo from starting a million.
             if (threads < 0 || threads > kMaxThreads)
               Raise(InvalidArgument("threads must be 0 (the default pool) or 1.." +
                                     std::to_string(kMaxThreads) + ", got " +
