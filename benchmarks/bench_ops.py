@@ -129,7 +129,7 @@ def worker(config: str, path: str, batch: int, steps: int, augment: str) -> dict
 
     import tbljax
     from tbljax._src.rules import augment as aug_mod
-    from tbljax._src.jax import ops
+    from tbljax import ops
     from tbljax._src.rules import order
 
     aug = augment_spec(augment)

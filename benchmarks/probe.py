@@ -73,8 +73,6 @@ def permute() -> None:
     from tbljax._src.rules import order
 
     n, pos = 1_281_167, np.arange(256, dtype=np.int64) + 100_000
-    k = (n - 1).bit_length()
-    keys = [order._key(order.TAG_SHUFFLE, 0, 3, r) for r in range(8)]
 
     def per_call(f, reps=300):
         t0 = time.perf_counter()
@@ -83,8 +81,8 @@ def permute() -> None:
         return (time.perf_counter() - t0) / reps * 1e6
 
     print(f"order.permute (C++), 256 positions: {per_call(lambda: order.permute(pos, n, 0, 3)):.0f} us")
-    print(f"array code (_permute_xp, NumPy), 256 positions: "
-          f"{per_call(lambda: order._permute_xp(pos.copy(), n, k - k // 2, k // 2, keys, np)):.0f} us")
+    print(f"array code (permute_reference, NumPy), 256 positions: "
+          f"{per_call(lambda: order.permute_reference(pos, n, 0, 3)):.0f} us")
 
 
 def _kodak_jpegs() -> list[bytes]:

@@ -30,7 +30,7 @@ def main():
 
     import tbljax
     from tbljax._src.engine import kernels
-    from tbljax._src.rules import order
+    from tbljax import order
 
     seen = []
     real_gather = kernels.gather

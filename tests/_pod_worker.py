@@ -23,16 +23,18 @@ import _loader_testing as T  # noqa: E402
 
 def check_assembly_aliases_the_ring(batch_size):
     """This process's rows become its part of the global array without a copy, and the ring
-    slot counts as in use while the array lives (tbljax.batch's lifetime contract)."""
+    slot counts as in use while the array lives (the ring's lifetime contract, engine/ring.py)."""
     import gc
 
-    from tbljax._src.engine import ring as batch
+    from tbljax._src.engine import ring
+    from tbljax._src.engine.rows import RowLayout
+    from tbljax._src.jax.arrays import to_global
     from tbljax._src.rules import sharding
 
-    whole = batch.Layout.create(sharding.batch_sharding(None), batch_size)
-    slot = batch.Slot(whole.process_local(jax.process_count()), (4, 3, 3), np.uint8)
+    whole = RowLayout.create(sharding.batch_sharding(None), batch_size)
+    slot = ring.Slot(whole.process_local(jax.process_count()), (4, 3, 3), np.uint8)
     views = slot.views()
-    arr = whole.to_global(views, (4, 3, 3))
+    arr = to_global(whole, views, (4, 3, 3))
     assert [s.data.unsafe_buffer_pointer() for s in arr.addressable_shards] == \
         [v.ctypes.data for v in views]
     del views

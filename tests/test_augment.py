@@ -11,7 +11,7 @@ import pytest
 from oracle import center_crop_box, fallback_box, rrc_reference, torchvision_sample
 
 from tbljax._src.rules import augment
-from tbljax._src.rules import order
+from tbljax import order
 from tbljax._src.rules.augment import Augment, RecordGeometry
 from tbljax._src.rules.options import LoaderOptions
 

@@ -22,8 +22,7 @@ def run(*args, **kw):
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
-    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(sub.choices)
+    return cli.build_parser().commands
 
 
 def test_version():
@@ -35,14 +34,14 @@ def test_every_option_of_every_command_has_help():
     commands = subcommands()
     assert sorted(commands) == ["bench", "convert", "demo", "info", "show", "stage", "verify"]
     for name, parser in [("tbljax", cli.build_parser()), *commands.items()]:
-        for action in parser._actions:
-            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+        for action in parser.options:
+            if action.dest == "help":
                 continue
             assert action.help and action.help.strip(), f"{name} {action.option_strings or action.dest}: no help"
     for name, parser in commands.items():
         r = run(name, "--help")
         assert r.returncode == 0, r.stderr
-        for action in parser._actions:
+        for action in parser.options:
             for flag in action.option_strings:
                 assert flag in r.stdout, f"{name} --help does not show {flag}"
 

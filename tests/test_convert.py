@@ -498,11 +498,11 @@ def test_sharded_conversion_with_class_names_needs_classes(tmp_path):
 # ---- progress where stderr goes ----
 
 def test_progress_in_logs_is_a_line_every_interval_with_rate_and_eta():
-    from tbljax._src.io.conversion import _Progress
+    from tbljax._src.io.progress import Progress
 
     now = [0.0]
     out = io.StringIO()
-    bar = _Progress(0, "log", 0.1, clock=lambda: now[0], stream=out)
+    bar = Progress(0, "log", 0.1, clock=lambda: now[0], stream=out)
     bar.start(1000)
     for done in range(0, 1001, 50):  # 50 images every 0.05 s: a line every other update
         now[0] += 0.05
@@ -515,11 +515,11 @@ def test_progress_in_logs_is_a_line_every_interval_with_rate_and_eta():
 
 
 def test_progress_on_a_terminal_redraws_one_line():
-    from tbljax._src.io.conversion import _Progress
+    from tbljax._src.io.progress import Progress
 
     now = [0.0]
     out = io.StringIO()
-    bar = _Progress(0, "tty", None, clock=lambda: now[0], stream=out)
+    bar = Progress(0, "tty", None, clock=lambda: now[0], stream=out)
     bar.start(10)
     for done in range(11):
         now[0] += 0.3
@@ -532,7 +532,7 @@ def test_progress_on_a_terminal_redraws_one_line():
 def test_progress_in_jupyter_is_a_tqdm_bar(monkeypatch, tmp_path):
     import types
 
-    from tbljax._src.io import conversion as conv
+    from tbljax._src.io import progress
 
     made = []
 
@@ -557,12 +557,12 @@ def test_progress_in_jupyter_is_a_tqdm_bar(monkeypatch, tmp_path):
     auto.tqdm = FakeBar
     monkeypatch.setitem(sys.modules, "tqdm", types.ModuleType("tqdm"))
     monkeypatch.setitem(sys.modules, "tqdm.auto", auto)
-    monkeypatch.setattr(conv, "_in_notebook", lambda: True)
-    assert conv._progress_mode(None) == "notebook" and conv._progress_mode(False) is None
+    monkeypatch.setattr(progress, "in_notebook", lambda: True)
+    assert progress.progress_mode(None) == "notebook" and progress.progress_mode(False) is None
     tbljax.convert(np.zeros((5, 8, 8, 3), np.uint8), tmp_path / "n.tbl", image_size=8)
     assert len(made) == 1 and made[0].n == 5 and made[0].kw["total"] == 5 and made[0].closed
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # Jupyter without tqdm: a redrawn line
-    assert conv._progress_mode(None) == "tty"
+    assert progress.progress_mode(None) == "tty"
 
 
 def test_compressed_shards_are_counted_with_progress_and_plain_ones_from_headers(tmp_path, monkeypatch):

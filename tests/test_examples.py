@@ -89,7 +89,7 @@ def check_resume(script, tiny, extra, total, stop, ckpt_name, **env):
 
 def expected_checksums(steps, n=64, batch=16, seed=0):
     """CRC-32 of each step's int32 sample indices, straight from tbljax.order."""
-    from tbljax._src.rules import order
+    from tbljax import order
 
     per_epoch, out = n // batch, []
     for s in range(steps):

@@ -215,7 +215,7 @@ def test_payload_bitflip_found_by_verify(good_file, tmp_path):
     problems = ds.verify()
     assert [(i, "checksum" in m) for _, i, m in problems] == [(2, True)]
     with pytest.raises(tbljax.CorruptFileError, match="record 2: checksum"):
-        ds._files[0].read_payload(2, verify=True)
+        _core.TblFile(str(p)).read_payload(2, verify=True)
 
 
 def test_cli_verify_and_info(good_file, tmp_path, capsys):

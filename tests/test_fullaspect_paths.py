@@ -192,7 +192,7 @@ def test_gather_normalize_of_packed_records_equals_the_oracle(mixed, resident, b
     import jax
     import jax.numpy as jnp
 
-    from tbljax._src.jax import ops
+    from tbljax import ops
 
     imgs = mixed[0]
     pages, table = packed_by_hand(imgs)

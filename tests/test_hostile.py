@@ -16,7 +16,7 @@ import pytest
 import tbljax
 from tbljax import _core
 from tbljax._src.engine import kernels
-from tbljax._src.rules import order
+from tbljax import order
 from tbljax._src.io.format import Writer
 
 from _loader_testing import images, write_tbl
@@ -115,7 +115,8 @@ CASES = [
     ("loader-seed-negative", lambda f: tbljax.loader(f.raw, 2, seed=-1), ValueError, r"seed must be an integer in \[0, 2\*\*64\)"),
     ("loader-num-epochs-0", lambda f: tbljax.loader(f.raw, 2, num_epochs=0), ValueError, "num_epochs"),
     ("loader-prefetch-0", lambda f: tbljax.loader(f.raw, 2, prefetch=0), ValueError, "prefetch must be an integer >= 1"),
-    ("loader-threads-0", lambda f: tbljax.loader(f.raw, 2, threads=0), ValueError, "threads must be None"),
+    ("loader-threads-negative", lambda f: tbljax.loader(f.raw, 2, threads=-1), ValueError, r"threads must be None or 0 \(the pool's default\) or an integer in \[1, 1024\]"),
+    ("loader-threads-too-many", lambda f: tbljax.loader(f.raw, 2, threads=1025), ValueError, "threads must be None or 0"),
     ("loader-augment", lambda f: tbljax.loader(f.raw, 2, augment="zoom"), ValueError, "augment must be"),
     ("loader-augment-size", lambda f: tbljax.loader(f.raw, 2, augment=tbljax.Augment(size=(0, 4))), ValueError, "size must be"),
     ("loader-sharding", lambda f: tbljax.loader(f.raw, 2, sharding="batch"), TypeError, "sharding must be"),
@@ -201,7 +202,7 @@ CASES = [
     ("convert-size-float", lambda f: tbljax.convert(f.imgs, f.dir / "c.tbl", image_size=8.0), ValueError, "image_size"),
     ("convert-resize", lambda f: tbljax.convert(f.imgs, f.dir / "c.tbl", image_size=8, resize="zoom"), ValueError, "resize must be one of"),
     ("convert-format", lambda f: tbljax.convert(f.imgs, f.dir / "c.tbl", image_size=8, format="png"), ValueError, "format must be one of"),
-    ("convert-threads-0", lambda f: tbljax.convert(f.imgs, f.dir / "c.tbl", image_size=8, threads=0), ValueError, r"threads must be an integer in \[1, 1024\]"),
+    ("convert-threads-negative", lambda f: tbljax.convert(f.imgs, f.dir / "c.tbl", image_size=8, threads=-1), ValueError, r"threads must be None or 0 \(the pool's default\) or an integer in \[1, 1024\]"),
     ("convert-threads-str", lambda f: tbljax.convert(f.imgs, f.dir / "c.tbl", image_size=8, threads="2"), ValueError, "threads must be"),
     ("convert-labels-count", lambda f: tbljax.convert(f.imgs, f.dir / "c.tbl", image_size=8, labels=[1]), ValueError, r"labels must have shape \(5,\)"),
     ("convert-sources-None", lambda f: tbljax.convert(None, f.dir / "c.tbl", image_size=8), TypeError, "sources must be"),

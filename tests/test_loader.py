@@ -24,7 +24,7 @@ import jax
 import tbljax
 from tbljax._src.rules import augment
 from tbljax._src.engine import kernels
-from tbljax._src.rules import order
+from tbljax import order
 from tbljax._src.rules.augment import Augment
 
 from tbljax._src.jax import loader as jax_loader  # noqa: E402
@@ -259,14 +259,16 @@ def dataclasses_frozen_error():
 
 
 def test_ring_memory_is_aliased_by_jax_without_a_copy():
-    from tbljax._src.engine import ring as batch
+    from tbljax._src.engine import ring
+    from tbljax._src.engine.rows import RowLayout
+    from tbljax._src.jax.arrays import to_global
     from tbljax._src.rules import sharding
 
-    layout = batch.Layout.create(sharding.batch_sharding(None), 4)
-    slot = batch.Slot(layout, (5, 7, 3), np.float32)
+    rows = RowLayout.create(sharding.batch_sharding(None), 4)
+    slot = ring.Slot(rows, (5, 7, 3), np.float32)
     views = slot.views()
-    assert all(v.ctypes.data % batch.ALIGN == 0 for v in views)
-    arr = layout.to_global(views, (5, 7, 3))
+    assert all(v.ctypes.data % ring.ALIGN == 0 for v in views)
+    arr = to_global(rows, views, (5, 7, 3))
     assert [s.data.unsafe_buffer_pointer() for s in arr.addressable_shards] == \
         [v.ctypes.data for v in views]
     del views
@@ -498,7 +500,7 @@ check(tbljax.loader(ds, 16, num_epochs=1), 16, 2)              # default: batch 
 mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
 ld = tbljax.loader(ds, 8, num_epochs=1, sharding=NamedSharding(mesh, P("data")))
 check(ld, 8, 4)                                                 # replicated over "model"
-assert ld._layout.ranges == ((0, 4), (4, 8))                    # each row range built once
+assert ld.rows.ranges == ((0, 4), (4, 8))                    # each row range built once
 check(tbljax.loader(ds, 8, num_epochs=1, sharding=mesh), 8, 1)  # a Mesh: batch over both axes
 try:
     tbljax.loader(ds, 12)
@@ -657,7 +659,7 @@ def test_a_layer_on_top_plugs_in_through_the_public_seams(data):
             type(self).ended += 1
 
     ld = Copies(tbljax.open(path), LoaderOptions(batch_size=G, seed=2, dtype="uint8"))
-    assert ld.row_shape == (*imgs.shape[1:3], 3) and ld.layout.global_batch == G
+    assert ld.row_shape == (*imgs.shape[1:3], 3) and ld.rows.global_batch == G
     first = [b for b in ld]
     assert ld.cursor == (1, 0) and Copies.ended == 1 and len(first) == len(ld)
     second = [b for b in ld]  # the next pass serves the next epoch, as its bounds say

@@ -15,7 +15,7 @@ import _loader_testing as T  # noqa: E402
 
 import tbljax  # noqa: E402
 import tbljax.mlx  # noqa: E402
-from tbljax._src.rules import order  # noqa: E402
+from tbljax import order  # noqa: E402
 
 N, H, W, B = 37, 6, 5, 4
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD

@@ -18,7 +18,7 @@ import oracle
 import pytest
 
 from tbljax._src.engine import kernels
-from tbljax._src.jax import ops
+from tbljax import ops
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.uint8), np.dtype(np.float32), BF16]

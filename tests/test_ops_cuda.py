@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tbljax._src.engine import kernels
-from tbljax._src.jax import ops
+from tbljax import ops
 
 REQUIRE = os.environ.get("TBLJAX_REQUIRE_CUDA", "") == "1"
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -18,7 +18,7 @@ import pytest
 
 import _loader_testing as T
 import tbljax
-from tbljax._src.rules import order
+from tbljax import order
 
 TESTS = Path(__file__).resolve().parent
 FILES = [5, 9, 4, 11, 7]   # records of each shard file: parts of uneven sizes
@@ -304,11 +304,11 @@ def test_parts_arithmetic():
 def test_each_process_fills_its_share_of_the_batch():
     """A process's rows of the global batch become a local batch of G/P rows from 0; a batch
     that does not divide by P, or rows that are not one contiguous block, are refused."""
-    from tbljax._src.engine.ring import Layout
+    from tbljax import RowLayout
 
-    two_devices = Layout(None, 8, ((4, 6), (6, 8)), ())  # process 1 of 2, two devices
-    assert two_devices.process_local(2) == Layout(None, 4, ((0, 2), (2, 4)), ())
+    two_devices = RowLayout(None, 8, ((4, 6), (6, 8)), ())  # process 1 of 2, two devices
+    assert two_devices.process_local(2) == RowLayout(None, 4, ((0, 2), (2, 4)), ())
     with pytest.raises(ValueError, match="global batch 8 does not split evenly over 3 processes"):
-        Layout.for_rank(8, 0, 1).process_local(3)
+        RowLayout.for_rank(8, 0, 1).process_local(3)
     with pytest.raises(ValueError, match=r"G/P = 2 contiguous rows .* rows \[\(0, 1\), \(4, 5\)\]"):
-        Layout(None, 8, ((0, 1), (4, 5)), ()).process_local(4)
+        RowLayout(None, 8, ((0, 1), (4, 5)), ()).process_local(4)

@@ -13,7 +13,7 @@ import _loader_testing as T
 
 import tbljax
 from tbljax._src.rules import order
-from tbljax._src.engine.ring import Layout
+from tbljax import RowLayout
 from tbljax._src.engine.record_source import RecordSource
 
 N, H, W, G = 37, 6, 5, 8
@@ -107,7 +107,7 @@ def test_batches_are_the_same_with_read_ahead_on_and_off(paths, cold, kw):
 @pytest.mark.parametrize("k", [1, 2, 3])
 @pytest.mark.parametrize("rank,world", [(0, 1), (1, 2)], ids=["1-process", "rank1-of-2"])
 def test_read_ahead_requests_exactly_the_next_k_steps(paths, cold, advised, k, rank, world):
-    layout = Layout.for_rank(G, rank=rank, world_size=world)
+    layout = RowLayout.for_rank(G, rank=rank, world_size=world)
     ld_steps = serve(paths, k, layout, drop_remainder=False)
     ds = tbljax.open(paths)
     log = records_of(advised, ds)

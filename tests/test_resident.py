@@ -14,7 +14,7 @@ import pytest
 
 import tbljax
 from tbljax._src.rules import sharding
-from tbljax._src.jax.resident import ResidentDataset
+from tbljax._src.jax.resident import ResidentDataset, check_fits, host_rows
 
 N, H, W, G = 40, 20, 24, 8  # 5 steps per epoch
 
@@ -64,11 +64,9 @@ def test_upload_reads_the_memory_map_in_place_and_crosses_shard_files(data, tmp_
     ds = tbljax.open(parts)
     views = ds.shard_views()
     starts = np.array([0, 13, 14, N])
-    probe = ResidentDataset.__new__(ResidentDataset)
-    probe.image_shape = (H, W)
-    chunk = probe._host_rows(ds, views, starts, 2, 9)
+    chunk = host_rows(ds, views, starts, 2, 9, (H, W))
     assert np.shares_memory(chunk, views[0])  # a slice of the map, not a copy
-    assert np.array_equal(probe._host_rows(ds, views, starts, 10, 20), imgs[10:20])
+    assert np.array_equal(host_rows(ds, views, starts, 10, 20, (H, W)), imgs[10:20])
     up = ResidentDataset(parts, chunk_bytes=H * W * 3 * 6)  # chunks straddle both boundaries
     assert np.array_equal(np.asarray(up.data), imgs)
     assert np.array_equal(np.asarray(up.labels), labels)
@@ -142,10 +140,8 @@ def test_dataset_that_does_not_fit_is_a_clear_error(data):
                                           r"\(max_bytes=1000\)"):
         ResidentDataset(data[0], max_bytes=1000)
     # Far beyond this machine: without memory_stats (CPU) the default limit is the free RAM.
-    probe = ResidentDataset.__new__(ResidentDataset)
-    probe.sharding = sharding.data_sharding(None)
     with pytest.raises(MemoryError, match=r"available host RAM"):
-        probe._check_fits((1 << 40, 1000, 1000, 3), None)
+        check_fits((1 << 40, 1000, 1000, 3), sharding.data_sharding(None), None)
 
 
 def test_batch_argument_errors(data, resident):

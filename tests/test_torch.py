@@ -89,7 +89,7 @@ def test_every_pixel_value_normalizes_by_the_contract(tmp_path, dtype):
 
 
 def ring_pointers(ld):
-    return {s.views()[0].ctypes.data for s in ld._ring._slots}
+    return {s.views()[0].ctypes.data for s in ld.ring.slots}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
@@ -106,7 +106,7 @@ def test_images_share_memory_with_the_ring(data, dtype):
     assert set(seen) <= ring_pointers(ld)         # no copy: the tensor is the ring's memory
     assert len(set(seen)) < len(seen)             # and the ring is recycled
     x, _ = next(iter(ld))
-    held = [s for s in ld._ring._slots if s.views()[0].ctypes.data == x.data_ptr()]
+    held = [s for s in ld.ring.slots if s.views()[0].ctypes.data == x.data_ptr()]
     assert len(held) == 1 and held[0].in_use()    # the slot knows the tensor still reads it
     ld.close()
     del x
@@ -408,8 +408,8 @@ def test_the_cuda_path_with_cuda_faked(data, monkeypatch):
     monkeypatch.setattr(torch, "empty", empty)
     ld = tbljax.torch.loader(path, B, seed=3, prefetch=1)
     assert ld.pin_memory
-    slot = ld._ring._slots[0]
-    assert isinstance(slot._owner.base, torch.Tensor)  # the ring's memory is torch's
+    slot = ld.ring.slots[0]
+    assert isinstance(slot.owner.base, torch.Tensor)  # the ring's memory is torch's
     kept = [b for _, b in zip(range(3), ld)]
     dropped = 0
     for _x, _ in ld:

@@ -13,7 +13,7 @@ import pytest
 import oracle
 from tbljax import _core
 from tbljax._src.engine import kernels
-from tbljax._src.jax import ops
+from tbljax import ops
 
 SIZES = [(40, 64), (64, 40), (33, 33), (17, 90), (90, 17), (1, 7), (7, 1), (200, 150)]
 TARGETS = _core.supported_kernel_targets()

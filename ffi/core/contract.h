@@ -33,6 +33,13 @@ const char* LayoutName(Layout l);  // "NHWC", "NCHW"
 Status ParseLayout(std::string_view name, Layout* out, const char* arg = "layout");
 std::string LayoutNames();  // "NHWC, NCHW"
 
+// The XLA custom-call targets of the gather (the CPU handlers in _core and the CUDA ones in
+// _ffi_cuda register under these names; Python reads them as _core.GATHER_TARGET and
+// _core.GATHER_PACKED_TARGET): records of one size in an (N, H, W, 3) array, and records of
+// different sizes packed at page starts.
+inline constexpr const char* kGatherTarget = "tbljax_gather_normalize";
+inline constexpr const char* kGatherPackedTarget = "tbljax_gather_normalize_packed";
+
 // ---------------------------------------------------------------------------------------
 // Normalization contract (DESIGN.md §3)
 // ---------------------------------------------------------------------------------------

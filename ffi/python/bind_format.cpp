@@ -29,9 +29,6 @@ struct PyTblWriter {
 
 using U8Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-// A verify pool is made per call: a bound keeps a typo from starting a million threads.
-constexpr int kMaxVerifyThreads = 1024;
-
 nb::bytes BytesOf(std::string_view s) { return nb::bytes(s.data(), s.size()); }
 
 }  // namespace
@@ -166,9 +163,10 @@ void BindFormat(nb::module_& m) {
           "verify",
           [](const PyTblFile& s, int threads) {
             // Checks every record's CRC-16 in parallel; returns [(record, message)] of failures.
-            if (threads < 0 || threads > kMaxVerifyThreads)
+            // The pool is made per call; kMaxThreads keeps a typo from starting a million.
+            if (threads < 0 || threads > kMaxThreads)
               Raise(InvalidArgument("threads must be 0 (the default pool) or 1.." +
-                                    std::to_string(kMaxVerifyThreads) + ", got " +
+                                    std::to_string(kMaxThreads) + ", got " +
                                     std::to_string(threads)));
             const uint64_t n = s.f->num_records();
             std::vector<std::tuple<uint64_t, std::string>> bad;

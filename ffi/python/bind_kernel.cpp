@@ -320,6 +320,10 @@ void BindKernel(nb::module_& m) {
     m.attr("LAYOUTS") = nb::tuple(layouts);
     m.attr("OUT_DTYPES") = nb::tuple(dtypes);
   }
+  m.attr("GATHER_TARGET") = kGatherTarget;
+  m.attr("GATHER_PACKED_TARGET") = kGatherPackedTarget;
+  // threads arguments: 0 for the default pool, else a pool of 1..MAX_THREADS (common.h).
+  m.attr("MAX_THREADS") = kMaxThreads;
   m.def(
       "normalize_table",
       [](std::array<double, 3> mean, std::array<double, 3> std,

@@ -1,6 +1,6 @@
 // The XLA CPU handlers of this module, handed to JAX: xla_registrations() gives {target name:
-// PyCapsule}, which tbljax/ops.py registers for platform "cpu" at import. Compiled in only
-// when the build found XLA's FFI headers (jax.ffi.include_dir()); the handlers live in
+// PyCapsule}, which _src/jax/registration.py registers for platform "cpu" at import. Compiled
+// in only when the build found XLA's FFI headers (jax.ffi.include_dir()); the handlers live in
 // ffi/xla/gather_cpu.cpp and run the same core, pool and SIMD target as the rest of _core.
 #include "common.h"
 #include "gather_call.h"

@@ -1,7 +1,7 @@
 // What the CPU and CUDA gather handlers share: the operand list of the custom call, the
 // checks that turn one call into a tbljax::GatherRequest, the one switch from the result's
-// element type to the kernel's output dtype, and Status -> ffi::Error. tbljax/ops.py builds
-// the calls; ffi/core/kernel.h documents the arithmetic.
+// element type to the kernel's output dtype, and Status -> ffi::Error. _src/jax/ffi_call.py
+// builds the calls; ffi/core/kernel.h documents the arithmetic.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -15,11 +15,10 @@ namespace tbljax::xla_ffi {
 
 namespace ffi = ::xla::ffi;
 
-// The target names both platforms register (tbljax/ops.py reads them from registrations()):
-// records of one size in an (N, H, W, 3) array, and records of different sizes packed at
-// page starts.
-inline constexpr const char* kGatherTarget = "tbljax_gather_normalize";
-inline constexpr const char* kGatherPackedTarget = "tbljax_gather_normalize_packed";
+// The target names both platforms register are contract.h's kGatherTarget and
+// kGatherPackedTarget (exported to Python by _core).
+using ::tbljax::kGatherPackedTarget;
+using ::tbljax::kGatherTarget;
 
 // Operands, in order. The dataset is an operand (never a pointer baked into the program).
 using DataArg = ffi::Buffer<ffi::U8, 4>;  // (N, H, W, 3) uint8 records

@@ -1,6 +1,6 @@
 // tbljax._ffi_cuda: registers the CUDA gather handlers (gather_cuda.cu) with XLA. Built only
 // with -DTBLJAX_CUDA=ON, as its own module, so the same wheel imports on machines without CUDA;
-// tbljax.ops registers it for platform "CUDA" when it imports.
+// tbljax.ops (_src/jax/registration.py) registers it for platform "CUDA" when it imports.
 #include <nanobind/nanobind.h>
 
 #include "gather_call.h"

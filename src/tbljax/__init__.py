@@ -22,6 +22,7 @@ from tbljax._src.engine.kernels import build_info
 from tbljax._src.jax.loader import Loader, loader
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import HostBatch
+from tbljax._src.engine.rows import RowLayout
 from tbljax._src.io.reader import Dataset, open
 from tbljax._src.io.staging import stage
 from tbljax._src.rules.partition import host_part
@@ -47,8 +48,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "HostBatch", "HostLoader", "Loader",
-    "LoaderOptions", "loader", "augment", "kernels", "order", "show", "ConversionError",
-    "ConvertSummary", "CorruptFileError",
+    "LoaderOptions", "RowLayout", "loader", "augment", "kernels", "order", "show",
+    "ConversionError", "ConvertSummary", "CorruptFileError",
     "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
     "host_part", "open", "ops", "stage",
 ]

@@ -1,20 +1,21 @@
 """What the torch and MLX adapters share: a `HostLoader` for one rank of a data-parallel job
-that serves one epoch per pass (as a torch DataLoader does), the `Batch` they yield, and the
+that serves one epoch per pass (as a torch DataLoader does), the `TensorBatch` they yield, and the
 checks of their arguments. Framework-free: each adapter only adds how a `HostBatch` becomes
 its framework's arrays.
 """
 from __future__ import annotations
 
-from tbljax._src.engine import ring as _batch
 from tbljax._src.rules import contract
 from tbljax._src.engine.host_loader import HostLoader
+from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules.options import LoaderOptions
 
-__all__ = ["Batch", "EpochLoader", "check_rank", "options"]
+__all__ = ["TensorBatch", "EpochLoader", "check_rank", "options"]
 
 
-class Batch(tuple):
-    """``(images, labels)`` — so ``for x, y in loader`` works — with more on attributes:
+class TensorBatch(tuple):
+    """A step as the framework's arrays (torch tensors, mx.arrays): ``(images, labels)`` — so
+    ``for x, y in loader`` works — with more on attributes:
 
     ``index``: the sample index of every row (-1 on padding rows); ``valid``: a bool mask of
     the real rows, or None with drop_remainder (no padding); ``epoch`` and ``position``: the
@@ -75,15 +76,15 @@ class EpochLoader(HostLoader):
     def __init__(self, dataset, opts: LoaderOptions, rank: int, world_size: int, *, parts=None,
                  **ring):
         self.rank, self.world_size = rank, world_size
-        layout = _batch.Layout.for_rank(opts.batch_size, rank, world_size)
+        rows = RowLayout.for_rank(opts.batch_size, rank, world_size)
         if parts is not None:  # host parts: this rank's rows are a batch of its own part
-            layout = layout.process_local(world_size)
-        super().__init__(dataset, opts, layout, parts=parts, **ring)
+            rows = rows.process_local(world_size)
+        super().__init__(dataset, opts, rows, parts=parts, **ring)
 
     @property
     def batch_size(self) -> int:
         """Rows per batch on this rank (a torch DataLoader's ``batch_size``)."""
-        return self.layout.local_rows
+        return self.rows.local_rows
 
     @property
     def drop_last(self) -> bool:

@@ -36,7 +36,7 @@ def _mx():
                           "installs mlx[cpu])") from e
 
 
-def _to_mlx(host) -> tuple[_adapter.Batch, list]:
+def _to_mlx(host) -> tuple[_adapter.TensorBatch, list]:
     """A HostBatch → mx.arrays (one copy of each array; the HostBatch is dropped after)."""
     mx = _mx()
     # Only constructors here, no lazy MLX op: this runs in the producer thread, and MLX binds
@@ -44,13 +44,13 @@ def _to_mlx(host) -> tuple[_adapter.Batch, list]:
     # mx.array takes ml_dtypes' bfloat16 bit for bit (tested over every finite value).
     images = mx.array(host.image)
     valid = None if host.valid is None else mx.array(host.valid)
-    batch = _adapter.Batch(images, mx.array(host.label), index=mx.array(host.index),
+    batch = _adapter.TensorBatch(images, mx.array(host.label), index=mx.array(host.index),
                            valid=valid, epoch=host.epoch, position=host.position)
     return batch, []  # copies: nothing handed out views the ring slot
 
 
 class MLXLoader(_adapter.EpochLoader):
-    """Yields `Batch` ``(images, labels)`` of ``mx.array``s; one epoch per pass. Create it
+    """Yields `TensorBatch` ``(images, labels)`` of ``mx.array``s; one epoch per pass. Create it
     with `tbljax.mlx.loader`. ``len()`` is steps per epoch; ``set_epoch``, ``state_dict`` and
     ``load_state_dict`` work as for `tbljax.torch.loader`. Batches own their memory: keep
     them as long as you like."""

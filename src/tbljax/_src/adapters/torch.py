@@ -24,7 +24,7 @@ import importlib
 import numpy as np
 
 from tbljax._src.adapters import common as _adapter
-from tbljax._src.engine import ring as _batch
+from tbljax._src.engine import ring
 from tbljax._src.rules import contract
 from tbljax._src.io import host_part as local_part
 from tbljax._src.io import reader
@@ -44,12 +44,12 @@ def _pinned_empty(nbytes: int) -> np.ndarray:
     """Page-locked host memory from torch's pinned allocator, seen from NumPy (so the ring's
     in-use check works on it unchanged) and aligned like `tbljax.batch.aligned_empty`."""
     torch = _torch()
-    raw = torch.empty(nbytes + _batch.ALIGN, dtype=torch.uint8, pin_memory=True).numpy()
-    start = -raw.ctypes.data % _batch.ALIGN
+    raw = torch.empty(nbytes + ring.ALIGN, dtype=torch.uint8, pin_memory=True).numpy()
+    start = -raw.ctypes.data % ring.ALIGN
     return raw[start:start + nbytes]
 
 
-def _to_torch(host) -> tuple[_adapter.Batch, list]:
+def _to_torch(host) -> tuple[_adapter.TensorBatch, list]:
     """A HostBatch → (tensors, the images tensor, which views the ring slot). It holds a
     reference to the NumPy view, so the slot counts as in use for as long as the tensor (or
     any tensor sharing its storage: slices, permutes, .view) lives."""
@@ -60,14 +60,14 @@ def _to_torch(host) -> tuple[_adapter.Batch, list]:
     else:
         images = torch.from_numpy(img)
     valid = None if host.valid is None else torch.from_numpy(host.valid)
-    batch = _adapter.Batch(images, torch.from_numpy(host.label.astype(np.int64)),
+    batch = _adapter.TensorBatch(images, torch.from_numpy(host.label.astype(np.int64)),
                            index=torch.from_numpy(host.index.astype(np.int64)), valid=valid,
                            epoch=host.epoch, position=host.position)
     return batch, [images]
 
 
 class TorchLoader(_adapter.EpochLoader):
-    """Yields `Batch` ``(images, labels)`` of torch tensors; one epoch per pass. Create it
+    """Yields `TensorBatch` ``(images, labels)`` of torch tensors; one epoch per pass. Create it
     with `tbljax.torch.loader`.
 
     Drop-in for a ``torch.utils.data.DataLoader``: iterable, ``len()`` (steps per epoch),
@@ -157,7 +157,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
 
     >>> ld = tbljax.torch.loader("val.tbl", 250, shuffle=False, drop_remainder=False)
     >>> correct = 0
-    >>> for batch in ld:                      # a Batch: (images, labels) + index, valid
+    >>> for batch in ld:                      # a TensorBatch: (images, labels) + index, valid
     ...     x, y = batch
     ...     correct += int(((model(x).argmax(1) == y) & batch.valid).sum())
     """

@@ -1,11 +1,11 @@
 """tbljax.host_loader: `HostLoader`, the framework-free loader. It wires a dataset, the order,
-the kernel and the host ring into passes (`tbljax.producer`), and keeps what a training job
+the kernel and the host ring into passes (`producer.Pass`), and keeps what a training job
 saves and watches: the cursor, the resumable state and the metrics.
 
 Data flows one way: `order` says which sample each row holds → `augment` says its crop and flip
 → the kernel (GIL released) writes the rows into a ring slot → a layer on top makes the slot
 its framework's arrays (no copy on CPU) → the consumer receives it from a queue. That layer is
-a subclass: `tbljax.jax_loader.Loader` for JAX, and the torch and MLX adapters' loaders.
+a subclass: `tbljax.Loader` for JAX, and the torch and MLX adapters' loaders.
 """
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import weakref
 
 import numpy as np
 
-from tbljax._src.engine import ring as _batch
+from tbljax._src.engine.ring import Ring, aligned_empty
+from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules import contract
-from tbljax._src.rules import order
+from tbljax._src.rules import resume
+from tbljax._src.rules.parts import Parts
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import Plan
 from tbljax._src.engine.record_source import RecordSource
@@ -25,7 +27,7 @@ from tbljax._src.engine.producer import Metrics, Pass
 __all__ = ["HostLoader"]
 
 # Slots beyond the prefetch queue: one being filled, one the consumer holds, one still read by
-# a step in flight. A slot still viewed is waited for, then replaced (see tbljax.batch.Ring),
+# a step in flight. A slot still viewed is waited for, then replaced (see `Ring`),
 # never overwritten.
 _RING_EXTRA = 3
 
@@ -33,7 +35,8 @@ _RING_EXTRA = 3
 class HostLoader:
     """The framework-free loader: order, kernel, ring, producer thread, state and metrics.
 
-    Yields `HostBatch`es (NumPy views of the ring) for the rows `layout` gives this process.
+    Yields `HostBatch`es (NumPy views of the ring) for the rows `rows` (a `tbljax.RowLayout`)
+    gives this process.
     A layer on top (`tbljax.Loader` for JAX, the torch and MLX adapters) is a subclass that
     overrides the seams below: `finisher` (what the producer makes of a HostBatch),
     `pass_bounds` and `pass_ended` (where a pass starts and ends). By default iterating runs
@@ -41,39 +44,43 @@ class HostLoader:
     pass that ran to its end makes the next one start over at epoch 0; a restored state that
     is at the end yields nothing.
 
-    ``alloc`` and ``before_reuse`` go to the ring (`tbljax.batch.Ring`). ``parts`` (a
+    ``alloc`` and ``before_reuse`` go to the ring (`Ring`). ``parts`` (a
     `tbljax.order.Parts`) makes it serve one host part (partition="host"): `dataset` is then
-    this process's part, `layout` its rows alone (``global_batch`` = its local batch), and
+    this process's part, `rows` its rows alone (``global_batch`` = its local batch), and
     the steps of an epoch and the state count over every process's part.
 
-    >>> from tbljax.batch import Layout
     >>> ld = tbljax.HostLoader(tbljax.open("train.tbl"),
     ...                        tbljax.LoaderOptions(batch_size=256, num_epochs=1),
-    ...                        Layout.for_rank(256, rank=0, world_size=1))
+    ...                        tbljax.RowLayout.for_rank(256, rank=0, world_size=1))
     >>> for hb in ld:
     ...     hb.image, hb.label       # (256, H, W, 3) float32 view of the ring, int32 labels
     """
 
-    def __init__(self, dataset, opts: LoaderOptions, layout: _batch.Layout | None = None, *,
-                 alloc=_batch.aligned_empty, before_reuse=None, parts: order.Parts | None = None):
+    def __init__(self, dataset, opts: LoaderOptions, rows: RowLayout | None = None, *,
+                 alloc=aligned_empty, before_reuse=None, parts: Parts | None = None,
+                 layout: RowLayout | None = None):
+        if layout is not None:  # the keyword's former name, kept for callers that use it
+            if rows is not None:
+                raise TypeError("pass rows or layout (its former name), not both")
+            rows = layout
         self.options = opts
         self._source = RecordSource(dataset, opts.threads)
         if parts is not None and parts.n != self._source.n:
             raise ValueError(f"part {parts.index} should hold {parts.n} records, the dataset "
                              f"given holds {self._source.n}")
-        self._parts = parts
-        self._part = parts if parts is not None else order.Parts.whole(self._source.n)
-        self._layout = layout if layout is not None else _batch.Layout.for_rank(
-            opts.batch_size, 0, 1)
+        self._host_parts = parts  # None unless partition="host"
+        # What the steps and the state count over: the host parts, or one part of every record.
+        self._step_parts = parts if parts is not None else Parts.whole(self._source.n)
+        self._rows = rows if rows is not None else RowLayout.for_rank(opts.batch_size, 0, 1)
         # One row shape per entry of a size schedule (one without); the ring is sized once for
-        # the largest, and each batch views it at its epoch's size (tbljax.batch.Slot.views).
+        # the largest, and each batch views it at its epoch's size (`Slot.views` in ring.py).
         schedule = opts.augment.schedule if opts.augment is not None else ((0, None),)
         shapes = [self._source.row_shape(opts, epoch) for epoch, _ in schedule]
         largest = max(shapes, key=lambda s: int(np.prod(s)))
         if len(self) == 0:
             what = (f"the dataset ({self._source.n} samples)" if parts is None else
                     f"the smallest host part ({min(parts.counts)} samples)")
-            raise ValueError(f"batch_size {self._layout.global_batch} is larger than {what} "
+            raise ValueError(f"batch_size {self._rows.global_batch} is larger than {what} "
                              "with drop_remainder=True: no step would run; use a smaller "
                              "batch_size or drop_remainder=False")
         self._cursor = (0, 0)
@@ -82,7 +89,7 @@ class HostLoader:
         self._active = None  # weakref to the live Pass
         # Kept across passes (one pass runs at a time), so its memory is reused, not
         # page-faulted in again for every evaluation pass.
-        self._ring = _batch.Ring(self._layout, largest, opts.out_dtype,
+        self._ring = Ring(self._rows, largest, opts.out_dtype,
                                  opts.prefetch + _RING_EXTRA, alloc=alloc,
                                  before_reuse=before_reuse)
 
@@ -112,9 +119,20 @@ class HostLoader:
         return self._cursor
 
     @property
-    def layout(self) -> _batch.Layout:
-        """Which rows of each global batch this process builds."""
-        return self._layout
+    def rows(self) -> RowLayout:
+        """Which rows of each global batch this process builds (not the pixel layout,
+        ``options.layout``)."""
+        return self._rows
+
+    @property
+    def layout(self) -> RowLayout:
+        """The former name of `rows`, kept for callers that use it."""
+        return self._rows
+
+    @property
+    def ring(self) -> Ring:
+        """The ring of host buffers this loader builds batches in (kept across passes)."""
+        return self._ring
 
     @property
     def row_shape(self) -> tuple[int, int, int]:
@@ -129,19 +147,19 @@ class HostLoader:
     # ---- the iterator protocol and the state ----
     def __len__(self) -> int:
         """Steps in one epoch."""
-        return self._part.steps(self._layout.global_batch,
+        return self._step_parts.steps(self._rows.global_batch,
                                 drop_remainder=self.options.drop_remainder)
 
     @property
     def num_samples(self) -> int:
         """Samples in the dataset (all host parts together)."""
-        return sum(self._part.counts)
+        return sum(self._step_parts.counts)
 
     def __iter__(self) -> Pass:
         self._close_active()
         start, end_epoch = self.pass_bounds()
-        plan = Plan(self._source, self._layout, self.options, start, end_epoch, self.finisher(),
-                    parts=self._parts)
+        plan = Plan(self._source, self._rows, self.options, start, end_epoch, self.finisher(),
+                    parts=self._host_parts)
         it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out,
                   on_end=self.pass_ended)
         self._active = weakref.ref(it)
@@ -177,21 +195,21 @@ class HostLoader:
         batch size), and at another process count only at an epoch boundary
         (`tbljax.order.check_state`)."""
         epoch, position = self._cursor
-        processes = len(self._parts.counts) if self._parts is not None else None
-        return order.make_state(seed=self.options.seed, epoch=epoch, position=position,
+        processes = len(self._host_parts.counts) if self._host_parts is not None else None
+        return resume.make_state(seed=self.options.seed, epoch=epoch, position=position,
                                 fingerprint=self._source.fingerprint, processes=processes)
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a `state_dict`; the next iteration continues from it. Raises ValueError
         for another format version, another dataset, another seed, another partition, or
         (host parts) a mid-epoch state of another process count."""
-        parts = self._parts
-        epoch, position = order.check_state(
+        parts = self._host_parts
+        epoch, position = resume.check_state(
             state, seed=self.options.seed, fingerprint=self._source.fingerprint,
-            n=max(self._part.counts), processes=len(parts.counts) if parts is not None else None)
+            n=max(self._step_parts.counts), processes=len(parts.counts) if parts is not None else None)
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run
-        self._cursor = self._part.advance(epoch, position, self._layout.global_batch,
+        self._cursor = self._step_parts.advance(epoch, position, self._rows.global_batch,
                                           drop_remainder=self.options.drop_remainder)
 
     def metrics(self) -> dict:
@@ -206,6 +224,6 @@ class HostLoader:
     def __repr__(self) -> str:
         o = self.options
         return (f"{type(self).__name__}({self.num_samples} samples, "
-                f"batch_size={self._layout.global_batch}, steps/epoch={len(self)}, "
+                f"batch_size={self._rows.global_batch}, steps/epoch={len(self)}, "
                 f"dtype={o.dtype}, layout={o.layout}, augment={o.augment}, "
                 f"cursor={self._cursor})")

@@ -151,23 +151,12 @@ def _batch_args(num_records, indices, out, layout, crop, flip, mean, std) -> tup
     if not out.flags.aligned:
         raise ValueError(f"out must be aligned to its element size ({out.dtype.itemsize} bytes)")
 
-    idx = np.asarray(indices)
-    if idx.dtype.kind not in "iu":
-        raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
-    if idx.ndim != 1:
-        raise ValueError(f"indices must be 1-D (B,), got shape {idx.shape}")
-    if idx.dtype == np.uint64 and idx.size and idx.max() > np.iinfo(np.int64).max:
-        raise IndexError(f"indices holds {idx.max()}, out of range for a source of "
-                         f"{num_records} records (allowed 0..{num_records - 1})")
-    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    idx = contract.host_indices(indices, num_records)
     batch = idx.shape[0]
     if out.shape[0] != batch:
         raise ValueError(f"out has batch size {out.shape[0]} but indices has {batch} entries")
 
-    if name == "uint8":
-        if mean is not None or std is not None:
-            raise ValueError("uint8 output is not normalized: mean and std must be None "
-                             "(normalize on device, or ask for float32 / bfloat16 output)")
+    contract.check_unnormalized(name, mean, std)
     m, s = contract.normalization(mean, std)
 
     crop_arr = None
@@ -177,10 +166,7 @@ def _batch_args(num_records, indices, out, layout, crop, flip, mean, std) -> tup
     flip_arr = None
     if flip is not None:
         f = np.asarray(flip)
-        if f.dtype.kind not in "biu":
-            raise TypeError(f"flip must hold booleans, got dtype {f.dtype}")
-        if f.shape != (batch,):
-            raise ValueError(f"flip must have shape ({batch},), got {f.shape}")
+        contract.check_flip(f.dtype, f.shape, batch)
         flip_arr = np.ascontiguousarray(f != 0).view(np.uint8)
 
     buf = out.view(np.uint16) if name == "bfloat16" else out
@@ -246,7 +232,8 @@ def serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *, layout: st
       dct_scale: decode at 1/2, 1/4 or 1/8 (libjpeg's scaled IDCT) where the box at that
         scale still covers the output twice over on both axes, then resize from there:
         faster for boxes much larger than the output, not bit-identical.
-      threads: 0 for the default pool, else a pool of that many threads.
+      threads: None or 0 for the default pool, else a pool of that many threads
+        (`contract.check_threads`).
       where: ``where(i) -> str`` names record i in the error of a record that fails
         (DecodeError, or CorruptFileError when it does not decode to its index's size).
 
@@ -260,7 +247,7 @@ def serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *, layout: st
     if not isinstance(dct_scale, bool):
         raise TypeError(f"dct_scale must be True or False, got {dct_scale!r}")
     args = _batch_args(source.num_records, indices, out, layout, crop, flip, mean, std)
-    _core.serve_jpeg(source, *args, dct_scale, int(threads), where)
+    _core.serve_jpeg(source, *args, dct_scale, contract.check_threads(threads), where)
     return out
 
 

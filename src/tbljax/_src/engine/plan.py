@@ -11,8 +11,10 @@ import dataclasses
 
 import numpy as np
 
-from tbljax._src.engine import ring as _batch
+from tbljax._src.engine.ring import Slot
+from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules import order
+from tbljax._src.rules.parts import Parts
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.rules.options import LoaderOptions
@@ -28,7 +30,7 @@ _MAX_SKIP = 16  # a warm file: steps between two checks, at most (a colder one i
 class HostBatch:
     """This process's rows of one step, in host memory, before any framework sees them.
 
-    One entry per row range of the layout (`tbljax.batch.Layout.ranges`; a single range unless
+    One entry per row range of the layout (`RowLayout.ranges`; a single range unless
     a JAX sharding puts this process's rows on several devices). ``images`` are views of a
     ring slot: the slot is not rewritten while any view of it (or an array built on it without
     a copy) is alive. ``labels`` and ``indices`` are int32, -1 on padding rows; ``valids`` is
@@ -77,7 +79,7 @@ class Plan:
     """What the producer needs to build any step: immutable, so it is safe to share."""
 
     source: RecordSource
-    layout: _batch.Layout
+    layout: RowLayout
     opts: LoaderOptions
     start: tuple[int, int]  # cursor (epoch, position) the iteration starts from
     end_epoch: int | None   # the pass stops before this epoch (None: never)
@@ -87,12 +89,12 @@ class Plan:
     finish: object = None
     # partition="host": every process's part (positions are then local to the source, which
     # holds this process's part); None: one part, the whole dataset.
-    parts: order.Parts | None = None
+    parts: Parts | None = None
 
     @property
-    def part(self) -> order.Parts:
+    def part(self) -> Parts:
         """The parts the steps of an epoch are counted over (`tbljax.order.Parts`)."""
-        return self.parts if self.parts is not None else order.Parts.whole(self.source.n)
+        return self.parts if self.parts is not None else Parts.whole(self.source.n)
 
     def steps(self):
         """(epoch, first position) of every step from the cursor to the end (or forever).
@@ -147,7 +149,7 @@ class Plan:
                 yield epoch, position + s * g
             epoch, position = epoch + 1, 0
 
-    def build_host(self, ring, epoch, first, stop=None) -> tuple[HostBatch, _batch.Slot]:
+    def build_host(self, ring, epoch, first, stop=None) -> tuple[HostBatch, Slot]:
         """This process's rows of the step starting at position `first`, in a ring slot (the
         second item)."""
         src, opts = self.source, self.opts
@@ -174,7 +176,7 @@ class Plan:
         return HostBatch(epoch, first, self.layout.ranges, tuple(views), tuple(labels),
                          tuple(indices), None if opts.drop_remainder else tuple(valid)), slot
 
-    def finish_host(self, host: HostBatch, slot: _batch.Slot):
+    def finish_host(self, host: HostBatch, slot: Slot):
         """What the consumer receives for `host`; the slot learns what views it."""
         result, viewers = (host, host.images) if self.finish is None else self.finish(host)
         slot.watch(viewers)

@@ -13,7 +13,7 @@ import time
 import warnings
 import weakref
 
-from tbljax._src.engine import ring as _batch
+from tbljax._src.engine.ring import Ring
 from tbljax._src.engine.plan import Plan
 
 __all__ = ["Metrics", "Pass"]
@@ -53,7 +53,7 @@ def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
     return False
 
 
-def _produce(plan: Plan, ring: _batch.Ring, q: queue.Queue, stop: threading.Event,
+def _produce(plan: Plan, ring: Ring, q: queue.Queue, stop: threading.Event,
              metrics: Metrics, room: threading.Semaphore | None = None) -> None:
     """The producer: builds each step's host batch (permutation, augmentation, the kernel with
     the GIL released) and puts it on `q`. Holds no reference to the iterator, so dropping the
@@ -131,9 +131,9 @@ class Pass:
     every batch handed over, with the cursor (epoch, position) just after it; ``on_end()``
     when the pass ran to its end. The producer threads hold neither callback."""
 
-    def __init__(self, plan: Plan, ring: _batch.Ring, metrics: Metrics, *, on_step, on_end):
+    def __init__(self, plan: Plan, ring: Ring, metrics: Metrics, *, on_step, on_end):
         self._on_step, self._on_end = on_step, on_end
-        self._part, self._g = plan.part, plan.layout.global_batch
+        self._step_parts, self._g = plan.part, plan.layout.global_batch
         self._drop = plan.opts.drop_remainder
         self._metrics = metrics
         self._ring = ring
@@ -199,7 +199,7 @@ class Pass:
             raise item.exc
         epoch, first, result = item
         # The state counts what was handed over, not what the producer prefetched.
-        self._on_step(self._part.advance(epoch, first + self._g, self._g,
+        self._on_step(self._step_parts.advance(epoch, first + self._g, self._g,
                                          drop_remainder=self._drop))
         m.steps += 1
         return result

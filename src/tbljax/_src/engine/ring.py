@@ -1,6 +1,7 @@
-"""tbljax.batch: host memory for batches and its hand-off to JAX. Which rows of a global batch
-this process builds, a ring of 4 KiB-aligned host buffers laid out per device shard, and the
-assembly of global `jax.Array`s from per-device pieces without copying on CPU.
+"""The ring of host buffers batches are built in: 4 KiB-aligned memory (`aligned_empty`), a
+`Slot` per batch laid out by this process's row ranges (`rows.RowLayout`), and the `Ring` that
+hands slots out round-robin and never overwrites one still read. Framework-free: the JAX room
+(`jax/arrays.py`) turns a slot's views into global `jax.Array`s without copying on CPU.
 
 Lifetime contract. On CPU, `jax.device_put` of a 64-byte-aligned NumPy array does not copy: the
 jax.Array reads the ring's memory, and XLA keeps a reference to the NumPy array for as long as
@@ -18,13 +19,12 @@ import mmap
 import sys
 import time
 import weakref
-from dataclasses import dataclass
 
 import numpy as np
 
-from tbljax._src.rules import sharding as _sharding
+from tbljax._src.engine.rows import RowLayout
 
-__all__ = ["ALIGN", "aligned_empty", "Layout", "Slot", "Ring"]
+__all__ = ["ALIGN", "aligned_empty", "Slot", "Ring"]
 
 ALIGN = 4096  # a page: also satisfies XLA's 64-byte zero-copy requirement
 
@@ -56,92 +56,6 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where the rows of a global batch of `global_batch` rows live for this process.
-
-    Made from a JAX sharding (`create`, from `tbljax.sharding.batch_sharding`) or,
-    framework-free, from a rank (`for_rank`). ``ranges``: the distinct (start, stop) row
-    ranges on this process's devices, sorted; each is built once even when several devices
-    hold it (replication). ``devices``: per addressable device, (device, index into ranges).
-    """
-
-    sharding: object
-    global_batch: int
-    ranges: tuple[tuple[int, int], ...]
-    devices: tuple[tuple[object, int], ...]
-
-    @classmethod
-    def create(cls, sharding, global_batch: int) -> "Layout":
-        parts = _sharding.parts(sharding)
-        if global_batch % parts:
-            raise ValueError(f"global batch {global_batch} does not split evenly over the "
-                             f"{parts} batch shards of {sharding}: use a multiple of {parts}")
-        per_device = sharding.addressable_devices_indices_map((global_batch,))
-        spans = {d: idx[0].indices(global_batch)[:2] for d, idx in per_device.items()}
-        ranges = tuple(sorted(set(spans.values())))
-        where = {r: i for i, r in enumerate(ranges)}
-        devices = tuple((d, where[spans[d]]) for d in per_device)
-        return cls(sharding, global_batch, ranges, devices)
-
-    @classmethod
-    def for_rank(cls, global_batch: int, rank: int, world_size: int) -> "Layout":
-        """Rank `rank` of `world_size` holds rows [rank*b, (rank+1)*b) of each global batch,
-        b = global_batch / world_size: the rows the JAX loader's default sharding gives
-        process `rank` (jax.devices() lists processes in order). No devices, no jax.
-
-        >>> Layout.for_rank(8, 1, 4).ranges
-        ((2, 4),)
-        """
-        if global_batch % world_size:
-            raise ValueError(f"global batch {global_batch} does not split evenly over "
-                             f"world_size {world_size}")
-        b = global_batch // world_size
-        return cls(None, global_batch, ((rank * b, (rank + 1) * b),), ())
-
-    @property
-    def local_rows(self) -> int:
-        return sum(b - a for a, b in self.ranges)
-
-    def process_local(self, processes: int) -> "Layout":
-        """This process's rows as a batch of their own, for host-local reading: each of
-        `processes` processes fills G / P contiguous rows of every global batch from its own
-        part of the data, so its rows are local positions [0, G/P). The ranges keep their
-        sizes and order (a slot made for it holds the pieces `to_global` of `self` takes).
-
-        >>> Layout.for_rank(8, 1, 2).process_local(2).ranges
-        ((0, 4),)
-        """
-        g, p = self.global_batch, int(processes)
-        if g % p:
-            raise ValueError(f"global batch {g} does not split evenly over {p} processes: "
-                             f"with partition='host' use a multiple of {p}")
-        lo, hi = self.ranges[0][0], self.ranges[-1][1]
-        contiguous = all(a == b for (_, a), (b, _) in zip(self.ranges, self.ranges[1:]))
-        if not contiguous or hi - lo != g // p:
-            raise ValueError(f"with partition='host' each process must hold G/P = {g // p} "
-                             f"contiguous rows of the batch, but the sharding gives this "
-                             f"process rows {list(self.ranges)}: shard the batch axis over "
-                             "all processes' devices, with no replication across processes")
-        return Layout(None, g // p, tuple((a - lo, b - lo) for a, b in self.ranges), ())
-
-    def to_global(self, pieces, row_shape=()):
-        """One global jax.Array from per-range host arrays (``pieces[i]`` holds ``ranges[i]``)."""
-        import jax
-
-        if len(self.devices) == 1 and self.ranges == ((0, self.global_batch),):
-            # One device holds the whole batch: one call (half the cost of the general path).
-            return jax.device_put(pieces[0], self.sharding)
-        shape = (self.global_batch, *row_shape)
-        if len(self.ranges) == 1:
-            # This process's rows are one block (one device a process, or replicas of it):
-            # JAX slices it for its devices in one call, no copy on CPU; 2 CPU processes,
-            # 256 rows of 160 px: 31-101 us against 104-182 us per device (docs/pods.md).
-            return jax.make_array_from_process_local_data(self.sharding, pieces[0], shape)
-        arrays = [jax.device_put(pieces[i], d) for d, i in self.devices]
-        return jax.make_array_from_single_device_arrays(shape, self.sharding, arrays)
-
-
 class Slot:
     """Host memory for this process's rows of one batch: one aligned region per row range.
 
@@ -151,13 +65,13 @@ class Slot:
     no more bytes (the sizes of a schedule share one ring).
     """
 
-    def __init__(self, layout: Layout, row_shape: tuple[int, ...], dtype, alloc=aligned_empty):
+    def __init__(self, rows: RowLayout, row_shape: tuple[int, ...], dtype, alloc=aligned_empty):
         self.row_shape = tuple(row_shape)
         self.dtype = np.dtype(dtype)
         row_bytes = int(np.prod(self.row_shape)) * self.dtype.itemsize
         self._regions = []  # (byte offset, rows); every region starts on an ALIGN boundary
         offset = 0
-        for a, b in layout.ranges:
+        for a, b in rows.ranges:
             self._regions.append((offset, b - a))
             offset += -(-(b - a) * row_bytes // ALIGN) * ALIGN
         mem = alloc(max(offset, ALIGN))
@@ -183,7 +97,13 @@ class Slot:
         return [self._mem[o:o + r * row_bytes].view(self.dtype).reshape(r, *shape)
                 for o, r in self._regions]
 
+    @property
+    def owner(self) -> np.ndarray:
+        """The array that owns this slot's memory (the base of what ``alloc`` returned)."""
+        return self._owner
+
     def in_use(self) -> bool:
+        """Whether anything but the ring still refers to this slot's memory."""
         return sys.getrefcount(self._owner) > self._idle_refs
 
     def watch(self, viewers) -> None:
@@ -231,11 +151,11 @@ class Ring:
     (the torch adapter waits there for asynchronous device copies that may still read it).
     """
 
-    def __init__(self, layout: Layout, row_shape, dtype, size: int, *, alloc=aligned_empty,
+    def __init__(self, rows: RowLayout, row_shape, dtype, size: int, *, alloc=aligned_empty,
                  before_reuse=None, patience: float = 1.0, max_timeouts: int = 2):
         if size < 1:
             raise ValueError(f"ring size must be >= 1, got {size}")
-        self._make = lambda: Slot(layout, row_shape, dtype, alloc)
+        self._make = lambda: Slot(rows, row_shape, dtype, alloc)
         self._before_reuse = before_reuse
         self._used = [False] * size  # handed out since it was made
         self._slots = [self._make() for _ in range(size)]
@@ -247,6 +167,11 @@ class Ring:
         # waits, start of the wait in progress or None), one attribute so that another thread
         # reads a consistent pair.
         self._waits: tuple[float, float | None] = (0.0, None)
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        """The slots now in the ring, in hand-out order (a replaced slot is no longer here)."""
+        return tuple(self._slots)
 
     @property
     def wait_seconds(self) -> float:

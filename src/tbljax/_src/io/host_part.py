@@ -25,6 +25,7 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.rules import contract, order
+from tbljax._src.rules.parts import Parts
 from tbljax._src.io import reader
 from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset
@@ -158,7 +159,7 @@ class LocalPart:
     """This process's part (``dataset``) and every process's record count (``parts``)."""
 
     dataset: PartDataset
-    parts: order.Parts
+    parts: Parts
 
 
 def _file_hash(file_number: int, fingerprint: str) -> int:
@@ -253,7 +254,7 @@ def open_part(path_or_paths, rank: int | None = None, world_size: int | None = N
     if len(paths) == 1 and len(set(rows[:, 6].tolist())) != 1:
         raise ValueError(f"partition='host': the copies of {paths[0]!r} differ between "
                          "processes (their fingerprints do not match)")
-    parts = order.Parts(tuple(rows[:, 2].tolist()), index)
+    parts = Parts(tuple(rows[:, 2].tolist()), index)
     total = sum(parts.counts)
     contract.check_record_count(total, what="the dataset")
     fingerprint = f"{total}-{int(rows[:, 5].astype(np.uint64).sum()) % (1 << 32):08x}"

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import functools
 
-from tbljax._src.engine import ring as _batch
+from tbljax._src.engine.rows import RowLayout
+from tbljax._src.jax.arrays import to_global
 from tbljax._src.io import host_part as local_part
-from tbljax._src.rules import order
+from tbljax._src.rules.parts import Parts
 from tbljax._src.io import reader
 from tbljax._src.rules import sharding as _sharding
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
@@ -27,15 +28,15 @@ from tbljax._src.engine.plan import HostBatch
 __all__ = ["Loader", "loader", "to_jax"]
 
 
-def to_jax(layout: _batch.Layout, host: HostBatch) -> tuple[dict, list]:
+def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
     """The JAX layer: a HostBatch → (a dict of global jax.Arrays, no copy on CPU; the arrays
     in it that view the ring slot)."""
     row_shape = host.images[0].shape[1:]  # the batch's own: a size schedule changes it
-    result = {"image": layout.to_global(host.images, row_shape),
-              "label": layout.to_global(host.labels),
-              "index": layout.to_global(host.indices)}
+    result = {"image": to_global(rows, host.images, row_shape),
+              "label": to_global(rows, host.labels),
+              "index": to_global(rows, host.indices)}
     if host.valids is not None:
-        result["valid"] = layout.to_global(host.valids)
+        result["valid"] = to_global(rows, host.valids)
     return result, [result["image"]]
 
 
@@ -54,18 +55,18 @@ class Loader(HostLoader):
     reads: hold batches as long as you like; batches you drop are recycled.
     """
 
-    def __init__(self, dataset, opts: LoaderOptions, sharding=None, parts: order.Parts | None = None):
+    def __init__(self, dataset, opts: LoaderOptions, sharding=None, parts: Parts | None = None):
         self.sharding = _sharding.batch_sharding(sharding)
         # Which rows of each global batch this process's devices hold; with host parts the
         # host loader fills them as a batch of their own, from this process's part.
-        self._global_layout = _batch.Layout.create(self.sharding, opts.batch_size)
-        layout = self._global_layout
+        self._global_rows = RowLayout.create(self.sharding, opts.batch_size)
+        rows = self._global_rows
         if parts is not None:
-            layout = layout.process_local(len(parts.counts))
-        super().__init__(dataset, opts, layout, parts=parts)
+            rows = rows.process_local(len(parts.counts))
+        super().__init__(dataset, opts, rows, parts=parts)
 
     def finisher(self):
-        return functools.partial(to_jax, self._global_layout)
+        return functools.partial(to_jax, self._global_rows)
 
 
 def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,

@@ -25,15 +25,17 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tbljax._src.jax import ops as _ops
-from tbljax._src.rules import order
+from tbljax._src.jax import packed as _packed
+from tbljax._src.jax import twin as _twin
 from tbljax._src.io import reader
+from tbljax._src.rules.parts import steps_in_epoch
 from tbljax._src.rules import sharding as _sharding
 from tbljax._src.engine import step as _step
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.record_source import RecordSource
 
-__all__ = ["ResidentDataset"]
+__all__ = ["ResidentDataset", "check_fits", "host_rows"]
 
 _CHUNK_BYTES = 64 << 20  # host staging per upload step: bounded, whatever the dataset size
 
@@ -50,6 +52,54 @@ def _available_host_bytes() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return None
+
+
+def check_fits(shape, sharding, max_bytes: int | None, *, num_records: int = 0) -> None:
+    """MemoryError, saying what to do, when records of `shape` ((N, H, W, 3), or (pages,
+    PAGE_BYTES) of packed records) split over `sharding`'s record shards do not fit each
+    device: in `max_bytes`, else in what the device reports free, else (CPU) in the host's
+    available RAM shared by the local devices."""
+    per_device = int(np.prod(shape, dtype=np.int64)) // _sharding.parts(sharding)
+    devices = list(sharding.addressable_devices)
+    where = f"max_bytes={max_bytes}"
+    limit = max_bytes
+    if limit is None:
+        free = []
+        for d in devices:
+            stats = d.memory_stats() if hasattr(d, "memory_stats") else None
+            if stats and "bytes_limit" in stats:
+                free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
+        if free:
+            limit, where = min(free), "free on the device (memory_stats)"
+        else:  # CPU: every local device's copy shares the host's RAM
+            avail = _available_host_bytes()
+            if avail is not None:
+                limit = avail // max(1, len(devices))
+                where = (f"available host RAM ({avail / 2**30:.1f} GiB) shared by "
+                         f"{len(devices)} local device(s)")
+    if limit is not None and per_device > limit:
+        what = (f"{num_records} records of different sizes in {shape[0]} pages"
+                if len(shape) == 2 else f"{shape[0]} records of {shape[1]}x{shape[2]}x3 uint8")
+        raise MemoryError(
+            f"the dataset needs {per_device / 2**20:.1f} MiB per device ({what} "
+            f"over {_sharding.parts(sharding)} record shard(s)) "
+            f"but only {limit / 2**20:.1f} MiB fit ({where}): shard the records over more "
+            f"devices (sharding=NamedSharding(mesh, PartitionSpec('data'))), convert at a "
+            f"smaller image_size, or stream with tbljax.loader instead")
+
+
+def host_rows(ds, views, starts, a: int, b: int, image_shape) -> np.ndarray:
+    """Records [a, b) on the host: a zero-copy slice of the memory map when they sit in one
+    RAW file (`views`: the files' memory maps, `starts`: their first records), else a
+    chunk-sized copy (decoded for JPEG / LZ4 records)."""
+    if views is not None:
+        k = int(np.searchsorted(starts, a, side="right") - 1)
+        if b <= starts[k + 1]:
+            return views[k][a - starts[k]:b - starts[k]]
+        return np.concatenate([host_rows(ds, views, starts, a, int(starts[k + 1]), image_shape),
+                               host_rows(ds, views, starts, int(starts[k + 1]), b, image_shape)])
+    out = np.empty((b - a, *image_shape, 3), np.uint8)
+    return ds.read_into(np.arange(a, b, dtype=np.int64), out)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -102,9 +152,9 @@ class ResidentDataset:
                 raise ValueError("records of different sizes are held whole on every device: "
                                  f"sharding {self.sharding} partitions them")
             self.image_shape = None
-            table, pages = _ops.pack_layout(self.geometry.heights, self.geometry.widths)
-            self._check_fits((pages, _ops.PAGE_BYTES), max_bytes)
-            self.data = _ops.PackedRecords(self._upload_packed(ds, table, pages, chunk_bytes),
+            table, pages = _packed.pack_layout(self.geometry.heights, self.geometry.widths)
+            self._check_fits((pages, _packed.PAGE_BYTES), max_bytes)
+            self.data = _packed.PackedRecords(self._upload_packed(ds, table, pages, chunk_bytes),
                                            jax.device_put(table, NamedSharding(
                                                self.sharding.mesh, PartitionSpec())),
                                            int(max(self.geometry.heights.max(),
@@ -145,7 +195,7 @@ class ResidentDataset:
         """Bytes of pixels per full copy (N * H * W * 3; records of different sizes: their
         pages)."""
         if self.image_shape is None:
-            return int(self.data.pages.shape[0]) * _ops.PAGE_BYTES
+            return int(self.data.pages.shape[0]) * _packed.PAGE_BYTES
         return self.num_records * self.image_shape[0] * self.image_shape[1] * 3
 
     # ---- placement ----
@@ -156,45 +206,10 @@ class ResidentDataset:
         return _sharding.parts(self.sharding)
 
     def _check_fits(self, shape, max_bytes):
-        per_device = int(np.prod(shape, dtype=np.int64)) // self._data_parts()
-        devices = list(self.sharding.addressable_devices)
-        where = f"max_bytes={max_bytes}"
-        limit = max_bytes
-        if limit is None:
-            free = []
-            for d in devices:
-                stats = d.memory_stats() if hasattr(d, "memory_stats") else None
-                if stats and "bytes_limit" in stats:
-                    free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
-            if free:
-                limit, where = min(free), "free on the device (memory_stats)"
-            else:  # CPU: every local device's copy shares the host's RAM
-                avail = _available_host_bytes()
-                if avail is not None:
-                    limit = avail // max(1, len(devices))
-                    where = (f"available host RAM ({avail / 2**30:.1f} GiB) shared by "
-                             f"{len(devices)} local device(s)")
-        if limit is not None and per_device > limit:
-            what = (f"{self.num_records} records of different sizes in {shape[0]} pages"
-                    if len(shape) == 2 else f"{shape[0]} records of {shape[1]}x{shape[2]}x3 uint8")
-            raise MemoryError(
-                f"the dataset needs {per_device / 2**20:.1f} MiB per device ({what} "
-                f"over {self._data_parts()} record shard(s)) "
-                f"but only {limit / 2**20:.1f} MiB fit ({where}): shard the records over more "
-                f"devices (sharding=NamedSharding(mesh, PartitionSpec('data'))), convert at a "
-                f"smaller image_size, or stream with tbljax.loader instead")
+        check_fits(shape, self.sharding, max_bytes, num_records=self.num_records)
 
     def _host_rows(self, ds, views, starts, a: int, b: int) -> np.ndarray:
-        """Records [a, b) on the host: a zero-copy slice of the memory map when they sit in
-        one RAW file, else a chunk-sized copy (decoded for JPEG / LZ4 records)."""
-        if views is not None:
-            k = int(np.searchsorted(starts, a, side="right") - 1)
-            if b <= starts[k + 1]:
-                return views[k][a - starts[k]:b - starts[k]]
-            return np.concatenate([self._host_rows(ds, views, starts, a, int(starts[k + 1])),
-                                   self._host_rows(ds, views, starts, int(starts[k + 1]), b)])
-        out = np.empty((b - a, *self.image_shape, 3), np.uint8)
-        return ds.read_into(np.arange(a, b, dtype=np.int64), out)
+        return host_rows(ds, views, starts, a, b, self.image_shape)
 
     def _upload(self, ds, shape, chunk_bytes):
         raw = ds.record_format == "raw"
@@ -216,7 +231,7 @@ class ResidentDataset:
     def _upload_packed(self, ds, table, pages, chunk_bytes):
         """The records packed from page starts (`tbljax.ops.pack_layout`), uploaded a chunk of
         records at a time into a (pages, PAGE_BYTES) array on every device."""
-        page = _ops.PAGE_BYTES
+        page = _packed.PAGE_BYTES
         raw = ds.record_format == "raw"
         if raw:
             views, counts, offsets, _, _ = ds.raw_records()
@@ -252,7 +267,7 @@ class ResidentDataset:
     # ---- batches ----
     def steps_per_epoch(self, batch_size: int) -> int:
         """Steps in one epoch (the last partial batch is dropped, as the loader does)."""
-        return order.steps_in_epoch(self.num_records, batch_size, drop_remainder=True)
+        return steps_in_epoch(self.num_records, batch_size, drop_remainder=True)
 
     def batch(self, step, *, batch_size: int, seed: int = 0, epoch=None, shuffle: bool = True,
               augment=None, mean=IMAGENET_MEAN, std=IMAGENET_STD,
@@ -370,7 +385,7 @@ class ResidentDataset:
             pix = _ops.gather_normalize(data, local, dtype=jnp.uint8, **kw)
             pix = jax.lax.psum(jnp.where(own[:, None, None, None], pix, jnp.uint8(0)), data_axes)
             label = jax.lax.psum(jnp.where(own, labels[local], 0), data_axes)
-            image = pix if mean is None else _ops.normalize(
+            image = pix if mean is None else _twin.normalize(
                 pix, mean=mean, std=std, dtype=out_dtype, layout=opts.layout)
             return image, label, idx
 

@@ -17,9 +17,10 @@ import numpy as np
 
 from tbljax import _core
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "MAX_OUT_SIDE", "MAX_RECORDS", "MAX_SIDE", "OUT_DTYPES",
-           "RESIZE_WEIGHT_BITS", "check_layout", "check_record_count", "crop_boxes", "dtype_name", "is_integer",
-           "normalization", "np_dtype", "output_size"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "MAX_OUT_SIDE", "MAX_RECORDS", "MAX_SIDE",
+           "MAX_THREADS", "OUT_DTYPES", "RESIZE_WEIGHT_BITS", "check_flip", "check_index_array",
+           "check_layout", "check_record_count", "check_threads", "check_unnormalized", "crop_boxes",
+           "dtype_name", "host_indices", "is_integer", "normalization", "np_dtype", "output_size"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -28,6 +29,7 @@ LAYOUTS: tuple[str, ...] = tuple(_core.LAYOUTS)          # ("NHWC", "NCHW")
 OUT_DTYPES: tuple[str, ...] = tuple(_core.OUT_DTYPES)    # ("uint8", "float32", "bfloat16")
 MAX_SIDE: int = _core.MAX_SIDE                           # TBL stores sides as u16
 RESIZE_WEIGHT_BITS: int = _core.RESIZE_WEIGHT_BITS       # kernel.h: fixed-point resize weights
+MAX_THREADS: int = _core.MAX_THREADS                     # the largest pool a call may ask for
 # Output sides of a crop-resize: kernel.h's integer sums stay exact in int32, the in-jit twin's
 # arithmetic, for output sides up to 32767.
 MAX_OUT_SIDE = 32767
@@ -139,3 +141,50 @@ def output_size(image_hw: tuple[int, int], out_hw, *, cropped: bool) -> tuple[in
         raise ValueError(f"out_size={out_hw!r} differs from the records' {h}x{w}: resizing "
                          "needs crop boxes (pass crop=[(0, 0, H, W)] * B for a plain resize)")
     return oh, ow
+
+
+def check_threads(threads) -> int:
+    """The one threads rule of every entry point (convert, the loaders, verify, the kernels):
+    None or 0 for the pool's default, else an integer in [1, MAX_THREADS] (the bound keeps a
+    typo from starting a million threads). Returns the count the core takes (0: default)."""
+    if threads is None:
+        return 0
+    if not is_integer(threads) or not 0 <= threads <= MAX_THREADS:
+        raise ValueError(f"threads must be None or 0 (the pool's default) or an integer in "
+                         f"[1, {MAX_THREADS}], got {threads!r}")
+    return int(threads)
+
+
+def check_index_array(dtype, shape) -> None:
+    """Indices are a 1-D (B,) integer array (host or traced; their range is checked against
+    the records by the kernel, `_core.check_indices`)."""
+    if np.dtype(dtype).kind not in "iu":
+        raise TypeError(f"indices must be integers, got dtype {dtype}")
+    if len(shape) != 1:
+        raise ValueError(f"indices must be 1-D (B,), got shape {tuple(shape)}")
+
+
+def host_indices(indices, num_records: int) -> np.ndarray:
+    """Concrete indices → a C-contiguous int64 (B,) array, checked by `check_index_array`; a
+    uint64 index past int64 is out of range for any source (IndexError)."""
+    idx = np.asarray(indices)
+    check_index_array(idx.dtype, idx.shape)
+    if idx.dtype == np.uint64 and idx.size and idx.max() > np.iinfo(np.int64).max:
+        raise IndexError(f"indices holds {idx.max()}, out of range for a source of "
+                         f"{num_records} records (allowed 0..{num_records - 1})")
+    return np.ascontiguousarray(idx, dtype=np.int64)
+
+
+def check_flip(dtype, shape, batch: int) -> None:
+    """Flips are (batch,) booleans (or integers, nonzero = flip)."""
+    if np.dtype(dtype).kind not in "biu":
+        raise TypeError(f"flip must hold booleans, got dtype {dtype}")
+    if tuple(shape) != (batch,):
+        raise ValueError(f"flip must have shape ({batch},), got {tuple(shape)}")
+
+
+def check_unnormalized(dtype: str, mean, std) -> None:
+    """uint8 output (``dtype`` a name of OUT_DTYPES) takes no mean and std."""
+    if dtype == "uint8" and (mean is not None or std is not None):
+        raise ValueError("uint8 output is not normalized: mean and std must be None "
+                         "(normalize on device, or ask for float32 / bfloat16 output)")

@@ -57,9 +57,7 @@ class LoaderOptions:
         if not integer(self.read_ahead) or self.read_ahead < 0:
             raise ValueError(f"read_ahead must be an integer >= 0 (0: off), got "
                              f"{self.read_ahead!r}")
-        if self.threads is not None and (not integer(self.threads) or self.threads < 1):
-            raise ValueError(f"threads must be None (the pool's default) or an integer >= 1, "
-                             f"got {self.threads!r}")
+        contract.check_threads(self.threads)
         for flag in ("shuffle", "drop_remainder", "jpeg_dct_scale"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")

@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from typing import Any
 
-import numpy as np
 
 
 def _cmd_convert(a: argparse.Namespace) -> int:
@@ -72,38 +70,7 @@ def _join_jax_job() -> None:
 def _describe(path: str) -> dict[str, Any]:
     from tbljax._src.io import reader
 
-    ds = reader.open(path)
-    idx = ds.index
-    # The served sizes: for original JPEG bytes the index holds the source photos' sizes.
-    g = ds.geometry if len(ds) else None
-    if g is None:
-        sizes = Counter()
-    elif g.shape is not None:
-        sizes = Counter({g.shape: len(ds)})
-    else:
-        sizes = Counter(zip(g.heights.tolist(), g.widths.tolist()))
-    stored = int(idx["size"].sum())
-    raw = ds.served_bytes() if len(ds) else 0  # what RAW records would take
-    labels = ds.labels
-    known = labels[labels >= 0]
-    return {
-        "path": path,
-        "records": len(ds),
-        "record_format": ds.record_format,
-        "image_shape": ds.image_shape,
-        "zero_copy_view": ds.image_shape is not None and ds.record_format == "raw",
-        "bytes": int(ds._files[0].file_size),
-        "stored_payload_bytes": stored,
-        "bytes_per_image": round(stored / len(ds)) if len(ds) else 0,
-        "ratio_to_raw": round(stored / raw, 4) if raw else None,
-        "record_sizes_hxw": {f"{h}x{w}": n for (h, w), n in sizes.most_common(5)},
-        "labelled": int(known.size),
-        "num_classes": len(ds.classes) if ds.classes else int(np.unique(known).size) if known.size else 0,
-        "classes": (ds.classes or [])[:10],
-        "recipe": ds.recipe,
-        "skipped": len(ds.skipped),
-        "fingerprint": ds.fingerprint,
-    }
+    return {"path": path, **reader.open(path).describe()}
 
 
 def _cmd_info(a: argparse.Namespace) -> int:
@@ -252,12 +219,30 @@ def _retry_options(p: argparse.ArgumentParser) -> None:
 THREADS_HELP = "threads for decoding (default: all CPUs this process may use, or TBLJAX_NUM_THREADS)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `tbljax` argument parser (every option has a help text; tests hold it to that)."""
-    p = argparse.ArgumentParser(prog="tbljax", description="Decode once into a TBL file; serve every epoch to JAX.",
-                                epilog="exit status: 0 ok; 1 bad data; 2 usage error; 130 interrupted")
-    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser that keeps what it was given: `options`, every argument added to it
+    (help included), and `commands`, the parsers of its subcommands by name; so the help of
+    every option can be checked without argparse's insides. Subcommand parsers are of this
+    class too (argparse makes them of the parent's class)."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.__dict__.setdefault("options", []).append(action)
+        return action
+
+    def add_subparsers(self, **kwargs: Any):
+        self._subcommands = super().add_subparsers(**kwargs)
+        return self._subcommands
+
+    @property
+    def commands(self) -> dict[str, argparse.ArgumentParser]:
+        sub = getattr(self, "_subcommands", None)
+        return dict(sub.choices) if sub is not None else {}
+
+
+def _add_convert(sub) -> None:
+    """The `convert` command (tbljax.convert's arguments; its choices are ConvertOptions')."""
+    from tbljax._src.io.convert_options import CHROMA, RECORD_FORMATS, RESIZE_MODES
 
     c = sub.add_parser("convert", help="decode TAR shards / an image folder / image files into a TBL file",
                        description="Decode a dataset once into a TBL file (tbljax.convert).")
@@ -269,20 +254,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-s", "--image-size", type=int, default=None, metavar="SIZE",
                    help="output side in pixels (required, except for a TBL file as the source)")
     c.add_argument("--resize", default="center_crop",
-                   choices=["center_crop", "squash", "max_side", "shorter_side"],
+                   choices=list(RESIZE_MODES),
                    help="center_crop: shorter side to SIZE, then the central square (default); "
                         "squash: SIZE x SIZE ignoring aspect; max_side: longer side SIZE, aspect kept; "
                         "shorter_side: shorter side SIZE, aspect kept")
     c.add_argument("--max-long-side", type=int, default=None, metavar="L",
                    help="with --resize shorter_side: cap the longer side at L (default: no cap)")
-    c.add_argument("--format", default="raw", choices=["raw", "jpeg", "lz4"],
+    c.add_argument("--format", default="raw", choices=list(RECORD_FORMATS),
                    help="raw: decoded pixels, fastest to serve (default); jpeg: JPEG records, smallest "
                         "(the source bytes, or re-encoded at the converted size with --quality); "
                         "lz4: raw pixels LZ4-compressed. A TBL file as the source converts to raw or lz4")
     c.add_argument("--quality", type=int, default=None, metavar="Q",
                    help="with --format jpeg: re-encode each image at its converted size with JPEG "
                         "quality Q (1-100; 90 is the usual choice): compact records")
-    c.add_argument("--chroma", default=None, choices=["420", "444"],
+    c.add_argument("--chroma", default=None, choices=list(CHROMA),
                    help="chroma subsampling of --quality records: 420 (default) or 444")
     c.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
     c.add_argument("--classes", default=None, metavar="FILE",
@@ -302,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     _retry_options(c)
     c.set_defaults(fn=_cmd_convert)
 
+
+def _add_stage(sub) -> None:
+    """The `stage` command (tbljax.stage's arguments)."""
     g = sub.add_parser("stage", help="copy TBL shard files from a URL to a local cache, verified",
                        description="Copy TBL shard files to a local directory (tbljax.stage): each "
                                    "verified and renamed into place when complete; a rerun resumes.")
@@ -317,6 +305,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--workers", type=int, default=4, metavar="N", help="files copied at once (default 4)")
     _retry_options(g)
     g.set_defaults(fn=_cmd_stage)
+
+
+def build_parser() -> CommandParser:
+    """The `tbljax` argument parser (every option has a help text; tests hold it to that)."""
+    from tbljax._src.rules import contract
+
+    p = CommandParser(prog="tbljax", description="Decode once into a TBL file; serve every epoch to JAX.",
+                                epilog="exit status: 0 ok; 1 bad data; 2 usage error; 130 interrupted")
+    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _add_convert(sub)
+    _add_stage(sub)
 
     i = sub.add_parser("info", help="describe TBL files",
                        description="Records, format, shapes, labels, classes, recipe and skipped items of TBL files.")
@@ -339,9 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="your training step: a callable taking the batch dict (image, label, index) and "
                         "returning something to block on; keep model state in a closure")
     b.add_argument("--steps", type=int, default=30, metavar="N", help="steps to time (default 30)")
-    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "uint8"],
+    b.add_argument("--dtype", default="float32", choices=list(contract.OUT_DTYPES),
                    help="batch dtype (default float32)")
-    b.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"], help="batch layout (default NHWC)")
+    b.add_argument("--layout", default="NHWC", choices=list(contract.LAYOUTS), help="batch layout (default NHWC)")
     _crop_options(b, "measure the loader")
     b.add_argument("--threads", type=int, default=None, metavar="N",
                    help="threads decoding non-RAW records (default: all CPUs, or TBLJAX_NUM_THREADS)")

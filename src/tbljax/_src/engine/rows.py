@@ -1,0 +1,81 @@
+"""Row placement: which rows of each global batch this process builds (`RowLayout`), from a JAX
+sharding or, framework-free, from a rank. The ring (`ring.py`) lays its slots out by it and
+the JAX room (`jax/arrays.py`) assembles global arrays by it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tbljax._src.rules import sharding as _sharding
+
+__all__ = ["RowLayout"]
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where the rows of a global batch of `global_batch` rows live for this process (the
+    placement of rows, not the pixel layout "NHWC" / "NCHW" of `LoaderOptions.layout`).
+
+    Made from a JAX sharding (`create`, from `tbljax.sharding.batch_sharding`) or,
+    framework-free, from a rank (`for_rank`). ``ranges``: the distinct (start, stop) row
+    ranges on this process's devices, sorted; each is built once even when several devices
+    hold it (replication). ``devices``: per addressable device, (device, index into ranges).
+    """
+
+    sharding: object
+    global_batch: int
+    ranges: tuple[tuple[int, int], ...]
+    devices: tuple[tuple[object, int], ...]
+
+    @classmethod
+    def create(cls, sharding, global_batch: int) -> "RowLayout":
+        parts = _sharding.parts(sharding)
+        if global_batch % parts:
+            raise ValueError(f"global batch {global_batch} does not split evenly over the "
+                             f"{parts} batch shards of {sharding}: use a multiple of {parts}")
+        per_device = sharding.addressable_devices_indices_map((global_batch,))
+        spans = {d: idx[0].indices(global_batch)[:2] for d, idx in per_device.items()}
+        ranges = tuple(sorted(set(spans.values())))
+        where = {r: i for i, r in enumerate(ranges)}
+        devices = tuple((d, where[spans[d]]) for d in per_device)
+        return cls(sharding, global_batch, ranges, devices)
+
+    @classmethod
+    def for_rank(cls, global_batch: int, rank: int, world_size: int) -> "RowLayout":
+        """Rank `rank` of `world_size` holds rows [rank*b, (rank+1)*b) of each global batch,
+        b = global_batch / world_size: the rows the JAX loader's default sharding gives
+        process `rank` (jax.devices() lists processes in order). No devices, no jax.
+
+        >>> RowLayout.for_rank(8, 1, 4).ranges
+        ((2, 4),)
+        """
+        if global_batch % world_size:
+            raise ValueError(f"global batch {global_batch} does not split evenly over "
+                             f"world_size {world_size}")
+        b = global_batch // world_size
+        return cls(None, global_batch, ((rank * b, (rank + 1) * b),), ())
+
+    @property
+    def local_rows(self) -> int:
+        return sum(b - a for a, b in self.ranges)
+
+    def process_local(self, processes: int) -> "RowLayout":
+        """This process's rows as a batch of their own, for host-local reading: each of
+        `processes` processes fills G / P contiguous rows of every global batch from its own
+        part of the data, so its rows are local positions [0, G/P). The ranges keep their
+        sizes and order (a slot made for it holds the pieces `tbljax._src.jax.arrays.to_global` of `self` takes).
+
+        >>> RowLayout.for_rank(8, 1, 2).process_local(2).ranges
+        ((0, 4),)
+        """
+        g, p = self.global_batch, int(processes)
+        if g % p:
+            raise ValueError(f"global batch {g} does not split evenly over {p} processes: "
+                             f"with partition='host' use a multiple of {p}")
+        lo, hi = self.ranges[0][0], self.ranges[-1][1]
+        contiguous = all(a == b for (_, a), (b, _) in zip(self.ranges, self.ranges[1:]))
+        if not contiguous or hi - lo != g // p:
+            raise ValueError(f"with partition='host' each process must hold G/P = {g // p} "
+                             f"contiguous rows of the batch, but the sharding gives this "
+                             f"process rows {list(self.ranges)}: shard the batch axis over "
+                             "all processes' devices, with no replication across processes")
+        return RowLayout(None, g // p, tuple((a - lo, b - lo) for a, b in self.ranges), ())

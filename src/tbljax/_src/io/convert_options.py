@@ -1,0 +1,145 @@
+"""The arguments of `tbljax.convert`, checked once: `ConvertOptions`, a frozen dataclass that
+validates itself when made (as `LoaderOptions` does for the loaders), so the conversion reads
+settled values. The recipe rules (sizes, resize modes, record formats, JPEG quality and chroma)
+and the names they accept are here, with `ConversionError`, the error of a conversion that
+cannot give a sound file; `conversion.py` does the work."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from tbljax import _core
+from tbljax._src.rules import contract
+from tbljax._src.io import sources as _sources
+
+__all__ = ["CHROMA", "FIXED_SIZE_MODES", "RECORD_FORMATS", "RESIZE_MODES", "ConversionError",
+           "ConvertOptions"]
+
+RESIZE_MODES: tuple[str, ...] = tuple(_core.RESIZE_MODES)  # the C++ resize's names
+FIXED_SIZE_MODES = ("center_crop", "squash")  # every record S x S
+RECORD_FORMATS = ("raw", "jpeg", "lz4")
+CHROMA = ("420", "444")
+# The arguments that shape records decoded from images; a TBL source keeps its own geometry.
+_IMAGE_ONLY = ("image_size", "max_long_side", "quality", "chroma", "labels", "classes",
+               "label_ext", "shard")
+
+
+class ConversionError(RuntimeError):
+    """A conversion that cannot give a sound file: a strict run met bad input, no record could
+    be written, or the labels cannot be made into one classes table. `.skipped` lists the bad
+    items (key, source, reason). Nothing is left at the destination, and a file that was
+    already there (overwrite=True) is kept as it was."""
+
+    def __init__(self, message: str, skipped: list[dict[str, str]] | None = None):
+        super().__init__(message)
+        self.skipped = list(skipped or [])
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertOptions:
+    """`tbljax.convert`'s keyword arguments (documented there), validated in `__post_init__`
+    in the order `convert` has always checked them, so the first bad one is the one named.
+    ``from_tbl``: the source is a TBL dataset (decoded record for record: the recipe
+    arguments do not apply). After validation ``shard`` is an ``(i, n)`` pair or None and
+    ``chroma`` the subsampling compact records get (None unless ``quality`` is given).
+
+    >>> ConvertOptions(image_size=160, format="jpeg", quality=90).chroma
+    '420'
+    """
+
+    image_size: int | None = None
+    resize: str = "center_crop"
+    max_long_side: int | None = None
+    format: str = "raw"
+    quality: int | None = None
+    chroma: str | None = None
+    threads: int | None = None
+    strict: bool = False
+    overwrite: bool = False
+    labels: Sequence[int | str] | None = None
+    classes: Sequence[str] | str | os.PathLike | None = None
+    label_ext: str | None = None
+    shard: tuple[int, int] | str | None = None
+    progress: bool | None = None
+    progress_interval: float | None = None
+    retries: int = 5
+    retry_backoff: float = 0.5
+    from_tbl: bool = False
+
+    def __post_init__(self):
+        if self.format not in RECORD_FORMATS:
+            raise ValueError(f"format must be one of {RECORD_FORMATS}, got {self.format!r}")
+        if self.from_tbl:
+            self._check_tbl_source()
+        if self.shard is not None:
+            object.__setattr__(self, "shard", _sources.parse_shard(self.shard))
+        if not self.from_tbl:
+            object.__setattr__(self, "chroma", self._checked_recipe())
+        contract.check_threads(self.threads)
+        if self.progress not in (None, True, False):
+            raise ValueError(f"progress must be None, True or False, got {self.progress!r}")
+        interval = self.progress_interval
+        if interval is not None and (isinstance(interval, bool) or not isinstance(
+                interval, (int, float)) or not interval > 0):
+            raise ValueError(f"progress_interval must be a positive number of seconds, got {interval!r}")
+        ext = self.label_ext
+        if ext is not None and (not isinstance(ext, str) or not ext or "/" in ext):
+            raise ValueError(f"label_ext must be a member extension such as 'txt' or 'cls', got {ext!r}")
+
+    def _check_tbl_source(self) -> None:
+        given = {k: getattr(self, k) for k in _IMAGE_ONLY}
+        given["resize"] = None if self.resize == "center_crop" else self.resize
+        extra = [k for k, v in given.items() if v is not None]
+        if extra:
+            raise ValueError(f"a TBL source is decoded record for record at its stored geometry: "
+                             f"{', '.join(extra)} {'does' if len(extra) == 1 else 'do'} not apply to it")
+        if self.format == "jpeg":
+            raise ValueError("a TBL source converts to format='raw' or 'lz4'; to make JPEG records, "
+                             "convert the original images")
+
+    def _checked_recipe(self) -> str | None:
+        """Checks the recipe of a conversion from images; returns the chroma to use."""
+        size, resize, cap, quality, chroma = (self.image_size, self.resize, self.max_long_side,
+                                              self.quality, self.chroma)
+        if not contract.is_integer(size) or not 1 <= size <= contract.MAX_SIDE:
+            raise ValueError(f"image_size must be an int in [1, {contract.MAX_SIDE}], got {size!r}")
+        if resize not in RESIZE_MODES:
+            raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
+        if cap is not None:
+            if resize != "shorter_side":
+                raise ValueError(f"max_long_side caps resize='shorter_side' only; resize is {resize!r}")
+            if not contract.is_integer(cap) or not size <= cap <= contract.MAX_SIDE:
+                raise ValueError(f"max_long_side must be an int in [image_size, {contract.MAX_SIDE}] = "
+                                 f"[{size}, {contract.MAX_SIDE}], got {cap!r}")
+        if quality is not None:
+            if self.format != "jpeg":
+                raise ValueError(f"quality= re-encodes JPEG records: it needs format='jpeg', not {self.format!r}")
+            if not contract.is_integer(quality) or not 1 <= quality <= 100:
+                raise ValueError(f"quality must be an int in [1, 100] or None (the original bytes), got {quality!r}")
+        elif chroma is not None:
+            raise ValueError("chroma= applies to re-encoded JPEG records: pass quality= (e.g. 90) with format='jpeg'")
+        elif self.format == "jpeg" and resize not in FIXED_SIZE_MODES:
+            raise ValueError(f"format='jpeg' with the original bytes serves square batches: use resize="
+                             f"'center_crop' or 'squash', or re-encode at the {resize!r} geometry with quality=90")
+        if chroma is not None and chroma not in CHROMA:
+            raise ValueError(f"chroma must be one of {CHROMA}, got {chroma!r}")
+        return (chroma or "420") if quality is not None else None
+
+    @property
+    def pool_threads(self) -> int:
+        """The threads of the conversion's own pools: `threads`, or the core's default."""
+        return self.threads or _core.native_info()["default_threads"]
+
+    def recipe(self) -> dict[str, Any]:
+        """The recipe a conversion from images records: size, resize, format (and the cap of
+        shorter_side, and what compact JPEG records hold)."""
+        recipe: dict[str, Any] = {"image_size": self.image_size, "resize": self.resize,
+                                  "format": self.format}
+        if self.resize == "shorter_side":
+            recipe["max_long_side"] = self.max_long_side
+        if self.format == "jpeg":  # compact records hold the converted geometry: a plain decode
+            recipe.update(quality=self.quality, chroma=self.chroma,
+                          stored="resized" if self.quality else "original")
+        return recipe

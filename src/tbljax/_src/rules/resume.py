@@ -1,0 +1,80 @@
+"""The loader's resumable state: a small versioned dict of plain ints and strings
+(`make_state`), and the check that a saved state fits this run (`check_state`), whose errors
+say what differs and how to go on."""
+from __future__ import annotations
+
+import numpy as np
+
+from tbljax._src.rules.order import check_seed_epoch
+
+__all__ = ["STATE_VERSION", "check_state", "make_state"]
+
+STATE_VERSION = 1
+_STATE_KEYS = ("version", "seed", "epoch", "position", "fingerprint")
+
+
+def make_state(*, seed: int, epoch: int, position: int, fingerprint: str,
+               processes: int | None = None) -> dict:
+    """The resumable state: a small versioned dict of plain ints and strings. A
+    partition="host" loader gives `processes` (P): its state also says ``"partition":
+    "host"`` and P, and its position is the local position of every part.
+
+    >>> make_state(seed=0, epoch=1, position=512, fingerprint="ab12")["version"]
+    1
+    """
+    seed, epoch = check_seed_epoch(seed, epoch)
+    state = {"version": STATE_VERSION, "seed": seed, "epoch": epoch, "position": int(position),
+             "fingerprint": str(fingerprint)}
+    if processes is not None:
+        state.update(partition="host", processes=int(processes))
+    return state
+
+
+def check_state(state, *, seed: int, fingerprint: str, n: int,
+                processes: int | None = None) -> tuple[int, int]:
+    """Validates a state from `make_state` against this run; returns (epoch, position).
+
+    `n` bounds the position (with parts: the largest part). `processes`: P for a
+    partition="host" loader, None for the global order. A host-part state resumes at another
+    process count only at an epoch boundary: mid-epoch the parts hold other records, so the
+    rest of that epoch has no exact continuation, and this refuses it (the error says how to
+    go on). Raises ValueError naming the offending value and what was expected.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+    missing = [k for k in _STATE_KEYS if k not in state]
+    if missing:
+        raise ValueError(f"state is missing {missing}; expected keys {list(_STATE_KEYS)}")
+    if state["version"] != STATE_VERSION:
+        raise ValueError(f"state version {state['version']!r} is not supported: this tbljax "
+                         f"reads version {STATE_VERSION}")
+    saved, mine = state.get("partition"), ("host" if processes is not None else None)
+    if saved != mine:
+        # Checked before the fingerprint: the two modes fingerprint the data differently.
+        raise ValueError(f"state was saved by a loader with partition={saved!r} but this loader "
+                         f"has partition={mine!r}: its positions count other rows; create the "
+                         f"loader with partition={saved!r}")
+    if state["fingerprint"] != fingerprint:
+        raise ValueError(f"state is for dataset {state['fingerprint']!r} but this loader reads "
+                         f"dataset {fingerprint!r}")
+    if state["seed"] != seed:
+        raise ValueError(f"state was saved with seed={state['seed']!r} but this loader has "
+                         f"seed={seed!r}: create the loader with the state's seed")
+    epoch, position = state["epoch"], state["position"]
+    check_seed_epoch(seed, epoch)
+    if isinstance(position, bool) or not isinstance(position, (int, np.integer)) \
+            or not 0 <= position <= n:
+        raise ValueError(f"state position must be an integer in [0, {n}], got {position!r}")
+    if processes is not None:
+        saved_p = state.get("processes")
+        if isinstance(saved_p, bool) or not isinstance(saved_p, (int, np.integer)) or saved_p < 1:
+            raise ValueError(f"state 'processes' must be an integer >= 1, got {saved_p!r}")
+        if saved_p != processes and position != 0:
+            raise ValueError(
+                f"state was saved mid-epoch (epoch {epoch}, position {position} of each "
+                f"process's part) by {saved_p} processes, and this job has {processes}: with "
+                f"partition='host' each process now owns other records, so the rest of epoch "
+                f"{epoch} has no exact continuation. Resume at an epoch boundary: "
+                f"loader.set_epoch({epoch + 1}) skips the rest of epoch {epoch}, "
+                f"loader.set_epoch({epoch}) serves epoch {epoch} again from its start")
+    return int(epoch), int(position)
