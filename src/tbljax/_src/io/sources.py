@@ -48,6 +48,10 @@ class Item:
     label: Label = -1            # an integer id, a class name, or -1 for none
     error: str | None = None     # set when the item is known bad before decoding
     label_error: str | None = None  # set when a label member exists but could not be read
+    # The record's other fields, by field name, as the source holds them: a TAR member's or a
+    # sidecar file's bytes, or a value (a dict source's entry, a table's cell). Conversion
+    # parses and checks them against the field's kind.
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def parse_shard(shard: tuple[int, int] | str) -> tuple[int, int]:
