@@ -21,9 +21,9 @@ PACKAGE = REPO / "src" / "tbljax"
 # ("tbljax" is its __init__.py), last, so no private room depends on it.
 ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
-    ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "augment",
+    ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "mixing", "augment",
                     "dataset", "options"]),         # what every path agrees on
-    ("_src/io", ["remote", "format", "sources", "reader", "host_part", "staging",
+    ("_src/io", ["remote", "format", "sources", "reader", "host_part", "mixture", "staging",
                  "progress", "convert_options", "label_table", "image_records",
                  "conversion"]),                    # bytes on disk and at URLs
     ("_src/engine", ["kernels", "rows", "ring", "step", "record_source", "plan", "producer",

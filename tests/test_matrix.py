@@ -336,3 +336,139 @@ def test_tbl_to_raw_keeps_the_served_pixels(matrix, kind, layout, tmp_path):
     assert out.record_format == "raw" and out.labels.tolist() == list(range(M.N))
     for i, want in enumerate(refs[kind, layout]):
         np.testing.assert_array_equal(out.read(i), want)
+
+
+# ---- the mixture row: two sources of other kinds and geometries, mixed by weight ----
+
+MIX_WEIGHTS = {"square": 0.75, "full": 0.25}  # dyadic: the quotas are exact fractions
+
+
+@pytest.fixture(scope="module")
+def mixed(matrix):
+    files, refs = matrix
+    cells = {"square": ("raw_square", "file"), "full": ("compact_full_aspect", "shards")}
+    mixture = tbljax.mix({n: files[c] for n, c in cells.items()}, weights=MIX_WEIGHTS, steps_per_epoch=5)
+    return mixture, [img for n in mixture.sources for img in refs[cells[n]]]
+
+
+def _mixed_expected(mixture, ref, idx, source, step, epoch=0):
+    """The oracle's rows, each crop keyed by the pass over its source the row's draw is in:
+    with G=8 and weights 3/4, 1/4 a step holds 6 and 2 rows, so the passes over the 10-record
+    sources are whole steps' draws: pass = (global step * quota) // n."""
+    quota = {0: 6, 1: 2}
+    rows = []
+    for i, k in zip(idx.tolist(), source.tolist()):
+        g = epoch * 5 + step
+        q = (g * quota[k] + (quota[k] - 1)) // M.N  # the pass of the step's last draw ...
+        q0 = (g * quota[k]) // M.N                 # ... and of its first
+        boxes = [sample(RRC, np.array([i]), geometry=_geometry(ref), seed=SEED, epoch=p)
+                 for p in sorted({q0, q})]
+        rows.append([oracle.gather(ref, [i], M.OUT, crop=b, flip=f) for b, f in boxes])
+    return rows
+
+
+def test_mixture_row_loader_torch_mlx_show_bench(mixed):
+    pytest.importorskip("torch")
+    pytest.importorskip("mlx.core")
+    import tbljax.mlx
+    import tbljax.torch
+
+    mixture, ref = mixed
+    assert len(mixture) == 2 * M.N and mixture.sources == ["square", "full"]
+    seen = {0: [], 1: []}
+    for step, batch in enumerate(tbljax.loader(mixture, 8, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1)):
+        idx, source, img = (_host(batch[k]) for k in ("index", "source", "image"))
+        assert np.bincount(source, minlength=2).tolist() == [6, 2]
+        assert ((source == 0) == (idx < M.N)).all()  # index is in the mixture's numbering
+        for row, options in zip(img, _mixed_expected(mixture, ref, idx, source, step)):
+            assert any(np.array_equal(row, o[0]) for o in options)
+        for k in (0, 1):
+            seen[k] += idx[source == k].tolist()
+    # Without replacement within a pass: 5 steps draw 30 rows of source 0 (3 passes of 10)
+    # and 10 of source 1 (one pass).
+    assert sorted(seen[1]) == list(range(M.N, 2 * M.N))
+    for p in range(3):
+        assert sorted(seen[0][10 * p:10 * p + 10]) == list(range(M.N))
+    jax_rows = [(_host(b["index"]), _host(b["image"])) for b in
+                tbljax.loader(mixture, 8, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1)]
+    torch_rows = [(b.index.numpy(), b.images.numpy(), b.source.numpy()) for b in
+                  tbljax.torch.loader(mixture, 8, seed=SEED, dtype="uint8", layout="NHWC", augment=RRC)]
+    assert len(torch_rows) == len(jax_rows)
+    for (i1, x1), (i2, x2, s2) in zip(jax_rows, torch_rows):
+        np.testing.assert_array_equal(i1, i2)
+        np.testing.assert_array_equal(x1, x2)
+        assert ((s2 == 0) == (i2 < M.N)).all()
+    mlx_rows = [(np.array(b.index), np.array(b.images)) for b in
+                tbljax.mlx.loader(mixture, 8, seed=SEED, dtype="uint8", augment=RRC)]
+    for (i1, x1), (i2, x2) in zip(jax_rows, mlx_rows):
+        np.testing.assert_array_equal(i1, i2)
+        np.testing.assert_array_equal(x1, x2)
+    grid, captions = tbljax.show.sample_grid(mixture, count=8, columns=8, augment=RRC, seed=SEED)
+    oh, ow = M.OUT
+    np.testing.assert_array_equal(grid[1:1 + oh, 1:1 + ow], jax_rows[0][1][0])
+    report = tbljax.bench(mixture, batch_size=8, steps=2, augment=RRC, dtype="uint8")
+    assert report.produce_img_s > 0
+
+
+def test_mixture_resumes_mid_epoch_exactly(mixed):
+    mixture, _ = mixed
+    kw = dict(seed=SEED, dtype="uint8", augment=RRC, num_epochs=2)
+    ld = tbljax.loader(mixture, 8, **kw)
+    it = iter(ld)
+    for _ in range(7):
+        next(it)
+    state = ld.state_dict()
+    rest = [(_host(b["index"]), _host(b["source"]), _host(b["image"])) for b in it]
+    again = tbljax.loader(mixture, 8, **kw)
+    again.load_state_dict(state)
+    resumed = [(_host(b["index"]), _host(b["source"]), _host(b["image"])) for b in again]
+    assert len(rest) == len(resumed) == 3
+    for a, b in zip(rest, resumed):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    other = tbljax.mix(dict(zip(mixture.sources, mixture.datasets)), weights={"square": 0.5, "full": 0.5},
+                       steps_per_epoch=5)
+    with pytest.raises(ValueError, match="state is for dataset 'mix20-"):  # other weights
+        tbljax.loader(other, 8, **kw).load_state_dict(state)
+
+
+def test_mixture_refuses_what_it_does_not_serve_by_name(mixed, matrix):
+    mixture, _ = mixed
+    files, _ = matrix
+    with pytest.raises(ValueError, match="drop_remainder=True"):
+        tbljax.loader(mixture, 8, drop_remainder=False, augment=RRC)
+    with pytest.raises(ValueError, match="shuffle=False"):
+        tbljax.loader(mixture, 8, shuffle=False, augment=RRC)
+    with pytest.raises(ValueError, match="differ in size"):
+        tbljax.loader(mixture, 8)  # a full-aspect source and no output size
+    with pytest.raises(ValueError, match="ResidentDataset serves one dataset"):
+        tbljax.ResidentDataset(mixture)
+    with pytest.raises(TypeError, match="mixture of host parts is not supported"):
+        tbljax.loader(mixture, 8, augment=RRC, partition="host")
+    with pytest.raises(ValueError, match="steps_per_epoch=N, or epoch_of"):
+        tbljax.mix({"a": files["raw_square", "file"]}, weights={"a": 1})
+    with pytest.raises(ValueError, match="weights must name every source"):
+        tbljax.mix({"a": files["raw_square", "file"]}, weights={"b": 1}, steps_per_epoch=1)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        tbljax.mix({"a": files["raw_square", "file"]}, weights={"a": 0}, steps_per_epoch=1)
+
+
+def test_a_mixture_implements_the_whole_contract(mixed):
+    mixture, ref = mixed
+    assert isinstance(mixture, RecordDataset) and all(hasattr(mixture, m) for m in members())
+    assert len(mixture) == len(ref) and mixture.image_shape is None  # one source is full-aspect
+    g = mixture.geometry
+    assert [(int(h), int(w)) for h, w in zip(g.heights, g.widths)] == [im.shape[:2] for im in ref]
+    for i in (0, M.N - 1, M.N, -1):
+        np.testing.assert_array_equal(mixture.read(i), ref[i])
+    assert mixture.locate(M.N) == (mixture.datasets[1].paths[0], 0)
+    files, offsets, sizes = mixture.byte_ranges(np.arange(len(mixture)))
+    assert files.max() == len(mixture.paths) - 1 and (sizes > 0).all()
+    assert mixture.labels.tolist() == list(range(M.N)) * 2
+    shifted = tbljax.mix(dict(zip(mixture.sources, mixture.datasets)), weights=MIX_WEIGHTS,
+                         steps_per_epoch=5, label_offset={"full": 100})
+    assert shifted.labels.tolist() == list(range(M.N)) + list(range(100, 100 + M.N))
+    with pytest.raises(ValueError, match="only uncompressed RAW"):
+        mixture.raw_records()
+    with pytest.raises(IndexError):
+        mixture.read(len(mixture))

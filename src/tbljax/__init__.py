@@ -24,6 +24,7 @@ from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import HostBatch
 from tbljax._src.engine.rows import RowLayout
 from tbljax._src.io.reader import Dataset, open
+from tbljax._src.io.mixture import Mixture, mix
 from tbljax._src.io.staging import stage
 from tbljax._src.rules.partition import host_part
 from tbljax import augment, kernels, order, show
@@ -51,5 +52,5 @@ __all__ = [
     "LoaderOptions", "RowLayout", "loader", "augment", "kernels", "order", "show",
     "ConversionError", "ConvertSummary", "CorruptFileError",
     "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
-    "host_part", "open", "ops", "stage",
+    "Mixture", "host_part", "mix", "open", "ops", "stage",
 ]

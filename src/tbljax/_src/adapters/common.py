@@ -19,12 +19,14 @@ class TensorBatch(tuple):
 
     ``index``: the sample index of every row (-1 on padding rows); ``valid``: a bool mask of
     the real rows, or None with drop_remainder (no padding); ``epoch`` and ``position``: the
-    step's epoch and the global position of its first row.
+    step's epoch and the global position of its first row; ``source``: for a mixture
+    (`tbljax.mix`), each row's source (an index into ``mixture.sources``), else None.
     """
 
-    def __new__(cls, images, labels, *, index, valid, epoch: int, position: int):
+    def __new__(cls, images, labels, *, index, valid, epoch: int, position: int, source=None):
         self = super().__new__(cls, (images, labels))
         self.index, self.valid, self.epoch, self.position = index, valid, epoch, position
+        self.source = source
         return self
 
     @property

@@ -45,7 +45,8 @@ def _to_mlx(host) -> tuple[_adapter.TensorBatch, list]:
     images = mx.array(host.image)
     valid = None if host.valid is None else mx.array(host.valid)
     batch = _adapter.TensorBatch(images, mx.array(host.label), index=mx.array(host.index),
-                           valid=valid, epoch=host.epoch, position=host.position)
+                           valid=valid, epoch=host.epoch, position=host.position,
+                           source=None if host.sources is None else mx.array(host.sources[0]))
     return batch, []  # copies: nothing handed out views the ring slot
 
 

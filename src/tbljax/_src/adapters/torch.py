@@ -62,7 +62,8 @@ def _to_torch(host) -> tuple[_adapter.TensorBatch, list]:
     valid = None if host.valid is None else torch.from_numpy(host.valid)
     batch = _adapter.TensorBatch(images, torch.from_numpy(host.label.astype(np.int64)),
                            index=torch.from_numpy(host.index.astype(np.int64)), valid=valid,
-                           epoch=host.epoch, position=host.position)
+                           epoch=host.epoch, position=host.position,
+                           source=None if host.sources is None else torch.from_numpy(host.sources[0]))
     return batch, [images]
 
 

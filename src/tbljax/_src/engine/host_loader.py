@@ -21,7 +21,7 @@ from tbljax._src.rules import resume
 from tbljax._src.rules.parts import Parts
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import Plan
-from tbljax._src.engine.record_source import RecordSource
+from tbljax._src.engine.record_source import open_source
 from tbljax._src.engine.producer import Metrics, Pass
 
 __all__ = ["HostLoader"]
@@ -64,7 +64,7 @@ class HostLoader:
                 raise TypeError("pass rows or layout (its former name), not both")
             rows = layout
         self.options = opts
-        self._source = RecordSource(dataset, opts.threads)
+        self._source = open_source(dataset, opts)
         if parts is not None and parts.n != self._source.n:
             raise ValueError(f"part {parts.index} should hold {parts.n} records, the dataset "
                              f"given holds {self._source.n}")

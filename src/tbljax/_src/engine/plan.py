@@ -15,8 +15,7 @@ from tbljax._src.engine.ring import Slot
 from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules import order
 from tbljax._src.rules.parts import Parts
-from tbljax._src.engine import step as _step
-from tbljax._src.engine.record_source import RecordSource
+from tbljax._src.engine.record_source import MixtureSource, RecordSource
 from tbljax._src.rules.options import LoaderOptions
 
 __all__ = ["HostBatch", "Plan"]
@@ -48,6 +47,8 @@ class HostBatch:
     labels: tuple[np.ndarray, ...]
     indices: tuple[np.ndarray, ...]
     valids: tuple[np.ndarray, ...] | None
+    # A mixture (`tbljax.mix`): each row's source, an index into `Mixture.sources`; else None.
+    sources: tuple[np.ndarray, ...] | None = None
 
     def _one(self, name):
         parts = getattr(self, name)
@@ -78,7 +79,7 @@ class HostBatch:
 class Plan:
     """What the producer needs to build any step: immutable, so it is safe to share."""
 
-    source: RecordSource
+    source: RecordSource | MixtureSource
     layout: RowLayout
     opts: LoaderOptions
     start: tuple[int, int]  # cursor (epoch, position) the iteration starts from
@@ -157,13 +158,12 @@ class Plan:
         first_index = self.part.start  # source record i is sample first_index + i
         slot = ring.acquire(stop)
         views = slot.views(src.row_shape(opts, epoch))  # a size schedule's size of `epoch`
-        labels, indices, valid = [], [], []
+        labels, indices, valid, sources = [], [], [], []
         for (a, b), out in zip(self.layout.ranges, views):
             rows = b - a
             nvalid = int(np.clip(src.n - (first + a), 0, rows))
-            idx, boxes, flip = _step.draw(
-                np.arange(first + a, first + a + nvalid, dtype=np.int64), opts,
-                num_records=src.n, image_hw=src.geometry, epoch=epoch, first_index=first_index)
+            idx, boxes, flip = src.draw(np.arange(first + a, first + a + nvalid, dtype=np.int64),
+                                        opts, epoch, first_index)
             records = idx - first_index
             if nvalid:
                 src.fill(records, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip,
@@ -173,8 +173,12 @@ class Plan:
             indices.append(np.concatenate([idx, np.full(pad, -1)]).astype(np.int32))
             labels.append(np.concatenate([src.labels[records], np.full(pad, -1)]).astype(np.int32))
             valid.append(np.arange(rows) < nvalid)
+            ids = src.source_ids(records)
+            if ids is not None:
+                sources.append(np.concatenate([ids, np.full(pad, -1)]).astype(np.int32))
         return HostBatch(epoch, first, self.layout.ranges, tuple(views), tuple(labels),
-                         tuple(indices), None if opts.drop_remainder else tuple(valid)), slot
+                         tuple(indices), None if opts.drop_remainder else tuple(valid),
+                         tuple(sources) if sources else None), slot
 
     def finish_host(self, host: HostBatch, slot: Slot):
         """What the consumer receives for `host`; the slot learns what views it."""

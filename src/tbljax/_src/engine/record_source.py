@@ -14,12 +14,25 @@ import weakref
 
 import numpy as np
 
+from tbljax._src.rules import augment as _augment
 from tbljax._src.rules import contract
 from tbljax._src.rules.dataset import require
+from tbljax._src.rules.mixing import draw_rows
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine import kernels
+from tbljax._src.engine import step as _step
 
-__all__ = ["RecordSource"]
+__all__ = ["MixtureSource", "RecordSource", "open_source"]
+
+
+def open_source(dataset, opts: LoaderOptions):
+    """The record source for `dataset` under `opts`: a `MixtureSource` for a mixture (anything
+    with ``spec``, a `tbljax.mix` result), else a `RecordSource`."""
+    from tbljax._src.io.mixture import Mixture
+
+    if isinstance(dataset, Mixture):
+        return MixtureSource(dataset, opts)
+    return RecordSource(dataset, opts.threads)
 
 
 class RecordSource:
@@ -74,6 +87,16 @@ class RecordSource:
         else:
             self._packed = np.empty(0, np.uint8)  # decoded records of different sizes
         self._threads = threads or 0
+
+    def draw(self, positions, opts: LoaderOptions, epoch: int, first_index: int = 0):
+        """(sample indices, crop boxes or None, flips or None) of `positions` of `epoch`: the
+        epoch's permutation, then crops and flips keyed by the sample index (engine/step.py)."""
+        return _step.draw(positions, opts, num_records=self.n, image_hw=self.geometry,
+                          epoch=epoch, first_index=first_index)
+
+    def source_ids(self, records) -> None:
+        """Which source each record comes from: None, one dataset is one source."""
+        return None
 
     @property
     def mode(self) -> str:
@@ -194,6 +217,89 @@ class RecordSource:
         self._ds.read_into(indices, scratch, self._threads)
         kernels.gather(scratch, np.arange(b, dtype=np.int64), out, **kw)
 
+
+
+class MixtureSource:
+    """A `tbljax.mix` mixture as the engine serves it: rows drawn from the sources by weight
+    (`rules/mixing.py`), each source's rows written by that source's own `RecordSource` (its
+    fast path: RAW gather, compact JPEG boxes, ...) and placed in the batch. ``n`` is the
+    positions of an epoch (steps_per_epoch × the global batch); records are numbered in the
+    mixture's numbering (`Mixture.offsets`)."""
+
+    reads_ahead = False  # each source's reads are scattered by the draw; not advised ahead
+
+    def __init__(self, mixture, opts: LoaderOptions):
+        if not opts.drop_remainder:
+            raise ValueError("a mixture has no last partial batch to pad: every step is full; "
+                             "serve it with drop_remainder=True (evaluate each source alone)")
+        if not opts.shuffle:
+            raise ValueError("a mixture draws each step's rows by weight: shuffle=False does "
+                             "not apply to it")
+        self._mix = mixture
+        self._subs = [RecordSource(d, opts.threads) for d in mixture.datasets]
+        self.batch = opts.batch_size
+        self.steps_per_epoch = mixture.steps_per_epoch(self.batch)
+        self.n = self.steps_per_epoch * self.batch
+        contract.check_record_count(len(mixture), what=repr(mixture))
+        self.labels = mixture.labels
+        self.fingerprint = mixture.fingerprint
+        self.geometry = mixture.geometry
+        self.shape = self.geometry.shape
+
+    mode = "mixture"
+
+    def row_shape(self, opts: LoaderOptions, epoch: int | None = None) -> tuple[int, int, int]:
+        try:
+            return opts.row_shape(self.shape, epoch)
+        except ValueError as e:
+            raise ValueError(f"{self._mix!r}: its sources' records differ in size; {e}") from None
+
+    def draw(self, positions, opts: LoaderOptions, epoch: int, first_index: int = 0):
+        positions = np.asarray(positions, np.int64)
+        if not len(positions):
+            return positions, None, None
+        step, rows = np.divmod(positions, self.batch)
+        source, record, passes = draw_rows(self._mix.spec, seed=opts.seed, rows=rows,
+                                           global_step=epoch * self.steps_per_epoch + int(step[0]),
+                                           batch=self.batch)
+        idx = self._mix.offsets[source] + record
+        if opts.augment is None:
+            return idx, None, None
+        boxes = flips = None
+        # Keyed by (seed, the pass over the record's source, its index in the mixture).
+        for q in np.unique(passes).tolist():
+            m = passes == q
+            b, f = _augment.sample(opts.augment, idx[m], geometry=self.geometry, seed=opts.seed,
+                                   epoch=int(q) % (1 << 32))
+            if b is not None:
+                boxes = np.zeros((len(idx), 4), b.dtype) if boxes is None else boxes
+                boxes[m] = b
+            if f is not None:
+                flips = np.zeros(len(idx), bool) if flips is None else flips
+                flips[m] = f
+        return idx, boxes, flips
+
+    def source_ids(self, records) -> np.ndarray:
+        return self._mix.split(records)[0].astype(np.int32)
+
+    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False):
+        """Each source's rows through its own record source, then into their rows of `out`."""
+        k, r = self._mix.split(indices)
+        for s in np.unique(k).tolist():
+            m = np.flatnonzero(k == s)
+            part = out[m[0]:m[0] + 1] if len(m) == 1 else np.empty((len(m), *out.shape[1:]), out.dtype)
+            self._subs[s].fill(r[m], part, layout=layout, mean=mean, std=std,
+                               crop=None if crop is None else np.asarray(crop)[m],
+                               flip=None if flip is None else np.asarray(flip)[m],
+                               jpeg_dct_scale=jpeg_dct_scale)
+            if len(m) > 1:
+                out[m] = part
+
+    def read_ahead(self, indices) -> None:
+        return None
+
+    def resident(self, indices) -> bool:
+        return False
 
 
 _MAX_FDS = 64   # files kept open for posix_fadvise

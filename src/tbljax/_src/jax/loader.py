@@ -37,6 +37,8 @@ def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
               "index": to_global(rows, host.indices)}
     if host.valids is not None:
         result["valid"] = to_global(rows, host.valids)
+    if host.sources is not None:  # a mixture: which source each row came from
+        result["source"] = to_global(rows, host.sources)
     return result, [result["image"]]
 
 

@@ -28,6 +28,7 @@ from tbljax._src.jax import ops as _ops
 from tbljax._src.jax import packed as _packed
 from tbljax._src.jax import twin as _twin
 from tbljax._src.io import reader
+from tbljax._src.io.mixture import Mixture
 from tbljax._src.rules.parts import steps_in_epoch
 from tbljax._src.rules import sharding as _sharding
 from tbljax._src.engine import step as _step
@@ -139,7 +140,11 @@ class ResidentDataset:
     def __init__(self, path_or_dataset, sharding=None, *, max_bytes: int | None = None,
                  chunk_bytes: int = _CHUNK_BYTES):
         self.sharding = _sharding.data_sharding(sharding)
-        ds = reader.as_dataset(path_or_dataset)
+        ds = reader.as_dataset(path_or_dataset, "tbljax.ResidentDataset")
+        if isinstance(ds, Mixture):
+            raise ValueError(f"ResidentDataset serves one dataset in its own order; {ds!r} draws "
+                             "rows by weight, which tbljax.loader does (a resident mixture is "
+                             "not supported)")
         src = RecordSource(ds, threads=None)
         self.num_records = src.n
         self.fingerprint = src.fingerprint

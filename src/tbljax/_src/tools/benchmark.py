@@ -165,7 +165,7 @@ def bench(path: Any, *, batch_size: int = 256, step: str | Callable[[dict], Any]
         report.overhead = fed / floor - 1
         report.input_bound = report.overhead > INPUT_BOUND_OVERHEAD
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    nbytes = int(ds.index["uncompressed_size"].astype(np.int64).sum())
+    nbytes = ds.served_bytes()  # the decoded dataset: what would have to fit in RAM
     report.advice = advise(report, threads=threads or cpus, cpus=cpus, dtype=dtype, prefetch=prefetch,
                            dataset_bytes=nbytes)
     return report

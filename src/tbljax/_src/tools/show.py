@@ -16,13 +16,15 @@ def sample_grid(path: Any, *, count: int = 16, columns: int = 8, augment: Any = 
     `tbljax.loader(..., augment=augment, seed=seed)` serves for those records in `epoch`."""
     from tbljax._src.jax import loader as jax_loader
     from tbljax._src.io import reader
+    from tbljax._src.io.mixture import Mixture
 
     ds = reader.as_dataset(path)
     n = min(count, len(ds))
     if n <= 0:
         raise ValueError(f"{ds.paths[0]}: no records to show")
-    ld = jax_loader.loader(ds, n, shuffle=False, seed=seed, dtype="uint8", augment=augment,
-                       sharding=_one_device())
+    # The first `count` records; a mixture has no file order: its first step's rows.
+    ld = jax_loader.loader(ds, n, shuffle=isinstance(ds, Mixture), seed=seed, dtype="uint8",
+                           augment=augment, sharding=_one_device())
     ld.set_epoch(epoch)
     try:
         batch = next(iter(ld))

@@ -1,0 +1,236 @@
+"""`tbljax.mix`: several datasets served as one stream by weight (`Mixture`). The records of
+the sources are numbered one after another (source k's record r is record ``offsets[k] + r``
+of the mixture), so a mixture implements the whole dataset contract over that numbering and
+serves on every path that takes a dataset; how rows are drawn from the sources is
+`rules/mixing.py`.
+
+>>> mixed = tbljax.mix({"in1k": "in1k.tbl", "extra": ["x-0.tbl", "x-1.tbl"]},
+...                    weights={"in1k": 0.7, "extra": 0.3}, steps_per_epoch=1000)
+>>> for batch in tbljax.loader(mixed, 256, augment=tbljax.Augment(size=(224, 224))):
+...     batch["source"]      # which source each row came from (names: mixed.sources)
+"""
+from __future__ import annotations
+
+import json
+import operator
+from collections.abc import Mapping
+from functools import cached_property
+
+import numpy as np
+
+from tbljax import _core
+from tbljax._src.io import reader
+from tbljax._src.rules.augment import RecordGeometry
+from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset
+from tbljax._src.rules.mixing import MixSpec
+
+__all__ = ["Mixture", "mix"]
+
+
+class Mixture(RecordDataset):
+    """Named datasets, their weights and the length of an epoch. Made by `tbljax.mix`."""
+
+    def __init__(self, sources: Mapping, weights: Mapping, *, steps_per_epoch: int | None = None,
+                 epoch_of: str | None = None, label_offset: Mapping | None = None):
+        if not isinstance(sources, Mapping) or not sources:
+            raise TypeError("tbljax.mix takes a dict {name: TBL path, list of shard paths or "
+                            f"dataset}}, got {type(sources).__name__}")
+        self.sources = [str(k) for k in sources]
+        if not isinstance(weights, Mapping) or set(map(str, weights)) != set(self.sources):
+            given = sorted(map(str, weights)) if isinstance(weights, Mapping) else weights
+            raise ValueError(f"tbljax.mix: weights must name every source once: sources "
+                             f"{self.sources}, weights for {given}")
+        self.datasets = [reader.as_dataset(sources[k], "tbljax.mix") for k in sources]
+        names = dict(zip(map(str, sources), sources))
+        self.weights = tuple(float(weights[_key(weights, n)]) for n in self.sources)
+        self.spec = MixSpec(self.weights, tuple(len(d) for d in self.datasets))
+        offsets = label_offset or {}
+        unknown = sorted(set(map(str, offsets)) - set(self.sources))
+        if unknown:
+            raise ValueError(f"tbljax.mix: label_offset names {unknown}, which are not sources "
+                             f"{self.sources}")
+        self.label_offsets = tuple(int(offsets.get(n, 0)) for n in self.sources)
+        if (steps_per_epoch is None) == (epoch_of is None):
+            raise ValueError("tbljax.mix needs the length of an epoch: steps_per_epoch=N, or "
+                             "epoch_of='name' (an epoch is one pass over that source); give one")
+        if epoch_of is not None and epoch_of not in names:
+            raise ValueError(f"epoch_of={epoch_of!r} is not a source ({self.sources})")
+        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(
+                steps_per_epoch, (int, np.integer)) or steps_per_epoch < 1):
+            raise ValueError(f"steps_per_epoch must be an integer >= 1, got {steps_per_epoch!r}")
+        self._steps_per_epoch, self.epoch_of = steps_per_epoch, epoch_of
+        self.offsets = np.concatenate([[0], np.cumsum([len(d) for d in self.datasets])]).astype(np.int64)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n}: {w:g}" for n, w in zip(self.sources, self.weights))
+        return f"Mixture({parts}; {len(self)} records)"
+
+    def steps_per_epoch(self, batch: int) -> int:
+        """Steps of an epoch at global batch `batch`: steps_per_epoch as given, or one pass over
+        the `epoch_of` source (its records ÷ the rows it gets a step, rounded down, at least 1)."""
+        if self._steps_per_epoch is not None:
+            return int(self._steps_per_epoch)
+        k = self.sources.index(self.epoch_of)
+        share = self.weights[k] / sum(self.weights)
+        return max(1, int(len(self.datasets[k]) // (batch * share)))
+
+    def split(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """(source, record in that source) of mixture records `indices`."""
+        idx = np.asarray(indices, np.int64)
+        k = np.searchsorted(self.offsets, idx, side="right") - 1
+        return k, idx - self.offsets[k]
+
+    # ---- the dataset contract, over the records numbered one source after another ----
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def paths(self) -> list[str]:
+        return [p for d in self.datasets for p in d.paths]
+
+    @cached_property
+    def fingerprint(self) -> str:
+        described = json.dumps({"sources": self.sources, "weights": self.weights,
+                                "fingerprints": [d.fingerprint for d in self.datasets],
+                                "label_offsets": self.label_offsets,
+                                "epoch": [self._steps_per_epoch, self.epoch_of]})
+        crc = _core.crc32(np.frombuffer(described.encode(), np.uint8), 0)
+        return f"mix{len(self)}-{crc:08x}"
+
+    @cached_property
+    def labels(self) -> np.ndarray:
+        """Each source's own ids, plus its `label_offset` (-1 stays -1: no label)."""
+        out = []
+        for d, off in zip(self.datasets, self.label_offsets):
+            lab = np.asarray(d.labels, np.int64)
+            out.append(np.where(lab >= 0, lab + off, -1))
+        return np.concatenate(out)
+
+    @property
+    def classes(self):
+        return None  # each source keeps its own: `mixture.datasets[k].classes`
+
+    @property
+    def record_format(self) -> str:
+        kinds = {d.record_format for d in self.datasets}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    @property
+    def compact(self) -> bool:
+        return all(d.compact for d in self.datasets)
+
+    @cached_property
+    def geometry(self) -> RecordGeometry:
+        shapes = {d.image_shape for d in self.datasets}
+        if len(shapes) == 1 and None not in shapes:
+            return RecordGeometry(*shapes.pop())
+        hs, ws = [], []
+        for d in self.datasets:
+            g = d.geometry
+            hs.append(np.broadcast_to(g.heights, (len(d),)))
+            ws.append(np.broadcast_to(g.widths, (len(d),)))
+        return RecordGeometry(np.concatenate(hs), np.concatenate(ws))
+
+    @property
+    def image_shape(self):
+        return self.geometry.shape
+
+    def shard_views(self) -> list[np.ndarray]:
+        return [v for d in self.datasets for v in d.shard_views()]
+
+    def raw_records(self) -> RawRecords:
+        parts = [d.raw_records() for d in self.datasets]
+        return RawRecords([v for p in parts for v in p.views], *(
+            np.concatenate([getattr(p, f) for p in parts])
+            for f in ("counts", "offsets", "heights", "widths")))
+
+    def jpeg_records(self) -> JpegRecords:
+        parts = [d.jpeg_records() for d in self.datasets]
+        return JpegRecords([v for p in parts for v in p.views], *(
+            np.concatenate([getattr(p, f) for p in parts])
+            for f in ("counts", "offsets", "sizes", "heights", "widths")))
+
+    def _file_base(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([len(d.paths) for d in self.datasets])])
+
+    def byte_ranges(self, indices):
+        k, r = self.split(indices)
+        files, offsets, sizes = (np.empty(len(r), np.int64) for _ in range(3))
+        base = self._file_base()
+        for s in np.unique(k).tolist():
+            m = k == s
+            f, o, n = self.datasets[s].byte_ranges(r[m])
+            files[m], offsets[m], sizes[m] = f + base[s], o, n
+        return files, offsets, sizes
+
+    def _one(self, i: int) -> tuple[int, int]:
+        n = len(self)
+        i = operator.index(i)
+        if not -n <= i < n:
+            raise IndexError(f"record {i} out of range for a mixture of {n} records")
+        k, r = self.split([i % n])
+        return int(k[0]), int(r[0])
+
+    def read(self, i: int) -> np.ndarray:
+        k, r = self._one(i)
+        return self.datasets[k].read(r)
+
+    def read_into(self, indices, out, threads: int = 0):
+        k, r = self.split(indices)
+        for s in np.unique(k).tolist():
+            m = np.flatnonzero(k == s)
+            out[m] = self.datasets[s].read_into(r[m], np.empty((len(m), *out.shape[1:]), np.uint8),
+                                                threads)
+        return out
+
+    def locate(self, i: int) -> tuple[str, int]:
+        k, r = self._one(i)
+        return self.datasets[k].locate(r)
+
+    def files_of(self, indices) -> np.ndarray:
+        k, r = self.split(indices)
+        base = self._file_base()
+        found = [self.datasets[s].files_of(r[k == s]) + base[s] for s in np.unique(k).tolist()]
+        return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
+
+    def check_unchanged(self, files=None) -> None:
+        if files is None:
+            for d in self.datasets:
+                d.check_unchanged()
+            return
+        base = self._file_base()
+        files = np.asarray(files, np.int64)
+        for s, d in enumerate(self.datasets):
+            mine = files[(files >= base[s]) & (files < base[s + 1])] - base[s]
+            if len(mine):
+                d.check_unchanged(mine)
+
+
+def _key(mapping: Mapping, name: str):
+    return next(k for k in mapping if str(k) == name)
+
+
+def mix(sources: Mapping, weights: Mapping, *, steps_per_epoch: int | None = None,
+        epoch_of: str | None = None, label_offset: Mapping | None = None) -> Mixture:
+    """Several datasets served as one stream by weight.
+
+    Args:
+      sources: ``{name: TBL path, list of shard paths, or dataset}``. Sources may differ in
+        record kind (RAW, compact, ...) and geometry (serve them with one output size,
+        ``augment=Augment(size=...)``) and in classes.
+      weights: ``{name: weight}`` for every source (normalized; any positive numbers).
+      steps_per_epoch: the length of an epoch in steps; or
+      epoch_of: the name of the source one pass over which is an epoch.
+      label_offset: ``{name: int}`` added to that source's labels (a joint label space);
+        without it each row's label is its source's own id.
+
+    Each step's rows are drawn from the sources by weight as a pure function of (seed, epoch,
+    step, row) (`tbljax._src.rules.mixing`): every step holds each source's share of rows to
+    within one, records of a source are taken without replacement and reshuffled at each pass
+    over it (a small source repeats, a large one is not exhausted), and a loader's state
+    resumes the stream exactly. Batches carry ``"source"``: the source of each row, an index
+    into ``mixture.sources``; ``"index"`` is the row's record in the mixture's numbering
+    (source k's record r is ``mixture.offsets[k] + r``).
+    """
+    return Mixture(sources, weights, steps_per_epoch=steps_per_epoch, epoch_of=epoch_of,
+                   label_offset=label_offset)
