@@ -29,10 +29,10 @@ from tbljax._src.io import remote
 from tbljax._src.io import reader as _reader
 from tbljax._src.io import sources as _sources
 from tbljax._src.rules.braces import expand_braces
+from tbljax._src.rules.partition import parse_part
+from tbljax._src.io import format as _format
 from tbljax._src.io.format import Writer
 
-RESIZE_MODES = ("center_crop", "squash", "max_side", "shorter_side")
-FIXED_SIZE_MODES = ("center_crop", "squash")  # every record S x S
 RECORD_FORMATS = ("raw", "jpeg", "lz4")
 CHROMA = ("420", "444")
 _MCU_WIDTH = {"420": 16, "444": 8}  # an MCU's width in pixels at each chroma subsampling
@@ -432,7 +432,7 @@ def _decode_chunk(chunk: list[_sources.Item], size: int, mode: str, threads: int
         elif item.data is None or (not isinstance(item.data, np.ndarray) and len(item.data) == 0):
             out[i] = "empty (zero-byte) image"
     jpeg_rows = [i for i, it in enumerate(chunk) if out[i] is None and _is_jpeg(it.data)]
-    if jpeg_rows and mode in FIXED_SIZE_MODES:
+    if jpeg_rows and mode in contract.SQUARE_RESIZE_MODES:
         buf = np.empty((len(jpeg_rows), size, size, 3), np.uint8)
         errors = _core.decode_resize_into([chunk[i].data for i in jpeg_rows], buf, mode, threads)
         for k, (i, err) in enumerate(zip(jpeg_rows, errors)):
@@ -460,7 +460,7 @@ def convert(
     dst: str | os.PathLike,
     *,
     image_size: int | None = None,
-    resize: str = "center_crop",
+    resize: str = contract.DEFAULT_RESIZE,
     max_long_side: int | None = None,
     format: str = "raw",  # noqa: A002 - the natural name
     quality: int | None = None,
@@ -543,7 +543,7 @@ def convert(
     if tbl_paths is not None:
         given = {"image_size": image_size, "max_long_side": max_long_side, "quality": quality,
                  "chroma": chroma, "labels": labels, "classes": classes, "label_ext": label_ext,
-                 "shard": shard, "resize": None if resize == "center_crop" else resize}
+                 "shard": shard, "resize": None if resize == contract.DEFAULT_RESIZE else resize}
         extra = [k for k, v in given.items() if v is not None]
         if extra:
             raise ValueError(f"a TBL source is decoded record for record at its stored geometry: "
@@ -552,7 +552,7 @@ def convert(
             raise ValueError("a TBL source converts to format='raw' or 'lz4'; to make JPEG records, "
                              "convert the original images")
     if shard is not None:
-        shard = _sources.parse_shard(shard)
+        shard = parse_part(shard, "shard")
         dst = dst.replace("{shard}", f"{shard[0]:05d}-of-{shard[1]:05d}")
     if tbl_paths is None:
         chroma = _check_recipe(image_size, resize, max_long_side, format, quality, chroma)
@@ -645,12 +645,12 @@ def convert(
         if resize == "shorter_side":
             recipe["max_long_side"] = max_long_side
         if format == "jpeg":  # compact records hold the converted geometry: served by a plain decode
-            recipe.update(quality=quality, chroma=chroma, stored="resized" if quality else "original")
+            recipe.update(quality=quality, chroma=chroma, **_format.stored_entry(compact=bool(quality)))
         w.set_metadata(
             labels=out_labels, keys=keys, classes=out_classes, skipped=skipped,
             recipe={
                 **recipe,
-                "idct": "islow", "resize_filter": _core.native_info().get("resize_filter", ""),
+                "idct": _core.JPEG_IDCT, "resize_filter": _core.native_info().get("resize_filter", ""),
                 "sources": src.describe(), "shard": list(shard) if shard else None,
                 "label_errors": len(label_errors),
                 "source_sizes": size_histogram(src_w, src_h), "tbljax": _core.native_info()["version"],
@@ -674,8 +674,8 @@ def _check_recipe(image_size: Any, resize: Any, max_long_side: Any, format: str,
     """Checks the recipe arguments of a conversion from images; returns the chroma to use."""
     if not contract.is_integer(image_size) or not 1 <= image_size <= contract.MAX_SIDE:
         raise ValueError(f"image_size must be an int in [1, {contract.MAX_SIDE}], got {image_size!r}")
-    if resize not in RESIZE_MODES:
-        raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
+    if resize not in contract.RESIZE_MODES:
+        raise ValueError(f"resize must be one of {contract.RESIZE_MODES}, got {resize!r}")
     if max_long_side is not None:
         if resize != "shorter_side":
             raise ValueError(f"max_long_side caps resize='shorter_side' only; resize is {resize!r}")
@@ -689,9 +689,10 @@ def _check_recipe(image_size: Any, resize: Any, max_long_side: Any, format: str,
             raise ValueError(f"quality must be an int in [1, 100] or None (the original bytes), got {quality!r}")
     elif chroma is not None:
         raise ValueError("chroma= applies to re-encoded JPEG records: pass quality= (e.g. 90) with format='jpeg'")
-    elif format == "jpeg" and resize not in FIXED_SIZE_MODES:
+    elif format == "jpeg" and resize not in contract.SQUARE_RESIZE_MODES:
         raise ValueError(f"format='jpeg' with the original bytes serves square batches: use resize="
-                         f"'center_crop' or 'squash', or re-encode at the {resize!r} geometry with quality=90")
+                         f"{' or '.join(map(repr, contract.SQUARE_RESIZE_MODES))}, or re-encode at the "
+                         f"{resize!r} geometry with quality=90")
     if chroma is not None and chroma not in CHROMA:
         raise ValueError(f"chroma must be one of {CHROMA}, got {chroma!r}")
     return (chroma or "420") if quality is not None else None
@@ -731,7 +732,7 @@ def _convert_tbl(paths: list[str], dst: str, format: str, threads: int | None,  
         w.set_metadata(
             labels=ds.labels, keys=ds.keys, classes=ds.classes, skipped=ds.skipped,
             recipe={
-                **{k: v for k, v in recipe.items() if k not in ("quality", "chroma", "stored")},
+                **{k: v for k, v in recipe.items() if k not in ("quality", "chroma", _format.STORED_KEY)},
                 "format": format, "decoded_from": {"fingerprint": ds.fingerprint, "format": ds.record_format,
                                                    **{k: recipe.get(k) for k in ("quality", "chroma")}},
                 "sources": ds.paths, "tbljax": _core.native_info()["version"],

@@ -28,7 +28,7 @@ from typing import Any
 
 from tbljax import _core
 from tbljax._src.io import remote
-from tbljax._src.rules.partition import host_part
+from tbljax._src.rules.partition import host_part, parse_part
 from tbljax._src.io.reader import open as open_dataset
 
 __all__ = ["COPY_CHUNK", "parse_partition", "parse_size", "stage"]
@@ -73,17 +73,7 @@ def parse_partition(partition: Any, count: int) -> range:
                              "jax.distributed.initialize() before tbljax.stage (no arguments needed "
                              "on Slurm, TPU pods and Open MPI), or give the part as (i, n) or 'i/n'")
         return host_part(count)
-    if isinstance(partition, str):
-        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", partition)
-        if not m:
-            raise ValueError(f"partition must be None, 'host', (i, n) or 'i/n', got {partition!r}")
-        partition = (int(m[1]), int(m[2]))
-    if not (isinstance(partition, (tuple, list)) and len(partition) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in partition)):
-        raise ValueError(f"partition must be None, 'host', (i, n) or 'i/n', got {partition!r}")
-    i, n = partition
-    if not (n >= 1 and 0 <= i < n):
-        raise ValueError(f"partition (i, n) needs 0 <= i < n, got ({i}, {n})")
+    i, n = parse_part(partition, "partition", forms="None, 'host', (i, n) or 'i/n'")
     return host_part(count, i, n)
 
 

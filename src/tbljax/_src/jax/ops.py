@@ -253,7 +253,7 @@ def _ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, out_size, 
     """The FFI custom call; `data` is an (N, H, W, 3) array or `PackedRecords`."""
     oh, ow = out_size
     b = indices.shape[0]  # per shard under shard_map
-    result = jax.ShapeDtypeStruct((b, oh, ow, 3) if layout == "NHWC" else (b, 3, oh, ow), dtype)
+    result = jax.ShapeDtypeStruct((b, *contract.row_shape(layout, oh, ow)), dtype)
     crop_op = jnp.zeros((0, 4), jnp.int32) if crop is None else crop.astype(jnp.int32)
     flip_op = jnp.zeros((0,), jnp.uint8) if flip is None else flip.astype(jnp.uint8)
     packed = isinstance(data, PackedRecords)
@@ -428,7 +428,7 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
             raise ValueError(f"flip must have shape ({batch},), got {tuple(flip.shape)}")
         flip = flip != 0 if flip.dtype != jnp.bool_ else flip
 
-    shape = (batch, oh, ow, 3) if layout == "NHWC" else (batch, 3, oh, ow)
+    shape = (batch, *contract.row_shape(layout, oh, ow))
     if out is not None and (tuple(out.shape) != shape or out.dtype != out_dt):
         raise ValueError(f"out must be {out_dt} of shape {shape}, got {out.dtype} of shape "
                          f"{tuple(out.shape)}")

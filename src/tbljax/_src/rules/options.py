@@ -101,4 +101,4 @@ class LoaderOptions:
                   ) -> tuple[int, int, int]:
         """One row of a batch of epoch `epoch`: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW."""
         oh, ow = self.output_size(image_hw, epoch)
-        return (oh, ow, 3) if self.layout == "NHWC" else (3, oh, ow)
+        return contract.row_shape(self.layout, oh, ow)

@@ -191,7 +191,9 @@ def _augment_of(a: argparse.Namespace) -> Any:
 
 
 def _crop_options(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--augment", default=None, choices=["flip", "rrc_flip"],
+    from tbljax._src.rules.augment import PRESETS
+
+    p.add_argument("--augment", default=None, choices=list(PRESETS),
                    help=f"{what} with this augmentation: flip, or random-resized-crop + flip (default none)")
     p.add_argument("--size", type=int, default=None, metavar="S",
                    help="with --augment rrc_flip or --center-crop: resize the crops to SxS (needed for "
@@ -254,6 +256,9 @@ THREADS_HELP = "threads for decoding (default: all CPUs this process may use, or
 
 def build_parser() -> argparse.ArgumentParser:
     """The `tbljax` argument parser (every option has a help text; tests hold it to that)."""
+    from tbljax._src.io.conversion import CHROMA, RECORD_FORMATS
+    from tbljax._src.rules import contract
+
     p = argparse.ArgumentParser(prog="tbljax", description="Decode once into a TBL file; serve every epoch to JAX.",
                                 epilog="exit status: 0 ok; 1 bad data; 2 usage error; 130 interrupted")
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
@@ -268,21 +273,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", required=True, help="destination .tbl file")
     c.add_argument("-s", "--image-size", type=int, default=None, metavar="SIZE",
                    help="output side in pixels (required, except for a TBL file as the source)")
-    c.add_argument("--resize", default="center_crop",
-                   choices=["center_crop", "squash", "max_side", "shorter_side"],
+    c.add_argument("--resize", default=contract.DEFAULT_RESIZE, choices=contract.RESIZE_MODES,
                    help="center_crop: shorter side to SIZE, then the central square (default); "
                         "squash: SIZE x SIZE ignoring aspect; max_side: longer side SIZE, aspect kept; "
                         "shorter_side: shorter side SIZE, aspect kept")
     c.add_argument("--max-long-side", type=int, default=None, metavar="L",
                    help="with --resize shorter_side: cap the longer side at L (default: no cap)")
-    c.add_argument("--format", default="raw", choices=["raw", "jpeg", "lz4"],
+    c.add_argument("--format", default="raw", choices=RECORD_FORMATS,
                    help="raw: decoded pixels, fastest to serve (default); jpeg: JPEG records, smallest "
                         "(the source bytes, or re-encoded at the converted size with --quality); "
                         "lz4: raw pixels LZ4-compressed. A TBL file as the source converts to raw or lz4")
     c.add_argument("--quality", type=int, default=None, metavar="Q",
                    help="with --format jpeg: re-encode each image at its converted size with JPEG "
                         "quality Q (1-100; 90 is the usual choice): compact records")
-    c.add_argument("--chroma", default=None, choices=["420", "444"],
+    c.add_argument("--chroma", default=None, choices=CHROMA,
                    help="chroma subsampling of --quality records: 420 (default) or 444")
     c.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
     c.add_argument("--classes", default=None, metavar="FILE",
@@ -339,9 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="your training step: a callable taking the batch dict (image, label, index) and "
                         "returning something to block on; keep model state in a closure")
     b.add_argument("--steps", type=int, default=30, metavar="N", help="steps to time (default 30)")
-    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "uint8"],
+    b.add_argument("--dtype", default="float32", choices=contract.OUT_DTYPES,
                    help="batch dtype (default float32)")
-    b.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"], help="batch layout (default NHWC)")
+    b.add_argument("--layout", default="NHWC", choices=contract.LAYOUTS, help="batch layout (default NHWC)")
     _crop_options(b, "measure the loader")
     b.add_argument("--threads", type=int, default=None, metavar="N",
                    help="threads decoding non-RAW records (default: all CPUs, or TBLJAX_NUM_THREADS)")
