@@ -128,8 +128,8 @@ void BindDecode(nb::module_& m) {
           if (!status[i].ok()) result[i] = status[i].message();
         return result;
       },
-      nb::arg("payloads"), nb::arg("out").noconvert(), nb::arg("mode") = ResizeModeName(kDefaultResizeMode),
-      nb::arg("threads") = 0,
+      nb::arg("payloads"), nb::arg("out").noconvert(),
+      nb::arg("mode") = ResizeModeName(kDefaultResizeMode), nb::arg("threads") = 0,
       "Decodes JPEG payloads and resizes each into out[i] (uint8, (B, S, S, 3), C-contiguous).\n\n"
       "Runs without the GIL on the thread pool (threads 0: the default pool). Returns one entry\n"
       "per payload: None on success, else the error message (out[i] is then zeroed). Input that "
@@ -211,8 +211,8 @@ void BindDecode(nb::module_& m) {
         Check(st);
         return ToNumpy(std::move(out));
       },
-      nb::arg("img").noconvert(), nb::arg("size"), nb::arg("mode") = ResizeModeName(kDefaultResizeMode),
-      nb::arg("max_long_side") = 0,
+      nb::arg("img").noconvert(), nb::arg("size"),
+      nb::arg("mode") = ResizeModeName(kDefaultResizeMode), nb::arg("max_long_side") = 0,
       "Resizes an (H, W, 3) uint8 RGB image with the decoder's filter and geometry, so images\n"
       "decoded elsewhere (Pillow for PNG) get exactly the same resize as decode_resize.\n"
       "max_long_side: the cap on the longer side of mode 'shorter_side' (0: none).");
