@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax._src.io.sources import parse_shard
+from tbljax._src.rules.partition import parse_part
 
 
 def test_parse_shard():
-    assert parse_shard("3/16") == (3, 16) and parse_shard((0, 1)) == (0, 1)
-    for bad in ("4/4", "-1/3", "a/b", "3", (2, 1)):
+    assert parse_part("3/16", "shard") == (3, 16) and parse_part((0, 1), "shard") == (0, 1)
+    assert parse_part(" 3 / 16 ", "shard") == (3, 16)
+    # Refused: bools, signs and underscores (int() would take them), not a pair.
+    for bad in ("4/4", "-1/3", "a/b", "3", (2, 1), "+1/4", "1_0/20", (False, True), "1/2/3", 5):
         with pytest.raises(ValueError, match="shard"):
-            parse_shard(bad)
+            parse_part(bad, "shard")
 
 
 def test_four_parallel_jobs_equal_one(caltech101, tmp_path):

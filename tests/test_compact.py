@@ -144,7 +144,7 @@ def test_index_holds_each_records_stored_geometry(converted, photos):
     for (off, size, w, h, fmt), f in zip(entries, photos):
         with Image.open(f) as im:
             sw, sh = im.size  # the photos here carry no EXIF rotation
-        assert fmt == tbljax.format.FORMATS["JPEG"]
+        assert fmt == tbljax.FORMATS["JPEG"]
         assert (h, w) == expected_size(sh, sw, 256, "max_side"), f
         with Image.open(io.BytesIO(converted["420"].read_bytes()[off:off + size])) as im:
             assert im.size == (w, h)

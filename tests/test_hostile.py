@@ -218,7 +218,7 @@ CASES = [
     ("decode-png", lambda f: _core.decode_jpeg(b"\x89PNG\r\n\x1a\n" + bytes(20)), tbljax.DecodeError, r"not a JPEG \(looks like PNG\)"),
     ("decode-scale-3", lambda f: _core.decode_jpeg(_core.encode_jpeg(u8(1)[0]), 3), ValueError, "scale_denom must be 1, 2, 4 or 8"),
     ("decode_resize-size-0", lambda f: _core.decode_resize(_core.encode_jpeg(u8(1)[0]), 0), ValueError, r"size must be in \[1, 65535\]"),
-    ("decode_resize-mode", lambda f: _core.decode_resize(_core.encode_jpeg(u8(1)[0]), 4, "zoom"), ValueError, "resize mode must be"),
+    ("decode_resize-mode", lambda f: _core.decode_resize(_core.encode_jpeg(u8(1)[0]), 4, "zoom"), ValueError, "resize mode='zoom' is not one of"),
     ("decode_resize_into-threads", lambda f: _core.decode_resize_into([b""], u8(1, 4, 4), "squash", -1), ValueError, "threads must be 0"),
     ("decode_resize_into-shape", lambda f: _core.decode_resize_into([b"", b""], u8(1, 4, 4), "squash"), ValueError, r"out must have shape \(2, S, S, 3\)"),
     ("resize-size-0", lambda f: _core.resize(f.imgs[0], 0), ValueError, r"size must be in \[1, 65535\]"),

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string>
 
+#include "names.h"
+
 namespace tbljax {
 
 // ---------------------------------------------------------------------------------------
@@ -39,32 +41,6 @@ const char* LayoutName(Layout l) {
   }
   return "?";
 }
-
-namespace {
-
-// "a, b, c": the names of `values`.
-template <class E, size_t N, class NameFn>
-std::string JoinNames(const E (&values)[N], NameFn name_of) {
-  std::string all;
-  for (E v : values) all += (all.empty() ? "" : ", ") + std::string(name_of(v));
-  return all;
-}
-
-// Finds `name` among `values` by their names, or says which names there are.
-template <class E, size_t N, class NameFn>
-Status ParseByName(std::string_view name, const E (&values)[N], NameFn name_of, const char* arg,
-                   E* out) {
-  for (E v : values) {
-    if (name == name_of(v)) {
-      *out = v;
-      return Status::Ok();
-    }
-  }
-  return InvalidArgument(std::string(arg) + "='" + std::string(name) +
-                         "' is not one of: " + JoinNames(values, name_of));
-}
-
-}  // namespace
 
 std::string OutDTypeNames() { return JoinNames(kOutDTypes, OutDTypeName); }
 std::string LayoutNames() { return JoinNames(kLayouts, LayoutName); }

@@ -16,6 +16,7 @@
 #include <jpeglib.h>
 
 #include "jpeg_restart.h"
+#include "names.h"
 
 namespace tbljax {
 namespace {
@@ -801,6 +802,19 @@ Status DecodeResizeInto(const uint8_t* data, size_t size, int out_size, ResizeMo
   Status st = DecodeResizeImpl(data, size, out_size, mode, 0, nullptr, dst);
   if (!st.ok() && out_size > 0) std::memset(dst, 0, static_cast<size_t>(out_size) * out_size * 3);
   return st;
+}
+
+const char* ChromaSubsamplingName(ChromaSubsampling s) {
+  switch (s) {
+    case ChromaSubsampling::k444: return "444";
+    case ChromaSubsampling::k422: return "422";
+    case ChromaSubsampling::k420: return "420";
+  }
+  return "?";
+}
+
+Status ParseChromaSubsampling(std::string_view name, ChromaSubsampling* out) {
+  return ParseByName(name, kChromaSubsamplings, ChromaSubsamplingName, "subsampling", out);
 }
 
 Status EncodeJpeg(const uint8_t* pixels, int height, int width, int channels, ptrdiff_t row_stride,

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "resize.h"
@@ -24,6 +25,9 @@ struct JpegInfo {
   int orientation = 1;           // EXIF orientation 1..8 (1 when absent or malformed)
   bool progressive = false;
 };
+
+// libjpeg's IDCT that every decode here uses (JDCT_ISLOW), by the name Python reports it.
+inline constexpr const char* kJpegIdctName = "islow";
 
 // Images above this many pixels are refused (a 20-byte header could otherwise ask for
 // gigabytes). 2^28 is 16384 x 16384.
@@ -114,6 +118,11 @@ Status DecodeJpegBox(const uint8_t* data, size_t size, const JpegBoxRequest& req
                      JpegBoxScratch* scratch, JpegBoxRegion* region);
 
 enum class ChromaSubsampling { k444, k422, k420 };
+inline constexpr ChromaSubsampling kChromaSubsamplings[] = {
+    ChromaSubsampling::k420, ChromaSubsampling::k422, ChromaSubsampling::k444};
+const char* ChromaSubsamplingName(ChromaSubsampling s);  // "420", "422", "444"
+// By name, or InvalidArgument "subsampling='x' is not one of: 420, 422, 444".
+Status ParseChromaSubsampling(std::string_view name, ChromaSubsampling* out);
 
 struct EncodeOptions {
   int quality = 90;  // 1..100

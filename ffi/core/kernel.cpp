@@ -13,6 +13,7 @@
 #include <new>
 #include <string>
 
+#include "names.h"
 #include "simd.h"
 #include "thread_pool.h"
 
@@ -233,6 +234,10 @@ const char* NormPathName(NormPath p) {
     case NormPath::kAffineF32: return "affine-f32";
   }
   return "?";
+}
+
+Status ParseNormPath(std::string_view name, NormPath* out, const char* arg) {
+  return ParseByName(name, kNormPaths, NormPathName, arg, out);
 }
 
 void SetNormPathLimit(NormPath limit) { g_norm_path_limit.store(static_cast<int>(limit)); }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "contract.h"  // OutDType, Layout, the normalization contract, the argument checks
@@ -125,7 +126,11 @@ TBLJAX_HOST_DEVICE inline int32_t TapWeight(const AxisTaps& t, int64_t j, int64_
 // (trying a few neighbouring constants); otherwise they look the table up ("table"). The
 // scalar target always uses the table. All three give the same bits.
 enum class NormPath : int { kTable = 0, kAffineF64 = 1, kAffineF32 = 2 };
-const char* NormPathName(NormPath p);
+inline constexpr NormPath kNormPaths[] = {NormPath::kTable, NormPath::kAffineF64,
+                                          NormPath::kAffineF32};
+const char* NormPathName(NormPath p);  // "table", "affine-f64", "affine-f32"
+// By name, or InvalidArgument "<arg>='x' is not one of: table, affine-f64, affine-f32".
+Status ParseNormPath(std::string_view name, NormPath* out, const char* arg);
 // The path the SIMD targets take for these parameters (ignoring the test cap below).
 NormPath ChooseNormPath(const double mean[3], const double std[3], OutDType dtype);
 // Tests only: caps the path the SIMD targets may take (default kAffineF32: no cap).

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "names.h"
 #include "simd.h"  // the SIMD target, shared with the serve kernel and the CRC
 
 #if TBLJAX_SIMD_X86
@@ -14,11 +15,77 @@
 #endif
 
 namespace tbljax {
-namespace {
+namespace resize_detail {
 
 constexpr int kWeightBits = 14;  // weights <= 1.0 must fit int16
 constexpr int kMidBits = 7;      // fractional bits kept between the two passes
 constexpr int kMidMax = 255 << kMidBits;
+constexpr int kVShift = kWeightBits - kMidBits;  // vertical: keep kMidBits fractional bits
+constexpr int kHShift = kWeightBits + kMidBits;  // horizontal: back to integers
+
+// The horizontal taps of the SIMD passes (HBlocks, below), as plain pointers.
+struct HBlockView {
+  const int32_t* offset;
+  const int32_t* npairs;
+  const int32_t* weights;
+  int stride;
+};
+
+// One output row for the two passes of resize.inc.
+struct RowJob {
+  // Vertical: `taps` source rows (SIMD: 2 * npairs, an odd count repeating the last) with
+  // weights yw (SIMD: packed in pairs, ypairs), over mid_w bytes into mid; acc: mid_w int32.
+  const uint8_t* const* rows;
+  const int16_t* yw;
+  const int32_t* ypairs;
+  int taps, mid_w;
+  int16_t* mid;
+  int32_t* acc;
+  // Horizontal: mid starts at source column col0; out_w pixels into dst. Scalar: output ox
+  // reads count[ox] pixels from column first[ox] with weights xw[ox * xstride ...]. SIMD: blocks.
+  int col0;
+  const int32_t* first;
+  const int32_t* count;
+  const int16_t* xw;
+  int xstride;
+  HBlockView blocks;
+  int out_w;
+  uint8_t* dst;
+};
+
+}  // namespace resize_detail
+}  // namespace tbljax
+
+// ---- the two passes, the same source compiled for each SIMD target (simd.h picks one) ----
+#define TBLJAX_RESIZE_NS scalar_impl
+#define TBLJAX_RESIZE_LEVEL 0
+#include "resize.inc"
+#undef TBLJAX_RESIZE_NS
+#undef TBLJAX_RESIZE_LEVEL
+
+#if TBLJAX_SIMD_X86
+TBLJAX_PUSH_TARGET(TBLJAX_AVX2_FEATURES)
+#define TBLJAX_RESIZE_NS avx2_impl
+#define TBLJAX_RESIZE_LEVEL 1
+#include "resize.inc"
+#undef TBLJAX_RESIZE_NS
+#undef TBLJAX_RESIZE_LEVEL
+TBLJAX_POP_TARGET
+
+TBLJAX_PUSH_TARGET(TBLJAX_AVX512_FEATURES)
+#define TBLJAX_RESIZE_NS avx512_impl
+#define TBLJAX_RESIZE_LEVEL 2
+#include "resize.inc"
+#undef TBLJAX_RESIZE_NS
+#undef TBLJAX_RESIZE_LEVEL
+TBLJAX_POP_TARGET
+#endif  // TBLJAX_SIMD_X86
+
+namespace tbljax {
+namespace {
+
+using resize_detail::kWeightBits;
+using resize_detail::RowJob;
 
 // The triangle kernel on [-1, 1]; its support widens with the downscale factor.
 double Triangle(double x) {
@@ -88,49 +155,6 @@ void ComputeTaps(int in_len, double box0, double box_len, int out_len, Taps* t,
   }
 }
 
-// ---------------------------------------------------------------- the two passes ---------
-// Each pass exists as portable C++ (SIMD target "scalar", and every build off x86-64) and,
-// on x86-64, with AVX2 and AVX-512 intrinsics, chosen at run time by the one SIMD target of
-// the core (simd.h: the best the CPU has, capped by TBLJAX_SIMD). Every version computes the same
-// integer sums, so they give the same bits; the tests run every target.
-
-constexpr int kVShift = kWeightBits - kMidBits;  // vertical: keep kMidBits fractional bits
-constexpr int kHShift = kWeightBits + kMidBits;  // horizontal: back to integers
-
-// One output row of the vertical pass over n bytes: mid[x] = sum_k w[k] * rows[k][x], kept
-// with kMidBits fractional bits and clamped to [0, kMidMax]. Tap by tap over the whole row
-// into 32-bit sums in `acc` (n of them): loops that compilers vectorize.
-void VerticalRowScalar(const uint8_t* const* rows, const int16_t* w, int taps, int n, int16_t* mid,
-                       int32_t* acc) {
-  for (int x = 0; x < n; ++x) acc[x] = 1 << (kVShift - 1);
-  for (int k = 0; k < taps; ++k) {
-    const int32_t wk = w[k];
-    const uint8_t* r = rows[k];
-    for (int x = 0; x < n; ++x) acc[x] += wk * r[x];
-  }
-  for (int x = 0; x < n; ++x)
-    mid[x] = static_cast<int16_t>(std::min(std::max(acc[x] >> kVShift, 0), kMidMax));
-}
-
-// One output row of the horizontal pass: RGB pixels from the intermediate row, which starts
-// at source column col0 (output ox reads count[ox] pixels from column first[ox], with weights
-// w[ox * stride ...]), rounded to nearest and clamped to uint8.
-void HorizontalRowScalar(const int16_t* mid, int col0, const int32_t* first, const int32_t* count,
-                         const int16_t* w, int stride, int out_w, uint8_t* dst) {
-  for (int ox = 0; ox < out_w; ++ox, w += stride) {
-    const int16_t* p = mid + static_cast<size_t>(first[ox] - col0) * 3;
-    int32_t r = 1 << (kHShift - 1), g = r, b = r;
-    for (int k = 0; k < count[ox]; ++k, p += 3) {
-      r += w[k] * p[0];
-      g += w[k] * p[1];
-      b += w[k] * p[2];
-    }
-    dst[3 * ox] = static_cast<uint8_t>(std::min(std::max(r >> kHShift, 0), 255));
-    dst[3 * ox + 1] = static_cast<uint8_t>(std::min(std::max(g >> kHShift, 0), 255));
-    dst[3 * ox + 2] = static_cast<uint8_t>(std::min(std::max(b >> kHShift, 0), 255));
-  }
-}
-
 // The horizontal taps as the SIMD passes take them: output pixels in blocks of 4 (the last
 // padded with zero weights), and per block and pair of taps 16 int32: the 4 pixels' weight
 // pairs, each repeated over the 4 int32 lanes an RGB pixel's sums occupy (R, G, B, unused).
@@ -159,186 +183,6 @@ void BuildHBlocks(int col0, const std::vector<int32_t>& first, const std::vector
             pairs[static_cast<size_t>(ox) * pair_stride + j];
   }
 }
-
-#if TBLJAX_SIMD_X86
-// The SIMD passes take weights as (w[2j], w[2j+1]) int16 pairs packed in 32 bits, an odd
-// count padded with a zero weight, so that one multiply-add (vpmaddwd) applies two taps;
-// the vertical ones take 2 * npairs row pointers (an odd count repeats the last row).
-// Function attributes (simd.h), not a target region: see there why.
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's AVX-512 headers trip these on _mm512_undefined_* (GCC PR105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
-// Vertical pass, 32 bytes a step: each row's bytes widen to 16-bit words (in order), the
-// words of two rows interleave within each 128-bit lane, so that one vpmaddwd applies a pair
-// of taps; per lane the sums come out as pixels [0-3], [4-7], and packing them back lane by
-// lane restores the order. The sums of a step stay in registers over all taps; the last
-// step overlaps the one before where n is not a multiple of 32 (same values again).
-TBLJAX_TARGET_AVX2 void VerticalRowAvx2(const uint8_t* const* rows, const int32_t* pairs,
-                                        int npairs, int n, int16_t* mid, const int16_t* w, int taps,
-                                        int32_t* acc) {
-  if (n < 32) return VerticalRowScalar(rows, w, taps, n, mid, acc);
-  const __m256i round = _mm256_set1_epi32(1 << (kVShift - 1));
-  const __m256i zero = _mm256_setzero_si256(), top = _mm256_set1_epi16(kMidMax);
-  for (int x = 0;; x += 32) {
-    if (x + 32 > n) x = n - 32;
-    __m256i s0 = round, s1 = round, s2 = round, s3 = round;
-    for (int j = 0; j < npairs; ++j) {
-      const __m256i c = _mm256_set1_epi32(pairs[j]);
-      const uint8_t* ra = rows[2 * j] + x;
-      const uint8_t* rb = rows[2 * j + 1] + x;
-      const __m256i a0 =
-          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ra)));
-      const __m256i b0 =
-          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rb)));
-      const __m256i a1 =
-          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ra + 16)));
-      const __m256i b1 =
-          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rb + 16)));
-      s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_unpacklo_epi16(a0, b0), c));
-      s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_unpackhi_epi16(a0, b0), c));
-      s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_unpacklo_epi16(a1, b1), c));
-      s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(_mm256_unpackhi_epi16(a1, b1), c));
-    }
-    // Shift, then clamp to [0, kMidMax]: packs saturates to int16, max/min do the rest.
-    __m256i m0 = _mm256_packs_epi32(_mm256_srai_epi32(s0, kVShift), _mm256_srai_epi32(s1, kVShift));
-    __m256i m1 = _mm256_packs_epi32(_mm256_srai_epi32(s2, kVShift), _mm256_srai_epi32(s3, kVShift));
-    m0 = _mm256_min_epi16(_mm256_max_epi16(m0, zero), top);
-    m1 = _mm256_min_epi16(_mm256_max_epi16(m1, zero), top);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mid + x), m0);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mid + x + 16), m1);
-    if (x + 32 >= n) return;
-  }
-}
-
-// The same, 64 bytes a step.
-TBLJAX_TARGET_AVX512 void VerticalRowAvx512(const uint8_t* const* rows, const int32_t* pairs,
-                                            int npairs, int n, int16_t* mid, const int16_t* w,
-                                            int taps, int32_t* acc) {
-  if (n < 64) return VerticalRowAvx2(rows, pairs, npairs, n, mid, w, taps, acc);
-  const __m512i round = _mm512_set1_epi32(1 << (kVShift - 1));
-  const __m512i zero = _mm512_setzero_si512(), top = _mm512_set1_epi16(kMidMax);
-  for (int x = 0;; x += 64) {
-    if (x + 64 > n) x = n - 64;
-    __m512i s0 = round, s1 = round, s2 = round, s3 = round;
-    for (int j = 0; j < npairs; ++j) {
-      const __m512i c = _mm512_set1_epi32(pairs[j]);
-      const uint8_t* ra = rows[2 * j] + x;
-      const uint8_t* rb = rows[2 * j + 1] + x;
-      const __m512i a0 =
-          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra)));
-      const __m512i b0 =
-          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb)));
-      const __m512i a1 =
-          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + 32)));
-      const __m512i b1 =
-          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + 32)));
-      s0 = _mm512_add_epi32(s0, _mm512_madd_epi16(_mm512_unpacklo_epi16(a0, b0), c));
-      s1 = _mm512_add_epi32(s1, _mm512_madd_epi16(_mm512_unpackhi_epi16(a0, b0), c));
-      s2 = _mm512_add_epi32(s2, _mm512_madd_epi16(_mm512_unpacklo_epi16(a1, b1), c));
-      s3 = _mm512_add_epi32(s3, _mm512_madd_epi16(_mm512_unpackhi_epi16(a1, b1), c));
-    }
-    __m512i m0 = _mm512_packs_epi32(_mm512_srai_epi32(s0, kVShift), _mm512_srai_epi32(s1, kVShift));
-    __m512i m1 = _mm512_packs_epi32(_mm512_srai_epi32(s2, kVShift), _mm512_srai_epi32(s3, kVShift));
-    m0 = _mm512_min_epi16(_mm512_max_epi16(m0, zero), top);
-    m1 = _mm512_min_epi16(_mm512_max_epi16(m1, zero), top);
-    _mm512_storeu_si512(mid + x, m0);
-    _mm512_storeu_si512(mid + x + 32, m1);
-    if (x + 64 >= n) return;
-  }
-}
-
-// Writes the first 3 * n bytes of px (n <= 4 RGB pixels) at dst; a 16-byte store where the
-// row has room for it (the next block overwrites the extra bytes).
-TBLJAX_TARGET_AVX2 inline void StoreRgb(__m128i px, uint8_t* dst, int n, bool room) {
-  if (room) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), px);
-  } else {
-    alignas(16) uint8_t tmp[16];
-    _mm_store_si128(reinterpret_cast<__m128i*>(tmp), px);
-    std::memcpy(dst, tmp, static_cast<size_t>(3 * (n < 4 ? n : 4)));
-  }
-}
-
-// Horizontal pass, 4 output pixels a step, each in a 128-bit lane: per pair of taps, the 8
-// words at its first tap [r0 g0 b0 r1 g1 b1 . .] shuffle to [r0 r1 g0 g1 b0 b1 0 0], so one
-// vpmaddwd with that pixel's weight pair gives its R, G, B sums. AVX2 holds 2 pixels a
-// register, AVX-512 4.
-#define TBLJAX_PAIR_SHUFFLE 0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -128, -128, -128, -128
-#define TBLJAX_RGB0_TO_RGB 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -128, -128, -128, -128
-
-TBLJAX_TARGET_AVX2 void HorizontalRowAvx2(const int16_t* mid, const HBlocks& h, int out_w,
-                                          uint8_t* dst) {
-  const __m256i pick = _mm256_setr_epi8(TBLJAX_PAIR_SHUFFLE, TBLJAX_PAIR_SHUFFLE);
-  const __m128i compact = _mm_setr_epi8(TBLJAX_RGB0_TO_RGB);
-  const __m256i round = _mm256_set1_epi32(1 << (kHShift - 1));
-  for (int b = 0, ox = 0; ox < out_w; ++b, ox += 4) {
-    const int32_t* o = &h.offset[ox];
-    const int32_t* w = &h.weights[static_cast<size_t>(b) * h.stride * 16];
-    __m256i s01 = round, s23 = round;
-    for (int j = 0, step = 0; j < h.npairs[b]; ++j, step += 6, w += 16) {
-      const __m256i v01 = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[0] + step))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[1] + step)), 1);
-      const __m256i v23 = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[2] + step))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[3] + step)), 1);
-      s01 = _mm256_add_epi32(
-          s01, _mm256_madd_epi16(_mm256_shuffle_epi8(v01, pick),
-                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))));
-      s23 = _mm256_add_epi32(
-          s23, _mm256_madd_epi16(_mm256_shuffle_epi8(v23, pick),
-                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8))));
-    }
-    // packs + packus saturate to [0, 255]. Lanes: [p0 p2 p0 p2 | p1 p3 p1 p3], 4 bytes each.
-    const __m256i m =
-        _mm256_packs_epi32(_mm256_srai_epi32(s01, kHShift), _mm256_srai_epi32(s23, kHShift));
-    const __m256i u8 = _mm256_packus_epi16(m, m);
-    const __m128i px =
-        _mm_unpacklo_epi32(_mm256_castsi256_si128(u8), _mm256_extracti128_si256(u8, 1));
-    StoreRgb(_mm_shuffle_epi8(px, compact), dst + 3 * ox, out_w - ox, 3 * ox + 16 <= 3 * out_w);
-  }
-}
-
-TBLJAX_TARGET_AVX512 void HorizontalRowAvx512(const int16_t* mid, const HBlocks& h, int out_w,
-                                              uint8_t* dst) {
-  const __m512i pick = _mm512_broadcast_i32x4(_mm_setr_epi8(TBLJAX_PAIR_SHUFFLE));
-  const __m128i compact = _mm_setr_epi8(TBLJAX_RGB0_TO_RGB);
-  const __m512i round = _mm512_set1_epi32(1 << (kHShift - 1));
-  const __m512i zero = _mm512_setzero_si512();
-  for (int b = 0, ox = 0; ox < out_w; ++b, ox += 4) {
-    const int32_t* o = &h.offset[ox];
-    const int32_t* w = &h.weights[static_cast<size_t>(b) * h.stride * 16];
-    __m512i s = round;
-    for (int j = 0, step = 0; j < h.npairs[b]; ++j, step += 6, w += 16) {
-      __m512i v = _mm512_castsi128_si512(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[0] + step)));
-      v = _mm512_inserti32x4(
-          v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[1] + step)), 1);
-      v = _mm512_inserti32x4(
-          v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[2] + step)), 2);
-      v = _mm512_inserti32x4(
-          v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mid + o[3] + step)), 3);
-      s = _mm512_add_epi32(s,
-                           _mm512_madd_epi16(_mm512_shuffle_epi8(v, pick), _mm512_loadu_si512(w)));
-    }
-    // Clamp to [0, 255]: max with 0, then vpmovusdb saturates above.
-    const __m128i px =
-        _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_srai_epi32(s, kHShift), zero));
-    StoreRgb(_mm_shuffle_epi8(px, compact), dst + 3 * ox, out_w - ox, 3 * ox + 16 <= 3 * out_w);
-  }
-}
-#undef TBLJAX_PAIR_SHUFFLE
-#undef TBLJAX_RGB0_TO_RGB
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif  // TBLJAX_SIMD_X86
 
 // Packs a Taps' int16 weights into (w[2j], w[2j+1]) pairs, (t.stride + 1) / 2 per output,
 // and returns that stride.
@@ -395,15 +239,7 @@ int64_t MulDivRound(int64_t a, int64_t b, int64_t c) { return (2 * a * b + c) / 
 }  // namespace
 
 Status ParseResizeMode(std::string_view name, ResizeMode* mode) {
-  if (name == "center_crop") *mode = ResizeMode::kCenterCrop;
-  else if (name == "squash") *mode = ResizeMode::kSquash;
-  else if (name == "max_side") *mode = ResizeMode::kMaxSide;
-  else if (name == "shorter_side") *mode = ResizeMode::kShorterSide;
-  else
-    return InvalidArgument(
-        "resize mode must be 'center_crop', 'squash', 'max_side' or 'shorter_side', got '" +
-        std::string(name) + "'");
-  return Status::Ok();
+  return ParseByName(name, kResizeModes, ResizeModeName, "resize mode", mode);
 }
 
 const char* ResizeModeName(ResizeMode mode) {
@@ -549,36 +385,36 @@ Status ResizeRgbWindow(const uint8_t* src, int src_h, int src_w, const PixelRect
   }
   const uint8_t* origin = src + (col0 - window.x0) * 3;
 
+  void (*resize_row)(const RowJob&) = resize_detail::scalar_impl::ResizeRow;
+#if TBLJAX_SIMD_X86
+  if (target == SimdTarget::kAvx2) resize_row = resize_detail::avx2_impl::ResizeRow;
+  if (target == SimdTarget::kAvx512) resize_row = resize_detail::avx512_impl::ResizeRow;
+#endif
+  RowJob job{};
+  job.rows = s.rows.data();
+  job.mid_w = mid_w;
+  job.mid = s.mid.data();
+  job.acc = s.acc.data();
+  job.col0 = col0;
+  job.first = s.tx.first.data();
+  job.count = s.tx.count.data();
+  job.xw = s.tx.w.data();
+  job.xstride = s.tx.stride;
+  job.blocks = {s.blocks.offset.data(), s.blocks.npairs.data(), s.blocks.weights.data(),
+                s.blocks.stride};
+  job.out_w = plan.out_w;
   for (int oy = 0; oy < plan.out_h; ++oy) {
     const int n = s.ty.count[oy];
     for (int k = 0; k < n; ++k)
       s.rows[k] = origin + static_cast<ptrdiff_t>(s.ty.first[oy] + k - window.y0) * src_stride;
-    const int16_t* yw = &s.ty.w[static_cast<size_t>(oy) * s.ty.stride];
-    uint8_t* out = dst + oy * dst_stride;
-    switch (target) {
-#if TBLJAX_SIMD_X86
-      case SimdTarget::kAvx512:
-      case SimdTarget::kAvx2: {
-        if (n % 2) s.rows[n] = s.rows[n - 1];  // its weight is 0
-        const int32_t* ypairs = &s.ypairs[static_cast<size_t>(oy) * ypair_stride];
-        if (target == SimdTarget::kAvx512) {
-          VerticalRowAvx512(s.rows.data(), ypairs, (n + 1) / 2, mid_w, s.mid.data(), yw, n,
-                            s.acc.data());
-          HorizontalRowAvx512(s.mid.data(), s.blocks, plan.out_w, out);
-        } else {
-          VerticalRowAvx2(s.rows.data(), ypairs, (n + 1) / 2, mid_w, s.mid.data(), yw, n,
-                          s.acc.data());
-          HorizontalRowAvx2(s.mid.data(), s.blocks, plan.out_w, out);
-        }
-        break;
-      }
-#endif
-      default:
-        VerticalRowScalar(s.rows.data(), yw, n, mid_w, s.mid.data(), s.acc.data());
-        HorizontalRowScalar(s.mid.data(), col0, s.tx.first.data(), s.tx.count.data(), s.tx.w.data(),
-                            s.tx.stride, plan.out_w, out);
-        break;
+    if (target != SimdTarget::kScalar) {
+      if (n % 2) s.rows[n] = s.rows[n - 1];  // its weight is 0
+      job.ypairs = &s.ypairs[static_cast<size_t>(oy) * ypair_stride];
     }
+    job.yw = &s.ty.w[static_cast<size_t>(oy) * s.ty.stride];
+    job.taps = n;
+    job.dst = dst + oy * dst_stride;
+    resize_row(job);
   }
   // Per-thread scratch should not pin memory after a huge image.
   if (s.mid.capacity() > (size_t{8} << 20)) s.mid = {};

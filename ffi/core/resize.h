@@ -20,9 +20,19 @@ namespace tbljax {
 // Every mode scales small images up as well: the output size depends only on
 // (H, W, S, mode, max_long). Rounding is integer round-half-up, never a float comparison.
 enum class ResizeMode { kCenterCrop = 0, kSquash = 1, kMaxSide = 2, kShorterSide = 3 };
+inline constexpr ResizeMode kResizeModes[] = {ResizeMode::kCenterCrop, ResizeMode::kSquash,
+                                              ResizeMode::kMaxSide, ResizeMode::kShorterSide};
 
-Status ParseResizeMode(std::string_view name, ResizeMode* mode);
+// "center_crop", "squash", "max_side", "shorter_side" ("?" for a value that is not a mode):
+// each name is spelled here once, and exported to Python as _core.RESIZE_MODES.
 const char* ResizeModeName(ResizeMode mode);
+// By name, or InvalidArgument "resize mode='x' is not one of: center_crop, ...".
+Status ParseResizeMode(std::string_view name, ResizeMode* mode);
+inline constexpr ResizeMode kDefaultResizeMode = ResizeMode::kCenterCrop;
+// Whether every output of the mode is S x S (the others keep the aspect).
+inline constexpr bool ResizeModeIsSquare(ResizeMode mode) {
+  return mode == ResizeMode::kCenterCrop || mode == ResizeMode::kSquash;
+}
 
 // The filter: the triangle ("bilinear") kernel, widened by the downscale factor so that it
 // antialiases, exactly as Pillow's Image.BILINEAR and torchvision's Resize(antialias=True)

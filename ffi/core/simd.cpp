@@ -7,6 +7,8 @@
 #include <mutex>
 #include <string>
 
+#include "names.h"
+
 namespace tbljax {
 namespace {
 
@@ -98,14 +100,11 @@ bool ParseTarget(const std::string& name, bool* is_auto, SimdTarget* t) {
     *is_auto = true;
     return true;
   }
-  for (SimdTarget c : {SimdTarget::kScalar, SimdTarget::kAvx2, SimdTarget::kAvx512}) {
-    if (name == SimdTargetName(c)) {
-      *t = c;
-      return true;
-    }
-  }
-  return false;
+  return FindByName(name, kSimdTargets, SimdTargetName, t);
 }
+
+// "auto, scalar, avx2, avx512": what TBLJAX_SIMD and SetSimdTarget take.
+std::string TargetChoices() { return "auto, " + JoinNames(kSimdTargets, SimdTargetName); }
 
 std::mutex g_target_mu;
 bool g_target_set = false;  // guarded by g_target_mu
@@ -156,8 +155,7 @@ Status ActiveSimdTarget(SimdTarget* out) {
     bool is_auto;
     SimdTarget want = SimdTarget::kScalar;
     if (!ParseTarget(name, &is_auto, &want))
-      return InvalidArgument("TBLJAX_SIMD='" + name +
-                             "' is not one of: auto, scalar, avx2, avx512");
+      return InvalidArgument("TBLJAX_SIMD='" + name + "' is not one of: " + TargetChoices());
     const SimdTarget best = BestSupported();
     const SimdTarget t = is_auto || want > best ? best : want;
     g_target.store(static_cast<int>(t), std::memory_order_release);
@@ -171,7 +169,7 @@ Status SetSimdTarget(const std::string& name) {
   bool is_auto;
   SimdTarget want = SimdTarget::kScalar;
   if (!ParseTarget(name, &is_auto, &want))
-    return InvalidArgument("SIMD target '" + name + "' is not one of: auto, scalar, avx2, avx512");
+    return InvalidArgument("SIMD target '" + name + "' is not one of: " + TargetChoices());
   const SimdTarget best = BestSupported();
   if (!is_auto && want > best)
     return InvalidArgument(std::string("SIMD target '") + name +

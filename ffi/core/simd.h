@@ -71,6 +71,8 @@ std::vector<std::string> CpuFeatureNames(const CpuFeatures& f);
 // The active target is the best the CPU supports, capped by the environment variable
 // TBLJAX_SIMD (auto | scalar | avx2 | avx512), read at first use, or set by SetSimdTarget.
 enum class SimdTarget : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+inline constexpr SimdTarget kSimdTargets[] = {SimdTarget::kScalar, SimdTarget::kAvx2,
+                                              SimdTarget::kAvx512};
 
 const char* SimdTargetName(SimdTarget t);
 // The targets this CPU can run, best last (always starts with scalar).

@@ -57,11 +57,9 @@ ResizeMode ModeOf(const std::string& name) {
 }
 
 ChromaSubsampling SubsamplingOf(const std::string& name) {
-  if (name == "420") return ChromaSubsampling::k420;
-  if (name == "422") return ChromaSubsampling::k422;
-  if (name != "444")
-    Check(InvalidArgument("subsampling must be '420', '422' or '444', got '" + name + "'"));
-  return ChromaSubsampling::k444;
+  ChromaSubsampling s;
+  Check(ParseChromaSubsampling(name, &s));
+  return s;
 }
 
 // Hands an RgbImage's buffer to numpy without copying.
@@ -75,9 +73,18 @@ Out3 ToNumpy(RgbImage&& img) {
 }  // namespace
 
 void BindDecode(nb::module_& m) {
-  m.attr("JPEG_IDCT") = "islow";
+  m.attr("JPEG_IDCT") = kJpegIdctName;
   m.attr("RESIZE_FILTER") = kResizeFilterName;
-  m.attr("RESIZE_MODES") = nb::make_tuple("center_crop", "squash", "max_side", "shorter_side");
+  {
+    nb::list modes, square;
+    for (ResizeMode mode : kResizeModes) {
+      modes.append(ResizeModeName(mode));
+      if (ResizeModeIsSquare(mode)) square.append(ResizeModeName(mode));
+    }
+    m.attr("RESIZE_MODES") = nb::tuple(modes);
+    m.attr("SQUARE_RESIZE_MODES") = nb::tuple(square);  // every output S x S
+    m.attr("DEFAULT_RESIZE_MODE") = ResizeModeName(kDefaultResizeMode);
+  }
   m.attr("DCT_SCALE_MIN_RATIO") = kDctScaleMinRatio;
   m.attr("MAX_JPEG_PIXELS") = kMaxJpegPixels;
 
@@ -88,7 +95,7 @@ void BindDecode(nb::module_& m) {
         if (threads < 0 || threads > kMaxThreads)
           Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
                                 std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
-        if (mode == ResizeMode::kMaxSide || mode == ResizeMode::kShorterSide)
+        if (!ResizeModeIsSquare(mode))
           Check(
               InvalidArgument(std::string("decode_resize_into needs a fixed output size: mode '") +
                               mode_name + "' varies per image, use decode_resize"));
@@ -121,8 +128,8 @@ void BindDecode(nb::module_& m) {
           if (!status[i].ok()) result[i] = status[i].message();
         return result;
       },
-      nb::arg("payloads"), nb::arg("out").noconvert(), nb::arg("mode") = "center_crop",
-      nb::arg("threads") = 0,
+      nb::arg("payloads"), nb::arg("out").noconvert(),
+      nb::arg("mode") = ResizeModeName(kDefaultResizeMode), nb::arg("threads") = 0,
       "Decodes JPEG payloads and resizes each into out[i] (uint8, (B, S, S, 3), C-contiguous).\n\n"
       "Runs without the GIL on the thread pool (threads 0: the default pool). Returns one entry\n"
       "per payload: None on success, else the error message (out[i] is then zeroed). Input that "
@@ -204,8 +211,8 @@ void BindDecode(nb::module_& m) {
         Check(st);
         return ToNumpy(std::move(out));
       },
-      nb::arg("img").noconvert(), nb::arg("size"), nb::arg("mode") = "center_crop",
-      nb::arg("max_long_side") = 0,
+      nb::arg("img").noconvert(), nb::arg("size"),
+      nb::arg("mode") = ResizeModeName(kDefaultResizeMode), nb::arg("max_long_side") = 0,
       "Resizes an (H, W, 3) uint8 RGB image with the decoder's filter and geometry, so images\n"
       "decoded elsewhere (Pillow for PNG) get exactly the same resize as decode_resize.\n"
       "max_long_side: the cap on the longer side of mode 'shorter_side' (0: none).");
@@ -224,7 +231,7 @@ void BindDecode(nb::module_& m) {
         Check(st);
         return ToNumpy(std::move(img));
       },
-      nb::arg("data"), nb::arg("size"), nb::arg("mode") = "center_crop",
+      nb::arg("data"), nb::arg("size"), nb::arg("mode") = ResizeModeName(kDefaultResizeMode),
       nb::arg("max_long_side") = 0,
       "Decodes one JPEG and resizes it (any mode; 'max_side' and 'shorter_side' give a per-image\n"
       "size; max_long_side caps the longer side of 'shorter_side', 0: none).\n"

@@ -290,10 +290,9 @@ void BindKernel(nb::module_& m) {
   m.def(
       "_set_normalization_path_limit",
       [](const std::string& name) {
-        for (NormPath p : {NormPath::kTable, NormPath::kAffineF64, NormPath::kAffineF32}) {
-          if (name == NormPathName(p)) return SetNormPathLimit(p);
-        }
-        throw nb::value_error("expected 'table', 'affine-f64' or 'affine-f32'");
+        NormPath p;
+        Check(ParseNormPath(name, &p, "limit"));
+        SetNormPathLimit(p);
       },
       nb::arg("limit"), "Tests only: the best normalization path the SIMD targets may take.");
   m.def(

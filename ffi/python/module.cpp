@@ -91,7 +91,7 @@ NB_MODULE(_core, m) {
         d["xla_cpu"] = false;
         d["xla_ffi_api"] = nb::none();
 #endif
-        d["jpeg_idct"] = "islow";
+        d["jpeg_idct"] = tbljax::kJpegIdctName;
         d["resize_filter"] = tbljax::kResizeFilterName;
         return d;
       },

@@ -16,7 +16,7 @@ from tbljax._src.rules.augment import Augment
 from tbljax._src.tools.benchmark import bench
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.io.conversion import ConversionError, ConvertSummary, convert
-from tbljax._src.io.format import Writer
+from tbljax._src.io.format import FORMATS, INDEX_DTYPE, Writer
 from tbljax._src.engine.host_loader import HostLoader
 from tbljax._src.engine.kernels import build_info
 from tbljax._src.jax.loader import Loader, loader
@@ -48,7 +48,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "IMAGENET_MEAN", "IMAGENET_STD", "Augment", "HostBatch", "HostLoader", "Loader",
+    "FORMATS", "IMAGENET_MEAN", "IMAGENET_STD", "INDEX_DTYPE", "Augment", "HostBatch", "HostLoader", "Loader",
     "LoaderOptions", "RowLayout", "loader", "augment", "kernels", "order", "show",
     "ConversionError", "ConvertSummary", "CorruptFileError",
     "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",

@@ -1,1 +1,1 @@
-"""adapters: the same engine served to PyTorch and MLX, and what the two share."""
+"""Adapters: the same engine served to PyTorch and MLX, and what the two share."""

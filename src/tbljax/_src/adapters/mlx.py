@@ -1,4 +1,4 @@
-"""tbljax.mlx: serve a TBL dataset to an MLX training loop as ``mx.array`` batches.
+"""Serve a TBL dataset to an MLX training loop as ``mx.array`` batches.
 
 The order, pixels and state are those of `tbljax.loader` (and of `tbljax.torch`): the same
 kernel fills the same ring. MLX arrays own their memory, so each batch is copied once from the

@@ -1,4 +1,4 @@
-"""tbljax.torch: serve a TBL dataset to a PyTorch training loop, where a DataLoader was.
+"""Serve a TBL dataset to a PyTorch training loop, where a DataLoader was.
 
 Batches are ``(images, labels)`` torch tensors whose images share memory with the loader's
 ring of 4 KiB-aligned host buffers (no copy between the kernel and your step), page-locked
@@ -146,7 +146,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
       pin_memory: page-locked ring buffers; None means ``torch.cuda.is_available()``.
       partition: None (rows drawn from the whole dataset) or "host": rank r of world_size
         opens and reads only its part (its block of the shard files by
-        `tbljax.partition.host_part`, or of the records of a single file), as
+        `tbljax.host_part`, or of the records of a single file), as
         `tbljax.loader(partition="host")` does for JAX process r. `path_or_paths` is then the
         list of all shard paths (other ranks' files may be absent); every rank must create the
         loader, and the ranks exchange their parts' sizes once over torch.distributed (its

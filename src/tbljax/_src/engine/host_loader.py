@@ -1,4 +1,4 @@
-"""tbljax.host_loader: `HostLoader`, the framework-free loader. It wires a dataset, the order,
+"""`HostLoader`, the framework-free loader. It wires a dataset, the order,
 the kernel and the host ring into passes (`producer.Pass`), and keeps what a training job
 saves and watches: the cursor, the resumable state and the metrics.
 

@@ -141,8 +141,8 @@ def _batch_args(num_records, indices, out, layout, crop, flip, mean, std) -> tup
     name = out.dtype.name
     if name not in contract.OUT_DTYPES:
         raise TypeError(f"out.dtype must be uint8, float32 or bfloat16, got {out.dtype}")
-    want = "(B, OH, OW, 3)" if layout == "NHWC" else "(B, 3, OH, OW)"
-    if out.ndim != 4 or out.shape[3 if layout == "NHWC" else 1] != 3:
+    want = f"(B, {', '.join(map(str, contract.row_shape(layout, 'OH', 'OW')))})"
+    if out.ndim != 4 or out.shape[contract.channel_axis(layout)] != 3:
         raise ValueError(f"out must have shape {want} for layout {layout}, got {out.shape}")
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous (the kernel writes it in place)")

@@ -3,7 +3,7 @@ into a ring slot — the step's rows (`engine/step.py`) → the record source's 
 kernel, GIL released; `engine/record_source.py`) → a `HostBatch` of NumPy views.
 
 Framework-free: what a framework makes of a HostBatch is the plan's ``finish`` function,
-given by the loader layered on top (`tbljax.jax_loader`, the torch and MLX adapters).
+given by the loader layered on top (`jax/loader.py`, the torch and MLX adapters).
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ class Plan:
     end_epoch: int | None   # the pass stops before this epoch (None: never)
     # HostBatch -> (what the consumer receives, the objects in it that view the ring slot);
     # runs in a producer thread, so a transfer to a device overlaps the step. None: the
-    # HostBatch itself. Must not refer to the loader (see tbljax.producer).
+    # HostBatch itself. Must not refer to the loader (see engine/producer.py).
     finish: object = None
     # partition="host": every process's part (positions are then local to the source, which
     # holds this process's part); None: one part, the whole dataset.

@@ -1,5 +1,5 @@
-"""tbljax.producer: one pass over a loader. The background producer (one thread, or two
-pipelined ones: see `_produce`) builds each step with a `tbljax.plan.Plan` and hands it over a
+"""One pass over a loader. The background producer (one thread, or two
+pipelined ones: see `_produce`) builds each step with a `Plan` (engine/plan.py) and hands it over a
 bounded queue; `Pass` is the iterator the consumer holds. It counts the metrics, and always
 shuts down cleanly: on break, error, del, garbage collection and interpreter exit.
 """

@@ -15,7 +15,7 @@ class RowLayout:
     """Where the rows of a global batch of `global_batch` rows live for this process (the
     placement of rows, not the pixel layout "NHWC" / "NCHW" of `LoaderOptions.layout`).
 
-    Made from a JAX sharding (`create`, from `tbljax.sharding.batch_sharding`) or,
+    Made from a JAX sharding (`create`, from `rules/sharding.py`'s `batch_sharding`) or,
     framework-free, from a rank (`for_rank`). ``ranges``: the distinct (start, stop) row
     ranges on this process's devices, sorted; each is built once even when several devices
     hold it (replication). ``devices``: per addressable device, (device, index into ranges).

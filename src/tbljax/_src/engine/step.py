@@ -1,10 +1,10 @@
-"""tbljax.step: what the rows of a step hold, decided once for every path. Global positions →
+"""What the rows of a step hold, decided once for every path. Global positions →
 sample indices (`tbljax.order`, the epoch's permutation) → crop boxes and flips
 (`tbljax.augment`, keyed by sample index). The same function runs in NumPy for the host
 loaders and in jax.numpy inside `jax.jit` for the resident dataset, so both serve the same
 samples with the same augmentation.
 
->>> from tbljax.options import LoaderOptions
+>>> from tbljax import LoaderOptions
 >>> idx, boxes, flips = draw(np.arange(4), LoaderOptions(batch_size=4, augment="flip"),
 ...                          num_records=10, image_hw=(32, 32), epoch=0)
 >>> idx.shape, boxes, flips.dtype

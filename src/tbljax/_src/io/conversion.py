@@ -1,4 +1,4 @@
-"""convert: decode a dataset once into a TBL file.
+"""Convert: decode a dataset once into a TBL file.
 
 Items stream from a source (`sources.py`) in chunks, ahead of the writer, and become records
 (`image_records.py`: the C++ pool decodes, resizes and re-encodes them with the GIL released);
@@ -28,6 +28,7 @@ from tbljax._src.io import remote
 from tbljax._src.io import reader as _reader
 from tbljax._src.io import sources as _sources
 from tbljax._src.rules.braces import expand_braces
+from tbljax._src.rules import contract
 from tbljax._src.io.format import Writer
 from tbljax._src.io.convert_options import ConversionError, ConvertOptions
 from tbljax._src.io.image_records import (Encoded, decode_chunk, encode_chunk, is_jpeg,
@@ -141,7 +142,7 @@ def convert(
     dst: str | os.PathLike,
     *,
     image_size: int | None = None,
-    resize: str = "center_crop",
+    resize: str = contract.DEFAULT_RESIZE,
     max_long_side: int | None = None,
     format: str = "raw",  # noqa: A002 - the natural name
     quality: int | None = None,
@@ -344,7 +345,7 @@ class _Records:
             labels=out_labels, keys=self.keys, classes=out_classes, skipped=self.skipped,
             recipe={
                 **recipe,
-                "idct": _core.native_info()["jpeg_idct"],
+                "idct": _core.JPEG_IDCT,
                 "resize_filter": _core.native_info().get("resize_filter", ""),
                 "sources": src.describe(), "shard": list(shard) if shard else None,
                 "label_errors": len(self.label_errors),

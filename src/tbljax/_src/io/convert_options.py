@@ -12,13 +12,14 @@ from typing import Any
 
 from tbljax import _core
 from tbljax._src.rules import contract
-from tbljax._src.io import sources as _sources
+from tbljax._src.io.format import stored_entry
+from tbljax._src.rules.partition import parse_part
 
 __all__ = ["CHROMA", "FIXED_SIZE_MODES", "RECORD_FORMATS", "RESIZE_MODES", "ConversionError",
            "ConvertOptions"]
 
-RESIZE_MODES: tuple[str, ...] = tuple(_core.RESIZE_MODES)  # the C++ resize's names
-FIXED_SIZE_MODES = ("center_crop", "squash")  # every record S x S
+RESIZE_MODES = contract.RESIZE_MODES          # the C++ resize's names
+FIXED_SIZE_MODES = contract.SQUARE_RESIZE_MODES  # every record S x S
 RECORD_FORMATS = ("raw", "jpeg", "lz4")
 CHROMA = ("420", "444")
 # The arguments that shape records decoded from images; a TBL source keeps its own geometry.
@@ -74,7 +75,7 @@ class ConvertOptions:
         if self.from_tbl:
             self._check_tbl_source()
         if self.shard is not None:
-            object.__setattr__(self, "shard", _sources.parse_shard(self.shard))
+            object.__setattr__(self, "shard", parse_part(self.shard, "shard"))
         if not self.from_tbl:
             object.__setattr__(self, "chroma", self._checked_recipe())
         contract.check_threads(self.threads)
@@ -141,5 +142,5 @@ class ConvertOptions:
             recipe["max_long_side"] = self.max_long_side
         if self.format == "jpeg":  # compact records hold the converted geometry: a plain decode
             recipe.update(quality=self.quality, chroma=self.chroma,
-                          stored="resized" if self.quality else "original")
+                          **stored_entry(compact=bool(self.quality)))
         return recipe

@@ -1,7 +1,7 @@
-"""tbljax.format: the TBL file as bytes, from Python. Record format codes, the index entry's
+"""The TBL file as bytes, from Python. Record format codes, the index entry's
 dtype, the dataset-level metadata block (labels, keys, class names, the conversion recipe: how
 it is encoded and what a valid one holds), and `Writer`, which streams records into a new file.
-Reading a file is `tbljax.reader`'s job.
+Reading a file is `io/reader.py`'s job.
 
 The byte layout, validation and checksums live in the C++ core (`ffi/core/tbl_format.*`).
 """
@@ -16,11 +16,27 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.rules.contract import MAX_SIDE, is_integer
+from tbljax._src.rules.contract import DEFAULT_RESIZE, MAX_SIDE, RESIZE_MODES, is_integer
 
 FORMATS: dict[str, int] = dict(_core.FORMATS)
 FORMAT_NAMES: dict[int, str] = {v: k for k, v in FORMATS.items()}
 METADATA_VERSION = 1
+# A recipe's "stored" key says what its JPEG records hold: the source's own bytes ("original",
+# also when the key is absent) or images re-encoded at the converted geometry ("resized":
+# compact records, which the kernel decodes box by box).
+STORED_KEY = "stored"
+STORED_ORIGINAL, STORED_RESIZED = "original", "resized"
+
+
+def is_compact(recipe: dict[str, Any]) -> bool:
+    """Whether a conversion recipe says its JPEG records are compact (re-encoded at the
+    converted geometry), not the source's own bytes."""
+    return recipe.get(STORED_KEY) == STORED_RESIZED
+
+
+def stored_entry(compact: bool) -> dict[str, str]:
+    """The recipe's "stored" entry for records that are compact or the source's bytes."""
+    return {STORED_KEY: STORED_RESIZED if compact else STORED_ORIGINAL}
 
 # The 24-byte index entry as a numpy structured dtype (little-endian, packed).
 INDEX_DTYPE = np.dtype(
@@ -79,10 +95,10 @@ def check_metadata(meta: dict[str, Any], n: int, path: str) -> None:
         if size is not None and (isinstance(size, bool) or not isinstance(size, int)
                                  or not 1 <= size <= MAX_SIDE):
             bad("recipe", f"an object whose image_size is an integer in [1, {MAX_SIDE}]")
-        if recipe.get("resize", "center_crop") not in _core.RESIZE_MODES:
-            bad("recipe", f"an object whose resize is one of {list(_core.RESIZE_MODES)}")
-        if recipe.get("stored", "original") not in ("original", "resized"):
-            bad("recipe", "an object whose stored is 'original' or 'resized'")
+        if recipe.get("resize", DEFAULT_RESIZE) not in RESIZE_MODES:
+            bad("recipe", f"an object whose resize is one of {list(RESIZE_MODES)}")
+        if recipe.get(STORED_KEY, STORED_ORIGINAL) not in (STORED_ORIGINAL, STORED_RESIZED):
+            bad("recipe", f"an object whose {STORED_KEY} is {STORED_ORIGINAL!r} or {STORED_RESIZED!r}")
     skipped = meta.get("skipped")
     if skipped is not None and not (isinstance(skipped, list) and all(isinstance(x, dict) for x in skipped)):
         bad("skipped", "a list of objects")

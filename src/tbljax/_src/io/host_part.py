@@ -1,6 +1,6 @@
-"""tbljax.local_part: the part of a dataset this process of a JAX job reads with
+"""The part of a dataset this process of a JAX job reads with
 ``tbljax.loader(paths, ..., partition="host")``. Its shard files (or, for a single file, its
-range of records) are chosen by `tbljax.partition.host_part`, and only those files are opened:
+range of records) are chosen by `tbljax.host_part`, and only those files are opened:
 the other processes' files need not exist on this host (a staged part holds only its own).
 
 The processes exchange once, with `jax.experimental.multihost_utils.process_allgather`, what

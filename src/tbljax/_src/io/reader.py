@@ -1,9 +1,9 @@
-"""tbljax.reader: `open` a TBL file (or shard files read as one) as a `Dataset`: per-record
+"""`open` a TBL file (or shard files read as one) as a `Dataset`: per-record
 info, labels, keys, class names and the conversion recipe, zero-copy views of RAW records and
 decoded reads of any record format, checksum verification, and the dataset's fingerprint.
 
 The byte layout, validation and checksums live in the C++ core (`ffi/core/tbl_format.*`); the
-metadata block's encoding lives in `tbljax.format`.
+metadata block's encoding lives in `io/format.py`.
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from tbljax import _core
 from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset, require
 from tbljax._src.io.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path, check_metadata, decode_labels
+from tbljax._src.io.format import is_compact
+from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
 
@@ -162,7 +164,7 @@ class Dataset(RecordDataset):
         if len(shapes) == 1 and all(f.uniform_raw for f in self._files):
             return shapes.pop()
         size = self.recipe.get("image_size")
-        if size and self.recipe.get("resize", "center_crop") in ("center_crop", "squash"):
+        if size and self.recipe.get("resize", DEFAULT_RESIZE) in SQUARE_RESIZE_MODES:
             return (int(size), int(size))
         return None
 
@@ -170,7 +172,7 @@ class Dataset(RecordDataset):
     def compact(self) -> bool:
         """True for compact records: JPEGs re-encoded at the served geometry (decoded in the
         kernel, box by box), False for the original JPEG bytes and for RAW/LZ4 records."""
-        return self.record_format == "jpeg" and self.recipe.get("stored") == "resized"
+        return self.record_format == "jpeg" and is_compact(self.recipe)
 
     @cached_property
     def geometry(self) -> RecordGeometry:
@@ -369,7 +371,7 @@ class Dataset(RecordDataset):
             data = f.read_payload(j)
             f.check_unchanged()
             img = self._decode_encoded(k, data, j)
-            resized = self._meta[k].get("recipe", {}).get("stored") == "resized"  # compact records
+            resized = is_compact(self._meta[k].get("recipe", {}))  # compact records
             if resized and img.shape[:2] != (int(e["height"]), int(e["width"])):
                 raise _core.CorruptFileError(f"{f.path}: record {j}: the JPEG is {img.shape[1]}x{img.shape[0]}, "
                                              f"the index says {int(e['width'])}x{int(e['height'])}")
@@ -379,9 +381,9 @@ class Dataset(RecordDataset):
 
     def _decode_encoded(self, k: int, data: bytes, j: int) -> np.ndarray:
         recipe = self._meta[k].get("recipe", {})
-        size, mode = recipe.get("image_size"), recipe.get("resize", "center_crop")
+        size, mode = recipe.get("image_size"), recipe.get("resize", DEFAULT_RESIZE)
         try:
-            if size and recipe.get("stored") != "resized":
+            if size and not is_compact(recipe):
                 return _core.decode_resize(data, int(size), mode)
             return _core.decode_jpeg(data)
         except _core.DecodeError as e:
@@ -417,7 +419,7 @@ class Dataset(RecordDataset):
                     raise ValueError(f"{f.path}: record {j} is {img.shape}, batch rows are {out.shape[1:]}")
                 out[row] = img
         if payloads:
-            mode = self.recipe.get("resize", "center_crop")
+            mode = self.recipe.get("resize", DEFAULT_RESIZE)
             if out.shape[1] != out.shape[2]:
                 raise ValueError(f"JPEG records decode to square images; out rows are {out.shape[1:3]}")
             tmp = out if len(jpeg_rows) == len(indices) else np.empty((len(payloads),) + out.shape[1:], np.uint8)

@@ -1,4 +1,4 @@
-"""tbljax.remote: files at a URL (gs://, s3://, http(s)://, file://, memory://, any fsspec
+"""Files at a URL (gs://, s3://, http(s)://, file://, memory://, any fsspec
 protocol) opened through fsspec, read by a reader that survives dropped connections.
 
 `RetryingReader` is a seekable binary file over one URL. When a read fails with a transient

@@ -1,5 +1,5 @@
 """Where convert's images come from: WebDataset TAR shards (local, or at a URL through fsspec:
-tbljax.remote), an image folder (one subfolder per class), a list of image files, or numpy
+io/remote.py), an image folder (one subfolder per class), a list of image files, or numpy
 arrays. Each source yields `Item`s in a fixed order and knows an upper bound of its count
 before reading (it sizes the TBL index).
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from tbljax._src.io import remote
 from tbljax._src.rules.braces import expand_braces
+from tbljax._src.rules.partition import host_part
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif"})
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
@@ -54,23 +55,11 @@ class Item:
     fields: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def parse_shard(shard: tuple[int, int] | str) -> tuple[int, int]:
-    """'i/n' or (i, n) -> (i, n), checked: 0 <= i < n."""
-    if isinstance(shard, str):
-        try:
-            i, n = (int(x) for x in shard.split("/"))
-        except ValueError:
-            raise ValueError(f"shard must look like 'i/n' (e.g. '3/16'), got {shard!r}") from None
-    else:
-        i, n = shard
-    if not (isinstance(i, int) and isinstance(n, int) and 0 <= i < n):
-        raise ValueError(f"shard i/n needs 0 <= i < n, got {i}/{n}")
-    return i, n
-
-
 def _share(seq: Sequence[Any], i: int, n: int, what: str) -> list[Any]:
-    """The i-th of n contiguous, near-equal shares of seq (shares in order concatenate to seq)."""
-    part = list(seq[len(seq) * i // n:len(seq) * (i + 1) // n])
+    """Share i of n of seq by the rule of `partition.host_part` (contiguous, near-equal shares
+    that in order concatenate to seq); an empty share is an error."""
+    mine = host_part(len(seq), i, n)
+    part = list(seq[mine.start:mine.stop])
     if not part:
         raise ValueError(f"shard {i}/{n} is empty: {len(seq)} {what} split {n} ways leaves share "
                          f"{i} nothing; use at most {len(seq)} shares")
@@ -446,9 +435,9 @@ class ArraySource:
         self.classes = classes
 
     def select(self, i: int, n: int) -> ArraySource:
-        lo, hi = len(self.rows) * i // n, len(self.rows) * (i + 1) // n
-        _share(self.rows, i, n, "images")
-        return ArraySource(self.images, self.labels[lo:hi], self.classes, self.rows[lo:hi])
+        rows = _share(self.rows, i, n, "images")
+        mine = host_part(len(self.rows), i, n)
+        return ArraySource(self.images, self.labels[mine.start:mine.stop], self.classes, rows)
 
     def describe(self) -> list[str]:
         return [f"<{len(self.rows)} arrays>"]

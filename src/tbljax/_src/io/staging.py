@@ -1,4 +1,4 @@
-"""tbljax.staging: `stage` copies TBL shard files from a URL (or a local path) to a local cache
+"""`stage` copies TBL shard files from a URL (or a local path) to a local cache
 directory, this process's part only when asked, each file verified and published atomically.
 
 A file is copied to a hidden partial name in the cache (`.NAME.partial`, locked while a copy
@@ -28,7 +28,7 @@ from typing import Any
 
 from tbljax import _core
 from tbljax._src.io import remote
-from tbljax._src.rules.partition import host_part
+from tbljax._src.rules.partition import host_part, parse_part
 from tbljax._src.io.reader import open as open_dataset
 
 __all__ = ["COPY_CHUNK", "parse_partition", "parse_size", "stage"]
@@ -73,17 +73,7 @@ def parse_partition(partition: Any, count: int) -> range:
                              "jax.distributed.initialize() before tbljax.stage (no arguments needed "
                              "on Slurm, TPU pods and Open MPI), or give the part as (i, n) or 'i/n'")
         return host_part(count)
-    if isinstance(partition, str):
-        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", partition)
-        if not m:
-            raise ValueError(f"partition must be None, 'host', (i, n) or 'i/n', got {partition!r}")
-        partition = (int(m[1]), int(m[2]))
-    if not (isinstance(partition, (tuple, list)) and len(partition) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in partition)):
-        raise ValueError(f"partition must be None, 'host', (i, n) or 'i/n', got {partition!r}")
-    i, n = partition
-    if not (n >= 1 and 0 <= i < n):
-        raise ValueError(f"partition (i, n) needs 0 <= i < n, got ({i}, {n})")
+    i, n = parse_part(partition, "partition", forms="None, 'host', (i, n) or 'i/n'")
     return host_part(count, i, n)
 
 
@@ -228,7 +218,7 @@ def stage(
       glob where the filesystem can list ('s3://b/train-*.tbl'), or a list of these. The files,
       in this order, are the dataset's global order; their names must differ.
     partition: None copies every file; 'host' only this JAX process's part
-      (`tbljax.partition.host_part(len(files))`: jax.process_index() of jax.process_count();
+      (`tbljax.host_part(len(files))`: jax.process_index() of jax.process_count();
       call `jax.distributed.initialize()` first, else ValueError); (i, n) or 'i/n' part i of
       n by the same rule (e.g. ``(int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"]))``).
     budget_bytes: the most the part may take in the cache (an int, or '500G'); a part larger

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tbljax._src.rules import contract
 from tbljax._src.jax.packed import PackedRecords
 from tbljax._src.jax.registration import PACKED_TARGET, TARGET
 
@@ -16,7 +17,7 @@ def ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, out_size, d
     """The FFI custom call; `data` is an (N, H, W, 3) array or `PackedRecords`."""
     oh, ow = out_size
     b = indices.shape[0]  # per shard under shard_map
-    result = jax.ShapeDtypeStruct((b, oh, ow, 3) if layout == "NHWC" else (b, 3, oh, ow), dtype)
+    result = jax.ShapeDtypeStruct((b, *contract.row_shape(layout, oh, ow)), dtype)
     crop_op = jnp.zeros((0, 4), jnp.int32) if crop is None else crop.astype(jnp.int32)
     flip_op = jnp.zeros((0,), jnp.uint8) if flip is None else flip.astype(jnp.uint8)
     packed = isinstance(data, PackedRecords)

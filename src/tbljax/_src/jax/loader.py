@@ -1,4 +1,4 @@
-"""tbljax.jax_loader: the loader JAX users hold. `tbljax.loader(...)` yields dicts of global
+"""The loader JAX users hold. `tbljax.loader(...)` yields dicts of global
 `jax.Array`s sharded as the user asks; `Loader` is a thin layer over `tbljax.HostLoader` whose
 finisher assembles each host batch into global arrays (no copy on CPU).
 
@@ -102,7 +102,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         than the page cache runs at the disk's random-read speed; 0 turns it off.
       partition: None (every process serves rows drawn from the whole dataset, the global
         order) or "host": each process opens and reads only its own part (its block of the
-        shard files by `tbljax.partition.host_part`, or of the records of a single file),
+        shard files by `tbljax.host_part`, or of the records of a single file),
         reshuffled every epoch, and fills its G/P rows of each global batch from it (process
         p's rows are rows [p*G/P, (p+1)*G/P) under the default sharding). Every process runs
         the same steps; without drop_remainder every record is served exactly once an epoch

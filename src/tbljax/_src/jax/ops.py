@@ -1,4 +1,4 @@
-"""tbljax.ops: the serve kernel inside `jax.jit`. `gather_normalize` gathers uint8 records by
+"""The serve kernel inside `jax.jit`. `gather_normalize` gathers uint8 records by
 index, optionally crop-resizes and flips them, normalizes and writes the batch in a dtype and
 layout, all in the compiled program: as an XLA FFI custom call running the same C++ kernel as
 the host loader (CPU; CUDA when built with it), or as a pure-JAX twin with bit-identical
@@ -117,7 +117,7 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
         contract.check_flip(flip.dtype, flip.shape, batch)
         flip = flip != 0 if flip.dtype != jnp.bool_ else flip
 
-    shape = (batch, oh, ow, 3) if layout == "NHWC" else (batch, 3, oh, ow)
+    shape = (batch, *contract.row_shape(layout, oh, ow))
     if out is not None and (tuple(out.shape) != shape or out.dtype != out_dt):
         raise ValueError(f"out must be {out_dt} of shape {shape}, got {out.dtype} of shape "
                          f"{tuple(out.shape)}")

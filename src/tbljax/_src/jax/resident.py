@@ -1,4 +1,4 @@
-"""tbljax.resident: a dataset that lives in device memory. `ResidentDataset` uploads the uint8
+"""A dataset that lives in device memory. `ResidentDataset` uploads the uint8
 records once (in chunks, straight from the file's memory map) and draws each batch *inside* the
 jitted step: the order (`tbljax.order`), the augmentation (`tbljax.augment`) and the fused
 gather-normalize (`tbljax.ops`) all run in the compiled program, and give exactly the batches

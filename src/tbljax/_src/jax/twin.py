@@ -120,7 +120,7 @@ def normalize(pixels, *, mean=None, std=None, dtype=jnp.float32, layout: str = "
         raise TypeError("normalize writes float32 or bfloat16, got dtype uint8")
     contract.check_layout(layout)
     pixels = jnp.asarray(pixels)
-    axis = -1 if layout == "NHWC" else 1
+    axis = -1 if layout == "NHWC" else 1  # images (H, W, 3) too, not only batches
     if pixels.dtype != jnp.uint8 or pixels.ndim < 2 or pixels.shape[axis] != 3:
         raise ValueError(f"pixels must be uint8 with 3 channels on the {layout} channel axis, got "
                          f"{pixels.dtype} of shape {tuple(pixels.shape)}")

@@ -1,4 +1,4 @@
-"""tbljax.augment: random-resized-crop boxes and horizontal flips for a batch of sample indices,
+"""Random-resized-crop boxes and horizontal flips for a batch of sample indices,
 drawn from `tbljax.order.random_bits`, so a sample's crop and flip depend only on
 (seed, epoch, sample index). The kernel applies them; this module only decides them.
 
@@ -55,8 +55,10 @@ import numpy as np
 from tbljax._src.rules import contract
 from tbljax._src.rules import order
 
-__all__ = ["Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
+__all__ = ["PRESETS", "Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
 
+# The augmentations a name stands for (`Augment.from_spec`, the CLI's --augment): Augment(**kw).
+PRESETS: dict[str, dict] = {"rrc_flip": {}, "flip": {"crop": False}}
 _ATTEMPTS = 10
 _WORDS_PER_ATTEMPT = 4
 _FLIP_COUNTER = _ATTEMPTS * _WORDS_PER_ATTEMPT
@@ -167,11 +169,10 @@ class Augment:
         """None, ``"rrc_flip"``, ``"flip"`` or an `Augment` → an `Augment` (or None)."""
         if spec is None or isinstance(spec, cls):
             return spec
-        if spec == "rrc_flip":
-            return cls()
-        if spec == "flip":
-            return cls(crop=False)
-        raise ValueError(f"augment must be None, 'rrc_flip', 'flip' or an Augment, got {spec!r}")
+        if isinstance(spec, str) and spec in PRESETS:
+            return cls(**PRESETS[spec])
+        raise ValueError(f"augment must be None, {', '.join(map(repr, PRESETS))} or an Augment, "
+                         f"got {spec!r}")
 
     @property
     def schedule(self) -> tuple[tuple[int, tuple[int, int] | None], ...]:

@@ -1,4 +1,4 @@
-r"""tbljax.braces: brace patterns expanded exactly as bash expands them, so that
+r"""Brace patterns expanded exactly as bash expands them, so that
 ``"train-{000..099}.tar"`` names the shards a shell would.
 
 Bash's rules (braces.c), restated: a brace expression is an unescaped `{` with a matching

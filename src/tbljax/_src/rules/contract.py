@@ -1,6 +1,7 @@
-"""tbljax.contract: the rules every serving path shares, each written once. Output dtype and
-layout names, per-channel mean/std, the side limit of a record, and the rule that ties the
-output size to the crop. The host loader, the kernel, the in-jit op, the resident dataset and
+"""The rules every serving path shares, each written once. Output dtype and
+layout names and the shape a layout gives, per-channel mean/std, the side limit of a record,
+the record count a loader indexes, the resize mode names, and the rule that ties the output
+size to the crop. The host loader, the kernel, the in-jit op, the resident dataset and
 the torch and MLX adapters all validate through these functions, so they accept and refuse the
 same things with the same words.
 
@@ -17,10 +18,12 @@ import numpy as np
 
 from tbljax import _core
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "MAX_OUT_SIDE", "MAX_RECORDS", "MAX_SIDE",
-           "MAX_THREADS", "OUT_DTYPES", "RESIZE_WEIGHT_BITS", "check_flip", "check_index_array",
-           "check_layout", "check_record_count", "check_threads", "check_unnormalized", "crop_boxes",
-           "dtype_name", "host_indices", "is_integer", "normalization", "np_dtype", "output_size"]
+__all__ = ["DEFAULT_RESIZE", "IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "MAX_OUT_SIDE",
+           "MAX_RECORDS", "MAX_SIDE", "MAX_THREADS", "OUT_DTYPES", "RESIZE_MODES",
+           "RESIZE_WEIGHT_BITS", "SQUARE_RESIZE_MODES", "channel_axis", "check_flip",
+           "check_index_array", "check_layout", "check_record_count", "check_threads",
+           "check_unnormalized", "crop_boxes", "dtype_name", "host_indices", "is_integer",
+           "normalization", "np_dtype", "output_size", "row_shape"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -33,6 +36,11 @@ MAX_THREADS: int = _core.MAX_THREADS                     # the largest pool a ca
 # Output sides of a crop-resize: kernel.h's integer sums stay exact in int32, the in-jit twin's
 # arithmetic, for output sides up to 32767.
 MAX_OUT_SIDE = 32767
+# How convert resizes (resize.h): every mode's name, those whose every output is S x S, and the
+# mode a recipe without a "resize" key was made with.
+RESIZE_MODES: tuple[str, ...] = tuple(_core.RESIZE_MODES)    # center_crop, squash, max_side, shorter_side
+SQUARE_RESIZE_MODES: tuple[str, ...] = tuple(_core.SQUARE_RESIZE_MODES)  # center_crop, squash
+DEFAULT_RESIZE: str = _core.DEFAULT_RESIZE_MODE               # center_crop
 # Records a loader serves at most: its `index` output is int32.
 MAX_RECORDS = int(np.iinfo(np.int32).max)
 
@@ -81,6 +89,17 @@ def check_layout(layout) -> str:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     return layout
+
+
+def row_shape(layout: str, oh, ow) -> tuple:
+    """One row of a batch in `layout`: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW; a batch is
+    (B, *row_shape(...))."""
+    return (oh, ow, 3) if check_layout(layout) == "NHWC" else (3, oh, ow)
+
+
+def channel_axis(layout: str) -> int:
+    """The axis of a batch (B, *row_shape) that holds the 3 channels: 3 in NHWC, 1 in NCHW."""
+    return 1 + row_shape(layout, "OH", "OW").index(3)
 
 
 def _three(value, name: str, default: float) -> list[float]:

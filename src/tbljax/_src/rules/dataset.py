@@ -161,6 +161,6 @@ def members() -> list[str]:
 def require(dataset: Any, what: str) -> RecordDataset:
     """`dataset` itself if it implements the contract, else TypeError naming what took it."""
     if not isinstance(dataset, RecordDataset):
-        raise TypeError(f"{what} takes a TBL path, a list of shard paths or a tbljax.Dataset "
-                        f"(a tbljax dataset), got {type(dataset).__name__} {dataset!r}"[:300])
+        raise TypeError(f"{what} takes a TBL path, a list of shard paths or a tbljax.Dataset, "
+                        f"got {type(dataset).__name__} {dataset!r}"[:300])
     return dataset

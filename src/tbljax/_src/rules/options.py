@@ -1,5 +1,5 @@
-"""tbljax.options: `LoaderOptions`, everything that decides what a loader yields, validated once
-when it is made (with the rules of `tbljax.contract`). Every loader (JAX, torch, MLX) and the
+"""`LoaderOptions`, everything that decides what a loader yields, validated once
+when it is made (with the rules of `rules/contract.py`). Every loader (JAX, torch, MLX) and the
 resident dataset's `batch` take their arguments through it.
 
 >>> LoaderOptions(batch_size=256, dtype="bfloat16").out_dtype.name
@@ -99,4 +99,4 @@ class LoaderOptions:
                   ) -> tuple[int, int, int]:
         """One row of a batch of epoch `epoch`: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW."""
         oh, ow = self.output_size(image_hw, epoch)
-        return (oh, ow, 3) if self.layout == "NHWC" else (3, oh, ow)
+        return contract.row_shape(self.layout, oh, ow)

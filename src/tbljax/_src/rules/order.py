@@ -1,4 +1,4 @@
-"""tbljax.order: which sample sits where. The shuffled order of an epoch and counter-based random
+"""Which sample sits where. The shuffled order of an epoch and counter-based random
 bits for augmentation, pure functions; the steps of an epoch and host parts are in `parts.py`,
 the resumable state in `resume.py`.
 

@@ -1,7 +1,8 @@
-"""tbljax.partition: which part of a list of items (shard files, or records of one file) each
-process of a multi-process JAX job owns. One rule, used by staging (`tbljax.stage`) and by
+"""Which part of a list of items (shard files, or records of one file) each
+process of a multi-process JAX job owns. One rule, used by staging (`tbljax.stage`), by
 host-local reading (`tbljax.loader(..., partition="host")`), so a host stages exactly the files
-it will read.
+it will read, and by `convert(..., shard=(i, n))`; and the one parser of a part written
+(i, n) or 'i/n'.
 
 The rule: process p of P owns the contiguous block ``[p * n // P, (p + 1) * n // P)``. Blocks
 differ in size by at most one item, and the parts of all processes are the items, each once.
@@ -11,7 +12,10 @@ differ in size by at most one item, and the parts of all processes are the items
 """
 from __future__ import annotations
 
-__all__ = ["host_part"]
+import re
+from typing import Any
+
+__all__ = ["host_part", "parse_part"]
 
 
 def host_part(count: int, index: int | None = None, processes: int | None = None) -> range:
@@ -28,3 +32,21 @@ def host_part(count: int, index: int | None = None, processes: int | None = None
     if processes < 1 or not 0 <= index < processes:
         raise ValueError(f"process index {index} is not in [0, {processes})")
     return range(index * count // processes, (index + 1) * count // processes)
+
+
+def parse_part(spec: Any, what: str, forms: str = "(i, n) or 'i/n'") -> tuple[int, int]:
+    """Part i of n as (i, n) from (i, n) (a tuple or list of two ints, not bools) or 'i/n'
+    (decimal digits, spaces allowed around them), checked: 0 <= i < n. ValueError otherwise,
+    naming the argument `what` and the `forms` it takes."""
+    if isinstance(spec, str):
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
+        if not m:
+            raise ValueError(f"{what} must be {forms}, got {spec!r}")
+        spec = (int(m[1]), int(m[2]))
+    if not (isinstance(spec, (tuple, list)) and len(spec) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in spec)):
+        raise ValueError(f"{what} must be {forms}, got {spec!r}")
+    i, n = spec
+    if not (n >= 1 and 0 <= i < n):
+        raise ValueError(f"{what} (i, n) needs 0 <= i < n, got ({i}, {n})")
+    return i, n

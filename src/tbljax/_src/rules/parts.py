@@ -9,7 +9,7 @@ N and a ``valid`` mask marks real rows.
 
 **Host parts** (``tbljax.loader(..., partition="host")``). Process p of P serves only the
 records of its part: global indices [start_p, start_p + n_p), the parts in process order
-(`tbljax.partition.host_part` of the shard files, or of the records of a single file). Its
+(`tbljax.host_part` of the shard files, or of the records of a single file). Its
 local position x of epoch e holds sample ``start_p + permute(x, n_p, seed, e)``: each part is
 reshuffled every epoch by the same (seed, epoch) key. Step s of an epoch covers local positions
 [s*b, (s+1)*b) of every part, b = G / P, and every process runs the same steps: with

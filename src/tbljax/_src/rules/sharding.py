@@ -1,4 +1,4 @@
-"""tbljax.sharding: what the user's `sharding=` argument means, decided once. A batch's
+"""What the user's `sharding=` argument means, decided once. A batch's
 sharding (the loader, the in-jit op, the resident dataset's batches) partitions only the
 leading batch axis; a resident dataset's sharding partitions only its record axis. jax is
 imported when these are called, so `import tbljax` stays quick.

@@ -1,1 +1,1 @@
-"""tools: programs over the loaders — `bench`, `show`, the demo and the `tbljax` command."""
+"""Tools: programs over the loaders — `bench`, `show`, the demo and the `tbljax` command."""

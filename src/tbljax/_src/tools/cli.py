@@ -158,7 +158,9 @@ def _augment_of(a: argparse.Namespace) -> Any:
 
 
 def _crop_options(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--augment", default=None, choices=["flip", "rrc_flip"],
+    from tbljax._src.rules.augment import PRESETS
+
+    p.add_argument("--augment", default=None, choices=list(PRESETS),
                    help=f"{what} with this augmentation: flip, or random-resized-crop + flip (default none)")
     p.add_argument("--size", type=int, default=None, metavar="S",
                    help="with --augment rrc_flip or --center-crop: resize the crops to SxS (needed for "
@@ -242,7 +244,8 @@ class CommandParser(argparse.ArgumentParser):
 
 def _add_convert(sub) -> None:
     """The `convert` command (tbljax.convert's arguments; its choices are ConvertOptions')."""
-    from tbljax._src.io.convert_options import CHROMA, RECORD_FORMATS, RESIZE_MODES
+    from tbljax._src.io.convert_options import CHROMA, RECORD_FORMATS
+    from tbljax._src.rules import contract
 
     c = sub.add_parser("convert", help="decode TAR shards / an image folder / image files into a TBL file",
                        description="Decode a dataset once into a TBL file (tbljax.convert).")
@@ -253,21 +256,20 @@ def _add_convert(sub) -> None:
     c.add_argument("-o", "--output", required=True, help="destination .tbl file")
     c.add_argument("-s", "--image-size", type=int, default=None, metavar="SIZE",
                    help="output side in pixels (required, except for a TBL file as the source)")
-    c.add_argument("--resize", default="center_crop",
-                   choices=list(RESIZE_MODES),
+    c.add_argument("--resize", default=contract.DEFAULT_RESIZE, choices=contract.RESIZE_MODES,
                    help="center_crop: shorter side to SIZE, then the central square (default); "
                         "squash: SIZE x SIZE ignoring aspect; max_side: longer side SIZE, aspect kept; "
                         "shorter_side: shorter side SIZE, aspect kept")
     c.add_argument("--max-long-side", type=int, default=None, metavar="L",
                    help="with --resize shorter_side: cap the longer side at L (default: no cap)")
-    c.add_argument("--format", default="raw", choices=list(RECORD_FORMATS),
+    c.add_argument("--format", default="raw", choices=RECORD_FORMATS,
                    help="raw: decoded pixels, fastest to serve (default); jpeg: JPEG records, smallest "
                         "(the source bytes, or re-encoded at the converted size with --quality); "
                         "lz4: raw pixels LZ4-compressed. A TBL file as the source converts to raw or lz4")
     c.add_argument("--quality", type=int, default=None, metavar="Q",
                    help="with --format jpeg: re-encode each image at its converted size with JPEG "
                         "quality Q (1-100; 90 is the usual choice): compact records")
-    c.add_argument("--chroma", default=None, choices=list(CHROMA),
+    c.add_argument("--chroma", default=None, choices=CHROMA,
                    help="chroma subsampling of --quality records: 420 (default) or 444")
     c.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
     c.add_argument("--classes", default=None, metavar="FILE",
@@ -340,9 +342,9 @@ def build_parser() -> CommandParser:
                    help="your training step: a callable taking the batch dict (image, label, index) and "
                         "returning something to block on; keep model state in a closure")
     b.add_argument("--steps", type=int, default=30, metavar="N", help="steps to time (default 30)")
-    b.add_argument("--dtype", default="float32", choices=list(contract.OUT_DTYPES),
+    b.add_argument("--dtype", default="float32", choices=contract.OUT_DTYPES,
                    help="batch dtype (default float32)")
-    b.add_argument("--layout", default="NHWC", choices=list(contract.LAYOUTS), help="batch layout (default NHWC)")
+    b.add_argument("--layout", default="NHWC", choices=contract.LAYOUTS, help="batch layout (default NHWC)")
     _crop_options(b, "measure the loader")
     b.add_argument("--threads", type=int, default=None, metavar="N",
                    help="threads decoding non-RAW records (default: all CPUs, or TBLJAX_NUM_THREADS)")
