@@ -1,17 +1,16 @@
 // The versions of libjpeg-turbo and lz4 that this process runs (see linked_versions.h).
 #include "linked_versions.h"
 
-#include <cstddef>
-#include <cstdio>  // jpeglib.h needs FILE
 #include <cctype>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>  // jpeglib.h needs FILE
 #include <cstring>
 
 #include <jpeglib.h>
 #include <lz4.h>
 
 #if defined(__linux__)
-#include <dlfcn.h>
 #include <link.h>
 #endif
 
@@ -51,7 +50,8 @@ void FindVersion(const dl_phdr_info* info, Probe* probe) {
       if (!hit) break;
       const char* v = static_cast<const char*>(hit) + needle.size();
       const char* stop = v;
-      while (stop < end && (std::isdigit(static_cast<unsigned char>(*stop)) || *stop == '.')) ++stop;
+      while (stop < end && (std::isdigit(static_cast<unsigned char>(*stop)) || *stop == '.'))
+        ++stop;
       if (stop > v && std::isdigit(static_cast<unsigned char>(*v))) {
         probe->version.assign(v, stop);
         return;
