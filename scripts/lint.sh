@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # ---- Python (ruff) ----
 py=${PYTHON:-.venv/bin/python}
-"$py" -m ruff check --no-cache src tests benchmarks examples
+"$py" -m ruff check --no-cache src tests benchmarks examples scripts
 echo "lint: ruff: clean ($("$py" -m ruff --version))"
 
 # ---- C++ / CUDA (clang-format) ----

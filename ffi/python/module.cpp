@@ -15,6 +15,7 @@
 #include "common.h"
 #include "decode.h"
 #include "kernel.h"
+#include "linked_versions.h"
 #include "simd.h"
 #include "thread_pool.h"
 
@@ -66,9 +67,16 @@ NB_MODULE(_core, m) {
         d["compiler"] = __VERSION__;
         d["nanobind"] = TBLJAX_STR(NB_VERSION_MAJOR) "." TBLJAX_STR(
             NB_VERSION_MINOR) "." TBLJAX_STR(NB_VERSION_PATCH);
-        d["libjpeg_turbo"] = TBLJAX_STR(LIBJPEG_TURBO_VERSION);
+        // The libraries' versions as linked and run (see linked_versions.h), and the headers'.
+        const std::string jpeg = tbljax::LinkedLibjpegTurboVersion();
+        d["libjpeg_turbo"] = jpeg.empty() ? "unknown" : jpeg;
+        d["libjpeg_turbo_headers"] = TBLJAX_STR(LIBJPEG_TURBO_VERSION);
+        d["libjpeg_library"] = tbljax::LinkedLibjpegPath();
         d["jpeg_lib_version"] = JPEG_LIB_VERSION;
-        d["lz4"] = LZ4_versionString();
+        d["lz4"] = tbljax::LinkedLz4Version();
+        d["lz4_headers"] = LZ4_VERSION_STRING;
+        // "static": both are linked into this module (a wheel); "shared": the system's.
+        d["native_deps"] = TBLJAX_STATIC_DEPS ? "static" : "shared";
         // One pool for the loader, the decoder and the XLA CPU handler: its size (what it has if
         // started, what it will start with otherwise).
         d["default_threads"] = tbljax::ThreadPool::DefaultThreadCount();
