@@ -27,6 +27,7 @@ from tbljax import _core
 from tbljax._src.io import remote
 from tbljax._src.io import reader as _reader
 from tbljax._src.io import sources as _sources
+from tbljax._src.io import hf_sources, tfds_sources
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.io.format import Writer
 from tbljax._src.io.convert_options import ConversionError, ConvertOptions
@@ -157,6 +158,10 @@ def convert(
     progress_interval: float | None = None,
     retries: int = 5,
     retry_backoff: float = 0.5,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    image_key: str | None = None,
+    label_key: str | None = None,
 ) -> ConvertSummary:
     """Decodes `sources` once into the TBL file `dst`.
 
@@ -224,7 +229,8 @@ def convert(
         quality=quality, chroma=chroma, threads=threads, strict=strict, overwrite=overwrite,
         labels=labels, classes=classes, label_ext=label_ext, shard=shard, progress=progress,
         progress_interval=progress_interval, retries=retries, retry_backoff=retry_backoff,
-        from_tbl=tbl_paths is not None)
+        image_column=image_column, label_column=label_column, image_key=image_key,
+        label_key=label_key, from_tbl=tbl_paths is not None)
     if opts.shard is not None:
         dst = dst.replace("{shard}", f"{opts.shard[0]:05d}-of-{opts.shard[1]:05d}")
     if os.path.exists(dst) and not opts.overwrite:
@@ -242,7 +248,7 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     retry = remote.Retry(opts.retries, opts.retry_backoff)
     table = _sources.load_classes(opts.classes)
     ext = opts.label_ext.lower() if opts.label_ext else None
-    src = _sources.resolve(sources, opts.labels, table, ext, retry)
+    src = _resolve(sources, opts, table, ext, retry)
     if opts.shard is not None:
         src = src.select(*opts.shard)
     bar = Progress(0, progress_mode(opts.progress), opts.progress_interval)
@@ -265,6 +271,31 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     return ConvertSummary(dst=dst, written=len(records.keys), skipped=records.skipped,
                           seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst),
                           label_errors=records.label_errors, classes=out_classes)
+
+
+def _resolve(sources: Any, opts: ConvertOptions, table: list[str] | None, ext: str | None,
+             retry: remote.Retry) -> Any:
+    """The source object: a Hugging Face or TFDS source when `sources` names one (each takes
+    its own column or feature-key arguments), else one of `sources.resolve`'s."""
+    src = hf_sources.resolve(sources, table, opts.image_column, opts.label_column, retry=retry) \
+        or tfds_sources.resolve(sources, table, opts.image_key, opts.label_key, retry=retry)
+    given = [k for k in ("image_column", "label_column", "image_key", "label_key") if getattr(opts, k)]
+    wrong = [k for k in given if (src is None) or (k.endswith("_column") != isinstance(
+        src, (hf_sources.ParquetSource, hf_sources.HFDatasetSource)))]
+    if wrong:
+        raise ValueError(f"{wrong[0]} names a column of a Hugging Face dataset or Parquet file "
+                         "(image_column, label_column) or a feature of TFRecord/ArrayRecord "
+                         f"tf.train.Examples (image_key, label_key); it does not apply to {_describe_arg(sources)}")
+    if src is None:
+        return _sources.resolve(sources, opts.labels, table, ext, retry)
+    if opts.labels is not None or ext is not None:
+        raise ValueError(f"{'labels=' if opts.labels is not None else 'label_ext'} does not apply to "
+                         f"{_describe_arg(sources)}: its labels come from its own label column or feature")
+    return src
+
+
+def _describe_arg(sources: Any) -> str:
+    return f"{type(sources).__name__} {sources!r}"[:120]
 
 
 def _decode_records(chunk: list[_sources.Item], *, opts: ConvertOptions,
