@@ -32,8 +32,8 @@ ROOMS = [
     ("_src/jax", ["packed", "registration", "twin", "ffi_call", "partitioning", "ops",
                   "arrays", "loader", "resident"]),  # JAX arrays, the kernel inside jit
     ("_src/adapters", ["common", "torch", "mlx"]),  # torch and MLX
-    ("_src/tools", ["benchmark", "show", "demo", "cli"]),  # programs over the loaders
-    ("facade", ["kernels", "order", "augment", "show", "ops", "torch", "mlx", "tbljax",
+    ("_src/tools", ["benchmark", "show", "demo", "beam", "cli"]),  # programs over the loaders
+    ("facade", ["kernels", "order", "augment", "show", "ops", "torch", "mlx", "beam", "tbljax",
                 "__main__"]),                       # what users import
 ]
 
