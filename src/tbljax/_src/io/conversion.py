@@ -172,6 +172,10 @@ def convert(
       class, a list of image files, or images in memory: a uint8 (N, H, W, 3) or (N, H, W)
       array, a list of (H, W[, C]) arrays or (B, H, W, C) batches, a tuple (images, labels) or
       a dict {'image': images, 'label': labels}. A source named twice is an error.
+      Hugging Face: a `datasets.Dataset` or `IterableDataset`, or Parquet files
+      ('data/train-*.parquet', local or URLs); TFDS: TFRecord ('*.tfrecord*') or ArrayRecord
+      ('*.array_record*') files of tf.train.Example (no TensorFlow). See the reference's
+      "From Hugging Face / TFDS".
       A TBL file (or shard files, '*.tbl') is decoded record for record into a RAW (or lz4)
       file: same labels, keys, order and geometry (see `format`); image_size, resize and the
       other recipe arguments do not apply to it.
@@ -198,6 +202,11 @@ def convert(
     label_ext: the TAR member that holds the label (e.g. 'txt'); default: the first of .cls,
       .cls2, .label, .json. Records whose label member cannot be read are written with label
       -1 and listed in `summary.label_errors` (strict=True stops on them).
+    image_column, label_column: the image and label columns of a Hugging Face dataset or
+      Parquet file (default: its Image and ClassLabel features; a ClassLabel's names become the
+      classes, ids kept). image_key, label_key: the image and label features of
+      tf.train.Examples (default: 'image' else 'image/encoded'; 'label' else
+      'image/class/label'; a TFDS folder's features.json and <label>.labels.txt give names).
     Bad items (corrupt, truncated, empty, not an image) are skipped and listed in the summary
     and in the file; with strict=True the first chunk holding one stops the conversion with
     ConversionError and nothing is written. A conversion that would write no record raises
