@@ -23,7 +23,8 @@ ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
     ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "mixing", "augment",
                     "dataset", "options"]),         # what every path agrees on
-    ("_src/io", ["remote", "format", "sources", "reader", "host_part", "mixture", "staging",
+    ("_src/io", ["remote", "format", "sources", "hf_sources", "tf_example", "tfds_sources",
+                 "reader", "host_part", "mixture", "staging",
                  "progress", "convert_options", "label_table", "image_records",
                  "conversion"]),                    # bytes on disk and at URLs
     ("_src/engine", ["kernels", "rows", "ring", "step", "record_source", "plan", "producer",
@@ -31,8 +32,8 @@ ROOMS = [
     ("_src/jax", ["packed", "registration", "twin", "ffi_call", "partitioning", "ops",
                   "arrays", "loader", "resident"]),  # JAX arrays, the kernel inside jit
     ("_src/adapters", ["common", "torch", "mlx"]),  # torch and MLX
-    ("_src/tools", ["benchmark", "show", "demo", "cli"]),  # programs over the loaders
-    ("facade", ["kernels", "order", "augment", "show", "ops", "torch", "mlx", "tbljax",
+    ("_src/tools", ["benchmark", "show", "demo", "beam", "cli"]),  # programs over the loaders
+    ("facade", ["kernels", "order", "augment", "show", "ops", "torch", "mlx", "beam", "tbljax",
                 "__main__"]),                       # what users import
 ]
 

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-IMPORT_NAME_TO_DIST = {"PIL": "pillow"}
-# Modules whose imports belong to an extra, not the core: the framework adapters, and the PNG
-# grid of `tbljax show` (Pillow).
-EXTRA_OF = {"torch.py": "torch", "mlx.py": "mlx", "show.py": "pil"}
+IMPORT_NAME_TO_DIST = {"PIL": "pillow", "google": "protobuf"}
+# Modules whose imports belong to an extra, not the core: the framework adapters, the PNG
+# grid of `tbljax show` (Pillow), the Hugging Face and TFDS sources, conversion on Beam.
+EXTRA_OF = {"torch.py": "torch", "mlx.py": "mlx", "show.py": "pil", "hf_sources.py": "hf",
+            "tfds_sources.py": "tfds", "tf_example.py": "tfds", "beam.py": "beam"}
 # Used when installed, never needed: a progress bar in Jupyter (convert's progress report).
 ENHANCEMENTS = {"tqdm", "IPython"}
 

@@ -27,6 +27,7 @@ from tbljax import _core
 from tbljax._src.io import remote
 from tbljax._src.io import reader as _reader
 from tbljax._src.io import sources as _sources
+from tbljax._src.io import hf_sources, tfds_sources
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules import contract
 from tbljax._src.io.format import Writer
@@ -158,6 +159,10 @@ def convert(
     progress_interval: float | None = None,
     retries: int = 5,
     retry_backoff: float = 0.5,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    image_key: str | None = None,
+    label_key: str | None = None,
 ) -> ConvertSummary:
     """Decodes `sources` once into the TBL file `dst`.
 
@@ -168,6 +173,10 @@ def convert(
       class, a list of image files, or images in memory: a uint8 (N, H, W, 3) or (N, H, W)
       array, a list of (H, W[, C]) arrays or (B, H, W, C) batches, a tuple (images, labels) or
       a dict {'image': images, 'label': labels}. A source named twice is an error.
+      Hugging Face: a `datasets.Dataset` or `IterableDataset`, or Parquet files
+      ('data/train-*.parquet', local or URLs); TFDS: TFRecord ('*.tfrecord*') or ArrayRecord
+      ('*.array_record*') files of tf.train.Example (no TensorFlow). See the reference's
+      "From Hugging Face / TFDS".
       A TBL file (or shard files, '*.tbl') is decoded record for record into a RAW (or lz4)
       file: same labels, keys, order and geometry (see `format`); image_size, resize and the
       other recipe arguments do not apply to it.
@@ -194,6 +203,11 @@ def convert(
     label_ext: the TAR member that holds the label (e.g. 'txt'); default: the first of .cls,
       .cls2, .label, .json. Records whose label member cannot be read are written with label
       -1 and listed in `summary.label_errors` (strict=True stops on them).
+    image_column, label_column: the image and label columns of a Hugging Face dataset or
+      Parquet file (default: its Image and ClassLabel features; a ClassLabel's names become the
+      classes, ids kept). image_key, label_key: the image and label features of
+      tf.train.Examples (default: 'image' else 'image/encoded'; 'label' else
+      'image/class/label'; a TFDS folder's features.json and <label>.labels.txt give names).
     Bad items (corrupt, truncated, empty, not an image) are skipped and listed in the summary
     and in the file; with strict=True the first chunk holding one stops the conversion with
     ConversionError and nothing is written. A conversion that would write no record raises
@@ -225,7 +239,8 @@ def convert(
         quality=quality, chroma=chroma, threads=threads, strict=strict, overwrite=overwrite,
         labels=labels, classes=classes, label_ext=label_ext, shard=shard, progress=progress,
         progress_interval=progress_interval, retries=retries, retry_backoff=retry_backoff,
-        from_tbl=tbl_paths is not None)
+        image_column=image_column, label_column=label_column, image_key=image_key,
+        label_key=label_key, from_tbl=tbl_paths is not None)
     if opts.shard is not None:
         dst = dst.replace("{shard}", f"{opts.shard[0]:05d}-of-{opts.shard[1]:05d}")
     if os.path.exists(dst) and not opts.overwrite:
@@ -243,7 +258,7 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     retry = remote.Retry(opts.retries, opts.retry_backoff)
     table = _sources.load_classes(opts.classes)
     ext = opts.label_ext.lower() if opts.label_ext else None
-    src = _sources.resolve(sources, opts.labels, table, ext, retry)
+    src = _resolve(sources, opts, table, ext, retry)
     if opts.shard is not None:
         src = src.select(*opts.shard)
     bar = Progress(0, progress_mode(opts.progress), opts.progress_interval)
@@ -266,6 +281,31 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     return ConvertSummary(dst=dst, written=len(records.keys), skipped=records.skipped,
                           seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst),
                           label_errors=records.label_errors, classes=out_classes)
+
+
+def _resolve(sources: Any, opts: ConvertOptions, table: list[str] | None, ext: str | None,
+             retry: remote.Retry) -> Any:
+    """The source object: a Hugging Face or TFDS source when `sources` names one (each takes
+    its own column or feature-key arguments), else one of `sources.resolve`'s."""
+    src = hf_sources.resolve(sources, table, opts.image_column, opts.label_column, retry=retry) \
+        or tfds_sources.resolve(sources, table, opts.image_key, opts.label_key, retry=retry)
+    given = [k for k in ("image_column", "label_column", "image_key", "label_key") if getattr(opts, k)]
+    wrong = [k for k in given if (src is None) or (k.endswith("_column") != isinstance(
+        src, (hf_sources.ParquetSource, hf_sources.HFDatasetSource)))]
+    if wrong:
+        raise ValueError(f"{wrong[0]} names a column of a Hugging Face dataset or Parquet file "
+                         "(image_column, label_column) or a feature of TFRecord/ArrayRecord "
+                         f"tf.train.Examples (image_key, label_key); it does not apply to {_describe_arg(sources)}")
+    if src is None:
+        return _sources.resolve(sources, opts.labels, table, ext, retry)
+    if opts.labels is not None or ext is not None:
+        raise ValueError(f"{'labels=' if opts.labels is not None else 'label_ext'} does not apply to "
+                         f"{_describe_arg(sources)}: its labels come from its own label column or feature")
+    return src
+
+
+def _describe_arg(sources: Any) -> str:
+    return f"{type(sources).__name__} {sources!r}"[:120]
 
 
 def _decode_records(chunk: list[_sources.Item], *, opts: ConvertOptions,

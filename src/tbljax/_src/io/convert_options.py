@@ -24,7 +24,9 @@ RECORD_FORMATS = ("raw", "jpeg", "lz4")
 CHROMA = ("420", "444")
 # The arguments that shape records decoded from images; a TBL source keeps its own geometry.
 _IMAGE_ONLY = ("image_size", "max_long_side", "quality", "chroma", "labels", "classes",
-               "label_ext", "shard")
+               "label_ext", "shard", "image_column", "label_column", "image_key", "label_key")
+# Which record of a table (Hugging Face, Parquet) or of a tf.train.Example (TFDS) holds what.
+_NAMES = ("image_column", "label_column", "image_key", "label_key")
 
 
 class ConversionError(RuntimeError):
@@ -67,6 +69,10 @@ class ConvertOptions:
     progress_interval: float | None = None
     retries: int = 5
     retry_backoff: float = 0.5
+    image_column: str | None = None
+    label_column: str | None = None
+    image_key: str | None = None
+    label_key: str | None = None
     from_tbl: bool = False
 
     def __post_init__(self):
@@ -88,6 +94,10 @@ class ConvertOptions:
         ext = self.label_ext
         if ext is not None and (not isinstance(ext, str) or not ext or "/" in ext):
             raise ValueError(f"label_ext must be a member extension such as 'txt' or 'cls', got {ext!r}")
+        for name in _NAMES:
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ValueError(f"{name} must be a column or feature name (a non-empty str), got {v!r}")
 
     def _check_tbl_source(self) -> None:
         given = {k: getattr(self, k) for k in _IMAGE_ONLY}

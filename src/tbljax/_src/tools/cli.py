@@ -30,7 +30,8 @@ def _cmd_convert(a: argparse.Namespace) -> int:
                              overwrite=a.overwrite, shard=a.shard, classes=a.classes,
                              label_ext=a.label_ext, progress=False if a.quiet else None,
                              progress_interval=a.progress_interval, retries=a.retries,
-                             retry_backoff=a.retry_backoff)
+                             retry_backoff=a.retry_backoff, image_column=a.image_column,
+                             label_column=a.label_column, image_key=a.image_key, label_key=a.label_key)
     print(summary)
     return 0
 
@@ -278,6 +279,13 @@ def _add_convert(sub) -> None:
     c.add_argument("--label-ext", default=None, metavar="EXT",
                    help="the TAR member holding the label, e.g. txt (default: the first of "
                         "cls, cls2, label, json)")
+    for flag, what in (("--image-column", "the image column of Parquet files (default: the Image feature)"),
+                       ("--label-column", "the label column of Parquet files (default: the ClassLabel feature)"),
+                       ("--image-key", "the image feature of TFRecord/ArrayRecord Examples (default: image, "
+                                       "image/encoded)"),
+                       ("--label-key", "the label feature of TFRecord/ArrayRecord Examples (default: label, "
+                                       "image/class/label)")):
+        c.add_argument(flag, default=None, metavar="NAME", help=what)
     c.add_argument("--strict", action="store_true", help="stop (and write nothing) at the first bad image or label")
     c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     c.add_argument("--shard", default=None, metavar="I/N",

@@ -1,0 +1,288 @@
+"""Hugging Face sources: a `datasets.Dataset` (one split) or `IterableDataset`, and Parquet
+files (local, or at a URL through fsspec) as `datasets` writes them. The features say which
+column is the image (`Image`: a `{"bytes", "path"}` struct) and which the label (`ClassLabel`:
+its names become the classes, ids kept); `image_column=` / `label_column=` name them instead.
+Parquet is read row group by row group, so memory stays flat in the file's size, and a
+conversion's `--shard i/n` takes a contiguous share of the (file, row group) units.
+
+`datasets` and `pyarrow` are the `hf` extra, imported only when such a source is given.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from tbljax._src.io import remote
+from tbljax._src.io.sources import Item, Label
+from tbljax._src.rules.braces import expand_braces
+from tbljax._src.rules.partition import host_part
+
+__all__ = ["PARQUET_SUFFIXES", "HFDatasetSource", "ParquetSource", "is_hf_dataset", "is_parquet",
+           "paths_of", "resolve", "share"]
+
+PARQUET_SUFFIXES = (".parquet", ".parq")
+BATCH_ROWS = 256  # rows turned into Python objects at a time (a row group may hold many more)
+
+
+def share(units: Sequence[Any], i: int, n: int, what: str) -> list[Any]:
+    """Share i of n of `units` by the I/N rule of `partition.host_part` (contiguous, in order:
+    the shares concatenate to `units`); an empty share is an error that says how many to use."""
+    part = [units[k] for k in host_part(len(units), i, n)]
+    if not part:
+        raise ValueError(f"shard {i}/{n} is empty: {len(units)} {what} split {n} ways leaves share "
+                         f"{i} nothing; use at most {len(units)} shares")
+    return part
+
+
+def _import(name: str) -> Any:
+    try:
+        return __import__(name, fromlist=["_"])
+    except ImportError:
+        raise ImportError(f"Hugging Face and Parquet sources need {name.split('.')[0]}: "
+                          "pip install 'tbljax[hf]'") from None
+
+
+def is_hf_dataset(x: Any) -> bool:
+    """Whether x is a `datasets.Dataset` or `IterableDataset` (without importing datasets)."""
+    return type(x).__module__.startswith("datasets.") and type(x).__name__ in ("Dataset", "IterableDataset")
+
+
+def is_parquet(paths: Sequence[str]) -> bool:
+    return bool(paths) and all(remote.name_of(p).lower().endswith(PARQUET_SUFFIXES) for p in paths)
+
+
+class _Columns:
+    """Which columns a source reads, from its features (a `datasets.Features`, or None when an
+    IterableDataset does not know them) and convert's arguments; the classes of a ClassLabel."""
+
+    def __init__(self, features: Any, names: Sequence[str], where: str, image_column: str | None,
+                 label_column: str | None, fields: Sequence[str], classes: list[str] | None):
+        datasets = _import("datasets")
+        features = features or {}
+        names = list(names) or list(features)
+        for what, col in (("image_column", image_column), ("label_column", label_column),
+                          *(("fields", f) for f in fields)):
+            if col is not None and names and col not in names:
+                raise ValueError(f"{where}: {what} {col!r} is not a column; columns: {names}")
+        if image_column is None:
+            images = [c for c, f in features.items() if isinstance(f, datasets.Image)]
+            if len(images) != 1:
+                found = f"Image features {images}" if images else "no Image feature"
+                raise ValueError(f"{where} has {found}: name the image column with image_column= "
+                                 f"(columns: {names})")
+            image_column = images[0]
+        if label_column is None:
+            labels = [c for c, f in features.items() if isinstance(f, datasets.ClassLabel)]
+            if len(labels) > 1:
+                raise ValueError(f"{where} has several ClassLabel features {labels}: name the label "
+                                 "with label_column=")
+            label_column = labels[0] if labels else None
+        self.image, self.label, self.fields = image_column, label_column, list(fields)
+        names_of = getattr(features.get(label_column), "names", None) if label_column else None
+        if classes is not None and names_of is not None and list(classes) != list(names_of):
+            diff = next((k for k, (a, b) in enumerate(zip(classes, names_of)) if a != b),
+                        min(len(classes), len(names_of)))
+            raise ValueError(f"{where}: classes= differs from the ClassLabel names of {label_column!r} "
+                             f"at id {diff} (the file's ids are kept as they are, so the names must match)")
+        self.classes = classes if classes is not None else (list(names_of) if names_of else None)
+
+    @property
+    def read(self) -> list[str]:
+        return list(dict.fromkeys([self.image, *([self.label] if self.label else []), *self.fields]))
+
+    def items(self, rows: dict[str, list[Any]], keys: Sequence[str], source: str) -> Iterator[Item]:
+        """The items of a batch of rows, given column by column (`pyarrow` `to_pydict`)."""
+        labels = rows[self.label] if self.label else [-1] * len(keys)
+        for r, key in enumerate(keys):
+            data, error = _image_bytes(rows[self.image][r])
+            label, label_error = _label(labels[r], self.label)
+            yield Item(key, source, data, label, error=error, label_error=label_error,
+                       fields={f: rows[f][r] for f in self.fields})
+
+
+def _image_bytes(cell: Any) -> tuple[bytes | None, str | None]:
+    """An image cell's encoded bytes: raw bytes, or an `Image` struct's "bytes" (else the file
+    at its "path"), with the reason when there are none."""
+    if isinstance(cell, dict):
+        if cell.get("bytes"):
+            return bytes(cell["bytes"]), None
+        path = cell.get("path")
+        if not path:
+            return None, "image cell has neither bytes nor a path"
+        try:
+            with remote.open_input(path) as f:
+                return f.read(), None
+        except OSError as e:
+            return None, f"image cell has no bytes and its path cannot be read: {e}"
+    if isinstance(cell, (bytes, bytearray, memoryview)):
+        return (bytes(cell), None) if len(cell) else (None, "image cell is empty")
+    return None, f"image cell is {type(cell).__name__}, not bytes or an Image {{'bytes', 'path'}} struct"
+
+
+def _label(cell: Any, column: str | None) -> tuple[Label, str | None]:
+    if cell is None:
+        return -1, None
+    if isinstance(cell, int) and not isinstance(cell, bool):
+        return cell, None
+    if isinstance(cell, str) and cell.strip() and "\n" not in cell:
+        return cell.strip(), None
+    return -1, f"label column {column!r} holds {type(cell).__name__} {cell!r:.60}, not an integer id or a class name"
+
+
+class ParquetSource:
+    """Parquet files: the features from the schema's `huggingface` metadata (or inferred from
+    the Arrow types); rows read by row group, in file order."""
+
+    count_is_slow = False
+
+    def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
+                 image_column: str | None = None, label_column: str | None = None,
+                 fields: Sequence[str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
+                 units: list[tuple[str, int, int]] | None = None, columns: _Columns | None = None):
+        pq = _import("pyarrow.parquet")
+        self.paths, self.retry = list(paths), retry
+        if units is None:
+            units = []
+            for p in self.paths:
+                with self._open(p) as f:
+                    meta = pq.ParquetFile(f).metadata
+                units += [(p, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+        self.units = units  # (file, row group, rows), in order
+        if columns is None:
+            with self._open(self.paths[0]) as f:
+                schema = pq.ParquetFile(f).schema_arrow
+            features = _import("datasets").Features.from_arrow_schema(schema)
+            columns = _Columns(features, schema.names, self.paths[0], image_column, label_column,
+                               fields, classes)
+        self.columns = columns
+        self.classes = columns.classes
+
+    def _open(self, path: str) -> Any:
+        if not remote.is_url(path) and not os.path.isfile(path):
+            raise FileNotFoundError(f"Parquet file not found: {path}")
+        return remote.open_input(path, self.retry)
+
+    def select(self, i: int, n: int) -> ParquetSource:
+        """Shard i of n: a contiguous share of the (file, row group) units."""
+        part = share(self.units, i, n, "Parquet row groups")
+        return ParquetSource(list(dict.fromkeys(u[0] for u in part)), retry=self.retry, units=part,
+                             columns=self.columns)
+
+    def describe(self) -> list[str]:
+        return self.paths
+
+    def count(self, report: Callable[[int, int], None] | None = None) -> int:
+        return sum(u[2] for u in self.units)
+
+    def __iter__(self) -> Iterator[Item]:
+        pq = _import("pyarrow.parquet")
+        by_file: dict[str, list[int]] = {}
+        for p, g, _ in self.units:
+            by_file.setdefault(p, []).append(g)
+        for p, groups in by_file.items():
+            name = remote.name_of(p)
+            with self._open(p) as f:
+                pf = pq.ParquetFile(f)
+                row = sum(pf.metadata.row_group(g).num_rows for g in range(groups[0]))
+                for batch in pf.iter_batches(BATCH_ROWS, row_groups=groups, columns=self.columns.read):
+                    keys = [f"{name}:{r}" for r in range(row, row + batch.num_rows)]
+                    row += batch.num_rows
+                    yield from self.columns.items(batch.to_pydict(), keys, p)
+
+
+class HFDatasetSource:
+    """A `datasets.Dataset` (read as Arrow, images never decoded by `datasets`) or an
+    `IterableDataset` (read with decoding off); keys are row numbers."""
+
+    def __init__(self, ds: Any, classes: list[str] | None = None, image_column: str | None = None,
+                 label_column: str | None = None, fields: Sequence[str] = (),
+                 rows: range | None = None, columns: _Columns | None = None):
+        datasets = _import("datasets")
+        self.ds, self.iterable = ds, isinstance(ds, datasets.IterableDataset)
+        if columns is None:
+            names = ds.column_names or []
+            columns = _Columns(ds.features, names, f"{type(ds).__name__}", image_column,
+                               label_column, fields, classes)
+        self.columns, self.classes = columns, columns.classes
+        self.rows = rows if rows is not None or self.iterable else range(len(ds))
+        self.first_row = 0 if self.rows is None else self.rows.start
+
+    @property
+    def count_is_slow(self) -> bool:
+        return self._known_count() is None
+
+    def _known_count(self) -> int | None:
+        if not self.iterable:
+            return len(self.rows)
+        splits = self.ds.info.splits
+        split = splits.get(str(self.ds.split)) if splits and self.ds.split is not None else None
+        return split.num_examples if split is not None and split.num_examples else None
+
+    def select(self, i: int, n: int) -> HFDatasetSource:
+        """Shard i of n: contiguous rows of a Dataset; contiguous shards (files) of an
+        IterableDataset (`IterableDataset.shard`, which needs n <= its num_shards)."""
+        if not self.iterable:
+            part = host_part(len(self.rows), i, n)
+            share(self.rows, i, n, "rows")
+            return HFDatasetSource(self.ds, rows=self.rows[part.start:part.stop], columns=self.columns)
+        if n > self.ds.num_shards:
+            raise ValueError(f"shard {i}/{n}: this IterableDataset has {self.ds.num_shards} shards (files), "
+                             f"and is split by whole shards: use at most {self.ds.num_shards} shares")
+        part = HFDatasetSource(self.ds.shard(n, i, contiguous=True), columns=self.columns)
+        return part
+
+    def describe(self) -> list[str]:
+        name = getattr(self.ds.info, "dataset_name", None) or type(self.ds).__name__
+        return [f"<{name} {self.ds.split or ''}>".replace(" >", ">")]
+
+    def count(self, report: Callable[[int, int], None] | None = None) -> int:
+        known = self._known_count()
+        if known is not None:
+            return known
+        return sum(1 for _ in self.ds.select_columns([self.columns.image]).decode(False))
+
+    def __iter__(self) -> Iterator[Item]:
+        cols = self.columns.read
+        if self.iterable:
+            row = 0
+            for batch in self.ds.select_columns(cols).decode(False).iter(BATCH_ROWS):
+                n = len(batch[self.columns.image])
+                yield from self.columns.items(batch, [str(r) for r in range(row, row + n)], "<dataset>")
+                row += n
+            return
+        table = self.ds.with_format("arrow").select_columns(cols)
+        for lo in range(self.rows.start, self.rows.stop, BATCH_ROWS):
+            hi = min(lo + BATCH_ROWS, self.rows.stop)
+            yield from self.columns.items(table[lo:hi].to_pydict(), [str(r) for r in range(lo, hi)],
+                                          "<dataset>")
+
+
+def resolve(sources: Any, classes: list[str] | None, image_column: str | None,
+            label_column: str | None, fields: Sequence[str] = (),
+            retry: remote.Retry = remote.DEFAULT_RETRY) -> ParquetSource | HFDatasetSource | None:
+    """The Hugging Face source `sources` names (a dataset object, or Parquet paths and
+    patterns), or None when it names none."""
+    if is_hf_dataset(sources):
+        return HFDatasetSource(sources, classes, image_column, label_column, fields)
+    paths = paths_of(sources, is_parquet)
+    if paths is None:
+        return None
+    return ParquetSource(paths, classes, image_column, label_column, fields, retry)
+
+
+def paths_of(sources: Any, is_kind: Callable[[list[str]], bool]) -> list[str] | None:
+    """Paths and patterns (braces, globs; local or URLs) expanded when every word names a file
+    of the kind `is_kind` accepts, else None (the sources are another kind's)."""
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    if not isinstance(sources, (list, tuple)) or not sources \
+            or not all(isinstance(s, (str, os.PathLike)) for s in sources):
+        return None
+    words = [w for s in map(os.fspath, sources) for w in expand_braces(s)]
+    if not is_kind(words):
+        return None
+    paths = [p for w in words for p in remote.expand(w)]
+    if not paths:
+        raise ValueError(f"convert: the pattern matched no file: {sources!r}"[:300])
+    return paths

@@ -1,0 +1,315 @@
+"""Hugging Face and TFDS sources: the same real photos converted from a `datasets.Dataset`, an
+IterableDataset, Parquet files, TFRecord and ArrayRecord files of tf.train.Example equal their
+conversion from a WebDataset TAR (the reference path), pixel for pixel and label for label,
+odd inputs (grayscale, CMYK, truncated) included; sharded conversions equal the single job;
+TFRecord checksums are checked. The TFRecords are written here through an independent
+encoder: protobuf's wire format and TFRecord's framing, written out from the public schema."""
+from __future__ import annotations
+
+import io
+import json
+import struct
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+
+import tbljax
+
+datasets = pytest.importorskip("datasets")
+pq = pytest.importorskip("pyarrow.parquet")
+google_crc32c = pytest.importorskip("google_crc32c")
+PIL_Image = pytest.importorskip("PIL.Image")
+
+CLASSES = ["Faces", "Leopards", "accordion"]
+SIZE = 40
+
+
+@pytest.fixture(scope="module")
+def photos():
+    """(bytes, class id) of 8 real photos per class, then a CMYK JPEG, a grayscale PNG and a
+    truncated JPEG (its class: 0, 1, 2)."""
+    from conftest import shared_dir
+
+    root = shared_dir("caltech101") / "images"
+    out = [(p.read_bytes(), c) for c, name in enumerate(CLASSES)
+           for p in sorted((root / name).glob("*.jpg"))[:8]]
+    rgb = PIL_Image.open(io.BytesIO(out[0][0])).convert("RGB")
+    cmyk, gray = io.BytesIO(), io.BytesIO()
+    rgb.convert("CMYK").save(cmyk, "JPEG", quality=90)
+    rgb.convert("L").save(gray, "PNG")
+    return out + [(cmyk.getvalue(), 0), (gray.getvalue(), 1), (out[5][0][:len(out[5][0]) // 3], 2)]
+
+
+@pytest.fixture(scope="module")
+def reference(photos, tmp_path_factory):
+    """The photos converted from a WebDataset TAR."""
+    d = tmp_path_factory.mktemp("ref")
+    with tarfile.open(d / "ref.tar", "w") as tf:
+        for i, (data, c) in enumerate(photos):
+            for ext, payload in (("jpg", data), ("cls", str(c).encode())):
+                info = tarfile.TarInfo(f"{i:04d}.{ext}")
+                info.size = len(payload)
+                tf.addfile(info, io.BytesIO(payload))
+    s = tbljax.convert(d / "ref.tar", d / "ref.tbl", image_size=SIZE, classes=CLASSES, progress=False)
+    assert len(s.skipped) == 1 and s.written == len(photos) - 1  # the truncated one
+    return tbljax.open(d / "ref.tbl")
+
+
+def assert_same_fingerprint(parts, single):
+    # The content-only fingerprint (issue 20: the recipe's shard and per-part fields left out)
+    # is on the `fast` branch; until it merges, parts carry their shard in the fingerprint.
+    from tbljax._src.io.reader import NOT_FINGERPRINTED
+
+    if "shard" in NOT_FINGERPRINTED:
+        assert parts.fingerprint == single.fingerprint
+
+
+def pixels(ds):
+    return np.concatenate(ds.shard_views())
+
+
+def assert_same(ds, ref):
+    assert len(ds) == len(ref)
+    np.testing.assert_array_equal(ds.view(), ref.view())
+    assert ds.labels.tolist() == ref.labels.tolist()
+    assert ds.classes == ref.classes == CLASSES
+    assert len(ds.skipped) == len(ref.skipped) == 1
+
+
+def hf_dataset(photos):
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES),
+                                  "caption": datasets.Value("string")})
+    return datasets.Dataset.from_dict(
+        {"image": [{"bytes": b, "path": None} for b, _ in photos], "label": [c for _, c in photos],
+         "caption": [f"photo {i}" for i in range(len(photos))]}, features=features)
+
+
+# ---- Hugging Face ----------------------------------------------------------------------------
+
+def test_dataset_equals_tar(photos, reference, tmp_path):
+    tbljax.convert(hf_dataset(photos), tmp_path / "hf.tbl", image_size=SIZE, progress=False)
+    assert_same(tbljax.open(tmp_path / "hf.tbl"), reference)
+
+
+def test_iterable_dataset_equals_tar_and_shards_by_file(photos, reference, tmp_path):
+    it = hf_dataset(photos).to_iterable_dataset(num_shards=3)
+    tbljax.convert(it, tmp_path / "it.tbl", image_size=SIZE, progress=False)
+    assert_same(tbljax.open(tmp_path / "it.tbl"), reference)
+    parts = [tbljax.convert(it, tmp_path / "p-{shard}.tbl", image_size=SIZE, shard=(i, 3),
+                            progress=False).dst for i in range(3)]
+    np.testing.assert_array_equal(pixels(tbljax.open(parts)), reference.view())
+    with pytest.raises(ValueError, match="3 shards"):
+        tbljax.convert(it, tmp_path / "x.tbl", image_size=SIZE, shard=(0, 4), progress=False)
+
+
+def test_parquet_files_equal_tar_read_by_row_group_and_sharded(photos, reference, tmp_path):
+    ds = hf_dataset(photos)
+    for i in range(2):  # two files of row groups of 5 rows, written by datasets itself
+        ds.shard(2, i, contiguous=True).to_parquet(tmp_path / f"train-{i}.parquet", batch_size=5)
+    groups = [pq.ParquetFile(tmp_path / f"train-{i}.parquet").num_row_groups for i in range(2)]
+    assert groups == [3, 3]
+    single = tbljax.convert(str(tmp_path / "train-*.parquet"), tmp_path / "pq.tbl", image_size=SIZE,
+                            progress=False)
+    assert single.classes == CLASSES  # from the ClassLabel in the schema's metadata
+    one = tbljax.open(tmp_path / "pq.tbl")
+    assert_same(one, reference)
+    assert one.keys[:2] == ["train-0.parquet:0", "train-0.parquet:1"]
+    parts = [tbljax.convert(str(tmp_path / "train-{0,1}.parquet"), tmp_path / "part-{shard}.tbl",
+                            image_size=SIZE, shard=f"{i}/4", progress=False).dst for i in range(4)]
+    many = tbljax.open(parts)
+    assert many.keys == one.keys and many.labels.tolist() == one.labels.tolist()
+    np.testing.assert_array_equal(pixels(many), one.view())
+    assert_same_fingerprint(many, one)
+
+
+def test_parquet_at_a_url_and_columns_named(photos, reference, tmp_path):
+    import fsspec
+    import pyarrow as pa
+
+    # A plain Parquet file (no datasets metadata): binary image column, class-name labels.
+    table = pa.table({"jpg": [b for b, _ in photos], "cls": [CLASSES[c] for _, c in photos]})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=7)
+    with fsspec.open("memory://hf/plain.parquet", "wb") as f:
+        f.write(buf.getvalue())
+    with pytest.raises(ValueError, match="image_column="):
+        tbljax.convert("memory://hf/plain.parquet", tmp_path / "x.tbl", image_size=SIZE, progress=False)
+    with pytest.raises(ValueError, match="'nope' is not a column"):
+        tbljax.convert("memory://hf/plain.parquet", tmp_path / "x.tbl", image_size=SIZE,
+                       image_column="nope", progress=False)
+    tbljax.convert("memory://hf/plain.parquet", tmp_path / "u.tbl", image_size=SIZE, image_column="jpg",
+                   label_column="cls", classes=CLASSES, progress=False)
+    assert_same(tbljax.open(tmp_path / "u.tbl"), reference)
+
+
+def test_fields_strict_and_wrong_arguments(photos, tmp_path):
+    from tbljax._src.io.hf_sources import HFDatasetSource
+
+    items = list(HFDatasetSource(hf_dataset(photos[:3]), fields=["caption"]))
+    assert [it.fields for it in items] == [{"caption": f"photo {i}"} for i in range(3)]
+    assert [it.label for it in items] == [0, 0, 0] and items[1].data == photos[1][0]
+    with pytest.raises(tbljax.ConversionError, match="strict"):
+        tbljax.convert(hf_dataset(photos), tmp_path / "s.tbl", image_size=SIZE, strict=True, progress=False)
+    with pytest.raises(ValueError, match="image_key"):
+        tbljax.convert(hf_dataset(photos), tmp_path / "s.tbl", image_size=SIZE, image_key="image",
+                       progress=False)
+    with pytest.raises(ValueError, match="classes= differs"):
+        tbljax.convert(hf_dataset(photos), tmp_path / "s.tbl", image_size=SIZE, classes=["a", "b", "c"],
+                       progress=False)
+
+
+# ---- TFDS: tf.train.Example in TFRecord and ArrayRecord ----------------------------------------
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1  # int64 on the wire: two's complement
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _ld(number: int, payload: bytes) -> bytes:  # a length-delimited field (wire type 2)
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def example(features: dict[str, bytes | int]) -> bytes:
+    """tf.train.Example's bytes, from feature.proto and example.proto: Example{features=1}
+    Features{map<string, Feature> feature=1} Feature{oneof bytes_list=1, int64_list=3},
+    BytesList{repeated bytes value=1}, Int64List{repeated int64 value=1 [packed]}."""
+    entries = b""
+    for key, v in features.items():
+        feature = _ld(1, _ld(1, v)) if isinstance(v, bytes) else _ld(3, _ld(1, _varint(v)))
+        entries += _ld(1, _ld(1, key.encode()) + _ld(2, feature))
+    return _ld(1, entries)
+
+
+def masked(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord(records: list[bytes]) -> bytes:
+    out = b""
+    for r in records:
+        head = struct.pack("<Q", len(r))
+        out += head + struct.pack("<I", masked(head)) + r + struct.pack("<I", masked(r))
+    return out
+
+
+def test_crc32c_is_the_castagnoli_checksum():
+    assert google_crc32c.value(b"123456789") == 0xE3069283  # the CRC-32C check value
+    from tbljax._src.io.tfds_sources import masked_crc32c
+
+    assert masked_crc32c(b"123456789") == masked(b"123456789")
+
+
+def write_tfds_folder(d, photos, keys=("image", "label"), files=2):
+    d.mkdir()
+    exs = [example({keys[0]: b, keys[1]: c}) for b, c in photos]
+    for i in range(files):
+        part = exs[len(exs) * i // files:len(exs) * (i + 1) // files]
+        (d / f"caltech-train.tfrecord-{i:05d}-of-{files:05d}").write_bytes(tfrecord(part))
+    return exs
+
+
+def test_tfrecord_tfds_folder_equals_tar_and_shards(photos, reference, tmp_path):
+    d = tmp_path / "caltech" / "1.0.0"
+    d.parent.mkdir()
+    write_tfds_folder(d, photos)
+    (d / "features.json").write_text(json.dumps({
+        "pythonClassName": "tensorflow_datasets.core.features.features_dict.FeaturesDict",
+        "featuresDict": {"features": {
+            "image": {"pythonClassName": "tensorflow_datasets.core.features.image_feature.Image"},
+            "label": {"pythonClassName": "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
+                      "classLabel": {"numClasses": "3"}}}}}))
+    (d / "label.labels.txt").write_text("\n".join(CLASSES) + "\n")
+    s = tbljax.convert(str(d / "caltech-train.tfrecord*"), tmp_path / "tf.tbl", image_size=SIZE,
+                       progress=False)
+    assert s.classes == CLASSES
+    one = tbljax.open(tmp_path / "tf.tbl")
+    assert_same(one, reference)
+    assert one.keys[0] == "caltech-train.tfrecord-00000-of-00002:0"
+    parts = [tbljax.convert(str(d / "caltech-train.tfrecord*"), tmp_path / "p-{shard}.tbl",
+                            image_size=SIZE, shard=(i, 2), progress=False).dst for i in range(2)]
+    many = tbljax.open(parts)
+    np.testing.assert_array_equal(pixels(many), one.view())
+    assert many.labels.tolist() == one.labels.tolist()
+    assert_same_fingerprint(many, one)
+
+
+def test_tfrecord_classic_keys_and_bad_checksums(photos, reference, tmp_path):
+    d = tmp_path / "classic"
+    exs = write_tfds_folder(d, photos, keys=("image/encoded", "image/class/label"), files=1)
+    path = d / "caltech-train.tfrecord-00000-of-00001"
+    tbljax.convert(path, tmp_path / "c.tbl", image_size=SIZE, classes=CLASSES, progress=False)
+    assert_same(tbljax.open(tmp_path / "c.tbl"), reference)
+    # Record 2's data corrupted: skipped, named by file and record; the others still read.
+    raw = bytearray(path.read_bytes())
+    at = sum(16 + len(e) for e in exs[:2]) + 12 + 40
+    raw[at] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    s = tbljax.convert(path, tmp_path / "bad.tbl", image_size=SIZE, classes=CLASSES, progress=False)
+    reasons = [x["reason"] for x in s.skipped]
+    assert s.written == len(photos) - 2
+    assert any("record 2: data CRC-32C mismatch" in r for r in reasons), reasons
+    assert s.skipped[0]["source"] == str(path)
+    with pytest.raises(tbljax.ConversionError, match="record 2: data CRC-32C"):
+        tbljax.convert(path, tmp_path / "strict.tbl", image_size=SIZE, classes=CLASSES, strict=True,
+                       progress=False)
+    # A broken length: the rest of the file is skipped, the records before it kept.
+    raw = bytearray(tfrecord(exs[:4]))
+    raw[sum(16 + len(e) for e in exs[:3])] ^= 0x01
+    path.write_bytes(bytes(raw))
+    s = tbljax.convert(path, tmp_path / "len.tbl", image_size=SIZE, classes=CLASSES, progress=False)
+    assert s.written == 3 and "record 3: length CRC-32C mismatch" in s.skipped[0]["reason"]
+
+
+def test_tfrecord_keys_named_and_missing(photos, tmp_path):
+    path = tmp_path / "x.tfrecord"
+    path.write_bytes(tfrecord([example({"jpeg": photos[0][0], "y": b"Faces", "id": 17})]))
+    with pytest.raises(tbljax.ConversionError, match="no image feature"):
+        tbljax.convert(path, tmp_path / "a.tbl", image_size=SIZE, progress=False)
+    s = tbljax.convert(path, tmp_path / "b.tbl", image_size=SIZE, image_key="jpeg", label_key="y",
+                       classes=CLASSES, progress=False)
+    assert s.written == 1 and tbljax.open(tmp_path / "b.tbl").labels.tolist() == [0]
+    from tbljax._src.io.tfds_sources import TFRecordSource
+
+    (item,) = TFRecordSource([str(path)], image_key="jpeg", fields=["id", "y"])
+    assert item.fields == {"id": 17, "y": b"Faces"} and item.data == photos[0][0]
+
+
+def test_array_record_equals_tar_and_shards_by_record(photos, reference, tmp_path):
+    ar = pytest.importorskip("array_record.python.array_record_module")
+    files = []
+    for i, part in enumerate((photos[:10], photos[10:])):
+        files.append(str(tmp_path / f"caltech-train.array_record-{i:05d}-of-00002"))
+        w = ar.ArrayRecordWriter(files[-1], "group_size:1")
+        for b, c in part:
+            w.write(example({"image": b, "label": c}))
+        w.close()
+    tbljax.convert(files, tmp_path / "ar.tbl", image_size=SIZE, classes=CLASSES, progress=False)
+    one = tbljax.open(tmp_path / "ar.tbl")
+    assert_same(one, reference)
+    parts = [tbljax.convert(files, tmp_path / "p-{shard}.tbl", image_size=SIZE, classes=CLASSES,
+                            shard=(i, 3), progress=False).dst for i in range(3)]
+    sizes = [len(tbljax.open(p)) + len(tbljax.open(p).skipped) for p in parts]
+    assert sizes == [9, 9, 9]  # records, not files: 27 split three ways
+    many = tbljax.open(parts)
+    np.testing.assert_array_equal(pixels(many), one.view())
+    assert many.keys == one.keys and many.labels.tolist() == one.labels.tolist()
+
+
+def test_no_tensorflow_is_imported(photos, tmp_path):
+    path = tmp_path / "t.tfrecord"
+    path.write_bytes(tfrecord([example({"image": b, "label": c}) for b, c in photos[:2]]))
+    code = (f"import sys, tbljax; tbljax.convert({str(path)!r}, {str(tmp_path / 't.tbl')!r}, "
+            "image_size=16, progress=False); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets')); "
+            "assert not bad, bad; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
