@@ -23,7 +23,7 @@ ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
     ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "augment",
                     "dataset", "options"]),         # what every path agrees on
-    ("_src/io", ["remote", "format", "sources", "reader", "host_part", "staging",
+    ("_src/io", ["remote", "fields", "format", "sources", "reader", "host_part", "staging",
                  "progress", "convert_options", "label_table", "image_records",
                  "conversion"]),                    # bytes on disk and at URLs
     ("_src/engine", ["kernels", "rows", "ring", "step", "record_source", "plan", "producer",

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
+from tbljax._src.io import fields as _fields
 from tbljax._src.io import remote
 from tbljax._src.io import reader as _reader
 from tbljax._src.io import sources as _sources
@@ -157,6 +158,7 @@ def convert(
     progress_interval: float | None = None,
     retries: int = 5,
     retry_backoff: float = 0.5,
+    fields: dict[str, str] | None = None,
 ) -> ConvertSummary:
     """Decodes `sources` once into the TBL file `dst`.
 
@@ -193,6 +195,15 @@ def convert(
     label_ext: the TAR member that holds the label (e.g. 'txt'); default: the first of .cls,
       .cls2, .label, .json. Records whose label member cannot be read are written with label
       -1 and listed in `summary.label_errors` (strict=True stops on them).
+    fields: {name: extension} of the record's other fields: for TAR shards the member with that
+      extension (the member name after the key, e.g. 'txt', 'json', 'emb.npy'), for an image
+      folder the sidecar file beside each image (a/img1.jpg + a/img1.txt). .txt is a str field
+      (UTF-8), .json a json field, .npy an ndarray field (numeric; one shape in every record:
+      fixed; a first dimension that varies: ragged). A dict source needs none: its keys besides
+      image and label are its fields ({'image': imgs, 'caption': [...], 'emb': (N, 768)}).
+      A record whose field is missing or unreadable (bad UTF-8/JSON/.npy, a dtype or trailing
+      shape that disagrees with the field's) is skipped like a bad image; an extension that no
+      record has is a ConversionError. A TBL source keeps its fields.
     Bad items (corrupt, truncated, empty, not an image) are skipped and listed in the summary
     and in the file; with strict=True the first chunk holding one stops the conversion with
     ConversionError and nothing is written. A conversion that would write no record raises
@@ -224,7 +235,7 @@ def convert(
         quality=quality, chroma=chroma, threads=threads, strict=strict, overwrite=overwrite,
         labels=labels, classes=classes, label_ext=label_ext, shard=shard, progress=progress,
         progress_interval=progress_interval, retries=retries, retry_backoff=retry_backoff,
-        from_tbl=tbl_paths is not None)
+        fields=fields, from_tbl=tbl_paths is not None)
     if opts.shard is not None:
         dst = dst.replace("{shard}", f"{opts.shard[0]:05d}-of-{opts.shard[1]:05d}")
     if os.path.exists(dst) and not opts.overwrite:
@@ -242,7 +253,7 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     retry = remote.Retry(opts.retries, opts.retry_backoff)
     table = _sources.load_classes(opts.classes)
     ext = opts.label_ext.lower() if opts.label_ext else None
-    src = _sources.resolve(sources, opts.labels, table, ext, retry)
+    src = _sources.resolve(sources, opts.labels, table, ext, retry, opts.fields)
     if opts.shard is not None:
         src = src.select(*opts.shard)
     bar = Progress(0, progress_mode(opts.progress), opts.progress_interval)
@@ -251,9 +262,10 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
         raise ConversionError(f"no record to write: the sources hold no images ({_describe(src)}); "
                               f"{dst} was not written")
     t0 = time.perf_counter()
-    records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None))
+    records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None),
+                       _fields.Columns(src.field_kinds, opts.fields or {}, out_dir=os.path.dirname(os.path.abspath(dst))))
     bar.start(total)
-    with Writer(dst, total, overwrite=opts.overwrite) as w, \
+    with records.columns, Writer(dst, total, overwrite=opts.overwrite) as w, \
             ThreadPoolExecutor(opts.pool_threads) as pool, \
             ThreadPoolExecutor(1, thread_name_prefix="tbljax-convert-decode") as decoder:
         decode = functools.partial(_decode_records, opts=opts, pool=pool)
@@ -284,8 +296,8 @@ class _Records:
     (skipped items, unreadable labels); `add` writes a chunk's good records in source order,
     `finish` the metadata."""
 
-    def __init__(self, dst: str, opts: ConvertOptions, labels: LabelTable):
-        self.dst, self.opts, self.labels = dst, opts, labels
+    def __init__(self, dst: str, opts: ConvertOptions, labels: LabelTable, columns: _fields.Columns):
+        self.dst, self.opts, self.labels, self.columns = dst, opts, labels, columns
         self.keys: list[str] = []
         self.skipped: list[dict[str, str]] = []
         self.label_errors: list[dict[str, str]] = []
@@ -294,6 +306,9 @@ class _Records:
         self.seen = 0
 
     def add(self, chunk: list[_sources.Item], results: list, w: Writer) -> None:
+        # A record whose fields fail is skipped like a bad image; its reason names the field.
+        values = [None if isinstance(r, str) else self.columns.parse(it) for it, r in zip(chunk, results)]
+        results = [v if isinstance(v, str) else r for r, v in zip(results, values)]
         bad = [{"key": it.key, "source": it.source, "reason": r}
                for it, r in zip(chunk, results) if isinstance(r, str)]
         bad_labels = []
@@ -313,9 +328,10 @@ class _Records:
                 "written", self.skipped)
         self.skipped.extend(bad)
         self.label_errors.extend(bad_labels)
-        for it, r in zip(chunk, results):
+        for it, r, v in zip(chunk, results, values):
             if not isinstance(r, str):
                 self._write(w, it, r)
+                self.columns.append(v)
         self.seen += len(chunk)
 
     def _write(self, w: Writer, it: _sources.Item, r: np.ndarray | Encoded) -> None:
@@ -331,7 +347,11 @@ class _Records:
         self.keys.append(it.key)
 
     def finish(self, w: Writer, src: Any) -> list[str] | None:
-        """Writes the labels, keys, classes, skipped list and recipe; returns the classes."""
+        """Writes the labels, keys, classes, skipped list, recipe and fields; returns the classes."""
+        try:
+            self.columns.check_found(self.dst)
+        except _fields.FieldsNotFound as e:
+            raise ConversionError(str(e), self.skipped) from None
         if not self.keys:
             s = self.skipped
             first = f"; first: {s[0]['key']} ({s[0]['source']}): {s[0]['reason']}" if s else ""
@@ -353,6 +373,7 @@ class _Records:
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             },
         )
+        self.columns.write(w)
         return out_classes
 
 
@@ -385,11 +406,21 @@ def _convert_tbl(paths: list[str], dst: str, opts: ConvertOptions) -> ConvertSum
     bar = Progress(n, progress_mode(opts.progress), opts.progress_interval)
     bar.start(n)
     t0 = time.perf_counter()
-    with Writer(dst, n, overwrite=opts.overwrite) as w, ThreadPoolExecutor(opts.pool_threads) as pool:
+    out_dir = os.path.dirname(os.path.abspath(dst))
+    kinds = {name: info.kind for name, info in ds.fields.items()}
+    with _fields.Columns(kinds, {}, out_dir) as columns, Writer(dst, n, overwrite=opts.overwrite) as w, \
+            ThreadPoolExecutor(opts.pool_threads) as pool:
         for start in range(0, n, CHUNK):
-            for img in pool.map(ds.read, range(start, min(n, start + CHUNK))):
+            rows = np.arange(start, min(n, start + CHUNK))
+            for img in pool.map(ds.read, rows.tolist()):
                 w.add_raw(img, lz4=(opts.format == "lz4"))
+            for name in kinds:  # the fields carry over record for record
+                col = columns.writers[name]
+                for v in ds.field_rows(name, rows):
+                    col.expect(v)
+                    col.append(v)
             bar.update(min(n, start + CHUNK), 0)
+        columns.write(w)
         w.set_metadata(
             labels=ds.labels, keys=ds.keys, classes=ds.classes, skipped=ds.skipped,
             recipe={
