@@ -241,3 +241,25 @@ def test_turboloader_still_serves_a_file_with_fields(tmp_path):
     batch, meta = next(iter(loader))
     got = np.rint(np.asarray(batch).transpose(0, 2, 3, 1) * 255).astype(np.uint8)
     np.testing.assert_array_equal(got, ds.view()[np.asarray(meta["indices"])])
+
+
+def test_cli_convert_field_info_and_verify(tmp_path):
+    import subprocess
+    import sys
+    samples = _source(5)
+    write_tar(tmp_path / "a.tar", samples)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tbljax", *a], capture_output=True, text=True,
+                                    cwd=tmp_path)
+    r = run("convert", str(tmp_path / "a.tar"), "-o", str(tmp_path / "a.tbl"), "--image-size", "16",
+            "--field", "caption=txt", "--field", "emb=emb.npy", "--field", "tok=tok.npy", "--quiet")
+    assert r.returncode == 0, r.stderr
+    check = tbljax.open(tmp_path / "a.tbl")
+    assert list(check.field("caption")) == [s["caption"] for s in samples]
+    r = run("info", str(tmp_path / "a.tbl"))
+    assert r.returncode == 0, r.stderr
+    assert "field.caption" in r.stdout and "str" in r.stdout
+    assert any(line.split()[:4] == ["field.emb", "ndarray", "float16", "(6,)"] and "60 bytes" in line
+               for line in r.stdout.splitlines()), r.stdout
+    assert any(line.split()[:4] == ["field.tok", "ndarray", "int32", "(n,)"] for line in r.stdout.splitlines())
+    r = run("verify", str(tmp_path / "a.tbl"))
+    assert r.returncode == 0 and "ok" in r.stdout

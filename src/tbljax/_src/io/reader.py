@@ -508,7 +508,7 @@ class Dataset(RecordDataset):
         self.check_unchanged()
         bad = [(f.path, int(i), msg) for f in self._files for i, msg in f.verify(int(threads))]
         for col in self._columns.values():  # the field blocks' CRC-32s (record -1: a block)
-            bad += [(fc.path, -1, msg) for fc in col.files for msg in fc.verify()]
+            bad += [(fc.path, -1, f"{fc.path}: {msg}") for fc in col.files for msg in fc.verify()]
         self.check_unchanged()
         return bad
 

@@ -30,9 +30,24 @@ def _cmd_convert(a: argparse.Namespace) -> int:
                              overwrite=a.overwrite, shard=a.shard, classes=a.classes,
                              label_ext=a.label_ext, progress=False if a.quiet else None,
                              progress_interval=a.progress_interval, retries=a.retries,
-                             retry_backoff=a.retry_backoff)
+                             retry_backoff=a.retry_backoff, fields=_field_args(a.field))
     print(summary)
     return 0
+
+
+def _field_args(pairs: list[str] | None) -> dict[str, str] | None:
+    """--field caption=txt --field emb=emb.npy -> {'caption': 'txt', 'emb': 'emb.npy'}."""
+    if not pairs:
+        return None
+    out = {}
+    for p in pairs:
+        name, sep, ext = p.partition("=")
+        if not sep or not name or not ext:
+            raise ValueError(f"--field takes NAME=EXT (e.g. caption=txt, emb=emb.npy), got {p!r}")
+        if name in out:
+            raise ValueError(f"--field {name} given twice")
+        out[name] = ext
+    return out
 
 
 def _cmd_stage(a: argparse.Namespace) -> int:
@@ -82,9 +97,13 @@ def _cmd_info(a: argparse.Namespace) -> int:
         print(f"{path}")
         recipe = dict(d.pop("recipe"))
         sizes = recipe.pop("source_sizes", None)
+        fields = d.pop("fields", {})
         for k, v in d.items():
             if k != "path":
                 print(f"  {k:22s} {v}")
+        for name, f in fields.items():
+            shape = "(" + ", ".join("n" if x is None else str(x) for x in f["shape"]) + ("," if len(f["shape"]) == 1 else "") + ")"
+            print(f"  field.{name:16s} {f['kind']:8s} {f['dtype'] or '-':8s} {shape:12s} {f['bytes']} bytes")
         for k, v in recipe.items():
             print(f"  recipe.{k:15s} {v}")
         if sizes and sizes.get("count"):
@@ -276,6 +295,9 @@ def _add_convert(sub) -> None:
     c.add_argument("--label-ext", default=None, metavar="EXT",
                    help="the TAR member holding the label, e.g. txt (default: the first of "
                         "cls, cls2, label, json)")
+    c.add_argument("--field", action="append", default=None, metavar="NAME=EXT",
+                   help="a record field from the TAR member (or the image folder's sidecar file) with "
+                        "extension EXT: caption=txt (str), tags=json (json), emb=emb.npy (ndarray); repeatable")
     c.add_argument("--strict", action="store_true", help="stop (and write nothing) at the first bad image or label")
     c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     c.add_argument("--shard", default=None, metavar="I/N",
