@@ -26,7 +26,7 @@ ROOMS = [
     ("_src/io", ["remote", "fields", "format", "sources", "reader", "host_part", "staging",
                  "progress", "convert_options", "label_table", "image_records",
                  "conversion"]),                    # bytes on disk and at URLs
-    ("_src/engine", ["kernels", "rows", "ring", "step", "record_source", "plan", "producer",
+    ("_src/engine", ["kernels", "rows", "ring", "step", "record_source", "batch_fields", "plan", "producer",
                      "host_loader"]),               # the framework-free serving machine
     ("_src/jax", ["packed", "registration", "twin", "ffi_call", "partitioning", "ops",
                   "arrays", "loader", "resident"]),  # JAX arrays, the kernel inside jit

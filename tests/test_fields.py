@@ -263,3 +263,91 @@ def test_cli_convert_field_info_and_verify(tmp_path):
     assert any(line.split()[:4] == ["field.tok", "ndarray", "int32", "(n,)"] for line in r.stdout.splitlines())
     r = run("verify", str(tmp_path / "a.tbl"))
     assert r.returncode == 0 and "ok" in r.stdout
+
+
+# ---- serving through tbljax.loader ----
+
+@pytest.fixture
+def served(tmp_path):
+    samples = _source(11, seed=5)
+    write_tar(tmp_path / "a.tar", samples)
+    tbljax.convert(tmp_path / "a.tar", tmp_path / "a.tbl", image_size=16, fields=FIELDS, progress=False)
+    return tmp_path / "a.tbl", samples
+
+
+def _batches(loader):
+    return [{k: (v if isinstance(v, list) else np.asarray(v)) for k, v in b.items()} for b in loader]
+
+
+def test_loader_serves_every_field_beside_the_image(served):
+    path, samples = served
+    batches = _batches(tbljax.loader(path, batch_size=4, num_epochs=1, drop_remainder=False, pad={"tok": 5}))
+    seen = []
+    for b in batches:
+        assert b["emb"].shape == (4, 6) and b["emb"].dtype == np.float16
+        assert b["tok"].shape == (4, 5) and b["tok_length"].dtype == np.int32
+        for r, i in enumerate(b["index"].tolist()):
+            if i < 0:  # padding rows
+                assert b["caption"][r] == "" and b["tags"][r] is None
+                assert not b["emb"][r].any() and not b["tok"][r].any() and b["tok_length"][r] == 0
+                continue
+            s = samples[i]
+            seen.append(i)
+            assert b["caption"][r] == s["caption"] and b["tags"][r] == s["tags"]
+            np.testing.assert_array_equal(b["emb"][r], s["emb"])
+            ref = np.zeros(5, np.int32)
+            ref[:min(5, len(s["tok"]))] = s["tok"][:5]
+            np.testing.assert_array_equal(b["tok"][r], ref)
+            assert b["tok_length"][r] == len(s["tok"])  # before the cut
+    assert sorted(seen) == list(range(11))
+
+
+def test_loader_fields_selection_and_construction_errors(served):
+    path, _ = served
+    b = next(iter(tbljax.loader(path, batch_size=4, fields=["caption"])))
+    assert set(b) == {"image", "label", "index", "caption"}
+    b = next(iter(tbljax.loader(path, batch_size=4, fields=None)))
+    assert set(b) == {"image", "label", "index"}
+    with pytest.raises(ValueError, match="field 'tok' is ragged.*pad="):
+        tbljax.loader(path, batch_size=4)
+    with pytest.raises(KeyError, match="'nope'"):
+        tbljax.loader(path, batch_size=4, fields=["nope"])
+
+
+def test_field_fn_tokenizer_and_its_errors(served):
+    path, samples = served
+
+    def encode(texts):  # a byte-level tokenizer: UTF-8 bytes, cut/padded to 12
+        out = np.zeros((len(texts), 12), np.int32)
+        for r, t in enumerate(texts):
+            b = list(t.encode())[:12]
+            out[r, :len(b)] = b
+        return out
+
+    ld = tbljax.loader(path, batch_size=4, num_epochs=1, fields=["caption", "emb"], field_fn={"caption": encode})
+    for b in _batches(ld):
+        assert b["caption"].shape == (4, 12)
+        np.testing.assert_array_equal(b["caption"], encode([samples[i]["caption"] for i in b["index"]]))
+
+    def broken(texts):
+        raise ZeroDivisionError("boom")
+
+    ld = tbljax.loader(path, batch_size=4, fields=["caption"], field_fn={"caption": broken})
+    with pytest.raises(RuntimeError, match=r"field_fn\['caption'\] failed at the step of epoch 0, position 0.*boom"):
+        next(iter(ld))
+
+
+def test_state_dict_resume_serves_the_same_fields(served):
+    path, _ = served
+    kw = dict(batch_size=3, seed=7, fields=["caption", "emb"])
+    full = _batches(tbljax.loader(path, num_epochs=2, **kw))
+    ld = tbljax.loader(path, num_epochs=2, **kw)
+    it = iter(ld)
+    for _ in range(4):
+        next(it)
+    state = ld.state_dict()
+    rest = tbljax.loader(path, num_epochs=2, **kw)
+    rest.load_state_dict(state)
+    for a, b in zip(full[4:], _batches(rest)):
+        assert a["caption"] == b["caption"]
+        np.testing.assert_array_equal(a["emb"], b["emb"])
