@@ -110,9 +110,8 @@ def test_fields_change_the_fingerprint_and_verify_finds_damage(tmp_path):
     tbljax.convert(tmp_path / "a.tar", tmp_path / "c.tbl", image_size=16, progress=False)
     fps = {tbljax.open(tmp_path / p).fingerprint for p in ("a.tbl", "b.tbl", "c.tbl")}
     assert len(fps) == 3
-    ds = tbljax.open(tmp_path / "a.tbl")
-    blk = ds._meta[0]["fields"]["emb"]["values"]
-    del ds
+    from tbljax import _core
+    blk = json.loads(_core.TblFile(str(tmp_path / "a.tbl")).dataset_json)["fields"]["emb"]["values"]
     raw = bytearray((tmp_path / "a.tbl").read_bytes())
     raw[blk["offset"] + 3] ^= 0xFF
     (tmp_path / "d.tbl").write_bytes(bytes(raw))
@@ -248,8 +247,8 @@ def test_cli_convert_field_info_and_verify(tmp_path):
     import sys
     samples = _source(5)
     write_tar(tmp_path / "a.tar", samples)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "tbljax", *a], capture_output=True, text=True,
-                                    cwd=tmp_path)
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "tbljax", *a], capture_output=True, text=True, cwd=tmp_path)
     r = run("convert", str(tmp_path / "a.tar"), "-o", str(tmp_path / "a.tbl"), "--image-size", "16",
             "--field", "caption=txt", "--field", "emb=emb.npy", "--field", "tok=tok.npy", "--quiet")
     assert r.returncode == 0, r.stderr

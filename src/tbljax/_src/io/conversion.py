@@ -262,8 +262,8 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
         raise ConversionError(f"no record to write: the sources hold no images ({_describe(src)}); "
                               f"{dst} was not written")
     t0 = time.perf_counter()
-    records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None),
-                       _fields.Columns(src.field_kinds, opts.fields or {}, out_dir=os.path.dirname(os.path.abspath(dst))))
+    columns = _fields.Columns(src.field_kinds, opts.fields or {}, os.path.dirname(os.path.abspath(dst)))
+    records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None), columns)
     bar.start(total)
     with records.columns, Writer(dst, total, overwrite=opts.overwrite) as w, \
             ThreadPoolExecutor(opts.pool_threads) as pool, \

@@ -606,7 +606,7 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
                    if isinstance(sources, Mapping) else {})
         if fields:
             raise ValueError("fields= names TAR members or sidecar files; a dict source's keys besides "
-                             f"image and label are its fields (as {{'image': ..., 'caption': [...]}})")
+                             "image and label are its fields (as {'image': ..., 'caption': [...]})")
         src = ArraySource(images, None, fields=columns)
         for name, col in columns.items():
             if len(col) != len(src.rows):

@@ -102,7 +102,8 @@ def _cmd_info(a: argparse.Namespace) -> int:
             if k != "path":
                 print(f"  {k:22s} {v}")
         for name, f in fields.items():
-            shape = "(" + ", ".join("n" if x is None else str(x) for x in f["shape"]) + ("," if len(f["shape"]) == 1 else "") + ")"
+            dims = ["n" if x is None else str(x) for x in f["shape"]]
+            shape = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
             print(f"  field.{name:16s} {f['kind']:8s} {f['dtype'] or '-':8s} {shape:12s} {f['bytes']} bytes")
         for k, v in recipe.items():
             print(f"  recipe.{k:15s} {v}")
