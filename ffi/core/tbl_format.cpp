@@ -522,8 +522,7 @@ Status TblWriter::Add(const uint8_t* data, size_t size, uint8_t format, uint32_t
   if (count_ >= capacity_)
     return InvalidArgument(dst_ + ": writer capacity of " + std::to_string(capacity_) +
                            " records is full");
-  if (any_extra_)
-    return InvalidArgument(dst_ + ": records must be added before the field blocks");
+  if (any_extra_) return InvalidArgument(dst_ + ": records must be added before the field blocks");
   if (format > kMaxFormat)
     return InvalidArgument("unknown record format " + std::to_string(format));
   if (width > kMaxSide || height > kMaxSide)
