@@ -23,11 +23,11 @@ ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
     ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "mixing", "augment",
                     "dataset", "options"]),         # what every path agrees on
-    ("_src/io", ["remote", "format", "sources", "hf_sources", "tf_example", "tfds_sources",
+    ("_src/io", ["remote", "fields", "format", "sources", "hf_sources", "tf_example", "tfds_sources",
                  "reader", "host_part", "mixture", "staging",
                  "progress", "convert_options", "label_table", "image_records",
                  "conversion"]),                    # bytes on disk and at URLs
-    ("_src/engine", ["kernels", "rows", "ring", "step", "record_source", "plan", "producer",
+    ("_src/engine", ["kernels", "rows", "ring", "step", "record_source", "batch_fields", "plan", "producer",
                      "host_loader"]),               # the framework-free serving machine
     ("_src/jax", ["packed", "registration", "twin", "ffi_call", "partitioning", "ops",
                   "arrays", "loader", "resident"]),  # JAX arrays, the kernel inside jit

@@ -522,6 +522,7 @@ Status TblWriter::Add(const uint8_t* data, size_t size, uint8_t format, uint32_t
   if (count_ >= capacity_)
     return InvalidArgument(dst_ + ": writer capacity of " + std::to_string(capacity_) +
                            " records is full");
+  if (any_extra_) return InvalidArgument(dst_ + ": records must be added before the field blocks");
   if (format > kMaxFormat)
     return InvalidArgument("unknown record format " + std::to_string(format));
   if (width > kMaxSide || height > kMaxSide)
@@ -565,6 +566,19 @@ Status TblWriter::Add(const uint8_t* data, size_t size, uint8_t format, uint32_t
   TBLJAX_RETURN_IF_ERROR(WriteAt(e, sizeof e, kHeaderBytes + count_ * kIndexEntryBytes));
   cursor_ += stored_size;
   ++count_;
+  return Status::Ok();
+}
+
+Status TblWriter::AddExtra(const uint8_t* data, size_t size, uint64_t align, uint64_t* offset) {
+  if (done_) return InvalidArgument(dst_ + ": writer is already finalized or aborted");
+  if (align == 0 || (align & (align - 1)) != 0 || align > kRawAlignment)
+    return InvalidArgument("block alignment must be a power of two <= 4096, got " +
+                           std::to_string(align));
+  const uint64_t at = AlignUp(cursor_, align);  // the gap reads as zeros (a hole)
+  TBLJAX_RETURN_IF_ERROR(WriteAt(data, size, at));
+  cursor_ = at + size;
+  any_extra_ = true;
+  *offset = at;
   return Status::Ok();
 }
 

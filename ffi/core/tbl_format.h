@@ -136,6 +136,11 @@ class TblWriter {
   // Appends one record; with lz4 the payload is stored LZ4-compressed when that is smaller.
   Status Add(const uint8_t* data, size_t size, uint8_t format, uint32_t width, uint32_t height,
              bool lz4);
+  // Appends bytes no index entry points to (a field block of the dataset, found through the
+  // dataset JSON), after every record: the first byte lands at a multiple of `align` (a power
+  // of two; 1 continues the previous block) and *offset says where. Records cannot follow,
+  // so uniform RAW stays contiguous.
+  Status AddExtra(const uint8_t* data, size_t size, uint64_t align, uint64_t* offset);
   // Writes the dataset block and header, syncs, and moves the file to dst.
   Status Finalize(std::string_view dataset_json);
   void Abort();
@@ -148,7 +153,7 @@ class TblWriter {
 
   std::string dst_, tmp_path_;  // tmp_path_ empty when the file is unnamed (O_TMPFILE)
   int fd_ = -1;
-  bool overwrite_ = false, done_ = false, any_lz4_ = false;
+  bool overwrite_ = false, done_ = false, any_lz4_ = false, any_extra_ = false;
   uint64_t capacity_ = 0, count_ = 0, cursor_ = 0;
   std::vector<uint8_t> scratch_;
 };

@@ -221,6 +221,20 @@ void BindFormat(nb::module_& m) {
           nb::arg("data"), nb::arg("format"), nb::arg("width"), nb::arg("height"),
           nb::arg("lz4") = false)
       .def(
+          "add_extra",
+          [](PyTblWriter& s, U8Bytes data, uint64_t align) {
+            Status st;
+            uint64_t offset = 0;
+            {
+              nb::gil_scoped_release release;
+              st = s.w->AddExtra(data.data(), data.shape(0), align, &offset);
+            }
+            Check(st);
+            return offset;
+          },
+          nb::arg("data"), nb::arg("align"),
+          "Appends a field block after the records; returns its byte offset.")
+      .def(
           "finalize",
           [](PyTblWriter& s, const std::string& json) {
             Status st;

@@ -21,6 +21,7 @@ from tbljax._src.rules import resume
 from tbljax._src.rules.parts import Parts
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import Plan
+from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.record_source import open_source
 from tbljax._src.engine.producer import Metrics, Pass
 
@@ -65,6 +66,7 @@ class HostLoader:
             rows = layout
         self.options = opts
         self._source = open_source(dataset, opts)
+        self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad)
         if parts is not None and parts.n != self._source.n:
             raise ValueError(f"part {parts.index} should hold {parts.n} records, the dataset "
                              f"given holds {self._source.n}")
@@ -159,7 +161,7 @@ class HostLoader:
         self._close_active()
         start, end_epoch = self.pass_bounds()
         plan = Plan(self._source, self._rows, self.options, start, end_epoch, self.finisher(),
-                    parts=self._host_parts)
+                    parts=self._host_parts, fields=self._fields)
         it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out,
                   on_end=self.pass_ended)
         self._active = weakref.ref(it)

@@ -16,6 +16,7 @@ from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules import order
 from tbljax._src.rules.parts import Parts
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
+from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.rules.options import LoaderOptions
 
 __all__ = ["HostBatch", "Plan"]
@@ -47,6 +48,11 @@ class HostBatch:
     labels: tuple[np.ndarray, ...]
     indices: tuple[np.ndarray, ...]
     valids: tuple[np.ndarray, ...] | None
+    # Record fields (`engine/batch_fields.py`): arrays per row range (fixed fields, padded
+    # ragged fields and their "_length", field_fn outputs; zeros on padding rows), and lists
+    # of this process's rows for str/json fields ("" / None on padding rows).
+    fields: dict = dataclasses.field(default_factory=dict)
+    texts: dict = dataclasses.field(default_factory=dict)
     # A mixture (`tbljax.mix`): each row's source, an index into `Mixture.sources`; else None.
     sources: tuple[np.ndarray, ...] | None = None
 
@@ -91,6 +97,7 @@ class Plan:
     # partition="host": every process's part (positions are then local to the source, which
     # holds this process's part); None: one part, the whole dataset.
     parts: Parts | None = None
+    fields: FieldServing | None = None  # the record fields served beside the image
 
     @property
     def part(self) -> Parts:
@@ -158,7 +165,7 @@ class Plan:
         first_index = self.part.start  # source record i is sample first_index + i
         slot = ring.acquire(stop)
         views = slot.views(src.row_shape(opts, epoch))  # a size schedule's size of `epoch`
-        labels, indices, valid, sources = [], [], [], []
+        labels, indices, valid, sources, served = [], [], [], [], []
         for (a, b), out in zip(self.layout.ranges, views):
             rows = b - a
             nvalid = int(np.clip(src.n - (first + a), 0, rows))
@@ -173,12 +180,16 @@ class Plan:
             indices.append(np.concatenate([idx, np.full(pad, -1)]).astype(np.int32))
             labels.append(np.concatenate([src.labels[records], np.full(pad, -1)]).astype(np.int32))
             valid.append(np.arange(rows) < nvalid)
+            served.append(records)
             ids = src.source_ids(records)
             if ids is not None:
                 sources.append(np.concatenate([ids, np.full(pad, -1)]).astype(np.int32))
+        arrays, texts = {}, {}
+        if self.fields:
+            arrays, texts = self.fields.build(served, [b - a for a, b in self.layout.ranges], epoch, first)
         return HostBatch(epoch, first, self.layout.ranges, tuple(views), tuple(labels),
                          tuple(indices), None if opts.drop_remainder else tuple(valid),
-                         tuple(sources) if sources else None), slot
+                         arrays, texts, tuple(sources) if sources else None), slot
 
     def finish_host(self, host: HostBatch, slot: Slot):
         """What the consumer receives for `host`; the slot learns what views it."""

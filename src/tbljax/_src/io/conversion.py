@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
+from tbljax._src.io import fields as _fields
 from tbljax._src.io import remote
 from tbljax._src.io import reader as _reader
 from tbljax._src.io import sources as _sources
@@ -163,6 +164,7 @@ def convert(
     label_column: str | None = None,
     image_key: str | None = None,
     label_key: str | None = None,
+    fields: dict[str, str] | None = None,
 ) -> ConvertSummary:
     """Decodes `sources` once into the TBL file `dst`.
 
@@ -208,6 +210,15 @@ def convert(
       classes, ids kept). image_key, label_key: the image and label features of
       tf.train.Examples (default: 'image' else 'image/encoded'; 'label' else
       'image/class/label'; a TFDS folder's features.json and <label>.labels.txt give names).
+    fields: {name: extension} of the record's other fields: for TAR shards the member with that
+      extension (the member name after the key, e.g. 'txt', 'json', 'emb.npy'), for an image
+      folder the sidecar file beside each image (a/img1.jpg + a/img1.txt). .txt is a str field
+      (UTF-8), .json a json field, .npy an ndarray field (numeric; one shape in every record:
+      fixed; a first dimension that varies: ragged). A dict source needs none: its keys besides
+      image and label are its fields ({'image': imgs, 'caption': [...], 'emb': (N, 768)}).
+      A record whose field is missing or unreadable (bad UTF-8/JSON/.npy, a dtype or trailing
+      shape that disagrees with the field's) is skipped like a bad image; an extension that no
+      record has is a ConversionError. A TBL source keeps its fields.
     Bad items (corrupt, truncated, empty, not an image) are skipped and listed in the summary
     and in the file; with strict=True the first chunk holding one stops the conversion with
     ConversionError and nothing is written. A conversion that would write no record raises
@@ -240,7 +251,7 @@ def convert(
         labels=labels, classes=classes, label_ext=label_ext, shard=shard, progress=progress,
         progress_interval=progress_interval, retries=retries, retry_backoff=retry_backoff,
         image_column=image_column, label_column=label_column, image_key=image_key,
-        label_key=label_key, from_tbl=tbl_paths is not None)
+        label_key=label_key, fields=fields, from_tbl=tbl_paths is not None)
     if opts.shard is not None:
         dst = dst.replace("{shard}", f"{opts.shard[0]:05d}-of-{opts.shard[1]:05d}")
     if os.path.exists(dst) and not opts.overwrite:
@@ -267,9 +278,10 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
         raise ConversionError(f"no record to write: the sources hold no images ({_describe(src)}); "
                               f"{dst} was not written")
     t0 = time.perf_counter()
-    records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None))
+    columns = _fields.Columns(src.field_kinds, opts.fields or {}, os.path.dirname(os.path.abspath(dst)))
+    records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None), columns)
     bar.start(total)
-    with Writer(dst, total, overwrite=opts.overwrite) as w, \
+    with records.columns, Writer(dst, total, overwrite=opts.overwrite) as w, \
             ThreadPoolExecutor(opts.pool_threads) as pool, \
             ThreadPoolExecutor(1, thread_name_prefix="tbljax-convert-decode") as decoder:
         decode = functools.partial(_decode_records, opts=opts, pool=pool)
@@ -297,7 +309,10 @@ def _resolve(sources: Any, opts: ConvertOptions, table: list[str] | None, ext: s
                          "(image_column, label_column) or a feature of TFRecord/ArrayRecord "
                          f"tf.train.Examples (image_key, label_key); it does not apply to {_describe_arg(sources)}")
     if src is None:
-        return _sources.resolve(sources, opts.labels, table, ext, retry)
+        return _sources.resolve(sources, opts.labels, table, ext, retry, opts.fields)
+    if opts.fields:
+        raise ValueError(f"fields= names TAR members or sidecar files by extension; storing "
+                         f"columns of {_describe_arg(sources)} as fields is not supported yet")
     if opts.labels is not None or ext is not None:
         raise ValueError(f"{'labels=' if opts.labels is not None else 'label_ext'} does not apply to "
                          f"{_describe_arg(sources)}: its labels come from its own label column or feature")
@@ -325,8 +340,8 @@ class _Records:
     (skipped items, unreadable labels); `add` writes a chunk's good records in source order,
     `finish` the metadata."""
 
-    def __init__(self, dst: str, opts: ConvertOptions, labels: LabelTable):
-        self.dst, self.opts, self.labels = dst, opts, labels
+    def __init__(self, dst: str, opts: ConvertOptions, labels: LabelTable, columns: _fields.Columns):
+        self.dst, self.opts, self.labels, self.columns = dst, opts, labels, columns
         self.keys: list[str] = []
         self.skipped: list[dict[str, str]] = []
         self.label_errors: list[dict[str, str]] = []
@@ -335,6 +350,9 @@ class _Records:
         self.seen = 0
 
     def add(self, chunk: list[_sources.Item], results: list, w: Writer) -> None:
+        # A record whose fields fail is skipped like a bad image; its reason names the field.
+        values = [None if isinstance(r, str) else self.columns.parse(it) for it, r in zip(chunk, results)]
+        results = [v if isinstance(v, str) else r for r, v in zip(results, values)]
         bad = [{"key": it.key, "source": it.source, "reason": r}
                for it, r in zip(chunk, results) if isinstance(r, str)]
         bad_labels = []
@@ -354,9 +372,10 @@ class _Records:
                 "written", self.skipped)
         self.skipped.extend(bad)
         self.label_errors.extend(bad_labels)
-        for it, r in zip(chunk, results):
+        for it, r, v in zip(chunk, results, values):
             if not isinstance(r, str):
                 self._write(w, it, r)
+                self.columns.append(v)
         self.seen += len(chunk)
 
     def _write(self, w: Writer, it: _sources.Item, r: np.ndarray | Encoded) -> None:
@@ -372,7 +391,11 @@ class _Records:
         self.keys.append(it.key)
 
     def finish(self, w: Writer, src: Any) -> list[str] | None:
-        """Writes the labels, keys, classes, skipped list and recipe; returns the classes."""
+        """Writes the labels, keys, classes, skipped list, recipe and fields; returns the classes."""
+        try:
+            self.columns.check_found(self.dst)
+        except _fields.FieldsNotFound as e:
+            raise ConversionError(str(e), self.skipped) from None
         if not self.keys:
             s = self.skipped
             first = f"; first: {s[0]['key']} ({s[0]['source']}): {s[0]['reason']}" if s else ""
@@ -394,6 +417,7 @@ class _Records:
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             },
         )
+        self.columns.write(w)
         return out_classes
 
 
@@ -426,11 +450,21 @@ def _convert_tbl(paths: list[str], dst: str, opts: ConvertOptions) -> ConvertSum
     bar = Progress(n, progress_mode(opts.progress), opts.progress_interval)
     bar.start(n)
     t0 = time.perf_counter()
-    with Writer(dst, n, overwrite=opts.overwrite) as w, ThreadPoolExecutor(opts.pool_threads) as pool:
+    out_dir = os.path.dirname(os.path.abspath(dst))
+    kinds = {name: info.kind for name, info in ds.fields.items()}
+    with _fields.Columns(kinds, {}, out_dir) as columns, Writer(dst, n, overwrite=opts.overwrite) as w, \
+            ThreadPoolExecutor(opts.pool_threads) as pool:
         for start in range(0, n, CHUNK):
-            for img in pool.map(ds.read, range(start, min(n, start + CHUNK))):
+            rows = np.arange(start, min(n, start + CHUNK))
+            for img in pool.map(ds.read, rows.tolist()):
                 w.add_raw(img, lz4=(opts.format == "lz4"))
+            for name in kinds:  # the fields carry over record for record
+                col = columns.writers[name]
+                for v in ds.field_rows(name, rows):
+                    col.expect(v)
+                    col.append(v)
             bar.update(min(n, start + CHUNK), 0)
+        columns.write(w)
         w.set_metadata(
             labels=ds.labels, keys=ds.keys, classes=ds.classes, skipped=ds.skipped,
             recipe={

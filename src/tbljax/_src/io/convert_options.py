@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tbljax import _core
 from tbljax._src.rules import contract
 from tbljax._src.io.format import stored_entry
 from tbljax._src.rules.partition import parse_part
+from tbljax._src.io import sources as _sources
+from tbljax._src.io.fields import check_name, kind_for_extension
 
 __all__ = ["CHROMA", "FIXED_SIZE_MODES", "RECORD_FORMATS", "RESIZE_MODES", "ConversionError",
            "ConvertOptions"]
@@ -73,6 +75,7 @@ class ConvertOptions:
     label_column: str | None = None
     image_key: str | None = None
     label_key: str | None = None
+    fields: Mapping[str, str] | None = None
     from_tbl: bool = False
 
     def __post_init__(self):
@@ -91,6 +94,8 @@ class ConvertOptions:
         if interval is not None and (isinstance(interval, bool) or not isinstance(
                 interval, (int, float)) or not interval > 0):
             raise ValueError(f"progress_interval must be a positive number of seconds, got {interval!r}")
+        if self.fields is not None:
+            object.__setattr__(self, "fields", self._checked_fields())
         ext = self.label_ext
         if ext is not None and (not isinstance(ext, str) or not ext or "/" in ext):
             raise ValueError(f"label_ext must be a member extension such as 'txt' or 'cls', got {ext!r}")
@@ -98,6 +103,24 @@ class ConvertOptions:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
                 raise ValueError(f"{name} must be a column or feature name (a non-empty str), got {v!r}")
+
+    def _checked_fields(self) -> dict[str, str]:
+        """fields= as {name: extension} (lower case, no leading dot), each name and kind checked."""
+        if self.from_tbl:
+            raise ValueError("fields= names TAR members or sidecar files; a TBL source keeps its own fields")
+        if not isinstance(self.fields, Mapping):
+            raise TypeError(f"fields must be a dict {{name: extension}} such as {{'caption': 'txt'}}, "
+                            f"got {type(self.fields).__name__}")
+        out = {}
+        for name, ext in self.fields.items():
+            check_name(name)
+            if not isinstance(ext, str) or not ext.strip(".") or "/" in ext:
+                raise ValueError(f"field {name!r}: the extension must be a member extension such as "
+                                 f"'txt', 'json' or 'emb.npy', got {ext!r}")
+            ext = ext.lower().lstrip(".")
+            kind_for_extension(ext)
+            out[name] = ext
+        return out
 
     def _check_tbl_source(self) -> None:
         given = {k: getattr(self, k) for k in _IMAGE_ONLY}

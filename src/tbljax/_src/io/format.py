@@ -17,6 +17,7 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.rules.contract import DEFAULT_RESIZE, MAX_SIDE, RESIZE_MODES, is_integer
+from tbljax._src.io.fields import check_field_meta
 
 FORMATS: dict[str, int] = dict(_core.FORMATS)
 FORMAT_NAMES: dict[int, str] = {v: k for k, v in FORMATS.items()}
@@ -99,6 +100,12 @@ def check_metadata(meta: dict[str, Any], n: int, path: str) -> None:
             bad("recipe", f"an object whose resize is one of {list(RESIZE_MODES)}")
         if recipe.get(STORED_KEY, STORED_ORIGINAL) not in (STORED_ORIGINAL, STORED_RESIZED):
             bad("recipe", f"an object whose {STORED_KEY} is {STORED_ORIGINAL!r} or {STORED_RESIZED!r}")
+    fields = meta.get("fields")
+    if fields is not None:
+        if not isinstance(fields, dict):
+            bad("fields", "an object")
+        for name, fmeta in fields.items():
+            check_field_meta(name, fmeta, path)
     skipped = meta.get("skipped")
     if skipped is not None and not (isinstance(skipped, list) and all(isinstance(x, dict) for x in skipped)):
         bad("skipped", "a list of objects")
@@ -156,6 +163,25 @@ class Writer:
                 raise ValueError(f"{name} must be an integer in [0, {MAX_SIDE}], got {v!r}")
         self._w.add(np.frombuffer(data, np.uint8), FORMATS[format], int(width), int(height), False)
 
+    def add_block(self, pieces: Any, align: int = 64) -> dict[str, int]:
+        """Appends a block of bytes after every record (`pieces`: bytes-like chunks, written
+        back to back); returns {'offset', 'bytes', 'crc32'} for the dataset metadata. Records
+        cannot be added after it."""
+        offset, size, crc = None, 0, 0
+        for piece in pieces:
+            data = np.frombuffer(piece, np.uint8)
+            at = self._w.add_extra(data, align if offset is None else 1)
+            offset = at if offset is None else offset
+            size += data.size
+            crc = _core.crc32(data, crc)
+        if offset is None:
+            offset = self._w.add_extra(np.zeros(0, np.uint8), align)
+        return {"offset": int(offset), "bytes": size, "crc32": crc}
+
+    def set_fields(self, fields: dict[str, dict[str, Any]]) -> None:
+        """The record fields' metadata (`fields.ColumnWriter.write` gives each)."""
+        self._meta["fields"] = dict(fields)
+
     def set_metadata(self, *, labels: Sequence[int] | np.ndarray | None = None,
                      keys: Sequence[str] | None = None, classes: Sequence[str] | None = None,
                      recipe: dict[str, Any] | None = None,
@@ -184,7 +210,7 @@ class Writer:
                 raise ValueError(f"{len(self._meta[name])} {name} given for {n} records")
         if "labels" in self._meta:
             meta["labels"] = encode_labels(self._meta["labels"])
-        for name in ("keys", "classes", "recipe", "skipped"):
+        for name in ("keys", "classes", "recipe", "skipped", "fields"):
             if name in self._meta:
                 meta[name] = self._meta[name]
         self._w.finalize(json.dumps(meta, separators=(",", ":")))

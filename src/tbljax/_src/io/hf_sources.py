@@ -134,6 +134,10 @@ class ParquetSource:
     """Parquet files: the features from the schema's `huggingface` metadata (or inferred from
     the Arrow types); rows read by row group, in file order."""
 
+    # The record fields conversion stores from this source (none yet: its columns reach
+    # Item.fields, but convert's fields= takes TAR/sidecar extensions only so far).
+    field_kinds: dict = {}
+
     count_is_slow = False
 
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
@@ -194,6 +198,10 @@ class ParquetSource:
 class HFDatasetSource:
     """A `datasets.Dataset` (read as Arrow, images never decoded by `datasets`) or an
     `IterableDataset` (read with decoding off); keys are row numbers."""
+
+    # The record fields conversion stores from this source (none yet: its columns reach
+    # Item.fields, but convert's fields= takes TAR/sidecar extensions only so far).
+    field_kinds: dict = {}
 
     def __init__(self, ds: Any, classes: list[str] | None = None, image_column: str | None = None,
                  label_column: str | None = None, fields: Sequence[str] = (),

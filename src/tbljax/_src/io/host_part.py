@@ -153,6 +153,14 @@ class PartDataset(RecordDataset):
     def check_unchanged(self, files=None) -> None:
         self._ds.check_unchanged(files)
 
+    @property
+    def fields(self):
+        return self._ds.fields
+
+    def field_rows(self, name: str, indices, out=None):
+        idx = np.asarray(indices, np.int64)
+        return self._ds.field_rows(name, self._global(np.where(idx < 0, idx + len(self), idx)), out)
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalPart:

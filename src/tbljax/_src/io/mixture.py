@@ -135,6 +135,27 @@ class Mixture(RecordDataset):
     def image_shape(self):
         return self.geometry.shape
 
+    @cached_property
+    def fields(self) -> dict:
+        """The record fields every source has, with one kind, dtype and shape in all of them."""
+        first, *rest = [d.fields for d in self.datasets]
+        return {n: f for n, f in first.items() if all(r.get(n) == f for r in rest)}
+
+    def field_rows(self, name: str, indices, out: np.ndarray | None = None):
+        if name not in self.fields:
+            raise KeyError(f"{self!r} has no field {name!r} common to its sources (fields: "
+                           f"{sorted(self.fields)})")
+        k, r = self.split(indices)
+        parts = {s: self.datasets[s].field_rows(name, r[k == s]) for s in np.unique(k).tolist()}
+        if self.fields[name].fixed:
+            first = next(iter(parts.values()))
+            res = out if out is not None else np.empty((len(k), *first.shape[1:]), first.dtype)
+            for s, v in parts.items():
+                res[k == s] = v
+            return res
+        taken = {s: iter(v) for s, v in parts.items()}
+        return [next(taken[s]) for s in k.tolist()]
+
     def shard_views(self) -> list[np.ndarray]:
         return [v for d in self.datasets for v in d.shard_views()]
 

@@ -21,7 +21,8 @@ import numpy.lib.recfunctions  # noqa: F401 - np.lib.recfunctions.repack_fields
 
 from tbljax import _core
 from tbljax._src.rules.augment import RecordGeometry
-from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset, require
+from tbljax._src.rules.dataset import FieldInfo, JpegRecords, RawRecords, RecordDataset, require
+from tbljax._src.io.fields import Column, FileColumn
 from tbljax._src.io.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path, check_metadata, decode_labels
 from tbljax._src.io.format import is_compact
 from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES
@@ -205,7 +206,12 @@ class Dataset(RecordDataset):
         crc = _core.crc32(np.frombuffer(self.labels.astype("<i8").tobytes(), np.uint8), crc)
         crc = _core.crc32(np.frombuffer("\0".join(self.keys).encode(), np.uint8), crc)
         recipe = {k: v for k, v in self.recipe.items() if k not in NOT_FINGERPRINTED}
-        described = json.dumps({"classes": self.classes, "recipe": recipe}, sort_keys=True)
+        described = {"classes": self.classes, "recipe": recipe}
+        if self._columns:  # what the fields hold, by the CRC-32s of their blocks
+            described["fields"] = [[name, col.info.kind, str(col.info.dtype), list(col.info.shape),
+                                    [[fc.meta[b]["crc32"] for b in ("values", "offsets") if b in fc.meta]
+                                     for fc in col.files]] for name, col in self._columns.items()]
+        described = json.dumps(described, sort_keys=True)
         crc = _core.crc32(np.frombuffer(described.encode(), np.uint8), crc)
         return f"{len(self)}-{crc:08x}"
 
@@ -289,6 +295,52 @@ class Dataset(RecordDataset):
                     keys[sample] = key
                     found_key = True
         return labels, (keys if found_key else None)
+
+    # ---- fields besides the image ----
+    @cached_property
+    def _columns(self) -> dict[str, Column]:
+        # The blocks are mapped, not read: O(1) per field whatever the size.
+        names = list(self._meta[0].get("fields", {})) if self._meta else []
+        for f, meta in zip(self._files[1:], self._meta[1:]):
+            if list(meta.get("fields", {})) != names:
+                raise ValueError(f"{f.path} has fields {list(meta.get('fields', {}))}, "
+                                 f"{self._files[0].path} has {names}: the shard files disagree")
+        return {name: Column(name, [FileColumn(name, meta["fields"][name], f.file_view(), f.num_records, f.path)
+                                    for f, meta in zip(self._files, self._meta)], self._starts)
+                for name in names}
+
+    @property
+    def fields(self) -> dict[str, FieldInfo]:
+        """The records' other fields: {name: FieldInfo(kind, dtype, shape)}, shape holding None
+        for a ragged field's first dimension; {} when the file has none."""
+        return {name: col.info for name, col in self._columns.items()}
+
+    def _column(self, name: str) -> Column:
+        if name not in self._columns:
+            raise KeyError(f"{self!r} has no field {name!r}; its fields: {list(self._columns)}")
+        return self._columns[name]
+
+    def field(self, name: str) -> Any:
+        """The whole column of field `name`: a read-only (N, *shape) array for a fixed
+        ndarray field (zero-copy for one file; shard files are concatenated), else a read-only
+        sequence of the records' values (str, JSON values, arrays of a ragged field)."""
+        return self._column(name).whole()
+
+    def field_rows(self, name: str, indices, out: np.ndarray | None = None) -> Any:
+        idx = np.asarray(indices, np.int64)
+        col = self._column(name)
+        self.check_unchanged(self.files_of(idx) if len(idx) else [])
+        return col.rows(np.where(idx < 0, idx + len(self), idx), out)
+
+    def read_record(self, i: int) -> dict[str, Any]:
+        """Record i with everything it holds: {'image': (H, W, 3) uint8, 'label', 'key', and
+        every field by name}."""
+        k, j = self._locate(i)
+        g = int(self._starts[k]) + j
+        out: dict[str, Any] = {"image": self.read(g), "label": int(self.labels[g]), "key": self.keys[g]}
+        for name, col in self._columns.items():
+            out[name] = col.value(g)
+        return out
 
     # ---- pixels ----
     def shard_views(self) -> list[np.ndarray]:
@@ -457,6 +509,8 @@ class Dataset(RecordDataset):
             raise ValueError(f"threads must be an integer in [0, 1024] (0: the default pool), got {threads!r}")
         self.check_unchanged()
         bad = [(f.path, int(i), msg) for f in self._files for i, msg in f.verify(int(threads))]
+        for col in self._columns.values():  # the field blocks' CRC-32s (record -1: a block)
+            bad += [(fc.path, -1, f"{fc.path}: {msg}") for fc in col.files for msg in fc.verify()]
         self.check_unchanged()
         return bad
 
@@ -498,6 +552,11 @@ class Dataset(RecordDataset):
             "classes": (self.classes or [])[:10],
             "recipe": self.recipe,
             "skipped": len(self.skipped),
+            "fields": {name: {"kind": c.info.kind, "dtype": None if c.info.dtype is None else str(c.info.dtype),
+                              "shape": list(c.info.shape),
+                              "bytes": sum(fc.meta[b]["bytes"] for fc in c.files for b in ("values", "offsets")
+                                           if b in fc.meta)}
+                       for name, c in self._columns.items()},
             "fingerprint": self.fingerprint,
         }
 

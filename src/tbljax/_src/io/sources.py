@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tbljax._src.io import remote
+from tbljax._src.io.fields import check_name, kind_for_extension, kind_of_value
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules.partition import host_part
 
@@ -219,8 +220,11 @@ class TarSource:
     retried as `retry` says and resumed at the byte where it broke."""
 
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
-                 label_ext: str | None = None, retry: remote.Retry = remote.DEFAULT_RETRY):
+                 label_ext: str | None = None, retry: remote.Retry = remote.DEFAULT_RETRY,
+                 fields: dict[str, str] | None = None):
         self.paths = list(paths)
+        self.field_exts = dict(fields or {})  # field name -> member extension
+        self.field_kinds = {k: kind_for_extension(e) for k, e in self.field_exts.items()}
         self.retry = retry
         missing = _missing(self.paths, retry)
         if missing:
@@ -234,7 +238,8 @@ class TarSource:
 
     def select(self, i: int, n: int) -> TarSource:
         """Shard i of n: a contiguous share of whole TAR files."""
-        return TarSource(_share(self.paths, i, n, "TAR files"), self.classes, self.label_ext, self.retry)
+        return TarSource(_share(self.paths, i, n, "TAR files"), self.classes, self.label_ext, self.retry,
+                         self.field_exts)
 
     def describe(self) -> list[str]:
         return self.paths
@@ -298,7 +303,9 @@ class TarSource:
             if not images:
                 yield Item(group_key, path, None, label, error="no image member in this sample")
             else:
-                yield Item(group_key, path, group[sorted(images)[0]], label, label_error=problem)
+                fields = {k: group[e] for k, e in self.field_exts.items() if e in group}
+                yield Item(group_key, path, group[sorted(images)[0]], label, label_error=problem,
+                           fields=fields)
 
         try:
             # One pass in order; member reads go straight to the file (or the URL's block cache).
@@ -346,8 +353,11 @@ class FolderSource:
     """An image folder with one subfolder per class: the label is the subfolder's name, its id
     its place in `classes` (sorted subfolder names unless given)."""
 
-    def __init__(self, root: str, classes: list[str] | None = None):
+    def __init__(self, root: str, classes: list[str] | None = None, fields: dict[str, str] | None = None):
         self.root = Path(root)
+        # Field name -> extension of the sidecar file beside each image (a/img1.jpg + a/img1.txt).
+        self.field_exts = dict(fields or {})
+        self.field_kinds = {k: kind_for_extension(e) for k, e in self.field_exts.items()}
         subdirs = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
         if classes is not None and subdirs:
             unknown = [d for d in subdirs if d not in set(classes)]
@@ -384,7 +394,17 @@ class FolderSource:
             except OSError as e:
                 yield Item(key, str(f), None, label, error=f"cannot read: {e}")
                 continue
-            yield Item(key, str(f), data, label)
+            yield Item(key, str(f), data, label, fields=self._sidecars(f))
+
+    def _sidecars(self, f: Path) -> dict[str, bytes]:
+        out = {}
+        for name, ext in self.field_exts.items():
+            side = f.with_name(f"{f.with_suffix('').name}.{ext}")
+            try:
+                out[name] = side.read_bytes()
+            except FileNotFoundError:
+                pass  # the conversion reports the record as missing the field
+        return out
 
 
 class FileListSource:
@@ -396,6 +416,7 @@ class FileListSource:
         if len(self.labels) != len(self.paths):
             raise ValueError(f"{len(self.labels)} labels given for {len(self.paths)} files")
         self.classes = classes
+        self.field_kinds: dict[str, str] = {}
 
     def select(self, i: int, n: int) -> FileListSource:
         return FileListSource(_share(self.paths, i, n, "image files"),
@@ -424,8 +445,13 @@ class ArraySource:
     are (H, W[, C]) images or (B, H, W, C) batches, read in order."""
 
     def __init__(self, images: Any, labels: Sequence[Label] | None, classes: list[str] | None = None,
-                 _rows: list[tuple[int, int]] | None = None):
+                 _rows: list[tuple[int, int]] | None = None, fields: dict[str, Any] | None = None,
+                 _first: int = 0):
         self.images = images
+        # Field name -> a column of one value per image (a dict source's other keys).
+        self.fields = dict(fields or {})
+        self.field_kinds = {k: _column_kind(k, v) for k, v in self.fields.items()}
+        self.first = _first  # this share's first row in the columns
         # Row r is images[k] (k, -1) or images[k][j] (k, j) for elements that are batches.
         self.rows = _rows if _rows is not None else _array_rows(images)
         n = len(self.rows)
@@ -437,7 +463,9 @@ class ArraySource:
     def select(self, i: int, n: int) -> ArraySource:
         rows = _share(self.rows, i, n, "images")
         mine = host_part(len(self.rows), i, n)
-        return ArraySource(self.images, self.labels[mine.start:mine.stop], self.classes, rows)
+        lo, hi = mine.start, mine.stop
+        return ArraySource(self.images, self.labels[lo:hi], self.classes, rows, self.fields,
+                           self.first + lo)
 
     def describe(self) -> list[str]:
         return [f"<{len(self.rows)} arrays>"]
@@ -453,7 +481,19 @@ class ArraySource:
             err = None
             if img.dtype != np.uint8 or img.ndim not in (2, 3) or (img.ndim == 3 and img.shape[2] not in (1, 3, 4)):
                 err = f"array of {img.dtype} {img.shape} is not an (H, W[, 1|3|4]) uint8 image"
-            yield Item(str(r), "<array>", img, label, error=err)
+            fields = {name: col[self.first + r] for name, col in self.fields.items()}
+            yield Item(str(r), "<array>", img, label, error=err, fields=fields)
+
+
+def _column_kind(name: str, column: Any) -> str:
+    """A dict source's field column: one value per image; its kind is its first value's."""
+    check_name(name)
+    if isinstance(column, (str, bytes)) or not hasattr(column, "__len__") or not hasattr(column, "__getitem__"):
+        raise TypeError(f"field {name!r} of a dict source must hold one value per image (a list or an "
+                        f"array of N rows), got {type(column).__name__}")
+    if len(column) == 0:
+        raise ValueError(f"field {name!r} of a dict source is empty")
+    return kind_of_value(column[0])
 
 
 # ---- what convert's `sources` argument may be ---------------------------------------------
@@ -543,6 +583,7 @@ def _split_images_labels(sources: Any, labels: Any) -> tuple[Any, Any] | None:
 
 def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[str] | None = None,
             label_ext: str | None = None, retry: remote.Retry = remote.DEFAULT_RETRY,
+            fields: dict[str, str] | None = None,
             ) -> TarSource | FolderSource | FileListSource | ArraySource:
     """Turns convert's `sources` argument into a source object (see ACCEPTED_FORMS). URLs name
     TAR shards (braces expanded; glob characters matched where the filesystem can list)."""
@@ -551,7 +592,15 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
         raise ValueError("label_ext is for TAR shards; arrays take labels=")
     if split is not None:
         images, labels = split
-        src = ArraySource(images, None)
+        columns = ({k: v for k, v in sources.items() if k not in IMAGE_KEYS + LABEL_KEYS}
+                   if isinstance(sources, Mapping) else {})
+        if fields:
+            raise ValueError("fields= names TAR members or sidecar files; a dict source's keys besides "
+                             "image and label are its fields (as {'image': ..., 'caption': [...]})")
+        src = ArraySource(images, None, fields=columns)
+        for name, col in columns.items():
+            if len(col) != len(src.rows):
+                raise ValueError(f"field {name!r} holds {len(col)} values for {len(src.rows)} images")
         if labels is not None:
             src.labels = _label_list(labels, len(src.rows))
         src.classes = _table_for(src.labels, classes)
@@ -575,13 +624,15 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
             raise ValueError("labels= is for arrays and file lists; an image folder takes labels from subfolders")
         if label_ext is not None:
             raise ValueError("label_ext is for TAR shards; an image folder takes labels from subfolders")
-        return FolderSource(paths[0], classes)
+        return FolderSource(paths[0], classes, fields)
     if all(is_tar):
         if labels is not None:
             raise ValueError("labels= is for arrays and file lists; TAR shards carry .cls/.json labels")
-        return TarSource(paths, classes, label_ext, retry)
+        return TarSource(paths, classes, label_ext, retry, fields)
     if label_ext is not None:
         raise ValueError("label_ext is for TAR shards; image files take labels=")
+    if fields:
+        raise ValueError("fields= is for TAR shards (members) and image folders (sidecar files)")
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

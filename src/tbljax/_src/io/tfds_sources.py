@@ -158,6 +158,10 @@ def _feature_kinds(node: Any, name: str = "") -> Iterator[tuple[str, str]]:
 class TFRecordSource:
     """TFRecord files of tf.train.Example, read in order, both CRC-32Cs checked."""
 
+    # The record fields conversion stores from this source (none yet: its columns reach
+    # Item.fields, but convert's fields= takes TAR/sidecar extensions only so far).
+    field_kinds: dict = {}
+
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
                  image_key: str | None = None, label_key: str | None = None,
                  fields: Sequence[str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
@@ -243,6 +247,10 @@ class TFRecordSource:
 
 class ArrayRecordSource:
     """ArrayRecord files of tf.train.Example (local paths: the reader is array_record's C++)."""
+
+    # The record fields conversion stores from this source (none yet: its columns reach
+    # Item.fields, but convert's fields= takes TAR/sidecar extensions only so far).
+    field_kinds: dict = {}
 
     count_is_slow = False
 

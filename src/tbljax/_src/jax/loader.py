@@ -39,6 +39,9 @@ def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
         result["valid"] = to_global(rows, host.valids)
     if host.sources is not None:  # a mixture: which source each row came from
         result["source"] = to_global(rows, host.sources)
+    for name, pieces in host.fields.items():  # placed and sharded like label
+        result[name] = to_global(rows, pieces, pieces[0].shape[1:])
+    result.update(host.texts)  # str/json fields: this process's rows, as Python lists
     return result, [result["image"]]
 
 
@@ -75,7 +78,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
            num_epochs: int | None = None, sharding=None, dtype="float32", layout: str = "NHWC",
            mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=None, drop_remainder: bool = True,
            prefetch: int = 2, threads: int | None = None, read_ahead: int = 2,
-           partition: str | None = None, jpeg_dct_scale: bool = False) -> Loader:
+           partition: str | None = None, jpeg_dct_scale: bool = False, fields="all",
+           field_fn: dict | None = None, pad: dict | None = None) -> Loader:
     """Serves a TBL dataset to JAX as sharded global batches.
 
     Args:
@@ -113,6 +117,18 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         IDCT) when at that scale it still covers the output twice over on both axes, then
         resize from there: faster for small outputs of large records, not bit-identical to
         the default exact path (benchmarks/README.md measures both).
+      fields: the record fields served beside the image: "all" (default), None, or a list of
+        names. A fixed ndarray field is ``batch[name]``, a global array (B, *shape) placed like
+        label (zeros on padding rows); a ragged one is cut or zero-padded to ``pad[name]`` rows,
+        with ``batch[name + "_length"]`` (the true length; 0 on padding rows); a str/json
+        field is a Python list of this process's rows, in the order of its image rows ("" /
+        None on padding rows).
+      field_fn: {name: fn}: fn gets this process's values of the field for the batch (the
+        list, or the array) in the producer thread and returns an array (rows, ...), served
+        like a fixed field: a tokenizer's batch encode, a multi-hot of tags. An exception in
+        it reaches the consumer naming the field and the step.
+      pad: {name: length} for ragged fields (required for each ragged field served without a
+        field_fn).
 
     >>> loader = tbljax.loader("val.tbl", batch_size=500, shuffle=False, num_epochs=1,
     ...                        drop_remainder=False)
@@ -122,7 +138,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle,
                          num_epochs=num_epochs, dtype=dtype, layout=layout, mean=mean, std=std,
                          augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
-                         threads=threads, read_ahead=read_ahead, jpeg_dct_scale=jpeg_dct_scale)
+                         threads=threads, read_ahead=read_ahead, jpeg_dct_scale=jpeg_dct_scale,
+                         fields=fields, field_fn=field_fn, pad=pad)
     if partition is None:
         return Loader(reader.as_dataset(path_or_paths), opts, sharding)
     if partition != "host":

@@ -21,11 +21,32 @@ import numpy as np
 
 from tbljax._src.rules.augment import RecordGeometry
 
-__all__ = ["JpegRecords", "RawRecords", "RecordDataset", "RECORD_FORMATS"]
+__all__ = ["FIELD_KINDS", "FieldInfo", "JpegRecords", "RawRecords", "RecordDataset", "RECORD_FORMATS"]
 
 # What `RecordDataset.record_format` may say: uncompressed RAW_U8; RAW_U8 LZ4-compressed where
 # that was smaller; JPEG; records of several formats; no record at all.
 RECORD_FORMATS = ("raw", "lz4", "jpeg", "mixed", "empty")
+
+# The kinds of a record's fields besides its image: UTF-8 text, a JSON value, a numeric array.
+FIELD_KINDS = ("str", "json", "ndarray")
+
+
+class FieldInfo(NamedTuple):
+    """A field's kind, dtype (ndarray fields; None otherwise) and per-record shape (`()` for
+    str/json; None at the first place for a ragged ndarray field)."""
+
+    kind: str
+    dtype: np.dtype | None
+    shape: tuple[int | None, ...]
+
+    @property
+    def ragged(self) -> bool:
+        return self.kind == "ndarray" and bool(self.shape) and self.shape[0] is None
+
+    @property
+    def fixed(self) -> bool:
+        """A fixed ndarray field: served as an array (B, *shape)."""
+        return self.kind == "ndarray" and not self.ragged
 
 
 class RawRecords(NamedTuple):
@@ -140,6 +161,27 @@ class RecordDataset(abc.ABC):
     def check_unchanged(self, files=None) -> None:
         """CorruptFileError if a file (all, or those numbered `files`) was truncated or
         rewritten in place since it was opened."""
+
+    # ---- fields besides the image ----
+    @property
+    @abc.abstractmethod
+    def fields(self) -> dict[str, FieldInfo]:
+        """Every record's other fields, by name, in the order the file lists them ({} for none)."""
+
+    @abc.abstractmethod
+    def field_rows(self, name: str, indices, out: np.ndarray | None = None) -> Any:
+        """Records `indices`' values of field `name`: a (B, *shape) array for a fixed ndarray
+        field (written into `out` when given), else a list (str, JSON values, or arrays of a
+        ragged field). KeyError naming the fields there are when it has no such field."""
+
+    def field_padded(self, name: str, indices, length: int, out: np.ndarray,
+                     lengths: np.ndarray) -> None:
+        """A ragged field's records `indices` cut or zero-padded to `length` rows into `out`
+        (B, length, *trail); each record's true length (before any cut) into `lengths` (B,)."""
+        out[...] = 0
+        for r, v in enumerate(self.field_rows(name, indices)):
+            lengths[r] = len(v)
+            out[r, :min(len(v), length)] = v[:length]
 
     def describe_record(self, i: int) -> str:
         """``"<file>: record <j>"``: how errors name record i."""

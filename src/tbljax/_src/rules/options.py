@@ -36,6 +36,9 @@ class LoaderOptions:
     threads: int | None = None
     read_ahead: int = 2
     jpeg_dct_scale: bool = False
+    fields: object = "all"    # "all", None, or a list of field names
+    field_fn: dict | None = None  # field name -> fn(this process's values) -> (rows, ...) array
+    pad: dict | None = None       # ragged field name -> rows served
 
     def __post_init__(self):
         integer = contract.is_integer
@@ -58,6 +61,14 @@ class LoaderOptions:
             raise ValueError(f"read_ahead must be an integer >= 0 (0: off), got "
                              f"{self.read_ahead!r}")
         contract.check_threads(self.threads)
+        if not (self.fields is None or self.fields == "all" or (
+                isinstance(self.fields, (list, tuple)) and all(isinstance(n, str) for n in self.fields))):
+            raise ValueError(f"fields must be 'all', None or a list of field names, got {self.fields!r}")
+        if isinstance(self.fields, list):
+            object.__setattr__(self, "fields", tuple(self.fields))
+        for what in ("field_fn", "pad"):
+            if getattr(self, what) is not None and not isinstance(getattr(self, what), dict):
+                raise TypeError(f"{what} must be a dict {{field name: ...}}, got {type(getattr(self, what)).__name__}")
         for flag in ("shuffle", "drop_remainder", "jpeg_dct_scale"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")

@@ -31,9 +31,25 @@ def _cmd_convert(a: argparse.Namespace) -> int:
                              label_ext=a.label_ext, progress=False if a.quiet else None,
                              progress_interval=a.progress_interval, retries=a.retries,
                              retry_backoff=a.retry_backoff, image_column=a.image_column,
-                             label_column=a.label_column, image_key=a.image_key, label_key=a.label_key)
+                             label_column=a.label_column, image_key=a.image_key, label_key=a.label_key,
+                             fields=_field_args(a.field))
     print(summary)
     return 0
+
+
+def _field_args(pairs: list[str] | None) -> dict[str, str] | None:
+    """--field caption=txt --field emb=emb.npy -> {'caption': 'txt', 'emb': 'emb.npy'}."""
+    if not pairs:
+        return None
+    out = {}
+    for p in pairs:
+        name, sep, ext = p.partition("=")
+        if not sep or not name or not ext:
+            raise ValueError(f"--field takes NAME=EXT (e.g. caption=txt, emb=emb.npy), got {p!r}")
+        if name in out:
+            raise ValueError(f"--field {name} given twice")
+        out[name] = ext
+    return out
 
 
 def _cmd_stage(a: argparse.Namespace) -> int:
@@ -83,9 +99,14 @@ def _cmd_info(a: argparse.Namespace) -> int:
         print(f"{path}")
         recipe = dict(d.pop("recipe"))
         sizes = recipe.pop("source_sizes", None)
+        fields = d.pop("fields", {})
         for k, v in d.items():
             if k != "path":
                 print(f"  {k:22s} {v}")
+        for name, f in fields.items():
+            dims = ["n" if x is None else str(x) for x in f["shape"]]
+            shape = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+            print(f"  field.{name:16s} {f['kind']:8s} {f['dtype'] or '-':8s} {shape:12s} {f['bytes']} bytes")
         for k, v in recipe.items():
             print(f"  recipe.{k:15s} {v}")
         if sizes and sizes.get("count"):
@@ -286,6 +307,9 @@ def _add_convert(sub) -> None:
                        ("--label-key", "the label feature of TFRecord/ArrayRecord Examples (default: label, "
                                        "image/class/label)")):
         c.add_argument(flag, default=None, metavar="NAME", help=what)
+    c.add_argument("--field", action="append", default=None, metavar="NAME=EXT",
+                   help="a record field from the TAR member (or the image folder's sidecar file) with "
+                        "extension EXT: caption=txt (str), tags=json (json), emb=emb.npy (ndarray); repeatable")
     c.add_argument("--strict", action="store_true", help="stop (and write nothing) at the first bad image or label")
     c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     c.add_argument("--shard", default=None, metavar="I/N",

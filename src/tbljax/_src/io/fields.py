@@ -1,0 +1,450 @@
+"""Record fields besides the image: their kinds, how a source's raw value becomes a field value
+(`parse_field_value`, the one place every source's values are checked), how a conversion
+streams a field into columnar blocks of the file (`ColumnWriter`), and how a reader maps them
+back (`FileColumn`, `Column`).
+
+A field is `str` (UTF-8 text), `json` (any JSON value) or `ndarray` (numeric; one shape in
+every record: fixed; a first dimension that varies: ragged). In the file a fixed field is one
+(N, *shape) block; the others are an (N+1,) int64 offsets block and one values block (UTF-8
+or JSON text bytes, or the rows of a ragged array back to back). The blocks lie after the
+records where no index entry points (turboloader ignores them) and the dataset metadata's
+"fields" entry says where, with a CRC-32 of each.
+"""
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from tbljax import _core
+from tbljax._src.rules.dataset import FIELD_KINDS, FieldInfo
+
+__all__ = ["FIELD_KINDS", "Column", "ColumnWriter", "FieldError", "FieldInfo", "FileColumn",
+           "kind_for_extension", "kind_of_value", "parse_field_value"]
+
+BLOCK_ALIGN = 64        # a fixed field's (N, ...) view starts on a cache line
+COPY_BYTES = 16 << 20   # spill → file in pieces of this size: memory flat in the field's size
+_RESERVED = ("image", "label", "index", "key", "mask")  # names a batch or a record already uses
+
+
+class FieldError(ValueError):
+    """A record's value for a field is not of the field's kind (the record is skipped)."""
+
+
+def check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name.isidentifier() or name in _RESERVED \
+            or name.endswith("_length"):
+        raise ValueError(f"field name {name!r} must be a Python identifier, not ending in "
+                         f"'_length' and not one of {list(_RESERVED)}")
+    return name
+
+
+def kind_for_extension(ext: str) -> str:
+    """The kind of a TAR member or sidecar file by its extension: .txt → str, .json → json,
+    .npy → ndarray (the extension may hold a dot: 'emb.npy', 'en.txt')."""
+    last = ext.lower().rsplit(".", 1)[-1]
+    kinds = {"txt": "str", "json": "json", "npy": "ndarray"}
+    if last not in kinds:
+        raise ValueError(f"field extension {ext!r}: a field is read from a .txt (str), .json "
+                         "(json) or .npy (ndarray) member")
+    return kinds[last]
+
+
+def kind_of_value(value: Any) -> str:
+    """The kind of an in-memory value (a dict source's entry, a table's cell): str → str, an
+    array or NumPy scalar → ndarray, anything else → json."""
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, (np.ndarray, np.generic)) or (
+            hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape")):
+        return "ndarray"
+    return "json"
+
+
+def parse_field_value(kind: str, raw: Any) -> Any:
+    """A field value of `kind` from what a source holds: bytes (a member's or sidecar's
+    content: UTF-8 text, JSON text, an .npy file) or a value (str, a JSON-able value, an
+    array). Returns str, the JSON value, or a NumPy array; FieldError saying what is wrong."""
+    if kind not in FIELD_KINDS:
+        raise ValueError(f"field kind must be one of {list(FIELD_KINDS)}, got {kind!r}")
+    is_bytes = isinstance(raw, (bytes, bytearray, memoryview))
+    if kind == "str":
+        if is_bytes:
+            try:
+                return bytes(raw).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise FieldError(f"not UTF-8 text ({e})") from None
+        if isinstance(raw, str):
+            return raw
+        raise FieldError(f"a str field takes text, got {type(raw).__name__}")
+    if kind == "json":
+        if is_bytes:
+            try:
+                return json.loads(bytes(raw).decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise FieldError(f"not valid JSON ({e})") from None
+        try:
+            json.dumps(raw)
+        except (TypeError, ValueError) as e:
+            raise FieldError(f"not a JSON value ({e})") from None
+        return raw
+    if is_bytes:
+        try:
+            arr = np.load(io.BytesIO(bytes(raw)), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise FieldError(f"not a readable .npy array ({e})") from None
+    else:
+        try:
+            arr = np.asarray(raw)
+        except (TypeError, ValueError) as e:
+            raise FieldError(f"not an array ({e})") from None
+    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
+        raise FieldError(f"an ndarray field takes a numeric array (bool, int, uint, float), "
+                         f"got {getattr(arr, 'dtype', type(arr).__name__)}")
+    return arr
+
+
+class ColumnWriter:
+    """One field of a conversion: values are checked (`problem`), then appended (`append`) to
+    an unnamed spill file beside the output, so memory stays flat in N; `write` copies them
+    into the TBL file's blocks at the end and returns the field's metadata."""
+
+    def __init__(self, name: str, kind: str, spill_dir: str):
+        self.name, self.kind = check_name(name), kind
+        self.dtype: np.dtype | None = None
+        self.trail: tuple[int, ...] | None = None  # ndarray: the shape after the first dimension
+        self.ndim: int | None = None
+        self.lengths = array("q")  # bytes (str/json) or rows (ndarray) of each record
+        self.spill = tempfile.TemporaryFile(dir=spill_dir, prefix=".tbljax-field-", buffering=1 << 20)
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` cannot join this field (dtype or shape disagrees), else None."""
+        if self.kind != "ndarray":
+            return None
+        if value.dtype.byteorder == ">":
+            value = value.astype(value.dtype.newbyteorder("<"))
+        if self.dtype is None:
+            return None
+        if value.dtype != self.dtype:
+            return f"dtype {value.dtype} where the field's is {self.dtype}"
+        if value.ndim != self.ndim or value.shape[1:] != self.trail:
+            want = "()" if self.ndim == 0 else f"(n,) + {self.trail}"
+            return f"shape {value.shape} where the field's records are {want}"
+        return None
+
+    def expect(self, value: Any) -> None:
+        """The first good record sets an ndarray field's dtype and trailing shape."""
+        if self.kind == "ndarray" and self.dtype is None:
+            self.dtype, self.ndim, self.trail = value.dtype.newbyteorder("<"), value.ndim, value.shape[1:]
+
+    def append(self, value: Any) -> None:
+        if self.kind == "ndarray":
+            data = np.ascontiguousarray(value, dtype=self.dtype)
+            self.lengths.append(data.shape[0] if data.ndim else 1)
+            self.spill.write(memoryview(data.reshape(-1)).cast("B"))
+            return
+        data = (value if self.kind == "str" else
+                json.dumps(value, ensure_ascii=False, separators=(",", ":"))).encode("utf-8")
+        self.lengths.append(len(data))
+        self.spill.write(data)
+
+    def write(self, w: Any) -> dict[str, Any]:
+        """Writes the blocks through `w` (a `format.Writer`); returns the field's metadata."""
+        self.spill.flush()
+        self.spill.seek(0)
+        lengths = np.frombuffer(self.lengths, np.int64) if len(self.lengths) else np.zeros(0, np.int64)
+        meta: dict[str, Any] = {"kind": self.kind}
+        if self.kind == "ndarray":
+            meta["dtype"] = self.dtype.str
+            fixed = self.ndim == 0 or len(np.unique(lengths)) <= 1
+            first = int(lengths[0]) if len(lengths) and self.ndim else None
+            meta["shape"] = ([] if self.ndim == 0 else [first if fixed else None, *self.trail])
+            if self.ndim and first is None:  # no record at all: a ragged field of no rows
+                meta["shape"] = [None, *self.trail]
+        else:
+            meta["dtype"], meta["shape"] = None, []
+        meta["values"] = w.add_block(iter(lambda: self.spill.read(COPY_BYTES), b""), BLOCK_ALIGN)
+        if not (self.kind == "ndarray" and meta["shape"][:1] != [None]):
+            offsets = np.zeros(len(lengths) + 1, "<i8")
+            np.cumsum(lengths, out=offsets[1:])
+            meta["offsets"] = w.add_block([offsets.view(np.uint8)], BLOCK_ALIGN)
+        self.spill.close()
+        return meta
+
+    def close(self) -> None:
+        self.spill.close()
+
+
+class Columns:
+    """The fields of one conversion: `parse` checks an item's fields (a reason string when one
+    fails: the record is skipped), `append` stores a written record's values, `write` puts the
+    blocks and their metadata into the file. A context manager: the spill files go at exit."""
+
+    def __init__(self, kinds: dict[str, str], exts: dict[str, str], out_dir: str):
+        self.exts = exts
+        self.writers = {name: ColumnWriter(name, kind, out_dir) for name, kind in kinds.items()}
+        self.found: set[str] = set()
+
+    def parse(self, item: Any) -> dict[str, Any] | str:
+        values = {}
+        for name, col in self.writers.items():
+            if name not in item.fields:
+                where = f" (no .{self.exts[name]} member or sidecar file)" if name in self.exts else ""
+                return f"field {name!r}: missing{where}"
+            self.found.add(name)
+            try:
+                v = parse_field_value(col.kind, item.fields[name])
+            except FieldError as e:
+                return f"field {name!r}: {e}"
+            problem = col.problem(v)
+            if problem:
+                return f"field {name!r}: {problem}"
+            values[name] = v
+        for name, v in values.items():
+            self.writers[name].expect(v)
+        return values
+
+    def append(self, values: dict[str, Any]) -> None:
+        for name, v in values.items():
+            self.writers[name].append(v)
+
+    def check_found(self, dst: str) -> None:
+        """ConversionError-worthy: a field that no item had (a misspelt extension)."""
+        missing = [n for n in self.writers if n not in self.found]
+        if missing and self.exts:
+            n = missing[0]
+            raise FieldsNotFound(f"fields= names {n!r} = .{self.exts.get(n, '?')}, which no record has "
+                                 f"(no such member or sidecar file); {dst} was not written")
+
+    def write(self, w: Any) -> None:
+        if self.writers:
+            w.set_fields({name: col.write(w) for name, col in self.writers.items()})
+
+    def __enter__(self) -> Columns:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for col in self.writers.values():
+            col.close()
+
+
+class FieldsNotFound(ValueError):
+    """fields= names an extension that no record of the sources has."""
+
+
+def info_of(meta: dict[str, Any]) -> FieldInfo:
+    dtype = np.dtype(meta["dtype"]) if meta.get("dtype") else None
+    return FieldInfo(meta["kind"], dtype, tuple(meta["shape"]))
+
+
+def check_field_meta(name: Any, meta: Any, path: str) -> None:
+    """CorruptFileError naming the field when its metadata is not what `ColumnWriter.write`
+    gives (the JSON comes from the file)."""
+    def bad(want: str) -> None:
+        raise _core.CorruptFileError(f"{path}: field {name!r} metadata must be {want}, got "
+                                     f"{json.dumps(meta)[:120]}")
+
+    if not isinstance(meta, dict) or meta.get("kind") not in FIELD_KINDS:
+        bad(f"an object whose kind is one of {list(FIELD_KINDS)}")
+    shape = meta.get("shape")
+    if not isinstance(shape, list) or not all(
+            s is None or (isinstance(s, int) and not isinstance(s, bool) and s >= 0) for s in shape) \
+            or None in shape[1:]:
+        bad("an object whose shape is a list of sizes (None only first)")
+    if meta["kind"] == "ndarray":
+        try:
+            dt = np.dtype(meta.get("dtype"))
+        except TypeError:
+            bad("an object whose dtype is a NumPy dtype string")
+        if dt.kind not in "biuf":
+            bad("an object whose dtype is numeric")
+    blocks = ["values"] + ([] if meta["kind"] == "ndarray" and shape[:1] != [None] else ["offsets"])
+    for b in blocks:
+        blk = meta.get(b)
+        if not (isinstance(blk, dict) and all(isinstance(blk.get(k), int) and blk[k] >= 0
+                                              for k in ("offset", "bytes", "crc32"))):
+            bad(f"an object whose {b!r} is {{'offset', 'bytes', 'crc32'}} integers")
+
+
+class FileColumn:
+    """One field of one file, over the file's memory map: built from the metadata in O(1)."""
+
+    def __init__(self, name: str, meta: dict[str, Any], view: np.ndarray, n: int, path: str):
+        self.name, self.n, self.path, self.meta = name, n, path, meta
+        self.info = info_of(meta)
+        self.values = self._block(view, "values")
+        self.offsets: np.ndarray | None = None
+        if "offsets" in meta and not self.info.fixed:
+            off = self._block(view, "offsets")
+            if off.size != 8 * (n + 1):
+                raise _core.CorruptFileError(f"{path}: field {name!r}: offsets block of {off.size} "
+                                             f"bytes for {n} records")
+            self.offsets = off.view("<i8")
+        if self.info.kind == "ndarray":
+            dt = self.info.dtype
+            trail = self.info.shape[1:] if self.info.ragged else self.info.shape
+            per = int(np.prod(trail, dtype=np.int64)) * dt.itemsize
+            if self.info.fixed:
+                want = per * n
+            else:
+                want = None
+            if want is not None and self.values.size != want:
+                raise _core.CorruptFileError(f"{path}: field {name!r}: {self.values.size} bytes for "
+                                             f"{n} records of {dt} {self.info.shape}")
+            if self.info.ragged and (per == 0 or self.values.size % per):
+                raise _core.CorruptFileError(f"{path}: field {name!r}: {self.values.size} bytes are "
+                                             f"no whole number of {dt} rows of {trail}")
+            rows = self.values.size // per if per else 0
+            shape = (n, *self.info.shape) if self.info.fixed else (rows, *trail)
+            self.array = self.values.view(dt).reshape(shape)
+        self._checked = False
+
+    def _block(self, view: np.ndarray, which: str) -> np.ndarray:
+        blk = self.meta[which]
+        lo, size = blk["offset"], blk["bytes"]
+        if lo + size > view.size:
+            raise _core.CorruptFileError(f"{self.path}: field {self.name!r}: {which} block "
+                                         f"[{lo}, +{size}) runs past the end of the file: truncated?")
+        return view[lo:lo + size]
+
+    def check_offsets(self) -> None:
+        """The offsets rise from 0 to the values' end (done once, at first use: O(N))."""
+        if self._checked or self.offsets is None:
+            return
+        off = self.offsets
+        end = self.array.shape[0] if self.info.kind == "ndarray" else self.values.size
+        if off[0] != 0 or off[-1] != end or np.any(np.diff(off) < 0):
+            raise _core.CorruptFileError(f"{self.path}: field {self.name!r}: offsets do not rise "
+                                         f"from 0 to {end}")
+        self._checked = True
+
+    def verify(self) -> list[str]:
+        """Problems with the blocks' CRC-32s (empty: all good)."""
+        out = []
+        for which in ("values", "offsets"):
+            blk = self.meta.get(which)
+            if blk is None or (which == "offsets" and self.offsets is None):
+                continue
+            data = self.values if which == "values" else self.offsets.view(np.uint8)
+            crc = 0
+            for lo in range(0, data.size, COPY_BYTES):
+                crc = _core.crc32(data[lo:lo + COPY_BYTES], crc)
+            if crc != blk["crc32"]:
+                out.append(f"field {self.name!r} {which} block: checksum mismatch "
+                           f"(crc32 {crc:08x}, stored {blk['crc32']:08x})")
+        return out
+
+    def value(self, j: int) -> Any:
+        """Record j's value (a view for ndarray fields)."""
+        if self.info.fixed:
+            return self.array[j]
+        self.check_offsets()
+        lo, hi = int(self.offsets[j]), int(self.offsets[j + 1])
+        if self.info.kind == "ndarray":
+            return self.array[lo:hi]
+        text = bytes(self.values[lo:hi]).decode("utf-8")
+        return text if self.info.kind == "str" else json.loads(text)
+
+
+def merge_infos(name: str, infos: Sequence[FieldInfo], paths: Sequence[str]) -> FieldInfo:
+    """The field of shard files read as one: the same kind and dtype in every file; a fixed
+    field whose first size differs between files is ragged over the whole."""
+    first = infos[0]
+    for info, p in zip(infos[1:], paths[1:]):
+        same_trail = info.shape[1:] == first.shape[1:] and len(info.shape) == len(first.shape)
+        if info.kind != first.kind or info.dtype != first.dtype or not same_trail or \
+                (info.kind == "ndarray" and not first.shape and info.shape):
+            raise ValueError(f"field {name!r} is {first} in {paths[0]} but {info} in {p}: "
+                             "the shard files disagree")
+    if first.kind == "ndarray" and first.shape and len({i.shape[0] for i in infos}) > 1:
+        return FieldInfo("ndarray", first.dtype, (None, *first.shape[1:]))
+    return first
+
+
+class Column:
+    """A field over a dataset's files, in record order."""
+
+    def __init__(self, name: str, files: list[FileColumn], starts: np.ndarray):
+        self.name, self.files, self.starts = name, files, starts
+        self.info = merge_infos(name, [f.info for f in files], [f.path for f in files])
+
+    def whole(self) -> Any:
+        """The column: a read-only (N, *shape) array for a fixed field (zero-copy for one
+        file), else a sequence of the records' values."""
+        if self.info.fixed:
+            if len(self.files) == 1:
+                return self.files[0].array
+            out = np.concatenate([f.array for f in self.files])
+            out.flags.writeable = False
+            return out
+        return FieldValues(self)
+
+    def value(self, i: int) -> Any:
+        k = int(np.searchsorted(self.starts, i, side="right") - 1)
+        return self.files[k].value(i - int(self.starts[k]))
+
+    def _split(self, idx: np.ndarray) -> Iterator[tuple[FileColumn, np.ndarray, np.ndarray]]:
+        if len(self.files) == 1:
+            yield self.files[0], np.arange(len(idx)), idx
+            return
+        k = np.searchsorted(self.starts, idx, side="right") - 1
+        for f in np.unique(k):
+            rows = np.flatnonzero(k == f)
+            yield self.files[int(f)], rows, idx[rows] - self.starts[f]
+
+    def rows(self, idx: np.ndarray, out: np.ndarray | None = None) -> Any:
+        """Records `idx`' values: an array (B, *shape) for a fixed field (into `out` when
+        given), else a list."""
+        if self.info.fixed:
+            if out is None:
+                out = np.empty((len(idx), *self.info.shape), self.info.dtype)
+            for f, rows, local in self._split(idx):
+                if len(rows) == len(idx):
+                    np.take(f.array, local, axis=0, out=out)
+                else:
+                    out[rows] = f.array[local]
+            return out
+        vals: list[Any] = [None] * len(idx)
+        for f, rows, local in self._split(idx):
+            for r, j in zip(rows.tolist(), local.tolist()):
+                vals[r] = f.value(j)
+        return vals
+
+    def padded(self, idx: np.ndarray, length: int, out: np.ndarray, lengths: np.ndarray) -> None:
+        """A ragged field's records `idx` cut or zero-padded to `length` rows into `out`
+        (B, length, *trail), their true lengths into `lengths` (B,)."""
+        out[...] = 0
+        for f, rows, local in self._split(idx):
+            f.check_offsets()
+            lo, hi = f.offsets[local], f.offsets[local + 1]
+            n = hi - lo
+            lengths[rows] = n
+            for r, a, m in zip(rows.tolist(), lo.tolist(), np.minimum(n, length).tolist()):
+                out[r, :m] = f.array[a:a + m]
+
+
+class FieldValues(Sequence):
+    """A str, json or ragged field's column as a read-only sequence (values read on access)."""
+
+    def __init__(self, column: Column):
+        self._column = column
+
+    def __len__(self) -> int:
+        return int(self._column.starts[-1])
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        i = int(i)
+        if not -n <= i < n:
+            raise IndexError(f"record {i} out of range for a field of {n} records")
+        return self._column.value(i % n)
+
+    def __repr__(self) -> str:
+        return f"<field {self._column.name!r}: {len(self)} {self._column.info.kind} values>"
