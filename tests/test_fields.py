@@ -350,3 +350,40 @@ def test_state_dict_resume_serves_the_same_fields(served):
     for a, b in zip(full[4:], _batches(rest)):
         assert a["caption"] == b["caption"]
         np.testing.assert_array_equal(a["emb"], b["emb"])
+
+
+@pytest.mark.parametrize("framework", ["torch", "mlx"])
+def test_torch_and_mlx_serve_every_field(served, framework):
+    """The adapters carry the same fields on `batch.fields` (tensors / mx.arrays, lists for
+    text), row for row with the batch's index."""
+    path, samples = served
+    if framework == "torch":
+        pytest.importorskip("torch")
+        import tbljax.torch
+
+        ld = tbljax.torch.loader(path, 4, drop_remainder=False, pad={"tok": 5})
+        to_np = lambda x: x.numpy()  # noqa: E731
+    else:
+        pytest.importorskip("mlx.core")
+        import tbljax.mlx
+
+        ld = tbljax.mlx.loader(path, 4, drop_remainder=False, pad={"tok": 5})
+        to_np = np.array
+    seen = []
+    for b in ld:
+        f = b.fields
+        assert sorted(f) == ["caption", "emb", "tags", "tok", "tok_length"]
+        for r, i in enumerate(to_np(b.index).tolist()):
+            if i < 0:
+                assert f["caption"][r] == "" and to_np(f["tok_length"])[r] == 0
+                continue
+            s = samples[i]
+            seen.append(i)
+            assert f["caption"][r] == s["caption"] and f["tags"][r] == s["tags"]
+            np.testing.assert_array_equal(to_np(f["emb"])[r], s["emb"])
+            assert to_np(f["tok_length"])[r] == len(s["tok"])
+            n = min(5, len(s["tok"]))
+            np.testing.assert_array_equal(to_np(f["tok"])[r][:n], s["tok"][:n])
+    assert sorted(seen) == list(range(11))
+    with pytest.raises(ValueError, match="tok"):  # a ragged field needs a length, by name
+        (tbljax.torch if framework == "torch" else tbljax.mlx).loader(path, 4)

@@ -20,13 +20,16 @@ class TensorBatch(tuple):
     ``index``: the sample index of every row (-1 on padding rows); ``valid``: a bool mask of
     the real rows, or None with drop_remainder (no padding); ``epoch`` and ``position``: the
     step's epoch and the global position of its first row; ``source``: for a mixture
-    (`tbljax.mix`), each row's source (an index into ``mixture.sources``), else None.
+    (`tbljax.mix`), each row's source (an index into ``mixture.sources``), else None;
+    ``fields``: the record fields served, by name (arrays of the framework for numeric fields,
+    ragged ones padded with their ``name + "_length"``; Python lists for str/json fields).
     """
 
-    def __new__(cls, images, labels, *, index, valid, epoch: int, position: int, source=None):
+    def __new__(cls, images, labels, *, index, valid, epoch: int, position: int, source=None,
+                fields=None):
         self = super().__new__(cls, (images, labels))
         self.index, self.valid, self.epoch, self.position = index, valid, epoch, position
-        self.source = source
+        self.source, self.fields = source, dict(fields or {})
         return self
 
     @property

@@ -46,7 +46,8 @@ def _to_mlx(host) -> tuple[_adapter.TensorBatch, list]:
     valid = None if host.valid is None else mx.array(host.valid)
     batch = _adapter.TensorBatch(images, mx.array(host.label), index=mx.array(host.index),
                            valid=valid, epoch=host.epoch, position=host.position,
-                           source=None if host.sources is None else mx.array(host.sources[0]))
+                           source=None if host.sources is None else mx.array(host.sources[0]),
+                           fields={**{n: mx.array(a[0]) for n, a in host.fields.items()}, **host.texts})
     return batch, []  # copies: nothing handed out views the ring slot
 
 
@@ -65,7 +66,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
            augment=None, drop_remainder: bool = True, prefetch: int = 2,
            threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
            world_size: int | None = None, partition: None = None,
-           jpeg_dct_scale: bool = False) -> MLXLoader:
+           jpeg_dct_scale: bool = False,
+           fields="all", field_fn=None, pad=None) -> MLXLoader:
     """Serves a TBL dataset to MLX: ``(images, labels)`` mx.arrays, one epoch per pass.
 
     Args:
@@ -77,7 +79,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         ``group = mx.distributed.init(); rank=group.rank(), world_size=group.size()``);
         both None for a single process. Rank r gets the rows the JAX loader gives process r.
       seed, shuffle, mean, std, augment, drop_remainder, prefetch, threads, read_ahead,
-        jpeg_dct_scale: as `tbljax.torch.loader` and `tbljax.loader`.
+        jpeg_dct_scale, fields, field_fn, pad: as `tbljax.torch.loader` and `tbljax.loader`.
       partition: None only: every rank draws its rows from the whole dataset. Host parts
         (partition="host") need the ranks to exchange their parts' sizes, which tbljax does
         over JAX (`tbljax.loader`) and torch.distributed (`tbljax.torch.loader`), not MLX.
@@ -101,5 +103,6 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
                             layout=layout, mean=mean, std=std,
                             augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
                             threads=threads, read_ahead=read_ahead,
-                            jpeg_dct_scale=jpeg_dct_scale)
+                            jpeg_dct_scale=jpeg_dct_scale, fields=fields,
+                            field_fn=field_fn, pad=pad)
     return MLXLoader(reader.as_dataset(path_or_paths), opts, rank, world_size)

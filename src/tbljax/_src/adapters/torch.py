@@ -63,7 +63,9 @@ def _to_torch(host) -> tuple[_adapter.TensorBatch, list]:
     batch = _adapter.TensorBatch(images, torch.from_numpy(host.label.astype(np.int64)),
                            index=torch.from_numpy(host.index.astype(np.int64)), valid=valid,
                            epoch=host.epoch, position=host.position,
-                           source=None if host.sources is None else torch.from_numpy(host.sources[0]))
+                           source=None if host.sources is None else torch.from_numpy(host.sources[0]),
+                           fields={**{n: torch.from_numpy(np.ascontiguousarray(a[0])) for n, a in host.fields.items()},
+                                   **host.texts})
     return batch, [images]
 
 
@@ -124,7 +126,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
            augment=None, drop_remainder: bool = True, prefetch: int = 2,
            threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
            world_size: int | None = None, pin_memory: bool | None = None,
-           partition: str | None = None, jpeg_dct_scale: bool = False) -> TorchLoader:
+           partition: str | None = None, jpeg_dct_scale: bool = False,
+           fields="all", field_fn=None, pad=None) -> TorchLoader:
     """Serves a TBL dataset to PyTorch: ``(images, labels)`` tensors, one epoch per pass.
 
     Args:
@@ -136,7 +139,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
       dtype: "float32" (default), "bfloat16" or "uint8", or the torch dtype.
       layout: "NCHW" (default) or "NHWC". Tip: ``x.permute(0, 3, 1, 2)`` of an NHWC batch is
         an NCHW tensor in ``torch.channels_last`` memory format, without a copy.
-      mean, std, augment, prefetch, threads, read_ahead, jpeg_dct_scale: as `tbljax.loader`.
+      mean, std, augment, prefetch, threads, read_ahead, jpeg_dct_scale, fields, field_fn, pad:
+        as `tbljax.loader` (the served fields are on each batch's `.fields`).
       drop_remainder: True drops the last partial global batch; False pads it, and the
         batch's ``valid`` mask marks real rows (labels and index are -1 on padding), so every
         sample is served exactly once over all ranks, every rank taking the same steps.
@@ -175,7 +179,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
                             layout=layout, mean=mean, std=std,
                             augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
                             threads=threads, read_ahead=read_ahead,
-                            jpeg_dct_scale=jpeg_dct_scale)
+                            jpeg_dct_scale=jpeg_dct_scale, fields=fields,
+                            field_fn=field_fn, pad=pad)
     if partition is None:
         return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory))
     if partition != "host":

@@ -14,7 +14,6 @@ from tbljax import _core
 from tbljax._src.rules import contract
 from tbljax._src.io.format import stored_entry
 from tbljax._src.rules.partition import parse_part
-from tbljax._src.io import sources as _sources
 from tbljax._src.io.fields import check_name, kind_for_extension
 
 __all__ = ["CHROMA", "FIXED_SIZE_MODES", "RECORD_FORMATS", "RESIZE_MODES", "ConversionError",
