@@ -2,10 +2,14 @@
 record kind tbljax writes, as one file and as two shard files, made from the same small JPEG
 photos, and each record's reference pixels taken from the file's bytes by an independent reader
 (NumPy over the index for RAW records, Pillow for JPEG records, the RAW twin for records that
-are decoded and resized at serve time)."""
+are decoded and resized at serve time). The "fields" kind is the same photos in a real
+WebDataset TAR with a str, a json, a fixed and a ragged ndarray member per record; its source
+values (`field_values`) are what every path must serve."""
 from __future__ import annotations
 
 import io
+import json
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +29,13 @@ KINDS = {
     "compact_full_aspect": dict(resize="shorter_side", format="jpeg", quality=90),
     "original_jpeg": dict(resize="center_crop", format="jpeg"),
     "lz4": dict(resize="center_crop", format="lz4"),
+    # RAW records converted from a TAR whose records carry fields (see `field_values`).
+    "fields": dict(resize="center_crop", format="raw",
+                   fields={"caption": "txt", "tags": "json", "emb": "emb.npy", "tok": "tok.npy"}),
 }
+# What serving the fields kind needs: its ragged field cut or padded to 3 rows.
+SERVE = {"fields": dict(pad={"tok": 3})}
+PAD = 3
 # Records decoded and resized at serve time have the pixels of the RAW conversion of the same
 # sources with the same recipe (DESIGN §3): that twin is their reference.
 TWIN = {"original_jpeg": "raw_square", "lz4": "raw_square"}
@@ -49,18 +59,58 @@ def photos(d: Path) -> list[Path]:
     return paths
 
 
+def field_values() -> list[dict]:
+    """Record i's source values of the fields kind: a str (non-ASCII), a JSON object, a fixed
+    (3,) float16 array and an int32 array of 0..5 values (ragged; longer and shorter than PAD)."""
+    rng = np.random.default_rng(11)
+    return [{"caption": f"photo {i} of c{i % 3} — é", "tags": {"tags": [f"c{i % 3}", i], "w": i / 2},
+             "emb": rng.standard_normal(3).astype(np.float16),
+             "tok": rng.integers(0, 300, i % 6).astype(np.int32)} for i in range(N)]
+
+
+def _npy(a: np.ndarray) -> bytes:
+    b = io.BytesIO()
+    np.save(b, a)
+    return b.getvalue()
+
+
+def write_fields_tars(d: Path, src: list[Path]) -> list[str]:
+    """Two WebDataset shards of the photos (records 0-4, 5-9): key.jpg, key.cls (label i) and
+    the field members."""
+    paths = [d / "fields-0.tar", d / "fields-1.tar"]
+    values = field_values()
+    for k, path in enumerate(paths):
+        with tarfile.open(path, "w") as tf:
+            for i in range(k * N // 2, (k + 1) * N // 2):
+                _add_record(tf, i, src[i], values[i])
+    return [str(p) for p in paths]
+
+
+def _add_record(tf: tarfile.TarFile, i: int, p: Path, v: dict) -> None:
+    members = {"jpg": p.read_bytes(), "cls": str(i).encode(), "txt": v["caption"].encode(),
+               "json": json.dumps(v["tags"]).encode(), "emb.npy": _npy(v["emb"]),
+                       "tok.npy": _npy(v["tok"])}
+    for ext, data in members.items():
+        ti = tarfile.TarInfo(f"rec{i:02d}.{ext}")
+        ti.size = len(data)
+        tf.addfile(ti, io.BytesIO(data))
+
+
 def make(d: Path) -> dict[tuple[str, str], object]:
     """{(kind, layout): path or [shard paths]} under folder d."""
     src = photos(d / "src")
+    tars = write_fields_tars(d, src)
     out = {}
     for kind, kw in KINDS.items():
+        if kind == "fields":  # labels from the .cls members
+            source, labels = tars, {}
+        else:
+            source, labels = [str(p) for p in src], {"labels": list(range(N))}
         one = d / f"{kind}.tbl"
-        tbljax.convert([str(p) for p in src], one, image_size=S, labels=list(range(N)), progress=False,
-                       **kw)
+        tbljax.convert(source, one, image_size=S, progress=False, **labels, **kw)
         parts = [d / f"{kind}-{k}.tbl" for k in range(2)]
         for k, p in enumerate(parts):
-            tbljax.convert([str(p) for p in src], p, image_size=S, labels=list(range(N)),
-                           shard=(k, 2), progress=False, **kw)
+            tbljax.convert(source, p, image_size=S, shard=(k, 2), progress=False, **labels, **kw)
         out[kind, "file"], out[kind, "shards"] = str(one), [str(p) for p in parts]
     return out
 

@@ -4,8 +4,8 @@ Usage: python _matrix_worker.py PROCESS_ID JAX_PORT TORCH_PORT SPEC_JSON OUT_NPZ
 Joins a 2-process JAX runtime and a 2-rank torch.distributed (gloo) group on localhost, then
 serves every dataset of the spec with ``partition="host"`` through `tbljax.loader` and
 `tbljax.torch.loader` (uint8, random-resized crop), and saves what this process served —
-each row's global index and pixels, or the error a loader raised — for the parent to check
-against the NumPy oracle.
+each row's global index, pixels and record fields (str/json ones as JSON text), or the error a
+loader raised — for the parent to check against the NumPy oracle and the source values.
 """
 from __future__ import annotations
 
@@ -14,6 +14,14 @@ import sys
 
 import jax
 import numpy as np
+
+IMAGE_KEYS = ("image", "label", "index", "valid")
+
+
+def _fields_of(named: dict, host) -> dict:
+    """This process's rows of each field: arrays (via `host`) as they are, lists as JSON text."""
+    return {k: (json.dumps(v) if isinstance(v, list) else host(v)) for k, v in named.items()
+            if k not in IMAGE_KEYS}
 
 
 def main():
@@ -33,22 +41,29 @@ def main():
     for name, paths in spec["datasets"].items():
         for framework in ("jax", "torch"):
             key = f"{name}|{framework}"
+            kw = spec["serve"][name]
             try:
                 if framework == "jax":
                     ld = tbljax.loader(paths, 2 * spec["batch"], seed=spec["seed"], dtype="uint8",
-                                       augment=aug, num_epochs=1, partition="host")
+                                       augment=aug, num_epochs=1, partition="host", **kw)
                     rows = [(np.asarray(b["index"].addressable_data(0)),
-                             np.asarray(b["image"].addressable_data(0))) for b in ld]
+                             np.asarray(b["image"].addressable_data(0)),
+                             _fields_of(b, lambda a: np.asarray(a.addressable_data(0)))) for b in ld]
                 else:
                     ld = tbljax.torch.loader(paths, spec["batch"], seed=spec["seed"],
                                              dtype="uint8", layout="NHWC", augment=aug,
-                                             partition="host")
-                    rows = [(b.index.numpy(), b.images.numpy()) for b in ld]
+                                             partition="host", **kw)
+                    rows = [(b.index.numpy(), b.images.numpy(), _fields_of(b.fields, lambda t: t.numpy()))
+                            for b in ld]
             except Exception as e:  # noqa: BLE001 - the parent says which cell raised what
                 out[key + "|error"] = np.array(f"{type(e).__name__}: {e}")
                 continue
-            out[key + "|index"] = np.concatenate([i for i, _ in rows])
-            out[key + "|image"] = np.concatenate([im for _, im in rows])
+            out[key + "|index"] = np.concatenate([i for i, _, _ in rows])
+            out[key + "|image"] = np.concatenate([im for _, im, _ in rows])
+            for f in rows[0][2]:
+                got = [fs[f] for _, _, fs in rows]
+                out[f"{key}|field|{f}"] = (np.array(json.dumps([x for g in got for x in json.loads(g)]))
+                                           if isinstance(got[0], str) else np.concatenate(got))
     np.savez(sys.argv[5], **out)
     dist.destroy_process_group()
     jax.distributed.shutdown()

@@ -7,7 +7,9 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 Paths: the JAX loader (uint8 random-resized crop; float32 centre-crop eval with the last batch
 padded; a mid-epoch state resumed by a new loader), torch, MLX, `ResidentDataset` inside
 `jax.jit`, `partition="host"` in two real processes (JAX and torch.distributed), `show`,
-`bench`, `info`/`verify`, TBL → RAW; and the dataset contract itself on every dataset kind."""
+`bench`, `info`/`verify`, TBL → RAW; and the dataset contract itself on every dataset kind.
+The "fields" row's records carry a str, a json, a fixed and a ragged ndarray field: every path
+that serves them is checked against the values the source TAR held (`check_fields`)."""
 from __future__ import annotations
 
 import json
@@ -37,7 +39,8 @@ IDS = [f"{k}-{layout}" for k, layout in CELLS]
 FULL_ASPECT = {"raw_shorter_side", "raw_max_side", "compact_full_aspect"}
 MODES = {"raw_square": "gather", "raw_shorter_side": "gather_variable", "raw_max_side": "gather_variable",
          "compact_square": "jpeg_boxes", "compact_full_aspect": "jpeg_boxes", "original_jpeg": "decode",
-         "lz4": "decode"}
+         "lz4": "decode", "fields": "gather"}
+VALUES = M.field_values()
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +64,39 @@ def expected(imgs, idx, aug, *, epoch=0, dtype=np.uint8, layout="NHWC", mean=Non
 
 def _host(x) -> np.ndarray:
     return np.asarray(x)
+
+
+def serve(kind) -> dict:
+    """The loader arguments a kind needs (the fields kind: a length for its ragged field)."""
+    return M.SERVE.get(kind, {})
+
+
+def check_fields(kind, fields, idx, where=""):
+    """A batch's fields (`fields`: name → NumPy array or list, this process's rows) against the
+    source TAR's values for records `idx`; padding rows (index -1) hold zeros, "" and None."""
+    if kind != "fields":
+        return
+    assert sorted(fields) == ["caption", "emb", "tags", "tok", "tok_length"], where
+    emb, tok, length = (np.asarray(fields[k]) for k in ("emb", "tok", "tok_length"))
+    assert emb.dtype == np.float16 and tok.dtype == np.int32 and tok.shape == (len(idx), M.PAD), where
+    assert len(fields["caption"]) == len(fields["tags"]) == len(idx), where
+    for r, i in enumerate(np.asarray(idx).tolist()):
+        if i < 0:
+            assert fields["caption"][r] == "" and fields["tags"][r] is None, where
+            assert not emb[r].any() and not tok[r].any() and length[r] == 0, where
+            continue
+        v = VALUES[i]
+        assert fields["caption"][r] == v["caption"] and fields["tags"][r] == v["tags"], (where, i)
+        np.testing.assert_array_equal(emb[r], v["emb"], err_msg=f"{where} {i}")
+        want = np.zeros(M.PAD, np.int32)
+        want[:min(M.PAD, len(v["tok"]))] = v["tok"][:M.PAD]
+        np.testing.assert_array_equal(tok[r], want, err_msg=f"{where} {i}")
+        assert length[r] == len(v["tok"]), (where, i)  # the true length, before the cut
+
+
+def _jax_fields(batch) -> dict:
+    return {k: (v if isinstance(v, list) else _host(v)) for k, v in batch.items()
+            if k not in ("image", "label", "index", "valid")}
 
 
 # ---- the dataset contract ----
@@ -115,6 +151,15 @@ def test_every_dataset_kind_implements_the_whole_contract(matrix, kind, layout):
         # The engine takes each kind's fast path from every dataset kind (a host part of
         # compact records decodes only each box's part, as the whole dataset does).
         assert RecordSource(ds, 0).mode == MODES[kind], what
+        if kind == "fields":
+            assert list(ds.fields) == ["caption", "tags", "emb", "tok"], what
+            rows = [0, len(ds) - 1]
+            src = [VALUES[lo + r] for r in rows]
+            np.testing.assert_array_equal(ds.field_rows("emb", rows), [v["emb"] for v in src])
+            assert ds.field_rows("caption", rows) == [v["caption"] for v in src], what
+            assert [t.tolist() for t in ds.field_rows("tok", rows)] == [v["tok"].tolist() for v in src]
+        else:
+            assert ds.fields == {}, what
 
 
 def test_a_dataset_that_leaves_out_part_of_the_contract_cannot_be_made():
@@ -150,10 +195,12 @@ def test_original_bytes_report_the_served_geometry(matrix):
 def test_loader_uint8_random_resized_crop(matrix, kind, layout):
     files, refs = matrix
     got = 0
-    for batch in tbljax.loader(files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1):
+    for batch in tbljax.loader(files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1,
+                               **serve(kind)):
         idx = _host(batch["index"])
         np.testing.assert_array_equal(_host(batch["image"]), expected(refs[kind, layout], idx, RRC))
         assert _host(batch["label"]).tolist() == idx.tolist()
+        check_fields(kind, _jax_fields(batch), idx, "rrc")
         got += 1
     assert got == M.N // B
 
@@ -163,8 +210,9 @@ def test_eval_float32_center_crop_serves_every_record_once(matrix, kind, layout)
     files, refs = matrix
     seen = []
     for batch in tbljax.loader(files[kind, layout], B, seed=SEED, augment=CENTER, num_epochs=1,
-                               drop_remainder=False, mean=MEAN, std=STD):
+                               drop_remainder=False, mean=MEAN, std=STD, **serve(kind)):
         idx, valid = _host(batch["index"]), _host(batch["valid"])
+        check_fields(kind, _jax_fields(batch), idx, "eval")  # padding rows: zeros, "", None
         assert (idx >= 0).tolist() == valid.tolist()
         want = expected(refs[kind, layout], idx[valid], CENTER, dtype=np.float32, mean=MEAN, std=STD)
         np.testing.assert_array_equal(_host(batch["image"])[valid], want)
@@ -176,19 +224,21 @@ def test_eval_float32_center_crop_serves_every_record_once(matrix, kind, layout)
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_mid_epoch_state_resumes_the_identical_stream(matrix, kind, layout):
     files, _ = matrix
-    kw = dict(seed=SEED, dtype="uint8", augment=RRC, num_epochs=2)
+    kw = dict(seed=SEED, dtype="uint8", augment=RRC, num_epochs=2, **serve(kind))
     ld = tbljax.loader(files[kind, layout], B, **kw)
     it = iter(ld)
     next(it), next(it), next(it)  # into the second epoch
     state = ld.state_dict()
-    rest = [(_host(b["index"]), _host(b["image"])) for b in it]
+    rest = [(_host(b["index"]), _host(b["image"]), _jax_fields(b)) for b in it]
     again = tbljax.loader(files[kind, layout], B, **kw)
     again.load_state_dict(state)
-    resumed = [(_host(b["index"]), _host(b["image"])) for b in again]
+    resumed = [(_host(b["index"]), _host(b["image"]), _jax_fields(b)) for b in again]
     assert len(rest) == len(resumed) == 1
-    for (i1, x1), (i2, x2) in zip(rest, resumed):
+    for (i1, x1, f1), (i2, x2, f2) in zip(rest, resumed):
         np.testing.assert_array_equal(i1, i2)
         np.testing.assert_array_equal(x1, x2)
+        check_fields(kind, f1, i1, "uninterrupted")
+        check_fields(kind, f2, i2, "resumed")
 
 
 # ---- torch, MLX, the dataset on device ----
@@ -199,9 +249,12 @@ def test_torch(matrix, kind, layout):
     import tbljax.torch
 
     files, refs = matrix
-    for b in tbljax.torch.loader(files[kind, layout], B, seed=SEED, dtype="uint8", layout="NHWC", augment=RRC):
+    for b in tbljax.torch.loader(files[kind, layout], B, seed=SEED, dtype="uint8", layout="NHWC", augment=RRC,
+                                 **serve(kind)):
         idx = b.index.numpy()
         np.testing.assert_array_equal(b.images.numpy(), expected(refs[kind, layout], idx, RRC))
+        check_fields(kind, {k: v if isinstance(v, list) else v.numpy() for k, v in b.fields.items()}, idx,
+                     "torch")
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
@@ -210,9 +263,11 @@ def test_mlx(matrix, kind, layout):
     import tbljax.mlx
 
     files, refs = matrix
-    for b in tbljax.mlx.loader(files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC):
+    for b in tbljax.mlx.loader(files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC, **serve(kind)):
         idx = np.array(b.index)
         np.testing.assert_array_equal(np.array(b.images), expected(refs[kind, layout], idx, RRC))
+        check_fields(kind, {k: v if isinstance(v, list) else np.array(v) for k, v in b.fields.items()}, idx,
+                     "mlx")
     with pytest.raises(ValueError, match="partition=None only"):
         tbljax.mlx.loader(files[kind, layout], B, partition="host")
 
@@ -222,12 +277,17 @@ def test_resident_dataset_inside_jit(matrix, kind, layout):
     import jax
 
     files, refs = matrix
-    rd = tbljax.ResidentDataset(files[kind, layout])
+    rd = tbljax.ResidentDataset(files[kind, layout], **serve(kind))
     step = jax.jit(lambda ds, s: ds.batch(s, batch_size=B, seed=SEED, augment=RRC, dtype="uint8"))
     for s in range(M.N // B):
         batch = step(rd, s)
         idx = _host(batch["index"])
         np.testing.assert_array_equal(_host(batch["image"]), expected(refs[kind, layout], idx, RRC))
+        if kind == "fields":  # the numeric fields, drawn in jit by the same indices
+            got = _jax_fields(batch)
+            assert sorted(got) == ["emb", "tok", "tok_length"]
+            check_fields(kind, {**got, "caption": [VALUES[i]["caption"] for i in idx],
+                                "tags": [VALUES[i]["tags"] for i in idx]}, idx, "resident")
 
 
 # ---- host-local reading in two real processes ----
@@ -244,6 +304,7 @@ def test_host_partition_in_two_processes_serves_the_one_process_crops(matrix, tm
     spec = tmp_path / "spec.json"
     names = {f"{k}-{layout}": (k, layout) for k, layout in CELLS}
     spec.write_text(json.dumps({"datasets": {n: files[c] for n, c in names.items()},
+                                "serve": {n: serve(c[0]) for n, c in names.items()},
                                 "batch": 2, "seed": SEED, "out": list(M.OUT)}))
     worker = Path(__file__).with_name("_matrix_worker.py")
     ports = [str(_free_port()), str(_free_port())]
@@ -265,6 +326,8 @@ def test_host_partition_in_two_processes_serves_the_one_process_crops(matrix, tm
             for o in outs:
                 idx, img = o[key + "|index"], o[key + "|image"]
                 np.testing.assert_array_equal(img, expected(refs[cell], idx, RRC), err_msg=key)
+                check_fields(cell[0], {k.split("|")[-1]: (json.loads(str(v)) if v.dtype.kind == "U" else v)
+                                       for k, v in o.items() if k.startswith(key + "|field|")}, idx, key)
                 served += idx.tolist()
             # Each process serves its own part: whole records, none twice (drop_remainder).
             assert len(served) == len(set(served)) and set(served) <= set(range(M.N)), key
@@ -286,7 +349,7 @@ def test_show_draws_what_the_loader_serves(matrix, kind, layout):
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_bench(matrix, kind, layout):
     files, _ = matrix
-    report = tbljax.bench(files[kind, layout], batch_size=B, steps=2, augment=RRC, dtype="uint8")
+    report = tbljax.bench(files[kind, layout], batch_size=B, steps=2, augment=RRC, dtype="uint8", **serve(kind))
     assert report.produce_img_s > 0 and report.consumed_img_s > 0
     if kind in FULL_ASPECT:  # no output size: the documented error, naming what to pass
         with pytest.raises(ValueError, match="different sizes"):
@@ -323,6 +386,13 @@ def test_info_and_verify(matrix, kind, layout):
         assert len(shown) == min(5, len(sizes)) and all(sizes[k] == n for k, n in shown.items())
         raw = sum(im.size for im in mine)
         assert info["ratio_to_raw"] == round(info["stored_payload_bytes"] / raw, 4)
+        if kind == "fields":  # each field with its kind, dtype, shape and bytes
+            f = info["fields"]
+            assert (f["emb"]["kind"], f["emb"]["dtype"], f["emb"]["shape"]) == ("ndarray", "float16", [3])
+            assert f["emb"]["bytes"] == info["records"] * 3 * 2 and f["tok"]["shape"] == [None]
+            assert f["caption"]["kind"] == "str" and f["tags"]["kind"] == "json"
+        else:
+            assert not info.get("fields")
     assert lo == M.N
     assert main(["verify", *paths]) == 0
 
@@ -336,6 +406,13 @@ def test_tbl_to_raw_keeps_the_served_pixels(matrix, kind, layout, tmp_path):
     assert out.record_format == "raw" and out.labels.tolist() == list(range(M.N))
     for i, want in enumerate(refs[kind, layout]):
         np.testing.assert_array_equal(out.read(i), want)
+    if kind == "fields":  # carried, every value as the source held it
+        assert list(out.field("caption")) == [v["caption"] for v in VALUES]
+        assert list(out.field("tags")) == [v["tags"] for v in VALUES]
+        np.testing.assert_array_equal(out.field("emb"), np.stack([v["emb"] for v in VALUES]))
+        assert [t.tolist() for t in out.field("tok")] == [v["tok"].tolist() for v in VALUES]
+    else:
+        assert out.fields == {}
 
 
 # ---- the mixture row: two sources of other kinds and geometries, mixed by weight ----

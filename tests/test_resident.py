@@ -198,3 +198,86 @@ def test_eight_devices_replicated_and_records_partitioned(data):
     r = subprocess.run([sys.executable, "-c", _EIGHT, data[0]], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+
+
+# ---- record fields on the device ----
+
+def _fields_source(n=16):
+    """A dict source: images, a fixed float16 (4,) field, a scalar bool, a ragged int32 and a str."""
+    rng = np.random.default_rng(5)
+    return {"image": rng.integers(0, 256, (n, 12, 12, 3), np.uint8), "label": np.arange(n) % 3,
+            "emb": rng.standard_normal((n, 4)).astype(np.float16), "flag": np.arange(n) % 2 == 0,
+            "tok": [rng.integers(1, 99, i % 5).astype(np.int32) for i in range(n)],
+            "caption": [f"c{i}" for i in range(n)]}
+
+
+@pytest.fixture(scope="module")
+def with_fields(tmp_path_factory):
+    src = _fields_source()
+    path = tmp_path_factory.mktemp("resident_fields") / "f.tbl"
+    tbljax.convert(src, path, image_size=12, progress=False)
+    return str(path), src
+
+
+def _padded(tok, idx, length):
+    out = np.zeros((len(idx), length), np.int32)
+    for r, i in enumerate(idx):
+        out[r, :min(length, len(tok[i]))] = tok[i][:length]
+    return out
+
+
+def test_numeric_fields_are_drawn_in_jit_by_the_same_indices(with_fields):
+    path, src = with_fields
+    ds = ResidentDataset(path, pad={"tok": 3})  # "all": the ndarray fields; the str is left out
+    assert sorted(ds.fields) == ["emb", "flag", "tok", "tok_length"]
+    step = jax.jit(lambda ds, s: ds.batch(s, batch_size=4, seed=1, augment="rrc_flip"))
+    for s in range(8):  # two epochs
+        b = step(ds, s)
+        idx = np.asarray(b["index"])
+        assert sorted(b) == ["emb", "flag", "image", "index", "label", "tok", "tok_length"]
+        np.testing.assert_array_equal(np.asarray(b["emb"]), src["emb"][idx])
+        np.testing.assert_array_equal(np.asarray(b["flag"]), src["flag"][idx])
+        np.testing.assert_array_equal(np.asarray(b["tok"]), _padded(src["tok"], idx, 3))
+        assert np.asarray(b["tok_length"]).tolist() == [len(src["tok"][i]) for i in idx]
+    only = ResidentDataset(path, fields=["emb"])
+    assert sorted(only.fields) == ["emb"] and sorted(ResidentDataset(path, fields=None, pad=None).fields) == []
+
+
+def test_resident_fields_it_cannot_hold_are_refused_by_name(with_fields):
+    path, _ = with_fields
+    with pytest.raises(ValueError, match="field 'tok' is ragged.*pad="):
+        ResidentDataset(path)
+    with pytest.raises(ValueError, match="field 'caption' is str, which cannot be a device array"):
+        ResidentDataset(path, fields=["caption"])
+    with pytest.raises(KeyError, match="no field 'nope'"):
+        ResidentDataset(path, fields=["nope"])
+    with pytest.raises(ValueError, match="pad\\['emb'\\]: field 'emb' is fixed"):
+        ResidentDataset(path, fields=["emb"], pad={"emb": 2})
+
+
+_EIGHT_FIELDS = textwrap.dedent("""
+    import sys
+    import numpy as np, jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import tbljax
+    path, emb, flag = sys.argv[1], np.load(sys.argv[2]), np.load(sys.argv[3])
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("batch", "data"))
+    ds = tbljax.ResidentDataset(path, NamedSharding(mesh, P("data")), fields=["emb", "flag"])
+    assert ds.fields["emb"].addressable_shards[0].data.shape == (8, 4)  # records split in 2
+    f = jax.jit(lambda ds, s: ds.batch(s, batch_size=8, seed=2))
+    for s in range(4):
+        b = f(ds, s)
+        idx = np.asarray(b["index"])
+        assert np.array_equal(np.asarray(b["emb"]), emb[idx]) and np.array_equal(np.asarray(b["flag"]), flag[idx])
+    print("OK")
+""")
+
+
+def test_eight_devices_fields_with_records_partitioned(with_fields, tmp_path):
+    path, src = with_fields
+    np.save(tmp_path / "emb.npy", src["emb"])
+    np.save(tmp_path / "flag.npy", src["flag"])
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", _EIGHT_FIELDS, path, str(tmp_path / "emb.npy"),
+                        str(tmp_path / "flag.npy")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr

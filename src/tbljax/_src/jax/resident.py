@@ -12,6 +12,10 @@ Example:
     ...     return update(state, b["image"], b["label"])
     >>> for step in range(num_steps):
     ...     state = train_step(state, ds, step)
+
+Numeric record fields ride along as device arrays drawn by the same indices: every fixed
+ndarray field, and a ragged one cut or zero-padded to `pad[name]` rows (with ``name_length``).
+str/json fields cannot be device arrays: `fields="all"` leaves them out, naming one is an error.
 """
 from __future__ import annotations
 
@@ -131,6 +135,12 @@ class ResidentDataset:
         by the local devices. A dataset that does not fit raises MemoryError before anything
         is uploaded.
       chunk_bytes: host memory staged per upload step (the file is never copied whole).
+      fields: the record fields held beside the images, each a device array sharded like the
+        labels and served by `batch` under its name: "all" (default: every ndarray field; str
+        and json fields are left out), None, or a list of names. A ragged field needs a
+        length in `pad`; a str/json field named here is an error.
+      pad: {name: length} for ragged fields: cut or zero-padded to length rows, with
+        ``batch[name + "_length"]`` the record's true length (as `tbljax.loader` serves them).
 
     Pass the dataset *as an argument* of the jitted function (it is a pytree of its arrays):
     a dataset closed over by a jitted function would be embedded in the compiled program as a
@@ -138,7 +148,7 @@ class ResidentDataset:
     """
 
     def __init__(self, path_or_dataset, sharding=None, *, max_bytes: int | None = None,
-                 chunk_bytes: int = _CHUNK_BYTES):
+                 chunk_bytes: int = _CHUNK_BYTES, fields="all", pad: dict | None = None):
         self.sharding = _sharding.data_sharding(sharding)
         ds = reader.as_dataset(path_or_dataset, "tbljax.ResidentDataset")
         if isinstance(ds, Mixture):
@@ -173,19 +183,20 @@ class ResidentDataset:
                                  f"over the {parts} record shards of {self.sharding}")
             self._check_fits(shape, max_bytes)
             self.data = self._upload(ds, shape, chunk_bytes)
-        self.labels = jax.device_put(src.labels.astype(np.int32), NamedSharding(
-            self.sharding.mesh, PartitionSpec(*self.sharding.spec[:1])))
+        by_record = NamedSharding(self.sharding.mesh, PartitionSpec(*self.sharding.spec[:1]))
+        self.labels = jax.device_put(src.labels.astype(np.int32), by_record)
+        self.fields = {n: jax.device_put(v, by_record) for n, v in _field_columns(ds, fields, pad).items()}
 
     # ---- pytree: the arrays are leaves, so a jitted step takes the dataset as an argument ----
     def tree_flatten(self):
         aux = (self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry)
-        return (self.data, self.labels), aux
+        return (self.data, self.labels, self.fields), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         self = object.__new__(cls)
         self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry = aux
-        self.data, self.labels = children
+        self.data, self.labels, self.fields = children
         return self
 
     def __len__(self) -> int:
@@ -277,8 +288,9 @@ class ResidentDataset:
     def batch(self, step, *, batch_size: int, seed: int = 0, epoch=None, shuffle: bool = True,
               augment=None, mean=IMAGENET_MEAN, std=IMAGENET_STD,
               dtype="float32", layout: str = "NHWC", sharding=None, backend: str = "auto"):
-        """The batch of `step`, computed in the graph: ``{"image", "label", "index"}``, exactly
-        what ``tbljax.loader(path, batch_size, seed=seed, shuffle=shuffle, augment=augment,
+        """The batch of `step`, computed in the graph: ``{"image", "label", "index"}`` and the
+        dataset's fields (`fields=` at construction) by name, exactly what
+        ``tbljax.loader(path, batch_size, seed=seed, shuffle=shuffle, augment=augment,
         mean=mean, std=std, dtype=dtype, layout=layout)`` yields at that step.
 
         Args:
@@ -366,7 +378,7 @@ class ResidentDataset:
         mean, std = opts.normalization
         out_dtype = opts.out_dtype
 
-        def per_shard(data, labels, step, epoch):
+        def per_shard(data, labels, fields, step, epoch):
             step = step.astype(jnp.int32)
             if epoch is None:
                 epoch, step = step // spe, step % spe
@@ -380,7 +392,7 @@ class ResidentDataset:
             if not data_axes:
                 image = _ops.gather_normalize(data, idx, dtype=out_dtype, mean=mean, std=std,
                                               **kw)
-                return image, labels[idx], idx
+                return image, labels[idx], idx, {n: f[idx] for n, f in fields.items()}
             # Records partitioned over data_axes: each device gathers the rows it holds (the
             # others are zero) and a uint8 sum over those axes assembles the batch exactly.
             rows = data.shape[0]
@@ -392,18 +404,72 @@ class ResidentDataset:
             label = jax.lax.psum(jnp.where(own, labels[local], 0), data_axes)
             image = pix if mean is None else _twin.normalize(
                 pix, mean=mean, std=std, dtype=out_dtype, layout=opts.layout)
-            return image, label, idx
+            return image, label, idx, {n: _owned_rows(f, local, own, data_axes) for n, f in fields.items()}
 
         rep, spec = PartitionSpec(), PartitionSpec(batch_axes or None)
         data_spec = PartitionSpec(data_axes or None)
-        args, in_specs = [self.data, self.labels, step], [data_spec, data_spec, rep]
+        field_specs = {n: data_spec for n in self.fields}
+        args = [self.data, self.labels, self.fields, step]
+        in_specs = [data_spec, data_spec, field_specs, rep]
         if epoch is not None:
             args.append(epoch)
             in_specs.append(rep)
-        fn = jax.shard_map(lambda d, lab, s, *e: per_shard(d, lab, s, e[0] if e else None),
-                           mesh=mesh, in_specs=tuple(in_specs), out_specs=(spec, spec, spec))
-        image, label, idx = fn(*args)
-        return {"image": image, "label": label, "index": idx.astype(jnp.int32)}
+        fn = jax.shard_map(lambda d, lab, f, s, *e: per_shard(d, lab, f, s, e[0] if e else None),
+                           mesh=mesh, in_specs=tuple(in_specs),
+                           out_specs=(spec, spec, spec, {n: spec for n in self.fields}))
+        image, label, idx, fields = fn(*args)
+        return {"image": image, "label": label, "index": idx.astype(jnp.int32), **fields}
+
+
+def _owned_rows(column, local, own, data_axes):
+    """Rows `local` of a field partitioned over `data_axes`: each device's own rows, the
+    others zero, summed over those axes (exact: one term is not zero)."""
+    rows = column[local]
+    mask = own.reshape(own.shape + (1,) * (rows.ndim - 1))
+    if rows.dtype == jnp.bool_:
+        return jax.lax.psum(jnp.where(mask, rows, False).astype(jnp.uint8), data_axes).astype(jnp.bool_)
+    return jax.lax.psum(jnp.where(mask, rows, jnp.zeros((), rows.dtype)), data_axes)
+
+
+def _field_columns(ds, fields, pad) -> dict[str, np.ndarray]:
+    """The host columns of the fields a resident dataset holds (see ResidentDataset's args):
+    (N, *shape) for a fixed field, (N, pad, *trail) and its (N,) int32 lengths for a ragged one."""
+    infos = ds.fields
+    pads = dict(pad or {})
+    if fields == "all":
+        names = [n for n, f in infos.items() if f.kind == "ndarray"]
+    elif fields is None:
+        names = []
+    else:
+        names = list(fields)
+    for n in list(names) + list(pads):
+        if n not in infos:
+            raise KeyError(f"ResidentDataset: no field {n!r} in {ds!r}; its fields: {list(infos)}")
+    out = {}
+    for n in names:
+        info = infos[n]
+        if info.kind != "ndarray":
+            raise ValueError(f"ResidentDataset: field {n!r} is {info.kind}, which cannot be a device "
+                             "array: serve it with tbljax.loader (field_fn= can make it numeric), or "
+                             "leave it out with fields=")
+        if info.fixed:
+            if n in pads:
+                raise ValueError(f"pad[{n!r}]: field {n!r} is fixed (shape {info.shape}), not ragged")
+            out[n] = np.ascontiguousarray(ds.field(n))
+            continue
+        length = pads.get(n)
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+            raise ValueError(f"ResidentDataset: field {n!r} is ragged (shape {info.shape}): pass "
+                             f"pad={{{n!r}: length}} (an integer >= 1) to hold it cut or zero-padded "
+                             "to length rows, or leave it out with fields=")
+        col = np.zeros((len(ds), int(length), *info.shape[1:]), info.dtype)
+        lengths = np.zeros(len(ds), np.int32)
+        ds.field_padded(n, np.arange(len(ds), dtype=np.int64), int(length), col, lengths)
+        out[n], out[n + "_length"] = col, lengths
+    for n in pads:
+        if n not in names:
+            raise KeyError(f"pad names field {n!r}, which is not held (fields held: {names})")
+    return out
 
 
 @functools.partial(jax.jit, static_argnames=("opts", "batch_axes", "backend"))

@@ -113,9 +113,11 @@ def _time_loader(ld: Any, steps: int, consume: bool) -> float:
 
 def bench(path: Any, *, batch_size: int = 256, step: str | Callable[[dict], Any] | None = None,
           steps: int = 30, dtype: str = "float32", layout: str = "NHWC", augment: Any = None,
-          threads: int | None = None, prefetch: int = 2, seed: int = 0) -> BenchReport:
+          threads: int | None = None, prefetch: int = 2, seed: int = 0, fields: Any = "all",
+          field_fn: dict | None = None, pad: dict | None = None) -> BenchReport:
     """Measures the loader on `path` with these settings and, with `step`, the training step
-    with and without it. See `tbljax bench --help`.
+    with and without it; `fields`/`field_fn`/`pad` as `tbljax.loader` takes them (the record
+    fields served beside the image). See `tbljax bench --help`.
 
     >>> print(tbljax.bench("train.tbl", batch_size=256, step="mytrain:train_step"))
     """
@@ -125,7 +127,8 @@ def bench(path: Any, *, batch_size: int = 256, step: str | Callable[[dict], Any]
     from tbljax._src.io import reader
 
     ds = reader.as_dataset(path)
-    kw = dict(seed=seed, dtype=dtype, layout=layout, augment=augment, threads=threads, prefetch=prefetch)
+    kw = dict(seed=seed, dtype=dtype, layout=layout, augment=augment, threads=threads, prefetch=prefetch,
+              fields=fields, field_fn=field_fn, pad=pad)
 
     def make() -> Any:
         return jax_loader.loader(ds, batch_size, **kw)

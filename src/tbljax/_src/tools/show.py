@@ -24,7 +24,7 @@ def sample_grid(path: Any, *, count: int = 16, columns: int = 8, augment: Any = 
         raise ValueError(f"{ds.paths[0]}: no records to show")
     # The first `count` records; a mixture has no file order: its first step's rows.
     ld = jax_loader.loader(ds, n, shuffle=isinstance(ds, Mixture), seed=seed, dtype="uint8",
-                           augment=augment, sharding=_one_device())
+                           augment=augment, sharding=_one_device(), fields=None)  # pixels only
     ld.set_epoch(epoch)
     try:
         batch = next(iter(ld))
