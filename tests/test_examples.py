@@ -205,3 +205,18 @@ def test_convert_imagenet_webdataset_shards_read_as_one(tmp_path):
     whole = tbljax.open(tmp_path / "whole.tbl")
     assert len(parts) == len(whole) == 24 and parts.record_format == "jpeg"
     assert parts.keys == whole.keys and parts.labels.tolist() == whole.labels.tolist()
+
+
+@pytest.mark.parametrize("source", ["photos", "synthetic"])
+def test_train_contrastive_loss_falls(tmp_path, source):
+    """The SigLIP-style example: captions stored as a str field, tokenized in field_fn; on the
+    real photos beside the repo when they are there (else that case is skipped), and on
+    generated images."""
+    photos = REPO.parent / "shared" / "data" / "caltech101" / "images"
+    if source == "photos" and not photos.is_dir():
+        pytest.skip(f"no photos at {photos}")
+    extra = ["--photos", photos, "--classes", 8, "--per-class", 10] if source == "photos" else ["--synthetic", 128]
+    out = run("train_contrastive.py", *extra, "--steps", 80, "--batch-size", 32, cwd=tmp_path)
+    assert "fields {'caption': 'str'}" in out and "e.g. 'a photo of a " in out, out
+    assert re.search(r"step 80 loss [\d.]+", out), out
+    assert "loss fell from" in out, out
