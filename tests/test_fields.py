@@ -387,3 +387,32 @@ def test_torch_and_mlx_serve_every_field(served, framework):
     assert sorted(seen) == list(range(11))
     with pytest.raises(ValueError, match="tok"):  # a ragged field needs a length, by name
         (tbljax.torch if framework == "torch" else tbljax.mlx).loader(path, 4)
+
+
+def test_field_padded_cuts_and_pads_like_numpy_over_shards(tmp_path):
+    """The padded gather the producer runs each step, against a per-record NumPy reference:
+    records longer and shorter than the length, empty ones, and a shard file whose records are
+    all empty; indices across both files, negative ones counted from the end."""
+    imgs = np.zeros((4, 8, 8, 3), np.uint8)
+    a = [np.arange(k * 10, k * 10 + k, dtype=np.int16).reshape(k, 1).repeat(2, 1) for k in (0, 1, 3, 6)]
+    b = [np.zeros((0, 2), np.int16)] * 4  # one length in this file: fixed (0, 2) there
+    tbljax.convert({"image": imgs, "v": a}, tmp_path / "a.tbl", image_size=8, progress=False)
+    tbljax.convert({"image": imgs, "v": b}, tmp_path / "b.tbl", image_size=8, progress=False)
+    ds = tbljax.open([tmp_path / "a.tbl", tmp_path / "b.tbl"])
+    src = a + b
+    idx = np.array([3, 5, 2, 0, -1, 1, 3])
+    out, lengths = np.full((len(idx), 4, 2), 7, np.int16), np.full(len(idx), 7, np.int32)
+    ds.field_padded("v", idx, 4, out, lengths)
+    for r, i in enumerate(idx):
+        want = np.zeros((4, 2), np.int16)
+        v = src[i]
+        want[:min(4, len(v))] = v[:4]
+        np.testing.assert_array_equal(out[r], want)
+        assert lengths[r] == len(v)
+    # ... and a shard whose records are all of one non-zero length (fixed in that file)
+    c = [np.full((5, 2), k, np.int16) for k in range(4)]
+    tbljax.convert({"image": imgs, "v": c}, tmp_path / "c.tbl", image_size=8, progress=False)
+    ds = tbljax.open([tmp_path / "a.tbl", tmp_path / "c.tbl"])
+    ds.field_padded("v", [7, 3, 4], 4, out[:3], lengths[:3])
+    np.testing.assert_array_equal(out[:3], [c[3][:4], a[3][:4], c[0][:4]])
+    assert lengths[:3].tolist() == [5, 6, 5]

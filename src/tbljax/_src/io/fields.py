@@ -417,15 +417,25 @@ class Column:
 
     def padded(self, idx: np.ndarray, length: int, out: np.ndarray, lengths: np.ndarray) -> None:
         """A ragged field's records `idx` cut or zero-padded to `length` rows into `out`
-        (B, length, *trail), their true lengths into `lengths` (B,)."""
-        out[...] = 0
+        (B, length, *trail), their true lengths into `lengths` (B,). One gather per file, no
+        per-record Python: the producer thread builds this every step."""
+        steps = np.arange(length)
         for f, rows, local in self._split(idx):
-            f.check_offsets()
-            lo, hi = f.offsets[local], f.offsets[local + 1]
-            n = hi - lo
-            lengths[rows] = n
-            for r, a, m in zip(rows.tolist(), lo.tolist(), np.minimum(n, length).tolist()):
-                out[r, :m] = f.array[a:a + m]
+            if f.info.fixed:  # one file's records all of one length k: ragged over the shards
+                k = f.info.shape[0]
+                flat = f.array.reshape(-1, *f.info.shape[1:])
+                lo, hi = local * k, local * k + k
+            else:
+                f.check_offsets()
+                flat, lo, hi = f.array, f.offsets[local], f.offsets[local + 1]
+            lengths[rows] = hi - lo
+            keep = steps[None, :] < (hi - lo)[:, None]  # (b, length): the rows a record has
+            if not flat.shape[0]:  # every record of this file is empty
+                out[rows] = 0
+                continue
+            vals = flat[np.where(keep, lo[:, None] + steps[None, :], 0)]
+            vals[~keep] = 0
+            out[rows] = vals
 
 
 class FieldValues(Sequence):

@@ -161,6 +161,10 @@ class PartDataset(RecordDataset):
         idx = np.asarray(indices, np.int64)
         return self._ds.field_rows(name, self._global(np.where(idx < 0, idx + len(self), idx)), out)
 
+    def field_padded(self, name: str, indices, length: int, out: np.ndarray, lengths: np.ndarray) -> None:
+        idx = np.asarray(indices, np.int64)
+        self._ds.field_padded(name, self._global(np.where(idx < 0, idx + len(self), idx)), length, out, lengths)
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalPart:

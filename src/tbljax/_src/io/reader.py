@@ -332,6 +332,12 @@ class Dataset(RecordDataset):
         self.check_unchanged(self.files_of(idx) if len(idx) else [])
         return col.rows(np.where(idx < 0, idx + len(self), idx), out)
 
+    def field_padded(self, name: str, indices, length: int, out: np.ndarray, lengths: np.ndarray) -> None:
+        idx = np.asarray(indices, np.int64)
+        col = self._column(name)
+        self.check_unchanged(self.files_of(idx) if len(idx) else [])
+        col.padded(np.where(idx < 0, idx + len(self), idx), length, out, lengths)
+
     def read_record(self, i: int) -> dict[str, Any]:
         """Record i with everything it holds: {'image': (H, W, 3) uint8, 'label', 'key', and
         every field by name}."""
