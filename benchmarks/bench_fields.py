@@ -120,7 +120,28 @@ def serve_worker(kind: str, path: str, n_batches: int) -> dict:
         take()
     wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     ld.close()
-    return {"kind": kind, "img_s": n_batches * B / wall, "cpu_s_per_1k": cpu / (n_batches * B) * 1e3}
+    return {"kind": kind, "img_s": n_batches * B / wall, "cpu_s_per_1k": cpu / (n_batches * B) * 1e3,
+            "fields_us_per_img": fields_cost(path, kind)}
+
+
+def fields_cost(path: str, kind: str, reps: int = 50) -> float:
+    """The producer thread's work for this configuration's fields alone (what a step adds to
+    the image kernel), µs per image: one batch of random records built `reps` times, in this
+    process, timed by the thread's CPU clock (steady on a loaded machine)."""
+    import tbljax
+    from tbljax._src.engine.batch_fields import FieldServing
+
+    kw = SERVE[kind]
+    fs = FieldServing(tbljax.open(path), kw.get("fields"), kw.get("field_fn"), kw.get("pad"))
+    if not fs:
+        return 0.0
+    rng = np.random.default_rng(0)
+    batches = [rng.choice(len(fs.dataset), B, replace=False) for _ in range(reps)]  # step order: random
+    fs.build([batches[0]], [B], 0, 0)
+    t0 = time.thread_time()
+    for idx in batches:
+        fs.build([idx], [B], 0, 0)
+    return (time.thread_time() - t0) / (reps * B) * 1e6
 
 
 def convert_worker(kind: str, tar: str) -> dict:
@@ -159,6 +180,7 @@ def main() -> None:
         res = rounds(Path(__file__), configs, a.rounds)
     m = {k: median(v, "img_s") for k, v in res.items()}
     c = {k: median(v, "cpu_s_per_1k") for k, v in res.items()}
+    f = {k: median(v, "fields_us_per_img") for k, v in res.items() if k in SERVE}
     print(f"\nbench_fields: kodak ({len(photos())} photos) at {SIDE} px, {a.records} records, RRC + flip -> "
           f"{OUT} px float32, batch {B}, {WARMUP} warm-up + {a.batches} timed batches; conversion of "
           f"{a.tar_repeat * len(photos())} TAR records at {SIDE} px; median of {a.rounds} rounds\n"
@@ -171,6 +193,10 @@ def main() -> None:
         cpu_cost, wall_cost = c[k] / c[base] - 1, m[base] / m[k] - 1
         costs = "| |" if k == base else f"| {cpu_cost:+.1%} | {wall_cost:+.1%} |"
         print(f"| {k} | {m[k]:.0f} | {c[k]:.3f} {costs} {target} |")
+    print("\nthe producer's field work alone (FieldServing.build, thread CPU time), against the images' "
+          "CPU time per image:\n\n| configuration | fields µs / img | of the images' CPU time |\n|---|---|---|")
+    for k in ("images+emb+tok", "images+caption_fn"):
+        print(f"| {k} | {f[k]:.2f} | {f[k] / (c['images'] * 1e3):+.1%} |")
 
 
 if __name__ == "__main__":
