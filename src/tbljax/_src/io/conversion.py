@@ -71,6 +71,8 @@ class ConvertSummary:
     bytes: int
     label_errors: list[dict[str, str]] = dataclasses.field(default_factory=list)
     classes: list[str] | None = None
+    num_classes: int = 0            # class names, or distinct label ids; 0: no record has a label
+    labels_from: str = ""           # where the sources' labels come from (said when there are none)
 
     @property
     def images_per_second(self) -> float:
@@ -81,9 +83,10 @@ class ConvertSummary:
                 f"{self.seconds:.1f} s ({self.images_per_second:.0f} img/s); skipped {len(self.skipped)}")
         if self.label_errors:
             head += f"; labels unreadable {len(self.label_errors)}"
-        if self.classes:
-            head += f"; classes {len(self.classes)}"
+        head += f"; classes {self.num_classes}" if self.num_classes else "; unlabelled"
         lines = [head]
+        if not self.num_classes and self.written:
+            lines.append(f"  unlabelled: every record's label is -1; {self.labels_from}")
         for title, items in (("skipped", self.skipped), ("label unreadable", self.label_errors)):
             for s in items[:20]:
                 lines.append(f"  {title} {s['key']} ({s['source']}): {s['reason']}")
@@ -660,8 +663,15 @@ def convert(
     bar.update(seen, len(skipped), final=True)
     summary = ConvertSummary(dst=dst, written=len(keys), skipped=skipped,
                              seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst),
-                             label_errors=label_errors, classes=out_classes)
+                             label_errors=label_errors, classes=out_classes,
+                             num_classes=_num_classes(out_labels, out_classes), labels_from=src.LABELS_FROM)
     return summary
+
+
+def _num_classes(labels: np.ndarray, classes: list[str] | None) -> int:
+    """The class count a summary shows: the names, else the distinct ids; 0 when unlabelled."""
+    known = labels[labels >= 0]
+    return 0 if not known.size else len(classes) if classes else int(np.unique(known).size)
 
 
 def _describe(src: Any) -> str:
@@ -740,4 +750,5 @@ def _convert_tbl(paths: list[str], dst: str, format: str, threads: int | None,  
         )
     bar.update(n, 0, final=True)
     return ConvertSummary(dst=dst, written=n, skipped=[], seconds=time.perf_counter() - t0,
-                          bytes=os.path.getsize(dst), classes=ds.classes)
+                          bytes=os.path.getsize(dst), classes=ds.classes,
+                          num_classes=_num_classes(ds.labels, ds.classes), labels_from="the TBL source has none")
