@@ -198,10 +198,22 @@ def test_convert_imagenet_webdataset_shards_read_as_one(tmp_path):
     for shard in ("0/2", "1/2"):
         text = run("convert_imagenet.py", pattern, "part-{shard}.tbl", "--image-size", 16,
                    "--format", "compact", "--shard", shard, cwd=tmp_path)
-        assert "skipped 0 of" in text, text
+        assert re.search(r"skipped 0 of \d+ items: no list written", text), text
+    assert not list(tmp_path.glob("*.skipped.json"))  # nothing skipped: no file holding []
     run("convert_imagenet.py", pattern, "whole.tbl", "--image-size", 16, "--format", "compact",
         cwd=tmp_path)
     parts = tbljax.open(sorted(str(p) for p in tmp_path.glob("part-*-of-00002.tbl")))
     whole = tbljax.open(tmp_path / "whole.tbl")
     assert len(parts) == len(whole) == 24 and parts.record_format == "jpeg"
     assert parts.keys == whole.keys and parts.labels.tolist() == whole.labels.tolist()
+    assert parts.fingerprint == whole.fingerprint  # a loader state moves between them
+
+
+def test_convert_imagenet_help_is_whole_sentences():
+    r = subprocess.run([sys.executable, str(EXAMPLES / "convert_imagenet.py"), "--help"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    description = r.stdout.split("\n\n")[1]  # after the usage lines
+    assert description == ("Convert ImageNet (or any dataset laid out like it) to TBL once with the standard "
+                           "recipe, check what was skipped, and print the disk it took."), r.stdout
+    assert "The standard recipe" in r.stdout and "--max-skipped-fraction" in r.stdout
