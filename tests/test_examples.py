@@ -105,6 +105,7 @@ def test_train_jax_on_two_devices_resumes_the_stream(tiny):
     assert [got[s][1] for s in sorted(got)] == expected_checksums(6)
 
 
+@pytest.mark.slow  # 5 runs of the example (20+ s); the default run trains it in test_train_jax_on_two_devices_*
 def test_train_jax_standard_recipe_on_full_aspect_records(tmp_path):
     """--recipe standard makes records of several aspect ratios, trains with RRC + flip under
     a size schedule (24 px in epoch 0, 32 px from epoch 1), evaluates every record once on
@@ -142,6 +143,7 @@ def test_train_jax_standard_recipe_on_full_aspect_records(tmp_path):
         assert b[s] == a[s], (s, a[s], b[s])
 
 
+@pytest.mark.slow  # 3 torch processes (20+ s); test_torch.py covers the adapter and its resume in the default run
 def test_train_torch_resumes_the_stream(tiny):
     pytest.importorskip("torch")
     got = check_resume("train_torch.py", tiny, ["--epochs", 2, "--threads", 1], 8, 5, "t.pt")
