@@ -53,6 +53,8 @@ class ConvertSummary:
     bytes: int
     label_errors: list[dict[str, str]] = dataclasses.field(default_factory=list)
     classes: list[str] | None = None
+    num_classes: int = 0            # class names, or distinct label ids; 0: no record has a label
+    labels_from: str = ""           # where the sources' labels come from (said when there are none)
 
     @property
     def images_per_second(self) -> float:
@@ -63,9 +65,10 @@ class ConvertSummary:
                 f"{self.seconds:.1f} s ({self.images_per_second:.0f} img/s); skipped {len(self.skipped)}")
         if self.label_errors:
             head += f"; labels unreadable {len(self.label_errors)}"
-        if self.classes:
-            head += f"; classes {len(self.classes)}"
+        head += f"; classes {self.num_classes}" if self.num_classes else "; unlabelled"
         lines = [head]
+        if not self.num_classes and self.written:
+            lines.append(f"  unlabelled: every record's label is -1; {self.labels_from}")
         for title, items in (("skipped", self.skipped), ("label unreadable", self.label_errors)):
             for s in items[:20]:
                 lines.append(f"  {title} {s['key']} ({s['source']}): {s['reason']}")
@@ -288,11 +291,13 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
         for chunk, results in _decode_ahead(_prefetch(_chunks(src, CHUNK)), decode, decoder):
             records.add(chunk, results, w)
             bar.update(records.seen, len(records.skipped))
-        out_classes = records.finish(w, src)
+        out_labels, out_classes = records.finish(w, src)
     bar.update(records.seen, len(records.skipped), final=True)
     return ConvertSummary(dst=dst, written=len(records.keys), skipped=records.skipped,
                           seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst),
-                          label_errors=records.label_errors, classes=out_classes)
+                          label_errors=records.label_errors, classes=out_classes,
+                          num_classes=_num_classes(out_labels, out_classes),
+                          labels_from=getattr(src, "LABELS_FROM", ""))
 
 
 def _resolve(sources: Any, opts: ConvertOptions, table: list[str] | None, ext: str | None,
@@ -390,8 +395,9 @@ class _Records:
             w.add_raw(r, lz4=(self.opts.format == "lz4"))
         self.keys.append(it.key)
 
-    def finish(self, w: Writer, src: Any) -> list[str] | None:
-        """Writes the labels, keys, classes, skipped list, recipe and fields; returns the classes."""
+    def finish(self, w: Writer, src: Any) -> tuple[np.ndarray, list[str] | None]:
+        """Writes the labels, keys, classes, skipped list, recipe and fields; returns the labels
+        and the classes."""
         try:
             self.columns.check_found(self.dst)
         except _fields.FieldsNotFound as e:
@@ -418,7 +424,13 @@ class _Records:
             },
         )
         self.columns.write(w)
-        return out_classes
+        return out_labels, out_classes
+
+
+def _num_classes(labels: np.ndarray, classes: list[str] | None) -> int:
+    """The class count a summary shows: the names, else the distinct ids; 0 when unlabelled."""
+    known = labels[labels >= 0]
+    return 0 if not known.size else len(classes) if classes else int(np.unique(known).size)
 
 
 def _describe(src: Any) -> str:
@@ -477,4 +489,5 @@ def _convert_tbl(paths: list[str], dst: str, opts: ConvertOptions) -> ConvertSum
         )
     bar.update(n, 0, final=True)
     return ConvertSummary(dst=dst, written=n, skipped=[], seconds=time.perf_counter() - t0,
-                          bytes=os.path.getsize(dst), classes=ds.classes)
+                          bytes=os.path.getsize(dst), classes=ds.classes,
+                          num_classes=_num_classes(ds.labels, ds.classes), labels_from="the TBL source has none")
