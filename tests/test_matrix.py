@@ -443,8 +443,10 @@ def test_mixture_refuses_what_it_does_not_serve_by_name(mixed, matrix):
         tbljax.loader(mixture, 8)  # a full-aspect source and no output size
     with pytest.raises(ValueError, match="ResidentDataset serves one dataset"):
         tbljax.ResidentDataset(mixture)
-    with pytest.raises(TypeError, match="mixture of host parts is not supported"):
-        tbljax.loader(mixture, 8, augment=RRC, partition="host")
+    opened = tbljax.mix(dict(zip(mixture.sources, mixture.datasets)), weights=MIX_WEIGHTS,
+                        steps_per_epoch=5)
+    with pytest.raises(TypeError, match=r"sources \['square', 'full'\] are open datasets"):
+        tbljax.loader(opened, 8, augment=RRC, partition="host")
     with pytest.raises(ValueError, match="steps_per_epoch=N, or epoch_of"):
         tbljax.mix({"a": files["raw_square", "file"]}, weights={"a": 1})
     with pytest.raises(ValueError, match="weights must name every source"):

@@ -16,7 +16,7 @@ import functools
 
 from tbljax._src.engine.rows import RowLayout
 from tbljax._src.jax.arrays import to_global
-from tbljax._src.io import host_part as local_part
+from tbljax._src.io import mixture
 from tbljax._src.rules.parts import Parts
 from tbljax._src.io import reader
 from tbljax._src.rules import sharding as _sharding
@@ -145,5 +145,5 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     if partition != "host":
         raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
                          f"process reads only its own part), got {partition!r}")
-    part = local_part.open_part(path_or_paths)
-    return Loader(part.dataset, opts, sharding, parts=part.parts)
+    dataset, parts = mixture.open_host_part(path_or_paths, batch_size)
+    return Loader(dataset, opts, sharding, parts=parts)
