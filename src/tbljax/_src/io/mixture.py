@@ -363,9 +363,10 @@ def mix(sources: Mapping, weights: Mapping, *, steps_per_epoch: int | None = Non
     """Several datasets served as one stream by weight.
 
     Args:
-      sources: ``{name: TBL path, list of shard paths, or dataset}``. Sources may differ in
-        record kind (RAW, compact, ...) and geometry (serve them with one output size,
-        ``augment=Augment(size=...)``) and in classes.
+      sources: ``{name: TBL path, list of shard paths, or dataset}``, opened when first used.
+        Sources may differ in record kind (RAW, compact, ...) and geometry (serve them with
+        one output size, ``augment=Augment(size=...)``) and in classes. With paths, a loader's
+        ``partition="host"`` reads each process's part of every source (`Mixture.open_part`).
       weights: ``{name: weight}`` for every source (normalized; any positive numbers).
       steps_per_epoch: the length of an epoch in steps; or
       epoch_of: the name of the source one pass over which is an epoch.
