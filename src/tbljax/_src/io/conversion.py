@@ -220,9 +220,9 @@ def convert(
       (feature) names: a string column is a str field, numbers or lists/arrays of numbers an
       ndarray field at the column's dtype, other lists and structs a json field; a
       tf.train.Example bytes_list is a str field (UTF-8), int64_list / float_list a 1-D
-      ndarray field (int64 / float32). A record whose field is missing or unreadable (bad UTF-8/JSON/.npy, a dtype or trailing
-      shape that disagrees with the field's) is skipped like a bad image; an extension that no
-      record has is a ConversionError. A TBL source keeps its fields.
+      ndarray field (int64 / float32). A record whose field is missing or unreadable (bad
+      UTF-8/JSON/.npy, a dtype or trailing shape that disagrees with the field's) is skipped
+      like a bad image; an extension that no record has is a ConversionError. A TBL source keeps its fields.
     Bad items (corrupt, truncated, empty, not an image) are skipped and listed in the summary
     and in the file; with strict=True the first chunk holding one stops the conversion with
     ConversionError and nothing is written. A conversion that would write no record raises
