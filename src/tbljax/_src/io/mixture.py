@@ -135,13 +135,13 @@ class Mixture(RecordDataset):
         by records; one exchange per source), under the same names, weights and epoch.
         Every process must call it. The sources must be paths: an open dataset has no parts
         to open."""
+        if self.host_parts is not None:
+            raise TypeError(f"{self!r} is already a mixture of host parts")
         opened = [n for n, v in self.given.items() if isinstance(v, RecordDataset)]
         if opened:
             raise TypeError(f"partition='host' opens each process's part of every source of "
                             f"a tbljax.mix from its paths, but sources {opened} are open "
                             "datasets: give tbljax.mix their TBL path or list of shard paths")
-        if self.host_parts is not None:
-            raise TypeError(f"{self!r} is already a mixture of host parts")
         local = [host_part.open_part(v, rank, world_size, allgather) for v in self.given.values()]
         return Mixture({n: p.dataset for n, p in zip(self.sources, local)},
                        dict(zip(self.sources, self.weights)),
