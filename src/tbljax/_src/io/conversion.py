@@ -167,7 +167,7 @@ def convert(
     label_column: str | None = None,
     image_key: str | None = None,
     label_key: str | None = None,
-    fields: dict[str, str] | None = None,
+    fields: dict[str, str] | list[str] | None = None,
 ) -> ConvertSummary:
     """Decodes `sources` once into the TBL file `dst`.
 
@@ -219,9 +219,13 @@ def convert(
       (UTF-8), .json a json field, .npy an ndarray field (numeric; one shape in every record:
       fixed; a first dimension that varies: ragged). A dict source needs none: its keys besides
       image and label are its fields ({'image': imgs, 'caption': [...], 'emb': (N, 768)}).
-      A record whose field is missing or unreadable (bad UTF-8/JSON/.npy, a dtype or trailing
-      shape that disagrees with the field's) is skipped like a bad image; an extension that no
-      record has is a ConversionError. A TBL source keeps its fields.
+      A Hugging Face dataset, Parquet, TFRecord or ArrayRecord source takes a list of column
+      (feature) names: a string column is a str field, numbers or lists/arrays of numbers an
+      ndarray field at the column's dtype, other lists and structs a json field; a
+      tf.train.Example bytes_list is a str field (UTF-8), int64_list / float_list a 1-D
+      ndarray field (int64 / float32). A record whose field is missing or unreadable (bad
+      UTF-8/JSON/.npy, a dtype or trailing shape that disagrees with the field's) is skipped
+      like a bad image; an extension that no record has is a ConversionError. A TBL source keeps its fields.
     Bad items (corrupt, truncated, empty, not an image) are skipped and listed in the summary
     and in the file; with strict=True the first chunk holding one stops the conversion with
     ConversionError and nothing is written. A conversion that would write no record raises
@@ -281,7 +285,8 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
         raise ConversionError(f"no record to write: the sources hold no images ({_describe(src)}); "
                               f"{dst} was not written")
     t0 = time.perf_counter()
-    columns = _fields.Columns(src.field_kinds, opts.fields or {}, os.path.dirname(os.path.abspath(dst)))
+    exts = opts.fields if isinstance(opts.fields, dict) else {}  # TAR members, sidecar files
+    columns = _fields.Columns(src.field_kinds, exts, os.path.dirname(os.path.abspath(dst)))
     records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None), columns)
     bar.start(total)
     with records.columns, Writer(dst, total, overwrite=opts.overwrite) as w, \
@@ -304,8 +309,9 @@ def _resolve(sources: Any, opts: ConvertOptions, table: list[str] | None, ext: s
              retry: remote.Retry) -> Any:
     """The source object: a Hugging Face or TFDS source when `sources` names one (each takes
     its own column or feature-key arguments), else one of `sources.resolve`'s."""
-    src = hf_sources.resolve(sources, table, opts.image_column, opts.label_column, retry=retry) \
-        or tfds_sources.resolve(sources, table, opts.image_key, opts.label_key, retry=retry)
+    columns = opts.fields if isinstance(opts.fields, tuple) else ()
+    src = hf_sources.resolve(sources, table, opts.image_column, opts.label_column, columns, retry) \
+        or tfds_sources.resolve(sources, table, opts.image_key, opts.label_key, columns, retry)
     given = [k for k in ("image_column", "label_column", "image_key", "label_key") if getattr(opts, k)]
     wrong = [k for k in given if (src is None) or (k.endswith("_column") != isinstance(
         src, (hf_sources.ParquetSource, hf_sources.HFDatasetSource)))]
@@ -314,10 +320,15 @@ def _resolve(sources: Any, opts: ConvertOptions, table: list[str] | None, ext: s
                          "(image_column, label_column) or a feature of TFRecord/ArrayRecord "
                          f"tf.train.Examples (image_key, label_key); it does not apply to {_describe_arg(sources)}")
     if src is None:
+        if isinstance(opts.fields, tuple):
+            raise ValueError(f"fields= as a list of names {list(opts.fields)} is for the columns of "
+                             "Hugging Face / Parquet sources and the features of TFRecord / "
+                             f"ArrayRecord files; {_describe_arg(sources)} takes "
+                             "{name: extension} (the TAR member or sidecar file with it)")
         return _sources.resolve(sources, opts.labels, table, ext, retry, opts.fields)
-    if opts.fields:
-        raise ValueError(f"fields= names TAR members or sidecar files by extension; storing "
-                         f"columns of {_describe_arg(sources)} as fields is not supported yet")
+    if isinstance(opts.fields, dict):
+        raise ValueError(f"fields= names columns or features of {_describe_arg(sources)}: give "
+                         f"a list of their names ({sorted(opts.fields)}), not {{name: extension}}")
     if opts.labels is not None or ext is not None:
         raise ValueError(f"{'labels=' if opts.labels is not None else 'label_ext'} does not apply to "
                          f"{_describe_arg(sources)}: its labels come from its own label column or feature")
