@@ -20,8 +20,8 @@ The standard recipe (docs/reference.md, "The standard ImageNet recipe"):
   190 GB at 256, 300 GB at 320). --format compact re-encodes each stored image as a JPEG of
   quality 90 (about 20 GB at 256, 28 GB at 320) and decodes it when served (no resize).
 - strict off: a corrupt, truncated or non-image file is skipped, never written as a black
-  image. The list (key, source file, reason) is stored in the file and written next to it as
-  OUT.skipped.json; the run fails when more than --max-skipped-fraction of the items were bad
+  image. The list (key, source file, reason) is stored in the file and, when it is not empty,
+  written next to it as OUT.skipped.json; the run fails when more than --max-skipped-fraction of the items were bad
   (a sign of a broken copy rather than a few bad files).
 """
 from __future__ import annotations
@@ -36,7 +36,8 @@ IMAGENET_TRAIN = 1_281_167  # images in ImageNet-1k train, for the extrapolated 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    summary_line, _, details = __doc__.partition("\n\n")  # the first paragraph, whole: one sentence
+    p = argparse.ArgumentParser(description=" ".join(summary_line.split()), epilog=details,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="an ImageNet-style folder (one subfolder per class) or a "
                    "WebDataset shard pattern such as 'train-{000000..001281}.tar'")
@@ -72,7 +73,8 @@ def main(argv=None) -> int:
 
     ds = tbljax.open(a.output)
     print(f"{a.output}: {len(ds)} records, {ds.record_format}, image_shape {ds.image_shape}, "
-          f"{len(ds.classes or [])} classes, {time.perf_counter() - t0:.1f} s")
+          f"{f'{summary.num_classes} classes' if summary.num_classes else 'unlabelled'}, "
+          f"{time.perf_counter() - t0:.1f} s")
     idx = ds.index
     stored = int(idx["size"].sum())
     raw = int((idx["height"].astype("int64") * idx["width"] * 3).sum())
@@ -83,11 +85,14 @@ def main(argv=None) -> int:
 
     skipped = ds.skipped
     skipped_path = a.output.with_name(a.output.name + ".skipped.json")
-    skipped_path.write_text(json.dumps(skipped, indent=1))
     total = len(ds) + len(skipped)
     fraction = len(skipped) / total if total else 0.0
-    print(f"skipped {len(skipped)} of {total} items ({100 * fraction:.3f} %), "
-          f"listed in {skipped_path}")
+    if skipped:
+        skipped_path.write_text(json.dumps(skipped, indent=1))
+        print(f"skipped {len(skipped)} of {total} items ({100 * fraction:.3f} %), listed in {skipped_path}")
+    else:
+        skipped_path.unlink(missing_ok=True)  # a list from an earlier run of this output is no longer true
+        print(f"skipped 0 of {total} items: no list written")
     status = 0
     if fraction > a.max_skipped_fraction:
         print(f"error: more than {100 * a.max_skipped_fraction:.3f} % of the items were bad; "

@@ -72,12 +72,22 @@ def test_exit_status_usage_errors_are_2(tmp_path):
     imgs = tmp_path / "imgs"
     imgs.mkdir()
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(imgs / "a.png")
-    one_line_error(run("convert", imgs, "-o", tmp_path / "o.tbl", "-s", "0"), 2, "image_size")
+    # The command names its own flags, never the Python API's keywords.
+    one_line_error(run("convert", imgs, "-o", tmp_path / "o.tbl", "-s", "0"), 2,
+                   "-s/--image-size must be an int in [1, 65535], got 0")
+    r = run("convert", imgs, "-o", tmp_path / "o.tbl")
+    one_line_error(r, 2, "-s/--image-size is required (an int in [1, 65535])")
+    assert "image_size" not in r.stderr and "None" not in r.stderr, r.stderr
+    one_line_error(run("convert", imgs, "-o", tmp_path / "o.tbl", "-s", "8", "--chroma", "444"), 2,
+                   "--chroma applies to re-encoded JPEG records: pass --quality (e.g. 90) with --format jpeg")
     one_line_error(run("convert", imgs, "-o", tmp_path / "o.tbl", "-s", "8", "--classes", tmp_path / "c.txt"),
                    2, "classes file not found")
-    one_line_error(run("convert", imgs, "-o", tmp_path / "o.tbl", "-s", "8", "--label-ext", "txt"), 2, "label_ext")
+    one_line_error(run("convert", imgs, "-o", tmp_path / "o.tbl", "-s", "8", "--label-ext", "txt"), 2,
+                   "--label-ext is for TAR shards")
     (tmp_path / "exists.tbl").write_bytes(b"x")
-    one_line_error(run("convert", imgs, "-o", tmp_path / "exists.tbl", "-s", "8"), 2, "already exists")
+    r = run("convert", imgs, "-o", tmp_path / "exists.tbl", "-s", "8")
+    one_line_error(r, 2, "exists.tbl already exists (pass --overwrite to replace it)")
+    assert "overwrite=True" not in r.stderr
     r = run("convert", imgs, "-s", "8")  # argparse: usage and status 2
     assert r.returncode == 2 and "required" in r.stderr
 

@@ -38,6 +38,7 @@ def test_four_parallel_jobs_equal_one(caltech101, tmp_path):
     assert many.keys == one.keys and many.labels.tolist() == one.labels.tolist()
     assert all(tbljax.open(p).classes == one.classes for p in parts)
     np.testing.assert_array_equal(np.concatenate(many.shard_views()), one.view())
+    assert many.fingerprint == one.fingerprint
     # Served as one dataset: one global order over the union, every record once per epoch.
     seen = [int(i) for b in tbljax.loader(parts, 101, seed=3, num_epochs=1, dtype="uint8")
             for i in np.asarray(b["index"])]
@@ -87,6 +88,26 @@ def test_parallel_jobs_over_shards_labelled_by_name_need_a_classes_file(tmp_path
     for j in jobs:
         assert j.wait(timeout=120) == 0, j.stderr.read()
         j.stderr.close()
-    ds = tbljax.open([tmp_path / f"part-{i:05d}-of-00002.tbl" for i in range(2)])
+    parts = [tmp_path / f"part-{i:05d}-of-00002.tbl" for i in range(2)]
+    ds = tbljax.open(parts)
     assert ds.classes == wnids and [wnids[i] for i in ds.labels] == [want[k] for k in ds.keys]
     assert len(ds) == 12
+    # The parts opened together are the single-job dataset: the same fingerprint (the recipe's
+    # shard and per-part source sizes are about the run), so a loader state moves both ways.
+    single = tmp_path / "single.tbl"
+    tbljax.convert(pattern, single, image_size=8, classes=tmp_path / "classes.txt", progress=False)
+    one = tbljax.open(single)
+    assert one.recipe["shard"] is None and tbljax.open(parts[0]).recipe["shard"] == [0, 2]
+    assert one.recipe["source_sizes"] != tbljax.open(parts[0]).recipe["source_sizes"]
+    assert ds.fingerprint == one.fingerprint
+    for a, b in ((single, parts), (parts, single)):
+        first = tbljax.loader(a, 4, seed=5, num_epochs=1, dtype="uint8")
+        it = iter(first)
+        next(it)
+        state = first.state_dict()
+        rest = [np.asarray(x["index"]).tolist() for x in it]
+        first.close()
+        resumed = tbljax.loader(b, 4, seed=5, num_epochs=1, dtype="uint8")
+        resumed.load_state_dict(state)
+        assert [np.asarray(x["index"]).tolist() for x in resumed] == rest and len(rest) == 2
+        resumed.close()

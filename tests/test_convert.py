@@ -404,6 +404,25 @@ def test_integer_labels_leave_classes_none(tmp_path):
     s = tbljax.convert(tmp_path / "i.tar", tmp_path / "i.tbl", image_size=16, progress=False)
     ds = tbljax.open(tmp_path / "i.tbl")
     assert ds.labels.tolist() == [7, 2] and ds.classes is None and s.classes is None
+    assert str(s).splitlines()[0].endswith("; skipped 0; classes 2")  # distinct ids, without names
+
+
+def test_summary_says_the_class_count_or_that_nothing_is_labelled(caltech101, kodak, tmp_path):
+    s = tbljax.convert(caltech101 / "images", tmp_path / "c.tbl", image_size=16, progress=False)
+    assert str(s).splitlines() == [str(s).splitlines()[0]] and str(s).endswith("; skipped 0; classes 101")
+    # A flat folder of photos: every label -1, said in one line with where labels come from.
+    s = tbljax.convert(kodak / "images", tmp_path / "k.tbl", image_size=16, progress=False)
+    assert (tbljax.open(tmp_path / "k.tbl").labels == -1).all() and s.num_classes == 0
+    assert str(s).splitlines()[0].endswith("; skipped 0; unlabelled")
+    assert str(s).splitlines()[1:] == ["  unlabelled: every record's label is -1; an image folder takes its "
+                                       "labels from one subfolder per class, named after it"]
+    make_tar(tmp_path / "u.tar", [("a.jpg", tiny_jpeg(0)), ("a.txt", b"a caption")])
+    s = tbljax.convert(tmp_path / "u.tar", tmp_path / "u.tbl", image_size=8, progress=False)
+    assert str(s).splitlines()[1] == ("  unlabelled: every record's label is -1; TAR shards take labels from a "
+                                      ".cls, .cls2, .label or .json member beside each image (label_ext= / "
+                                      "--label-ext names another)")
+    s = tbljax.convert(np.zeros((2, 8, 8, 3), np.uint8), tmp_path / "a.tbl", image_size=8, progress=False)
+    assert str(s).splitlines()[1].endswith("; arrays take labels from labels=, one per image")
 
 
 def test_unreadable_labels_are_reported_and_strict_stops(tmp_path):
@@ -465,6 +484,22 @@ def test_a_conversion_that_writes_no_record_is_an_error(tmp_path):
         with pytest.raises(tbljax.ConversionError, match=msg):
             tbljax.convert(src, tmp_path / "o.tbl", image_size=8, progress=False)
         assert not (tmp_path / "o.tbl").exists()
+    # A folder of TAR shards is not an image folder: the error counts them and says how to pass them.
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "mixed").mkdir()
+    for i in range(3):
+        make_tar(tmp_path / "shards" / f"train-{i:03d}.tar", [("a.jpg", tiny_jpeg(i))])
+    make_tar(tmp_path / "mixed" / "a.tar", [])
+    make_tar(tmp_path / "mixed" / "b7.tar", [])
+    with pytest.raises(ValueError, match=r"^image folder .*shards holds no images but 3 TAR files \(train-000.tar, "
+                       r"\.\.\.\): pass the shards themselves, e\.g\. '.*shards/train-\{000\.\.002\}\.tar'$"):
+        tbljax.convert(tmp_path / "shards", tmp_path / "o.tbl", image_size=8, progress=False)
+    with pytest.raises(ValueError, match=r"holds no images but 2 TAR files .*: pass the shards themselves, "
+                       r"e\.g\. .*mixed/\*\.tar \(a shell expands it into the list of files\)$"):
+        tbljax.convert(tmp_path / "mixed", tmp_path / "o.tbl", image_size=8, progress=False)
+    assert tbljax.convert(str(tmp_path / "shards" / "train-{000..002}.tar"), tmp_path / "o.tbl",
+                          image_size=8, progress=False).written == 3
+    os.remove(tmp_path / "o.tbl")
     # The spelling of issue 11 that used to write an empty file: now it converts.
     assert tbljax.convert((images, labels), tmp_path / "x.tbl", image_size=32, progress=False).written == 4
 

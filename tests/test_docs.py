@@ -2,8 +2,9 @@
 longer drift from the code. The blocks of one file run in order in one namespace (as a reader
 pastes them into one session), in a folder holding small data made here under the names the
 docs use; the only other names provided are the ones a block expects from the user
-(`USER_NAMES`: a training step, a model's state, a checkpoint manager, ...). A loop that would
-run forever ends when the stand-in step has run a few times."""
+(`user_names`: a training step, a model's state and parameters, ...; each block says in a
+comment which it assumes). A loop that would run forever ends when the stand-in step has run a
+few times."""
 from __future__ import annotations
 
 import io
@@ -83,15 +84,12 @@ def user_names(tmp_path: Path) -> dict:
             raise _Enough
         return state, 0.0
 
-    import orbax.checkpoint as ocp
-
     return {
         "train_step": train_step, "state": None,
         "update": lambda state, images, labels: state,
         "num_steps": 2, "start_epoch": 0, "num_epochs": 1, "device": "cpu",
         "images": np.zeros((4, 8, 8, 3), np.uint8), "labels": [0, 1, 0, 1],
         "params": {"w": jnp.zeros(3)}, "step": 0,
-        "mngr": ocp.CheckpointManager(tmp_path / "ckpt"),
     }
 
 
@@ -112,4 +110,3 @@ def test_every_python_block_runs_as_written(doc, shards, tmp_path, monkeypatch):
             ld = namespace.get("loader")
             if hasattr(ld, "close"):
                 ld.close()
-    namespace["mngr"].close()

@@ -105,6 +105,7 @@ def test_train_jax_on_two_devices_resumes_the_stream(tiny):
     assert [got[s][1] for s in sorted(got)] == expected_checksums(6)
 
 
+@pytest.mark.slow  # 5 runs of the example (20+ s); the default run trains it in test_train_jax_on_two_devices_*
 def test_train_jax_standard_recipe_on_full_aspect_records(tmp_path):
     """--recipe standard makes records of several aspect ratios, trains with RRC + flip under
     a size schedule (24 px in epoch 0, 32 px from epoch 1), evaluates every record once on
@@ -142,6 +143,7 @@ def test_train_jax_standard_recipe_on_full_aspect_records(tmp_path):
         assert b[s] == a[s], (s, a[s], b[s])
 
 
+@pytest.mark.slow  # 3 torch processes (20+ s); test_torch.py covers the adapter and its resume in the default run
 def test_train_torch_resumes_the_stream(tiny):
     pytest.importorskip("torch")
     got = check_resume("train_torch.py", tiny, ["--epochs", 2, "--threads", 1], 8, 5, "t.pt")
@@ -198,13 +200,25 @@ def test_convert_imagenet_webdataset_shards_read_as_one(tmp_path):
     for shard in ("0/2", "1/2"):
         text = run("convert_imagenet.py", pattern, "part-{shard}.tbl", "--image-size", 16,
                    "--format", "compact", "--shard", shard, cwd=tmp_path)
-        assert "skipped 0 of" in text, text
+        assert re.search(r"skipped 0 of \d+ items: no list written", text), text
+    assert not list(tmp_path.glob("*.skipped.json"))  # nothing skipped: no file holding []
     run("convert_imagenet.py", pattern, "whole.tbl", "--image-size", 16, "--format", "compact",
         cwd=tmp_path)
     parts = tbljax.open(sorted(str(p) for p in tmp_path.glob("part-*-of-00002.tbl")))
     whole = tbljax.open(tmp_path / "whole.tbl")
     assert len(parts) == len(whole) == 24 and parts.record_format == "jpeg"
     assert parts.keys == whole.keys and parts.labels.tolist() == whole.labels.tolist()
+    assert parts.fingerprint == whole.fingerprint  # a loader state moves between them
+
+
+def test_convert_imagenet_help_is_whole_sentences():
+    r = subprocess.run([sys.executable, str(EXAMPLES / "convert_imagenet.py"), "--help"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    description = r.stdout.split("\n\n")[1]  # after the usage lines
+    assert description == ("Convert ImageNet (or any dataset laid out like it) to TBL once with the standard "
+                           "recipe, check what was skipped, and print the disk it took."), r.stdout
+    assert "The standard recipe" in r.stdout and "--max-skipped-fraction" in r.stdout
 
 
 @pytest.mark.parametrize("source", ["photos", "synthetic"])

@@ -230,6 +230,7 @@ def _counts():
                 fds=len(os.listdir("/proc/self/fd")), rss=proc.memory_info().rss)
 
 
+@pytest.mark.slow  # about a minute on 2 cores; test_no_leaks_over_1000_dataset_lifetimes stays in the default run
 def test_no_leaks_over_1000_loader_lifetimes(tmp_path):
     p = write_tbl(tmp_path / "a.tbl", images(64, 32, 32), np.arange(64))
     ds = tbljax.open(p)

@@ -177,13 +177,19 @@ def _ld(number: int, payload: bytes) -> bytes:  # a length-delimited field (wire
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def example(features: dict[str, bytes | int]) -> bytes:
+def example(features: dict[str, bytes | int | list[float]]) -> bytes:
     """tf.train.Example's bytes, from feature.proto and example.proto: Example{features=1}
-    Features{map<string, Feature> feature=1} Feature{oneof bytes_list=1, int64_list=3},
-    BytesList{repeated bytes value=1}, Int64List{repeated int64 value=1 [packed]}."""
+    Features{map<string, Feature> feature=1} Feature{oneof bytes_list=1, float_list=2,
+    int64_list=3}, BytesList{repeated bytes value=1}, FloatList{repeated float value=1
+    [packed]}, Int64List{repeated int64 value=1 [packed]}."""
     entries = b""
     for key, v in features.items():
-        feature = _ld(1, _ld(1, v)) if isinstance(v, bytes) else _ld(3, _ld(1, _varint(v)))
+        if isinstance(v, bytes):
+            feature = _ld(1, _ld(1, v))
+        elif isinstance(v, list):
+            feature = _ld(2, _ld(1, struct.pack(f"<{len(v)}f", *v)))
+        else:
+            feature = _ld(3, _ld(1, _varint(v)))
         entries += _ld(1, _ld(1, key.encode()) + _ld(2, feature))
     return _ld(1, entries)
 
@@ -280,7 +286,8 @@ def test_tfrecord_keys_named_and_missing(photos, tmp_path):
     from tbljax._src.io.tfds_sources import TFRecordSource
 
     (item,) = TFRecordSource([str(path)], image_key="jpeg", fields=["id", "y"])
-    assert item.fields == {"id": 17, "y": b"Faces"} and item.data == photos[0][0]
+    assert item.fields["id"].tolist() == [17] and item.fields["id"].dtype == np.int64
+    assert item.fields["y"] == b"Faces" and item.data == photos[0][0]
 
 
 def test_array_record_equals_tar_and_shards_by_record(photos, reference, tmp_path):
@@ -313,3 +320,64 @@ def test_no_tensorflow_is_imported(photos, tmp_path):
             "assert not bad, bad; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# ---- columns and features as record fields (fields=[...]) -------------------------------------
+
+def _captioned(photos):
+    """A datasets.Dataset of the 8 Faces photos with a caption and a float32 embedding."""
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((8, 5)).astype(np.float32)
+    captions = [f"photo {i}: ünïcode" for i in range(8)]
+    features = datasets.Features({"image": datasets.Image(), "caption": datasets.Value("string"),
+                                  "emb": datasets.List(datasets.Value("float32"), length=5),
+                                  "meta": {"n": datasets.Value("int32")}})
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for b, _ in photos[:8]],
+                                     "caption": captions, "emb": emb.tolist(),
+                                     "meta": [{"n": i} for i in range(8)]}, features=features)
+    return ds, captions, emb
+
+
+def test_hf_and_parquet_columns_become_fields(photos, tmp_path):
+    ds, captions, emb = _captioned(photos)
+    parquet = tmp_path / "cap.parquet"
+    ds.to_parquet(str(parquet))  # written by datasets: its features in the schema metadata
+    for name, source in (("ds", ds), ("pq", str(parquet))):
+        out = tmp_path / f"{name}.tbl"
+        tbljax.convert(source, out, image_size=SIZE, fields=["caption", "emb", "meta"], progress=False)
+        got = tbljax.open(out)
+        assert {n: f.kind for n, f in got.fields.items()} == {"caption": "str", "emb": "ndarray",
+                                                              "meta": "json"}, name
+        assert list(got.field("caption")) == captions
+        assert got.field("emb").dtype == np.float32
+        np.testing.assert_array_equal(got.field("emb"), emb)
+        assert list(got.field("meta")) == [{"n": i} for i in range(8)]
+    with pytest.raises(ValueError, match="'nope' is not a column"):
+        tbljax.convert(ds, tmp_path / "x.tbl", image_size=SIZE, fields=["nope"], progress=False)
+    with pytest.raises(ValueError, match="give a list of their names"):
+        tbljax.convert(ds, tmp_path / "x.tbl", image_size=SIZE, fields={"caption": "txt"},
+                       progress=False)
+
+
+def test_tfrecord_features_become_fields(photos, tmp_path):
+    captions = [f"a photo of {CLASSES[c]} #{i}" for i, (_, c) in enumerate(photos[:6])]
+    embs = [[float(i), i / 4, -1.5] for i in range(6)]
+    path = tmp_path / "cap.tfrecord"
+    path.write_bytes(tfrecord([example({"image": b, "label": c, "caption": t.encode(), "emb": e})
+                               for (b, c), t, e in zip(photos[:6], captions, embs)]))
+    tbljax.convert(path, tmp_path / "t.tbl", image_size=SIZE, classes=CLASSES,
+                   fields=["caption", "emb"], progress=False)
+    got = tbljax.open(tmp_path / "t.tbl")
+    assert {n: f.kind for n, f in got.fields.items()} == {"caption": "str", "emb": "ndarray"}
+    assert list(got.field("caption")) == captions
+    np.testing.assert_array_equal(got.field("emb"), np.array(embs, np.float32))
+    with pytest.raises(ValueError, match="first record .* does not have"):
+        tbljax.convert(path, tmp_path / "x.tbl", image_size=SIZE, fields=["nope"], progress=False)
+
+
+def test_a_list_of_fields_for_a_tar_source_is_refused_by_name(tmp_path):
+    tar = tmp_path / "a.tar"
+    with tarfile.open(tar, "w"):
+        pass
+    with pytest.raises(ValueError, match=r"fields= as a list of names \['caption'\]"):
+        tbljax.convert(tar, tmp_path / "a.tbl", image_size=SIZE, fields=["caption"], progress=False)

@@ -509,6 +509,19 @@ def test_mixture_resumes_mid_epoch_exactly(mixed):
         tbljax.loader(other, 8, **kw).load_state_dict(state)
 
 
+def test_one_process_of_host_parts_is_the_unpartitioned_mixture(mixed):
+    mixture, _ = mixed
+    kw = dict(seed=SEED, dtype="uint8", augment=RRC, num_epochs=1)
+    of_paths = tbljax.mix(mixture.given, weights=MIX_WEIGHTS, steps_per_epoch=5)
+    whole = [(_host(b["index"]), _host(b["image"])) for b in tbljax.loader(mixture, 8, **kw)]
+    parts = [(_host(b["index"]), _host(b["image"]))
+             for b in tbljax.loader(of_paths, 8, partition="host", **kw)]
+    assert len(whole) == len(parts) == 5
+    for (i1, x1), (i2, x2) in zip(whole, parts):
+        np.testing.assert_array_equal(i1, i2)
+        np.testing.assert_array_equal(x1, x2)
+
+
 def test_mixture_refuses_what_it_does_not_serve_by_name(mixed, matrix):
     mixture, _ = mixed
     files, _ = matrix
@@ -520,8 +533,10 @@ def test_mixture_refuses_what_it_does_not_serve_by_name(mixed, matrix):
         tbljax.loader(mixture, 8)  # a full-aspect source and no output size
     with pytest.raises(ValueError, match="ResidentDataset serves one dataset"):
         tbljax.ResidentDataset(mixture)
-    with pytest.raises(TypeError, match="mixture of host parts is not supported"):
-        tbljax.loader(mixture, 8, augment=RRC, partition="host")
+    opened = tbljax.mix(dict(zip(mixture.sources, mixture.datasets)), weights=MIX_WEIGHTS,
+                        steps_per_epoch=5)
+    with pytest.raises(TypeError, match=r"sources \['square', 'full'\] are open datasets"):
+        tbljax.loader(opened, 8, augment=RRC, partition="host")
     with pytest.raises(ValueError, match="steps_per_epoch=N, or epoch_of"):
         tbljax.mix({"a": files["raw_square", "file"]}, weights={"a": 1})
     with pytest.raises(ValueError, match="weights must name every source"):
@@ -549,3 +564,64 @@ def test_a_mixture_implements_the_whole_contract(mixed):
         mixture.raw_records()
     with pytest.raises(IndexError):
         mixture.read(len(mixture))
+
+
+def test_mixture_of_host_parts_in_two_processes(matrix, tmp_path):
+    """partition="host" over tbljax.mix: each process draws its G/P rows of every step from
+    its own part of every source (a shard-file source split by files, a single-file source by
+    records), at the weights' shares, the global batch holding both processes' rows, and a
+    mid-epoch state resumes exactly; the torch adapter serves the same rows."""
+    pytest.importorskip("torch")
+    files, refs = matrix
+    cells = {"square": ("raw_square", "shards"), "full": ("compact_full_aspect", "file")}
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"sources": {n: files[c] for n, c in cells.items()},
+                                "weights": MIX_WEIGHTS, "steps": 5, "batch": 4, "seed": SEED,
+                                "out": list(M.OUT), "save_after": 6}))
+    worker = Path(__file__).with_name("_mixture_worker.py")
+    ports = [str(_free_port()), str(_free_port())]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    procs = [subprocess.Popen([sys.executable, str(worker), str(p), *ports, str(spec),
+                               str(tmp_path / f"out{p}.npz")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for p in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
+    outs = [dict(np.load(tmp_path / f"out{p}.npz")) for p in range(2)]
+    ref = refs[cells["square"]] + refs[cells["full"]]  # the whole mixture's numbering
+    geometry = _geometry(ref)
+    shard_ends = np.cumsum([len(tbljax.open(p)) for p in files[cells["square"]]])
+    quota, part_n = {0: 3, 1: 1}, {0: 5, 1: 5}  # 4 rows a process: 3/4, 1/4; parts of 5
+    for p, o in enumerate(outs):
+        assert int(o["len"]) == 5
+        idx, source, img = o["jax|index"], o["jax|source"], o["jax|image"]
+        assert idx.shape == (10, 4)  # 2 epochs of 5 steps, G/P = 4 rows
+        k, r = idx // M.N, idx % M.N
+        assert (k == source).all()
+        # Shares per step: exactly the weights' over this process's 4 rows.
+        assert all(np.bincount(s, minlength=2).tolist() == [3, 1] for s in source)
+        # Its own part of every source: the shard file p of "square", records [5p, 5p+5) of
+        # the single file of "full".
+        assert (np.searchsorted(shard_ends, r[k == 0], side="right") == p).all()
+        assert ((r[k == 1] >= 5 * p) & (r[k == 1] < 5 * p + 5)).all()
+        # Without replacement per pass over the part: 30 draws of 5 records, 10 of 5.
+        assert np.bincount(r[k == 0] - 5 * p, minlength=5).tolist() == [6] * 5
+        assert np.bincount(r[k == 1] - 5 * p, minlength=5).tolist() == [2] * 5
+        for g in range(10):
+            for i, s, row in zip(idx[g].tolist(), source[g].tolist(), img[g]):
+                first, last = g * quota[s], (g + 1) * quota[s] - 1
+                options = [oracle.gather(ref, [i], M.OUT, crop=b, flip=f) for b, f in (
+                    sample(RRC, np.array([i]), geometry=geometry, seed=SEED, epoch=q)
+                    for q in sorted({first // part_n[s], last // part_n[s]}))]
+                assert any(np.array_equal(row, x[0]) for x in options), (p, g, i)
+        # The global batch holds both processes' rows, process 0's first.
+        for g in range(10):
+            assert o["jax|global"][g].tolist() == outs[0]["jax|index"][g].tolist() + \
+                outs[1]["jax|index"][g].tolist()
+        for name in ("index", "source", "image"):  # resumed after step 6: steps 7, 8, 9
+            np.testing.assert_array_equal(o["resumed|" + name], o["jax|" + name][7:], err_msg=name)
+            np.testing.assert_array_equal(o["torch|" + name], o["jax|" + name][:5], err_msg=name)
+    states = [json.loads(str(o["jax|state"])) for o in outs]
+    assert states[0] == states[1] and states[0]["partition"] == "host"
+    assert (states[0]["epoch"], states[0]["position"], states[0]["processes"]) == (1, 8, 2)
+    assert states[0]["fingerprint"].startswith(f"mix{2 * M.N}-")

@@ -30,7 +30,7 @@ __all__ = ["HostLoader"]
 # Slots beyond the prefetch queue: one being filled, one the consumer holds, one still read by
 # a step in flight. A slot still viewed is waited for, then replaced (see `Ring`),
 # never overwritten.
-_RING_EXTRA = 3
+RING_EXTRA = 3
 
 
 class HostLoader:
@@ -92,7 +92,7 @@ class HostLoader:
         # Kept across passes (one pass runs at a time), so its memory is reused, not
         # page-faulted in again for every evaluation pass.
         self._ring = Ring(self._rows, largest, opts.out_dtype,
-                                 opts.prefetch + _RING_EXTRA, alloc=alloc,
+                                 opts.prefetch + RING_EXTRA, alloc=alloc,
                                  before_reuse=before_reuse)
 
     # ---- the seams a layer on top overrides ----

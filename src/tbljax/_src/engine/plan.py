@@ -171,7 +171,7 @@ class Plan:
             nvalid = int(np.clip(src.n - (first + a), 0, rows))
             idx, boxes, flip = src.draw(np.arange(first + a, first + a + nvalid, dtype=np.int64),
                                         opts, epoch, first_index)
-            records = idx - first_index
+            records = src.local_records(idx, first_index)
             if nvalid:
                 src.fill(records, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip,
                          mean=mean, std=std, jpeg_dct_scale=opts.jpeg_dct_scale)

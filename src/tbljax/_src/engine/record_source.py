@@ -98,6 +98,10 @@ class RecordSource:
         """Which source each record comes from: None, one dataset is one source."""
         return None
 
+    def local_records(self, indices, first_index: int = 0) -> np.ndarray:
+        """This source's records of the sample `indices` `draw` returned."""
+        return indices - first_index
+
     @property
     def mode(self) -> str:
         """How `fill` writes rows: ``"gather"`` (RAW records of one size, from the zero-copy
@@ -224,7 +228,12 @@ class MixtureSource:
     (`rules/mixing.py`), each source's rows written by that source's own `RecordSource` (its
     fast path: RAW gather, compact JPEG boxes, ...) and placed in the batch. ``n`` is the
     positions of an epoch (steps_per_epoch × the global batch); records are numbered in the
-    mixture's numbering (`Mixture.offsets`)."""
+    mixture's numbering (`Mixture.offsets`).
+
+    A mixture of host parts (`Mixture.open_part`): this process draws its L = G / P rows of
+    each step from its parts, keyed by its process index (`rules/mixing.py`, step 5); ``n``
+    is then steps_per_epoch × L, and `draw` returns the rows' indices in the whole mixture's
+    numbering (`Mixture.global_index`), which `local_records` maps back to its parts."""
 
     reads_ahead = False  # each source's reads are scattered by the draw; not advised ahead
 
@@ -237,8 +246,13 @@ class MixtureSource:
                              "not apply to it")
         self._mix = mixture
         self._subs = [RecordSource(d, opts.threads) for d in mixture.datasets]
-        self.batch = opts.batch_size
-        self.steps_per_epoch = mixture.steps_per_epoch(self.batch)
+        self._process, processes = mixture.processes
+        if opts.batch_size % processes:
+            raise ValueError(f"global batch {opts.batch_size} does not split evenly over "
+                             f"{processes} processes: with partition='host' use a multiple "
+                             f"of {processes}")
+        self.batch = opts.batch_size // processes  # this process's rows of each step
+        self.steps_per_epoch = mixture.steps_per_epoch(opts.batch_size)
         self.n = self.steps_per_epoch * self.batch
         contract.check_record_count(len(mixture), what=repr(mixture))
         self.labels = mixture.labels
@@ -261,16 +275,16 @@ class MixtureSource:
         step, rows = np.divmod(positions, self.batch)
         source, record, passes = draw_rows(self._mix.spec, seed=opts.seed, rows=rows,
                                            global_step=epoch * self.steps_per_epoch + int(step[0]),
-                                           batch=self.batch)
-        idx = self._mix.offsets[source] + record
+                                           batch=self.batch, process=self._process)
+        idx = self._mix.global_index(source, record)
         if opts.augment is None:
             return idx, None, None
         boxes = flips = None
-        # Keyed by (seed, the pass over the record's source, its index in the mixture).
-        for q in np.unique(passes).tolist():
-            m = passes == q
-            b, f = _augment.sample(opts.augment, idx[m], geometry=self.geometry, seed=opts.seed,
-                                   epoch=int(q) % (1 << 32))
+        # Keyed by (seed, the pass over the record's source, its index in the whole mixture).
+        for k, q in sorted(set(zip(source.tolist(), passes.tolist()))):
+            m = (source == k) & (passes == q)
+            b, f = _augment.sample(opts.augment, idx[m], geometry=self._mix.source_geometry(k),
+                                   seed=opts.seed, epoch=int(q) % (1 << 32))
             if b is not None:
                 boxes = np.zeros((len(idx), 4), b.dtype) if boxes is None else boxes
                 boxes[m] = b
@@ -281,6 +295,9 @@ class MixtureSource:
 
     def source_ids(self, records) -> np.ndarray:
         return self._mix.split(records)[0].astype(np.int32)
+
+    def local_records(self, indices, first_index: int = 0) -> np.ndarray:
+        return self._mix.local_index(indices)
 
     def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False):
         """Each source's rows through its own record source, then into their rows of `out`."""

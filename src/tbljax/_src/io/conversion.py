@@ -53,6 +53,8 @@ class ConvertSummary:
     bytes: int
     label_errors: list[dict[str, str]] = dataclasses.field(default_factory=list)
     classes: list[str] | None = None
+    num_classes: int = 0            # class names, or distinct label ids; 0: no record has a label
+    labels_from: str = ""           # where the sources' labels come from (said when there are none)
 
     @property
     def images_per_second(self) -> float:
@@ -63,9 +65,10 @@ class ConvertSummary:
                 f"{self.seconds:.1f} s ({self.images_per_second:.0f} img/s); skipped {len(self.skipped)}")
         if self.label_errors:
             head += f"; labels unreadable {len(self.label_errors)}"
-        if self.classes:
-            head += f"; classes {len(self.classes)}"
+        head += f"; classes {self.num_classes}" if self.num_classes else "; unlabelled"
         lines = [head]
+        if not self.num_classes and self.written:
+            lines.append(f"  unlabelled: every record's label is -1; {self.labels_from}")
         for title, items in (("skipped", self.skipped), ("label unreadable", self.label_errors)):
             for s in items[:20]:
                 lines.append(f"  {title} {s['key']} ({s['source']}): {s['reason']}")
@@ -164,7 +167,7 @@ def convert(
     label_column: str | None = None,
     image_key: str | None = None,
     label_key: str | None = None,
-    fields: dict[str, str] | None = None,
+    fields: dict[str, str] | list[str] | None = None,
 ) -> ConvertSummary:
     """Decodes `sources` once into the TBL file `dst`.
 
@@ -216,9 +219,13 @@ def convert(
       (UTF-8), .json a json field, .npy an ndarray field (numeric; one shape in every record:
       fixed; a first dimension that varies: ragged). A dict source needs none: its keys besides
       image and label are its fields ({'image': imgs, 'caption': [...], 'emb': (N, 768)}).
-      A record whose field is missing or unreadable (bad UTF-8/JSON/.npy, a dtype or trailing
-      shape that disagrees with the field's) is skipped like a bad image; an extension that no
-      record has is a ConversionError. A TBL source keeps its fields.
+      A Hugging Face dataset, Parquet, TFRecord or ArrayRecord source takes a list of column
+      (feature) names: a string column is a str field, numbers or lists/arrays of numbers an
+      ndarray field at the column's dtype, other lists and structs a json field; a
+      tf.train.Example bytes_list is a str field (UTF-8), int64_list / float_list a 1-D
+      ndarray field (int64 / float32). A record whose field is missing or unreadable (bad
+      UTF-8/JSON/.npy, a dtype or trailing shape that disagrees with the field's) is skipped
+      like a bad image; an extension that no record has is a ConversionError. A TBL source keeps its fields.
     Bad items (corrupt, truncated, empty, not an image) are skipped and listed in the summary
     and in the file; with strict=True the first chunk holding one stops the conversion with
     ConversionError and nothing is written. A conversion that would write no record raises
@@ -278,7 +285,8 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
         raise ConversionError(f"no record to write: the sources hold no images ({_describe(src)}); "
                               f"{dst} was not written")
     t0 = time.perf_counter()
-    columns = _fields.Columns(src.field_kinds, opts.fields or {}, os.path.dirname(os.path.abspath(dst)))
+    exts = opts.fields if isinstance(opts.fields, dict) else {}  # TAR members, sidecar files
+    columns = _fields.Columns(src.field_kinds, exts, os.path.dirname(os.path.abspath(dst)))
     records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None), columns)
     bar.start(total)
     with records.columns, Writer(dst, total, overwrite=opts.overwrite) as w, \
@@ -288,19 +296,22 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
         for chunk, results in _decode_ahead(_prefetch(_chunks(src, CHUNK)), decode, decoder):
             records.add(chunk, results, w)
             bar.update(records.seen, len(records.skipped))
-        out_classes = records.finish(w, src)
+        out_labels, out_classes = records.finish(w, src)
     bar.update(records.seen, len(records.skipped), final=True)
     return ConvertSummary(dst=dst, written=len(records.keys), skipped=records.skipped,
                           seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst),
-                          label_errors=records.label_errors, classes=out_classes)
+                          label_errors=records.label_errors, classes=out_classes,
+                          num_classes=_num_classes(out_labels, out_classes),
+                          labels_from=getattr(src, "LABELS_FROM", ""))
 
 
 def _resolve(sources: Any, opts: ConvertOptions, table: list[str] | None, ext: str | None,
              retry: remote.Retry) -> Any:
     """The source object: a Hugging Face or TFDS source when `sources` names one (each takes
     its own column or feature-key arguments), else one of `sources.resolve`'s."""
-    src = hf_sources.resolve(sources, table, opts.image_column, opts.label_column, retry=retry) \
-        or tfds_sources.resolve(sources, table, opts.image_key, opts.label_key, retry=retry)
+    columns = opts.fields if isinstance(opts.fields, tuple) else ()
+    src = hf_sources.resolve(sources, table, opts.image_column, opts.label_column, columns, retry) \
+        or tfds_sources.resolve(sources, table, opts.image_key, opts.label_key, columns, retry)
     given = [k for k in ("image_column", "label_column", "image_key", "label_key") if getattr(opts, k)]
     wrong = [k for k in given if (src is None) or (k.endswith("_column") != isinstance(
         src, (hf_sources.ParquetSource, hf_sources.HFDatasetSource)))]
@@ -309,10 +320,15 @@ def _resolve(sources: Any, opts: ConvertOptions, table: list[str] | None, ext: s
                          "(image_column, label_column) or a feature of TFRecord/ArrayRecord "
                          f"tf.train.Examples (image_key, label_key); it does not apply to {_describe_arg(sources)}")
     if src is None:
+        if isinstance(opts.fields, tuple):
+            raise ValueError(f"fields= as a list of names {list(opts.fields)} is for the columns of "
+                             "Hugging Face / Parquet sources and the features of TFRecord / "
+                             f"ArrayRecord files; {_describe_arg(sources)} takes "
+                             "{name: extension} (the TAR member or sidecar file with it)")
         return _sources.resolve(sources, opts.labels, table, ext, retry, opts.fields)
-    if opts.fields:
-        raise ValueError(f"fields= names TAR members or sidecar files by extension; storing "
-                         f"columns of {_describe_arg(sources)} as fields is not supported yet")
+    if isinstance(opts.fields, dict):
+        raise ValueError(f"fields= names columns or features of {_describe_arg(sources)}: give "
+                         f"a list of their names ({sorted(opts.fields)}), not {{name: extension}}")
     if opts.labels is not None or ext is not None:
         raise ValueError(f"{'labels=' if opts.labels is not None else 'label_ext'} does not apply to "
                          f"{_describe_arg(sources)}: its labels come from its own label column or feature")
@@ -390,8 +406,9 @@ class _Records:
             w.add_raw(r, lz4=(self.opts.format == "lz4"))
         self.keys.append(it.key)
 
-    def finish(self, w: Writer, src: Any) -> list[str] | None:
-        """Writes the labels, keys, classes, skipped list, recipe and fields; returns the classes."""
+    def finish(self, w: Writer, src: Any) -> tuple[np.ndarray, list[str] | None]:
+        """Writes the labels, keys, classes, skipped list, recipe and fields; returns the labels
+        and the classes."""
         try:
             self.columns.check_found(self.dst)
         except _fields.FieldsNotFound as e:
@@ -418,7 +435,13 @@ class _Records:
             },
         )
         self.columns.write(w)
-        return out_classes
+        return out_labels, out_classes
+
+
+def _num_classes(labels: np.ndarray, classes: list[str] | None) -> int:
+    """The class count a summary shows: the names, else the distinct ids; 0 when unlabelled."""
+    known = labels[labels >= 0]
+    return 0 if not known.size else len(classes) if classes else int(np.unique(known).size)
 
 
 def _describe(src: Any) -> str:
@@ -477,4 +500,5 @@ def _convert_tbl(paths: list[str], dst: str, opts: ConvertOptions) -> ConvertSum
         )
     bar.update(n, 0, final=True)
     return ConvertSummary(dst=dst, written=n, skipped=[], seconds=time.perf_counter() - t0,
-                          bytes=os.path.getsize(dst), classes=ds.classes)
+                          bytes=os.path.getsize(dst), classes=ds.classes,
+                          num_classes=_num_classes(ds.labels, ds.classes), labels_from="the TBL source has none")

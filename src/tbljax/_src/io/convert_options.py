@@ -74,7 +74,7 @@ class ConvertOptions:
     label_column: str | None = None
     image_key: str | None = None
     label_key: str | None = None
-    fields: Mapping[str, str] | None = None
+    fields: Mapping[str, str] | Sequence[str] | None = None
     from_tbl: bool = False
 
     def __post_init__(self):
@@ -103,13 +103,23 @@ class ConvertOptions:
             if v is not None and (not isinstance(v, str) or not v):
                 raise ValueError(f"{name} must be a column or feature name (a non-empty str), got {v!r}")
 
-    def _checked_fields(self) -> dict[str, str]:
-        """fields= as {name: extension} (lower case, no leading dot), each name and kind checked."""
+    def _checked_fields(self) -> dict[str, str] | tuple[str, ...]:
+        """fields= as {name: extension} (lower case, no leading dot; TAR members and sidecar
+        files), or as a tuple of column / feature names (Hugging Face, Parquet, TFRecord and
+        ArrayRecord sources); each name and kind checked."""
         if self.from_tbl:
             raise ValueError("fields= names TAR members or sidecar files; a TBL source keeps its own fields")
+        if isinstance(self.fields, (list, tuple)):
+            for name in self.fields:
+                check_name(name)
+            twice = sorted({n for n in self.fields if list(self.fields).count(n) > 1})
+            if twice:
+                raise ValueError(f"fields= names {twice} more than once")
+            return tuple(self.fields)
         if not isinstance(self.fields, Mapping):
-            raise TypeError(f"fields must be a dict {{name: extension}} such as {{'caption': 'txt'}}, "
-                            f"got {type(self.fields).__name__}")
+            raise TypeError(f"fields must be a dict {{name: extension}} such as {{'caption': 'txt'}} "
+                            "(TAR members, sidecar files) or a list of column names (Hugging Face, "
+                            f"Parquet, TFRecord, ArrayRecord), got {type(self.fields).__name__}")
         out = {}
         for name, ext in self.fields.items():
             check_name(name)

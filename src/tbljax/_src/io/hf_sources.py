@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from tbljax._src.io import remote
 from tbljax._src.io.sources import Item, Label
 from tbljax._src.rules.braces import expand_braces
@@ -79,6 +81,14 @@ class _Columns:
                                  "with label_column=")
             label_column = labels[0] if labels else None
         self.image, self.label, self.fields = image_column, label_column, list(fields)
+        if self.fields and not features:
+            raise ValueError(f"{where}: its features are unknown (an IterableDataset without "
+                             f"features), so the kinds of fields {self.fields} are not known: "
+                             "give the dataset its features (IterableDataset.cast)")
+        # Each field's kind and, for ndarray fields, the dtype its cells are read at.
+        typed = {f: _field_kind(features[f], where, f) for f in self.fields}
+        self.kinds = {f: k for f, (k, _) in typed.items()}
+        self.dtypes = {f: d for f, (_, d) in typed.items() if d is not None}
         names_of = getattr(features.get(label_column), "names", None) if label_column else None
         if classes is not None and names_of is not None and list(classes) != list(names_of):
             diff = next((k for k, (a, b) in enumerate(zip(classes, names_of)) if a != b),
@@ -98,7 +108,53 @@ class _Columns:
             data, error = _image_bytes(rows[self.image][r])
             label, label_error = _label(labels[r], self.label)
             yield Item(key, source, data, label, error=error, label_error=label_error,
-                       fields={f: rows[f][r] for f in self.fields})
+                       fields={f: _cell(rows[f][r], self.dtypes.get(f)) for f in self.fields})
+
+
+def _numeric_dtype(feature: Any) -> np.dtype | None:
+    """The NumPy dtype of a numeric `Value`, ClassLabel, or list/array of them, else None."""
+    datasets = _import("datasets")
+    if isinstance(feature, datasets.ClassLabel):
+        return np.dtype(np.int64)
+    if isinstance(feature, (datasets.Value, datasets.Array2D, datasets.Array3D, datasets.Array4D,
+                            datasets.Array5D)):
+        try:
+            dtype = np.dtype(feature.dtype)
+        except TypeError:
+            return None
+        return dtype if dtype.kind in "biuf" and dtype.itemsize <= 8 else None
+    if isinstance(feature, (datasets.List, datasets.LargeList, datasets.Sequence)):
+        return _numeric_dtype(feature.feature)
+    if isinstance(feature, list) and len(feature) == 1:
+        return _numeric_dtype(feature[0])
+    return None
+
+
+def _field_kind(feature: Any, where: str, column: str) -> tuple[str, np.dtype | None]:
+    """(kind, dtype) of a column stored as a record field, from its feature: text → str;
+    a number or a list/array of numbers → ndarray (at the feature's dtype); other lists and
+    structs → json."""
+    datasets = _import("datasets")
+    if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
+        return "str", None
+    dtype = _numeric_dtype(feature)
+    if dtype is not None:
+        return "ndarray", dtype
+    if isinstance(feature, (dict, list, datasets.List, datasets.LargeList, datasets.Sequence)):
+        return "json", None
+    raise ValueError(f"{where}: column {column!r} is {feature!r:.80}, which a record field "
+                     "cannot hold: a field takes text, numbers, or lists and structs of them")
+
+
+def _cell(value: Any, dtype: np.dtype | None) -> Any:
+    """A cell as a field value: numbers as an array of the feature's dtype (what cannot be
+    one is left as it is, for `parse_field_value` to say why)."""
+    if dtype is None or value is None:
+        return value
+    try:
+        return np.asarray(value, dtype)
+    except (TypeError, ValueError):
+        return value
 
 
 def _image_bytes(cell: Any) -> tuple[bytes | None, str | None]:
@@ -134,11 +190,12 @@ class ParquetSource:
     """Parquet files: the features from the schema's `huggingface` metadata (or inferred from
     the Arrow types); rows read by row group, in file order."""
 
-    # The record fields conversion stores from this source (none yet: its columns reach
-    # Item.fields, but convert's fields= takes TAR/sidecar extensions only so far).
-    field_kinds: dict = {}
-
     count_is_slow = False
+
+    @property
+    def field_kinds(self) -> dict[str, str]:
+        """The record fields conversion stores from this source (fields=): name → kind."""
+        return self.columns.kinds
 
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
                  image_column: str | None = None, label_column: str | None = None,
@@ -199,9 +256,10 @@ class HFDatasetSource:
     """A `datasets.Dataset` (read as Arrow, images never decoded by `datasets`) or an
     `IterableDataset` (read with decoding off); keys are row numbers."""
 
-    # The record fields conversion stores from this source (none yet: its columns reach
-    # Item.fields, but convert's fields= takes TAR/sidecar extensions only so far).
-    field_kinds: dict = {}
+    @property
+    def field_kinds(self) -> dict[str, str]:
+        """The record fields conversion stores from this source (fields=): name → kind."""
+        return self.columns.kinds
 
     def __init__(self, ds: Any, classes: list[str] | None = None, image_column: str | None = None,
                  label_column: str | None = None, fields: Sequence[str] = (),

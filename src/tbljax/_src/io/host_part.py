@@ -184,7 +184,8 @@ def _as_paths(path_or_paths) -> list:
     if isinstance(path_or_paths, RecordDataset):
         raise TypeError(f"partition='host' takes a TBL path or the list of all shard paths, so "
                         f"that each process opens only its own part; {path_or_paths!r} is an open "
-                        "dataset (a tbljax.mix mixture of host parts is not supported yet)"[:400])
+                        "dataset (a tbljax.mix of paths is served by its parts: tbljax.loader("
+                        "mix(...), ..., partition='host'))"[:400])
     if isinstance(path_or_paths, (str, bytes, os.PathLike)):
         return [path_or_paths]
     if isinstance(path_or_paths, (list, tuple)) and path_or_paths and all(

@@ -13,25 +13,34 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 from collections.abc import Mapping
 from functools import cached_property
 
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.io import reader
+from tbljax._src.io import host_part, reader
 from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset
 from tbljax._src.rules.mixing import MixSpec
+from tbljax._src.rules.parts import Parts
 
-__all__ = ["Mixture", "mix"]
+__all__ = ["Mixture", "mix", "open_host_part"]
 
 
 class Mixture(RecordDataset):
-    """Named datasets, their weights and the length of an epoch. Made by `tbljax.mix`."""
+    """Named datasets, their weights and the length of an epoch. Made by `tbljax.mix`.
+
+    The sources are kept as given (``given``) and opened when first used, so that under
+    ``partition="host"`` the loader opens only each process's part of every source
+    (`open_part`); other parts' files need not exist on this host. A mixture of host parts
+    (``host_parts``: per source, every process's record count of it) numbers ``"index"`` in
+    the whole mixture's numbering (`global_offsets`), as one process would."""
 
     def __init__(self, sources: Mapping, weights: Mapping, *, steps_per_epoch: int | None = None,
-                 epoch_of: str | None = None, label_offset: Mapping | None = None):
+                 epoch_of: str | None = None, label_offset: Mapping | None = None,
+                 host_parts: tuple[Parts, ...] | None = None):
         if not isinstance(sources, Mapping) or not sources:
             raise TypeError("tbljax.mix takes a dict {name: TBL path, list of shard paths or "
                             f"dataset}}, got {type(sources).__name__}")
@@ -40,10 +49,9 @@ class Mixture(RecordDataset):
             given = sorted(map(str, weights)) if isinstance(weights, Mapping) else weights
             raise ValueError(f"tbljax.mix: weights must name every source once: sources "
                              f"{self.sources}, weights for {given}")
-        self.datasets = [reader.as_dataset(sources[k], "tbljax.mix") for k in sources]
-        names = dict(zip(map(str, sources), sources))
+        self.given = {str(k): _checked_source(k, v) for k, v in sources.items()}
         self.weights = tuple(float(weights[_key(weights, n)]) for n in self.sources)
-        self.spec = MixSpec(self.weights, tuple(len(d) for d in self.datasets))
+        MixSpec(self.weights, (1,) * len(self.weights))  # the weights' checks, before opening
         offsets = label_offset or {}
         unknown = sorted(set(map(str, offsets)) - set(self.sources))
         if unknown:
@@ -53,13 +61,104 @@ class Mixture(RecordDataset):
         if (steps_per_epoch is None) == (epoch_of is None):
             raise ValueError("tbljax.mix needs the length of an epoch: steps_per_epoch=N, or "
                              "epoch_of='name' (an epoch is one pass over that source); give one")
-        if epoch_of is not None and epoch_of not in names:
+        if epoch_of is not None and epoch_of not in self.sources:
             raise ValueError(f"epoch_of={epoch_of!r} is not a source ({self.sources})")
         if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(
                 steps_per_epoch, (int, np.integer)) or steps_per_epoch < 1):
             raise ValueError(f"steps_per_epoch must be an integer >= 1, got {steps_per_epoch!r}")
         self._steps_per_epoch, self.epoch_of = steps_per_epoch, epoch_of
-        self.offsets = np.concatenate([[0], np.cumsum([len(d) for d in self.datasets])]).astype(np.int64)
+        if host_parts is not None and len(host_parts) != len(self.sources):
+            raise ValueError(f"host_parts needs one Parts per source, got {len(host_parts)}")
+        self.host_parts = tuple(host_parts) if host_parts is not None else None
+
+    @cached_property
+    def datasets(self) -> list[RecordDataset]:
+        """The sources, opened (in the order of `sources`)."""
+        return [reader.as_dataset(v, "tbljax.mix") for v in self.given.values()]
+
+    @cached_property
+    def spec(self) -> MixSpec:
+        """Weights and this process's record count of each source (`rules/mixing.py`)."""
+        return MixSpec(self.weights, tuple(len(d) for d in self.datasets))
+
+    @cached_property
+    def offsets(self) -> np.ndarray:
+        """Source k's record r is record ``offsets[k] + r`` of this mixture (of this process's
+        parts, under host parts)."""
+        return np.concatenate([[0], np.cumsum([len(d) for d in self.datasets])]).astype(np.int64)
+
+    # ---- host parts (partition="host") ----
+    @property
+    def source_counts(self) -> tuple[int, ...]:
+        """Records of each whole source (all host parts together)."""
+        if self.host_parts is None:
+            return tuple(len(d) for d in self.datasets)
+        return tuple(sum(p.counts) for p in self.host_parts)
+
+    @cached_property
+    def global_offsets(self) -> np.ndarray:
+        """Where each source starts in the whole mixture's numbering (``"index"``)."""
+        return np.concatenate([[0], np.cumsum(self.source_counts)]).astype(np.int64)
+
+    def _part_starts(self) -> np.ndarray:
+        if self.host_parts is None:
+            return np.zeros(len(self.sources), np.int64)
+        return np.array([p.start for p in self.host_parts], np.int64)
+
+    def global_index(self, source, record) -> np.ndarray:
+        """The whole mixture's numbering of record `record` of this mixture's source `source`
+        (under host parts: of this process's part of it)."""
+        source = np.asarray(source, np.int64)
+        return self.global_offsets[source] + self._part_starts()[source] + record
+
+    def local_index(self, indices) -> np.ndarray:
+        """`global_index`'s inverse: this mixture's records of whole-mixture `indices`."""
+        idx = np.asarray(indices, np.int64)
+        k = np.searchsorted(self.global_offsets, idx, side="right") - 1
+        return self.offsets[k] + idx - self.global_offsets[k] - self._part_starts()[k]
+
+    def source_geometry(self, k: int) -> RecordGeometry:
+        """Source k's geometry for the whole mixture's numbering (`global_index`)."""
+        return self.datasets[k].geometry.shifted(int(self.global_index(k, 0)))
+
+    @property
+    def processes(self) -> tuple[int, int]:
+        """(this process's index, the number of processes): (0, 1) without host parts."""
+        if self.host_parts is None:
+            return 0, 1
+        return self.host_parts[0].index, len(self.host_parts[0].counts)
+
+    def open_part(self, rank: int | None = None, world_size: int | None = None,
+                  allgather=None) -> "Mixture":
+        """This process's mixture for ``partition="host"``: each source's part opened by
+        `tbljax._src.io.host_part.open_part` (its shard files split by files, a single file
+        by records; one exchange per source), under the same names, weights and epoch.
+        Every process must call it. The sources must be paths: an open dataset has no parts
+        to open."""
+        if self.host_parts is not None:
+            raise TypeError(f"{self!r} is already a mixture of host parts")
+        opened = [n for n, v in self.given.items() if isinstance(v, RecordDataset)]
+        if opened:
+            raise TypeError(f"partition='host' opens each process's part of every source of "
+                            f"a tbljax.mix from its paths, but sources {opened} are open "
+                            "datasets: give tbljax.mix their TBL path or list of shard paths")
+        local = [host_part.open_part(v, rank, world_size, allgather) for v in self.given.values()]
+        return Mixture({n: p.dataset for n, p in zip(self.sources, local)},
+                       dict(zip(self.sources, self.weights)),
+                       steps_per_epoch=self._steps_per_epoch, epoch_of=self.epoch_of,
+                       label_offset=dict(zip(self.sources, self.label_offsets)),
+                       host_parts=tuple(p.parts for p in local))
+
+    def step_parts(self, global_batch: int) -> Parts:
+        """What a host loader counts the steps and the state over (`tbljax.order.Parts`):
+        every process serves steps_per_epoch × G/P positions an epoch."""
+        index, processes = self.processes
+        if global_batch % processes:
+            raise ValueError(f"global batch {global_batch} does not split evenly over "
+                             f"{processes} processes: with partition='host' use a multiple "
+                             f"of {processes}")
+        n = self.steps_per_epoch(global_batch) * (global_batch // processes)
+        return Parts((n,) * processes, index)
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}: {w:g}" for n, w in zip(self.sources, self.weights))
@@ -67,12 +166,13 @@ class Mixture(RecordDataset):
 
     def steps_per_epoch(self, batch: int) -> int:
         """Steps of an epoch at global batch `batch`: steps_per_epoch as given, or one pass over
-        the `epoch_of` source (its records ÷ the rows it gets a step, rounded down, at least 1)."""
+        the `epoch_of` source (its records ÷ the rows it gets a step, rounded down, at least 1;
+        under host parts the whole source's records, so every process runs the same steps)."""
         if self._steps_per_epoch is not None:
             return int(self._steps_per_epoch)
         k = self.sources.index(self.epoch_of)
         share = self.weights[k] / sum(self.weights)
-        return max(1, int(len(self.datasets[k]) // (batch * share)))
+        return max(1, int(self.source_counts[k] // (batch * share)))
 
     def split(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """(source, record in that source) of mixture records `indices`."""
@@ -95,7 +195,7 @@ class Mixture(RecordDataset):
                                 "label_offsets": self.label_offsets,
                                 "epoch": [self._steps_per_epoch, self.epoch_of]})
         crc = _core.crc32(np.frombuffer(described.encode(), np.uint8), 0)
-        return f"mix{len(self)}-{crc:08x}"
+        return f"mix{sum(self.source_counts)}-{crc:08x}"  # the same on every process
 
     @cached_property
     def labels(self) -> np.ndarray:
@@ -227,6 +327,33 @@ class Mixture(RecordDataset):
                 d.check_unchanged(mine)
 
 
+def _checked_source(name, source):
+    """A source as given, checked for its type (it is opened when first used)."""
+    if isinstance(source, (str, bytes, os.PathLike, RecordDataset)):
+        return source
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise ValueError(f"tbljax.mix: source {name!r} is an empty list of paths (a glob "
+                             "that matched nothing?)")
+        if all(isinstance(p, (str, bytes, os.PathLike)) for p in source):
+            return list(source)
+    raise TypeError(f"tbljax.mix: source {name!r} must be a TBL path, a list of shard paths or "
+                    f"a dataset, got {type(source).__name__}"[:300])
+
+
+def open_host_part(path_or_paths, global_batch: int, rank: int | None = None,
+                   world_size: int | None = None, allgather=None):
+    """``partition="host"`` for what a loader was given: (this process's dataset, the `Parts`
+    its steps and state count over at global batch `global_batch`). A `tbljax.mix` mixture
+    of paths opens each process's part of every source (`Mixture.open_part`); paths open
+    their part (`host_part.open_part`)."""
+    if isinstance(path_or_paths, Mixture):
+        part = path_or_paths.open_part(rank, world_size, allgather)
+        return part, part.step_parts(global_batch)
+    local = host_part.open_part(path_or_paths, rank, world_size, allgather)
+    return local.dataset, local.parts
+
+
 def _key(mapping: Mapping, name: str):
     return next(k for k in mapping if str(k) == name)
 
@@ -236,9 +363,10 @@ def mix(sources: Mapping, weights: Mapping, *, steps_per_epoch: int | None = Non
     """Several datasets served as one stream by weight.
 
     Args:
-      sources: ``{name: TBL path, list of shard paths, or dataset}``. Sources may differ in
-        record kind (RAW, compact, ...) and geometry (serve them with one output size,
-        ``augment=Augment(size=...)``) and in classes.
+      sources: ``{name: TBL path, list of shard paths, or dataset}``, opened when first used.
+        Sources may differ in record kind (RAW, compact, ...) and geometry (serve them with
+        one output size, ``augment=Augment(size=...)``) and in classes. With paths, a loader's
+        ``partition="host"`` reads each process's part of every source (`Mixture.open_part`).
       weights: ``{name: weight}`` for every source (normalized; any positive numbers).
       steps_per_epoch: the length of an epoch in steps; or
       epoch_of: the name of the source one pass over which is an epoch.

@@ -29,8 +29,10 @@ from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
 
-# Recipe fields about the run, not the data: left out of `Dataset.fingerprint`.
-NOT_FINGERPRINTED = frozenset({"created", "sources", "tbljax"})
+# Recipe fields about the run, not the data: left out of `Dataset.fingerprint`. `shard` and
+# the per-part statistics (`source_sizes`, `label_errors` counts) differ between the parts of a
+# `convert --shard i/n` job and the single-job file, whose records and labels are the same.
+NOT_FINGERPRINTED = frozenset({"created", "sources", "tbljax", "shard", "source_sizes", "label_errors"})
 
 
 @dataclasses.dataclass(frozen=True)

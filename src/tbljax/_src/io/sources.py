@@ -219,6 +219,10 @@ class TarSource:
     Shards at a URL are streamed through `remote.RetryingReader`: a dropped connection is
     retried as `retry` says and resumed at the byte where it broke."""
 
+    # Where labels come from: convert says it when no record has one.
+    LABELS_FROM = ("TAR shards take labels from a .cls, .cls2, .label or .json member beside each image "
+                   "(label_ext= / --label-ext names another)")
+
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
                  label_ext: str | None = None, retry: remote.Retry = remote.DEFAULT_RETRY,
                  fields: dict[str, str] | None = None):
@@ -349,9 +353,24 @@ def _is_image_file(p: Path) -> bool:
     return p.is_file() and p.suffix.lower().lstrip(".") in IMAGE_EXTENSIONS
 
 
+def _shard_pattern(root: Path, names: list[str]) -> str:
+    """How to name these TAR files as sources: a brace pattern when they are numbered in one
+    run (train-000.tar ... train-009.tar), else a shell glob."""
+    runs = [re.fullmatch(r"(.*?)(\d+)(\.tar(?:\.\w+)?|\.tgz)", n) for n in names]
+    if all(runs) and len({(m[1], m[3], len(m[2])) for m in runs}) == 1:
+        nums = [int(m[2]) for m in runs]
+        if nums == list(range(nums[0], nums[0] + len(nums))):
+            first, last = runs[0], runs[-1]
+            return f"'{root / first[1]}{{{first[2]}..{last[2]}}}{first[3]}'"
+    return f"{root}/*.tar (a shell expands it into the list of files)"
+
+
 class FolderSource:
     """An image folder with one subfolder per class: the label is the subfolder's name, its id
     its place in `classes` (sorted subfolder names unless given)."""
+
+    # Where labels come from: convert says it when no record has one.
+    LABELS_FROM = "an image folder takes its labels from one subfolder per class, named after it"
 
     def __init__(self, root: str, classes: list[str] | None = None, fields: dict[str, str] | None = None):
         self.root = Path(root)
@@ -371,6 +390,12 @@ class FolderSource:
                 for f in sorted((self.root / name).rglob("*")) if _is_image_file(f)]
         else:
             self.files = [(f, -1) for f in sorted(self.root.iterdir()) if _is_image_file(f)]
+        if not self.files:
+            tars = sorted(f.name for f in self.root.iterdir() if f.is_file() and f.name.endswith(TAR_SUFFIXES))
+            if tars:
+                raise ValueError(f"image folder {root} holds no images but {len(tars)} TAR file"
+                                 f"{'s' if len(tars) > 1 else ''} ({tars[0]}{', ...' if len(tars) > 1 else ''}): "
+                                 f"pass the shards themselves, e.g. {_shard_pattern(self.root, tars)}")
 
     def select(self, i: int, n: int) -> FolderSource:
         """Shard i of n: a contiguous share of the files; classes stay those of the whole folder."""
@@ -410,6 +435,8 @@ class FolderSource:
 class FileListSource:
     """Explicit image files, labels given alongside (or none)."""
 
+    LABELS_FROM = "image files take labels from labels=, one per file"
+
     def __init__(self, paths: Sequence[str], labels: Sequence[Label] | None, classes: list[str] | None = None):
         self.paths = [str(p) for p in paths]
         self.labels: list[Label] = list(labels) if labels is not None else [-1] * len(self.paths)
@@ -443,6 +470,8 @@ class FileListSource:
 class ArraySource:
     """Decoded images in memory: an (N, H, W[, C]) uint8 array, or a sequence whose elements
     are (H, W[, C]) images or (B, H, W, C) batches, read in order."""
+
+    LABELS_FROM = "arrays take labels from labels=, one per image"
 
     def __init__(self, images: Any, labels: Sequence[Label] | None, classes: list[str] | None = None,
                  _rows: list[tuple[int, int]] | None = None, fields: dict[str, Any] | None = None,

@@ -22,14 +22,16 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from tbljax._src.io import remote
 from tbljax._src.io.hf_sources import paths_of, share
 from tbljax._src.io.sources import Item, Label
 from tbljax._src.io.tf_example import example_class
 from tbljax._src.rules.partition import host_part
 
-__all__ = ["IMAGE_KEYS", "LABEL_KEYS", "ArrayRecordSource", "TFRecordSource", "masked_crc32c",
-           "resolve"]
+__all__ = ["IMAGE_KEYS", "LABEL_KEYS", "ArrayRecordSource", "TFRecordSource", "field_kinds",
+           "masked_crc32c", "resolve"]
 
 IMAGE_KEYS = ("image", "image/encoded")          # TFDS's, then the classic (TF-slim) one
 LABEL_KEYS = ("label", "image/class/label")
@@ -64,6 +66,7 @@ class _Features:
         self.label_keys = (label_key,) if label_key else tuple(info.get("label", ())) or LABEL_KEYS
         self.label_required = label_key is not None
         self.fields = list(fields)
+        self.kinds: dict[str, str] | None = None if self.fields else {}  # see `field_kinds`
         names = info.get("names")
         if classes is not None and names is not None and list(classes) != names:
             raise ValueError(f"classes= differs from the ClassLabel names in {os.path.dirname(first)} "
@@ -83,11 +86,7 @@ class _Features:
         if len(values) != 1 or not isinstance(values[0], bytes):
             return Item(key, source, None, error=f"{where}: feature {image!r} is not one bytes value")
         label, problem = self._label(feats, where)
-        fields = {}
-        for f in self.fields:
-            if f in feats:
-                v = _values(feats[f])
-                fields[f] = v[0] if len(v) == 1 else v
+        fields = {f: _field_value(feats[f]) for f in self.fields if f in feats}
         return Item(key, source, values[0] or None, label, label_error=problem, fields=fields,
                     error=None if values[0] else f"{where}: feature {image!r} is empty")
 
@@ -108,6 +107,39 @@ class _Features:
         if isinstance(v, float):
             return -1, f"{where}: label feature {k!r} is a float ({v}), not an id or a name"
         return v, None
+
+
+def _field_value(feature: Any) -> Any:
+    """A feature as a field value: a bytes_list of one value as its bytes (a str field reads
+    it as UTF-8), int64_list / float_list as a 1-D int64 / float32 array."""
+    kind = feature.WhichOneof("kind")
+    if kind in _ARRAY_DTYPES:
+        return np.asarray(getattr(feature, kind).value, _ARRAY_DTYPES[kind])
+    v = _values(feature)
+    return v[0] if len(v) == 1 else v
+
+
+_ARRAY_DTYPES = {"int64_list": np.int64, "float_list": np.float32}
+
+
+def field_kinds(source: Any) -> dict[str, str]:
+    """The kinds of `source`'s fields (fields=), from its first readable record: bytes → str,
+    int64_list / float_list → ndarray. Cached on the source's `_Features`, which its shares
+    keep."""
+    features = source.features
+    if features.kinds is None:
+        first = next((item for item in source if item.error is None), None)
+        if first is None and features.fields:
+            raise ValueError(f"fields= {features.fields}: {source.describe()[0]} has no readable "
+                             "record to take the fields' kinds from")
+        kinds = {}
+        for f in features.fields:
+            if f not in first.fields:
+                raise ValueError(f"fields= names {f!r}, which the first record ({first.key}) "
+                                 f"does not have")
+            kinds[f] = "ndarray" if isinstance(first.fields[f], np.ndarray) else "str"
+        features.kinds = kinds
+    return features.kinds
 
 
 def _values(feature: Any) -> list[Any]:
@@ -158,9 +190,10 @@ def _feature_kinds(node: Any, name: str = "") -> Iterator[tuple[str, str]]:
 class TFRecordSource:
     """TFRecord files of tf.train.Example, read in order, both CRC-32Cs checked."""
 
-    # The record fields conversion stores from this source (none yet: its columns reach
-    # Item.fields, but convert's fields= takes TAR/sidecar extensions only so far).
-    field_kinds: dict = {}
+    @property
+    def field_kinds(self) -> dict[str, str]:
+        """The record fields conversion stores from this source (fields=): name → kind."""
+        return field_kinds(self)
 
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
                  image_key: str | None = None, label_key: str | None = None,
@@ -248,9 +281,10 @@ class TFRecordSource:
 class ArrayRecordSource:
     """ArrayRecord files of tf.train.Example (local paths: the reader is array_record's C++)."""
 
-    # The record fields conversion stores from this source (none yet: its columns reach
-    # Item.fields, but convert's fields= takes TAR/sidecar extensions only so far).
-    field_kinds: dict = {}
+    @property
+    def field_kinds(self) -> dict[str, str]:
+        """The record fields conversion stores from this source (fields=): name → kind."""
+        return field_kinds(self)
 
     count_is_slow = False
 

@@ -16,7 +16,7 @@ import functools
 
 from tbljax._src.engine.rows import RowLayout
 from tbljax._src.jax.arrays import to_global
-from tbljax._src.io import host_part as local_part
+from tbljax._src.io import mixture
 from tbljax._src.rules.parts import Parts
 from tbljax._src.io import reader
 from tbljax._src.rules import sharding as _sharding
@@ -111,7 +111,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         p's rows are rows [p*G/P, (p+1)*G/P) under the default sharding). Every process runs
         the same steps; without drop_remainder every record is served exactly once an epoch
         (the parts that run out first pad). `path_or_paths` is then the list of all shard
-        paths (other parts' files may be absent). Every process must create the loader: the
+        paths (other parts' files may be absent), or a `tbljax.mix` of such lists (each
+        process reads its part of every source). Every process must create the loader: the
         processes exchange their parts' sizes once. See docs/pods.md.
       jpeg_dct_scale: compact JPEG files: decode a box at 1/2, 1/4 or 1/8 (libjpeg's scaled
         IDCT) when at that scale it still covers the output twice over on both axes, then
@@ -145,5 +146,5 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     if partition != "host":
         raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
                          f"process reads only its own part), got {partition!r}")
-    part = local_part.open_part(path_or_paths)
-    return Loader(part.dataset, opts, sharding, parts=part.parts)
+    dataset, parts = mixture.open_host_part(path_or_paths, batch_size)
+    return Loader(dataset, opts, sharding, parts=parts)

@@ -20,6 +20,12 @@ S = epoch * steps_per_epoch + step be the global step and G the global batch.
    repeats and a large one is not exhausted. seed_k is derived from (seed, k).
 4. *Augmentation* of a row is keyed by (seed, q, the record's index in the mixture), so a
    record drawn again in a later pass gets another crop.
+5. *Host parts* (``partition="host"``, P processes). Process p draws its L = G / P rows of
+   each step by steps 1-3 from its own part of every source (n_k is then the part's record
+   count), with G replaced by L and the seed replaced by a seed keyed by (seed, p) for p > 0,
+   so the processes draw different rows (process 0 keeps the seed: one process is the
+   unpartitioned stream). Every process runs the same steps; each process's shares follow
+   the weights exactly as a whole batch's do.
 
 Everything is integer arithmetic on NumPy arrays.
 
@@ -34,11 +40,12 @@ import numpy as np
 
 from tbljax._src.rules import order
 
-__all__ = ["MixSpec", "WEIGHT_BITS", "draw_rows", "rows_before", "step_quotas"]
+__all__ = ["MixSpec", "WEIGHT_BITS", "draw_rows", "process_seed", "rows_before", "step_quotas"]
 
 WEIGHT_BITS = 20  # weights are held as integers over 2^20 (about 1e-6 resolution)
 _ROW_TAG = 0x6D69_7852   # keys the shuffle of a step's rows
 _SOURCE_TAG = 0x6D69_7853  # keys each source's record order
+_PROCESS_TAG = 0x6D69_7850  # keys a host part's stream by its process index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +92,21 @@ def _source_seed(seed: int, k: int) -> int:
     return int(order.hash32(words)[0]) & 0x7FFFFFFF
 
 
-def draw_rows(spec: MixSpec, *, seed: int, global_step: int, rows, batch: int):
-    """(source, record in that source, pass over that source) of `rows` of global step S."""
+def process_seed(seed: int, process: int) -> int:
+    """The seed process `process` of a host-partitioned mixture draws with (step 5)."""
+    if process == 0:
+        return int(seed)
+    words = [np.array([_PROCESS_TAG], np.uint32), np.array([seed & 0xFFFFFFFF], np.uint32),
+             np.array([process], np.uint32)]
+    return int(order.hash32(words)[0]) & 0x7FFFFFFF
+
+
+def draw_rows(spec: MixSpec, *, seed: int, global_step: int, rows, batch: int,
+              process: int = 0):
+    """(source, record in that source, pass over that source) of `rows` of global step S.
+    With host parts, `spec` holds process `process`'s part sizes and `batch` is its L rows."""
     rows = np.asarray(rows, np.int64)
+    seed = process_seed(seed, process)
     s = int(global_step)
     row_seed = (int(seed) ^ _ROW_TAG) & 0x7FFFFFFF
     # The shuffle of a step's rows: a bijection keyed by (seed, S); S is its "epoch" key.

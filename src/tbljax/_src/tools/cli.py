@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -252,6 +253,8 @@ class CommandParser(argparse.ArgumentParser):
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         action = super().add_argument(*args, **kwargs)
         self.__dict__.setdefault("options", []).append(action)
+        if action.option_strings:  # each option's flags by its Python name (`in_cli_words`)
+            self.__dict__.setdefault("flags", {})[action.dest] = "/".join(action.option_strings)
         return action
 
     def add_subparsers(self, **kwargs: Any):
@@ -262,6 +265,20 @@ class CommandParser(argparse.ArgumentParser):
     def commands(self) -> dict[str, argparse.ArgumentParser]:
         sub = getattr(self, "_subcommands", None)
         return dict(sub.choices) if sub is not None else {}
+
+
+def in_cli_words(message: str, flags: dict[str, str]) -> str:
+    """An error of the Python API in the words of the command line: `overwrite=True` ->
+    `--overwrite`, `format='jpeg'` -> `--format jpeg`, `image_size` -> `-s/--image-size`, and
+    `image_size must be ..., got None` (the flag was not given) -> `-s/--image-size is required`."""
+    for dest, flag in flags.items():
+        message = re.sub(rf"\b{dest}=True\b", flag, message)
+        message = re.sub(rf"\b{dest}='([^']*)'", rf"{flag} \1", message)
+        message = re.sub(rf"\b{dest}=(?![\w'])(?! \(CLI:)", flag, message)  # "pass classes= to ..."
+        if "_" in dest:  # a name like image_size is never an ordinary word
+            message = re.sub(rf"\b{dest}\b(?!=)", flag, message)
+        message = re.sub(rf"{re.escape(flag)} must be (.+), got None\b", rf"{flag} is required (\1)", message)
+    return message
 
 
 def _add_convert(sub) -> None:
@@ -400,6 +417,8 @@ def build_parser() -> CommandParser:
     d.add_argument("--steps", type=int, default=300, metavar="N", help="training steps (default 300)")
     d.add_argument("--workdir", default=None, metavar="DIR", help="where to put the demo files (default: a temp dir)")
     d.set_defaults(fn=_cmd_demo)
+    for command in sub.choices.values():
+        command.set_defaults(flags=command.flags)
     return p
 
 
@@ -411,21 +430,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return a.fn(a)
     except (ConversionError, _core.CorruptFileError, _core.DecodeError) as e:
-        return _fail(a.command, e, 1)  # bad data (both errors subclass ValueError: caught first)
+        return _fail(a, e, 1)  # bad data (both errors subclass ValueError: caught first)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError,
             NotADirectoryError, PermissionError, ImportError) as e:
-        return _fail(a.command, e, 2)  # usage: bad arguments, a missing input, an existing output
+        return _fail(a, e, 2)  # usage: bad arguments, a missing input, an existing output
     except OSError as e:
-        return _fail(a.command, e, 1)  # the system failed us (disk full, I/O error)
+        return _fail(a, e, 1)  # the system failed us (disk full, I/O error)
     except KeyboardInterrupt:
         print(f"tbljax {a.command}: interrupted", file=sys.stderr)
         return 130
 
 
-def _fail(command: str, e: BaseException, status: int) -> int:
-    """One clear line on stderr, no traceback; then the bad items a conversion met, one a line."""
-    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-    print(f"tbljax {command}: error: {msg}", file=sys.stderr)
+def _fail(a: argparse.Namespace, e: BaseException, status: int) -> int:
+    """One clear line on stderr in the command's words, no traceback; then the bad items a
+    conversion met, one a line."""
+    msg = in_cli_words(str(e).splitlines()[0], a.flags) if str(e) else type(e).__name__
+    print(f"tbljax {a.command}: error: {msg}", file=sys.stderr)
     skipped = getattr(e, "skipped", None) or []
     for s in skipped[:50]:
         print(f"  {s['key']} ({s['source']}): {s['reason']}", file=sys.stderr)
