@@ -10,7 +10,7 @@ pairwise sigmoid loss. It prints the loss per step and whether it fell.
 
 The photos (`DIR/<class>/*.jpg`, as ../shared/data/caltech101/images) are written to a
 WebDataset shard (key.jpg, key.cls, key.txt) and converted with ``fields={"caption": "txt"}``;
-without photos (or with --synthetic) generated images of tbljax.demo's classes are converted
+without photos (or with --synthetic) generated images of the demo's classes are converted
 from arrays, the captions a list beside them. Captions of one class are the same text, so a
 pair whose captions are equal counts as a positive (SigLIP's diagonal, extended to duplicates).
 """
@@ -60,7 +60,7 @@ def photo_dataset(photos: Path, classes: int, per_class: int, work: Path, size: 
 
 
 def synthetic_dataset(n: int, work: Path, size: int) -> Path:
-    """Generated images of tbljax.demo's classes, each with its caption."""
+    """Generated images of the demo's classes, each with its caption."""
     import tbljax
     from tbljax._src.tools import demo
 

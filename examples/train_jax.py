@@ -5,7 +5,7 @@ that hold the loader's state so a restarted run continues the exact same stream.
         --batch-size 256 --checkpoint run.ckpt --ckpt-every 500
     python examples/train_jax.py ... --resume          # after a crash or preemption
 
-Without --train it makes a small labelled dataset from code first (tbljax.demo's patterns).
+Without --train it makes a small labelled dataset from code first (the demo's patterns).
 To try it on several CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=4.
 
     python examples/train_jax.py --recipe standard --size-schedule 0:160,30:192 --train ...

@@ -5,7 +5,7 @@ state for exact resume. On a Mac it runs on the GPU (Metal, unified memory); on 
     python examples/train_mlx.py --train train.tbl --val val.tbl --epochs 10 --batch-size 128
     python examples/train_mlx.py ... --checkpoint run.pkl --resume          # after a stop
 
-Without --train it makes a small labelled dataset from code first (tbljax.demo's patterns).
+Without --train it makes a small labelled dataset from code first (the demo's patterns).
 
 What it shows:
 - Batches are NHWC float32 ``mx.array``s (what ``mlx.nn.Conv2d`` takes), built in the

@@ -5,7 +5,7 @@ would be; data-parallel under torchrun; checkpoints hold the loader's state for 
     torchrun --nproc-per-node 4 examples/train_torch.py --train train.tbl ...    # DDP
     python examples/train_torch.py ... --checkpoint run.pt --resume              # after a stop
 
-Without --train it makes a small labelled dataset from code first (tbljax.demo's patterns).
+Without --train it makes a small labelled dataset from code first (the demo's patterns).
 
 What it shows:
 - The loop is the usual one: ``for epoch ...: loader.set_epoch(epoch); for x, y in loader``.

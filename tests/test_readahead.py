@@ -1,4 +1,4 @@
-"""Reading ahead (`LoaderOptions.read_ahead`, tbljax.plan): the batches are the same bit for bit
+"""Reading ahead (`LoaderOptions.read_ahead`, engine/plan.py): the batches are the same bit for bit
 with it on or off (one file, shards, several processes); before step s is built exactly the
 records of steps s..s+k have been requested from the disk (posix_fadvise spied on and mapped
 back to record numbers), never more; a warm file is not advised; JPEG/LZ4 files are not."""

@@ -204,8 +204,8 @@ def test_streaming_memory_is_flat_in_shard_size(server, tmp_path):
         script = textwrap.dedent(f"""
             import json
             import psutil
-            from tbljax import remote
-            from tbljax.sources import TarSource
+            from tbljax._src.io import remote
+            from tbljax._src.io.sources import TarSource
             url = "{server.url}/big{mib}.tar"
             remote.size_of(url)  # the HTTP client and its threads exist before the baseline
             proc = psutil.Process()

@@ -131,7 +131,7 @@ def test_partitions_are_disjoint_and_cover_all_files(server, tmp_path, n):
         lists.append(stage(f"{server.url}/train-{{00..06}}.tbl", cache, partition=(i, n)))
         here = sorted(os.listdir(cache))
         seen += here
-        # Process i of n owns the contiguous block [i*7//n, (i+1)*7//n) (the tbljax.partition rule).
+        # Process i of n owns the contiguous block [i*7//n, (i+1)*7//n) (tbljax.host_part's rule).
         assert here == [p.name for p in srcs[i * 7 // n:(i + 1) * 7 // n]]
         assert_staged(cache, srcs, present=[p for p in srcs if p.name in here])
     assert sorted(seen) == sorted(p.name for p in srcs) and len(set(seen)) == 7
