@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
+from tbljax._src.io.items import Item, load_classes
 from tbljax._src.io import fields as _fields
 from tbljax._src.io import remote
 from tbljax._src.io import reader as _reader
@@ -114,8 +115,8 @@ def _prefetch(it: Iterable[Any], depth: int = 2) -> Iterator[Any]:
         t.join(timeout=5)
 
 
-def _decode_ahead(chunks: Iterable[list[_sources.Item]], decode: Any,
-                  executor: ThreadPoolExecutor) -> Iterator[tuple[list[_sources.Item], Any]]:
+def _decode_ahead(chunks: Iterable[list[Item]], decode: Any,
+                  executor: ThreadPoolExecutor) -> Iterator[tuple[list[Item], Any]]:
     """(chunk, decode(chunk)) in order, the next chunk decoding (GIL released, all cores)
     while the caller writes this one, so the decode pool does not idle during writes."""
     pending = None
@@ -128,10 +129,10 @@ def _decode_ahead(chunks: Iterable[list[_sources.Item]], decode: Any,
         yield pending[0], pending[1].result()
 
 
-def _chunks(items: Iterable[_sources.Item], n: int) -> Iterator[list[_sources.Item]]:
+def _chunks(items: Iterable[Item], n: int) -> Iterator[list[Item]]:
     """Lists of up to n items; the first ones smaller so decoding starts while reading goes on."""
     size = min(16, n)
-    chunk: list[_sources.Item] = []
+    chunk: list[Item] = []
     for item in items:
         chunk.append(item)
         if len(chunk) == size:
@@ -274,7 +275,7 @@ def convert(
 def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSummary:
     """Decodes the images of `sources` (all checked in `opts`) into the TBL file `dst`."""
     retry = remote.Retry(opts.retries, opts.retry_backoff)
-    table = _sources.load_classes(opts.classes)
+    table = load_classes(opts.classes)
     ext = opts.label_ext.lower() if opts.label_ext else None
     src = _resolve(sources, opts, table, ext, retry)
     if opts.shard is not None:
@@ -339,7 +340,7 @@ def _describe_arg(sources: Any) -> str:
     return f"{type(sources).__name__} {sources!r}"[:120]
 
 
-def _decode_records(chunk: list[_sources.Item], *, opts: ConvertOptions,
+def _decode_records(chunk: list[Item], *, opts: ConvertOptions,
                     pool: ThreadPoolExecutor) -> list[np.ndarray | Encoded | str]:
     """A chunk's records as the file stores them: pixels, or (quality=) compact JPEG records;
     a string for an item that failed, saying why."""
@@ -365,7 +366,7 @@ class _Records:
         self.heights: list[int] = []
         self.seen = 0
 
-    def add(self, chunk: list[_sources.Item], results: list, w: Writer) -> None:
+    def add(self, chunk: list[Item], results: list, w: Writer) -> None:
         # A record whose fields fail is skipped like a bad image; its reason names the field.
         values = [None if isinstance(r, str) else self.columns.parse(it) for it, r in zip(chunk, results)]
         results = [v if isinstance(v, str) else r for r, v in zip(results, values)]
@@ -394,7 +395,7 @@ class _Records:
                 self.columns.append(v)
         self.seen += len(chunk)
 
-    def _write(self, w: Writer, it: _sources.Item, r: np.ndarray | Encoded) -> None:
+    def _write(self, w: Writer, it: Item, r: np.ndarray | Encoded) -> None:
         width, height = source_size(it.data)
         self.widths.append(width)
         self.heights.append(height)

@@ -230,3 +230,58 @@ class Writer:
         except BaseException:
             self.abort()  # release the file now, not whenever the writer is collected
             raise
+
+
+def parse_dataset_json(f: Any) -> dict[str, Any]:
+    """A file's dataset metadata block as a checked dict ({} when it has none); CorruptFileError
+    naming the file when it is not a valid JSON object of ours."""
+    raw = f.dataset_json
+    if not raw:
+        return {}
+    try:
+        meta = json.loads(raw)
+    except ValueError as e:
+        raise _core.CorruptFileError(f"{f.path}: dataset metadata is not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise _core.CorruptFileError(f"{f.path}: dataset metadata is not a JSON object")
+    check_metadata(meta, f.num_records, f.path)
+    return meta
+
+
+def scan_sample_metadata(f: Any) -> tuple[np.ndarray, list[str] | None]:
+    """(labels, keys or None) from the one-JSON-block-per-sample metadata other writers
+    (turboloader's add_metadata) leave: a linear scan, done once and only when asked for."""
+    # Files from other writers (turboloader's add_metadata) carry one JSON block per
+    # sample: a linear scan, done once and only when labels or keys are asked for.
+    n = f.num_records
+    labels = np.full(n, -1, np.int64)
+    keys: list[str] = [""] * n
+    found_key = False
+    sec = f.metadata_section()
+    pos, hdr = 0, _core.META_BLOCK_HEADER_BYTES
+    while pos + hdr <= len(sec):
+        sample = int.from_bytes(sec[pos:pos + 8], "little")
+        size = int.from_bytes(sec[pos + 8:pos + 12], "little")
+        mtype = int.from_bytes(sec[pos + 12:pos + 14], "little")
+        payload = sec[pos + hdr:pos + hdr + size]
+        if len(payload) != size:
+            raise _core.CorruptFileError(f"{f.path}: metadata block at byte {pos} runs past the section end")
+        pos += hdr + size
+        if mtype != _core.META_JSON or sample >= n:
+            continue
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            continue  # foreign free-form metadata: not ours to judge
+        if isinstance(obj, dict):
+            lab = obj.get("label", obj.get("cls"))
+            if isinstance(lab, int) and not isinstance(lab, bool):
+                if not -(1 << 63) <= lab < 1 << 63:
+                    raise _core.CorruptFileError(f"{f.path}: metadata of record {sample}: label "
+                                                 f"{lab} does not fit in int64")
+                labels[sample] = lab
+            key = obj.get("key", obj.get("__key__"))
+            if isinstance(key, str):
+                keys[sample] = key
+                found_key = True
+    return labels, (keys if found_key else None)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tbljax._src.io import remote
-from tbljax._src.io.sources import Item, Label
+from tbljax._src.io.items import Item, Label
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules.partition import host_part
 

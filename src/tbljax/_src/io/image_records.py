@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.io import sources as _sources
+from tbljax._src.io.items import Item
 from tbljax._src.io.convert_options import FIXED_SIZE_MODES
 
 __all__ = ["COMPACT_RESTART_MCUS", "Encoded", "as_rgb", "decode_chunk", "encode_chunk",
@@ -135,7 +135,7 @@ def restart_mcus(width: int, chroma: str) -> int:
     return COMPACT_RESTART_MCUS if per_row % COMPACT_RESTART_MCUS == 0 else 1
 
 
-def decode_chunk(chunk: list[_sources.Item], size: int, mode: str, threads: int,
+def decode_chunk(chunk: list[Item], size: int, mode: str, threads: int,
                   pool: ThreadPoolExecutor, max_long: int = 0) -> list[np.ndarray | str]:
     """Decoded + resized pixels for each item, or the reason it failed."""
     out: list[np.ndarray | str | None] = [None] * len(chunk)

@@ -23,8 +23,8 @@ from tbljax import _core
 from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.dataset import FieldInfo, JpegRecords, RawRecords, RecordDataset, require
 from tbljax._src.io.fields import Column, FileColumn
-from tbljax._src.io.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path, check_metadata, decode_labels
-from tbljax._src.io.format import is_compact
+from tbljax._src.io.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path, decode_labels
+from tbljax._src.io.format import is_compact, parse_dataset_json, scan_sample_metadata
 from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
@@ -77,7 +77,7 @@ class Dataset(RecordDataset):
     @cached_property
     def _meta(self) -> list[dict[str, Any]]:
         # Parsed on first use: keys of a large dataset are megabytes of JSON.
-        return [self._parse_dataset_json(f) for f in self._files]
+        return [parse_dataset_json(f) for f in self._files]
 
     # ---- basics ----
     def __len__(self) -> int:
@@ -110,20 +110,6 @@ class Dataset(RecordDataset):
         i %= n
         k = int(np.searchsorted(self._starts, i, side="right") - 1)
         return k, i - int(self._starts[k])
-
-    @staticmethod
-    def _parse_dataset_json(f: Any) -> dict[str, Any]:
-        raw = f.dataset_json
-        if not raw:
-            return {}
-        try:
-            meta = json.loads(raw)
-        except ValueError as e:
-            raise _core.CorruptFileError(f"{f.path}: dataset metadata is not valid JSON ({e})") from None
-        if not isinstance(meta, dict):
-            raise _core.CorruptFileError(f"{f.path}: dataset metadata is not a JSON object")
-        check_metadata(meta, f.num_records, f.path)
-        return meta
 
     # ---- the index ----
     @cached_property
@@ -227,7 +213,7 @@ class Dataset(RecordDataset):
             if "labels" in meta and meta["labels"] is not None:
                 parts.append(decode_labels(meta["labels"], n, f.path))
             elif f.header_flags & _core.FLAG_HAS_METADATA:
-                parts.append(self._scan_sample_metadata(f)[0])
+                parts.append(scan_sample_metadata(f)[0])
             else:
                 parts.append(np.full(n, -1, np.int64))
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -239,7 +225,7 @@ class Dataset(RecordDataset):
         for f, meta in zip(self._files, self._meta):
             keys = meta.get("keys")
             if keys is None and f.header_flags & _core.FLAG_HAS_METADATA and not meta:
-                keys = self._scan_sample_metadata(f)[1]
+                keys = scan_sample_metadata(f)[1]
             keys = keys if keys is not None else [""] * f.num_records
             if len(keys) != f.num_records:
                 raise _core.CorruptFileError(f"{f.path}: metadata holds {len(keys)} keys for {f.num_records} records")
@@ -260,43 +246,6 @@ class Dataset(RecordDataset):
     def skipped(self) -> list[dict[str, str]]:
         """Source items the conversion skipped, each {'key', 'source', 'reason'}."""
         return [s for m in self._meta for s in m.get("skipped", [])]
-
-    @staticmethod
-    def _scan_sample_metadata(f: Any) -> tuple[np.ndarray, list[str] | None]:
-        # Files from other writers (turboloader's add_metadata) carry one JSON block per
-        # sample: a linear scan, done once and only when labels or keys are asked for.
-        n = f.num_records
-        labels = np.full(n, -1, np.int64)
-        keys: list[str] = [""] * n
-        found_key = False
-        sec = f.metadata_section()
-        pos, hdr = 0, _core.META_BLOCK_HEADER_BYTES
-        while pos + hdr <= len(sec):
-            sample = int.from_bytes(sec[pos:pos + 8], "little")
-            size = int.from_bytes(sec[pos + 8:pos + 12], "little")
-            mtype = int.from_bytes(sec[pos + 12:pos + 14], "little")
-            payload = sec[pos + hdr:pos + hdr + size]
-            if len(payload) != size:
-                raise _core.CorruptFileError(f"{f.path}: metadata block at byte {pos} runs past the section end")
-            pos += hdr + size
-            if mtype != _core.META_JSON or sample >= n:
-                continue
-            try:
-                obj = json.loads(payload)
-            except ValueError:
-                continue  # foreign free-form metadata: not ours to judge
-            if isinstance(obj, dict):
-                lab = obj.get("label", obj.get("cls"))
-                if isinstance(lab, int) and not isinstance(lab, bool):
-                    if not -(1 << 63) <= lab < 1 << 63:
-                        raise _core.CorruptFileError(f"{f.path}: metadata of record {sample}: label "
-                                                     f"{lab} does not fit in int64")
-                    labels[sample] = lab
-                key = obj.get("key", obj.get("__key__"))
-                if isinstance(key, str):
-                    keys[sample] = key
-                    found_key = True
-        return labels, (keys if found_key else None)
 
     # ---- fields besides the image ----
     @cached_property

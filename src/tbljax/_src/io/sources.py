@@ -9,8 +9,6 @@ has none; `tbljax.convert` turns names into ids against one classes table.
 from __future__ import annotations
 
 import copy
-import dataclasses
-import json
 import os
 import re
 import tarfile
@@ -19,172 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from tbljax._src.io import remote
-from tbljax._src.io.fields import check_name, kind_for_extension, kind_of_value
+from tbljax._src.io.fields import kind_for_extension
 from tbljax._src.rules.braces import expand_braces
-from tbljax._src.rules.partition import host_part
-
-IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif"})
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
-# Members read for a label, in this order (the first present wins): `.cls`, `.cls2`, `.label`
-# hold an integer id or a class name; `.json` a bare id or name, or an object with a
-# "label", "cls" or "class" field. `.txt` is not among them: in WebDataset it is usually a
-# caption, and captions taken as class names make one class per sample (convert's
-# label_ext="txt" reads it when it does hold class names).
-LABEL_EXTENSIONS = ("cls", "cls2", "label", "json")
-JSON_LABEL_FIELDS = ("label", "cls", "class")
-
-Label = int | str
-_INT_MIN, _INT_MAX = -(1 << 63), (1 << 63) - 1  # labels are stored as int64
-
-
-@dataclasses.dataclass
-class Item:
-    """One source image: encoded bytes or decoded pixels, with its key and label."""
-
-    key: str
-    source: str                  # the file it came from (a shard, an image file, "<array>")
-    data: bytes | np.ndarray | None
-    label: Label = -1            # an integer id, a class name, or -1 for none
-    error: str | None = None     # set when the item is known bad before decoding
-    label_error: str | None = None  # set when a label member exists but could not be read
-    # The record's other fields, by field name, as the source holds them: a TAR member's or a
-    # sidecar file's bytes, or a value (a dict source's entry, a table's cell). Conversion
-    # parses and checks them against the field's kind.
-    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def _share(seq: Sequence[Any], i: int, n: int, what: str) -> list[Any]:
-    """Share i of n of seq by the rule of `partition.host_part` (contiguous, near-equal shares
-    that in order concatenate to seq); an empty share is an error."""
-    mine = host_part(len(seq), i, n)
-    part = list(seq[mine.start:mine.stop])
-    if not part:
-        raise ValueError(f"shard {i}/{n} is empty: {len(seq)} {what} split {n} ways leaves share "
-                         f"{i} nothing; use at most {len(seq)} shares")
-    return part
-
-
-# ---- labels --------------------------------------------------------------------------------
-
-def load_classes(classes: Sequence[str] | str | os.PathLike | None) -> list[str] | None:
-    """A classes table from a list of names or a text file of one name per line (blank lines
-    skipped); checked: names non-empty, single-line and unique."""
-    if classes is None:
-        return None
-    if isinstance(classes, (str, os.PathLike)):
-        path = os.fspath(classes)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"classes file not found: {path}")
-        with open(path, encoding="utf-8") as f:
-            names = [line.strip() for line in f]
-        names = [n for n in names if n]
-        where = f"classes file {path}"
-    elif isinstance(classes, Sequence) or isinstance(classes, np.ndarray):
-        names = list(classes)
-        where = "classes"
-        for c in names:
-            if not isinstance(c, str):
-                raise TypeError(f"classes must be a list of str names or a file path, got an item "
-                                f"{type(c).__name__} {c!r}")
-    else:
-        raise TypeError(f"classes must be a list of str names or a path to a file of one name per "
-                        f"line, got {type(classes).__name__}")
-    if not names:
-        raise ValueError(f"{where} holds no class name")
-    seen: dict[str, int] = {}
-    for i, c in enumerate(names):
-        if not c.strip() or "\n" in c or "\r" in c:
-            raise ValueError(f"{where}: class {i} is {c!r}; names must be non-empty single lines")
-        if c in seen:
-            raise ValueError(f"{where}: class name {c!r} appears twice (ids {seen[c]} and {i})")
-        seen[c] = i
-    return names
-
-
-def parse_label(ext: str, payload: bytes, required: bool = True) -> tuple[Label, str | None]:
-    """(label, problem) from one label member's bytes: an int id, a class name, or -1 with the
-    reason it could not be read. required=False: a JSON object without a label field is
-    metadata, not a label (-1, no problem)."""
-    try:
-        text = payload.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        return -1, f".{ext} label is not UTF-8 text"
-    if ext == "json":
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            return -1, ".json label member is not valid JSON"
-        field = ""
-        if isinstance(obj, dict):
-            present = [f for f in JSON_LABEL_FIELDS if f in obj]
-            if not present:
-                return -1, (f".json has none of the fields {list(JSON_LABEL_FIELDS)}" if required else None)
-            field = f" field {present[0]!r}"
-            obj = obj[present[0]]
-        if isinstance(obj, int) and not isinstance(obj, bool):
-            if not _INT_MIN <= obj <= _INT_MAX:
-                return -1, f".json{field} label {obj} does not fit in int64"
-            return obj, None
-        if isinstance(obj, str) and obj.strip() and "\n" not in obj.strip():
-            return obj.strip(), None
-        return -1, f".json{field} label is {json.dumps(obj)[:60]}, not an integer id or a class name"
-    if not text:
-        return -1, f".{ext} label member is empty"
-    if re.fullmatch(r"[+-]?[0-9]+", text):
-        v = int(text)
-        return (v, None) if _INT_MIN <= v <= _INT_MAX else (-1, f".{ext} label {text} does not fit in int64")
-    if "\n" in text or "\r" in text:
-        return -1, f".{ext} label member holds several lines, not one class name"
-    return text, None
-
-
-def _label_list(labels: Any, n: int) -> list[Label]:
-    """labels= for arrays and file lists as a list of int ids / class names, shape (n,) or
-    (n, 1) (Keras' CIFAR labels)."""
-    if isinstance(labels, (list, tuple)):  # not np.asarray: it would turn [1, "cat"] into strings
-        values = [v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v for v in labels]
-        shape: tuple[int, ...] = (len(values),)
-    else:
-        arr = np.asarray(labels)
-        if arr.ndim == 2 and arr.shape[1] == 1:
-            arr = arr[:, 0]
-        values, shape = arr.tolist(), arr.shape
-    if shape != (n,):
-        raise ValueError(f"labels must have shape ({n},) to match the {n} images, got {shape}")
-    out: list[Label] = []
-    for v in values:
-        if isinstance(v, np.generic):
-            v = v.item()
-        if isinstance(v, int) and not isinstance(v, bool):
-            out.append(v)
-        elif isinstance(v, str) and v.strip():
-            out.append(v.strip())
-        else:
-            raise TypeError(f"labels must be integer ids or class names (str), got {type(v).__name__} {v!r}")
-    return out
-
-
-def _table_for(labels: Sequence[Label], classes: list[str] | None) -> list[str] | None:
-    """The classes table of a label list known before converting: `classes` when given (every
-    name must be in it, every id in range), else the sorted names when labels are names."""
-    names = {v for v in labels if isinstance(v, str)}
-    ids = [v for v in labels if not isinstance(v, str)]
-    if classes is not None:
-        unknown = sorted(names - set(classes))
-        if unknown:
-            raise ValueError(f"label {unknown[0]!r} is not in classes ({len(unknown)} unknown names)")
-        bad = [v for v in ids if not -1 <= v < len(classes)]
-        if bad:
-            raise ValueError(f"label id {bad[0]} is out of range for {len(classes)} classes")
-        return classes
-    if names and ids:
-        raise ValueError(f"labels mix integer ids ({ids[0]}) and class names ({sorted(names)[0]!r}); "
-                         "give names only, or ids with classes=")
-    return sorted(names) if names else None
-
+from tbljax._src.io.items import (IMAGE_EXTENSIONS, LABEL_EXTENSIONS, TAR_SUFFIXES, Item,
+                                  Label, label_list, parse_label, share, table_for)
+from tbljax._src.io.array_sources import (ACCEPTED_FORMS, IMAGE_KEYS, LABEL_KEYS, ArraySource,
+                                          split_images_labels)
 
 # ---- sources -------------------------------------------------------------------------------
 
@@ -242,7 +82,7 @@ class TarSource:
 
     def select(self, i: int, n: int) -> TarSource:
         """Shard i of n: a contiguous share of whole TAR files."""
-        return TarSource(_share(self.paths, i, n, "TAR files"), self.classes, self.label_ext, self.retry,
+        return TarSource(share(self.paths, i, n, "TAR files"), self.classes, self.label_ext, self.retry,
                          self.field_exts)
 
     def describe(self) -> list[str]:
@@ -400,7 +240,7 @@ class FolderSource:
     def select(self, i: int, n: int) -> FolderSource:
         """Shard i of n: a contiguous share of the files; classes stay those of the whole folder."""
         part = copy.copy(self)
-        part.files = _share(self.files, i, n, "image files")
+        part.files = share(self.files, i, n, "image files")
         return part
 
     def describe(self) -> list[str]:
@@ -446,7 +286,7 @@ class FileListSource:
         self.field_kinds: dict[str, str] = {}
 
     def select(self, i: int, n: int) -> FileListSource:
-        return FileListSource(_share(self.paths, i, n, "image files"),
+        return FileListSource(share(self.paths, i, n, "image files"),
                               self.labels[len(self.paths) * i // n:len(self.paths) * (i + 1) // n], self.classes)
 
     def describe(self) -> list[str]:
@@ -467,156 +307,13 @@ class FileListSource:
             yield Item(p, p, data, label)
 
 
-class ArraySource:
-    """Decoded images in memory: an (N, H, W[, C]) uint8 array, or a sequence whose elements
-    are (H, W[, C]) images or (B, H, W, C) batches, read in order."""
-
-    LABELS_FROM = "arrays take labels from labels=, one per image"
-
-    def __init__(self, images: Any, labels: Sequence[Label] | None, classes: list[str] | None = None,
-                 _rows: list[tuple[int, int]] | None = None, fields: dict[str, Any] | None = None,
-                 _first: int = 0):
-        self.images = images
-        # Field name -> a column of one value per image (a dict source's other keys).
-        self.fields = dict(fields or {})
-        self.field_kinds = {k: _column_kind(k, v) for k, v in self.fields.items()}
-        self.first = _first  # this share's first row in the columns
-        # Row r is images[k] (k, -1) or images[k][j] (k, j) for elements that are batches.
-        self.rows = _rows if _rows is not None else _array_rows(images)
-        n = len(self.rows)
-        self.labels: list[Label] = list(labels) if labels is not None else [-1] * n
-        if len(self.labels) != n:
-            raise ValueError(f"labels must have shape ({n},) to match the {n} images, got ({len(self.labels)},)")
-        self.classes = classes
-
-    def select(self, i: int, n: int) -> ArraySource:
-        rows = _share(self.rows, i, n, "images")
-        mine = host_part(len(self.rows), i, n)
-        lo, hi = mine.start, mine.stop
-        return ArraySource(self.images, self.labels[lo:hi], self.classes, rows, self.fields,
-                           self.first + lo)
-
-    def describe(self) -> list[str]:
-        return [f"<{len(self.rows)} arrays>"]
-
-    def count(self, report: Callable[[int, int], None] | None = None) -> int:
-        return len(self.rows)
-
-    count_is_slow = False
-
-    def __iter__(self) -> Iterator[Item]:
-        for r, ((k, j), label) in enumerate(zip(self.rows, self.labels)):
-            img = np.asarray(self.images[k] if j < 0 else self.images[k][j])
-            err = None
-            if img.dtype != np.uint8 or img.ndim not in (2, 3) or (img.ndim == 3 and img.shape[2] not in (1, 3, 4)):
-                err = f"array of {img.dtype} {img.shape} is not an (H, W[, 1|3|4]) uint8 image"
-            fields = {name: col[self.first + r] for name, col in self.fields.items()}
-            yield Item(str(r), "<array>", img, label, error=err, fields=fields)
-
-
-def _column_kind(name: str, column: Any) -> str:
-    """A dict source's field column: one value per image; its kind is its first value's."""
-    check_name(name)
-    if isinstance(column, (str, bytes)) or not hasattr(column, "__len__") or not hasattr(column, "__getitem__"):
-        raise TypeError(f"field {name!r} of a dict source must hold one value per image (a list or an "
-                        f"array of N rows), got {type(column).__name__}")
-    if len(column) == 0:
-        raise ValueError(f"field {name!r} of a dict source is empty")
-    return kind_of_value(column[0])
-
-
-# ---- what convert's `sources` argument may be ---------------------------------------------
-
-IMAGE_KEYS = ("image", "images", "img")
-LABEL_KEYS = ("label", "labels")
-ACCEPTED_FORMS = (
-    "a path or brace pattern ('train-{000..099}.tar'), a list of paths (TAR shards or image "
-    "files), an image folder, a uint8 array (N, H, W, 3) or (N, H, W), a list of (H, W[, C]) "
-    "images or (B, H, W, C) batches, a tuple (images, labels), or a dict "
-    "{'image': images, 'label': labels} ('images'/'img', 'labels' also accepted)")
-
-
-def _is_array(x: Any) -> bool:
-    """numpy arrays and what converts to one without guessing (jax, torch, tf tensors)."""
-    return isinstance(x, np.ndarray) or (
-        hasattr(x, "__array__") and hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (str, bytes)))
-
-
-def _check_batch(arr: np.ndarray, what: str) -> None:
-    """A whole array of images is checked up front: one clear error, not N skipped items."""
-    if arr.ndim not in (3, 4):
-        raise ValueError(f"{what} must be (N, H, W, C) or (N, H, W) images, got shape {tuple(arr.shape)}")
-    if arr.ndim == 4 and arr.shape[3] not in (1, 3, 4):
-        hint = (f" (it looks channels-first: pass {what}.transpose(0, 2, 3, 1))"
-                if arr.shape[1] in (1, 3, 4) else "")
-        raise ValueError(f"{what} of shape {tuple(arr.shape)} is not channels-last (N, H, W, 1|3|4){hint}")
-    if np.dtype(arr.dtype) != np.uint8:
-        raise ValueError(f"{what} must be uint8 pixels 0..255, got {arr.dtype} (for floats in [0, 1]: "
-                         "np.rint(x * 255).astype(np.uint8))")
-
-
-def _array_rows(images: Any) -> list[tuple[int, int]]:
-    if _is_array(images):
-        _check_batch(images, "images")
-        return [(i, -1) for i in range(len(images))]
-    rows: list[tuple[int, int]] = []
-    for k, x in enumerate(images):
-        if not _is_array(x):
-            raise TypeError(f"element {k} of the image list is {type(x).__name__}, not an array; "
-                            f"sources may be {ACCEPTED_FORMS}")
-        if x.ndim == 4:
-            _check_batch(x, f"element {k} (a batch)")
-            rows.extend((k, j) for j in range(len(x)))
-        elif x.ndim in (2, 3):
-            rows.append((k, -1))
-        else:
-            raise TypeError(f"element {k} of the image list has shape {tuple(x.shape)}: each must be an "
-                            "(H, W[, C]) image or a (B, H, W, C) batch (for (images, labels) pass a tuple)")
-    return rows
-
-
-def _is_label_vector(x: Any) -> bool:
-    if isinstance(x, (str, bytes)) or not (_is_array(x) or isinstance(x, (list, tuple))):
-        return False
-    try:
-        arr = np.asarray(x)
-    except (ValueError, TypeError):
-        return False
-    return (arr.ndim == 1 or (arr.ndim == 2 and arr.shape[1] == 1)) and arr.dtype.kind in "iuUO"
-
-
-def _split_images_labels(sources: Any, labels: Any) -> tuple[Any, Any] | None:
-    """(images, labels) for the in-memory spellings, or None when sources are paths."""
-    if isinstance(sources, Mapping):
-        ik = [k for k in IMAGE_KEYS if k in sources]
-        lk = [k for k in LABEL_KEYS if k in sources]
-        if len(ik) != 1 or len(lk) > 1:
-            raise TypeError(f"a dict of sources needs exactly one image key of {list(IMAGE_KEYS)} and at "
-                            f"most one label key of {list(LABEL_KEYS)}, got keys {sorted(map(str, sources))}")
-        if lk and labels is not None:
-            raise ValueError(f"labels given twice: the dict's {lk[0]!r} and labels=")
-        return sources[ik[0]], (sources[lk[0]] if lk else labels)
-    if (isinstance(sources, tuple) and len(sources) == 2 and _is_label_vector(sources[1])
-            and (_is_array(sources[0]) or (isinstance(sources[0], (list, tuple)) and sources[0]
-                                           and _is_array(sources[0][0])))
-            and len(sources[0]) == len(sources[1])):
-        if labels is not None:
-            raise ValueError("labels given twice: the (images, labels) tuple and labels=")
-        return sources
-    if _is_array(sources):
-        return sources, labels
-    if isinstance(sources, (list, tuple)) and sources and all(_is_array(x) for x in sources):
-        return sources, labels
-    return None
-
-
 def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[str] | None = None,
             label_ext: str | None = None, retry: remote.Retry = remote.DEFAULT_RETRY,
             fields: dict[str, str] | None = None,
             ) -> TarSource | FolderSource | FileListSource | ArraySource:
     """Turns convert's `sources` argument into a source object (see ACCEPTED_FORMS). URLs name
     TAR shards (braces expanded; glob characters matched where the filesystem can list)."""
-    split = _split_images_labels(sources, labels)
+    split = split_images_labels(sources, labels)
     if label_ext is not None and split is not None:
         raise ValueError("label_ext is for TAR shards; arrays take labels=")
     if split is not None:
@@ -631,8 +328,8 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
             if len(col) != len(src.rows):
                 raise ValueError(f"field {name!r} holds {len(col)} values for {len(src.rows)} images")
         if labels is not None:
-            src.labels = _label_list(labels, len(src.rows))
-        src.classes = _table_for(src.labels, classes)
+            src.labels = label_list(labels, len(src.rows))
+        src.classes = table_for(src.labels, classes)
         return src
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
@@ -667,8 +364,8 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise FileNotFoundError(f"source not found: {missing[0]}{more}")
     if all(Path(p).suffix.lower().lstrip(".") in IMAGE_EXTENSIONS for p in paths):
-        lab = _label_list(labels, len(paths)) if labels is not None else None
-        return FileListSource(paths, lab, _table_for(lab or [], classes))
+        lab = label_list(labels, len(paths)) if labels is not None else None
+        return FileListSource(paths, lab, table_for(lab or [], classes))
     raise ValueError(f"cannot tell what kind of source {paths[0]!r} is: give TAR shards (.tar), "
                      "an image folder, image files or numpy arrays")
 

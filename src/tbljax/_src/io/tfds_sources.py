@@ -26,7 +26,7 @@ import numpy as np
 
 from tbljax._src.io import remote
 from tbljax._src.io.hf_sources import paths_of, share
-from tbljax._src.io.sources import Item, Label
+from tbljax._src.io.items import Item, Label
 from tbljax._src.io.tf_example import example_class
 from tbljax._src.rules.partition import host_part
 
