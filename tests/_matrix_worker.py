@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import sys
 
-import jax
+import jax  # noqa: F401 - imported before tbljax, as a user's program does
 import numpy as np
+
+import _two_jobs
 
 IMAGE_KEYS = ("image", "label", "index", "valid")
 
@@ -25,14 +27,9 @@ def _fields_of(named: dict, host) -> dict:
 
 
 def main():
-    pid, jax_port, torch_port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    spec = json.loads(open(sys.argv[4]).read())
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{jax_port}", num_processes=2,
-                               process_id=pid)
-    import torch.distributed as dist
+    pid, spec_path, out_path = _two_jobs.join(sys.argv)
+    spec = json.loads(open(spec_path).read())
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{torch_port}", rank=pid,
-                            world_size=2)
     import tbljax
     import tbljax.torch
 
@@ -64,9 +61,8 @@ def main():
                 got = [fs[f] for _, _, fs in rows]
                 out[f"{key}|field|{f}"] = (np.array(json.dumps([x for g in got for x in json.loads(g)]))
                                            if isinstance(got[0], str) else np.concatenate(got))
-    np.savez(sys.argv[5], **out)
-    dist.destroy_process_group()
-    jax.distributed.shutdown()
+    np.savez(out_path, **out)
+    _two_jobs.leave()
 
 
 if __name__ == "__main__":

@@ -13,10 +13,6 @@ that serves them is checked against the values the source TAR held (`check_field
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +20,7 @@ import oracle
 import pytest
 
 import _matrix_data as M
+import _two_jobs
 import tbljax
 from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.io.host_part import PartDataset
@@ -292,12 +289,6 @@ def test_resident_dataset_inside_jit(matrix, kind, layout):
 
 # ---- host-local reading in two real processes ----
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_host_partition_in_two_processes_serves_the_one_process_crops(matrix, tmp_path):
     pytest.importorskip("torch")
     files, refs = matrix
@@ -306,17 +297,7 @@ def test_host_partition_in_two_processes_serves_the_one_process_crops(matrix, tm
     spec.write_text(json.dumps({"datasets": {n: files[c] for n, c in names.items()},
                                 "serve": {n: serve(c[0]) for n, c in names.items()},
                                 "batch": 2, "seed": SEED, "out": list(M.OUT)}))
-    worker = Path(__file__).with_name("_matrix_worker.py")
-    ports = [str(_free_port()), str(_free_port())]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
-        [str(worker.parent), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, str(worker), str(p), *ports, str(spec),
-                               str(tmp_path / f"out{p}.npz")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for p in range(2)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
-    outs = [dict(np.load(tmp_path / f"out{p}.npz")) for p in range(2)]
+    outs = _two_jobs.run(Path(__file__).with_name("_matrix_worker.py"), spec, tmp_path)
     for name, cell in names.items():
         for framework in ("jax", "torch"):
             key = f"{name}|{framework}"
@@ -578,16 +559,7 @@ def test_mixture_of_host_parts_in_two_processes(matrix, tmp_path):
     spec.write_text(json.dumps({"sources": {n: files[c] for n, c in cells.items()},
                                 "weights": MIX_WEIGHTS, "steps": 5, "batch": 4, "seed": SEED,
                                 "out": list(M.OUT), "save_after": 6}))
-    worker = Path(__file__).with_name("_mixture_worker.py")
-    ports = [str(_free_port()), str(_free_port())]
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    procs = [subprocess.Popen([sys.executable, str(worker), str(p), *ports, str(spec),
-                               str(tmp_path / f"out{p}.npz")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for p in range(2)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
-    outs = [dict(np.load(tmp_path / f"out{p}.npz")) for p in range(2)]
+    outs = _two_jobs.run(Path(__file__).with_name("_mixture_worker.py"), spec, tmp_path)
     ref = refs[cells["square"]] + refs[cells["full"]]  # the whole mixture's numbering
     geometry = _geometry(ref)
     shard_ends = np.cumsum([len(tbljax.open(p)) for p in files[cells["square"]]])

@@ -64,16 +64,21 @@ def raw_source(source) -> _core.RawSource:
                     f"tbljax._core.RawSource, got {type(source).__name__}")
 
 
+def _checked_shards(shards) -> list:
+    shards = list(shards)
+    for k, a in enumerate(shards):
+        if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or not a.flags.c_contiguous:
+            raise TypeError(f"shards[{k}] must be a C-contiguous uint8 numpy array")
+    return shards
+
+
 def variable_source(shards, counts, offsets, heights, widths) -> _core.RawSource:
     """A native view of RAW records of different sizes: ``shards[k]`` (C-contiguous uint8
     arrays, e.g. `Dataset.raw_records` of a file) holds ``counts[k]`` records; record i is
     ``heights[i] x widths[i] x 3`` bytes at byte ``offsets[i]`` of its shard. Every record is
     checked to lie inside its shard. `gather` from it needs crop boxes (they fix the output
     size)."""
-    shards = list(shards)
-    for k, a in enumerate(shards):
-        if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or not a.flags.c_contiguous:
-            raise TypeError(f"shards[{k}] must be a C-contiguous uint8 numpy array")
+    shards = _checked_shards(shards)
     return _core.RawSource.variable(shards, _int_array(counts, np.int64, "counts"),
                                     _int_array(offsets, np.int64, "offsets"),
                                     _int_array(heights, np.int32, "heights"),
@@ -201,10 +206,7 @@ def jpeg_source(shards, counts, offsets, sizes, heights, widths) -> _core.JpegSo
     ``counts[k]`` records; record i is ``sizes[i]`` bytes at byte ``offsets[i]`` of its shard
     and decodes to ``heights[i] x widths[i]`` pixels. Every record is checked to lie inside
     its shard (CorruptFileError)."""
-    shards = list(shards)
-    for k, a in enumerate(shards):
-        if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or not a.flags.c_contiguous:
-            raise TypeError(f"shards[{k}] must be a C-contiguous uint8 numpy array")
+    shards = _checked_shards(shards)
     return _core.JpegSource.create(shards, _int_array(counts, np.int64, "counts"),
                                    _int_array(offsets, np.int64, "offsets"),
                                    _int_array(sizes, np.int64, "sizes"),
