@@ -63,6 +63,8 @@ SLOW_CASES = {
     "test_partition.py::test_processes_read_only_their_parts[4-1]": "6 s; [2-2] stays",
     "test_pod.py::test_stage_then_read_host_parts[4]": "5 s; [2] stays",
     "test_stage.py::test_sigkill_mid_copy_then_rerun_completes": "6 s; the resume tests of test_stage stay",
+    "test_eval_and_schedule.py::test_schedule_on_the_resident_dataset": "5 s of jit; the loaders' schedule tests stay",
+    "test_ops.py::test_ffi_twin_host_and_reference_agree[uint8-NHWC-crop-noflip]": "6 s; the other crop cases stay",
 }
 
 
