@@ -25,7 +25,7 @@ ROOMS = [
                     "dataset", "options"]),         # what every path agrees on
     ("_src/io", ["remote", "fields", "format", "items", "array_sources", "sources", "hf_sources",
                  "tf_example", "tfds_sources",
-                 "reader", "host_part", "mixture", "staging",
+                 "stats", "reader", "host_part", "mixture", "staging",
                  "progress", "convert_options", "label_table", "image_records",
                  "conversion"]),                    # bytes on disk and at URLs
     ("_src/engine", ["kernels", "rows", "ring", "step", "record_source", "batch_fields", "plan", "producer",

@@ -25,6 +25,7 @@ from tbljax._src.rules.dataset import FieldInfo, JpegRecords, RawRecords, Record
 from tbljax._src.io.fields import Column, FileColumn
 from tbljax._src.io.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path, decode_labels
 from tbljax._src.io.format import is_compact, parse_dataset_json, scan_sample_metadata
+from tbljax._src.io import stats
 from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
@@ -472,50 +473,20 @@ class Dataset(RecordDataset):
         return bad
 
     def describe(self) -> dict[str, Any]:
-        """What `tbljax info` prints: the record count, format and shape, bytes on disk and
-        stored per image (and their ratio to RAW records), the five commonest record sizes,
-        labels and classes, the recipe, the skipped sources and the fingerprint.
+        """What `tbljax info` prints (`io/stats.py`): the record count, format and shape, bytes
+        on disk and stored per image (and their ratio to RAW records), the five commonest
+        served sizes, labels and classes, the recipe, the skipped sources, the fields and the
+        fingerprint.
 
         >>> d = tbljax.open("train.tbl").describe()
         >>> d["records"], d["bytes_per_image"], d["fingerprint"]
         """
-        from collections import Counter
+        return stats.describe(self)
 
-        idx, n = self.index, len(self)
-        # The served sizes: for original JPEG bytes the index holds the source photos' sizes.
-        g = self.geometry if n else None
-        if g is None:
-            sizes = Counter()
-        elif g.shape is not None:
-            sizes = Counter({g.shape: n})
-        else:
-            sizes = Counter(zip(g.heights.tolist(), g.widths.tolist()))
-        stored = int(idx["size"].sum())
-        raw = self.served_bytes() if n else 0  # what RAW records would take
-        known = self.labels[self.labels >= 0]
-        return {
-            "records": n,
-            "record_format": self.record_format,
-            "image_shape": self.image_shape,
-            "zero_copy_view": self.image_shape is not None and self.record_format == "raw",
-            "bytes": sum(int(f.file_size) for f in self._files),
-            "stored_payload_bytes": stored,
-            "bytes_per_image": round(stored / n) if n else 0,
-            "ratio_to_raw": round(stored / raw, 4) if raw else None,
-            "record_sizes_hxw": {f"{h}x{w}": c for (h, w), c in sizes.most_common(5)},
-            "labelled": int(known.size),
-            "num_classes": (len(self.classes) if self.classes else
-                            int(np.unique(known).size) if known.size else 0),
-            "classes": (self.classes or [])[:10],
-            "recipe": self.recipe,
-            "skipped": len(self.skipped),
-            "fields": {name: {"kind": c.info.kind, "dtype": None if c.info.dtype is None else str(c.info.dtype),
-                              "shape": list(c.info.shape),
-                              "bytes": sum(fc.meta[b]["bytes"] for fc in c.files for b in ("values", "offsets")
-                                           if b in fc.meta)}
-                       for name, c in self._columns.items()},
-            "fingerprint": self.fingerprint,
-        }
+    def field_bytes(self, name: str) -> int:
+        """Bytes field `name` takes in the files (its values and offsets blocks)."""
+        return sum(fc.meta[b]["bytes"] for fc in self._column(name).files for b in ("values", "offsets")
+                   if b in fc.meta)
 
 
 def open(paths: PathLike | Sequence[PathLike]) -> Dataset:  # noqa: A001 - the natural name
