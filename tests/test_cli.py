@@ -123,3 +123,11 @@ def test_convert_classes_file_and_label_ext(tmp_path):
     assert r.returncode == 0 and r.stderr == "", r.stderr
     ds = tbljax.open(tmp_path / "o.tbl")
     assert ds.classes == ["tench", "goldfish"] and ds.labels.tolist() == [0, 1]
+
+
+def test_output_piped_into_a_reader_that_leaves_is_no_error(tmp_path):
+    # `tbljax info FILE | head -1`: head closes the pipe early; the command says nothing.
+    tbljax.convert(np.zeros((4, 8, 8, 3), np.uint8), tmp_path / "a.tbl", image_size=8, progress=False)
+    r = subprocess.run(f"{sys.executable} -m tbljax info {tmp_path / 'a.tbl'} {tmp_path / 'a.tbl'} | head -1",
+                       shell=True, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == str(tmp_path / "a.tbl") and "Broken pipe" not in r.stderr, r.stderr

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from typing import Any
@@ -434,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError,
             NotADirectoryError, PermissionError, ImportError) as e:
         return _fail(a, e, 2)  # usage: bad arguments, a missing input, an existing output
+    except BrokenPipeError:  # `tbljax info F | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second one at exit
+        return 0
     except OSError as e:
         return _fail(a, e, 1)  # the system failed us (disk full, I/O error)
     except KeyboardInterrupt:
