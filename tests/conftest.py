@@ -65,6 +65,10 @@ SLOW_CASES = {
     "test_stage.py::test_sigkill_mid_copy_then_rerun_completes": "6 s; the resume tests of test_stage stay",
     "test_eval_and_schedule.py::test_schedule_on_the_resident_dataset": "5 s of jit; the loaders' schedule tests stay",
     "test_ops.py::test_ffi_twin_host_and_reference_agree[uint8-NHWC-crop-noflip]": "6 s; the other crop cases stay",
+    "test_resident.py::test_eight_devices_replicated_and_records_partitioned": "6 s; test_eight_devices_fields_with_records_partitioned stays",
+    "test_ops.py::test_without_sharding_the_op_follows_the_indices_on_8_cpu_devices": "5 s; test_sharded_indices_run_per_shard_on_8_cpu_devices stays",
+    "test_torch.py::test_two_gloo_processes_split_an_epoch": "5 s; test_gloo_ranks_read_only_their_host_parts[2] and the matrix's gloo run stay",
+    "test_fullaspect_paths.py::test_lz4_file_serves_what_its_raw_twin_does": "5 s; the matrix's lz4 rows stay",
 }
 
 
