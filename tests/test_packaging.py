@@ -198,3 +198,16 @@ def test_a_missing_system_package_is_named(tmp_path, static, missing, package):
     message = " ".join(r.stderr.split())
     assert f"apt-get install {package}" in message, r.stderr
     assert ("TBLJAX_STATIC_DEPS=OFF" in message) == (static == "ON"), r.stderr
+
+
+def test_import_tbljax_imports_no_framework_and_no_optional_dependency():
+    # `import tbljax` (and so the CLI) stays quick and works without the extras: jax loads with
+    # the first loader, the frameworks and format libraries with the sources that need them.
+    import subprocess
+    import sys
+
+    heavy = ["jax", "torch", "mlx", "google.protobuf", "pyarrow", "datasets", "array_record",
+             "apache_beam", "PIL"]
+    code = f"import sys, tbljax; print([m for m in {heavy!r} if m in sys.modules])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)

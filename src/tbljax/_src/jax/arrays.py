@@ -8,8 +8,6 @@ any buffer aliases it; on GPU/TPU until the host-to-device copy has finished. Th
 """
 from __future__ import annotations
 
-import jax
-
 from tbljax._src.engine.rows import RowLayout
 
 __all__ = ["to_global"]
@@ -17,6 +15,8 @@ __all__ = ["to_global"]
 
 def to_global(rows: RowLayout, pieces, row_shape=()):
     """One global jax.Array from per-range host arrays (``pieces[i]`` holds ``rows.ranges[i]``)."""
+    import jax  # here, not at import: `import tbljax` stays free of jax (and quick)
+
     if len(rows.devices) == 1 and rows.ranges == ((0, rows.global_batch),):
         # One device holds the whole batch: one call (half the cost of the general path).
         return jax.device_put(pieces[0], rows.sharding)
