@@ -17,7 +17,6 @@ other parts would need their files here; the exchange needs nothing but the runn
 from __future__ import annotations
 
 import dataclasses
-import operator
 import os
 from functools import cached_property
 
@@ -28,7 +27,7 @@ from tbljax._src.rules import contract, order
 from tbljax._src.rules.parts import Parts
 from tbljax._src.io import reader
 from tbljax._src.rules.augment import RecordGeometry
-from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset
+from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset, record_number
 from tbljax._src.rules.partition import host_part
 
 __all__ = ["LocalPart", "PartDataset", "open_part"]
@@ -70,11 +69,7 @@ class PartDataset(RecordDataset):
         return idx if self.whole else idx + self._lo
 
     def _record(self, i: int) -> int:
-        n = len(self)
-        i = operator.index(i)
-        if not -n <= i < n:
-            raise IndexError(f"record {i} out of range for a part of {n} records")
-        return self._lo + i % n
+        return self._lo + record_number(i, len(self), "a part")
 
     @property
     def fingerprint(self) -> str:

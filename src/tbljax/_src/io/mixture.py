@@ -12,7 +12,6 @@ serves on every path that takes a dataset; how rows are drawn from the sources i
 from __future__ import annotations
 
 import json
-import operator
 import os
 from collections.abc import Mapping
 from functools import cached_property
@@ -22,7 +21,7 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.io import host_part, reader
 from tbljax._src.rules.augment import RecordGeometry
-from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset
+from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset, record_number
 from tbljax._src.rules.mixing import MixSpec
 from tbljax._src.rules.parts import Parts
 
@@ -285,11 +284,7 @@ class Mixture(RecordDataset):
         return files, offsets, sizes
 
     def _one(self, i: int) -> tuple[int, int]:
-        n = len(self)
-        i = operator.index(i)
-        if not -n <= i < n:
-            raise IndexError(f"record {i} out of range for a mixture of {n} records")
-        k, r = self.split([i % n])
+        k, r = self.split([record_number(i, len(self), "a mixture")])
         return int(k[0]), int(r[0])
 
     def read(self, i: int) -> np.ndarray:

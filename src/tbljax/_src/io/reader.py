@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
-import operator
 import os
 from collections.abc import Sequence
 from functools import cached_property
@@ -21,7 +20,7 @@ import numpy.lib.recfunctions  # noqa: F401 - np.lib.recfunctions.repack_fields
 
 from tbljax import _core
 from tbljax._src.rules.augment import RecordGeometry
-from tbljax._src.rules.dataset import FieldInfo, JpegRecords, RawRecords, RecordDataset, require
+from tbljax._src.rules.dataset import FieldInfo, JpegRecords, RawRecords, RecordDataset, record_number, require
 from tbljax._src.io.fields import Column, FileColumn
 from tbljax._src.io.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path, decode_labels
 from tbljax._src.io.format import is_compact, parse_dataset_json, scan_sample_metadata
@@ -99,16 +98,7 @@ class Dataset(RecordDataset):
         return [f.path for f in self._files]
 
     def _locate(self, i: int) -> tuple[int, int]:
-        if isinstance(i, (bool, np.bool_)):
-            raise TypeError(f"record index must be an integer, got {i!r}")
-        try:
-            i = operator.index(i)
-        except TypeError:
-            raise TypeError(f"record index must be an integer, got {type(i).__name__} {i!r}") from None
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"record {i} out of range for a dataset of {n} records")
-        i %= n
+        i = record_number(i, len(self))
         k = int(np.searchsorted(self._starts, i, side="right") - 1)
         return k, i - int(self._starts[k])
 

@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import abc
+import operator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -193,6 +194,20 @@ class RecordDataset(abc.ABC):
         g = self.geometry
         per = g.heights.astype(np.int64) * g.widths * 3
         return int(per.sum()) if g.shape is None else int(per[0]) * len(self)
+
+
+def record_number(i, n: int, what: str = "a dataset") -> int:
+    """Record index `i` of `n` records as an int in [0, n) (negative i counts from the end):
+    TypeError for a non-integer (a bool included), IndexError naming `what` past either end."""
+    if isinstance(i, (bool, np.bool_)):
+        raise TypeError(f"record index must be an integer, got {i!r}")
+    try:
+        i = operator.index(i)
+    except TypeError:
+        raise TypeError(f"record index must be an integer, got {type(i).__name__} {i!r}") from None
+    if not -n <= i < n:
+        raise IndexError(f"record {i} out of range for {what} of {n} records")
+    return i % n
 
 
 def members() -> list[str]:
