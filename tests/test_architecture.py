@@ -26,7 +26,7 @@ ROOMS = [
     ("_src/io", ["remote", "fields", "format", "items", "array_sources", "sources", "hf_sources",
                  "tf_example", "tfds_sources",
                  "stats", "reader", "host_part", "mixture", "staging",
-                 "progress", "convert_options", "label_table", "image_records",
+                 "progress", "convert_options", "tbl_source", "label_table", "image_records",
                  "conversion"]),                    # bytes on disk and at URLs
     ("_src/engine", ["kernels", "rows", "ring", "step", "record_source", "batch_fields", "plan", "producer",
                      "host_loader"]),               # the framework-free serving machine

@@ -15,7 +15,8 @@ from tbljax._core import CorruptFileError, DecodeError
 from tbljax._src.rules.augment import Augment
 from tbljax._src.tools.benchmark import bench
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
-from tbljax._src.io.conversion import ConversionError, ConvertSummary, convert
+from tbljax._src.io.conversion import convert
+from tbljax._src.io.convert_options import ConversionError, ConvertSummary
 from tbljax._src.io.format import FORMATS, INDEX_DTYPE, Writer
 from tbljax._src.engine.host_loader import HostLoader
 from tbljax._src.engine.kernels import build_info

@@ -3,14 +3,13 @@
 Items stream from a source (`sources.py`) in chunks, ahead of the writer, and become records
 (`image_records.py`: the C++ pool decodes, resizes and re-encodes them with the GIL released);
 good records are written in source order by the streaming writer, bad ones skipped and
-reported. A TBL file as the source is decoded record for record into RAW (`_convert_tbl`).
+reported. A TBL file as the source is decoded record for record into RAW (`io/tbl_source.py`).
 Labels leave as ids against one classes table (`label_table.LabelTable`); progress goes to
 stderr in the form that suits where it goes (`progress.Progress`). The arguments are checked
 once, in `convert_options.ConvertOptions`.
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import functools
 import os
@@ -27,56 +26,18 @@ from tbljax import _core
 from tbljax._src.io.items import Item, load_classes
 from tbljax._src.io import fields as _fields
 from tbljax._src.io import remote
-from tbljax._src.io import reader as _reader
 from tbljax._src.io import sources as _sources
 from tbljax._src.io import hf_sources, tfds_sources
-from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules import contract
 from tbljax._src.io.format import Writer
-from tbljax._src.io.convert_options import ConversionError, ConvertOptions
+from tbljax._src.io.convert_options import (CHUNK, ConversionError, ConvertOptions, ConvertSummary,
+                                            num_classes)
+from tbljax._src.io.tbl_source import convert_tbl, tbl_paths
 from tbljax._src.io.image_records import (Encoded, decode_chunk, encode_chunk, is_jpeg,
                                           size_histogram, source_size)
 from tbljax._src.io.label_table import LabelTable
 from tbljax._src.io.progress import Progress, progress_mode
 
-CHUNK = 32  # items decoded per call into the C++ pool: peak RSS flat in N (256 grew it 2.3x at 4x N)
-
-
-@dataclasses.dataclass
-class ConvertSummary:
-    """What a conversion did. `label_errors` lists the written records whose label could not
-    be read (their label is -1), each {'key', 'source', 'reason'}."""
-
-    dst: str
-    written: int
-    skipped: list[dict[str, str]]
-    seconds: float
-    bytes: int
-    label_errors: list[dict[str, str]] = dataclasses.field(default_factory=list)
-    classes: list[str] | None = None
-    num_classes: int = 0            # class names, or distinct label ids; 0: no record has a label
-    labels_from: str = ""           # where the sources' labels come from (said when there are none)
-
-    @property
-    def images_per_second(self) -> float:
-        return (self.written + len(self.skipped)) / self.seconds if self.seconds > 0 else 0.0
-
-    def __str__(self) -> str:
-        head = (f"wrote {self.written} records to {self.dst} ({self.bytes / 2**20:.1f} MiB) in "
-                f"{self.seconds:.1f} s ({self.images_per_second:.0f} img/s); skipped {len(self.skipped)}")
-        if self.label_errors:
-            head += f"; labels unreadable {len(self.label_errors)}"
-        head += f"; classes {self.num_classes}" if self.num_classes else "; unlabelled"
-        lines = [head]
-        if not self.num_classes and self.written:
-            lines.append(f"  unlabelled: every record's label is -1; {self.labels_from}")
-        for title, items in (("skipped", self.skipped), ("label unreadable", self.label_errors)):
-            for s in items[:20]:
-                lines.append(f"  {title} {s['key']} ({s['source']}): {s['reason']}")
-            if len(items) > 20:
-                where = "Dataset.skipped lists all" if title == "skipped" else "summary.label_errors lists all"
-                lines.append(f"  ... and {len(items) - 20} more ({where})")
-        return "\n".join(lines)
 
 
 def _prefetch(it: Iterable[Any], depth: int = 2) -> Iterator[Any]:
@@ -252,14 +213,14 @@ def convert(
     >>> tbljax.convert("train-256-q90.tbl", "train-256.tbl", format="raw")  # back to RAW
     """
     dst = os.fspath(dst)
-    tbl_paths = _tbl_paths(sources)
+    tbl_files = tbl_paths(sources)
     opts = ConvertOptions(
         image_size=image_size, resize=resize, max_long_side=max_long_side, format=format,
         quality=quality, chroma=chroma, threads=threads, strict=strict, overwrite=overwrite,
         labels=labels, classes=classes, label_ext=label_ext, shard=shard, progress=progress,
         progress_interval=progress_interval, retries=retries, retry_backoff=retry_backoff,
         image_column=image_column, label_column=label_column, image_key=image_key,
-        label_key=label_key, fields=fields, from_tbl=tbl_paths is not None)
+        label_key=label_key, fields=fields, from_tbl=tbl_files is not None)
     if opts.shard is not None:
         dst = dst.replace("{shard}", f"{opts.shard[0]:05d}-of-{opts.shard[1]:05d}")
     if os.path.exists(dst) and not opts.overwrite:
@@ -267,8 +228,8 @@ def convert(
     out_dir = os.path.dirname(os.path.abspath(dst))
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"destination directory does not exist: {out_dir}")
-    if tbl_paths is not None:
-        return _convert_tbl(tbl_paths, dst, opts)
+    if tbl_files is not None:
+        return convert_tbl(tbl_files, dst, opts)
     return _convert_images(sources, dst, opts)
 
 
@@ -302,7 +263,7 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     return ConvertSummary(dst=dst, written=len(records.keys), skipped=records.skipped,
                           seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst),
                           label_errors=records.label_errors, classes=out_classes,
-                          num_classes=_num_classes(out_labels, out_classes),
+                          num_classes=num_classes(out_labels, out_classes),
                           labels_from=getattr(src, "LABELS_FROM", ""))
 
 
@@ -439,67 +400,6 @@ class _Records:
         return out_labels, out_classes
 
 
-def _num_classes(labels: np.ndarray, classes: list[str] | None) -> int:
-    """The class count a summary shows: the names, else the distinct ids; 0 when unlabelled."""
-    known = labels[labels >= 0]
-    return 0 if not known.size else len(classes) if classes else int(np.unique(known).size)
-
-
 def _describe(src: Any) -> str:
     d = src.describe()
     return ", ".join(d[:3]) + (f" and {len(d) - 3} more" if len(d) > 3 else "")
-
-
-def _tbl_paths(sources: Any) -> list[str] | None:
-    """The files of a TBL source (paths ending in .tbl, brace patterns expanded), else None."""
-    if isinstance(sources, (str, os.PathLike)):
-        sources = [sources]
-    if not isinstance(sources, (list, tuple)) or not sources \
-            or not all(isinstance(s, (str, os.PathLike)) for s in sources):
-        return None
-    paths = [p for s in sources for p in expand_braces(os.fspath(s))]
-    return paths if paths and all(p.lower().endswith(".tbl") for p in paths) else None
-
-
-def _convert_tbl(paths: list[str], dst: str, opts: ConvertOptions) -> ConvertSummary:
-    """Decodes every record of a TBL dataset (`Dataset.read`: a plain decode for compact
-    records) into a RAW (or lz4) file, record for record: labels, keys, classes, skipped list
-    and geometry carry over. A record that fails its checksum or its decode stops the run with
-    CorruptFileError/DecodeError naming the file and record, and nothing is written."""
-    ds = _reader.open(paths)
-    n = len(ds)
-    if n == 0:
-        raise ConversionError(f"no record to write: {', '.join(paths)} holds no record; {dst} was not written")
-    recipe = ds.recipe  # parsed before the threads read records
-    bar = Progress(n, progress_mode(opts.progress), opts.progress_interval)
-    bar.start(n)
-    t0 = time.perf_counter()
-    out_dir = os.path.dirname(os.path.abspath(dst))
-    kinds = {name: info.kind for name, info in ds.fields.items()}
-    with _fields.Columns(kinds, {}, out_dir) as columns, Writer(dst, n, overwrite=opts.overwrite) as w, \
-            ThreadPoolExecutor(opts.pool_threads) as pool:
-        for start in range(0, n, CHUNK):
-            rows = np.arange(start, min(n, start + CHUNK))
-            for img in pool.map(ds.read, rows.tolist()):
-                w.add_raw(img, lz4=(opts.format == "lz4"))
-            for name in kinds:  # the fields carry over record for record
-                col = columns.writers[name]
-                for v in ds.field_rows(name, rows):
-                    col.expect(v)
-                    col.append(v)
-            bar.update(min(n, start + CHUNK), 0)
-        columns.write(w)
-        w.set_metadata(
-            labels=ds.labels, keys=ds.keys, classes=ds.classes, skipped=ds.skipped,
-            recipe={
-                **{k: v for k, v in recipe.items() if k not in ("quality", "chroma", "stored")},
-                "format": opts.format, "decoded_from": {"fingerprint": ds.fingerprint, "format": ds.record_format,
-                                                   **{k: recipe.get(k) for k in ("quality", "chroma")}},
-                "sources": ds.paths, "tbljax": _core.native_info()["version"],
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            },
-        )
-    bar.update(n, 0, final=True)
-    return ConvertSummary(dst=dst, written=n, skipped=[], seconds=time.perf_counter() - t0,
-                          bytes=os.path.getsize(dst), classes=ds.classes,
-                          num_classes=_num_classes(ds.labels, ds.classes), labels_from="the TBL source has none")

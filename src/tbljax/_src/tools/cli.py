@@ -426,7 +426,7 @@ def build_parser() -> CommandParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     from tbljax import _core
-    from tbljax._src.io.conversion import ConversionError  # after parsing: --help and usage errors stay quick
+    from tbljax._src.io.convert_options import ConversionError  # after parsing: --help and usage errors stay quick
 
     try:
         return a.fn(a)
