@@ -416,3 +416,19 @@ def test_field_padded_cuts_and_pads_like_numpy_over_shards(tmp_path):
     ds.field_padded("v", [7, 3, 4], 4, out[:3], lengths[:3])
     np.testing.assert_array_equal(out[:3], [c[3][:4], a[3][:4], c[0][:4]])
     assert lengths[:3].tolist() == [5, 6, 5]
+
+
+def test_tar_shards_at_a_url_carry_fields(tmp_path):
+    # A source at a URL reads its members through fsspec (io/remote.py): the fields come along.
+    fsspec = pytest.importorskip("fsspec")
+    samples = _source(9, seed=3)
+    write_tar(tmp_path / "a.tar", samples)
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/fields-url/a.tar", (tmp_path / "a.tar").read_bytes())
+    try:
+        s = tbljax.convert("memory://fields-url/a.tar", tmp_path / "u.tbl", image_size=16, fields=FIELDS,
+                           progress=False)
+    finally:
+        fs.rm("/fields-url", recursive=True)
+    assert s.written == 9 and s.skipped == []
+    check_against(tbljax.open(tmp_path / "u.tbl"), samples)

@@ -597,3 +597,57 @@ def test_mixture_of_host_parts_in_two_processes(matrix, tmp_path):
     assert states[0] == states[1] and states[0]["partition"] == "host"
     assert (states[0]["epoch"], states[0]["position"], states[0]["processes"]) == (1, 8, 2)
     assert states[0]["fingerprint"].startswith(f"mix{2 * M.N}-")
+
+
+# ---- the new sources' row: Hugging Face, Parquet, TFRecord, ArrayRecord ----
+
+SOURCES = ["hf_dataset", "parquet", "tfrecord", "array_record"]
+
+
+def _write_source(kind, photos, d):
+    """The matrix's photos (bytes, label) as a source of `kind`; returns what convert takes."""
+    import test_hf_tfds_sources as S  # the tests of these sources: their writers and encoders
+
+    if kind in ("hf_dataset", "parquet"):
+        import datasets
+
+        ds = datasets.Dataset.from_dict(
+            {"image": [{"bytes": b, "path": None} for b, _ in photos], "label": [c for _, c in photos]},
+            features=datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")}))
+        if kind == "hf_dataset":
+            return ds
+        ds.to_parquet(d / "m.parquet", batch_size=4)
+        return str(d / "m.parquet")
+    if kind == "tfrecord":
+        (d / "m.tfrecord").write_bytes(S.tfrecord([S.example({"image": b, "label": c}) for b, c in photos]))
+        return str(d / "m.tfrecord")
+    ar = pytest.importorskip("array_record.python.array_record_module")
+    w = ar.ArrayRecordWriter(str(d / "m.array_record"), "group_size:1")
+    for b, c in photos:
+        w.write(S.example({"image": b, "label": c}))
+    w.close()
+    return str(d / "m.array_record")
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("kind", ["raw_square", "compact_full_aspect"])
+def test_new_sources_write_the_matrix_records_and_serve(matrix, source, kind, tmp_path):
+    """Each new source converted with a matrix recipe gives that cell's records (so every path
+    above holds for it), and the loader serves them as the oracle says."""
+    pytest.importorskip("datasets")
+    pytest.importorskip("google_crc32c")
+    files, refs = matrix
+    photos = [(p.read_bytes(), i) for i, p in enumerate(sorted(Path(files["raw_square", "file"]).parent
+                                                           .glob("src/c*/img*.jpg"),
+                                                           key=lambda p: p.name))]
+    dst = tmp_path / "m.tbl"
+    named = {"label_column": "label"} if source in ("hf_dataset", "parquet") else {}  # no ClassLabel
+    tbljax.convert(_write_source(source, photos, tmp_path), dst, image_size=M.S, progress=False,
+                   **named, **M.KINDS[kind])
+    ds, ref = tbljax.open(dst), refs[kind, "file"]
+    assert ds.labels.tolist() == list(range(M.N))
+    for i in range(M.N):
+        np.testing.assert_array_equal(ds.read(i), ref[i])
+    for batch in tbljax.loader(dst, B, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1):
+        idx = _host(batch["index"])
+        np.testing.assert_array_equal(_host(batch["image"]), expected(ref, idx, RRC))
