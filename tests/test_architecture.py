@@ -23,7 +23,7 @@ ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
     ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "mixing", "augment",
                     "dataset", "options"]),         # what every path agrees on
-    ("_src/io", ["remote", "fields", "format", "items", "array_sources", "sources", "hf_sources",
+    ("_src/io", ["remote", "fields", "format", "field_columns", "items", "array_sources", "sources", "hf_sources",
                  "tf_example", "tfds_sources",
                  "stats", "reader", "host_part", "mixture", "staging",
                  "progress", "convert_options", "tbl_source", "label_table", "image_records",

@@ -1,7 +1,7 @@
 """Record fields besides the image: their kinds, how a source's raw value becomes a field value
 (`parse_field_value`, the one place every source's values are checked), how a conversion
-streams a field into columnar blocks of the file (`ColumnWriter`), and how a reader maps them
-back (`FileColumn`, `Column`).
+streams a field into columnar blocks of the file (`ColumnWriter`, `Columns`); reading them back
+is `io/field_columns.py`.
 
 A field is `str` (UTF-8 text), `json` (any JSON value) or `ndarray` (numeric; one shape in
 every record: fixed; a first dimension that varies: ragged). In the file a fixed field is one
@@ -16,7 +16,6 @@ import io
 import json
 import tempfile
 from array import array
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,8 +23,8 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.rules.dataset import FIELD_KINDS, FieldInfo
 
-__all__ = ["FIELD_KINDS", "Column", "ColumnWriter", "FieldError", "FieldInfo", "FileColumn",
-           "kind_for_extension", "kind_of_value", "parse_field_value"]
+__all__ = ["COPY_BYTES", "FIELD_KINDS", "ColumnWriter", "Columns", "FieldError", "FieldInfo",
+           "check_field_meta", "info_of", "kind_for_extension", "kind_of_value", "parse_field_value"]
 
 BLOCK_ALIGN = 64        # a fixed field's (N, ...) view starts on a cache line
 COPY_BYTES = 16 << 20   # spill → file in pieces of this size: memory flat in the field's size
@@ -269,192 +268,3 @@ def check_field_meta(name: Any, meta: Any, path: str) -> None:
         if not (isinstance(blk, dict) and all(isinstance(blk.get(k), int) and blk[k] >= 0
                                               for k in ("offset", "bytes", "crc32"))):
             bad(f"an object whose {b!r} is {{'offset', 'bytes', 'crc32'}} integers")
-
-
-class FileColumn:
-    """One field of one file, over the file's memory map: built from the metadata in O(1)."""
-
-    def __init__(self, name: str, meta: dict[str, Any], view: np.ndarray, n: int, path: str):
-        self.name, self.n, self.path, self.meta = name, n, path, meta
-        self.info = info_of(meta)
-        self.values = self._block(view, "values")
-        self.offsets: np.ndarray | None = None
-        if "offsets" in meta and not self.info.fixed:
-            off = self._block(view, "offsets")
-            if off.size != 8 * (n + 1):
-                raise _core.CorruptFileError(f"{path}: field {name!r}: offsets block of {off.size} "
-                                             f"bytes for {n} records")
-            self.offsets = off.view("<i8")
-        if self.info.kind == "ndarray":
-            dt = self.info.dtype
-            trail = self.info.shape[1:] if self.info.ragged else self.info.shape
-            per = int(np.prod(trail, dtype=np.int64)) * dt.itemsize
-            if self.info.fixed:
-                want = per * n
-            else:
-                want = None
-            if want is not None and self.values.size != want:
-                raise _core.CorruptFileError(f"{path}: field {name!r}: {self.values.size} bytes for "
-                                             f"{n} records of {dt} {self.info.shape}")
-            if self.info.ragged and (per == 0 or self.values.size % per):
-                raise _core.CorruptFileError(f"{path}: field {name!r}: {self.values.size} bytes are "
-                                             f"no whole number of {dt} rows of {trail}")
-            rows = self.values.size // per if per else 0
-            shape = (n, *self.info.shape) if self.info.fixed else (rows, *trail)
-            self.array = self.values.view(dt).reshape(shape)
-        self._checked = False
-
-    def _block(self, view: np.ndarray, which: str) -> np.ndarray:
-        blk = self.meta[which]
-        lo, size = blk["offset"], blk["bytes"]
-        if lo + size > view.size:
-            raise _core.CorruptFileError(f"{self.path}: field {self.name!r}: {which} block "
-                                         f"[{lo}, +{size}) runs past the end of the file: truncated?")
-        return view[lo:lo + size]
-
-    def check_offsets(self) -> None:
-        """The offsets rise from 0 to the values' end (done once, at first use: O(N))."""
-        if self._checked or self.offsets is None:
-            return
-        off = self.offsets
-        end = self.array.shape[0] if self.info.kind == "ndarray" else self.values.size
-        if off[0] != 0 or off[-1] != end or np.any(np.diff(off) < 0):
-            raise _core.CorruptFileError(f"{self.path}: field {self.name!r}: offsets do not rise "
-                                         f"from 0 to {end}")
-        self._checked = True
-
-    def verify(self) -> list[str]:
-        """Problems with the blocks' CRC-32s (empty: all good)."""
-        out = []
-        for which in ("values", "offsets"):
-            blk = self.meta.get(which)
-            if blk is None or (which == "offsets" and self.offsets is None):
-                continue
-            data = self.values if which == "values" else self.offsets.view(np.uint8)
-            crc = 0
-            for lo in range(0, data.size, COPY_BYTES):
-                crc = _core.crc32(data[lo:lo + COPY_BYTES], crc)
-            if crc != blk["crc32"]:
-                out.append(f"field {self.name!r} {which} block: checksum mismatch "
-                           f"(crc32 {crc:08x}, stored {blk['crc32']:08x})")
-        return out
-
-    def value(self, j: int) -> Any:
-        """Record j's value (a view for ndarray fields)."""
-        if self.info.fixed:
-            return self.array[j]
-        self.check_offsets()
-        lo, hi = int(self.offsets[j]), int(self.offsets[j + 1])
-        if self.info.kind == "ndarray":
-            return self.array[lo:hi]
-        text = bytes(self.values[lo:hi]).decode("utf-8")
-        return text if self.info.kind == "str" else json.loads(text)
-
-
-def merge_infos(name: str, infos: Sequence[FieldInfo], paths: Sequence[str]) -> FieldInfo:
-    """The field of shard files read as one: the same kind and dtype in every file; a fixed
-    field whose first size differs between files is ragged over the whole."""
-    first = infos[0]
-    for info, p in zip(infos[1:], paths[1:]):
-        same_trail = info.shape[1:] == first.shape[1:] and len(info.shape) == len(first.shape)
-        if info.kind != first.kind or info.dtype != first.dtype or not same_trail or \
-                (info.kind == "ndarray" and not first.shape and info.shape):
-            raise ValueError(f"field {name!r} is {first} in {paths[0]} but {info} in {p}: "
-                             "the shard files disagree")
-    if first.kind == "ndarray" and first.shape and len({i.shape[0] for i in infos}) > 1:
-        return FieldInfo("ndarray", first.dtype, (None, *first.shape[1:]))
-    return first
-
-
-class Column:
-    """A field over a dataset's files, in record order."""
-
-    def __init__(self, name: str, files: list[FileColumn], starts: np.ndarray):
-        self.name, self.files, self.starts = name, files, starts
-        self.info = merge_infos(name, [f.info for f in files], [f.path for f in files])
-
-    def whole(self) -> Any:
-        """The column: a read-only (N, *shape) array for a fixed field (zero-copy for one
-        file), else a sequence of the records' values."""
-        if self.info.fixed:
-            if len(self.files) == 1:
-                return self.files[0].array
-            out = np.concatenate([f.array for f in self.files])
-            out.flags.writeable = False
-            return out
-        return FieldValues(self)
-
-    def value(self, i: int) -> Any:
-        k = int(np.searchsorted(self.starts, i, side="right") - 1)
-        return self.files[k].value(i - int(self.starts[k]))
-
-    def _split(self, idx: np.ndarray) -> Iterator[tuple[FileColumn, np.ndarray, np.ndarray]]:
-        if len(self.files) == 1:
-            yield self.files[0], np.arange(len(idx)), idx
-            return
-        k = np.searchsorted(self.starts, idx, side="right") - 1
-        for f in np.unique(k):
-            rows = np.flatnonzero(k == f)
-            yield self.files[int(f)], rows, idx[rows] - self.starts[f]
-
-    def rows(self, idx: np.ndarray, out: np.ndarray | None = None) -> Any:
-        """Records `idx`' values: an array (B, *shape) for a fixed field (into `out` when
-        given), else a list."""
-        if self.info.fixed:
-            if out is None:
-                out = np.empty((len(idx), *self.info.shape), self.info.dtype)
-            for f, rows, local in self._split(idx):
-                if len(rows) == len(idx):
-                    np.take(f.array, local, axis=0, out=out)
-                else:
-                    out[rows] = f.array[local]
-            return out
-        vals: list[Any] = [None] * len(idx)
-        for f, rows, local in self._split(idx):
-            for r, j in zip(rows.tolist(), local.tolist()):
-                vals[r] = f.value(j)
-        return vals
-
-    def padded(self, idx: np.ndarray, length: int, out: np.ndarray, lengths: np.ndarray) -> None:
-        """A ragged field's records `idx` cut or zero-padded to `length` rows into `out`
-        (B, length, *trail), their true lengths into `lengths` (B,). One gather per file, no
-        per-record Python: the producer thread builds this every step."""
-        steps = np.arange(length)
-        for f, rows, local in self._split(idx):
-            if f.info.fixed:  # one file's records all of one length k: ragged over the shards
-                k = f.info.shape[0]
-                flat = f.array.reshape(-1, *f.info.shape[1:])
-                lo, hi = local * k, local * k + k
-            else:
-                f.check_offsets()
-                flat, lo, hi = f.array, f.offsets[local], f.offsets[local + 1]
-            lengths[rows] = hi - lo
-            keep = steps[None, :] < (hi - lo)[:, None]  # (b, length): the rows a record has
-            if not flat.shape[0]:  # every record of this file is empty
-                out[rows] = 0
-                continue
-            vals = flat[np.where(keep, lo[:, None] + steps[None, :], 0)]
-            vals[~keep] = 0
-            out[rows] = vals
-
-
-class FieldValues(Sequence):
-    """A str, json or ragged field's column as a read-only sequence (values read on access)."""
-
-    def __init__(self, column: Column):
-        self._column = column
-
-    def __len__(self) -> int:
-        return int(self._column.starts[-1])
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self)
-        i = int(i)
-        if not -n <= i < n:
-            raise IndexError(f"record {i} out of range for a field of {n} records")
-        return self._column.value(i % n)
-
-    def __repr__(self) -> str:
-        return f"<field {self._column.name!r}: {len(self)} {self._column.info.kind} values>"

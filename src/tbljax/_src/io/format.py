@@ -285,3 +285,32 @@ def scan_sample_metadata(f: Any) -> tuple[np.ndarray, list[str] | None]:
                 keys[sample] = key
                 found_key = True
     return labels, (keys if found_key else None)
+
+
+def labels_of(files, metas) -> np.ndarray:
+    """int64 labels of every record of `files` (their parsed dataset blocks `metas`), -1 where a
+    record has none: from the dataset block, else from foreign per-sample blocks."""
+    parts = []
+    for f, meta in zip(files, metas):
+        n = f.num_records
+        if "labels" in meta and meta["labels"] is not None:
+            parts.append(decode_labels(meta["labels"], n, f.path))
+        elif f.header_flags & _core.FLAG_HAS_METADATA:
+            parts.append(scan_sample_metadata(f)[0])
+        else:
+            parts.append(np.full(n, -1, np.int64))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def keys_of(files, metas) -> list[str]:
+    """Every record's key ('' where unknown), as `labels_of` finds labels."""
+    out: list[str] = []
+    for f, meta in zip(files, metas):
+        keys = meta.get("keys")
+        if keys is None and f.header_flags & _core.FLAG_HAS_METADATA and not meta:
+            keys = scan_sample_metadata(f)[1]
+        keys = keys if keys is not None else [""] * f.num_records
+        if len(keys) != f.num_records:
+            raise _core.CorruptFileError(f"{f.path}: metadata holds {len(keys)} keys for {f.num_records} records")
+        out.extend(keys)
+    return out

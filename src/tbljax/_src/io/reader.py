@@ -21,9 +21,9 @@ import numpy.lib.recfunctions  # noqa: F401 - np.lib.recfunctions.repack_fields
 from tbljax import _core
 from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.dataset import FieldInfo, JpegRecords, RawRecords, RecordDataset, record_number, require
-from tbljax._src.io.fields import Column, FileColumn
-from tbljax._src.io.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path, decode_labels
-from tbljax._src.io.format import is_compact, parse_dataset_json, scan_sample_metadata
+from tbljax._src.io.field_columns import Column, open_columns
+from tbljax._src.io.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path
+from tbljax._src.io.format import is_compact, keys_of, labels_of, parse_dataset_json
 from tbljax._src.io import stats
 from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES
 
@@ -198,30 +198,12 @@ class Dataset(RecordDataset):
     @cached_property
     def labels(self) -> np.ndarray:
         """int64 (N,) labels, -1 where a record has none."""
-        parts = []
-        for f, meta in zip(self._files, self._meta):
-            n = f.num_records
-            if "labels" in meta and meta["labels"] is not None:
-                parts.append(decode_labels(meta["labels"], n, f.path))
-            elif f.header_flags & _core.FLAG_HAS_METADATA:
-                parts.append(scan_sample_metadata(f)[0])
-            else:
-                parts.append(np.full(n, -1, np.int64))
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return labels_of(self._files, self._meta)
 
     @cached_property
     def keys(self) -> list[str]:
         """Per-record keys (WebDataset __key__ or source file name); '' where unknown."""
-        out: list[str] = []
-        for f, meta in zip(self._files, self._meta):
-            keys = meta.get("keys")
-            if keys is None and f.header_flags & _core.FLAG_HAS_METADATA and not meta:
-                keys = scan_sample_metadata(f)[1]
-            keys = keys if keys is not None else [""] * f.num_records
-            if len(keys) != f.num_records:
-                raise _core.CorruptFileError(f"{f.path}: metadata holds {len(keys)} keys for {f.num_records} records")
-            out.extend(keys)
-        return out
+        return keys_of(self._files, self._meta)
 
     @property
     def classes(self) -> list[str] | None:
@@ -241,15 +223,7 @@ class Dataset(RecordDataset):
     # ---- fields besides the image ----
     @cached_property
     def _columns(self) -> dict[str, Column]:
-        # The blocks are mapped, not read: O(1) per field whatever the size.
-        names = list(self._meta[0].get("fields", {})) if self._meta else []
-        for f, meta in zip(self._files[1:], self._meta[1:]):
-            if list(meta.get("fields", {})) != names:
-                raise ValueError(f"{f.path} has fields {list(meta.get('fields', {}))}, "
-                                 f"{self._files[0].path} has {names}: the shard files disagree")
-        return {name: Column(name, [FileColumn(name, meta["fields"][name], f.file_view(), f.num_records, f.path)
-                                    for f, meta in zip(self._files, self._meta)], self._starts)
-                for name in names}
+        return open_columns(self._files, self._meta, self._starts)
 
     @property
     def fields(self) -> dict[str, FieldInfo]:
