@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the native core and the nanobind module with AddressSanitizer + UndefinedBehaviorSanitizer
-# and runs the format, decode (restart parts included), kernel and hostile-input tests against
-# that build.
+# and runs the format, decode (restart parts and our entropy decoder included), kernel and
+# hostile-input tests against that build.
 # Usage: scripts/sanitize.sh [extra pytest args]    (PYTHON=... to pick the interpreter)
 # The sanitized module lives in build/sanitize/ with a copy of the Python package beside it;
 # the developer build in src/tbljax/ is not touched.
@@ -44,4 +44,4 @@ cd "$out"  # not the repository root: `import tbljax` must find the sanitized pa
 exec "$py" -m pytest -q -p no:cacheprovider --rootdir "$root" -c "$root/pyproject.toml" \
   "$root/tests/test_format.py" "$root/tests/test_decode.py" "$root/tests/test_kernel.py" \
   "$root/tests/test_hostile.py" "$root/tests/test_hardening.py" \
-  "$root/tests/test_restart_decode.py" -k "not 1000" "$@"
+  "$root/tests/test_restart_decode.py" "$root/tests/test_jpeg_entropy.py" -k "not 1000" "$@"

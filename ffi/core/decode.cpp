@@ -15,8 +15,17 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
+#include "jpeg_entropy.h"
 #include "jpeg_restart.h"
 #include "names.h"
+
+// libjpeg's entropy-decoder module, whose decode_mcu DecodeRestartPart replaces with ours. The
+// definition is libjpeg's internal jpegint.h (not installed); its first two members have been
+// these since libjpeg 6b and in every libjpeg-turbo (3.x adds members after them).
+struct jpeg_entropy_decoder {
+  void (*start_pass)(j_decompress_ptr cinfo);
+  boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW* MCU_data);
+};
 
 namespace tbljax {
 namespace {
@@ -227,17 +236,96 @@ void Orient(const uint8_t* src, int w, int h, int o, uint8_t* dst) {
 
 // ---------------------------------------------------------------- decode -----------------
 
+struct PartEntropy;
+
 struct Decoder {
   jpeg_decompress_struct cinfo;
   ErrorMgr err;
   MemSource src;
   bool created = false;
   int orientation = 1;
+  PartEntropy* entropy = nullptr;  // when set, the coefficients come from it (DecodeRestartPart)
   Decoder() { InitErrorMgr(&err); }
   ~Decoder() {
     if (created) jpeg_destroy_decompress(&cinfo);
   }
 };
+
+// The coefficients of a part of a record made of whole restart segments (DecodeRestartPart),
+// decoded by our SegmentDecoder (jpeg_entropy.h) and handed to libjpeg MCU by MCU in place of
+// its own entropy decoder: libjpeg sees a header of the part's size and never its data.
+struct PartEntropy {
+  const uint8_t* data = nullptr;                // the record
+  const std::vector<size_t>* bounds = nullptr;  // its restart segments (FindRestartSegments)
+  JpegPart part;
+  McuLayout layout;
+  SegmentDecoder segments{layout};
+  int row = 0, col = 0;  // the next MCU, in the record's grid of MCUs
+  Status status;         // why the decode stopped, when this stopped it
+
+  Status Next(JBLOCKROW* mcu) {
+    const int R = part.restart_mcus;
+    if (row >= part.row1) return DecodeError("internal: libjpeg asked for MCUs past the part");
+    if ((col - part.col0) % R == 0) {
+      const size_t s = (static_cast<size_t>(row) * part.mcus_per_row + col) / R;
+      segments.Start(data + (*bounds)[2 * s], data + (*bounds)[2 * s + 1]);
+    }
+    static_assert(sizeof(JCOEF) == sizeof(int16_t), "JCOEF is libjpeg's 16-bit coefficient");
+    int16_t* blocks[McuLayout::kMaxBlocks];
+    for (int b = 0; b < layout.blocks; ++b) blocks[b] = reinterpret_cast<int16_t*>(mcu[b][0]);
+    TBLJAX_RETURN_IF_ERROR(segments.DecodeMcu(blocks));
+    if ((++col - part.col0) % R == 0) TBLJAX_RETURN_IF_ERROR(segments.Finish());
+    if (col == part.col1) {
+      col = part.col0;
+      ++row;
+    }
+    return Status::Ok();
+  }
+};
+
+// Huffman tables by class and slot, kept per thread: a file's records share theirs.
+struct HuffmanCache {
+  HuffmanTable tables[2][NUM_HUFF_TBLS];
+  bool built[2][NUM_HUFF_TBLS] = {};
+  Status Get(const JHUFF_TBL* t, bool dc, int slot, const HuffmanTable** out) {
+    HuffmanTable& h = tables[dc][slot];
+    if (!built[dc][slot] || !h.Same(t->bits, t->huffval, dc)) {
+      built[dc][slot] = false;
+      TBLJAX_RETURN_IF_ERROR(HuffmanTable::Build(t->bits, t->huffval, dc, &h));
+      built[dc][slot] = true;
+    }
+    *out = &h;
+    return Status::Ok();
+  }
+};
+
+boolean PartDecodeMcu(j_decompress_ptr c, JBLOCKROW* mcu) {
+  auto* f = static_cast<PartEntropy*>(c->client_data);
+  f->status = f->Next(mcu);
+  if (!f->status.ok()) ERREXIT(c, JERR_BAD_HUFF_TABLE);  // DecodeRestartPart reports f->status
+  return TRUE;
+}
+
+// After jpeg_start_decompress (which has checked the scan's tables): our decoder in place of
+// libjpeg's, for the scan's MCU layout.
+void InstallPartEntropy(j_decompress_ptr c, PartEntropy* f) {
+  static thread_local HuffmanCache cache;
+  f->layout.blocks = c->blocks_in_MCU;
+  for (int b = 0; b < c->blocks_in_MCU; ++b) {
+    const int ci = c->MCU_membership[b];
+    const jpeg_component_info* comp = c->cur_comp_info[ci];
+    const JHUFF_TBL* dc = c->dc_huff_tbl_ptrs[comp->dc_tbl_no];
+    const JHUFF_TBL* ac = c->ac_huff_tbl_ptrs[comp->ac_tbl_no];
+    f->layout.component[b] = ci;
+    f->status = dc == nullptr || ac == nullptr
+                    ? DecodeError("cannot decode JPEG: a Huffman table is missing")
+                    : cache.Get(dc, true, comp->dc_tbl_no, &f->layout.dc[b]);
+    if (f->status.ok()) f->status = cache.Get(ac, false, comp->ac_tbl_no, &f->layout.ac[b]);
+    if (!f->status.ok()) ERREXIT(c, JERR_BAD_HUFF_TABLE);
+  }
+  c->client_data = f;
+  c->entropy->decode_mcu = PartDecodeMcu;
+}
 
 // round(a * b / 255) for a, b in [0, 255], exactly.
 inline uint8_t MulDiv255(int a, int b) {
@@ -368,6 +456,7 @@ bool Decompress(Decoder* d, const Window& want, bool whole_stream, std::vector<u
   const bool cmyk = c->out_color_space == JCS_CMYK;
   const bool multi_scan = jpeg_has_multiple_scans(c);
   jpeg_start_decompress(c);
+  if (d->entropy != nullptr) InstallPartEntropy(c, d->entropy);
   const JDIMENSION full_h = c->output_height;
   JDIMENSION x0 = static_cast<JDIMENSION>(want.x), width = static_cast<JDIMENSION>(want.w);
   if (width < c->output_width) jpeg_crop_scanline(c, &x0, &width);
@@ -561,9 +650,16 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   // (the markers were checked above all the same).
   if (!usable || (part.row0 == 0 && part.row1 == rows && part.col0 == 0 && part.col1 == per_row))
     return Status::Ok();
-  CutJpegPart(data, layout, s->segments, part, &s->part);
+  CutJpegHeader(data, layout, part, &s->part);
 
   Decoder p;
+  PartEntropy entropy;
+  entropy.data = data;
+  entropy.bounds = &s->segments;
+  entropy.part = part;
+  entropy.row = part.row0;
+  entropy.col = part.col0;
+  p.entropy = &entropy;
   JpegInfo info;
   TBLJAX_RETURN_IF_ERROR(Open(&p, s->part.data(), s->part.size(), &info));
   Geometry g;
@@ -572,8 +668,9 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   all.w = g.w;
   all.h = g.h;
   PixelRect shown;
-  const Status st =
+  Status st =
       DecodeOriented(&p, g, all, &s->pixels, &s->spare, &s->row, &shown, /*whole_stream=*/true);
+  if (!entropy.status.ok()) st = entropy.status;
   if (!st.ok())  // the messages of libjpeg speak of the part: say which part of the record it is
     return DecodeError(st.message() + " (in the restart segments of MCU rows " +
                        std::to_string(part.row0) + "-" + std::to_string(part.row1 - 1) +

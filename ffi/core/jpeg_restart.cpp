@@ -86,35 +86,14 @@ Status FindRestartSegments(const uint8_t* p, size_t n, const JpegScanLayout& lay
   return Status::Ok();
 }
 
-void CutJpegPart(const uint8_t* data, const JpegScanLayout& layout,
-                 const std::vector<size_t>& bounds, const JpegPart& part,
-                 std::vector<uint8_t>* out) {
-  const int per_row = (part.col1 - part.col0) / part.restart_mcus;
-  auto segment = [&](int row, int j) {
-    return (static_cast<size_t>(row) * part.mcus_per_row + part.col0) / part.restart_mcus + j;
-  };
-  size_t bytes = layout.scan + 2;
-  for (int r = part.row0; r < part.row1; ++r)
-    bytes += bounds[2 * segment(r, per_row - 1) + 1] - bounds[2 * segment(r, 0)] + 2 * per_row;
-  out->clear();
-  out->reserve(bytes);
-  out->insert(out->end(), data, data + layout.scan);
+void CutJpegHeader(const uint8_t* data, const JpegScanLayout& layout, const JpegPart& part,
+                   std::vector<uint8_t>* out) {
+  out->assign(data, data + layout.scan);
   uint8_t* sof = out->data() + layout.sof;
   sof[3] = static_cast<uint8_t>(part.height >> 8);
   sof[4] = static_cast<uint8_t>(part.height);
   sof[5] = static_cast<uint8_t>(part.width >> 8);
   sof[6] = static_cast<uint8_t>(part.width);
-  int written = 0;
-  for (int r = part.row0; r < part.row1; ++r) {
-    for (int j = 0; j < per_row; ++j, ++written) {
-      if (written > 0) {
-        out->push_back(0xFF);
-        out->push_back(static_cast<uint8_t>(kRst0 + (written - 1) % 8));
-      }
-      const size_t s = segment(r, j);
-      out->insert(out->end(), data + bounds[2 * s], data + bounds[2 * s + 1]);
-    }
-  }
   out->push_back(0xFF);
   out->push_back(kEoi);
 }

@@ -44,11 +44,10 @@ struct JpegPart {
   int height = 0, width = 0;
 };
 
-// Writes into *out a JPEG of the part alone: the header (everything before the entropy-coded
-// data, SOF resized), the part's segments in order with restart markers renumbered from RST0,
-// and EOI.
-void CutJpegPart(const uint8_t* data, const JpegScanLayout& layout,
-                 const std::vector<size_t>& bounds, const JpegPart& part,
-                 std::vector<uint8_t>* out);
+// Writes into *out the header of a JPEG of the part alone (everything before the entropy-coded
+// data, SOF resized), then EOI: what libjpeg reads of the part while DecodeJpegBox's own
+// entropy decoder (jpeg_entropy.h) gives it the coefficients of the part's segments.
+void CutJpegHeader(const uint8_t* data, const JpegScanLayout& layout, const JpegPart& part,
+                   std::vector<uint8_t>* out);
 
 }  // namespace tbljax

@@ -1,0 +1,222 @@
+// Huffman decoding of baseline restart segments (see jpeg_entropy.h). The rules follow the
+// JPEG standard's Annex C and F.2.2 as libjpeg-turbo applies them (jdhuff.c): canonical codes,
+// the DC difference added to the component's predictor and stored as a 16-bit value, an AC
+// run that passes the 64th coefficient landing on the last one.
+#include "jpeg_entropy.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace tbljax {
+
+namespace {
+
+// The zigzag order, and 16 more entries for an AC run that runs past the block (corrupt data):
+// libjpeg writes such a coefficient at the last position, so do we.
+constexpr uint8_t kNaturalOrder[64 + 16] = {
+    0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,  12, 19, 26, 33,
+    40, 48, 41, 34, 27, 20, 13, 6,  7,  14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36,
+    29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54,
+    47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
+
+// A block's codes and extra bits take at most 64 * (16 + 15) bits: the reader may run that far
+// past the data's end before the check after the block, plus the 8 bytes a refill loads.
+constexpr size_t kPadding = 64 * 31 / 8 + 16;
+
+// The value of `bits` extra bits of magnitude category s (F.2.2.1's EXTEND).
+inline int32_t Extend(uint32_t bits, int s) {
+  return bits < (1u << (s - 1)) ? static_cast<int32_t>(bits) - (1 << s) + 1
+                                : static_cast<int32_t>(bits);
+}
+
+inline uint64_t LoadBigEndian64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return __builtin_bswap64(v);
+}
+
+constexpr int kLookup = HuffmanTable::kLookupBits;
+
+}  // namespace
+
+// ---------------------------------------------------------------- tables -----------------
+
+Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, bool dc,
+                           HuffmanTable* t) {
+  *t = HuffmanTable();
+  int n = 0;
+  for (int l = 1; l <= 16; ++l) n += counts[l];
+  if (n > 256) return InvalidArgument("bad Huffman table: " + std::to_string(n) + " symbols");
+  std::memcpy(t->counts_, counts, 17);
+  std::memcpy(t->symbols_, symbols, static_cast<size_t>(n));
+  t->num_symbols_ = n;
+  t->dc_ = dc;
+  if (dc)
+    for (int i = 0; i < n; ++i)
+      if (symbols[i] > 15)
+        return InvalidArgument("bad Huffman table: DC symbol " + std::to_string(symbols[i]));
+  // Canonical codes, length by length; a length whose codes overflow it is refused (so is an
+  // all-ones code, as libjpeg does).
+  int32_t code = 0;
+  int p = 0;
+  for (int l = 1; l <= 16; ++l) {
+    if (counts[l] == 0) {
+      t->maxcode_[l] = -1;
+    } else {
+      t->valoffset_[l] = p - code;
+      for (int i = 0; i < counts[l]; ++i, ++p, ++code) {
+        if (l > kLookup) continue;
+        const int sym = symbols[p], spare = kLookup - l;
+        const int first = code << spare, fill = 1 << spare;
+        for (int j = 0; j < fill; ++j)
+          t->lookup_[first + j] = static_cast<uint16_t>(l << 8 | sym);
+        // A whole AC coefficient in the lookup bits: its code, then s extra bits.
+        const int run = sym >> 4, s = sym & 15;
+        if (dc || s == 0 || l + s > kLookup) continue;
+        for (int j = 0; j < fill; ++j) {
+          const uint32_t extra = static_cast<uint32_t>(j >> (spare - s)) & ((1u << s) - 1);
+          const int32_t v = Extend(extra, s);
+          if (v < -128 || v > 127) continue;
+          t->fast_ac_[first + j] = static_cast<int16_t>(v * 256 + (run << 4 | (l + s)));
+        }
+      }
+      t->maxcode_[l] = code - 1;
+    }
+    if (code >= (int32_t{1} << l))
+      return InvalidArgument("bad Huffman table: the codes overflow length " + std::to_string(l));
+    code <<= 1;
+  }
+  return Status::Ok();
+}
+
+bool HuffmanTable::Same(const uint8_t counts[17], const uint8_t* symbols, bool dc) const {
+  if (dc != dc_ || std::memcmp(counts + 1, counts_ + 1, 16) != 0) return false;
+  return std::memcmp(symbols, symbols_, static_cast<size_t>(num_symbols_)) == 0;
+}
+
+// ---------------------------------------------------------------- segments ---------------
+
+void SegmentDecoder::Start(const uint8_t* begin, const uint8_t* end) {
+  // Unstuff: FF 00 is a data byte FF (libjpeg also takes FF FF .. FF 00 as one); a run of FFs
+  // that reaches the end is fill before the marker.
+  data_.resize(static_cast<size_t>(end - begin) + kPadding);
+  uint8_t* out = data_.data();
+  const uint8_t* p = begin;
+  while (p < end) {
+    const void* ff = std::memchr(p, 0xFF, static_cast<size_t>(end - p));
+    const uint8_t* stop = ff ? static_cast<const uint8_t*>(ff) : end;
+    std::memcpy(out, p, static_cast<size_t>(stop - p));
+    out += stop - p;
+    p = stop;
+    if (p == end) break;
+    while (p < end && *p == 0xFF) ++p;
+    if (p == end) break;  // fill
+    *out++ = 0xFF;        // p is at the 00 (FindRestartSegments let no other byte through)
+    ++p;
+  }
+  data_bits_ = static_cast<size_t>(out - data_.data()) * 8;
+  std::memset(out, 0, kPadding);
+  next_ = data_.data();
+  bits_ = 0;
+  count_ = 0;
+  std::fill(std::begin(last_dc_), std::end(last_dc_), 0);
+}
+
+Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
+  for (int b = 0; b < layout_.blocks; ++b) {
+    TBLJAX_RETURN_IF_ERROR(DecodeBlock(blocks[b], *layout_.dc[b], *layout_.ac[b],
+                                       &last_dc_[layout_.component[b]]));
+    const size_t used = static_cast<size_t>(next_ - data_.data()) * 8 - count_;
+    if (used > data_bits_)
+      return DecodeError("corrupt JPEG data: premature end of data segment");
+  }
+  return Status::Ok();
+}
+
+Status SegmentDecoder::Finish() const {
+  const size_t used = static_cast<size_t>(next_ - data_.data()) * 8 - count_;
+  if (data_bits_ - used >= 8)
+    return DecodeError("corrupt JPEG data: " + std::to_string((data_bits_ - used) / 8) +
+                       " extraneous bytes before marker");
+  return Status::Ok();
+}
+
+Status SegmentDecoder::DecodeBlock(int16_t* block, const HuffmanTable& dc, const HuffmanTable& ac,
+                                   int32_t* last_dc) {
+  uint64_t bits = bits_;
+  int count = count_;
+  const uint8_t* next = next_;
+  // After a refill at least 56 bits are valid: one code and its extra bits (31 at most).
+  // The bits past `count` are the stream's next ones already, so OR-ing them in again is a
+  // no-op (the branch-free refill of F. Giesen's "Reading bits in far too many ways").
+  auto refill = [&] {
+    bits |= LoadBigEndian64(next) >> count;
+    next += (63 - count) >> 3;
+    count |= 56;
+  };
+  auto take = [&](int n) {
+    const uint32_t v = static_cast<uint32_t>(bits >> (64 - n));
+    bits <<= n;
+    count -= n;
+    return v;
+  };
+  // A symbol by its code; -1 for a code the table does not hold.
+  auto symbol = [&](const HuffmanTable& t) -> int {
+    const uint16_t e = t.lookup_[bits >> (64 - kLookup)];
+    if (e != 0) {
+      take(e >> 8);
+      return e & 0xFF;
+    }
+    const uint32_t code16 = static_cast<uint32_t>(bits >> 48);
+    int l = kLookup + 1;
+    while (l <= 16 && static_cast<int32_t>(code16 >> (16 - l)) > t.maxcode_[l]) ++l;
+    if (l > 16) return -1;
+    const int index = static_cast<int>(code16 >> (16 - l)) + t.valoffset_[l];
+    take(l);
+    return t.symbols_[index];
+  };
+  auto save = [&] {
+    bits_ = bits;
+    count_ = count;
+    next_ = next;
+  };
+  auto bad_code = [&] {
+    save();
+    return DecodeError("corrupt JPEG data: bad Huffman code");
+  };
+
+  refill();
+  const int s = symbol(dc);
+  if (s < 0) return bad_code();
+  const int32_t diff = s ? Extend(take(s), s) : 0;
+  // Wrapping like libjpeg's int on malformed data, without the undefined behaviour.
+  *last_dc = static_cast<int32_t>(static_cast<uint32_t>(*last_dc) + static_cast<uint32_t>(diff));
+  block[0] = static_cast<int16_t>(*last_dc);
+  for (int k = 1; k < 64;) {
+    refill();
+    const int e = ac.fast_ac_[bits >> (64 - kLookup)];
+    if (e != 0) {
+      k += (e >> 4) & 15;
+      block[kNaturalOrder[k]] = static_cast<int16_t>(e >> 8);
+      take(e & 15);
+      ++k;
+      continue;
+    }
+    const int rs = symbol(ac);
+    if (rs < 0) return bad_code();
+    const int run = rs >> 4, size = rs & 15;
+    if (size != 0) {
+      k += run;
+      block[kNaturalOrder[k]] = static_cast<int16_t>(Extend(take(size), size));
+      ++k;
+    } else {
+      if (run != 15) break;  // end of block
+      k += 16;
+    }
+  }
+  save();
+  return Status::Ok();
+}
+
+}  // namespace tbljax

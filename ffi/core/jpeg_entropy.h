@@ -1,0 +1,89 @@
+// Huffman entropy decoding of a baseline JPEG's restart segments, our own: the DCT coefficients
+// of each block, exactly those libjpeg-turbo's decoder produces (the same values, the same
+// tolerance of an AC run past the block's end, the same cases it warns about -- which fail
+// here). DecodeJpegBox (decode.h) feeds them to libjpeg in place of its own entropy decoder,
+// so the dequantization, IDCT, upsampling and colour conversion stay libjpeg-turbo's, and the
+// pixels are bit for bit those of a plain libjpeg-turbo decode.
+//
+// Why our own: compact records carry a restart marker every 2 MCUs, and libjpeg-turbo's fast
+// Huffman path gives up at every marker it sees coming and re-decodes that MCU on its slow,
+// bit-at-a-time path, so about half of every box went the slow way. Here a segment is first
+// unstuffed into a padded buffer (its end known from jpeg_restart.h's walk), so the bit reader
+// refills without a branch and a lookup decodes most AC coefficients (code and extra bits) at
+// once. Measured in benchmarks/README.md ("the entropy decoder").
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "status.h"
+
+namespace tbljax {
+
+// A DHT table, derived for decoding: counts[l] codes of length l (l = 1..16; counts[0]
+// unused), then its symbols in code order.
+class HuffmanTable {
+ public:
+  static constexpr int kLookupBits = 10;
+  // InvalidArgument for a table libjpeg would refuse too: more than 256 symbols, code lengths
+  // that overflow their length, a DC symbol over 15.
+  static Status Build(const uint8_t counts[17], const uint8_t* symbols, bool dc,
+                      HuffmanTable* out);
+  // Whether `counts` and `symbols` are the ones this table was built from (a record's tables
+  // are usually those of the record before: rebuilt only when they change).
+  bool Same(const uint8_t counts[17], const uint8_t* symbols, bool dc) const;
+
+ private:
+  friend class SegmentDecoder;
+  // By the next kLookupBits bits of the stream: length << 8 | symbol of a code at most that
+  // long, or 0 (longer: slow path).
+  uint16_t lookup_[1 << kLookupBits] = {};
+  // AC only, by the same bits: a whole coefficient whose code and extra bits fit in them and
+  // whose value fits in 8 bits: value << 8 | run << 4 | bits used; 0 otherwise.
+  int16_t fast_ac_[1 << kLookupBits] = {};
+  int32_t maxcode_[17] = {};   // the largest code of each length (-1: none)
+  int32_t valoffset_[17] = {};  // symbol index of a code of that length = code + valoffset
+  uint8_t counts_[17] = {};
+  uint8_t symbols_[256] = {};
+  int num_symbols_ = 0;
+  bool dc_ = false;
+};
+
+// The layout of one MCU of the scan: which component each of its blocks belongs to and the
+// tables that decode it.
+struct McuLayout {
+  static constexpr int kMaxBlocks = 10;  // D_MAX_BLOCKS_IN_MCU
+  int blocks = 0;
+  int component[kMaxBlocks] = {};  // index in the scan, for the DC predictor
+  const HuffmanTable* dc[kMaxBlocks] = {};
+  const HuffmanTable* ac[kMaxBlocks] = {};
+};
+
+// Decodes restart segments one after another, MCU by MCU.
+class SegmentDecoder {
+ public:
+  explicit SegmentDecoder(const McuLayout& layout) : layout_(layout) {}
+  // Starts the segment held by bytes [begin, end) of the scan (stuffed, as in the file; fill
+  // bytes before the next marker may be included): DC predictors reset, as at a restart.
+  void Start(const uint8_t* begin, const uint8_t* end);
+  // Decodes the next MCU into blocks[0 .. layout.blocks) (64 coefficients each, natural order,
+  // zeroed by the caller). DecodeError when a code is not in its table (libjpeg's "bad Huffman
+  // code") or the segment's data ends before the MCU does.
+  Status DecodeMcu(int16_t* const* blocks);
+  // After the segment's last MCU: DecodeError when a whole byte or more of its data is left
+  // over (libjpeg's "extraneous bytes before marker").
+  Status Finish() const;
+
+ private:
+  Status DecodeBlock(int16_t* block, const HuffmanTable& dc, const HuffmanTable& ac,
+                     int32_t* last_dc);
+  const McuLayout& layout_;
+  std::vector<uint8_t> data_;  // the segment unstuffed, then zero padding
+  size_t data_bits_ = 0;       // bits of real data in data_
+  const uint8_t* next_ = nullptr;  // where the next refill reads
+  uint64_t bits_ = 0;              // the next bits of the stream, first bit highest
+  int count_ = 0;                  // how many of bits_ are valid
+  int32_t last_dc_[4] = {};
+};
+
+}  // namespace tbljax

@@ -1,0 +1,143 @@
+"""Our own Huffman decoder of restart segments (ffi/core/jpeg_entropy.h), which gives libjpeg the
+coefficients of a compact record's box: every pixel it serves is libjpeg-turbo's own whole-image
+decode (test_restart_decode.py proves that for every box class, subsampling, interval and scale,
+against Pillow). Here: fuzzed records against libjpeg-turbo's entropy decoder (tbljax's whole
+decode, which fails on every libjpeg warning), the cases it fails on and the one it is stricter
+about, and the real photos at ImageNet geometry."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tbljax
+from tbljax import _core
+
+from conftest import shared_dir
+from test_compact_serve import box_pixels, pil_decode, source_of, textured
+from test_restart_decode import MCU, encode, per_row, restart_segments
+
+R = 2  # what compact records carry
+
+
+def decoded(blob: bytes) -> np.ndarray | None:
+    """libjpeg-turbo's whole decode (its own entropy decoder), None where it fails."""
+    try:
+        return np.asarray(_core.decode_jpeg(blob))
+    except tbljax.DecodeError:
+        return None
+
+
+def mutate(blob: bytes, segs: list[tuple[int, int]], rng) -> bytes:
+    """1-4 bytes of the given segments changed to random bytes that are not 0xFF and leave no
+    stuffed pair broken (so the segments and markers stay where they were), or a segment's
+    tail zeroed."""
+    b = bytearray(blob)
+    a, e = segs[int(rng.integers(len(segs)))]
+    if rng.random() < 0.2:
+        cut = int(rng.integers(a, e))
+        b[cut:e] = b"\0" * (e - cut) if all(b[i - 1] != 0xFF for i in range(cut, e)) else b[cut:e]
+        return bytes(b)
+    for _ in range(int(rng.integers(1, 5))):
+        i = int(rng.integers(a, e))
+        if b[i] == 0xFF or b[i - 1] == 0xFF:
+            continue
+        b[i] = int(rng.integers(0, 255))
+    return bytes(b)
+
+
+@pytest.mark.parametrize("kind", ["420", "422", "444", "gray"])
+def test_fuzzed_records_decode_as_libjpeg_turbo_decodes_them(kind):
+    """Damage in the segments a box needs: where libjpeg-turbo decodes the record, the box is
+    its pixels; where it fails, so does the box. The one difference allowed: a segment whose
+    data ends a byte or more before its marker fails here, where libjpeg-turbo lets up to
+    about 7 stray bytes pass when its bit buffer has already read up to the marker."""
+    h, w = 80, 112
+    blob = encode(textured(h, w, seed=3), kind, R)
+    segs = restart_segments(blob)
+    per_seg_row = per_row(w, kind) // R
+    # The box leaves out the last column of segments (the part is not the whole record, which
+    # libjpeg decodes itself), and the damage goes only where the box's part reads.
+    box = (0, 0, h, (per_seg_row - 1) * R * MCU[kind][0] - 1)
+    inside = [s for j, s in enumerate(segs) if j % per_seg_row != per_seg_row - 1]
+    rng = np.random.default_rng({"420": 1, "422": 2, "444": 3, "gray": 4}[kind])
+    outcomes = {"same": 0, "both fail": 0, "stricter": 0}
+    for n in range(300):
+        bad = mutate(blob, inside, rng)
+        ref = decoded(bad)
+        try:
+            got = box_pixels(source_of([bad], [(h, w)]), 0, box)
+        except tbljax.DecodeError as e:
+            if ref is None:
+                outcomes["both fail"] += 1
+                continue
+            assert "extraneous bytes" in str(e), f"mutation {n}: libjpeg decodes it, we fail: {e}"
+            outcomes["stricter"] += 1
+            continue
+        assert ref is not None, f"mutation {n}: libjpeg-turbo fails, the box decoded"
+        np.testing.assert_array_equal(got, ref[:box[2], :box[3]], err_msg=f"mutation {n}")
+        outcomes["same"] += 1
+    # The fuzzing reached both sides: records that still decode, and damage that fails.
+    assert outcomes["same"] > 20 and outcomes["both fail"] > 20, outcomes
+
+
+def segment_with(blob: bytes, seg: tuple[int, int], data: bytes) -> bytes:
+    a, b = seg
+    return blob[:a] + data + blob[b:]
+
+
+def test_the_damage_it_fails_on_is_named():
+    h, w = 64, 64
+    blob = encode(textured(h, w, seed=9), "420", R)
+    segs = restart_segments(blob)
+    box = (0, 0, 8, 8)  # the first segment's part
+    # All ones: no code of the standard tables (an all-ones code is never assigned).
+    ones = segment_with(blob, segs[0], b"\xff\x00" * 40)
+    with pytest.raises(tbljax.DecodeError, match="bad Huffman code.*MCU rows 0-"):
+        box_pixels(source_of([ones], [(h, w)]), 0, box)
+    assert decoded(ones) is None  # libjpeg-turbo fails too
+    a, b = segs[0]
+    short = segment_with(blob, segs[0], blob[a:a + (b - a) // 2])
+    with pytest.raises(tbljax.DecodeError, match="premature end of data segment"):
+        box_pixels(source_of([short], [(h, w)]), 0, box)
+    assert decoded(short) is None
+    # Stray bytes before the marker: refused here (libjpeg-turbo passes a few of them).
+    long = segment_with(blob, segs[0], blob[a:b] + b"\x00" * 12)
+    with pytest.raises(tbljax.DecodeError, match="12 extraneous bytes before marker"):
+        box_pixels(source_of([long], [(h, w)]), 0, box)
+
+
+def test_a_tables_change_between_records_is_seen():
+    """Huffman tables are kept per thread and rebuilt when a record's differ: records of
+    different tables (libjpeg's standard ones, and optimized ones from a re-encode at another
+    quality and subsampling) decode alternately, each as libjpeg-turbo decodes it."""
+    h, w = 48, 64
+    blobs = [encode(textured(h, w, seed=s), kind, R) for s, kind in
+             [(1, "420"), (2, "444"), (3, "gray"), (4, "422"), (5, "420")]]
+    src = source_of(blobs, [(h, w)] * len(blobs))
+    for rep in range(2):
+        for i, blob in enumerate(blobs):
+            np.testing.assert_array_equal(box_pixels(src, i, (3, 5, 20, 30)),
+                                          pil_decode(blob)[3:23, 5:35])
+
+
+def test_real_photos_at_imagenet_geometry(tmp_path):
+    """Kodak photos converted as the README recommends for data larger than RAM (shorter side
+    256, compact q90 4:2:0): random boxes equal Pillow's whole decode."""
+    kodak = shared_dir("kodak")
+    files = sorted(kodak.rglob("*.jpg"))[::20]
+    path = tmp_path / "c.tbl"
+    tbljax.convert(files, str(path), image_size=256, resize="shorter_side", format="jpeg",
+                   quality=90, chroma="420", progress=False)
+    ds = tbljax.open(str(path))
+    views, _counts, offsets, sizes, hs, ws = ds.jpeg_records()
+    blobs = [bytes(views[0][o:o + s]) for o, s in zip(offsets.tolist(), sizes.tolist())]
+    src = source_of(blobs, list(zip(hs.tolist(), ws.tolist())))
+    rng = np.random.default_rng(0)
+    for i, blob in enumerate(blobs):
+        whole = pil_decode(blob)
+        h, w = whole.shape[:2]
+        for _ in range(4):
+            bh, bw = int(rng.integers(1, h + 1)), int(rng.integers(1, w // 2 + 1))
+            y0, x0 = int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1))
+            np.testing.assert_array_equal(box_pixels(src, i, (y0, x0, bh, bw)),
+                                          whole[y0:y0 + bh, x0:x0 + bw])
