@@ -71,14 +71,16 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
         const int first = code << spare, fill = 1 << spare;
         for (int j = 0; j < fill; ++j)
           t->lookup_[first + j] = static_cast<uint16_t>(l << 8 | sym);
-        // A whole AC coefficient in the lookup bits: its code, then s extra bits.
-        const int run = sym >> 4, s = sym & 15;
-        if (dc || s == 0 || l + s > kLookup) continue;
+        // A whole symbol in the lookup bits: its code, then s extra bits (a DC difference
+        // is a symbol of run 0 that does not end a block).
+        const int run = dc ? 0 : sym >> 4, s = dc ? sym : sym & 15;
+        if (l + s > kLookup || (!dc && s == 0 && run != 0 && run != 15)) continue;
+        const int advance = !dc && s == 0 && run == 0 ? 64 : 1;  // end of block, or the next
         for (int j = 0; j < fill; ++j) {
-          const uint32_t extra = static_cast<uint32_t>(j >> (spare - s)) & ((1u << s) - 1);
-          const int32_t v = Extend(extra, s);
-          if (v < -128 || v > 127) continue;
-          t->fast_ac_[first + j] = static_cast<int16_t>(v * 256 + (run << 4 | (l + s)));
+          const uint32_t extra = s ? static_cast<uint32_t>(j >> (spare - s)) & ((1u << s) - 1) : 0;
+          const int32_t v = s ? Extend(extra, s) : 0;
+          t->fast_[first + j] = static_cast<int32_t>(
+              static_cast<uint32_t>(v) << 16 | advance << 8 | run << 4 | (l + s));
         }
       }
       t->maxcode_[l] = code - 1;
@@ -187,20 +189,26 @@ Status SegmentDecoder::DecodeBlock(int16_t* block, const HuffmanTable& dc, const
   };
 
   refill();
-  const int s = symbol(dc);
-  if (s < 0) return bad_code();
-  const int32_t diff = s ? Extend(take(s), s) : 0;
+  int32_t diff;
+  if (const int32_t e = dc.fast_[bits >> (64 - kLookup)]; e != 0) {
+    diff = e >> 16;
+    take(e & 15);
+  } else {
+    const int s = symbol(dc);
+    if (s < 0) return bad_code();
+    diff = s ? Extend(take(s), s) : 0;
+  }
   // Wrapping like libjpeg's int on malformed data, without the undefined behaviour.
   *last_dc = static_cast<int32_t>(static_cast<uint32_t>(*last_dc) + static_cast<uint32_t>(diff));
   block[0] = static_cast<int16_t>(*last_dc);
   for (int k = 1; k < 64;) {
     refill();
-    const int e = ac.fast_ac_[bits >> (64 - kLookup)];
+    const int32_t e = ac.fast_[bits >> (64 - kLookup)];
     if (e != 0) {
       k += (e >> 4) & 15;
-      block[kNaturalOrder[k]] = static_cast<int16_t>(e >> 8);
+      block[kNaturalOrder[k]] = static_cast<int16_t>(e >> 16);
       take(e & 15);
-      ++k;
+      k += (e >> 8) & 0x7F;
       continue;
     }
     const int rs = symbol(ac);

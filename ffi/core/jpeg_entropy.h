@@ -38,9 +38,13 @@ class HuffmanTable {
   // By the next kLookupBits bits of the stream: length << 8 | symbol of a code at most that
   // long, or 0 (longer: slow path).
   uint16_t lookup_[1 << kLookupBits] = {};
-  // AC only, by the same bits: a whole coefficient whose code and extra bits fit in them and
-  // whose value fits in 8 bits: value << 8 | run << 4 | bits used; 0 otherwise.
-  int16_t fast_ac_[1 << kLookupBits] = {};
+  // By the same bits: a whole symbol whose code and extra bits fit in them, as
+  // value << 16 | advance << 8 | run << 4 | bits used (0: none). For AC the decoder skips
+  // `run` coefficients, stores `value`, then moves on by `advance`: 1, or 64 for the end of
+  // the block (its zero is stored where nothing is yet), so the end of block and a run of 16
+  // zeros (run 15, value 0) take the same path as any coefficient. For DC, value is the
+  // difference.
+  int32_t fast_[1 << kLookupBits] = {};
   int32_t maxcode_[17] = {};   // the largest code of each length (-1: none)
   int32_t valoffset_[17] = {};  // symbol index of a code of that length = code + valoffset
   uint8_t counts_[17] = {};
