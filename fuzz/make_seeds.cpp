@@ -48,11 +48,13 @@ Bytes Pattern(int h, int w, int channels, int seed) {
   return p;
 }
 
-Bytes Jpeg(int h, int w, int channels, ChromaSubsampling sub, bool progressive, int quality = 75) {
+Bytes Jpeg(int h, int w, int channels, ChromaSubsampling sub, bool progressive, int quality = 75,
+           int restart_mcus = 0) {
   EncodeOptions o;
   o.quality = quality;
   o.subsampling = sub;
   o.progressive = progressive;
+  o.restart_mcus = restart_mcus;
   Bytes out, px = Pattern(h, w, channels, h * w);
   Ok(EncodeJpeg(px.data(), h, w, channels, static_cast<ptrdiff_t>(w) * channels, o, &out));
   return out;
@@ -143,7 +145,8 @@ Bytes Tbl(const std::string& tmpdir, uint64_t capacity, const std::string& json,
 int main(int argc, char** argv) {
   if (argc != 2) Die("usage: make_seeds OUT_DIR");
   const std::string root = argv[1];
-  for (const char* d : {"", "/tbl", "/decode", "/kernel"}) ::mkdir((root + d).c_str(), 0755);
+  for (const char* d : {"", "/tbl", "/decode", "/box", "/kernel"})
+    ::mkdir((root + d).c_str(), 0755);
 
   // ---- decode: JPEGs of several kinds, each with a few control suffixes ----
   std::vector<Bytes> jpegs = {
@@ -169,6 +172,19 @@ int main(int argc, char** argv) {
        Concat(Bytes(base.begin(), base.begin() + base.size() / 2), {0, 8, 0}));
   Save(root + "/decode", "seed-raw-pixels", Concat(Pattern(9, 11, 3, 1), {0x03, 20, 10}));
   Save(root + "/decode", "seed-raw-flat", Concat(Bytes(12 * 5 * 3, 77), {0x03, 63, 4}));
+
+  // ---- box: compact-record JPEGs (restart markers, as convert writes them) and a few boxes ----
+  const Bytes boxed[] = {
+      Jpeg(48, 64, 3, ChromaSubsampling::k420, false, 90, 2),
+      Jpeg(40, 48, 3, ChromaSubsampling::k444, false, 90, 2),
+      Jpeg(24, 64, 3, ChromaSubsampling::k422, false, 90, 1),
+      Jpeg(32, 40, 1, ChromaSubsampling::k444, false, 90, 1),
+      Jpeg(33, 70, 3, ChromaSubsampling::k420, false, 90, 0),  // no markers: the usual path
+  };
+  k = 0;
+  for (const Bytes& j : boxed)
+    for (const Bytes& ctrl : {Bytes{0, 0, 255, 255}, Bytes{0, 0, 40, 40}, Bytes{128, 100, 90, 60}})
+      Save(root + "/box", "seed-" + std::to_string(k++), Concat(j, ctrl));
 
   // ---- tbl: files from the writer, followed by a control byte asking for right checksums ----
   char tmpl[] = "/tmp/tbljax-seeds-XXXXXX";

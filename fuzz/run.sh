@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses against the core sources (clang, ASan + UBSan) and runs one.
-# Usage: bash fuzz/run.sh {tbl|decode|kernel} [RUNS] [extra libFuzzer flags...]
+# Usage: bash fuzz/run.sh {tbl|decode|box|kernel} [RUNS] [extra libFuzzer flags...]
 #        bash fuzz/run.sh NAME 0 FILE...   replays inputs (e.g. a crash) once each
 # Output: build/fuzz/ (binaries, corpus/NAME grown from generated seeds, artifacts/).
 set -euo pipefail
@@ -9,8 +9,8 @@ name=${1:-}
 runs=${2:-1000000}
 shift $(( $# >= 2 ? 2 : 1 ))
 case $name in
-  tbl|decode|kernel) ;;
-  *) echo "usage: bash fuzz/run.sh tbl|decode|kernel [RUNS] [libFuzzer flags]" >&2; exit 2 ;;
+  tbl|decode|box|kernel) ;;
+  *) echo "usage: bash fuzz/run.sh tbl|decode|box|kernel [RUNS] [libFuzzer flags]" >&2; exit 2 ;;
 esac
 
 cxx=${CXX_FUZZ:-$(command -v clang++ || command -v clang++-14 || true)}

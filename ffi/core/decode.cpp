@@ -594,8 +594,9 @@ constexpr int kMaxRepeatedChroma = 2;
 // The restart path of DecodeJpegBox (decode.h): when the record is a single-scan Huffman JPEG
 // of 8-bit samples with a restart interval dividing its MCUs per row, shown unrotated, decodes
 // just the restart segments that cover `need` (pixels at 1/scale_denom, plus kUpsampleMargin of
-// them) as a JPEG of their own, at the same scale. *taken is false when the record is not such
-// a one (nothing done).
+// them), at the same scale: libjpeg reads a header of the part's size and takes the part's
+// coefficients from our entropy decoder (PartEntropy). *taken is false when the record is not
+// such a one (nothing done).
 Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, const PixelRect& need,
                          int scale_denom, JpegBoxScratch* s, JpegBoxRegion* region, bool* taken) {
   *taken = false;

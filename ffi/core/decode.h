@@ -85,7 +85,7 @@ struct JpegBoxRequest {
 // Buffers of DecodeJpegBox, kept by the caller (one per thread) and reused between images.
 struct JpegBoxScratch {
   std::vector<uint8_t> pixels, spare, row;
-  std::vector<uint8_t> part;     // the JPEG of the box's restart segments (jpeg_restart.h)
+  std::vector<uint8_t> part;     // the header of a JPEG of the box's part (jpeg_restart.h)
   std::vector<size_t> segments;  // where the record's restart segments lie
 };
 
@@ -104,7 +104,8 @@ struct JpegBoxRegion {
 // tbljax.convert writes restart markers), is cut down to the restart segments covering the box
 // plus a margin of one pixel at the decode scale where the box edge is not an image edge (fancy
 // chroma upsampling reads one neighbour), and only that part is entropy-decoded, at the same
-// scale (jpeg_restart.h); its segment count and marker sequence are checked over the whole
+// scale (jpeg_restart.h), by our own Huffman decoder (jpeg_entropy.h) whose coefficients
+// libjpeg turns into pixels; its segment count and marker sequence are checked over the whole
 // record.
 // Any other record: columns outside the box are not transformed, rows above it are
 // entropy-decoded only, and decoding stops after the box's last iMCU row. Either way damage

@@ -69,8 +69,7 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
         if (l > kLookup) continue;
         const int sym = symbols[p], spare = kLookup - l;
         const int first = code << spare, fill = 1 << spare;
-        for (int j = 0; j < fill; ++j)
-          t->lookup_[first + j] = static_cast<uint16_t>(l << 8 | sym);
+        for (int j = 0; j < fill; ++j) t->lookup_[first + j] = static_cast<uint16_t>(l << 8 | sym);
         // A whole symbol in the lookup bits: its code, then s extra bits (a DC difference
         // is a symbol of run 0 that does not end a block).
         const int run = dc ? 0 : sym >> 4, s = dc ? sym : sym & 15;
@@ -79,8 +78,8 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
         for (int j = 0; j < fill; ++j) {
           const uint32_t extra = s ? static_cast<uint32_t>(j >> (spare - s)) & ((1u << s) - 1) : 0;
           const int32_t v = s ? Extend(extra, s) : 0;
-          t->fast_[first + j] = static_cast<int32_t>(
-              static_cast<uint32_t>(v) << 16 | advance << 8 | run << 4 | (l + s));
+          t->fast_[first + j] = static_cast<int32_t>(static_cast<uint32_t>(v) << 16 | advance << 8 |
+                                                     run << 4 | (l + s));
         }
       }
       t->maxcode_[l] = code - 1;
@@ -127,11 +126,10 @@ void SegmentDecoder::Start(const uint8_t* begin, const uint8_t* end) {
 
 Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
   for (int b = 0; b < layout_.blocks; ++b) {
-    TBLJAX_RETURN_IF_ERROR(DecodeBlock(blocks[b], *layout_.dc[b], *layout_.ac[b],
-                                       &last_dc_[layout_.component[b]]));
+    TBLJAX_RETURN_IF_ERROR(
+        DecodeBlock(blocks[b], *layout_.dc[b], *layout_.ac[b], &last_dc_[layout_.component[b]]));
     const size_t used = static_cast<size_t>(next_ - data_.data()) * 8 - count_;
-    if (used > data_bits_)
-      return DecodeError("corrupt JPEG data: premature end of data segment");
+    if (used > data_bits_) return DecodeError("corrupt JPEG data: premature end of data segment");
   }
   return Status::Ok();
 }

@@ -27,8 +27,7 @@ class HuffmanTable {
   static constexpr int kLookupBits = 10;
   // InvalidArgument for a table libjpeg would refuse too: more than 256 symbols, code lengths
   // that overflow their length, a DC symbol over 15.
-  static Status Build(const uint8_t counts[17], const uint8_t* symbols, bool dc,
-                      HuffmanTable* out);
+  static Status Build(const uint8_t counts[17], const uint8_t* symbols, bool dc, HuffmanTable* out);
   // Whether `counts` and `symbols` are the ones this table was built from (a record's tables
   // are usually those of the record before: rebuilt only when they change).
   bool Same(const uint8_t counts[17], const uint8_t* symbols, bool dc) const;
@@ -45,7 +44,7 @@ class HuffmanTable {
   // zeros (run 15, value 0) take the same path as any coefficient. For DC, value is the
   // difference.
   int32_t fast_[1 << kLookupBits] = {};
-  int32_t maxcode_[17] = {};   // the largest code of each length (-1: none)
+  int32_t maxcode_[17] = {};    // the largest code of each length (-1: none)
   int32_t valoffset_[17] = {};  // symbol index of a code of that length = code + valoffset
   uint8_t counts_[17] = {};
   uint8_t symbols_[256] = {};
@@ -82,8 +81,8 @@ class SegmentDecoder {
   Status DecodeBlock(int16_t* block, const HuffmanTable& dc, const HuffmanTable& ac,
                      int32_t* last_dc);
   const McuLayout& layout_;
-  std::vector<uint8_t> data_;  // the segment unstuffed, then zero padding
-  size_t data_bits_ = 0;       // bits of real data in data_
+  std::vector<uint8_t> data_;      // the segment unstuffed, then zero padding
+  size_t data_bits_ = 0;           // bits of real data in data_
   const uint8_t* next_ = nullptr;  // where the next refill reads
   uint64_t bits_ = 0;              // the next bits of the stream, first bit highest
   int count_ = 0;                  // how many of bits_ are valid

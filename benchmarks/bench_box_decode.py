@@ -1,0 +1,108 @@
+"""The compact-record decode alone, per core: `tbljax.kernels.serve_jpeg` on one thread over the
+kodak photos converted at the ImageNet geometry (shorter side 256, q90 4:2:0, restart markers),
+one random-resized-crop box per record (scale 0.08-1, ratio 3/4-4/3, fixed seed) resized to
+OUT px uint8 -- no loader, no page faults, no Python per image. CPU time per image, the minimum
+of REPS passes in a process, median over the rounds. With --trees, each tree's `src` (a
+checkout with its extension built by scripts/dev-build.sh) runs in its own process, rounds
+interleaved: the A/B of a decoder change.
+
+    python benchmarks/bench_box_decode.py --rounds 5
+    python benchmarks/bench_box_decode.py --rounds 5 --trees /path/to/old-checkout .
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, SHARED_DATA, machine  # noqa: E402
+
+REPS = 7
+
+
+def rrc_boxes(hs: np.ndarray, ws: np.ndarray, seed: int = 0) -> list[tuple[int, int, int, int]]:
+    """torchvision's RandomResizedCrop draw (10 tries, then the whole image), one per record."""
+    rng = np.random.default_rng(seed)
+    boxes = []
+    for h, w in zip(hs.tolist(), ws.tolist()):
+        for _ in range(10):
+            area = rng.uniform(0.08, 1.0) * h * w
+            ratio = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
+            bw, bh = int(round(np.sqrt(area * ratio))), int(round(np.sqrt(area / ratio)))
+            if 0 < bw <= w and 0 < bh <= h:
+                break
+        else:
+            bh, bw = h, w
+        boxes.append((int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1)), bh, bw))
+    return boxes
+
+
+def worker(path: str, out_size: int) -> dict:
+    import tbljax
+
+    ds = tbljax.open(path)
+    views, counts, offsets, sizes, hs, ws = ds.jpeg_records()
+    src = tbljax.kernels.jpeg_source(list(views), list(counts), offsets, sizes, hs, ws)
+    n = len(sizes)
+    boxes = rrc_boxes(hs, ws)
+    out = np.empty((n, out_size, out_size, 3), np.uint8)
+    idx = np.arange(n, dtype=np.int64)
+    best = float("inf")
+    for _ in range(REPS):
+        t = time.process_time()
+        tbljax.kernels.serve_jpeg(src, idx, out, crop=boxes)
+        best = min(best, time.process_time() - t)
+    return {"us_per_img": best / n * 1e6}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", nargs=2, metavar=("PATH", "OUT"))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", type=int, nargs="+", default=[160, 224])
+    ap.add_argument("--trees", nargs="+", default=[str(REPO)],
+                    help="checkouts whose src/ to time (default: this one)")
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(worker(a.worker[0], int(a.worker[1]))))
+        return
+    files = sorted((SHARED_DATA / "kodak").rglob("*.jpg"))
+    if not files:
+        sys.exit(f"needs the kodak photos in {SHARED_DATA}/kodak")
+    import tbljax
+
+    with tempfile.TemporaryDirectory() as d:
+        path = str(Path(d) / "k256.tbl")
+        tbljax.convert(files, path, image_size=256, resize="shorter_side", format="jpeg",
+                       quality=90, chroma="420", progress=False)
+        res: dict[tuple[str, int], list[float]] = {}
+        for r in range(a.rounds):
+            for out in a.out:
+                for tree in a.trees:
+                    env = dict(os.environ, TBLJAX_NUM_THREADS="1",
+                               PYTHONPATH=str(Path(tree).resolve() / "src"))
+                    p = subprocess.run([sys.executable, __file__, "--worker", path, str(out)],
+                                       capture_output=True, text=True, env=env, check=True)
+                    v = json.loads(p.stdout.strip().splitlines()[-1])["us_per_img"]
+                    res.setdefault((tree, out), []).append(v)
+                    print(f"  round {r + 1} {tree} {out}px: {v:.1f} us", file=sys.stderr)
+    print(f"\nbench_box_decode: {len(files)} kodak photos, shorter side 256, q90 4:2:0, one RRC "
+          f"box each, 1 thread, min of {REPS} passes, median of {a.rounds} rounds\n"
+          f"machine: {machine()}\n")
+    print("| tree | out px | CPU us/img | img per CPU-second |")
+    print("|---|---:|---:|---:|")
+    for (tree, out), v in res.items():
+        m = float(np.median(v))
+        print(f"| {tree} | {out} | {m:.1f} | {1e6 / m:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
