@@ -259,23 +259,59 @@ struct PartEntropy {
   const std::vector<size_t>* bounds = nullptr;  // its restart segments (FindRestartSegments)
   JpegPart part;
   McuLayout layout;
-  SegmentDecoder segments{layout};
-  int row = 0, col = 0;  // the next MCU, in the record's grid of MCUs
-  Status status;         // why the decode stopped, when this stopped it
+  SegmentDecoder even{layout}, odd{layout};
+  std::vector<int16_t> row_coefs;  // the coefficients of the MCU row being served
+  int row = 0, col = 0;            // the next MCU, in the record's grid of MCUs
+  Status status;                   // why the decode stopped, when this stopped it
+
+  // Decodes MCU row `row` of the part into row_coefs, its segments two at a time.
+  Status DecodeRow() {
+    const int R = part.restart_mcus, n = (part.col1 - part.col0) / R;
+    const size_t mcu = static_cast<size_t>(layout.blocks) * 64;
+    row_coefs.assign(mcu * R * n, 0);
+    const size_t first = (static_cast<size_t>(row) * part.mcus_per_row + part.col0) / R;
+    auto blocks_of = [&](int m, int16_t** out) {  // MCU m of the row
+      for (int b = 0; b < layout.blocks; ++b) out[b] = row_coefs.data() + mcu * m + 64 * b;
+    };
+    auto start = [&](SegmentDecoder& d, int j) {
+      d.Start(data + (*bounds)[2 * (first + j)], data + (*bounds)[2 * (first + j) + 1]);
+    };
+    int16_t* xb[McuLayout::kMaxBlocks];
+    int16_t* yb[McuLayout::kMaxBlocks];
+    int j = 0;
+    for (; j + 1 < n; j += 2) {
+      start(even, j);
+      start(odd, j + 1);
+      for (int m = 0; m < R; ++m) {
+        blocks_of(j * R + m, xb);
+        blocks_of((j + 1) * R + m, yb);
+        Status xs, ys;
+        SegmentDecoder::DecodeMcuPair(even, xb, odd, yb, &xs, &ys);
+        TBLJAX_RETURN_IF_ERROR(xs);  // the first failure in the record's order
+        TBLJAX_RETURN_IF_ERROR(ys);
+      }
+      TBLJAX_RETURN_IF_ERROR(even.Finish());
+      TBLJAX_RETURN_IF_ERROR(odd.Finish());
+    }
+    if (j < n) {
+      start(even, j);
+      for (int m = 0; m < R; ++m) {
+        blocks_of(j * R + m, xb);
+        TBLJAX_RETURN_IF_ERROR(even.DecodeMcu(xb));
+      }
+      TBLJAX_RETURN_IF_ERROR(even.Finish());
+    }
+    return Status::Ok();
+  }
 
   Status Next(JBLOCKROW* mcu) {
-    const int R = part.restart_mcus;
     if (row >= part.row1) return DecodeError("internal: libjpeg asked for MCUs past the part");
-    if ((col - part.col0) % R == 0) {
-      const size_t s = (static_cast<size_t>(row) * part.mcus_per_row + col) / R;
-      segments.Start(data + (*bounds)[2 * s], data + (*bounds)[2 * s + 1]);
-    }
+    if (col == part.col0) TBLJAX_RETURN_IF_ERROR(DecodeRow());
     static_assert(sizeof(JCOEF) == sizeof(int16_t), "JCOEF is libjpeg's 16-bit coefficient");
-    int16_t* blocks[McuLayout::kMaxBlocks];
-    for (int b = 0; b < layout.blocks; ++b) blocks[b] = reinterpret_cast<int16_t*>(mcu[b][0]);
-    TBLJAX_RETURN_IF_ERROR(segments.DecodeMcu(blocks));
-    if ((++col - part.col0) % R == 0) TBLJAX_RETURN_IF_ERROR(segments.Finish());
-    if (col == part.col1) {
+    const int16_t* from =
+        row_coefs.data() + static_cast<size_t>(col - part.col0) * layout.blocks * 64;
+    for (int b = 0; b < layout.blocks; ++b) std::memcpy(mcu[b][0], from + 64 * b, 64 * 2);
+    if (++col == part.col1) {
       col = part.col0;
       ++row;
     }

@@ -21,8 +21,9 @@ constexpr uint8_t kNaturalOrder[64 + 16] = {
     47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
 
 // A block's codes and extra bits take at most 64 * (16 + 15) bits: the reader may run that far
-// past the data's end before the check after the block, plus the 8 bytes a refill loads.
-constexpr size_t kPadding = 64 * 31 / 8 + 16;
+// past the data's end before the check after the block (which lets 8 bytes pass), plus the 8
+// bytes a refill loads.
+constexpr size_t kPadding = 64 * 31 / 8 + 64;
 
 // The value of `bits` extra bits of magnitude category s (F.2.2.1's EXTEND).
 inline int32_t Extend(uint32_t bits, int s) {
@@ -45,11 +46,12 @@ constexpr int kLookup = HuffmanTable::kLookupBits;
 Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, bool dc,
                            HuffmanTable* t) {
   *t = HuffmanTable();
+  Arrays& a = t->arrays_;
   int n = 0;
   for (int l = 1; l <= 16; ++l) n += counts[l];
   if (n > 256) return InvalidArgument("bad Huffman table: " + std::to_string(n) + " symbols");
   std::memcpy(t->counts_, counts, 17);
-  std::memcpy(t->symbols_, symbols, static_cast<size_t>(n));
+  std::memcpy(a.symbols, symbols, static_cast<size_t>(n));
   t->num_symbols_ = n;
   t->dc_ = dc;
   if (dc)
@@ -62,14 +64,14 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
   int p = 0;
   for (int l = 1; l <= 16; ++l) {
     if (counts[l] == 0) {
-      t->maxcode_[l] = -1;
+      a.maxcode[l] = -1;
     } else {
-      t->valoffset_[l] = p - code;
+      a.valoffset[l] = p - code;
       for (int i = 0; i < counts[l]; ++i, ++p, ++code) {
         if (l > kLookup) continue;
         const int sym = symbols[p], spare = kLookup - l;
         const int first = code << spare, fill = 1 << spare;
-        for (int j = 0; j < fill; ++j) t->lookup_[first + j] = static_cast<uint16_t>(l << 8 | sym);
+        for (int j = 0; j < fill; ++j) a.lookup[first + j] = static_cast<uint16_t>(l << 8 | sym);
         // A whole symbol in the lookup bits: its code, then s extra bits (a DC difference
         // is a symbol of run 0 that does not end a block).
         const int run = dc ? 0 : sym >> 4, s = dc ? sym : sym & 15;
@@ -78,11 +80,11 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
         for (int j = 0; j < fill; ++j) {
           const uint32_t extra = s ? static_cast<uint32_t>(j >> (spare - s)) & ((1u << s) - 1) : 0;
           const int32_t v = s ? Extend(extra, s) : 0;
-          t->fast_[first + j] = static_cast<int32_t>(static_cast<uint32_t>(v) << 16 | advance << 8 |
-                                                     run << 4 | (l + s));
+          a.fast[first + j] = static_cast<int32_t>(static_cast<uint32_t>(v) << 16 | advance << 8 |
+                                                   run << 4 | (l + s));
         }
       }
-      t->maxcode_[l] = code - 1;
+      a.maxcode[l] = code - 1;
     }
     if (code >= (int32_t{1} << l))
       return InvalidArgument("bad Huffman table: the codes overflow length " + std::to_string(l));
@@ -93,7 +95,7 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
 
 bool HuffmanTable::Same(const uint8_t counts[17], const uint8_t* symbols, bool dc) const {
   if (dc != dc_ || std::memcmp(counts + 1, counts_ + 1, 16) != 0) return false;
-  return std::memcmp(symbols, symbols_, static_cast<size_t>(num_symbols_)) == 0;
+  return std::memcmp(symbols, arrays_.symbols, static_cast<size_t>(num_symbols_)) == 0;
 }
 
 // ---------------------------------------------------------------- segments ---------------
@@ -124,104 +126,175 @@ void SegmentDecoder::Start(const uint8_t* begin, const uint8_t* end) {
   std::fill(std::begin(last_dc_), std::end(last_dc_), 0);
 }
 
-Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
-  for (int b = 0; b < layout_.blocks; ++b) {
-    TBLJAX_RETURN_IF_ERROR(
-        DecodeBlock(blocks[b], *layout_.dc[b], *layout_.ac[b], &last_dc_[layout_.component[b]]));
-    const size_t used = static_cast<size_t>(next_ - data_.data()) * 8 - count_;
-    if (used > data_bits_) return DecodeError("corrupt JPEG data: premature end of data segment");
-  }
-  return Status::Ok();
-}
+namespace {
 
-Status SegmentDecoder::Finish() const {
-  const size_t used = static_cast<size_t>(next_ - data_.data()) * 8 - count_;
-  if (data_bits_ - used >= 8)
-    return DecodeError("corrupt JPEG data: " + std::to_string((data_bits_ - used) / 8) +
-                       " extraneous bytes before marker");
-  return Status::Ok();
-}
+// One segment's reading state, kept in registers while blocks are decoded.
+struct BitCursor {
+  uint64_t bits;  // the next bits of the stream, first bit highest
+  int count;      // how many of them are valid
+  const uint8_t* next;
 
-Status SegmentDecoder::DecodeBlock(int16_t* block, const HuffmanTable& dc, const HuffmanTable& ac,
-                                   int32_t* last_dc) {
-  uint64_t bits = bits_;
-  int count = count_;
-  const uint8_t* next = next_;
-  // After a refill at least 56 bits are valid: one code and its extra bits (31 at most).
-  // The bits past `count` are the stream's next ones already, so OR-ing them in again is a
-  // no-op (the branch-free refill of F. Giesen's "Reading bits in far too many ways").
-  auto refill = [&] {
+  // After a refill at least 56 bits are valid: one code and its extra bits (31 at most). The
+  // bits past `count` are the stream's next ones already, so OR-ing them in again is a no-op
+  // (the branch-free refill of F. Giesen's "Reading bits in far too many ways").
+  void Refill() {
     bits |= LoadBigEndian64(next) >> count;
     next += (63 - count) >> 3;
     count |= 56;
-  };
-  auto take = [&](int n) {
+  }
+  uint32_t Take(int n) {
     const uint32_t v = static_cast<uint32_t>(bits >> (64 - n));
     bits <<= n;
     count -= n;
     return v;
-  };
-  // A symbol by its code; -1 for a code the table does not hold.
-  auto symbol = [&](const HuffmanTable& t) -> int {
-    const uint16_t e = t.lookup_[bits >> (64 - kLookup)];
-    if (e != 0) {
-      take(e >> 8);
-      return e & 0xFF;
-    }
-    const uint32_t code16 = static_cast<uint32_t>(bits >> 48);
-    int l = kLookup + 1;
-    while (l <= 16 && static_cast<int32_t>(code16 >> (16 - l)) > t.maxcode_[l]) ++l;
-    if (l > 16) return -1;
-    const int index = static_cast<int>(code16 >> (16 - l)) + t.valoffset_[l];
-    take(l);
-    return t.symbols_[index];
-  };
-  auto save = [&] {
-    bits_ = bits;
-    count_ = count;
-    next_ = next;
-  };
-  auto bad_code = [&] {
-    save();
-    return DecodeError("corrupt JPEG data: bad Huffman code");
-  };
+  }
+};
 
-  refill();
+// One block's decoding: DC first, then AC steps until the block ends.
+struct BlockState {
+  int16_t* block;
+  int k;
+  bool bad;  // a code its table does not hold
+};
+
+// A symbol by its code (one the lookup does not hold whole); -1 for a code not in the table.
+inline int SlowSymbol(BitCursor& c, const HuffmanTable::Arrays& t) {
+  const uint16_t e = t.lookup[c.bits >> (64 - kLookup)];
+  if (e != 0) {
+    c.Take(e >> 8);
+    return e & 0xFF;
+  }
+  const uint32_t code16 = static_cast<uint32_t>(c.bits >> 48);
+  int l = kLookup + 1;
+  while (l <= 16 && static_cast<int32_t>(code16 >> (16 - l)) > t.maxcode[l]) ++l;
+  if (l > 16) return -1;
+  const int index = static_cast<int>(code16 >> (16 - l)) + t.valoffset[l];
+  c.Take(l);
+  return t.symbols[index];
+}
+
+inline void DecodeDc(BitCursor& c, const HuffmanTable::Arrays& dc, int32_t* last_dc,
+                     BlockState& b) {
+  c.Refill();
   int32_t diff;
-  if (const int32_t e = dc.fast_[bits >> (64 - kLookup)]; e != 0) {
+  if (const int32_t e = dc.fast[c.bits >> (64 - kLookup)]; e != 0) {
     diff = e >> 16;
-    take(e & 15);
+    c.Take(e & 15);
   } else {
-    const int s = symbol(dc);
-    if (s < 0) return bad_code();
-    diff = s ? Extend(take(s), s) : 0;
+    const int s = SlowSymbol(c, dc);
+    if (s < 0) {
+      b.bad = true;
+      b.k = 64;
+      return;
+    }
+    diff = s ? Extend(c.Take(s), s) : 0;
   }
   // Wrapping like libjpeg's int on malformed data, without the undefined behaviour.
   *last_dc = static_cast<int32_t>(static_cast<uint32_t>(*last_dc) + static_cast<uint32_t>(diff));
-  block[0] = static_cast<int16_t>(*last_dc);
-  for (int k = 1; k < 64;) {
-    refill();
-    const int32_t e = ac.fast_[bits >> (64 - kLookup)];
-    if (e != 0) {
-      k += (e >> 4) & 15;
-      block[kNaturalOrder[k]] = static_cast<int16_t>(e >> 16);
-      take(e & 15);
-      k += (e >> 8) & 0x7F;
-      continue;
-    }
-    const int rs = symbol(ac);
-    if (rs < 0) return bad_code();
-    const int run = rs >> 4, size = rs & 15;
-    if (size != 0) {
-      k += run;
-      block[kNaturalOrder[k]] = static_cast<int16_t>(Extend(take(size), size));
-      ++k;
-    } else {
-      if (run != 15) break;  // end of block
-      k += 16;
-    }
+  b.block[0] = static_cast<int16_t>(*last_dc);
+  b.k = 1;
+}
+
+// One AC symbol; false once the block has ended (or a code was bad).
+inline bool StepAc(BitCursor& c, const HuffmanTable::Arrays& ac, BlockState& b) {
+  c.Refill();
+  const int32_t e = ac.fast[c.bits >> (64 - kLookup)];
+  if (e != 0) {
+    b.k += (e >> 4) & 15;
+    b.block[kNaturalOrder[b.k]] = static_cast<int16_t>(e >> 16);
+    c.Take(e & 15);
+    b.k += (e >> 8) & 0x7F;
+    return b.k < 64;
   }
-  save();
+  const int rs = SlowSymbol(c, ac);
+  if (rs < 0) {
+    b.bad = true;
+    return false;
+  }
+  const int run = rs >> 4, size = rs & 15;
+  if (size != 0) {
+    b.k += run;
+    b.block[kNaturalOrder[b.k]] = static_cast<int16_t>(Extend(c.Take(size), size));
+    ++b.k;
+  } else {
+    b.k = run == 15 ? b.k + 16 : 64;  // a run of 16 zeros, or the end of the block
+  }
+  return b.k < 64;
+}
+
+}  // namespace
+
+Status SegmentDecoder::Checked(bool bad) const {
+  if (bad) return DecodeError("corrupt JPEG data: bad Huffman code");
+  if (Used() > data_bits_) return DecodeError("corrupt JPEG data: premature end of data segment");
+  return Status::Ok();
+}
+
+size_t SegmentDecoder::Used() const {
+  return static_cast<size_t>(next_ - data_.data()) * 8 - static_cast<size_t>(count_);
+}
+
+Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
+  BitCursor c{bits_, count_, next_};
+  bool bad = false;
+  for (int i = 0; i < layout_.blocks && !bad; ++i) {
+    const HuffmanTable::Arrays& ac = layout_.ac[i]->arrays();
+    BlockState b{blocks[i], 0, false};
+    DecodeDc(c, layout_.dc[i]->arrays(), &last_dc_[layout_.component[i]], b);
+    while (b.k < 64 && StepAc(c, ac, b)) {
+    }
+    bad = b.bad;
+    // Past the data's end: stop before the padding runs out (checked below).
+    if (static_cast<size_t>(c.next - data_.data()) * 8 > data_bits_ + 64) break;
+  }
+  bits_ = c.bits;
+  count_ = c.count;
+  next_ = c.next;
+  return Checked(bad);
+}
+
+void SegmentDecoder::DecodeMcuPair(SegmentDecoder& x, int16_t* const* xb, SegmentDecoder& y,
+                                   int16_t* const* yb, Status* xs, Status* ys) {
+  const McuLayout& layout = x.layout_;
+  BitCursor cx{x.bits_, x.count_, x.next_}, cy{y.bits_, y.count_, y.next_};
+  bool xbad = false, ybad = false;
+  for (int i = 0; i < layout.blocks && !xbad && !ybad; ++i) {
+    const HuffmanTable::Arrays& dc = layout.dc[i]->arrays();
+    const HuffmanTable::Arrays& ac = layout.ac[i]->arrays();
+    const int comp = layout.component[i];
+    BlockState bx{xb[i], 0, false}, by{yb[i], 0, false};
+    DecodeDc(cx, dc, &x.last_dc_[comp], bx);
+    DecodeDc(cy, dc, &y.last_dc_[comp], by);
+    // The two segments are independent streams: their serial chains (bits -> lookup -> bits)
+    // overlap in the core while both blocks run, then the longer one finishes alone.
+    bool xon = bx.k < 64, yon = by.k < 64;
+    while (xon && yon) {
+      xon = StepAc(cx, ac, bx);
+      yon = StepAc(cy, ac, by);
+    }
+    while (xon) xon = StepAc(cx, ac, bx);
+    while (yon) yon = StepAc(cy, ac, by);
+    xbad = bx.bad;
+    ybad = by.bad;
+    if (static_cast<size_t>(cx.next - x.data_.data()) * 8 > x.data_bits_ + 64 ||
+        static_cast<size_t>(cy.next - y.data_.data()) * 8 > y.data_bits_ + 64)
+      break;
+  }
+  x.bits_ = cx.bits;
+  x.count_ = cx.count;
+  x.next_ = cx.next;
+  y.bits_ = cy.bits;
+  y.count_ = cy.count;
+  y.next_ = cy.next;
+  *xs = x.Checked(xbad);
+  *ys = y.Checked(ybad);
+}
+
+Status SegmentDecoder::Finish() const {
+  const size_t used = Used();
+  if (data_bits_ - used >= 8)
+    return DecodeError("corrupt JPEG data: " + std::to_string((data_bits_ - used) / 8) +
+                       " extraneous bytes before marker");
   return Status::Ok();
 }
 

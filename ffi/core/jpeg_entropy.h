@@ -32,22 +32,27 @@ class HuffmanTable {
   // are usually those of the record before: rebuilt only when they change).
   bool Same(const uint8_t counts[17], const uint8_t* symbols, bool dc) const;
 
+  // What decoding reads, together.
+  struct Arrays {
+    // By the next kLookupBits bits of the stream: length << 8 | symbol of a code at most
+    // that long, or 0 (longer: compared with maxcode).
+    uint16_t lookup[1 << kLookupBits];
+    // By the same bits: a whole symbol whose code and extra bits fit in them, as
+    // value << 16 | advance << 8 | run << 4 | bits used (0: none). For AC the decoder skips
+    // `run` coefficients, stores `value`, then moves on by `advance`: 1, or 64 for the end of
+    // the block (its zero is stored where nothing is yet), so the end of block and a run of
+    // 16 zeros (run 15, value 0) take the same path as any coefficient. For DC, value is the
+    // difference.
+    int32_t fast[1 << kLookupBits];
+    int32_t maxcode[17];    // the largest code of each length (-1: none)
+    int32_t valoffset[17];  // symbol index of a code of that length = code + valoffset
+    uint8_t symbols[256];
+  };
+  const Arrays& arrays() const { return arrays_; }
+
  private:
-  friend class SegmentDecoder;
-  // By the next kLookupBits bits of the stream: length << 8 | symbol of a code at most that
-  // long, or 0 (longer: slow path).
-  uint16_t lookup_[1 << kLookupBits] = {};
-  // By the same bits: a whole symbol whose code and extra bits fit in them, as
-  // value << 16 | advance << 8 | run << 4 | bits used (0: none). For AC the decoder skips
-  // `run` coefficients, stores `value`, then moves on by `advance`: 1, or 64 for the end of
-  // the block (its zero is stored where nothing is yet), so the end of block and a run of 16
-  // zeros (run 15, value 0) take the same path as any coefficient. For DC, value is the
-  // difference.
-  int32_t fast_[1 << kLookupBits] = {};
-  int32_t maxcode_[17] = {};    // the largest code of each length (-1: none)
-  int32_t valoffset_[17] = {};  // symbol index of a code of that length = code + valoffset
+  Arrays arrays_ = {};
   uint8_t counts_[17] = {};
-  uint8_t symbols_[256] = {};
   int num_symbols_ = 0;
   bool dc_ = false;
 };
@@ -62,7 +67,7 @@ struct McuLayout {
   const HuffmanTable* ac[kMaxBlocks] = {};
 };
 
-// Decodes restart segments one after another, MCU by MCU.
+// Decodes restart segments one after another, MCU by MCU, or two segments at once.
 class SegmentDecoder {
  public:
   explicit SegmentDecoder(const McuLayout& layout) : layout_(layout) {}
@@ -73,13 +78,17 @@ class SegmentDecoder {
   // zeroed by the caller). DecodeError when a code is not in its table (libjpeg's "bad Huffman
   // code") or the segment's data ends before the MCU does.
   Status DecodeMcu(int16_t* const* blocks);
+  // The next MCU of x and of y (two decoders of the same layout, on different segments) at
+  // once, their work interleaved; the same results as DecodeMcu on each.
+  static void DecodeMcuPair(SegmentDecoder& x, int16_t* const* x_blocks, SegmentDecoder& y,
+                            int16_t* const* y_blocks, Status* x_status, Status* y_status);
   // After the segment's last MCU: DecodeError when a whole byte or more of its data is left
   // over (libjpeg's "extraneous bytes before marker").
   Status Finish() const;
 
  private:
-  Status DecodeBlock(int16_t* block, const HuffmanTable& dc, const HuffmanTable& ac,
-                     int32_t* last_dc);
+  size_t Used() const;  // bits of data_ read so far
+  Status Checked(bool bad_code) const;
   const McuLayout& layout_;
   std::vector<uint8_t> data_;      // the segment unstuffed, then zero padding
   size_t data_bits_ = 0;           // bits of real data in data_
