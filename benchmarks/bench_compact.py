@@ -527,6 +527,7 @@ def main() -> None:
     for side in a.side:
         ceil = {k: m[k] for k in m if k.startswith(f"S{side} ceiling:")}
         best_ceil = max(ceil, key=ceil.get) if ceil else None
+        best_ceil_cpu = max(ceil, key=lambda k: per_cpu[k]) if ceil else None
         for out in OUTS:
             for dt in ("f32", "u8"):
                 g = f"S{side} {out}px {dt}"
@@ -544,7 +545,9 @@ def main() -> None:
                           f"{m[best_ceil]:,.0f} img/s): 2 threads / 2: {m[tb] / THREADS / m[best_ceil]:.2f}x"
                     if one_t in m:
                         txt += f", 1 thread: {ratio(one_t, best_ceil):.2f}x"
-                    print(txt + " (target >= 1.8x)")
+                    # Per CPU-second: the same comparison in the process's CPU time, which a
+                    # neighbour's load moves far less than wall time on this 2-core machine.
+                    print(txt + f", per CPU-second: {ratio(tb, best_ceil_cpu, per_cpu):.2f}x (target >= 1.8x)")
                 dct = f"{g}: tbljax jpeg_dct_scale, 2 threads"
                 if dct in m and tb in m:
                     print(f"{g}: jpeg_dct_scale speed-up: {ratio(dct, tb):.2f}x")
