@@ -26,24 +26,40 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
 
 
-def run_worker(script: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 900) -> dict:
-    """Runs `python script --worker args...` in a fresh process; returns its JSON result."""
+def run_worker(script: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 900,
+               python: str | None = None) -> dict:
+    """Runs `python script --worker args...` in a fresh process; returns its JSON result.
+    python: the interpreter (default this one), e.g. a peer library's own venv."""
     e = dict(os.environ)
     e.update(env or {})
-    r = subprocess.run([sys.executable, str(script), "--worker", *args], capture_output=True, text=True,
-                       env=e, timeout=timeout)
+    r = subprocess.run([python or sys.executable, str(script), "--worker", *args], capture_output=True,
+                       text=True, env=e, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"worker {args} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def rounds(script: Path, configs: dict[str, list[str]], n: int, env: dict[str, dict[str, str]] | None = None,
-           ) -> dict[str, list[dict]]:
-    """Runs every config n times, interleaved round by round so drift hits all alike."""
+           python: dict[str, str] | None = None, keep_going: bool = False) -> dict[str, list[dict]]:
+    """Runs every config n times, interleaved round by round so drift hits all alike.
+    python: {config: interpreter} for configs that run elsewhere than this interpreter.
+    keep_going: a config whose worker fails gets one {"error": message} entry and is not run
+    again; the others go on (default: the failure is raised)."""
     out: dict[str, list[dict]] = {k: [] for k in configs}
+    failed: set[str] = set()
     for r in range(n):
         for name, args in configs.items():
-            res = run_worker(script, args, (env or {}).get(name))
+            if name in failed:
+                continue
+            try:
+                res = run_worker(script, args, (env or {}).get(name), python=(python or {}).get(name))
+            except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
+                if not keep_going:
+                    raise
+                failed.add(name)
+                out[name].append({"error": str(err).strip().splitlines()[-1][:300]})
+                print(f"  round {r + 1}/{n} {name}: FAILED: {err}", file=sys.stderr, flush=True)
+                continue
             out[name].append(res)
             print(f"  round {r + 1}/{n} {name}: {json.dumps(res)}", file=sys.stderr, flush=True)
     return out
