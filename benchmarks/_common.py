@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,7 +36,9 @@ def run_worker(script: Path, args: list[str], env: dict[str, str] | None = None,
     r = subprocess.run([python or sys.executable, str(script), "--worker", *args], capture_output=True,
                        text=True, env=e, timeout=timeout)
     if r.returncode != 0:
-        raise RuntimeError(f"worker {args} failed:\n{r.stderr[-3000:]}")
+        how = (f"killed by {signal.Signals(-r.returncode).name}" if r.returncode < 0
+               else f"exit status {r.returncode}")
+        raise RuntimeError(f"worker {args} failed ({how}):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -43,21 +46,19 @@ def rounds(script: Path, configs: dict[str, list[str]], n: int, env: dict[str, d
            python: dict[str, str] | None = None, keep_going: bool = False) -> dict[str, list[dict]]:
     """Runs every config n times, interleaved round by round so drift hits all alike.
     python: {config: interpreter} for configs that run elsewhere than this interpreter.
-    keep_going: a config whose worker fails gets one {"error": message} entry and is not run
-    again; the others go on (default: the failure is raised)."""
+    keep_going: a worker that fails gives an {"error": message} entry for that round and the
+    run goes on (default: the failure is raised)."""
     out: dict[str, list[dict]] = {k: [] for k in configs}
-    failed: set[str] = set()
     for r in range(n):
         for name, args in configs.items():
-            if name in failed:
-                continue
             try:
                 res = run_worker(script, args, (env or {}).get(name), python=(python or {}).get(name))
             except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
                 if not keep_going:
                     raise
-                failed.add(name)
-                out[name].append({"error": str(err).strip().splitlines()[-1][:300]})
+                lines = str(err).strip().splitlines()
+                why = lines[0].split("] failed ", 1)[-1] + (": " + lines[-1][:300] if len(lines) > 1 else "")
+                out[name].append({"error": why})
                 print(f"  round {r + 1}/{n} {name}: FAILED: {err}", file=sys.stderr, flush=True)
                 continue
             out[name].append(res)

@@ -469,8 +469,10 @@ def main() -> None:
                         text=True, check=True, timeout=900, env={**os.environ, **peer_env(root, "ffcv")}
                     ).stdout.strip().splitlines()[-1])
                 except (subprocess.CalledProcessError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
-                    err = getattr(e, "stderr", "") or str(e)
-                    skipped[f"ffcv S{side}"] = f"writing the .beton failed: {err.strip().splitlines()[-1][:200]}"
+                    tail = (getattr(e, "stderr", "") or "").strip().splitlines()
+                    rc = getattr(e, "returncode", None)
+                    skipped[f"ffcv S{side}"] = ("writing the .beton failed" + (f" (status {rc})" if rc else "")
+                                                + (f": {tail[-1][:200]}" if tail else f": {type(e).__name__}"))
                     continue
                 ffcv_checks[side] = chk
                 if chk["identical"] != chk["records"]:
@@ -493,9 +495,13 @@ def main() -> None:
 
     # ---- report ----
     ok = {k: [r for r in v if "error" not in r] for k, v in res.items()}
+    partial = {}
     for k, v in res.items():
+        errors = [r["error"] for r in v if "error" in r]
         if not ok[k]:
-            skipped[k] = next((r["error"] for r in v if "error" in r), "no result")
+            skipped[k] = errors[0] if errors else "no result"
+        elif errors:
+            partial[k] = f"{len(errors)} of {len(v)} rounds failed ({errors[0]}); median of the others"
     m = {k: median(v, "img_s") for k, v in ok.items() if v}
     cpu = {k: median(v, "cpu_us") for k, v in ok.items() if v}
     print(f"\nbench_compact: {len(files)} kodak photos -> compact q90 4:2:0, resize shorter_side "
@@ -514,6 +520,8 @@ def main() -> None:
               f".beton {c['beton_bytes']} B")
     for k, why in skipped.items():
         print(f"skipped {k}: {why}")
+    for k, why in partial.items():
+        print(f"{k}: {why}")
     print("\n| configuration | img/s | CPU µs / img | img / CPU-s | rounds (img/s) |")
     print("|---|---:|---:|---:|---|")
     for k in m:
