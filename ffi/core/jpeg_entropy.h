@@ -83,7 +83,8 @@ class SegmentDecoder {
   static void DecodeMcuPair(SegmentDecoder& x, int16_t* const* x_blocks, SegmentDecoder& y,
                             int16_t* const* y_blocks, Status* x_status, Status* y_status);
   // After the segment's last MCU: DecodeError when a whole byte or more of its data is left
-  // over (libjpeg's "extraneous bytes before marker").
+  // over ("extraneous bytes before marker"). Stricter than libjpeg-turbo, which warns only
+  // when its bit buffer had not yet reached the marker (4 to 6 stray bytes pass there).
   Status Finish() const;
 
  private:
