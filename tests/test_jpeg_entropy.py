@@ -109,6 +109,27 @@ def test_the_damage_it_fails_on_is_named():
         box_pixels(source_of([long], [(h, w)]), 0, box)
 
 
+def test_the_first_damage_in_the_record_is_the_one_named():
+    """Segments decoded together (in lockstep) that both fail: the error is that of the first
+    in the record's order, as a decoder reading one segment after another reports it."""
+    h, w = 64, 64
+    blob = encode(textured(h, w, seed=9), "420", R)
+    segs = restart_segments(blob)
+    box = (0, 0, 8, 40)  # both segments of MCU row 0, decoded as a pair
+    (a0, b0), (a1, b1) = segs[0], segs[1]
+    ones = b"\xff\x00" * 40
+    # Later segments first, so the earlier one's offsets still hold.
+    short_then_bad = segment_with(segment_with(blob, segs[1], ones), segs[0],
+                                  blob[a0:a0 + (b0 - a0) // 2])
+    bad_then_short = segment_with(segment_with(blob, segs[1], blob[a1:a1 + (b1 - a1) // 2]),
+                                  segs[0], ones)
+    for damaged, first in [(short_then_bad, "premature end of data segment"),
+                           (bad_then_short, "bad Huffman code")]:
+        assert decoded(damaged) is None  # libjpeg-turbo fails too
+        with pytest.raises(tbljax.DecodeError, match=first):
+            box_pixels(source_of([damaged], [(h, w)]), 0, box)
+
+
 def optimized(img: np.ndarray, subsampling: int) -> bytes:
     """Pillow's encoder with Huffman tables optimized for this image, restart every 2 MCUs."""
     buf = io.BytesIO()

@@ -259,47 +259,53 @@ struct PartEntropy {
   const std::vector<size_t>* bounds = nullptr;  // its restart segments (FindRestartSegments)
   JpegPart part;
   McuLayout layout;
-  SegmentDecoder even{layout}, odd{layout};
-  std::vector<int16_t> row_coefs;  // the coefficients of the MCU row being served
-  int row = 0, col = 0;            // the next MCU, in the record's grid of MCUs
-  Status status;                   // why the decode stopped, when this stopped it
+  SegmentDecoder decoders[SegmentDecoder::kMaxLockstep] = {SegmentDecoder{layout},
+                                                           SegmentDecoder{layout}};
+  std::vector<int16_t>* row_coefs = nullptr;  // the MCU row being served (kept by the caller)
+  int row = 0, col = 0;                       // the next MCU, in the record's grid of MCUs
+  Status status;                              // why the decode stopped, when this stopped it
 
-  // Decodes MCU row `row` of the part into row_coefs, its segments two at a time.
+  // Decodes MCU row `row` of the part into row_coefs, up to kMaxLockstep segments at a time.
   Status DecodeRow() {
+    constexpr int kGroup = SegmentDecoder::kMaxLockstep;
     const int R = part.restart_mcus, n = (part.col1 - part.col0) / R;
     const size_t mcu = static_cast<size_t>(layout.blocks) * 64;
-    row_coefs.assign(mcu * R * n, 0);
+    if (row_coefs->size() < mcu * R * n) row_coefs->resize(mcu * R * n);  // zeroed as decoded
     const size_t first = (static_cast<size_t>(row) * part.mcus_per_row + part.col0) / R;
     auto blocks_of = [&](int m, int16_t** out) {  // MCU m of the row
-      for (int b = 0; b < layout.blocks; ++b) out[b] = row_coefs.data() + mcu * m + 64 * b;
+      for (int b = 0; b < layout.blocks; ++b) out[b] = row_coefs->data() + mcu * m + 64 * b;
     };
     auto start = [&](SegmentDecoder& d, int j) {
       d.Start(data + (*bounds)[2 * (first + j)], data + (*bounds)[2 * (first + j) + 1]);
     };
-    int16_t* xb[McuLayout::kMaxBlocks];
-    int16_t* yb[McuLayout::kMaxBlocks];
-    int j = 0;
-    for (; j + 1 < n; j += 2) {
-      start(even, j);
-      start(odd, j + 1);
-      for (int m = 0; m < R; ++m) {
-        blocks_of(j * R + m, xb);
-        blocks_of((j + 1) * R + m, yb);
-        Status xs, ys;
-        SegmentDecoder::DecodeMcuPair(even, xb, odd, yb, &xs, &ys);
-        TBLJAX_RETURN_IF_ERROR(xs);  // the first failure in the record's order
-        TBLJAX_RETURN_IF_ERROR(ys);
-      }
-      TBLJAX_RETURN_IF_ERROR(even.Finish());
-      TBLJAX_RETURN_IF_ERROR(odd.Finish());
+    SegmentDecoder* group[kGroup];
+    int16_t* blocks[kGroup][McuLayout::kMaxBlocks];
+    int16_t* const* block_ptrs[kGroup];
+    for (int g = 0; g < kGroup; ++g) {
+      group[g] = &decoders[g];
+      block_ptrs[g] = blocks[g];
     }
-    if (j < n) {
-      start(even, j);
-      for (int m = 0; m < R; ++m) {
-        blocks_of(j * R + m, xb);
-        TBLJAX_RETURN_IF_ERROR(even.DecodeMcu(xb));
+    for (int j = 0; j < n; j += kGroup) {
+      const int k = std::min(kGroup, n - j);
+      for (int g = 0; g < k; ++g) start(decoders[g], j + g);
+      bool ok = true;
+      for (int m = 0; m < R && ok; ++m) {
+        for (int g = 0; g < k; ++g) blocks_of((j + g) * R + m, blocks[g]);
+        ok = SegmentDecoder::DecodeMcus(group, block_ptrs, k);
       }
-      TBLJAX_RETURN_IF_ERROR(even.Finish());
+      for (int g = 0; g < k && ok; ++g) ok = decoders[g].Finish().ok();
+      if (ok) continue;
+      // A failure (damaged data: rare): the segments again one by one, for the first failure
+      // in the record's order and its message.
+      for (int g = 0; g < k; ++g) {
+        start(decoders[0], j + g);
+        for (int m = 0; m < R; ++m) {
+          blocks_of((j + g) * R + m, blocks[0]);
+          TBLJAX_RETURN_IF_ERROR(decoders[0].DecodeMcu(blocks[0]));
+        }
+        TBLJAX_RETURN_IF_ERROR(decoders[0].Finish());
+      }
+      return DecodeError("internal: restart segments failed together and then decoded one by one");
     }
     return Status::Ok();
   }
@@ -309,7 +315,7 @@ struct PartEntropy {
     if (col == part.col0) TBLJAX_RETURN_IF_ERROR(DecodeRow());
     static_assert(sizeof(JCOEF) == sizeof(int16_t), "JCOEF is libjpeg's 16-bit coefficient");
     const int16_t* from =
-        row_coefs.data() + static_cast<size_t>(col - part.col0) * layout.blocks * 64;
+        row_coefs->data() + static_cast<size_t>(col - part.col0) * layout.blocks * 64;
     for (int b = 0; b < layout.blocks; ++b) std::memcpy(mcu[b][0], from + 64 * b, 64 * 2);
     if (++col == part.col1) {
       col = part.col0;
@@ -693,6 +699,7 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   PartEntropy entropy;
   entropy.data = data;
   entropy.bounds = &s->segments;
+  entropy.row_coefs = &s->coefficients;
   entropy.part = part;
   entropy.row = part.row0;
   entropy.col = part.col0;

@@ -85,8 +85,9 @@ struct JpegBoxRequest {
 // Buffers of DecodeJpegBox, kept by the caller (one per thread) and reused between images.
 struct JpegBoxScratch {
   std::vector<uint8_t> pixels, spare, row;
-  std::vector<uint8_t> part;     // the header of a JPEG of the box's part (jpeg_restart.h)
-  std::vector<size_t> segments;  // where the record's restart segments lie
+  std::vector<uint8_t> part;          // the header of a JPEG of the box's part (jpeg_restart.h)
+  std::vector<size_t> segments;       // where the record's restart segments lie
+  std::vector<int16_t> coefficients;  // one MCU row of the part, as our entropy decoder gives it
 };
 
 // The decoded part: `height` rows of `width` * 3 bytes at `pixels` (inside the scratch),

@@ -74,22 +74,25 @@ class SegmentDecoder {
   // Starts the segment held by bytes [begin, end) of the scan (stuffed, as in the file; fill
   // bytes before the next marker may be included): DC predictors reset, as at a restart.
   void Start(const uint8_t* begin, const uint8_t* end);
-  // Decodes the next MCU into blocks[0 .. layout.blocks) (64 coefficients each, natural order,
-  // zeroed by the caller). DecodeError when a code is not in its table (libjpeg's "bad Huffman
-  // code") or the segment's data ends before the MCU does.
+  // Decodes the next MCU into blocks[0 .. layout.blocks) (64 coefficients each, natural order;
+  // each block is zeroed before its coefficients are stored). DecodeError when a code is not in its
+  // table (libjpeg's "bad Huffman code") or the segment's data ends before the MCU does.
   Status DecodeMcu(int16_t* const* blocks);
-  // The next MCU of x and of y (two decoders of the same layout, on different segments) at
-  // once, their work interleaved; the same results as DecodeMcu on each.
-  static void DecodeMcuPair(SegmentDecoder& x, int16_t* const* x_blocks, SegmentDecoder& y,
-                            int16_t* const* y_blocks, Status* x_status, Status* y_status);
+  // The next MCU of each of n decoders (1 <= n <= kMaxLockstep; the same layout, different
+  // segments) at once, their work interleaved: blocks[j] are decoder j's. True when every one
+  // decoded its MCU as DecodeMcu would; false when one failed, and then the others may have
+  // stopped early too (DecodeMcu on each, from its segment's start, names the first failure).
+  static constexpr int kMaxLockstep = 2;
+  static bool DecodeMcus(SegmentDecoder* const* decoders, int16_t* const* const* blocks, int n);
   // After the segment's last MCU: DecodeError when a whole byte or more of its data is left
   // over ("extraneous bytes before marker"). Stricter than libjpeg-turbo, which warns only
   // when its bit buffer had not yet reached the marker (4 to 6 stray bytes pass there).
   Status Finish() const;
 
  private:
+  template <int N>
+  static bool Lockstep(SegmentDecoder* const* d, int16_t* const* const* blocks);
   size_t Used() const;  // bits of data_ read so far
-  Status Checked(bool bad_code) const;
   const McuLayout& layout_;
   std::vector<uint8_t> data_;      // the segment unstuffed, then zero padding
   size_t data_bits_ = 0;           // bits of real data in data_
@@ -97,6 +100,7 @@ class SegmentDecoder {
   uint64_t bits_ = 0;              // the next bits of the stream, first bit highest
   int count_ = 0;                  // how many of bits_ are valid
   int32_t last_dc_[4] = {};
+  bool bad_code_ = false;  // a code its table does not hold was met
 };
 
 }  // namespace tbljax
