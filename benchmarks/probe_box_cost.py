@@ -9,7 +9,12 @@ bench_box_decode.py it also reports how much of what is read the box uses: the s
 part's pixels inside the box, and of the segments read the share the box itself touches (the
 others are read for the one-pixel margin fancy upsampling needs).
 
+`--intervals 2 1` compares restart intervals instead: the same photos converted with a marker
+every 2 MCUs (what tbljax writes) and every MCU, the RRC boxes served from each file in turn in
+one process (so the machine's drift between processes cancels), per-round ratios.
+
     python benchmarks/probe_box_cost.py --rounds 3
+    python benchmarks/probe_box_cost.py --rounds 15 --intervals 2 1
 """
 from __future__ import annotations
 
@@ -76,10 +81,51 @@ def worker(path: str, side: int) -> dict:
     return {"us_per_box": best / len(sizes) * 1e6}
 
 
+def compare_intervals(files, intervals: list[int], rounds: int, out_size: int = 224) -> None:
+    """RRC boxes from files written with each restart interval, alternating in this process."""
+    import tbljax
+    from tbljax._src.io import image_records
+
+    with tempfile.TemporaryDirectory() as d:
+        srcs, sizes = {}, {}
+        for r in intervals:
+            image_records.COMPACT_RESTART_MCUS = r  # what convert writes for compact records
+            path = str(Path(d) / f"r{r}.tbl")
+            tbljax.convert(files, path, image_size=256, resize="shorter_side", format="jpeg",
+                           quality=90, chroma="420", progress=False)
+            views, counts, offsets, nbytes, hs, ws = tbljax.open(path).jpeg_records()
+            srcs[r] = tbljax.kernels.jpeg_source(list(views), list(counts), offsets, nbytes, hs, ws)
+            sizes[r] = int(np.sum(nbytes))
+        boxes = rrc_boxes(hs, ws)
+        out = np.empty((len(boxes), out_size, out_size, 3), np.uint8)
+        idx = np.arange(len(boxes), dtype=np.int64)
+        us: dict[int, list[float]] = {r: [] for r in intervals}
+        for _ in range(rounds):
+            for r in intervals:
+                best = float("inf")
+                for _ in range(5):
+                    t = time.process_time()
+                    tbljax.kernels.serve_jpeg(srcs[r], idx, out, crop=boxes, threads=1)
+                    best = min(best, time.process_time() - t)
+                us[r].append(best / len(boxes) * 1e6)
+    base = intervals[0]
+    print(f"\nprobe_box_cost --intervals: {len(boxes)} kodak photos, shorter side 256, q90 4:2:0, "
+          f"RRC to {out_size} px uint8, 1 thread, min of 5 passes, {rounds} alternating rounds\n"
+          f"machine: {machine()}\n")
+    print(f"| restart every | JPEG bytes | CPU µs / box (median) | time ÷ every {base} (median of rounds) |")
+    print("|---|---:|---:|---:|")
+    for r in intervals:
+        ratio = np.median([a / b for a, b in zip(us[r], us[base])])
+        print(f"| {r} MCUs | {sizes[r]:,} ({sizes[r] / sizes[base]:.3f}×) | "
+              f"{np.median(us[r]):.1f} | {ratio:.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", nargs=2, metavar=("PATH", "SIDE"))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--intervals", type=int, nargs="+", metavar="MCUS",
+                    help="compare these restart intervals instead (the first is the baseline)")
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(a.worker[0], int(a.worker[1]))))
@@ -87,6 +133,9 @@ def main() -> None:
     files = sorted((SHARED_DATA / "kodak").rglob("*.jpg"))
     if not files:
         sys.exit(f"needs the kodak photos in {SHARED_DATA}/kodak")
+    if a.intervals:
+        compare_intervals(files, a.intervals, a.rounds)
+        return
     import tbljax
 
     with tempfile.TemporaryDirectory() as d:
