@@ -45,6 +45,21 @@ def rrc_boxes(hs: np.ndarray, ws: np.ndarray, seed: int = 0) -> list[tuple[int, 
     return boxes
 
 
+def kodak_photos() -> list[Path]:
+    files = sorted((SHARED_DATA / "kodak").rglob("*.jpg"))
+    if not files:
+        sys.exit(f"needs the kodak photos in {SHARED_DATA}/kodak")
+    return files
+
+
+def convert_compact(files: list[Path], path: str) -> None:
+    """The photos as compact records at the ImageNet geometry (shorter side 256, q90 4:2:0)."""
+    import tbljax
+
+    tbljax.convert(files, path, image_size=256, resize="shorter_side", format="jpeg",
+                   quality=90, chroma="420", progress=False)
+
+
 def worker(path: str, out_size: int) -> dict:
     import tbljax
 
@@ -74,15 +89,10 @@ def main() -> None:
     if a.worker:
         print(json.dumps(worker(a.worker[0], int(a.worker[1]))))
         return
-    files = sorted((SHARED_DATA / "kodak").rglob("*.jpg"))
-    if not files:
-        sys.exit(f"needs the kodak photos in {SHARED_DATA}/kodak")
-    import tbljax
-
+    files = kodak_photos()
     with tempfile.TemporaryDirectory() as d:
         path = str(Path(d) / "k256.tbl")
-        tbljax.convert(files, path, image_size=256, resize="shorter_side", format="jpeg",
-                       quality=90, chroma="420", progress=False)
+        convert_compact(files, path)
         res: dict[tuple[str, int], list[float]] = {}
         for r in range(a.rounds):
             for out in a.out:

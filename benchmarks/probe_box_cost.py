@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SHARED_DATA, machine  # noqa: E402
-from bench_box_decode import rrc_boxes  # noqa: E402
+from _common import machine  # noqa: E402
+from bench_box_decode import convert_compact, kodak_photos, rrc_boxes  # noqa: E402
 
 REPS = 15
 SIDES = (16, 32, 64, 128)
@@ -91,8 +91,7 @@ def compare_intervals(files, intervals: list[int], rounds: int, out_size: int = 
         for r in intervals:
             image_records.COMPACT_RESTART_MCUS = r  # what convert writes for compact records
             path = str(Path(d) / f"r{r}.tbl")
-            tbljax.convert(files, path, image_size=256, resize="shorter_side", format="jpeg",
-                           quality=90, chroma="420", progress=False)
+            convert_compact(files, path)
             views, counts, offsets, nbytes, hs, ws = tbljax.open(path).jpeg_records()
             srcs[r] = tbljax.kernels.jpeg_source(list(views), list(counts), offsets, nbytes, hs, ws)
             sizes[r] = int(np.sum(nbytes))
@@ -130,9 +129,7 @@ def main() -> None:
     if a.worker:
         print(json.dumps(worker(a.worker[0], int(a.worker[1]))))
         return
-    files = sorted((SHARED_DATA / "kodak").rglob("*.jpg"))
-    if not files:
-        sys.exit(f"needs the kodak photos in {SHARED_DATA}/kodak")
+    files = kodak_photos()
     if a.intervals:
         compare_intervals(files, a.intervals, a.rounds)
         return
@@ -140,8 +137,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as d:
         path = str(Path(d) / "k256.tbl")
-        tbljax.convert(files, path, image_size=256, resize="shorter_side", format="jpeg",
-                       quality=90, chroma="420", progress=False)
+        convert_compact(files, path)
         hs, ws = tbljax.open(path).jpeg_records()[4:6]
         times: dict[int, list[float]] = {s: [] for s in SIDES}
         for r in range(a.rounds):

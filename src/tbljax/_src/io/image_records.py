@@ -29,7 +29,7 @@ _MCU_WIDTH = {"420": 16, "444": 8}  # an MCU's width in pixels at each chroma su
 # run) +1.2 %, 0.88x; every 2 (odd rows: 1) +2.7 %, 0.80-0.81x: taken. A whole-image box costs
 # 1.08x (restart handling in libjpeg; every MCU: 1.09x). Again with our own entropy decoder, at
 # shorter side 256 (benchmarks/probe_box_cost.py --intervals 2 1): every MCU +2.5 % bytes and
-# 1.02-1.04x the time of every 2.
+# 1.02-1.05x the time of every 2.
 COMPACT_RESTART_MCUS = 2
 
 
