@@ -86,12 +86,16 @@ def compare_intervals(files, intervals: list[int], rounds: int, out_size: int = 
     import tbljax
     from tbljax._src.io import image_records
 
+    written = image_records.COMPACT_RESTART_MCUS
     with tempfile.TemporaryDirectory() as d:
         srcs, sizes = {}, {}
         for r in intervals:
             image_records.COMPACT_RESTART_MCUS = r  # what convert writes for compact records
-            path = str(Path(d) / f"r{r}.tbl")
-            convert_compact(files, path)
+            try:
+                path = str(Path(d) / f"r{r}.tbl")
+                convert_compact(files, path)
+            finally:
+                image_records.COMPACT_RESTART_MCUS = written
             views, counts, offsets, nbytes, hs, ws = tbljax.open(path).jpeg_records()
             srcs[r] = tbljax.kernels.jpeg_source(list(views), list(counts), offsets, nbytes, hs, ws)
             sizes[r] = int(np.sum(nbytes))
