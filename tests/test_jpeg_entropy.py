@@ -157,6 +157,38 @@ def test_a_tables_change_between_records_is_seen():
                                           pil_decode(blob)[3:23, 5:35], err_msg=f"record {i}")
 
 
+def with_long_dc_symbol(blob: bytes) -> bytes:
+    """The record with one more symbol in its first DC table: 15 (a difference of 15 extra
+    bits), at code length 16, after every other code (so no other code changes and the data,
+    which never uses it, decodes the same)."""
+    at = blob.index(b"\xff\xc4")
+    length = blob[at + 2] << 8 | blob[at + 3]
+    seg = bytearray(blob[at + 4:at + 2 + length])
+    assert seg[0] == 0x00  # class 0 (DC), table 0 comes first in libjpeg's DHT
+    n = sum(seg[1:17])
+    seg[16] += 1  # one more code of length 16
+    seg[17 + n:17 + n] = b"\x0f"
+    return blob[:at + 2] + (length + 1).to_bytes(2, "big") + bytes(seg) + blob[at + 2 + length:]
+
+
+def test_tables_with_symbols_too_long_for_two_per_refill():
+    """The decoder takes two symbols per refill of its 56-bit buffer when every symbol of the
+    tables (code and extra bits) has at most 28 bits, as in every table libjpeg writes; a table
+    with a longer one (here a DC symbol of 16 + 15 bits, never used) is decoded one symbol per
+    refill, to the same pixels."""
+    h, w = 64, 96
+    for kind in ("420", "gray"):
+        plain = encode(textured(h, w, seed=7), kind, R)
+        long_ = with_long_dc_symbol(plain)
+        whole = pil_decode(long_)
+        np.testing.assert_array_equal(whole, pil_decode(plain))
+        src = source_of([long_], [(h, w)])
+        for box in ((0, 0, h, w), (5, 7, 30, 41), (17, 40, 40, 50)):
+            y0, x0, bh, bw = box
+            np.testing.assert_array_equal(box_pixels(src, 0, box), whole[y0:y0 + bh, x0:x0 + bw],
+                                          err_msg=f"{kind} {box}")
+
+
 def test_real_photos_at_imagenet_geometry(tmp_path):
     """Kodak photos converted as the README recommends for data larger than RAM (shorter side
     256, compact q90 4:2:0): random boxes equal Pillow's whole decode."""

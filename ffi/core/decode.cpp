@@ -314,9 +314,13 @@ struct PartEntropy {
     if (row >= part.row1) return DecodeError("internal: libjpeg asked for MCUs past the part");
     if (col == part.col0) TBLJAX_RETURN_IF_ERROR(DecodeRow());
     static_assert(sizeof(JCOEF) == sizeof(int16_t), "JCOEF is libjpeg's 16-bit coefficient");
-    const int16_t* from =
-        row_coefs->data() + static_cast<size_t>(col - part.col0) * layout.blocks * 64;
-    for (int b = 0; b < layout.blocks; ++b) std::memcpy(mcu[b][0], from + 64 * b, 64 * 2);
+    // The blocks are handed over where they lie, not copied: libjpeg's single-scan
+    // coefficient controller (decompress_onepass, jdcoefct.c) runs its IDCT on the blocks that
+    // the array it passes here points at after the call. Before the next MCU it zeroes the
+    // blocks_in_MCU blocks at mcu[0], which are then this MCU's, contiguous and used. (The copy
+    // was 2% of serving compact records: benchmarks/README.md, "Per-record costs".)
+    JCOEF* from = row_coefs->data() + static_cast<size_t>(col - part.col0) * layout.blocks * 64;
+    for (int b = 0; b < layout.blocks; ++b) mcu[b] = reinterpret_cast<JBLOCKROW>(from + 64 * b);
     if (++col == part.col1) {
       col = part.col0;
       ++row;
@@ -353,6 +357,7 @@ boolean PartDecodeMcu(j_decompress_ptr c, JBLOCKROW* mcu) {
 void InstallPartEntropy(j_decompress_ptr c, PartEntropy* f) {
   static thread_local HuffmanCache cache;
   f->layout.blocks = c->blocks_in_MCU;
+  int bits = 0;
   for (int b = 0; b < c->blocks_in_MCU; ++b) {
     const int ci = c->MCU_membership[b];
     const jpeg_component_info* comp = c->cur_comp_info[ci];
@@ -364,7 +369,9 @@ void InstallPartEntropy(j_decompress_ptr c, PartEntropy* f) {
                     : cache.Get(dc, true, comp->dc_tbl_no, &f->layout.dc[b]);
     if (f->status.ok()) f->status = cache.Get(ac, false, comp->ac_tbl_no, &f->layout.ac[b]);
     if (!f->status.ok()) ERREXIT(c, JERR_BAD_HUFF_TABLE);
+    bits = std::max({bits, f->layout.dc[b]->symbol_bits(), f->layout.ac[b]->symbol_bits()});
   }
+  f->layout.symbol_bits = bits;
   c->client_data = f;
   c->entropy->decode_mcu = PartDecodeMcu;
 }
@@ -507,14 +514,19 @@ bool Decompress(Decoder* d, const Window& want, bool whole_stream, std::vector<u
   const size_t w = c->output_width, h = y1 - y0;
   // The buffer is reserved (no page touched) and grown row by row as rows arrive: a
   // 600-byte file whose header claims 16384 x 16384 fails at its first missing row having
-  // touched only that much, not after zero-filling 800 MB.
-  pixels->clear();
-  pixels->reserve(w * h * 3);
+  // touched only that much, not after zero-filling 800 MB. A buffer reused from the image
+  // before keeps its size, so only bytes past it are zero-filled (the fill of a whole part
+  // per image was 3% of serving compact records: benchmarks/README.md, "Per-record costs").
+  if (pixels->capacity() < w * h * 3) {
+    pixels->clear();  // nothing to copy into the new allocation
+    pixels->reserve(w * h * 3);
+  }
   uint8_t* base = pixels->data();
-  row->resize(w * 4);
+  if (row->size() < w * 4) row->resize(w * 4);
   while (c->output_scanline < y1) {
     const size_t y = c->output_scanline - y0;
-    pixels->resize(std::min<size_t>(h, y + 16) * w * 3);  // within capacity: base stays put
+    const size_t filled = std::min<size_t>(h, y + 16) * w * 3;
+    if (pixels->size() < filled) pixels->resize(filled);  // within capacity: base stays put
     if (!cmyk) {
       JSAMPROW rows[16];
       const size_t n = std::min<size_t>(16, h - y);
@@ -537,6 +549,7 @@ bool Decompress(Decoder* d, const Window& want, bool whole_stream, std::vector<u
       }
     }
   }
+  pixels->resize(h * w * 3);  // down from a larger image's size: nothing is filled
   got->x = static_cast<int>(x0);
   got->y = want.y;
   got->w = static_cast<int>(w);
@@ -689,10 +702,9 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   bool usable = false;
   TBLJAX_RETURN_IF_ERROR(
       FindRestartSegments(data, size, layout, int64_t{rows} * per_row / R, &s->segments, &usable));
-  // A part of the whole image is the record itself: the usual path decodes it without a copy
-  // (the markers were checked above all the same).
-  if (!usable || (part.row0 == 0 && part.row1 == rows && part.col0 == 0 && part.col1 == per_row))
-    return Status::Ok();
+  // A part of the whole image takes this path too: libjpeg's own entropy decoder re-decodes
+  // an MCU on its slow path at every restart marker it sees coming (jpeg_entropy.h).
+  if (!usable) return Status::Ok();
   CutJpegHeader(data, layout, part, &s->part);
 
   Decoder p;

@@ -68,6 +68,7 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
     } else {
       a.valoffset[l] = p - code;
       for (int i = 0; i < counts[l]; ++i, ++p, ++code) {
+        t->symbol_bits_ = std::max(t->symbol_bits_, l + (dc ? symbols[p] : symbols[p] & 15));
         if (l > kLookup) continue;
         const int sym = symbols[p], spare = kLookup - l;
         const int first = code << spare, fill = 1 << spare;
@@ -102,16 +103,34 @@ bool HuffmanTable::Same(const uint8_t counts[17], const uint8_t* symbols, bool d
 
 void SegmentDecoder::Start(const uint8_t* begin, const uint8_t* end) {
   // Unstuff: FF 00 is a data byte FF (libjpeg also takes FF FF .. FF 00 as one); a run of FFs
-  // that reaches the end is fill before the marker.
-  data_.resize(static_cast<size_t>(end - begin) + kPadding);
+  // that reaches the end is fill before the marker. One pass, 8 bytes at a time: a segment
+  // holds an FF about every 256 bytes, so a search per FF (memchr, then memcpy) paid two calls
+  // for every ~150-byte segment.
+  const size_t need = static_cast<size_t>(end - begin) + kPadding;
+  if (data_.size() < need) data_.resize(need);  // grown only: bytes past the data are set below
   uint8_t* out = data_.data();
   const uint8_t* p = begin;
-  while (p < end) {
-    const void* ff = std::memchr(p, 0xFF, static_cast<size_t>(end - p));
-    const uint8_t* stop = ff ? static_cast<const uint8_t*>(ff) : end;
-    std::memcpy(out, p, static_cast<size_t>(stop - p));
-    out += stop - p;
-    p = stop;
+  for (;;) {
+    while (end - p >= 8) {  // 8 bytes stored at once: out stays at most at p's offset
+      uint64_t w;
+      std::memcpy(&w, p, 8);
+      std::memcpy(out, &w, 8);
+      // The lowest FF byte, if any: ~w has a zero byte there (the classic has-zero-byte test;
+      // its false positives lie only above a true zero, and the lowest set bit is a true one).
+      const uint64_t x = ~w;
+      const uint64_t t = (x - 0x0101010101010101u) & ~x & 0x8080808080808080u;
+      if (t == 0) {
+        p += 8;
+        out += 8;
+        continue;
+      }
+      static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the lowest byte comes first");
+      const int at = __builtin_ctzll(t) >> 3;
+      p += at;
+      out += at;
+      break;
+    }
+    while (p < end && *p != 0xFF) *out++ = *p++;  // the last few bytes
     if (p == end) break;
     while (p < end && *p == 0xFF) ++p;
     if (p == end) break;  // fill
@@ -174,11 +193,11 @@ inline int SlowSymbol(BitCursor& c, const HuffmanTable::Arrays& t) {
   return t.symbols[index];
 }
 
+// The DC difference (after a refill: the caller's).
 inline void DecodeDc(BitCursor& c, const HuffmanTable::Arrays& dc, int32_t* last_dc,
                      BlockState& b) {
-  c.Refill();
   int32_t diff;
-  if (const int32_t e = dc.fast[c.bits >> (64 - kLookup)]; e != 0) {
+  if (const int32_t e = dc.fast[c.bits >> (64 - kLookup)]; __builtin_expect(e != 0, 1)) {
     diff = e >> 16;
     c.Take(e & 15);
   } else {
@@ -197,11 +216,11 @@ inline void DecodeDc(BitCursor& c, const HuffmanTable::Arrays& dc, int32_t* last
   b.k = 1;
 }
 
-// One AC symbol; false once the block has ended (or a code was bad).
+// One AC symbol (after a refill: the caller's); false once the block has ended (or a code was
+// bad).
 inline bool StepAc(BitCursor& c, const HuffmanTable::Arrays& ac, BlockState& b) {
-  c.Refill();
   const int32_t e = ac.fast[c.bits >> (64 - kLookup)];
-  if (e != 0) {
+  if (__builtin_expect(e != 0, 1)) {  // 96% of AC symbols (code + extra bits <= 10)
     b.k += (e >> 4) & 15;
     b.block[kNaturalOrder[b.k]] = static_cast<int16_t>(e >> 16);
     c.Take(e & 15);
@@ -234,12 +253,21 @@ size_t SegmentDecoder::Used() const {
 // one stream leaves most of the core idle; N independent chains overlap in it. Unrolled over N,
 // the cursors stay in registers. N = 4 measured 4-6% slower than 2 on a whole box decode (AMD
 // Zen 4: benchmarks/README.md, "Four segments in lockstep").
-template <int N>
+// kTwo: two symbols per refill, for tables whose longest symbol (code and extra bits) is at most
+// 28 bits, so that two fit in the 56 a refill leaves (every table libjpeg writes: 16 + 10). A
+// fast symbol costs ~35 instructions, a third of them the refill, and decoding is bound by
+// their number more than by the chain's latency (benchmarks/README.md, "Per-record costs").
+template <int N, bool kTwo>
 bool SegmentDecoder::Lockstep(SegmentDecoder* const* d, int16_t* const* const* blocks) {
   const McuLayout& layout = d[0]->layout_;
   BitCursor c[N];
 #pragma GCC unroll 4
   for (int j = 0; j < N; ++j) c[j] = BitCursor{d[j]->bits_, d[j]->count_, d[j]->next_};
+  // One AC symbol; with kTwo a refill comes before every other symbol (`fresh`: just refilled).
+  const auto step = [](BitCursor& cur, const HuffmanTable::Arrays& ac, BlockState& b, bool fresh) {
+    if (!kTwo || !fresh) cur.Refill();
+    return StepAc(cur, ac, b);
+  };
   bool bad = false;
   for (int i = 0; i < layout.blocks && !bad; ++i) {
     const HuffmanTable::Arrays& dc = layout.dc[i]->arrays();
@@ -250,20 +278,29 @@ bool SegmentDecoder::Lockstep(SegmentDecoder* const* d, int16_t* const* const* b
 #pragma GCC unroll 4
     for (int j = 0; j < N; ++j) {
       b[j] = BlockState{blocks[j][i], 0, false};
+      c[j].Refill();
       DecodeDc(c[j], dc, &d[j]->last_dc_[comp], b[j]);
-      on[j] = b[j].k < 64;
+      on[j] = b[j].k < 64 && step(c[j], ac, b[j], kTwo);  // with the DC's refill
       all = all && on[j];
     }
     // All N blocks step together while none has ended, then the others finish alone.
     while (all) {
 #pragma GCC unroll 4
-      for (int j = 0; j < N; ++j) on[j] = StepAc(c[j], ac, b[j]);
+      for (int j = 0; j < N; ++j) on[j] = step(c[j], ac, b[j], false);
+#pragma GCC unroll 4
+      for (int j = 0; j < N; ++j) all = all && on[j];
+      if (!kTwo || !all) break;
+#pragma GCC unroll 4
+      for (int j = 0; j < N; ++j) on[j] = step(c[j], ac, b[j], true);
 #pragma GCC unroll 4
       for (int j = 0; j < N; ++j) all = all && on[j];
     }
 #pragma GCC unroll 4
     for (int j = 0; j < N; ++j) {
-      while (on[j]) on[j] = StepAc(c[j], ac, b[j]);
+      while (on[j]) {
+        on[j] = step(c[j], ac, b[j], false);
+        if (kTwo && on[j]) on[j] = step(c[j], ac, b[j], true);
+      }
       d[j]->bad_code_ = d[j]->bad_code_ || b[j].bad;
       // A bad code, or past the data's end: stop before the padding runs out (checked below).
       bad = bad || b[j].bad ||
@@ -283,7 +320,8 @@ bool SegmentDecoder::Lockstep(SegmentDecoder* const* d, int16_t* const* const* b
 
 Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
   SegmentDecoder* self = this;
-  Lockstep<1>(&self, &blocks);
+  if (layout_.symbol_bits <= 28) Lockstep<1, true>(&self, &blocks);
+  else Lockstep<1, false>(&self, &blocks);
   if (bad_code_) return DecodeError("corrupt JPEG data: bad Huffman code");
   if (Used() > data_bits_) return DecodeError("corrupt JPEG data: premature end of data segment");
   return Status::Ok();
@@ -291,7 +329,9 @@ Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
 
 bool SegmentDecoder::DecodeMcus(SegmentDecoder* const* d, int16_t* const* const* blocks, int n) {
   static_assert(kMaxLockstep == 2, "a Lockstep<N> for each N up to kMaxLockstep");
-  return n == 2 ? Lockstep<2>(d, blocks) : Lockstep<1>(d, blocks);
+  if (d[0]->layout_.symbol_bits <= 28)
+    return n == 2 ? Lockstep<2, true>(d, blocks) : Lockstep<1, true>(d, blocks);
+  return n == 2 ? Lockstep<2, false>(d, blocks) : Lockstep<1, false>(d, blocks);
 }
 
 Status SegmentDecoder::Finish() const {

@@ -49,11 +49,14 @@ class HuffmanTable {
     uint8_t symbols[256];
   };
   const Arrays& arrays() const { return arrays_; }
+  // The longest symbol: code length plus extra bits (at most 16 + 15).
+  int symbol_bits() const { return symbol_bits_; }
 
  private:
   Arrays arrays_ = {};
   uint8_t counts_[17] = {};
   int num_symbols_ = 0;
+  int symbol_bits_ = 0;
   bool dc_ = false;
 };
 
@@ -65,6 +68,7 @@ struct McuLayout {
   int component[kMaxBlocks] = {};  // index in the scan, for the DC predictor
   const HuffmanTable* dc[kMaxBlocks] = {};
   const HuffmanTable* ac[kMaxBlocks] = {};
+  int symbol_bits = 31;  // the longest symbol of its tables (symbol_bits()); 31 until known
 };
 
 // Decodes restart segments one after another, MCU by MCU, or two segments at once.
@@ -90,7 +94,7 @@ class SegmentDecoder {
   Status Finish() const;
 
  private:
-  template <int N>
+  template <int N, bool kTwo>
   static bool Lockstep(SegmentDecoder* const* d, int16_t* const* const* blocks);
   size_t Used() const;  // bits of data_ read so far
   const McuLayout& layout_;
