@@ -172,9 +172,12 @@ struct BitCursor {
 
 // One block's decoding: DC first, then AC steps until the block ends.
 struct BlockState {
+  // k at or past this: a code its table does not hold was met (in k, not a flag of its own: the
+  // lockstep loop's state has to fit in registers). A valid block ends below: 63 + 15 + 64.
+  static constexpr int kBad = 1 << 10;
   int16_t* block;
   int k;
-  bool bad;  // a code its table does not hold
+  bool bad() const { return k >= kBad; }
 };
 
 // A symbol by its code (one the lookup does not hold whole); -1 for a code not in the table.
@@ -203,8 +206,7 @@ inline void DecodeDc(BitCursor& c, const HuffmanTable::Arrays& dc, int32_t* last
   } else {
     const int s = SlowSymbol(c, dc);
     if (s < 0) {
-      b.bad = true;
-      b.k = 64;
+      b.k = BlockState::kBad;
       return;
     }
     diff = s ? Extend(c.Take(s), s) : 0;
@@ -229,7 +231,7 @@ inline bool StepAc(BitCursor& c, const HuffmanTable::Arrays& ac, BlockState& b) 
   }
   const int rs = SlowSymbol(c, ac);
   if (rs < 0) {
-    b.bad = true;
+    b.k = BlockState::kBad;
     return false;
   }
   const int run = rs >> 4, size = rs & 15;
@@ -277,7 +279,7 @@ bool SegmentDecoder::Lockstep(SegmentDecoder* const* d, int16_t* const* const* b
     bool on[N], all = true;
 #pragma GCC unroll 4
     for (int j = 0; j < N; ++j) {
-      b[j] = BlockState{blocks[j][i], 0, false};
+      b[j] = BlockState{blocks[j][i], 0};
       c[j].Refill();
       DecodeDc(c[j], dc, &d[j]->last_dc_[comp], b[j]);
       on[j] = b[j].k < 64 && step(c[j], ac, b[j], kTwo);  // with the DC's refill
@@ -301,9 +303,9 @@ bool SegmentDecoder::Lockstep(SegmentDecoder* const* d, int16_t* const* const* b
         on[j] = step(c[j], ac, b[j], false);
         if (kTwo && on[j]) on[j] = step(c[j], ac, b[j], true);
       }
-      d[j]->bad_code_ = d[j]->bad_code_ || b[j].bad;
+      d[j]->bad_code_ = d[j]->bad_code_ || b[j].bad();
       // A bad code, or past the data's end: stop before the padding runs out (checked below).
-      bad = bad || b[j].bad ||
+      bad = bad || b[j].bad() ||
             static_cast<size_t>(c[j].next - d[j]->data_.data()) * 8 > d[j]->data_bits_ + 64;
     }
   }

@@ -91,10 +91,12 @@ struct Scratch {
   HBlock* hblocks;   // out_w / kBlockPixels
   LanePair* lanes;   // 3 * out_w / 8
   // The general resize (any box; antialiased shrink), sized per batch (GeneralScratchInts):
-  int32_t* mid;  // 3 * box width: the box's rows combined with one output row's weights
-  int32_t* gx;   // 3 * out_w * (1 + taps): per output element its first element in mid
-                 // and the weight of each tap (tap-major)
-  int32_t* gy;   // taps: one output row's weights
+  int32_t* mid;      // 3 * box width: the box's rows combined with one output row's weights
+  int32_t* gx;       // 3 * out_w * (1 + taps): per output element its first element in mid
+                     // and the weight of each tap (tap-major)
+  int32_t* gy;       // taps: one output row's weights
+  int32_t* gblocks;  // 2 * (3 * out_w / 16 + 1): per 16 output elements, their lowest first
+                     // element in mid and the span of mid their taps read (ColumnTaps)
   int64_t gx_stride;
 };
 
@@ -390,7 +392,8 @@ bool PrepareScratch(int64_t out_w, int64_t general_ints, int64_t gx_stride, Scra
   s->gx_stride = gx_stride;
   s->gx = reinterpret_cast<int32_t*>(p);
   s->gy = s->gx + 3 * out_w * (1 + gx_stride);
-  s->mid = s->gy + gx_stride;  // gx_stride >= the row taps too (see Gather)
+  s->gblocks = s->gy + gx_stride;  // gx_stride >= the row taps too (see Gather)
+  s->mid = s->gblocks + 2 * (3 * out_w / 16 + 1);
   return true;
 }
 
@@ -461,10 +464,10 @@ Status FillPlan(const GatherRequest& r, int64_t oh, int64_t ow, Plan* p) {
 
 // The general resize's scratch (PrepareScratch's general_ints) for boxes at most max_cw wide
 // and with at most `taps` taps per axis: mid (3 * max_cw), the per-element tables, the row
-// taps, and 3 * taps + 64 elements past mid's last (the column pass reads up to that far:
-// ColumnTaps). 0 when no box takes the general path (max_cw 0).
+// taps, the column pass's blocks, and 3 * taps + 64 elements past mid's last (the column pass
+// reads up to that far: ColumnTaps). 0 when no box takes the general path (max_cw 0).
 int64_t GeneralInts(int64_t max_cw, int64_t taps, int64_t ow) {
-  return max_cw == 0 ? 0 : 3 * max_cw + 3 * ow * (1 + taps) + 4 * taps + 64;
+  return max_cw == 0 ? 0 : 3 * max_cw + 3 * ow * (1 + taps) + 4 * taps + 64 + 2 * (3 * ow / 16 + 1);
 }
 
 // Whether a ch x cw box resized to oh x ow takes the general path, and its most taps per axis.
