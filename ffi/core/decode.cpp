@@ -514,19 +514,16 @@ bool Decompress(Decoder* d, const Window& want, bool whole_stream, std::vector<u
   const size_t w = c->output_width, h = y1 - y0;
   // The buffer is reserved (no page touched) and grown row by row as rows arrive: a
   // 600-byte file whose header claims 16384 x 16384 fails at its first missing row having
-  // touched only that much, not after zero-filling 800 MB. A buffer reused from the image
-  // before keeps its size, so only bytes past it are zero-filled (the fill of a whole part
-  // per image was 3% of serving compact records: benchmarks/README.md, "Per-record costs").
-  if (pixels->capacity() < w * h * 3) {
-    pixels->clear();  // nothing to copy into the new allocation
-    pixels->reserve(w * h * 3);
-  }
+  // touched only that much, not after zero-filling 800 MB. (Keeping a reused buffer's size, so
+  // that nothing is zero-filled, measured no faster over 8 memory layouts: benchmarks/README.md,
+  // "Per-record costs".)
+  pixels->clear();
+  pixels->reserve(w * h * 3);
   uint8_t* base = pixels->data();
   if (row->size() < w * 4) row->resize(w * 4);
   while (c->output_scanline < y1) {
     const size_t y = c->output_scanline - y0;
-    const size_t filled = std::min<size_t>(h, y + 16) * w * 3;
-    if (pixels->size() < filled) pixels->resize(filled);  // within capacity: base stays put
+    pixels->resize(std::min<size_t>(h, y + 16) * w * 3);  // within capacity: base stays put
     if (!cmyk) {
       JSAMPROW rows[16];
       const size_t n = std::min<size_t>(16, h - y);
@@ -549,7 +546,6 @@ bool Decompress(Decoder* d, const Window& want, bool whole_stream, std::vector<u
       }
     }
   }
-  pixels->resize(h * w * 3);  // down from a larger image's size: nothing is filled
   got->x = static_cast<int>(x0);
   got->y = want.y;
   got->w = static_cast<int>(w);
