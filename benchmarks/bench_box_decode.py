@@ -6,6 +6,13 @@ of REPS passes in a process, median over the rounds. With --trees, each tree's `
 checkout with its extension built by scripts/dev-build.sh) runs in its own process, rounds
 interleaved: the A/B of a decoder change.
 
+Each round runs every (tree, size) in LAYOUTS memory layouts: the worker's environment padded
+with 0, 1000, 2000, ... bytes, which moves where the process's stack and heap buffers fall.
+On the AMD Zen 4 host one layout in three ran 10-12% slower (libjpeg-turbo's AVX2 fancy
+upsampler stalling on its own buffers, or the zero-fill of the part's pixels: benchmarks/
+README.md, "Per-record costs"), so one layout per tree (and trees' paths of different lengths
+are different layouts) could decide an A/B by itself. The median is over rounds x layouts.
+
     python benchmarks/bench_box_decode.py --rounds 5
     python benchmarks/bench_box_decode.py --rounds 5 --trees /path/to/old-checkout .
 """
@@ -26,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, SHARED_DATA, machine  # noqa: E402
 
 REPS = 7
+LAYOUTS = 4  # environment paddings per round (see above)
 
 
 def rrc_boxes(hs: np.ndarray, ws: np.ndarray, seed: int = 0) -> list[tuple[int, int, int, int]]:
@@ -85,6 +93,8 @@ def main() -> None:
     ap.add_argument("--out", type=int, nargs="+", default=[160, 224])
     ap.add_argument("--trees", nargs="+", default=[str(REPO)],
                     help="checkouts whose src/ to time (default: this one)")
+    ap.add_argument("--layouts", type=int, default=LAYOUTS,
+                    help="memory layouts (environment paddings) per round and tree")
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(a.worker[0], int(a.worker[1]))))
@@ -96,16 +106,20 @@ def main() -> None:
         res: dict[tuple[str, int], list[float]] = {}
         for r in range(a.rounds):
             for out in a.out:
-                for tree in a.trees:
-                    env = dict(os.environ, TBLJAX_NUM_THREADS="1",
-                               PYTHONPATH=str(Path(tree).resolve() / "src"))
-                    p = subprocess.run([sys.executable, __file__, "--worker", path, str(out)],
-                                       capture_output=True, text=True, env=env, check=True)
-                    v = json.loads(p.stdout.strip().splitlines()[-1])["us_per_img"]
-                    res.setdefault((tree, out), []).append(v)
-                    print(f"  round {r + 1} {tree} {out}px: {v:.1f} us", file=sys.stderr)
+                for layout in range(a.layouts):
+                    for tree in a.trees:
+                        env = dict(os.environ, TBLJAX_NUM_THREADS="1",
+                                   PYTHONPATH=str(Path(tree).resolve() / "src"),
+                                   TBLJAX_BENCH_LAYOUT="x" * (1000 * layout))
+                        p = subprocess.run([sys.executable, __file__, "--worker", path, str(out)],
+                                           capture_output=True, text=True, env=env, check=True)
+                        v = json.loads(p.stdout.strip().splitlines()[-1])["us_per_img"]
+                        res.setdefault((tree, out), []).append(v)
+                        print(f"  round {r + 1} layout {layout} {tree} {out}px: {v:.1f} us",
+                              file=sys.stderr)
     print(f"\nbench_box_decode: {len(files)} kodak photos, shorter side 256, q90 4:2:0, one RRC "
-          f"box each, 1 thread, min of {REPS} passes, median of {a.rounds} rounds\n"
+          f"box each, 1 thread, min of {REPS} passes, median of {a.rounds} rounds x "
+          f"{a.layouts} memory layouts\n"
           f"machine: {machine()}\n")
     print("| tree | out px | CPU us/img | img per CPU-second |")
     print("|---|---:|---:|---:|")
