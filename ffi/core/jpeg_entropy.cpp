@@ -103,34 +103,16 @@ bool HuffmanTable::Same(const uint8_t counts[17], const uint8_t* symbols, bool d
 
 void SegmentDecoder::Start(const uint8_t* begin, const uint8_t* end) {
   // Unstuff: FF 00 is a data byte FF (libjpeg also takes FF FF .. FF 00 as one); a run of FFs
-  // that reaches the end is fill before the marker. One pass, 8 bytes at a time: a segment
-  // holds an FF about every 256 bytes, so a search per FF (memchr, then memcpy) paid two calls
-  // for every ~150-byte segment.
-  const size_t need = static_cast<size_t>(end - begin) + kPadding;
-  if (data_.size() < need) data_.resize(need);  // grown only: bytes past the data are set below
+  // that reaches the end is fill before the marker.
+  data_.resize(static_cast<size_t>(end - begin) + kPadding);
   uint8_t* out = data_.data();
   const uint8_t* p = begin;
-  for (;;) {
-    while (end - p >= 8) {  // 8 bytes stored at once: out stays at most at p's offset
-      uint64_t w;
-      std::memcpy(&w, p, 8);
-      std::memcpy(out, &w, 8);
-      // The lowest FF byte, if any: ~w has a zero byte there (the classic has-zero-byte test;
-      // its false positives lie only above a true zero, and the lowest set bit is a true one).
-      const uint64_t x = ~w;
-      const uint64_t t = (x - 0x0101010101010101u) & ~x & 0x8080808080808080u;
-      if (t == 0) {
-        p += 8;
-        out += 8;
-        continue;
-      }
-      static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the lowest byte comes first");
-      const int at = __builtin_ctzll(t) >> 3;
-      p += at;
-      out += at;
-      break;
-    }
-    while (p < end && *p != 0xFF) *out++ = *p++;  // the last few bytes
+  while (p < end) {
+    const void* ff = std::memchr(p, 0xFF, static_cast<size_t>(end - p));
+    const uint8_t* stop = ff ? static_cast<const uint8_t*>(ff) : end;
+    std::memcpy(out, p, static_cast<size_t>(stop - p));
+    out += stop - p;
+    p = stop;
     if (p == end) break;
     while (p < end && *p == 0xFF) ++p;
     if (p == end) break;  // fill

@@ -5,10 +5,6 @@
 #include <cstring>
 #include <string>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 namespace tbljax {
 
 namespace {
@@ -16,24 +12,6 @@ namespace {
 constexpr uint8_t kRst0 = 0xD0, kRst7 = 0xD7, kEoi = 0xD9, kSos = 0xDA;
 
 bool IsRestart(uint8_t marker) { return marker >= kRst0 && marker <= kRst7; }
-
-// The index of the first 0xFF byte of p[i, n), or n. Inline and 16 bytes at a time: the walk
-// meets an FF about every 100 bytes (a marker per segment, a stuffed byte per ~256), and one
-// memchr call for each was 2% of serving compact records (benchmarks/README.md, "Per-record
-// costs").
-size_t NextFF(const uint8_t* p, size_t i, size_t n) {
-#if defined(__SSE2__)
-  const __m128i ff = _mm_set1_epi8(static_cast<char>(0xFF));
-  for (; i + 16 <= n; i += 16) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
-    if (const int m = _mm_movemask_epi8(_mm_cmpeq_epi8(v, ff)); m != 0)
-      return i + static_cast<size_t>(__builtin_ctz(static_cast<unsigned>(m)));
-  }
-#endif
-  for (; i < n; ++i)
-    if (p[i] == 0xFF) return i;
-  return n;
-}
 
 }  // namespace
 
@@ -72,8 +50,9 @@ Status FindRestartSegments(const uint8_t* p, size_t n, const JpegScanLayout& lay
   size_t start = layout.scan, i = layout.scan, end = n;
   int64_t markers = 0;
   while (i < n) {
-    i = NextFF(p, i, n);
-    if (i == n) break;
+    const void* ff = std::memchr(p + i, 0xFF, n - i);
+    if (ff == nullptr) break;
+    i = static_cast<size_t>(static_cast<const uint8_t*>(ff) - p);
     if (i + 1 >= n) break;  // a lone 0xFF as the last byte: the data just ends
     const uint8_t m = p[i + 1];
     if (m == 0x00 || m == 0xFF) {  // a stuffed 0xFF, or fill before a marker
