@@ -520,7 +520,7 @@ bool Decompress(Decoder* d, const Window& want, bool whole_stream, std::vector<u
   pixels->clear();
   pixels->reserve(w * h * 3);
   uint8_t* base = pixels->data();
-  if (row->size() < w * 4) row->resize(w * 4);
+  row->resize(w * 4);
   while (c->output_scanline < y1) {
     const size_t y = c->output_scanline - y0;
     pixels->resize(std::min<size_t>(h, y + 16) * w * 3);  // within capacity: base stays put

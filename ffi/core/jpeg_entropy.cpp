@@ -182,7 +182,7 @@ inline int SlowSymbol(BitCursor& c, const HuffmanTable::Arrays& t) {
 inline void DecodeDc(BitCursor& c, const HuffmanTable::Arrays& dc, int32_t* last_dc,
                      BlockState& b) {
   int32_t diff;
-  if (const int32_t e = dc.fast[c.bits >> (64 - kLookup)]; __builtin_expect(e != 0, 1)) {
+  if (const int32_t e = dc.fast[c.bits >> (64 - kLookup)]; e != 0) {
     diff = e >> 16;
     c.Take(e & 15);
   } else {
@@ -204,7 +204,7 @@ inline void DecodeDc(BitCursor& c, const HuffmanTable::Arrays& dc, int32_t* last
 // bad).
 inline bool StepAc(BitCursor& c, const HuffmanTable::Arrays& ac, BlockState& b) {
   const int32_t e = ac.fast[c.bits >> (64 - kLookup)];
-  if (__builtin_expect(e != 0, 1)) {  // 96% of AC symbols (code + extra bits <= 10)
+  if (e != 0) {  // 96% of AC symbols (code + extra bits <= 10)
     b.k += (e >> 4) & 15;
     b.block[kNaturalOrder[b.k]] = static_cast<int16_t>(e >> 16);
     c.Take(e & 15);
@@ -304,8 +304,7 @@ bool SegmentDecoder::Lockstep(SegmentDecoder* const* d, int16_t* const* const* b
 
 Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
   SegmentDecoder* self = this;
-  if (layout_.symbol_bits <= 28) Lockstep<1, true>(&self, &blocks);
-  else Lockstep<1, false>(&self, &blocks);
+  DecodeMcus(&self, &blocks, 1);
   if (bad_code_) return DecodeError("corrupt JPEG data: bad Huffman code");
   if (Used() > data_bits_) return DecodeError("corrupt JPEG data: premature end of data segment");
   return Status::Ok();
@@ -313,6 +312,7 @@ Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
 
 bool SegmentDecoder::DecodeMcus(SegmentDecoder* const* d, int16_t* const* const* blocks, int n) {
   static_assert(kMaxLockstep == 2, "a Lockstep<N> for each N up to kMaxLockstep");
+  // Two symbols fit in the bits a refill leaves (56) when neither is longer than half of them.
   if (d[0]->layout_.symbol_bits <= 28)
     return n == 2 ? Lockstep<2, true>(d, blocks) : Lockstep<1, true>(d, blocks);
   return n == 2 ? Lockstep<2, false>(d, blocks) : Lockstep<1, false>(d, blocks);

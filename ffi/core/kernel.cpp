@@ -95,7 +95,7 @@ struct Scratch {
   int32_t* gx;       // 3 * out_w * (1 + taps): per output element its first element in mid
                      // and the weight of each tap (tap-major)
   int32_t* gy;       // taps: one output row's weights
-  int32_t* gblocks;  // 2 * (3 * out_w / 16 + 1): per 16 output elements, their lowest first
+  int32_t* gblocks;  // ColumnBlockInts(out_w): per 16 output elements, their lowest first
                      // element in mid and the span of mid their taps read (ColumnTaps)
   int64_t gx_stride;
 };
@@ -103,6 +103,9 @@ struct Scratch {
 // The most taps one output coordinate can have on an axis of `len` box pixels resized to
 // `out` (kernel.h: at most 2*M/out + 1), plus one for safety.
 inline int64_t MaxTaps(int64_t len, int64_t out) { return 2 * (len > out ? len : out) / out + 2; }
+
+// The general resize's column-pass blocks (Scratch::gblocks) for an output row of out_w pixels.
+inline int64_t ColumnBlockInts(int64_t out_w) { return 2 * (3 * out_w / 16 + 1); }
 
 using UnitFn = void (*)(const Plan&, int64_t sample, const SamplePixels&, int64_t row_begin,
                         int64_t row_end, const Scratch&);
@@ -393,7 +396,7 @@ bool PrepareScratch(int64_t out_w, int64_t general_ints, int64_t gx_stride, Scra
   s->gx = reinterpret_cast<int32_t*>(p);
   s->gy = s->gx + 3 * out_w * (1 + gx_stride);
   s->gblocks = s->gy + gx_stride;  // gx_stride >= the row taps too (see Gather)
-  s->mid = s->gblocks + 2 * (3 * out_w / 16 + 1);
+  s->mid = s->gblocks + kernel_detail::ColumnBlockInts(out_w);
   return true;
 }
 
@@ -467,7 +470,9 @@ Status FillPlan(const GatherRequest& r, int64_t oh, int64_t ow, Plan* p) {
 // taps, the column pass's blocks, and 3 * taps + 64 elements past mid's last (the column pass
 // reads up to that far: ColumnTaps). 0 when no box takes the general path (max_cw 0).
 int64_t GeneralInts(int64_t max_cw, int64_t taps, int64_t ow) {
-  return max_cw == 0 ? 0 : 3 * max_cw + 3 * ow * (1 + taps) + 4 * taps + 64 + 2 * (3 * ow / 16 + 1);
+  return max_cw == 0 ? 0
+                     : 3 * max_cw + 3 * ow * (1 + taps) + 4 * taps + 64 +
+                           kernel_detail::ColumnBlockInts(ow);
 }
 
 // Whether a ch x cw box resized to oh x ow takes the general path, and its most taps per axis.
