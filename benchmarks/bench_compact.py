@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -543,6 +544,20 @@ def main() -> None:
 
     def ratio(x: str, y: str, of=m) -> float:
         return of[x] / of[y] if x in of and y in of and of[y] else float("nan")
+
+    def paired(x: str, ys: list[str], scale: float = 1.0) -> str:
+        """x ÷ the fastest of ys round by round (rounds where all of them ran), and the median:
+        a neighbour's load that comes and goes between rounds moves both sides of a round's
+        ratio alike, where it moves a ratio of medians taken from different rounds."""
+        rs = []
+        for r, rx in enumerate(res.get(x, [])):
+            ry = [res[y][r] for y in ys if y in res and r < len(res[y])]
+            if "error" in rx or len(ry) != len(ys) or any("error" in v for v in ry):
+                continue
+            rs.append(scale * rx["img_s"] / max(v["img_s"] for v in ry))
+        if not rs:
+            return "no round with all of them"
+        return f"{' / '.join(f'{v:.2f}' for v in rs)}, median {statistics.median(rs):.2f}x"
     per_cpu = {k: 1e6 / v for k, v in cpu.items()}
     print()
     for side in a.side:
@@ -560,7 +575,8 @@ def main() -> None:
                     best_cpu = max(peers, key=lambda k: per_cpu[k])
                     print(f"{g}: tbljax / fastest peer ({best.split(': ')[1]}): {ratio(tb, best):.2f}x "
                           f"(target >= 3x); per CPU-second / best peer ({best_cpu.split(': ')[1]}): "
-                          f"{ratio(tb, best_cpu, per_cpu):.2f}x")
+                          f"{ratio(tb, best_cpu, per_cpu):.2f}x; round by round / that round's "
+                          f"fastest peer: {paired(tb, list(peers))}")
                 if best_ceil and tb in m:
                     one_t = f"{g}: tbljax, 1 thread"
                     txt = f"{g}: tbljax per core / decode ceiling per core ({best_ceil.split(': ')[1]}, " \
@@ -569,7 +585,8 @@ def main() -> None:
                         txt += f", 1 thread: {ratio(one_t, best_ceil):.2f}x"
                     # Per CPU-second: the same comparison in the process's CPU time, which a
                     # neighbour's load moves far less than wall time on this 2-core machine.
-                    print(txt + f", per CPU-second: {ratio(tb, best_ceil_cpu, per_cpu):.2f}x (target >= 1.8x)")
+                    print(txt + f", per CPU-second: {ratio(tb, best_ceil_cpu, per_cpu):.2f}x (target >= 1.8x); "
+                          f"2 threads / 2, round by round: {paired(tb, [best_ceil], 1 / THREADS)}")
                 if busy in m and tb in m:
                     print(f"{g}: tbljax 2 threads / the ceiling on 2 threads (both cores busy, "
                           f"{m[busy]:,.0f} img/s): {ratio(tb, busy):.2f}x")
