@@ -45,8 +45,8 @@ constexpr int kLookup = HuffmanTable::kLookupBits;
 
 // A block's 64 coefficients set to zero by eight 16-byte stores. GCC makes the plain
 // memset(block, 0, 128) `rep stosq`, whose start-up cost is paid at every block: on an Intel
-// Xeon (AVX-512) host that was ~15% of the entropy decoder's time (benchmarks/README.md,
-// "Per-record costs").
+// Xeon (AVX-512) host the stores made a whole box decode 0.95x the time (benchmarks/README.md,
+// "Per-record costs on the Intel host").
 inline void ZeroBlock(int16_t* block) {
 #if defined(__SSE2__)
   const __m128i zero = _mm_setzero_si128();
