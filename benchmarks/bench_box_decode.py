@@ -72,7 +72,7 @@ def worker(path: str, out_size: int) -> dict:
     import tbljax
 
     ds = tbljax.open(path)
-    views, counts, offsets, sizes, hs, ws = ds.jpeg_records()
+    views, counts, offsets, sizes, hs, ws, _raw = ds.jpeg_records()
     src = tbljax.kernels.jpeg_source(list(views), list(counts), offsets, sizes, hs, ws)
     n = len(sizes)
     boxes = rrc_boxes(hs, ws)

@@ -121,7 +121,7 @@ def make_file(dst: Path, gb: float, size: int, fmt: str = "raw") -> int:
                    **compact)
     ds = tbljax.open(base)
     if fmt == "compact":
-        views, _, offsets, sizes, heights, widths = ds.jpeg_records()
+        views, _, offsets, sizes, heights, widths, _ = ds.jpeg_records()
         payloads = [bytes(views[0][o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
         records = int(gb * 1e9 // np.mean([len(p) for p in payloads]))
     else:

@@ -11,6 +11,8 @@ DALI's CPU pipeline and albumentations + OpenCV get them from memory.
 Configurations, for outputs 224 and 160 px, float32 (ImageNet normalize) and uint8, batch 256,
 random-resized-crop + horizontal flip, 2 threads each:
   * tbljax `HostLoader` (TBLJAX_NUM_THREADS=2); also 1 thread and `jpeg_dct_scale=True` (float32);
+    with `--raw-budget F`, also a second file converted with `raw_budget=F` (the records costliest
+    to decode stored RAW, the records within F of RAW), 2 threads and 1 thread;
   * FFCV `Loader` (RandomResizedCropRGBImageDecoder, RandomHorizontalFlip, NormalizeImage
     float32 or none, num_workers=2, order RANDOM, os_cache=True, drop_last=True);
   * DALI CPU (`decoders.image_random_crop` -> `resize` -> `crop_mirror_normalize`, num_threads=2);
@@ -72,7 +74,7 @@ def payloads(path: str) -> list[np.ndarray]:
     import tbljax
 
     ds = tbljax.open(path)
-    views, _counts, offsets, sizes, _h, _w = ds.jpeg_records()
+    views, _counts, offsets, sizes, _h, _w, _raw = ds.jpeg_records()
     return [views[0][o:o + s] for o, s in zip(offsets.tolist(), sizes.tolist())]
 
 
@@ -86,7 +88,7 @@ def load_blobs(path: str) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
 def dump_blobs(tbl: str, path: str) -> None:
     import tbljax
 
-    _views, _counts, _offsets, sizes, h, w = tbljax.open(tbl).jpeg_records()
+    _views, _counts, _offsets, sizes, h, w, _raw = tbljax.open(tbl).jpeg_records()
     blobs = payloads(tbl)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     np.savez(path, data=np.concatenate(blobs), offsets=offsets, sizes=sizes.astype(np.int64),
@@ -396,6 +398,8 @@ def main() -> None:
     ap.add_argument("--side", type=int, nargs="+", default=[256], help="records' shorter side(s)")
     ap.add_argument("--peers", default=None, help="the peers' folder (default $TBLJAX_PEERS, else "
                     "peers in the system temp folder)")
+    ap.add_argument("--raw-budget", type=float, default=None, metavar="F",
+                    help="also serve a file converted with raw_budget=F (e.g. 0.2)")
     ap.add_argument("--dct", action="store_true", help="also max side 512 -> 64 px, exact vs "
                     "jpeg_dct_scale, and its PSNR")
     ap.add_argument("--only", default="", help="configurations whose name contains one of these "
@@ -425,12 +429,19 @@ def main() -> None:
             t = time.perf_counter()
             tbljax.convert(files, tbl, image_size=side, resize="shorter_side", format="jpeg", quality=90,
                            chroma="420", progress=False)
-            _v, _c, _o, rec_sizes, h, w = tbljax.open(tbl).jpeg_records()
+            _v, _c, _o, rec_sizes, h, w, _r = tbljax.open(tbl).jpeg_records()
             raw = int((h.astype(np.int64) * w * 3).sum())
             sizes[side] = dict(file=os.path.getsize(tbl), records=int(rec_sizes.sum()), raw=raw,
                                n=len(h), seconds=time.perf_counter() - t,
                                geometry=f"{int(min(h.min(), w.min()))}-{int(max(h.max(), w.max()))} px")
             dump_blobs(tbl, blobs)
+            rb_tbl = str(Path(d) / f"c{side}-rb.tbl")
+            if a.raw_budget is not None:
+                tbljax.convert(files, rb_tbl, image_size=side, resize="shorter_side", format="jpeg",
+                               quality=90, chroma="420", raw_budget=a.raw_budget, progress=False)
+                r = tbljax.open(rb_tbl).jpeg_records()
+                sizes[side].update(rb_file=os.path.getsize(rb_tbl), rb_records=int(r.sizes.sum()),
+                                   rb_raw=int(r.stored_raw.sum()))
             beton = str(Path(d) / f"c{side}.beton")
             for out in OUTS:
                 for dt in DTYPES:
@@ -442,6 +453,10 @@ def main() -> None:
                     configs[f"{g}: DALI CPU, 2 threads"] = ({"kind": "dali", "blobs": blobs, **base}, {}, "dali")
                     configs[f"{g}: albumentations + OpenCV, 2 threads"] = (
                         {"kind": "albumentations", "blobs": blobs, **base}, {}, "albu")
+                    if a.raw_budget is not None:
+                        rb = f"{g}: tbljax raw_budget {a.raw_budget:g}"
+                        configs[f"{rb}, 2 threads"] = ({"kind": "tbljax", "data": rb_tbl, **base}, two, None)
+                        configs[f"{rb}, 1 thread"] = ({"kind": "tbljax", "data": rb_tbl, **base}, one, None)
                     if dt == "float32":
                         configs[f"{g}: tbljax jpeg_dct_scale, 2 threads"] = (
                             {"kind": "tbljax", "data": tbl, "dct": True, **base}, two, None)
@@ -528,6 +543,11 @@ def main() -> None:
         print(f"S{side}: {s['n']} records, {s['geometry']}, file {s['file'] / 2**20:.2f} MiB = "
               f"{frac:.3f} of RAW ({s['raw'] / 2**20:.1f} MiB){'' if frac <= 0.2 else '  ABOVE 0.2'}; "
               f"JPEG payloads {s['records'] / 2**20:.2f} MiB; converted in {s['seconds']:.1f} s")
+        if "rb_file" in s:
+            frac = s["rb_file"] / s["raw"]
+            print(f"S{side} raw_budget {a.raw_budget:g}: file {s['rb_file'] / 2**20:.2f} MiB = {frac:.3f} of "
+                  f"RAW{'' if frac <= 0.2 else '  ABOVE 0.2'}; records {s['rb_records'] / s['raw']:.3f} of "
+                  f"their pixels; {s['rb_raw']} of {s['n']} records stored RAW")
     for side, c in ffcv_checks.items():
         print(f"S{side} FFCV .beton: {c['identical']} of {c['records']} payloads byte-identical to the "
               f"records; payloads {c['payload_bytes']} B, stored {c['stored_payload_bytes']} B, "
@@ -568,25 +588,26 @@ def main() -> None:
         for out in OUTS:
             for dt in ("f32", "u8"):
                 g = f"S{side} {out}px {dt}"
-                tb = f"{g}: tbljax, 2 threads"
                 peers = {k: m[k] for k in m if k.startswith(g + ":") and "tbljax" not in k}
-                if tb in m and peers:
-                    best = max(peers, key=peers.get)
-                    best_cpu = max(peers, key=lambda k: per_cpu[k])
-                    print(f"{g}: tbljax / fastest peer ({best.split(': ')[1]}): {ratio(tb, best):.2f}x "
-                          f"(target >= 3x); per CPU-second / best peer ({best_cpu.split(': ')[1]}): "
-                          f"{ratio(tb, best_cpu, per_cpu):.2f}x; round by round / that round's "
-                          f"fastest peer: {paired(tb, list(peers))}")
-                if best_ceil and tb in m:
-                    one_t = f"{g}: tbljax, 1 thread"
-                    txt = f"{g}: tbljax per core / decode ceiling per core ({best_ceil.split(': ')[1]}, " \
-                          f"{m[best_ceil]:,.0f} img/s): 2 threads / 2: {m[tb] / THREADS / m[best_ceil]:.2f}x"
-                    if one_t in m:
-                        txt += f", 1 thread: {ratio(one_t, best_ceil):.2f}x"
-                    # Per CPU-second: the same comparison in the process's CPU time, which a
-                    # neighbour's load moves far less than wall time on this 2-core machine.
-                    print(txt + f", per CPU-second: {ratio(tb, best_ceil_cpu, per_cpu):.2f}x (target >= 1.8x); "
-                          f"2 threads / 2, round by round: {paired(tb, [best_ceil], 1 / THREADS)}")
+                for variant in ("tbljax", f"tbljax raw_budget {a.raw_budget or 0:g}"):
+                    tb, one_t = f"{g}: {variant}, 2 threads", f"{g}: {variant}, 1 thread"
+                    if tb in m and peers:
+                        best = max(peers, key=peers.get)
+                        best_cpu = max(peers, key=lambda k: per_cpu[k])
+                        print(f"{g}: {variant} / fastest peer ({best.split(': ')[1]}): {ratio(tb, best):.2f}x "
+                              f"(target >= 3x); per CPU-second / best peer ({best_cpu.split(': ')[1]}): "
+                              f"{ratio(tb, best_cpu, per_cpu):.2f}x; round by round / that round's "
+                              f"fastest peer: {paired(tb, list(peers))}")
+                    if best_ceil and tb in m:
+                        txt = f"{g}: {variant} per core / decode ceiling per core ({best_ceil.split(': ')[1]}, " \
+                              f"{m[best_ceil]:,.0f} img/s): 2 threads / 2: {m[tb] / THREADS / m[best_ceil]:.2f}x"
+                        if one_t in m:
+                            txt += f", 1 thread: {ratio(one_t, best_ceil):.2f}x"
+                        # Per CPU-second: the same comparison in the process's CPU time, which a
+                        # neighbour's load moves far less than wall time on this 2-core machine.
+                        print(txt + f", per CPU-second: {ratio(tb, best_ceil_cpu, per_cpu):.2f}x (target >= 1.8x); "
+                              f"2 threads / 2, round by round: {paired(tb, [best_ceil], 1 / THREADS)}")
+                tb = f"{g}: tbljax, 2 threads"
                 if busy in m and tb in m:
                     print(f"{g}: tbljax 2 threads / the ceiling on 2 threads (both cores busy, "
                           f"{m[busy]:,.0f} img/s): {ratio(tb, busy):.2f}x")

@@ -68,7 +68,7 @@ def worker(path: str, side: int) -> dict:
     import tbljax
 
     ds = tbljax.open(path)
-    views, counts, offsets, sizes, hs, ws = ds.jpeg_records()
+    views, counts, offsets, sizes, hs, ws, _raw = ds.jpeg_records()
     src = tbljax.kernels.jpeg_source(list(views), list(counts), offsets, sizes, hs, ws)
     boxes = centred(hs, ws, side)
     out = np.empty((len(sizes), 16, 16, 3), np.uint8)
@@ -96,7 +96,7 @@ def compare_intervals(files, intervals: list[int], rounds: int, out_size: int = 
                 convert_compact(files, path)
             finally:
                 image_records.COMPACT_RESTART_MCUS = written
-            views, counts, offsets, nbytes, hs, ws = tbljax.open(path).jpeg_records()
+            views, counts, offsets, nbytes, hs, ws, _raw = tbljax.open(path).jpeg_records()
             srcs[r] = tbljax.kernels.jpeg_source(list(views), list(counts), offsets, nbytes, hs, ws)
             sizes[r] = int(np.sum(nbytes))
         boxes = rrc_boxes(hs, ws)

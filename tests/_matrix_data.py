@@ -27,6 +27,9 @@ KINDS = {
     "raw_max_side": dict(resize="max_side", format="raw"),
     "compact_square": dict(resize="center_crop", format="jpeg", quality=90),
     "compact_full_aspect": dict(resize="shorter_side", format="jpeg", quality=90),
+    # Compact records with those costliest to decode stored RAW: at 16 px a JPEG is most of its
+    # pixels' size, so a budget of 0.9 keeps both kinds in the file and in each shard file.
+    "compact_raw_budget": dict(resize="shorter_side", format="jpeg", quality=90, raw_budget=0.9),
     "original_jpeg": dict(resize="center_crop", format="jpeg"),
     "lz4": dict(resize="center_crop", format="lz4"),
     # RAW records converted from a TAR whose records carry fields (see `field_values`).

@@ -198,7 +198,7 @@ def test_real_photos_at_imagenet_geometry(tmp_path):
     tbljax.convert(files, str(path), image_size=256, resize="shorter_side", format="jpeg",
                    quality=90, chroma="420", progress=False)
     ds = tbljax.open(str(path))
-    views, _counts, offsets, sizes, hs, ws = ds.jpeg_records()
+    views, _counts, offsets, sizes, hs, ws, _raw = ds.jpeg_records()
     blobs = [bytes(views[0][o:o + s]) for o, s in zip(offsets.tolist(), sizes.tolist())]
     src = source_of(blobs, list(zip(hs.tolist(), ws.tolist())))
     rng = np.random.default_rng(0)

@@ -23,6 +23,7 @@ import _matrix_data as M
 import _two_jobs
 import tbljax
 from tbljax._src.engine.record_source import RecordSource
+from tbljax._src.io.format import FORMATS
 from tbljax._src.io.host_part import PartDataset
 from tbljax._src.rules.augment import RecordGeometry, sample
 from tbljax._src.rules.dataset import RecordDataset, members
@@ -33,9 +34,10 @@ CENTER = tbljax.Augment(crop="center", flip=False, size=M.OUT)
 MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)
 CELLS = [(k, layout) for k in M.KINDS for layout in M.LAYOUTS]
 IDS = [f"{k}-{layout}" for k, layout in CELLS]
-FULL_ASPECT = {"raw_shorter_side", "raw_max_side", "compact_full_aspect"}
+FULL_ASPECT = {"raw_shorter_side", "raw_max_side", "compact_full_aspect", "compact_raw_budget"}
 MODES = {"raw_square": "gather", "raw_shorter_side": "gather_variable", "raw_max_side": "gather_variable",
-         "compact_square": "jpeg_boxes", "compact_full_aspect": "jpeg_boxes", "original_jpeg": "decode",
+         "compact_square": "jpeg_boxes", "compact_full_aspect": "jpeg_boxes", "compact_raw_budget": "jpeg_boxes",
+         "original_jpeg": "decode",
          "lz4": "decode", "fields": "gather"}
 VALUES = M.field_values()
 
@@ -132,9 +134,13 @@ def test_every_dataset_kind_implements_the_whole_contract(matrix, kind, layout):
         data = {p: np.fromfile(p, np.uint8) for p in ds.paths}
         assert all(o + s <= len(data[ds.paths[f]]) for f, o, s in zip(files_, offsets, sizes))
         assert ds.compact == kind.startswith("compact")
-        if ds.record_format == "jpeg":
+        if ds.compact or ds.record_format == "jpeg":
             r = ds.jpeg_records()
             assert int(r.counts.sum()) == len(ds) and np.array_equal(r.offsets, offsets)
+            stored_raw = np.array([e["format"] == FORMATS["RAW_U8"] for e in ds.index])
+            assert r.stored_raw.tolist() == stored_raw.tolist(), what
+            if kind == "compact_raw_budget":  # both kinds of record, in every file
+                assert ds.record_format == "mixed" and 0 < stored_raw.sum() < len(ds), what
         else:
             with pytest.raises(ValueError, match="only JPEG records"):
                 ds.jpeg_records()

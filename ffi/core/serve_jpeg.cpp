@@ -17,7 +17,7 @@ namespace tbljax {
 
 Status JpegSource::Create(std::vector<RawShard> shards, const int64_t* offsets,
                           const int64_t* sizes, const int32_t* heights, const int32_t* widths,
-                          JpegSource* out) {
+                          const uint8_t* stored_raw, JpegSource* out) {
   if (shards.empty()) return InvalidArgument("a JpegSource needs at least one shard");
   JpegSource s;
   for (size_t k = 0; k < shards.size(); ++k) {
@@ -34,6 +34,11 @@ Status JpegSource::Create(std::vector<RawShard> shards, const int64_t* offsets,
                        std::to_string(heights[i]) + "x" + std::to_string(widths[i]) +
                        " pixels) does not lie inside its shard of " + std::to_string(sh.bytes) +
                        " bytes");
+      if (stored_raw != nullptr && stored_raw[i] != 0 &&
+          sizes[i] != int64_t{heights[i]} * widths[i] * 3)
+        return Corrupt("record " + std::to_string(i) + " is stored RAW but its " +
+                       std::to_string(sizes[i]) + " bytes are not " + std::to_string(heights[i]) +
+                       "x" + std::to_string(widths[i]) + "x3 pixels");
     }
     s.starts_.push_back(s.num_records_);
     s.num_records_ += sh.num_records;
@@ -44,6 +49,7 @@ Status JpegSource::Create(std::vector<RawShard> shards, const int64_t* offsets,
   s.sizes_ = sizes;
   s.heights_ = heights;
   s.widths_ = widths;
+  s.stored_raw_ = stored_raw;
   *out = std::move(s);
   return Status::Ok();
 }
@@ -87,10 +93,26 @@ struct FirstFailure {
   }
 };
 
-// One sample: decode its box's part, then the kernel over that part, in this thread.
+// One sample: decode its box's part, then the kernel over that part, in this thread. A record
+// stored RAW goes to the kernel as it lies in the mapping.
 Status ServeOne(const JpegSource& src, const GatherRequest& r, const JpegServeOptions& o,
                 const SampleKernel& kernel, int64_t b) {
   const int64_t i = r.indices[b];
+  if (src.StoredRaw(i)) {
+    SamplePixels px;
+    px.pixels = src.Data(i);
+    px.height = src.Height(i);
+    px.width = src.Width(i);
+    px.h = px.height;
+    px.w = px.width;
+    if (r.crops != nullptr) {
+      px.y0 = r.crops[4 * b];
+      px.x0 = r.crops[4 * b + 1];
+      px.h = r.crops[4 * b + 2];
+      px.w = r.crops[4 * b + 3];
+    }
+    return kernel.Run(b, px);
+  }
   JpegBoxRequest q;
   if (r.crops != nullptr) {
     std::copy(r.crops + 4 * b, r.crops + 4 * b + 4, q.box);

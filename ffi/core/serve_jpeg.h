@@ -16,18 +16,24 @@ class ThreadPool;
 
 // N JPEG records spread over one or more shards (file mappings), read as one sequence: record
 // i is sizes[i] bytes at byte offsets[i] of its shard, heights[i] x widths[i] pixels once
-// decoded (what the index says). Does not own the memory or the tables.
+// decoded (what the index says). Where stored_raw (may be null) is nonzero, record i is its
+// pixels instead, stored RAW (heights[i] * widths[i] * 3 bytes, rows of RGB): a compact file
+// converted with a raw budget keeps the records costliest to decode that way. Does not own
+// the memory or the tables.
 class JpegSource {
  public:
   JpegSource() = default;
-  // Checks that every record lies inside its shard and has sides >= 1 (O(N), once).
+  // Checks that every record lies inside its shard and has sides >= 1, and that a RAW record's
+  // size is its pixels' (O(N), once).
   static Status Create(std::vector<RawShard> shards, const int64_t* offsets, const int64_t* sizes,
-                       const int32_t* heights, const int32_t* widths, JpegSource* out);
+                       const int32_t* heights, const int32_t* widths, const uint8_t* stored_raw,
+                       JpegSource* out);
   int64_t num_records() const { return num_records_; }
   const uint8_t* Data(int64_t i) const;
   int64_t Size(int64_t i) const { return sizes_[i]; }
   int32_t Height(int64_t i) const { return heights_[i]; }
   int32_t Width(int64_t i) const { return widths_[i]; }
+  bool StoredRaw(int64_t i) const { return stored_raw_ != nullptr && stored_raw_[i] != 0; }
 
  private:
   std::vector<RawShard> shards_;
@@ -36,6 +42,7 @@ class JpegSource {
   const int64_t* sizes_ = nullptr;
   const int32_t* heights_ = nullptr;
   const int32_t* widths_ = nullptr;
+  const uint8_t* stored_raw_ = nullptr;
   int64_t num_records_ = 0;
 };
 

@@ -23,7 +23,8 @@ struct PyJpegSource {
 };
 
 PyJpegSource MakeJpegSource(const nb::sequence& shards, I64Array counts, I64Array offsets,
-                            I64Array sizes, I32Array heights, I32Array widths) {
+                            I64Array sizes, I32Array heights, I32Array widths,
+                            std::optional<U8Array> stored_raw) {
   std::vector<RawShard> raw;
   std::vector<nb::object> keep;
   const int64_t total = ByteShards(shards, counts, &raw, &keep);
@@ -32,11 +33,16 @@ PyJpegSource MakeJpegSource(const nb::sequence& shards, I64Array counts, I64Arra
       throw nb::value_error(("offsets, sizes, heights and widths need one entry per record (" +
                              std::to_string(total) + "), got " + std::to_string(n))
                                 .c_str());
+  if (stored_raw && static_cast<int64_t>(stored_raw->shape(0)) != total)
+    throw nb::value_error(("stored_raw needs one entry per record (" + std::to_string(total) +
+                           "), got " + std::to_string(stored_raw->shape(0)))
+                              .c_str());
   JpegSource src;
   Check(JpegSource::Create(std::move(raw), offsets.data(), sizes.data(), heights.data(),
-                           widths.data(), &src));
+                           widths.data(), stored_raw ? stored_raw->data() : nullptr, &src));
   for (nb::object t : {nb::cast(offsets), nb::cast(sizes), nb::cast(heights), nb::cast(widths)})
     keep.push_back(t);
+  if (stored_raw) keep.push_back(nb::cast(*stored_raw));
   return PyJpegSource{std::move(src), std::move(keep)};
 }
 
@@ -49,9 +55,12 @@ void BindServe(nb::module_& m) {
       .def_static("create", &MakeJpegSource, nb::arg("shards"), nb::arg("counts").noconvert(),
                   nb::arg("offsets").noconvert(), nb::arg("sizes").noconvert(),
                   nb::arg("heights").noconvert(), nb::arg("widths").noconvert(),
+                  nb::arg("stored_raw").noconvert() = nb::none(),
                   "shards[k] (uint8 bytes) holds counts[k] records; record i is sizes[i] bytes "
-                  "at byte offsets[i] of its shard and decodes to heights[i] x widths[i]. "
-                  "CorruptFileError if a record does not lie inside its shard.")
+                  "at byte offsets[i] of its shard and decodes to heights[i] x widths[i], or, "
+                  "where stored_raw[i] (uint8) is nonzero, is those pixels stored RAW. "
+                  "CorruptFileError if a record does not lie inside its shard or a RAW "
+                  "record's size is not its pixels'.")
       .def_prop_ro("num_records", [](const PyJpegSource& s) { return s.source.num_records(); })
       .def("__len__", [](const PyJpegSource& s) { return s.source.num_records(); });
 

@@ -38,6 +38,7 @@ using OutArray = nb::ndarray<nb::ndim<4>, nb::c_contig, nb::device::cpu>;
 using ByteArray = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
 using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using U8Array = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // Shards of records stored as bytes (RAW records of different sizes, JPEG records): shards[k]
 // a C-contiguous uint8 array holding counts[k] records. Appends them to `raw` (their bytes)

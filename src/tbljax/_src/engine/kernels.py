@@ -200,18 +200,22 @@ def normalize_table(mean: Sequence[float], std: Sequence[float], dtype=np.float3
     return table.view(contract.np_dtype(name)) if name == "bfloat16" else table
 
 
-def jpeg_source(shards, counts, offsets, sizes, heights, widths) -> _core.JpegSource:
+def jpeg_source(shards, counts, offsets, sizes, heights, widths,
+                stored_raw=None) -> _core.JpegSource:
     """A native view of JPEG records (compact records: JPEG bytes at the stored geometry):
     ``shards[k]`` (C-contiguous uint8 arrays, e.g. `Dataset.jpeg_records` of a file) holds
     ``counts[k]`` records; record i is ``sizes[i]`` bytes at byte ``offsets[i]`` of its shard
-    and decodes to ``heights[i] x widths[i]`` pixels. Every record is checked to lie inside
-    its shard (CorruptFileError)."""
+    and decodes to ``heights[i] x widths[i]`` pixels, or, where ``stored_raw[i]`` is nonzero
+    (a compact file converted with ``raw_budget=``), is those pixels stored RAW and is served
+    as it lies. Every record is checked to lie inside its shard, and a RAW record to hold
+    exactly its pixels (CorruptFileError)."""
     shards = _checked_shards(shards)
+    raw = None if stored_raw is None else np.ascontiguousarray(stored_raw, np.uint8)
     return _core.JpegSource.create(shards, _int_array(counts, np.int64, "counts"),
                                    _int_array(offsets, np.int64, "offsets"),
                                    _int_array(sizes, np.int64, "sizes"),
                                    _int_array(heights, np.int32, "heights"),
-                                   _int_array(widths, np.int32, "widths"))
+                                   _int_array(widths, np.int32, "widths"), raw)
 
 
 def serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *, layout: str = "NHWC",

@@ -33,7 +33,7 @@ from tbljax._src.io.format import Writer
 from tbljax._src.io.convert_options import (CHUNK, ConversionError, ConvertOptions, ConvertSummary,
                                             num_classes)
 from tbljax._src.io.tbl_source import convert_tbl, tbl_paths
-from tbljax._src.io.image_records import (Encoded, decode_chunk, encode_chunk, is_jpeg,
+from tbljax._src.io.image_records import (Encoded, choose_raw, decode_chunk, encode_chunk, is_jpeg,
                                           size_histogram, source_size)
 from tbljax._src.io.label_table import LabelTable
 from tbljax._src.io.progress import Progress, progress_mode
@@ -114,6 +114,7 @@ def convert(
     format: str = "raw",  # noqa: A002 - the natural name
     quality: int | None = None,
     chroma: str | None = None,
+    raw_budget: float | None = None,
     threads: int | None = None,
     strict: bool = False,
     overwrite: bool = False,
@@ -161,6 +162,11 @@ def convert(
       serving it is a plain decode; any resize mode.
     chroma: chroma subsampling of compact records: '420' (default) or '444' (sharper colour
       edges, more bytes).
+    raw_budget: with compact records, a bound on the records' bytes as a fraction of their
+      RAW pixels' (e.g. 0.2): the records costliest to decode (most JPEG bytes per pixel) are
+      stored as their pixels, uncompressed, while the records stay within that fraction (a
+      running total in source order). They serve with no decode at all; a JPEG record serves the pixels it
+      decodes to, a RAW one the converted pixels themselves. None: every record a JPEG.
     labels: integer ids or class names for arrays and file lists.
     classes: the class names, in id order: a list, or a text file of one name per line. Names
       met in the data (TAR `.cls`/`.json` holding e.g. 'n01440764', labels= names, subfolders)
@@ -216,7 +222,7 @@ def convert(
     tbl_files = tbl_paths(sources)
     opts = ConvertOptions(
         image_size=image_size, resize=resize, max_long_side=max_long_side, format=format,
-        quality=quality, chroma=chroma, threads=threads, strict=strict, overwrite=overwrite,
+        quality=quality, chroma=chroma, raw_budget=raw_budget, threads=threads, strict=strict, overwrite=overwrite,
         labels=labels, classes=classes, label_ext=label_ext, shard=shard, progress=progress,
         progress_interval=progress_interval, retries=retries, retry_backoff=retry_backoff,
         image_column=image_column, label_column=label_column, image_key=image_key,
@@ -310,7 +316,8 @@ def _decode_records(chunk: list[Item], *, opts: ConvertOptions,
                            opts.max_long_side or 0)
     if opts.quality is None:
         return pixels  # type: ignore[return-value]
-    return encode_chunk(pixels, opts.quality, opts.chroma, threads)  # type: ignore[arg-type]
+    return encode_chunk(pixels, opts.quality, opts.chroma, threads,  # type: ignore[arg-type]
+                        keep_pixels=opts.raw_budget is not None)
 
 
 class _Records:
@@ -326,6 +333,9 @@ class _Records:
         self.widths: list[int] = []
         self.heights: list[int] = []
         self.seen = 0
+        # raw_budget=: the bytes of the records written so far, and of their RAW pixels.
+        self.stored_bytes = 0
+        self.raw_bytes = 0
 
     def add(self, chunk: list[Item], results: list, w: Writer) -> None:
         # A record whose fields fail is skipped like a bad image; its reason names the field.
@@ -350,11 +360,29 @@ class _Records:
                 "written", self.skipped)
         self.skipped.extend(bad)
         self.label_errors.extend(bad_labels)
+        if self.opts.raw_budget is not None:
+            results = self._spend_raw_budget(results)
         for it, r, v in zip(chunk, results, values):
             if not isinstance(r, str):
                 self._write(w, it, r)
                 self.columns.append(v)
         self.seen += len(chunk)
+
+    def _spend_raw_budget(self, results: list) -> list:
+        """The chunk's compact records with those `choose_raw` picks replaced by their pixels,
+        keeping the file so far within raw_budget of its RAW size (a running total, so a chunk
+        may spend what earlier ones left)."""
+        rows = [k for k, r in enumerate(results) if isinstance(r, Encoded)]
+        jpeg = [len(results[k].data) for k in rows]
+        raw = [results[k].height * results[k].width * 3 for k in rows]
+        self.raw_bytes += sum(raw)
+        allowance = self.opts.raw_budget * self.raw_bytes - self.stored_bytes - sum(jpeg)
+        results = list(results)
+        for k in choose_raw(jpeg, raw, allowance):
+            results[rows[k]] = results[rows[k]].pixels
+        self.stored_bytes += sum(len(results[k].data) if isinstance(results[k], Encoded)
+                                 else results[k].nbytes for k in rows)
+        return results
 
     def _write(self, w: Writer, it: Item, r: np.ndarray | Encoded) -> None:
         width, height = source_size(it.data)
@@ -362,6 +390,8 @@ class _Records:
         self.heights.append(height)
         if isinstance(r, Encoded):
             w.add_encoded(r.data, "JPEG", r.width, r.height)  # the stored geometry
+        elif self.opts.quality is not None:  # a compact record kept as pixels: raw_budget=
+            w.add_raw(r, lz4=False)
         elif self.opts.format == "jpeg" and is_jpeg(it.data):
             w.add_encoded(bytes(it.data), "JPEG", width, height)
         else:

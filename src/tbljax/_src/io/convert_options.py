@@ -27,7 +27,7 @@ FIXED_SIZE_MODES = contract.SQUARE_RESIZE_MODES  # every record S x S
 RECORD_FORMATS = ("raw", "jpeg", "lz4")
 CHROMA = ("420", "444")
 # The arguments that shape records decoded from images; a TBL source keeps its own geometry.
-_IMAGE_ONLY = ("image_size", "max_long_side", "quality", "chroma", "labels", "classes",
+_IMAGE_ONLY = ("image_size", "max_long_side", "quality", "chroma", "raw_budget", "labels", "classes",
                "label_ext", "shard", "image_column", "label_column", "image_key", "label_key")
 # Which record of a table (Hugging Face, Parquet) or of a tf.train.Example (TFDS) holds what.
 _NAMES = ("image_column", "label_column", "image_key", "label_key")
@@ -62,6 +62,7 @@ class ConvertOptions:
     format: str = "raw"
     quality: int | None = None
     chroma: str | None = None
+    raw_budget: float | None = None
     threads: int | None = None
     strict: bool = False
     overwrite: bool = False
@@ -164,13 +165,19 @@ class ConvertOptions:
                 raise ValueError(f"quality= re-encodes JPEG records: it needs format='jpeg', not {self.format!r}")
             if not contract.is_integer(quality) or not 1 <= quality <= 100:
                 raise ValueError(f"quality must be an int in [1, 100] or None (the original bytes), got {quality!r}")
-        elif chroma is not None:
-            raise ValueError("chroma= applies to re-encoded JPEG records: pass quality= (e.g. 90) with format='jpeg'")
+        elif chroma is not None or self.raw_budget is not None:
+            raise ValueError(f"{'chroma' if chroma is not None else 'raw_budget'}= applies to re-encoded "
+                             "JPEG records: pass quality= (e.g. 90) with format='jpeg'")
         elif self.format == "jpeg" and resize not in FIXED_SIZE_MODES:
             raise ValueError(f"format='jpeg' with the original bytes serves square batches: use resize="
                              f"'center_crop' or 'squash', or re-encode at the {resize!r} geometry with quality=90")
         if chroma is not None and chroma not in CHROMA:
             raise ValueError(f"chroma must be one of {CHROMA}, got {chroma!r}")
+        budget = self.raw_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                                   or not 0 < budget <= 1):
+            raise ValueError("raw_budget must be the file's size as a fraction of the RAW "
+                             f"conversion's, in (0, 1] (e.g. 0.2), got {budget!r}")
         return (chroma or "420") if quality is not None else None
 
     @property
@@ -188,6 +195,8 @@ class ConvertOptions:
         if self.format == "jpeg":  # compact records hold the converted geometry: a plain decode
             recipe.update(quality=self.quality, chroma=self.chroma,
                           **stored_entry(compact=bool(self.quality)))
+            if self.raw_budget is not None:
+                recipe["raw_budget"] = float(self.raw_budget)
         return recipe
 
 

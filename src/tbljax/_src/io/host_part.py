@@ -128,7 +128,7 @@ class PartDataset(RecordDataset):
             return r
         cut = slice(self._lo, self._hi)
         return JpegRecords(r.views, np.array([len(self)], np.int64), r.offsets[cut],
-                           r.sizes[cut], r.heights[cut], r.widths[cut])
+                           r.sizes[cut], r.heights[cut], r.widths[cut], r.stored_raw[cut])
 
     def byte_ranges(self, indices):
         return self._ds.byte_ranges(self._global(indices))

@@ -14,8 +14,9 @@ from tbljax import _core
 from tbljax._src.io.items import Item
 from tbljax._src.io.convert_options import FIXED_SIZE_MODES
 
-__all__ = ["COMPACT_RESTART_MCUS", "Encoded", "as_rgb", "decode_chunk", "encode_chunk",
-           "is_jpeg", "pil_decode", "restart_mcus", "size_histogram", "source_size"]
+__all__ = ["COMPACT_RESTART_MCUS", "Encoded", "as_rgb", "choose_raw", "decode_chunk",
+           "encode_chunk", "is_jpeg", "pil_decode", "restart_mcus", "size_histogram",
+           "source_size"]
 
 _MCU_WIDTH = {"420": 16, "444": 8}  # an MCU's width in pixels at each chroma subsampling
 
@@ -101,17 +102,19 @@ def as_rgb(img: np.ndarray) -> np.ndarray:
 
 
 class Encoded(NamedTuple):
-    """A compact record: JPEG bytes of an image at its converted geometry."""
+    """A compact record: JPEG bytes of an image at its converted geometry (and, for a raw
+    budget to choose from, the pixels they encode)."""
 
     data: bytes
     height: int
     width: int
+    pixels: np.ndarray | None = None
 
 
 def encode_chunk(pixels: list[np.ndarray | str], quality: int, chroma: str,
-                  threads: int) -> list[Encoded | str]:
+                  threads: int, keep_pixels: bool = False) -> list[Encoded | str]:
     """Re-encodes the decoded images of a chunk (libjpeg-turbo, C++ pool, GIL released);
-    failures pass through."""
+    failures pass through. keep_pixels: each Encoded also holds its pixels."""
     out: list[Encoded | str] = list(pixels)  # type: ignore[arg-type]
     by_interval: dict[int, list[int]] = {}
     for i, img in enumerate(pixels):
@@ -122,8 +125,29 @@ def encode_chunk(pixels: list[np.ndarray | str], quality: int, chroma: str,
                                         restart_mcus=interval)
         for i, blob in zip(rows, blobs):
             img = pixels[i]
-            out[i] = Encoded(blob, int(img.shape[0]), int(img.shape[1]))  # type: ignore[union-attr]
+            out[i] = Encoded(blob, int(img.shape[0]), int(img.shape[1]),  # type: ignore[union-attr]
+                             img if keep_pixels else None)  # type: ignore[arg-type]
     return out
+
+
+def choose_raw(jpeg_bytes: Sequence[int], raw_bytes: Sequence[int], allowance: float) -> list[int]:
+    """Which records of a chunk to store RAW instead of as JPEG, adding at most `allowance`
+    bytes to the file: the records with the most JPEG bytes per RAW byte first (the entropy
+    decoder's share of a decode, ~70%, grows with the JPEG's bytes, while the rest of it and
+    the RAW record's cost grow with the pixels), each taken if its extra bytes still fit.
+    Ties go to the earlier record, so the choice is a pure function of the chunk.
+
+    >>> choose_raw([30, 10, 20], [100, 100, 100], 150)
+    [0, 2]
+    """
+    order = sorted(range(len(jpeg_bytes)), key=lambda i: (-jpeg_bytes[i] / raw_bytes[i], i))
+    chosen = []
+    for i in order:
+        extra = raw_bytes[i] - jpeg_bytes[i]
+        if extra <= allowance:
+            allowance -= extra
+            chosen.append(i)
+    return sorted(chosen)
 
 
 def restart_mcus(width: int, chroma: str) -> int:

@@ -268,7 +268,7 @@ class Mixture(RecordDataset):
         parts = [d.jpeg_records() for d in self.datasets]
         return JpegRecords([v for p in parts for v in p.views], *(
             np.concatenate([getattr(p, f) for p in parts])
-            for f in ("counts", "offsets", "sizes", "heights", "widths")))
+            for f in ("counts", "offsets", "sizes", "heights", "widths", "stored_raw")))
 
     def _file_base(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum([len(d.paths) for d in self.datasets])])

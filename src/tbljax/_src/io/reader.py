@@ -151,8 +151,13 @@ class Dataset(RecordDataset):
     @property
     def compact(self) -> bool:
         """True for compact records: JPEGs re-encoded at the served geometry (decoded in the
-        kernel, box by box), False for the original JPEG bytes and for RAW/LZ4 records."""
-        return self.record_format == "jpeg" and is_compact(self.recipe)
+        kernel, box by box), with those a raw budget kept as pixels stored RAW (uncompressed);
+        False for the original JPEG bytes and for RAW/LZ4 records."""
+        if not is_compact(self.recipe) or self.record_format not in ("jpeg", "mixed"):
+            return False
+        fmt, flags = self.index["format"], self.index["flags"]
+        raw = fmt == FORMATS["RAW_U8"]
+        return bool(np.all((fmt == FORMATS["JPEG"]) | (raw & ((flags & _core.RECORD_LZ4) == 0))))
 
     @cached_property
     def geometry(self) -> RecordGeometry:
@@ -291,18 +296,29 @@ class Dataset(RecordDataset):
                           np.ascontiguousarray(idx["offset"], dtype=np.int64), heights, widths)
 
     def jpeg_records(self):
-        """Where the JPEG records lie, for `tbljax.kernels.jpeg_source`: (one read-only 1-D
-        uint8 view of each file's mapping, records per file, each record's byte offset in its
-        file and size (int64), its height and width in the index (int32)). JPEG files only."""
-        if self.record_format != "jpeg":
+        """Where the compact records lie, for `tbljax.kernels.jpeg_source`: (one read-only
+        1-D uint8 view of each file's mapping, records per file, each record's byte offset in
+        its file and size (int64), its height and width in the index (int32), and 1 (uint8)
+        where the record is stored RAW under a raw budget). JPEG files, and compact files
+        with RAW records, only; CorruptFileError if a RAW record's size is not its pixels'."""
+        if not (self.record_format == "jpeg" or self.compact):
             raise ValueError(f"{self!r}: only JPEG records are served from their bytes "
                              f"(this file holds {self.record_format} records)")
         idx = self.index
+        heights, widths = idx["height"].astype(np.int32), idx["width"].astype(np.int32)
+        sizes = np.ascontiguousarray(idx["size"], dtype=np.int64)
+        stored_raw = (idx["format"] == FORMATS["RAW_U8"]).astype(np.uint8)
+        bad = np.flatnonzero(stored_raw.astype(bool)
+                             & (sizes != heights.astype(np.int64) * widths * 3))
+        if len(bad):
+            k, j = self._locate(int(bad[0]))
+            raise _core.CorruptFileError(
+                f"{self._files[k].path}: record {j}: RAW payload of {int(sizes[bad[0]])} "
+                f"bytes is not {int(heights[bad[0]])}x{int(widths[bad[0]])}x3")
         counts = np.diff(self._starts).astype(np.int64)
         return JpegRecords([f.file_view() for f in self._files], counts,
-                           np.ascontiguousarray(idx["offset"], dtype=np.int64),
-                           np.ascontiguousarray(idx["size"], dtype=np.int64),
-                           idx["height"].astype(np.int32), idx["width"].astype(np.int32))
+                           np.ascontiguousarray(idx["offset"], dtype=np.int64), sizes,
+                           heights, widths, stored_raw)
 
     def byte_ranges(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(file number, byte offset in that file, byte count) of records `indices`."""

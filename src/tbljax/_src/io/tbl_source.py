@@ -63,9 +63,10 @@ def convert_tbl(paths: list[str], dst: str, opts: ConvertOptions) -> ConvertSumm
         w.set_metadata(
             labels=ds.labels, keys=ds.keys, classes=ds.classes, skipped=ds.skipped,
             recipe={
-                **{k: v for k, v in recipe.items() if k not in ("quality", "chroma", "stored")},
+                **{k: v for k, v in recipe.items() if k not in ("quality", "chroma", "raw_budget", "stored")},
                 "format": opts.format, "decoded_from": {"fingerprint": ds.fingerprint, "format": ds.record_format,
-                                                   **{k: recipe.get(k) for k in ("quality", "chroma")}},
+                                                   **{k: recipe.get(k) for k in ("quality", "chroma")},
+                                                   **{k: recipe[k] for k in ("raw_budget",) if k in recipe}},
                 "sources": ds.paths, "tbljax": _core.native_info()["version"],
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             },

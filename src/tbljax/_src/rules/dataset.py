@@ -61,7 +61,7 @@ class RawRecords(NamedTuple):
 
 
 class JpegRecords(NamedTuple):
-    """Where JPEG records lie, for the kernel's JPEG source."""
+    """Where compact records lie, for the kernel's JPEG source."""
 
     views: list
     counts: np.ndarray
@@ -69,6 +69,7 @@ class JpegRecords(NamedTuple):
     sizes: np.ndarray    # each record's byte count (int64)
     heights: np.ndarray  # the size the index gives (int32): the served size for compact records
     widths: np.ndarray
+    stored_raw: np.ndarray  # uint8, 1 where the record is its pixels stored RAW (raw_budget=)
 
 
 class RecordDataset(abc.ABC):
@@ -109,7 +110,8 @@ class RecordDataset(abc.ABC):
     @abc.abstractmethod
     def compact(self) -> bool:
         """True when the records are JPEGs stored at the served geometry (compact records,
-        decoded in the kernel box by box); False for original JPEG bytes and RAW/LZ4."""
+        decoded in the kernel box by box), some of them perhaps stored RAW under a raw budget
+        (`jpeg_records().stored_raw`); False for original JPEG bytes and RAW/LZ4."""
 
     @property
     @abc.abstractmethod

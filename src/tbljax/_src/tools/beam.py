@@ -85,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--format", default="raw", choices=list(RECORD_FORMATS))
     ap.add_argument("--quality", type=int, default=None)
     ap.add_argument("--chroma", default=None)
+    ap.add_argument("--raw-budget", type=float, default=None)
     ap.add_argument("--classes", default=None, metavar="FILE")
     ap.add_argument("--label-ext", default=None)
     for flag in ("--image-column", "--label-column", "--image-key", "--label-key"):
@@ -93,8 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true")
     a, beam_args = ap.parse_known_args(argv)
     options = {k: getattr(a, k) for k in ("image_size", "resize", "max_long_side", "format", "quality",
-                                          "chroma", "classes", "label_ext", "image_column", "label_column",
-                                          "image_key", "label_key", "strict", "overwrite")}
+                                          "chroma", "raw_budget", "classes", "label_ext", "image_column",
+                                          "label_column", "image_key", "label_key", "strict", "overwrite")}
     sources = a.sources[0] if len(a.sources) == 1 else a.sources
     with beam.Pipeline(options=PipelineOptions(beam_args)) as p:
         (p | ConvertShards(sources, a.output, a.num_shards, **options)
