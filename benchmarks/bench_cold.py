@@ -2,7 +2,8 @@
 with read-ahead off and on (`tbljax.loader(..., read_ahead=)`), beside the disk's own
 random-read rate measured in the same run (16 threads of `pread` of the same record sizes in a
 random order). The file is ../shared/data/kodak converted at 160 px (`--format compact`: JPEG
-q90 4:2:0 records at that size, decoded in the serve pass), its records repeated to --gb
+q90 4:2:0 records at that size, decoded in the serve pass; with `--raw-budget F` converted with
+`raw_budget=F`, the records costliest to decode stored RAW), its records repeated to --gb
 gigabytes. Before every
 cold configuration the file is dropped from the page cache (fsync, then
 posix_fadvise(DONTNEED): no root needed) and `mincore` checks that it was; the warm
@@ -10,6 +11,7 @@ configurations read it all first. Each configuration runs in its own process; me
 rounds. uint8, batch 256, the consumer touches one element per batch ("produce").
 
     python benchmarks/bench_cold.py [--gb 4] [--rounds 3] [--dir /tmp] [--format raw|compact]
+                                    [--raw-budget F]
 """
 from __future__ import annotations
 
@@ -109,19 +111,19 @@ def worker(kind: str, path: str) -> dict:
     return res
 
 
-def make_file(dst: Path, gb: float, size: int, fmt: str = "raw") -> int:
-    """kodak converted once at `size` (RAW, or compact JPEG q90), its records repeated to about
-    `gb` GB."""
+def make_file(dst: Path, gb: float, size: int, fmt: str = "raw", raw_budget: float | None = None) -> int:
+    """kodak converted once at `size` (RAW, or compact JPEG q90, perhaps with a raw budget), its
+    records repeated to about `gb` GB."""
     import tbljax
     from tbljax._src.io.format import Writer
 
     base = dst.with_suffix(".base.tbl")
-    compact = dict(format="jpeg", quality=90) if fmt == "compact" else {}
+    compact = dict(format="jpeg", quality=90, raw_budget=raw_budget) if fmt == "compact" else {}
     tbljax.convert(SHARED_DATA / "kodak" / "images", base, image_size=size, progress=False,
                    **compact)
     ds = tbljax.open(base)
     if fmt == "compact":
-        views, _, offsets, sizes, heights, widths, _ = ds.jpeg_records()
+        views, _, offsets, sizes, heights, widths, stored_raw = ds.jpeg_records()
         payloads = [bytes(views[0][o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
         records = int(gb * 1e9 // np.mean([len(p) for p in payloads]))
     else:
@@ -130,7 +132,9 @@ def make_file(dst: Path, gb: float, size: int, fmt: str = "raw") -> int:
     with Writer(dst, records) as w:
         for i in range(records):
             k = i % len(ds)
-            if fmt == "compact":
+            if fmt == "compact" and stored_raw[k]:
+                w.add_raw(np.frombuffer(payloads[k], np.uint8).reshape(int(heights[k]), int(widths[k]), 3))
+            elif fmt == "compact":
                 w.add_encoded(payloads[k], "JPEG", int(widths[k]), int(heights[k]))
             else:
                 w.add_raw(src[k])
@@ -148,6 +152,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to write the file (default: the temp dir)")
     ap.add_argument("--format", choices=("raw", "compact"), default="raw")
+    ap.add_argument("--raw-budget", type=float, default=None, metavar="F",
+                    help="with --format compact: convert with raw_budget=F")
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(*a.worker)))
@@ -157,10 +163,11 @@ def main() -> None:
     kinds = ["cold-disk", "cold-off", "cold-on", "warm-off", "warm-on"]
     with tempfile.TemporaryDirectory(dir=a.dir) as d:
         path = Path(d) / "cold.tbl"
-        records = make_file(path, a.gb, a.size, a.format)
+        records = make_file(path, a.gb, a.size, a.format, a.raw_budget)
         gb = path.stat().st_size / 1e9
         res = rounds(Path(__file__), {k: [k, str(path)] for k in kinds}, a.rounds)
-    print(f"\nbench_cold: kodak -> {a.size} px {a.format}, {records} records ({gb:.2f} GB), uint8, "
+    budget = f" raw_budget {a.raw_budget:g}" if a.raw_budget is not None else ""
+    print(f"\nbench_cold: kodak -> {a.size} px {a.format}{budget}, {records} records ({gb:.2f} GB), uint8, "
           f"batch {B}, "
           f"one epoch per configuration, median of {a.rounds} rounds\nmachine: {machine()}\n")
     print("| configuration | img/s | MB/s | resident before |")

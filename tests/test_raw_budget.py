@@ -86,6 +86,7 @@ def test_the_costliest_records_go_raw_within_the_budget(files):
     assert sum(len(b) for _f, b in mixed) <= 0.5 * raw_bytes.sum()
     ds = tbljax.open(files["budget"])
     assert ds.record_format == "mixed" and ds.compact and ds.recipe["raw_budget"] == 0.5
+    assert ds.describe()["record_formats"] == {"JPEG": N - int(got.sum()), "RAW_U8": int(got.sum())}
     assert ds.jpeg_records().stored_raw.tolist() == got.astype(int).tolist()
 
 

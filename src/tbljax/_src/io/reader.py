@@ -148,16 +148,18 @@ class Dataset(RecordDataset):
             return (int(size), int(size))
         return None
 
-    @property
+    @cached_property
     def compact(self) -> bool:
         """True for compact records: JPEGs re-encoded at the served geometry (decoded in the
         kernel, box by box), with those a raw budget kept as pixels stored RAW (uncompressed);
         False for the original JPEG bytes and for RAW/LZ4 records."""
         if not is_compact(self.recipe) or self.record_format not in ("jpeg", "mixed"):
             return False
+        if self.record_format == "jpeg":
+            return True
         fmt, flags = self.index["format"], self.index["flags"]
-        raw = fmt == FORMATS["RAW_U8"]
-        return bool(np.all((fmt == FORMATS["JPEG"]) | (raw & ((flags & _core.RECORD_LZ4) == 0))))
+        raw = (fmt == FORMATS["RAW_U8"]) & ((flags & _core.RECORD_LZ4) == 0)
+        return bool(np.all((fmt == FORMATS["JPEG"]) | raw))
 
     @cached_property
     def geometry(self) -> RecordGeometry:

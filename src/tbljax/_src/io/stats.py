@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from tbljax._src.io.format import FORMAT_NAMES
+
 __all__ = ["describe"]
 
 
@@ -30,6 +32,9 @@ def describe(ds: Any) -> dict[str, Any]:
     return {
         "records": n,
         "record_format": ds.record_format,
+        # How many records of each format (a compact file with a raw budget holds both).
+        "record_formats": {FORMAT_NAMES.get(int(f), str(int(f))): int(c)
+                           for f, c in zip(*np.unique(idx["format"], return_counts=True))},
         "image_shape": ds.image_shape,
         "zero_copy_view": ds.image_shape is not None and ds.record_format == "raw",
         "bytes": sum(os.path.getsize(p) for p in ds.paths),
