@@ -13,8 +13,12 @@ upsampler stalling on its own buffers, or the zero-fill of the part's pixels: be
 README.md, "Per-record costs"), so one layout per tree (and trees' paths of different lengths
 are different layouts) could decide an A/B by itself. The median is over rounds x layouts.
 
+With --raw-budget F, each tree also serves a second file converted with `raw_budget=F` (the
+records costliest to decode stored RAW), in the same rounds: the A/B of the two files.
+
     python benchmarks/bench_box_decode.py --rounds 5
     python benchmarks/bench_box_decode.py --rounds 5 --trees /path/to/old-checkout .
+    python benchmarks/bench_box_decode.py --rounds 8 --layouts 1 --raw-budget 0.2
 """
 from __future__ import annotations
 
@@ -60,20 +64,20 @@ def kodak_photos() -> list[Path]:
     return files
 
 
-def convert_compact(files: list[Path], path: str) -> None:
+def convert_compact(files: list[Path], path: str, raw_budget: float | None = None) -> None:
     """The photos as compact records at the ImageNet geometry (shorter side 256, q90 4:2:0)."""
     import tbljax
 
     tbljax.convert(files, path, image_size=256, resize="shorter_side", format="jpeg",
-                   quality=90, chroma="420", progress=False)
+                   quality=90, chroma="420", raw_budget=raw_budget, progress=False)
 
 
 def worker(path: str, out_size: int) -> dict:
     import tbljax
 
     ds = tbljax.open(path)
-    views, counts, offsets, sizes, hs, ws, _raw = ds.jpeg_records()
-    src = tbljax.kernels.jpeg_source(list(views), list(counts), offsets, sizes, hs, ws)
+    views, counts, offsets, sizes, hs, ws, stored_raw = ds.jpeg_records()
+    src = tbljax.kernels.jpeg_source(list(views), list(counts), offsets, sizes, hs, ws, stored_raw)
     n = len(sizes)
     boxes = rrc_boxes(hs, ws)
     out = np.empty((n, out_size, out_size, 3), np.uint8)
@@ -95,37 +99,49 @@ def main() -> None:
                     help="checkouts whose src/ to time (default: this one)")
     ap.add_argument("--layouts", type=int, default=LAYOUTS,
                     help="memory layouts (environment paddings) per round and tree")
+    ap.add_argument("--raw-budget", type=float, default=None, metavar="F",
+                    help="also time a file converted with raw_budget=F")
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(a.worker[0], int(a.worker[1]))))
         return
     files = kodak_photos()
     with tempfile.TemporaryDirectory() as d:
-        path = str(Path(d) / "k256.tbl")
-        convert_compact(files, path)
-        res: dict[tuple[str, int], list[float]] = {}
+        paths = {"compact": str(Path(d) / "k256.tbl")}
+        convert_compact(files, paths["compact"])
+        if a.raw_budget is not None:
+            paths[f"raw_budget {a.raw_budget:g}"] = str(Path(d) / "k256-rb.tbl")
+            convert_compact(files, paths[f"raw_budget {a.raw_budget:g}"], a.raw_budget)
+        res: dict[tuple[str, str, int], list[float]] = {}
         for r in range(a.rounds):
             for out in a.out:
                 for layout in range(a.layouts):
                     for tree in a.trees:
-                        env = dict(os.environ, TBLJAX_NUM_THREADS="1",
-                                   PYTHONPATH=str(Path(tree).resolve() / "src"),
-                                   TBLJAX_BENCH_LAYOUT="x" * (1000 * layout))
-                        p = subprocess.run([sys.executable, __file__, "--worker", path, str(out)],
-                                           capture_output=True, text=True, env=env, check=True)
-                        v = json.loads(p.stdout.strip().splitlines()[-1])["us_per_img"]
-                        res.setdefault((tree, out), []).append(v)
-                        print(f"  round {r + 1} layout {layout} {tree} {out}px: {v:.1f} us",
-                              file=sys.stderr)
+                        for name, path in paths.items():
+                            env = dict(os.environ, TBLJAX_NUM_THREADS="1",
+                                       PYTHONPATH=str(Path(tree).resolve() / "src"),
+                                       TBLJAX_BENCH_LAYOUT="x" * (1000 * layout))
+                            p = subprocess.run([sys.executable, __file__, "--worker", path, str(out)],
+                                               capture_output=True, text=True, env=env, check=True)
+                            v = json.loads(p.stdout.strip().splitlines()[-1])["us_per_img"]
+                            res.setdefault((tree, name, out), []).append(v)
+                            print(f"  round {r + 1} layout {layout} {tree} {name} {out}px: {v:.1f} us",
+                                  file=sys.stderr)
     print(f"\nbench_box_decode: {len(files)} kodak photos, shorter side 256, q90 4:2:0, one RRC "
           f"box each, 1 thread, min of {REPS} passes, median of {a.rounds} rounds x "
           f"{a.layouts} memory layouts\n"
           f"machine: {machine()}\n")
-    print("| tree | out px | CPU us/img | img per CPU-second |")
-    print("|---|---:|---:|---:|")
-    for (tree, out), v in res.items():
+    print("| tree | file | out px | CPU us/img | img per CPU-second |")
+    print("|---|---|---:|---:|---:|")
+    for (tree, name, out), v in res.items():
         m = float(np.median(v))
-        print(f"| {tree} | {out} | {m:.1f} | {1e6 / m:,.0f} |")
+        print(f"| {tree} | {name} | {out} | {m:.1f} | {1e6 / m:,.0f} |")
+    for (tree, name, out), v in res.items():
+        if name != "compact":  # paired with the plain file's run just before it
+            base = res[tree, "compact", out]
+            ratios = [x / y for x, y in zip(v, base)]
+            print(f"{tree} {out}px: {name} / compact, CPU time, paired runs: median "
+                  f"{np.median(ratios):.3f} ({' '.join(f'{x:.2f}' for x in ratios)})")
 
 
 if __name__ == "__main__":
