@@ -98,28 +98,22 @@ struct FirstFailure {
 Status ServeOne(const JpegSource& src, const GatherRequest& r, const JpegServeOptions& o,
                 const SampleKernel& kernel, int64_t b) {
   const int64_t i = r.indices[b];
+  // The box: the sample's crop, or (no crops) the whole record.
+  int32_t box[4] = {0, 0, src.Height(i), src.Width(i)};
+  if (r.crops != nullptr) std::copy(r.crops + 4 * b, r.crops + 4 * b + 4, box);
   if (src.StoredRaw(i)) {
     SamplePixels px;
     px.pixels = src.Data(i);
     px.height = src.Height(i);
     px.width = src.Width(i);
-    px.h = px.height;
-    px.w = px.width;
-    if (r.crops != nullptr) {
-      px.y0 = r.crops[4 * b];
-      px.x0 = r.crops[4 * b + 1];
-      px.h = r.crops[4 * b + 2];
-      px.w = r.crops[4 * b + 3];
-    }
+    px.y0 = box[0];
+    px.x0 = box[1];
+    px.h = box[2];
+    px.w = box[3];
     return kernel.Run(b, px);
   }
   JpegBoxRequest q;
-  if (r.crops != nullptr) {
-    std::copy(r.crops + 4 * b, r.crops + 4 * b + 4, q.box);
-  } else {
-    q.box[2] = src.Height(i);
-    q.box[3] = src.Width(i);
-  }
+  std::copy(box, box + 4, q.box);
   q.out_h = static_cast<int>(kernel.out_h());
   q.out_w = static_cast<int>(kernel.out_w());
   q.dct_scale = o.dct_scale;

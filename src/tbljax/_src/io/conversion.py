@@ -165,8 +165,9 @@ def convert(
     raw_budget: with compact records, a bound on the records' bytes as a fraction of their
       RAW pixels' (e.g. 0.2): the records costliest to decode (most JPEG bytes per pixel) are
       stored as their pixels, uncompressed, while the records stay within that fraction (a
-      running total in source order). They serve with no decode at all; a JPEG record serves the pixels it
-      decodes to, a RAW one the converted pixels themselves. None: every record a JPEG.
+      running total in source order). They serve with no decode at all; a JPEG record serves
+      the pixels it decodes to, a RAW one the converted pixels themselves. None: every record
+      a JPEG.
     labels: integer ids or class names for arrays and file lists.
     classes: the class names, in id order: a list, or a text file of one name per line. Names
       met in the data (TAR `.cls`/`.json` holding e.g. 'n01440764', labels= names, subfolders)
@@ -376,12 +377,11 @@ class _Records:
         jpeg = [len(results[k].data) for k in rows]
         raw = [results[k].height * results[k].width * 3 for k in rows]
         self.raw_bytes += sum(raw)
-        allowance = self.opts.raw_budget * self.raw_bytes - self.stored_bytes - sum(jpeg)
+        self.stored_bytes += sum(jpeg)
         results = list(results)
-        for k in choose_raw(jpeg, raw, allowance):
+        for k in choose_raw(jpeg, raw, self.opts.raw_budget * self.raw_bytes - self.stored_bytes):
             results[rows[k]] = results[rows[k]].pixels
-        self.stored_bytes += sum(len(results[k].data) if isinstance(results[k], Encoded)
-                                 else results[k].nbytes for k in rows)
+            self.stored_bytes += raw[k] - jpeg[k]
         return results
 
     def _write(self, w: Writer, it: Item, r: np.ndarray | Encoded) -> None:

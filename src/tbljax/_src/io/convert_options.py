@@ -176,8 +176,8 @@ class ConvertOptions:
         budget = self.raw_budget
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
                                    or not 0 < budget <= 1):
-            raise ValueError("raw_budget must be the file's size as a fraction of the RAW "
-                             f"conversion's, in (0, 1] (e.g. 0.2), got {budget!r}")
+            raise ValueError("raw_budget must be the records' bytes as a fraction of their RAW "
+                             f"pixels', in (0, 1] (e.g. 0.2), got {budget!r}")
         return (chroma or "420") if quality is not None else None
 
     @property

@@ -153,10 +153,8 @@ class Dataset(RecordDataset):
         """True for compact records: JPEGs re-encoded at the served geometry (decoded in the
         kernel, box by box), with those a raw budget kept as pixels stored RAW (uncompressed);
         False for the original JPEG bytes and for RAW/LZ4 records."""
-        if not is_compact(self.recipe) or self.record_format not in ("jpeg", "mixed"):
-            return False
-        if self.record_format == "jpeg":
-            return True
+        if not is_compact(self.recipe) or self.record_format != "mixed":
+            return is_compact(self.recipe) and self.record_format == "jpeg"
         fmt, flags = self.index["format"], self.index["flags"]
         raw = (fmt == FORMATS["RAW_U8"]) & ((flags & _core.RECORD_LZ4) == 0)
         return bool(np.all((fmt == FORMATS["JPEG"]) | raw))
@@ -280,19 +278,12 @@ class Dataset(RecordDataset):
         """Where the RAW records of a file of records of different sizes lie, for the kernel:
         (one read-only 1-D uint8 view of each file's mapping, records per file, each record's
         byte offset in its file (int64), height and width (int32)). Uncompressed RAW only;
-        CorruptFileError if an index entry's size is not its height * width * 3."""
+        opening the file checked that each record holds exactly its height * width * 3 bytes."""
         if self.record_format != "raw":
             raise ValueError(f"{self!r}: only uncompressed RAW records are gathered in place "
                              f"(this file holds {self.record_format} records)")
         idx = self.index
         heights, widths = idx["height"].astype(np.int32), idx["width"].astype(np.int32)
-        bad = np.flatnonzero(idx["size"].astype(np.int64)
-                             != heights.astype(np.int64) * widths * 3)
-        if len(bad):
-            k, j = self._locate(int(bad[0]))
-            raise _core.CorruptFileError(
-                f"{self._files[k].path}: record {j}: RAW payload of {int(idx['size'][bad[0]])} "
-                f"bytes is not {int(heights[bad[0]])}x{int(widths[bad[0]])}x3")
         counts = np.diff(self._starts).astype(np.int64)
         return RawRecords([f.file_view() for f in self._files], counts,
                           np.ascontiguousarray(idx["offset"], dtype=np.int64), heights, widths)
@@ -301,8 +292,8 @@ class Dataset(RecordDataset):
         """Where the compact records lie, for `tbljax.kernels.jpeg_source`: (one read-only
         1-D uint8 view of each file's mapping, records per file, each record's byte offset in
         its file and size (int64), its height and width in the index (int32), and 1 (uint8)
-        where the record is stored RAW under a raw budget). JPEG files, and compact files
-        with RAW records, only; CorruptFileError if a RAW record's size is not its pixels'."""
+        where the record is stored RAW under a raw budget: opening the file checked that it
+        holds exactly its pixels). JPEG files, and compact files with RAW records, only."""
         if not (self.record_format == "jpeg" or self.compact):
             raise ValueError(f"{self!r}: only JPEG records are served from their bytes "
                              f"(this file holds {self.record_format} records)")
@@ -310,13 +301,6 @@ class Dataset(RecordDataset):
         heights, widths = idx["height"].astype(np.int32), idx["width"].astype(np.int32)
         sizes = np.ascontiguousarray(idx["size"], dtype=np.int64)
         stored_raw = (idx["format"] == FORMATS["RAW_U8"]).astype(np.uint8)
-        bad = np.flatnonzero(stored_raw.astype(bool)
-                             & (sizes != heights.astype(np.int64) * widths * 3))
-        if len(bad):
-            k, j = self._locate(int(bad[0]))
-            raise _core.CorruptFileError(
-                f"{self._files[k].path}: record {j}: RAW payload of {int(sizes[bad[0]])} "
-                f"bytes is not {int(heights[bad[0]])}x{int(widths[bad[0]])}x3")
         counts = np.diff(self._starts).astype(np.int64)
         return JpegRecords([f.file_view() for f in self._files], counts,
                            np.ascontiguousarray(idx["offset"], dtype=np.int64), sizes,
