@@ -3,7 +3,9 @@ coefficients of a compact record's box: every pixel it serves is libjpeg-turbo's
 decode (test_restart_decode.py proves that for every box class, subsampling, interval and scale,
 against Pillow). Here: fuzzed records against libjpeg-turbo's entropy decoder (tbljax's whole
 decode, which fails on every libjpeg warning), the cases it fails on and the one it is stricter
-about, and the real photos at ImageNet geometry."""
+about, and the real photos at ImageNet geometry. Every test runs on every SIMD target this CPU
+has: the decoder's loop is compiled for the baseline ISA and for the avx2 target
+(ffi/core/jpeg_entropy.inc), and TBLJAX_SIMD / set_kernel_target choose between them."""
 from __future__ import annotations
 
 import io
@@ -20,6 +22,13 @@ from test_compact_serve import box_pixels, pil_decode, scan_start, source_of, te
 from test_restart_decode import MCU, encode, per_row, restart_interval, restart_segments
 
 R = 2  # what compact records carry
+
+
+@pytest.fixture(autouse=True, params=_core.supported_kernel_targets())
+def simd_target(request):
+    _core.set_kernel_target(request.param)
+    yield request.param
+    _core.set_kernel_target("auto")
 
 
 def decoded(blob: bytes) -> np.ndarray | None:

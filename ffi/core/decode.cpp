@@ -18,6 +18,7 @@
 #include "jpeg_entropy.h"
 #include "jpeg_restart.h"
 #include "names.h"
+#include "simd.h"
 
 // libjpeg's entropy-decoder module, whose decode_mcu DecodeRestartPart replaces with ours. The
 // definition is libjpeg's internal jpegint.h (not installed); its first two members have been
@@ -372,6 +373,8 @@ void InstallPartEntropy(j_decompress_ptr c, PartEntropy* f) {
     bits = std::max({bits, f->layout.dc[b]->symbol_bits(), f->layout.ac[b]->symbol_bits()});
   }
   f->layout.symbol_bits = bits;
+  SimdTarget target = SimdTarget::kScalar;  // an unknown TBLJAX_SIMD: the kernel reports it
+  f->layout.avx2 = ActiveSimdTarget(&target).ok() && target >= SimdTarget::kAvx2;
   c->client_data = f;
   c->entropy->decode_mcu = PartDecodeMcu;
 }

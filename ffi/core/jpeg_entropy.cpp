@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string>
 
+#include "simd.h"
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -138,186 +140,35 @@ void SegmentDecoder::Start(const uint8_t* begin, const uint8_t* end) {
   }
   data_bits_ = static_cast<size_t>(out - data_.data()) * 8;
   std::memset(out, 0, kPadding);
-  next_ = data_.data();
+  begin_ = next_ = data_.data();
   bits_ = 0;
   count_ = 0;
   std::fill(std::begin(last_dc_), std::end(last_dc_), 0);
   bad_code_ = false;
 }
 
-namespace {
-
-// One segment's reading state, kept in registers while blocks are decoded.
-struct BitCursor {
-  uint64_t bits;  // the next bits of the stream, first bit highest
-  int count;      // how many of them are valid
-  const uint8_t* next;
-
-  // After a refill at least 56 bits are valid: one code and its extra bits (31 at most). The
-  // bits past `count` are the stream's next ones already, so OR-ing them in again is a no-op
-  // (the branch-free refill of F. Giesen's "Reading bits in far too many ways").
-  void Refill() {
-    bits |= LoadBigEndian64(next) >> count;
-    next += (63 - count) >> 3;
-    count |= 56;
-  }
-  uint32_t Take(int n) {
-    const uint32_t v = static_cast<uint32_t>(bits >> (64 - n));
-    bits <<= n;
-    count -= n;
-    return v;
-  }
-};
-
-// One block's decoding: DC first, then AC steps until the block ends.
-struct BlockState {
-  // k at or past this: a code its table does not hold was met (in k, not a flag of its own: the
-  // lockstep loop's state has to fit in registers). A valid block ends below: 63 + 15 + 64.
-  static constexpr int kBad = 1 << 10;
-  int16_t* block;
-  int k;
-  bool bad() const { return k >= kBad; }
-};
-
-// A symbol by its code (one the lookup does not hold whole); -1 for a code not in the table.
-inline int SlowSymbol(BitCursor& c, const HuffmanTable::Arrays& t) {
-  const uint16_t e = t.lookup[c.bits >> (64 - kLookup)];
-  if (e != 0) {
-    c.Take(e >> 8);
-    return e & 0xFF;
-  }
-  const uint32_t code16 = static_cast<uint32_t>(c.bits >> 48);
-  int l = kLookup + 1;
-  while (l <= 16 && static_cast<int32_t>(code16 >> (16 - l)) > t.maxcode[l]) ++l;
-  if (l > 16) return -1;
-  const int index = static_cast<int>(code16 >> (16 - l)) + t.valoffset[l];
-  c.Take(l);
-  return t.symbols[index];
-}
-
-// The DC difference (after a refill: the caller's).
-inline void DecodeDc(BitCursor& c, const HuffmanTable::Arrays& dc, int32_t* last_dc,
-                     BlockState& b) {
-  int32_t diff;
-  if (const int32_t e = dc.fast[c.bits >> (64 - kLookup)]; e != 0) {
-    diff = e >> 16;
-    c.Take(e & 15);
-  } else {
-    const int s = SlowSymbol(c, dc);
-    if (s < 0) {
-      b.k = BlockState::kBad;
-      return;
-    }
-    diff = s ? Extend(c.Take(s), s) : 0;
-  }
-  // Wrapping like libjpeg's int on malformed data, without the undefined behaviour.
-  *last_dc = static_cast<int32_t>(static_cast<uint32_t>(*last_dc) + static_cast<uint32_t>(diff));
-  ZeroBlock(b.block);  // here, not in a pass before: it is in cache
-  b.block[0] = static_cast<int16_t>(*last_dc);
-  b.k = 1;
-}
-
-// One AC symbol (after a refill: the caller's); false once the block has ended (or a code was
-// bad).
-inline bool StepAc(BitCursor& c, const HuffmanTable::Arrays& ac, BlockState& b) {
-  const int32_t e = ac.fast[c.bits >> (64 - kLookup)];
-  if (e != 0) {  // 96% of AC symbols (code + extra bits <= 10)
-    b.k += (e >> 4) & 15;
-    b.block[kNaturalOrder[b.k]] = static_cast<int16_t>(e >> 16);
-    c.Take(e & 15);
-    b.k += (e >> 8) & 0x7F;
-    return b.k < 64;
-  }
-  const int rs = SlowSymbol(c, ac);
-  if (rs < 0) {
-    b.k = BlockState::kBad;
-    return false;
-  }
-  const int run = rs >> 4, size = rs & 15;
-  if (size != 0) {
-    b.k += run;
-    b.block[kNaturalOrder[b.k]] = static_cast<int16_t>(Extend(c.Take(size), size));
-    ++b.k;
-  } else {
-    b.k = run == 15 ? b.k + 16 : 64;  // a run of 16 zeros, or the end of the block
-  }
-  return b.k < 64;
-}
-
-}  // namespace
-
 size_t SegmentDecoder::Used() const {
   return static_cast<size_t>(next_ - data_.data()) * 8 - static_cast<size_t>(count_);
 }
 
-// N segments' MCUs in lockstep. Each segment is one serial chain (bits -> lookup -> bits), so
-// one stream leaves most of the core idle; N independent chains overlap in it. Unrolled over N,
-// the cursors stay in registers. N = 4 measured 4-6% slower than 2 on a whole box decode (AMD
-// Zen 4: benchmarks/README.md, "Four segments in lockstep").
-// kTwo: two symbols per refill, for tables whose longest symbol (code and extra bits) is at most
-// 28 bits, so that two fit in the 56 a refill leaves (every table libjpeg writes: 16 + 10). A
-// fast symbol costs ~35 instructions, a third of them the refill, and decoding is bound by
-// their number more than by the chain's latency (benchmarks/README.md, "Per-record costs").
-template <int N, bool kTwo>
-bool SegmentDecoder::Lockstep(SegmentDecoder* const* d, int16_t* const* const* blocks) {
-  const McuLayout& layout = d[0]->layout_;
-  BitCursor c[N];
-#pragma GCC unroll 4
-  for (int j = 0; j < N; ++j) c[j] = BitCursor{d[j]->bits_, d[j]->count_, d[j]->next_};
-  // One AC symbol; with kTwo a refill comes before every other symbol (`fresh`: just refilled).
-  const auto step = [](BitCursor& cur, const HuffmanTable::Arrays& ac, BlockState& b, bool fresh) {
-    if (!kTwo || !fresh) cur.Refill();
-    return StepAc(cur, ac, b);
-  };
-  bool bad = false;
-  for (int i = 0; i < layout.blocks && !bad; ++i) {
-    const HuffmanTable::Arrays& dc = layout.dc[i]->arrays();
-    const HuffmanTable::Arrays& ac = layout.ac[i]->arrays();
-    const int comp = layout.component[i];
-    BlockState b[N];
-    bool on[N], all = true;
-#pragma GCC unroll 4
-    for (int j = 0; j < N; ++j) {
-      b[j] = BlockState{blocks[j][i], 0};
-      c[j].Refill();
-      DecodeDc(c[j], dc, &d[j]->last_dc_[comp], b[j]);
-      on[j] = b[j].k < 64 && step(c[j], ac, b[j], kTwo);  // with the DC's refill
-      all = all && on[j];
-    }
-    // All N blocks step together while none has ended, then the others finish alone.
-    while (all) {
-#pragma GCC unroll 4
-      for (int j = 0; j < N; ++j) on[j] = step(c[j], ac, b[j], false);
-#pragma GCC unroll 4
-      for (int j = 0; j < N; ++j) all = all && on[j];
-      if (!kTwo || !all) break;
-#pragma GCC unroll 4
-      for (int j = 0; j < N; ++j) on[j] = step(c[j], ac, b[j], true);
-#pragma GCC unroll 4
-      for (int j = 0; j < N; ++j) all = all && on[j];
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < N; ++j) {
-      while (on[j]) {
-        on[j] = step(c[j], ac, b[j], false);
-        if (kTwo && on[j]) on[j] = step(c[j], ac, b[j], true);
-      }
-      d[j]->bad_code_ = d[j]->bad_code_ || b[j].bad();
-      // A bad code, or past the data's end: stop before the padding runs out (checked below).
-      bad = bad || b[j].bad() ||
-            static_cast<size_t>(c[j].next - d[j]->data_.data()) * 8 > d[j]->data_bits_ + 64;
-    }
-  }
-  bool ok = !bad;
-#pragma GCC unroll 4
-  for (int j = 0; j < N; ++j) {
-    d[j]->bits_ = c[j].bits;
-    d[j]->count_ = c[j].count;
-    d[j]->next_ = c[j].next;
-    ok = ok && d[j]->Used() <= d[j]->data_bits_;
-  }
-  return ok;
-}
+// The decoding loop, once per target (jpeg_entropy.inc): for the baseline ISA, and on x86 for
+// the avx2 target (simd.h), whose BMI2 shifts take their count in any register where the
+// baseline's must move it to cl first: one in every few instructions of the loop is a shift.
+#define TBLJAX_ENTROPY_NS baseline_loop
+#define TBLJAX_ENTROPY_LOCKSTEP Lockstep
+#include "jpeg_entropy.inc"
+#undef TBLJAX_ENTROPY_NS
+#undef TBLJAX_ENTROPY_LOCKSTEP
+
+#if TBLJAX_SIMD_X86
+TBLJAX_PUSH_TARGET(TBLJAX_AVX2_FEATURES)
+#define TBLJAX_ENTROPY_NS avx2_loop
+#define TBLJAX_ENTROPY_LOCKSTEP LockstepAvx2
+#include "jpeg_entropy.inc"
+#undef TBLJAX_ENTROPY_NS
+#undef TBLJAX_ENTROPY_LOCKSTEP
+TBLJAX_POP_TARGET
+#endif
 
 Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
   SegmentDecoder* self = this;
@@ -330,8 +181,14 @@ Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
 bool SegmentDecoder::DecodeMcus(SegmentDecoder* const* d, int16_t* const* const* blocks, int n) {
   static_assert(kMaxLockstep == 2, "a Lockstep<N> for each N up to kMaxLockstep");
   // Two symbols fit in the bits a refill leaves (56) when neither is longer than half of them.
-  if (d[0]->layout_.symbol_bits <= 28)
-    return n == 2 ? Lockstep<2, true>(d, blocks) : Lockstep<1, true>(d, blocks);
+  const bool two = d[0]->layout_.symbol_bits <= 28;
+#if TBLJAX_SIMD_X86
+  if (d[0]->layout_.avx2) {
+    if (two) return n == 2 ? LockstepAvx2<2, true>(d, blocks) : LockstepAvx2<1, true>(d, blocks);
+    return n == 2 ? LockstepAvx2<2, false>(d, blocks) : LockstepAvx2<1, false>(d, blocks);
+  }
+#endif
+  if (two) return n == 2 ? Lockstep<2, true>(d, blocks) : Lockstep<1, true>(d, blocks);
   return n == 2 ? Lockstep<2, false>(d, blocks) : Lockstep<1, false>(d, blocks);
 }
 

@@ -69,6 +69,9 @@ struct McuLayout {
   const HuffmanTable* dc[kMaxBlocks] = {};
   const HuffmanTable* ac[kMaxBlocks] = {};
   int symbol_bits = 31;  // the longest symbol of its tables (symbol_bits()); 31 until known
+  // Decode with the loop compiled for the avx2 target (simd.h): set where the active target
+  // is avx2 or better.
+  bool avx2 = false;
 };
 
 // Decodes restart segments one after another, MCU by MCU, or two segments at once.
@@ -94,15 +97,19 @@ class SegmentDecoder {
   Status Finish() const;
 
  private:
+  // The loop of DecodeMcus, for the baseline ISA and for the avx2 target (jpeg_entropy.inc).
   template <int N, bool kTwo>
   static bool Lockstep(SegmentDecoder* const* d, int16_t* const* const* blocks);
+  template <int N, bool kTwo>
+  static bool LockstepAvx2(SegmentDecoder* const* d, int16_t* const* const* blocks);
   size_t Used() const;  // bits of data_ read so far
   const McuLayout& layout_;
-  std::vector<uint8_t> data_;      // the segment unstuffed, then zero padding
-  size_t data_bits_ = 0;           // bits of real data in data_
-  const uint8_t* next_ = nullptr;  // where the next refill reads
-  uint64_t bits_ = 0;              // the next bits of the stream, first bit highest
-  int count_ = 0;                  // how many of bits_ are valid
+  std::vector<uint8_t> data_;       // the segment unstuffed, then zero padding
+  const uint8_t* begin_ = nullptr;  // data_.data(), for the loops (which call nothing of std::)
+  size_t data_bits_ = 0;            // bits of real data in data_
+  const uint8_t* next_ = nullptr;   // where the next refill reads
+  uint64_t bits_ = 0;               // the next bits of the stream, first bit highest
+  int count_ = 0;                   // how many of bits_ are valid
   int32_t last_dc_[4] = {};
   bool bad_code_ = false;  // a code its table does not hold was met
 };
