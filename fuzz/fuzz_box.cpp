@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         region.pixels +
         ((static_cast<size_t>(region.box[0]) + y) * region.width + region.box[1]) * 3;
     const uint8_t* want =
-        whole.pixels.data() + ((static_cast<size_t>(q.box[0]) + y) * whole.width + q.box[1]) * 3;
+        whole.rows() + ((static_cast<size_t>(q.box[0]) + y) * whole.width + q.box[1]) * 3;
     Expect(std::memcmp(got, want, static_cast<size_t>(q.box[3]) * 3) == 0);
   }
   return 0;

@@ -39,7 +39,7 @@ void FuzzDecode(const uint8_t* data, size_t size, int mode_bits, int scale, int 
   const Status ds = DecodeJpeg(data, size, &img, scale);
   if (ds.ok()) {
     Expect(hs.ok());
-    Expect(img.pixels.size() == static_cast<size_t>(img.width) * img.height * 3);
+    Expect(img.pixels.size() == img.offset + static_cast<size_t>(img.width) * img.height * 3);
     Expect(img.width == (info.width + scale - 1) / scale &&
            img.height == (info.height + scale - 1) / scale);
   } else {

@@ -500,9 +500,10 @@ Window StoredWindow(const PixelRect& need, const Geometry& g, int o) {
 // left edge down to an iMCU column: *got is the window decoded); rows outside it are
 // entropy-decoded only (jpeg_skip_scanlines), so damaged or truncated data anywhere still
 // fails, unless `whole_stream` is false: then decoding stops after the window's last row.
+// The rows start *offset bytes into *pixels (kRowsPhase past a 64-byte boundary).
 // `row` is scratch. Returns false after a libjpeg error or warning.
 bool Decompress(Decoder* d, const Window& want, bool whole_stream, std::vector<uint8_t>* pixels,
-                std::vector<uint8_t>* row, Window* got) {
+                std::vector<uint8_t>* row, Window* got, size_t* offset) {
   if (setjmp(d->err.jump)) return false;
   jpeg_decompress_struct* c = &d->cinfo;
   const bool cmyk = c->out_color_space == JCS_CMYK;
@@ -521,12 +522,14 @@ bool Decompress(Decoder* d, const Window& want, bool whole_stream, std::vector<u
   // that nothing is zero-filled, measured no faster over 8 memory layouts: benchmarks/README.md,
   // "Per-record costs".)
   pixels->clear();
-  pixels->reserve(w * h * 3);
-  uint8_t* base = pixels->data();
+  pixels->reserve(63 + w * h * 3);
+  const size_t skip = (kRowsPhase - reinterpret_cast<uintptr_t>(pixels->data())) & 63;
+  *offset = skip;
+  uint8_t* base = pixels->data() + skip;
   row->resize(w * 4);
   while (c->output_scanline < y1) {
     const size_t y = c->output_scanline - y0;
-    pixels->resize(std::min<size_t>(h, y + 16) * w * 3);  // within capacity: base stays put
+    pixels->resize(skip + std::min<size_t>(h, y + 16) * w * 3);  // within capacity: base stays put
     if (!cmyk) {
       JSAMPROW rows[16];
       const size_t n = std::min<size_t>(16, h - y);
@@ -600,18 +603,20 @@ Status Open(Decoder* d, const uint8_t* data, size_t size, JpegInfo* info) {
 // Decodes the stored window `want` (at the scale SetUpDecode set) into *pixels and applies
 // the EXIF orientation (through *spare, swapped in: an image without orientation is never
 // copied). *shown: where the pixels lie in the displayed image at that scale; rows of
-// shown->x1 - shown->x0 pixels.
+// shown->x1 - shown->x0 pixels, starting *offset bytes into *pixels.
 Status DecodeOriented(Decoder* d, const Geometry& g, const Window& want,
                       std::vector<uint8_t>* pixels, std::vector<uint8_t>* spare,
-                      std::vector<uint8_t>* row, PixelRect* shown, bool whole_stream = true) {
+                      std::vector<uint8_t>* row, PixelRect* shown, size_t* offset,
+                      bool whole_stream = true) {
   Window got;
-  if (!Decompress(d, want, whole_stream, pixels, row, &got))
+  if (!Decompress(d, want, whole_stream, pixels, row, &got, offset))
     return DecodeFailure(d->err, d->src.eof_hit);
   const int o = d->orientation;
   if (o != 1) {
-    spare->resize(pixels->size());
-    Orient(pixels->data(), got.w, got.h, o, spare->data());
+    spare->resize(pixels->size() - *offset);
+    Orient(pixels->data() + *offset, got.w, got.h, o, spare->data());
     pixels->swap(*spare);
+    *offset = 0;
   }
   PixelRect r;
   r.x0 = got.x;
@@ -723,15 +728,16 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   all.w = g.w;
   all.h = g.h;
   PixelRect shown;
-  Status st =
-      DecodeOriented(&p, g, all, &s->pixels, &s->spare, &s->row, &shown, /*whole_stream=*/true);
+  size_t offset = 0;
+  Status st = DecodeOriented(&p, g, all, &s->pixels, &s->spare, &s->row, &shown, &offset,
+                             /*whole_stream=*/true);
   if (!entropy.status.ok()) st = entropy.status;
   if (!st.ok())  // the messages of libjpeg speak of the part: say which part of the record it is
     return DecodeError(st.message() + " (in the restart segments of MCU rows " +
                        std::to_string(part.row0) + "-" + std::to_string(part.row1 - 1) +
                        ", columns " + std::to_string(part.col0) + "-" +
                        std::to_string(part.col1 - 1) + ")");
-  region->pixels = s->pixels.data();
+  region->pixels = s->pixels.data() + offset;
   region->width = g.w;
   region->height = g.h;
   region->box[0] = need.y0 - y0 / k;
@@ -785,7 +791,8 @@ Status DecodeResizeImpl(const uint8_t* data, size_t size, int out_size, ResizeMo
 
   static thread_local DecodeScratch s;
   PixelRect shown;
-  Status st = DecodeOriented(&d, g, want, &s.pixels, &s.spare, &s.row, &shown);
+  size_t offset = 0;
+  Status st = DecodeOriented(&d, g, want, &s.pixels, &s.spare, &s.row, &shown, &offset);
   if (st.ok()) {
     uint8_t* dst = to_dst;
     if (to_image != nullptr) {
@@ -794,7 +801,7 @@ Status DecodeResizeImpl(const uint8_t* data, size_t size, int out_size, ResizeMo
       to_image->pixels.resize(static_cast<size_t>(plan.out_h) * plan.out_w * 3);
       dst = to_image->pixels.data();
     }
-    st = ResizeRgbWindow(s.pixels.data(), h, w, shown,
+    st = ResizeRgbWindow(s.pixels.data() + offset, h, w, shown,
                          static_cast<ptrdiff_t>(shown.x1 - shown.x0) * 3, plan, dst,
                          static_cast<ptrdiff_t>(plan.out_w) * 3);
   }
@@ -880,7 +887,8 @@ Status DecodeJpeg(const uint8_t* data, size_t size, RgbImage* out, int scale_den
   all.h = g.h;
   std::vector<uint8_t> spare, row;
   PixelRect shown;
-  TBLJAX_RETURN_IF_ERROR(DecodeOriented(&d, g, all, &out->pixels, &spare, &row, &shown));
+  TBLJAX_RETURN_IF_ERROR(
+      DecodeOriented(&d, g, all, &out->pixels, &spare, &row, &shown, &out->offset));
   out->width = shown.x1 - shown.x0;
   out->height = shown.y1 - shown.y0;
   return Status::Ok();
@@ -931,9 +939,10 @@ Status DecodeJpegBox(const uint8_t* data, size_t size, const JpegBoxRequest& r,
   want.h = g.h;
   if (g.windowable) want = StoredWindow(need, g, o);
   PixelRect shown;
+  size_t offset = 0;
   TBLJAX_RETURN_IF_ERROR(DecodeOriented(&d, g, want, &scratch->pixels, &scratch->spare,
-                                        &scratch->row, &shown, /*whole_stream=*/false));
-  region->pixels = scratch->pixels.data();
+                                        &scratch->row, &shown, &offset, /*whole_stream=*/false));
+  region->pixels = scratch->pixels.data() + offset;
   region->width = shown.x1 - shown.x0;
   region->height = shown.y1 - shown.y0;
   region->box[0] = need.y0 - shown.y0;

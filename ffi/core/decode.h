@@ -11,10 +11,21 @@
 
 namespace tbljax {
 
-// An RGB uint8 image, rows of width * 3 bytes, no padding.
+// Where libjpeg's output rows start in the buffers this file decodes into: this many bytes past
+// a 64-byte boundary. libjpeg-turbo aligns its own sample rows to 32 bytes; when the rows it
+// writes our pixels into were 32-byte aligned as well (where malloc put them: so it depended on
+// the memory layout, run by run), its AVX2 fancy upsampler stalled on its loads and a decode
+// took 1.10-1.16x the time, a whole one as much as a box (benchmarks/README.md, "Where the
+// decoded rows start").
+inline constexpr size_t kRowsPhase = 16;
+
+// An RGB uint8 image: rows of width * 3 bytes, no padding, starting `offset` bytes into
+// `pixels` (kRowsPhase's, for a decode; 0 for a resize).
 struct RgbImage {
   int height = 0, width = 0;
   std::vector<uint8_t> pixels;
+  size_t offset = 0;
+  const uint8_t* rows() const { return pixels.data() + offset; }
 };
 
 // What the header says, before any pixel is decoded. width/height are after orientation.

@@ -67,7 +67,7 @@ Out3 ToNumpy(RgbImage&& img) {
   auto* owned = new std::vector<uint8_t>(std::move(img.pixels));
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
   size_t shape[3] = {static_cast<size_t>(img.height), static_cast<size_t>(img.width), 3};
-  return Out3(owned->data(), 3, shape, owner);
+  return Out3(owned->data() + img.offset, 3, shape, owner);
 }
 
 }  // namespace
