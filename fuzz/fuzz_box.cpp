@@ -51,9 +51,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   RgbImage whole;
   if (!DecodeJpeg(data, size, &whole).ok()) return 0;  // damage the box does not need
   for (int y = 0; y < q.box[2]; ++y) {
-    const uint8_t* got =
-        region.pixels +
-        ((static_cast<size_t>(region.box[0]) + y) * region.width + region.box[1]) * 3;
+    const uint8_t* got = region.pixels + (static_cast<size_t>(region.box[0]) + y) * region.stride +
+                         region.box[1] * 3;
     const uint8_t* want =
         whole.rows() + ((static_cast<size_t>(q.box[0]) + y) * whole.width + q.box[1]) * 3;
     Expect(std::memcmp(got, want, static_cast<size_t>(q.box[3]) * 3) == 0);

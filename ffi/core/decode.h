@@ -101,12 +101,13 @@ struct JpegBoxScratch {
   std::vector<int16_t> coefficients;  // one MCU row of the part, as our entropy decoder gives it
 };
 
-// The decoded part: `height` rows of `width` * 3 bytes at `pixels` (inside the scratch),
-// holding `box` (y0, x0, h, w, shifted into it). With scale_denom k > 1 it is the image at
-// 1/k and the box the scaled box rounded outwards to whole pixels.
+// The decoded part: `height` rows of `width` * 3 bytes, `stride` bytes apart, at `pixels`
+// (inside the scratch), holding `box` (y0, x0, h, w, shifted into it). With scale_denom k > 1
+// it is the image at 1/k and the box the scaled box rounded outwards to whole pixels.
 struct JpegBoxRegion {
   const uint8_t* pixels = nullptr;
   int height = 0, width = 0;
+  int64_t stride = 0;  // bytes from one row to the next (at least width * 3)
   int32_t box[4] = {0, 0, 0, 0};
   int scale_denom = 1;
 };
@@ -117,8 +118,8 @@ struct JpegBoxRegion {
 // plus a margin of one pixel at the decode scale where the box edge is not an image edge (fancy
 // chroma upsampling reads one neighbour), and only that part is entropy-decoded, at the same
 // scale (jpeg_restart.h), by our own Huffman decoder (jpeg_entropy.h) whose coefficients
-// libjpeg turns into pixels; its segment count and marker sequence are checked over the whole
-// record.
+// libjpeg turns into pixels (only in the part's iMCU columns that hold the box and its margin);
+// its segment count and marker sequence are checked over the whole record.
 // Any other record: columns outside the box are not transformed, rows above it are
 // entropy-decoded only, and decoding stops after the box's last iMCU row. Either way damage
 // or truncation in data the box does not need (below it; with restart segments, also beside

@@ -599,8 +599,9 @@ Status SampleKernel::Run(int64_t b, const SamplePixels& px) const {
   if (!plan_) return InvalidArgument("SampleKernel is not prepared");
   const int32_t box[4] = {static_cast<int32_t>(px.y0), static_cast<int32_t>(px.x0),
                           static_cast<int32_t>(px.h), static_cast<int32_t>(px.w)};
-  if (px.pixels == nullptr || px.height > (int64_t{1} << 31) || px.width > (int64_t{1} << 31) / 3)
-    return InvalidArgument("sample pixels are null or too large");
+  if (px.pixels == nullptr || px.height > (int64_t{1} << 31) || px.width > (int64_t{1} << 31) / 3 ||
+      (px.stride != 0 && px.stride < px.width * 3))
+    return InvalidArgument("sample pixels are null, too large or their rows overlap");
   TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, box, px.height, px.width, plan_->out_h, plan_->out_w));
   int64_t taps = 2;
   const bool general = TakesGeneralPath(px.h, px.w, plan_->out_h, plan_->out_w, &taps);

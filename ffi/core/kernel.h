@@ -229,6 +229,7 @@ struct SamplePixels {
   const uint8_t* pixels = nullptr;
   int64_t height = 0, width = 0;
   int64_t y0 = 0, x0 = 0, h = 0, w = 0;
+  int64_t stride = 0;  // bytes from one row to the next: width * 3 when 0
 };
 
 // The fused pass prepared once for a batch whose samples' pixels the caller supplies one at a

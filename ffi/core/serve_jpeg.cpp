@@ -127,6 +127,7 @@ Status ServeOne(const JpegSource& src, const GatherRequest& r, const JpegServeOp
     px.pixels = region.pixels;
     px.height = region.height;
     px.width = region.width;
+    px.stride = region.stride;
     px.y0 = region.box[0];
     px.x0 = region.box[1];
     px.h = region.box[2];
