@@ -194,4 +194,3 @@ def test_cli_convert_takes_raw_budget(tmp_path, files):
                  "--quality", "90", "--raw-budget", "0.5", "--quiet"]) == 0
     ds = tbljax.open(dst)
     assert ds.recipe["raw_budget"] == 0.5 and 0 < ds.jpeg_records().stored_raw.sum() < N
-

@@ -153,8 +153,10 @@ class Dataset(RecordDataset):
         """True for compact records: JPEGs re-encoded at the served geometry (decoded in the
         kernel, box by box), with those a raw budget kept as pixels stored RAW (uncompressed);
         False for the original JPEG bytes and for RAW/LZ4 records."""
-        if not is_compact(self.recipe) or self.record_format != "mixed":
-            return is_compact(self.recipe) and self.record_format == "jpeg"
+        if not is_compact(self.recipe) or self.record_format not in ("jpeg", "mixed"):
+            return False
+        if self.record_format == "jpeg":
+            return True
         fmt, flags = self.index["format"], self.index["flags"]
         raw = (fmt == FORMATS["RAW_U8"]) & ((flags & _core.RECORD_LZ4) == 0)
         return bool(np.all((fmt == FORMATS["JPEG"]) | raw))
