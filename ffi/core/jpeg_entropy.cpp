@@ -44,6 +44,8 @@ inline uint64_t LoadBigEndian64(const uint8_t* p) {
 }
 
 constexpr int kLookup = HuffmanTable::kLookupBits;
+// A fast entry's value (at most kLookup - 1 extra bits) fits in its top 11 bits.
+static_assert(kLookup <= 11, "HuffmanTable::Arrays::fast holds values of up to 10 bits");
 
 // A block's 64 coefficients set to zero by eight 16-byte stores. GCC makes the plain
 // memset(block, 0, 128) `rep stosq`, whose start-up cost is paid at every block: on an Intel
@@ -100,8 +102,8 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
         for (int j = 0; j < fill; ++j) {
           const uint32_t extra = s ? static_cast<uint32_t>(j >> (spare - s)) & ((1u << s) - 1) : 0;
           const int32_t v = s ? Extend(extra, s) : 0;
-          a.fast[first + j] = static_cast<int32_t>(static_cast<uint32_t>(v) << 16 | advance << 8 |
-                                                   run << 4 | (l + s));
+          a.fast[first + j] = static_cast<int32_t>(static_cast<uint32_t>(v) << 21 | advance << 12 |
+                                                   run << 8 | (l + s));
         }
       }
       a.maxcode[l] = code - 1;

@@ -38,7 +38,8 @@ class HuffmanTable {
     // that long, or 0 (longer: compared with maxcode).
     uint16_t lookup[1 << kLookupBits];
     // By the same bits: a whole symbol whose code and extra bits fit in them, as
-    // value << 16 | advance << 8 | run << 4 | bits used (0: none). For AC the decoder skips
+    // value << 21 | advance << 12 | run << 8 | bits used (0: none; the length in the low 6
+    // bits, which a shift by the whole entry uses). For AC the decoder skips
     // `run` coefficients, stores `value`, then moves on by `advance`: 1, or 64 for the end of
     // the block (its zero is stored where nothing is yet), so the end of block and a run of
     // 16 zeros (run 15, value 0) take the same path as any coefficient. For DC, value is the
