@@ -73,6 +73,7 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
   if (n > 256) return InvalidArgument("bad Huffman table: " + std::to_string(n) + " symbols");
   std::memcpy(t->counts_, counts, 17);
   std::memcpy(a.symbols, symbols, static_cast<size_t>(n));
+  std::memcpy(a.natural, kNaturalOrder, sizeof(a.natural));
   t->num_symbols_ = n;
   t->dc_ = dc;
   if (dc)
@@ -143,14 +144,13 @@ void SegmentDecoder::Start(const uint8_t* begin, const uint8_t* end) {
   data_bits_ = static_cast<size_t>(out - data_.data()) * 8;
   std::memset(out, 0, kPadding);
   begin_ = next_ = data_.data();
-  bits_ = 0;
-  count_ = 0;
+  used_ = 0;
   std::fill(std::begin(last_dc_), std::end(last_dc_), 0);
   bad_code_ = false;
 }
 
 size_t SegmentDecoder::Used() const {
-  return static_cast<size_t>(next_ - data_.data()) * 8 - static_cast<size_t>(count_);
+  return static_cast<size_t>(next_ - data_.data()) * 8 + static_cast<size_t>(used_);
 }
 
 // The decoding loop, once per target (jpeg_entropy.inc): for the baseline ISA, and on x86 for

@@ -48,6 +48,11 @@ class HuffmanTable {
     int32_t maxcode[17];    // the largest code of each length (-1: none)
     int32_t valoffset[17];  // symbol index of a code of that length = code + valoffset
     uint8_t symbols[256];
+    // The zigzag order (natural index of the k-th coefficient), and 16 more entries of 63 for
+    // an AC run past the block. A copy in every table: the decoding loop reaches it through
+    // the table's register, where a table of its own took one more register per symbol (GCC
+    // rematerialized its address at every symbol).
+    uint8_t natural[64 + 16];
   };
   const Arrays& arrays() const { return arrays_; }
   // The longest symbol: code length plus extra bits (at most 16 + 15).
@@ -108,9 +113,8 @@ class SegmentDecoder {
   std::vector<uint8_t> data_;       // the segment unstuffed, then zero padding
   const uint8_t* begin_ = nullptr;  // data_.data(), for the loops (which call nothing of std::)
   size_t data_bits_ = 0;            // bits of real data in data_
-  const uint8_t* next_ = nullptr;   // where the next refill reads
-  uint64_t bits_ = 0;               // the next bits of the stream, first bit highest
-  int count_ = 0;                   // how many of bits_ are valid
+  const uint8_t* next_ = nullptr;   // the byte of the next unread bit
+  int used_ = 0;                    // how many of its bits have been read (0-7)
   int32_t last_dc_[4] = {};
   bool bad_code_ = false;  // a code its table does not hold was met
 };
