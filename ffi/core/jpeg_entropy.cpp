@@ -18,13 +18,12 @@ namespace tbljax {
 
 namespace {
 
-// The zigzag order, and 16 more entries for an AC run that runs past the block (corrupt data):
-// libjpeg writes such a coefficient at the last position, so do we.
-constexpr uint8_t kNaturalOrder[64 + 16] = {
-    0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,  12, 19, 26, 33,
-    40, 48, 41, 34, 27, 20, 13, 6,  7,  14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36,
-    29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54,
-    47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
+// The zigzag order. Past it (Arrays::natural), every position is the last one: libjpeg writes
+// a coefficient whose AC run runs past the block (corrupt data) there, so do we.
+constexpr uint8_t kNaturalOrder[64] = {
+    0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,  12, 19, 26, 33, 40, 48,
+    41, 34, 27, 20, 13, 6,  7,  14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23,
+    30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63};
 
 // A block's codes and extra bits take at most 64 * (16 + 15) bits: the reader may run that far
 // past the data's end before the check after the block (which lets 8 bytes pass), plus the 8
@@ -44,8 +43,6 @@ inline uint64_t LoadBigEndian64(const uint8_t* p) {
 }
 
 constexpr int kLookup = HuffmanTable::kLookupBits;
-// A fast entry's value (at most kLookup - 1 extra bits) fits in its top 11 bits.
-static_assert(kLookup <= 11, "HuffmanTable::Arrays::fast holds values of up to 10 bits");
 
 // A block's 64 coefficients set to zero by eight 16-byte stores. GCC makes the plain
 // memset(block, 0, 128) `rep stosq`, whose start-up cost is paid at every block: on an Intel
@@ -73,7 +70,8 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
   if (n > 256) return InvalidArgument("bad Huffman table: " + std::to_string(n) + " symbols");
   std::memcpy(t->counts_, counts, 17);
   std::memcpy(a.symbols, symbols, static_cast<size_t>(n));
-  std::memcpy(a.natural, kNaturalOrder, sizeof(a.natural));
+  std::memcpy(a.natural, kNaturalOrder, sizeof(kNaturalOrder));
+  std::fill(std::begin(a.natural) + 64, std::end(a.natural), uint8_t{63});
   t->num_symbols_ = n;
   t->dc_ = dc;
   if (dc)
@@ -99,12 +97,11 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
         // is a symbol of run 0 that does not end a block).
         const int run = dc ? 0 : sym >> 4, s = dc ? sym : sym & 15;
         if (l + s > kLookup || (!dc && s == 0 && run != 0 && run != 15)) continue;
-        const int advance = !dc && s == 0 && run == 0 ? 64 : 1;  // end of block, or the next
+        const int skip = !dc && s == 0 && run == 0 ? 63 : run;  // end of block, or the run
         for (int j = 0; j < fill; ++j) {
           const uint32_t extra = s ? static_cast<uint32_t>(j >> (spare - s)) & ((1u << s) - 1) : 0;
-          const int32_t v = s ? Extend(extra, s) : 0;
-          a.fast[first + j] = static_cast<int32_t>(static_cast<uint32_t>(v) << 21 | advance << 12 |
-                                                   run << 8 | (l + s));
+          a.fast[first + j] = {static_cast<uint8_t>(l + s), static_cast<uint8_t>(skip),
+                               static_cast<int16_t>(s ? Extend(extra, s) : 0)};
         }
       }
       a.maxcode[l] = code - 1;
