@@ -18,7 +18,7 @@ namespace tbljax {
 
 namespace {
 
-// The zigzag order. Past it (Arrays::natural), every position is the last one: libjpeg writes
+// The zigzag order. Past it (Arrays::before), every position is the last one: libjpeg writes
 // a coefficient whose AC run runs past the block (corrupt data) there, so do we.
 constexpr uint8_t kNaturalOrder[64] = {
     0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,  12, 19, 26, 33, 40, 48,
@@ -70,8 +70,8 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
   if (n > 256) return InvalidArgument("bad Huffman table: " + std::to_string(n) + " symbols");
   std::memcpy(t->counts_, counts, 17);
   std::memcpy(a.symbols, symbols, static_cast<size_t>(n));
-  std::memcpy(a.natural, kNaturalOrder, sizeof(kNaturalOrder));
-  std::fill(std::begin(a.natural) + 64, std::end(a.natural), uint8_t{63});
+  std::memcpy(a.before + 1, kNaturalOrder, sizeof(kNaturalOrder));
+  std::fill(std::begin(a.before) + 65, std::end(a.before), uint8_t{63});
   t->num_symbols_ = n;
   t->dc_ = dc;
   if (dc)
@@ -97,10 +97,10 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
         // is a symbol of run 0 that does not end a block).
         const int run = dc ? 0 : sym >> 4, s = dc ? sym : sym & 15;
         if (l + s > kLookup || (!dc && s == 0 && run != 0 && run != 15)) continue;
-        const int skip = !dc && s == 0 && run == 0 ? 63 : run;  // end of block, or the run
+        const int step = !dc && s == 0 && run == 0 ? 64 : run + 1;  // end of block, or the run
         for (int j = 0; j < fill; ++j) {
           const uint32_t extra = s ? static_cast<uint32_t>(j >> (spare - s)) & ((1u << s) - 1) : 0;
-          a.fast[first + j] = {static_cast<uint8_t>(l + s), static_cast<uint8_t>(skip),
+          a.fast[first + j] = {static_cast<uint8_t>(l + s), static_cast<uint8_t>(step),
                                static_cast<int16_t>(s ? Extend(extra, s) : 0)};
         }
       }

@@ -39,25 +39,26 @@ class HuffmanTable {
     uint16_t lookup[1 << kLookupBits];
     // By the same bits: a whole symbol whose code and extra bits fit in them (length 0:
     // none). The decoder reads each field with a load of its own, which on x86 costs less than
-    // shifting and masking them out of one word. For AC it moves `skip` coefficients on,
-    // stores `value` there and moves one more: skip is the zero run, and 63 for the end of the
-    // block (whose 0 then lands on the last coefficient, still zero, and the block ends), so the
-    // end of block and a run of 16 zeros (run 15, value 0) take the same path as any
+    // shifting and masking them out of one word. For AC it moves `step` coefficients on and
+    // stores `value` in the one before: step is the zero run plus one, and 64 for the end of
+    // the block (whose 0 then lands on the last coefficient, still zero, and the block ends),
+    // so the end of block and a run of 16 zeros (run 15, value 0) take the same path as any
     // coefficient. For DC, value is the difference.
     struct FastSymbol {
       uint8_t length;  // code and extra bits
-      uint8_t skip;
+      uint8_t step;
       int16_t value;
     };
     FastSymbol fast[1 << kLookupBits];
     int32_t maxcode[17];    // the largest code of each length (-1: none)
     int32_t valoffset[17];  // symbol index of a code of that length = code + valoffset
     uint8_t symbols[256];
-    // The zigzag order (natural index of the k-th coefficient), then 63 for the positions an
-    // end of block (k + 63) or an AC run past the block reaches. A copy in every table: the
-    // decoding loop reaches it through the table's register, where a table of its own took one
-    // more register per symbol (GCC rematerialized its address at every symbol).
-    uint8_t natural[128];
+    // The zigzag order by the position after: before[k] is the natural index of the
+    // (k - 1)-th coefficient (so a step stores and moves on with one addition), then 63 for the
+    // positions an end of block (k + 64) or an AC run past the block reaches. A copy in every
+    // table: the decoding loop reaches it through the table's register, where a table of its
+    // own took one more register per symbol (GCC rematerialized its address at every symbol).
+    uint8_t before[129];
   };
   const Arrays& arrays() const { return arrays_; }
   // The longest symbol: code length plus extra bits (at most 16 + 15).
