@@ -90,7 +90,8 @@ def worker(path: str, out_size: int, versus_ceiling: bool = False) -> dict:
     out = np.empty((n, out_size, out_size, 3), np.uint8)
     idx = np.arange(n, dtype=np.int64)
     best, ratios = float("inf"), []
-    blobs = [bytes(views[0][o:o + s]) for o, s in zip(offsets.tolist(), sizes.tolist())]
+    blobs = ([bytes(views[0][o:o + s]) for o, s in zip(offsets.tolist(), sizes.tolist())]
+             if versus_ceiling else [])
     for _ in range(REPS_VERSUS if versus_ceiling else REPS):
         t = time.process_time()
         tbljax.kernels.serve_jpeg(src, idx, out, crop=boxes)

@@ -179,7 +179,7 @@ Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
 
 bool SegmentDecoder::DecodeMcus(SegmentDecoder* const* d, int16_t* const* const* blocks, int n) {
   static_assert(kMaxLockstep == 2, "a Lockstep<N> for each N up to kMaxLockstep");
-  // Two symbols fit in the bits a refill leaves (56) when neither is longer than half of them.
+  // Two symbols fit in the bits a refill leaves (57) when neither is longer than 28 of them.
   const bool two = d[0]->layout_.symbol_bits <= 28;
 #if TBLJAX_SIMD_X86
   if (d[0]->layout_.avx2) {

@@ -55,10 +55,11 @@ class HuffmanTable {
     uint8_t symbols[256];
     // The zigzag order by the position after: before[k] is the natural index of the
     // (k - 1)-th coefficient (so a step stores and moves on with one addition), then 63 for the
-    // positions an end of block (k + 64) or an AC run past the block reaches. A copy in every
-    // table: the decoding loop reaches it through the table's register, where a table of its
-    // own took one more register per symbol (GCC rematerialized its address at every symbol).
-    uint8_t before[129];
+    // positions an end of block or an AC run past the block reaches (k < 64, plus a step of at
+    // most 64: below 128). A copy in every table: the decoding loop reaches it through the
+    // table's register, where a table of its own took one more register per symbol (GCC
+    // rematerialized its address at every symbol).
+    uint8_t before[128];
   };
   const Arrays& arrays() const { return arrays_; }
   // The longest symbol: code length plus extra bits (at most 16 + 15).
