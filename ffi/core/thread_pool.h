@@ -45,7 +45,7 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   const std::function<void(int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0, chunk_ = 1;
+  int64_t n_ = 0;
   int64_t next_ = 0;         // next index to hand out (guarded by mu_)
   int active_ = 0;           // workers still inside the current job
   uint64_t generation_ = 0;  // bumps once per job so workers wake exactly once
