@@ -314,7 +314,7 @@ def test_shutdown_is_clean_on_break_error_del_and_close(data):
     _, _, path = data
     before = len(loader_threads())
     ld = tbljax.loader(path, G, prefetch=2)  # endless
-    per_pass = 2  # a pipelined pass: the builder and the finisher (see engine/producer.py)
+    per_pass = 3  # a pipelined pass: the drawer, the builder and the finisher (engine/producer.py)
     for i, _ in enumerate(ld):
         if i == 2:
             break

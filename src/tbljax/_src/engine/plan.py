@@ -112,11 +112,11 @@ class Plan:
         ahead of the step about to be built."""
         k = self.opts.read_ahead if self.source.reads_ahead else 0
         if k == 0:
-            yield from self._steps()
+            yield from self.positions()
             return
-        ahead, asked = self._steps(), 0
+        ahead, asked = self.positions(), 0
         every, skip = 1, 0  # a warm file is checked every 2, 4, ... _MAX_SKIP steps
-        for s, step in enumerate(self._steps()):
+        for s, step in enumerate(self.positions()):
             while asked <= s + k:
                 nxt = next(ahead, None)
                 if nxt is None:
@@ -148,7 +148,8 @@ class Plan:
             src.read_ahead(order.permute(pos, src.n, opts.seed, epoch, shuffle=opts.shuffle))
         return resident
 
-    def _steps(self):
+    def positions(self):
+        """(epoch, first position) of every step, as `steps` yields them, with no read-ahead."""
         part, g = self.part, self.layout.global_batch
         epoch, position = self.start
         while self.end_epoch is None or epoch < self.end_epoch:
@@ -157,24 +158,39 @@ class Plan:
                 yield epoch, position + s * g
             epoch, position = epoch + 1, 0
 
-    def build_host(self, ring, epoch, first, stop=None) -> tuple[HostBatch, Slot]:
+    def draw(self, epoch, first) -> tuple:
+        """This process's rows of the step starting at position `first`, per row range of the
+        layout: (sample indices, crop boxes or None, flips or None, the source's records). Pure
+        (`engine/step.py`): the producer draws a step ahead, while the kernel builds the one
+        before (engine/producer.py)."""
+        src, opts = self.source, self.opts
+        first_index = self.part.start  # source record i is sample first_index + i
+        drawn = []
+        for a, b in self.layout.ranges:
+            nvalid = int(np.clip(src.n - (first + a), 0, b - a))
+            idx, boxes, flip = src.draw(np.arange(first + a, first + a + nvalid, dtype=np.int64),
+                                        opts, epoch, first_index)
+            drawn.append((idx, boxes, flip, src.local_records(idx, first_index)))
+        return tuple(drawn)
+
+    def build_host(self, ring, epoch, first, stop=None, drawn=None,
+                   started=None) -> tuple[HostBatch, Slot]:
         """This process's rows of the step starting at position `first`, in a ring slot (the
-        second item)."""
+        second item). `drawn`: the step's `draw`, if made already. `started()`, if given, is
+        called once, just before the kernel call that builds the step (or at the end, if none
+        does): the GIL is released from there on."""
         src, opts = self.source, self.opts
         mean, std = opts.normalization
-        first_index = self.part.start  # source record i is sample first_index + i
+        drawn = self.draw(epoch, first) if drawn is None else drawn
         slot = ring.acquire(stop)
         views = slot.views(src.row_shape(opts, epoch))  # a size schedule's size of `epoch`
         labels, indices, valid, sources, served = [], [], [], [], []
-        for (a, b), out in zip(self.layout.ranges, views):
-            rows = b - a
-            nvalid = int(np.clip(src.n - (first + a), 0, rows))
-            idx, boxes, flip = src.draw(np.arange(first + a, first + a + nvalid, dtype=np.int64),
-                                        opts, epoch, first_index)
-            records = src.local_records(idx, first_index)
+        for (a, b), out, (idx, boxes, flip, records) in zip(self.layout.ranges, views, drawn):
+            rows, nvalid = b - a, len(idx)
             if nvalid:
                 src.fill(records, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip,
-                         mean=mean, std=std, jpeg_dct_scale=opts.jpeg_dct_scale)
+                         mean=mean, std=std, jpeg_dct_scale=opts.jpeg_dct_scale, started=started)
+                started = None
             out[nvalid:] = 0  # padding rows (only at the end of an epoch without drop_remainder)
             pad = rows - nvalid
             indices.append(np.concatenate([idx, np.full(pad, -1)]).astype(np.int32))
@@ -184,6 +200,8 @@ class Plan:
             ids = src.source_ids(records)
             if ids is not None:
                 sources.append(np.concatenate([ids, np.full(pad, -1)]).astype(np.int32))
+        if started is not None:
+            started()
         arrays, texts = {}, {}
         if self.fields:
             arrays, texts = self.fields.build(served, [b - a for a, b in self.layout.ranges], epoch, first)

@@ -177,13 +177,18 @@ class RecordSource:
         except ValueError as e:
             raise ValueError(f"{self._ds!r}: {e}") from None
 
-    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False):
+    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False,
+             started=None):
         """Writes records `indices` into `out` (the kernel's arguments, `tbljax.kernels.gather`;
-        `jpeg_dct_scale`: `tbljax.kernels.serve_jpeg`'s dct_scale, for compact records)."""
+        `jpeg_dct_scale`: `tbljax.kernels.serve_jpeg`'s dct_scale, for compact records).
+        `started()`, if given, is called just before the first native call that releases the
+        GIL for the batch (`Plan.build_host`)."""
         kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std)
+        started = started or _nothing
         if self._jpeg is not None:
             files = self._ds.files_of(indices)
             self._ds.check_unchanged(files)  # the kernel reads the mapping, as for RAW records
+            started()
             kernels.serve_jpeg(self._jpeg, indices, out, **kw, dct_scale=jpeg_dct_scale,
                                threads=self._threads, where=self._ds.describe_record)
             self._ds.check_unchanged(files)
@@ -196,6 +201,7 @@ class RecordSource:
             # case left: reading a page past the new end raises SIGBUS.
             files = self._ds.files_of(indices)
             self._ds.check_unchanged(files)
+            started()
             kernels.gather(self._src, indices, out, **kw)
             self._ds.check_unchanged(files)
             return
@@ -203,6 +209,7 @@ class RecordSource:
         if self.shape is None:
             # Decoded records of different sizes, packed one after another in a buffer that
             # only grows, then gathered like RAW ones.
+            started()
             images = [self._ds.read(int(i)) for i in indices]
             sizes = np.array([im.size for im in images], np.int64)
             offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -218,6 +225,7 @@ class RecordSource:
         if len(self._scratch) < b:
             self._scratch = np.empty((b, *self.shape, 3), np.uint8)
         scratch = self._scratch[:b]
+        started()
         self._ds.read_into(indices, scratch, self._threads)
         kernels.gather(scratch, np.arange(b, dtype=np.int64), out, **kw)
 
@@ -299,7 +307,8 @@ class MixtureSource:
     def local_records(self, indices, first_index: int = 0) -> np.ndarray:
         return self._mix.local_index(indices)
 
-    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False):
+    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False,
+             started=None):
         """Each source's rows through its own record source, then into their rows of `out`."""
         k, r = self._mix.split(indices)
         for s in np.unique(k).tolist():
@@ -308,7 +317,8 @@ class MixtureSource:
             self._subs[s].fill(r[m], part, layout=layout, mean=mean, std=std,
                                crop=None if crop is None else np.asarray(crop)[m],
                                flip=None if flip is None else np.asarray(flip)[m],
-                               jpeg_dct_scale=jpeg_dct_scale)
+                               jpeg_dct_scale=jpeg_dct_scale, started=started)
+            started = None
             if len(m) > 1:
                 out[m] = part
 
@@ -320,6 +330,10 @@ class MixtureSource:
 
 
 _MAX_FDS = 64   # files kept open for posix_fadvise
+
+
+def _nothing():
+    pass
 
 
 def _close_all(fds):
