@@ -127,16 +127,19 @@ bool ResizeFitsInt32(int64_t len, int64_t out) {
 
 Status CheckCropBox(int64_t b, const int32_t* c, int64_t H, int64_t W, int64_t oh, int64_t ow) {
   const int64_t y0 = c[0], x0 = c[1], h = c[2], w = c[3];
-  const std::string box = "crop[" + std::to_string(b) + "] = (y0=" + std::to_string(y0) +
-                          ", x0=" + std::to_string(x0) + ", h=" + std::to_string(h) +
-                          ", w=" + std::to_string(w) + ")";
+  // Spelled only for an error: checking a box is on every sample's path.
+  const auto box = [&] {
+    return "crop[" + std::to_string(b) + "] = (y0=" + std::to_string(y0) +
+           ", x0=" + std::to_string(x0) + ", h=" + std::to_string(h) + ", w=" + std::to_string(w) +
+           ")";
+  };
   if (y0 < 0 || x0 < 0 || h < 1 || w < 1 || y0 + h > H || x0 + w > W)
-    return InvalidArgument(box + " is not a non-empty box inside the " + std::to_string(H) + "x" +
+    return InvalidArgument(box() + " is not a non-empty box inside the " + std::to_string(H) + "x" +
                            std::to_string(W) + " image (need y0 >= 0, x0 >= 0, h >= 1, w >= 1, " +
                            "y0 + h <= " + std::to_string(H) + ", x0 + w <= " + std::to_string(W) +
                            ")");
   if (oh > 0 && ow > 0 && !(ResizeFitsInt32(h, oh) && ResizeFitsInt32(w, ow)))
-    return InvalidArgument(box + " resized to " + std::to_string(oh) + "x" + std::to_string(ow) +
+    return InvalidArgument(box() + " resized to " + std::to_string(oh) + "x" + std::to_string(ow) +
                            " shrinks too much for the exact integer resize (kernel.h: per axis "
                            "2*out*len and 2*M*(2*M/out+2) must stay below 2^31)");
   return Status::Ok();
