@@ -139,7 +139,37 @@ def tbljax_worker(spec: dict) -> dict:
     with Timer() as t:
         for _ in range(n):
             touch(next(it).image)
-    return t.result(n * B)
+    result = t.result(n * B)
+    if spec.get("paired"):
+        result["paired"] = paired_ceiling(it, spec)
+    return result
+
+
+# The paired measure: PAIRS times, the decode ceiling (every record decoded whole, 1 thread, the
+# loader idle) then the loader again (PAIR_SKIP batches it had built ahead dropped, PAIR_BATCHES
+# timed). The host's speed drifts by tens of percent within minutes (the Zen 4 host: the same
+# pass took 178-260 us per image in one process), and each pair sees one speed.
+PAIRS, PAIR_SKIP, PAIR_BATCHES = 5, 3, 4
+
+
+def paired_ceiling(it, spec: dict) -> list[float]:
+    """Per pair: (loader img/s / its threads) / ceiling img/s, the loader measured right after."""
+    blobs, decode = ceiling_decoder(spec["data"], spec.get("raw_budget", False))
+    threads = int(os.environ.get("TBLJAX_NUM_THREADS", "1"))
+    ratios = []
+    for _ in range(PAIRS):
+        time.sleep(0.5)  # the producer fills the ring and stops: the decodes below run alone
+        t = time.perf_counter()
+        for b in blobs:
+            decode(b)
+        ceiling = len(blobs) / (time.perf_counter() - t)
+        for _ in range(PAIR_SKIP):
+            touch(next(it).image)
+        t = time.perf_counter()
+        for _ in range(PAIR_BATCHES):
+            touch(next(it).image)
+        ratios.append(PAIR_BATCHES * B / (time.perf_counter() - t) / threads / ceiling)
+    return ratios
 
 
 def ffcv_write_worker(spec: dict) -> dict:
@@ -281,6 +311,23 @@ def albumentations_worker(spec: dict) -> dict:
     return t.result(n * B)
 
 
+def ceiling_decoder(data: str, raw_budget: bool):
+    """(every record of file `data`, a function decoding one whole with tbljax's libjpeg-turbo);
+    raw_budget: records stored RAW need no decode, a copy stands for them."""
+    from tbljax import _core
+
+    blobs, decode = payloads(data), _core.decode_jpeg
+    if raw_budget:
+        import tbljax
+
+        raw = tbljax.open(data).jpeg_records().stored_raw.astype(bool).tolist()
+        blobs = [(b, r) for b, r in zip(blobs, raw)]
+
+        def decode(br, _d=_core.decode_jpeg):
+            return br[0].copy() if br[1] else _d(br[0])
+    return blobs, decode
+
+
 def ceiling_worker(spec: dict) -> dict:
     """One thread decoding whole records, one after another: one pass to warm up, then
     batches * 256 decodes. With spec["threads"] = 2, two threads at once, each doing that
@@ -295,18 +342,7 @@ def ceiling_worker(spec: dict) -> dict:
         def decode(b):
             return cv2.imdecode(b, cv2.IMREAD_COLOR)
     else:
-        from tbljax import _core
-
-        blobs = payloads(spec["data"])
-        decode = _core.decode_jpeg
-        if spec.get("raw_budget"):  # records stored RAW need no decode: a copy stands for them
-            import tbljax
-
-            raw = tbljax.open(spec["data"]).jpeg_records().stored_raw.astype(bool).tolist()
-            blobs = [(b, r) for b, r in zip(blobs, raw)]
-
-            def decode(br, _d=_core.decode_jpeg):
-                return br[0].copy() if br[1] else _d(br[0])
+        blobs, decode = ceiling_decoder(spec["data"], spec.get("raw_budget", False))
     for b in blobs:
         decode(b)
     n, threads = spec["batches"] * B, spec.get("threads", 1)
@@ -455,7 +491,8 @@ def main() -> None:
                 for dt in DTYPES:
                     g = f"S{side} {out}px {'f32' if dt == 'float32' else 'u8'}"
                     base = {"side": side, "out": out, "dtype": dt}
-                    configs[f"{g}: tbljax, 2 threads"] = ({"kind": "tbljax", "data": tbl, **base}, two, None)
+                    configs[f"{g}: tbljax, 2 threads"] = ({"kind": "tbljax", "data": tbl, "paired": True,
+                                                           **base}, two, None)
                     configs[f"{g}: FFCV, 2 workers"] = ({"kind": "ffcv", "beton": beton, "records": len(h),
                                                         **base}, {}, "ffcv")
                     configs[f"{g}: DALI CPU, 2 threads"] = ({"kind": "dali", "blobs": blobs, **base}, {}, "dali")
@@ -463,12 +500,14 @@ def main() -> None:
                         {"kind": "albumentations", "blobs": blobs, **base}, {}, "albu")
                     if a.raw_budget is not None:
                         rb = f"{g}: tbljax raw_budget {a.raw_budget:g}"
-                        configs[f"{rb}, 2 threads"] = ({"kind": "tbljax", "data": rb_tbl, **base}, two, None)
-                        configs[f"{rb}, 1 thread"] = ({"kind": "tbljax", "data": rb_tbl, **base}, one, None)
+                        rb_spec = {"kind": "tbljax", "data": rb_tbl, "paired": True, "raw_budget": True, **base}
+                        configs[f"{rb}, 2 threads"] = (rb_spec, two, None)
+                        configs[f"{rb}, 1 thread"] = (dict(rb_spec), one, None)
                     if dt == "float32":
                         configs[f"{g}: tbljax jpeg_dct_scale, 2 threads"] = (
                             {"kind": "tbljax", "data": tbl, "dct": True, **base}, two, None)
-                        configs[f"{g}: tbljax, 1 thread"] = ({"kind": "tbljax", "data": tbl, **base}, one, None)
+                        configs[f"{g}: tbljax, 1 thread"] = ({"kind": "tbljax", "data": tbl, "paired": True,
+                                                              **base}, one, None)
             configs[f"S{side} ceiling: cv2.imdecode whole, 1 thread"] = (
                 {"kind": "ceiling-cv2", "side": side, "blobs": blobs}, {}, "albu")
             configs[f"S{side} ceiling: tbljax _core.decode_jpeg whole, 1 thread"] = (
@@ -573,6 +612,19 @@ def main() -> None:
     for k in m:
         print(f"| {k} | {m[k]:,.0f} | {cpu[k]:.0f} | {1e6 / cpu[k]:,.0f} | "
               f"{' / '.join(format(r['img_s'], ',.0f') for r in ok[k])} |")
+
+    pairs = {k: [r["paired"] for r in v if "paired" in r] for k, v in ok.items()}
+    if any(pairs.values()):
+        print(f"\nPer core / the decode ceiling, paired in one process: each tbljax worker, after its "
+              f"timed batches, {PAIRS} times decodes every record of its file whole on 1 thread "
+              f"(tbljax _core.decode_jpeg; RAW-stored records copied) with the loader idle, then "
+              f"times {PAIR_BATCHES} batches; ratio (img/s / threads) / ceiling. Median of all pairs; "
+              f"each round's median in brackets.")
+        for k, rs in pairs.items():
+            if rs:
+                flat = [x for r in rs for x in r]
+                print(f"{k}: {statistics.median(flat):.2f}x "
+                      f"({' / '.join(f'{statistics.median(r):.2f}' for r in rs)}) (target >= 1.8x)")
 
     def ratio(x: str, y: str, of=m) -> float:
         return of[x] / of[y] if x in of and y in of and of[y] else float("nan")
