@@ -19,7 +19,7 @@ from tbljax import _core
 
 from conftest import shared_dir
 from test_compact_serve import box_pixels, pil_decode, scan_start, source_of, textured
-from test_restart_decode import MCU, encode, per_row, restart_interval, restart_segments
+from test_restart_decode import MCU, encode, per_row, restart_interval, restart_segments, zero_segment
 
 R = 2  # what compact records carry
 
@@ -196,6 +196,53 @@ def test_tables_with_symbols_too_long_for_two_per_refill():
             y0, x0, bh, bw = box
             np.testing.assert_array_equal(box_pixels(src, 0, box), whole[y0:y0 + bh, x0:x0 + bw],
                                           err_msg=f"{kind} {box}")
+
+
+def header_segments(blob: bytes) -> list[tuple[int, bytes]]:
+    """(marker, the whole segment) of each marker segment from SOI to the scan (SOS last)."""
+    out, pos, end = [], 2, scan_start(blob)
+    while pos < end:
+        length = blob[pos + 2] << 8 | blob[pos + 3]
+        out.append((blob[pos + 1], blob[pos:pos + 2 + length]))
+        pos += 2 + length
+    return out
+
+
+def one_table_each(dht: bytes) -> list[bytes]:
+    """A DHT segment as one DHT segment per table it defines."""
+    body, out = dht[4:], []
+    while body:
+        table = body[:17 + sum(body[1:17])]
+        body = body[len(table):]
+        out.append(b"\xff\xc4" + (2 + len(table)).to_bytes(2, "big") + table)
+    return out
+
+
+def test_huffman_tables_anywhere_in_the_header_or_none():
+    """libjpeg reads a box's part with stub Huffman tables (our entropy decoder takes the
+    record's own): records with their tables one per DHT segment ahead of every other segment
+    (the SOF moves), and with no DHT at all (decoders then use the standard tables, the ones
+    this encoder wrote), decode every box to Pillow's pixels."""
+    h, w = 48, 96  # MCU rows of whole restart intervals: the boxes take the restart path
+    for kind in ("420", "gray"):
+        plain = encode(textured(h, w, seed=11), kind, R)
+        segments = header_segments(plain)
+        tables = [t for m, seg in segments if m == 0xC4 for t in one_table_each(seg)]
+        others = [seg for m, seg in segments if m != 0xC4]
+        assert len(tables) == (4 if kind == "420" else 2) and others[-1][1] == 0xDA
+        variants = {"tables first": tables + others, "no tables": others}
+        want = pil_decode(plain)
+        for name, header in variants.items():
+            blob = plain[:2] + b"".join(header) + plain[scan_start(plain):]
+            np.testing.assert_array_equal(pil_decode(blob), want)  # libjpeg-turbo reads it alike
+            src = source_of([blob], [(h, w)])
+            for y0, x0, bh, bw in ((0, 0, h, w), (5, 7, 30, 41), (17, 40, 31, 50)):
+                np.testing.assert_array_equal(box_pixels(src, 0, (y0, x0, bh, bw)),
+                                              want[y0:y0 + bh, x0:x0 + bw], err_msg=f"{kind} {name}")
+            # Damage above the box goes unnoticed: only its restart segments were decoded.
+            damaged = zero_segment(blob, restart_segments(blob)[0])
+            np.testing.assert_array_equal(box_pixels(source_of([damaged], [(h, w)]), 0, (32, 40, 16, 56)),
+                                          want[32:, 40:], err_msg=f"{kind} {name}")
 
 
 def test_real_photos_at_imagenet_geometry(tmp_path):

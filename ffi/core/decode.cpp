@@ -256,7 +256,10 @@ struct Decoder {
 // decoded by our SegmentDecoder (jpeg_entropy.h) and handed to libjpeg MCU by MCU in place of
 // its own entropy decoder: libjpeg sees a header of the part's size and never its data.
 struct PartEntropy {
-  const uint8_t* data = nullptr;                // the record
+  const uint8_t* data = nullptr;  // the record
+  // The record's header as libjpeg read it: its Huffman tables (the part's are stubs,
+  // CutJpegHeader).
+  const jpeg_decompress_struct* record = nullptr;
   const std::vector<size_t>* bounds = nullptr;  // its restart segments (FindRestartSegments)
   JpegPart part;
   McuLayout layout;
@@ -362,8 +365,14 @@ void InstallPartEntropy(j_decompress_ptr c, PartEntropy* f) {
   for (int b = 0; b < c->blocks_in_MCU; ++b) {
     const int ci = c->MCU_membership[b];
     const jpeg_component_info* comp = c->cur_comp_info[ci];
-    const JHUFF_TBL* dc = c->dc_huff_tbl_ptrs[comp->dc_tbl_no];
-    const JHUFF_TBL* ac = c->ac_huff_tbl_ptrs[comp->ac_tbl_no];
+    // A slot the record does not define is not stubbed: libjpeg gave the part its default.
+    const jpeg_decompress_struct* r = f->record;
+    const JHUFF_TBL* dc = r && r->dc_huff_tbl_ptrs[comp->dc_tbl_no]
+                              ? r->dc_huff_tbl_ptrs[comp->dc_tbl_no]
+                              : c->dc_huff_tbl_ptrs[comp->dc_tbl_no];
+    const JHUFF_TBL* ac = r && r->ac_huff_tbl_ptrs[comp->ac_tbl_no]
+                              ? r->ac_huff_tbl_ptrs[comp->ac_tbl_no]
+                              : c->ac_huff_tbl_ptrs[comp->ac_tbl_no];
     f->layout.component[b] = ci;
     f->status = dc == nullptr || ac == nullptr
                     ? DecodeError("cannot decode JPEG: a Huffman table is missing")
@@ -724,6 +733,7 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   Decoder p;
   PartEntropy entropy;
   entropy.data = data;
+  entropy.record = &d.cinfo;
   entropy.bounds = &s->segments;
   entropy.row_coefs = &s->coefficients;
   entropy.part = part;

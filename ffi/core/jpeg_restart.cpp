@@ -86,14 +86,72 @@ Status FindRestartSegments(const uint8_t* p, size_t n, const JpegScanLayout& lay
   return Status::Ok();
 }
 
+namespace {
+
+constexpr uint8_t kDht = 0xC4;
+
+// The (class, slot) of every table a DHT segment's body [p, end) defines; false when its
+// lengths do not add up (the segment is then copied as it is).
+bool DhtTables(const uint8_t* p, const uint8_t* end, bool defined[2][4]) {
+  while (p < end) {
+    if (end - p < 17) return false;
+    const int tc = p[0] >> 4, th = p[0] & 15;
+    size_t n = 0;
+    for (int l = 1; l <= 16; ++l) n += p[l];
+    if (tc > 1 || th > 3 || static_cast<size_t>(end - p) < 17 + n) return false;
+    defined[tc][th] = true;
+    p += 17 + n;
+  }
+  return true;
+}
+
+}  // namespace
+
 void CutJpegHeader(const uint8_t* data, const JpegScanLayout& layout, const JpegPart& part,
                    std::vector<uint8_t>* out) {
-  out->assign(data, data + layout.scan);
-  uint8_t* sof = out->data() + layout.sof;
-  sof[3] = static_cast<uint8_t>(part.height >> 8);
-  sof[4] = static_cast<uint8_t>(part.height);
-  sof[5] = static_cast<uint8_t>(part.width >> 8);
-  sof[6] = static_cast<uint8_t>(part.width);
+  // The header's segments as they are, but for the Huffman tables: each becomes a one-code
+  // stub (code 0 of length 1 for symbol 0). Our entropy decoder takes the record's own tables
+  // (InstallPartEntropy), so libjpeg's derived tables of the part were never used, and
+  // building them (jpeg_make_d_derived_tbl) was 19 K of the 100 K instructions a box costs
+  // before its pixels (cachegrind, compact records at shorter side 256).
+  out->assign(data, data + 2);  // SOI
+  size_t sof = 0, stubs_at = 0, pos = 2;
+  bool defined[2][4] = {}, stubs = false;
+  while (pos < layout.scan) {
+    const size_t begin = pos;
+    while (data[pos] == 0xFF) ++pos;  // fill bytes (FindJpegScan walked these same bytes)
+    const uint8_t marker = data[pos];
+    const size_t length_at = pos + 1,
+                 next = length_at + (size_t{data[pos + 1]} << 8 | data[pos + 2]);
+    if (marker == kDht && DhtTables(data + length_at + 2, data + next, defined)) {
+      if (!stubs) stubs_at = out->size();
+      stubs = true;
+    } else {
+      if (length_at == layout.sof) sof = out->size() + (length_at - begin);
+      out->insert(out->end(), data + begin, data + next);
+    }
+    pos = next;
+  }
+  if (stubs) {
+    std::vector<uint8_t> dht = {0xFF, kDht, 0, 0};
+    for (int tc = 0; tc < 2; ++tc)
+      for (int th = 0; th < 4; ++th) {
+        if (!defined[tc][th]) continue;
+        dht.push_back(static_cast<uint8_t>(tc << 4 | th));
+        dht.push_back(1);  // one code of length 1 ...
+        dht.insert(dht.end(), 15, 0);
+        dht.push_back(0);  // ... for symbol 0 (DC: difference 0; AC: end of block)
+      }
+    dht[2] = static_cast<uint8_t>((dht.size() - 2) >> 8);
+    dht[3] = static_cast<uint8_t>(dht.size() - 2);
+    out->insert(out->begin() + static_cast<ptrdiff_t>(stubs_at), dht.begin(), dht.end());
+    if (sof > stubs_at) sof += dht.size();
+  }
+  uint8_t* h = out->data() + sof;
+  h[3] = static_cast<uint8_t>(part.height >> 8);
+  h[4] = static_cast<uint8_t>(part.height);
+  h[5] = static_cast<uint8_t>(part.width >> 8);
+  h[6] = static_cast<uint8_t>(part.width);
   out->push_back(0xFF);
   out->push_back(kEoi);
 }

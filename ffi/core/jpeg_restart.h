@@ -45,8 +45,9 @@ struct JpegPart {
 };
 
 // Writes into *out the header of a JPEG of the part alone (everything before the entropy-coded
-// data, SOF resized), then EOI: what libjpeg reads of the part while DecodeJpegBox's own
-// entropy decoder (jpeg_entropy.h) gives it the coefficients of the part's segments.
+// data, SOF resized, each Huffman table a one-code stub), then EOI: what libjpeg reads of the
+// part while DecodeJpegBox's own entropy decoder (jpeg_entropy.h), with the record's own
+// tables, gives it the coefficients of the part's segments.
 void CutJpegHeader(const uint8_t* data, const JpegScanLayout& layout, const JpegPart& part,
                    std::vector<uint8_t>* out);
 
