@@ -4,7 +4,9 @@ speed cancels out of (both sides of each are timed together).
 - kernel share: the share of the loader's wall time spent inside the native `serve_jpeg` call
   (the rest the pool's threads wait for Python: the step's draw, slot and labels);
 - pool utilization: process CPU time / (threads x wall time) over `kernels.serve_jpeg` calls
-  of 256 random-resized-crop boxes on an explicit pool (how evenly the batch is split).
+  of 256 random-resized-crop boxes on an explicit pool (how evenly the batch is split);
+- float32 / uint8: the time of those calls writing float32 (ImageNet normalize) over the time
+  writing uint8, the two alternating (what the 4 bytes a value cost over 1).
 
 Data: the kodak photos converted at shorter side 256, compact q90 4:2:0 (bench_compact.py's
 file); RRC to --size px, --dtype, batch 256, prefetch 1.
@@ -70,8 +72,9 @@ def kernel_share(path: str, size: int, dtype: str, batches: int) -> tuple[float,
     return sum(b - a for a, b in inside) / span, batches * B / (t1 - t0)
 
 
-def pool_utilization(path: str, size: int, threads: int, batches: int) -> float:
-    """Median over batches of process CPU / (threads x wall) inside kernels.serve_jpeg."""
+def pool_calls(path: str, size: int, threads: int, batches: int) -> tuple[float, float]:
+    """(median over batches of process CPU / (threads x wall) inside kernels.serve_jpeg,
+    median of float32 time / uint8 time over the same batches, served alternately)."""
     import tbljax
     from tbljax._src.engine.ring import aligned_empty
 
@@ -79,17 +82,23 @@ def pool_utilization(path: str, size: int, threads: int, batches: int) -> float:
     src = tbljax.kernels.jpeg_source(*r)
     n = len(r.heights)
     boxes = np.array(rrc_boxes(r.heights, r.widths), np.int32).reshape(n, 4)
-    out = aligned_empty(B * size * size * 3).reshape(B, size, size, 3)
+    out = {dt: aligned_empty(B * size * size * 3 * np.dtype(dt).itemsize).view(dt).reshape(
+        B, size, size, 3) for dt in ("uint8", "float32")}
+    norm = {"float32": dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)), "uint8": {}}
     rng = np.random.default_rng(1)
-    used = []
+    used, f32_over_u8 = [], []
     for k in range(batches + 1):
         idx = rng.integers(0, n, B).astype(np.int64)
-        c, t = time.process_time(), time.perf_counter()
-        tbljax.kernels.serve_jpeg(src, idx, out, crop=boxes[idx], threads=threads)
-        wall = time.perf_counter() - t
-        if k:  # the first starts the pool
-            used.append((time.process_time() - c) / (threads * wall))
-    return float(np.median(used))
+        wall = {}
+        for dt in ("uint8", "float32"):
+            c, t = time.process_time(), time.perf_counter()
+            tbljax.kernels.serve_jpeg(src, idx, out[dt], crop=boxes[idx], threads=threads, **norm[dt])
+            wall[dt] = time.perf_counter() - t
+            if k and dt == "uint8":  # the first batch starts the pool and faults `out` in
+                used.append((time.process_time() - c) / (threads * wall[dt]))
+        if k:
+            f32_over_u8.append(wall["float32"] / wall["uint8"])
+    return float(np.median(used)), float(np.median(f32_over_u8))
 
 
 def main() -> None:
@@ -110,9 +119,10 @@ def main() -> None:
         tbljax.convert(files, path, image_size=256, resize="shorter_side", format="jpeg", quality=90,
                        chroma="420", progress=False)
         share, img_s = kernel_share(path, a.size, a.dtype, a.batches)
-        used = pool_utilization(path, a.size, a.threads, a.batches)
+        used, f32_over_u8 = pool_calls(path, a.size, a.threads, a.batches)
     print(f"loader, {a.threads} threads, RRC {a.size} {a.dtype}: kernel share of wall time {share:.3f} "
-          f"({img_s:,.0f} img/s); pool utilization in serve_jpeg {used:.3f}")
+          f"({img_s:,.0f} img/s); serve_jpeg, uint8: pool utilization {used:.3f}; float32 / uint8 "
+          f"time {f32_over_u8:.3f}")
 
 
 if __name__ == "__main__":
