@@ -25,9 +25,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SHARED_DATA  # noqa: E402
-from bench_box_decode import rrc_boxes  # noqa: E402
-from bench_compact import touch  # noqa: E402
+from bench_box_decode import convert_compact, kodak_photos, rrc_boxes  # noqa: E402
+from bench_compact import MEAN, STD, touch  # noqa: E402
 
 B, WARMUP = 256, 6
 
@@ -84,7 +83,7 @@ def pool_calls(path: str, size: int, threads: int, batches: int) -> tuple[float,
     boxes = np.array(rrc_boxes(r.heights, r.widths), np.int32).reshape(n, 4)
     out = {dt: aligned_empty(B * size * size * 3 * np.dtype(dt).itemsize).view(dt).reshape(
         B, size, size, 3) for dt in ("uint8", "float32")}
-    norm = {"float32": dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)), "uint8": {}}
+    norm = {"float32": dict(mean=MEAN, std=STD), "uint8": {}}
     rng = np.random.default_rng(1)
     used, f32_over_u8 = [], []
     for k in range(batches + 1):
@@ -109,15 +108,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=30)
     a = ap.parse_args()
     os.environ.setdefault("TBLJAX_NUM_THREADS", str(a.threads))  # the loader's pool, before import
-    import tbljax
-
-    files = sorted((SHARED_DATA / "kodak").rglob("*.jpg"))
-    if not files:
-        sys.exit(f"needs the real photos in {SHARED_DATA}/kodak")
     with tempfile.TemporaryDirectory() as d:
         path = str(Path(d) / "c256.tbl")
-        tbljax.convert(files, path, image_size=256, resize="shorter_side", format="jpeg", quality=90,
-                       chroma="420", progress=False)
+        convert_compact(kodak_photos(), path)
         share, img_s = kernel_share(path, a.size, a.dtype, a.batches)
         used, f32_over_u8 = pool_calls(path, a.size, a.threads, a.batches)
     print(f"loader, {a.threads} threads, RRC {a.size} {a.dtype}: kernel share of wall time {share:.3f} "

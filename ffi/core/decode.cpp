@@ -257,7 +257,7 @@ struct Decoder {
 // its own entropy decoder: libjpeg sees a header of the part's size and never its data.
 struct PartEntropy {
   const uint8_t* data = nullptr;  // the record
-  // The record's header as libjpeg read it: its Huffman tables (the part's are stubs,
+  // The record's header as libjpeg read it, for its Huffman tables (the part's are stubs,
   // CutJpegHeader).
   const jpeg_decompress_struct* record = nullptr;
   const std::vector<size_t>* bounds = nullptr;  // its restart segments (FindRestartSegments)
@@ -365,14 +365,13 @@ void InstallPartEntropy(j_decompress_ptr c, PartEntropy* f) {
   for (int b = 0; b < c->blocks_in_MCU; ++b) {
     const int ci = c->MCU_membership[b];
     const jpeg_component_info* comp = c->cur_comp_info[ci];
-    // A slot the record does not define is not stubbed: libjpeg gave the part its default.
-    const jpeg_decompress_struct* r = f->record;
-    const JHUFF_TBL* dc = r && r->dc_huff_tbl_ptrs[comp->dc_tbl_no]
-                              ? r->dc_huff_tbl_ptrs[comp->dc_tbl_no]
-                              : c->dc_huff_tbl_ptrs[comp->dc_tbl_no];
-    const JHUFF_TBL* ac = r && r->ac_huff_tbl_ptrs[comp->ac_tbl_no]
-                              ? r->ac_huff_tbl_ptrs[comp->ac_tbl_no]
-                              : c->ac_huff_tbl_ptrs[comp->ac_tbl_no];
+    // The record's own tables (the part's are stubs); where the record defines none, the
+    // part has libjpeg's default.
+    const auto table = [](JHUFF_TBL* const* record, JHUFF_TBL* const* part, int no) {
+      return record[no] != nullptr ? record[no] : part[no];
+    };
+    const JHUFF_TBL* dc = table(f->record->dc_huff_tbl_ptrs, c->dc_huff_tbl_ptrs, comp->dc_tbl_no);
+    const JHUFF_TBL* ac = table(f->record->ac_huff_tbl_ptrs, c->ac_huff_tbl_ptrs, comp->ac_tbl_no);
     f->layout.component[b] = ci;
     f->status = dc == nullptr || ac == nullptr
                     ? DecodeError("cannot decode JPEG: a Huffman table is missing")

@@ -9,7 +9,7 @@ namespace tbljax {
 
 namespace {
 
-constexpr uint8_t kRst0 = 0xD0, kRst7 = 0xD7, kEoi = 0xD9, kSos = 0xDA;
+constexpr uint8_t kDht = 0xC4, kRst0 = 0xD0, kRst7 = 0xD7, kEoi = 0xD9, kSos = 0xDA;
 
 bool IsRestart(uint8_t marker) { return marker >= kRst0 && marker <= kRst7; }
 
@@ -87,8 +87,6 @@ Status FindRestartSegments(const uint8_t* p, size_t n, const JpegScanLayout& lay
 }
 
 namespace {
-
-constexpr uint8_t kDht = 0xC4;
 
 // The (class, slot) of every table a DHT segment's body [p, end) defines; false when its
 // lengths do not add up (the segment is then copied as it is).

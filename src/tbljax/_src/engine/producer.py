@@ -64,6 +64,14 @@ def _get(q: queue.Queue, stop: threading.Event):
     return None
 
 
+def _acquire(sem: threading.Semaphore, stop: threading.Event) -> bool:
+    """Takes `sem`; False, without it, once `stop` is set."""
+    while not sem.acquire(timeout=_POLL_S):
+        if stop.is_set():
+            return False
+    return not stop.is_set()
+
+
 def _draw(plan: Plan, q: queue.Queue, go: threading.Semaphore, stop: threading.Event) -> None:
     """The first stage: (epoch, first, `plan.draw` of the step) for every step, on `q`, one step
     ahead of `_produce`. Each draw after the first waits for `go`, which `_produce` releases
@@ -73,10 +81,7 @@ def _draw(plan: Plan, q: queue.Queue, go: threading.Semaphore, stop: threading.E
     A draw started any earlier would hold the GIL that the producer needs to start its kernel."""
     try:
         for epoch, first in plan.positions():  # `_produce` reads ahead, at its own step
-            while not go.acquire(timeout=_POLL_S):
-                if stop.is_set():
-                    return
-            if stop.is_set() or not _put(q, (epoch, first, plan.draw(epoch, first)), stop):
+            if not _acquire(go, stop) or not _put(q, (epoch, first, plan.draw(epoch, first)), stop):
                 return
         _put(q, _END, stop)
     except BaseException as e:  # noqa: BLE001 - handed on to the consumer, which re-raises it
@@ -110,10 +115,7 @@ def _produce(plan: Plan, ring: Ring, drawn: queue.Queue, go: threading.Semaphore
                 return
             epoch, first, step_rows = item
             assert (epoch, first) == step, "internal: the draw and the build went out of step"
-            while room is not None and not room.acquire(timeout=_POLL_S):
-                if stop.is_set():
-                    return
-            if stop.is_set():
+            if (room is not None and not _acquire(room, stop)) or stop.is_set():
                 return
             t0, waited = time.perf_counter(), ring.wait_seconds
             host, slot = plan.build_host(ring, epoch, first, stop, drawn=step_rows,
@@ -138,11 +140,7 @@ def _finish(plan: Plan, built: queue.Queue, room: threading.Semaphore, q: queue.
             stop: threading.Event) -> None:
     """The second stage of a pipelined producer (see `_produce`), in step order."""
     try:
-        while not stop.is_set():
-            try:
-                item = built.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
+        while (item := _get(built, stop)) is not None:
             room.release()
             if item is not _END and not isinstance(item, _Failure):
                 epoch, first, host, slot = item
