@@ -120,11 +120,12 @@ TBLJAX_HOST_DEVICE inline int32_t TapWeight(const AxisTaps& t, int64_t j, int64_
 // ---------------------------------------------------------------------------------------
 // Normalization on the SIMD targets (the contract and its tables: contract.h)
 // ---------------------------------------------------------------------------------------
-// How the SIMD targets normalize. They compute y = x * a[c] + b[c] with one FMA and round
-// it -- in float64 ("affine-f64"), or for bfloat16 output in float32 ("affine-f32", twice
-// the lanes) -- after checking at setup that this equals the table for all 3 x 256 inputs
-// (trying a few neighbouring constants); otherwise they look the table up ("table"). The
-// scalar target always uses the table. All three give the same bits.
+// How the SIMD targets normalize. They compute y = x * a[c] + b[c] and round it, in float32
+// with two FMAs about the channel's zero crossing ("affine-f32": kernel.cpp's Affine32), else
+// in float64 with one FMA ("affine-f64", half the lanes and two conversions), each used only
+// after checking at setup that it equals the table for all 3 x 256 inputs (trying a few
+// neighbouring constants); otherwise they look the table up ("table"). The scalar target
+// always uses the table. All three give the same bits.
 enum class NormPath : int { kTable = 0, kAffineF64 = 1, kAffineF32 = 2 };
 inline constexpr NormPath kNormPaths[] = {NormPath::kTable, NormPath::kAffineF64,
                                           NormPath::kAffineF32};
