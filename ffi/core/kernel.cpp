@@ -30,9 +30,10 @@ constexpr int64_t kStreamMinBytes = int64_t{32} << 20;
 
 // The float32 affine path's constants for one channel: y = x * A + B computed as
 // fmaf(x - x0, hi, fmaf(x - x0, lo, c)). x0 is the channel's zero crossing (255 * mean) on a
-// grid of 2^-16, so x - x0 is exact in float32 for every x in [0, 255]; hi + lo is A to about
-// 48 bits; c is the value at x0, so small (|c| < A * 2^-17) that the inner FMA's rounding
-// error is ~2^-24 of it. The outer FMA then rounds a value within ~1e-13 of x * A + B once.
+// grid of 2^-16 where that lies in [0, 255] (coarser beyond), so x - x0 is exact in float32
+// for every x in [0, 255]; hi + lo is A to about 48 bits; c is the value at x0, so small
+// (|c| <= A * 2^-17 on that grid) that the inner FMA's rounding error is ~2^-24 of it. The
+// outer FMA then rounds a value within ~1e-13 of x * A + B once (ChooseAffine checks it).
 struct Affine32 {
   float x0, hi, lo, c;
 };
