@@ -1,7 +1,8 @@
 """Reading ahead (`LoaderOptions.read_ahead`, engine/plan.py): the batches are the same bit for bit
-with it on or off (one file, shards, several processes); before step s is built exactly the
-records of steps s..s+k have been requested from the disk (posix_fadvise spied on and mapped
-back to record numbers), never more; a warm file is not advised; JPEG/LZ4 files are not."""
+with it on or off (one file, shards, several processes); before step s is drawn (in the
+producer's draw stage, a step ahead of its build) exactly the records of steps s..s+k have been
+requested from the disk (posix_fadvise spied on and mapped back to record numbers), never more;
+a warm file is not advised; JPEG/LZ4 files are not."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ import _loader_testing as T
 import tbljax
 from tbljax._src.rules import order
 from tbljax import RowLayout
+from tbljax._src.engine.plan import Plan
 from tbljax._src.engine.record_source import RecordSource
 
 N, H, W, G = 37, 6, 5, 8
@@ -39,8 +41,8 @@ def cold(monkeypatch):
 
 @pytest.fixture
 def advised(monkeypatch):
-    """Every posix_fadvise call, in order, with the producer's fills between them:
-    ("advise", inode, offset, length, advice) and ("fill", indices)."""
+    """Every posix_fadvise call, in order, with the draws of the steps between them (the same
+    thread makes both): ("advise", inode, offset, length, advice) and ("draw", records)."""
     log = []
     real = os.posix_fadvise
 
@@ -48,14 +50,15 @@ def advised(monkeypatch):
         log.append(("advise", os.fstat(fd).st_ino, offset, length, advice))
         return real(fd, offset, length, advice)
 
-    real_fill = RecordSource.fill
+    real_draw = Plan.draw
 
-    def fill(self, indices, out, **kw):
-        log.append(("fill", np.array(indices)))
-        return real_fill(self, indices, out, **kw)
+    def draw(self, epoch, first):
+        drawn = real_draw(self, epoch, first)
+        log.append(("draw", np.concatenate([records for *_, records in drawn])))
+        return drawn
 
     monkeypatch.setattr(os, "posix_fadvise", spy)
-    monkeypatch.setattr(RecordSource, "fill", fill)
+    monkeypatch.setattr(Plan, "draw", draw)
     return log
 
 
@@ -70,7 +73,7 @@ def records_of(log, ds):
             where[(k, int(e["offset"]))] = (starts[k] + j, int(e["size"]))
     out = []
     for entry in log:
-        if entry[0] == "fill":
+        if entry[0] == "draw":
             out.append(entry)
             continue
         _, ino, offset, length, advice = entry
@@ -120,9 +123,9 @@ def test_read_ahead_requests_exactly_the_next_k_steps(paths, cold, advised, k, r
         pos = np.arange(first + a, min(first + b, N), dtype=np.int64)
         return order.permute(pos, N, 3, e).tolist()
 
-    fills = [i for i, entry in enumerate(log) if entry[0] == "fill"]
-    assert len(fills) == len(steps)
-    for s, at in enumerate(fills):
+    draws = [i for i, entry in enumerate(log) if entry[0] == "draw"]
+    assert len(draws) == len(steps)
+    for s, at in enumerate(draws):
         asked = [entry[1] for entry in log[:at] if entry[0] == "advise"]
         want = [r for step in steps[:s + k + 1] for r in rows(*step)]
         assert asked == want, f"before step {s}"  # exactly steps 0..s+k, never further

@@ -109,7 +109,8 @@ class Plan:
 
         When the source reads ahead, before yielding step s it asks the disk for the records
         of steps s..s+k not yet asked for (k = opts.read_ahead): never more than k steps
-        ahead of the step about to be built."""
+        ahead of the step about to be drawn (the producer's draw stage runs this, a step
+        ahead of the build: engine/producer.py)."""
         k = self.opts.read_ahead if self.source.reads_ahead else 0
         if k == 0:
             yield from self.positions()
