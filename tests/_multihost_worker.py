@@ -33,13 +33,13 @@ def main():
     from tbljax import order
 
     seen = []
-    real_gather = kernels.gather
+    real_prepare = kernels.prepare_gather  # what the loader calls for each batch of RAW rows
 
-    def counting_gather(source, indices, out, **kw):
+    def counting_prepare(source, indices, out, **kw):
         seen.extend(int(i) for i in indices)
-        return real_gather(source, indices, out, **kw)
+        return real_prepare(source, indices, out, **kw)
 
-    kernels.gather = counting_gather
+    kernels.prepare_gather = counting_prepare
 
     ds = tbljax.open(path)
     data, labels = ds.view(), ds.labels

@@ -350,15 +350,15 @@ def test_shutdown_is_clean_on_break_error_del_and_close(data):
 
 def test_producer_errors_reach_the_consumer(data, monkeypatch):
     _, _, path = data
-    real, calls = kernels.gather, []
+    real, calls = kernels.prepare_gather, []
 
-    def failing(*args, **kw):
+    def failing(*args, **kw):  # the loader checks a batch, then makes the native call
         calls.append(1)
         if len(calls) == 3:
             raise ValueError("disk on fire")
         return real(*args, **kw)
 
-    monkeypatch.setattr(kernels, "gather", failing)
+    monkeypatch.setattr(kernels, "prepare_gather", failing)
     before = len(loader_threads())
     got = []
     with pytest.raises(ValueError, match="disk on fire"):
@@ -367,7 +367,7 @@ def test_producer_errors_reach_the_consumer(data, monkeypatch):
     assert len(got) == 2 and len(loader_threads()) == before
     # A failure in the second stage (making the jax.Arrays) reaches the consumer too, after
     # the batches before it, and stops both threads.
-    monkeypatch.setattr(kernels, "gather", real)
+    monkeypatch.setattr(kernels, "prepare_gather", real)
     real_to_jax, finished = jax_loader.to_jax, []
 
     def failing_to_jax(*args):
@@ -591,13 +591,13 @@ def test_wait_seconds_counts_a_slow_producer(data, monkeypatch):
     # The other side of the back-pressure rule: a producer slower than the consumer is what
     # wait_seconds is for (tbljax bench and the demo report it).
     _, _, path = data
-    real = kernels.gather
+    real = kernels.prepare_gather
 
     def slow(*args, **kw):
         time.sleep(0.02)
         return real(*args, **kw)
 
-    monkeypatch.setattr(kernels, "gather", slow)
+    monkeypatch.setattr(kernels, "prepare_gather", slow)
     ld = tbljax.loader(path, G, seed=1, num_epochs=2)
     steps = sum(1 for _ in ld)
     m = ld.metrics()

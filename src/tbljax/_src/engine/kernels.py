@@ -6,16 +6,17 @@ ffi/core/kernel.h; ``normalize_table`` gives the normalization contract as NumPy
 """
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from tbljax import _core
 from tbljax._src.rules import contract
 
-__all__ = ["build_info", "gather", "jpeg_source", "kernel_target", "normalize_table", "raw_source", "serve_jpeg",
-           "variable_source"]
+__all__ = ["build_info", "gather", "jpeg_source", "kernel_target", "normalize_table",
+           "prepare_gather", "prepare_serve_jpeg", "raw_source", "serve_jpeg", "variable_source"]
 
 def kernel_target() -> str:
     """The SIMD target the kernel (and the decoder's resize) runs on this machine: ``scalar``,
@@ -130,10 +131,20 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
         gather(images, idx, batch, crop=boxes, flip=flips,
                mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     """
-    src = raw_source(source)
-    args = _batch_args(src.num_records, indices, out, layout, crop, flip, mean, std)
-    _core.gather(src, *args)
+    prepare_gather(source, indices, out, layout=layout, crop=crop, flip=flip, mean=mean,
+                   std=std)()
     return out
+
+
+def prepare_gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
+                   flip=None, mean: Sequence[float] | None = None,
+                   std: Sequence[float] | None = None) -> Callable[[], None]:
+    """`gather`'s checks, then the native call to make (it releases the GIL): the loader's
+    producer wakes its next step's draw between the two (engine/record_source.py)."""
+    src = raw_source(source)
+    return functools.partial(_core.gather, src,
+                             *_batch_args(src.num_records, indices, out, layout, crop, flip, mean,
+                                          std))
 
 
 def _batch_args(num_records, indices, out, layout, crop, flip, mean, std) -> tuple:
@@ -248,13 +259,24 @@ def serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *, layout: st
         src = jpeg_source(*ds.jpeg_records())
         serve_jpeg(src, idx, batch, crop=boxes, flip=flips, mean=mean, std=std)
     """
+    prepare_serve_jpeg(source, indices, out, layout=layout, crop=crop, flip=flip, mean=mean,
+                       std=std, dct_scale=dct_scale, threads=threads, where=where)()
+    return out
+
+
+def prepare_serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *,
+                       layout: str = "NHWC", crop=None, flip=None,
+                       mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                       dct_scale: bool = False, threads: int = 0,
+                       where=None) -> Callable[[], None]:
+    """`serve_jpeg`'s checks, then the native call to make (as `prepare_gather`)."""
     if not isinstance(source, _core.JpegSource):
         raise TypeError(f"source must be a tbljax.kernels.jpeg_source, got {type(source).__name__}")
     if not isinstance(dct_scale, bool):
         raise TypeError(f"dct_scale must be True or False, got {dct_scale!r}")
     args = _batch_args(source.num_records, indices, out, layout, crop, flip, mean, std)
-    _core.serve_jpeg(source, *args, dct_scale, contract.check_threads(threads), where)
-    return out
+    return functools.partial(_core.serve_jpeg, source, *args, dct_scale,
+                             contract.check_threads(threads), where)
 
 
 def build_info() -> dict:
