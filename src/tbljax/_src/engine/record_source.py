@@ -186,7 +186,7 @@ class RecordSource:
         kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std)
         started = started or _nothing
         # `started()` goes between a kernel's checks and its native call: it wakes the next
-        # step's draw, which takes the GIL, and the checks after it waited for that GIL (0.3-0.9
+        # step's draw, which takes the GIL, and checks made after it waited for that GIL (0.2-1.0
         # ms of a 27 ms step of 256 compact records on 2 threads, the pool idle meanwhile).
         if self._jpeg is not None:
             files = self._ds.files_of(indices)
