@@ -100,8 +100,9 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
         const int step = !dc && s == 0 && run == 0 ? 64 : run + 1;  // end of block, or the run
         for (int j = 0; j < fill; ++j) {
           const uint32_t extra = s ? static_cast<uint32_t>(j >> (spare - s)) & ((1u << s) - 1) : 0;
-          a.fast[first + j] = {static_cast<uint8_t>(l + s), static_cast<uint8_t>(step),
-                               static_cast<int16_t>(s ? Extend(extra, s) : 0)};
+          const auto value = static_cast<int16_t>(s ? Extend(extra, s) : 0);
+          a.fast[first + j] = {static_cast<uint8_t>(l + s), static_cast<uint8_t>(step), value,
+                               static_cast<uint8_t>(l + s), 0, value};
         }
       }
       a.maxcode[l] = code - 1;
@@ -110,7 +111,27 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
       return InvalidArgument("bad Huffman table: the codes overflow length " + std::to_string(l));
     code <<= 1;
   }
+  if (!dc) PairFastSymbols(&a);
   return Status::Ok();
+}
+
+// Where the bits after an AC entry's symbol hold the next symbol whole, the entry takes it as
+// its second (FastSymbol). Built from the single entries: the next symbol is the one the
+// lookup finds at the bits that follow the first, zeros shifted in behind, when its length fits
+// in the bits that are really there. An end of block ends the block: nothing pairs after it.
+void HuffmanTable::PairFastSymbols(Arrays* a) {
+  constexpr uint32_t kMask = (1u << kLookupBits) - 1;
+  Arrays::FastSymbol single[1 << kLookupBits];
+  std::memcpy(single, a->fast, sizeof(single));
+  for (uint32_t i = 0; i <= kMask; ++i) {
+    const Arrays::FastSymbol& f = single[i];
+    if (f.length == 0 || f.step == 64) continue;
+    const Arrays::FastSymbol& g = single[(i << f.length) & kMask];
+    if (g.length == 0 || f.length + g.length > kLookupBits) continue;
+    a->fast[i].length = static_cast<uint8_t>(f.length + g.length);
+    a->fast[i].step2 = g.step;
+    a->fast[i].value2 = g.value;
+  }
 }
 
 bool HuffmanTable::Same(const uint8_t counts[17], const uint8_t* symbols, bool dc) const {

@@ -44,10 +44,19 @@ class HuffmanTable {
     // the block (whose 0 then lands on the last coefficient, still zero, and the block ends),
     // so the end of block and a run of 16 zeros (run 15, value 0) take the same path as any
     // coefficient. For DC, value is the difference.
+    // An AC entry may hold the next symbol too, where both fit in the lookup bits and the first
+    // does not end the block (half of the AC symbols of q90 photos start such a pair): then
+    // step2 and value2 are the second's, `length` covers both and `length1` the first alone.
+    // The decoder takes the second only if the block has not ended at the first (its last
+    // coefficient). A single symbol has step2 0 and value2 == value (storing it again is
+    // harmless) and length1 == length.
     struct FastSymbol {
-      uint8_t length;  // code and extra bits
+      uint8_t length;  // code and extra bits (of both, for a pair)
       uint8_t step;
       int16_t value;
+      uint8_t length1;  // of the first symbol alone
+      uint8_t step2;
+      int16_t value2;
     };
     FastSymbol fast[1 << kLookupBits];
     int32_t maxcode[17];    // the largest code of each length (-1: none)
@@ -66,6 +75,7 @@ class HuffmanTable {
   int symbol_bits() const { return symbol_bits_; }
 
  private:
+  static void PairFastSymbols(Arrays* a);
   Arrays arrays_ = {};
   uint8_t counts_[17] = {};
   int num_symbols_ = 0;
