@@ -1,7 +1,8 @@
 """The compact-record decode alone, per core: `tbljax.kernels.serve_jpeg` on one thread over the
 kodak photos converted at the ImageNet geometry (shorter side 256, q90 4:2:0, restart markers),
 one random-resized-crop box per record (scale 0.08-1, ratio 3/4-4/3, fixed seed) resized to
-OUT px uint8 -- no loader, no page faults, no Python per image. CPU time per image, the minimum
+OUT px uint8 (--dtype float32: normalized with the ImageNet mean and std, as the loader's
+default float32 batch is) -- no loader, no page faults, no Python per image. CPU time per image, the minimum
 of REPS passes in a process, median over the rounds. With --trees, each tree's `src` (a
 checkout with its extension built by scripts/dev-build.sh) runs in its own process, rounds
 interleaved: the A/B of a decoder change.
@@ -20,6 +21,7 @@ records costliest to decode stored RAW), in the same rounds: the A/B of the two 
     python benchmarks/bench_box_decode.py --rounds 5 --trees /path/to/old-checkout .
     python benchmarks/bench_box_decode.py --rounds 8 --layouts 1 --raw-budget 0.2
     python benchmarks/bench_box_decode.py --rounds 8 --layouts 1 --versus-ceiling --trees A B
+    python benchmarks/bench_box_decode.py --rounds 6 --dtype float32 --versus-ceiling --trees A B
 
 --versus-ceiling: where the host's speed drifts (on the shared Zen 4 host, the same pass took
 178-260 us per image within one process), times from different processes cannot be compared
@@ -79,7 +81,10 @@ def convert_compact(files: list[Path], path: str, raw_budget: float | None = Non
                    quality=90, chroma="420", raw_budget=raw_budget, progress=False)
 
 
-def worker(path: str, out_size: int, versus_ceiling: bool = False) -> dict:
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def worker(path: str, out_size: int, versus_ceiling: bool = False, dtype: str = "uint8") -> dict:
     import tbljax
 
     ds = tbljax.open(path)
@@ -87,14 +92,15 @@ def worker(path: str, out_size: int, versus_ceiling: bool = False) -> dict:
     src = tbljax.kernels.jpeg_source(list(views), list(counts), offsets, sizes, hs, ws, stored_raw)
     n = len(sizes)
     boxes = rrc_boxes(hs, ws)
-    out = np.empty((n, out_size, out_size, 3), np.uint8)
+    out = np.empty((n, out_size, out_size, 3), dtype)
+    norm = {} if dtype == "uint8" else {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
     idx = np.arange(n, dtype=np.int64)
     best, ratios = float("inf"), []
     blobs = ([bytes(views[0][o:o + s]) for o, s in zip(offsets.tolist(), sizes.tolist())]
              if versus_ceiling else [])
     for _ in range(REPS_VERSUS if versus_ceiling else REPS):
         t = time.process_time()
-        tbljax.kernels.serve_jpeg(src, idx, out, crop=boxes)
+        tbljax.kernels.serve_jpeg(src, idx, out, crop=boxes, **norm)
         box = time.process_time() - t
         best = min(best, box)
         if versus_ceiling:  # the whole decode of every record, right after: the same host speed
@@ -119,13 +125,16 @@ def main() -> None:
                     help="memory layouts (environment paddings) per round and tree")
     ap.add_argument("--raw-budget", type=float, default=None, metavar="F",
                     help="also time a file converted with raw_budget=F")
+    ap.add_argument("--dtype", choices=["uint8", "float32"], default="uint8",
+                    help="the output: uint8 pixels, or float32 normalized with the ImageNet "
+                         "mean and std")
     ap.add_argument("--versus-ceiling", action="store_true",
                     help="also the whole-image decode of every record (_core.decode_jpeg) after "
                          "each pass, in the same process: box decodes per whole decode, a ratio "
                          "that a host's drifting speed moves far less than either time")
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.worker[0], int(a.worker[1]), a.versus_ceiling)))
+        print(json.dumps(worker(a.worker[0], int(a.worker[1]), a.versus_ceiling, a.dtype)))
         return
     files = kodak_photos()
     with tempfile.TemporaryDirectory() as d:
@@ -136,7 +145,7 @@ def main() -> None:
             convert_compact(files, paths[f"raw_budget {a.raw_budget:g}"], a.raw_budget)
         res: dict[tuple[str, str, int], list[float]] = {}
         versus: dict[tuple[str, str, int], list[float]] = {}
-        flag = ["--versus-ceiling"] if a.versus_ceiling else []
+        flag = (["--versus-ceiling"] if a.versus_ceiling else []) + ["--dtype", a.dtype]
         for r in range(a.rounds):
             for out in a.out:
                 for layout in range(a.layouts):
@@ -157,7 +166,7 @@ def main() -> None:
                                   + (f", {got['versus_ceiling']:.3f}x the whole decode"
                                      if a.versus_ceiling else ""), file=sys.stderr)
     print(f"\nbench_box_decode: {len(files)} kodak photos, shorter side 256, q90 4:2:0, one RRC "
-          f"box each, 1 thread, min of {REPS} passes, median of {a.rounds} rounds x "
+          f"box each, {a.dtype}, 1 thread, min of {REPS} passes, median of {a.rounds} rounds x "
           f"{a.layouts} memory layouts\n"
           f"machine: {machine()}\n")
     print("| tree | file | out px | CPU us/img | img per CPU-second |")

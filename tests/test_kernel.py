@@ -335,7 +335,8 @@ def test_resize_shapes_and_ratios_every_target(src_hw, out_hw, boxes):
     batch = len(boxes)
     idx = rng.integers(0, 3, batch)
     for flips in (np.zeros(batch, bool), np.ones(batch, bool)):
-        for dtype, layout in [(np.uint8, "NHWC"), (np.float32, "NCHW"), (BF16, "NHWC")]:
+        for dtype, layout in [(np.uint8, "NHWC"), (np.float32, "NCHW"), (np.float32, "NHWC"),
+                              (BF16, "NHWC")]:
             norm = {} if dtype == np.uint8 else {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
             want = oracle.gather(records, idx, out_hw, boxes, flips, dtype, layout, **norm)
             for target in TARGETS:
@@ -344,6 +345,31 @@ def test_resize_shapes_and_ratios_every_target(src_hw, out_hw, boxes):
                 kernels.gather(records, idx, out, layout=layout, crop=boxes, flip=flips, **norm)
                 np.testing.assert_array_equal(bits(out), bits(want),
                                               err_msg=f"{target} {layout} {dtype}")
+
+
+def test_float32_batches_past_the_caches_take_non_temporal_stores_and_match():
+    # A batch of 32 MiB or more is written with non-temporal stores (kernel.cpp's
+    # kStreamMinBytes), on AVX-512 as each resized row is made: 120 x 160 x 160 x 3 float32
+    # (35 MiB). Its first samples must equal the oracle.
+    rng = np.random.default_rng(21)
+    records = rng.integers(0, 256, (6, 176, 200, 3), dtype=np.uint8)
+    batch = 120
+    idx = rng.integers(0, 6, batch)
+    boxes = random_boxes(rng, batch, 176, 200)
+    boxes[:4] = [(0, 0, 176, 200), (10, 20, 90, 70), (5, 5, 160, 160), (3, 30, 170, 120)]
+    flips = rng.random(batch) < 0.5
+    norm = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+    want = oracle.gather(records, idx[:4], (160, 160), boxes[:4], flips[:4], np.float32, "NHWC",
+                         **norm)
+    for target in TARGETS:
+        _core.set_kernel_target(target)
+        out = out_buffer(batch, 160, 160, np.float32, "NHWC")
+        kernels.gather(records, idx, out, crop=boxes, flip=flips, **norm)
+        np.testing.assert_array_equal(bits(out[:4]), bits(want), err_msg=target)
+        # The next 20 as a batch too small to stream (6 MiB): the same bits.
+        small = kernels.gather(records, idx[4:24], np.empty((20, 160, 160, 3), np.float32),
+                               crop=boxes[4:24], flip=flips[4:24], **norm)
+        np.testing.assert_array_equal(bits(out[4:24]), bits(small), err_msg=target)
 
 
 def test_small_batches_split_into_row_bands_match():
