@@ -92,7 +92,12 @@ def worker(path: str, out_size: int, versus_ceiling: bool = False, dtype: str = 
     src = tbljax.kernels.jpeg_source(list(views), list(counts), offsets, sizes, hs, ws, stored_raw)
     n = len(sizes)
     boxes = rrc_boxes(hs, ws)
-    out = np.empty((n, out_size, out_size, 3), dtype)
+    # In the loader's kind of memory (its ring's 4 KiB-aligned buffers): a plain np.empty of this
+    # size starts 16 bytes past a page, where the float32 rows cannot take non-temporal stores.
+    from tbljax._src.engine.ring import aligned_empty
+
+    shape = (n, out_size, out_size, 3)
+    out = aligned_empty(int(np.prod(shape)) * np.dtype(dtype).itemsize).view(dtype).reshape(shape)
     norm = {} if dtype == "uint8" else {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
     idx = np.arange(n, dtype=np.int64)
     best, ratios = float("inf"), []
