@@ -18,7 +18,9 @@ random-resized-crop + horizontal flip, 2 threads each:
   * DALI CPU (`decoders.image_random_crop` -> `resize` -> `crop_mirror_normalize`, num_threads=2);
   * albumentations + OpenCV (two Python threads, `cv2.setNumThreads(1)`);
 and the decode ceiling: one thread decoding every record whole with libjpeg-turbo, through
-OpenCV's `cv2.imdecode` and through tbljax's own `_core.decode_jpeg`.
+OpenCV's `cv2.imdecode` and through tbljax's own `_core.decode_jpeg`. Each tbljax worker also
+pairs its loader with the ceiling in its own process (`paired_ceiling`): per core against the
+1-thread ceiling, and for 2 threads also against the ceiling on 2 threads (both cores busy).
 
 Each configuration runs in its own process (peers in their own venvs under $TBLJAX_PEERS,
 default `peers` in the system temp folder, as benchmarks' peer setup script installs them; a
@@ -141,7 +143,9 @@ def tbljax_worker(spec: dict) -> dict:
             touch(next(it).image)
     result = t.result(n * B)
     if spec.get("paired"):
-        result["paired"] = paired_ceiling(it, spec)
+        result["paired"], busy = paired_ceiling(it, spec)
+        if busy:
+            result["paired_busy"] = busy
     return result
 
 
@@ -149,27 +153,44 @@ def tbljax_worker(spec: dict) -> dict:
 # loader idle) then the loader again (PAIR_SKIP batches it had built ahead dropped, PAIR_BATCHES
 # timed). The host's speed drifts by tens of percent within minutes (the Zen 4 host: the same
 # pass took 178-260 us per image in one process), and each pair sees one speed.
+# A loader on 2 threads is also paired with the ceiling on 2 threads (each decoding every record
+# whole, both cores busy, as the loader's are): on this host a core runs 5-17% slower while the
+# other is busy, which the 1-thread ceiling does not pay and a 2-thread loader does.
 PAIRS, PAIR_SKIP, PAIR_BATCHES = 5, 3, 4
 
 
-def paired_ceiling(it, spec: dict) -> list[float]:
-    """Per pair: (loader img/s / its threads) / ceiling img/s, the loader measured right after."""
+def paired_ceiling(it, spec: dict) -> tuple[list[float], list[float]]:
+    """Per pair: (loader img/s / its threads) / ceiling img/s, the loader measured right after;
+    and with 2 threads, (loader img/s) / (the ceiling on 2 threads, img/s), measured between."""
+    from concurrent.futures import ThreadPoolExecutor
+
     blobs, decode = ceiling_decoder(spec["data"], spec.get("raw_budget", False))
     threads = int(os.environ.get("TBLJAX_NUM_THREADS", "1"))
-    ratios = []
-    for _ in range(PAIRS):
-        time.sleep(0.5)  # the producer fills the ring and stops: the decodes below run alone
-        t = time.perf_counter()
+    ratios, busy = [], []
+
+    def decode_all(_=None) -> None:
         for b in blobs:
             decode(b)
-        ceiling = len(blobs) / (time.perf_counter() - t)
-        for _ in range(PAIR_SKIP):
-            touch(next(it).image)
-        t = time.perf_counter()
-        for _ in range(PAIR_BATCHES):
-            touch(next(it).image)
-        ratios.append(PAIR_BATCHES * B / (time.perf_counter() - t) / threads / ceiling)
-    return ratios
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(PAIRS):
+            time.sleep(0.5)  # the producer fills the ring and stops: the decodes below run alone
+            t = time.perf_counter()
+            decode_all()
+            ceiling = len(blobs) / (time.perf_counter() - t)
+            if threads == 2:
+                t = time.perf_counter()
+                list(pool.map(decode_all, range(2)))
+                ceiling2 = 2 * len(blobs) / (time.perf_counter() - t)
+            for _ in range(PAIR_SKIP):
+                touch(next(it).image)
+            t = time.perf_counter()
+            for _ in range(PAIR_BATCHES):
+                touch(next(it).image)
+            img_s = PAIR_BATCHES * B / (time.perf_counter() - t)
+            ratios.append(img_s / threads / ceiling)
+            if threads == 2:
+                busy.append(img_s / ceiling2)
+    return ratios, busy
 
 
 def ffcv_write_worker(spec: dict) -> dict:
@@ -621,6 +642,19 @@ def main() -> None:
               f"times {PAIR_BATCHES} batches; ratio (img/s / threads) / ceiling. Median of all pairs; "
               f"each round's median in brackets.")
         for k, rs in pairs.items():
+            if rs:
+                flat = [x for r in rs for x in r]
+                print(f"{k}: {statistics.median(flat):.2f}x "
+                      f"({' / '.join(f'{statistics.median(r):.2f}' for r in rs)}) (target >= 1.8x)")
+
+    busy_pairs = {k: [r["paired_busy"] for r in v if "paired_busy" in r] for k, v in ok.items()}
+    if any(busy_pairs.values()):
+        print(f"\nPer core while both cores are busy, paired in one process: each 2-thread tbljax "
+              f"worker, {PAIRS} times, also decodes every record whole on 2 threads at once (right "
+              f"after the 1-thread ceiling above), then times its {PAIR_BATCHES} batches; ratio "
+              f"loader img/s / that ceiling's img/s. Median of all pairs; each round's median in "
+              f"brackets.")
+        for k, rs in busy_pairs.items():
             if rs:
                 flat = [x for r in rs for x in r]
                 print(f"{k}: {statistics.median(flat):.2f}x "

@@ -101,8 +101,12 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
         for (int j = 0; j < fill; ++j) {
           const uint32_t extra = s ? static_cast<uint32_t>(j >> (spare - s)) & ((1u << s) - 1) : 0;
           const auto value = static_cast<int16_t>(s ? Extend(extra, s) : 0);
-          a.fast[first + j] = {static_cast<uint8_t>(l + s), static_cast<uint8_t>(step), value,
-                               static_cast<uint8_t>(l + s), 0, value};
+          a.fast[first + j] = {static_cast<uint8_t>(l + s),
+                               static_cast<uint8_t>(step),
+                               value,
+                               static_cast<uint8_t>(l + s),
+                               0,
+                               value};
         }
       }
       a.maxcode[l] = code - 1;
