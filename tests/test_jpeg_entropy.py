@@ -198,6 +198,39 @@ def test_tables_with_symbols_too_long_for_two_per_refill():
                                           err_msg=f"{kind} {box}")
 
 
+def last_coefficient_blocks(h: int, w: int, seed: int) -> np.ndarray:
+    """A gray image whose every 8 x 8 block is the inverse DCT of 63 AC coefficients of +-1 (and
+    a DC near mid-grey): at quality 100 (every quantizer 1) its blocks code an AC symbol at
+    every position, the last coefficient included, each 2-3 bits."""
+    k = np.arange(8)
+    basis = np.cos((2 * k[None, :] + 1) * k[:, None] * np.pi / 16) * np.where(k == 0, 1 / np.sqrt(8), 0.5)[:, None]
+    rng = np.random.default_rng(seed)
+    coef = rng.choice([-1.0, 1.0], (h // 8, w // 8, 8, 8))
+    coef[..., 0, 0] = rng.integers(-40, 40, (h // 8, w // 8))
+    blocks = np.einsum("ux,abuv,vy->abxy", basis, coef, basis) + 128
+    return np.clip(np.round(blocks), 0, 255).astype(np.uint8).transpose(0, 2, 1, 3).reshape(h, w)
+
+
+def test_a_block_that_ends_at_its_last_coefficient():
+    """The decoder looks a pair of AC symbols up at once where both fit in its lookup bits; when
+    the first fills a block's last coefficient, the bits after it are the next block's DC and
+    must not be taken as the pair's second. Blocks that all end that way, in symbols short
+    enough to pair: the box's pixels are libjpeg-turbo's."""
+    h, w = 48, 128
+    img = last_coefficient_blocks(h, w, seed=11)
+    blob = _core.encode_jpeg(img, quality=100, restart_mcus=R)
+    # Dense blocks: 63 symbols of 2-3 bits and a DC each (at least 20 bytes a block), where a
+    # block that ended early (an end of block) would take far fewer.
+    assert len(blob) > 20 * (h // 8) * (w // 8), len(blob)
+    whole = decoded(blob)
+    assert whole is not None
+    src = source_of([blob], [(h, w)])
+    for box in ((0, 0, h, w), (3, 9, 30, 70), (17, 40, 8, 50), (40, 120, 8, 8)):
+        y0, x0, bh, bw = box
+        np.testing.assert_array_equal(box_pixels(src, 0, box), whole[y0:y0 + bh, x0:x0 + bw],
+                                      err_msg=f"{box}")
+
+
 def header_segments(blob: bytes) -> list[tuple[int, bytes]]:
     """(marker, the whole segment) of each marker segment from SOI to the scan (SOS last)."""
     out, pos, end = [], 2, scan_start(blob)
