@@ -154,7 +154,7 @@ def tbljax_worker(spec: dict) -> dict:
 # timed). The host's speed drifts by tens of percent within minutes (the Zen 4 host: the same
 # pass took 178-260 us per image in one process), and each pair sees one speed.
 # A loader on 2 threads is also paired with the ceiling on 2 threads (each decoding every record
-# whole, both cores busy, as the loader's are): on this host a core runs 5-17% slower while the
+# whole, both cores busy, as the loader's are): on this host a core runs 3-17% slower while the
 # other is busy, which the 1-thread ceiling does not pay and a 2-thread loader does.
 PAIRS, PAIR_SKIP, PAIR_BATCHES = 5, 3, 4
 
