@@ -634,31 +634,27 @@ def main() -> None:
         print(f"| {k} | {m[k]:,.0f} | {cpu[k]:.0f} | {1e6 / cpu[k]:,.0f} | "
               f"{' / '.join(format(r['img_s'], ',.0f') for r in ok[k])} |")
 
-    pairs = {k: [r["paired"] for r in v if "paired" in r] for k, v in ok.items()}
-    if any(pairs.values()):
-        print(f"\nPer core / the decode ceiling, paired in one process: each tbljax worker, after its "
-              f"timed batches, {PAIRS} times decodes every record of its file whole on 1 thread "
-              f"(tbljax _core.decode_jpeg; RAW-stored records copied) with the loader idle, then "
-              f"times {PAIR_BATCHES} batches; ratio (img/s / threads) / ceiling. Median of all pairs; "
-              f"each round's median in brackets.")
+    def print_pairs(key: str, title: str) -> None:
+        """The paired ratios `key` of every worker that has them: the median of all its pairs,
+        each round's median in brackets."""
+        pairs = {k: [r[key] for r in v if key in r] for k, v in ok.items()}
+        if not any(pairs.values()):
+            return
+        print(f"\n{title} Median of all pairs; each round's median in brackets.")
         for k, rs in pairs.items():
             if rs:
                 flat = [x for r in rs for x in r]
                 print(f"{k}: {statistics.median(flat):.2f}x "
                       f"({' / '.join(f'{statistics.median(r):.2f}' for r in rs)}) (target >= 1.8x)")
 
-    busy_pairs = {k: [r["paired_busy"] for r in v if "paired_busy" in r] for k, v in ok.items()}
-    if any(busy_pairs.values()):
-        print(f"\nPer core while both cores are busy, paired in one process: each 2-thread tbljax "
-              f"worker, {PAIRS} times, also decodes every record whole on 2 threads at once (right "
-              f"after the 1-thread ceiling above), then times its {PAIR_BATCHES} batches; ratio "
-              f"loader img/s / that ceiling's img/s. Median of all pairs; each round's median in "
-              f"brackets.")
-        for k, rs in busy_pairs.items():
-            if rs:
-                flat = [x for r in rs for x in r]
-                print(f"{k}: {statistics.median(flat):.2f}x "
-                      f"({' / '.join(f'{statistics.median(r):.2f}' for r in rs)}) (target >= 1.8x)")
+    print_pairs("paired", f"Per core / the decode ceiling, paired in one process: each tbljax worker, "
+                f"after its timed batches, {PAIRS} times decodes every record of its file whole on 1 "
+                f"thread (tbljax _core.decode_jpeg; RAW-stored records copied) with the loader idle, "
+                f"then times {PAIR_BATCHES} batches; ratio (img/s / threads) / ceiling.")
+    print_pairs("paired_busy", f"Per core while both cores are busy, paired in one process: each "
+                f"2-thread tbljax worker, {PAIRS} times, also decodes every record whole on 2 threads "
+                f"at once (right after the 1-thread ceiling above), then times its {PAIR_BATCHES} "
+                f"batches; ratio loader img/s / that ceiling's img/s.")
 
     def ratio(x: str, y: str, of=m) -> float:
         return of[x] / of[y] if x in of and y in of and of[y] else float("nan")
