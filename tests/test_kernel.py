@@ -18,6 +18,7 @@ from oracle import table as reference_table
 from oracle import axis_weights as ref_weights
 from tbljax import _core
 from tbljax._src.engine import kernels
+from tbljax._src.engine.ring import aligned_empty
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -44,6 +45,17 @@ def out_buffer(batch, oh, ow, dtype, layout, fill=0x5A):
     buf = np.empty(shape, dtype)
     buf.view(np.uint8)[...] = fill  # garbage, so unwritten elements show
     return buf
+
+
+def aligned_out_buffer(batch, oh, ow, dtype, layout, fill=0x5A):
+    """out_buffer in 64-byte-aligned memory, as the loader's ring gives (a plain np.empty of a
+    batch's size starts 16 bytes past a page, where the kernel takes ordinary stores)."""
+    shape = (batch, oh, ow, 3) if layout == "NHWC" else (batch, 3, oh, ow)
+    raw = aligned_empty(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    raw[...] = fill
+    out = raw.view(dtype).reshape(shape)
+    assert out.ctypes.data % 64 == 0
+    return out
 
 
 def bits(a):
@@ -227,7 +239,7 @@ def test_large_float32_batches_use_streaming_stores_exactly(layout):
     shape = want.shape
     for target in TARGETS:
         _core.set_kernel_target(target)
-        out = out_buffer(batch, 100, 100, np.float32, layout)
+        out = aligned_out_buffer(batch, 100, 100, np.float32, layout)
         kernels.gather(records, idx, out, layout=layout, **norm)
         np.testing.assert_array_equal(bits(out), bits(want), err_msg=target)
         raw = np.empty(out.nbytes + 64, np.uint8)
@@ -348,9 +360,9 @@ def test_resize_shapes_and_ratios_every_target(src_hw, out_hw, boxes):
 
 
 def test_float32_batches_past_the_caches_take_non_temporal_stores_and_match():
-    # A batch of 32 MiB or more is written with non-temporal stores (kernel.cpp's
-    # kStreamMinBytes), on AVX-512 as each resized row is made: 120 x 160 x 160 x 3 float32
-    # (35 MiB). Its first samples must equal the oracle.
+    # A batch of 32 MiB or more in 64-byte-aligned memory is written with non-temporal stores
+    # (kernel.cpp's kStreamMinBytes), on AVX-512 as each resized row is made: 120 x 160 x 160
+    # x 3 float32 (35 MiB). Its first samples must equal the oracle.
     rng = np.random.default_rng(21)
     records = rng.integers(0, 256, (6, 176, 200, 3), dtype=np.uint8)
     batch = 120
@@ -363,7 +375,7 @@ def test_float32_batches_past_the_caches_take_non_temporal_stores_and_match():
                          **norm)
     for target in TARGETS:
         _core.set_kernel_target(target)
-        out = out_buffer(batch, 160, 160, np.float32, "NHWC")
+        out = aligned_out_buffer(batch, 160, 160, np.float32, "NHWC")
         kernels.gather(records, idx, out, crop=boxes, flip=flips, **norm)
         np.testing.assert_array_equal(bits(out[:4]), bits(want), err_msg=target)
         # The next 20 as a batch too small to stream (6 MiB): the same bits.
