@@ -81,9 +81,6 @@ def convert_compact(files: list[Path], path: str, raw_budget: float | None = Non
                    quality=90, chroma="420", raw_budget=raw_budget, progress=False)
 
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
 def worker(path: str, out_size: int, versus_ceiling: bool = False, dtype: str = "uint8") -> dict:
     import tbljax
 
@@ -98,7 +95,7 @@ def worker(path: str, out_size: int, versus_ceiling: bool = False, dtype: str = 
 
     shape = (n, out_size, out_size, 3)
     out = aligned_empty(int(np.prod(shape)) * np.dtype(dtype).itemsize).view(dtype).reshape(shape)
-    norm = {} if dtype == "uint8" else {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+    norm = {} if dtype == "uint8" else {"mean": tbljax.IMAGENET_MEAN, "std": tbljax.IMAGENET_STD}
     idx = np.arange(n, dtype=np.int64)
     best, ratios = float("inf"), []
     blobs = ([bytes(views[0][o:o + s]) for o, s in zip(offsets.tolist(), sizes.tolist())]
