@@ -1,6 +1,7 @@
 // libFuzzer harness for the crop-box decode of compact records (DecodeJpegBox): the restart
 // segments found and cut (jpeg_restart.h) and Huffman-decoded by our own decoder
-// (jpeg_entropy.h), their coefficients turned into pixels by libjpeg. The oracle is
+// (jpeg_entropy.h), their coefficients turned into pixels by libjpeg (for 4:2:0, its IDCT's
+// planes upsampled and converted by jpeg_color.h). The oracle is
 // libjpeg-turbo's whole decode of the same bytes (DecodeJpeg, its own entropy decoder): where
 // both succeed, the box is its pixels, byte for byte. Any crash, sanitizer report, hang or
 // broken postcondition is a bug.

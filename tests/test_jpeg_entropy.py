@@ -18,7 +18,7 @@ import tbljax
 from tbljax import _core
 
 from conftest import shared_dir
-from test_compact_serve import box_pixels, pil_decode, scan_start, source_of, textured
+from test_compact_serve import box_classes, box_pixels, pil_decode, scan_start, source_of, textured
 from test_restart_decode import MCU, encode, per_row, restart_interval, restart_segments, zero_segment
 
 R = 2  # what compact records carry
@@ -299,3 +299,66 @@ def test_real_photos_at_imagenet_geometry(tmp_path):
             y0, x0 = int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1))
             np.testing.assert_array_equal(box_pixels(src, i, (y0, x0, bh, bw)),
                                           whole[y0:y0 + bh, x0:x0 + bw])
+
+
+def test_fill_bytes_before_every_marker():
+    """Runs of 1-70 fill bytes (0xFF) before each restart marker, which a decoder skips: every
+    box is Pillow's whole decode of the same bytes, and a marker out of sequence past the
+    scan's first 4 KiB is named by its number."""
+    h, w = 160, 192
+    blob = encode(textured(h, w, seed=12), "420", R)
+    segs = restart_segments(blob)
+    assert len(segs) == (h // 16) * (w // 16) // R and segs[-1][1] - segs[0][0] > 6 * 1024
+    out, prev = bytearray(blob[:segs[0][0]]), segs[0][0]
+    for j, (_a, b) in enumerate(segs[:-1]):
+        out += blob[prev:b] + b"\xff" * (1 + (j * 37) % 70)  # fill, then the marker itself
+        prev = b
+    out += blob[prev:]
+    filled = bytes(out)
+    want = pil_decode(blob)
+    np.testing.assert_array_equal(pil_decode(filled), want)  # libjpeg-turbo skips the fill
+    src = source_of([filled], [(h, w)])
+    for y0, x0, bh, bw in ((0, 0, h, w), (100, 60, 60, 90), (150, 170, 10, 22), (3, 5, 7, 9)):
+        np.testing.assert_array_equal(box_pixels(src, 0, (y0, x0, bh, bw)),
+                                      want[y0:y0 + bh, x0:x0 + bw])
+    fill_segs = restart_segments(filled)
+    k = len(fill_segs) - 3  # a marker near the end
+    at = fill_segs[k][1]
+    while filled[at] == 0xFF and filled[at + 1] == 0xFF:  # to the marker after the fill
+        at += 1
+    assert at > 4096 and filled[at + 1] == 0xD0 + k % 8
+    garbled = filled[:at + 1] + bytes([0xD0 + (k + 1) % 8]) + filled[at + 2:]
+    with pytest.raises(tbljax.DecodeError,
+                       match=f"restart marker {k + 1} is RST{(k + 1) % 8}, expected RST{k % 8}"):
+        box_pixels(source_of([garbled], [(h, w)]), 0, (0, 0, 8, 8))
+
+
+def saturated(h: int, w: int, seed: int) -> np.ndarray:
+    """Patches of the 8 corners of the RGB cube, 1-5 pixels across: chroma at its extremes,
+    and luma plus chroma past [0, 255] where the colour conversion clamps."""
+    rng = np.random.default_rng(seed)
+    corners = np.array([[r, g, b] for r in (0, 255) for g in (0, 255) for b in (0, 255)], np.uint8)
+    ys = np.cumsum(rng.integers(1, 6, h)) // 5
+    xs = np.cumsum(rng.integers(1, 6, w)) // 5
+    return np.ascontiguousarray(corners[rng.integers(0, 8, (ys[-1] + 1, xs[-1] + 1))][ys][:, xs])
+
+
+@pytest.mark.parametrize("hw", [(67, 93), (33, 257), (16, 16), (5, 7), (100, 9), (40, 161),
+                                (9, 3), (6, 4)])
+def test_420_boxes_are_the_whole_decode_on_every_target(hw):
+    """YCbCr 4:2:0 at scale 1 goes through libjpeg's planes and our upsampling and colour
+    conversion (ffi/core/jpeg_color.h): every box class of textured and saturated images, at
+    q90 and q100, on every SIMD target, is Pillow's whole decode. Widths of 3 and 4 pixels (2
+    chroma samples, upsampled by repeating) keep libjpeg's own path."""
+    h, w = hw
+    for n, img in enumerate([textured(h, w, seed=h + w), saturated(h, w, seed=h * w)]):
+        for quality in (90, 100):
+            blob = _core.encode_jpeg(img, quality=quality, subsampling="420", restart_mcus=1)
+            whole = pil_decode(blob)
+            src = source_of([blob], [hw])
+            for y0, x0, bh, bw in box_classes(h, w, 16, np.random.default_rng(n + quality)):
+                if y0 < 0 or x0 < 0 or y0 + bh > h or x0 + bw > w:
+                    continue
+                np.testing.assert_array_equal(box_pixels(src, 0, (y0, x0, bh, bw)),
+                                              whole[y0:y0 + bh, x0:x0 + bw],
+                                              err_msg=f"image {n} q{quality} box={(y0, x0, bh, bw)}")

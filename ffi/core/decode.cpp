@@ -15,6 +15,7 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
+#include "jpeg_color.h"
 #include "jpeg_entropy.h"
 #include "jpeg_restart.h"
 #include "names.h"
@@ -266,8 +267,11 @@ struct PartEntropy {
   SegmentDecoder decoders[SegmentDecoder::kMaxLockstep] = {SegmentDecoder{layout},
                                                            SegmentDecoder{layout}};
   std::vector<int16_t>* row_coefs = nullptr;  // the MCU row being served (kept by the caller)
-  int row = 0, col = 0;                       // the next MCU, in the record's grid of MCUs
-  Status status;                              // why the decode stopped, when this stopped it
+  // The MCU columns libjpeg is given, of the part's: all of them, or (DecodePartPlanes) those
+  // of the window its header describes.
+  int win_col0 = 0, win_col1 = 0;
+  int row = 0, col = 0;  // the next MCU, in the record's grid of MCUs
+  Status status;         // why the decode stopped, when this stopped it
 
   // Decodes MCU row `row` of the part into row_coefs, up to kMaxLockstep segments at a time.
   Status DecodeRow() {
@@ -316,7 +320,7 @@ struct PartEntropy {
 
   Status Next(JBLOCKROW* mcu) {
     if (row >= part.row1) return DecodeError("internal: libjpeg asked for MCUs past the part");
-    if (col == part.col0) TBLJAX_RETURN_IF_ERROR(DecodeRow());
+    if (col == win_col0) TBLJAX_RETURN_IF_ERROR(DecodeRow());
     static_assert(sizeof(JCOEF) == sizeof(int16_t), "JCOEF is libjpeg's 16-bit coefficient");
     // The blocks are handed over where they lie, not copied: libjpeg's single-scan
     // coefficient controller (decompress_onepass, jdcoefct.c) runs its IDCT on the blocks that
@@ -325,8 +329,8 @@ struct PartEntropy {
     // was 2% of serving compact records: benchmarks/README.md, "Per-record costs".)
     JCOEF* from = row_coefs->data() + static_cast<size_t>(col - part.col0) * layout.blocks * 64;
     for (int b = 0; b < layout.blocks; ++b) mcu[b] = reinterpret_cast<JBLOCKROW>(from + 64 * b);
-    if (++col == part.col1) {
-      col = part.col0;
+    if (++col == win_col1) {
+      col = win_col0;
       ++row;
     }
     return Status::Ok();
@@ -656,6 +660,53 @@ struct DecodeScratch {
   }
 };
 
+// Pixel phase of a YCbCr 4:2:0 image at scale 1 (DecodeRestartPart): libjpeg's IDCT output as
+// planes (raw_data_out: its upsampler and colour converter never run) into *planes, which
+// *got then describes, chroma edges padded for Ycc420ToRgb. Every iMCU row is decoded.
+// Returns false after a libjpeg error or warning.
+bool DecodePartPlanes(Decoder* d, std::vector<uint8_t>* planes, Ycc420Planes* got) {
+  if (setjmp(d->err.jump)) return false;
+  jpeg_decompress_struct* c = &d->cinfo;
+  c->raw_data_out = TRUE;
+  jpeg_start_decompress(c);
+  if (d->entropy != nullptr) InstallPartEntropy(c, d->entropy);
+  const int w = static_cast<int>(c->output_width), h = static_cast<int>(c->output_height);
+  const int luma_rows = DCTSIZE * c->max_v_samp_factor;  // an iMCU row: 16 luma, 8 chroma
+  const int rows = static_cast<int>(c->total_iMCU_rows) * luma_rows;
+  // Rows of whole blocks; chroma rows with room for a copy of the edge sample on either side.
+  constexpr ptrdiff_t kFront = 16;
+  const auto round64 = [](size_t n) { return static_cast<ptrdiff_t>((n + 63) / 64 * 64); };
+  const ptrdiff_t ys = round64(c->comp_info[0].width_in_blocks * size_t{DCTSIZE});
+  const ptrdiff_t cs = round64(kFront + c->comp_info[1].width_in_blocks * size_t{DCTSIZE} + 1);
+  planes->resize(static_cast<size_t>(ys * rows + cs * rows + 63 + kYccSlack));
+  uint8_t* base = planes->data() + ((64 - reinterpret_cast<uintptr_t>(planes->data())) & 63);
+  uint8_t* const y_plane = base;
+  uint8_t* const cb_plane = y_plane + ys * rows + kFront;
+  uint8_t* const cr_plane = cb_plane + cs * (rows / 2);
+  JSAMPROW y_rows[2 * DCTSIZE], cb_rows[DCTSIZE], cr_rows[DCTSIZE];
+  JSAMPARRAY arrays[3] = {y_rows, cb_rows, cr_rows};
+  for (int r = 0; r < rows; r += luma_rows) {
+    for (int i = 0; i < luma_rows; ++i) y_rows[i] = y_plane + (r + i) * ys;
+    for (int i = 0; i < luma_rows / 2; ++i) {
+      cb_rows[i] = cb_plane + (r / 2 + i) * cs;
+      cr_rows[i] = cr_plane + (r / 2 + i) * cs;
+    }
+    if (jpeg_read_raw_data(c, arrays, static_cast<JDIMENSION>(luma_rows)) == 0)
+      ERREXIT(c, JERR_INPUT_EMPTY);
+  }
+  jpeg_finish_decompress(c);
+  PadChromaEdges(cb_plane, cs, ChromaSize(h), ChromaSize(w));
+  PadChromaEdges(cr_plane, cs, ChromaSize(h), ChromaSize(w));
+  got->y = y_plane;
+  got->cb = cb_plane;
+  got->cr = cr_plane;
+  got->y_stride = ys;
+  got->c_stride = cs;
+  got->height = h;
+  got->width = w;
+  return true;
+}
+
 // Pixels next to a cut edge that fancy chroma upsampling makes differ from a whole decode: it
 // reads one chroma neighbour on each side (h2v1, h2v2, h1v2), so one pixel row or column at a
 // part's inner edge is off. At 1/k it is one pixel at that scale (k stored pixels): libjpeg
@@ -727,7 +778,24 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   // A part of the whole image takes this path too: libjpeg's own entropy decoder re-decodes
   // an MCU on its slow path at every restart marker it sees coming (jpeg_entropy.h).
   if (!usable) return Status::Ok();
-  CutJpegHeader(data, layout, part, &s->part);
+  // YCbCr 4:2:0 at scale 1 (compact records by default) is decoded to planes, and its pixels
+  // made by Ycc420ToRgb for the box alone. Then libjpeg sees only the MCU columns that hold
+  // `need` and its margin, its header made that window's size (what jpeg_crop_scanline does on
+  // the other path). An image at most 4 pixels wide has its chroma upsampled by repeating.
+  const auto sampling = [&](int ci, int h, int v) {
+    return c.comp_info[ci].h_samp_factor == h && c.comp_info[ci].v_samp_factor == v;
+  };
+  const bool planar = k == 1 && c.num_components == 3 && c.jpeg_color_space == JCS_YCbCr &&
+                      sampling(0, 2, 2) && sampling(1, 1, 1) && sampling(2, 1, 1) &&
+                      ChromaSize(W) > kMaxRepeatedChroma;
+  int win0 = part.col0, win1 = part.col1;
+  JpegPart window = part;
+  if (planar) {
+    win0 = std::max(0, need.x0 - kUpsampleMargin) / mcu_w;
+    win1 = std::min(per_row, (std::min(W, need.x1 + kUpsampleMargin) + mcu_w - 1) / mcu_w);
+    window.width = (win1 == per_row ? W : win1 * mcu_w) - win0 * mcu_w;
+  }
+  CutJpegHeader(data, layout, window, &s->part);
 
   Decoder p;
   PartEntropy entropy;
@@ -736,13 +804,47 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   entropy.bounds = &s->segments;
   entropy.row_coefs = &s->coefficients;
   entropy.part = part;
+  entropy.win_col0 = win0;
+  entropy.win_col1 = win1;
   entropy.row = part.row0;
-  entropy.col = part.col0;
+  entropy.col = win0;
   p.entropy = &entropy;
+  // The messages of libjpeg speak of the part: say which part of the record it is.
+  const auto failed = [&](const Status& st) {
+    return DecodeError((entropy.status.ok() ? st : entropy.status).message() +
+                       " (in the restart segments of MCU rows " + std::to_string(part.row0) + "-" +
+                       std::to_string(part.row1 - 1) + ", columns " + std::to_string(part.col0) +
+                       "-" + std::to_string(part.col1 - 1) + ")");
+  };
   JpegInfo info;
   TBLJAX_RETURN_IF_ERROR(Open(&p, s->part.data(), s->part.size(), &info));
   Geometry g;
   if (!SetUpDecode(&p, k, &g)) return DecodeFailure(p.err, p.src.eof_hit);
+  if (planar) {
+    Ycc420Planes planes;
+    if (!DecodePartPlanes(&p, &s->planes, &planes))
+      return failed(DecodeFailure(p.err, p.src.eof_hit));
+    if (!entropy.status.ok()) return failed(entropy.status);
+    // The box's rows and columns in the window, from an even column (the upsampler's pairs).
+    const int wx = win0 * mcu_w;
+    const int ry0 = need.y0 - y0, ry1 = need.y1 - y0;
+    const int rx0 = (need.x0 - wx) & ~1, rx1 = need.x1 - wx;
+    const size_t stride = (static_cast<size_t>(rx1 - rx0) * 3 + 63) / 64 * 64;
+    s->pixels.resize(stride * static_cast<size_t>(ry1 - ry0) + 63);
+    uint8_t* out = s->pixels.data() + ((64 - reinterpret_cast<uintptr_t>(s->pixels.data())) & 63);
+    Ycc420ToRgb(planes, ry0, ry1, rx0, rx1, out, static_cast<ptrdiff_t>(stride));
+    region->pixels = out;
+    region->stride = static_cast<int64_t>(stride);
+    region->width = rx1 - rx0;
+    region->height = ry1 - ry0;
+    region->box[0] = 0;
+    region->box[1] = need.x0 - wx - rx0;
+    region->box[2] = ry1 - ry0;
+    region->box[3] = need.x1 - need.x0;
+    region->scale_denom = 1;
+    *taken = true;
+    return Status::Ok();
+  }
   // Every MCU of the part is entropy-decoded; libjpeg transforms (IDCT, upsampling, colour)
   // only the iMCU columns that hold `need` and its margin (jpeg_crop_scanline), ending on an
   // iMCU edge or the part's end (a narrower crop would upsample its chroma by repeating). The
@@ -763,12 +865,7 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
   RowsAt at;
   Status st = DecodeOriented(&p, g, want, /*pad_rows=*/true, &s->pixels, &s->spare, &s->row, &shown,
                              &at, /*whole_stream=*/true);
-  if (!entropy.status.ok()) st = entropy.status;
-  if (!st.ok())  // the messages of libjpeg speak of the part: say which part of the record it is
-    return DecodeError(st.message() + " (in the restart segments of MCU rows " +
-                       std::to_string(part.row0) + "-" + std::to_string(part.row1 - 1) +
-                       ", columns " + std::to_string(part.col0) + "-" +
-                       std::to_string(part.col1 - 1) + ")");
+  if (!st.ok() || !entropy.status.ok()) return failed(st);
   region->pixels = s->pixels.data() + at.offset;
   region->stride = static_cast<int64_t>(at.stride);
   region->width = shown.x1 - shown.x0;

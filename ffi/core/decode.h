@@ -99,6 +99,7 @@ struct JpegBoxScratch {
   std::vector<uint8_t> part;          // the header of a JPEG of the box's part (jpeg_restart.h)
   std::vector<size_t> segments;       // where the record's restart segments lie
   std::vector<int16_t> coefficients;  // one MCU row of the part, as our entropy decoder gives it
+  std::vector<uint8_t> planes;        // a YCbCr 4:2:0 part's decoded planes (jpeg_color.h)
 };
 
 // The decoded part: `height` rows of `width` * 3 bytes, `stride` bytes apart, at `pixels`
@@ -118,8 +119,9 @@ struct JpegBoxRegion {
 // plus a margin of one pixel at the decode scale where the box edge is not an image edge (fancy
 // chroma upsampling reads one neighbour), and only that part is entropy-decoded, at the same
 // scale (jpeg_restart.h), by our own Huffman decoder (jpeg_entropy.h) whose coefficients
-// libjpeg turns into pixels (only in the part's iMCU columns that hold the box and its margin);
-// its segment count and marker sequence are checked over the whole record.
+// libjpeg turns into pixels (only in the part's iMCU columns that hold the box and its margin;
+// for YCbCr 4:2:0 at scale 1, libjpeg's IDCT gives planes and jpeg_color.h makes the box's
+// pixels from them); its segment count and marker sequence are checked over the whole record.
 // Any other record: columns outside the box are not transformed, rows above it are
 // entropy-decoded only, and decoding stops after the box's last iMCU row. Either way damage
 // or truncation in data the box does not need (below it; with restart segments, also beside
