@@ -362,3 +362,23 @@ def test_420_boxes_are_the_whole_decode_on_every_target(hw):
                 np.testing.assert_array_equal(box_pixels(src, 0, (y0, x0, bh, bw)),
                                               whole[y0:y0 + bh, x0:x0 + bw],
                                               err_msg=f"image {n} q{quality} box={(y0, x0, bh, bw)}")
+
+
+def test_a_huffman_table_whose_codes_overflow_is_refused():
+    """A record whose first Huffman table has more codes of length 1 than fit (the counts of
+    its lengths moved, its symbols unchanged): libjpeg refuses it, and so does the box decode,
+    whose table builder checks each code before it fills the code's lookup entries (found by
+    fuzz/fuzz_box.cpp: the check came after them, a write past the table)."""
+    h, w = 32, 64
+    blob = bytearray(encode(textured(h, w, seed=13), "420", R))
+    at = blob.index(b"\xff\xc4") + 5  # the first table's 16 counts, after its class and slot
+    counts = list(blob[at:at + 16])
+    longer = next(i for i in range(1, 16) if counts[i] >= 3)
+    counts[0] += 3
+    counts[longer] -= 3
+    blob[at:at + 16] = bytes(counts)
+    bad = bytes(blob)
+    assert decoded(bad) is None  # libjpeg-turbo: "Bogus Huffman table definition"
+    for box in [(0, 0, 8, 8), (0, 0, h, w)]:
+        with pytest.raises(tbljax.DecodeError, match="bad Huffman table: the codes overflow length 1"):
+            box_pixels(source_of([bad], [(h, w)]), 0, box)

@@ -88,6 +88,11 @@ Status HuffmanTable::Build(const uint8_t counts[17], const uint8_t* symbols, boo
     } else {
       a.valoffset[l] = p - code;
       for (int i = 0; i < counts[l]; ++i, ++p, ++code) {
+        // Checked before the code fills its lookup entries, which it would overrun: the
+        // record's tables reach here unchecked (libjpeg builds only the part's stubs).
+        if (code >= (int32_t{1} << l))
+          return InvalidArgument("bad Huffman table: the codes overflow length " +
+                                 std::to_string(l));
         t->symbol_bits_ = std::max(t->symbol_bits_, l + (dc ? symbols[p] : symbols[p] & 15));
         if (l > kLookup) continue;
         const int sym = symbols[p], spare = kLookup - l;

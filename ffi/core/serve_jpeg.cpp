@@ -136,7 +136,8 @@ Status ServeOne(const JpegSource& src, const GatherRequest& r, const JpegServeOp
   }
   // A huge record should not pin its buffers in every pool thread for ever.
   constexpr size_t kKeep = size_t{32} << 20;
-  if (scratch.pixels.capacity() > kKeep || scratch.part.capacity() > kKeep)
+  if (scratch.pixels.capacity() > kKeep || scratch.part.capacity() > kKeep ||
+      scratch.planes.capacity() > kKeep)
     scratch = JpegBoxScratch();
   return s;
 }
