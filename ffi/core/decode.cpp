@@ -385,8 +385,7 @@ void InstallPartEntropy(j_decompress_ptr c, PartEntropy* f) {
     bits = std::max({bits, f->layout.dc[b]->symbol_bits(), f->layout.ac[b]->symbol_bits()});
   }
   f->layout.symbol_bits = bits;
-  SimdTarget target = SimdTarget::kScalar;  // an unknown TBLJAX_SIMD: the kernel reports it
-  f->layout.avx2 = ActiveSimdTarget(&target).ok() && target >= SimdTarget::kAvx2;
+  f->layout.avx2 = ActiveSimdTargetAtLeast(SimdTarget::kAvx2);
   c->client_data = f;
   c->entropy->decode_mcu = PartDecodeMcu;
 }
@@ -456,6 +455,15 @@ bool SetUpDecode(Decoder* d, int scale_denom, Geometry* g) {
 struct Window {
   int x = 0, y = 0, w = 0, h = 0;
 };
+
+// n rounded up to a multiple of 64 (a cache line: decoded rows and planes start on one).
+inline size_t RoundUp64(size_t n) { return (n + 63) / 64 * 64; }
+
+// Bytes from p to the first address at `phase` bytes past a 64-byte boundary (buffers are
+// allocated 63 bytes over for it).
+inline size_t BytesToPhase(const void* p, size_t phase = 0) {
+  return (phase - reinterpret_cast<uintptr_t>(p)) & 63;
+}
 
 // Where decoded rows lie in their buffer: the first `offset` bytes in, `stride` bytes apart.
 struct RowsAt {
@@ -539,10 +547,10 @@ bool Decompress(Decoder* d, const Window& want, bool whole_stream, bool pad_rows
   // touched only that much, not after zero-filling 800 MB. (Keeping a reused buffer's size, so
   // that nothing is zero-filled, measured no faster over 8 memory layouts: benchmarks/README.md,
   // "Per-record costs".)
-  const size_t stride = pad_rows ? (w * 3 + 63) / 64 * 64 : w * 3;
+  const size_t stride = pad_rows ? RoundUp64(w * 3) : w * 3;
   pixels->clear();
   pixels->reserve(63 + stride * h);
-  const size_t skip = (kRowsPhase - reinterpret_cast<uintptr_t>(pixels->data())) & 63;
+  const size_t skip = BytesToPhase(pixels->data(), kRowsPhase);
   at->offset = skip;
   at->stride = stride;
   uint8_t* base = pixels->data() + skip;
@@ -675,12 +683,12 @@ bool DecodePartPlanes(Decoder* d, std::vector<uint8_t>* planes, Ycc420Planes* go
   const int rows = static_cast<int>(c->total_iMCU_rows) * luma_rows;
   // Rows of whole blocks; chroma rows with room for a copy of the edge sample on either side.
   constexpr ptrdiff_t kFront = 16;
-  const auto round64 = [](size_t n) { return static_cast<ptrdiff_t>((n + 63) / 64 * 64); };
-  const ptrdiff_t ys = round64(c->comp_info[0].width_in_blocks * size_t{DCTSIZE});
-  const ptrdiff_t cs = round64(kFront + c->comp_info[1].width_in_blocks * size_t{DCTSIZE} + 1);
+  const auto ys =
+      static_cast<ptrdiff_t>(RoundUp64(c->comp_info[0].width_in_blocks * size_t{DCTSIZE}));
+  const auto cs = static_cast<ptrdiff_t>(
+      RoundUp64(kFront + c->comp_info[1].width_in_blocks * size_t{DCTSIZE} + 1));
   planes->resize(static_cast<size_t>(ys * rows + cs * rows + 63 + kYccSlack));
-  uint8_t* base = planes->data() + ((64 - reinterpret_cast<uintptr_t>(planes->data())) & 63);
-  uint8_t* const y_plane = base;
+  uint8_t* const y_plane = planes->data() + BytesToPhase(planes->data());
   uint8_t* const cb_plane = y_plane + ys * rows + kFront;
   uint8_t* const cr_plane = cb_plane + cs * (rows / 2);
   JSAMPROW y_rows[2 * DCTSIZE], cb_rows[DCTSIZE], cr_rows[DCTSIZE];
@@ -829,9 +837,9 @@ Status DecodeRestartPart(const Decoder& d, const uint8_t* data, size_t size, con
     const int wx = win0 * mcu_w;
     const int ry0 = need.y0 - y0, ry1 = need.y1 - y0;
     const int rx0 = (need.x0 - wx) & ~1, rx1 = need.x1 - wx;
-    const size_t stride = (static_cast<size_t>(rx1 - rx0) * 3 + 63) / 64 * 64;
+    const size_t stride = RoundUp64(static_cast<size_t>(rx1 - rx0) * 3);
     s->pixels.resize(stride * static_cast<size_t>(ry1 - ry0) + 63);
-    uint8_t* out = s->pixels.data() + ((64 - reinterpret_cast<uintptr_t>(s->pixels.data())) & 63);
+    uint8_t* out = s->pixels.data() + BytesToPhase(s->pixels.data());
     Ycc420ToRgb(planes, ry0, ry1, rx0, rx1, out, static_cast<ptrdiff_t>(stride));
     region->pixels = out;
     region->stride = static_cast<int64_t>(stride);

@@ -182,10 +182,9 @@ void Ycc420ToRgb(const Ycc420Planes& p, int y0, int y1, int x0, int x1, uint8_t*
                  ptrdiff_t out_stride) {
   auto row = &RowScalar;
 #if TBLJAX_SIMD_X86
-  SimdTarget target = SimdTarget::kScalar;  // an unknown TBLJAX_SIMD: the kernel reports it
   // The avx512 target runs the AVX2 rows: a 512-bit version measured no faster on a Zen 4
   // (benchmarks/README.md, "Colour from the planes").
-  if (ActiveSimdTarget(&target).ok() && target >= SimdTarget::kAvx2) row = &RowAvx2;
+  if (ActiveSimdTargetAtLeast(SimdTarget::kAvx2)) row = &RowAvx2;
 #endif
   const int last = ChromaSize(p.height) - 1;
   for (int y = y0; y < y1; ++y) {

@@ -165,6 +165,11 @@ Status ActiveSimdTarget(SimdTarget* out) {
   return Status::Ok();
 }
 
+bool ActiveSimdTargetAtLeast(SimdTarget t) {
+  SimdTarget active = SimdTarget::kScalar;
+  return ActiveSimdTarget(&active).ok() && active >= t;
+}
+
 Status SetSimdTarget(const std::string& name) {
   bool is_auto;
   SimdTarget want = SimdTarget::kScalar;

@@ -80,6 +80,10 @@ std::vector<SimdTarget> SupportedSimdTargets();
 // The target that the serve kernel, the resize and the CRC use now. Fails only when
 // TBLJAX_SIMD holds an unknown name.
 Status ActiveSimdTarget(SimdTarget* out);
+// Whether the active target is `t` or better: the test of code with a vector path for one
+// target and a portable one. False where TBLJAX_SIMD holds an unknown name (the kernel, which
+// cannot run then, reports it).
+bool ActiveSimdTargetAtLeast(SimdTarget t);
 // Sets the target by name: "auto" (the best supported), or one this CPU supports.
 Status SetSimdTarget(const std::string& name);
 

@@ -210,10 +210,7 @@ TBLJAX_TARGET_AVX2 uint16_t Crc16ModbusClmul(const uint8_t* p, size_t n) {  // n
 
 // PCLMULQDQ on the avx2 and avx512 targets (both include it), the tables on "scalar"
 // (TBLJAX_SIMD, set_kernel_target), so that tests reach both.
-bool UseClmul() {
-  SimdTarget target;
-  return ActiveSimdTarget(&target).ok() && target != SimdTarget::kScalar;
-}
+bool UseClmul() { return ActiveSimdTargetAtLeast(SimdTarget::kAvx2); }
 #endif  // TBLJAX_SIMD_X86
 
 }  // namespace
