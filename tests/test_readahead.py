@@ -2,10 +2,21 @@
 with it on or off (one file, shards, several processes); before step s is drawn (in the
 producer's draw stage, a step ahead of its build) exactly the records of steps s..s+k have been
 requested from the disk (posix_fadvise spied on and mapped back to record numbers), never more;
-a warm file is not advised; JPEG/LZ4 files are not."""
+a warm file is not advised; JPEG/LZ4 files are not.
+
+The sweep (engine/file_sweep.py): a cold source that fits in memory is asked for whole, front
+to back, in the background, when this process reads all of it. A file dropped from the page
+cache is resident again (mincore) after one step and the sweep; the requests are spied on and
+compared with the records' bytes from the index (a host part: only its records); no sweep with
+read_ahead=0, for a rank that reads part of each batch, or past the memory budget; closing the
+loader stops it."""
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +27,9 @@ import tbljax
 from tbljax._src.rules import order
 from tbljax import RowLayout
 from tbljax._src.engine.plan import Plan
+from tbljax._src.engine import file_sweep
 from tbljax._src.engine.record_source import RecordSource
+from tbljax._src.io.host_part import PartDataset
 
 N, H, W, G = 37, 6, 5, 8
 
@@ -35,8 +48,10 @@ def paths(request, tmp_path):
 
 @pytest.fixture
 def cold(monkeypatch):
-    """Every step counts as not resident, so it is advised (small test files are always warm)."""
+    """Every step counts as not resident, so it is advised (small test files are always warm).
+    The whole-source sweep is off: these tests count the per-step requests."""
     monkeypatch.setattr(RecordSource, "resident", lambda self, indices: False)
+    monkeypatch.setattr(RecordSource, "sweep", lambda self: None)
 
 
 @pytest.fixture
@@ -194,3 +209,190 @@ def test_the_adapters_take_read_ahead_too(paths):
         assert make(paths, 2).options.read_ahead == 2
         with pytest.raises(ValueError, match="read_ahead must be an integer >= 0"):
             make(paths, 2, read_ahead=-1)
+
+
+# ---- the sweep of a cold source ----
+
+def test_byte_runs_cover_the_records_and_merge_close_ones():
+    files = [1, 0, 0, 0, 1, 0]
+    offsets = [100, 5000, 0, 10, 40, 10_000]
+    sizes = [50, 100, 10, 20, 30, 1]
+    # File 0: [0,10) and [10,30) touch; [5000,5100) starts 4970 past them, [10000,10001) 4900
+    # past that; file 1's two records are 30 apart.
+    assert file_sweep.byte_runs(files, offsets, sizes, gap=4960) == \
+        [(0, 0, 30), (0, 5000, 10_001), (1, 40, 150)]
+    assert file_sweep.byte_runs(files, offsets, sizes, gap=0) == \
+        [(0, 0, 30), (0, 5000, 5100), (0, 10_000, 10_001), (1, 40, 70), (1, 100, 150)]
+    # A record inside another's bytes does not end the run early.
+    assert file_sweep.byte_runs([0, 0, 0], [0, 10, 200], [100, 5, 10], gap=50) == \
+        [(0, 0, 100), (0, 200, 210)]
+
+
+@pytest.fixture
+def sweep_spy(monkeypatch):
+    """Every request the sweep thread makes: (inode, offset, length); and the sweeps started."""
+    calls, started = [], []
+    real = os.posix_fadvise
+
+    def spy(fd, offset, length, advice):
+        if threading.current_thread().name == "tbljax-file-sweep":
+            calls.append((os.fstat(fd).st_ino, offset, length))
+        return real(fd, offset, length, advice)
+
+    real_sweep = RecordSource.sweep
+
+    def sweep(self):
+        started.append(real_sweep(self))
+        return started[-1]
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    monkeypatch.setattr(RecordSource, "sweep", sweep)
+    return calls, started
+
+
+def spans(calls, inode):
+    """The byte ranges asked for in one file, merged."""
+    out = []
+    for _, a, n in sorted(c for c in calls if c[0] == inode):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], a + n)
+        else:
+            out.append([a, a + n])
+    return [tuple(x) for x in out]
+
+
+def record_span(path, lo, hi):
+    index = tbljax.open(path).index
+    return int(index["offset"][lo]), int(index["offset"][hi - 1]) + int(index["size"][hi - 1])
+
+
+def test_the_sweep_asks_for_every_record_in_chunks(paths, monkeypatch, sweep_spy):
+    calls, started = sweep_spy
+    monkeypatch.setattr(RecordSource, "resident", lambda self, indices: False)
+    serve(paths, 1)
+    (sw,) = started  # once a pass, at the first cold step
+    assert sw is not None and sw.join(30)
+    assert all(n <= file_sweep.CHUNK for _, _, n in calls)
+    for p in paths:
+        n = len(tbljax.open(p))
+        assert spans(calls, os.stat(p).st_ino) == [record_span(p, 0, n)]
+    assert sw.bytes == sum(np.diff(record_span(p, 0, len(tbljax.open(p))))[0] for p in paths)
+
+
+def test_a_host_part_is_swept_alone(tmp_path, monkeypatch, sweep_spy):
+    calls, started = sweep_spy
+    path = T.write_tbl(tmp_path / "a.tbl", T.images(N, 64, 64, seed=1), np.arange(N) % 3)
+    ds = tbljax.open(path)
+    part = PartDataset(ds, 9, 30, ds.fingerprint)
+    sw = RecordSource(part, 0).sweep()
+    assert sw is not None and sw.join(30)
+    assert spans(calls, os.stat(path).st_ino) == [record_span(path, 9, 30)]
+
+
+@pytest.mark.parametrize("case", ["read_ahead=0", "rank1-of-2", "over-budget", "warm"])
+def test_no_sweep_where_it_does_not_pay(paths, monkeypatch, sweep_spy, case):
+    calls, started = sweep_spy
+    if case != "warm":
+        monkeypatch.setattr(RecordSource, "resident", lambda self, indices: False)
+    if case == "over-budget":  # one byte short of the records' bytes
+        size = sum(int(np.diff(record_span(p, 0, len(tbljax.open(p))))[0]) for p in paths)
+        monkeypatch.setattr(file_sweep, "memory_for_sweeps", lambda: size - 1)
+    if case == "warm":
+        for p in paths:
+            with open(p, "rb") as f:
+                f.read()
+    layout = RowLayout.for_rank(G, rank=1, world_size=2) if case == "rank1-of-2" else None
+    serve(paths, 0 if case == "read_ahead=0" else 2, layout)
+    assert [s for s in started if s is not None] == [] and calls == []
+
+
+def test_memory_for_sweeps_is_half_of_what_is_available():
+    budget = file_sweep.memory_for_sweeps()
+    if budget is None:
+        pytest.skip("no /proc/meminfo here")
+    with open("/proc/meminfo") as f:
+        avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
+    assert 0 <= budget <= avail // 2 + (64 << 20)  # MemAvailable moves between the two reads
+
+
+def _resident(path) -> float:
+    """Share of the file's pages in the page cache (mincore on a fresh mapping)."""
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+    view = np.frombuffer(m, np.uint8)  # only for the mapping's address: touches no page
+    try:
+        addr = view.__array_interface__["data"][0]
+        vec = np.zeros(-(-size // mmap.PAGESIZE), np.uint8)
+        if libc.mincore(ctypes.c_void_p(addr), size, vec.ctypes.data) != 0:
+            pytest.skip("mincore failed here")
+        return float(np.mean(vec & 1))
+    finally:
+        del view
+        m.close()
+
+
+def _drop(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("sweep", [True, False], ids=["swept", "control"])
+def test_a_cold_file_is_in_the_page_cache_after_one_step_and_the_sweep(tmp_path, monkeypatch,
+                                                                        sweep_spy, sweep):
+    if not os.path.exists("/proc/meminfo"):
+        pytest.skip("the sweep runs where the available memory is known (Linux)")
+    calls, started = sweep_spy
+    if not sweep:
+        monkeypatch.setattr(file_sweep, "memory_for_sweeps", lambda: 0)
+    imgs = T.images(96, 256, 320, seed=4)  # 23.6 MB
+    path = T.write_tbl(tmp_path / "big.tbl", imgs, np.arange(96) % 5)
+    ld = tbljax.HostLoader(tbljax.open(path), tbljax.LoaderOptions(
+        batch_size=4, seed=1, num_epochs=1, prefetch=1, dtype="uint8", read_ahead=1))
+    _drop(path)  # after opening: the header's pages, mapped, stay; no record is left
+    if _resident(path) > 0.05:
+        pytest.skip(f"{tmp_path} cannot be dropped from the page cache (tmpfs?)")
+    it = iter(ld)
+    hb = next(it)
+    np.testing.assert_array_equal(np.array(hb.image), imgs[np.array(hb.index)])
+    (sw,) = started
+    if sweep:
+        assert sw.join(30)
+        deadline = time.monotonic() + 30  # the requests are made; the reads may still run
+        while _resident(path) < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _resident(path) == 1.0  # all 96 records, not just the 2 steps read ahead
+    else:
+        assert sw is None
+        time.sleep(0.2)
+        assert _resident(path) < 0.9  # without the sweep, most records are still on disk
+    del it, hb
+
+
+def test_closing_the_loader_stops_the_sweep(tmp_path, monkeypatch, sweep_spy):
+    calls, started = sweep_spy
+    path = T.write_tbl(tmp_path / "big.tbl", T.images(64, 128, 128, seed=2), np.arange(64) % 5)
+    monkeypatch.setattr(RecordSource, "resident", lambda self, indices: False)
+    spy = os.posix_fadvise
+
+    def slow(fd, offset, length, advice):  # the sweep's requests take 20 ms each
+        if threading.current_thread().name == "tbljax-file-sweep":
+            time.sleep(0.02)
+        return spy(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", slow)
+    ld = tbljax.HostLoader(tbljax.open(path), tbljax.LoaderOptions(batch_size=4, num_epochs=1,
+                                                                     prefetch=1))
+    it = iter(ld)
+    next(it)
+    it.close()
+    (sw,) = started
+    assert sw.join(5)  # ends within a request of the stop
+    chunks = -(-(np.diff(record_span(path, 0, 64))[0]) // file_sweep.CHUNK)
+    assert len(calls) < chunks  # stopped before the end (3.1 MB: 25 chunks, 0.5 s)

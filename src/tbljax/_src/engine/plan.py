@@ -110,27 +110,44 @@ class Plan:
         When the source reads ahead, before yielding step s it asks the disk for the records
         of steps s..s+k not yet asked for (k = opts.read_ahead): never more than k steps
         ahead of the step about to be drawn (the producer's draw stage runs this, a step
-        ahead of the build: engine/producer.py)."""
+        ahead of the build: engine/producer.py). At the first cold step, if this process
+        reads every record, the whole source is asked for too, in the background
+        (`RecordSource.sweep`); the sweep stops when this generator does."""
         k = self.opts.read_ahead if self.source.reads_ahead else 0
         if k == 0:
             yield from self.positions()
             return
         ahead, asked = self.positions(), 0
         every, skip = 1, 0  # a warm file is checked every 2, 4, ... _MAX_SKIP steps
-        for s, step in enumerate(self.positions()):
-            while asked <= s + k:
-                nxt = next(ahead, None)
-                if nxt is None:
-                    break
-                asked += 1
-                if skip:
-                    skip -= 1
-                elif self.read_ahead(*nxt):
-                    every = min(2 * every, _MAX_SKIP)
-                    skip = every - 1
-                else:
-                    every = 1
-            yield step
+        sweep = None  # the whole source asked for at once: at most one a pass
+        try:
+            for s, step in enumerate(self.positions()):
+                while asked <= s + k:
+                    nxt = next(ahead, None)
+                    if nxt is None:
+                        break
+                    asked += 1
+                    if skip:
+                        skip -= 1
+                    elif self.read_ahead(*nxt):
+                        every = min(2 * every, _MAX_SKIP)
+                        skip = every - 1
+                    else:
+                        every = 1
+                        if sweep is None:
+                            sweep = (self.reads_every_record and self.source.sweep()) or False
+                yield step
+        finally:
+            if sweep:
+                sweep.stop()
+
+    @property
+    def reads_every_record(self) -> bool:
+        """Whether this process reads every record of its source in an epoch: its rows are the
+        whole global batch, or its source is its host part. Only then is a cold source worth
+        asking for whole (`RecordSource.sweep`)."""
+        rows = sum(b - a for a, b in self.layout.ranges)
+        return self.parts is not None or rows == self.layout.global_batch
 
     def read_ahead(self, epoch, first) -> bool:
         """Asks the disk for this process's records of the step starting at `first`; True if

@@ -3,8 +3,9 @@ needs through the dataset contract (`rules/dataset.py`: size, labels, served geo
 fingerprint, where the records lie) and writes rows of a batch — RAW records gathered by the
 kernel from the zero-copy views; compact JPEG records decoded box by box in the same pass;
 original-bytes JPEG and LZ4 records decoded by the dataset into a scratch buffer the kernel
-reads. It also reads ahead (posix_fadvise) and checks page-cache residency (mincore) for the
-records the kernel reads from the files' mappings.
+reads. It also reads ahead (posix_fadvise; a whole cold source at once when it fits in memory:
+`engine/file_sweep.py`) and checks page-cache residency (mincore) for the records the kernel
+reads from the files' mappings.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tbljax._src.rules.mixing import draw_rows
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine import kernels
 from tbljax._src.engine import step as _step
+from tbljax._src.engine import file_sweep
 
 __all__ = ["MixtureSource", "RecordSource", "open_source"]
 
@@ -130,6 +132,18 @@ class RecordSource:
             fd = self._fd(k)
             if fd is not None:
                 os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
+
+    def sweep(self) -> file_sweep.FileSweep | None:
+        """Starts asking the disk for every record of this source, front to back, in a thread
+        of its own (`engine/file_sweep.py`); None, and nothing started, unless it reads ahead
+        and its records' bytes fit in the memory a sweep may fill."""
+        budget = file_sweep.memory_for_sweeps() if self.reads_ahead else None
+        if budget is None:
+            return None
+        runs = file_sweep.byte_runs(*self._ds.byte_ranges(np.arange(self.n, dtype=np.int64)))
+        if sum(end - start for _, start, end in runs) > budget:
+            return None
+        return file_sweep.FileSweep(self._ds.paths, runs)
 
     def _fd(self, k):
         fd = self._fds.get(k)
@@ -333,6 +347,9 @@ class MixtureSource:
 
     def resident(self, indices) -> bool:
         return False
+
+    def sweep(self) -> None:
+        return None
 
 
 _MAX_FDS = 64   # files kept open for posix_fadvise

@@ -101,9 +101,11 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         zero image) and adds a bool `valid` mask, so every sample is served exactly once.
       prefetch: batches prepared ahead of the consumer.
       threads: threads for decoding non-RAW records (None: the pool's default).
-      read_ahead: RAW files: steps whose records are requested from the disk before the
-        kernel reads them (posix_fadvise WILLNEED into the page cache), so an epoch larger
-        than the page cache runs at the disk's random-read speed; 0 turns it off.
+      read_ahead: RAW and compact files: steps whose records are requested from the disk
+        before the kernel reads them (posix_fadvise WILLNEED into the page cache), so an epoch
+        larger than the page cache runs at the disk's random-read speed; a cold file that fits
+        in half the available memory is also requested whole, front to back, in the
+        background (when this process reads all of it); 0 turns both off.
       partition: None (every process serves rows drawn from the whole dataset, the global
         order) or "host": each process opens and reads only its own part (its block of the
         shard files by `tbljax.host_part`, or of the records of a single file),
