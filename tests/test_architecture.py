@@ -28,8 +28,8 @@ ROOMS = [
                  "stats", "reader", "host_part", "mixture", "staging",
                  "progress", "convert_options", "tbl_source", "label_table", "image_records",
                  "conversion"]),                    # bytes on disk and at URLs
-    ("_src/engine", ["kernels", "rows", "ring", "step", "file_sweep", "record_source", "batch_fields", "plan", "producer",
-                     "host_loader"]),               # the framework-free serving machine
+    ("_src/engine", ["kernels", "rows", "ring", "step", "file_sweep", "record_source", "batch_fields", "plan",
+                     "producer", "host_loader"]),               # the framework-free serving machine
     ("_src/jax", ["packed", "registration", "twin", "ffi_call", "partitioning", "ops",
                   "arrays", "loader", "resident"]),  # JAX arrays, the kernel inside jit
     ("_src/adapters", ["common", "torch", "mlx"]),  # torch and MLX
