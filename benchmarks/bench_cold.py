@@ -6,12 +6,12 @@ random-read rate measured in the same run (16 threads of `pread` of the same rec
 random order). The file is ../shared/data/kodak converted at 160 px (`--format compact`: JPEG
 q90 4:2:0 records at that size, decoded in the serve pass; with `--raw-budget F` converted with
 `raw_budget=F`, the records costliest to decode stored RAW), its records repeated to --gb
-gigabytes. Before every
-cold configuration the file is dropped from the page cache (fsync, then
-posix_fadvise(DONTNEED): no root needed) and `mincore` checks that it was; the warm
+gigabytes. Before every cold configuration the file is dropped from the page cache (fsync,
+then posix_fadvise(DONTNEED): no root needed) and `mincore` checks that it was; the warm
 configurations read it all first. Each configuration runs in its own process; medians over
 rounds, and the median of each round's cold ÷ warm (the rounds interleave the configurations).
-"sys s" is the epoch's system CPU time (getrusage): the kernel's share of the work. uint8, batch 256, the consumer touches one element per batch ("produce").
+"sys s" is the epoch's system CPU time (getrusage): the kernel's share of the work. uint8,
+batch 256, the consumer touches one element per batch ("produce").
 
     python benchmarks/bench_cold.py [--gb 4] [--rounds 3] [--dir /tmp] [--format raw|compact]
                                     [--raw-budget F]
