@@ -213,6 +213,24 @@ def test_the_adapters_take_read_ahead_too(paths):
 
 # ---- the sweep of a cold source ----
 
+def test_source_runs_in_blocks_are_the_runs_of_all_records():
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(1, 50, 1000)
+    files = np.repeat([0, 1, 2], [400, 350, 250])
+    offsets = np.concatenate([np.cumsum(np.r_[0, sizes[:400][:-1]]),
+                              np.cumsum(np.r_[0, sizes[400:750][:-1]]),
+                              np.cumsum(np.r_[0, sizes[750:][:-1]])])
+    offsets[500:750] += 2 * file_sweep.MERGE_GAP  # a hole in file 1, past the merge gap
+
+    def byte_ranges(indices):
+        return files[indices], offsets[indices], sizes[indices]
+
+    want = [(0, 0, int(sizes[:400].sum())), (1, 0, int(offsets[499] + sizes[499])),
+            (1, int(offsets[500]), int(offsets[749] + sizes[749])), (2, 0, int(sizes[750:].sum()))]
+    for block in (1, 7, 100, 1000, 5000):
+        assert file_sweep.source_runs(byte_ranges, 1000, block=block) == want, block
+
+
 def test_byte_runs_cover_the_records_and_merge_close_ones():
     files = [1, 0, 0, 0, 1, 0]
     offsets = [100, 5000, 0, 10, 40, 10_000]
@@ -303,7 +321,12 @@ def test_no_sweep_where_it_does_not_pay(paths, monkeypatch, sweep_spy, case):
                 f.read()
     layout = RowLayout.for_rank(G, rank=1, world_size=2) if case == "rank1-of-2" else None
     serve(paths, 0 if case == "read_ahead=0" else 2, layout)
-    assert [s for s in started if s is not None] == [] and calls == []
+    if case == "over-budget":  # started at the first cold step, it finds the records too big
+        (sw,) = started
+        assert sw.join(30) and sw.bytes == 0
+    else:
+        assert started == []
+    assert calls == []
 
 
 def test_memory_for_sweeps_is_half_of_what_is_available():
@@ -369,7 +392,7 @@ def test_a_cold_file_is_in_the_page_cache_after_one_step_and_the_sweep(tmp_path,
             time.sleep(0.05)
         assert _resident(path) == 1.0  # all 96 records, not just the 2 steps read ahead
     else:
-        assert sw is None
+        assert sw.join(30) and sw.bytes == 0  # the budget of 0: nothing asked for
         time.sleep(0.2)
         assert _resident(path) < 0.9  # without the sweep, most records are still on disk
     del it, hb

@@ -135,15 +135,12 @@ class RecordSource:
 
     def sweep(self) -> file_sweep.FileSweep | None:
         """Starts asking the disk for every record of this source, front to back, in a thread
-        of its own (`engine/file_sweep.py`); None, and nothing started, unless it reads ahead
-        and its records' bytes fit in the memory a sweep may fill."""
+        of its own, if their bytes fit in the memory a sweep may fill (`engine/file_sweep.py`);
+        None, and nothing started, unless it reads ahead where that memory is known."""
         budget = file_sweep.memory_for_sweeps() if self.reads_ahead else None
         if budget is None:
             return None
-        runs = file_sweep.byte_runs(*self._ds.byte_ranges(np.arange(self.n, dtype=np.int64)))
-        if sum(end - start for _, start, end in runs) > budget:
-            return None
-        return file_sweep.FileSweep(self._ds.paths, runs)
+        return file_sweep.FileSweep(self._ds.paths, self._ds.byte_ranges, self.n, budget)
 
     def _fd(self, k):
         fd = self._fds.get(k)
