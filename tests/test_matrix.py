@@ -4,8 +4,9 @@ every path a user combines them with, each cell checked against the NumPy oracle
 file's bytes by NumPy or Pillow, not by tbljax's decoders), or against the documented error.
 Tiny images, so the whole matrix runs in seconds; every new feature adds its row here.
 
-Paths: the JAX loader (uint8 random-resized crop; float32 centre-crop eval with the last batch
-padded; a mid-epoch state resumed by a new loader), torch, MLX, `ResidentDataset` inside
+Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
+swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
+loader), torch, MLX, `ResidentDataset` inside
 `jax.jit`, `partition="host"` in two real processes (JAX and torch.distributed), `show`,
 `bench`, `info`/`verify`, TBL → RAW; and the dataset contract itself on every dataset kind.
 The "fields" row's records carry a str, a json, a fixed and a ragged ndarray field: every path
@@ -206,6 +207,53 @@ def test_loader_uint8_random_resized_crop(matrix, kind, layout):
         check_fields(kind, _jax_fields(batch), idx, "rrc")
         got += 1
     assert got == M.N // B
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_a_cold_epoch_reads_ahead_and_sweeps_the_records_it_serves(matrix, kind, layout, monkeypatch):
+    """Every step taken as cold (the test files are in the page cache): the per-step requests
+    and the sweep of the whole source run beside the kernel and change no pixel; the sweep asks
+    for exactly each file's record bytes (the index's offsets), for the kinds the kernel reads
+    from the mapping; the kinds the dataset decodes are not swept."""
+    import os
+    import threading
+
+    files, refs = matrix
+    asked, sweeps, real_advise, real_sweep = [], [], os.posix_fadvise, RecordSource.sweep
+
+    def advise(fd, offset, length, advice):
+        if threading.current_thread().name == "tbljax-file-sweep":
+            asked.append((os.fstat(fd).st_ino, offset, offset + length))
+        return real_advise(fd, offset, length, advice)
+
+    def sweep(self):
+        sweeps.append(real_sweep(self))
+        if sweeps[-1] is not None:  # runs to its end: these tiny passes end before it would
+            sweeps[-1].stop = lambda: None
+        return sweeps[-1]
+
+    monkeypatch.setattr(RecordSource, "resident", lambda self, indices: False)
+    monkeypatch.setattr(RecordSource, "sweep", sweep)
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    got = 0
+    for batch in tbljax.loader(files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1,
+                               **serve(kind)):
+        idx = _host(batch["index"])
+        np.testing.assert_array_equal(_host(batch["image"]), expected(refs[kind, layout], idx, RRC))
+        got += 1
+    assert got == M.N // B
+    if MODES[kind] == "decode" or not hasattr(os, "posix_fadvise") or not os.path.exists("/proc/meminfo"):
+        assert not [s for s in sweeps if s is not None] and not asked
+        return
+    (sw,) = sweeps
+    assert sw.join(30)
+    paths = files[kind, layout]
+    for path in ([paths] if isinstance(paths, (str, Path)) else paths):
+        index = tbljax.open(path).index
+        ends = index["offset"].astype(np.int64) + index["size"]
+        mine = sorted((a, b) for ino, a, b in asked if ino == os.stat(path).st_ino)
+        assert mine[0][0] == int(index["offset"].min()) and mine[-1][1] == int(ends.max()), path
+        assert all(b1 == a2 for (_, b1), (a2, _) in zip(mine, mine[1:])), path  # no hole, no overlap
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
