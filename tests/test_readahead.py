@@ -329,6 +329,20 @@ def test_no_sweep_where_it_does_not_pay(paths, monkeypatch, sweep_spy, case):
     assert calls == []
 
 
+def test_a_sweep_that_cannot_find_its_records_ends_quietly(monkeypatch):
+    hooks = []
+    monkeypatch.setattr(threading, "excepthook", hooks.append)
+
+    def byte_ranges(indices):
+        raise ValueError("the dataset was closed")
+
+    sw = file_sweep.FileSweep(["/nonexistent"], byte_ranges, 5, 1 << 30)
+    assert sw.join(30) and sw.bytes == 0 and hooks == []
+    # A file that cannot be opened is skipped the same way.
+    sw = file_sweep.FileSweep(["/nonexistent"], lambda i: (i * 0, i * 10, i * 0 + 10), 5, 1 << 30)
+    assert sw.join(30) and sw.bytes == 50 and hooks == []
+
+
 def test_memory_for_sweeps_is_half_of_what_is_available():
     budget = file_sweep.memory_for_sweeps()
     if budget is None:

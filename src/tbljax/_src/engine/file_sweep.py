@@ -106,7 +106,10 @@ class FileSweep:
         return not self._thread.is_alive()
 
     def _run(self, paths, byte_ranges, n, budget, stop: threading.Event) -> None:
-        runs = source_runs(byte_ranges, n)
+        try:
+            runs = source_runs(byte_ranges, n)
+        except Exception:  # noqa: BLE001 - e.g. a dataset closed meanwhile: the loader reports
+            return         # its own errors; a sweep only ever changes the speed
         total = sum(end - start for _, start, end in runs)
         if total <= budget and not stop.is_set():
             self.bytes = total
