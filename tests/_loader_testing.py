@@ -1,6 +1,9 @@
 """Helpers for the loader tests and their subprocesses: small TBL files, the normalization
-oracle (tests/oracle.py) and the rows a process holds."""
+oracle (tests/oracle.py), the rows a process holds, and a spy on the whole-source sweep."""
 from __future__ import annotations
+
+import os
+import threading
 
 import numpy as np
 import oracle
@@ -34,3 +37,40 @@ def rows(arr):
         for k in range(len(data)):
             out[start + k] = data[k]
     return out
+
+
+def spy_on_sweeps(monkeypatch, run_to_end=False):
+    """Records every request the sweep thread makes, (inode, offset, length), and every sweep
+    started (`RecordSource.sweep`'s result, None included): returns (requests, sweeps).
+    `run_to_end`: a sweep ignores the pass's stop (tiny passes end before a sweep would)."""
+    from tbljax._src.engine.record_source import RecordSource
+
+    requests, sweeps = [], []
+    real_advise, real_sweep = os.posix_fadvise, RecordSource.sweep
+
+    def advise(fd, offset, length, advice):
+        if threading.current_thread().name == "tbljax-file-sweep":
+            requests.append((os.fstat(fd).st_ino, offset, length))
+        return real_advise(fd, offset, length, advice)
+
+    def sweep(self):
+        sweeps.append(real_sweep(self))
+        if run_to_end and sweeps[-1] is not None:
+            sweeps[-1].stop = lambda: None
+        return sweeps[-1]
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    monkeypatch.setattr(RecordSource, "sweep", sweep)
+    return requests, sweeps
+
+
+def spans(calls, inode):
+    """The byte ranges asked for in one file (`spy_on_sweeps`' requests), joined where one
+    ends at the next one's start: a hole or an overlap leaves two spans."""
+    out = []
+    for _, a, n in sorted(c for c in calls if c[0] == inode):
+        if out and a == out[-1][1]:
+            out[-1][1] = a + n
+        else:
+            out.append([a, a + n])
+    return [tuple(x) for x in out]

@@ -14,6 +14,7 @@ that serves them is checked against the values the source TAR held (`check_field
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ import oracle
 import pytest
 
 import _matrix_data as M
+from _loader_testing import spans, spy_on_sweeps
 import _two_jobs
 import tbljax
 from tbljax._src.engine.record_source import RecordSource
@@ -215,26 +217,9 @@ def test_a_cold_epoch_reads_ahead_and_sweeps_the_records_it_serves(matrix, kind,
     and the sweep of the whole source run beside the kernel and change no pixel; the sweep asks
     for exactly each file's record bytes (the index's offsets), for the kinds the kernel reads
     from the mapping; the kinds the dataset decodes are not swept."""
-    import os
-    import threading
-
     files, refs = matrix
-    asked, sweeps, real_advise, real_sweep = [], [], os.posix_fadvise, RecordSource.sweep
-
-    def advise(fd, offset, length, advice):
-        if threading.current_thread().name == "tbljax-file-sweep":
-            asked.append((os.fstat(fd).st_ino, offset, offset + length))
-        return real_advise(fd, offset, length, advice)
-
-    def sweep(self):
-        sweeps.append(real_sweep(self))
-        if sweeps[-1] is not None:  # runs to its end: these tiny passes end before it would
-            sweeps[-1].stop = lambda: None
-        return sweeps[-1]
-
+    requests, sweeps = spy_on_sweeps(monkeypatch, run_to_end=True)
     monkeypatch.setattr(RecordSource, "resident", lambda self, indices: False)
-    monkeypatch.setattr(RecordSource, "sweep", sweep)
-    monkeypatch.setattr(os, "posix_fadvise", advise)
     got = 0
     for batch in tbljax.loader(files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1,
                                **serve(kind)):
@@ -243,7 +228,7 @@ def test_a_cold_epoch_reads_ahead_and_sweeps_the_records_it_serves(matrix, kind,
         got += 1
     assert got == M.N // B
     if MODES[kind] == "decode" or not hasattr(os, "posix_fadvise") or not os.path.exists("/proc/meminfo"):
-        assert not [s for s in sweeps if s is not None] and not asked
+        assert not [s for s in sweeps if s is not None] and not requests
         return
     (sw,) = sweeps
     assert sw.join(30)
@@ -251,9 +236,8 @@ def test_a_cold_epoch_reads_ahead_and_sweeps_the_records_it_serves(matrix, kind,
     for path in ([paths] if isinstance(paths, (str, Path)) else paths):
         index = tbljax.open(path).index
         ends = index["offset"].astype(np.int64) + index["size"]
-        mine = sorted((a, b) for ino, a, b in asked if ino == os.stat(path).st_ino)
-        assert mine[0][0] == int(index["offset"].min()) and mine[-1][1] == int(ends.max()), path
-        assert all(b1 == a2 for (_, b1), (a2, _) in zip(mine, mine[1:])), path  # no hole, no overlap
+        # One span, from the first record's first byte to the last one's end.
+        assert spans(requests, os.stat(path).st_ino) == [(int(index["offset"].min()), int(ends.max()))], path
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)

@@ -249,34 +249,7 @@ def test_byte_runs_cover_the_records_and_merge_close_ones():
 @pytest.fixture
 def sweep_spy(monkeypatch):
     """Every request the sweep thread makes: (inode, offset, length); and the sweeps started."""
-    calls, started = [], []
-    real = os.posix_fadvise
-
-    def spy(fd, offset, length, advice):
-        if threading.current_thread().name == "tbljax-file-sweep":
-            calls.append((os.fstat(fd).st_ino, offset, length))
-        return real(fd, offset, length, advice)
-
-    real_sweep = RecordSource.sweep
-
-    def sweep(self):
-        started.append(real_sweep(self))
-        return started[-1]
-
-    monkeypatch.setattr(os, "posix_fadvise", spy)
-    monkeypatch.setattr(RecordSource, "sweep", sweep)
-    return calls, started
-
-
-def spans(calls, inode):
-    """The byte ranges asked for in one file, merged."""
-    out = []
-    for _, a, n in sorted(c for c in calls if c[0] == inode):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], a + n)
-        else:
-            out.append([a, a + n])
-    return [tuple(x) for x in out]
+    return T.spy_on_sweeps(monkeypatch)
 
 
 def record_span(path, lo, hi):
@@ -293,7 +266,7 @@ def test_the_sweep_asks_for_every_record_in_chunks(paths, monkeypatch, sweep_spy
     assert all(n <= file_sweep.CHUNK for _, _, n in calls)
     for p in paths:
         n = len(tbljax.open(p))
-        assert spans(calls, os.stat(p).st_ino) == [record_span(p, 0, n)]
+        assert T.spans(calls, os.stat(p).st_ino) == [record_span(p, 0, n)]
     assert sw.bytes == sum(np.diff(record_span(p, 0, len(tbljax.open(p))))[0] for p in paths)
 
 
@@ -304,7 +277,7 @@ def test_a_host_part_is_swept_alone(tmp_path, monkeypatch, sweep_spy):
     part = PartDataset(ds, 9, 30, ds.fingerprint)
     sw = RecordSource(part, 0).sweep()
     assert sw is not None and sw.join(30)
-    assert spans(calls, os.stat(path).st_ino) == [record_span(path, 9, 30)]
+    assert T.spans(calls, os.stat(path).st_ino) == [record_span(path, 9, 30)]
 
 
 @pytest.mark.parametrize("case", ["read_ahead=0", "rank1-of-2", "over-budget", "warm"])

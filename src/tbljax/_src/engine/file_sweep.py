@@ -72,18 +72,18 @@ def memory_for_sweeps() -> int | None:
 def source_runs(byte_ranges, n: int, block: int = 1 << 20) -> list[tuple[int, int, int]]:
     """`byte_runs` of records 0..n-1, where ``byte_ranges(indices)`` gives their (file, offset,
     size) (`Dataset.byte_ranges`); `block` records at a time, so memory stays bounded."""
-    runs = [r for a in range(0, n, block)
-            for r in byte_runs(*byte_ranges(np.arange(a, min(n, a + block), dtype=np.int64)))]
-    if n > block:  # runs of neighbouring blocks may touch
-        runs = byte_runs(*(np.array(x) for x in zip(*[(k, a, b - a) for k, a, b in runs])))
-    return runs
+    runs = np.array([r for a in range(0, n, block)
+                     for r in byte_runs(*byte_ranges(np.arange(a, min(n, a + block), dtype=np.int64)))],
+                    np.int64).reshape(-1, 3)
+    # Once more over the blocks' runs: runs of neighbouring blocks may touch.
+    return byte_runs(runs[:, 0], runs[:, 1], runs[:, 2] - runs[:, 1])
 
 
 class FileSweep:
     """Asks the disk for records 0..n-1 of a source (``byte_ranges``: `Dataset.byte_ranges`)
     in files `paths`, front to back, CHUNK bytes a call, in a daemon thread, if their bytes
     (`source_runs`) are at most `budget`; `stop()` ends it early. The thread works out the runs
-    itself (1.28 M records: ~0.2 s), so the draw stage that starts it does not wait. It holds
+    itself (14 ms for 112,581 records here), so the draw stage that starts it does not wait. It holds
     the dataset's `byte_ranges` and the paths, never a loader (dropping the loader stops the
     pass, which stops the sweep). A file that cannot be opened is skipped: only the speed
     depends on the sweep. ``bytes``: what it asked for (0 until the runs are known, and when
@@ -92,8 +92,7 @@ class FileSweep:
     def __init__(self, paths, byte_ranges, n: int, budget: int):
         self._stop = threading.Event()
         self.bytes = 0
-        self._thread = threading.Thread(target=self._run,
-                                        args=(list(paths), byte_ranges, n, budget, self._stop),
+        self._thread = threading.Thread(target=self._run, args=(list(paths), byte_ranges, n, budget),
                                         name="tbljax-file-sweep", daemon=True)
         self._thread.start()
 
@@ -105,15 +104,15 @@ class FileSweep:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def _run(self, paths, byte_ranges, n, budget, stop: threading.Event) -> None:
+    def _run(self, paths, byte_ranges, n, budget) -> None:
         try:
             runs = source_runs(byte_ranges, n)
         except Exception:  # noqa: BLE001 - e.g. a dataset closed meanwhile: the loader reports
             return         # its own errors; a sweep only ever changes the speed
         total = sum(end - start for _, start, end in runs)
-        if total <= budget and not stop.is_set():
+        if total <= budget and not self._stop.is_set():
             self.bytes = total
-            _sweep(paths, runs, stop)
+            _sweep(paths, runs, self._stop)
 
 
 def _sweep(paths, runs, stop: threading.Event) -> None:

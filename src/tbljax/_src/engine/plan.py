@@ -119,7 +119,7 @@ class Plan:
             return
         ahead, asked = self.positions(), 0
         every, skip = 1, 0  # a warm file is checked every 2, 4, ... _MAX_SKIP steps
-        sweep = None  # the whole source asked for at once: at most one a pass
+        sweep, swept = None, False  # the whole source asked for at once: at most once a pass
         try:
             for s, step in enumerate(self.positions()):
                 while asked <= s + k:
@@ -134,11 +134,11 @@ class Plan:
                         skip = every - 1
                     else:
                         every = 1
-                        if sweep is None:
-                            sweep = (self.reads_every_record and self.source.sweep()) or False
+                        if not swept and self.reads_every_record:
+                            sweep, swept = self.source.sweep(), True
                 yield step
         finally:
-            if sweep:
+            if sweep is not None:
                 sweep.stop()
 
     @property
