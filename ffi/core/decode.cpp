@@ -28,6 +28,14 @@ struct jpeg_entropy_decoder {
   void (*start_pass)(j_decompress_ptr cinfo);
   boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW* MCU_data);
 };
+// libjpeg's inverse-DCT module (jpegint.h too), whose per-component method DecodePartPlanes
+// calls itself: its first two members, the same in libjpeg 6b and every libjpeg-turbo.
+struct jpeg_inverse_dct {
+  void (*start_pass)(j_decompress_ptr cinfo);
+  void (*inverse_DCT[MAX_COMPONENTS])(j_decompress_ptr cinfo, jpeg_component_info* compptr,
+                                      JCOEFPTR coef_block, JSAMPARRAY output_buf,
+                                      JDIMENSION output_col);
+};
 
 namespace tbljax {
 namespace {
@@ -669,18 +677,28 @@ struct DecodeScratch {
 };
 
 // Pixel phase of a YCbCr 4:2:0 image at scale 1 (DecodeRestartPart): libjpeg's IDCT output as
-// planes (raw_data_out: its upsampler and colour converter never run) into *planes, which
-// *got then describes, chroma edges padded for Ycc420ToRgb. Every iMCU row is decoded.
-// Returns false after a libjpeg error or warning.
+// planes into *planes, which *got then describes, chroma edges padded for Ycc420ToRgb. Every
+// iMCU row is decoded. libjpeg is set up for raw output (raw_data_out: its upsampler and colour
+// converter never run) so that its IDCT methods are chosen and their tables filled, and then
+// this drives them: each MCU row of the part from our entropy decoder (PartEntropy::DecodeRow),
+// each block of the window's MCUs through libjpeg's own inverse_DCT, straight into the planes.
+// jpeg_read_raw_data's coefficient controller (decompress_onepass, jdcoefct.c), its call back
+// per MCU and its zeroing of blocks that our decoder zeroes anyway were 4-5% of serving compact
+// records (benchmarks/README.md, "libjpeg's IDCT driven directly"). The blocks and their order
+// are the controller's: per component, MCU_height rows of MCU_width blocks, skipping those past
+// the component's last block column or row (the MCU's dummy blocks). Returns false after a
+// libjpeg error or warning; a damaged segment leaves d->entropy->status not ok.
 bool DecodePartPlanes(Decoder* d, std::vector<uint8_t>* planes, Ycc420Planes* got) {
   if (setjmp(d->err.jump)) return false;
   jpeg_decompress_struct* c = &d->cinfo;
   c->raw_data_out = TRUE;
   jpeg_start_decompress(c);
-  if (d->entropy != nullptr) InstallPartEntropy(c, d->entropy);
+  PartEntropy* f = d->entropy;
+  InstallPartEntropy(c, f);
   const int w = static_cast<int>(c->output_width), h = static_cast<int>(c->output_height);
   const int luma_rows = DCTSIZE * c->max_v_samp_factor;  // an iMCU row: 16 luma, 8 chroma
-  const int rows = static_cast<int>(c->total_iMCU_rows) * luma_rows;
+  const int imcu_rows = static_cast<int>(c->total_iMCU_rows);
+  const int rows = imcu_rows * luma_rows;
   // Rows of whole blocks; chroma rows with room for a copy of the edge sample on either side.
   constexpr ptrdiff_t kFront = 16;
   const auto ys =
@@ -691,18 +709,34 @@ bool DecodePartPlanes(Decoder* d, std::vector<uint8_t>* planes, Ycc420Planes* go
   uint8_t* const y_plane = planes->data() + BytesToPhase(planes->data());
   uint8_t* const cb_plane = y_plane + ys * rows + kFront;
   uint8_t* const cr_plane = cb_plane + cs * (rows / 2);
-  JSAMPROW y_rows[2 * DCTSIZE], cb_rows[DCTSIZE], cr_rows[DCTSIZE];
-  JSAMPARRAY arrays[3] = {y_rows, cb_rows, cr_rows};
-  for (int r = 0; r < rows; r += luma_rows) {
-    for (int i = 0; i < luma_rows; ++i) y_rows[i] = y_plane + (r + i) * ys;
-    for (int i = 0; i < luma_rows / 2; ++i) {
-      cb_rows[i] = cb_plane + (r / 2 + i) * cs;
-      cr_rows[i] = cr_plane + (r / 2 + i) * cs;
+  uint8_t* const plane[3] = {y_plane, cb_plane, cr_plane};
+  const ptrdiff_t stride[3] = {ys, cs, cs};
+  const size_t mcu_coefs = static_cast<size_t>(c->blocks_in_MCU) * DCTSIZE2;
+  JSAMPROW block_rows[DCTSIZE];
+  for (int r = 0; r < imcu_rows; ++r) {
+    f->row = f->part.row0 + r;
+    f->status = f->DecodeRow();
+    if (!f->status.ok()) return true;
+    for (int m = f->win_col0; m < f->win_col1; ++m) {
+      JCOEF* blocks = f->row_coefs->data() + static_cast<size_t>(m - f->part.col0) * mcu_coefs;
+      for (int ci = 0; ci < c->comps_in_scan; ++ci) {
+        jpeg_component_info* comp = c->cur_comp_info[ci];
+        const int k = comp->component_index;
+        const auto idct = c->idct->inverse_DCT[k];
+        for (int yi = 0; yi < comp->MCU_height; ++yi) {
+          const int by = r * comp->MCU_height + yi;
+          for (int i = 0; i < DCTSIZE; ++i) block_rows[i] = plane[k] + (by * DCTSIZE + i) * stride[k];
+          for (int xi = 0; xi < comp->MCU_width; ++xi, blocks += DCTSIZE2) {
+            const int bx = (m - f->win_col0) * comp->MCU_width + xi;
+            if (by < static_cast<int>(comp->height_in_blocks) &&
+                bx < static_cast<int>(comp->width_in_blocks))
+              idct(c, comp, blocks, block_rows, static_cast<JDIMENSION>(bx * DCTSIZE));
+          }
+        }
+      }
     }
-    if (jpeg_read_raw_data(c, arrays, static_cast<JDIMENSION>(luma_rows)) == 0)
-      ERREXIT(c, JERR_INPUT_EMPTY);
   }
-  jpeg_finish_decompress(c);
+  jpeg_abort_decompress(c);  // the scan was never read through libjpeg: nothing to finish
   PadChromaEdges(cb_plane, cs, ChromaSize(h), ChromaSize(w));
   PadChromaEdges(cr_plane, cs, ChromaSize(h), ChromaSize(w));
   got->y = y_plane;
