@@ -262,8 +262,10 @@ struct Decoder {
 };
 
 // The coefficients of a part of a record made of whole restart segments (DecodeRestartPart),
-// decoded by our SegmentDecoder (jpeg_entropy.h) and handed to libjpeg MCU by MCU in place of
-// its own entropy decoder: libjpeg sees a header of the part's size and never its data.
+// decoded by our SegmentDecoder (jpeg_entropy.h) a row of MCUs at a time, and handed to libjpeg
+// MCU by MCU in place of its own entropy decoder (Next), or (DecodePartPlanes) transformed by
+// its IDCT block by block from the row: libjpeg sees a header of the part's size and never its
+// data.
 struct PartEntropy {
   const uint8_t* data = nullptr;  // the record
   // The record's header as libjpeg read it, for its Huffman tables (the part's are stubs,
@@ -275,7 +277,7 @@ struct PartEntropy {
   SegmentDecoder decoders[SegmentDecoder::kMaxLockstep] = {SegmentDecoder{layout},
                                                            SegmentDecoder{layout}};
   std::vector<int16_t>* row_coefs = nullptr;  // the MCU row being served (kept by the caller)
-  // The MCU columns libjpeg is given, of the part's: all of them, or (DecodePartPlanes) those
+  // The MCU columns that reach libjpeg, of the part's: all of them, or (DecodePartPlanes) those
   // of the window its header describes.
   int win_col0 = 0, win_col1 = 0;
   int row = 0, col = 0;  // the next MCU, in the record's grid of MCUs
