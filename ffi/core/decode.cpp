@@ -727,7 +727,8 @@ bool DecodePartPlanes(Decoder* d, std::vector<uint8_t>* planes, Ycc420Planes* go
         const auto idct = c->idct->inverse_DCT[k];
         for (int yi = 0; yi < comp->MCU_height; ++yi) {
           const int by = r * comp->MCU_height + yi;
-          for (int i = 0; i < DCTSIZE; ++i) block_rows[i] = plane[k] + (by * DCTSIZE + i) * stride[k];
+          for (int i = 0; i < DCTSIZE; ++i)
+            block_rows[i] = plane[k] + (by * DCTSIZE + i) * stride[k];
           for (int xi = 0; xi < comp->MCU_width; ++xi, blocks += DCTSIZE2) {
             const int bx = (m - f->win_col0) * comp->MCU_width + xi;
             if (by < static_cast<int>(comp->height_in_blocks) &&
