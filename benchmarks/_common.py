@@ -15,6 +15,15 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def kodak_photos() -> list[Path]:
+    """The 312 kodak photos (long side 500, median 95 KB: ImageNet-val-like geometry); exits
+    with the reason where they are absent."""
+    found = sorted((SHARED_DATA / "kodak" / "images").rglob("*.jpg"))
+    if not found:
+        sys.exit(f"needs the real photos in {SHARED_DATA}/kodak/images")
+    return found
+
+
 def machine() -> str:
     cpu = "unknown CPU"
     try:

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SHARED_DATA, machine, median, rounds  # noqa: E402
+from _common import kodak_photos, machine, median, rounds  # noqa: E402
 
 B, THREADS = 256, 2
 OUTS, DTYPES = (224, 160), ("float32", "uint8")
@@ -61,14 +61,6 @@ WARMUP = 6
 # The peers' interpreters: venv under $TBLJAX_PEERS/venvs, and the import that proves it works.
 PEERS = {"ffcv": ("ffcv", "import ffcv, numba, torch, cv2"), "dali": ("dali", "import nvidia.dali"),
          "albu": ("albu", "import albumentations, cv2")}
-
-
-def photos() -> list[Path]:
-    """The 312 kodak photos (long side 500, median 95 KB: ImageNet-val-like geometry)."""
-    found = sorted((SHARED_DATA / "kodak").rglob("*.jpg"))
-    if not found:
-        sys.exit(f"needs the real photos in {SHARED_DATA}/kodak")
-    return found
 
 
 def payloads(path: str) -> list[np.ndarray]:
@@ -475,7 +467,7 @@ def main() -> None:
         return
     import tbljax
 
-    files = photos()
+    files = kodak_photos()
     root = peers_root(a.peers)
     load_start = os.getloadavg()
     t_start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

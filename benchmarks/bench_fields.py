@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SHARED_DATA, machine, median, rounds  # noqa: E402
+from _common import SHARED_DATA, kodak_photos, machine, median, rounds  # noqa: E402
 
 B, OUT, SIDE, PAD, EMB = 128, 224, 256, 64, 768
 WARMUP = 8  # > the ring's slots: every slot has been written once before the clock starts
@@ -36,10 +36,6 @@ def cpu_seconds() -> float:
     """User + system CPU time of this process's threads and of its finished children."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def photos() -> list[Path]:
-    return sorted((SHARED_DATA / "kodak" / "images").rglob("*.jpg"))
 
 
 def values(i: int, name: str) -> dict:
@@ -58,7 +54,7 @@ def _npy(a: np.ndarray) -> bytes:
 
 def write_tar(dst: Path, repeat: int) -> None:
     """The photos as a WebDataset shard, `repeat` times: key.jpg, key.txt, key.emb.npy, key.tok.npy."""
-    files = photos()
+    files = kodak_photos()
     with tarfile.open(dst, "w") as tf:
         for i in range(repeat * len(files)):
             p = files[i % len(files)]
@@ -181,9 +177,9 @@ def main() -> None:
     m = {k: median(v, "img_s") for k, v in res.items()}
     c = {k: median(v, "cpu_s_per_1k") for k, v in res.items()}
     f = {k: median(v, "fields_us_per_img") for k, v in res.items() if k in SERVE}
-    print(f"\nbench_fields: kodak ({len(photos())} photos) at {SIDE} px, {a.records} records, RRC + flip -> "
+    print(f"\nbench_fields: kodak ({len(kodak_photos())} photos) at {SIDE} px, {a.records} records, RRC + flip -> "
           f"{OUT} px float32, batch {B}, {WARMUP} warm-up + {a.batches} timed batches; conversion of "
-          f"{a.tar_repeat * len(photos())} TAR records at {SIDE} px; median of {a.rounds} rounds\n"
+          f"{a.tar_repeat * len(kodak_photos())} TAR records at {SIDE} px; median of {a.rounds} rounds\n"
           f"machine: {machine()}\n")
     print("| configuration | img/s (wall) | CPU s / 1000 img | cost (CPU time) | cost (wall) | target |\n"
           "|---|---|---|---|---|---|")

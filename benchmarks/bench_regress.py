@@ -6,7 +6,8 @@ own process, the trees interleaved round by round; medians over rounds.
 - serve: ../shared/data/kodak converted RAW at shorter side 256, aspect kept (~256×341);
   `HostLoader`, batch 256, RRC to 224 px + flip, float32 (ImageNet normalize) and uint8,
   TBLJAX_NUM_THREADS=2, prefetch 1; 8 batches of warm-up (past the ring's first touch), then
-  --batches timed, each batch's image touched as bench_compact.py does.
+  --batches timed, one element of each batch's image read (the kernel has written it; a read
+  of every page, as bench_compact.py's `touch` does, would add the same cost to both trees).
 - convert: `tbljax.convert` of the 312 kodak photos at shorter side 256, RAW and compact (JPEG
   q90 4:2:0), 2 threads, to a fresh file; img/s of the whole call.
 
@@ -24,13 +25,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SHARED_DATA, machine, median, rounds  # noqa: E402
+from _common import kodak_photos, machine, median, rounds  # noqa: E402
 
 B, WARMUP, SIDE = 256, 8, 256
-
-
-def photos() -> list[str]:
-    return sorted(str(p) for p in (SHARED_DATA / "kodak" / "images").rglob("*.jpg"))
 
 
 def serve_worker(spec: dict) -> dict:
@@ -50,7 +47,7 @@ def serve_worker(spec: dict) -> dict:
 def convert_worker(spec: dict) -> dict:
     import tbljax
 
-    files = photos()
+    files = kodak_photos()
     kw = dict(format="jpeg", quality=90, chroma="420") if spec["format"] == "compact" else {}
     with tempfile.TemporaryDirectory() as d:
         t = time.perf_counter()
@@ -72,15 +69,14 @@ def main() -> None:
         return
     if not a.trees:
         ap.error("--trees BEFORE AFTER is required")
-    if not (SHARED_DATA / "kodak").is_dir():
-        sys.exit(f"needs {SHARED_DATA / 'kodak'} (real photos beside the repo)")
+    files = kodak_photos()  # exits with the reason where they are absent
     trees = [Path(t).resolve() for t in a.trees]
     with tempfile.TemporaryDirectory() as d:
         data = str(Path(d) / "raw256.tbl")
         sys.path.insert(0, str(trees[-1] / "src"))
         import tbljax
 
-        tbljax.convert(photos(), data, image_size=SIDE, resize="shorter_side", progress=False)
+        tbljax.convert(files, data, image_size=SIDE, resize="shorter_side", progress=False)
         configs, env = {}, {}
         jobs = [("serve float32", dict(job="serve", dtype="float32")),
                 ("serve uint8", dict(job="serve", dtype="uint8")),

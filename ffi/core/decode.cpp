@@ -714,11 +714,20 @@ bool DecodePartPlanes(Decoder* d, std::vector<uint8_t>* planes, Ycc420Planes* go
   uint8_t* const plane[3] = {y_plane, cb_plane, cr_plane};
   const ptrdiff_t stride[3] = {ys, cs, cs};
   const size_t mcu_coefs = static_cast<size_t>(c->blocks_in_MCU) * DCTSIZE2;
-  JSAMPROW block_rows[DCTSIZE];
+  // The output rows of each component's block rows in the current iMCU row (at most
+  // MAX_SAMP_FACTOR block rows a component), set once per iMCU row.
+  JSAMPROW block_rows[MAX_COMPONENTS][MAX_SAMP_FACTOR][DCTSIZE];
   for (int r = 0; r < imcu_rows; ++r) {
     f->row = f->part.row0 + r;
     f->status = f->DecodeRow();
     if (!f->status.ok()) return true;
+    for (int ci = 0; ci < c->comps_in_scan; ++ci) {
+      const jpeg_component_info* comp = c->cur_comp_info[ci];
+      const int k = comp->component_index;
+      for (int yi = 0; yi < comp->MCU_height; ++yi)
+        for (int i = 0; i < DCTSIZE; ++i)
+          block_rows[k][yi][i] = plane[k] + ((r * comp->MCU_height + yi) * DCTSIZE + i) * stride[k];
+    }
     for (int m = f->win_col0; m < f->win_col1; ++m) {
       JCOEF* blocks = f->row_coefs->data() + static_cast<size_t>(m - f->part.col0) * mcu_coefs;
       for (int ci = 0; ci < c->comps_in_scan; ++ci) {
@@ -727,13 +736,11 @@ bool DecodePartPlanes(Decoder* d, std::vector<uint8_t>* planes, Ycc420Planes* go
         const auto idct = c->idct->inverse_DCT[k];
         for (int yi = 0; yi < comp->MCU_height; ++yi) {
           const int by = r * comp->MCU_height + yi;
-          for (int i = 0; i < DCTSIZE; ++i)
-            block_rows[i] = plane[k] + (by * DCTSIZE + i) * stride[k];
           for (int xi = 0; xi < comp->MCU_width; ++xi, blocks += DCTSIZE2) {
             const int bx = (m - f->win_col0) * comp->MCU_width + xi;
             if (by < static_cast<int>(comp->height_in_blocks) &&
                 bx < static_cast<int>(comp->width_in_blocks))
-              idct(c, comp, blocks, block_rows, static_cast<JDIMENSION>(bx * DCTSIZE));
+              idct(c, comp, blocks, block_rows[k][yi], static_cast<JDIMENSION>(bx * DCTSIZE));
           }
         }
       }
