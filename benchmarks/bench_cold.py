@@ -124,7 +124,7 @@ def make_file(dst: Path, gb: float, size: int, fmt: str = "raw", raw_budget: flo
     """kodak converted once at `size` (RAW, or compact JPEG q90, perhaps with a raw budget), its
     records repeated to about `gb` GB."""
     import tbljax
-    from tbljax._src.io.format import Writer
+    from tbljax._src.file.format import Writer
 
     base = dst.with_suffix(".base.tbl")
     compact = dict(format="jpeg", quality=90, raw_budget=raw_budget) if fmt == "compact" else {}

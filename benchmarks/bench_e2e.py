@@ -23,7 +23,7 @@ from _common import SHARED_DATA, machine, median, rounds  # noqa: E402
 def make_file(dst: Path, size: int, records: int) -> None:
     """kodak at `size` px when present, else synthetic noise images (same bytes per record)."""
     import tbljax
-    from tbljax._src.io.format import Writer
+    from tbljax._src.file.format import Writer
 
     if (SHARED_DATA / "kodak").is_dir():
         base = dst.with_suffix(".base.tbl")

@@ -43,7 +43,7 @@ def rss_anon_mib() -> float:
 def make_file(dst: Path, records: int, size: int) -> None:
     """kodak converted once at `size`, its records repeated to `records`."""
     import tbljax
-    from tbljax._src.io.format import Writer
+    from tbljax._src.file.format import Writer
 
     base = dst.with_suffix(".base.tbl")
     tbljax.convert(SHARED_DATA / "kodak" / "images", base, image_size=size, progress=False)
@@ -63,7 +63,7 @@ def photo_files() -> list[Path]:
 def make_photo_file(dst: Path, records: int, **recipe) -> None:
     """The real photos converted once with `recipe`, their records repeated to `records`."""
     import tbljax
-    from tbljax._src.io.format import Writer
+    from tbljax._src.file.format import Writer
 
     base = dst.with_suffix(".base.tbl")
     files = photo_files()

@@ -32,8 +32,8 @@ def main() -> None:
     import datasets
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    from tbljax._src.io.tf_example import example_class
-    from tbljax._src.io.tfds_sources import masked_crc32c
+    from tbljax._src.sources.tf_example import example_class
+    from tbljax._src.sources.tfds import masked_crc32c
 
     files = sorted(p for p in Path(a.photos).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
     photos = [(p.read_bytes(), k % 10) for k, p in enumerate(files)]

@@ -111,7 +111,7 @@ def convert_gaps() -> None:
 
     import tbljax
 
-    convert_module = importlib.import_module("tbljax._src.io.image_records")  # where convert decodes
+    convert_module = importlib.import_module("tbljax._src.conversion.image_records")  # where convert decodes
     real = convert_module._core.decode_resize_into
     spans = []
 

@@ -84,7 +84,7 @@ def worker(path: str, side: int) -> dict:
 def compare_intervals(files, intervals: list[int], rounds: int, out_size: int = 224) -> None:
     """RRC boxes from files written with each restart interval, alternating in this process."""
     import tbljax
-    from tbljax._src.io import image_records
+    from tbljax._src.conversion import image_records
 
     written = image_records.COMPACT_RESTART_MCUS
     with tempfile.TemporaryDirectory() as d:

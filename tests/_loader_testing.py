@@ -14,7 +14,7 @@ def images(n, h=6, w=5, seed=0):
 
 
 def write_tbl(path, imgs, labels):
-    from tbljax._src.io.format import Writer
+    from tbljax._src.file.format import Writer
 
     with Writer(path, len(imgs)) as w:
         for im in imgs:

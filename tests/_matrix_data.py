@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import tbljax
-from tbljax._src.io.format import FORMATS
+from tbljax._src.file.format import FORMATS
 
 N = 10        # records per dataset
 S = 16        # stored side

@@ -17,22 +17,24 @@ PACKAGE = REPO / "src" / "tbljax"
 
 # Upstream first: (folder, its modules in order). A module may import a module of an earlier
 # folder, or an earlier module of its own folder; never a later one. Names are dotted paths
-# inside the package ("_src.io.reader"); the public facade is the package's top level
+# inside the package ("_src.datasets.reader"); the public facade is the package's top level
 # ("tbljax" is its __init__.py), last, so no private room depends on it.
 ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
     ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "mixing", "augment",
                     "dataset", "options"]),         # what every path agrees on
-    ("_src/io", ["remote", "fields", "format", "field_columns", "items", "array_sources", "sources", "hf_sources",
-                 "tf_example", "tfds_sources",
-                 "stats", "reader", "host_part", "mixture", "staging",
-                 "progress", "convert_options", "tbl_source", "label_table", "image_records",
-                 "conversion"]),                    # bytes on disk and at URLs
+    ("_src/file", ["fields", "format", "field_columns"]),  # the TBL file's bytes from Python
+    ("_src/datasets", ["stats", "reader", "host_part", "mixture"]),  # opening and combining datasets
     ("_src/engine", ["kernels", "rows", "ring", "step", "file_sweep", "record_source", "batch_fields", "plan",
                      "producer", "host_loader"]),               # the framework-free serving machine
     ("_src/jax", ["packed", "registration", "twin", "ffi_call", "partitioning", "ops",
                   "arrays", "loader", "resident"]),  # JAX arrays, the kernel inside jit
     ("_src/adapters", ["common", "torch", "mlx"]),  # torch and MLX
+    ("_src/remote", ["remote", "staging"]),         # files at URLs, shards staged to local disk
+    ("_src/sources", ["items", "arrays", "files", "huggingface", "tf_example", "tfds",
+                      "choose"]),                   # what a conversion reads
+    ("_src/conversion", ["progress", "convert_options", "label_table", "image_records", "convert_tbl",
+                         "convert"]),               # sources -> a TBL file
     ("_src/tools", ["benchmark", "show", "demo", "beam", "cli"]),  # programs over the loaders
     ("facade", ["kernels", "order", "augment", "show", "ops", "torch", "mlx", "beam", "tbljax",
                 "__main__"]),                       # what users import
@@ -80,7 +82,7 @@ def _imports(tree: ast.AST) -> list[tuple[str, int, list[str]]]:
             base = _resolve(node.module)
             for a in node.names:
                 sub = a.name if base == "tbljax" else f"{base}.{a.name}"
-                if sub in RANK:  # `from tbljax._src.io import reader`: the module itself
+                if sub in RANK:  # `from tbljax._src.datasets import reader`: the module itself
                     found.append((sub, node.lineno, []))
                 else:
                     found.append((base, node.lineno, [a.name]))

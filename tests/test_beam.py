@@ -52,7 +52,7 @@ def assert_parts_equal_single(parts, single):
     assert many.keys == one.keys and many.labels.tolist() == one.labels.tolist()
     assert many.classes == one.classes == CLASSES
     np.testing.assert_array_equal(np.concatenate(many.shard_views()), one.view())
-    from tbljax._src.io.reader import NOT_FINGERPRINTED
+    from tbljax._src.datasets.reader import NOT_FINGERPRINTED
 
     if "shard" in NOT_FINGERPRINTED:  # the content-only fingerprint (issue 20, branch `fast`)
         assert many.fingerprint == one.fingerprint

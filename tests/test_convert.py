@@ -19,7 +19,7 @@ from PIL import Image, ImageOps
 
 import tbljax
 from tbljax import _core
-from tbljax._src.io.sources import expand_braces
+from tbljax._src.sources.files import expand_braces
 
 PIL_FILTERS = {"bilinear": Image.BILINEAR, "triangle": Image.BILINEAR, "bicubic": Image.BICUBIC,
                "lanczos": Image.LANCZOS, "lanczos3": Image.LANCZOS}
@@ -533,7 +533,7 @@ def test_sharded_conversion_with_class_names_needs_classes(tmp_path):
 # ---- progress where stderr goes ----
 
 def test_progress_in_logs_is_a_line_every_interval_with_rate_and_eta():
-    from tbljax._src.io.progress import Progress
+    from tbljax._src.conversion.progress import Progress
 
     now = [0.0]
     out = io.StringIO()
@@ -550,7 +550,7 @@ def test_progress_in_logs_is_a_line_every_interval_with_rate_and_eta():
 
 
 def test_progress_on_a_terminal_redraws_one_line():
-    from tbljax._src.io.progress import Progress
+    from tbljax._src.conversion.progress import Progress
 
     now = [0.0]
     out = io.StringIO()
@@ -567,7 +567,7 @@ def test_progress_on_a_terminal_redraws_one_line():
 def test_progress_in_jupyter_is_a_tqdm_bar(monkeypatch, tmp_path):
     import types
 
-    from tbljax._src.io import progress
+    from tbljax._src.conversion import progress
 
     made = []
 
@@ -621,7 +621,7 @@ def test_compressed_shards_are_counted_with_progress_and_plain_ones_from_headers
         f.read = read_and_count
         return f
 
-    from tbljax._src.io.sources import TarSource
+    from tbljax._src.sources.files import TarSource
 
     with monkeypatch.context() as m:  # (not monkeypatch.undo: it would undo the scratch cwd too)
         m.setattr(tarfile, "bltn_open", counting_open)

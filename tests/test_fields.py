@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax._src.io.fields import parse_field_value
+from tbljax._src.file.fields import parse_field_value
 
 
 def _npy(a: np.ndarray) -> bytes:
@@ -419,7 +419,7 @@ def test_field_padded_cuts_and_pads_like_numpy_over_shards(tmp_path):
 
 
 def test_tar_shards_at_a_url_carry_fields(tmp_path):
-    # A source at a URL reads its members through fsspec (io/remote.py): the fields come along.
+    # A source at a URL reads its members through fsspec (remote/remote.py): the fields come along.
     fsspec = pytest.importorskip("fsspec")
     samples = _source(9, seed=3)
     write_tar(tmp_path / "a.tar", samples)

@@ -12,7 +12,7 @@ import pytest
 
 import tbljax
 from tbljax import _core
-from tbljax._src.io.format import Writer
+from tbljax._src.file.format import Writer
 
 
 def crc16_modbus_bitwise(data: bytes) -> int:

@@ -61,7 +61,7 @@ def reference(photos, tmp_path_factory):
 def assert_same_fingerprint(parts, single):
     # The content-only fingerprint (issue 20: the recipe's shard and per-part fields left out)
     # is on the `fast` branch; until it merges, parts carry their shard in the fingerprint.
-    from tbljax._src.io.reader import NOT_FINGERPRINTED
+    from tbljax._src.datasets.reader import NOT_FINGERPRINTED
 
     if "shard" in NOT_FINGERPRINTED:
         assert parts.fingerprint == single.fingerprint
@@ -146,7 +146,7 @@ def test_parquet_at_a_url_and_columns_named(photos, reference, tmp_path):
 
 
 def test_fields_strict_and_wrong_arguments(photos, tmp_path):
-    from tbljax._src.io.hf_sources import HFDatasetSource
+    from tbljax._src.sources.huggingface import HFDatasetSource
 
     items = list(HFDatasetSource(hf_dataset(photos[:3]), fields=["caption"]))
     assert [it.fields for it in items] == [{"caption": f"photo {i}"} for i in range(3)]
@@ -209,7 +209,7 @@ def tfrecord(records: list[bytes]) -> bytes:
 
 def test_crc32c_is_the_castagnoli_checksum():
     assert google_crc32c.value(b"123456789") == 0xE3069283  # the CRC-32C check value
-    from tbljax._src.io.tfds_sources import masked_crc32c
+    from tbljax._src.sources.tfds import masked_crc32c
 
     assert masked_crc32c(b"123456789") == masked(b"123456789")
 
@@ -283,7 +283,7 @@ def test_tfrecord_keys_named_and_missing(photos, tmp_path):
     s = tbljax.convert(path, tmp_path / "b.tbl", image_size=SIZE, image_key="jpeg", label_key="y",
                        classes=CLASSES, progress=False)
     assert s.written == 1 and tbljax.open(tmp_path / "b.tbl").labels.tolist() == [0]
-    from tbljax._src.io.tfds_sources import TFRecordSource
+    from tbljax._src.sources.tfds import TFRecordSource
 
     (item,) = TFRecordSource([str(path)], image_key="jpeg", fields=["id", "y"])
     assert item.fields["id"].tolist() == [17] and item.fields["id"].dtype == np.int64

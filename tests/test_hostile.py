@@ -17,7 +17,7 @@ import tbljax
 from tbljax import _core
 from tbljax._src.engine import kernels
 from tbljax import order
-from tbljax._src.io.format import Writer
+from tbljax._src.file.format import Writer
 
 from _loader_testing import images, write_tbl
 

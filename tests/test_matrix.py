@@ -26,8 +26,8 @@ from _loader_testing import spans, spy_on_sweeps
 import _two_jobs
 import tbljax
 from tbljax._src.engine.record_source import RecordSource
-from tbljax._src.io.format import FORMATS
-from tbljax._src.io.host_part import PartDataset
+from tbljax._src.file.format import FORMATS
+from tbljax._src.datasets.host_part import PartDataset
 from tbljax._src.rules.augment import RecordGeometry, sample
 from tbljax._src.rules.dataset import RecordDataset, members
 

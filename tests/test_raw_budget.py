@@ -12,8 +12,8 @@ import oracle
 import pytest
 
 import tbljax
-from tbljax._src.io.format import FORMATS
-from tbljax._src.io.image_records import choose_raw
+from tbljax._src.file.format import FORMATS
+from tbljax._src.conversion.image_records import choose_raw
 
 N, S = 12, 64
 RECIPE = dict(image_size=S, resize="shorter_side", format="jpeg", quality=90)

@@ -29,7 +29,7 @@ from tbljax import RowLayout
 from tbljax._src.engine.plan import Plan
 from tbljax._src.engine import file_sweep
 from tbljax._src.engine.record_source import RecordSource
-from tbljax._src.io.host_part import PartDataset
+from tbljax._src.datasets.host_part import PartDataset
 
 N, H, W, G = 37, 6, 5, 8
 

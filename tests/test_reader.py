@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax._src.io.format import Writer
+from tbljax._src.file.format import Writer
 
 
 def write(path, imgs, labels, recipe=None, keys=None):

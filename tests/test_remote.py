@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax._src.io import remote
+from tbljax._src.remote import remote
 
 pytest.importorskip("aiohttp", reason="fsspec's HTTP filesystem needs aiohttp (pip install 'tbljax[http]')")
 Image = pytest.importorskip("PIL.Image", reason="the test shards are JPEGs made with Pillow")
@@ -204,8 +204,8 @@ def test_streaming_memory_is_flat_in_shard_size(server, tmp_path):
         script = textwrap.dedent(f"""
             import json
             import psutil
-            from tbljax._src.io import remote
-            from tbljax._src.io.sources import TarSource
+            from tbljax._src.remote import remote
+            from tbljax._src.sources.files import TarSource
             url = "{server.url}/big{mib}.tar"
             remote.size_of(url)  # the HTTP client and its threads exist before the baseline
             proc = psutil.Process()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax._src.io import staging
+from tbljax._src.remote import staging
 
 pytest.importorskip("aiohttp", reason="fsspec's HTTP filesystem needs aiohttp (pip install 'tbljax[http]')")
 

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 import tbljax
-from tbljax._src.io.format import Writer
+from tbljax._src.file.format import Writer
 from tbljax._src.tools.show import sample_grid
 
 

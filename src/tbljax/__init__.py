@@ -15,18 +15,18 @@ from tbljax._core import CorruptFileError, DecodeError
 from tbljax._src.rules.augment import Augment
 from tbljax._src.tools.benchmark import bench
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
-from tbljax._src.io.conversion import convert
-from tbljax._src.io.convert_options import ConversionError, ConvertSummary
-from tbljax._src.io.format import FORMATS, INDEX_DTYPE, Writer
+from tbljax._src.conversion.convert import convert
+from tbljax._src.conversion.convert_options import ConversionError, ConvertSummary
+from tbljax._src.file.format import FORMATS, INDEX_DTYPE, Writer
 from tbljax._src.engine.host_loader import HostLoader
 from tbljax._src.engine.kernels import build_info
 from tbljax._src.jax.loader import Loader, loader
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import HostBatch
 from tbljax._src.engine.rows import RowLayout
-from tbljax._src.io.reader import Dataset, open
-from tbljax._src.io.mixture import Mixture, mix
-from tbljax._src.io.staging import stage
+from tbljax._src.datasets.reader import Dataset, open
+from tbljax._src.datasets.mixture import Mixture, mix
+from tbljax._src.remote.staging import stage
 from tbljax._src.rules.partition import host_part
 from tbljax import augment, kernels, order, show
 

@@ -22,7 +22,7 @@ import importlib
 
 from tbljax._src.adapters import common as _adapter
 from tbljax._src.rules import contract
-from tbljax._src.io import reader
+from tbljax._src.datasets import reader
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["MLXLoader", "loader"]

@@ -26,8 +26,8 @@ import numpy as np
 from tbljax._src.adapters import common as _adapter
 from tbljax._src.engine import ring
 from tbljax._src.rules import contract
-from tbljax._src.io import mixture
-from tbljax._src.io import reader
+from tbljax._src.datasets import mixture
+from tbljax._src.datasets import reader
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["TorchLoader", "loader"]

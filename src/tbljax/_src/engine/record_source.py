@@ -30,7 +30,7 @@ __all__ = ["MixtureSource", "RecordSource", "open_source"]
 def open_source(dataset, opts: LoaderOptions):
     """The record source for `dataset` under `opts`: a `MixtureSource` for a mixture (anything
     with ``spec``, a `tbljax.mix` result), else a `RecordSource`."""
-    from tbljax._src.io.mixture import Mixture
+    from tbljax._src.datasets.mixture import Mixture
 
     if isinstance(dataset, Mixture):
         return MixtureSource(dataset, opts)

@@ -16,9 +16,9 @@ import functools
 
 from tbljax._src.engine.rows import RowLayout
 from tbljax._src.jax.arrays import to_global
-from tbljax._src.io import mixture
+from tbljax._src.datasets import mixture
 from tbljax._src.rules.parts import Parts
-from tbljax._src.io import reader
+from tbljax._src.datasets import reader
 from tbljax._src.rules import sharding as _sharding
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.engine.host_loader import HostLoader

@@ -31,8 +31,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tbljax._src.jax import ops as _ops
 from tbljax._src.jax import packed as _packed
 from tbljax._src.jax import twin as _twin
-from tbljax._src.io import reader
-from tbljax._src.io.mixture import Mixture
+from tbljax._src.datasets import reader
+from tbljax._src.datasets.mixture import Mixture
 from tbljax._src.rules.parts import steps_in_epoch
 from tbljax._src.rules import sharding as _sharding
 from tbljax._src.engine import step as _step

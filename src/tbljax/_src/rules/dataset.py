@@ -1,7 +1,7 @@
 """The dataset contract: everything downstream of the reader (the serving engine, the adapters,
 the resident dataset, `show`, `bench`) asks a dataset for what it needs through this one
 interface, and nothing probes a dataset with ``hasattr``. A single TBL file and a list of
-shard files (`tbljax.Dataset`) and a host's part of either (`io/host_part.py`) implement all
+shard files (`tbljax.Dataset`) and a host's part of either (`datasets/host_part.py`) implement all
 of it; so must every dataset kind added later. An abstract member left out is a TypeError when
 the class is instantiated, not an AttributeError in the middle of an epoch.
 

@@ -18,9 +18,9 @@ try:
 except ImportError:
     raise ImportError("tbljax.beam runs conversions on Apache Beam: pip install 'tbljax[beam]'") from None
 
-from tbljax._src.io import remote
-from tbljax._src.io.conversion import convert
-from tbljax._src.io.convert_options import RECORD_FORMATS
+from tbljax._src.remote import remote
+from tbljax._src.conversion.convert import convert
+from tbljax._src.conversion.convert_options import RECORD_FORMATS
 
 __all__ = ["ConvertShards", "convert_part", "main"]
 

@@ -133,7 +133,7 @@ def bench(path: Any, *, batch_size: int = 256, step: str | Callable[[dict], Any]
     import jax
 
     from tbljax._src.jax import loader as jax_loader
-    from tbljax._src.io import reader
+    from tbljax._src.datasets import reader
 
     ds = reader.as_dataset(path)
     kw = dict(seed=seed, dtype=dtype, layout=layout, augment=augment, threads=threads, prefetch=prefetch,

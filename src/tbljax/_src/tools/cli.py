@@ -24,7 +24,7 @@ from typing import Any
 
 
 def _cmd_convert(a: argparse.Namespace) -> int:
-    from tbljax._src.io.conversion import convert
+    from tbljax._src.conversion.convert import convert
 
     summary = convert(a.sources, a.output, image_size=a.image_size, resize=a.resize,
                              max_long_side=a.max_long_side, format=a.format, quality=a.quality,
@@ -57,7 +57,7 @@ def _field_args(pairs: list[str] | None) -> dict[str, str] | None:
 def _cmd_stage(a: argparse.Namespace) -> int:
     import os
 
-    from tbljax._src.io.staging import stage
+    from tbljax._src.remote.staging import stage
 
     if a.partition == "host":
         _join_jax_job()
@@ -87,7 +87,7 @@ def _join_jax_job() -> None:
 
 
 def _describe(path: str) -> dict[str, Any]:
-    from tbljax._src.io import reader
+    from tbljax._src.datasets import reader
 
     return {"path": path, **reader.open(path).describe()}
 
@@ -136,7 +136,7 @@ def _histogram(sizes: dict[str, Any], width: int = 40) -> str:
 
 def _cmd_verify(a: argparse.Namespace) -> int:
     from tbljax import _core
-    from tbljax._src.io import reader
+    from tbljax._src.datasets import reader
 
     bad_total = 0
     for path in a.files:
@@ -160,7 +160,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 def _augment_of(a: argparse.Namespace) -> Any:
     """The augmentation that --augment, --size and --center-crop ask for (None: as stored). A
     file of records of different sizes needs an output size: the error says what to pass."""
-    from tbljax._src.io import reader
+    from tbljax._src.datasets import reader
     from tbljax._src.rules.augment import Augment
 
     if a.center_crop:
@@ -284,7 +284,7 @@ def in_cli_words(message: str, flags: dict[str, str]) -> str:
 
 def _add_convert(sub) -> None:
     """The `convert` command (tbljax.convert's arguments; its choices are ConvertOptions')."""
-    from tbljax._src.io.convert_options import CHROMA, RECORD_FORMATS
+    from tbljax._src.conversion.convert_options import CHROMA, RECORD_FORMATS
     from tbljax._src.rules import contract
 
     c = sub.add_parser("convert", help="decode TAR shards / an image folder / image files into a TBL file",
@@ -429,7 +429,8 @@ def build_parser() -> CommandParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     from tbljax import _core
-    from tbljax._src.io.convert_options import ConversionError  # after parsing: --help and usage errors stay quick
+    # after parsing: --help and usage errors stay quick
+    from tbljax._src.conversion.convert_options import ConversionError
 
     try:
         return a.fn(a)

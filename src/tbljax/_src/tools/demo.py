@@ -90,7 +90,7 @@ def main(steps: int = 300, workdir: str | None = None, batch_size: int = 64) -> 
     import jax.numpy as jnp
 
     from tbljax._src.engine.kernels import build_info
-    from tbljax._src.io.conversion import convert
+    from tbljax._src.conversion.convert import convert
     from tbljax._src.jax.loader import loader as make_loader
 
     tmp = None

@@ -15,8 +15,8 @@ def sample_grid(path: Any, *, count: int = 16, columns: int = 8, augment: Any = 
     loader itself (unshuffled, uint8 out) so that with `augment` the tiles are exactly what
     `tbljax.loader(..., augment=augment, seed=seed)` serves for those records in `epoch`."""
     from tbljax._src.jax import loader as jax_loader
-    from tbljax._src.io import reader
-    from tbljax._src.io.mixture import Mixture
+    from tbljax._src.datasets import reader
+    from tbljax._src.datasets.mixture import Mixture
 
     ds = reader.as_dataset(path)
     n = min(count, len(ds))

@@ -1,5 +1,5 @@
 """Where convert's images come from: WebDataset TAR shards (local, or at a URL through fsspec:
-io/remote.py), an image folder (one subfolder per class), a list of image files, or numpy
+remote/remote.py), an image folder (one subfolder per class), a list of image files, or numpy
 arrays. Each source yields `Item`s in a fixed order and knows an upper bound of its count
 before reading (it sizes the TBL index).
 
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 
-from tbljax._src.io import remote
-from tbljax._src.io.fields import kind_for_extension
+from tbljax._src.remote import remote
+from tbljax._src.file.fields import kind_for_extension
 from tbljax._src.rules.braces import expand_braces
-from tbljax._src.io.items import (IMAGE_EXTENSIONS, LABEL_EXTENSIONS, TAR_SUFFIXES, Item,
+from tbljax._src.sources.items import (IMAGE_EXTENSIONS, LABEL_EXTENSIONS, TAR_SUFFIXES, Item,
                                   Label, label_list, parse_label, share, table_for)
-from tbljax._src.io.array_sources import (ACCEPTED_FORMS, IMAGE_KEYS, LABEL_KEYS, ArraySource,
+from tbljax._src.sources.arrays import (ACCEPTED_FORMS, IMAGE_KEYS, LABEL_KEYS, ArraySource,
                                           split_images_labels)
 
 # ---- sources -------------------------------------------------------------------------------

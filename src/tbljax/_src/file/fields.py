@@ -1,7 +1,7 @@
 """Record fields besides the image: their kinds, how a source's raw value becomes a field value
 (`parse_field_value`, the one place every source's values are checked), how a conversion
 streams a field into columnar blocks of the file (`ColumnWriter`, `Columns`); reading them back
-is `io/field_columns.py`.
+is `file/field_columns.py`.
 
 A field is `str` (UTF-8 text), `json` (any JSON value) or `ndarray` (numeric; one shape in
 every record: fixed; a first dimension that varies: ragged). In the file a fixed field is one

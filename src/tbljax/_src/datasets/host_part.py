@@ -25,7 +25,7 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.rules import contract, order
 from tbljax._src.rules.parts import Parts
-from tbljax._src.io import reader
+from tbljax._src.datasets import reader
 from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset, record_number
 from tbljax._src.rules.partition import host_part

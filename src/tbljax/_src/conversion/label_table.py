@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tbljax._src.io.convert_options import ConversionError
+from tbljax._src.conversion.convert_options import ConversionError
 
 __all__ = ["LabelTable"]
 

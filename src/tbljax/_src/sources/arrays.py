@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from tbljax._src.io.fields import check_name, kind_of_value
-from tbljax._src.io.items import Item, Label, share
+from tbljax._src.file.fields import check_name, kind_of_value
+from tbljax._src.sources.items import Item, Label, share
 from tbljax._src.rules.partition import host_part
 
 class ArraySource:

@@ -1,7 +1,7 @@
 """Record fields read back from a file: each field of each file over the file's memory map
 (`FileColumn`, built from the dataset metadata in O(1)), a field over shard files read as one
 (`Column`), and the columns of a dataset (`open_columns`). How fields are parsed and written is
-`io/fields.py`."""
+`file/fields.py`."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.io.fields import COPY_BYTES, FieldInfo, info_of
+from tbljax._src.file.fields import COPY_BYTES, FieldInfo, info_of
 
 __all__ = ["Column", "FieldValues", "FileColumn", "merge_infos", "open_columns"]
 

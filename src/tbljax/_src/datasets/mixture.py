@@ -19,7 +19,7 @@ from functools import cached_property
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.io import host_part, reader
+from tbljax._src.datasets import host_part, reader
 from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset, record_number
 from tbljax._src.rules.mixing import MixSpec
@@ -130,7 +130,7 @@ class Mixture(RecordDataset):
     def open_part(self, rank: int | None = None, world_size: int | None = None,
                   allgather=None) -> "Mixture":
         """This process's mixture for ``partition="host"``: each source's part opened by
-        `tbljax._src.io.host_part.open_part` (its shard files split by files, a single file
+        `tbljax._src.datasets.host_part.open_part` (its shard files split by files, a single file
         by records; one exchange per source), under the same names, weights and epoch.
         Every process must call it. The sources must be paths: an open dataset has no parts
         to open."""

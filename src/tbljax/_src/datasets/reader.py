@@ -3,7 +3,7 @@ info, labels, keys, class names and the conversion recipe, zero-copy views of RA
 decoded reads of any record format, checksum verification, and the dataset's fingerprint.
 
 The byte layout, validation and checksums live in the C++ core (`ffi/core/tbl_format.*`); the
-metadata block's encoding lives in `io/format.py`.
+metadata block's encoding lives in `file/format.py`.
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import numpy.lib.recfunctions  # noqa: F401 - np.lib.recfunctions.repack_fields
 from tbljax import _core
 from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.dataset import FieldInfo, JpegRecords, RawRecords, RecordDataset, record_number, require
-from tbljax._src.io.field_columns import Column, open_columns
-from tbljax._src.io.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path
-from tbljax._src.io.format import is_compact, keys_of, labels_of, parse_dataset_json
-from tbljax._src.io import stats
+from tbljax._src.file.field_columns import Column, open_columns
+from tbljax._src.file.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path
+from tbljax._src.file.format import is_compact, keys_of, labels_of, parse_dataset_json
+from tbljax._src.datasets import stats
 from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
@@ -441,7 +441,7 @@ class Dataset(RecordDataset):
         return bad
 
     def describe(self) -> dict[str, Any]:
-        """What `tbljax info` prints (`io/stats.py`): the record count, format and shape, bytes
+        """What `tbljax info` prints (`datasets/stats.py`): the record count, format and shape, bytes
         on disk and stored per image (and their ratio to RAW records), the five commonest
         served sizes, labels and classes, the recipe, the skipped sources, the fields and the
         fingerprint.

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.io import fields as _fields
-from tbljax._src.io import reader as _reader
-from tbljax._src.io.convert_options import CHUNK, ConversionError, ConvertOptions, ConvertSummary, num_classes
-from tbljax._src.io.format import Writer
-from tbljax._src.io.progress import Progress, progress_mode
+from tbljax._src.file import fields as _fields
+from tbljax._src.datasets import reader as _reader
+from tbljax._src.conversion.convert_options import CHUNK, ConversionError, ConvertOptions, ConvertSummary, num_classes
+from tbljax._src.file.format import Writer
+from tbljax._src.conversion.progress import Progress, progress_mode
 from tbljax._src.rules.braces import expand_braces
 
 __all__ = ["convert_tbl", "tbl_paths"]

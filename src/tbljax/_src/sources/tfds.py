@@ -24,10 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from tbljax._src.io import remote
-from tbljax._src.io.hf_sources import paths_of, share
-from tbljax._src.io.items import Item, Label
-from tbljax._src.io.tf_example import example_class
+from tbljax._src.remote import remote
+from tbljax._src.sources.items import Item, Label, paths_of, share
+from tbljax._src.sources.tf_example import example_class
 from tbljax._src.rules.partition import host_part
 
 __all__ = ["IMAGE_KEYS", "LABEL_KEYS", "ArrayRecordSource", "TFRecordSource", "field_kinds",

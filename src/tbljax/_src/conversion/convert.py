@@ -1,12 +1,12 @@
 """Convert: decode a dataset once into a TBL file.
 
-Items stream from a source (`sources.py`) in chunks, ahead of the writer, and become records
-(`image_records.py`: the C++ pool decodes, resizes and re-encodes them with the GIL released);
-good records are written in source order by the streaming writer, bad ones skipped and
-reported. A TBL file as the source is decoded record for record into RAW (`io/tbl_source.py`).
-Labels leave as ids against one classes table (`label_table.LabelTable`); progress goes to
-stderr in the form that suits where it goes (`progress.Progress`). The arguments are checked
-once, in `convert_options.ConvertOptions`.
+Items stream from a source (`sources/`, chosen by `sources/choose.py`) in chunks, ahead of
+the writer, and become records (`image_records.py`: the C++ pool decodes, resizes and
+re-encodes them with the GIL released); good records are written in source order by the
+streaming writer, bad ones skipped and reported. A TBL file as the source is decoded record
+for record into RAW (`convert_tbl.py`). Labels leave as ids against one classes table
+(`label_table.LabelTable`); progress goes to stderr in the form that suits where it goes
+(`progress.Progress`). The arguments are checked once, in `convert_options.ConvertOptions`.
 """
 from __future__ import annotations
 
@@ -23,20 +23,19 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.io.items import Item, load_classes
-from tbljax._src.io import fields as _fields
-from tbljax._src.io import remote
-from tbljax._src.io import sources as _sources
-from tbljax._src.io import hf_sources, tfds_sources
+from tbljax._src.sources.items import Item, load_classes
+from tbljax._src.file import fields as _fields
+from tbljax._src.remote import remote
+from tbljax._src.sources import choose
 from tbljax._src.rules import contract
-from tbljax._src.io.format import Writer
-from tbljax._src.io.convert_options import (CHUNK, ConversionError, ConvertOptions, ConvertSummary,
+from tbljax._src.file.format import Writer
+from tbljax._src.conversion.convert_options import (CHUNK, ConversionError, ConvertOptions, ConvertSummary,
                                             num_classes)
-from tbljax._src.io.tbl_source import convert_tbl, tbl_paths
-from tbljax._src.io.image_records import (Encoded, choose_raw, decode_chunk, encode_chunk, is_jpeg,
+from tbljax._src.conversion.convert_tbl import convert_tbl, tbl_paths
+from tbljax._src.conversion.image_records import (Encoded, choose_raw, decode_chunk, encode_chunk, is_jpeg,
                                           size_histogram, source_size)
-from tbljax._src.io.label_table import LabelTable
-from tbljax._src.io.progress import Progress, progress_mode
+from tbljax._src.conversion.label_table import LabelTable
+from tbljax._src.conversion.progress import Progress, progress_mode
 
 
 
@@ -245,7 +244,9 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     retry = remote.Retry(opts.retries, opts.retry_backoff)
     table = load_classes(opts.classes)
     ext = opts.label_ext.lower() if opts.label_ext else None
-    src = _resolve(sources, opts, table, ext, retry)
+    src = choose.resolve(sources, labels=opts.labels, classes=table, label_ext=ext, fields=opts.fields,
+                         image_column=opts.image_column, label_column=opts.label_column,
+                         image_key=opts.image_key, label_key=opts.label_key, retry=retry)
     if opts.shard is not None:
         src = src.select(*opts.shard)
     bar = Progress(0, progress_mode(opts.progress), opts.progress_interval)
@@ -272,40 +273,6 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
                           label_errors=records.label_errors, classes=out_classes,
                           num_classes=num_classes(out_labels, out_classes),
                           labels_from=getattr(src, "LABELS_FROM", ""))
-
-
-def _resolve(sources: Any, opts: ConvertOptions, table: list[str] | None, ext: str | None,
-             retry: remote.Retry) -> Any:
-    """The source object: a Hugging Face or TFDS source when `sources` names one (each takes
-    its own column or feature-key arguments), else one of `sources.resolve`'s."""
-    columns = opts.fields if isinstance(opts.fields, tuple) else ()
-    src = hf_sources.resolve(sources, table, opts.image_column, opts.label_column, columns, retry) \
-        or tfds_sources.resolve(sources, table, opts.image_key, opts.label_key, columns, retry)
-    given = [k for k in ("image_column", "label_column", "image_key", "label_key") if getattr(opts, k)]
-    wrong = [k for k in given if (src is None) or (k.endswith("_column") != isinstance(
-        src, (hf_sources.ParquetSource, hf_sources.HFDatasetSource)))]
-    if wrong:
-        raise ValueError(f"{wrong[0]} names a column of a Hugging Face dataset or Parquet file "
-                         "(image_column, label_column) or a feature of TFRecord/ArrayRecord "
-                         f"tf.train.Examples (image_key, label_key); it does not apply to {_describe_arg(sources)}")
-    if src is None:
-        if isinstance(opts.fields, tuple):
-            raise ValueError(f"fields= as a list of names {list(opts.fields)} is for the columns of "
-                             "Hugging Face / Parquet sources and the features of TFRecord / "
-                             f"ArrayRecord files; {_describe_arg(sources)} takes "
-                             "{name: extension} (the TAR member or sidecar file with it)")
-        return _sources.resolve(sources, opts.labels, table, ext, retry, opts.fields)
-    if isinstance(opts.fields, dict):
-        raise ValueError(f"fields= names columns or features of {_describe_arg(sources)}: give "
-                         f"a list of their names ({sorted(opts.fields)}), not {{name: extension}}")
-    if opts.labels is not None or ext is not None:
-        raise ValueError(f"{'labels=' if opts.labels is not None else 'label_ext'} does not apply to "
-                         f"{_describe_arg(sources)}: its labels come from its own label column or feature")
-    return src
-
-
-def _describe_arg(sources: Any) -> str:
-    return f"{type(sources).__name__} {sources!r}"[:120]
 
 
 def _decode_records(chunk: list[Item], *, opts: ConvertOptions,

@@ -1,7 +1,7 @@
 """The TBL file as bytes, from Python. Record format codes, the index entry's
 dtype, the dataset-level metadata block (labels, keys, class names, the conversion recipe: how
 it is encoded and what a valid one holds), and `Writer`, which streams records into a new file.
-Reading a file is `io/reader.py`'s job.
+Reading a file is `datasets/reader.py`'s job.
 
 The byte layout, validation and checksums live in the C++ core (`ffi/core/tbl_format.*`).
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.rules.contract import DEFAULT_RESIZE, MAX_SIDE, RESIZE_MODES, is_integer
-from tbljax._src.io.fields import check_field_meta
+from tbljax._src.file.fields import check_field_meta
 
 FORMATS: dict[str, int] = dict(_core.FORMATS)
 FORMAT_NAMES: dict[int, str] = {v: k for k, v in FORMATS.items()}

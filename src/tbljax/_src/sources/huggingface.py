@@ -15,26 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from tbljax._src.io import remote
-from tbljax._src.io.items import Item, Label
-from tbljax._src.rules.braces import expand_braces
+from tbljax._src.remote import remote
+from tbljax._src.sources.items import Item, Label, paths_of, share
 from tbljax._src.rules.partition import host_part
 
 __all__ = ["PARQUET_SUFFIXES", "HFDatasetSource", "ParquetSource", "is_hf_dataset", "is_parquet",
-           "paths_of", "resolve", "share"]
+           "resolve"]
 
 PARQUET_SUFFIXES = (".parquet", ".parq")
 BATCH_ROWS = 256  # rows turned into Python objects at a time (a row group may hold many more)
-
-
-def share(units: Sequence[Any], i: int, n: int, what: str) -> list[Any]:
-    """Share i of n of `units` by the I/N rule of `partition.host_part` (contiguous, in order:
-    the shares concatenate to `units`); an empty share is an error that says how many to use."""
-    part = [units[k] for k in host_part(len(units), i, n)]
-    if not part:
-        raise ValueError(f"shard {i}/{n} is empty: {len(units)} {what} split {n} ways leaves share "
-                         f"{i} nothing; use at most {len(units)} shares")
-    return part
 
 
 def _import(name: str) -> Any:
@@ -335,20 +324,3 @@ def resolve(sources: Any, classes: list[str] | None, image_column: str | None,
     if paths is None:
         return None
     return ParquetSource(paths, classes, image_column, label_column, fields, retry)
-
-
-def paths_of(sources: Any, is_kind: Callable[[list[str]], bool]) -> list[str] | None:
-    """Paths and patterns (braces, globs; local or URLs) expanded when every word names a file
-    of the kind `is_kind` accepts, else None (the sources are another kind's)."""
-    if isinstance(sources, (str, os.PathLike)):
-        sources = [sources]
-    if not isinstance(sources, (list, tuple)) or not sources \
-            or not all(isinstance(s, (str, os.PathLike)) for s in sources):
-        return None
-    words = [w for s in map(os.fspath, sources) for w in expand_braces(s)]
-    if not is_kind(words):
-        return None
-    paths = [p for w in words for p in remote.expand(w)]
-    if not paths:
-        raise ValueError(f"convert: the pattern matched no file: {sources!r}"[:300])
-    return paths

@@ -1,6 +1,7 @@
 """What every conversion source yields and the label rules they share: `Item` (one source
 image with its key, label and fields), the image and label member extensions, the classes
-table, label parsing, and the contiguous share of a sharded conversion.
+table, label parsing, the contiguous share of a sharded conversion, and the expansion of
+paths and patterns that name one kind of file.
 """
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from tbljax._src.remote import remote
+from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules.partition import host_part
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif"})
@@ -173,3 +176,20 @@ def table_for(labels: Sequence[Label], classes: list[str] | None) -> list[str] |
         raise ValueError(f"labels mix integer ids ({ids[0]}) and class names ({sorted(names)[0]!r}); "
                          "give names only, or ids with classes=")
     return sorted(names) if names else None
+
+
+def paths_of(sources: Any, is_kind: Callable[[list[str]], bool]) -> list[str] | None:
+    """Paths and patterns (braces, globs; local or URLs) expanded when every word names a file
+    of the kind `is_kind` accepts, else None (the sources are another kind's)."""
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    if not isinstance(sources, (list, tuple)) or not sources \
+            or not all(isinstance(s, (str, os.PathLike)) for s in sources):
+        return None
+    words = [w for s in map(os.fspath, sources) for w in expand_braces(s)]
+    if not is_kind(words):
+        return None
+    paths = [p for w in words for p in remote.expand(w)]
+    if not paths:
+        raise ValueError(f"convert: the pattern matched no file: {sources!r}"[:300])
+    return paths

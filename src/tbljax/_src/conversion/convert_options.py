@@ -15,9 +15,9 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.rules import contract
-from tbljax._src.io.format import stored_entry
+from tbljax._src.file.format import stored_entry
 from tbljax._src.rules.partition import parse_part
-from tbljax._src.io.fields import check_name, kind_for_extension
+from tbljax._src.file.fields import check_name, kind_for_extension
 
 __all__ = ["CHROMA", "CHUNK", "FIXED_SIZE_MODES", "RECORD_FORMATS", "RESIZE_MODES", "ConversionError",
            "ConvertOptions", "ConvertSummary", "num_classes"]

@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.io.items import Item
-from tbljax._src.io.convert_options import FIXED_SIZE_MODES
+from tbljax._src.sources.items import Item
+from tbljax._src.conversion.convert_options import FIXED_SIZE_MODES
 
 __all__ = ["COMPACT_RESTART_MCUS", "Encoded", "as_rgb", "choose_raw", "decode_chunk",
            "encode_chunk", "is_jpeg", "pil_decode", "restart_mcus", "size_histogram",

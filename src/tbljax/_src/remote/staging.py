@@ -27,9 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tbljax import _core
-from tbljax._src.io import remote
+from tbljax._src.remote import remote
 from tbljax._src.rules.partition import host_part, parse_part
-from tbljax._src.io.reader import open as open_dataset
+from tbljax._src.datasets.reader import open as open_dataset
 
 __all__ = ["COPY_CHUNK", "parse_partition", "parse_size", "stage"]
 

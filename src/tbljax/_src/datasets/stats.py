@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tbljax._src.io.format import FORMAT_NAMES
+from tbljax._src.file.format import FORMAT_NAMES
 
 __all__ = ["describe"]
 

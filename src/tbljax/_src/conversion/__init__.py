@@ -1,0 +1,1 @@
+"""Sources -> a TBL file: options, records, labels, progress, the conversion itself."""

@@ -1,0 +1,1 @@
+"""The TBL file from Python: its bytes, its fields, fields read back."""

@@ -1,0 +1,1 @@
+"""Files at URLs: names, globs, retrying reads, staging shards to local disk."""

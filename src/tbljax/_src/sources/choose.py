@@ -1,0 +1,47 @@
+"""Which source a conversion reads: a Hugging Face or TFDS source when convert's argument names
+one (each takes its own column or feature-key arguments), else a TAR, image-folder, file-list
+or array source (`files.resolve`). Arguments that do not apply to the chosen kind are refused
+here, by name."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tbljax._src.remote import remote
+from tbljax._src.sources import files, huggingface, tfds
+from tbljax._src.sources.items import Label
+
+
+def resolve(sources: Any, *, labels: Sequence[Label] | None, classes: list[str] | None, label_ext: str | None,
+            fields: dict[str, str] | tuple[str, ...] | None, image_column: str | None, label_column: str | None,
+            image_key: str | None, label_key: str | None, retry: remote.Retry) -> Any:
+    """The source object for convert's `sources` argument (see `convert`'s docstring)."""
+    columns = fields if isinstance(fields, tuple) else ()
+    src = huggingface.resolve(sources, classes, image_column, label_column, columns, retry) \
+        or tfds.resolve(sources, classes, image_key, label_key, columns, retry)
+    given = {"image_column": image_column, "label_column": label_column, "image_key": image_key,
+             "label_key": label_key}
+    is_hf = isinstance(src, (huggingface.ParquetSource, huggingface.HFDatasetSource))
+    wrong = [k for k, v in given.items() if v and (src is None or k.endswith("_column") != is_hf)]
+    if wrong:
+        raise ValueError(f"{wrong[0]} names a column of a Hugging Face dataset or Parquet file "
+                         "(image_column, label_column) or a feature of TFRecord/ArrayRecord "
+                         f"tf.train.Examples (image_key, label_key); it does not apply to {_describe(sources)}")
+    if src is None:
+        if isinstance(fields, tuple):
+            raise ValueError(f"fields= as a list of names {list(fields)} is for the columns of "
+                             "Hugging Face / Parquet sources and the features of TFRecord / "
+                             f"ArrayRecord files; {_describe(sources)} takes "
+                             "{name: extension} (the TAR member or sidecar file with it)")
+        return files.resolve(sources, labels, classes, label_ext, retry, fields)
+    if isinstance(fields, dict):
+        raise ValueError(f"fields= names columns or features of {_describe(sources)}: give "
+                         f"a list of their names ({sorted(fields)}), not {{name: extension}}")
+    if labels is not None or label_ext is not None:
+        raise ValueError(f"{'labels=' if labels is not None else 'label_ext'} does not apply to "
+                         f"{_describe(sources)}: its labels come from its own label column or feature")
+    return src
+
+
+def _describe(sources: Any) -> str:
+    return f"{type(sources).__name__} {sources!r}"[:120]
