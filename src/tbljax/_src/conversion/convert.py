@@ -30,7 +30,7 @@ from tbljax._src.sources import choose
 from tbljax._src.rules import contract
 from tbljax._src.file.format import Writer
 from tbljax._src.conversion.convert_options import (CHUNK, ConversionError, ConvertOptions, ConvertSummary,
-                                            num_classes)
+                                                    OutputExistsError, num_classes)
 from tbljax._src.conversion.convert_tbl import convert_tbl, tbl_paths
 from tbljax._src.conversion.image_records import (Encoded, choose_raw, decode_chunk, encode_chunk, is_jpeg,
                                           size_histogram, source_size)
@@ -229,8 +229,10 @@ def convert(
         label_key=label_key, fields=fields, from_tbl=tbl_files is not None)
     if opts.shard is not None:
         dst = dst.replace("{shard}", f"{opts.shard[0]:05d}-of-{opts.shard[1]:05d}")
+    if os.path.isdir(dst):  # said before "exists": overwrite= would not help
+        raise IsADirectoryError(f"{dst} is a directory: the output must be a file path")
     if os.path.exists(dst) and not opts.overwrite:
-        raise FileExistsError(f"{dst} already exists (pass overwrite=True to replace it)")
+        raise OutputExistsError(dst)
     out_dir = os.path.dirname(os.path.abspath(dst))
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"destination directory does not exist: {out_dir}")
@@ -252,8 +254,10 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     bar = Progress(0, progress_mode(opts.progress), opts.progress_interval)
     total = src.count(bar.counting if src.count_is_slow else None)
     if total == 0:
-        raise ConversionError(f"no record to write: the sources hold no images ({_describe(src)}); "
-                              f"{dst} was not written")
+        # A shard unreadable from its first byte is no TAR file: say so, not "no images".
+        unreadable = [f"{p} is not a TAR file ({why})" for p, (n, why) in getattr(src, "cut_short", {}).items()]
+        what = "; ".join(unreadable) or f"the sources hold no images ({_describe(src)})"
+        raise ConversionError(f"no record to write: {what}; {dst} was not written")
     t0 = time.perf_counter()
     exts = opts.fields if isinstance(opts.fields, dict) else {}  # TAR members, sidecar files
     columns = _fields.Columns(src.field_kinds, exts, os.path.dirname(os.path.abspath(dst)))
@@ -272,7 +276,7 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
                           seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst),
                           label_errors=records.label_errors, classes=out_classes,
                           num_classes=num_classes(out_labels, out_classes),
-                          labels_from=getattr(src, "LABELS_FROM", ""))
+                          labels_from=getattr(src, "LABELS_FROM", ()))
 
 
 def _decode_records(chunk: list[Item], *, opts: ConvertOptions,

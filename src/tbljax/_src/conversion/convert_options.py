@@ -15,12 +15,13 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.rules import contract
+from tbljax._src.rules.contract import Arg, ArgumentError
 from tbljax._src.file.format import stored_entry
 from tbljax._src.rules.partition import parse_part
 from tbljax._src.file.fields import check_name, kind_for_extension
 
 __all__ = ["CHROMA", "CHUNK", "FIXED_SIZE_MODES", "RECORD_FORMATS", "RESIZE_MODES", "ConversionError",
-           "ConvertOptions", "ConvertSummary", "num_classes"]
+           "ConvertOptions", "ConvertSummary", "OutputExistsError", "num_classes"]
 
 RESIZE_MODES = contract.RESIZE_MODES          # the C++ resize's names
 FIXED_SIZE_MODES = contract.SQUARE_RESIZE_MODES  # every record S x S
@@ -42,6 +43,14 @@ class ConversionError(RuntimeError):
     def __init__(self, message: str, skipped: list[dict[str, str]] | None = None):
         super().__init__(message)
         self.skipped = list(skipped or [])
+
+
+class OutputExistsError(ArgumentError, FileExistsError):
+    """The destination exists and overwrite= was not given (an argument error, so the command
+    line names its flag)."""
+
+    def __init__(self, dst: str):
+        super().__init__(f"{dst} already exists (pass ", Arg("overwrite", True), " to replace it)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +92,7 @@ class ConvertOptions:
 
     def __post_init__(self):
         if self.format not in RECORD_FORMATS:
-            raise ValueError(f"format must be one of {RECORD_FORMATS}, got {self.format!r}")
+            raise ArgumentError(Arg("format"), f" must be one of {RECORD_FORMATS}, got {self.format!r}")
         if self.from_tbl:
             self._check_tbl_source()
         if self.shard is not None:
@@ -96,29 +105,30 @@ class ConvertOptions:
         interval = self.progress_interval
         if interval is not None and (isinstance(interval, bool) or not isinstance(
                 interval, (int, float)) or not interval > 0):
-            raise ValueError(f"progress_interval must be a positive number of seconds, got {interval!r}")
+            raise ArgumentError(Arg("progress_interval"), f" must be a positive number of seconds, got {interval!r}")
         if self.fields is not None:
             object.__setattr__(self, "fields", self._checked_fields())
         ext = self.label_ext
         if ext is not None and (not isinstance(ext, str) or not ext or "/" in ext):
-            raise ValueError(f"label_ext must be a member extension such as 'txt' or 'cls', got {ext!r}")
+            raise ArgumentError(Arg("label_ext"), f" must be a member extension such as 'txt' or 'cls', got {ext!r}")
         for name in _NAMES:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
-                raise ValueError(f"{name} must be a column or feature name (a non-empty str), got {v!r}")
+                raise ArgumentError(Arg(name), f" must be a column or feature name (a non-empty str), got {v!r}")
 
     def _checked_fields(self) -> dict[str, str] | tuple[str, ...]:
         """fields= as {name: extension} (lower case, no leading dot; TAR members and sidecar
         files), or as a tuple of column / feature names (Hugging Face, Parquet, TFRecord and
         ArrayRecord sources); each name and kind checked."""
         if self.from_tbl:
-            raise ValueError("fields= names TAR members or sidecar files; a TBL source keeps its own fields")
+            raise ArgumentError(Arg("fields", ...), " names TAR members or sidecar files; a TBL source keeps "
+                                "its own fields")
         if isinstance(self.fields, (list, tuple)):
             for name in self.fields:
                 check_name(name)
             twice = sorted({n for n in self.fields if list(self.fields).count(n) > 1})
             if twice:
-                raise ValueError(f"fields= names {twice} more than once")
+                raise ArgumentError(Arg("fields", ...), f" names {twice} more than once")
             return tuple(self.fields)
         if not isinstance(self.fields, Mapping):
             raise TypeError(f"fields must be a dict {{name: extension}} such as {{'caption': 'txt'}} "
@@ -140,44 +150,52 @@ class ConvertOptions:
         given["resize"] = None if self.resize == "center_crop" else self.resize
         extra = [k for k, v in given.items() if v is not None]
         if extra:
-            raise ValueError(f"a TBL source is decoded record for record at its stored geometry: "
-                             f"{', '.join(extra)} {'does' if len(extra) == 1 else 'do'} not apply to it")
+            names = [p for k in extra for p in (", ", Arg(k))][1:]
+            raise ArgumentError("a TBL source is decoded record for record at its stored geometry: ", *names,
+                                f" {'does' if len(extra) == 1 else 'do'} not apply to it")
         if self.format == "jpeg":
-            raise ValueError("a TBL source converts to format='raw' or 'lz4'; to make JPEG records, "
-                             "convert the original images")
+            raise ArgumentError("a TBL source converts to ", Arg("format", "raw"), " or 'lz4'; to make JPEG "
+                                "records, convert the original images")
 
     def _checked_recipe(self) -> str | None:
         """Checks the recipe of a conversion from images; returns the chroma to use."""
         size, resize, cap, quality, chroma = (self.image_size, self.resize, self.max_long_side,
                                               self.quality, self.chroma)
+        if size is None:
+            raise ArgumentError(Arg("image_size"), f" is required (an int in [1, {contract.MAX_SIDE}])")
         if not contract.is_integer(size) or not 1 <= size <= contract.MAX_SIDE:
-            raise ValueError(f"image_size must be an int in [1, {contract.MAX_SIDE}], got {size!r}")
+            raise ArgumentError(Arg("image_size"), f" must be an int in [1, {contract.MAX_SIDE}], got {size!r}")
         if resize not in RESIZE_MODES:
-            raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
+            raise ArgumentError(Arg("resize"), f" must be one of {RESIZE_MODES}, got {resize!r}")
         if cap is not None:
             if resize != "shorter_side":
-                raise ValueError(f"max_long_side caps resize='shorter_side' only; resize is {resize!r}")
+                raise ArgumentError(Arg("max_long_side"), " caps ", Arg("resize", "shorter_side"),
+                                    f" only; resize is {resize!r}")
             if not contract.is_integer(cap) or not size <= cap <= contract.MAX_SIDE:
-                raise ValueError(f"max_long_side must be an int in [image_size, {contract.MAX_SIDE}] = "
-                                 f"[{size}, {contract.MAX_SIDE}], got {cap!r}")
+                raise ArgumentError(Arg("max_long_side"), " must be an int in [", Arg("image_size"),
+                                    f", {contract.MAX_SIDE}] = [{size}, {contract.MAX_SIDE}], got {cap!r}")
         if quality is not None:
             if self.format != "jpeg":
-                raise ValueError(f"quality= re-encodes JPEG records: it needs format='jpeg', not {self.format!r}")
+                raise ArgumentError(Arg("quality", ...), " re-encodes JPEG records: it needs ", Arg("format", "jpeg"),
+                                    f", not {self.format!r}")
             if not contract.is_integer(quality) or not 1 <= quality <= 100:
-                raise ValueError(f"quality must be an int in [1, 100] or None (the original bytes), got {quality!r}")
+                raise ArgumentError(Arg("quality"), " must be an int in [1, 100] or None (the original bytes), "
+                                    f"got {quality!r}")
         elif chroma is not None or self.raw_budget is not None:
-            raise ValueError(f"{'chroma' if chroma is not None else 'raw_budget'}= applies to re-encoded "
-                             "JPEG records: pass quality= (e.g. 90) with format='jpeg'")
+            raise ArgumentError(Arg("chroma" if chroma is not None else "raw_budget", ...), " applies to "
+                                "re-encoded JPEG records: pass ", Arg("quality", ...), " (e.g. 90) with ",
+                                Arg("format", "jpeg"))
         elif self.format == "jpeg" and resize not in FIXED_SIZE_MODES:
-            raise ValueError(f"format='jpeg' with the original bytes serves square batches: use resize="
-                             f"'center_crop' or 'squash', or re-encode at the {resize!r} geometry with quality=90")
+            raise ArgumentError(Arg("format", "jpeg"), " with the original bytes serves square batches: use ",
+                                Arg("resize", "center_crop"), " or 'squash', or re-encode at the "
+                                f"{resize!r} geometry with ", Arg("quality", 90))
         if chroma is not None and chroma not in CHROMA:
-            raise ValueError(f"chroma must be one of {CHROMA}, got {chroma!r}")
+            raise ArgumentError(Arg("chroma"), f" must be one of {CHROMA}, got {chroma!r}")
         budget = self.raw_budget
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
                                    or not 0 < budget <= 1):
-            raise ValueError("raw_budget must be the records' bytes as a fraction of their RAW "
-                             f"pixels', in (0, 1] (e.g. 0.2), got {budget!r}")
+            raise ArgumentError(Arg("raw_budget"), " must be the records' bytes as a fraction of their RAW "
+                                f"pixels', in (0, 1] (e.g. 0.2), got {budget!r}")
         return (chroma or "420") if quality is not None else None
 
     @property
@@ -216,13 +234,17 @@ class ConvertSummary:
     label_errors: list[dict[str, str]] = dataclasses.field(default_factory=list)
     classes: list[str] | None = None
     num_classes: int = 0            # class names, or distinct label ids; 0: no record has a label
-    labels_from: str = ""           # where the sources' labels come from (said when there are none)
+    labels_from: tuple[str | Arg, ...] = ()  # where the sources' labels come from (said when there are none)
 
     @property
     def images_per_second(self) -> float:
         return (self.written + len(self.skipped)) / self.seconds if self.seconds > 0 else 0.0
 
     def __str__(self) -> str:
+        return self.words()
+
+    def words(self, flags: Mapping[str, tuple[str, bool]] | None = None) -> str:
+        """The report, naming arguments in the API's words or (given `flags`) the command line's."""
         head = (f"wrote {self.written} records to {self.dst} ({self.bytes / 2**20:.1f} MiB) in "
                 f"{self.seconds:.1f} s ({self.images_per_second:.0f} img/s); skipped {len(self.skipped)}")
         if self.label_errors:
@@ -230,7 +252,7 @@ class ConvertSummary:
         head += f"; classes {self.num_classes}" if self.num_classes else "; unlabelled"
         lines = [head]
         if not self.num_classes and self.written:
-            lines.append(f"  unlabelled: every record's label is -1; {self.labels_from}")
+            lines.append(f"  unlabelled: every record's label is -1; {contract.worded(self.labels_from, flags)}")
         for title, items in (("skipped", self.skipped), ("label unreadable", self.label_errors)):
             for s in items[:20]:
                 lines.append(f"  {title} {s['key']} ({s['source']}): {s['reason']}")

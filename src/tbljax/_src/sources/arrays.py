@@ -10,13 +10,14 @@ import numpy as np
 
 from tbljax._src.file.fields import check_name, kind_of_value
 from tbljax._src.sources.items import Item, Label, share
+from tbljax._src.rules.contract import Arg
 from tbljax._src.rules.partition import host_part
 
 class ArraySource:
     """Decoded images in memory: an (N, H, W[, C]) uint8 array, or a sequence whose elements
     are (H, W[, C]) images or (B, H, W, C) batches, read in order."""
 
-    LABELS_FROM = "arrays take labels from labels=, one per image"
+    LABELS_FROM = ("arrays take labels from ", Arg("labels", ...), ", one per image")
 
     def __init__(self, images: Any, labels: Sequence[Label] | None, classes: list[str] | None = None,
                  _rows: list[tuple[int, int]] | None = None, fields: dict[str, Any] | None = None,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tbljax._src.remote import remote
+from tbljax._src.rules.contract import Arg, ArgumentError
 from tbljax._src.sources import files, huggingface, tfds
 from tbljax._src.sources.items import Label
 
@@ -29,16 +30,16 @@ def resolve(sources: Any, *, labels: Sequence[Label] | None, classes: list[str] 
                          f"tf.train.Examples (image_key, label_key); it does not apply to {_describe(sources)}")
     if src is None:
         if isinstance(fields, tuple):
-            raise ValueError(f"fields= as a list of names {list(fields)} is for the columns of "
+            raise ArgumentError(Arg("fields", ...), f" as a list of names {list(fields)} is for the columns of "
                              "Hugging Face / Parquet sources and the features of TFRecord / "
                              f"ArrayRecord files; {_describe(sources)} takes "
                              "{name: extension} (the TAR member or sidecar file with it)")
         return files.resolve(sources, labels, classes, label_ext, retry, fields)
     if isinstance(fields, dict):
-        raise ValueError(f"fields= names columns or features of {_describe(sources)}: give "
+        raise ArgumentError(Arg("fields", ...), f" names columns or features of {_describe(sources)}: give "
                          f"a list of their names ({sorted(fields)}), not {{name: extension}}")
     if labels is not None or label_ext is not None:
-        raise ValueError(f"{'labels=' if labels is not None else 'label_ext'} does not apply to "
+        raise ArgumentError(Arg("labels", ...) if labels is not None else Arg("label_ext"), " does not apply to "
                          f"{_describe(sources)}: its labels come from its own label column or feature")
     return src
 

@@ -21,6 +21,7 @@ from typing import Any
 from tbljax._src.remote import remote
 from tbljax._src.file.fields import kind_for_extension
 from tbljax._src.rules.braces import expand_braces
+from tbljax._src.rules.contract import Arg, ArgumentError
 from tbljax._src.sources.items import (IMAGE_EXTENSIONS, LABEL_EXTENSIONS, TAR_SUFFIXES, Item,
                                   Label, label_list, parse_label, share, table_for)
 from tbljax._src.sources.arrays import (ACCEPTED_FORMS, IMAGE_KEYS, LABEL_KEYS, ArraySource,
@@ -61,7 +62,7 @@ class TarSource:
 
     # Where labels come from: convert says it when no record has one.
     LABELS_FROM = ("TAR shards take labels from a .cls, .cls2, .label or .json member beside each image "
-                   "(label_ext= / --label-ext names another)")
+                   "(", Arg("label_ext", ...), " names another)")
 
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
                  label_ext: str | None = None, retry: remote.Retry = remote.DEFAULT_RETRY,
@@ -210,7 +211,7 @@ class FolderSource:
     its place in `classes` (sorted subfolder names unless given)."""
 
     # Where labels come from: convert says it when no record has one.
-    LABELS_FROM = "an image folder takes its labels from one subfolder per class, named after it"
+    LABELS_FROM = ("an image folder takes its labels from one subfolder per class, named after it",)
 
     def __init__(self, root: str, classes: list[str] | None = None, fields: dict[str, str] | None = None):
         self.root = Path(root)
@@ -275,7 +276,7 @@ class FolderSource:
 class FileListSource:
     """Explicit image files, labels given alongside (or none)."""
 
-    LABELS_FROM = "image files take labels from labels=, one per file"
+    LABELS_FROM = ("image files take labels from ", Arg("labels", ...), ", one per file")
 
     def __init__(self, paths: Sequence[str], labels: Sequence[Label] | None, classes: list[str] | None = None):
         self.paths = [str(p) for p in paths]
@@ -315,13 +316,13 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
     TAR shards (braces expanded; glob characters matched where the filesystem can list)."""
     split = split_images_labels(sources, labels)
     if label_ext is not None and split is not None:
-        raise ValueError("label_ext is for TAR shards; arrays take labels=")
+        raise ArgumentError(Arg("label_ext"), " is for TAR shards; arrays take ", Arg("labels", ...))
     if split is not None:
         images, labels = split
         columns = ({k: v for k, v in sources.items() if k not in IMAGE_KEYS + LABEL_KEYS}
                    if isinstance(sources, Mapping) else {})
         if fields:
-            raise ValueError("fields= names TAR members or sidecar files; a dict source's keys besides "
+            raise ArgumentError(Arg("fields", ...), " names TAR members or sidecar files; a dict source's keys besides "
                              "image and label are its fields (as {'image': ..., 'caption': [...]})")
         src = ArraySource(images, None, fields=columns)
         for name, col in columns.items():
@@ -347,18 +348,19 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
         raise ValueError(f"sources at a URL must be TAR shards ({', '.join(TAR_SUFFIXES)}); {other!r} is not")
     if len(paths) == 1 and os.path.isdir(paths[0]):
         if labels is not None:
-            raise ValueError("labels= is for arrays and file lists; an image folder takes labels from subfolders")
+            raise ArgumentError(Arg("labels", ...), " is for arrays and file lists; an image folder takes labels "
+                                "from subfolders")
         if label_ext is not None:
-            raise ValueError("label_ext is for TAR shards; an image folder takes labels from subfolders")
+            raise ArgumentError(Arg("label_ext"), " is for TAR shards; an image folder takes labels from subfolders")
         return FolderSource(paths[0], classes, fields)
     if all(is_tar):
         if labels is not None:
-            raise ValueError("labels= is for arrays and file lists; TAR shards carry .cls/.json labels")
+            raise ArgumentError(Arg("labels", ...), " is for arrays and file lists; TAR shards carry .cls/.json labels")
         return TarSource(paths, classes, label_ext, retry, fields)
     if label_ext is not None:
-        raise ValueError("label_ext is for TAR shards; image files take labels=")
+        raise ArgumentError(Arg("label_ext"), " is for TAR shards; image files take ", Arg("labels", ...))
     if fields:
-        raise ValueError("fields= is for TAR shards (members) and image folders (sidecar files)")
+        raise ArgumentError(Arg("fields", ...), " is for TAR shards (members) and image folders (sidecar files)")
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
