@@ -381,3 +381,25 @@ def test_a_list_of_fields_for_a_tar_source_is_refused_by_name(tmp_path):
         pass
     with pytest.raises(ValueError, match=r"fields= as a list of names \['caption'\]"):
         tbljax.convert(tar, tmp_path / "a.tbl", image_size=SIZE, fields=["caption"], progress=False)
+
+
+def test_integer_label_column_is_the_default_label(tmp_path):
+    # Issue 45 item 4: a `label: Value("int64")` column (no ClassLabel) gives the labels, from a
+    # Dataset and from its Parquet file; without one the hint names where labels come from.
+    imgs = [np.full((8, 8, 3), 40 * i, np.uint8) for i in range(3)]
+    png = []
+    for a in imgs:
+        b = io.BytesIO()
+        PIL_Image.fromarray(a).save(b, "PNG")
+        png.append({"bytes": b.getvalue(), "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    ds = datasets.Dataset.from_dict({"image": png, "label": [2, 0, 5]}, features=features)
+    ds.to_parquet(str(tmp_path / "d.parquet"))
+    for src, name in ((ds, "hf"), (str(tmp_path / "d.parquet"), "pq")):
+        s = tbljax.convert(src, tmp_path / f"{name}.tbl", image_size=8, progress=False)
+        assert tbljax.open(tmp_path / f"{name}.tbl").labels.tolist() == [2, 0, 5], name
+        assert "unlabelled" not in str(s)
+    unlabelled = datasets.Dataset.from_dict({"image": png}, features=datasets.Features({"image": datasets.Image()}))
+    s = str(tbljax.convert(unlabelled, tmp_path / "u.tbl", image_size=8, progress=False))
+    assert "every record's label is -1; a Hugging Face dataset or Parquet file takes labels from" in s, s
+    assert "label_column= names another" in s, s

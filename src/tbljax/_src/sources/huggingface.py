@@ -17,6 +17,7 @@ import numpy as np
 
 from tbljax._src.remote import remote
 from tbljax._src.sources.items import Item, Label, paths_of, share
+from tbljax._src.rules.contract import Arg
 from tbljax._src.rules.partition import host_part
 
 __all__ = ["PARQUET_SUFFIXES", "HFDatasetSource", "ParquetSource", "is_hf_dataset", "is_parquet",
@@ -68,7 +69,7 @@ class _Columns:
             if len(labels) > 1:
                 raise ValueError(f"{where} has several ClassLabel features {labels}: name the label "
                                  "with label_column=")
-            label_column = labels[0] if labels else None
+            label_column = labels[0] if labels else _default_label(features, names)
         self.image, self.label, self.fields = image_column, label_column, list(fields)
         if self.fields and not features:
             raise ValueError(f"{where}: its features are unknown (an IterableDataset without "
@@ -165,6 +166,21 @@ def _image_bytes(cell: Any) -> tuple[bytes | None, str | None]:
     return None, f"image cell is {type(cell).__name__}, not bytes or an Image {{'bytes', 'path'}} struct"
 
 
+def _default_label(features: Any, names: Sequence[str]) -> str | None:
+    """With no ClassLabel feature: a column named `label` of integer ids (or of a type unknown,
+    as in an IterableDataset without features), else none."""
+    if "label" not in names:
+        return None
+    f = features.get("label")
+    dtype = _numeric_dtype(f) if f is not None else np.dtype(np.int64)
+    return "label" if dtype is not None and dtype.kind in "iu" else None
+
+
+# Where labels come from: convert says it when no record has one.
+LABELS_FROM = ("a Hugging Face dataset or Parquet file takes labels from its ClassLabel column, else a "
+               "column named label holding integer ids; ", Arg("label_column", ...), " names another")
+
+
 def _label(cell: Any, column: str | None) -> tuple[Label, str | None]:
     if cell is None:
         return -1, None
@@ -180,6 +196,7 @@ class ParquetSource:
     the Arrow types); rows read by row group, in file order."""
 
     count_is_slow = False
+    LABELS_FROM = LABELS_FROM
 
     @property
     def field_kinds(self) -> dict[str, str]:
@@ -244,6 +261,8 @@ class ParquetSource:
 class HFDatasetSource:
     """A `datasets.Dataset` (read as Arrow, images never decoded by `datasets`) or an
     `IterableDataset` (read with decoding off); keys are row numbers."""
+
+    LABELS_FROM = LABELS_FROM
 
     @property
     def field_kinds(self) -> dict[str, str]:
