@@ -35,7 +35,8 @@ ROOMS = [
                       "choose"]),                   # what a conversion reads
     ("_src/conversion", ["progress", "convert_options", "label_table", "image_records", "convert_tbl",
                          "convert"]),               # sources -> a TBL file
-    ("_src/tools", ["benchmark", "show", "demo", "beam", "cli_parser", "cli_commands", "cli"]),  # programs over the loaders
+    ("_src/tools", ["benchmark", "show", "demo", "beam", "cli_parser", "cli_commands",
+                    "cli"]),                        # programs over the loaders
     ("facade", ["kernels", "order", "augment", "show", "ops", "torch", "mlx", "beam", "tbljax",
                 "__main__"]),                       # what users import
 ]

@@ -85,10 +85,23 @@ def pil_decode(data: bytes) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
-            im = ImageOps.exif_transpose(im)
-            return np.asarray(im.convert("RGB"))
+            return rgb8(ImageOps.exif_transpose(im))
     except Exception as e:  # Pillow raises many types for bad data; all mean "cannot decode"
         raise ValueError(f"cannot decode image: {type(e).__name__}: {e}") from None
+
+
+def rgb8(im: Any) -> np.ndarray:
+    """A Pillow image as 8-bit RGB (docs/reference.md, "Image modes"): 16- and 32-bit integer
+    gray (`I;16`, `I`) scaled from [0, 65535], float gray (`F`) from [0, 1], each rounded, values
+    outside clipped; alpha dropped (the colour as stored); every other mode by Pillow's
+    convert. Pillow's own convert of `I;16`/`I`/`F` clips at 255 (a 16-bit photo turns white)."""
+    if im.mode.startswith("I") or im.mode == "F":
+        top = 1.0 if im.mode == "F" else 65535.0
+        g = np.round(np.clip(np.asarray(im, np.float64), 0, top) * (255 / top)).astype(np.uint8)
+        return np.repeat(g[:, :, None], 3, axis=2)
+    if im.mode in ("P", "PA"):  # a palette with transparency: Pillow warns unless through RGBA
+        im = im.convert("RGBA")
+    return np.asarray(im.convert("RGB"))
 
 
 def as_rgb(img: np.ndarray) -> np.ndarray:
