@@ -131,3 +131,44 @@ def test_output_piped_into_a_reader_that_leaves_is_no_error(tmp_path):
     r = subprocess.run(f"{sys.executable} -m tbljax info {tmp_path / 'a.tbl'} {tmp_path / 'a.tbl'} | head -1",
                        shell=True, capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == str(tmp_path / "a.tbl") and "Broken pipe" not in r.stderr, r.stderr
+
+
+def test_issue45_cli_errors_name_flags_and_files(tmp_path):
+    # Issue 45 items 9, 11, 12, 13: each error says what is wrong in the command's words.
+    tbljax.convert(np.arange(4 * 8 * 8 * 3, dtype=np.uint8).reshape(4, 8, 8, 3) % 251, tmp_path / "a.tbl",
+                   image_size=8, progress=False)
+    one_line_error(run("show", tmp_path / "a.tbl", "--count", "-3"), 2, "--count must be an int >= 1, got -3")
+    one_line_error(run("show", tmp_path / "a.tbl", "--out", tmp_path / "nope" / "x.png"), 2, "does not exist")
+    assert not (tmp_path / "nope").exists()
+    one_line_error(run("show", tmp_path / "a.tbl", "--out", tmp_path / "x.what"), 2, "--out")
+    r = run("show", tmp_path / "a.tbl", "--out", tmp_path / "g.jpg", "--start", "2", "--count", "2")
+    assert r.returncode == 0, r.stderr
+    with Image.open(tmp_path / "g.jpg") as g:
+        assert g.format == "JPEG"
+    one_line_error(run("info", tmp_path), 2, "is a directory")
+    r = run("info", tmp_path / "nosuch.tbl")
+    one_line_error(r, 2, "nosuch.tbl")
+    assert "[Errno" not in r.stderr, r.stderr
+    (tmp_path / "fake.tar").write_text("hello\n")
+    one_line_error(run("convert", tmp_path / "fake.tar", "-o", tmp_path / "o.tbl", "-s", "8"), 1, "not a TAR file")
+    (tmp_path / "out").mkdir()
+    one_line_error(run("convert", tmp_path / "fake.tar", "-o", tmp_path / "out", "-s", "8"), 2, "is a directory")
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(imgs / "a.png")
+    r = run("convert", imgs / "a.png", "-o", tmp_path / "f.tbl", "-s", "8", "-q")
+    assert r.returncode == 0 and "labels= (Python API only), one per file" in r.stdout, r.stdout
+
+
+def test_field_name_keeps_a_column(tmp_path):
+    # Issue 45 item 5: --field NAME keeps a column of a Parquet file as a record field.
+    datasets = __import__("pytest").importorskip("datasets")
+    b = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(b, "PNG")
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": b.getvalue(), "path": None}], "caption": ["a cat"]},
+                                    features=datasets.Features({"image": datasets.Image(),
+                                                                "caption": datasets.Value("string")}))
+    ds.to_parquet(str(tmp_path / "d.parquet"))
+    r = run("convert", tmp_path / "d.parquet", "-o", tmp_path / "o.tbl", "-s", "8", "--field", "caption", "-q")
+    assert r.returncode == 0, r.stderr
+    assert tbljax.open(tmp_path / "o.tbl").field("caption")[0] == "a cat"

@@ -66,9 +66,9 @@ class Arg:
     def words(self, flags: Mapping[str, tuple[str, bool]] | None = None) -> str:
         """In the API's words, or (given `flags`: name -> (flag, is_switch)) the command line's."""
         if flags is None or self.name not in flags:
-            if self.value is _BARE:
-                return self.name
-            return self.name + "=" + ("" if self.value is ... else repr(self.value))
+            api = self.name if self.value is _BARE else (
+                self.name + "=" + ("" if self.value is ... else repr(self.value)))
+            return api if flags is None else f"{api} (Python API only)"  # a command without the flag
         flag, switch = flags[self.name]
         if self.value is _BARE or self.value is ... or (switch and self.value is True):
             return flag
