@@ -172,3 +172,17 @@ def test_field_name_keeps_a_column(tmp_path):
     r = run("convert", tmp_path / "d.parquet", "-o", tmp_path / "o.tbl", "-s", "8", "--field", "caption", "-q")
     assert r.returncode == 0, r.stderr
     assert tbljax.open(tmp_path / "o.tbl").field("caption")[0] == "a cat"
+
+
+def test_the_unlabelled_hint_names_the_cli_flag(tmp_path):
+    # The conversion summary's hint names --label-ext on the command line (label_ext= in Python).
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(buf, "JPEG")
+    with tarfile.open(tmp_path / "u.tar", "w") as tar:
+        for name, data in (("a.jpg", buf.getvalue()), ("a.txt", b"a caption")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    r = run("convert", tmp_path / "u.tar", "-o", tmp_path / "u.tbl", "-s", 8, "-q")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "(--label-ext names another)" in out and "label_ext=" not in out, r

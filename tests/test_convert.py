@@ -419,8 +419,8 @@ def test_summary_says_the_class_count_or_that_nothing_is_labelled(caltech101, ko
     make_tar(tmp_path / "u.tar", [("a.jpg", tiny_jpeg(0)), ("a.txt", b"a caption")])
     s = tbljax.convert(tmp_path / "u.tar", tmp_path / "u.tbl", image_size=8, progress=False)
     assert str(s).splitlines()[1] == ("  unlabelled: every record's label is -1; TAR shards take labels from a "
-                                      ".cls, .cls2, .label or .json member beside each image (label_ext= / "
-                                      "--label-ext names another)")
+                                      ".cls, .cls2, .label or .json member beside each image (label_ext= "
+                                      "names another)")  # the CLI's summary names --label-ext
     s = tbljax.convert(np.zeros((2, 8, 8, 3), np.uint8), tmp_path / "a.tbl", image_size=8, progress=False)
     assert str(s).splitlines()[1].endswith("; arrays take labels from labels=, one per image")
 
