@@ -236,7 +236,10 @@ def test_pack_is_first_fit_decreasing_per_window():
         naflex.pack(np.array([1, 2, 65]), 64, window=4)
 
 
-def _padding(heights, widths, p=Patches(max_tokens=1024, pack=True)):
+PACKED = Patches(max_tokens=1024, pack=True)   # the defaults the module docstring's padding is for
+
+
+def _padding(heights, widths, p=PACKED):
     h, w = naflex.sequence_size(heights, widths, p.size, p.image_tokens)
     tokens = (h // p.size).astype(np.int64) * (w // p.size)
     pk = naflex.pack(tokens, p.max_tokens, p.pack_window)
