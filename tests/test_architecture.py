@@ -22,7 +22,7 @@ PACKAGE = REPO / "src" / "tbljax"
 ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
     ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "mixing", "augment",
-                    "dataset", "options"]),         # what every path agrees on
+                    "buckets", "naflex", "dataset", "options"]),         # what every path agrees on
     ("_src/file", ["fields", "format", "field_columns"]),  # the TBL file's bytes from Python
     ("_src/datasets", ["stats", "reader", "host_part", "mixture"]),  # opening and combining datasets
     ("_src/engine", ["kernels", "rows", "ring", "step", "file_sweep", "record_source", "batch_fields", "plan",
