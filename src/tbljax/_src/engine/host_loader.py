@@ -66,7 +66,8 @@ class HostLoader:
             rows = layout
         self.options = opts
         self._source = open_source(dataset, opts)
-        self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad)
+        self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad, opts.batch_size)
+        self.check_fields(dataset, [n for n in self._fields.names if n not in self._fields.fns])
         if parts is not None and parts.n != self._source.n:
             raise ValueError(f"part {parts.index} should hold {parts.n} records, the dataset "
                              f"given holds {self._source.n}")
@@ -96,6 +97,10 @@ class HostLoader:
                                  before_reuse=before_reuse)
 
     # ---- the seams a layer on top overrides ----
+    def check_fields(self, dataset, names: list[str]) -> None:
+        """Refuses at construction a field among `names` (served as stored, no field_fn) that
+        the framework cannot hold as stored. Default: every field is fine."""
+
     def finisher(self):
         """A function HostBatch -> (what iteration yields, the objects in it that view the
         ring slot), run in the producer thread; it must not refer to `self` (the producer may
