@@ -12,7 +12,7 @@ import pytest
 
 import tbljax
 from tbljax import _core
-from tbljax._src.file.format import Writer
+from tbljax._src.file.format import FORMATS
 
 N = 32
 BIG = np.arange(N, dtype=np.int64) + 2**40 + 7
@@ -170,15 +170,16 @@ def test_offsets_that_fall_name_the_record(tbl, tmp_path):
 # ---- item 7: field metadata ----
 def _with_fields_meta(tmp_path, fields_meta, name="m.tbl"):
     """A file whose (checksummed) dataset metadata holds `fields_meta` as given."""
-    path = tmp_path / name
-    w = Writer(path, 2)
+    path = str(tmp_path / name)
+    w = _core.TblWriter(path, 2, False)  # the native writer: it takes any metadata text
     for _ in range(2):
-        w.add_raw(np.zeros((4, 4, 3), np.uint8))
-    blk = w.add_block([np.arange(2, dtype="<i8").view(np.uint8)], 64)
+        w.add(np.zeros(4 * 4 * 3, np.uint8), FORMATS["RAW_U8"], 4, 4, False)
+    data = np.arange(2, dtype="<i8").view(np.uint8)
+    blk = {"offset": int(w.add_extra(data, 64)), "bytes": data.size, "crc32": _core.crc32(data, 0)}
     meta = {"tbljax_metadata": 1, "num_records": 2,
             "fields": {k: {**v, "values": blk} for k, v in fields_meta.items()}}
-    w._w.finalize(json.dumps(meta))
-    return str(path)
+    w.finalize(json.dumps(meta))
+    return path
 
 
 @pytest.mark.parametrize("fields_meta,match", [
@@ -210,3 +211,18 @@ def test_conversion_refuses_the_batch_s_own_keys_as_field_names(tmp_path, name):
     with pytest.raises(ValueError, match=rf"field name '{name}'"):
         tbljax.convert({"image": imgs, name: np.arange(2)}, str(tmp_path / "x.tbl"), image_size=4,
                        progress=False)
+
+
+# ---- item 10: a state of another mixture ----
+def test_a_state_of_another_mixture_says_what_differs(tbl):
+    ds = tbljax.open(tbl)
+    a = tbljax.mix({"a": ds, "b": ds}, {"a": 1, "b": 1}, steps_per_epoch=4)
+    state = tbljax.loader(a, 8, fields=None).state_dict()
+    for other, match in [({"a": 1, "b": 3}, r"weights \(state \[1.0, 1.0\], this loader \[1.0, 3.0\]\)"),
+                         ({"a": 1, "c": 1}, r"sources \(state \['a', 'b'\], this loader \['a', 'c'\]\)")]:
+        b = tbljax.mix({n: ds for n in other}, other, steps_per_epoch=4)
+        with pytest.raises(ValueError, match=r"the mixtures differ in " + match):
+            tbljax.loader(b, 8, fields=None).load_state_dict(state)
+    b = tbljax.mix({"a": ds, "b": ds}, {"a": 1, "b": 1}, steps_per_epoch=5)
+    with pytest.raises(ValueError, match=r"steps_per_epoch \(state 4, this loader 5\)"):
+        tbljax.loader(b, 8, fields=None).load_state_dict(state)

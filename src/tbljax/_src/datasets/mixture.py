@@ -198,11 +198,20 @@ class Mixture(RecordDataset):
         return [p for d in self.datasets for p in d.paths]
 
     @cached_property
+    def description(self) -> dict:
+        """What the fingerprint hashes, as plain lists (a loader's state keeps it, so that a
+        resume refused for another mixture says what differs)."""
+        return {"sources": list(self.sources), "weights": list(self.weights),
+                "fingerprints": [d.fingerprint for d in self.datasets],
+                "label_offsets": list(self.label_offsets),
+                "steps_per_epoch": self._steps_per_epoch, "epoch_of": self.epoch_of}
+
+    @cached_property
     def fingerprint(self) -> str:
-        described = json.dumps({"sources": self.sources, "weights": self.weights,
-                                "fingerprints": [d.fingerprint for d in self.datasets],
-                                "label_offsets": self.label_offsets,
-                                "epoch": [self._steps_per_epoch, self.epoch_of]})
+        d = self.description  # hashed in the shape it has always had: saved states stay valid
+        described = json.dumps({"sources": d["sources"], "weights": d["weights"],
+                                "fingerprints": d["fingerprints"], "label_offsets": d["label_offsets"],
+                                "epoch": [d["steps_per_epoch"], d["epoch_of"]]})
         crc = _core.crc32(np.frombuffer(described.encode(), np.uint8), 0)
         return f"mix{sum(self.source_counts)}-{crc:08x}"  # the same on every process
 

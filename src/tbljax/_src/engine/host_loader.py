@@ -204,7 +204,8 @@ class HostLoader:
         epoch, position = self._cursor
         processes = len(self._host_parts.counts) if self._host_parts is not None else None
         return resume.make_state(seed=self.options.seed, epoch=epoch, position=position,
-                                fingerprint=self._source.fingerprint, processes=processes)
+                                fingerprint=self._source.fingerprint, processes=processes,
+                                 mixture=self._source.mixture)
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a `state_dict`; the next iteration continues from it. Raises ValueError
@@ -213,7 +214,8 @@ class HostLoader:
         parts = self._host_parts
         epoch, position = resume.check_state(
             state, seed=self.options.seed, fingerprint=self._source.fingerprint,
-            n=max(self._step_parts.counts), processes=len(parts.counts) if parts is not None else None)
+            n=max(self._step_parts.counts), processes=len(parts.counts) if parts is not None else None,
+            mixture=self._source.mixture)
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run
         self._cursor = self._step_parts.advance(epoch, position, self._rows.global_batch,

@@ -56,6 +56,7 @@ class RecordSource:
         contract.check_record_count(self.n, what=repr(ds))
         self.labels = contract.check_served_labels(ds.labels, repr(ds))
         self.fingerprint = str(ds.fingerprint)
+        self.mixture = None  # a MixtureSource's description of its mixture (resume.make_state)
         self.geometry = ds.geometry
         # (H, W) of every record, or None: records of different sizes (`geometry` has each).
         self.shape = self.geometry.shape
@@ -282,6 +283,7 @@ class MixtureSource:
         contract.check_record_count(len(mixture), what=repr(mixture))
         self.labels = contract.check_served_labels(mixture.labels, repr(mixture))
         self.fingerprint = mixture.fingerprint
+        self.mixture = mixture.description
         self.geometry = mixture.geometry
         self.shape = self.geometry.shape
 
