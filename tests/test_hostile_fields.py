@@ -187,6 +187,8 @@ def _with_fields_meta(tmp_path, fields_meta, name="m.tbl"):
     ({"x": {"kind": "ndarray", "dtype": "<U4", "shape": []}}, "dtype is a numeric NumPy dtype"),
     ({"x": {"kind": "ndarray", "dtype": "<i8", "shape": [2**39, 2**39]}}, "shape"),
     ({"x": {"kind": "str", "dtype": "<i8", "shape": []}}, "dtype null and shape"),
+    # fuzz/fuzz_fields.py's finding 3 (seed 0, run 43): a TypeError from np.dtype before
+    ({"x": {"kind": "str", "dtype": 2147483648, "shape": []}}, "dtype null and shape"),
     ({"label": {"kind": "ndarray", "dtype": "<i8", "shape": []}}, "field name 'label'"),
     ({"index": {"kind": "ndarray", "dtype": "<i8", "shape": []}}, "field name 'index'"),
     ({"image": {"kind": "ndarray", "dtype": "<i8", "shape": []}}, "field name 'image'"),
