@@ -153,12 +153,12 @@ class PartDataset(RecordDataset):
         return self._ds.fields
 
     def field_rows(self, name: str, indices, out=None):
-        idx = np.asarray(indices, np.int64)
-        return self._ds.field_rows(name, self._global(np.where(idx < 0, idx + len(self), idx)), out)
+        idx = contract.record_numbers(indices, len(self), "a host part")
+        return self._ds.field_rows(name, self._global(idx), out)
 
     def field_padded(self, name: str, indices, length: int, out: np.ndarray, lengths: np.ndarray) -> None:
-        idx = np.asarray(indices, np.int64)
-        self._ds.field_padded(name, self._global(np.where(idx < 0, idx + len(self), idx)), length, out, lengths)
+        idx = contract.record_numbers(indices, len(self), "a host part")
+        self._ds.field_padded(name, self._global(idx), length, out, lengths)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,11 +21,14 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.datasets import host_part, reader
 from tbljax._src.rules.augment import RecordGeometry
+from tbljax._src.rules.contract import is_integer, record_numbers
 from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset, record_number
 from tbljax._src.rules.mixing import MixSpec
 from tbljax._src.rules.parts import Parts
 
-__all__ = ["Mixture", "mix", "open_host_part"]
+__all__ = ["MAX_STEPS_PER_EPOCH", "Mixture", "mix", "open_host_part"]
+
+MAX_STEPS_PER_EPOCH = 1 << 32  # as epochs: the step is a 32-bit word of the mixing keys
 
 
 class Mixture(RecordDataset):
@@ -43,28 +46,35 @@ class Mixture(RecordDataset):
         if not isinstance(sources, Mapping) or not sources:
             raise TypeError("tbljax.mix takes a dict {name: TBL path, list of shard paths or "
                             f"dataset}}, got {type(sources).__name__}")
-        self.sources = [str(k) for k in sources]
-        if not isinstance(weights, Mapping) or set(map(str, weights)) != set(self.sources):
+        named = _by_name("sources", sources)
+        self.sources = list(named)
+        if not isinstance(weights, Mapping) or set(_by_name("weights", weights)) != set(self.sources):
             given = sorted(map(str, weights)) if isinstance(weights, Mapping) else weights
             raise ValueError(f"tbljax.mix: weights must name every source once: sources "
                              f"{self.sources}, weights for {given}")
-        self.given = {str(k): _checked_source(k, v) for k, v in sources.items()}
-        self.weights = tuple(float(weights[_key(weights, n)]) for n in self.sources)
+        self.given = {n: _checked_source(n, v) for n, v in named.items()}
+        weights = _by_name("weights", weights)
+        self.weights = tuple(_weight(n, weights[n]) for n in self.sources)
         MixSpec(self.weights, (1,) * len(self.weights))  # the weights' checks, before opening
-        offsets = label_offset or {}
-        unknown = sorted(set(map(str, offsets)) - set(self.sources))
+        offsets = _by_name("label_offset", label_offset or {})
+        unknown = sorted(set(offsets) - set(self.sources))
         if unknown:
             raise ValueError(f"tbljax.mix: label_offset names {unknown}, which are not sources "
                              f"{self.sources}")
+        for n, off in offsets.items():
+            if not is_integer(off) or not -(1 << 31) <= off < 1 << 31:
+                raise ValueError(f"tbljax.mix: label_offset[{n!r}] must be an integer in [-2**31, 2**31) "
+                                 f"(labels are served as int32), got {off!r}")
         self.label_offsets = tuple(int(offsets.get(n, 0)) for n in self.sources)
         if (steps_per_epoch is None) == (epoch_of is None):
             raise ValueError("tbljax.mix needs the length of an epoch: steps_per_epoch=N, or "
                              "epoch_of='name' (an epoch is one pass over that source); give one")
         if epoch_of is not None and epoch_of not in self.sources:
             raise ValueError(f"epoch_of={epoch_of!r} is not a source ({self.sources})")
-        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(
-                steps_per_epoch, (int, np.integer)) or steps_per_epoch < 1):
-            raise ValueError(f"steps_per_epoch must be an integer >= 1, got {steps_per_epoch!r}")
+        if steps_per_epoch is not None and (not is_integer(steps_per_epoch)
+                                            or not 1 <= steps_per_epoch < MAX_STEPS_PER_EPOCH):
+            raise ValueError(f"tbljax.mix: steps_per_epoch must be an integer in [1, 2**32), got "
+                             f"{steps_per_epoch!r}")
         self._steps_per_epoch, self.epoch_of = steps_per_epoch, epoch_of
         if host_parts is not None and len(host_parts) != len(self.sources):
             raise ValueError(f"host_parts needs one Parts per source, got {len(host_parts)}")
@@ -170,7 +180,7 @@ class Mixture(RecordDataset):
         if self._steps_per_epoch is not None:
             return int(self._steps_per_epoch)
         k = self.sources.index(self.epoch_of)
-        share = self.weights[k] / sum(self.weights)
+        share = float(MixSpec(self.weights, (1,) * len(self.weights)).shares[k])
         return max(1, int(self.source_counts[k] // (batch * share)))
 
     def split(self, indices) -> tuple[np.ndarray, np.ndarray]:
@@ -188,11 +198,20 @@ class Mixture(RecordDataset):
         return [p for d in self.datasets for p in d.paths]
 
     @cached_property
+    def description(self) -> dict:
+        """What the fingerprint hashes, as plain lists (a loader's state keeps it, so that a
+        resume refused for another mixture says what differs)."""
+        return {"sources": list(self.sources), "weights": list(self.weights),
+                "fingerprints": [d.fingerprint for d in self.datasets],
+                "label_offsets": list(self.label_offsets),
+                "steps_per_epoch": self._steps_per_epoch, "epoch_of": self.epoch_of}
+
+    @cached_property
     def fingerprint(self) -> str:
-        described = json.dumps({"sources": self.sources, "weights": self.weights,
-                                "fingerprints": [d.fingerprint for d in self.datasets],
-                                "label_offsets": self.label_offsets,
-                                "epoch": [self._steps_per_epoch, self.epoch_of]})
+        d = self.description  # hashed in the shape it has always had: saved states stay valid
+        described = json.dumps({"sources": d["sources"], "weights": d["weights"],
+                                "fingerprints": d["fingerprints"], "label_offsets": d["label_offsets"],
+                                "epoch": [d["steps_per_epoch"], d["epoch_of"]]})
         crc = _core.crc32(np.frombuffer(described.encode(), np.uint8), 0)
         return f"mix{sum(self.source_counts)}-{crc:08x}"  # the same on every process
 
@@ -244,7 +263,7 @@ class Mixture(RecordDataset):
         if name not in self.fields:
             raise KeyError(f"{self!r} has no field {name!r} common to its sources (fields: "
                            f"{sorted(self.fields)})")
-        k, r = self.split(indices)
+        k, r = self.split(record_numbers(indices, len(self), "a mixture"))
         parts = {s: self.datasets[s].field_rows(name, r[k == s]) for s in np.unique(k).tolist()}
         if self.fields[name].fixed:
             first = next(iter(parts.values()))
@@ -323,7 +342,11 @@ class Mixture(RecordDataset):
 
 
 def _checked_source(name, source):
-    """A source as given, checked for its type (it is opened when first used)."""
+    """A source as given, checked for its type (it is opened when first used). A mixture is
+    refused: its own weights would not carry through (give its sources to one tbljax.mix)."""
+    if isinstance(source, Mixture):
+        raise TypeError(f"tbljax.mix: source {name!r} is itself a mixture, which tbljax.mix does not "
+                        "take: give its sources to one tbljax.mix, with weights multiplied through")
     if isinstance(source, (str, bytes, os.PathLike, RecordDataset)):
         return source
     if isinstance(source, (list, tuple)):
@@ -349,8 +372,25 @@ def open_host_part(path_or_paths, global_batch: int, rank: int | None = None,
     return local.dataset, local.parts
 
 
-def _key(mapping: Mapping, name: str):
-    return next(k for k in mapping if str(k) == name)
+def _by_name(what: str, mapping: Mapping) -> dict:
+    """{str(key): value} of a mix() argument keyed by source name (the names are the keys as
+    str); ValueError when two keys are one name (1 and "1")."""
+    out, keys = {}, {}
+    for k, v in mapping.items():
+        name = str(k)
+        if name in out:
+            raise ValueError(f"tbljax.mix: {what} has keys {keys[name]!r} and {k!r}, which are one "
+                             f"source name {name!r}")
+        out[name], keys[name] = v, k
+    return out
+
+
+def _weight(name: str, w) -> float:
+    """A source's weight as a float: a finite real number > 0 (MixSpec checks the set)."""
+    if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, float, np.integer, np.floating)) \
+            or not (np.isfinite(w) and w > 0):
+        raise ValueError(f"tbljax.mix: weights[{name!r}] must be a finite number > 0, got {w!r}")
+    return float(w)
 
 
 def mix(sources: Mapping, weights: Mapping, *, steps_per_epoch: int | None = None,

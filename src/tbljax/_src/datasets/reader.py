@@ -25,7 +25,7 @@ from tbljax._src.file.field_columns import Column, open_columns
 from tbljax._src.file.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path
 from tbljax._src.file.format import is_compact, keys_of, labels_of, parse_dataset_json
 from tbljax._src.datasets import stats
-from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES
+from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES, record_numbers
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
 
@@ -250,16 +250,16 @@ class Dataset(RecordDataset):
         return self._column(name).whole()
 
     def field_rows(self, name: str, indices, out: np.ndarray | None = None) -> Any:
-        idx = np.asarray(indices, np.int64)
         col = self._column(name)
+        idx = record_numbers(indices, len(self))
         self.check_unchanged(self.files_of(idx) if len(idx) else [])
-        return col.rows(np.where(idx < 0, idx + len(self), idx), out)
+        return col.rows(idx, out)
 
     def field_padded(self, name: str, indices, length: int, out: np.ndarray, lengths: np.ndarray) -> None:
-        idx = np.asarray(indices, np.int64)
         col = self._column(name)
+        idx = record_numbers(indices, len(self))
         self.check_unchanged(self.files_of(idx) if len(idx) else [])
-        col.padded(np.where(idx < 0, idx + len(self), idx), length, out, lengths)
+        col.padded(idx, length, out, lengths)
 
     def read_record(self, i: int) -> dict[str, Any]:
         """Record i with everything it holds: {'image': (H, W, 3) uint8, 'label', 'key', and

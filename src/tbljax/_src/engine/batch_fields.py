@@ -7,16 +7,35 @@ from __future__ import annotations
 
 import numpy as np
 
-from tbljax._src.rules.dataset import RecordDataset
+from tbljax._src.rules.contract import is_integer
+from tbljax._src.rules.dataset import FieldInfo, RecordDataset
 
-__all__ = ["FieldServing"]
+__all__ = ["MAX_PAD_BYTES", "FieldServing", "check_pad"]
+
+MAX_PAD_BYTES = 1 << 34  # 16 GiB of one field's padded values: more is a mistyped length
+
+
+def check_pad(name: str, length, info: FieldInfo, rows: int) -> int:
+    """`pad[name]` as an int: an integer >= 1 (the lengths served are int32) whose padded
+    values for `rows` records (rows x length x a row's bytes) fit `MAX_PAD_BYTES`; ValueError
+    naming pad otherwise, before anything is allocated."""
+    if not is_integer(length) or not 1 <= length <= np.iinfo(np.int32).max:
+        raise ValueError(f"pad[{name!r}] must be an integer in [1, 2**31 - 1], got {length!r}")
+    row = int(np.prod(info.shape[1:], dtype=np.int64)) * info.dtype.itemsize
+    need = int(rows) * int(length) * max(row, 1)
+    if need > MAX_PAD_BYTES:
+        raise ValueError(f"pad[{name!r}] = {length} rows of {row} bytes for {rows} records is {need} bytes "
+                         f"of padded values (at most {MAX_PAD_BYTES}): give the length a record "
+                         "needs")
+    return int(length)
 
 
 class FieldServing:
-    """The fields one loader serves from `dataset`, checked at construction: an unknown name,
-    a ragged field without `pad`, a `pad`/`field_fn` for a field not served are errors naming it."""
+    """The fields one loader serves from `dataset`, `rows` rows a step, checked at construction:
+    an unknown name, a ragged field without `pad`, a `pad`/`field_fn` for a field not served, a
+    `pad` too long to allocate are errors naming it."""
 
-    def __init__(self, dataset: RecordDataset, fields, field_fn, pad):
+    def __init__(self, dataset: RecordDataset, fields, field_fn, pad, rows: int):
         infos = dataset.fields
         if fields == "all":
             names = list(infos)
@@ -37,8 +56,7 @@ class FieldServing:
             if not infos[n].ragged:
                 raise ValueError(f"pad[{n!r}]: field {n!r} is {infos[n].kind} of shape {infos[n].shape}, "
                                  "not a ragged ndarray field")
-            if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
-                raise ValueError(f"pad[{n!r}] must be an integer >= 1, got {length!r}")
+            check_pad(n, length, infos[n], rows)
         for n, fn in fns.items():
             if not callable(fn):
                 raise TypeError(f"field_fn[{n!r}] must be callable, got {type(fn).__name__}")

@@ -66,7 +66,8 @@ class HostLoader:
             rows = layout
         self.options = opts
         self._source = open_source(dataset, opts)
-        self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad)
+        self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad, opts.batch_size)
+        self.check_fields(dataset, [n for n in self._fields.names if n not in self._fields.fns])
         if parts is not None and parts.n != self._source.n:
             raise ValueError(f"part {parts.index} should hold {parts.n} records, the dataset "
                              f"given holds {self._source.n}")
@@ -96,6 +97,10 @@ class HostLoader:
                                  before_reuse=before_reuse)
 
     # ---- the seams a layer on top overrides ----
+    def check_fields(self, dataset, names: list[str]) -> None:
+        """Refuses at construction a field among `names` (served as stored, no field_fn) that
+        the framework cannot hold as stored. Default: every field is fine."""
+
     def finisher(self):
         """A function HostBatch -> (what iteration yields, the objects in it that view the
         ring slot), run in the producer thread; it must not refer to `self` (the producer may
@@ -199,7 +204,8 @@ class HostLoader:
         epoch, position = self._cursor
         processes = len(self._host_parts.counts) if self._host_parts is not None else None
         return resume.make_state(seed=self.options.seed, epoch=epoch, position=position,
-                                fingerprint=self._source.fingerprint, processes=processes)
+                                fingerprint=self._source.fingerprint, processes=processes,
+                                 mixture=self._source.mixture)
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a `state_dict`; the next iteration continues from it. Raises ValueError
@@ -208,7 +214,8 @@ class HostLoader:
         parts = self._host_parts
         epoch, position = resume.check_state(
             state, seed=self.options.seed, fingerprint=self._source.fingerprint,
-            n=max(self._step_parts.counts), processes=len(parts.counts) if parts is not None else None)
+            n=max(self._step_parts.counts), processes=len(parts.counts) if parts is not None else None,
+            mixture=self._source.mixture)
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run
         self._cursor = self._step_parts.advance(epoch, position, self._rows.global_batch,

@@ -54,8 +54,9 @@ class RecordSource:
         if self.n == 0:
             raise ValueError(f"{ds!r} holds no records")
         contract.check_record_count(self.n, what=repr(ds))
-        self.labels = np.asarray(ds.labels, dtype=np.int64)
+        self.labels = contract.check_served_labels(ds.labels, repr(ds))
         self.fingerprint = str(ds.fingerprint)
+        self.mixture = None  # a MixtureSource's description of its mixture (resume.make_state)
         self.geometry = ds.geometry
         # (H, W) of every record, or None: records of different sizes (`geometry` has each).
         self.shape = self.geometry.shape
@@ -280,8 +281,9 @@ class MixtureSource:
         self.steps_per_epoch = mixture.steps_per_epoch(opts.batch_size)
         self.n = self.steps_per_epoch * self.batch
         contract.check_record_count(len(mixture), what=repr(mixture))
-        self.labels = mixture.labels
+        self.labels = contract.check_served_labels(mixture.labels, repr(mixture))
         self.fingerprint = mixture.fingerprint
+        self.mixture = mixture.description
         self.geometry = mixture.geometry
         self.shape = self.geometry.shape
 

@@ -64,8 +64,10 @@ class FileColumn:
         off = self.offsets
         end = self.array.shape[0] if self.info.kind == "ndarray" else self.values.size
         if off[0] != 0 or off[-1] != end or np.any(np.diff(off) < 0):
+            falls = np.flatnonzero(np.diff(off) < 0)
+            where = f" (record {int(falls[0])} ends before it starts)" if len(falls) else ""
             raise _core.CorruptFileError(f"{self.path}: field {self.name!r}: offsets do not rise "
-                                         f"from 0 to {end}")
+                                         f"from 0 to {end}{where}")
         self._checked = True
 
     def verify(self) -> list[str]:
@@ -92,8 +94,13 @@ class FileColumn:
         lo, hi = int(self.offsets[j]), int(self.offsets[j + 1])
         if self.info.kind == "ndarray":
             return self.array[lo:hi]
-        text = bytes(self.values[lo:hi]).decode("utf-8")
-        return text if self.info.kind == "str" else json.loads(text)
+        try:  # the one place a str/json value is decoded: damage names file, record, field
+            text = bytes(self.values[lo:hi]).decode("utf-8")
+            return text if self.info.kind == "str" else json.loads(text)
+        except (ValueError, RecursionError) as e:  # Unicode/JSONDecodeError are ValueErrors
+            raise _core.CorruptFileError(f"{self.path}: record {j}: field {self.name!r} holds no valid "
+                                         f"{'UTF-8 text' if self.info.kind == 'str' else 'JSON'} ({e}); "
+                                         "`tbljax verify` checks the blocks' checksums") from None
 
 
 def merge_infos(name: str, infos: Sequence[FieldInfo], paths: Sequence[str]) -> FieldInfo:

@@ -28,7 +28,8 @@ __all__ = ["COPY_BYTES", "FIELD_KINDS", "ColumnWriter", "Columns", "FieldError",
 
 BLOCK_ALIGN = 64        # a fixed field's (N, ...) view starts on a cache line
 COPY_BYTES = 16 << 20   # spill → file in pieces of this size: memory flat in the field's size
-_RESERVED = ("image", "label", "index", "key", "mask")  # names a batch or a record already uses
+# Names a batch or a record already uses (a mixture's batch holds "source").
+_RESERVED = ("image", "label", "index", "key", "mask", "valid", "source")
 
 
 class FieldError(ValueError):
@@ -248,20 +249,31 @@ def check_field_meta(name: Any, meta: Any, path: str) -> None:
         raise _core.CorruptFileError(f"{path}: field {name!r} metadata must be {want}, got "
                                      f"{json.dumps(meta)[:120]}")
 
+    try:
+        check_name(name)
+    except ValueError as e:  # a name the batch or the record already uses would replace it
+        raise _core.CorruptFileError(f"{path}: {e}") from None
     if not isinstance(meta, dict) or meta.get("kind") not in FIELD_KINDS:
         bad(f"an object whose kind is one of {list(FIELD_KINDS)}")
     shape = meta.get("shape")
     if not isinstance(shape, list) or not all(
-            s is None or (isinstance(s, int) and not isinstance(s, bool) and s >= 0) for s in shape) \
-            or None in shape[1:]:
-        bad("an object whose shape is a list of sizes (None only first)")
+            s is None or (isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 40) for s in shape) \
+            or None in shape[1:] or len(shape) > 32:
+        bad("an object whose shape is a list of at most 32 sizes below 2**40 (None only first)")
     if meta["kind"] == "ndarray":
-        try:
-            dt = np.dtype(meta.get("dtype"))
-        except TypeError:
-            bad("an object whose dtype is a NumPy dtype string")
-        if dt.kind not in "biuf":
-            bad("an object whose dtype is numeric")
+        dt = None
+        if isinstance(meta.get("dtype"), str):
+            try:
+                dt = np.dtype(meta["dtype"])
+            except TypeError:
+                pass
+        if dt is None or dt.kind not in "biuf" or dt.itemsize > 8:
+            bad("an object whose dtype is a numeric NumPy dtype string (bool, int, uint, float)")
+        row = [s for s in shape if s is not None]
+        if np.prod(row, dtype=np.float64) * dt.itemsize >= 1 << 62:  # sizes multiply past int64
+            bad("an object whose shape holds fewer than 2**62 bytes")
+    elif shape or meta.get("dtype") is not None:
+        bad("an object whose str/json field has dtype null and shape []")
     blocks = ["values"] + ([] if meta["kind"] == "ndarray" and shape[:1] != [None] else ["offsets"])
     for b in blocks:
         blk = meta.get(b)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 
 from tbljax._src.engine.rows import RowLayout
-from tbljax._src.jax.arrays import to_global
+from tbljax._src.jax.arrays import check_fields_fit, check_fits, to_global
 from tbljax._src.datasets import mixture
 from tbljax._src.rules.parts import Parts
 from tbljax._src.datasets import reader
@@ -40,6 +40,7 @@ def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
     if host.sources is not None:  # a mixture: which source each row came from
         result["source"] = to_global(rows, host.sources)
     for name, pieces in host.fields.items():  # placed and sharded like label
+        check_fits(name, pieces, f"at epoch {host.epoch}, position {host.position}")  # a field_fn's
         result[name] = to_global(rows, pieces, pieces[0].shape[1:])
     result.update(host.texts)  # str/json fields: this process's rows, as Python lists
     return result, [result["image"]]
@@ -69,6 +70,9 @@ class Loader(HostLoader):
         if parts is not None:
             rows = rows.process_local(len(parts.counts))
         super().__init__(dataset, opts, rows, parts=parts)
+
+    def check_fields(self, dataset, names):
+        check_fields_fit(dataset, names, "tbljax.loader")
 
     def finisher(self):
         return functools.partial(to_jax, self._global_rows)

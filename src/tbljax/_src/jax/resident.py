@@ -31,11 +31,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tbljax._src.jax import ops as _ops
 from tbljax._src.jax import packed as _packed
 from tbljax._src.jax import twin as _twin
+from tbljax._src.jax.arrays import check_fields_fit
 from tbljax._src.datasets import reader
 from tbljax._src.datasets.mixture import Mixture
 from tbljax._src.rules.parts import steps_in_epoch
 from tbljax._src.rules import sharding as _sharding
 from tbljax._src.engine import step as _step
+from tbljax._src.engine.batch_fields import check_pad
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.record_source import RecordSource
@@ -458,10 +460,11 @@ def _field_columns(ds, fields, pad) -> dict[str, np.ndarray]:
             out[n] = np.ascontiguousarray(ds.field(n))
             continue
         length = pads.get(n)
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+        if length is None:
             raise ValueError(f"ResidentDataset: field {n!r} is ragged (shape {info.shape}): pass "
                              f"pad={{{n!r}: length}} (an integer >= 1) to hold it cut or zero-padded "
                              "to length rows, or leave it out with fields=")
+        length = check_pad(n, length, info, len(ds))
         col = np.zeros((len(ds), int(length), *info.shape[1:]), info.dtype)
         lengths = np.zeros(len(ds), np.int32)
         ds.field_padded(n, np.arange(len(ds), dtype=np.int64), int(length), col, lengths)
@@ -469,6 +472,7 @@ def _field_columns(ds, fields, pad) -> dict[str, np.ndarray]:
     for n in pads:
         if n not in names:
             raise KeyError(f"pad names field {n!r}, which is not held (fields held: {names})")
+    check_fields_fit(ds, names, "ResidentDataset")
     return out
 
 

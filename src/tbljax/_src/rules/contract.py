@@ -25,9 +25,9 @@ from tbljax import _core
 __all__ = ["Arg", "ArgumentError", "DEFAULT_RESIZE", "IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "MAX_OUT_SIDE",
            "MAX_RECORDS", "MAX_SIDE", "MAX_THREADS", "OUT_DTYPES", "RESIZE_MODES",
            "RESIZE_WEIGHT_BITS", "SQUARE_RESIZE_MODES", "channel_axis", "check_flip",
-           "check_index_array", "check_layout", "check_record_count", "check_threads",
+           "check_index_array", "check_layout", "check_record_count", "check_served_labels", "check_threads",
            "check_unnormalized", "crop_boxes", "dtype_name", "host_indices", "is_integer",
-           "normalization", "np_dtype", "output_size", "row_shape", "worded"]
+           "normalization", "np_dtype", "output_size", "record_numbers", "row_shape", "worded"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -102,6 +102,29 @@ def check_record_count(n: int, what: str) -> None:
 def is_integer(v) -> bool:
     """A Python or NumPy integer, not a bool."""
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def record_numbers(indices, n: int, what: str = "a dataset") -> np.ndarray:
+    """`rules/dataset.record_number` for an array: int64 indices in [0, n) (negative ones count
+    from the end); IndexError naming `what` and the first index past either end."""
+    idx = np.asarray(indices)
+    idx = host_indices(idx, n) if idx.size else np.zeros(0, np.int64)  # [] is float64 to NumPy
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        raise IndexError(f"record {int(idx[bad][0])} out of range for {what} of {n} records")
+    return np.where(idx < 0, idx + n, idx)
+
+
+def check_served_labels(labels: np.ndarray, what: str) -> np.ndarray:
+    """`labels` as int64, ValueError naming `what` when one does not fit the int32 ``label`` a
+    loader serves (it would wrap)."""
+    labels = np.asarray(labels, np.int64)
+    info = np.iinfo(np.int32)
+    if labels.size and (labels.min() < info.min or labels.max() > info.max):
+        bad = labels[(labels < info.min) | (labels > info.max)][0]
+        raise ValueError(f"{what} has label {int(bad)}, which does not fit the int32 'label' a loader "
+                         f"serves ([{info.min}, {info.max}])")
+    return labels
 
 
 def np_dtype(name: str) -> np.dtype:

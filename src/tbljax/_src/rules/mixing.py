@@ -66,10 +66,17 @@ class MixSpec:
             raise ValueError(f"every source of a mixture needs records, got counts {list(self.counts)}")
 
     @property
+    def shares(self) -> np.ndarray:
+        """w_k: the weights normalized to sum to 1 (scaled by the largest first, so weights
+        near the float64 limit do not overflow their sum)."""
+        w = np.asarray(self.weights, np.float64)
+        w = w / w.max()
+        return w / w.sum()
+
+    @property
     def cumulative(self) -> np.ndarray:
         """W_k as integers over 2^WEIGHT_BITS, the last exactly 2^WEIGHT_BITS."""
-        w = np.asarray(self.weights, np.float64)
-        cum = np.rint(np.cumsum(w / w.sum()) * (1 << WEIGHT_BITS)).astype(np.int64)
+        cum = np.rint(np.cumsum(self.shares) * (1 << WEIGHT_BITS)).astype(np.int64)
         cum[-1] = 1 << WEIGHT_BITS
         return cum
 

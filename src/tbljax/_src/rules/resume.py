@@ -14,10 +14,13 @@ _STATE_KEYS = ("version", "seed", "epoch", "position", "fingerprint")
 
 
 def make_state(*, seed: int, epoch: int, position: int, fingerprint: str,
-               processes: int | None = None) -> dict:
+               processes: int | None = None, mixture: dict | None = None) -> dict:
     """The resumable state: a small versioned dict of plain ints and strings. A
     partition="host" loader gives `processes` (P): its state also says ``"partition":
-    "host"`` and P, and its position is the local position of every part.
+    "host"`` and P, and its position is the local position of every part. A mixture's loader
+    gives `mixture` (`Mixture.description`: sources, weights, label offsets, epoch, the sources'
+    fingerprints), kept under ``"mixture"`` so that a state of another mixture is refused
+    saying what differs.
 
     >>> make_state(seed=0, epoch=1, position=512, fingerprint="ab12")["version"]
     1
@@ -27,11 +30,13 @@ def make_state(*, seed: int, epoch: int, position: int, fingerprint: str,
              "fingerprint": str(fingerprint)}
     if processes is not None:
         state.update(partition="host", processes=int(processes))
+    if mixture is not None:  # a mixture's recipe: a refused resume says what differs
+        state["mixture"] = mixture
     return state
 
 
 def check_state(state, *, seed: int, fingerprint: str, n: int,
-                processes: int | None = None) -> tuple[int, int]:
+                processes: int | None = None, mixture: dict | None = None) -> tuple[int, int]:
     """Validates a state from `make_state` against this run; returns (epoch, position).
 
     `n` bounds the position (with parts: the largest part). `processes`: P for a
@@ -56,7 +61,7 @@ def check_state(state, *, seed: int, fingerprint: str, n: int,
                          f"loader with partition={saved!r}")
     if state["fingerprint"] != fingerprint:
         raise ValueError(f"state is for dataset {state['fingerprint']!r} but this loader reads "
-                         f"dataset {fingerprint!r}")
+                         f"dataset {fingerprint!r}{_what_differs(state.get('mixture'), mixture)}")
     if state["seed"] != seed:
         raise ValueError(f"state was saved with seed={state['seed']!r} but this loader has "
                          f"seed={seed!r}: create the loader with the state's seed")
@@ -78,3 +83,13 @@ def check_state(state, *, seed: int, fingerprint: str, n: int,
                 f"loader.set_epoch({epoch + 1}) skips the rest of epoch {epoch}, "
                 f"loader.set_epoch({epoch}) serves epoch {epoch} again from its start")
     return int(epoch), int(position)
+
+
+def _what_differs(saved, mine) -> str:
+    """': their sources differ (state [...], this loader [...])', ... for two mixtures'
+    descriptions; '' when either is not a mixture's."""
+    if not (isinstance(saved, dict) and isinstance(mine, dict)):
+        return ""
+    diff = [f"{k} (state {saved.get(k)!r}, this loader {mine.get(k)!r})" for k in mine
+            if saved.get(k) != mine.get(k)]
+    return ": the mixtures differ in " + "; ".join(diff) if diff else ""
