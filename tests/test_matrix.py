@@ -560,7 +560,7 @@ def test_mixture_refuses_what_it_does_not_serve_by_name(mixed, matrix):
         tbljax.mix({"a": files["raw_square", "file"]}, weights={"a": 1})
     with pytest.raises(ValueError, match="weights must name every source"):
         tbljax.mix({"a": files["raw_square", "file"]}, weights={"b": 1}, steps_per_epoch=1)
-    with pytest.raises(ValueError, match="finite and > 0"):
+    with pytest.raises(ValueError, match=r"weights\[.a.\] must be a finite number > 0, got 0"):
         tbljax.mix({"a": files["raw_square", "file"]}, weights={"a": 0}, steps_per_epoch=1)
 
 
