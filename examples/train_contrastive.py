@@ -62,7 +62,7 @@ def photo_dataset(photos: Path, classes: int, per_class: int, work: Path, size: 
 def synthetic_dataset(n: int, work: Path, size: int) -> Path:
     """Generated images of the demo's classes, each with its caption."""
     import tbljax
-    from tbljax._src.tools import demo
+    from tbljax import demo
 
     rng = np.random.default_rng(0)
     labels = rng.integers(len(demo.CLASSES), size=n)

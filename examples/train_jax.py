@@ -43,7 +43,7 @@ import numpy as np
 def make_dataset(workdir: Path, n: int, size: int) -> tuple[Path, Path]:
     """A small labelled dataset (4 classes of patterns) as train.tbl and val.tbl."""
     import tbljax
-    from tbljax._src.tools import demo
+    from tbljax import demo
 
     rng = np.random.default_rng(0)
     out = []
@@ -65,7 +65,7 @@ def make_fullaspect_dataset(workdir: Path, n: int, size: int) -> tuple[Path, Pat
     """The same patterns cut to several aspect ratios, converted with the longer side `size`
     and the aspect kept (resize="max_side"): records of different sizes."""
     import tbljax
-    from tbljax._src.tools import demo
+    from tbljax import demo
 
     rng = np.random.default_rng(0)
     out = []

@@ -27,11 +27,10 @@ def check_assembly_aliases_the_ring(batch_size):
     import gc
 
     from tbljax._src.engine import ring
-    from tbljax._src.engine.rows import RowLayout
     from tbljax._src.jax.arrays import to_global
-    from tbljax._src.rules import sharding
+    from tbljax._src.jax import sharding
 
-    whole = RowLayout.create(sharding.batch_sharding(None), batch_size)
+    whole = sharding.row_layout(sharding.batch_sharding(None), batch_size)
     slot = ring.Slot(whole.process_local(jax.process_count()), (4, 3, 3), np.uint8)
     views = slot.views()
     arr = to_global(whole, views, (4, 3, 3))

@@ -21,14 +21,14 @@ PACKAGE = REPO / "src" / "tbljax"
 # ("tbljax" is its __init__.py), last, so no private room depends on it.
 ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
-    ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "mixing", "augment",
+    ("_src/rules", ["contract", "braces", "partition", "parts", "order", "resume", "mixing", "augment",
                     "buckets", "naflex", "dataset", "options"]),         # what every path agrees on
     ("_src/file", ["fields", "format", "field_columns"]),  # the TBL file's bytes from Python
-    ("_src/datasets", ["stats", "reader", "host_part", "mixture"]),  # opening and combining datasets
+    ("_src/datasets", ["stats", "reader", "host_part", "mixture", "opening"]),  # opening and combining datasets
     ("_src/engine", ["kernels", "rows", "ring", "step", "file_sweep", "record_source", "batch_fields", "plan",
                      "producer", "host_loader"]),               # the framework-free serving machine
-    ("_src/jax", ["packed", "registration", "twin", "ffi_call", "partitioning", "ops",
-                  "arrays", "loader", "resident"]),  # JAX arrays, the kernel inside jit
+    ("_src/jax", ["collectives", "sharding", "packed", "registration", "twin", "ffi_call", "partitioning", "ops",
+                  "arrays", "loader", "resident_host", "resident"]),  # JAX arrays, the kernel inside jit
     ("_src/adapters", ["common", "torch", "mlx"]),  # torch and MLX
     ("_src/remote", ["remote", "staging"]),         # files at URLs, shards staged to local disk
     ("_src/sources", ["items", "arrays", "files", "huggingface", "tf_example", "tfds",
@@ -37,7 +37,7 @@ ROOMS = [
                          "convert"]),               # sources -> a TBL file
     ("_src/tools", ["benchmark", "show", "demo", "beam", "cli_parser", "cli_commands",
                     "cli"]),                        # programs over the loaders
-    ("facade", ["kernels", "order", "augment", "show", "ops", "torch", "mlx", "beam", "tbljax",
+    ("facade", ["kernels", "order", "augment", "show", "demo", "ops", "torch", "mlx", "beam", "tbljax",
                 "__main__"]),                       # what users import
 ]
 
@@ -234,3 +234,82 @@ def test_the_architecture_document_maps_every_room_and_module():
     missing += [f"{folder}/" for folder, _ in ROOMS if folder.startswith("_src/")
                 and f"{folder}/" not in mentioned]
     assert missing == [], f"docs/architecture.md does not map {missing}"
+
+
+FRAMEWORKS = ("jax", "torch", "mlx")
+# The rooms upstream of jax/ and adapters/: framework-free, whatever runs them.
+FRAMEWORK_FREE = [f for f, _ in ROOMS[:ROOMS.index(next(r for r in ROOMS if r[0] == "_src/jax"))]
+                  if f.startswith("_src/")]
+
+
+def _top_level_imports(tree: ast.AST) -> list[tuple[str, int]]:
+    """(top-level package, line) of every import in the tree: statements at any depth, inside
+    functions too, and `importlib.import_module("...")` / `__import__("...")` calls."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name.split(".")[0], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module.split(".")[0], node.lineno))
+        elif (isinstance(node, ast.Call) and (getattr(node.func, "attr", "") == "import_module"
+                                              or getattr(node.func, "id", "") == "__import__")
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.append((node.args[0].value.split(".")[0], node.lineno))
+    return found
+
+
+@pytest.mark.parametrize("room", FRAMEWORK_FREE)
+def test_rooms_upstream_of_the_frameworks_import_none(room):
+    bad = [f"{p.relative_to(PACKAGE)} line {line}: imports {top}"
+           for p in sorted((PACKAGE / room).glob("*.py"))
+           for top, line in _top_level_imports(ast.parse(p.read_text())) if top in FRAMEWORKS]
+    assert bad == []
+
+
+def _public(dotted: str) -> bool:
+    return not any(part.startswith("_") for part in dotted.split(".")[1:])
+
+
+def _private_tbljax_imports(source: str) -> list[str]:
+    tree = ast.parse(source)
+    bad = [f"line {n.lineno}: {a.name}" for n in ast.walk(tree) if isinstance(n, ast.Import)
+           for a in n.names if a.name.split(".")[0] == "tbljax" and not _public(a.name)]
+    bad += [f"line {n.lineno}: from {n.module} import ..." for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] == "tbljax"
+            and not _public(n.module)]
+    bad += [f"line {n.lineno}: from tbljax import {a.name}" for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module == "tbljax" for a in n.names if a.name.startswith("_")]
+    return bad
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.py")))
+def test_examples_import_only_public_modules(example):
+    assert _private_tbljax_imports((REPO / "examples" / example).read_text()) == []
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/reference.md"])
+def test_doc_code_blocks_import_only_public_modules(doc):
+    text = (REPO / doc).read_text()
+    bad = [f"block at line {text[:m.start()].count(chr(10)) + 2}: {b}"
+           for m in re.finditer(r"```python\n(.*?)```", text, re.S)
+           for b in _private_tbljax_imports(m.group(1))]
+    assert bad == []
+
+
+def test_the_import_checks_catch_what_they_guard_against():
+    tree = ast.parse("def f():\n    import jax.numpy as jnp\nimport importlib\nimportlib.import_module('torch')\n"
+                     "__import__('mlx.core')\nfrom jax import lax\n")
+    assert sorted(_top_level_imports(tree), key=lambda x: x[1]) == [
+        ("jax", 2), ("importlib", 3), ("torch", 4), ("mlx", 5), ("jax", 6)]
+    assert _private_tbljax_imports("from tbljax._src.tools import demo\nimport tbljax.ops\n"
+                                   "from tbljax import _core, demo\n") == [
+        "line 1: from tbljax._src.tools import ...", "line 3: from tbljax import _core"]
+
+
+MAX_LINES = 450
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = {str(p.relative_to(PACKAGE)): n for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}

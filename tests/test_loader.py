@@ -260,11 +260,10 @@ def dataclasses_frozen_error():
 
 def test_ring_memory_is_aliased_by_jax_without_a_copy():
     from tbljax._src.engine import ring
-    from tbljax._src.engine.rows import RowLayout
     from tbljax._src.jax.arrays import to_global
-    from tbljax._src.rules import sharding
+    from tbljax._src.jax import sharding
 
-    rows = RowLayout.create(sharding.batch_sharding(None), 4)
+    rows = sharding.row_layout(sharding.batch_sharding(None), 4)
     slot = ring.Slot(rows, (5, 7, 3), np.float32)
     views = slot.views()
     assert all(v.ctypes.data % ring.ALIGN == 0 for v in views)

@@ -140,7 +140,8 @@ def test_every_dataset_kind_implements_the_whole_contract(matrix, kind, layout):
         if ds.compact or ds.record_format == "jpeg":
             r = ds.jpeg_records()
             assert int(r.counts.sum()) == len(ds) and np.array_equal(r.offsets, offsets)
-            stored_raw = np.array([e["format"] == FORMATS["RAW_U8"] for e in ds.index])
+            index = tbljax.open(files[kind, layout]).index[len(tbljax.open(files[kind, layout])) - len(ds):]
+            stored_raw = np.array([e["format"] == FORMATS["RAW_U8"] for e in index])
             assert r.stored_raw.tolist() == stored_raw.tolist(), what
             if kind == "compact_raw_budget":  # both kinds of record, in every file
                 assert ds.record_format == "mixed" and 0 < stored_raw.sum() < len(ds), what

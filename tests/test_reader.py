@@ -35,20 +35,21 @@ def test_a_missing_file_is_file_not_found_naming_it(tmp_path, open_it):
     assert e.value.filename == missing and "nope.tbl" in str(e.value)
 
 
-def test_getitem_is_record_i_as_a_fresh_array(tmp_path):
+def test_getitem_is_record_i_as_a_dict_with_a_fresh_image(tmp_path):
     data = imgs()
     ds = tbljax.open(write(tmp_path / "a.tbl", data, np.arange(6)))
     for i in (0, 3, 5, -1, -6):
         got = ds[i]
-        np.testing.assert_array_equal(got, data[i])
-        assert got.flags.writeable and got.dtype == np.uint8
-    got[:] = 0  # a fresh array: the file's mapping is untouched
-    np.testing.assert_array_equal(ds[-6], data[0])
+        assert sorted(got) == ["image", "key", "label"] and got["label"] == i % 6
+        np.testing.assert_array_equal(got["image"], data[i])
+        assert got["image"].flags.writeable and got["image"].dtype == np.uint8
+    got["image"][:] = 0  # a fresh array: the file's mapping is untouched
+    np.testing.assert_array_equal(ds[-6]["image"], data[0])
+    np.testing.assert_array_equal(ds.read(0), data[0])  # read(i) stays the pixels alone
     with pytest.raises(IndexError, match="record 6 out of range"):
         ds[6]
     with pytest.raises(TypeError, match="record index must be an integer"):
         ds["0"]
-
 
 
 def test_getitem_serves_grain_random_access(tmp_path):
@@ -56,7 +57,8 @@ def test_getitem_serves_grain_random_access(tmp_path):
     data = imgs()
     ds = tbljax.open(write(tmp_path / "a.tbl", data, np.arange(6)))
     got = list(grain.MapDataset.source(ds))
-    np.testing.assert_array_equal(np.stack(got), data)
+    np.testing.assert_array_equal(np.stack([r["image"] for r in got]), data)
+    assert [r["label"] for r in got] == list(range(6))
 
 
 def test_getitem_serves_a_torch_dataloader(tmp_path):
@@ -64,8 +66,9 @@ def test_getitem_serves_a_torch_dataloader(tmp_path):
     data = imgs()
     ds = tbljax.open(write(tmp_path / "a.tbl", data, np.arange(6)))
     got = list(torch.utils.data.DataLoader(ds, batch_size=4))
-    assert [tuple(b.shape) for b in got] == [(4, 8, 7, 3), (2, 8, 7, 3)]
-    np.testing.assert_array_equal(torch.cat(got).numpy(), data)
+    assert [tuple(b["image"].shape) for b in got] == [(4, 8, 7, 3), (2, 8, 7, 3)]
+    np.testing.assert_array_equal(torch.cat([b["image"] for b in got]).numpy(), data)
+    assert torch.cat([b["label"] for b in got]).tolist() == list(range(6))
 
 
 def test_fingerprint_depends_on_the_data_only(tmp_path):

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax._src.rules import sharding
-from tbljax._src.jax.resident import ResidentDataset, check_fits, host_rows
+from tbljax._src.jax import sharding
+from tbljax._src.jax.resident import ResidentDataset
+from tbljax._src.jax.resident_host import check_device_memory, host_rows
 
 N, H, W, G = 40, 20, 24, 8  # 5 steps per epoch
 
@@ -141,7 +142,7 @@ def test_dataset_that_does_not_fit_is_a_clear_error(data):
         ResidentDataset(data[0], max_bytes=1000)
     # Far beyond this machine: without memory_stats (CPU) the default limit is the free RAM.
     with pytest.raises(MemoryError, match=r"available host RAM"):
-        check_fits((1 << 40, 1000, 1000, 3), sharding.data_sharding(None), None)
+        check_device_memory((1 << 40, 1000, 1000, 3), sharding.data_sharding(None), None)
 
 
 def test_batch_argument_errors(data, resident):
@@ -243,10 +244,21 @@ def test_numeric_fields_are_drawn_in_jit_by_the_same_indices(with_fields):
     assert sorted(only.fields) == ["emb"] and sorted(ResidentDataset(path, fields=None, pad=None).fields) == []
 
 
+def test_by_default_it_holds_what_a_device_array_can_and_says_what_it_left_out(with_fields):
+    path, src = with_fields
+    ds = ResidentDataset(path)  # a ragged field without pad= and a str field: left out, said
+    assert sorted(ds.fields) == ["emb", "flag"]
+    assert sorted(ds.left_out) == ["caption", "tok"]
+    assert "pad=" in ds.left_out["tok"] and "str" in ds.left_out["caption"]
+    np.testing.assert_array_equal(np.asarray(ds.fields["emb"]), src["emb"])
+    assert ResidentDataset(path, pad={"tok": 3}).left_out == {"caption": ds.left_out["caption"]}
+    assert ResidentDataset(path, fields=["emb"]).left_out == {}
+
+
 def test_resident_fields_it_cannot_hold_are_refused_by_name(with_fields):
     path, _ = with_fields
     with pytest.raises(ValueError, match="field 'tok' is ragged.*pad="):
-        ResidentDataset(path)
+        ResidentDataset(path, fields=["emb", "tok"])
     with pytest.raises(ValueError, match="field 'caption' is str, which cannot be a device array"):
         ResidentDataset(path, fields=["caption"])
     with pytest.raises(KeyError, match="no field 'nope'"):

@@ -27,7 +27,8 @@ from tbljax._src.engine.rows import RowLayout
 from tbljax._src.datasets.reader import Dataset, open
 from tbljax._src.datasets.mixture import Mixture, mix
 from tbljax._src.remote.staging import stage
-from tbljax._src.rules.partition import host_part
+from tbljax._src.jax.collectives import host_part
+from tbljax._src.jax.sharding import row_layout
 from tbljax import augment, kernels, order, show
 
 __version__: str = _core.native_info()["version"]
@@ -53,5 +54,5 @@ __all__ = [
     "LoaderOptions", "RowLayout", "loader", "augment", "kernels", "order", "show",
     "ConversionError", "ConvertSummary", "CorruptFileError",
     "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
-    "Mixture", "host_part", "mix", "open", "ops", "stage",
+    "Mixture", "host_part", "mix", "open", "ops", "row_layout", "stage",
 ]

@@ -26,7 +26,7 @@ import numpy as np
 from tbljax._src.adapters import common as _adapter
 from tbljax._src.engine import ring
 from tbljax._src.rules import contract
-from tbljax._src.datasets import mixture
+from tbljax._src.datasets import opening
 from tbljax._src.datasets import reader
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 
@@ -186,6 +186,6 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     if partition != "host":
         raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
                          f"rank reads only its own part), got {partition!r}")
-    dataset, parts = mixture.open_host_part(path_or_paths, opts.batch_size, rank, world_size,
+    dataset, parts = opening.open_host_part(path_or_paths, opts.batch_size, rank, world_size,
                                             _allgather(torch, rank, world_size))
     return TorchLoader(dataset, opts, rank, world_size, bool(pin_memory), parts=parts)

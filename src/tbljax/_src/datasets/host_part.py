@@ -3,15 +3,16 @@
 range of records) are chosen by `tbljax.host_part`, and only those files are opened:
 the other processes' files need not exist on this host (a staged part holds only its own).
 
-The processes exchange once, with `jax.experimental.multihost_utils.process_allgather`, what
-each part holds: its record count (so every process runs the same steps and knows the global
+The processes exchange once, through the collective the framework layer passes in (JAX's
+``process_allgather``, torch.distributed's ``all_gather``), what each part holds: its record
+count (so every process runs the same steps and knows the global
 index of its records), its image size (so the global batch has one shape) and a fingerprint
 of its files. The dataset's fingerprint is then ``"{N}-{h:08x}"`` with h the sum modulo 2^32
 of ``hash32(i, crc32(fingerprint of file i))`` over the files: the same on every process and
 for any process count, found without reading another host's files. Header-only reads of the
 other parts would need their files here; the exchange needs nothing but the running job.
 
->>> part = open_part(["train-00.tbl", "train-01.tbl", "train-02.tbl"])  # on every process
+>>> part = open_part(["train-00.tbl", "train-01.tbl", "train-02.tbl"], rank, world_size, allgather)
 >>> part.parts.counts, part.parts.index      # record count of every part; this process's
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tbljax._src.rules import contract, order
 from tbljax._src.rules.parts import Parts
 from tbljax._src.datasets import reader
 from tbljax._src.rules.augment import RecordGeometry
-from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset, record_number
+from tbljax._src.rules.dataset import RecordDataset, Records, record_number
 from tbljax._src.rules.partition import host_part
 
 __all__ = ["LocalPart", "PartDataset", "open_part"]
@@ -42,8 +43,8 @@ class PartDataset(RecordDataset):
     """Records [lo, hi) of an open `tbljax.Dataset` (this process's part), under the
     fingerprint of the whole dataset: what `tbljax.HostLoader` reads for a host part. Record
     i here is record lo + i of `dataset` (lo > 0 only for a single file split by records).
-    Implements the whole dataset contract (`tbljax._src.rules.dataset`), so every record kind
-    serves from a host part as from the whole dataset."""
+    It slices what the contract's narrow core holds (`records()`, labels, keys, geometry) and
+    shifts record numbers; the rest of the contract is derived from those."""
 
     def __init__(self, dataset: reader.Dataset, lo: int, hi: int, fingerprint: str):
         if (lo, hi) != (0, len(dataset)) and len(dataset.paths) != 1:
@@ -59,14 +60,9 @@ class PartDataset(RecordDataset):
     def __repr__(self) -> str:
         return f"PartDataset(records [{self._lo}, {self._hi}) of {self._ds!r})"
 
-    @property
-    def whole(self) -> bool:
-        """True when the part is the whole of the dataset it was cut from (whole files)."""
-        return (self._lo, self._hi) == (0, len(self._ds))
-
     def _global(self, indices) -> np.ndarray:
         idx = np.asarray(indices, np.int64)
-        return idx if self.whole else idx + self._lo
+        return np.where(idx < 0, idx + len(self), idx) + self._lo
 
     def _record(self, i: int) -> int:
         return self._lo + record_number(i, len(self), "a part")
@@ -91,47 +87,27 @@ class PartDataset(RecordDataset):
     def classes(self):
         return self._ds.classes
 
-    @property
-    def image_shape(self):
-        return self._ds.image_shape
-
     @cached_property
     def geometry(self) -> RecordGeometry:
         g = self._ds.geometry
-        if g.shape is not None:
-            return g
-        return RecordGeometry(g.heights[self._lo:self._hi], g.widths[self._lo:self._hi])
+        return g if g.shape is not None else RecordGeometry(g.heights[self._lo:self._hi],
+                                                            g.widths[self._lo:self._hi])
 
     @cached_property
     def labels(self) -> np.ndarray:
         return self._ds.labels[self._lo:self._hi]
 
     @cached_property
-    def index(self) -> np.ndarray:
-        return self._ds.index[self._lo:self._hi]
+    def keys(self) -> list[str]:
+        return self._ds.keys[self._lo:self._hi]
 
-    def shard_views(self) -> list[np.ndarray]:
-        views = self._ds.shard_views()
-        return views if self.whole else [views[0][self._lo:self._hi]]
+    @cached_property
+    def _records(self) -> Records:
+        r = self._ds.records()
+        return r if (self._lo, self._hi) == (0, len(self._ds)) else r.take(self._lo, self._hi)
 
-    def raw_records(self) -> RawRecords:
-        r = self._ds.raw_records()
-        if self.whole:
-            return r
-        cut = slice(self._lo, self._hi)
-        return RawRecords(r.views, np.array([len(self)], np.int64), r.offsets[cut],
-                          r.heights[cut], r.widths[cut])
-
-    def jpeg_records(self) -> JpegRecords:
-        r = self._ds.jpeg_records()
-        if self.whole:
-            return r
-        cut = slice(self._lo, self._hi)
-        return JpegRecords(r.views, np.array([len(self)], np.int64), r.offsets[cut],
-                           r.sizes[cut], r.heights[cut], r.widths[cut], r.stored_raw[cut])
-
-    def byte_ranges(self, indices):
-        return self._ds.byte_ranges(self._global(indices))
+    def records(self) -> Records:
+        return self._records
 
     def read(self, i: int) -> np.ndarray:
         return self._ds.read(self._record(i))
@@ -141,9 +117,6 @@ class PartDataset(RecordDataset):
 
     def locate(self, i: int) -> tuple[str, int]:
         return self._ds.locate(self._record(i))
-
-    def files_of(self, indices) -> np.ndarray:
-        return self._ds.files_of(self._global(indices))
 
     def check_unchanged(self, files=None) -> None:
         self._ds.check_unchanged(files)
@@ -217,14 +190,7 @@ def _open_local(paths: list, index: int, processes: int):
     return ds, lo, hi, row
 
 
-def _jax_allgather(row: np.ndarray) -> np.ndarray:
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(row))
-
-
-def open_part(path_or_paths, rank: int | None = None, world_size: int | None = None,
-              allgather=None) -> LocalPart:
+def open_part(path_or_paths, rank: int, world_size: int, allgather) -> LocalPart:
     """Opens this process's part of a dataset for host-local reading, and agrees with the
     other processes on every part's size and the dataset's fingerprint. Every process of the
     job must call it, with the same list of paths (files of other parts may be absent).
@@ -233,14 +199,10 @@ def open_part(path_or_paths, rank: int | None = None, world_size: int | None = N
     process opens it and serves records ``host_part(len(file), p, P)`` of it. Raises on every
     process if any process cannot open its part (that process raises its own error).
 
-    By default p and P are this JAX process's (``jax.process_index()``, ``jax.process_count()``)
-    and the rows are exchanged over JAX. Another framework gives `rank`, `world_size` and
-    ``allgather(row) -> (world_size, len(row))`` array, every rank's row in rank order (the
-    torch adapter passes one over torch.distributed)."""
-    if allgather is None:
-        import jax
-
-        rank, world_size, allgather = jax.process_index(), jax.process_count(), _jax_allgather
+    p is `rank` of P = `world_size`; ``allgather(row) -> (world_size, len(row))`` array gives
+    every rank's row in rank order, exchanged by the framework that runs the job (the JAX
+    loader passes `jax/collectives.py`'s, the torch adapter one over torch.distributed): the
+    dataset room imports no framework."""
     paths = _as_paths(path_or_paths)
     index, processes = rank, world_size
     error, row = None, np.zeros(_ROW, np.uint32)

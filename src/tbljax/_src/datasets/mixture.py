@@ -22,16 +22,16 @@ from tbljax import _core
 from tbljax._src.datasets import host_part, reader
 from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.contract import is_integer, record_numbers
-from tbljax._src.rules.dataset import JpegRecords, RawRecords, RecordDataset, record_number
+from tbljax._src.rules.dataset import RecordDataset, Records, WeightedDataset, record_number
 from tbljax._src.rules.mixing import MixSpec
 from tbljax._src.rules.parts import Parts
 
-__all__ = ["MAX_STEPS_PER_EPOCH", "Mixture", "mix", "open_host_part"]
+__all__ = ["MAX_STEPS_PER_EPOCH", "Mixture", "mix"]
 
 MAX_STEPS_PER_EPOCH = 1 << 32  # as epochs: the step is a 32-bit word of the mixing keys
 
 
-class Mixture(RecordDataset):
+class Mixture(WeightedDataset):
     """Named datasets, their weights and the length of an epoch. Made by `tbljax.mix`.
 
     The sources are kept as given (``given``) and opened when first used, so that under
@@ -137,11 +137,11 @@ class Mixture(RecordDataset):
             return 0, 1
         return self.host_parts[0].index, len(self.host_parts[0].counts)
 
-    def open_part(self, rank: int | None = None, world_size: int | None = None,
-                  allgather=None) -> "Mixture":
+    def open_part(self, rank: int, world_size: int, allgather) -> "Mixture":
         """This process's mixture for ``partition="host"``: each source's part opened by
         `tbljax._src.datasets.host_part.open_part` (its shard files split by files, a single file
-        by records; one exchange per source), under the same names, weights and epoch.
+        by records; one exchange per source, through `allgather`), under the same names,
+        weights and epoch.
         Every process must call it. The sources must be paths: an open dataset has no parts
         to open."""
         if self.host_parts is not None:
@@ -184,8 +184,10 @@ class Mixture(RecordDataset):
         return max(1, int(self.source_counts[k] // (batch * share)))
 
     def split(self, indices) -> tuple[np.ndarray, np.ndarray]:
-        """(source, record in that source) of mixture records `indices`."""
+        """(source, record in that source) of mixture records `indices` (negative ones count
+        from the end, as for every dataset)."""
         idx = np.asarray(indices, np.int64)
+        idx = np.where(idx < 0, idx + len(self), idx)
         k = np.searchsorted(self.offsets, idx, side="right") - 1
         return k, idx - self.offsets[k]
 
@@ -223,6 +225,10 @@ class Mixture(RecordDataset):
             lab = np.asarray(d.labels, np.int64)
             out.append(np.where(lab >= 0, lab + off, -1))
         return np.concatenate(out)
+
+    @cached_property
+    def keys(self) -> list[str]:
+        return [k for d in self.datasets for k in d.keys]
 
     @property
     def classes(self):
@@ -274,33 +280,15 @@ class Mixture(RecordDataset):
         taken = {s: iter(v) for s, v in parts.items()}
         return [next(taken[s]) for s in k.tolist()]
 
-    def shard_views(self) -> list[np.ndarray]:
-        return [v for d in self.datasets for v in d.shard_views()]
+    def records(self) -> Records:
+        return self._records
 
-    def raw_records(self) -> RawRecords:
-        parts = [d.raw_records() for d in self.datasets]
-        return RawRecords([v for p in parts for v in p.views], *(
-            np.concatenate([getattr(p, f) for p in parts])
-            for f in ("counts", "offsets", "heights", "widths")))
-
-    def jpeg_records(self) -> JpegRecords:
-        parts = [d.jpeg_records() for d in self.datasets]
-        return JpegRecords([v for p in parts for v in p.views], *(
-            np.concatenate([getattr(p, f) for p in parts])
-            for f in ("counts", "offsets", "sizes", "heights", "widths", "stored_raw")))
+    @cached_property
+    def _records(self) -> Records:
+        return Records.concat([d.records() for d in self.datasets])
 
     def _file_base(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum([len(d.paths) for d in self.datasets])])
-
-    def byte_ranges(self, indices):
-        k, r = self.split(indices)
-        files, offsets, sizes = (np.empty(len(r), np.int64) for _ in range(3))
-        base = self._file_base()
-        for s in np.unique(k).tolist():
-            m = k == s
-            f, o, n = self.datasets[s].byte_ranges(r[m])
-            files[m], offsets[m], sizes[m] = f + base[s], o, n
-        return files, offsets, sizes
 
     def _one(self, i: int) -> tuple[int, int]:
         k, r = self.split([record_number(i, len(self), "a mixture")])
@@ -321,12 +309,6 @@ class Mixture(RecordDataset):
     def locate(self, i: int) -> tuple[str, int]:
         k, r = self._one(i)
         return self.datasets[k].locate(r)
-
-    def files_of(self, indices) -> np.ndarray:
-        k, r = self.split(indices)
-        base = self._file_base()
-        found = [self.datasets[s].files_of(r[k == s]) + base[s] for s in np.unique(k).tolist()]
-        return np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
     def check_unchanged(self, files=None) -> None:
         if files is None:
@@ -359,19 +341,6 @@ def _checked_source(name, source):
                     f"a dataset, got {type(source).__name__}"[:300])
 
 
-def open_host_part(path_or_paths, global_batch: int, rank: int | None = None,
-                   world_size: int | None = None, allgather=None):
-    """``partition="host"`` for what a loader was given: (this process's dataset, the `Parts`
-    its steps and state count over at global batch `global_batch`). A `tbljax.mix` mixture
-    of paths opens each process's part of every source (`Mixture.open_part`); paths open
-    their part (`host_part.open_part`)."""
-    if isinstance(path_or_paths, Mixture):
-        part = path_or_paths.open_part(rank, world_size, allgather)
-        return part, part.step_parts(global_batch)
-    local = host_part.open_part(path_or_paths, rank, world_size, allgather)
-    return local.dataset, local.parts
-
-
 def _by_name(what: str, mapping: Mapping) -> dict:
     """{str(key): value} of a mix() argument keyed by source name (the names are the keys as
     str); ValueError when two keys are one name (1 and "1")."""
@@ -391,6 +360,7 @@ def _weight(name: str, w) -> float:
             or not (np.isfinite(w) and w > 0):
         raise ValueError(f"tbljax.mix: weights[{name!r}] must be a finite number > 0, got {w!r}")
     return float(w)
+
 
 
 def mix(sources: Mapping, weights: Mapping, *, steps_per_epoch: int | None = None,

@@ -20,7 +20,7 @@ import numpy.lib.recfunctions  # noqa: F401 - np.lib.recfunctions.repack_fields
 
 from tbljax import _core
 from tbljax._src.rules.augment import RecordGeometry
-from tbljax._src.rules.dataset import FieldInfo, JpegRecords, RawRecords, RecordDataset, record_number, require
+from tbljax._src.rules.dataset import FieldInfo, RecordDataset, Records, record_number, require
 from tbljax._src.file.field_columns import Column, open_columns
 from tbljax._src.file.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path
 from tbljax._src.file.format import is_compact, keys_of, labels_of, parse_dataset_json
@@ -87,11 +87,6 @@ class Dataset(RecordDataset):
         shape = self.image_shape
         return (f"Dataset({len(self)} records, {self.record_format}, image_shape={shape}, "
                 f"files={self.paths!r})")
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        """Record i as a fresh, writable (H, W, 3) uint8 array (negative i counts from the
-        end): a random-access source for Grain, a torch ``Dataset`` or plain Python."""
-        return np.array(self.read(i))
 
     @property
     def paths(self) -> list[str]:
@@ -261,59 +256,23 @@ class Dataset(RecordDataset):
         self.check_unchanged(self.files_of(idx) if len(idx) else [])
         col.padded(idx, length, out, lengths)
 
-    def read_record(self, i: int) -> dict[str, Any]:
-        """Record i with everything it holds: {'image': (H, W, 3) uint8, 'label', 'key', and
-        every field by name}."""
-        k, j = self._locate(i)
-        g = int(self._starts[k]) + j
-        out: dict[str, Any] = {"image": self.read(g), "label": int(self.labels[g]), "key": self.keys[g]}
-        for name, col in self._columns.items():
-            out[name] = col.value(g)
-        return out
-
     # ---- pixels ----
-    def shard_views(self) -> list[np.ndarray]:
-        """Zero-copy read-only (N_k, H, W, 3) uint8 views, one per file (uniform RAW only)."""
-        return [f.raw_view() for f in self._files]
+    def records(self) -> Records:
+        """Where every record lies (`tbljax._src.rules.dataset.Records`): one read-only 1-D uint8
+        view of each file's mapping, records per file, each record's byte offset in its file
+        and size (int64), its height and width in the index (int32), and 1 (uint8) where it is
+        uncompressed RAW (opening the file checked that such a record holds exactly its
+        pixels)."""
+        return self._records
 
-    def raw_records(self):
-        """Where the RAW records of a file of records of different sizes lie, for the kernel:
-        (one read-only 1-D uint8 view of each file's mapping, records per file, each record's
-        byte offset in its file (int64), height and width (int32)). Uncompressed RAW only;
-        opening the file checked that each record holds exactly its height * width * 3 bytes."""
-        if self.record_format != "raw":
-            raise ValueError(f"{self!r}: only uncompressed RAW records are gathered in place "
-                             f"(this file holds {self.record_format} records)")
+    @cached_property
+    def _records(self) -> Records:
         idx = self.index
-        heights, widths = idx["height"].astype(np.int32), idx["width"].astype(np.int32)
-        counts = np.diff(self._starts).astype(np.int64)
-        return RawRecords([f.file_view() for f in self._files], counts,
-                          np.ascontiguousarray(idx["offset"], dtype=np.int64), heights, widths)
-
-    def jpeg_records(self):
-        """Where the compact records lie, for `tbljax.kernels.jpeg_source`: (one read-only
-        1-D uint8 view of each file's mapping, records per file, each record's byte offset in
-        its file and size (int64), its height and width in the index (int32), and 1 (uint8)
-        where the record is stored RAW under a raw budget: opening the file checked that it
-        holds exactly its pixels). JPEG files, and compact files with RAW records, only."""
-        if not (self.record_format == "jpeg" or self.compact):
-            raise ValueError(f"{self!r}: only JPEG records are served from their bytes "
-                             f"(this file holds {self.record_format} records)")
-        idx = self.index
-        heights, widths = idx["height"].astype(np.int32), idx["width"].astype(np.int32)
-        sizes = np.ascontiguousarray(idx["size"], dtype=np.int64)
-        stored_raw = (idx["format"] == FORMATS["RAW_U8"]).astype(np.uint8)
-        counts = np.diff(self._starts).astype(np.int64)
-        return JpegRecords([f.file_view() for f in self._files], counts,
-                           np.ascontiguousarray(idx["offset"], dtype=np.int64), sizes,
-                           heights, widths, stored_raw)
-
-    def byte_ranges(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(file number, byte offset in that file, byte count) of records `indices`."""
-        idx = np.asarray(indices, np.int64)
-        files = np.searchsorted(self._starts, idx, side="right") - 1
-        index = self.index
-        return files, index["offset"][idx].astype(np.int64), index["size"][idx].astype(np.int64)
+        raw = (idx["format"] == FORMATS["RAW_U8"]) & ((idx["flags"] & _core.RECORD_LZ4) == 0)
+        return Records([f.file_view() for f in self._files], np.diff(self._starts).astype(np.int64),
+                       np.ascontiguousarray(idx["offset"], dtype=np.int64),
+                       np.ascontiguousarray(idx["size"], dtype=np.int64),
+                       idx["height"].astype(np.int32), idx["width"].astype(np.int32), raw.astype(np.uint8))
 
     def locate(self, i: int) -> tuple[str, int]:
         """(the file that holds record i, the record's number within that file)."""
@@ -411,13 +370,6 @@ class Dataset(RecordDataset):
         self.check_unchanged(touched)
         return out
 
-    def files_of(self, indices: np.ndarray) -> np.ndarray:
-        """The files that hold records `indices` (valid, possibly negative, indices)."""
-        if len(self._files) == 1:
-            return np.zeros(1, np.int64)
-        i = np.where(indices < 0, indices + len(self), indices)
-        return np.unique(np.searchsorted(self._starts, i, side="right") - 1)
-
     def check_unchanged(self, files: Sequence[int] | None = None) -> None:
         """Raises CorruptFileError if a file (all, or those numbered `files`) was truncated or
         rewritten in place since it was opened. Replacing a file by renaming a new one over
@@ -468,8 +420,6 @@ def open(paths: PathLike | Sequence[PathLike]) -> Dataset:  # noqa: A001 - the n
     if not isinstance(paths, Sequence):
         raise TypeError(f"tbljax.open takes a path or a list of paths, got {type(paths).__name__}")
     return Dataset([as_path(p) for p in paths])
-
-
 
 
 def as_dataset(path_or_dataset, what: str = "tbljax.loader") -> RecordDataset:

@@ -28,11 +28,10 @@ __all__ = ["MixtureSource", "RecordSource", "open_source"]
 
 
 def open_source(dataset, opts: LoaderOptions):
-    """The record source for `dataset` under `opts`: a `MixtureSource` for a mixture (anything
-    with ``spec``, a `tbljax.mix` result), else a `RecordSource`."""
-    from tbljax._src.datasets.mixture import Mixture
-
-    if isinstance(dataset, Mixture):
+    """The record source for `dataset` under `opts`: a `MixtureSource` for a dataset whose rows
+    are drawn by weight (the contract's `draws_by_weight`: a `tbljax.mix` result), else a
+    `RecordSource`."""
+    if require(dataset, "the loader").draws_by_weight:
         return MixtureSource(dataset, opts)
     return RecordSource(dataset, opts.threads)
 

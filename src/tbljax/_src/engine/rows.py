@@ -1,11 +1,9 @@
 """Row placement: which rows of each global batch this process builds (`RowLayout`), from a JAX
-sharding or, framework-free, from a rank. The ring (`ring.py`) lays its slots out by it and
+sharding (`jax/sharding.py` reads it) or, framework-free, from a rank. The ring (`ring.py`) lays its slots out by it and
 the JAX room (`jax/arrays.py`) assembles global arrays by it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from tbljax._src.rules import sharding as _sharding
 
 __all__ = ["RowLayout"]
 
@@ -15,8 +13,8 @@ class RowLayout:
     """Where the rows of a global batch of `global_batch` rows live for this process (the
     placement of rows, not the pixel layout "NHWC" / "NCHW" of `LoaderOptions.layout`).
 
-    Made from a JAX sharding (`create`, from `rules/sharding.py`'s `batch_sharding`) or,
-    framework-free, from a rank (`for_rank`). ``ranges``: the distinct (start, stop) row
+    Made from a JAX sharding (`tbljax.row_layout`, `jax/sharding.py`) or, framework-free,
+    from a rank (`for_rank`). ``ranges``: the distinct (start, stop) row
     ranges on this process's devices, sorted; each is built once even when several devices
     hold it (replication). ``devices``: per addressable device, (device, index into ranges).
     """
@@ -27,16 +25,12 @@ class RowLayout:
     devices: tuple[tuple[object, int], ...]
 
     @classmethod
-    def create(cls, sharding, global_batch: int) -> "RowLayout":
-        parts = _sharding.parts(sharding)
-        if global_batch % parts:
-            raise ValueError(f"global batch {global_batch} does not split evenly over the "
-                             f"{parts} batch shards of {sharding}: use a multiple of {parts}")
-        per_device = sharding.addressable_devices_indices_map((global_batch,))
-        spans = {d: idx[0].indices(global_batch)[:2] for d, idx in per_device.items()}
+    def from_spans(cls, sharding, global_batch: int, spans: dict) -> "RowLayout":
+        """From each addressable device's (start, stop) rows of the batch (what a JAX sharding
+        gives: `tbljax.row_layout`, in the JAX room)."""
         ranges = tuple(sorted(set(spans.values())))
         where = {r: i for i, r in enumerate(ranges)}
-        devices = tuple((d, where[spans[d]]) for d in per_device)
+        devices = tuple((d, where[spans[d]]) for d in spans)
         return cls(sharding, global_batch, ranges, devices)
 
     @classmethod

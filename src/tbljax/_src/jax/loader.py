@@ -15,11 +15,12 @@ from __future__ import annotations
 import functools
 
 from tbljax._src.engine.rows import RowLayout
+from tbljax._src.jax import collectives
 from tbljax._src.jax.arrays import check_fields_fit, check_fits, to_global
-from tbljax._src.datasets import mixture
+from tbljax._src.datasets import opening
 from tbljax._src.rules.parts import Parts
 from tbljax._src.datasets import reader
-from tbljax._src.rules import sharding as _sharding
+from tbljax._src.jax import sharding as _sharding
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.engine.host_loader import HostLoader
 from tbljax._src.rules.options import LoaderOptions
@@ -65,7 +66,7 @@ class Loader(HostLoader):
         self.sharding = _sharding.batch_sharding(sharding)
         # Which rows of each global batch this process's devices hold; with host parts the
         # host loader fills them as a batch of their own, from this process's part.
-        self._global_rows = RowLayout.create(self.sharding, opts.batch_size)
+        self._global_rows = _sharding.row_layout(self.sharding, opts.batch_size)
         rows = self._global_rows
         if parts is not None:
             rows = rows.process_local(len(parts.counts))
@@ -152,5 +153,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     if partition != "host":
         raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
                          f"process reads only its own part), got {partition!r}")
-    dataset, parts = mixture.open_host_part(path_or_paths, batch_size)
+    rank, world_size = collectives.process()
+    dataset, parts = opening.open_host_part(path_or_paths, batch_size, rank, world_size,
+                                            collectives.process_allgather)
     return Loader(dataset, opts, sharding, parts=parts)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tbljax._src.rules import sharding as _sharding
+from tbljax._src.jax import sharding as _sharding
 
 __all__ = ["batch_spec", "follow_indices", "shard_map_rows"]
 

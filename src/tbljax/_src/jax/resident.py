@@ -15,13 +15,14 @@ Example:
 
 Numeric record fields ride along as device arrays drawn by the same indices: every fixed
 ndarray field, and a ragged one cut or zero-padded to `pad[name]` rows (with ``name_length``).
-str/json fields cannot be device arrays: `fields="all"` leaves them out, naming one is an error.
+By default (``fields="all"``) it holds what a device array can hold and says what it left out
+in ``left_out`` (str/json fields; ragged fields without a `pad` length); naming such a field
+in `fields=` is an error.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -31,82 +32,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tbljax._src.jax import ops as _ops
 from tbljax._src.jax import packed as _packed
 from tbljax._src.jax import twin as _twin
-from tbljax._src.jax.arrays import check_fields_fit
+from tbljax._src.jax.resident_host import check_device_memory, field_columns, host_rows
 from tbljax._src.datasets import reader
-from tbljax._src.datasets.mixture import Mixture
 from tbljax._src.rules.parts import steps_in_epoch
-from tbljax._src.rules import sharding as _sharding
+from tbljax._src.jax import sharding as _sharding
 from tbljax._src.engine import step as _step
-from tbljax._src.engine.batch_fields import check_pad
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.record_source import RecordSource
 
-__all__ = ["ResidentDataset", "check_fits", "host_rows"]
+__all__ = ["ResidentDataset"]
 
 _CHUNK_BYTES = 64 << 20  # host staging per upload step: bounded, whatever the dataset size
-
-
-def _available_host_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return None
-
-
-def check_fits(shape, sharding, max_bytes: int | None, *, num_records: int = 0) -> None:
-    """MemoryError, saying what to do, when records of `shape` ((N, H, W, 3), or (pages,
-    PAGE_BYTES) of packed records) split over `sharding`'s record shards do not fit each
-    device: in `max_bytes`, else in what the device reports free, else (CPU) in the host's
-    available RAM shared by the local devices."""
-    per_device = int(np.prod(shape, dtype=np.int64)) // _sharding.parts(sharding)
-    devices = list(sharding.addressable_devices)
-    where = f"max_bytes={max_bytes}"
-    limit = max_bytes
-    if limit is None:
-        free = []
-        for d in devices:
-            stats = d.memory_stats() if hasattr(d, "memory_stats") else None
-            if stats and "bytes_limit" in stats:
-                free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
-        if free:
-            limit, where = min(free), "free on the device (memory_stats)"
-        else:  # CPU: every local device's copy shares the host's RAM
-            avail = _available_host_bytes()
-            if avail is not None:
-                limit = avail // max(1, len(devices))
-                where = (f"available host RAM ({avail / 2**30:.1f} GiB) shared by "
-                         f"{len(devices)} local device(s)")
-    if limit is not None and per_device > limit:
-        what = (f"{num_records} records of different sizes in {shape[0]} pages"
-                if len(shape) == 2 else f"{shape[0]} records of {shape[1]}x{shape[2]}x3 uint8")
-        raise MemoryError(
-            f"the dataset needs {per_device / 2**20:.1f} MiB per device ({what} "
-            f"over {_sharding.parts(sharding)} record shard(s)) "
-            f"but only {limit / 2**20:.1f} MiB fit ({where}): shard the records over more "
-            f"devices (sharding=NamedSharding(mesh, PartitionSpec('data'))), convert at a "
-            f"smaller image_size, or stream with tbljax.loader instead")
-
-
-def host_rows(ds, views, starts, a: int, b: int, image_shape) -> np.ndarray:
-    """Records [a, b) on the host: a zero-copy slice of the memory map when they sit in one
-    RAW file (`views`: the files' memory maps, `starts`: their first records), else a
-    chunk-sized copy (decoded for JPEG / LZ4 records)."""
-    if views is not None:
-        k = int(np.searchsorted(starts, a, side="right") - 1)
-        if b <= starts[k + 1]:
-            return views[k][a - starts[k]:b - starts[k]]
-        return np.concatenate([host_rows(ds, views, starts, a, int(starts[k + 1]), image_shape),
-                               host_rows(ds, views, starts, int(starts[k + 1]), b, image_shape)])
-    out = np.empty((b - a, *image_shape, 3), np.uint8)
-    return ds.read_into(np.arange(a, b, dtype=np.int64), out)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -138,11 +75,15 @@ class ResidentDataset:
         is uploaded.
       chunk_bytes: host memory staged per upload step (the file is never copied whole).
       fields: the record fields held beside the images, each a device array sharded like the
-        labels and served by `batch` under its name: "all" (default: every ndarray field; str
-        and json fields are left out), None, or a list of names. A ragged field needs a
-        length in `pad`; a str/json field named here is an error.
+        labels and served by `batch` under its name: "all" (default: every field a device
+        array can hold: the fixed ndarray fields, and the ragged ones given a length in `pad`;
+        the others are listed in ``left_out``), None, or a list of names (a ragged field named
+        here needs a length in `pad`; a str/json field named here is an error).
       pad: {name: length} for ragged fields: cut or zero-padded to length rows, with
         ``batch[name + "_length"]`` the record's true length (as `tbljax.loader` serves them).
+
+    ``left_out``: {field name: why it is not held} for the fields ``fields="all"`` left out
+    (empty when every field is held or `fields` names them).
 
     Pass the dataset *as an argument* of the jitted function (it is a pytree of its arrays):
     a dataset closed over by a jitted function would be embedded in the compiled program as a
@@ -153,7 +94,7 @@ class ResidentDataset:
                  chunk_bytes: int = _CHUNK_BYTES, fields="all", pad: dict | None = None):
         self.sharding = _sharding.data_sharding(sharding)
         ds = reader.as_dataset(path_or_dataset, "tbljax.ResidentDataset")
-        if isinstance(ds, Mixture):
+        if ds.draws_by_weight:
             raise ValueError(f"ResidentDataset serves one dataset in its own order; {ds!r} draws "
                              "rows by weight, which tbljax.loader does (a resident mixture is "
                              "not supported)")
@@ -187,17 +128,20 @@ class ResidentDataset:
             self.data = self._upload(ds, shape, chunk_bytes)
         by_record = NamedSharding(self.sharding.mesh, PartitionSpec(*self.sharding.spec[:1]))
         self.labels = jax.device_put(src.labels.astype(np.int32), by_record)
-        self.fields = {n: jax.device_put(v, by_record) for n, v in _field_columns(ds, fields, pad).items()}
+        columns, self.left_out = field_columns(ds, fields, pad)
+        self.fields = {n: jax.device_put(v, by_record) for n, v in columns.items()}
 
     # ---- pytree: the arrays are leaves, so a jitted step takes the dataset as an argument ----
     def tree_flatten(self):
-        aux = (self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry)
+        aux = (self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry,
+               tuple(self.left_out.items()))
         return (self.data, self.labels, self.fields), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         self = object.__new__(cls)
-        self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry = aux
+        self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry, left = aux
+        self.left_out = dict(left)
         self.data, self.labels, self.fields = children
         return self
 
@@ -224,7 +168,7 @@ class ResidentDataset:
         return _sharding.parts(self.sharding)
 
     def _check_fits(self, shape, max_bytes):
-        check_fits(shape, self.sharding, max_bytes, num_records=self.num_records)
+        check_device_memory(shape, self.sharding, max_bytes, num_records=self.num_records)
 
     def _host_rows(self, ds, views, starts, a: int, b: int) -> np.ndarray:
         return host_rows(ds, views, starts, a, b, self.image_shape)
@@ -431,49 +375,6 @@ def _owned_rows(column, local, own, data_axes):
     if rows.dtype == jnp.bool_:
         return jax.lax.psum(jnp.where(mask, rows, False).astype(jnp.uint8), data_axes).astype(jnp.bool_)
     return jax.lax.psum(jnp.where(mask, rows, jnp.zeros((), rows.dtype)), data_axes)
-
-
-def _field_columns(ds, fields, pad) -> dict[str, np.ndarray]:
-    """The host columns of the fields a resident dataset holds (see ResidentDataset's args):
-    (N, *shape) for a fixed field, (N, pad, *trail) and its (N,) int32 lengths for a ragged one."""
-    infos = ds.fields
-    pads = dict(pad or {})
-    if fields == "all":
-        names = [n for n, f in infos.items() if f.kind == "ndarray"]
-    elif fields is None:
-        names = []
-    else:
-        names = list(fields)
-    for n in list(names) + list(pads):
-        if n not in infos:
-            raise KeyError(f"ResidentDataset: no field {n!r} in {ds!r}; its fields: {list(infos)}")
-    out = {}
-    for n in names:
-        info = infos[n]
-        if info.kind != "ndarray":
-            raise ValueError(f"ResidentDataset: field {n!r} is {info.kind}, which cannot be a device "
-                             "array: serve it with tbljax.loader (field_fn= can make it numeric), or "
-                             "leave it out with fields=")
-        if info.fixed:
-            if n in pads:
-                raise ValueError(f"pad[{n!r}]: field {n!r} is fixed (shape {info.shape}), not ragged")
-            out[n] = np.ascontiguousarray(ds.field(n))
-            continue
-        length = pads.get(n)
-        if length is None:
-            raise ValueError(f"ResidentDataset: field {n!r} is ragged (shape {info.shape}): pass "
-                             f"pad={{{n!r}: length}} (an integer >= 1) to hold it cut or zero-padded "
-                             "to length rows, or leave it out with fields=")
-        length = check_pad(n, length, info, len(ds))
-        col = np.zeros((len(ds), int(length), *info.shape[1:]), info.dtype)
-        lengths = np.zeros(len(ds), np.int32)
-        ds.field_padded(n, np.arange(len(ds), dtype=np.int64), int(length), col, lengths)
-        out[n], out[n + "_length"] = col, lengths
-    for n in pads:
-        if n not in names:
-            raise KeyError(f"pad names field {n!r}, which is not held (fields held: {names})")
-    check_fields_fit(ds, names, "ResidentDataset")
-    return out
 
 
 @functools.partial(jax.jit, static_argnames=("opts", "batch_axes", "backend"))

@@ -28,7 +28,8 @@ from typing import Any
 
 from tbljax import _core
 from tbljax._src.remote import remote
-from tbljax._src.rules.partition import host_part, parse_part
+from tbljax._src.jax.collectives import host_part
+from tbljax._src.rules.partition import parse_part
 from tbljax._src.datasets.reader import open as open_dataset
 
 __all__ = ["COPY_CHUNK", "parse_partition", "parse_size", "stage"]

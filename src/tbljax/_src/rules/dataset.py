@@ -1,13 +1,23 @@
 """The dataset contract: everything downstream of the reader (the serving engine, the adapters,
 the resident dataset, `show`, `bench`) asks a dataset for what it needs through this one
-interface, and nothing probes a dataset with ``hasattr``. A single TBL file and a list of
-shard files (`tbljax.Dataset`) and a host's part of either (`datasets/host_part.py`) implement all
-of it; so must every dataset kind added later. An abstract member left out is a TypeError when
-the class is instantiated, not an AttributeError in the middle of an epoch.
+interface, and nothing probes a dataset with ``hasattr`` or asks for its concrete type.
+
+The contract is narrow: what serving needs, and no more (the abstract members below). The
+heart of it is one value, `Records` (``records()``): where every record lies in the files'
+memory maps. A host part *slices* it (`Records.take`), shard files and a mixture's sources
+*concatenate* it (`Records.concat`); everything else about where records are (zero-copy
+views, RAW and JPEG sources for the kernel, byte ranges for reading ahead, the files of a
+batch) is derived from it here, once, for every kind (`shard_views`, `raw_records`,
+`jpeg_records`, `byte_ranges`, `files_of`). So is a record with all it holds
+(`read_record`, ``ds[i]``). A mixture is a dataset like any other in the contract, and says
+that its rows are drawn by weight with `draws_by_weight` (the engine dispatches on it,
+never on a type). The kinds: `tbljax.Dataset` (a TBL file, or shard files read as one), a
+host's part of it (`datasets/host_part.py`) and `tbljax.mix` (`datasets/mixture.py`); so must
+every kind added later. An abstract member left out is a TypeError when the class is
+instantiated, not an AttributeError in the middle of an epoch.
 
 Record ``i`` of a dataset is its i-th record in its own numbering (0 .. len-1). Where records
-lie on disk (`raw_records`, `jpeg_records`) is given per *file* of `paths`, so the kernel reads
-the memory maps in place.
+lie on disk is given per *file* of `paths`, so the kernel reads the memory maps in place.
 
 >>> isinstance(tbljax.open("train.tbl"), RecordDataset)
 True
@@ -22,7 +32,8 @@ import numpy as np
 
 from tbljax._src.rules.augment import RecordGeometry
 
-__all__ = ["FIELD_KINDS", "FieldInfo", "JpegRecords", "RawRecords", "RecordDataset", "RECORD_FORMATS"]
+__all__ = ["FIELD_KINDS", "FieldInfo", "RawRecords", "RecordDataset", "Records", "RECORD_FORMATS",
+           "WeightedDataset"]
 
 # What `RecordDataset.record_format` may say: uncompressed RAW_U8; RAW_U8 LZ4-compressed where
 # that was smaller; JPEG; records of several formats; no record at all.
@@ -51,7 +62,8 @@ class FieldInfo(NamedTuple):
 
 
 class RawRecords(NamedTuple):
-    """Where uncompressed RAW records of different sizes lie, for the kernel."""
+    """Where uncompressed RAW records of different sizes lie, for the kernel's
+    `variable_source`: `Records` without sizes and stored_raw."""
 
     views: list        # one read-only 1-D uint8 view of each file's mapping
     counts: np.ndarray  # records per file (int64)
@@ -60,16 +72,38 @@ class RawRecords(NamedTuple):
     widths: np.ndarray   # int32
 
 
-class JpegRecords(NamedTuple):
-    """Where compact records lie, for the kernel's JPEG source."""
+class Records(NamedTuple):
+    """Where every record of a dataset lies: the one storage value of the contract (its field
+    order is what the kernel's `jpeg_source` takes). Record r of the dataset is in file
+    ``file_of(r)`` (a file of `views`) at byte ``offsets[r]``, ``sizes[r]`` bytes."""
 
-    views: list
-    counts: np.ndarray
-    offsets: np.ndarray
+    views: list         # one read-only 1-D uint8 view of each file's mapping
+    counts: np.ndarray  # records per file (int64)
+    offsets: np.ndarray  # each record's byte offset in its file (int64)
     sizes: np.ndarray    # each record's byte count (int64)
-    heights: np.ndarray  # the size the index gives (int32): the served size for compact records
+    heights: np.ndarray  # the size the index gives (int32): the served size but for original JPEGs
     widths: np.ndarray
-    stored_raw: np.ndarray  # uint8, 1 where the record is its pixels stored RAW (raw_budget=)
+    stored_raw: np.ndarray  # uint8, 1 where the record is its pixels, uncompressed RAW
+
+    def take(self, lo: int, hi: int) -> "Records":
+        """Records [lo, hi) of a single file: a host part of records."""
+        if len(self.views) != 1:
+            raise ValueError(f"a part of {len(self.views)} files holds whole files, not records [{lo}, {hi})")
+        cut = slice(lo, hi)
+        return Records(self.views, np.array([hi - lo], np.int64), self.offsets[cut], self.sizes[cut],
+                       self.heights[cut], self.widths[cut], self.stored_raw[cut])
+
+    @staticmethod
+    def concat(parts: "list[Records]") -> "Records":
+        """The records of `parts` one after another (shard files, a mixture's sources)."""
+        return Records([v for p in parts for v in p.views],
+                       *(np.concatenate([getattr(p, f) for p in parts])
+                         for f in ("counts", "offsets", "sizes", "heights", "widths", "stored_raw")))
+
+    def file_of(self, indices) -> np.ndarray:
+        """The file (a number into `views`) of each of records `indices` (0 <= i < len)."""
+        ends = np.cumsum(self.counts)
+        return np.searchsorted(ends, np.asarray(indices, np.int64), side="right")
 
 
 class RecordDataset(abc.ABC):
@@ -83,7 +117,7 @@ class RecordDataset(abc.ABC):
     @property
     @abc.abstractmethod
     def paths(self) -> list[str]:
-        """The files it reads, in record order (file k holds `jpeg_records().counts[k]` records)."""
+        """The files it reads, in record order (file k holds `records().counts[k]` records)."""
 
     @property
     @abc.abstractmethod
@@ -95,6 +129,11 @@ class RecordDataset(abc.ABC):
     @abc.abstractmethod
     def labels(self) -> np.ndarray:
         """int64 (N,) labels, -1 where a record has none."""
+
+    @property
+    @abc.abstractmethod
+    def keys(self) -> list[str]:
+        """Per-record keys (WebDataset __key__ or source file name); '' where unknown."""
 
     @property
     @abc.abstractmethod
@@ -111,7 +150,7 @@ class RecordDataset(abc.ABC):
     def compact(self) -> bool:
         """True when the records are JPEGs stored at the served geometry (compact records,
         decoded in the kernel box by box), some of them perhaps stored RAW under a raw budget
-        (`jpeg_records().stored_raw`); False for original JPEG bytes and RAW/LZ4."""
+        (`records().stored_raw`); False for original JPEG bytes and RAW/LZ4."""
 
     @property
     @abc.abstractmethod
@@ -121,27 +160,15 @@ class RecordDataset(abc.ABC):
         cannot know (a file of foreign JPEG records without a recipe)."""
 
     @property
-    @abc.abstractmethod
-    def image_shape(self) -> tuple[int, int] | None:
-        """(H, W) when every record is served at one size, else None."""
+    def draws_by_weight(self) -> bool:
+        """True for a mixture (`tbljax.mix`): its rows are drawn from its sources by weight,
+        not in the order of its own numbering. The engine dispatches on this."""
+        return False
 
     # ---- where the records are ----
     @abc.abstractmethod
-    def shard_views(self) -> list[np.ndarray]:
-        """Zero-copy read-only (N_k, H, W, 3) uint8 views, one per file (uniform RAW only)."""
-
-    @abc.abstractmethod
-    def raw_records(self) -> RawRecords:
-        """Where its RAW records lie (uncompressed RAW only; ValueError otherwise)."""
-
-    @abc.abstractmethod
-    def jpeg_records(self) -> JpegRecords:
-        """Where its JPEG records lie (JPEG records only; ValueError otherwise)."""
-
-    @abc.abstractmethod
-    def byte_ranges(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(file number, byte offset, byte count) of records `indices`: what reading ahead asks
-        the disk for."""
+    def records(self) -> Records:
+        """Where every record lies in the files' mappings (`Records`)."""
 
     # ---- reading ----
     @abc.abstractmethod
@@ -155,10 +182,6 @@ class RecordDataset(abc.ABC):
     @abc.abstractmethod
     def locate(self, i: int) -> tuple[str, int]:
         """(the file that holds record i, the record's number within that file)."""
-
-    @abc.abstractmethod
-    def files_of(self, indices) -> np.ndarray:
-        """The numbers of the files (in `paths`) that hold records `indices`."""
 
     @abc.abstractmethod
     def check_unchanged(self, files=None) -> None:
@@ -177,6 +200,60 @@ class RecordDataset(abc.ABC):
         field (written into `out` when given), else a list (str, JSON values, or arrays of a
         ragged field). KeyError naming the fields there are when it has no such field."""
 
+    # ---- derived from the members above, once, for every kind ----
+    @property
+    def image_shape(self) -> tuple[int, int] | None:
+        """(H, W) when every record is served at one size, else None."""
+        return self.geometry.shape
+
+    def shard_views(self) -> list[np.ndarray]:
+        """Zero-copy read-only (N_k, H, W, 3) uint8 views, one per file (uniform RAW only)."""
+        shape = self.image_shape if self.record_format == "raw" else None
+        if shape is None:
+            raise ValueError(f"{self!r}: only RAW records of one size have (N, H, W, 3) views "
+                             f"(it holds {self.record_format} records of image_shape {self.image_shape})")
+        r, row = self.records(), shape[0] * shape[1] * 3
+        views, first = [], 0
+        for view, count in zip(r.views, r.counts.tolist()):
+            start = int(r.offsets[first]) if count else 0
+            if count and np.any(np.diff(r.offsets[first:first + count]) != row):
+                raise ValueError(f"{self!r}: its RAW records are not laid out one after another")
+            views.append(view[start:start + count * row].reshape(count, *shape, 3))
+            first += count
+        return views
+
+    def raw_records(self) -> RawRecords:
+        """Where its RAW records lie, for the kernel (uncompressed RAW only; ValueError otherwise)."""
+        if self.record_format != "raw":
+            raise ValueError(f"{self!r}: only uncompressed RAW records are gathered in place "
+                             f"(it holds {self.record_format} records)")
+        r = self.records()
+        return RawRecords(r.views, r.counts, r.offsets, r.heights, r.widths)
+
+    def jpeg_records(self) -> Records:
+        """Where its JPEG records lie, for the kernel's JPEG source (JPEG records, and compact
+        records with some stored RAW, only; ValueError otherwise)."""
+        if not (self.record_format == "jpeg" or self.compact):
+            raise ValueError(f"{self!r}: only JPEG records are served from their bytes "
+                             f"(it holds {self.record_format} records)")
+        return self.records()
+
+    def byte_ranges(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(file number, byte offset, byte count) of records `indices`: what reading ahead asks
+        the disk for."""
+        idx = np.asarray(indices, np.int64)
+        r = self.records()
+        return r.file_of(idx), r.offsets[idx], r.sizes[idx]
+
+    def files_of(self, indices) -> np.ndarray:
+        """The numbers of the files (in `paths`) that hold records `indices` (negative ones
+        count from the end)."""
+        r = self.records()
+        if len(r.counts) == 1:
+            return np.zeros(1, np.int64)
+        idx = np.asarray(indices, np.int64)
+        return np.unique(r.file_of(np.where(idx < 0, idx + len(self), idx)))
+
     def field_padded(self, name: str, indices, length: int, out: np.ndarray,
                      lengths: np.ndarray) -> None:
         """A ragged field's records `indices` cut or zero-padded to `length` rows into `out`
@@ -185,6 +262,24 @@ class RecordDataset(abc.ABC):
         for r, v in enumerate(self.field_rows(name, indices)):
             lengths[r] = len(v)
             out[r, :min(len(v), length)] = v[:length]
+
+    def read_record(self, i: int) -> dict[str, Any]:
+        """Record i with everything it holds: {'image': (H, W, 3) uint8, 'label', 'key', and
+        every field by name}."""
+        i = record_number(i, len(self), repr(self))
+        out: dict[str, Any] = {"image": self.read(i), "label": int(self.labels[i]), "key": self.keys[i]}
+        for name in self.fields:
+            out[name] = self.field_rows(name, [i])[0]
+        return out
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        """Record i as a dict, as a Hugging Face or Grain source gives it (negative i counts from
+        the end): ``{"image": a fresh, writable (H, W, 3) uint8 array, "label", "key", and every
+        field}``. With ``len(ds)``, a random-access source for Grain, a torch ``Dataset`` or
+        plain Python; `read` gives the pixels alone."""
+        record = self.read_record(i)
+        record["image"] = np.array(record["image"])
+        return record
 
     def describe_record(self, i: int) -> str:
         """``"<file>: record <j>"``: how errors name record i."""
@@ -196,6 +291,51 @@ class RecordDataset(abc.ABC):
         g = self.geometry
         per = g.heights.astype(np.int64) * g.widths * 3
         return int(per.sum()) if g.shape is None else int(per[0]) * len(self)
+
+
+class WeightedDataset(RecordDataset):
+    """What a dataset whose rows are drawn from its sources by weight (`tbljax.mix`) offers
+    the engine besides the dataset contract, over its records numbered one source after
+    another (`rules/mixing.py` draws the rows)."""
+
+    @property
+    def draws_by_weight(self) -> bool:
+        return True
+
+    @property
+    @abc.abstractmethod
+    def datasets(self) -> list[RecordDataset]:
+        """The sources, opened, in order."""
+
+    @property
+    @abc.abstractmethod
+    def spec(self) -> Any:
+        """The weights and each source's record count (`rules/mixing.MixSpec`)."""
+
+    @property
+    @abc.abstractmethod
+    def processes(self) -> tuple[int, int]:
+        """(this process's index, the number of processes): (0, 1) without host parts."""
+
+    @abc.abstractmethod
+    def steps_per_epoch(self, batch: int) -> int:
+        """Steps of an epoch at global batch `batch`."""
+
+    @abc.abstractmethod
+    def split(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """(source, record in that source) of records `indices`."""
+
+    @abc.abstractmethod
+    def global_index(self, source, record) -> np.ndarray:
+        """The whole mixture's numbering (``"index"``) of record `record` of source `source`."""
+
+    @abc.abstractmethod
+    def local_index(self, indices) -> np.ndarray:
+        """`global_index`'s inverse: this dataset's records of whole-mixture `indices`."""
+
+    @abc.abstractmethod
+    def source_geometry(self, k: int) -> RecordGeometry:
+        """Source k's geometry in the whole mixture's numbering (`global_index`)."""
 
 
 def record_number(i, n: int, what: str = "a dataset") -> int:
@@ -213,8 +353,8 @@ def record_number(i, n: int, what: str = "a dataset") -> int:
 
 
 def members() -> list[str]:
-    """The names every dataset kind implements (for the test that proves each one does)."""
-    return sorted(n for n in dir(RecordDataset) if not n.startswith("_") or n == "__len__")
+    """The names every dataset kind offers (for the test that calls each on every kind)."""
+    return sorted(n for n in dir(RecordDataset) if not n.startswith("_") or n in ("__len__", "__getitem__"))
 
 
 def require(dataset: Any, what: str) -> RecordDataset:

@@ -176,12 +176,24 @@ def _permute_xp(positions, n, a, b, keys, xp):
             y[sel] = _feistel(y[sel], a, b, keys, np)
             out[sel] = y[sel] >= n
         return y
-    import jax  # xp is jax.numpy: a loop that also runs inside jit
+    loop = _WHILE_LOOPS.get(xp.__name__)
+    if loop is None:
+        raise TypeError(f"xp must be numpy or jax.numpy, got {xp.__name__}")
 
     def walk(y):
         return xp.where(y >= n, _feistel(y, a, b, keys, xp), y)
 
-    return jax.lax.while_loop(lambda y: xp.any(y >= n), walk, y)
+    return loop(lambda y: xp.any(y >= n), walk, y)
+
+
+# Array modules' own while loops (one that also runs inside jit), by module name: the rules
+# import no framework, so the JAX room registers jax.numpy's (`jax/collectives.py`).
+_WHILE_LOOPS: dict = {}
+
+
+def register_while_loop(module: str, loop) -> None:
+    """`loop(cond, body, init)` runs `permute`'s cycle walking under array module `module`."""
+    _WHILE_LOOPS[module] = loop
 
 
 def permute_reference(positions, n: int, seed: int = 0, epoch: int = 0) -> np.ndarray:

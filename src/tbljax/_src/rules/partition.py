@@ -18,14 +18,9 @@ from typing import Any
 __all__ = ["host_part", "parse_part"]
 
 
-def host_part(count: int, index: int | None = None, processes: int | None = None) -> range:
-    """The items of process `index` of `processes` (default: this process of the running JAX
-    job, ``jax.process_index()`` of ``jax.process_count()``) among `count` items."""
-    if index is None or processes is None:
-        import jax  # only when asked about the running job
-
-        index = jax.process_index() if index is None else index
-        processes = jax.process_count() if processes is None else processes
+def host_part(count: int, index: int, processes: int) -> range:
+    """The items of process `index` of `processes` among `count` items (`tbljax.host_part`, in
+    the JAX room, defaults them to this process of the running JAX job)."""
     count, index, processes = int(count), int(index), int(processes)
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")

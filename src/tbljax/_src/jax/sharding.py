@@ -1,4 +1,5 @@
-"""What the user's `sharding=` argument means, decided once. A batch's
+"""What the user's `sharding=` argument means, decided once (JAX's alone: the rooms upstream
+of `jax/` import no framework). A batch's
 sharding (the loader, the in-jit op, the resident dataset's batches) partitions only the
 leading batch axis; a resident dataset's sharding partitions only its record axis. jax is
 imported when these are called, so `import tbljax` stays quick.
@@ -7,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["batch_sharding", "data_sharding", "mesh_axes", "parts"]
+from tbljax._src.engine.rows import RowLayout
+
+__all__ = ["batch_sharding", "data_sharding", "mesh_axes", "parts", "row_layout"]
 
 
 def _leading_only(sharding, what: str):
@@ -74,3 +77,18 @@ def parts(sharding, axes: tuple[str, ...] | None = None) -> int:
     axes = mesh_axes(sharding) if axes is None else axes
     mesh = getattr(sharding, "mesh", None)
     return int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64)) if axes else 1
+
+
+def row_layout(sharding, global_batch: int) -> RowLayout:
+    """The rows of a global batch of `global_batch` rows this process's devices hold under a
+    JAX `sharding` (from `batch_sharding`).
+
+    >>> tbljax.row_layout(sharding, 8).ranges
+    """
+    n = parts(sharding)
+    if global_batch % n:
+        raise ValueError(f"global batch {global_batch} does not split evenly over the "
+                         f"{n} batch shards of {sharding}: use a multiple of {n}")
+    per_device = sharding.addressable_devices_indices_map((global_batch,))
+    return RowLayout.from_spans(sharding, global_batch,
+                                {d: idx[0].indices(global_batch)[:2] for d, idx in per_device.items()})
