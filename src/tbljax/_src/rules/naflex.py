@@ -194,9 +194,8 @@ def sequence_size(heights, widths, patch: int, max_tokens: int, *, xp=np):
         while ((rb - lb) >= _EPS).any():
             lb, rb = step(lb, rb)
     else:
-        import jax
-
-        lb, rb = jax.lax.while_loop(lambda s: xp.any((s[1] - s[0]) >= _EPS), lambda s: step(*s), (lb, rb))
+        loop = order.while_loop(xp)
+        lb, rb = loop(lambda s: xp.any((s[1] - s[0]) >= _EPS), lambda s: step(*s), (lb, rb))
     return target(lb)
 
 

@@ -176,9 +176,7 @@ def _permute_xp(positions, n, a, b, keys, xp):
             y[sel] = _feistel(y[sel], a, b, keys, np)
             out[sel] = y[sel] >= n
         return y
-    loop = _WHILE_LOOPS.get(xp.__name__)
-    if loop is None:
-        raise TypeError(f"xp must be numpy or jax.numpy, got {xp.__name__}")
+    loop = while_loop(xp)
 
     def walk(y):
         return xp.where(y >= n, _feistel(y, a, b, keys, xp), y)
@@ -192,8 +190,18 @@ _WHILE_LOOPS: dict = {}
 
 
 def register_while_loop(module: str, loop) -> None:
-    """`loop(cond, body, init)` runs `permute`'s cycle walking under array module `module`."""
+    """`loop(cond, body, init)` runs the rules' loops (`permute`'s cycle walking, NaFlex's
+    size search) under array module `module`."""
     _WHILE_LOOPS[module] = loop
+
+
+def while_loop(xp):
+    """The registered `loop(cond, body, init)` of array module `xp` (not NumPy: its loops are
+    plain Python); TypeError for a module that has none."""
+    loop = _WHILE_LOOPS.get(xp.__name__)
+    if loop is None:
+        raise TypeError(f"xp must be numpy or jax.numpy, got {xp.__name__}")
+    return loop
 
 
 def permute_reference(positions, n: int, seed: int = 0, epoch: int = 0) -> np.ndarray:
