@@ -290,7 +290,7 @@ def test_argument_errors_say_what_is_wrong(tmp_path):
          r"max_long_side must be an int in \[image_size, 65535\] = \[8, 65535\], got 4"),
         (dict(image_size=8, format="jpeg", quality=101), r"quality must be an int in \[1, 100\]"),
         (dict(image_size=8, format="jpeg", quality=90, chroma="422"), "chroma must be one of"),
-        (dict(resize="shorter_side"), "image_size must be an int"),
+        (dict(resize="shorter_side"), r"image_size is required \(an int in \[1, 65535\]\)"),
     ]
     for kw, msg in cases:
         with pytest.raises(ValueError, match=msg):

@@ -210,7 +210,7 @@ CASES = [
     ("convert-sources-empty", lambda f: tbljax.convert([], f.dir / "c.tbl", image_size=8), ValueError, "no sources"),
     ("convert-sources-unknown", lambda f: tbljax.convert(f.text, f.dir / "c.tbl", image_size=8), ValueError, "cannot tell what kind of source"),
     ("convert-dst-exists", lambda f: tbljax.convert(f.imgs, f.raw, image_size=8), FileExistsError, "already exists"),
-    ("convert-dst-directory", lambda f: tbljax.convert(f.imgs, f.folder, image_size=8, overwrite=True), ValueError, "not a regular file"),
+    ("convert-dst-directory", lambda f: tbljax.convert(f.imgs, f.folder, image_size=8, overwrite=True), IsADirectoryError, "is a directory: the output must be a file path"),
     ("convert-dst-no-dir", lambda f: tbljax.convert(f.imgs, f.dir / "nope" / "c.tbl", image_size=8), OSError, "does not exist"),
     # ---- decode ----
     ("decode-str", lambda f: _core.decode_jpeg("abc"), TypeError, "expected a bytes-like object"),
