@@ -3,7 +3,9 @@ files (local, or at a URL through fsspec) as `datasets` writes them. The feature
 column is the image (`Image`: a `{"bytes", "path"}` struct) and which the label (`ClassLabel`:
 its names become the classes, ids kept); `image_column=` / `label_column=` name them instead.
 Parquet is read row group by row group, so memory stays flat in the file's size, and a
-conversion's `--shard i/n` takes a contiguous share of the (file, row group) units.
+conversion's `--shard i/n` takes a contiguous share of the (file, row group) units. A file
+that cannot be read, or lacks a column, is one bad item; a row group's rows are those read,
+not those its footer declares, when the footer contradicts itself.
 
 `datasets` and `pyarrow` are the `hf` extra, imported only when such a source is given.
 """

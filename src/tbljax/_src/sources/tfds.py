@@ -11,7 +11,9 @@ The image is the bytes feature `image_key` (default: TFDS's `image`, else the cl
 TFRecord framing, per record: length (u64 little-endian), masked CRC-32C of the length, data,
 masked CRC-32C of the data. Both checksums are checked (`google-crc32c`): a record whose data
 fails is skipped and listed like a bad image, naming file and record number; a length that
-fails leaves nothing to resynchronise on, so the rest of that file is skipped. `--shard i/n`
+fails leaves nothing to resynchronise on, so the rest of that file is skipped; a length past
+the end of the file is a truncated record. An ArrayRecord file array_record cannot open is one
+bad item, and a damaged record only itself. `--shard i/n`
 takes whole TFRecord files, and contiguous records of ArrayRecord files (random access).
 """
 from __future__ import annotations
