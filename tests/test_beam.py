@@ -93,3 +93,56 @@ def test_arguments_checked():
         tbljax.beam.ConvertShards("a.tar", "out.tbl", num_shards=2)
     with pytest.raises(ValueError, match="num_shards"):
         tbljax.beam.ConvertShards("a.tar", "out-{shard}.tbl", num_shards=0)
+
+
+# ---- hostile sources on Beam (issue 46): the same named skips and errors as a single job --------
+
+def _convert_on_beam(sources, out, num_shards, **options):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    import tbljax.beam
+
+    with beam.Pipeline(options=PipelineOptions(TWO_WORKERS)) as p:
+        p | tbljax.beam.ConvertShards(sources, str(out / "part-{shard}.tbl"), num_shards=num_shards,
+                                      image_size=8, **options)
+    return [str(out / f"part-{i:05d}-of-{num_shards:05d}.tbl") for i in range(num_shards)]
+
+
+def test_hostile_sources_on_beam_skip_by_name(tmp_path):
+    pytest.importorskip("array_record.python.array_record_module")
+    from _source_files import damaged_array_record, jpegs, parquet, unreadable_array_records
+
+    ar = tmp_path / "d.array_record"
+    damaged_array_record(ar, jpegs(120))
+    bad = unreadable_array_records(ar)  # array_record itself, one record at a time
+    parts = _convert_on_beam(str(ar), tmp_path, 2)
+    ds = tbljax.open(parts)
+    assert sorted(s["key"] for p in parts for s in tbljax.open(p).skipped) == sorted(f"d.array_record:{k}" for k in bad)
+    assert ds.keys == [f"d.array_record:{k}" for k in range(120) if k not in bad]
+    # A later Parquet file without the label column: its one bad item names it.
+    parquet(tmp_path / "a.parquet", jpegs(4))
+    parquet(tmp_path / "b.parquet", jpegs(3), label=False)
+    (tmp_path / "pq").mkdir()
+    (part,) = _convert_on_beam([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")], tmp_path / "pq", 1)
+    (skip,) = tbljax.open(part).skipped
+    assert skip["source"] == str(tmp_path / "b.parquet") and "b.parquet: has no column 'label'" in skip["reason"]
+    assert len(tbljax.open(part)) == 4
+
+
+def test_hostile_sources_on_beam_refused_by_name_when_strict(tmp_path):
+    from _source_files import example, jpegs, parquet, tfrecord, tfrecord_header
+
+    (image,) = jpegs(1)
+    (tmp_path / "huge.tfrecord").write_bytes(tfrecord([example({"image": image})]) + tfrecord_header(1 << 40)
+                                             + bytes(100))
+    parquet(tmp_path / "good.parquet", jpegs(4))
+    (tmp_path / "text.parquet").write_bytes(b"not parquet at all " * 10)
+    for k, (sources, words) in enumerate(((str(tmp_path / "huge.tfrecord"), "huge.tfrecord record 1: truncated"),
+                           ([str(tmp_path / "good.parquet"), str(tmp_path / "text.parquet")],
+                            "text.parquet: not a readable Parquet file"))):
+        out = tmp_path / f"out{k}"
+        out.mkdir()
+        with pytest.raises(Exception, match="strict conversion stopped") as e:
+            _convert_on_beam(sources, out, 1, strict=True)
+        assert words in str(e.value)
+        assert not list(out.iterdir())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import json
-import struct
+import os
 import subprocess
 import sys
 import tarfile
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import tbljax
+from _source_files import example, masked, tfrecord
 
 datasets = pytest.importorskip("datasets")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -162,50 +163,6 @@ def test_fields_strict_and_wrong_arguments(photos, tmp_path):
 
 
 # ---- TFDS: tf.train.Example in TFRecord and ArrayRecord ----------------------------------------
-
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1  # int64 on the wire: two's complement
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
-def _ld(number: int, payload: bytes) -> bytes:  # a length-delimited field (wire type 2)
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def example(features: dict[str, bytes | int | list[float]]) -> bytes:
-    """tf.train.Example's bytes, from feature.proto and example.proto: Example{features=1}
-    Features{map<string, Feature> feature=1} Feature{oneof bytes_list=1, float_list=2,
-    int64_list=3}, BytesList{repeated bytes value=1}, FloatList{repeated float value=1
-    [packed]}, Int64List{repeated int64 value=1 [packed]}."""
-    entries = b""
-    for key, v in features.items():
-        if isinstance(v, bytes):
-            feature = _ld(1, _ld(1, v))
-        elif isinstance(v, list):
-            feature = _ld(2, _ld(1, struct.pack(f"<{len(v)}f", *v)))
-        else:
-            feature = _ld(3, _ld(1, _varint(v)))
-        entries += _ld(1, _ld(1, key.encode()) + _ld(2, feature))
-    return _ld(1, entries)
-
-
-def masked(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def tfrecord(records: list[bytes]) -> bytes:
-    out = b""
-    for r in records:
-        head = struct.pack("<Q", len(r))
-        out += head + struct.pack("<I", masked(head)) + r + struct.pack("<I", masked(r))
-    return out
-
 
 def test_crc32c_is_the_castagnoli_checksum():
     assert google_crc32c.value(b"123456789") == 0xE3069283  # the CRC-32C check value
@@ -403,3 +360,139 @@ def test_integer_label_column_is_the_default_label(tmp_path):
     s = str(tbljax.convert(unlabelled, tmp_path / "u.tbl", image_size=8, progress=False))
     assert "every record's label is -1; a Hugging Face dataset or Parquet file takes labels from" in s, s
     assert "label_column= names another" in s, s
+
+
+# ---- hostile source files (issue 46): each bad file or record named, skipped or refused as
+# strict= says, never a bare library error; the command exits 1 with one line naming it ------
+
+from _source_files import (damaged_array_record, forge_parquet_rows, jpegs, parquet,  # noqa: E402
+                           tfrecord_header, unreadable_array_records)
+
+
+def convert_small(src, dst, **kw):
+    return tbljax.convert(src, dst, image_size=8, progress=False, **kw)
+
+
+def test_a_damaged_array_record_record_skips_only_itself(tmp_path):
+    pytest.importorskip("array_record.python.array_record_module")
+    images = jpegs(120)
+    path = tmp_path / "d.array_record"
+    damaged_array_record(path, images)
+    bad = unreadable_array_records(path)  # array_record itself, one record at a time
+    assert 0 < len(bad) < 4
+    s = convert_small(path, tmp_path / "d.tbl")
+    assert [x["key"] for x in s.skipped] == [f"d.array_record:{k}" for k in bad]
+    assert all("unreadable (Corrupted Riegeli" in x["reason"] for x in s.skipped), s.skipped
+    ds = tbljax.open(tmp_path / "d.tbl")
+    good = [k for k in range(120) if k not in bad]
+    assert ds.keys == [f"d.array_record:{k}" for k in good]
+    assert ds.labels.tolist() == [k % 3 for k in good]
+
+
+@pytest.mark.parametrize("declared", [1 << 34, 1 << 41])
+@pytest.mark.parametrize("values_too", [False, True], ids=["rows", "rows+values"])
+def test_parquet_rows_read_not_rows_declared_size_the_file(tmp_path, declared, values_too):
+    images = jpegs(40)
+    path = tmp_path / "p.parquet"
+    parquet(path, images)
+    forge_parquet_rows(path, 40, declared, values_too)
+    s = convert_small(path, tmp_path / "p.tbl")
+    assert s.written == 40 and s.bytes < 1 << 20  # not an index for `declared` records
+    assert os.path.getsize(tmp_path / "p.tbl") == s.bytes
+    (report,) = s.skipped
+    assert report["source"] == str(path)
+    assert f"p.parquet rows 0..: row group 0 declares {declared} rows" in report["reason"]
+    assert "40 rows read" in report["reason"]
+    ds = tbljax.open(tmp_path / "p.tbl")
+    assert ds.keys == [f"p.parquet:{k}" for k in range(40)] and ds.labels.tolist() == [k % 3 for k in range(40)]
+    with pytest.raises(tbljax.ConversionError, match="p.parquet rows 0..: row group 0 declares"):
+        convert_small(path, tmp_path / "strict.tbl", strict=True)
+
+
+def test_parquet_declaring_fewer_rows_than_its_columns_hold_is_reported(tmp_path):
+    path = tmp_path / "p.parquet"
+    parquet(path, jpegs(40))
+    forge_parquet_rows(path, 40, 20, values_too=False)  # the column chunks still say 40
+    s = convert_small(path, tmp_path / "p.tbl")
+    assert s.written == 20
+    (report,) = s.skipped
+    assert "row group 0 declares 20 rows, its column 'image.bytes' holds 40 values; 20 rows read" \
+        in report["reason"], report
+
+
+def _tfrecord_of_2_40(path, image):
+    """A good record, then a header claiming 2**40 bytes with a valid length CRC, then 100 bytes."""
+    from _source_files import example
+
+    path.write_bytes(tfrecord([example({"image": image, "label": 1})]) + tfrecord_header(1 << 40) + bytes(100))
+
+
+HOSTILE = ["tfrecord-2**40", "not-parquet", "truncated-parquet", "not-array-record", "later-parquet-without-label"]
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    """{case: (files, what its error must say)} for item 9 of issue 46."""
+    pytest.importorskip("array_record.python.array_record_module")
+    d = tmp_path_factory.mktemp("hostile")
+    (image,) = jpegs(1)
+    _tfrecord_of_2_40(d / "huge.tfrecord", image)
+    good = d / "good.parquet"
+    parquet(good, jpegs(4))
+    (d / "text.parquet").write_bytes(b"not parquet at all " * 10)
+    (d / "cut.parquet").write_bytes(good.read_bytes()[:len(good.read_bytes()) // 2])
+    (d / "text.array_record").write_bytes(b"not an array record " * 10)
+    parquet(d / "nolabel.parquet", jpegs(3), label=False)
+    return {"tfrecord-2**40": ([d / "huge.tfrecord"], "huge.tfrecord record 1: truncated (100 of 1099511627776 bytes)"),
+            "not-parquet": ([d / "text.parquet"], "text.parquet: not a readable Parquet file"),
+            "truncated-parquet": ([d / "cut.parquet"], "cut.parquet: not a readable Parquet file"),
+            "not-array-record": ([d / "text.array_record"], "text.array_record: not a readable ArrayRecord file"),
+            "later-parquet-without-label": ([good, d / "nolabel.parquet"], "nolabel.parquet: has no column 'label'")}
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_files_are_skipped_by_name_or_refused_when_strict(hostile, case, tmp_path):
+    paths, words = hostile[case]
+    written = {"tfrecord-2**40": 1, "later-parquet-without-label": 4}.get(case, 0)  # the good records
+    if written:
+        s = convert_small(paths, tmp_path / "o.tbl")
+        assert s.written == written and [words in x["reason"] for x in s.skipped] == [True], s.skipped
+        assert s.skipped[0]["source"] == str(paths[-1])
+    else:
+        with pytest.raises(tbljax.ConversionError, match="no record written") as e:
+            convert_small(paths, tmp_path / "o.tbl")
+        assert words in str(e.value)
+    with pytest.raises(tbljax.ConversionError, match="strict conversion stopped") as e:
+        convert_small(paths, tmp_path / "strict.tbl", strict=True)
+    assert words in str(e.value) and not (tmp_path / "strict.tbl").exists()
+
+
+_CLI_CHILD = """
+import contextlib, io, json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # a 2**40 allocation fails fast
+from tbljax._src.tools import cli
+out = {}
+for case, argv in json.loads(sys.argv[1]).items():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = cli.main(argv)  # an exception it lets out ends this child with a traceback
+    out[case] = [status, err.getvalue()]
+print(json.dumps(out))
+"""
+
+
+def test_hostile_files_exit_1_from_the_command_with_one_line(hostile, tmp_path):
+    """`tbljax convert --strict` on each: exit 1, one line naming the file, no traceback (in one
+    child limited to 4 GiB of address space)."""
+    cases = hostile
+    argv = {case: ["convert", *map(str, paths), "-o", str(tmp_path / f"{case}.tbl"), "-s", "8", "--strict", "-q"]
+            for case, (paths, _) in cases.items()}
+    r = subprocess.run([sys.executable, "-c", _CLI_CHILD, json.dumps(argv)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for case, (status, err) in json.loads(r.stdout).items():
+        lines = err.strip().splitlines()
+        assert status == 1 and "Traceback" not in err, (case, status, err)
+        assert lines[0].startswith("tbljax convert: error: strict conversion stopped"), (case, lines)
+        assert cases[case][1] in lines[0] and len(lines) == 2, (case, lines)  # the error, the bad item
+        assert not (tmp_path / f"{case}.tbl").exists()

@@ -3,7 +3,9 @@ files (local, or at a URL through fsspec) as `datasets` writes them. The feature
 column is the image (`Image`: a `{"bytes", "path"}` struct) and which the label (`ClassLabel`:
 its names become the classes, ids kept); `image_column=` / `label_column=` name them instead.
 Parquet is read row group by row group, so memory stays flat in the file's size, and a
-conversion's `--shard i/n` takes a contiguous share of the (file, row group) units.
+conversion's `--shard i/n` takes a contiguous share of the (file, row group) units. A file
+that cannot be read, or lacks a column, is one bad item; a row group's rows are those read,
+not those its footer declares, when the footer contradicts itself.
 
 `datasets` and `pyarrow` are the `hf` extra, imported only when such a source is given.
 """
@@ -99,6 +101,11 @@ class _Columns:
             label, label_error = _label(labels[r], self.label)
             yield Item(key, source, data, label, error=error, label_error=label_error,
                        fields={f: _cell(rows[f][r], self.dtypes.get(f)) for f in self.fields})
+
+
+def _in_column(path: str, column: str) -> bool:
+    """Whether a Parquet leaf path ('image.bytes') belongs to the top-level column."""
+    return path == column or path.startswith(column + ".")
 
 
 def _numeric_dtype(feature: Any) -> np.dtype | None:
@@ -201,29 +208,83 @@ class ParquetSource:
     @property
     def field_kinds(self) -> dict[str, str]:
         """The record fields conversion stores from this source (fields=): name → kind."""
-        return self.columns.kinds
+        return self.columns.kinds if self.columns else {}  # None: no file could be read
 
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
                  image_column: str | None = None, label_column: str | None = None,
                  fields: Sequence[str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
-                 units: list[tuple[str, int, int]] | None = None, columns: _Columns | None = None):
-        pq = _import("pyarrow.parquet")
+                 units: list[tuple[str, int, int]] | None = None, columns: _Columns | None = None,
+                 problems: dict[tuple[str, int], str] | None = None):
         self.paths, self.retry = list(paths), retry
+        # (file, row group) -> what is wrong, reported as one bad item where the rows would
+        # be; row group -1: the whole file (unreadable, or without a column that is read).
+        self.problems = dict(problems or {})
         if units is None:
+            metas = {}
+            for p in self.paths:
+                try:
+                    with self._open(p) as f:
+                        pf = _import("pyarrow.parquet").ParquetFile(f)
+                        metas[p] = (pf.metadata, pf.schema_arrow)
+                except (OSError, _import("pyarrow").ArrowException) as e:
+                    if isinstance(e, FileNotFoundError):
+                        raise
+                    self.problems[(p, -1)] = f"not a readable Parquet file ({e})"
+            if columns is None and metas:
+                schema = next(iter(metas.values()))[1]
+                features = _import("datasets").Features.from_arrow_schema(schema)
+                columns = _Columns(features, schema.names, next(iter(metas)), image_column,
+                                   label_column, fields, classes)
             units = []
             for p in self.paths:
-                with self._open(p) as f:
-                    meta = pq.ParquetFile(f).metadata
-                units += [(p, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+                if p in metas:
+                    units += self._row_groups(p, *metas[p], columns)
+                if (p, -1) in self.problems:
+                    units.append((p, -1, 1))  # the bad item that reports it
         self.units = units  # (file, row group, rows), in order
-        if columns is None:
-            with self._open(self.paths[0]) as f:
-                schema = pq.ParquetFile(f).schema_arrow
-            features = _import("datasets").Features.from_arrow_schema(schema)
-            columns = _Columns(features, schema.names, self.paths[0], image_column, label_column,
-                               fields, classes)
         self.columns = columns
-        self.classes = columns.classes
+        self.classes = columns.classes if columns else classes
+
+    def _row_groups(self, path: str, meta: Any, schema: Any, columns: _Columns) -> list[tuple[str, int, int]]:
+        """The (file, row group, rows) units of a file. A group's rows are counted by reading
+        when its footer's count is not to be trusted: a read column that holds one value a row
+        holds another number, or the image column has under a byte a row (a forged count would
+        otherwise size the TBL file's index). A file without a read column is a problem."""
+        missing = [c for c in columns.read if c not in schema.names]
+        if missing:
+            self.problems[(path, -1)] = f"has no column {missing[0]!r} (columns: {schema.names[:12]}); file skipped"
+            return []
+        units = []
+        for g in range(meta.num_row_groups):
+            rg, declared = meta.row_group(g), meta.row_group(g).num_rows
+            leaves = [rg.column(c) for c in range(rg.num_columns)
+                      if meta.schema.column(c).max_repetition_level == 0  # one value a row
+                      and any(_in_column(rg.column(c).path_in_schema, col) for col in columns.read)]
+            odd = [f"its column {c.path_in_schema!r} holds {c.num_values} values" for c in leaves
+                   if c.num_values != declared]
+            image_bytes = sum(c.total_uncompressed_size for c in leaves
+                              if _in_column(c.path_in_schema, columns.image))
+            if not odd and image_bytes >= declared:
+                units.append((path, g, declared))
+                continue
+            rows, why = self._count_rows(path, g, columns.image)
+            if odd or rows != declared:
+                self.problems[(path, g)] = (f"row group {g} declares {declared} rows"
+                                            f"{''.join(', ' + o for o in odd[:1])}; {rows} rows read{why}")
+            units.append((path, g, rows))
+        return units
+
+    def _count_rows(self, path: str, group: int, column: str) -> tuple[int, str]:
+        """The rows of a row group that `column` really yields, and why it stopped if it failed."""
+        pa, pq = _import("pyarrow"), _import("pyarrow.parquet")
+        rows = 0
+        try:
+            with self._open(path) as f:
+                for batch in pq.ParquetFile(f).iter_batches(BATCH_ROWS, row_groups=[group], columns=[column]):
+                    rows += batch.num_rows
+        except (OSError, pa.ArrowException) as e:
+            return rows, f" ({e})"
+        return rows, ""
 
     def _open(self, path: str) -> Any:
         if not remote.is_url(path) and not os.path.isfile(path):
@@ -234,7 +295,7 @@ class ParquetSource:
         """Shard i of n: a contiguous share of the (file, row group) units."""
         part = share(self.units, i, n, "Parquet row groups")
         return ParquetSource(list(dict.fromkeys(u[0] for u in part)), retry=self.retry, units=part,
-                             columns=self.columns)
+                             columns=self.columns, problems=self.problems)
 
     def describe(self) -> list[str]:
         return self.paths
@@ -243,19 +304,42 @@ class ParquetSource:
         return sum(u[2] for u in self.units)
 
     def __iter__(self) -> Iterator[Item]:
-        pq = _import("pyarrow.parquet")
-        by_file: dict[str, list[int]] = {}
-        for p, g, _ in self.units:
-            by_file.setdefault(p, []).append(g)
+        by_file: dict[str, list[tuple[int, int]]] = {}
+        for p, g, rows in self.units:
+            by_file.setdefault(p, []).append((g, rows))
         for p, groups in by_file.items():
-            name = remote.name_of(p)
-            with self._open(p) as f:
-                pf = pq.ParquetFile(f)
-                row = sum(pf.metadata.row_group(g).num_rows for g in range(groups[0]))
-                for batch in pf.iter_batches(BATCH_ROWS, row_groups=groups, columns=self.columns.read):
-                    keys = [f"{name}:{r}" for r in range(row, row + batch.num_rows)]
-                    row += batch.num_rows
-                    yield from self.columns.items(batch.to_pydict(), keys, p)
+            if (p, -1) in self.problems:
+                yield Item(f"{remote.name_of(p)}:<file>", p, None, error=f"{remote.name_of(p)}: "
+                           f"{self.problems[(p, -1)]}")
+                continue
+            yield from self._iter_file(p, groups)
+
+    def _iter_file(self, path: str, groups: list[tuple[int, int]]) -> Iterator[Item]:
+        """The rows of a file's row groups, each group at most the rows counted for it (so the
+        writer, sized by `count`, holds them); a group that fails to read, or that holds other
+        than it declares, is reported as a bad item naming it."""
+        pa, pq = _import("pyarrow"), _import("pyarrow.parquet")
+        name = remote.name_of(path)
+        with self._open(path) as f:
+            pf = pq.ParquetFile(f)
+            row = sum(pf.metadata.row_group(g).num_rows for g in range(groups[0][0]))
+            for g, rows in groups:
+                start, read, why = row, 0, self.problems.get((path, g))
+                try:
+                    for batch in pf.iter_batches(BATCH_ROWS, row_groups=[g], columns=self.columns.read):
+                        n = min(batch.num_rows, rows - read)
+                        keys = [f"{name}:{r}" for r in range(row, row + n)]
+                        yield from self.columns.items(batch.slice(0, n).to_pydict(), keys, path)
+                        row, read = row + n, read + n
+                        if read == rows:
+                            break
+                except (OSError, pa.ArrowException) as e:
+                    why = f"row group {g}: unreadable after {read} of {rows} rows ({e}); rest of row group skipped"
+                if why is None and read < rows:
+                    why = f"row group {g} ends after {read} of its {rows} rows"
+                if why is not None:
+                    yield Item(f"{name}:<row group {g}>", path, None, error=f"{name} rows {start}..: {why}")
+                row = start + pf.metadata.row_group(g).num_rows
 
 
 class HFDatasetSource:

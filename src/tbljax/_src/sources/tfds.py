@@ -11,7 +11,9 @@ The image is the bytes feature `image_key` (default: TFDS's `image`, else the cl
 TFRecord framing, per record: length (u64 little-endian), masked CRC-32C of the length, data,
 masked CRC-32C of the data. Both checksums are checked (`google-crc32c`): a record whose data
 fails is skipped and listed like a bad image, naming file and record number; a length that
-fails leaves nothing to resynchronise on, so the rest of that file is skipped. `--shard i/n`
+fails leaves nothing to resynchronise on, so the rest of that file is skipped; a length past
+the end of the file is a truncated record. An ArrayRecord file array_record cannot open is one
+bad item, and a damaged record only itself. `--shard i/n`
 takes whole TFRecord files, and contiguous records of ArrayRecord files (random access).
 """
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = ["IMAGE_KEYS", "LABEL_KEYS", "ArrayRecordSource", "TFRecordSource", "f
 IMAGE_KEYS = ("image", "image/encoded")          # TFDS's, then the classic (TF-slim) one
 LABEL_KEYS = ("label", "image/class/label")
 READ_BATCH = 64  # ArrayRecord records read per call
+READ_PIECE = 16 << 20  # a TFRecord record's data is read in pieces: its length is not trusted
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -262,7 +265,7 @@ class TFRecordSource:
                         yield Item(key, path, None, error=f"{where}: length CRC-32C mismatch (the "
                                    "framing is broken); rest of file skipped")
                         return
-                    data, tail = f.read(length), f.read(4)
+                    data, tail = _read_at_most(f, length), f.read(4)
                     if len(data) < length or len(tail) < 4:
                         yield Item(key, path, None, error=f"{where}: truncated ({len(data)} of "
                                    f"{length} bytes); end of file")
@@ -275,6 +278,16 @@ class TFRecordSource:
         except OSError as e:
             yield Item(f"{name}:{k}", path, None, error=f"{name} record {k}: unreadable "
                        f"({type(e).__name__}: {e}); rest of file skipped")
+
+
+def _read_at_most(f: Any, n: int) -> bytes:
+    """Up to n bytes, read in pieces so that a length claimed by a damaged header (2**40) costs
+    only the bytes the file really holds, not an allocation of n."""
+    pieces = []
+    while n > 0 and (piece := f.read(min(n, READ_PIECE))):
+        pieces.append(piece)
+        n -= len(piece)
+    return b"".join(pieces)
 
 
 class ArrayRecordSource:
@@ -290,7 +303,7 @@ class ArrayRecordSource:
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
                  image_key: str | None = None, label_key: str | None = None,
                  fields: Sequence[str] = (), features: _Features | None = None,
-                 units: list[tuple[str, int, int]] | None = None):
+                 units: list[tuple[str, int, int]] | None = None, broken: dict[str, str] | None = None):
         self.paths = list(paths)
         urls = [p for p in self.paths if remote.is_url(p)]
         if urls:
@@ -301,11 +314,16 @@ class ArrayRecordSource:
             raise FileNotFoundError(f"ArrayRecord file not found: {missing[0]}")
         self.features = features or _Features(self.paths[0], image_key, label_key, fields, classes)
         self.classes = self.features.classes
+        self.broken = dict(broken or {})  # file -> why it cannot be read: one bad item
         if units is None:  # (file, first record, end) runs; one per file until sharded
             units = []
             for p in self.paths:
-                with _reader(p) as r:
-                    units.append((p, 0, r.num_records()))
+                try:
+                    with _reader(p) as r:
+                        units.append((p, 0, r.num_records()))
+                except _Unreadable as e:
+                    self.broken[p] = str(e)
+                    units.append((p, 0, 1))  # the bad item that reports it
         self.units = units
 
     def select(self, i: int, n: int) -> ArrayRecordSource:
@@ -318,7 +336,8 @@ class ArrayRecordSource:
             if a < b:
                 units.append((p, lo + a, lo + b))
             offset += hi - lo
-        return ArrayRecordSource([u[0] for u in units], features=self.features, units=units)
+        return ArrayRecordSource([u[0] for u in units], features=self.features, units=units,
+                                 broken={p: self.broken[p] for p, _, _ in units if p in self.broken})
 
     def describe(self) -> list[str]:
         return list(dict.fromkeys(self.paths))
@@ -329,19 +348,38 @@ class ArrayRecordSource:
     def __iter__(self) -> Iterator[Item]:
         for p, lo, hi in self.units:
             name = remote.name_of(p)
+            if p in self.broken:
+                yield Item(f"{name}:<file>", p, None, error=self.broken[p])
+                continue
             with _reader(p) as r:
                 for start in range(lo, hi, READ_BATCH):
-                    end = min(hi, start + READ_BATCH)
-                    try:
-                        batch = r.read(start, end)
-                    except Exception as e:  # array_record raises RuntimeError/ValueError from C++
-                        batch = [e] * (end - start)
-                    for k, data in zip(range(start, end), batch):
+                    for k, data in _read_batch(r, start, min(hi, start + READ_BATCH)):
                         where, key = f"{name} record {k}", f"{name}:{k}"
                         if isinstance(data, Exception):
                             yield Item(key, p, None, error=f"{where}: unreadable ({data})")
                         else:
                             yield self.features.item(data, key, p, where)
+
+
+def _read_batch(r: Any, start: int, end: int) -> list[tuple[int, bytes | Exception]]:
+    """(record number, bytes) of records [start, end), or the exception of each record that
+    fails: a batch that fails is read again record by record, so one damaged record costs only
+    itself."""
+    try:
+        return list(zip(range(start, end), r.read(start, end)))
+    except Exception:  # array_record raises RuntimeError/ValueError from C++
+        pass
+    out: list[tuple[int, bytes | Exception]] = []
+    for k in range(start, end):
+        try:
+            out.append((k, r.read([k])[0]))
+        except Exception as e:
+            out.append((k, e))
+    return out
+
+
+class _Unreadable(Exception):
+    """An ArrayRecord file array_record cannot open; the message names it."""
 
 
 class _reader:
@@ -354,6 +392,13 @@ class _reader:
             raise ImportError("ArrayRecord sources need array_record: pip install 'tbljax[tfds]'") from None
         self.path = path
         self.reader = ArrayRecordReader(path)
+        if not self.reader.ok():  # a file it cannot read opens "not ok"; close() says why
+            try:
+                self.reader.close()
+                why = "array_record cannot read it"
+            except Exception as e:
+                why = str(e)
+            raise _Unreadable(f"{remote.name_of(path)}: not a readable ArrayRecord file ({why})")
 
     def __enter__(self) -> Any:
         return self.reader
