@@ -22,12 +22,12 @@ PACKAGE = REPO / "src" / "tbljax"
 ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
     ("_src/rules", ["contract", "braces", "sharding", "partition", "parts", "order", "resume", "mixing", "augment",
-                    "dataset", "options"]),         # what every path agrees on
+                    "mixup", "dataset", "options"]),         # what every path agrees on
     ("_src/file", ["fields", "format", "field_columns"]),  # the TBL file's bytes from Python
     ("_src/datasets", ["stats", "reader", "host_part", "mixture"]),  # opening and combining datasets
     ("_src/engine", ["kernels", "rows", "ring", "step", "file_sweep", "record_source", "batch_fields", "plan",
                      "producer", "host_loader"]),               # the framework-free serving machine
-    ("_src/jax", ["packed", "registration", "twin", "ffi_call", "partitioning", "ops",
+    ("_src/jax", ["packed", "registration", "twin", "ffi_call", "partitioning", "ops", "mixup",
                   "arrays", "loader", "resident"]),  # JAX arrays, the kernel inside jit
     ("_src/adapters", ["common", "torch", "mlx"]),  # torch and MLX
     ("_src/remote", ["remote", "staging"]),         # files at URLs, shards staged to local disk
