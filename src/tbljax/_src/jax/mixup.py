@@ -4,6 +4,8 @@ no cross-device traffic. The arithmetic is the rule's, so the host path (`rules.
 torch and MLX loaders) gives the same bits."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,6 +49,7 @@ def mixup_cutmix(images, labels, *, seed: int, step, num_classes: int, mixup_alp
             images, targets = ops.mixup_cutmix(images, labels, seed=0, step=step, num_classes=1000)
             return loss(params, images, targets)
     """
+    rule.check_seed(seed)
     m = rule.Mixup(num_classes=num_classes, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha,
                    prob=prob, switch_prob=switch_prob, label_smoothing=label_smoothing, mode=mode)
     images, labels = jnp.asarray(images), jnp.asarray(labels)
@@ -61,14 +64,21 @@ def mixup_cutmix(images, labels, *, seed: int, step, num_classes: int, mixup_alp
     if not isinstance(labels, jax.core.Tracer) and labels.is_fully_addressable:
         rule.check_labels(m, np.asarray(labels))
 
+    return _compiled(m, int(seed), layout, placement)(images, labels, step)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(m: rule.Mixup, seed: int, layout: str, placement):
+    """The op as one jitted function per configuration (inlined into an enclosing jit; outside
+    one it spares a sharded batch `shard_map`'s op-by-op dispatch)."""
     def body(x, y, s):
         return rule.mix_block(m, x, y, seed=seed, step=s, layout=layout, xp=jnp)
 
     if placement is None:
-        return body(images, labels, step)
+        return jax.jit(body)
     mesh, spec = placement
-    return jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, PartitionSpec()),
-                         out_specs=(spec, spec))(images, labels, step)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, PartitionSpec()),
+                                 out_specs=(spec, spec)))
 
 
 def _checked_step(step):

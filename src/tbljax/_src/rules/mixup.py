@@ -49,13 +49,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from tbljax._src.rules import contract
 from tbljax._src.rules import order
 
-__all__ = ["DTYPES", "MODES", "TAG_MIXUP", "Mixup", "block_params", "check_batch", "check_labels", "check_step", "mix",
+__all__ = ["DTYPES", "MODES", "TAG_MIXUP", "Draws", "Mixup", "block_params", "check_batch", "check_labels",
+           "check_seed", "check_step", "mix",
            "mix_block", "mixup_cutmix_host"]
 
 MODES = ("batch", "pair", "elem")
@@ -108,6 +110,11 @@ class Mixup:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
 
 
+def check_seed(seed) -> int:
+    """A seed as an int in [0, 2**64)."""
+    return order.check_seed_epoch(seed, 0)[0]
+
+
 def check_step(step) -> int:
     """A concrete step as an int in [0, 2**32) (the word hashed)."""
     if not contract.is_integer(step) or not 0 <= step < 1 << 32:
@@ -148,11 +155,25 @@ def _threshold(p: float, xp):
     return xp.uint32(round(p * (1 << _PROB_BITS)))
 
 
-def block_params(m: Mixup, rows: int, height: int, width: int, *, seed: int, step, xp=np):
-    """The draws of a block of `rows` rows of H×W images: (lam float32 (rows,), mixes bool
-    (rows,): Mixup applies, box int32 (rows, 4) (yl, yh, xl, xh) copied from the partner,
-    empty where CutMix does not apply). `step` may be a traced jax integer."""
-    seed, _ = order.check_seed_epoch(seed, 0)
+class Draws(NamedTuple):
+    """A block's draws, per row: what was drawn (timm's ``_params_per_*`` and ``rand_bbox``'s
+    centre) and what it makes (``lam``: the target's λ, corrected for CutMix; ``mixes``: Mixup
+    applies; ``box`` (yl, yh, xl, xh): copied from the partner, empty where CutMix does not
+    apply)."""
+
+    applied: object   # bool (rows,): mixing applies (probability `prob`)
+    cutmix: object    # bool (rows,): CutMix, not Mixup
+    drawn: object     # float32 (rows,): λ ~ Beta(α, α) of the chosen kind
+    cy: object        # int32 (rows,): the box centre, uniform in [0, H)
+    cx: object        # int32 (rows,): uniform in [0, W)
+    lam: object
+    mixes: object
+    box: object
+
+
+def block_params(m: Mixup, rows: int, height: int, width: int, *, seed: int, step, xp=np) -> Draws:
+    """The `Draws` of a block of `rows` rows of H×W images. `step` may be a traced jax integer."""
+    seed = check_seed(seed)
     step_word = xp.asarray(step).astype(xp.uint32) if xp is not np else check_step(step)
     # (1,)-shaped words: NumPy warns when uint32 scalars wrap, arrays wrap silently.
     words = [xp.full((1,), w, dtype=xp.uint32) for w in (TAG_MIXUP, seed & 0xFFFFFFFF, seed >> 32)]
@@ -161,7 +182,7 @@ def block_params(m: Mixup, rows: int, height: int, width: int, *, seed: int, ste
     units = {"batch": r * xp.uint32(0), "elem": r, "pair": xp.minimum(r, xp.uint32(rows - 1) - r)}[m.mode]
     w = order.hash32([units[:, None], 0, xp.arange(5, dtype=xp.uint32)[None, :]], iv=key, xp=xp)
     top = w >> xp.uint32(32 - _PROB_BITS)
-    apply = top[:, _APPLY] < _threshold(m.prob, xp)
+    applied = top[:, _APPLY] < _threshold(m.prob, xp)
     if m.mixup_alpha > 0 and m.cutmix_alpha > 0:
         cut = top[:, _SWITCH] < _threshold(m.switch_prob, xp)
     else:
@@ -169,7 +190,7 @@ def block_params(m: Mixup, rows: int, height: int, width: int, *, seed: int, ste
     k = w[:, _LAM] >> xp.uint32(32 - _TABLE_BITS)
     cut_alpha = m.cutmix_alpha or m.mixup_alpha  # an alpha of 0 is never drawn from
     mix_alpha = m.mixup_alpha or m.cutmix_alpha
-    lam_mix = xp.asarray(_lam_table(mix_alpha))[k]
+    drawn = xp.where(cut, xp.asarray(_lam_table(cut_alpha))[k], xp.asarray(_lam_table(mix_alpha))[k])
     cut_h = xp.asarray(_cut_table(cut_alpha, height))[k]
     cut_w = xp.asarray(_cut_table(cut_alpha, width))[k]
     # Box centres: uint32 products stay below 2**32 for sides <= 65535.
@@ -177,12 +198,11 @@ def block_params(m: Mixup, rows: int, height: int, width: int, *, seed: int, ste
     cx = (((w[:, _CX] >> 16) * xp.uint32(width)) >> 16).astype(xp.int32)
     yl, yh = xp.clip(cy - cut_h // 2, 0, height), xp.clip(cy + (cut_h + 1) // 2, 0, height)
     xl, xh = xp.clip(cx - cut_w // 2, 0, width), xp.clip(cx + (cut_w + 1) // 2, 0, width)
-    area = (yh - yl) * (xh - xl)
-    lam_cut = xp.asarray(_corrected_lam_table(height, width))[area]
-    cutting = apply & cut
-    lam = xp.where(apply, xp.where(cut, lam_cut, lam_mix), xp.float32(1)).astype(xp.float32)
+    lam_cut = xp.asarray(_corrected_lam_table(height, width))[(yh - yl) * (xh - xl)]
+    cutting = applied & cut
+    lam = xp.where(applied, xp.where(cut, lam_cut, drawn), xp.float32(1)).astype(xp.float32)
     box = xp.where(cutting[:, None], xp.stack([yl, yh, xl, xh], axis=-1), 0).astype(xp.int32)
-    return lam, apply & ~cut, box
+    return Draws(applied, cut, drawn, cy, cx, lam, applied & ~cut, box)
 
 
 def _rounded(v, zero, xp):
@@ -203,7 +223,8 @@ def mix_block(m: Mixup, images, labels, *, seed: int, step, layout: str = "NHWC"
     b = images.shape[0]
     h_axis = 1 if layout == "NHWC" else 2
     height, width = images.shape[h_axis], images.shape[h_axis + 1]
-    lam, mixes, box = block_params(m, b, height, width, seed=seed, step=step, xp=xp)
+    d = block_params(m, b, height, width, seed=seed, step=step, xp=xp)
+    lam, mixes, box = d.lam, d.mixes, d.box
 
     # Targets: timm's mixup_target, with all-zero rows for padding.
     off = np.float32(m.label_smoothing / m.num_classes)
