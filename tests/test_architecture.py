@@ -22,13 +22,13 @@ PACKAGE = REPO / "src" / "tbljax"
 ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
     ("_src/rules", ["contract", "braces", "partition", "parts", "order", "resume", "mixing", "augment",
-                    "buckets", "naflex", "dataset", "options"]),         # what every path agrees on
+                    "buckets", "naflex", "mixup", "dataset", "options"]),  # what every path agrees on
     ("_src/file", ["fields", "format", "field_columns"]),  # the TBL file's bytes from Python
     ("_src/datasets", ["stats", "reader", "host_part", "mixture", "opening"]),  # opening and combining datasets
     ("_src/engine", ["kernels", "rows", "ring", "step", "file_sweep", "record_source", "batch_fields", "plan",
                      "producer", "host_loader"]),               # the framework-free serving machine
     ("_src/jax", ["collectives", "sharding", "packed", "registration", "twin", "ffi_call", "partitioning", "ops",
-                  "arrays", "loader", "resident_host", "resident"]),  # JAX arrays, the kernel inside jit
+                  "mixup", "arrays", "loader", "resident_host", "resident"]),  # JAX arrays, the kernel inside jit
     ("_src/adapters", ["common", "torch", "mlx"]),  # torch and MLX
     ("_src/remote", ["remote", "staging"]),         # files at URLs, shards staged to local disk
     ("_src/sources", ["items", "arrays", "files", "huggingface", "tf_example", "tfds",
