@@ -154,8 +154,8 @@ class ConvertOptions:
             raise ArgumentError("a TBL source is decoded record for record at its stored geometry: ", *names,
                                 f" {'does' if len(extra) == 1 else 'do'} not apply to it")
         if self.format == "jpeg":
-            raise ArgumentError("a TBL source converts to ", Arg("format", "raw"), " or 'lz4'; to make JPEG "
-                                "records, convert the original images")
+            raise ArgumentError("a TBL source converts to ", Arg("format", "raw"), " or ", Arg("format", "lz4"),
+                                "; to make JPEG records, convert the original images")
 
     def _checked_recipe(self) -> str | None:
         """Checks the recipe of a conversion from images; returns the chroma to use."""
