@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-import tbljax
 from tbljax._src.tools import cli
 
 REPO = Path(__file__).resolve().parents[1]
