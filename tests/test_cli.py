@@ -186,3 +186,30 @@ def test_the_unlabelled_hint_names_the_cli_flag(tmp_path):
     r = run("convert", tmp_path / "u.tar", "-o", tmp_path / "u.tbl", "-s", 8, "-q")
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "(--label-ext names another)" in out and "label_ext=" not in out, r
+
+
+def test_errors_name_the_cli_flags_not_python_arguments(tmp_path, capsys):
+    # Issue 45 item 12: no CLI error names a Python argument the command has a flag for, and one it
+    # has none for is marked; run in-process (cli.main) to stay fast.
+    tbljax.convert(np.zeros((10, 8, 8, 3), np.uint8), tmp_path / "a.tbl", image_size=8, progress=False)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "x.png")
+    a, x, o = str(tmp_path / "a.tbl"), str(tmp_path / "x.png"), str(tmp_path / "o.tbl")
+    for argv, want in (
+            (["bench", a, "--batch-size", "5000"], "tbljax bench: error: --batch-size 5000 is larger than the dataset "
+             "(10 samples): no step would run; use a smaller --batch-size, or drop_remainder=False (Python API only) "
+             "to serve a padded last batch"),
+            (["bench", a, "--batch-size", "4", "--threads", "-1"], "tbljax bench: error: --threads must be None or 0"),
+            (["convert", x, "-o", o, "-s", "8", "--shard", "3/2"],
+             "tbljax convert: error: --shard 3/2 needs part i of n with 0 <= i < n"),
+            (["convert", x, "-o", o, "-s", "8", "--image-column", "img"],
+             "tbljax convert: error: --image-column names a column of a Hugging Face dataset or Parquet file "
+             "(--image-column, --label-column) or a feature of TFRecord/ArrayRecord tf.train.Examples "
+             "(--image-key, --label-key)"),
+            (["convert", a, "-o", o, "--format", "jpeg"],
+             "tbljax convert: error: a TBL source converts to --format raw or --format lz4;"),
+            (["demo", "--steps", "1", "--workdir", str(tmp_path / "d")],
+             "tbljax demo: error: --steps must be an integer >= 2, got 1")):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(want) and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "o.tbl").exists() and not (tmp_path / "d").exists()

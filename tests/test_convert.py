@@ -634,3 +634,27 @@ def test_compressed_shards_are_counted_with_progress_and_plain_ones_from_headers
     assert r.returncode == 0, r.stderr
     assert "counting images in compressed TAR shards: 1/1" in r.stderr and "\r" not in r.stderr
     assert "convert: 40/40 (100%)" in r.stderr and "wrote 40 records" in r.stdout
+
+
+def test_folder_lists_files_left_out_for_their_extension(tmp_path):
+    # Issue 45 item 10: a folder's files that are not named as images are counted and listed
+    # (a few, then "and N more"); .jfif is a JPEG; a file that is no image names no io.BytesIO.
+    from PIL import Image
+
+    d = tmp_path / "f" / "cat"
+    d.mkdir(parents=True)
+    img = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3)
+    Image.fromarray(img).save(d / "a.png")
+    Image.fromarray(img).save(d / "b.jfif", "JPEG")
+    (d / "bad.jpg").write_text("not an image")
+    names = ["notes.txt", *(f"n{i}.doc" for i in range(5))]
+    for n in [*names, ".DS_Store"]:
+        (d / n).write_text("x")
+    s = tbljax.convert(tmp_path / "f", tmp_path / "o.tbl", image_size=8, progress=False)
+    assert sorted(tbljax.open(tmp_path / "o.tbl").keys) == ["cat/a.png", "cat/b.jfif"]
+    assert sorted(s.left_out) == sorted(f"cat/{n}" for n in names)
+    lines = str(s).splitlines()
+    assert lines[0].endswith("; left out 6 (extension)"), lines[0]
+    assert lines[1].startswith("  left out for their extension (images are bmp, gif, jfif, jpeg, jpg, ")
+    assert lines[1].endswith(": " + ", ".join(s.left_out[:5]) + " and 1 more"), lines[1]
+    assert [x["key"] for x in s.skipped] == ["cat/bad.jpg"] and "BytesIO" not in s.skipped[0]["reason"], s.skipped

@@ -4,6 +4,8 @@ pixels (a 16-bit PNG once turned almost white: Pillow's convert("RGB") clips at 
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -26,6 +28,36 @@ def gray3(g) -> np.ndarray:
     return np.repeat(np.asarray(g, np.uint8)[:, :, None], 3, axis=2)
 
 
+def png16(a: np.ndarray) -> bytes:
+    """A 16-bit RGB or RGBA PNG written from the PNG spec (Pillow cannot write one)."""
+    h, w, c = a.shape
+    rows = b"".join(b"\0" + a[y].astype(">u2").tobytes() for y in range(h))  # filter 0 per row
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, {3: 2, 4: 6}[c], 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def cmyk_jpeg(ycck: bool) -> tuple[bytes, np.ndarray]:
+    """An Adobe CMYK JPEG as Pillow writes it (stored inverted, transform 0), or the same bytes
+    marked YCCK (transform 2: the first three components read as YCbCr; Pillow cannot write
+    one, so the marker is patched), and the RGB the rule gives from the ink amounts C, M, Y, K
+    that Pillow's libjpeg decodes: R = round((255 - C)(255 - K) / 255), likewise G, B."""
+    b = io.BytesIO()
+    Image.fromarray(RNG.integers(0, 256, (H, W, 4)).astype(np.uint8), "CMYK").save(b, "JPEG", quality=100)
+    data = bytearray(b.getvalue())
+    if ycck:
+        at = data.index(b"Adobe") + 11  # APP14 "Adobe": version, flags0, flags1, then transform
+        assert data[at] == 0
+        data[at] = 2
+    with Image.open(io.BytesIO(bytes(data))) as im:
+        assert im.info["adobe_transform"] == (2 if ycck else 0)
+        ink = np.asarray(im).astype(np.int64)
+    cmy, k = ink[:, :, :3], ink[:, :, 3:]
+    return bytes(data), np.round((255 - cmy) * (255 - k) / 255)
+
+
 def cases():
     g16 = RNG.integers(0, 65536, (H, W)).astype(np.uint16)
     yield "I;16", encoded(Image.fromarray(g16)), gray3(np.round(g16 * (255 / 65535)))
@@ -44,12 +76,17 @@ def cases():
     yield "P+transparency", encoded(p, transparency=0), pal[idx]
     bits = RNG.integers(0, 2, (H, W)).astype(bool)
     yield "1", encoded(Image.fromarray(bits)), gray3(bits * 255)
+    for c, mode in ((3, "RGB"), (4, "RGBA")):  # 16-bit: each sample's high byte (libpng's strip_16)
+        a = RNG.integers(0, 65536, (H, W, c)).astype(np.uint16)
+        yield f"{mode}+16bit", png16(a), (a[:, :, :3] >> 8)
+    yield ("CMYK+Adobe", *cmyk_jpeg(ycck=False))  # decoded by the C++ core, not Pillow
+    yield ("CMYK+YCCK", *cmyk_jpeg(ycck=True))
 
 
 @pytest.mark.parametrize("mode,data,want", list(cases()), ids=[c[0] for c in cases()])
 def test_mode_converts_to_rgb8_by_the_rule(tmp_path, mode, data, want):
     assert Image.open(io.BytesIO(data)).mode == mode.split("+")[0]
-    path = tmp_path / ("x.tif" if data[:2] in (b"II", b"MM") else "x.png")
+    path = tmp_path / ("x.tif" if data[:2] in (b"II", b"MM") else "x.jpg" if data[:2] == b"\xff\xd8" else "x.png")
     path.write_bytes(data)
     s = tbljax.convert([path], tmp_path / "o.tbl", image_size=W, resize="squash", progress=False)
     assert s.written == 1, s

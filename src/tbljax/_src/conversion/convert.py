@@ -276,7 +276,7 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
                           seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst),
                           label_errors=records.label_errors, classes=out_classes,
                           num_classes=num_classes(out_labels, out_classes),
-                          labels_from=getattr(src, "LABELS_FROM", ()))
+                          labels_from=getattr(src, "LABELS_FROM", ()), left_out=getattr(src, "left_out", []))
 
 
 def _decode_records(chunk: list[Item], *, opts: ConvertOptions,

@@ -19,6 +19,7 @@ from tbljax._src.rules.contract import Arg, ArgumentError
 from tbljax._src.file.format import stored_entry
 from tbljax._src.rules.partition import parse_part
 from tbljax._src.file.fields import check_name, kind_for_extension
+from tbljax._src.sources.items import IMAGE_EXTENSIONS
 
 __all__ = ["CHROMA", "CHUNK", "FIXED_SIZE_MODES", "RECORD_FORMATS", "RESIZE_MODES", "ConversionError",
            "ConvertOptions", "ConvertSummary", "OutputExistsError", "num_classes"]
@@ -154,8 +155,8 @@ class ConvertOptions:
             raise ArgumentError("a TBL source is decoded record for record at its stored geometry: ", *names,
                                 f" {'does' if len(extra) == 1 else 'do'} not apply to it")
         if self.format == "jpeg":
-            raise ArgumentError("a TBL source converts to ", Arg("format", "raw"), " or 'lz4'; to make JPEG "
-                                "records, convert the original images")
+            raise ArgumentError("a TBL source converts to ", Arg("format", "raw"), " or ", Arg("format", "lz4"),
+                                "; to make JPEG records, convert the original images")
 
     def _checked_recipe(self) -> str | None:
         """Checks the recipe of a conversion from images; returns the chroma to use."""
@@ -235,6 +236,7 @@ class ConvertSummary:
     classes: list[str] | None = None
     num_classes: int = 0            # class names, or distinct label ids; 0: no record has a label
     labels_from: tuple[str | Arg, ...] = ()  # where the sources' labels come from (said when there are none)
+    left_out: list[str] = dataclasses.field(default_factory=list)  # a folder's files not named as images
 
     @property
     def images_per_second(self) -> float:
@@ -250,7 +252,13 @@ class ConvertSummary:
         if self.label_errors:
             head += f"; labels unreadable {len(self.label_errors)}"
         head += f"; classes {self.num_classes}" if self.num_classes else "; unlabelled"
+        if self.left_out:
+            head += f"; left out {len(self.left_out)} (extension)"
         lines = [head]
+        if self.left_out:
+            more = f" and {len(self.left_out) - 5} more" if len(self.left_out) > 5 else ""
+            lines.append(f"  left out for their extension (images are {', '.join(sorted(IMAGE_EXTENSIONS))}): "
+                         f"{', '.join(self.left_out[:5])}{more}")
         if not self.num_classes and self.written:
             lines.append(f"  unlabelled: every record's label is -1; {contract.worded(self.labels_from, flags)}")
         for title, items in (("skipped", self.skipped), ("label unreadable", self.label_errors)):

@@ -86,6 +86,8 @@ def pil_decode(data: bytes) -> np.ndarray:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
             return rgb8(ImageOps.exif_transpose(im))
+    except Image.UnidentifiedImageError:  # its message names only an io.BytesIO; the skip names the file
+        raise ValueError("cannot decode image: not an image format Pillow reads") from None
     except Exception as e:  # Pillow raises many types for bad data; all mean "cannot decode"
         raise ValueError(f"cannot decode image: {type(e).__name__}: {e}") from None
 

@@ -83,9 +83,10 @@ class HostLoader:
         if len(self) == 0:
             what = (f"the dataset ({self._source.n} samples)" if parts is None else
                     f"the smallest host part ({min(parts.counts)} samples)")
-            raise ValueError(f"batch_size {self._rows.global_batch} is larger than {what} "
-                             "with drop_remainder=True: no step would run; use a smaller "
-                             "batch_size or drop_remainder=False")
+            raise contract.ArgumentError(  # in the CLI's words too: `bench --batch-size`
+                contract.Arg("batch_size"), f" {self._rows.global_batch} is larger than {what}: no "
+                "step would run; use a smaller ", contract.Arg("batch_size"), ", or ",
+                contract.Arg("drop_remainder", False), " to serve a padded last batch")
         self._cursor = (0, 0)
         self._finished = False  # the last pass ran to its end: the next one starts over
         self._metrics = Metrics()

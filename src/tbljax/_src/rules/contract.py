@@ -239,8 +239,8 @@ def check_threads(threads) -> int:
     if threads is None:
         return 0
     if not is_integer(threads) or not 0 <= threads <= MAX_THREADS:
-        raise ValueError(f"threads must be None or 0 (the pool's default) or an integer in "
-                         f"[1, {MAX_THREADS}], got {threads!r}")
+        raise ArgumentError(Arg("threads"), f" must be None or 0 (the pool's default) or an integer in "
+                            f"[1, {MAX_THREADS}], got {threads!r}")
     return int(threads)
 
 

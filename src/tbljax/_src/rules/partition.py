@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tbljax._src.rules.contract import Arg, ArgumentError
+
 __all__ = ["host_part", "parse_part"]
 
 
@@ -42,6 +44,6 @@ def parse_part(spec: Any, what: str, forms: str = "(i, n) or 'i/n'") -> tuple[in
             and all(isinstance(x, int) and not isinstance(x, bool) for x in spec)):
         raise ValueError(f"{what} must be {forms}, got {spec!r}")
     i, n = spec
-    if not (n >= 1 and 0 <= i < n):
-        raise ValueError(f"{what} (i, n) needs 0 <= i < n, got ({i}, {n})")
+    if not (n >= 1 and 0 <= i < n):  # named as an Arg: the CLI reads `--shard 3/2 needs ...`
+        raise ArgumentError(Arg(what), f" {i}/{n} needs part i of n with 0 <= i < n")
     return i, n

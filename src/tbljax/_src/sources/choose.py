@@ -25,9 +25,10 @@ def resolve(sources: Any, *, labels: Sequence[Label] | None, classes: list[str] 
     is_hf = isinstance(src, (huggingface.ParquetSource, huggingface.HFDatasetSource))
     wrong = [k for k, v in given.items() if v and (src is None or k.endswith("_column") != is_hf)]
     if wrong:
-        raise ValueError(f"{wrong[0]} names a column of a Hugging Face dataset or Parquet file "
-                         "(image_column, label_column) or a feature of TFRecord/ArrayRecord "
-                         f"tf.train.Examples (image_key, label_key); it does not apply to {_describe(sources)}")
+        raise ArgumentError(Arg(wrong[0]), " names a column of a Hugging Face dataset or Parquet file (",
+                            Arg("image_column"), ", ", Arg("label_column"), ") or a feature of TFRecord/"
+                            "ArrayRecord tf.train.Examples (", Arg("image_key"), ", ", Arg("label_key"),
+                            f"); it does not apply to {_describe(sources)}")
     if src is None:
         if isinstance(fields, tuple):
             raise ArgumentError(Arg("fields", ...), f" as a list of names {list(fields)} is for the columns of "

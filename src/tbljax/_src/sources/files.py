@@ -225,12 +225,16 @@ class FolderSource:
                 raise ValueError(f"image folder {root} has subfolder {unknown[0]!r}, which is not in "
                                  f"classes ({len(unknown)} such subfolders)")
         self.classes: list[str] | None = classes if classes is not None else (subdirs or None)
-        if subdirs:
-            self.files: list[tuple[Path, Label]] = [
-                (f, name) for name in subdirs
-                for f in sorted((self.root / name).rglob("*")) if _is_image_file(f)]
-        else:
-            self.files = [(f, -1) for f in sorted(self.root.iterdir()) if _is_image_file(f)]
+        found = ([(f, name) for name in subdirs for f in sorted((self.root / name).rglob("*")) if f.is_file()]
+                 if subdirs else [(f, -1) for f in sorted(self.root.iterdir()) if f.is_file()])
+        self.files: list[tuple[Path, Label]] = [(f, label) for f, label in found if _is_image_file(f)]
+        # Files left out for their extension (summary.left_out), but not a field's sidecar files
+        # or hidden ones (.DS_Store).
+        sidecar = {"." + e.lower() for e in self.field_exts.values()}
+        self.left_out: list[str] = [
+            str(f.relative_to(self.root)) for f, _ in found
+            if not _is_image_file(f) and not f.name.startswith(".")
+            and not any(f.name.lower().endswith(s) for s in sidecar)]
         if not self.files:
             tars = sorted(f.name for f in self.root.iterdir() if f.is_file() and f.name.endswith(TAR_SUFFIXES))
             if tars:
@@ -242,6 +246,7 @@ class FolderSource:
         """Shard i of n: a contiguous share of the files; classes stay those of the whole folder."""
         part = copy.copy(self)
         part.files = share(self.files, i, n, "image files")
+        part.left_out = self.left_out if i == 0 else []  # the folder's, reported once
         return part
 
     def describe(self) -> list[str]:

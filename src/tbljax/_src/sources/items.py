@@ -18,7 +18,8 @@ from tbljax._src.remote import remote
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules.partition import host_part
 
-IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif"})
+# Image files by extension (a folder's other files are left out and listed); .jfif is a JPEG.
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "jfif", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif"})
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 # Members read for a label, in this order (the first present wins): `.cls`, `.cls2`, `.label`
 # hold an integer id or a class name; `.json` a bare id or name, or an object with a

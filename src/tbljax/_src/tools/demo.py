@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tbljax._src.rules import contract
+
 CLASSES = ["horizontal", "vertical", "rings", "checks"]
 SRC_SIZE = 72   # side of the generated JPEGs
 IMAGE_SIZE = 32  # side after conversion (what the model sees)
@@ -86,6 +88,8 @@ def forward(params, x):
 
 
 def main(steps: int = 300, workdir: str | None = None, batch_size: int = 64) -> int:
+    if not contract.is_integer(steps) or steps < 2:  # step 1 compiles; img/s times steps 2..N
+        raise contract.ArgumentError(contract.Arg("steps"), f" must be an integer >= 2, got {steps!r}")
     import jax
     import jax.numpy as jnp
 
