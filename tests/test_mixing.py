@@ -9,6 +9,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+import tbljax
+
 from tbljax._src.rules.mixing import MixSpec, draw_rows, step_quotas
 
 
@@ -74,3 +76,15 @@ def test_records_are_drawn_without_replacement_and_reshuffled_each_pass():
 def test_bad_specs_are_clear_errors(weights, counts, match):
     with pytest.raises(ValueError, match=match):
         MixSpec(weights, counts)
+
+
+def test_repr_of_a_mixture_never_opens_its_sources(tmp_path):
+    # Issue 45 item 13: repr() of a mixture whose source file is missing said FileNotFoundError.
+    tbljax.convert(np.zeros((4, 8, 8, 3), np.uint8), tmp_path / "a.tbl", image_size=8, progress=False)
+    m = tbljax.mix({"a": tmp_path / "a.tbl", "b": tmp_path / "missing.tbl"}, weights={"a": 3, "b": 1},
+                   steps_per_epoch=2)
+    assert repr(m) == "Mixture(a: 3, b: 1)"
+    with pytest.raises(FileNotFoundError, match="missing.tbl"):
+        len(m)
+    ok = tbljax.mix({"a": tmp_path / "a.tbl"}, weights={"a": 1}, steps_per_epoch=2)
+    assert len(ok) == 4 and repr(ok) == "Mixture(a: 1; 4 records)"

@@ -170,8 +170,11 @@ class Mixture(WeightedDataset):
         return Parts((n,) * processes, index)
 
     def __repr__(self) -> str:
+        # Never opens a source: repr must work on a mixture whose files are elsewhere (another
+        # host's part) or missing; the record count is said once the sources are open.
         parts = ", ".join(f"{n}: {w:g}" for n, w in zip(self.sources, self.weights))
-        return f"Mixture({parts}; {len(self)} records)"
+        opened = "datasets" in self.__dict__  # the cached_property has run
+        return f"Mixture({parts}; {len(self)} records)" if opened else f"Mixture({parts})"
 
     def steps_per_epoch(self, batch: int) -> int:
         """Steps of an epoch at global batch `batch`: steps_per_epoch as given, or one pass over
