@@ -82,7 +82,7 @@ CASES = [
     ("read_into-out-batch", lambda f: f.ds.read_into([0, 1], u8(1)), ValueError, "B=2"),
     ("read_into-out-size", lambda f: f.ds.read_into([0], u8(1, 4, 4)), ValueError, r"record 0 is \(6, 5, 3\), batch rows are \(4, 4, 3\)"),
     ("read_into-out-read-only", lambda f: f.ds.read_into([0], np.broadcast_to(u8(1), (1, H, W, 3))), ValueError, "read-only"),
-    ("verify-threads-negative", lambda f: f.ds.verify(-1), ValueError, r"threads must be an integer in \[0, 1024\]"),
+    ("verify-threads-negative", lambda f: f.ds.verify(-1), ValueError, r"threads must be None or 0 \(the pool.s default\) or an integer in \[1, 1024\], got -1"),
     ("verify-threads-million", lambda f: f.ds.verify(10**6), ValueError, "threads must be"),
     ("verify-threads-str", lambda f: f.ds.verify("2"), ValueError, "threads must be"),
     ("view-empty", lambda f: tbljax.open(f.empty).view(), ValueError, "holds no records"),

@@ -18,7 +18,6 @@ other parts would need their files here; the exchange needs nothing but the runn
 from __future__ import annotations
 
 import dataclasses
-import os
 from functools import cached_property
 
 import numpy as np
@@ -28,7 +27,7 @@ from tbljax._src.rules import contract, order
 from tbljax._src.rules.parts import Parts
 from tbljax._src.datasets import reader
 from tbljax._src.rules.augment import RecordGeometry
-from tbljax._src.rules.dataset import RecordDataset, Records, record_number
+from tbljax._src.rules.dataset import RecordDataset, Records, paths_or_dataset, record_number
 from tbljax._src.rules.partition import host_part
 
 __all__ = ["LocalPart", "PartDataset", "open_part"]
@@ -154,14 +153,7 @@ def _as_paths(path_or_paths) -> list:
                         f"that each process opens only its own part; {path_or_paths!r} is an open "
                         "dataset (a tbljax.mix of paths is served by its parts: tbljax.loader("
                         "mix(...), ..., partition='host'))"[:400])
-    if isinstance(path_or_paths, (str, bytes, os.PathLike)):
-        return [path_or_paths]
-    if isinstance(path_or_paths, (list, tuple)) and path_or_paths and all(
-            isinstance(p, (str, bytes, os.PathLike)) for p in path_or_paths):
-        return list(path_or_paths)
-    raise TypeError("partition='host' takes a TBL path or the list of all shard paths (each "
-                    "process opens only its own part), got "
-                    f"{type(path_or_paths).__name__} {path_or_paths!r}"[:300])
+    return paths_or_dataset(path_or_paths, "partition='host' (each process opens only its own part)")
 
 
 def _open_local(paths: list, index: int, processes: int):

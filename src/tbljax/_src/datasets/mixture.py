@@ -12,7 +12,6 @@ serves on every path that takes a dataset; how rows are drawn from the sources i
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from functools import cached_property
 
@@ -21,8 +20,8 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.datasets import host_part, reader
 from tbljax._src.rules.augment import RecordGeometry
-from tbljax._src.rules.contract import is_integer, record_numbers
-from tbljax._src.rules.dataset import RecordDataset, Records, WeightedDataset, record_number
+from tbljax._src.rules.contract import is_integer, is_real, record_numbers
+from tbljax._src.rules.dataset import RecordDataset, Records, WeightedDataset, paths_or_dataset, record_number
 from tbljax._src.rules.mixing import MixSpec
 from tbljax._src.rules.parts import Parts
 
@@ -332,16 +331,8 @@ def _checked_source(name, source):
     if isinstance(source, Mixture):
         raise TypeError(f"tbljax.mix: source {name!r} is itself a mixture, which tbljax.mix does not "
                         "take: give its sources to one tbljax.mix, with weights multiplied through")
-    if isinstance(source, (str, bytes, os.PathLike, RecordDataset)):
-        return source
-    if isinstance(source, (list, tuple)):
-        if not source:
-            raise ValueError(f"tbljax.mix: source {name!r} is an empty list of paths (a glob "
-                             "that matched nothing?)")
-        if all(isinstance(p, (str, bytes, os.PathLike)) for p in source):
-            return list(source)
-    raise TypeError(f"tbljax.mix: source {name!r} must be a TBL path, a list of shard paths or "
-                    f"a dataset, got {type(source).__name__}"[:300])
+    given = paths_or_dataset(source, f"tbljax.mix: source {name!r}")
+    return given if isinstance(source, (list, tuple)) else source
 
 
 def _by_name(what: str, mapping: Mapping) -> dict:
@@ -359,8 +350,7 @@ def _by_name(what: str, mapping: Mapping) -> dict:
 
 def _weight(name: str, w) -> float:
     """A source's weight as a float: a finite real number > 0 (MixSpec checks the set)."""
-    if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, float, np.integer, np.floating)) \
-            or not (np.isfinite(w) and w > 0):
+    if not is_real(w) or not (np.isfinite(w) and w > 0):
         raise ValueError(f"tbljax.mix: weights[{name!r}] must be a finite number > 0, got {w!r}")
     return float(w)
 

@@ -20,12 +20,12 @@ import numpy.lib.recfunctions  # noqa: F401 - np.lib.recfunctions.repack_fields
 
 from tbljax import _core
 from tbljax._src.rules.augment import RecordGeometry
-from tbljax._src.rules.dataset import FieldInfo, RecordDataset, Records, record_number, require
+from tbljax._src.rules.dataset import FieldInfo, RecordDataset, Records, is_path, paths_or_dataset, record_number
 from tbljax._src.file.field_columns import Column, open_columns
 from tbljax._src.file.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path
 from tbljax._src.file.format import is_compact, keys_of, labels_of, parse_dataset_json
 from tbljax._src.datasets import stats
-from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES, record_numbers
+from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES, check_threads, record_numbers
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
 
@@ -381,10 +381,8 @@ class Dataset(RecordDataset):
     def verify(self, threads: int = 0) -> list[tuple[str, int, str]]:
         """Checks every record's checksum; returns [(file, record, problem)] (empty: all good).
 
-        threads: 0 for the default pool, else 1..1024."""
-        if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) \
-                or not 0 <= threads <= 1024:
-            raise ValueError(f"threads must be an integer in [0, 1024] (0: the default pool), got {threads!r}")
+        threads: None or 0 for the default pool, else 1..MAX_THREADS (`contract.check_threads`)."""
+        threads = check_threads(threads)
         self.check_unchanged()
         bad = [(f.path, int(i), msg) for f in self._files for i, msg in f.verify(int(threads))]
         for col in self._columns.values():  # the field blocks' CRC-32s (record -1: a block)
@@ -425,12 +423,7 @@ def open(paths: PathLike | Sequence[PathLike]) -> Dataset:  # noqa: A001 - the n
 def as_dataset(path_or_dataset, what: str = "tbljax.loader") -> RecordDataset:
     """A dataset from what a loader accepts: a TBL path, a list of shard paths, or a dataset
     (anything implementing `tbljax._src.rules.dataset.RecordDataset`: a `Dataset`, a host part)."""
-    if isinstance(path_or_dataset, (str, bytes, os.PathLike)):
-        return open(path_or_dataset)
-    if isinstance(path_or_dataset, (list, tuple)):
-        if not path_or_dataset:
-            raise ValueError(f"{what} was given an empty list of paths (a glob that matched "
-                             "nothing?)")
-        if all(isinstance(p, (str, bytes, os.PathLike)) for p in path_or_dataset):
-            return open(path_or_dataset)
-    return require(path_or_dataset, what)
+    given = paths_or_dataset(path_or_dataset, what)
+    if isinstance(given, RecordDataset):
+        return given
+    return open(path_or_dataset if is_path(path_or_dataset) else given)

@@ -93,7 +93,7 @@ def check_metadata(meta: dict[str, Any], n: int, path: str) -> None:
         if not isinstance(recipe, dict):
             bad("recipe", "an object")
         size = recipe.get("image_size")
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int)
+        if size is not None and (not is_integer(size)
                                  or not 1 <= size <= MAX_SIDE):
             bad("recipe", f"an object whose image_size is an integer in [1, {MAX_SIDE}]")
         if recipe.get("resize", DEFAULT_RESIZE) not in RESIZE_MODES:
@@ -136,7 +136,7 @@ class Writer:
     """
 
     def __init__(self, dst: PathLike, capacity: int, *, overwrite: bool = False):
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) \
+        if not is_integer(capacity) \
                 or not 0 <= capacity <= 1 << 40:
             raise ValueError(f"capacity must be an integer in [0, 2**40], got {capacity!r}")
         self.dst = as_path(dst)
@@ -275,7 +275,7 @@ def scan_sample_metadata(f: Any) -> tuple[np.ndarray, list[str] | None]:
             continue  # foreign free-form metadata: not ours to judge
         if isinstance(obj, dict):
             lab = obj.get("label", obj.get("cls"))
-            if isinstance(lab, int) and not isinstance(lab, bool):
+            if is_integer(lab):
                 if not -(1 << 63) <= lab < 1 << 63:
                     raise _core.CorruptFileError(f"{f.path}: metadata of record {sample}: label "
                                                  f"{lab} does not fit in int64")

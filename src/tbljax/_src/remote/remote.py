@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tbljax._src.rules.braces import expand_braces
+from tbljax._src.rules.contract import is_integer, is_real
 
 __all__ = ["DEFAULT_RETRY", "EXTRAS", "RemoteReadError", "Retry", "RetryingReader", "expand", "filesystem",
            "is_url", "name_of", "open_input", "size_of"]
@@ -44,11 +45,11 @@ class Retry:
     max_backoff: float = 30.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 0:
+        if not is_integer(self.attempts) or self.attempts < 0:
             raise ValueError(f"retries must be an integer >= 0, got {self.attempts!r}")
         for name in ("backoff", "max_backoff"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            if not is_real(v) or not v >= 0:
                 raise ValueError(f"retry {name} must be a number of seconds >= 0, got {v!r}")
 
     def wait(self, failures: int) -> float:

@@ -31,6 +31,7 @@ from tbljax._src.remote import remote
 from tbljax._src.jax.collectives import host_part
 from tbljax._src.rules.partition import parse_part
 from tbljax._src.datasets.reader import open as open_dataset
+from tbljax._src.rules.contract import is_integer
 
 __all__ = ["COPY_CHUNK", "parse_partition", "parse_size", "stage"]
 
@@ -42,7 +43,7 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 
 def parse_size(text: str | int) -> int:
     """Bytes from a size such as '500G', '1.5TiB', '200MB' or '4096' (K, M, G, T, P and KiB..
     are powers of 1024, KB, MB.. powers of 1000, as in GNU coreutils)."""
-    if isinstance(text, int) and not isinstance(text, bool):
+    if is_integer(text):
         value = text
     else:
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGTP]?)(i?B?)\s*", str(text), re.IGNORECASE)
@@ -237,7 +238,7 @@ def stage(
     >>> loader = tbljax.loader(paths, batch_size=1024, partition="host")
     """
     retry = remote.Retry(retries, retry_backoff)
-    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
+    if not is_integer(workers) or not 1 <= workers <= 256:
         raise ValueError(f"workers must be an integer in [1, 256], got {workers!r}")
     budget = None if budget_bytes is None else parse_size(budget_bytes)
     cache_dir = os.fspath(cache_dir)

@@ -26,7 +26,7 @@ __all__ = ["Arg", "ArgumentError", "DEFAULT_RESIZE", "IMAGENET_MEAN", "IMAGENET_
            "MAX_RECORDS", "MAX_SIDE", "MAX_THREADS", "OUT_DTYPES", "RESIZE_MODES",
            "RESIZE_WEIGHT_BITS", "SQUARE_RESIZE_MODES", "channel_axis", "check_flip",
            "check_index_array", "check_layout", "check_record_count", "check_served_labels", "check_threads",
-           "check_unnormalized", "crop_boxes", "dtype_name", "host_indices", "is_integer",
+           "check_unnormalized", "crop_boxes", "dtype_name", "host_indices", "is_integer", "is_real",
            "normalization", "np_dtype", "output_size", "record_numbers", "row_shape", "worded"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -100,8 +100,14 @@ def check_record_count(n: int, what: str) -> None:
 
 
 def is_integer(v) -> bool:
-    """A Python or NumPy integer, not a bool."""
+    """A Python or NumPy integer, not a bool: the one home of the rule every argument check uses."""
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def is_real(v) -> bool:
+    """A Python or NumPy integer or float, not a bool (NaN and infinities included: callers
+    bound the value)."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
 def record_numbers(indices, n: int, what: str = "a dataset") -> np.ndarray:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import operator
+import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -363,3 +364,21 @@ def require(dataset: Any, what: str) -> RecordDataset:
         raise TypeError(f"{what} takes a TBL path, a list of shard paths or a tbljax.Dataset, "
                         f"got {type(dataset).__name__} {dataset!r}"[:300])
     return dataset
+
+
+def is_path(value: Any) -> bool:
+    return isinstance(value, (str, bytes, os.PathLike))
+
+
+def paths_or_dataset(value: Any, what: str) -> list | RecordDataset:
+    """The one rule for what a loader, a mixture's source or a host part is given: a TBL path or
+    a list of shard paths (as a list of paths), or a dataset (itself). An empty list is a
+    ValueError and anything else a TypeError, each naming `what`."""
+    if is_path(value):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"{what} was given an empty list of paths (a glob that matched nothing?)")
+        if all(map(is_path, value)):
+            return list(value)
+    return require(value, what)

@@ -70,7 +70,7 @@ _APPLY, _SWITCH, _LAM, _CY, _CX = range(5)
 
 
 def _number(name, v, lo, hi, hi_open=False):
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+    if not contract.is_real(v) \
             or not (lo <= v < hi if hi_open else lo <= v <= hi):
         raise ValueError(f"{name} must be a number in [{lo}, {hi}{')' if hi_open else ']'}, got {v!r}")
     return float(v)

@@ -51,6 +51,7 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.rules.parts import MAX_SAMPLES
+from tbljax._src.rules.contract import is_integer
 
 __all__ = ["TAG_AUGMENT", "TAG_SHUFFLE", "check_seed_epoch", "hash32", "mix32", "permute",
            "permute_reference", "random_bits"]
@@ -91,9 +92,9 @@ def hash32(words, iv=_IV, xp=np):
 
 def check_seed_epoch(seed, epoch) -> tuple[int, int]:
     """(seed, epoch) as ints: seed in [0, 2**64), epoch in [0, 2**32) (the words hashed)."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 1 << 64:
+    if not is_integer(seed) or not 0 <= seed < 1 << 64:
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < 1 << 32:
+    if not is_integer(epoch) or not 0 <= epoch < 1 << 32:
         raise ValueError(f"epoch must be an integer in [0, 2**32), got {epoch!r}")
     return int(seed), int(epoch)
 
@@ -141,7 +142,7 @@ def permute(positions, n: int, seed: int = 0, epoch: int = 0, *, shuffle: bool =
     >>> np.array_equal(np.sort(p), np.arange(1000))
     True
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_SAMPLES:
+    if not is_integer(n) or not 1 <= n <= MAX_SAMPLES:
         raise ValueError(f"n (the number of samples) must be an integer in [1, 2**62], got {n!r}")
     n = int(n)
     if xp is np:

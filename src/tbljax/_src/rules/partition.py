@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tbljax._src.rules.contract import Arg, ArgumentError
+from tbljax._src.rules.contract import Arg, ArgumentError, is_integer
 
 __all__ = ["host_part", "parse_part"]
 
@@ -41,7 +41,7 @@ def parse_part(spec: Any, what: str, forms: str = "(i, n) or 'i/n'") -> tuple[in
             raise ValueError(f"{what} must be {forms}, got {spec!r}")
         spec = (int(m[1]), int(m[2]))
     if not (isinstance(spec, (tuple, list)) and len(spec) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in spec)):
+            and all(is_integer(x) for x in spec)):
         raise ValueError(f"{what} must be {forms}, got {spec!r}")
     i, n = spec
     if not (n >= 1 and 0 <= i < n):  # named as an Arg: the CLI reads `--shard 3/2 needs ...`

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
+from tbljax._src.rules.contract import is_integer
 
 __all__ = ["MAX_SAMPLES", "Parts", "advance", "steps_in_epoch"]
 
@@ -29,9 +29,9 @@ MAX_SAMPLES = 1 << 62  # the shuffle's halves stay within 32 bits
 
 
 def _check_batch(n, global_batch):
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_SAMPLES:
+    if not is_integer(n) or not 1 <= n <= MAX_SAMPLES:
         raise ValueError(f"n (the number of samples) must be an integer in [1, 2**62], got {n!r}")
-    if isinstance(global_batch, bool) or not isinstance(global_batch, (int, np.integer)) \
+    if not is_integer(global_batch) \
             or global_batch < 1:
         raise ValueError(f"global batch must be an integer >= 1, got {global_batch!r}")
 

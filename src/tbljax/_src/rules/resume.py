@@ -3,9 +3,9 @@
 say what differs and how to go on."""
 from __future__ import annotations
 
-import numpy as np
 
 from tbljax._src.rules.order import check_seed_epoch
+from tbljax._src.rules.contract import is_integer
 
 __all__ = ["STATE_VERSION", "check_state", "make_state"]
 
@@ -67,12 +67,12 @@ def check_state(state, *, seed: int, fingerprint: str, n: int,
                          f"seed={seed!r}: create the loader with the state's seed")
     epoch, position = state["epoch"], state["position"]
     check_seed_epoch(seed, epoch)
-    if isinstance(position, bool) or not isinstance(position, (int, np.integer)) \
+    if not is_integer(position) \
             or not 0 <= position <= n:
         raise ValueError(f"state position must be an integer in [0, {n}], got {position!r}")
     if processes is not None:
         saved_p = state.get("processes")
-        if isinstance(saved_p, bool) or not isinstance(saved_p, (int, np.integer)) or saved_p < 1:
+        if not is_integer(saved_p) or saved_p < 1:
             raise ValueError(f"state 'processes' must be an integer >= 1, got {saved_p!r}")
         if saved_p != processes and position != 0:
             raise ValueError(
