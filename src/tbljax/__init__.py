@@ -13,6 +13,7 @@ docs/architecture.md.
 from tbljax import _core
 from tbljax._core import CorruptFileError, DecodeError
 from tbljax._src.rules.augment import Augment
+from tbljax._src.rules.randaug import RandAugment, RandomErasing
 from tbljax._src.tools.benchmark import bench
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.conversion.convert import convert
@@ -51,7 +52,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "FORMATS", "IMAGENET_MEAN", "IMAGENET_STD", "INDEX_DTYPE", "Augment", "HostBatch", "HostLoader", "Loader",
-    "LoaderOptions", "RowLayout", "loader", "augment", "kernels", "order", "show",
+    "LoaderOptions", "RandAugment", "RandomErasing", "RowLayout", "loader", "augment", "kernels", "order", "show",
     "ConversionError", "ConvertSummary", "CorruptFileError",
     "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
     "Mixture", "host_part", "mix", "open", "ops", "row_layout", "stage",

@@ -1,9 +1,12 @@
 """tbljax.augment: random-resized-crop boxes and flips as pure functions of (seed, epoch,
-sample index), the same under NumPy and jax.numpy, for records of one size or many.
+sample index), the same under NumPy and jax.numpy, for records of one size or many; and the
+per-image ops' decisions (RandAugment, random erasing), keyed the same way.
 
 >>> boxes, flips = tbljax.augment.sample(idx, tbljax.Augment(size=160), geometry, seed=0)
 """
 from tbljax._src.rules.augment import (Augment, RecordGeometry, center_boxes, crop_boxes, flips,
                                        sample)
+from tbljax._src.rules.randaug import RandAugment, RandomErasing, decide, decide_erasing, op_arg
 
-__all__ = ["Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
+__all__ = ["Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips", "RandAugment",
+           "RandomErasing", "decide", "decide_erasing", "op_arg"]

@@ -54,6 +54,7 @@ import numpy as np
 
 from tbljax._src.rules import contract
 from tbljax._src.rules import order
+from tbljax._src.rules import randaug
 
 __all__ = ["PRESETS", "Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
 
@@ -124,6 +125,9 @@ class Augment:
       ratio: range of the crop's aspect ratio w/h, sampled log-uniformly.
       center_fraction: the center crop's side as a fraction of the record's shorter side,
         in (0, 1] (0.875: 224 of 256).
+      ops: per-image ops after the crop, resize and flip, in order (`RandAugment` policies);
+        they change no box or flip.
+      erasing: a `RandomErasing` applied to the normalized output, or None.
 
     ``"rrc_flip"`` is ``Augment()``; ``"flip"`` is ``Augment(crop=False)``.
 
@@ -139,6 +143,8 @@ class Augment:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     center_fraction: float = 0.875
+    ops: tuple = ()
+    erasing: "randaug.RandomErasing | None" = None
 
     def __post_init__(self):
         if isinstance(self.crop, (bool, np.bool_)):
@@ -163,10 +169,20 @@ class Augment:
                 or not 0 < f <= 1:
             raise ValueError(f"center_fraction must be a number in (0, 1], got {f!r}")
         object.__setattr__(self, "center_fraction", float(f))
+        if isinstance(self.ops, randaug.RandAugment) or not isinstance(self.ops, (tuple, list)) \
+                or not all(isinstance(op, randaug.RandAugment) for op in self.ops):
+            raise ValueError(f"ops must be a list of per-image ops (tbljax.RandAugment), got {self.ops!r}")
+        object.__setattr__(self, "ops", tuple(self.ops))
+        if self.erasing is not None and not isinstance(self.erasing, randaug.RandomErasing):
+            raise ValueError(f"erasing must be a tbljax.RandomErasing or None, got {self.erasing!r}")
 
     @classmethod
     def from_spec(cls, spec) -> "Augment | None":
         """None, ``"rrc_flip"``, ``"flip"`` or an `Augment` → an `Augment` (or None)."""
+        if isinstance(spec, cls) and (spec.ops or spec.erasing is not None):
+            # The decisions exist (tbljax.augment.decide); the kernel stage that applies them does not yet.
+            raise ValueError("Augment(ops=..., erasing=...) is not served by the loaders yet (the kernel's "
+                             "per-image stage is still to come); tbljax.augment.decide draws the decisions")
         if spec is None or isinstance(spec, cls):
             return spec
         if isinstance(spec, str) and spec in PRESETS:

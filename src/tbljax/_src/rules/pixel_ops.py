@@ -1,0 +1,298 @@
+"""The per-image ops of issue 47 (RandAugment's pixel program and affine stage, random erasing)
+as exact NumPy: the contract the kernel's stages must match byte for byte. Framework-free and
+slow on purpose (whole-image NumPy, a Python loop only over an image's 256-entry LUTs).
+
+**Ops and their integer argument** (`CODES`, the ``ops`` / ``op_args`` columns of
+``docs/transforms-design.md``; code 0 is "none"). Pillow's rules, as timm 1.0 calls them:
+
+- ``Invert``: 255 - x. ``Posterize`` (arg = bits kept, 0..8): ``x & ~(2**(8 - bits) - 1)``.
+  ``Solarize`` (arg = threshold, 0..256): ``x if x < t else 255 - x``. ``SolarizeAdd``
+  (arg = add): ``min(255, x + add) if x < 128 else x``.
+- ``AutoContrast``: per channel, lo/hi = the smallest/largest value present; LUT
+  ``clip(int(i * s - lo * s), 0, 255)``, ``s = 255.0 / (hi - lo)`` in float64 (identity if
+  hi <= lo). ``Equalize``: per channel, Pillow's integer LUT (``step = (N - last) // 255``,
+  ``lut[i] = (step // 2 + cumsum[i-1]) // step``, identity when one value or step is 0).
+- The blends (arg = the factor's float32 bits, as ``Image.blend`` casts it to C float):
+  ``clip(trunc(float32(d) + f * float32(x - d)), 0, 255)``, with ``f == 0`` giving ``d`` and
+  ``f == 1`` giving ``x``. The degenerate ``d``: ``Brightness`` 0; ``Color`` the luma
+  ``(19595 r + 38470 g + 7471 b + 32768) >> 16`` per pixel; ``Contrast`` the luma's mean
+  ``int(mean + 0.5)`` (float64), one value; ``Sharpness`` Pillow's SMOOTH filter (3x3,
+  weights 1 and 5 at the centre, /13; float32 sums in Pillow's order, + 0.5 and truncated; the border
+  rows and columns copied).
+- The affine ops (arg = the signed magnitude's float32 bits; `affine_level` turns it into
+  timm's level in float64: degrees, shear factor, pixels, or pixels from a fraction of the
+  width/height for the ``Rel`` translations, so a magnitude timm is given is reproduced
+  exactly): the output pixel (x, y) samples the input
+  at ``M @ (x + 0.5, y + 0.5, 1)`` (float64; Pillow's ``rotate`` matrix about the centre with
+  cos/sin rounded to 15 digits). Bilinear: outside [0, W) x [0, H) is ``fill``, inside the
+  four clamped neighbours at ``p - 0.5`` blended in float64 (x first) and truncated; nearest:
+  ``floor`` of the point, ``fill`` outside.
+- ``Cutout`` (big_vision's RandAugment only; arg = ``pad << 24 | cy12 << 12 | cx12``): TF's
+  cutout, a square of half-side ``pad`` about ``(cy12 * H >> 12, cx12 * W >> 12)``, clipped to
+  the image, set to ``fill``.
+
+**Random erasing** (`erase`, on the normalized float32 CHW values, where timm applies it):
+each box gets ``0`` (``"const"``), one normal per channel (``"rand"``) or one per value
+(``"pixel"``). Normals come from `normal_table`: 4096 float32 quantiles of N(0, 1) indexed by
+the top 12 bits of ``order.hash32([key, box, channel, y * W + x])`` (``x = 2**16 - 1`` for the
+per-channel value): exact on every path, and distributed as N(0, 1) to within 1/8192 in CDF.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from tbljax._src.rules import order
+
+__all__ = ["AFFINE", "CODES", "FLOAT_ARG", "INTERPOLATIONS", "affine_level", "affine_matrix", "apply", "apply_all",
+           "erase", "f32_arg", "normal_table"]
+
+# One home for the op codes (the kernel's enum is these numbers).
+CODES = {"none": 0, "AutoContrast": 1, "Equalize": 2, "Invert": 3, "Posterize": 4, "Solarize": 5,
+         "SolarizeAdd": 6, "Color": 7, "Contrast": 8, "Brightness": 9, "Sharpness": 10, "Rotate": 11,
+         "ShearX": 12, "ShearY": 13, "TranslateX": 14, "TranslateY": 15, "TranslateXRel": 16,
+         "TranslateYRel": 17, "Cutout": 18}
+AFFINE = frozenset(CODES[n] for n in ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY",
+                                      "TranslateXRel", "TranslateYRel"))
+FLOAT_ARG = AFFINE | {CODES[n] for n in ("Color", "Contrast", "Brightness", "Sharpness")}
+INTERPOLATIONS = ("bilinear", "nearest")
+_NAMES = {v: k for k, v in CODES.items()}
+
+
+def f32_arg(value: float) -> int:
+    """A float as the int32 holding its float32 bits (the op argument of a blend or affine op)."""
+    return int(np.array(value, np.float32).view(np.int32))
+
+
+def _f32(arg) -> np.float32:
+    return np.array(arg, np.int32).view(np.float32)[()]
+
+
+def _lut(image, luts):
+    """Apply per-channel 256-entry LUTs (3, 256) to an HxWx3 uint8 image."""
+    luts = np.asarray(luts, np.uint8)
+    return np.stack([luts[c][image[..., c]] for c in range(3)], axis=-1)
+
+
+def _autocontrast(image):
+    luts = []
+    for c in range(3):
+        present = np.flatnonzero(np.bincount(image[..., c].ravel(), minlength=256))
+        lo, hi = int(present[0]), int(present[-1])
+        if hi <= lo:
+            luts.append(np.arange(256))
+            continue
+        scale = 255.0 / (hi - lo)
+        offset = -lo * scale
+        luts.append(np.clip(np.trunc(np.arange(256) * scale + offset), 0, 255))
+    return _lut(image, luts)
+
+
+def _equalize(image):
+    luts = []
+    for c in range(3):
+        h = np.bincount(image[..., c].ravel(), minlength=256).astype(np.int64)
+        used = h[h > 0]
+        step = (int(used.sum()) - int(used[-1])) // 255 if len(used) > 1 else 0
+        if not step:
+            luts.append(np.arange(256))
+            continue
+        n = step // 2 + np.concatenate([[0], np.cumsum(h)[:-1]])
+        luts.append(np.minimum(n // step, 255))  # Pillow's lut values stay <= 255 (clipped in C)
+    return _lut(image, luts)
+
+
+def _luma(image):
+    """Pillow's RGB -> L: (19595 r + 38470 g + 7471 b + 0x8000) >> 16, as uint8."""
+    x = image.astype(np.int64)
+    return ((x[..., 0] * 19595 + x[..., 1] * 38470 + x[..., 2] * 7471 + 0x8000) >> 16).astype(np.uint8)
+
+
+def _smooth(image):
+    """Pillow's ImageFilter.SMOOTH on uint8 RGB: float32 taps summed in Pillow's order, rounded."""
+    k = (np.array([1, 1, 1, 1, 5, 1, 1, 1, 1], np.float32) / np.float32(13)).astype(np.float32)
+    x = image.astype(np.float32)
+    out = image.copy()
+    h, w = image.shape[:2]
+    if h < 3 or w < 3:
+        return out
+    acc = np.zeros((h - 2, w - 2, 3), np.float32)
+    # Filter.c: rows y+1, y, y-1 with kernel rows 0, 1, 2; each row (x-1, x, x+1) summed first.
+    for r, dy in enumerate((2, 1, 0)):
+        row = x[dy:dy + h - 2]
+        part = row[:, 0:w - 2] * k[3 * r] + row[:, 1:w - 1] * k[3 * r + 1]
+        part = part + row[:, 2:w] * k[3 * r + 2]
+        acc = acc + part
+    out[1:-1, 1:-1] = np.clip(np.trunc(acc + np.float32(0.5)), 0, 255).astype(np.uint8)
+    return out
+
+
+def _blend(degenerate, image, factor):
+    f = np.float32(factor)
+    if f == 0:
+        return np.broadcast_to(degenerate, image.shape).astype(np.uint8)
+    if f == 1:
+        return image.copy()
+    d = np.broadcast_to(degenerate, image.shape).astype(np.int32)
+    v = d.astype(np.float32) + f * (image.astype(np.int32) - d).astype(np.float32)
+    return np.clip(np.trunc(v), 0, 255).astype(np.uint8)
+
+
+def affine_level(code: int, magnitude: float, translate_const: float = 100.0, translate_pct: float = 0.45) -> float:
+    """timm's level of an affine op for a signed magnitude (negative: negated), in float64."""
+    name = _NAMES[code]
+    sign, m = (-1.0 if math.copysign(1.0, magnitude) < 0 else 1.0), abs(float(magnitude))
+    scale = {"Rotate": 30.0, "ShearX": 0.3, "ShearY": 0.3}.get(name)
+    if scale is None:
+        scale = float(translate_pct) if name.endswith("Rel") else float(translate_const)
+    return sign * (m / 10 * scale)
+
+
+def affine_matrix(code: int, level: float, height: int, width: int) -> tuple[float, ...]:
+    """Pillow's (a, b, c, d, e, f) for an affine op: input = (a x + b y + c, d x + e y + f)."""
+    name = _NAMES[code]
+    if name == "Rotate":
+        angle = -math.radians(level)
+        m = [round(math.cos(angle), 15), round(math.sin(angle), 15), 0.0,
+             round(-math.sin(angle), 15), round(math.cos(angle), 15), 0.0]
+        cx, cy = width / 2.0, height / 2.0
+        m[2] = m[0] * -cx + m[1] * -cy + cx
+        m[5] = m[3] * -cx + m[4] * -cy + cy
+        return tuple(m)
+    if name == "ShearX":
+        return (1.0, level, 0.0, 0.0, 1.0, 0.0)
+    if name == "ShearY":
+        return (1.0, 0.0, 0.0, level, 1.0, 0.0)
+    if name in ("TranslateX", "TranslateXRel"):
+        return (1.0, 0.0, level * width if name.endswith("Rel") else level, 0.0, 1.0, 0.0)
+    return (1.0, 0.0, 0.0, 0.0, 1.0, level * height if name.endswith("Rel") else level)
+
+
+def _affine(image, matrix, interpolation, fill):
+    h, w = image.shape[:2]
+    a, b, c, d, e, f = matrix
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64) + 0.5
+    xin, yin = a * x + b * y + c, d * x + e * y + f
+    inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
+    if interpolation == "nearest":
+        xi = np.clip(np.floor(xin), 0, w - 1).astype(np.intp)
+        yi = np.clip(np.floor(yin), 0, h - 1).astype(np.intp)
+        out = image[yi, xi]
+    else:
+        xs, ys = np.where(inside, xin, 0.5) - 0.5, np.where(inside, yin, 0.5) - 0.5
+        x0, y0 = np.floor(xs), np.floor(ys)
+        dx, dy = (xs - x0)[..., None], (ys - y0)[..., None]
+        xa, xb = (np.clip(x0 + k, 0, w - 1).astype(np.intp) for k in (0, 1))
+        ya, yb = (np.clip(y0 + k, 0, h - 1).astype(np.intp) for k in (0, 1))
+        img = image.astype(np.float64)
+        top = img[ya, xa] + (img[ya, xb] - img[ya, xa]) * dx
+        bottom = img[yb, xa] + (img[yb, xb] - img[yb, xa]) * dx
+        out = np.trunc(top + (bottom - top) * dy).astype(np.uint8)
+    return np.where(inside[..., None], out, np.asarray(fill, np.uint8))
+
+
+def _cutout(image, arg, fill):
+    h, w = image.shape[:2]
+    pad, cy, cx = (arg >> 24) & 0xFF, (arg >> 12) & 0xFFF, arg & 0xFFF
+    cy, cx = (cy * h) >> 12, (cx * w) >> 12
+    out = image.copy()
+    out[max(0, cy - pad):min(h, cy + pad), max(0, cx - pad):min(w, cx + pad)] = fill
+    return out
+
+
+def apply(image, code: int, arg: int, *, fill=(128, 128, 128), interpolation: str = "bilinear",
+          translate_const: float = 100.0, translate_pct: float = 0.45):
+    """One op (`CODES`) with its integer argument on an HxWx3 uint8 image: a new uint8 image.
+
+    >>> img = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
+    >>> bool((apply(img, CODES["Invert"], 0) == 255 - img).all())
+    True
+    """
+    image = np.asarray(image)
+    code, arg = int(code), int(arg)
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"image must be HxWx3 uint8, got {image.dtype} {image.shape}")
+    if code not in _NAMES:
+        raise ValueError(f"op code must be one of {sorted(_NAMES)}, got {code}")
+    name = _NAMES[code]
+    i = np.arange(256)
+    if name == "none":
+        return image.copy()
+    if name == "AutoContrast":
+        return _autocontrast(image)
+    if name == "Equalize":
+        return _equalize(image)
+    if name == "Invert":
+        return 255 - image
+    if name == "Posterize":
+        return image & np.uint8(~(2 ** (8 - min(arg, 8)) - 1) & 0xFF)
+    if name == "Solarize":
+        return _lut(image, [np.where(i < arg, i, 255 - i)] * 3)
+    if name == "SolarizeAdd":
+        return _lut(image, [np.where(i < 128, np.minimum(255, i + arg), i)] * 3)
+    if name == "Cutout":
+        return _cutout(image, arg, fill)
+    level = _f32(arg)
+    if code in AFFINE:
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
+        level = affine_level(code, float(level), translate_const, translate_pct)
+        matrix = affine_matrix(code, level, *image.shape[:2])
+        return _affine(image, matrix, interpolation, fill)
+    if name == "Brightness":
+        degenerate = np.uint8(0)
+    elif name == "Color":
+        degenerate = _luma(image)[..., None]
+    elif name == "Contrast":
+        degenerate = np.uint8(int(float(_luma(image).mean(dtype=np.float64)) + 0.5))
+    else:
+        degenerate = _smooth(image)
+    return _blend(degenerate, image, level)
+
+
+def apply_all(image, codes, args, **kw):
+    """A row's pixel program: its (K,) ops in order (code 0 skipped)."""
+    for code, arg in zip(np.asarray(codes).tolist(), np.asarray(args).tolist()):
+        if code:
+            image = apply(image, code, arg, **kw)
+    return image
+
+
+@functools.lru_cache(maxsize=1)
+def normal_table() -> np.ndarray:
+    """float32 (4096,): N(0, 1) quantiles at (k + 0.5) / 4096, computed in float64."""
+    from scipy.special import ndtri
+
+    t = ndtri((np.arange(4096, dtype=np.float64) + 0.5) / 4096).astype(np.float32)
+    t.setflags(write=False)
+    return t
+
+
+def _normals(key, box, shape, per_channel):
+    c, h, w = shape
+    ch = np.arange(c, dtype=np.uint32)[:, None, None]
+    if per_channel:
+        pos = np.full((1, 1, 1), 0xFFFF, np.uint32)
+    else:
+        pos = (np.arange(h, dtype=np.uint32)[:, None] * np.uint32(w) + np.arange(w, dtype=np.uint32))[None]
+    words = order.hash32([np.full((1, 1, 1), key, np.uint32), np.full((1, 1, 1), box, np.uint32), ch, pos])
+    return normal_table()[words >> np.uint32(20)]
+
+
+def erase(values, boxes, key, mode: str):
+    """Random erasing of one normalized CHW float32 image: each (y0, x0, h, w) box with h > 0
+    set to 0 (``"const"``), a normal per channel (``"rand"``) or per value (``"pixel"``),
+    the normals of `normal_table` keyed by `key` (uint32) and the value's position."""
+    out = np.array(values, np.float32, copy=True)
+    for e, (y0, x0, h, w) in enumerate(np.asarray(boxes).tolist()):
+        if h <= 0:
+            continue
+        if mode == "const":
+            out[:, y0:y0 + h, x0:x0 + w] = 0
+        elif mode == "rand":
+            out[:, y0:y0 + h, x0:x0 + w] = _normals(key, e, out.shape, True)
+        else:
+            out[:, y0:y0 + h, x0:x0 + w] = _normals(key, e, out.shape, False)[:, y0:y0 + h, x0:x0 + w]
+    return out
