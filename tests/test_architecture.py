@@ -33,8 +33,8 @@ ROOMS = [
     ("_src/remote", ["remote", "staging"]),         # files at URLs, shards staged to local disk
     ("_src/sources", ["items", "arrays", "files", "huggingface", "tf_example", "tfds",
                       "choose"]),                   # what a conversion reads
-    ("_src/conversion", ["progress", "convert_options", "label_table", "image_records", "convert_tbl",
-                         "convert"]),               # sources -> a TBL file
+    ("_src/conversion", ["progress", "convert_options", "label_table", "geometric_fields", "image_records",
+                         "convert_tbl", "convert"]),               # sources -> a TBL file
     ("_src/tools", ["benchmark", "show", "demo", "beam", "cli_parser", "cli_commands",
                     "cli"]),                        # programs over the loaders
     ("facade", ["kernels", "order", "augment", "show", "demo", "ops", "torch", "mlx", "beam", "tbljax",
