@@ -21,7 +21,7 @@ PACKAGE = REPO / "src" / "tbljax"
 # ("tbljax" is its __init__.py), last, so no private room depends on it.
 ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
-    ("_src/rules", ["contract", "braces", "partition", "parts", "order", "resume", "mixing", "pixel_ops",
+    ("_src/rules", ["contract", "geometry", "braces", "partition", "parts", "order", "resume", "mixing", "pixel_ops",
                     "randaug", "augment", "buckets", "naflex", "mixup", "dataset",
                     "options"]),  # what every path agrees on
     ("_src/file", ["fields", "format", "field_columns"]),  # the TBL file's bytes from Python
@@ -34,8 +34,8 @@ ROOMS = [
     ("_src/remote", ["remote", "staging"]),         # files at URLs, shards staged to local disk
     ("_src/sources", ["items", "arrays", "files", "huggingface", "tf_example", "tfds",
                       "choose"]),                   # what a conversion reads
-    ("_src/conversion", ["progress", "convert_options", "label_table", "image_records", "convert_tbl",
-                         "convert"]),               # sources -> a TBL file
+    ("_src/conversion", ["progress", "convert_options", "label_table", "geometric_fields", "image_records",
+                         "convert_tbl", "convert"]),               # sources -> a TBL file
     ("_src/tools", ["benchmark", "show", "demo", "beam", "cli_parser", "cli_commands",
                     "cli"]),                        # programs over the loaders
     ("facade", ["kernels", "order", "augment", "show", "demo", "ops", "torch", "mlx", "beam", "tbljax",

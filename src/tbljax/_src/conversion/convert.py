@@ -35,6 +35,7 @@ from tbljax._src.conversion.convert_tbl import convert_tbl, tbl_paths
 from tbljax._src.conversion.image_records import (Encoded, choose_raw, decode_chunk, encode_chunk, is_jpeg,
                                           size_histogram, source_size)
 from tbljax._src.conversion.label_table import LabelTable
+from tbljax._src.conversion.geometric_fields import GeometricFields
 from tbljax._src.conversion.progress import Progress, progress_mode
 
 
@@ -260,8 +261,10 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
         raise ConversionError(f"no record to write: {what}; {dst} was not written")
     t0 = time.perf_counter()
     exts = opts.fields if isinstance(opts.fields, dict) else {}  # TAR members, sidecar files
-    columns = _fields.Columns(src.field_kinds, exts, os.path.dirname(os.path.abspath(dst)))
-    records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None), columns)
+    geo = GeometricFields(opts.geometric, int(opts.image_size), opts.resize, opts.max_long_side or 0)
+    columns = _fields.Columns({**src.field_kinds, **geo.kinds}, exts, os.path.dirname(os.path.abspath(dst)),
+                              geo.roles)
+    records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None), columns, geo)
     bar.start(total)
     with records.columns, Writer(dst, total, overwrite=opts.overwrite) as w, \
             ThreadPoolExecutor(opts.pool_threads) as pool, \
@@ -297,8 +300,9 @@ class _Records:
     (skipped items, unreadable labels); `add` writes a chunk's good records in source order,
     `finish` the metadata."""
 
-    def __init__(self, dst: str, opts: ConvertOptions, labels: LabelTable, columns: _fields.Columns):
-        self.dst, self.opts, self.labels, self.columns = dst, opts, labels, columns
+    def __init__(self, dst: str, opts: ConvertOptions, labels: LabelTable, columns: _fields.Columns,
+                 geometric: GeometricFields):
+        self.dst, self.opts, self.labels, self.columns, self.geometric = dst, opts, labels, columns, geometric
         self.keys: list[str] = []
         self.skipped: list[dict[str, str]] = []
         self.label_errors: list[dict[str, str]] = []
@@ -311,7 +315,8 @@ class _Records:
 
     def add(self, chunk: list[Item], results: list, w: Writer) -> None:
         # A record whose fields fail is skipped like a bad image; its reason names the field.
-        values = [None if isinstance(r, str) else self.columns.parse(it) for it, r in zip(chunk, results)]
+        values = [None if isinstance(r, str) else self.columns.parse(it, self._at_geometry(it, r))
+                  for it, r in zip(chunk, results)]
         results = [v if isinstance(v, str) else r for r, v in zip(results, values)]
         bad = [{"key": it.key, "source": it.source, "reason": r}
                for it, r in zip(chunk, results) if isinstance(r, str)]
@@ -339,6 +344,14 @@ class _Records:
                 self._write(w, it, r)
                 self.columns.append(v)
         self.seen += len(chunk)
+
+    def _at_geometry(self, it: Item, r: np.ndarray | Encoded) -> Any:
+        """The transform that takes `it`'s geometric fields to its record's geometry."""
+        if not self.geometric.specs:
+            return None
+        width, height = source_size(it.data)
+        out_hw = (r.height, r.width) if isinstance(r, Encoded) else r.shape[:2]
+        return lambda values: self.geometric.apply(values, (height, width), out_hw)
 
     def _spend_raw_budget(self, results: list) -> list:
         """The chunk's compact records with those `choose_raw` picks replaced by their pixels,

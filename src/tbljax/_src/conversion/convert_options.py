@@ -18,7 +18,7 @@ from tbljax._src.rules import contract
 from tbljax._src.rules.contract import Arg, ArgumentError
 from tbljax._src.file.format import stored_entry
 from tbljax._src.rules.partition import parse_part
-from tbljax._src.file.fields import check_name, kind_for_extension
+from tbljax._src.file.fields import GEOMETRIC_ROLES, check_name, kind_for_extension
 from tbljax._src.sources.items import IMAGE_EXTENSIONS
 
 __all__ = ["CHROMA", "CHUNK", "FIXED_SIZE_MODES", "RECORD_FORMATS", "RESIZE_MODES", "ConversionError",
@@ -88,8 +88,10 @@ class ConvertOptions:
     label_column: str | None = None
     image_key: str | None = None
     label_key: str | None = None
-    fields: Mapping[str, str] | Sequence[str] | None = None
+    fields: Mapping[str, Any] | Sequence[str] | None = None
     from_tbl: bool = False
+    # Set from fields=: the geometric fields' declarations (tbljax.Mask, ...), by name.
+    geometric: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.format not in RECORD_FORMATS:
@@ -136,8 +138,19 @@ class ConvertOptions:
                             "(TAR members, sidecar files) or a list of column names (Hugging Face, "
                             f"Parquet, TFRecord, ArrayRecord), got {type(self.fields).__name__}")
         out = {}
+        geometric = {n: v for n, v in self.fields.items() if isinstance(v, tuple(GEOMETRIC_ROLES.values()))}
+        if geometric and self.format == "jpeg" and self.quality is None:
+            raise ArgumentError("geometric fields (", ", ".join(sorted(geometric)), ") are stored at the "
+                                "record's geometry: ", Arg("format", "jpeg"), " without ", Arg("quality", 90),
+                                " keeps the photo's own; convert to RAW or re-encode")
+        labels = [g.labels for g in geometric.values() if getattr(g, "labels", None)]
+        clash = sorted(set(labels) & set(self.fields)) or sorted({x for x in labels if labels.count(x) > 1})
+        if clash:
+            raise ArgumentError(Arg("fields", ...), f" names {clash[0]!r} both as a field and as Boxes(labels=)")
+        object.__setattr__(self, "geometric", geometric)
         for name, ext in self.fields.items():
             check_name(name)
+            ext = getattr(ext, "ext", ext)
             if not isinstance(ext, str) or not ext.strip(".") or "/" in ext:
                 raise ValueError(f"field {name!r}: the extension must be a member extension such as "
                                  f"'txt', 'json' or 'emb.npy', got {ext!r}")

@@ -12,6 +12,7 @@ records where no index entry points (turboloader ignores them) and the dataset m
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import tempfile
@@ -21,10 +22,13 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
+from tbljax._src.rules import contract
 from tbljax._src.rules.dataset import FIELD_KINDS, FieldInfo
+from tbljax._src.rules.geometry import BOX_FORMATS, INTERPOLATIONS
 
-__all__ = ["COPY_BYTES", "FIELD_KINDS", "ColumnWriter", "Columns", "FieldError", "FieldInfo",
-           "check_field_meta", "info_of", "kind_for_extension", "kind_of_value", "parse_field_value"]
+__all__ = ["COPY_BYTES", "FIELD_KINDS", "GEOMETRIC_ROLES", "Boxes", "ColumnWriter", "Columns", "DenseMap",
+           "FieldError", "FieldInfo", "Keypoints", "Mask", "check_field_meta", "info_of", "kind_for_extension",
+           "kind_of_value", "parse_field_value"]
 
 BLOCK_ALIGN = 64        # a fixed field's (N, ...) view starts on a cache line
 COPY_BYTES = 16 << 20   # spill → file in pieces of this size: memory flat in the field's size
@@ -46,13 +50,113 @@ def check_name(name: Any) -> str:
 
 def kind_for_extension(ext: str) -> str:
     """The kind of a TAR member or sidecar file by its extension: .txt → str, .json → json,
-    .npy → ndarray (the extension may hold a dot: 'emb.npy', 'en.txt')."""
+    .npy and .png (its one channel of pixels) → ndarray (the extension may hold a dot:
+    'emb.npy', 'en.txt', 'mask.png')."""
     last = ext.lower().rsplit(".", 1)[-1]
-    kinds = {"txt": "str", "json": "json", "npy": "ndarray"}
+    kinds = {"txt": "str", "json": "json", "npy": "ndarray", "png": "ndarray"}
     if last not in kinds:
         raise ValueError(f"field extension {ext!r}: a field is read from a .txt (str), .json "
-                         "(json) or .npy (ndarray) member")
+                         "(json), .npy or .png (ndarray) member")
     return kinds[last]
+
+
+# ---- geometric fields: a field that follows the image (issue 48; rules/geometry.py) ----------
+
+@dataclasses.dataclass(frozen=True)
+class Mask:
+    """A label map that follows the image: resized by the nearest rule (labels never
+    blended), `ignore` where the output has no source pixel. Read from a one-channel .png
+    (mode L or P: uint8; I;16: uint16) or an (H, W) .npy of integers.
+
+    >>> tbljax.convert("voc/", "voc.tbl", image_size=256, fields={"mask": tbljax.Mask("png", ignore=255)})
+    """
+
+    ext: str
+    ignore: int = 255
+
+    def __post_init__(self):
+        if not contract.is_integer(self.ignore) or not 0 <= self.ignore < 1 << 16:
+            raise ValueError(f"Mask(ignore=) must be an int in [0, 65535], got {self.ignore!r}")
+
+    def role(self) -> dict[str, Any]:
+        return {"role": "mask", "ignore": int(self.ignore)}
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseMap:
+    """A dense map (depth, flow) that follows the image: interpolation "nearest" (the mask's
+    rule) or "linear" (bilinear, float32), samples equal to `invalid` given no weight."""
+
+    ext: str
+    interpolation: str = "nearest"
+    invalid: float | None = None
+
+    def __post_init__(self):
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"DenseMap(interpolation=) must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
+        if self.invalid is not None and (isinstance(self.invalid, bool) or not isinstance(self.invalid, (int, float))):
+            raise ValueError(f"DenseMap(invalid=) must be a number or None, got {self.invalid!r}")
+
+    def role(self) -> dict[str, Any]:
+        return {"role": "dense", "interpolation": self.interpolation, "invalid": self.invalid}
+
+
+@dataclasses.dataclass(frozen=True)
+class Boxes:
+    """Boxes that follow the image, given in `format` (xyxy, xywh, cxcywh; pixels of the
+    source image) as an (n, 4) array or a JSON list, or an object {"boxes": [...], "labels":
+    [...]}; stored as float32 xyxy at the record's geometry. labels: the name of a field that
+    gets each box's integer label (from the object's "labels")."""
+
+    ext: str
+    format: str = "xyxy"  # noqa: A003 - torchvision's word
+    labels: str | None = None
+
+    def __post_init__(self):
+        if self.format not in BOX_FORMATS:
+            raise ValueError(f"Boxes(format=) must be one of {BOX_FORMATS}, got {self.format!r}")
+        if self.labels is not None:
+            check_name(self.labels)
+
+    def role(self) -> dict[str, Any]:
+        return {"role": "boxes", "format": "xyxy", "labels": self.labels}
+
+
+@dataclasses.dataclass(frozen=True)
+class Keypoints:
+    """Keypoints that follow the image: (K, 2|3) or (n, K, 2|3) as (x, y[, visibility]),
+    K = len(flip_permutation); stored as float32 (n, K, 3), visibility 0 outside the record.
+    flip_permutation: point k of a mirrored image is point flip_permutation[k] (left ↔ right)."""
+
+    ext: str
+    flip_permutation: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        perm = tuple(self.flip_permutation)
+        if not perm or sorted(perm) != list(range(len(perm))) or not all(contract.is_integer(k) for k in perm):
+            raise ValueError(f"Keypoints(flip_permutation=) must be a permutation of 0..K-1, got {perm!r}")
+        object.__setattr__(self, "flip_permutation", tuple(int(k) for k in perm))
+
+    def role(self) -> dict[str, Any]:
+        return {"role": "keypoints", "flip_permutation": list(self.flip_permutation)}
+
+
+GEOMETRIC_ROLES = {"mask": Mask, "dense": DenseMap, "boxes": Boxes, "keypoints": Keypoints}
+
+
+def _png_pixels(raw: bytes) -> np.ndarray:
+    """A .png member's one channel of pixels (L, P: uint8; I;16: uint16; I: int32)."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(raw)) as im:
+            if im.mode not in ("L", "P", "I;16", "I"):
+                raise FieldError(f"a .png field holds one channel (mode L, P, I;16 or I), got mode {im.mode}")
+            return np.asarray(im).copy()
+    except FieldError:
+        raise
+    except (OSError, ValueError, SyntaxError) as e:
+        raise FieldError(f"not a readable .png ({e})") from None
 
 
 def kind_of_value(value: Any) -> str:
@@ -93,7 +197,9 @@ def parse_field_value(kind: str, raw: Any) -> Any:
         except (TypeError, ValueError) as e:
             raise FieldError(f"not a JSON value ({e})") from None
         return raw
-    if is_bytes:
+    if is_bytes and bytes(raw[:8]) == b"\x89PNG\r\n\x1a\n":
+        arr = _png_pixels(bytes(raw))
+    elif is_bytes:
         try:
             arr = np.load(io.BytesIO(bytes(raw)), allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
@@ -185,26 +291,39 @@ class Columns:
     fails: the record is skipped), `append` stores a written record's values, `write` puts the
     blocks and their metadata into the file. A context manager: the spill files go at exit."""
 
-    def __init__(self, kinds: dict[str, str], exts: dict[str, str], out_dir: str):
-        self.exts = exts
-        self.writers = {name: ColumnWriter(name, kind, out_dir) for name, kind in kinds.items()}
+    def __init__(self, kinds: dict[str, str], exts: dict[str, str], out_dir: str,
+                 roles: dict[str, dict[str, Any]] | None = None):
+        self.exts, self.roles = exts, dict(roles or {})  # roles: a geometric field's metadata
+        self.kinds = kinds  # as the source holds them; a geometric field is stored as an ndarray
+        self.writers = {name: ColumnWriter(name, "ndarray" if name in self.roles else kind, out_dir)
+                        for name, kind in kinds.items()}
         self.found: set[str] = set()
 
-    def parse(self, item: Any) -> dict[str, Any] | str:
+    def parse(self, item: Any, transform: Any = None) -> dict[str, Any] | str:
+        """The item's field values, or why one fails; `transform(values)` (values or a
+        reason) takes them to the record's geometry before the dtype and shape checks."""
         values = {}
-        for name, col in self.writers.items():
+        for name in self.writers:
+            if "of" in self.roles.get(name, {}):
+                self.found.add(name)
+                continue  # a derived field (the boxes' labels): the transform makes it
             if name not in item.fields:
                 where = f" (no .{self.exts[name]} member or sidecar file)" if name in self.exts else ""
                 return f"field {name!r}: missing{where}"
             self.found.add(name)
             try:
-                v = parse_field_value(col.kind, item.fields[name])
+                v = parse_field_value(self.kinds[name], item.fields[name])
             except FieldError as e:
                 return f"field {name!r}: {e}"
-            problem = col.problem(v)
+            values[name] = v
+        if transform is not None:
+            values = transform(values)
+            if isinstance(values, str):
+                return values
+        for name, v in values.items():
+            problem = self.writers[name].problem(v)
             if problem:
                 return f"field {name!r}: {problem}"
-            values[name] = v
         for name, v in values.items():
             self.writers[name].expect(v)
         return values
@@ -223,7 +342,8 @@ class Columns:
 
     def write(self, w: Any) -> None:
         if self.writers:
-            w.set_fields({name: col.write(w) for name, col in self.writers.items()})
+            w.set_fields({name: {**col.write(w), **({"role": self.roles[name]} if name in self.roles else {})}
+                          for name, col in self.writers.items()})
 
     def __enter__(self) -> Columns:
         return self
@@ -280,3 +400,27 @@ def check_field_meta(name: Any, meta: Any, path: str) -> None:
         if not (isinstance(blk, dict) and all(isinstance(blk.get(k), int) and blk[k] >= 0
                                               for k in ("offset", "bytes", "crc32"))):
             bad(f"an object whose {b!r} is {{'offset', 'bytes', 'crc32'}} integers")
+    if "role" in meta:
+        _check_role(meta, bad)
+
+
+def _check_role(meta: dict[str, Any], bad: Any) -> None:
+    """A geometric field's role (`Mask.role()` and the others, or the boxes' labels) agrees
+    with its kind, dtype and shape."""
+    role, shape = meta["role"], meta["shape"]
+    name = role.get("role") if isinstance(role, dict) else None
+    if name not in (*GEOMETRIC_ROLES, "box_labels") or meta["kind"] != "ndarray":
+        bad(f"an ndarray field whose role is one of {[*GEOMETRIC_ROLES, 'box_labels']}")
+    perm = role.get("flip_permutation")
+    ok = {
+        "mask": lambda: contract.is_integer(role.get("ignore")) and np.dtype(meta["dtype"]).kind in "biu"
+        and len(shape) in (1, 2),
+        "dense": lambda: role.get("interpolation") in INTERPOLATIONS and len(shape) in (1, 2, 3),
+        "boxes": lambda: role.get("format") == "xyxy" and shape[1:] == [4]
+        and (role.get("labels") is None or isinstance(role.get("labels"), str)),
+        "keypoints": lambda: isinstance(perm, list) and sorted(perm) == list(range(len(perm)))
+        and shape[1:] == [len(perm), 3],
+        "box_labels": lambda: isinstance(role.get("of"), str) and len(shape) == 1,
+    }[name]
+    if not ok():
+        bad(f"a {name} field as a conversion writes it (see docs/reference.md, 'Geometric fields')")

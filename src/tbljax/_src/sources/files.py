@@ -143,7 +143,8 @@ class TarSource:
         def flush() -> Iterator[Item]:
             if group_key is None:
                 return
-            images = [e for e in group if e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS]
+            taken = set(self.field_exts.values())  # a field's member (mask.png) is no image
+            images = [e for e in group if e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS and e not in taken]
             label, problem = self._label(group)
             if not images:
                 yield Item(group_key, path, None, label, error="no image member in this sample")
@@ -227,10 +228,13 @@ class FolderSource:
         self.classes: list[str] | None = classes if classes is not None else (subdirs or None)
         found = ([(f, name) for name in subdirs for f in sorted((self.root / name).rglob("*")) if f.is_file()]
                  if subdirs else [(f, -1) for f in sorted(self.root.iterdir()) if f.is_file()])
-        self.files: list[tuple[Path, Label]] = [(f, label) for f, label in found if _is_image_file(f)]
+        # A field's sidecar file (a/img1.mask.png beside a/img1.jpg) is no image.
+        sidecar = {"." + e.lower() for e in self.field_exts.values()}
+        self.files: list[tuple[Path, Label]] = [
+            (f, label) for f, label in found
+            if _is_image_file(f) and not any(f.name.lower().endswith(s) for s in sidecar if s.count(".") > 1)]
         # Files left out for their extension (summary.left_out), but not a field's sidecar files
         # or hidden ones (.DS_Store).
-        sidecar = {"." + e.lower() for e in self.field_exts.values()}
         self.left_out: list[str] = [
             str(f.relative_to(self.root)) for f, _ in found
             if not _is_image_file(f) and not f.name.startswith(".")

@@ -1,0 +1,243 @@
+"""Geometric fields follow the image: the rules, written once in NumPy, that take masks, dense
+maps, boxes and keypoints through the image's geometry.
+
+Geometry. A conversion maps a source box of the photo (continuous pixel coordinates
+`(y0, x0, h, w)`) onto the stored size `(out_h, out_w)`: `resize_plan` is that mapping, the
+Python statement of the C++ core's `PlanResize` (tested against `_core.resize`'s output sizes).
+Serving maps an integer crop box of the record onto the output size, then may flip.
+
+The nearest rule (masks; dense maps declared `interpolation="nearest"`). Output index `o` of an
+axis of `out` samples, over a box starting at integer `start` of `length` samples, reads
+
+    start + min(floor(float32(o) * (float32(length) / float32(out))), length - 1)
+
+in float32 arithmetic: exactly what torchvision v2 does to a `tv_tensors.Mask`
+(`torch.nn.functional.interpolate(mode="nearest")`), which differs from the exact ⌊o·length/out⌋
+at some sizes (e.g. length 2, out 82, o 41). Labels are never blended: every output value is a
+source value. A conversion's box is the image's with its start rounded down to a whole pixel
+(center_crop's start is (H - side) / 2, half a pixel off when H - side is odd).
+
+Boxes and keypoints are coordinates (x right, y down, pixel edges at integers): mapped by
+`x' = (x - x0) · out_w / w`, in float64; a flip mirrors a box's edges by `x' = out_w - x` (its two
+edges swap) and a keypoint, a pixel index, by `x' = out_w - 1 - x` (torchvision v2's rules).
+Serving then follows torchvision v2: boxes clipped to the output, and dropped by
+`SanitizeBoundingBoxes`'s rules (a side under `min_size`, an area under `min_area`) and by
+`min_visibility` (the clipped area over the area before clipping); keypoints outside the output
+get visibility 0, and a flip reorders them by `flip_permutation` (left eye ↔ right eye).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["BOX_FORMATS", "INTERPOLATIONS", "ResizePlan", "boxes_to_xyxy", "map_points", "nearest_index",
+           "resize_dense", "resize_nearest", "resize_plan", "serve_boxes", "serve_keypoints", "serve_mask",
+           "stored_boxes", "stored_keypoints"]
+
+BOX_FORMATS = ("xyxy", "xywh", "cxcywh")   # torchvision's BoundingBoxFormat names, lower case
+INTERPOLATIONS = ("nearest", "linear")     # a dense map's resize
+
+
+class ResizePlan(NamedTuple):
+    """The source box (continuous pixels) a conversion resizes onto (out_h, out_w)."""
+
+    out_h: int
+    out_w: int
+    box_y: float
+    box_x: float
+    box_h: float
+    box_w: float
+
+    @property
+    def int_box(self) -> tuple[int, int, int, int]:
+        """(y0, x0, h, w) of the nearest rule: the start rounded down (sides are whole)."""
+        return int(self.box_y), int(self.box_x), int(self.box_h), int(self.box_w)
+
+
+def _mul_div_round(a: int, b: int, c: int) -> int:
+    return (2 * a * b + c) // (2 * c)  # round half up, in integers (the C++ core's MulDivRound)
+
+
+def resize_plan(h: int, w: int, size: int, mode: str, max_long: int = 0) -> ResizePlan:
+    """The conversion's geometry of an h x w image at side `size` in resize `mode` (the C++
+    core's PlanResize: center_crop maps the centred min(h, w) square onto size x size).
+
+    >>> resize_plan(375, 500, 160, "center_crop")
+    ResizePlan(out_h=160, out_w=160, box_y=0.0, box_x=62.5, box_h=375, box_w=375)
+    """
+    oh = ow = size
+    by = bx = 0.0
+    bh, bw = h, w
+    lng, shrt = max(h, w), min(h, w)
+    if mode == "center_crop":
+        bh = bw = shrt
+        by, bx = (h - shrt) / 2.0, (w - shrt) / 2.0
+    elif mode == "max_side":
+        other = max(1, (2 * shrt * size + lng) // (2 * lng))
+        oh, ow = (other, size) if w >= h else (size, other)
+    elif mode == "shorter_side":
+        out_short, out_long = size, _mul_div_round(lng, size, shrt)
+        if max_long and out_long > max_long:
+            out_long, out_short = max_long, max(1, _mul_div_round(shrt, max_long, lng))
+        oh, ow = (out_short, out_long) if w >= h else (out_long, out_short)
+    elif mode != "squash":
+        raise ValueError(f"resize mode {mode!r} is not one of center_crop, squash, max_side, shorter_side")
+    return ResizePlan(oh, ow, by, bx, bh, bw)
+
+
+def nearest_index(start: int, length: int, out: int) -> np.ndarray:
+    """The source index of each of `out` samples over [start, start + length) (module doc)."""
+    scale = np.float32(length) / np.float32(out)
+    idx = np.floor(np.arange(out, dtype=np.float32) * scale).astype(np.int64)
+    return start + np.minimum(idx, length - 1)
+
+
+def resize_nearest(a: np.ndarray, box: tuple[int, int, int, int], out_hw: tuple[int, int],
+                   flip: bool = False) -> np.ndarray:
+    """`a[y0:y0+h, x0:x0+w]` resized to out_hw by the nearest rule (then mirrored if flip);
+    a trailing channel axis is carried."""
+    y0, x0, h, w = box
+    rows = nearest_index(y0, h, out_hw[0])
+    cols = nearest_index(x0, w, out_hw[1])
+    if flip:
+        cols = cols[::-1]
+    return a[rows[:, None], cols[None, :]]
+
+
+def resize_dense(a: np.ndarray, plan: ResizePlan, interpolation: str, invalid: Any = None) -> np.ndarray:
+    """A dense map (depth, flow: (H, W) or (H, W, C)) at the plan's geometry: "nearest" by the
+    nearest rule, "linear" bilinear over the continuous box (pixel centres at +0.5, edges
+    clamped) as float32, source samples equal to `invalid` given no weight; an output whose
+    weights are all invalid is `invalid`."""
+    if interpolation == "nearest":
+        return resize_nearest(a, plan.int_box, (plan.out_h, plan.out_w))
+    src = a.astype(np.float64)
+    ok = np.ones(a.shape, bool) if invalid is None else (a != invalid)
+
+    def taps(start: float, length: float, n: int, out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        pos = start + (np.arange(out) + 0.5) * (length / out) - 0.5
+        pos = np.clip(pos, 0, n - 1)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        return lo, hi, pos - lo
+
+    ylo, yhi, fy = taps(plan.box_y, plan.box_h, a.shape[0], plan.out_h)
+    xlo, xhi, fx = taps(plan.box_x, plan.box_w, a.shape[1], plan.out_w)
+    extra = (None,) * (a.ndim - 2)
+    total = np.zeros((plan.out_h, plan.out_w) + a.shape[2:])
+    weight = np.zeros_like(total)
+    for ys, wy in ((ylo, 1 - fy), (yhi, fy)):
+        for xs, wx in ((xlo, 1 - fx), (xhi, fx)):
+            wgt = (wy[:, None] * wx[None, :])[(...,) + extra] * ok[ys[:, None], xs[None, :]]
+            total += wgt * np.where(ok[ys[:, None], xs[None, :]], src[ys[:, None], xs[None, :]], 0)
+            weight += wgt
+    out = np.divide(total, weight, out=np.zeros_like(total), where=weight > 0)
+    if invalid is not None:
+        out[weight == 0] = invalid
+    return out.astype(np.float32)
+
+
+def boxes_to_xyxy(boxes: np.ndarray, fmt: str) -> np.ndarray:
+    """(n, 4) boxes in `fmt` (xyxy, xywh: corner and size, cxcywh: centre and size) as float64
+    xyxy."""
+    b = np.asarray(boxes, np.float64).reshape(-1, 4)
+    if fmt == "xywh":
+        return np.concatenate([b[:, :2], b[:, :2] + b[:, 2:]], axis=1)
+    if fmt == "cxcywh":
+        return np.concatenate([b[:, :2] - b[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2], axis=1)
+    return b
+
+
+def map_points(xy: np.ndarray, box: tuple[float, float, float, float], out_hw: tuple[int, int],
+               flip: bool = False) -> np.ndarray:
+    """Points (..., 2) as (x, y) from source pixels into the output of `box` (y0, x0, h, w)
+    resized to out_hw (then mirrored if flip); float64."""
+    y0, x0, h, w = box
+    p = np.asarray(xy, np.float64)
+    x = (p[..., 0] - x0) * (out_hw[1] / w)
+    y = (p[..., 1] - y0) * (out_hw[0] / h)
+    if flip:
+        x = out_hw[1] - x
+    return np.stack([x, y], axis=-1)
+
+
+def _map_boxes(xyxy: np.ndarray, box: tuple[float, float, float, float], out_hw: tuple[int, int],
+               flip: bool) -> np.ndarray:
+    corners = map_points(xyxy.reshape(-1, 2, 2), box, out_hw, flip)
+    lo, hi = np.minimum(corners[:, 0], corners[:, 1]), np.maximum(corners[:, 0], corners[:, 1])
+    return np.concatenate([lo, hi], axis=1)  # a flip swaps x0 and x1
+
+
+def stored_boxes(xyxy: np.ndarray, plan: ResizePlan) -> tuple[np.ndarray, np.ndarray]:
+    """Source boxes at the conversion's geometry: (boxes clipped to the stored image, which
+    of the input boxes kept: those with area left after the clip)."""
+    b = _map_boxes(xyxy, (plan.box_y, plan.box_x, plan.box_h, plan.box_w), (plan.out_h, plan.out_w), False)
+    b = np.clip(b, 0, [plan.out_w, plan.out_h, plan.out_w, plan.out_h])
+    keep = (b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])
+    return b[keep], keep
+
+
+def stored_keypoints(kpts: np.ndarray, plan: ResizePlan) -> np.ndarray:
+    """(n, K, 3) keypoints (x, y, visibility) at the conversion's geometry: visibility 0 for a
+    point outside the stored image."""
+    return serve_keypoints(kpts, (plan.box_y, plan.box_x, plan.box_h, plan.box_w), (plan.out_h, plan.out_w))
+
+
+def serve_mask(mask: np.ndarray, box: tuple[int, int, int, int], out_hw: tuple[int, int], flip: bool = False,
+               place: tuple[int, int] | None = None, canvas_hw: tuple[int, int] | None = None,
+               ignore: int = 255) -> np.ndarray:
+    """A served mask: the record's mask in the integer crop `box`, resized to out_hw by the
+    nearest rule, mirrored if flip, and (place, canvas_hw) put at `place` (top, left) of a
+    canvas of `ignore` (the padding has no source pixel)."""
+    out = resize_nearest(mask, box, out_hw, flip)
+    if place is None:
+        return out
+    canvas = np.full(tuple(canvas_hw) + out.shape[2:], ignore, mask.dtype)
+    t, left = place
+    canvas[t:t + out_hw[0], left:left + out_hw[1]] = out
+    return canvas
+
+
+def serve_boxes(xyxy: np.ndarray, labels: np.ndarray, box: tuple[int, int, int, int], out_hw: tuple[int, int],
+                flip: bool = False, *, max_boxes: int, min_size: float = 1.0, min_area: float = 1.0,
+                min_visibility: float = 0.0) -> dict[str, np.ndarray]:
+    """A record's xyxy boxes through a crop `box`, resize to out_hw and flip, clipped to the
+    output; a box is dropped when a clipped side is under `min_size`, its clipped area under
+    `min_area` (torchvision v2's SanitizeBoundingBoxes) or under `min_visibility` of its area
+    before clipping. Returns `boxes` (max_boxes, 4) float32 (zeros past the kept ones),
+    `boxes_valid` (max_boxes,) bool, `box_labels` (max_boxes,) int64 (-1 past them) and
+    `boxes_count`: how many boxes the record had, before any cut. Kept boxes past max_boxes
+    are cut (the first ones stay)."""
+    b = np.asarray(xyxy, np.float64).reshape(-1, 4)
+    mapped = _map_boxes(b, box, out_hw, flip)
+    clipped = np.clip(mapped, 0, [out_hw[1], out_hw[0], out_hw[1], out_hw[0]])
+    ws, hs = clipped[:, 2] - clipped[:, 0], clipped[:, 3] - clipped[:, 1]
+    area = ws * hs
+    before = (mapped[:, 2] - mapped[:, 0]) * (mapped[:, 3] - mapped[:, 1])
+    keep = (ws >= min_size) & (hs >= min_size) & (area >= min_area)
+    keep &= area >= min_visibility * before
+    kept = np.nonzero(keep)[0][:max_boxes]
+    out = np.zeros((max_boxes, 4), np.float32)
+    out[:kept.size] = clipped[kept]
+    lab = np.full(max_boxes, -1, np.int64)
+    lab[:kept.size] = np.asarray(labels, np.int64).reshape(-1)[kept]
+    valid = np.zeros(max_boxes, bool)
+    valid[:kept.size] = True
+    return {"boxes": out, "boxes_valid": valid, "box_labels": lab, "boxes_count": np.int64(len(b))}
+
+
+def serve_keypoints(kpts: np.ndarray, box: tuple[float, float, float, float], out_hw: tuple[int, int],
+                    flip: bool = False, flip_permutation: Any = None) -> np.ndarray:
+    """(n, K, 3) keypoints (x, y, visibility) through a crop `box`, resize to out_hw and flip:
+    float32, visibility 0 where a point falls outside [0, out_w) x [0, out_h); on a flip the K
+    points are reordered by flip_permutation (point k takes point flip_permutation[k])."""
+    k = np.asarray(kpts, np.float64)
+    xy = map_points(k[..., :2], box, out_hw)
+    if flip:  # a keypoint is a pixel index, not an edge: torchvision mirrors it to out_w - 1 - x
+        xy[..., 0] = out_hw[1] - 1 - xy[..., 0]
+    inside = (xy[..., 0] >= 0) & (xy[..., 0] < out_hw[1]) & (xy[..., 1] >= 0) & (xy[..., 1] < out_hw[0])
+    out = np.concatenate([xy, np.where(inside, k[..., 2], 0)[..., None]], axis=-1)
+    if flip and flip_permutation is not None:
+        out = out[..., np.asarray(flip_permutation), :]
+    return out.astype(np.float32)
