@@ -130,6 +130,10 @@ class PartDataset(RecordDataset):
         return JpegRecords(r.views, np.array([len(self)], np.int64), r.offsets[cut],
                            r.sizes[cut], r.heights[cut], r.widths[cut], r.stored_raw[cut])
 
+    def checksums(self) -> np.ndarray | None:
+        crc = self._ds.checksums()
+        return None if crc is None else crc[self._lo:self._hi]
+
     def byte_ranges(self, indices):
         return self._ds.byte_ranges(self._global(indices))
 

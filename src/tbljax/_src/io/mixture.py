@@ -273,6 +273,10 @@ class Mixture(RecordDataset):
     def _file_base(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum([len(d.paths) for d in self.datasets])])
 
+    def checksums(self) -> np.ndarray | None:
+        crc = [d.checksums() for d in self.datasets]
+        return None if any(c is None for c in crc) else np.concatenate(crc)
+
     def byte_ranges(self, indices):
         k, r = self.split(indices)
         files, offsets, sizes = (np.empty(len(r), np.int64) for _ in range(3))

@@ -308,6 +308,12 @@ class Dataset(RecordDataset):
                            np.ascontiguousarray(idx["offset"], dtype=np.int64), sizes,
                            heights, widths, stored_raw)
 
+    def checksums(self) -> np.ndarray | None:
+        """Each record's CRC-16 of its stored payload (the index's), or None (a file without)."""
+        if any(not f.header_flags & _core.FLAG_HAS_CHECKSUMS for f in self._files):
+            return None
+        return self.index["crc16"]
+
     def byte_ranges(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(file number, byte offset in that file, byte count) of records `indices`."""
         idx = np.asarray(indices, np.int64)

@@ -139,6 +139,11 @@ class RecordDataset(abc.ABC):
         """Where its JPEG records lie (JPEG records only; ValueError otherwise)."""
 
     @abc.abstractmethod
+    def checksums(self) -> np.ndarray | None:
+        """Each record's CRC-16/MODBUS of its payload as stored (uint16, the index's: what
+        `verify` checks), or None when a file was written without per-record checksums."""
+
+    @abc.abstractmethod
     def byte_ranges(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(file number, byte offset, byte count) of records `indices`: what reading ahead asks
         the disk for."""
