@@ -72,6 +72,7 @@ SLOW_CASES = {
     "test_native.py::test_tbljax_simd_sets_the_one_target_of_kernel_resize_and_crc": "6 s of processes; test_kernel's forced-scalar process and target tests stay",
     "test_resident.py::test_eight_devices_replicated_and_records_partitioned": "6 s; test_eight_devices_fields_with_records_partitioned stays",
     "test_ops.py::test_without_sharding_the_op_follows_the_indices_on_8_cpu_devices": "5 s; test_sharded_indices_run_per_shard_on_8_cpu_devices stays",
+    "test_interrupt.py::test_ctrl_c_at_random_moments_many_times": "~60 s of interrupts; test_ctrl_c_at_random_moments_is_a_plain_keyboard_interrupt runs 10 a loader kind",
     "test_torch.py::test_two_gloo_processes_split_an_epoch": "5 s; test_gloo_ranks_read_only_their_host_parts[2] and the matrix's gloo run stay",
     "test_fullaspect_paths.py::test_lz4_file_serves_what_its_raw_twin_does": "5 s; the matrix's lz4 rows stay",
 }

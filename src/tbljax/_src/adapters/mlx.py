@@ -67,7 +67,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
            threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
            world_size: int | None = None, partition: None = None,
            jpeg_dct_scale: bool = False,
-           fields="all", field_fn=None, pad=None) -> MLXLoader:
+           fields="all", field_fn=None, pad=None, verify_records: bool = False) -> MLXLoader:
     """Serves a TBL dataset to MLX: ``(images, labels)`` mx.arrays, one epoch per pass.
 
     Args:
@@ -79,7 +79,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         ``group = mx.distributed.init(); rank=group.rank(), world_size=group.size()``);
         both None for a single process. Rank r gets the rows the JAX loader gives process r.
       seed, shuffle, mean, std, augment, drop_remainder, prefetch, threads, read_ahead,
-        jpeg_dct_scale, fields, field_fn, pad: as `tbljax.torch.loader` and `tbljax.loader`.
+        jpeg_dct_scale, fields, field_fn, pad, verify_records: as `tbljax.torch.loader` and
+        `tbljax.loader`.
       partition: None only: every rank draws its rows from the whole dataset. Host parts
         (partition="host") need the ranks to exchange their parts' sizes, which tbljax does
         over JAX (`tbljax.loader`) and torch.distributed (`tbljax.torch.loader`), not MLX.
@@ -104,5 +105,5 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
                             augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
                             threads=threads, read_ahead=read_ahead,
                             jpeg_dct_scale=jpeg_dct_scale, fields=fields,
-                            field_fn=field_fn, pad=pad)
+                            field_fn=field_fn, pad=pad, verify_records=verify_records)
     return MLXLoader(reader.as_dataset(path_or_paths), opts, rank, world_size)

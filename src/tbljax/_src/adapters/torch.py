@@ -127,7 +127,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
            threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
            world_size: int | None = None, pin_memory: bool | None = None,
            partition: str | None = None, jpeg_dct_scale: bool = False,
-           fields="all", field_fn=None, pad=None) -> TorchLoader:
+           fields="all", field_fn=None, pad=None, verify_records: bool = False) -> TorchLoader:
     """Serves a TBL dataset to PyTorch: ``(images, labels)`` tensors, one epoch per pass.
 
     Args:
@@ -139,8 +139,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
       dtype: "float32" (default), "bfloat16" or "uint8", or the torch dtype.
       layout: "NCHW" (default) or "NHWC". Tip: ``x.permute(0, 3, 1, 2)`` of an NHWC batch is
         an NCHW tensor in ``torch.channels_last`` memory format, without a copy.
-      mean, std, augment, prefetch, threads, read_ahead, jpeg_dct_scale, fields, field_fn, pad:
-        as `tbljax.loader` (the served fields are on each batch's `.fields`).
+      mean, std, augment, prefetch, threads, read_ahead, jpeg_dct_scale, fields, field_fn, pad,
+      verify_records: as `tbljax.loader` (the served fields are on each batch's `.fields`).
       drop_remainder: True drops the last partial global batch; False pads it, and the
         batch's ``valid`` mask marks real rows (labels and index are -1 on padding), so every
         sample is served exactly once over all ranks, every rank taking the same steps.
@@ -180,7 +180,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
                             augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
                             threads=threads, read_ahead=read_ahead,
                             jpeg_dct_scale=jpeg_dct_scale, fields=fields,
-                            field_fn=field_fn, pad=pad)
+                            field_fn=field_fn, pad=pad, verify_records=verify_records)
     if partition is None:
         return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory))
     if partition != "host":

@@ -269,10 +269,12 @@ class Dataset(RecordDataset):
     def _records(self) -> Records:
         idx = self.index
         raw = (idx["format"] == FORMATS["RAW_U8"]) & ((idx["flags"] & _core.RECORD_LZ4) == 0)
+        checked = all(f.header_flags & _core.FLAG_HAS_CHECKSUMS for f in self._files)
         return Records([f.file_view() for f in self._files], np.diff(self._starts).astype(np.int64),
                        np.ascontiguousarray(idx["offset"], dtype=np.int64),
                        np.ascontiguousarray(idx["size"], dtype=np.int64),
-                       idx["height"].astype(np.int32), idx["width"].astype(np.int32), raw.astype(np.uint8))
+                       idx["height"].astype(np.int32), idx["width"].astype(np.int32), raw.astype(np.uint8),
+                       idx["crc16"] if checked else None)
 
     def locate(self, i: int) -> tuple[str, int]:
         """(the file that holds record i, the record's number within that file)."""

@@ -16,7 +16,17 @@ from tbljax import _core
 from tbljax._src.rules import contract
 
 __all__ = ["build_info", "gather", "jpeg_source", "kernel_target", "normalize_table",
-           "prepare_gather", "prepare_serve_jpeg", "raw_source", "serve_jpeg", "variable_source"]
+           "prepare_gather", "prepare_serve_jpeg", "raw_source", "record_crc16", "serve_jpeg",
+           "variable_source"]
+
+CorruptFileError = _core.CorruptFileError
+
+
+def record_crc16(payload: np.ndarray) -> int:
+    """The per-record checksum of TBL v2 (CRC-16/MODBUS) of a 1-D uint8 payload: the core's
+    own function, the one `verify` and `read` check records with."""
+    return _core.crc16_modbus(payload)
+
 
 def kernel_target() -> str:
     """The SIMD target the kernel (and the decoder's resize) runs on this machine: ``scalar``,

@@ -17,6 +17,7 @@ from tbljax._src.rules import order
 from tbljax._src.rules.parts import Parts
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
 from tbljax._src.engine.batch_fields import FieldServing
+from tbljax._src.engine import file_sweep
 from tbljax._src.rules.options import LoaderOptions
 
 __all__ = ["HostBatch", "Plan"]
@@ -139,7 +140,10 @@ class Plan:
                 yield step
         finally:
             if sweep is not None:
+                # Joined, not only stopped: a sweep left running holds the dataset's files,
+                # and a pass must leave no thread behind (engine/producer.py).
                 sweep.stop()
+                sweep.join(file_sweep.JOIN_S)
 
     @property
     def reads_every_record(self) -> bool:

@@ -22,6 +22,7 @@ __all__ = ["Metrics", "Pass"]
 
 _POLL_S = 0.05  # how often blocked queue calls look at the stop flag
 _JOIN_S = 30.0  # how long close() waits for each producer thread
+_START_S = 1.0  # how long close() waits for a thread whose start() was interrupted to run
 
 
 class _Failure:
@@ -160,6 +161,44 @@ def _finish(plan: Plan, built: queue.Queue, room: threading.Semaphore, q: queue.
         stop.set()
 
 
+class _Stage(threading.Thread):
+    """A daemon thread running one stage `fn(*args)` of a pass, that the pass can always join.
+
+    A Ctrl-C can land inside `start()`: before the OS thread is made, or after it is made but
+    before it has said it runs, when `Thread.join` raises. `join_stopped` copes with both: it
+    waits (briefly) for the thread to enter `run`, then joins it. A stage that enters after its
+    pass stopped returns at once, so no thread of a closed pass reaches the kernel."""
+
+    def __init__(self, fn, args, stop: threading.Event):
+        super().__init__(name="tbljax-loader", daemon=True)
+        self._work = (fn, args)
+        self._pass_stop = stop
+        self._entered = threading.Event()
+        self._launched = False  # start() was called: the OS thread may exist
+        self._running = False   # start() returned: it exists and join() works
+
+    def start(self) -> None:
+        self._launched = True
+        super().start()
+        self._running = True
+
+    def run(self) -> None:
+        self._entered.set()
+        fn, args = self._work
+        self._work = None  # the thread holds the pass's objects only while it runs
+        if not self._pass_stop.is_set():
+            fn(*args)
+
+    def join_stopped(self, timeout: float) -> bool:
+        """Waits up to `timeout` s for the thread to end; True if it has, or never ran."""
+        if not self._launched:
+            return True
+        if not self._running and not self._entered.wait(_START_S):
+            return True  # never made (or it enters later, sees the stop flag and returns)
+        self.join(timeout)
+        return not self.is_alive()
+
+
 _LIVE: "weakref.WeakSet[Pass]" = weakref.WeakSet()
 
 
@@ -177,20 +216,24 @@ class Pass:
     when the pass ran to its end. The producer threads hold neither callback."""
 
     def __init__(self, plan: Plan, ring: Ring, metrics: Metrics, *, on_step, on_end):
+        # What close() reads comes first, so that it can run on a Pass half made (an
+        # interrupt or error below; __del__ of what that leaves).
+        self._stop = threading.Event()
+        self._closed = self._joined = False
+        self._threads: list[_Stage] = []
+        self._queue: queue.Queue = queue.Queue()  # the last of these: see __del__
         self._on_step, self._on_end = on_step, on_end
         self._step_parts, self._g = plan.part, plan.layout.global_batch
         self._drop = plan.opts.drop_remainder
         self._metrics = metrics
         self._ring = ring
-        self._stop = threading.Event()
-        self._closed = False
         prefetch = plan.opts.prefetch
         drawn: queue.Queue = queue.Queue(maxsize=1)
         go = threading.Semaphore(1)  # the first step is drawn at once
         stages = [(_draw, (plan, drawn, go, self._stop))]
         if plan.finish is not None and prefetch >= 2:
             # Two stages (see _produce); the batch in the second stage counts as prefetched.
-            self._queue: queue.Queue = queue.Queue(maxsize=prefetch - 1)
+            self._queue = queue.Queue(maxsize=prefetch - 1)
             built: queue.Queue = queue.Queue(maxsize=1)
             room = threading.Semaphore(1)
             stages += [(_produce, (plan, ring, drawn, go, built, self._stop, self._metrics, room)),
@@ -199,11 +242,17 @@ class Pass:
             self._queue = queue.Queue(maxsize=prefetch)
             stages.append((_produce, (plan, ring, drawn, go, self._queue, self._stop,
                                       self._metrics)))
-        self._threads = [threading.Thread(target=f, args=a, name="tbljax-loader", daemon=True)
-                         for f, a in stages]
-        for t in self._threads:
-            t.start()
+        # Owned before any thread runs: a Ctrl-C landing between two starts (or inside one)
+        # leaves threads that close() stops and joins, here, from __del__ or at exit.
         _LIVE.add(self)
+        try:
+            for f, a in stages:
+                t = _Stage(f, a, self._stop)
+                self._threads.append(t)
+                t.start()
+        except BaseException:
+            self.close()
+            raise
 
     def __iter__(self):
         return self
@@ -254,8 +303,10 @@ class Pass:
         return result
 
     def close(self) -> None:
-        """Stops the producer and waits for it; idempotent, safe from any thread."""
-        if self._closed:
+        """Stops the producer and waits for it; idempotent, safe from any thread. A close cut
+        short (a Ctrl-C while it joins) is finished by the next call: at the latest `_close_all`
+        at exit, before the interpreter goes away under a thread inside a native call."""
+        if self._joined:
             return
         self._closed = True
         self._stop.set()
@@ -265,15 +316,15 @@ class Pass:
         except queue.Empty:
             pass
         for t in self._threads:
-            if threading.current_thread() is not t:
-                # A producer stops within one kernel call and a poll interval; a bound keeps
-                # a Ctrl-C or exit from ever hanging on one that does not (it is a daemon).
-                t.join(timeout=_JOIN_S)
-                if t.is_alive():
-                    warnings.warn(f"tbljax loader: a producer thread did not stop within "
-                                  f"{_JOIN_S:.0f} s; leaving it (daemon) behind", RuntimeWarning,
-                                  stacklevel=2)
+            # A producer stops within one kernel call and a poll interval; a bound keeps a
+            # Ctrl-C or exit from ever hanging on one that does not (it is a daemon).
+            if threading.current_thread() is not t and not t.join_stopped(_JOIN_S):
+                warnings.warn(f"tbljax loader: a producer thread did not stop within "
+                              f"{_JOIN_S:.0f} s; leaving it (daemon) behind", RuntimeWarning,
+                              stacklevel=2)
+        self._joined = True
         _LIVE.discard(self)
 
     def __del__(self):
-        self.close()
+        if "_queue" in vars(self):  # else __init__ was interrupted before it made anything
+            self.close()

@@ -84,7 +84,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
            mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=None, drop_remainder: bool = True,
            prefetch: int = 2, threads: int | None = None, read_ahead: int = 2,
            partition: str | None = None, jpeg_dct_scale: bool = False, fields="all",
-           field_fn: dict | None = None, pad: dict | None = None) -> Loader:
+           field_fn: dict | None = None, pad: dict | None = None,
+           verify_records: bool = False) -> Loader:
     """Serves a TBL dataset to JAX as sharded global batches.
 
     Args:
@@ -137,6 +138,12 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         it reaches the consumer naming the field and the step.
       pad: {name: length} for ragged fields (required for each ragged field served without a
         field_fn).
+      verify_records: check each record's CRC-16 (the check `tbljax verify` makes) as it is
+        served, and raise `tbljax.CorruptFileError` naming the file and record before a batch
+        holding a damaged one is handed out. Opening a file checks its header and index, not
+        every payload; RAW and compact records are otherwise served unchecked (LZ4 and
+        original-bytes JPEG records are always checked). Its cost is measured in
+        benchmarks/README.md ("Checking records as they are served").
 
     >>> loader = tbljax.loader("val.tbl", batch_size=500, shuffle=False, num_epochs=1,
     ...                        drop_remainder=False)
@@ -147,7 +154,7 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
                          num_epochs=num_epochs, dtype=dtype, layout=layout, mean=mean, std=std,
                          augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
                          threads=threads, read_ahead=read_ahead, jpeg_dct_scale=jpeg_dct_scale,
-                         fields=fields, field_fn=field_fn, pad=pad)
+                         fields=fields, field_fn=field_fn, pad=pad, verify_records=verify_records)
     if partition is None:
         return Loader(reader.as_dataset(path_or_paths), opts, sharding)
     if partition != "host":

@@ -33,7 +33,7 @@ import numpy as np
 
 from tbljax._src.rules.augment import RecordGeometry
 
-__all__ = ["FIELD_KINDS", "FieldInfo", "RawRecords", "RecordDataset", "Records", "RECORD_FORMATS",
+__all__ = ["FIELD_KINDS", "FieldInfo", "JpegRecords", "RawRecords", "RecordDataset", "Records", "RECORD_FORMATS",
            "WeightedDataset"]
 
 # What `RecordDataset.record_format` may say: uncompressed RAW_U8; RAW_U8 LZ4-compressed where
@@ -73,9 +73,22 @@ class RawRecords(NamedTuple):
     widths: np.ndarray   # int32
 
 
+class JpegRecords(NamedTuple):
+    """Where JPEG records lie, in the order the kernel's `jpeg_source` takes: `Records` less
+    the checksums."""
+
+    views: list
+    counts: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+    heights: np.ndarray
+    widths: np.ndarray
+    stored_raw: np.ndarray
+
+
 class Records(NamedTuple):
-    """Where every record of a dataset lies: the one storage value of the contract (its field
-    order is what the kernel's `jpeg_source` takes). Record r of the dataset is in file
+    """Where every record of a dataset lies: the one storage value of the contract (its first
+    seven fields are `JpegRecords`, what the kernel's `jpeg_source` takes). Record r of the dataset is in file
     ``file_of(r)`` (a file of `views`) at byte ``offsets[r]``, ``sizes[r]`` bytes."""
 
     views: list         # one read-only 1-D uint8 view of each file's mapping
@@ -85,6 +98,9 @@ class Records(NamedTuple):
     heights: np.ndarray  # the size the index gives (int32): the served size but for original JPEGs
     widths: np.ndarray
     stored_raw: np.ndarray  # uint8, 1 where the record is its pixels, uncompressed RAW
+    # Each record's CRC-16/MODBUS of its payload as stored (uint16, the index's: what `verify`
+    # checks), or None when some file was written without per-record checksums.
+    crc16: np.ndarray | None = None
 
     def take(self, lo: int, hi: int) -> "Records":
         """Records [lo, hi) of a single file: a host part of records."""
@@ -92,14 +108,16 @@ class Records(NamedTuple):
             raise ValueError(f"a part of {len(self.views)} files holds whole files, not records [{lo}, {hi})")
         cut = slice(lo, hi)
         return Records(self.views, np.array([hi - lo], np.int64), self.offsets[cut], self.sizes[cut],
-                       self.heights[cut], self.widths[cut], self.stored_raw[cut])
+                       self.heights[cut], self.widths[cut], self.stored_raw[cut],
+                       None if self.crc16 is None else self.crc16[cut])
 
     @staticmethod
     def concat(parts: "list[Records]") -> "Records":
         """The records of `parts` one after another (shard files, a mixture's sources)."""
+        crc = None if any(p.crc16 is None for p in parts) else np.concatenate([p.crc16 for p in parts])
         return Records([v for p in parts for v in p.views],
                        *(np.concatenate([getattr(p, f) for p in parts])
-                         for f in ("counts", "offsets", "sizes", "heights", "widths", "stored_raw")))
+                         for f in ("counts", "offsets", "sizes", "heights", "widths", "stored_raw")), crc)
 
     def file_of(self, indices) -> np.ndarray:
         """The file (a number into `views`) of each of records `indices` (0 <= i < len)."""
@@ -231,13 +249,18 @@ class RecordDataset(abc.ABC):
         r = self.records()
         return RawRecords(r.views, r.counts, r.offsets, r.heights, r.widths)
 
-    def jpeg_records(self) -> Records:
+    def jpeg_records(self) -> JpegRecords:
         """Where its JPEG records lie, for the kernel's JPEG source (JPEG records, and compact
         records with some stored RAW, only; ValueError otherwise)."""
         if not (self.record_format == "jpeg" or self.compact):
             raise ValueError(f"{self!r}: only JPEG records are served from their bytes "
                              f"(it holds {self.record_format} records)")
-        return self.records()
+        return JpegRecords(*self.records()[:7])
+
+    def checksums(self) -> np.ndarray | None:
+        """Each record's CRC-16 of its stored payload (`Records.crc16`), or None when some file
+        was written without per-record checksums: what ``verify_records=True`` checks."""
+        return self.records().crc16
 
     def byte_ranges(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(file number, byte offset, byte count) of records `indices`: what reading ahead asks

@@ -39,6 +39,7 @@ class LoaderOptions:
     fields: object = "all"    # "all", None, or a list of field names
     field_fn: dict | None = None  # field name -> fn(this process's values) -> (rows, ...) array
     pad: dict | None = None       # ragged field name -> rows served
+    verify_records: bool = False  # each served record's CRC-16 checked before its batch goes out
 
     def __post_init__(self):
         integer = contract.is_integer
@@ -69,7 +70,7 @@ class LoaderOptions:
         for what in ("field_fn", "pad"):
             if getattr(self, what) is not None and not isinstance(getattr(self, what), dict):
                 raise TypeError(f"{what} must be a dict {{field name: ...}}, got {type(getattr(self, what)).__name__}")
-        for flag in ("shuffle", "drop_remainder", "jpeg_dct_scale"):
+        for flag in ("shuffle", "drop_remainder", "jpeg_dct_scale", "verify_records"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
 
