@@ -395,7 +395,6 @@ void InstallPartEntropy(j_decompress_ptr c, PartEntropy* f) {
     bits = std::max({bits, f->layout.dc[b]->symbol_bits(), f->layout.ac[b]->symbol_bits()});
   }
   f->layout.symbol_bits = bits;
-  f->layout.avx2 = ActiveSimdTargetAtLeast(SimdTarget::kAvx2);
   c->client_data = f;
   c->entropy->decode_mcu = PartDecodeMcu;
 }
