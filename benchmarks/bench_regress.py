@@ -1,5 +1,5 @@
-"""Two builds side by side on the figures a decoder change must not move: RAW serving and
-conversion. Each `--trees` entry is a checkout with its native modules built in place
+"""Two builds side by side on the figures a decoder change must not move: RAW and compact
+serving, and conversion. Each `--trees` entry is a checkout with its native modules built in place
 (`scripts/dev-build.sh`); its workers run with PYTHONPATH=<tree>/src, each configuration in its
 own process, the trees interleaved round by round; medians over rounds.
 
@@ -8,10 +8,16 @@ own process, the trees interleaved round by round; medians over rounds.
   TBLJAX_NUM_THREADS=2, prefetch 1; 8 batches of warm-up (past the ring's first touch), then
   --batches timed, one element of each batch's image read (the kernel has written it; a read
   of every page, as bench_compact.py's `touch` does, would add the same cost to both trees).
+- serve compact: the same, from the photos converted compact (JPEG q90 4:2:0, restart markers:
+  each crop box decoded from its restart segments), float32.
 - convert: `tbljax.convert` of the 312 kodak photos at shorter side 256, RAW and compact (JPEG
   q90 4:2:0), 2 threads, to a fresh file; img/s of the whole call.
 
     python benchmarks/bench_regress.py --trees /path/to/old-checkout . [--rounds 5] [--batches 60]
+        [--simd scalar|avx2|avx512] [--jobs "serve float32" "serve compact float32" ...]
+
+--simd runs every worker with TBLJAX_SIMD set (both trees on the same target); --jobs runs only
+the configurations named (the first column of the table).
 """
 from __future__ import annotations
 
@@ -62,6 +68,8 @@ def main() -> None:
     ap.add_argument("--trees", nargs=2, required=False, metavar=("BEFORE", "AFTER"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batches", type=int, default=60)
+    ap.add_argument("--simd", default=None, help="TBLJAX_SIMD for every worker (default: unset)")
+    ap.add_argument("--jobs", nargs="+", default=None, metavar="NAME")
     a = ap.parse_args()
     if a.worker:
         spec = json.loads(a.worker[0])
@@ -73,26 +81,39 @@ def main() -> None:
     trees = [Path(t).resolve() for t in a.trees]
     with tempfile.TemporaryDirectory() as d:
         data = str(Path(d) / "raw256.tbl")
+        compact = str(Path(d) / "compact256.tbl")
         sys.path.insert(0, str(trees[-1] / "src"))
         import tbljax
 
         tbljax.convert(files, data, image_size=SIDE, resize="shorter_side", progress=False)
-        configs, env = {}, {}
-        jobs = [("serve float32", dict(job="serve", dtype="float32")),
-                ("serve uint8", dict(job="serve", dtype="uint8")),
+        jobs = [("serve float32", dict(job="serve", dtype="float32", data=data)),
+                ("serve uint8", dict(job="serve", dtype="uint8", data=data)),
+                ("serve compact float32", dict(job="serve", dtype="float32", data=compact)),
                 ("convert raw", dict(job="convert", format="raw")),
                 ("convert compact", dict(job="convert", format="compact"))]
+        if a.jobs:
+            unknown = set(a.jobs) - {name for name, _ in jobs}
+            if unknown:
+                ap.error(f"--jobs: unknown {sorted(unknown)}")
+            jobs = [(name, spec) for name, spec in jobs if name in a.jobs]
+        if any(spec.get("data") == compact for _, spec in jobs):
+            tbljax.convert(files, compact, image_size=SIDE, resize="shorter_side", progress=False,
+                           format="jpeg", quality=90, chroma="420")
+        configs, env = {}, {}
         for name, spec in jobs:
             for k, tree in enumerate(trees):
                 key = f"{name} | {'before' if k == 0 else 'after'}"
-                configs[key] = [json.dumps(dict(spec, data=data, batches=a.batches))]
+                configs[key] = [json.dumps(dict(spec, batches=a.batches))]
                 env[key] = {"PYTHONPATH": str(tree / "src"), "TBLJAX_NUM_THREADS": "2"}
+                if a.simd:
+                    env[key]["TBLJAX_SIMD"] = a.simd
         res = rounds(Path(__file__), configs, a.rounds, env)
     for key, runs in res.items():  # each worker imported its own tree's tbljax
         tree = trees[0] if key.endswith("before") else trees[1]
         assert all(Path(r["tbljax"]).is_relative_to(tree) for r in runs), (key, runs[0]["tbljax"])
     print(f"\nbench_regress: kodak at shorter side {SIDE}, {a.rounds} interleaved rounds, "
-          f"medians\nbefore: {trees[0]}\nafter:  {trees[1]}\nmachine: {machine()}\n")
+          f"medians; TBLJAX_SIMD={a.simd or '(unset)'}\nbefore: {trees[0]}\nafter:  {trees[1]}\n"
+          f"machine: {machine()}\n")
     print("| configuration | before img/s | after img/s | after ÷ before | after ÷ before, "
           "median of the rounds |")
     print("|---|---:|---:|---:|---:|")

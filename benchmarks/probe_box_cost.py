@@ -49,7 +49,7 @@ def ceil_div(a: int, b: int) -> int:
 
 def part_of(box, h: int, w: int, margin: int) -> tuple[int, int, int, int]:
     """MCU rows [r0, r1) and columns [c0, c1) of the part a box reads: its pixels plus `margin`
-    (ffi/core/decode.cpp, DecodeRestartPart: 1 px where the edge is inside the image), rounded
+    (ffi/core/jpeg/decode_box.cpp, DecodeRestartPart: 1 px where the edge is inside the image), rounded
     out to MCU rows and to whole restart intervals of columns."""
     y0, x0, bh, bw = box
     per_row = ceil_div(w, MCU)

@@ -31,7 +31,7 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def old_taps(out_len: int, start: int, length: int):
-    """The kernel's resize before the antialiased filter (git show daf44ef~1:ffi/core/kernel.h):
+    """The kernel's resize before the antialiased filter (git show daf44ef~1:ffi/core/serve/kernel.h):
     per axis two source pixels around the half-pixel centre, weights of 2^11, half up."""
     o = np.arange(out_len, dtype=np.int64)
     n = np.maximum(0, (2 * o + 1) * length - out_len)

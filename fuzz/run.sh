@@ -17,16 +17,24 @@ cxx=${CXX_FUZZ:-$(command -v clang++ || command -v clang++-14 || true)}
 [ -n "$cxx" ] || { echo "clang++ not found: apt-get install clang-14 libclang-rt-14-dev" >&2; exit 2; }
 out=build/fuzz
 mkdir -p "$out/artifacts"
-core=(ffi/core/*.cpp)  # the whole core, as CMakeLists.txt builds it
+# The whole core, as CMakeLists.txt builds it (every room's folder; libjpeg_static.cpp is a
+# wheel's alone), each room's folder on the include path.
+rooms=(platform file image jpeg serve)
+core=()
+incs=()
+for room in "${rooms[@]}"; do
+  for f in ffi/core/"$room"/*.cpp; do [ "$(basename "$f")" = libjpeg_static.cpp ] || core+=("$f"); done
+  incs+=("-Iffi/core/$room")
+done
 # The kernel's bit-exact contract needs no FMA contraction, as in CMakeLists.txt.
-flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -ffp-contract=off -Iffi/core -DTBLJAX_VERSION='"fuzz"')
+flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -ffp-contract=off "${incs[@]}" -DTBLJAX_VERSION='"fuzz"')
 san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined)
 libs=(-ljpeg -llz4 -lpthread)
 
 build() {  # rebuild only when a source is newer than the binary
   local bin=$1; shift
   local newest
-  newest=$(ls -t "$@" ffi/core/*.h ffi/core/*.inc 2>/dev/null | head -1)
+  newest=$(ls -t "$@" ffi/core/*/*.h ffi/core/*/*.inc 2>/dev/null | head -1)
   if [ ! -x "$bin" ] || [ "$newest" -nt "$bin" ]; then "$cxx" "${flags[@]}" "${san[@]}" "$@" "${libs[@]}" -o "$bin"; fi
 }
 build "$out/make_seeds" fuzz/make_seeds.cpp "${core[@]}"

@@ -1,7 +1,7 @@
 """The one NumPy oracle every test compares against, written from the contracts, not from the
 code: the normalization contract (DESIGN §3: the float32 / bfloat16 nearest to
 (x/255 - mean)/std computed in float64; bfloat16 rounding by exact rational comparison over
-every finite bfloat16), the integer crop-resize formula of ffi/core/kernel.h in int64, and the
+every finite bfloat16), the integer crop-resize formula of ffi/core/serve/kernel.h in int64, and the
 crop boxes of torchvision's RandomResizedCrop and FFCV's center crop."""
 from __future__ import annotations
 

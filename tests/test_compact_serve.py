@@ -6,7 +6,7 @@ twin (`tbljax convert --format raw`) serves through the host loader, torch and M
 truncated records fail naming file and record, and the DCT-scaled option is taken only where
 allowed.
 
-The box-class tests are what proves the decoded window's margins (ffi/core/decode.cpp,
+The box-class tests are what proves the decoded window's margins (ffi/core/jpeg/decode.cpp,
 StoredWindow: one MCU left, right and above the box): built with the window cut exactly at the
 box, 15 of the box-class and oracle tests fail (chroma upsampling next to a cropped or skipped
 edge differs from a whole decode)."""

@@ -888,7 +888,7 @@ def test_decode_resize_same_on_every_simd_target(simd_targets):
 
 def test_decoded_rows_start_16_bytes_past_a_64_byte_boundary():
     """libjpeg-turbo writes its output rows where tbljax puts them: 16 bytes past a 64-byte
-    boundary (kRowsPhase, ffi/core/decode.h), never 32-byte aligned like its own sample rows,
+    boundary (kRowsPhase, ffi/core/jpeg/decode.h), never 32-byte aligned like its own sample rows,
     which made its upsampler stall (benchmarks/README.md, "Where the decoded rows start"). Before
     the phase, most of these 120 decodes landed 64-byte aligned; the pixels are Pillow's."""
     data = synthetic_jpegs(203, 317)

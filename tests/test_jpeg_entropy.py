@@ -1,11 +1,11 @@
-"""Our own Huffman decoder of restart segments (ffi/core/jpeg_entropy.h), which gives libjpeg the
+"""Our own Huffman decoder of restart segments (ffi/core/jpeg/jpeg_entropy.h), which gives libjpeg the
 coefficients of a compact record's box: every pixel it serves is libjpeg-turbo's own whole-image
 decode (test_restart_decode.py proves that for every box class, subsampling, interval and scale,
 against Pillow). Here: fuzzed records against libjpeg-turbo's entropy decoder (tbljax's whole
 decode, which fails on every libjpeg warning), the cases it fails on and the one it is stricter
 about, and the real photos at ImageNet geometry. Every test runs on every SIMD target this CPU
 has: the decoder's loop is compiled for the baseline ISA and for the avx2 target
-(ffi/core/jpeg_entropy.inc), and TBLJAX_SIMD / set_kernel_target choose between them."""
+(ffi/core/jpeg/jpeg_entropy.inc), and TBLJAX_SIMD / set_kernel_target choose between them."""
 from __future__ import annotations
 
 import io
@@ -347,7 +347,7 @@ def saturated(h: int, w: int, seed: int) -> np.ndarray:
                                 (9, 3), (6, 4)])
 def test_420_boxes_are_the_whole_decode_on_every_target(hw):
     """YCbCr 4:2:0 at scale 1 goes through libjpeg's planes and our upsampling and colour
-    conversion (ffi/core/jpeg_color.h): every box class of textured and saturated images, at
+    conversion (ffi/core/jpeg/jpeg_color.h): every box class of textured and saturated images, at
     q90 and q100, on every SIMD target, is Pillow's whole decode. Widths of 3 and 4 pixels (2
     chroma samples, upsampled by repeating) keep libjpeg's own path."""
     h, w = hw

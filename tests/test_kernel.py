@@ -1,5 +1,5 @@
 """Tests of the serve kernel (tbljax.kernels.gather) against a plain NumPy reference written
-here: float64 normalization, the integer crop-resize formula of ffi/core/kernel.h written out
+here: float64 normalization, the integer crop-resize formula of ffi/core/serve/kernel.h written out
 directly, every dtype x layout x crop x flip x shards, every SIMD target, and the errors."""
 import itertools
 import os

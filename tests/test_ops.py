@@ -1,5 +1,5 @@
 """Tests of tbljax.ops: the XLA FFI handler and the pure-JAX twin against the host kernel and a
-NumPy reference written here from the formulas of ffi/core/kernel.h, bit for bit, for every
+NumPy reference written here from the formulas of ffi/core/serve/kernel.h, bit for bit, for every
 dtype x layout x crop x flip, eager and under jit; the normalization contract for all 256
 values of every channel; errors (eager and from inside jit); donated outputs; the dataset as
 an operand; and per-shard execution on 8 CPU devices (subprocesses), with `sharding=` and

@@ -1,12 +1,12 @@
 """Compact records with restart markers: a crop box of a record whose restart interval divides
 its MCUs per row is decoded from the restart segments covering the box alone
-(ffi/core/jpeg_restart.h, DecodeJpegBox), and gives exactly Pillow's whole-image decode for
+(ffi/core/jpeg/jpeg_restart.h, DecodeJpegBox), and gives exactly Pillow's whole-image decode for
 every box class, subsampling, size and interval, at full size and at 1/2, 1/4 and 1/8
 (dct_scale=True: Pillow's draft() decode at that scale); an interval that does not divide the
 row keeps the crop-and-skip path; convert writes the markers; damaged segments and restart
 markers fail with DecodeError, damage in segments the box does not need goes unnoticed.
 
-The one-pixel margin of the part (kUpsampleMargin in ffi/core/decode.cpp) is what the box-class
+The one-pixel margin of the part (kUpsampleMargin in ffi/core/jpeg/decode_box.cpp) is what the box-class
 tests prove: built with no margin, 12 of the box tests of this file and test_compact_serve.py
 fail (chroma upsampling at the part's inner edge differs from a whole decode). At 1/k the
 margin is one pixel at that scale: without it 10 of the scaled tests below fail (4:2:2 at 1/2

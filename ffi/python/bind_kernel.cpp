@@ -16,6 +16,7 @@
 #include "common.h"
 #include "kernel.h"
 #include "order.h"
+#include "simd.h"
 
 namespace tbljax::py {
 namespace {

@@ -23,7 +23,7 @@ _MCU_WIDTH = {"420": 16, "444": 8}  # an MCU's width in pixels at each chroma su
 
 # Compact records carry a restart marker every COMPACT_RESTART_MCUS MCUs (1 where a row's MCU
 # count is odd: segments must not span rows), so serving a crop box entropy-decodes only the
-# segments it covers (ffi/core/jpeg_restart.h). Measured here: 817 real photos (kodak, half of
+# segments it covers (ffi/core/jpeg/jpeg_restart.h). Measured here: 817 real photos (kodak, half of
 # caltech101) at max side 256, q90 4:2:0, RRC boxes resized to 160 px, one thread, medians of 9
 # rounds in each of 3 processes. No markers: 15.04 KiB a record, 213-216 us an image. Every MCU:
 # +4.7 % bytes, 0.86-0.87x the time; every 2 (odd rows: none) +2.3 %, 0.83-0.84x; every 4 (one

@@ -2,7 +2,7 @@
 flip them, normalize, and write a batch into a buffer the caller owns (one fused native pass).
 
 The exact arithmetic (crop-resize formula, normalization contract) is documented in
-ffi/core/kernel.h; ``normalize_table`` gives the normalization contract as NumPy tables.
+ffi/core/serve/kernel.h; ``normalize_table`` gives the normalization contract as NumPy tables.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
 
     For each sample b: take record ``indices[b]``; if ``crop`` is given, cut the box
     ``crop[b] = (y0, x0, h, w)`` and resize it to the output size with the exact integer
-    triangle filter of ffi/core/kernel.h (bilinear, antialiased when shrinking; uint8 pixels,
+    triangle filter of ffi/core/serve/kernel.h (bilinear, antialiased when shrinking; uint8 pixels,
     rounded to nearest); mirror it left-right if
     ``flip[b]``; then write it as ``out.dtype``:
 

@@ -6,7 +6,7 @@ results on every other platform (TPU).
 
 This module checks the arguments and picks the body; the rooms beside it hold the rest, as
 jax-finufft splits its op: `registration` (the handlers, registered once at import), `twin`
-(the formulas of ffi/core/kernel.h in jax.numpy), `ffi_call` (the custom call),
+(the formulas of ffi/core/serve/kernel.h in jax.numpy), `ffi_call` (the custom call),
 `partitioning` (the per-shard rule) and `packed` (records of different sizes).
 
 Example:
@@ -50,7 +50,7 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
     The same fused pass as `tbljax.kernels.gather` (and the loader), as a traceable JAX
     operation: for each b take record ``indices[b]``; if ``crop`` is given resize the box
     ``crop[b] = (y0, x0, h, w)`` to ``out_size`` with the exact integer triangle filter of
-    ffi/core/kernel.h (bilinear, antialiased when shrinking); mirror it left-right if
+    ffi/core/serve/kernel.h (bilinear, antialiased when shrinking); mirror it left-right if
     ``flip[b]``; write uint8 pixels, or float32 / bfloat16 values nearest to
     ``(x/255 - mean[c]) / std[c]``.
 

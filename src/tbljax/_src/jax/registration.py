@@ -1,6 +1,6 @@
 """The XLA FFI handlers of the gather, registered with JAX once, when this module is imported:
 the CPU handlers compiled into `tbljax._core` and, when built, the CUDA ones of
-`tbljax._ffi_cuda`. The target names are the C++ core's (ffi/core/contract.h)."""
+`tbljax._ffi_cuda`. The target names are the C++ core's (ffi/core/serve/contract.h)."""
 from __future__ import annotations
 
 import jax

@@ -1,4 +1,4 @@
-"""The pure-JAX twin of the gather: the formulas of ffi/core/kernel.h in jax.numpy (exact
+"""The pure-JAX twin of the gather: the formulas of ffi/core/serve/kernel.h in jax.numpy (exact
 int32 arithmetic, then one table look-up per value), bit-identical with the C++ kernel on every
 platform, and `normalize`, the normalization contract as that look-up on its own."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// TBL v2 reader and writer (see tbl_format.h).
+// TBL v2 reader and writer (see tbl_format.h); the checksums are crc.cpp's.
 #include "tbl_format.h"
 
 #include <dirent.h>
@@ -16,54 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "simd.h"  // the SIMD target: "scalar" keeps the CRC on its tables too
-
-#if TBLJAX_SIMD_X86
-#include <immintrin.h>
-#endif
-
 namespace tbljax::tbl {
 namespace {
-
-// Slicing-by-8 tables for a reflected CRC: t[k][b] is the CRC of byte b followed by k zeros.
-template <typename T>
-struct CrcTables {
-  std::array<std::array<T, 256>, 8> t{};
-  explicit CrcTables(T poly) {
-    for (uint32_t b = 0; b < 256; ++b) {
-      T c = static_cast<T>(b);
-      for (int k = 0; k < 8; ++k)
-        c = (c & 1) ? static_cast<T>((c >> 1) ^ poly) : static_cast<T>(c >> 1);
-      t[0][b] = c;
-    }
-    for (int k = 1; k < 8; ++k)
-      for (uint32_t b = 0; b < 256; ++b)
-        t[k][b] = static_cast<T>((t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xff]);
-  }
-  T Update(T crc, const uint8_t* p, size_t n) const {
-    while (n >= 8) {
-      uint64_t x;
-      std::memcpy(&x, p, 8);  // little-endian hosts only (x86-64, aarch64)
-      x ^= crc;
-      crc = static_cast<T>(t[7][x & 0xff] ^ t[6][(x >> 8) & 0xff] ^ t[5][(x >> 16) & 0xff] ^
-                           t[4][(x >> 24) & 0xff] ^ t[3][(x >> 32) & 0xff] ^
-                           t[2][(x >> 40) & 0xff] ^ t[1][(x >> 48) & 0xff] ^ t[0][x >> 56]);
-      p += 8;
-      n -= 8;
-    }
-    while (n--) crc = static_cast<T>((crc >> 8) ^ t[0][(crc ^ *p++) & 0xff]);
-    return crc;
-  }
-};
-
-const CrcTables<uint32_t>& Crc32Tables() {
-  static const CrcTables<uint32_t> tables(0xEDB88320u);
-  return tables;
-}
-const CrcTables<uint16_t>& Crc16Tables() {
-  static const CrcTables<uint16_t> tables(0xA001u);
-  return tables;
-}
 
 template <typename T>
 T Load(const uint8_t* p) {
@@ -150,81 +104,7 @@ void SyncDir(const std::string& dir) {
   }
 }
 
-#if TBLJAX_SIMD_X86
-// CRC-16/MODBUS by carry-less multiplication (PCLMULQDQ), after Gopal et al., "Fast CRC
-// Computation for Generic Polynomials Using PCLMULQDQ Instruction" (Intel, 2009). The data,
-// 16 bytes at a time, are polynomials over GF(2), reflected: bit 0 of byte 0 is the highest
-// power. A 128-bit block X = H x^64 + L moved D bits on is H x^(D+64) + L x^D, which is
-// H (x^(D+64) mod P) + L (x^D mod P) modulo P: two 64 x 16-bit carry-less products, whose
-// sum (under 128 bits) replaces X in the block D bits on ("folding"). Four blocks fold in
-// parallel 512 bits at a time, then into one, 128 bits at a time; the tables finish the
-// CRC of that last block and the tail, which is the CRC of everything the block stands for.
-
-// x^(n-1) mod P, P = x^16 + x^15 + x^2 + 1, as a reflected 64-bit operand (x^d at bit 63 - d).
-// n - 1 because a carry-less product of two reflected operands comes out one bit low.
-constexpr uint64_t FoldConstant(int n) {
-  uint32_t r = 1;
-  for (int i = 0; i < n - 1; ++i) {
-    r <<= 1;
-    if (r & 0x10000) r ^= 0x18005;
-  }
-  uint64_t k = 0;
-  for (int d = 0; d < 16; ++d)
-    if ((r >> d) & 1) k |= uint64_t{1} << (63 - d);
-  return k;
-}
-
-// Folds x forward by the distance of k = (x^(D+64) mod P, x^D mod P) (low, high qword).
-TBLJAX_TARGET_AVX2 inline __m128i Fold(__m128i x, __m128i k) {
-  return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
-}
-
-TBLJAX_TARGET_AVX2 uint16_t Crc16ModbusClmul(const uint8_t* p, size_t n) {  // n >= 64
-  static_assert(FoldConstant(192) == 0xccd0000000000000 && FoldConstant(128) == 0xc100000000000000,
-                "fold constants");
-  const __m128i k512 = _mm_set_epi64x(static_cast<int64_t>(FoldConstant(512)),
-                                      static_cast<int64_t>(FoldConstant(576)));
-  const __m128i k128 = _mm_set_epi64x(static_cast<int64_t>(FoldConstant(128)),
-                                      static_cast<int64_t>(FoldConstant(192)));
-  const __m128i* q = reinterpret_cast<const __m128i*>(p);
-  // The initial value 0xFFFF is the first two message bytes' complement.
-  __m128i x0 = _mm_xor_si128(_mm_loadu_si128(q), _mm_cvtsi32_si128(0xFFFF));
-  __m128i x1 = _mm_loadu_si128(q + 1), x2 = _mm_loadu_si128(q + 2), x3 = _mm_loadu_si128(q + 3);
-  q += 4;
-  n -= 64;
-  for (; n >= 64; n -= 64, q += 4) {
-    x0 = _mm_xor_si128(Fold(x0, k512), _mm_loadu_si128(q));
-    x1 = _mm_xor_si128(Fold(x1, k512), _mm_loadu_si128(q + 1));
-    x2 = _mm_xor_si128(Fold(x2, k512), _mm_loadu_si128(q + 2));
-    x3 = _mm_xor_si128(Fold(x3, k512), _mm_loadu_si128(q + 3));
-  }
-  __m128i x = _mm_xor_si128(Fold(x0, k128), x1);
-  x = _mm_xor_si128(Fold(x, k128), x2);
-  x = _mm_xor_si128(Fold(x, k128), x3);
-  for (; n >= 16; n -= 16, ++q) x = _mm_xor_si128(Fold(x, k128), _mm_loadu_si128(q));
-  alignas(16) uint8_t last[16];
-  _mm_store_si128(reinterpret_cast<__m128i*>(last), x);
-  const CrcTables<uint16_t>& t = Crc16Tables();
-  return t.Update(t.Update(0, last, 16), reinterpret_cast<const uint8_t*>(q), n);
-}
-
-// PCLMULQDQ on the avx2 and avx512 targets (both include it), the tables on "scalar"
-// (TBLJAX_SIMD, set_kernel_target), so that tests reach both.
-bool UseClmul() { return ActiveSimdTargetAtLeast(SimdTarget::kAvx2); }
-#endif  // TBLJAX_SIMD_X86
-
 }  // namespace
-
-uint32_t Crc32(const uint8_t* data, size_t n, uint32_t crc) {
-  return ~Crc32Tables().Update(~crc, data, n);
-}
-
-uint16_t Crc16Modbus(const uint8_t* data, size_t n) {
-#if TBLJAX_SIMD_X86
-  if (n >= 64 && UseClmul()) return Crc16ModbusClmul(data, n);
-#endif
-  return Crc16Tables().Update(0xFFFF, data, n);
-}
 
 // ------------------------------------------------------------------------------------------
 // Reader

@@ -31,7 +31,6 @@ enum class Layout : int { kNHWC = 0, kNCHW = 1 };
 inline constexpr Layout kLayouts[] = {Layout::kNHWC, Layout::kNCHW};
 const char* LayoutName(Layout l);  // "NHWC", "NCHW"
 Status ParseLayout(std::string_view name, Layout* out, const char* arg = "layout");
-std::string LayoutNames();  // "NHWC, NCHW"
 
 // The XLA custom-call targets of the gather (the CPU handlers in _core and the CUDA ones in
 // _ffi_cuda register under these names; Python reads them as _core.GATHER_TARGET and

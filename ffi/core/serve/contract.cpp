@@ -43,7 +43,6 @@ const char* LayoutName(Layout l) {
 }
 
 std::string OutDTypeNames() { return JoinNames(kOutDTypes, OutDTypeName); }
-std::string LayoutNames() { return JoinNames(kLayouts, LayoutName); }
 
 Status ParseOutDType(std::string_view name, OutDType* out, const char* arg) {
   return ParseByName(name, kOutDTypes, OutDTypeName, arg, out);

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "sizes.h"  // kMaxImageSide
 #include "status.h"
-#include "tbl_format.h"  // tbl::kMaxSide
 
 namespace tbljax {
 
@@ -40,8 +40,8 @@ inline constexpr bool ResizeModeIsSquare(ResizeMode mode) {
 // halos, no overshoot to clamp) and is the cheapest antialiased filter.
 inline constexpr const char* kResizeFilterName = "bilinear";
 
-// Largest S accepted: the largest side a TBL record can have.
-inline constexpr int kMaxResizeSize = static_cast<int>(tbl::kMaxSide);
+// Largest S accepted: the largest side the core handles (and a TBL record can have).
+inline constexpr int kMaxResizeSize = static_cast<int>(kMaxImageSide);
 
 // What region of the source, in continuous pixel coordinates, maps onto what output size.
 // center_crop maps the centred min(H,W) square straight to S x S in one pass (no rounded

@@ -1,6 +1,6 @@
-// Runtime SIMD dispatch for the whole core: the CPU's features, detected once; the targets
-// built from them; the one process-wide choice (TBLJAX_SIMD or SetSimdTarget) that the serve
-// kernel, the resize and the CRC all follow; and the macros that compile code for a target.
+// The SIMD targets of the whole core: the CPU's features, detected once; the targets built
+// from them; the one process-wide choice (TBLJAX_SIMD or SetSimdTarget) that every kernel
+// follows. How code is compiled for a target and chosen at run time: simd_dispatch.h.
 #pragma once
 #include <string>
 #include <vector>
@@ -26,34 +26,6 @@
 #define TBLJAX_AVX512_FEATURES \
   "avx2,fma,bmi,bmi2,f16c,popcnt,pclmul,avx512f,avx512bw,avx512vl,avx512dq"
 
-#if TBLJAX_SIMD_X86
-// For one function. Prefer these to a region: a std:: template instantiated inside a target
-// region may be emitted with that ISA and shared, via the linker, with callers on CPUs without
-// it (kernel.inc keeps to plain code for that reason).
-#define TBLJAX_TARGET_AVX2 __attribute__((target(TBLJAX_AVX2_FEATURES)))
-#define TBLJAX_TARGET_AVX512 __attribute__((target(TBLJAX_AVX512_FEATURES)))
-
-// For a region (kernel.cpp compiles kernel.inc once per target):
-//   TBLJAX_PUSH_TARGET(TBLJAX_AVX2_FEATURES) ... TBLJAX_POP_TARGET
-// clang-format off
-#define TBLJAX_PRAGMA_(x) _Pragma(#x)
-#define TBLJAX_PRAGMA(x) TBLJAX_PRAGMA_(x)
-#if defined(__clang__)
-#define TBLJAX_PUSH_TARGET(features) \
-  TBLJAX_PRAGMA(clang attribute push(__attribute__((target(features))), apply_to = function))
-#define TBLJAX_POP_TARGET TBLJAX_PRAGMA(clang attribute pop)
-#else
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on _mm512_undefined_* (GCC PR105593).
-#define TBLJAX_PUSH_TARGET(features)                                \
-  TBLJAX_PRAGMA(GCC push_options)                                   \
-  TBLJAX_PRAGMA(GCC target(features))                               \
-  TBLJAX_PRAGMA(GCC diagnostic push)                                \
-  TBLJAX_PRAGMA(GCC diagnostic ignored "-Wmaybe-uninitialized")
-#define TBLJAX_POP_TARGET TBLJAX_PRAGMA(GCC diagnostic pop) TBLJAX_PRAGMA(GCC pop_options)
-#endif
-// clang-format on
-#endif  // TBLJAX_SIMD_X86
-
 namespace tbljax {
 
 // What the CPU and OS offer (AVX state saved by the OS included), detected once per process.
@@ -77,13 +49,9 @@ inline constexpr SimdTarget kSimdTargets[] = {SimdTarget::kScalar, SimdTarget::k
 const char* SimdTargetName(SimdTarget t);
 // The targets this CPU can run, best last (always starts with scalar).
 std::vector<SimdTarget> SupportedSimdTargets();
-// The target that the serve kernel, the resize and the CRC use now. Fails only when
+// The target that every kernel (simd_dispatch.h) uses now. Fails only when
 // TBLJAX_SIMD holds an unknown name.
 Status ActiveSimdTarget(SimdTarget* out);
-// Whether the active target is `t` or better: the test of code with a vector path for one
-// target and a portable one. False where TBLJAX_SIMD holds an unknown name (the kernel, which
-// cannot run then, reports it).
-bool ActiveSimdTargetAtLeast(SimdTarget t);
 // Sets the target by name: "auto" (the best supported), or one this CPU supports.
 Status SetSimdTarget(const std::string& name);
 

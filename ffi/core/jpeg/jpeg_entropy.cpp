@@ -8,8 +8,6 @@
 #include <cstring>
 #include <string>
 
-#include "simd.h"
-
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -181,23 +179,22 @@ size_t SegmentDecoder::Used() const {
 }
 
 // The decoding loop, once per target (jpeg_entropy.inc): for the baseline ISA, and on x86 for
-// the avx2 target (simd.h), whose BMI2 shifts take their count in any register where the
-// baseline's must move it to cl first: one in every few instructions of the loop is a shift.
-#define TBLJAX_ENTROPY_NS baseline_loop
-#define TBLJAX_ENTROPY_LOCKSTEP Lockstep
-#include "jpeg_entropy.inc"
-#undef TBLJAX_ENTROPY_NS
-#undef TBLJAX_ENTROPY_LOCKSTEP
+// the avx2 target, whose BMI2 shifts take their count in any register where the baseline's
+// must move it to cl first: one in every few instructions of the loop is a shift. No copy of
+// its own for avx512, which runs avx2's.
+}  // namespace tbljax
 
-#if TBLJAX_SIMD_X86
-TBLJAX_PUSH_TARGET(TBLJAX_AVX2_FEATURES)
-#define TBLJAX_ENTROPY_NS avx2_loop
-#define TBLJAX_ENTROPY_LOCKSTEP LockstepAvx2
-#include "jpeg_entropy.inc"
-#undef TBLJAX_ENTROPY_NS
-#undef TBLJAX_ENTROPY_LOCKSTEP
-TBLJAX_POP_TARGET
-#endif
+#define TBLJAX_SIMD_INC "jpeg_entropy.inc"
+#define TBLJAX_SIMD_TOP 1
+#include "simd_dispatch.h"
+
+namespace tbljax {
+namespace entropy_detail {
+TBLJAX_SIMD_EXPORT(DecodeMcus);
+}  // namespace entropy_detail
+
+SegmentDecoder::SegmentDecoder(const McuLayout& layout)
+    : layout_(layout), loop_(TBLJAX_SIMD_DISPATCH(entropy_detail::DecodeMcus)) {}
 
 Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
   SegmentDecoder* self = this;
@@ -208,17 +205,7 @@ Status SegmentDecoder::DecodeMcu(int16_t* const* blocks) {
 }
 
 bool SegmentDecoder::DecodeMcus(SegmentDecoder* const* d, int16_t* const* const* blocks, int n) {
-  static_assert(kMaxLockstep == 2, "a Lockstep<N> for each N up to kMaxLockstep");
-  // Two symbols fit in the bits a refill leaves (57) when neither is longer than 28 of them.
-  const bool two = d[0]->layout_.symbol_bits <= 28;
-#if TBLJAX_SIMD_X86
-  if (d[0]->layout_.avx2) {
-    if (two) return n == 2 ? LockstepAvx2<2, true>(d, blocks) : LockstepAvx2<1, true>(d, blocks);
-    return n == 2 ? LockstepAvx2<2, false>(d, blocks) : LockstepAvx2<1, false>(d, blocks);
-  }
-#endif
-  if (two) return n == 2 ? Lockstep<2, true>(d, blocks) : Lockstep<1, true>(d, blocks);
-  return n == 2 ? Lockstep<2, false>(d, blocks) : Lockstep<1, false>(d, blocks);
+  return d[0]->loop_(d, blocks, n);
 }
 
 Status SegmentDecoder::Finish() const {

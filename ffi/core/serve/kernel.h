@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "contract.h"  // OutDType, Layout, the normalization contract, the argument checks
-#include "simd.h"      // the SIMD target the kernel runs
 #include "status.h"
 
 namespace tbljax {

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sizes.h"  // kMaxImageSide
 #include "status.h"
 
 namespace tbljax::tbl {
@@ -21,7 +22,8 @@ inline constexpr uint64_t kIndexEntryBytes = 24;
 inline constexpr uint64_t kMetaBlockHeaderBytes = 16;
 inline constexpr uint64_t kRawAlignment = 4096;
 // The largest width or height a record can have: the index stores them as u16.
-inline constexpr uint32_t kMaxSide = 0xFFFF;
+inline constexpr uint32_t kMaxSide = kMaxImageSide;
+static_assert(kMaxSide == 0xFFFF, "the index stores sides as u16");
 
 enum Format : uint8_t {
   kUnknown = 0,

@@ -1,4 +1,4 @@
-// Runtime SIMD dispatch (see simd.h): one detection, one override, one choice for the core.
+// The SIMD targets (see simd.h): one detection, one override, one choice for the core.
 #include "simd.h"
 
 #include <atomic>
@@ -163,11 +163,6 @@ Status ActiveSimdTarget(SimdTarget* out) {
   }
   *out = static_cast<SimdTarget>(g_target.load(std::memory_order_acquire));
   return Status::Ok();
-}
-
-bool ActiveSimdTargetAtLeast(SimdTarget t) {
-  SimdTarget active = SimdTarget::kScalar;
-  return ActiveSimdTarget(&active).ok() && active >= t;
 }
 
 Status SetSimdTarget(const std::string& name) {

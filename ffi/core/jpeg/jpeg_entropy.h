@@ -92,15 +92,18 @@ struct McuLayout {
   const HuffmanTable* dc[kMaxBlocks] = {};
   const HuffmanTable* ac[kMaxBlocks] = {};
   int symbol_bits = 31;  // the longest symbol of its tables (symbol_bits()); 31 until known
-  // Decode with the loop compiled for the avx2 target (simd.h): set where the active target
-  // is avx2 or better.
-  bool avx2 = false;
 };
+
+// The decoding loop of one SIMD target (jpeg_entropy.inc, compiled once per target by
+// simd_dispatch.h's driver): kLevel is the target's SimdTarget value.
+template <int kLevel>
+struct SegmentLoop;
 
 // Decodes restart segments one after another, MCU by MCU, or two segments at once.
 class SegmentDecoder {
  public:
-  explicit SegmentDecoder(const McuLayout& layout) : layout_(layout) {}
+  // The decoding loop is the active SIMD target's (simd.h) when the decoder is made.
+  explicit SegmentDecoder(const McuLayout& layout);
   // Starts the segment held by bytes [begin, end) of the scan (stuffed, as in the file; fill
   // bytes before the next marker may be included): DC predictors reset, as at a restart.
   void Start(const uint8_t* begin, const uint8_t* end);
@@ -120,13 +123,12 @@ class SegmentDecoder {
   Status Finish() const;
 
  private:
-  // The loop of DecodeMcus, for the baseline ISA and for the avx2 target (jpeg_entropy.inc).
-  template <int N, bool kTwo>
-  static bool Lockstep(SegmentDecoder* const* d, int16_t* const* const* blocks);
-  template <int N, bool kTwo>
-  static bool LockstepAvx2(SegmentDecoder* const* d, int16_t* const* const* blocks);
+  template <int kLevel>
+  friend struct SegmentLoop;
+  using Loop = bool (*)(SegmentDecoder* const* d, int16_t* const* const* blocks, int n);
   size_t Used() const;  // bits of data_ read so far
   const McuLayout& layout_;
+  Loop loop_;                       // DecodeMcus of the active target's SegmentLoop
   std::vector<uint8_t> data_;       // the segment unstuffed, then zero padding
   const uint8_t* begin_ = nullptr;  // data_.data(), for the loops (which call nothing of std::)
   size_t data_bits_ = 0;            // bits of real data in data_

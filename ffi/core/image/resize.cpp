@@ -8,11 +8,7 @@
 #include <vector>
 
 #include "names.h"
-#include "simd.h"  // the SIMD target, shared with the serve kernel and the CRC
-
-#if TBLJAX_SIMD_X86
-#include <immintrin.h>
-#endif
+#include "simd.h"  // the SIMD target, shared with every kernel
 
 namespace tbljax {
 namespace resize_detail {
@@ -56,30 +52,13 @@ struct RowJob {
 }  // namespace resize_detail
 }  // namespace tbljax
 
-// ---- the two passes, the same source compiled for each SIMD target (simd.h picks one) ----
-#define TBLJAX_RESIZE_NS scalar_impl
-#define TBLJAX_RESIZE_LEVEL 0
-#include "resize.inc"
-#undef TBLJAX_RESIZE_NS
-#undef TBLJAX_RESIZE_LEVEL
+// ---- the two passes, the same source compiled for each SIMD target (simd_dispatch.h) ----
+#define TBLJAX_SIMD_INC "resize.inc"
+#include "simd_dispatch.h"
 
-#if TBLJAX_SIMD_X86
-TBLJAX_PUSH_TARGET(TBLJAX_AVX2_FEATURES)
-#define TBLJAX_RESIZE_NS avx2_impl
-#define TBLJAX_RESIZE_LEVEL 1
-#include "resize.inc"
-#undef TBLJAX_RESIZE_NS
-#undef TBLJAX_RESIZE_LEVEL
-TBLJAX_POP_TARGET
-
-TBLJAX_PUSH_TARGET(TBLJAX_AVX512_FEATURES)
-#define TBLJAX_RESIZE_NS avx512_impl
-#define TBLJAX_RESIZE_LEVEL 2
-#include "resize.inc"
-#undef TBLJAX_RESIZE_NS
-#undef TBLJAX_RESIZE_LEVEL
-TBLJAX_POP_TARGET
-#endif  // TBLJAX_SIMD_X86
+namespace tbljax::resize_detail {
+TBLJAX_SIMD_EXPORT(ResizeRow);
+}  // namespace tbljax::resize_detail
 
 namespace tbljax {
 namespace {
@@ -385,11 +364,7 @@ Status ResizeRgbWindow(const uint8_t* src, int src_h, int src_w, const PixelRect
   }
   const uint8_t* origin = src + (col0 - window.x0) * 3;
 
-  void (*resize_row)(const RowJob&) = resize_detail::scalar_impl::ResizeRow;
-#if TBLJAX_SIMD_X86
-  if (target == SimdTarget::kAvx2) resize_row = resize_detail::avx2_impl::ResizeRow;
-  if (target == SimdTarget::kAvx512) resize_row = resize_detail::avx512_impl::ResizeRow;
-#endif
+  void (*resize_row)(const RowJob&) = TBLJAX_SIMD_DISPATCH_FOR(target, resize_detail::ResizeRow);
   RowJob job{};
   job.rows = s.rows.data();
   job.mid_w = mid_w;

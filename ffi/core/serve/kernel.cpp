@@ -1,6 +1,6 @@
 // The serve kernel (see kernel.h): validation, the choice of normalization path and the
 // parallel driver. The per-pixel work lives in kernel.inc, compiled once per SIMD target
-// (simd.h chooses which one runs).
+// (simd_dispatch.h; the active target, simd.h, chooses which one runs).
 #include "kernel.h"
 
 #include <algorithm>
@@ -17,10 +17,6 @@
 #include "names.h"
 #include "simd.h"
 #include "thread_pool.h"
-
-#if TBLJAX_SIMD_X86
-#include <immintrin.h>
-#endif
 
 namespace tbljax {
 namespace kernel_detail {
@@ -127,29 +123,12 @@ using UnitFn = void (*)(const Plan&, int64_t sample, const SamplePixels&, int64_
 }  // namespace tbljax
 
 // ---- the per-target kernels: the same source compiled for each target ----
-#define TBLJAX_KERNEL_NS scalar_impl
-#define TBLJAX_KERNEL_LEVEL 0
-#include "kernel.inc"
-#undef TBLJAX_KERNEL_NS
-#undef TBLJAX_KERNEL_LEVEL
+#define TBLJAX_SIMD_INC "kernel.inc"
+#include "simd_dispatch.h"
 
-#if TBLJAX_SIMD_X86
-TBLJAX_PUSH_TARGET(TBLJAX_AVX2_FEATURES)
-#define TBLJAX_KERNEL_NS avx2_impl
-#define TBLJAX_KERNEL_LEVEL 1
-#include "kernel.inc"
-#undef TBLJAX_KERNEL_NS
-#undef TBLJAX_KERNEL_LEVEL
-TBLJAX_POP_TARGET
-
-TBLJAX_PUSH_TARGET(TBLJAX_AVX512_FEATURES)
-#define TBLJAX_KERNEL_NS avx512_impl
-#define TBLJAX_KERNEL_LEVEL 2
-#include "kernel.inc"
-#undef TBLJAX_KERNEL_NS
-#undef TBLJAX_KERNEL_LEVEL
-TBLJAX_POP_TARGET
-#endif  // TBLJAX_SIMD_X86
+namespace tbljax::kernel_detail {
+TBLJAX_SIMD_EXPORT(RunUnit);
+}  // namespace tbljax::kernel_detail
 
 namespace tbljax {
 
@@ -297,14 +276,7 @@ NormPath ChooseNormPath(const double mean[3], const double std[3], OutDType dtyp
 
 namespace {
 
-UnitFn UnitFor(SimdTarget t) {
-#if TBLJAX_SIMD_X86
-  if (t == SimdTarget::kAvx512) return &kernel_detail::avx512_impl::RunUnit;
-  if (t == SimdTarget::kAvx2) return &kernel_detail::avx2_impl::RunUnit;
-#endif
-  (void)t;
-  return &kernel_detail::scalar_impl::RunUnit;
-}
+UnitFn UnitFor(SimdTarget t) { return TBLJAX_SIMD_DISPATCH_FOR(t, kernel_detail::RunUnit); }
 
 }  // namespace
 
