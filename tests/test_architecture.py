@@ -314,3 +314,16 @@ def test_no_module_is_longer_than_the_limit():
     long = {str(p.relative_to(PACKAGE)): n for p in sorted(PACKAGE.rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_row_layout_create_is_the_public_call_it_was():
+    # Issue 44: the engine imports no framework, yet `tbljax.RowLayout.create(sharding, G)` (the
+    # public call before the move) still works: the JAX room registers `tbljax.row_layout` for it.
+    import jax
+
+    import tbljax
+
+    mesh = jax.sharding.Mesh(jax.devices()[:1], ("b",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("b"))
+    assert tbljax.RowLayout.create(sharding, 8) == tbljax.row_layout(sharding, 8)
+    assert tbljax.RowLayout.create(sharding, 8).ranges == ((0, 8),)

@@ -209,7 +209,7 @@ def test_tbl_to_raw_by_the_command_line_keeps_labels_and_square_view(caltech101,
 def test_tbl_source_refuses_recipe_arguments(converted, tmp_path):
     with pytest.raises(ValueError, match="image_size does not apply"):
         tbljax.convert(converted["420"], tmp_path / "x.tbl", image_size=64, progress=False)
-    with pytest.raises(ValueError, match="format='raw' or 'lz4'"):
+    with pytest.raises(ValueError, match="a TBL source converts to format='raw' or format='lz4'"):
         tbljax.convert(converted["420"], tmp_path / "x.tbl", format="jpeg", progress=False)
     assert not (tmp_path / "x.tbl").exists()
 

@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 IMPORT_NAME_TO_DIST = {"PIL": "pillow", "google": "protobuf"}
 # Modules whose imports belong to an extra, not the core: the framework adapters, the PNG
 # grid of `tbljax show` (Pillow), the Hugging Face and TFDS sources, conversion on Beam.
-EXTRA_OF = {"torch.py": "torch", "mlx.py": "mlx", "show.py": "pil", "hf_sources.py": "hf",
-            "tfds_sources.py": "tfds", "tf_example.py": "tfds", "beam.py": "beam"}
+EXTRA_OF = {"torch.py": "torch", "mlx.py": "mlx", "show.py": "pil", "huggingface.py": "hf",
+            "tfds.py": "tfds", "tf_example.py": "tfds", "beam.py": "beam",
+            "fields.py": "pil"}  # fields.py: a .png mask member or sidecar, read at conversion
 # Used when installed, never needed: a progress bar in Jupyter (convert's progress report).
 ENHANCEMENTS = {"tqdm", "IPython"}
 

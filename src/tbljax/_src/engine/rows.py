@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RowLayout"]
+__all__ = ["RowLayout", "register_from_sharding"]
+
+# How a JAX sharding becomes a RowLayout (`jax/sharding.row_layout`): the engine imports no
+# framework, so the JAX room registers it when it is imported (as it registers its while loop
+# with `rules/order.py`).
+_FROM_SHARDING = None
+
+
+def register_from_sharding(fn) -> None:
+    """`fn(sharding, global_batch) -> RowLayout` is what `RowLayout.create` runs."""
+    global _FROM_SHARDING
+    _FROM_SHARDING = fn
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,13 @@ class RowLayout:
     global_batch: int
     ranges: tuple[tuple[int, int], ...]
     devices: tuple[tuple[object, int], ...]
+
+    @classmethod
+    def create(cls, sharding, global_batch: int) -> "RowLayout":
+        """The rows a JAX `sharding` gives this process's devices: `tbljax.row_layout`."""
+        if _FROM_SHARDING is None:
+            raise RuntimeError("RowLayout.create needs the JAX room: import tbljax first")
+        return _FROM_SHARDING(sharding, global_batch)
 
     @classmethod
     def from_spans(cls, sharding, global_batch: int, spans: dict) -> "RowLayout":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tbljax._src.engine.rows import RowLayout
+from tbljax._src.engine.rows import RowLayout, register_from_sharding
 
 __all__ = ["batch_sharding", "data_sharding", "mesh_axes", "parts", "row_layout"]
 
@@ -92,3 +92,6 @@ def row_layout(sharding, global_batch: int) -> RowLayout:
     per_device = sharding.addressable_devices_indices_map((global_batch,))
     return RowLayout.from_spans(sharding, global_batch,
                                 {d: idx[0].indices(global_batch)[:2] for d, idx in per_device.items()})
+
+
+register_from_sharding(row_layout)
