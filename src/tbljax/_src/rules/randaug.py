@@ -40,6 +40,7 @@ import numpy as np
 from tbljax._src.rules import contract
 from tbljax._src.rules import order
 from tbljax._src.rules import pixel_ops
+from tbljax._src.rules import quantiles
 
 __all__ = ["ERASE_MODES", "OP_NAMES", "RandAugment", "RandomErasing", "arg_table", "decide", "decide_erasing",
            "op_arg"]
@@ -352,16 +353,12 @@ def decide(policies, indices, *, seed: int, epoch: int, repeat=0, xp=np):
 
 @functools.lru_cache(maxsize=16)
 def _erase_tables(er: RandomErasing, height: int, width: int):
-    """float32 tables: sqrt(area / count) per count, sqrt(U(min_area, max_area)) and
-    sqrt(aspect), 1 / sqrt(aspect) at 4096 quantiles (float64 on the host)."""
-    k = (np.arange(1 << _BITS, dtype=np.float64) + 0.5) / (1 << _BITS)
+    """float32 tables: sqrt(H W / count) per count, then `quantiles.area_aspect_tables`:
+    sqrt(U(min_area, max_area)), sqrt(aspect) and 1 / sqrt(aspect) at 4096 quantiles."""
     counts = np.arange(_MAX_BOXES + 1, dtype=np.float64)
     counts[0] = 1
-    side = np.sqrt(height * width / counts)
-    frac = np.sqrt(er.min_area + (er.max_area - er.min_area) * k)
-    lo, hi = math.log(er.min_aspect), math.log(er.max_aspect)
-    r = np.sqrt(np.exp(lo + (hi - lo) * k))
-    return tuple(t.astype(np.float32) for t in (side, frac, r, 1.0 / r))
+    side = np.sqrt(height * width / counts).astype(np.float32)
+    return (side,) + quantiles.area_aspect_tables((er.min_area, er.max_area), (er.min_aspect, er.max_aspect))
 
 
 def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed: int, epoch: int, repeat=0,
