@@ -22,7 +22,7 @@ PACKAGE = REPO / "src" / "tbljax"
 ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
     ("_src/rules", ["contract", "geometry", "braces", "partition", "parts", "order", "quantiles", "resume", "mixing",
-                    "pixel_ops", "randaug", "augment", "buckets", "naflex", "mixup", "dataset",
+                    "pixel_ops", "image_ops", "randaug", "augment", "buckets", "naflex", "mixup", "dataset",
                     "options"]),  # what every path agrees on
     ("_src/file", ["fields", "format", "field_columns"]),  # the TBL file's bytes from Python
     ("_src/datasets", ["stats", "reader", "host_part", "mixture", "opening"]),  # opening and combining datasets

@@ -168,9 +168,10 @@ class Augment:
                 or not 0 < f <= 1:
             raise ValueError(f"center_fraction must be a number in (0, 1], got {f!r}")
         object.__setattr__(self, "center_fraction", float(f))
-        if isinstance(self.ops, randaug.RandAugment) or not isinstance(self.ops, (tuple, list)) \
-                or not all(isinstance(op, randaug.RandAugment) for op in self.ops):
-            raise ValueError(f"ops must be a list of per-image ops (tbljax.RandAugment), got {self.ops!r}")
+        if isinstance(self.ops, randaug.POLICIES) or not isinstance(self.ops, (tuple, list)) \
+                or not all(isinstance(op, randaug.POLICIES) for op in self.ops):
+            names = ", ".join("tbljax." + c.__name__ for c in randaug.POLICIES)
+            raise ValueError(f"ops must be a list of per-image ops ({names}), got {self.ops!r}")
         object.__setattr__(self, "ops", tuple(self.ops))
         if self.erasing is not None and not isinstance(self.erasing, randaug.RandomErasing):
             raise ValueError(f"erasing must be a tbljax.RandomErasing or None, got {self.erasing!r}")
