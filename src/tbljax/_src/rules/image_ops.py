@@ -37,13 +37,13 @@ from tbljax._src.rules import contract
 from tbljax._src.rules import pixel_ops
 from tbljax._src.rules import quantiles
 
-__all__ = ["CLASSES", "ColorJitter", "GaussianBlur", "Grayscale", "Solarize", "ThreeAugment", "TrivialAugment",
-           "applied", "choice", "integer", "number", "tv_linspace"]
+__all__ = ["CLASSES", "TA_SPACE", "ColorJitter", "GaussianBlur", "Grayscale", "Solarize", "ThreeAugment",
+           "TrivialAugment", "applied", "choice", "integer", "number", "tv_linspace"]
 
 PROB_BITS = 24
 _C = pixel_ops.CODES
 # torchvision v2 TrivialAugmentWide._AUGMENTATION_SPACE, in its order: (name, our code, linspace or None, signed).
-_TA_SPACE = (("Identity", 0, None, False), ("ShearX", _C["TvShearX"], (0.0, 0.99), True),
+TA_SPACE = (("Identity", 0, None, False), ("ShearX", _C["TvShearX"], (0.0, 0.99), True),
              ("ShearY", _C["TvShearY"], (0.0, 0.99), True), ("TranslateX", _C["TvTranslateX"], (0.0, 32.0), True),
              ("TranslateY", _C["TvTranslateY"], (0.0, 32.0), True), ("Rotate", _C["TvRotate"], (0.0, 135.0), True),
              ("Brightness", _C["Brightness"], (0.0, 0.99), True), ("Color", _C["Color"], (0.0, 0.99), True),
@@ -138,8 +138,8 @@ class TrivialAugment:
 
     def draw(self, u, xp):
         """(codes (B, 1) uint8, args (B, 1) int32) from words u (B, 1, 4): op, -, bin, sign."""
-        which = choice(u[:, 0, 0], len(_TA_SPACE), xp)
-        codes = xp.asarray(np.array([s[1] for s in _TA_SPACE], np.uint8))
+        which = choice(u[:, 0, 0], len(TA_SPACE), xp)
+        codes = xp.asarray(np.array([s[1] for s in TA_SPACE], np.uint8))
         arg = xp.asarray(self.arg_table())[which, (u[:, 0, 3] >> 31).astype(xp.int32),
                                            choice(u[:, 0, 2], self.num_magnitude_bins, xp)]
         return codes[which][:, None], arg[:, None].astype(xp.int32)
@@ -149,7 +149,7 @@ class TrivialAugment:
 def _ta_table(n: int) -> np.ndarray:
     """int32 (14, 2, n): TrivialAugmentWide's op arguments per (sign, bin)."""
     rows = []
-    for _, code, space, signed in _TA_SPACE:
+    for _, code, space, signed in TA_SPACE:
         if space is None:
             rows.append(np.zeros((2, n), np.int64))
             continue
