@@ -21,8 +21,8 @@ PACKAGE = REPO / "src" / "tbljax"
 # ("tbljax" is its __init__.py), last, so no private room depends on it.
 ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
-    ("_src/rules", ["contract", "geometry", "braces", "partition", "parts", "order", "resume", "mixing", "pixel_ops",
-                    "randaug", "augment", "buckets", "naflex", "mixup", "dataset",
+    ("_src/rules", ["contract", "geometry", "braces", "partition", "parts", "order", "quantiles", "resume", "mixing",
+                    "pixel_ops", "image_ops", "randaug", "augment", "buckets", "naflex", "mixup", "dataset",
                     "options"]),  # what every path agrees on
     ("_src/file", ["fields", "format", "field_columns"]),  # the TBL file's bytes from Python
     ("_src/datasets", ["stats", "reader", "host_part", "mixture", "opening"]),  # opening and combining datasets

@@ -13,6 +13,8 @@ docs/architecture.md.
 from tbljax import _core
 from tbljax._core import CorruptFileError, DecodeError
 from tbljax._src.rules.augment import Augment
+from tbljax._src.rules.image_ops import (ColorJitter, GaussianBlur, Grayscale, Solarize, ThreeAugment,
+                                         TrivialAugment)
 from tbljax._src.rules.randaug import RandAugment, RandomErasing
 from tbljax._src.tools.benchmark import bench
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
@@ -53,7 +55,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "FORMATS", "IMAGENET_MEAN", "IMAGENET_STD", "INDEX_DTYPE", "Augment", "HostBatch", "HostLoader", "Loader",
-    "LoaderOptions", "RandAugment", "RandomErasing", "RowLayout", "loader", "augment", "kernels", "order", "show",
+    "LoaderOptions", "RandAugment", "RandomErasing", "TrivialAugment", "ColorJitter", "ThreeAugment", "Grayscale",
+    "Solarize", "GaussianBlur", "RowLayout", "loader", "augment", "kernels", "order", "show",
     "ConversionError", "ConvertSummary", "CorruptFileError", "Boxes", "DenseMap", "Keypoints", "Mask",
     "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
     "Mixture", "host_part", "mix", "open", "ops", "row_layout", "stage",

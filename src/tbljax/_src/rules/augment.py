@@ -47,13 +47,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import math
 
 import numpy as np
 
 from tbljax._src.rules import contract
 from tbljax._src.rules import order
+from tbljax._src.rules import quantiles
 from tbljax._src.rules import randaug
 
 __all__ = ["PRESETS", "Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
@@ -63,7 +63,6 @@ PRESETS: dict[str, dict] = {"rrc_flip": {}, "flip": {"crop": False}}
 _ATTEMPTS = 10
 _WORDS_PER_ATTEMPT = 4
 _FLIP_COUNTER = _ATTEMPTS * _WORDS_PER_ATTEMPT
-_TABLE_BITS = 12
 # TBL stores sides as u16, which keeps the placement product in uint32.
 _MAX_SIDE = contract.MAX_SIDE
 
@@ -169,9 +168,10 @@ class Augment:
                 or not 0 < f <= 1:
             raise ValueError(f"center_fraction must be a number in (0, 1], got {f!r}")
         object.__setattr__(self, "center_fraction", float(f))
-        if isinstance(self.ops, randaug.RandAugment) or not isinstance(self.ops, (tuple, list)) \
-                or not all(isinstance(op, randaug.RandAugment) for op in self.ops):
-            raise ValueError(f"ops must be a list of per-image ops (tbljax.RandAugment), got {self.ops!r}")
+        if isinstance(self.ops, randaug.POLICIES) or not isinstance(self.ops, (tuple, list)) \
+                or not all(isinstance(op, randaug.POLICIES) for op in self.ops):
+            names = ", ".join("tbljax." + c.__name__ for c in randaug.POLICIES)
+            raise ValueError(f"ops must be a list of per-image ops ({names}), got {self.ops!r}")
         object.__setattr__(self, "ops", tuple(self.ops))
         if self.erasing is not None and not isinstance(self.erasing, randaug.RandomErasing):
             raise ValueError(f"erasing must be a tbljax.RandomErasing or None, got {self.erasing!r}")
@@ -325,18 +325,6 @@ def _boxes(h, w, ch, cw):
     return np.stack([(h - ch) // 2, (w - cw) // 2, ch, cw], axis=-1).astype(np.int32)
 
 
-@functools.lru_cache(maxsize=32)
-def _tables(scale, ratio):
-    k = (np.arange(1 << _TABLE_BITS, dtype=np.float64) + 0.5) / (1 << _TABLE_BITS)
-    s = np.sqrt(scale[0] + (scale[1] - scale[0]) * k)
-    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-    r = np.sqrt(np.exp(log_lo + (log_hi - log_lo) * k))
-    tables = (s.astype(np.float32), r.astype(np.float32), (1.0 / r).astype(np.float32))
-    for t in tables:
-        t.setflags(write=False)
-    return tables
-
-
 def _check_side(name, v):
     if not contract.is_integer(v) or not 1 <= v <= _MAX_SIDE:
         raise ValueError(f"{name} must be an integer in [1, {_MAX_SIDE}], got {v!r}")
@@ -366,7 +354,7 @@ def crop_boxes(indices, *, height: int | None = None, width: int | None = None, 
     geo = _geometry(height, width, geometry)
     scale = _pair("scale", scale, lambda v: v > 0)
     ratio = _pair("ratio", ratio, lambda v: v > 0)
-    sqrt_scale, sqrt_ratio, inv_sqrt_ratio = (xp.asarray(t) for t in _tables(scale, ratio))
+    sqrt_scale, sqrt_ratio, inv_sqrt_ratio = (xp.asarray(t) for t in quantiles.area_aspect_tables(scale, ratio))
     indices = xp.asarray(indices)
     # Each sample's record: (B, 1) against the attempts axis ((1, 1) when all are one size).
     rec_h = geo.gather(geo.heights, indices, xp)[:, None]
@@ -375,7 +363,7 @@ def crop_boxes(indices, *, height: int | None = None, width: int | None = None, 
     counters = xp.arange(_ATTEMPTS * _WORDS_PER_ATTEMPT, dtype=xp.uint32).reshape(
         _ATTEMPTS, _WORDS_PER_ATTEMPT)
     u = order.random_bits(indices[:, None, None], counters, seed, epoch, xp=xp)
-    shift = xp.uint32(32 - _TABLE_BITS)
+    shift = xp.uint32(32 - quantiles.BITS)
     side = sqrt_area * sqrt_scale[u[..., 0] >> shift]
     kr = u[..., 1] >> shift
     w = xp.rint(side * sqrt_ratio[kr]).astype(xp.int32)

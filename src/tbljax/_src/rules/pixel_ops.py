@@ -26,7 +26,14 @@ slow on purpose (whole-image NumPy, a Python loop only over an image's 256-entry
   at ``M @ (x + 0.5, y + 0.5, 1)`` (float64; Pillow's ``rotate`` matrix about the centre with
   cos/sin rounded to 15 digits). Bilinear: outside [0, W) x [0, H) is ``fill``, inside the
   four clamped neighbours at ``p - 0.5`` blended in float64 (x first) and truncated; nearest:
-  ``floor`` of the point, ``fill`` outside.
+  Pillow's own sweep (`_nearest`: 16.16 fixed point, or float64 running sums), ``fill`` outside.
+- ``Grayscale``: the luma above on all three channels (Pillow's ``convert("L")`` and back;
+  ``Color`` at factor 0). ``GaussianBlur`` (arg = the radius's float32 bits): `gaussian_blur`,
+  Pillow's ``ImageFilter.GaussianBlur`` written out (three extended box passes per axis).
+- torchvision's geometric ops on a PIL image (``TvRotate``: degrees, ``TvShearX/Y``: the shear
+  factor, float32 bits; ``TvTranslateX/Y``: whole pixels): `tv_affine_matrix`, torchvision's
+  ``_get_inverse_affine_matrix`` (shears about (0, 0), translations about the centre), Pillow's
+  ``rotate`` for ``TvRotate``; resampled as the affine ops above.
 - ``Cutout`` (big_vision's RandAugment only; arg = ``pad << 24 | cy12 << 12 | cx12``): TF's
   cutout, a square of half-side ``pad`` about ``(cy12 * H >> 12, cx12 * W >> 12)``, clipped to
   the image, set to ``fill``.
@@ -46,17 +53,21 @@ import numpy as np
 
 from tbljax._src.rules import order
 
-__all__ = ["AFFINE", "CODES", "FLOAT_ARG", "INTERPOLATIONS", "affine_level", "affine_matrix", "apply", "apply_all",
-           "erase", "f32_arg", "normal_table"]
+__all__ = ["AFFINE", "CODES", "FLOAT_ARG", "INTERPOLATIONS", "TV_AFFINE", "affine_level", "affine_matrix", "apply",
+           "apply_all", "erase", "f32_arg", "gaussian_blur", "normal_table", "tv_affine_matrix"]
 
 # One home for the op codes (the kernel's enum is these numbers).
 CODES = {"none": 0, "AutoContrast": 1, "Equalize": 2, "Invert": 3, "Posterize": 4, "Solarize": 5,
          "SolarizeAdd": 6, "Color": 7, "Contrast": 8, "Brightness": 9, "Sharpness": 10, "Rotate": 11,
          "ShearX": 12, "ShearY": 13, "TranslateX": 14, "TranslateY": 15, "TranslateXRel": 16,
-         "TranslateYRel": 17, "Cutout": 18}
+         "TranslateYRel": 17, "Cutout": 18, "Grayscale": 19, "GaussianBlur": 20, "TvRotate": 21, "TvShearX": 22,
+         "TvShearY": 23, "TvTranslateX": 24, "TvTranslateY": 25}
+# torchvision's geometric ops on a PIL image (TrivialAugmentWide): the argument is the level itself.
+TV_AFFINE = frozenset(CODES[n] for n in ("TvRotate", "TvShearX", "TvShearY", "TvTranslateX", "TvTranslateY"))
 AFFINE = frozenset(CODES[n] for n in ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY",
                                       "TranslateXRel", "TranslateYRel"))
-FLOAT_ARG = AFFINE | {CODES[n] for n in ("Color", "Contrast", "Brightness", "Sharpness")}
+FLOAT_ARG = AFFINE | {CODES[n] for n in ("Color", "Contrast", "Brightness", "Sharpness", "GaussianBlur", "TvRotate",
+                                         "TvShearX", "TvShearY")}
 INTERPOLATIONS = ("bilinear", "nearest")
 _NAMES = {v: k for k, v in CODES.items()}
 
@@ -170,6 +181,103 @@ def affine_matrix(code: int, level: float, height: int, width: int) -> tuple[flo
     return (1.0, 0.0, 0.0, 0.0, 1.0, level * height if name.endswith("Rel") else level)
 
 
+def tv_affine_matrix(code: int, level: float, height: int, width: int) -> tuple[float, ...]:
+    """torchvision's inverse affine matrix (``_get_inverse_affine_matrix``, float64) for a
+    TrivialAugmentWide geometric op on a PIL image: shear factor `level` as the angle
+    ``degrees(atan(level))`` about (0, 0), or `level` whole pixels about the centre."""
+    name = _NAMES[code]
+    if name == "TvRotate":
+        return affine_matrix(CODES["Rotate"], level, height, width)
+    shear = math.degrees(math.atan(level)) if name in ("TvShearX", "TvShearY") else 0.0
+    sx, sy = (math.radians(shear), 0.0) if name == "TvShearX" else (0.0, math.radians(shear))
+    tx, ty = {"TvTranslateX": (level, 0.0), "TvTranslateY": (0.0, level)}.get(name, (0.0, 0.0))
+    cx, cy = (0.0, 0.0) if name in ("TvShearX", "TvShearY") else (width * 0.5, height * 0.5)
+    a = math.cos(-sy) / math.cos(sy)
+    b = -math.cos(-sy) * math.tan(sx) / math.cos(sy) - math.sin(0.0)
+    c = math.sin(-sy) / math.cos(sy)
+    d = -math.sin(-sy) * math.tan(sx) / math.cos(sy) + math.cos(0.0)
+    m = [d, -b, 0.0, -c, a, 0.0]
+    m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty)
+    m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty)
+    m[2] += cx
+    m[5] += cy
+    return tuple(m)
+
+
+def _box_radius(radius: np.float32) -> np.float32:
+    """Pillow's _gaussian_blur_radius for 3 passes: float32 steps, sqrt and floor in double."""
+    f = np.float32
+    sigma2 = f(radius * radius) / f(3)
+    big_l = f(math.sqrt(12.0 * float(sigma2) + 1.0))
+    small_l = f(math.floor((float(big_l) - 1.0) / 2.0))
+    a = (f(2) * small_l + f(1)) * (small_l * (small_l + f(1)) - f(3) * sigma2)
+    a = a / (f(6) * (sigma2 - (small_l + f(1)) * (small_l + f(1))))
+    return f(small_l + a)
+
+
+def _box_pass(image, radius: np.float32):
+    """One of Pillow's extended box passes along axis 1 (ImagingHorizontalBoxBlur): edge
+    pixels repeated, the 2r + 1 window weighted ``ww`` and the two next ones ``fw`` (uint32 in
+    24-bit fixed point), rounded: ``(acc ww + (left + right) fw + 2**23) >> 24``."""
+    r = int(radius)
+    ww = int(np.float32(1 << 24) / (radius * np.float32(2) + np.float32(1)))
+    fw = ((1 << 24) - (2 * r + 1) * ww) // 2
+    n = image.shape[1]
+    x = image.astype(np.int64)
+    idx = np.clip(np.arange(-r - 1, n + r + 1), 0, n - 1)
+    ext = x[:, idx]                                    # position p is source p - r - 1
+    csum = np.concatenate([np.zeros_like(ext[:, :1]), np.cumsum(ext, axis=1)], axis=1)
+    acc = csum[:, 2 * r + 2:2 * r + 2 + n] - csum[:, 1:1 + n]   # window x - r .. x + r
+    bulk = acc * ww + (ext[:, :n] + ext[:, 2 * r + 2:2 * r + 2 + n]) * fw
+    return ((bulk + (1 << 23)) >> 24).astype(np.uint8)
+
+
+def gaussian_blur(image, radius: float):
+    """Pillow's ``ImageFilter.GaussianBlur(radius)`` on HxWx3 uint8: the float32 radius turned
+    into an extended box radius, three passes along the rows, then three along the columns
+    (each pass rounded to uint8); radius 0 copies."""
+    radius = np.float32(radius)
+    if radius == 0:
+        return image.copy()
+    box = _box_radius(radius)
+    out = image
+    if box != 0:
+        for axis_first in (True, False):
+            t = out if axis_first else out.swapaxes(0, 1)
+            for _ in range(3):
+                t = _box_pass(t, box)
+            out = t if axis_first else t.swapaxes(0, 1)
+    return np.array(out, copy=True)  # C order, never the input itself
+
+def _sweep(start, step, n):
+    """Pillow's running sum start, start + step, ... (float64, added one step at a time)."""
+    return np.add.accumulate(np.concatenate([[start], np.full(n - 1, step)]))
+
+
+def _coord(v):
+    return np.where(v < 0, -1, np.trunc(np.where(v < 0, 0, v))).astype(np.int64)
+
+
+def _nearest(matrix, h, w):
+    """Pillow's ImagingTransformAffine with NEAREST: the source (x, y) index of every output
+    pixel. A pure scale sweeps float64 sums; otherwise, when every corner maps within
+    +-32768, 16.16 fixed point ``(A2 + x A0 + y A1) >> 16`` with ``A = floor(v * 65536 + 0.5)``;
+    else float64 sums along each row."""
+    a, b, c, d, e, f = matrix
+    if b == 0 and d == 0:
+        xs, ys = _coord(_sweep(c + a * 0.5, a, w)), _coord(_sweep(f + e * 0.5, e, h))
+        return np.broadcast_to(xs[None, :], (h, w)), np.broadcast_to(ys[:, None], (h, w))
+    corners = [(0, 0), (w, h), (0, h), (w, 0)]
+    if all(abs(x * a + y * b + c) < 32768.0 and abs(x * d + y * e + f) < 32768.0 for x, y in corners):
+        fix = [math.floor(v * 65536.0 + 0.5) for v in (a, b, c + a * 0.5 + b * 0.5, d, e, f + d * 0.5 + e * 0.5)]
+        y, x = np.mgrid[0:h, 0:w].astype(np.int64)
+        return (fix[2] + x * fix[0] + y * fix[1]) >> 16, (fix[5] + x * fix[3] + y * fix[4]) >> 16
+    x0s, y0s = _sweep(c + b * 0.5 + a * 0.5, b, h), _sweep(f + e * 0.5 + d * 0.5, e, h)
+    xs = np.stack([_sweep(x0, a, w) for x0 in x0s])
+    ys = np.stack([_sweep(y0, d, w) for y0 in y0s])
+    return _coord(xs), _coord(ys)
+
+
 def _affine(image, matrix, interpolation, fill):
     h, w = image.shape[:2]
     a, b, c, d, e, f = matrix
@@ -177,9 +285,9 @@ def _affine(image, matrix, interpolation, fill):
     xin, yin = a * x + b * y + c, d * x + e * y + f
     inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
     if interpolation == "nearest":
-        xi = np.clip(np.floor(xin), 0, w - 1).astype(np.intp)
-        yi = np.clip(np.floor(yin), 0, h - 1).astype(np.intp)
-        out = image[yi, xi]
+        xi, yi = _nearest(matrix, h, w)
+        inside = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
+        out = image[np.clip(yi, 0, h - 1), np.clip(xi, 0, w - 1)]
     else:
         xs, ys = np.where(inside, xin, 0.5) - 0.5, np.where(inside, yin, 0.5) - 0.5
         x0, y0 = np.floor(xs), np.floor(ys)
@@ -200,6 +308,12 @@ def _cutout(image, arg, fill):
     out = image.copy()
     out[max(0, cy - pad):min(h, cy + pad), max(0, cx - pad):min(w, cx + pad)] = fill
     return out
+
+
+def _check(interpolation):
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
+    return interpolation
 
 
 def apply(image, code: int, arg: int, *, fill=(128, 128, 128), interpolation: str = "bilinear",
@@ -234,13 +348,19 @@ def apply(image, code: int, arg: int, *, fill=(128, 128, 128), interpolation: st
         return _lut(image, [np.where(i < 128, np.minimum(255, i + arg), i)] * 3)
     if name == "Cutout":
         return _cutout(image, arg, fill)
+    if name == "Grayscale":
+        return np.repeat(_luma(image)[..., None], 3, axis=2)
+    if name in ("TvTranslateX", "TvTranslateY"):
+        return _affine(image, tv_affine_matrix(code, float(arg), *image.shape[:2]), _check(interpolation), fill)
     level = _f32(arg)
+    if name == "GaussianBlur":
+        return gaussian_blur(image, level)
+    if code in TV_AFFINE:
+        return _affine(image, tv_affine_matrix(code, float(level), *image.shape[:2]), _check(interpolation), fill)
     if code in AFFINE:
-        if interpolation not in INTERPOLATIONS:
-            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
         level = affine_level(code, float(level), translate_const, translate_pct)
         matrix = affine_matrix(code, level, *image.shape[:2])
-        return _affine(image, matrix, interpolation, fill)
+        return _affine(image, matrix, _check(interpolation), fill)
     if name == "Brightness":
         degenerate = np.uint8(0)
     elif name == "Color":

@@ -38,11 +38,13 @@ import re
 import numpy as np
 
 from tbljax._src.rules import contract
+from tbljax._src.rules import image_ops
 from tbljax._src.rules import order
 from tbljax._src.rules import pixel_ops
+from tbljax._src.rules import quantiles
 
-__all__ = ["ERASE_MODES", "OP_NAMES", "RandAugment", "RandomErasing", "arg_table", "decide", "decide_erasing",
-           "op_arg"]
+__all__ = ["ERASE_MODES", "OP_NAMES", "POLICIES", "RandAugment", "RandomErasing", "arg_table", "decide",
+           "decide_erasing", "op_arg"]
 
 # timm's RandAugment op names (LEVEL_TO_ARG) this module has a pixel rule for, and its lists.
 OP_NAMES = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "PosterizeIncreasing",
@@ -60,23 +62,13 @@ _BIG_VISION = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Sol
                "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateX", "TranslateY", "Cutout", "SolarizeAdd")
 CONVENTIONS = ("timm", "big_vision")
 ERASE_MODES = ("pixel", "rand", "const")
-_BITS = 12
-_PROB_BITS = 24
+_BITS = quantiles.BITS
 _BASE, _REPEAT_STRIDE, _POLICY_STRIDE = 0x10000, 0x1000, 0x40
 _MAX_OPS, _MAX_POLICIES, _MAX_BOXES, _ATTEMPTS = 16, 4, 16, 10
 _ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY, _ERASE_BOXES = 0x100, 0x101, 0x102, 0x200
 
 
-def _number(name, v, lo, hi):
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not lo <= v <= hi:
-        raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {v!r}")
-    return float(v)
-
-
-def _int(name, v, lo, hi):
-    if not contract.is_integer(v) or not lo <= v <= hi:
-        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
-    return int(v)
+_number, _int = image_ops.number, image_ops.integer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +284,7 @@ def op_arg(ra: RandAugment, name: str, magnitude: float, negate: bool = False) -
 @functools.lru_cache(maxsize=16)
 def arg_table(ra: RandAugment) -> np.ndarray:
     """int32 (P, 2, 4096): op p's argument for (sign, magnitude quantile k), built in float64."""
-    k = (np.arange(1 << _BITS, dtype=np.float64) + 0.5) / (1 << _BITS)
+    k = quantiles.grid()
     if ra.convention == "big_vision" or ra.magnitude_std == 0:
         mags = np.full(k.shape, ra.magnitude)
     elif ra.magnitude_std == math.inf:
@@ -323,20 +315,28 @@ def _repeat(repeat, ndim, xp):
 
 def decide(policies, indices, *, seed: int, epoch: int, repeat=0, xp=np):
     """(ops (B, K) uint8, op_args (B, K) int32) for samples `indices` under `policies` (a sequence
-    of `RandAugment`, applied in order; K = their num_ops summed); op 0 where an op is not applied."""
+    of `RandAugment` and `image_ops` ops, applied in order; K = their slots summed: num_ops for
+    RandAugment); op 0 where an op is not applied."""
     policies = tuple(policies)
-    if len(policies) > _MAX_POLICIES or not all(isinstance(p, RandAugment) for p in policies):
-        raise ValueError(f"ops must be at most {_MAX_POLICIES} RandAugment policies, got {policies!r}")
+    if len(policies) > _MAX_POLICIES or not all(isinstance(p, POLICIES) for p in policies):
+        names = ", ".join(c.__name__ for c in POLICIES)
+        raise ValueError(f"ops must be at most {_MAX_POLICIES} per-image ops ({names}), got {policies!r}")
     idx = xp.asarray(indices)
     rep = _repeat(repeat, 2, xp)
     codes, args = [], []
     for i, ra in enumerate(policies):
+        slots = ra.num_ops if isinstance(ra, RandAugment) else ra.num_slots
+        local = _POLICY_STRIDE * i + np.arange(4 * slots).reshape(slots, 4)
+        u = order.random_bits(idx[:, None, None], _counters(local, rep, xp), seed, epoch, xp=xp)
+        if not isinstance(ra, RandAugment):
+            code, arg = ra.draw(u, xp)
+            codes.append(code.astype(xp.uint8))
+            args.append(arg.astype(xp.int32))
+            continue
         table = xp.asarray(arg_table(ra))
         op_codes = xp.asarray(np.array([_code(n) for n in ra.ops], np.uint8))
-        local = _POLICY_STRIDE * i + np.arange(4 * ra.num_ops).reshape(ra.num_ops, 4)
-        u = order.random_bits(idx[:, None, None], _counters(local, rep, xp), seed, epoch, xp=xp)
-        which = (((u[..., 0] >> 16) * xp.uint32(len(ra.ops))) >> 16).astype(xp.int32)
-        applied = (u[..., 1] >> (32 - _PROB_BITS)) < xp.uint32(round(ra.prob * (1 << _PROB_BITS)))
+        which = image_ops.choice(u[..., 0], len(ra.ops), xp)
+        applied = image_ops.applied(u[..., 1], ra.prob, xp)
         sign = (u[..., 3] >> 31).astype(xp.int32)
         arg = table[which, sign, (u[..., 2] >> (32 - _BITS)).astype(xp.int32)]
         code = op_codes[which]
@@ -352,16 +352,12 @@ def decide(policies, indices, *, seed: int, epoch: int, repeat=0, xp=np):
 
 @functools.lru_cache(maxsize=16)
 def _erase_tables(er: RandomErasing, height: int, width: int):
-    """float32 tables: sqrt(area / count) per count, sqrt(U(min_area, max_area)) and
-    sqrt(aspect), 1 / sqrt(aspect) at 4096 quantiles (float64 on the host)."""
-    k = (np.arange(1 << _BITS, dtype=np.float64) + 0.5) / (1 << _BITS)
+    """float32 tables: sqrt(H W / count) per count, then `quantiles.area_aspect_tables`:
+    sqrt(U(min_area, max_area)), sqrt(aspect) and 1 / sqrt(aspect) at 4096 quantiles."""
     counts = np.arange(_MAX_BOXES + 1, dtype=np.float64)
     counts[0] = 1
-    side = np.sqrt(height * width / counts)
-    frac = np.sqrt(er.min_area + (er.max_area - er.min_area) * k)
-    lo, hi = math.log(er.min_aspect), math.log(er.max_aspect)
-    r = np.sqrt(np.exp(lo + (hi - lo) * k))
-    return tuple(t.astype(np.float32) for t in (side, frac, r, 1.0 / r))
+    side = np.sqrt(height * width / counts).astype(np.float32)
+    return (side,) + quantiles.area_aspect_tables((er.min_area, er.max_area), (er.min_aspect, er.max_aspect))
 
 
 def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed: int, epoch: int, repeat=0,
@@ -376,9 +372,9 @@ def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed:
     head = order.random_bits(idx[:, None], _counters(np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]),
                                                      _repeat(repeat, 1, xp), xp),
                              seed, epoch, xp=xp)
-    applied = (head[:, 0] >> (32 - _PROB_BITS)) < xp.uint32(round(er.p * (1 << _PROB_BITS)))
+    applied = image_ops.applied(head[:, 0], er.p, xp)
     span = er.max_count - er.min_count + 1
-    count = (((head[:, 1] >> 16) * xp.uint32(span)) >> 16).astype(xp.int32) + er.min_count
+    count = image_ops.choice(head[:, 1], span, xp) + er.min_count
     e = er.max_count
     local = _ERASE_BOXES + np.arange(4 * _ATTEMPTS * e).reshape(e, _ATTEMPTS, 4)
     u = order.random_bits(idx[:, None, None, None], _counters(local, _repeat(repeat, 3, xp), xp), seed, epoch,
@@ -396,3 +392,6 @@ def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed:
     chosen = xp.take_along_axis(boxes, first[:, :, None, None], axis=2)[:, :, 0]
     keep = xp.any(fits, axis=2) & applied[:, None] & (xp.arange(e)[None, :] < count[:, None])
     return xp.where(keep[..., None], chosen, 0).astype(xp.int32), head[:, 2]
+
+
+POLICIES = (RandAugment,) + image_ops.CLASSES
