@@ -24,6 +24,7 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.rules import contract
 from tbljax._src.rules.dataset import FIELD_KINDS, FieldInfo
+from tbljax._src.rules.errors import FieldError, FieldsNotFound as FieldsNotFound  # re-exported
 from tbljax._src.rules.geometry import BOX_FORMATS, INTERPOLATIONS
 
 __all__ = ["COPY_BYTES", "FIELD_KINDS", "GEOMETRIC_ROLES", "Boxes", "ColumnWriter", "Columns", "DenseMap",
@@ -34,10 +35,6 @@ BLOCK_ALIGN = 64        # a fixed field's (N, ...) view starts on a cache line
 COPY_BYTES = 16 << 20   # spill → file in pieces of this size: memory flat in the field's size
 # Names a batch or a record already uses (a mixture's batch holds "source").
 _RESERVED = ("image", "label", "index", "key", "mask", "valid", "source")
-
-
-class FieldError(ValueError):
-    """A record's value for a field is not of the field's kind (the record is skipped)."""
 
 
 def check_name(name: Any) -> str:
@@ -351,10 +348,6 @@ class Columns:
     def __exit__(self, *exc: Any) -> None:
         for col in self.writers.values():
             col.close()
-
-
-class FieldsNotFound(ValueError):
-    """fields= names an extension that no record of the sources has."""
 
 
 def info_of(meta: dict[str, Any]) -> FieldInfo:

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules.contract import is_integer, is_real
+from tbljax._src.rules.errors import RemoteReadError
 
 __all__ = ["DEFAULT_RETRY", "EXTRAS", "RemoteReadError", "Retry", "RetryingReader", "expand", "filesystem",
            "is_url", "name_of", "open_input", "size_of"]
@@ -29,10 +30,6 @@ __all__ = ["DEFAULT_RETRY", "EXTRAS", "RemoteReadError", "Retry", "RetryingReade
 EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3", "http": "http", "https": "http"}
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _GLOB_CHARS = re.compile(r"[*?\[]")
-
-
-class RemoteReadError(OSError):
-    """A file at a URL that could not be read after every retry: names the URL and the byte."""
 
 
 @dataclasses.dataclass(frozen=True)
