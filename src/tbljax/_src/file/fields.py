@@ -24,7 +24,7 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.rules import contract
 from tbljax._src.rules.dataset import FIELD_KINDS, FieldInfo
-from tbljax._src.rules.errors import FieldError, FieldsNotFound as FieldsNotFound  # re-exported
+from tbljax._src.rules.errors import FieldError, FieldsNotFound as FieldsNotFound, shown  # re-exported
 from tbljax._src.rules.geometry import BOX_FORMATS, INTERPOLATIONS
 
 __all__ = ["COPY_BYTES", "FIELD_KINDS", "GEOMETRIC_ROLES", "Boxes", "ColumnWriter", "Columns", "DenseMap",
@@ -360,7 +360,7 @@ def check_field_meta(name: Any, meta: Any, path: str) -> None:
     gives (the JSON comes from the file)."""
     def bad(want: str) -> None:
         raise _core.CorruptFileError(f"{path}: field {name!r} metadata must be {want}, got "
-                                     f"{json.dumps(meta)[:120]}")
+                                     f"{shown(json.dumps(meta), 120)}")
 
     try:
         check_name(name)

@@ -17,6 +17,7 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.rules.contract import DEFAULT_RESIZE, MAX_SIDE, RESIZE_MODES, is_integer
+from tbljax._src.rules.errors import shown
 from tbljax._src.file.fields import check_field_meta
 
 FORMATS: dict[str, int] = dict(_core.FORMATS)
@@ -68,7 +69,7 @@ def check_metadata(meta: dict[str, Any], n: int, path: str) -> None:
 
     def bad(field: str, want: str) -> None:
         raise _core.CorruptFileError(f"{path}: dataset metadata field {field!r} must be {want}, "
-                                     f"got {json.dumps(meta[field])[:80]}")
+                                     f"got {shown(json.dumps(meta[field]), 80)}")
 
     labels = meta.get("labels")
     if labels is not None:

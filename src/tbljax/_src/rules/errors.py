@@ -6,7 +6,7 @@ users met them (`contract`, `file/fields`, `conversion/convert_options`, `remote
 
 >>> str(ArgumentError(Arg("batch_size"), " must be >= 1"))
 'batch_size must be >= 1'
->>> shown(list(range(100)), 12)
+>>> shown(repr(list(range(100))), 12)
 '[0, 1, 2, 3,... (390 characters)'
 """
 from __future__ import annotations
@@ -21,11 +21,10 @@ __all__ = ["Arg", "ArgumentError", "ConversionError", "CorruptFileError", "Decod
            "FieldsNotFound", "OutputExistsError", "RemoteReadError", "shown", "worded"]
 
 
-def shown(value: Any, limit: int = 300) -> str:
-    """`value` as a message shows it: a str as it is, anything else its repr; past `limit`
-    characters, its first `limit` and the length it had, so a huge argument (a list of a million paths) cannot
-    flood a message and a cut one says it was cut."""
-    text = value if isinstance(value, str) else repr(value)
+def shown(text: str, limit: int = 300) -> str:
+    """`text` (a value's repr, a JSON dump) as a message shows it: past `limit` characters, its
+    first `limit` and the length it had, so a huge argument (a list of a million paths) cannot
+    flood a message, and a cut one says it was cut."""
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} characters)"
