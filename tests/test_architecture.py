@@ -26,7 +26,7 @@ ROOMS = [
                     "options"]),  # what every path agrees on
     ("_src/file", ["fields", "format", "field_columns"]),  # the TBL file's bytes from Python
     ("_src/datasets", ["stats", "reader", "host_part", "mixture", "opening"]),  # opening and combining datasets
-    ("_src/engine", ["kernels", "rows", "ring", "step", "file_sweep", "record_source", "batch_fields", "plan",
+    ("_src/engine", ["memory", "kernels", "rows", "ring", "step", "file_sweep", "record_source", "batch_fields", "plan",
                      "producer", "host_loader"]),               # the framework-free serving machine
     ("_src/jax", ["collectives", "sharding", "packed", "registration", "twin", "ffi_call", "partitioning", "ops",
                   "mixup", "arrays", "loader", "resident_host", "resident"]),  # JAX arrays, the kernel inside jit
