@@ -91,14 +91,15 @@ class LoaderOptions:
     verify_records: bool = False  # each served record's CRC-16 checked before its batch goes out
 
     def __post_init__(self):
-        integer = contract.is_integer
+        integer, Arg, ArgumentError = contract.is_integer, contract.Arg, contract.ArgumentError
+        # ArgumentErrors: the command line (bench, show) names its flags for these.
         if not integer(self.batch_size) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+            raise ArgumentError(Arg("batch_size"), f" must be an integer >= 1, got {self.batch_size!r}")
         if not integer(self.seed) or not 0 <= self.seed < 1 << 64:
-            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+            raise ArgumentError(Arg("seed"), f" must be an integer in [0, 2**64), got {self.seed!r}")
         if self.num_epochs is not None and (not integer(self.num_epochs) or self.num_epochs < 1):
-            raise ValueError(f"num_epochs must be None (endless) or an integer >= 1, got "
-                             f"{self.num_epochs!r}")
+            raise ArgumentError(Arg("num_epochs"), f" must be None (endless) or an integer >= 1, got "
+                                f"{self.num_epochs!r}")
         object.__setattr__(self, "dtype", contract.dtype_name(self.dtype))
         contract.check_layout(self.layout)
         mean, std = contract.normalization(self.mean, self.std)
@@ -106,10 +107,10 @@ class LoaderOptions:
         object.__setattr__(self, "std", std)
         object.__setattr__(self, "augment", Augment.from_spec(self.augment))
         if not integer(self.prefetch) or self.prefetch < 1:
-            raise ValueError(f"prefetch must be an integer >= 1, got {self.prefetch!r}")
+            raise ArgumentError(Arg("prefetch"), f" must be an integer >= 1, got {self.prefetch!r}")
         if not integer(self.read_ahead) or self.read_ahead < 0:
-            raise ValueError(f"read_ahead must be an integer >= 0 (0: off), got "
-                             f"{self.read_ahead!r}")
+            raise ArgumentError(Arg("read_ahead"), f" must be an integer >= 0 (0: off), got "
+                                f"{self.read_ahead!r}")
         contract.check_threads(self.threads)
         if not (self.fields is None or self.fields == "all" or (
                 isinstance(self.fields, (list, tuple)) and all(isinstance(n, str) for n in self.fields))):
