@@ -21,12 +21,12 @@ PACKAGE = REPO / "src" / "tbljax"
 # ("tbljax" is its __init__.py), last, so no private room depends on it.
 ROOMS = [
     ("native", ["_core", "_ffi_cuda"]),            # the C++ core and the CUDA handler
-    ("_src/rules", ["contract", "geometry", "braces", "partition", "parts", "order", "quantiles", "resume", "mixing",
-                    "pixel_ops", "image_ops", "randaug", "augment", "buckets", "naflex", "mixup", "dataset",
+    ("_src/rules", ["errors", "contract", "geometry", "braces", "partition", "parts", "order", "quantiles", "resume",
+                    "mixing", "pixel_ops", "image_ops", "randaug", "augment", "buckets", "naflex", "mixup", "dataset",
                     "options"]),  # what every path agrees on
     ("_src/file", ["fields", "format", "field_columns"]),  # the TBL file's bytes from Python
     ("_src/datasets", ["stats", "reader", "host_part", "mixture", "opening"]),  # opening and combining datasets
-    ("_src/engine", ["kernels", "rows", "ring", "step", "file_sweep", "record_source", "batch_fields", "plan",
+    ("_src/engine", ["memory", "kernels", "rows", "ring", "step", "file_sweep", "record_source", "batch_fields", "plan",
                      "producer", "host_loader"]),               # the framework-free serving machine
     ("_src/jax", ["collectives", "sharding", "packed", "registration", "twin", "ffi_call", "partitioning", "ops",
                   "mixup", "arrays", "loader", "resident_host", "resident"]),  # JAX arrays, the kernel inside jit
@@ -327,3 +327,32 @@ def test_row_layout_create_is_the_public_call_it_was():
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("b"))
     assert tbljax.RowLayout.create(sharding, 8) == tbljax.row_layout(sharding, 8)
     assert tbljax.RowLayout.create(sharding, 8).ranges == ((0, 8),)
+
+
+def test_error_classes_have_one_home():
+    # Issue 44 §4: every public exception class tbljax defines is in rules/errors.py (a private one
+    # that never leaves its module, sources/tfds's _Unreadable, may stay); the modules where users
+    # meet them import them (the same class, its bases unchanged).
+    homes = {}
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and any(
+                    getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception", "NotFound"))
+                    for b in node.bases):
+                homes.setdefault(module, []).append(node.name)
+    assert homes == {"_src.rules.errors": ["ArgumentError", "OutputExistsError", "ConversionError", "FieldError",
+                                           "FieldsNotFound", "RemoteReadError"]}
+    import tbljax
+    from tbljax import _core
+    from tbljax._src.conversion import convert_options
+    from tbljax._src.file import fields
+    from tbljax._src.remote import remote
+    from tbljax._src.rules import contract, errors
+
+    assert (tbljax.CorruptFileError, tbljax.DecodeError) == (_core.CorruptFileError, _core.DecodeError)
+    assert tbljax.ConversionError is convert_options.ConversionError is errors.ConversionError
+    assert convert_options.OutputExistsError.__mro__[1:3] == (contract.ArgumentError, ValueError)
+    assert issubclass(convert_options.OutputExistsError, FileExistsError)
+    assert fields.FieldError.__bases__ == fields.FieldsNotFound.__bases__ == (ValueError,)
+    assert remote.RemoteReadError.__bases__ == (OSError,)
+    assert tbljax.ConversionError.__bases__ == (RuntimeError,)

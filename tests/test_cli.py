@@ -208,8 +208,22 @@ def test_errors_name_the_cli_flags_not_python_arguments(tmp_path, capsys):
             (["convert", a, "-o", o, "--format", "jpeg"],
              "tbljax convert: error: a TBL source converts to --format raw or --format lz4;"),
             (["demo", "--steps", "1", "--workdir", str(tmp_path / "d")],
-             "tbljax demo: error: --steps must be an integer >= 2, got 1")):
+             "tbljax demo: error: --steps must be an integer >= 2, got 1"),
+            # Issue 44 §4: the loader options, staging, retries and the augmentation's size.
+            (["bench", a, "--batch-size", "0"], "tbljax bench: error: --batch-size must be an integer >= 1, got 0"),
+            (["bench", a, "--batch-size", "4", "--prefetch", "0"],
+             "tbljax bench: error: --prefetch must be an integer >= 1, got 0"),
+            (["show", a, "--out", str(tmp_path / "g.png"), "--shuffle", "--seed", "-1"],
+             "tbljax show: error: --seed must be an integer in [0, 2**64), got -1"),
+            (["show", a, "--out", str(tmp_path / "g.png"), "--augment", "rrc_flip", "--size", "0"],
+             "tbljax show: error: --size must be (height, width)"),
+            (["stage", a, str(tmp_path / "c"), "--workers", "0"],
+             "tbljax stage: error: --workers must be an integer in [1, 256], got 0"),
+            (["stage", a, str(tmp_path / "c"), "--retries", "-1"],
+             "tbljax stage: error: --retries must be an integer >= 0, got -1"),
+            (["stage", a, str(tmp_path / "c"), "--partition", "x"],
+             "tbljax stage: error: --partition must be None, 'host', (i, n) or 'i/n', got 'x'")):
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(want) and err.count("\n") == 1, (argv, err)
-    assert not (tmp_path / "o.tbl").exists() and not (tmp_path / "d").exists()
+    assert not (tmp_path / "o.tbl").exists() and not (tmp_path / "d").exists() and not (tmp_path / "g.png").exists()

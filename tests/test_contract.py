@@ -117,3 +117,17 @@ def test_resident_dataset_of_a_host_part_holds_its_fixed_field(kinds):
     assert rd.left_out == {"caption": "str: not numeric (serve it with tbljax.loader)"}
     np.testing.assert_array_equal(np.asarray(rd.fields["emb"]), EMB[rows])
     np.testing.assert_array_equal(np.asarray(rd.labels), rows)
+
+
+@pytest.mark.parametrize("call, value", [
+    (lambda v: tbljax.loader(v, 4), list(range(500))),                             # rules/dataset
+    (lambda v: tbljax.convert(v, "o.tbl", image_size=8), [(1, 2)] * 400),        # sources/files
+])
+def test_a_long_value_in_a_message_is_cut_and_says_so(call, value):
+    # Issue 44 §4: one rule (rules/errors.shown) for a huge argument in a message: its repr's
+    # start, then how long it was; the message's own words after it are kept.
+    with pytest.raises(TypeError) as e:
+        call(value)
+    text = repr(value)
+    assert text[:200] in str(e.value) and f"... ({len(text)} characters)" in str(e.value)
+    assert len(str(e.value)) < 1000

@@ -123,3 +123,43 @@ def test_cli_synopsis_is_the_parser(doc):
         unknown = shown.get(name, set()) - real
         assert not unknown, f"{doc}: the synopsis of tbljax {name} shows {sorted(unknown)}, which it does not take"
     assert "tbljax --version" in (REPO / doc).read_text()
+
+
+# Issue 44 §4: the loader options are declared once, on LoaderOptions. Each front end's signature
+# holds every field (a new option reaches every loader with no edit there), with LoaderOptions'
+# default unless the front end says otherwise, and its source declares and passes none of them.
+FRONT_ENDS = {"loader": ("src/tbljax/_src/jax/loader.py", {}, set()),
+              "torch.loader": ("src/tbljax/_src/adapters/torch.py", {"layout": "NCHW"}, {"num_epochs"}),
+              "mlx.loader": ("src/tbljax/_src/adapters/mlx.py", {}, {"num_epochs"})}  # one epoch a pass
+
+
+@pytest.mark.parametrize("name", FRONT_ENDS)
+def test_loader_options_are_declared_once(name):
+    import dataclasses
+
+    import tbljax
+
+    source, overrides, left_out = FRONT_ENDS[name]
+    real = inspect.signature(_functions()[name]).parameters
+    for f in dataclasses.fields(tbljax.LoaderOptions):
+        if f.name in left_out:
+            assert f.name not in real
+            continue
+        assert f.name in real, f"tbljax.{name} does not take the loader option {f.name}"
+        want = overrides.get(f.name, f.default)
+        assert real[f.name].default == (inspect.Parameter.empty if want is dataclasses.MISSING else want)
+    assert list(real)[:2] == ["path_or_paths", "batch_size"]  # both positional, as before
+    option_names = {f.name for f in dataclasses.fields(tbljax.LoaderOptions)}
+    tree = ast.parse((REPO / source).read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "loader")
+    declared = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    passed = {k.arg for n in ast.walk(ast.Module(fn.body, [])) if isinstance(n, ast.Call) for k in n.keywords}
+    assert declared & option_names == set(), f"{source} declares loader options again"
+    assert passed & option_names == set(), f"{source} passes loader options one by one"
+
+
+def test_front_ends_refuse_an_option_they_leave_out_by_name():
+    import tbljax.mlx
+
+    with pytest.raises(TypeError, match=r"tbljax\.mlx\.loader\(\): got an unexpected keyword argument 'num_epochs'"):
+        tbljax.mlx.loader("x.tbl", 4, num_epochs=2)

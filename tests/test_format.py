@@ -284,3 +284,29 @@ def test_we_read_turboloader_written_records(tmp_path, tl):
         np.testing.assert_array_equal(ds.read(i), im)
     assert ds.labels.tolist() == [10, 11, 12]
     assert ds.verify() == []
+
+
+def test_the_run_entries_of_a_recipe_have_one_home(tmp_path):
+    # Issue 44 §4: both conversion drivers write the run's entries through file/format.run_entries,
+    # and exactly those keys (RUN_KEYS) are left out of the fingerprint.
+    import datetime
+
+    from tbljax._src.file import format as fmt
+
+    imgs = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3), np.uint8)
+    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    tbljax.convert(imgs, tmp_path / "a.tbl", image_size=8, progress=False)
+    tbljax.convert(tmp_path / "a.tbl", tmp_path / "b.tbl", format="lz4", progress=False)
+    for name, sources in (("a.tbl", None), ("b.tbl", [str(tmp_path / "a.tbl")])):
+        recipe = tbljax.open(tmp_path / name).recipe
+        assert recipe["tbljax"] == tbljax.__version__
+        assert before <= datetime.datetime.fromisoformat(recipe["created"]) <= datetime.datetime.now(
+            datetime.timezone.utc)
+        if sources is not None:
+            assert recipe["sources"] == sources
+        assert {"sources", "tbljax", "created"} <= set(recipe) and set(recipe) & fmt.RUN_KEYS
+    from tbljax._src.datasets.reader import NOT_FINGERPRINTED
+
+    assert NOT_FINGERPRINTED is fmt.RUN_KEYS
+    with pytest.raises(ValueError, match=r"\['when'\] are not recipe run keys"):
+        fmt.run_entries([], when="now")

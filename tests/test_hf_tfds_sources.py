@@ -365,8 +365,8 @@ def test_integer_label_column_is_the_default_label(tmp_path):
 # ---- hostile source files (issue 46): each bad file or record named, skipped or refused as
 # strict= says, never a bare library error; the command exits 1 with one line naming it ------
 
-from _source_files import (damaged_array_record, forge_parquet_rows, jpegs, parquet,  # noqa: E402
-                           tfrecord_header, unreadable_array_records)
+from _source_files import (  # noqa: E402 (on the first line, where ruff format keeps it)
+    damaged_array_record, forge_parquet_rows, jpegs, parquet, tfrecord_header, unreadable_array_records)
 
 
 def convert_small(src, dst, **kw):

@@ -406,3 +406,47 @@ def test_closing_the_loader_stops_the_sweep(tmp_path, monkeypatch, sweep_spy):
     assert sw.join(5)  # ends within a request of the stop
     chunks = -(-(np.diff(record_span(path, 0, 64))[0]) // file_sweep.CHUNK)
     assert len(calls) < chunks  # stopped before the end (3.1 MB: 25 chunks, 0.5 s)
+
+
+def fake_system(tmp_path, avail_kib: int, cgroup_line: str | None, limit: str | None, current: int = 0):
+    """A /proc/meminfo, /proc/self/cgroup and cgroup v2 tree of our own (engine/memory.Paths)."""
+    from tbljax._src.engine import memory
+
+    (tmp_path / "meminfo").write_text(f"MemTotal:       99999999 kB\nMemAvailable:   {avail_kib} kB\n")
+    if cgroup_line is not None:
+        (tmp_path / "cgroup").write_text(cgroup_line + "\n")
+    if limit is not None:
+        (tmp_path / "root" / "job").mkdir(parents=True)
+        (tmp_path / "root" / "job" / "memory.max").write_text(limit + "\n")
+        (tmp_path / "root" / "job" / "memory.current").write_text(f"{current}\n")
+    return memory.Paths(str(tmp_path / "meminfo"), str(tmp_path / "cgroup"), str(tmp_path / "root"))
+
+
+@pytest.mark.parametrize("cgroup_line, limit, current, want", [
+    ("0::/job", str(3 << 30), 1 << 30, 2 << 30),   # the container's limit, less its use, is lower
+    ("0::/job", str(64 << 30), 0, 4 << 30),        # a limit above MemAvailable changes nothing
+    ("0::/job", "max", 0, 4 << 30),                # no limit
+    ("0::/job", None, 0, 4 << 30),                 # no memory controller in the cgroup
+    ("4:memory:/job", str(1 << 30), 0, 4 << 30),   # cgroup v1 only: not read
+    (None, None, 0, 4 << 30),                      # no cgroup file (not Linux-like)
+    ("0::/job", str(1 << 30), 2 << 30, 0),         # over its limit already: nothing left
+])
+def test_available_memory_counts_the_cgroup_limit(tmp_path, cgroup_line, limit, current, want):
+    from tbljax._src.engine import memory
+
+    assert memory.available_bytes(fake_system(tmp_path, 4 << 20, cgroup_line, limit, current)) == want
+
+
+def test_the_sweep_and_the_resident_check_use_the_cgroup_limit(tmp_path, monkeypatch):
+    # Issue 44 §4: both budgets follow one rule; a container's limit below MemAvailable bounds both.
+    import jax
+
+    from tbljax._src.engine import memory
+    from tbljax._src.jax.resident_host import check_device_memory
+
+    monkeypatch.setattr(memory, "SYSTEM", fake_system(tmp_path, 64 << 20, "0::/job", str(3 << 30), 1 << 30))
+    assert file_sweep.memory_for_sweeps() == 1 << 30
+    one = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    check_device_memory((1, (2 << 30) - 1), one, None)  # fits the 2 GiB the cgroup leaves
+    with pytest.raises(MemoryError, match=r"but only 2048.0 MiB fit \(available host RAM \(2.0 GiB\)"):
+        check_device_memory((1, (2 << 30) + 1), one, None)

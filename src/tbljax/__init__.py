@@ -11,7 +11,7 @@ and `tbljax.show`. Everything under `tbljax._src` is private: its rooms are mapp
 docs/architecture.md.
 """
 from tbljax import _core
-from tbljax._core import CorruptFileError, DecodeError
+from tbljax._src.rules.errors import ConversionError, CorruptFileError, DecodeError
 from tbljax._src.rules.augment import Augment
 from tbljax._src.rules.image_ops import (ColorJitter, GaussianBlur, Grayscale, Solarize, ThreeAugment,
                                          TrivialAugment)
@@ -19,7 +19,7 @@ from tbljax._src.rules.randaug import RandAugment, RandomErasing
 from tbljax._src.tools.benchmark import bench
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.conversion.convert import convert
-from tbljax._src.conversion.convert_options import ConversionError, ConvertSummary
+from tbljax._src.conversion.convert_options import ConvertSummary
 from tbljax._src.file.format import FORMATS, INDEX_DTYPE, Writer
 from tbljax._src.file.fields import Boxes, DenseMap, Keypoints, Mask
 from tbljax._src.engine.host_loader import HostLoader

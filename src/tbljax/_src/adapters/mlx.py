@@ -23,7 +23,7 @@ import importlib
 from tbljax._src.adapters import common as _adapter
 from tbljax._src.rules import contract
 from tbljax._src.datasets import reader
-from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
+from tbljax._src.rules.options import front_end
 
 __all__ = ["MLXLoader", "loader"]
 
@@ -61,26 +61,20 @@ class MLXLoader(_adapter.EpochLoader):
         return _to_mlx
 
 
-def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,
-           dtype="float32", layout: str = "NHWC", mean=IMAGENET_MEAN, std=IMAGENET_STD,
-           augment=None, drop_remainder: bool = True, prefetch: int = 2,
-           threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
-           world_size: int | None = None, partition: None = None,
-           jpeg_dct_scale: bool = False,
-           fields="all", field_fn=None, pad=None, verify_records: bool = False) -> MLXLoader:
+@front_end("tbljax.mlx.loader", without=("num_epochs",))  # one epoch per pass
+def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = None,
+           partition: None = None, **options) -> MLXLoader:
     """Serves a TBL dataset to MLX: ``(images, labels)`` mx.arrays, one epoch per pass.
 
     Args:
       path_or_paths: a TBL file, a list of shard files read as one, or a `tbljax.Dataset`.
-      batch_size: rows per batch on this rank; the global batch is batch_size * world_size.
-      dtype: "float32" (default), "bfloat16" or "uint8", or the mx dtype.
-      layout: "NHWC" (default: what ``mlx.nn.Conv2d`` takes) or "NCHW".
+      batch_size, seed, ...: the loader options: see `tbljax.LoaderOptions` (all but
+        num_epochs: one epoch per pass). Read here: batch_size is rows per batch on this rank
+        (the global batch is batch_size * world_size); dtype may be the mx dtype; layout
+        "NHWC" (the default) is what ``mlx.nn.Conv2d`` takes.
       rank, world_size: this process's place in a data-parallel job (e.g. from
         ``group = mx.distributed.init(); rank=group.rank(), world_size=group.size()``);
         both None for a single process. Rank r gets the rows the JAX loader gives process r.
-      seed, shuffle, mean, std, augment, drop_remainder, prefetch, threads, read_ahead,
-        jpeg_dct_scale, fields, field_fn, pad, verify_records: as `tbljax.torch.loader` and
-        `tbljax.loader`.
       partition: None only: every rank draws its rows from the whole dataset. Host parts
         (partition="host") need the ranks to exchange their parts' sizes, which tbljax does
         over JAX (`tbljax.loader`) and torch.distributed (`tbljax.torch.loader`), not MLX.
@@ -99,11 +93,6 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
                          "tbljax.torch.loader (torch.distributed)")
     _mx()  # a clear ImportError here, not on the first batch
     rank, world_size = _adapter.check_rank(rank, world_size)
-    opts = _adapter.options(batch_size, world_size, seed=seed, shuffle=shuffle,
-                            dtype=contract.dtype_name(dtype, _mx(), "mx"),
-                            layout=layout, mean=mean, std=std,
-                            augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
-                            threads=threads, read_ahead=read_ahead,
-                            jpeg_dct_scale=jpeg_dct_scale, fields=fields,
-                            field_fn=field_fn, pad=pad, verify_records=verify_records)
+    options["dtype"] = contract.dtype_name(options["dtype"], _mx(), "mx")
+    opts = _adapter.options(world_size=world_size, **options)
     return MLXLoader(reader.as_dataset(path_or_paths), opts, rank, world_size)

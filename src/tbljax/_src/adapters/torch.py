@@ -28,7 +28,7 @@ from tbljax._src.engine import ring
 from tbljax._src.rules import contract
 from tbljax._src.datasets import opening
 from tbljax._src.datasets import reader
-from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
+from tbljax._src.rules.options import front_end
 
 __all__ = ["TorchLoader", "loader"]
 
@@ -121,28 +121,20 @@ def _allgather(torch, rank: int, world_size: int):
     return allgather
 
 
-def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,
-           dtype="float32", layout: str = "NCHW", mean=IMAGENET_MEAN, std=IMAGENET_STD,
-           augment=None, drop_remainder: bool = True, prefetch: int = 2,
-           threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
-           world_size: int | None = None, pin_memory: bool | None = None,
-           partition: str | None = None, jpeg_dct_scale: bool = False,
-           fields="all", field_fn=None, pad=None, verify_records: bool = False) -> TorchLoader:
+@front_end("tbljax.torch.loader", layout="NCHW", without=("num_epochs",))  # one epoch per pass
+def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = None,
+           pin_memory: bool | None = None, partition: str | None = None, **options) -> TorchLoader:
     """Serves a TBL dataset to PyTorch: ``(images, labels)`` tensors, one epoch per pass.
 
     Args:
       path_or_paths: a TBL file, a list of shard files read as one, or a `tbljax.Dataset`.
-      batch_size: rows per batch on this rank (as for a DataLoader). The global batch is
-        batch_size * world_size and step s of an epoch holds global positions
-        [s*G, (s+1)*G) of the shuffled order; rank r takes rows [r*batch_size, (r+1)*batch_size).
-      seed, shuffle: as `tbljax.loader` (use the same seed on every rank).
-      dtype: "float32" (default), "bfloat16" or "uint8", or the torch dtype.
-      layout: "NCHW" (default) or "NHWC". Tip: ``x.permute(0, 3, 1, 2)`` of an NHWC batch is
-        an NCHW tensor in ``torch.channels_last`` memory format, without a copy.
-      mean, std, augment, prefetch, threads, read_ahead, jpeg_dct_scale, fields, field_fn, pad,
-      verify_records: as `tbljax.loader` (the served fields are on each batch's `.fields`).
-      drop_remainder: True drops the last partial global batch; False pads it, and the
-        batch's ``valid`` mask marks real rows (labels and index are -1 on padding), so every
+      batch_size, seed, ...: the loader options: see `tbljax.LoaderOptions` (all but
+        num_epochs: one epoch per pass; use the same seed on every rank; the served fields are
+        on each batch's `.fields`). Read here: batch_size is rows per batch on this rank (as
+        for a DataLoader): the global batch is batch_size * world_size and rank r takes rows
+        [r*batch_size, (r+1)*batch_size) of each; dtype may be the torch dtype; layout
+        defaults to "NCHW" (``x.permute(0, 3, 1, 2)`` of an NHWC batch is an NCHW tensor in
+        ``torch.channels_last`` memory format, without a copy); without drop_remainder every
         sample is served exactly once over all ranks, every rank taking the same steps.
       rank, world_size: this process's place in a data-parallel job. None (both): read from
         ``torch.distributed`` when it is initialized, else 0 and 1. Given explicitly they win
@@ -174,13 +166,8 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     rank, world_size = _adapter.check_rank(rank, world_size)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
-    opts = _adapter.options(batch_size, world_size, seed=seed, shuffle=shuffle,
-                            dtype=contract.dtype_name(dtype, _torch(), "torch"),
-                            layout=layout, mean=mean, std=std,
-                            augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
-                            threads=threads, read_ahead=read_ahead,
-                            jpeg_dct_scale=jpeg_dct_scale, fields=fields,
-                            field_fn=field_fn, pad=pad, verify_records=verify_records)
+    options["dtype"] = contract.dtype_name(options["dtype"], torch, "torch")
+    opts = _adapter.options(world_size=world_size, **options)
     if partition is None:
         return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory))
     if partition != "host":

@@ -10,7 +10,6 @@ for record into RAW (`convert_tbl.py`). Labels leave as ids against one classes 
 """
 from __future__ import annotations
 
-import datetime
 import functools
 import os
 import queue
@@ -28,7 +27,7 @@ from tbljax._src.file import fields as _fields
 from tbljax._src.remote import remote
 from tbljax._src.sources import choose
 from tbljax._src.rules import contract
-from tbljax._src.file.format import Writer
+from tbljax._src.file.format import Writer, run_entries
 from tbljax._src.conversion.convert_options import (CHUNK, ConversionError, ConvertOptions, ConvertSummary,
                                                     OutputExistsError, num_classes)
 from tbljax._src.conversion.convert_tbl import convert_tbl, tbl_paths
@@ -403,11 +402,9 @@ class _Records:
                 **recipe,
                 "idct": _core.JPEG_IDCT,
                 "resize_filter": _core.native_info().get("resize_filter", ""),
-                "sources": src.describe(), "shard": list(shard) if shard else None,
-                "label_errors": len(self.label_errors),
-                "source_sizes": size_histogram(self.widths, self.heights),
-                "tbljax": _core.native_info()["version"],
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                **run_entries(src.describe(), shard=list(shard) if shard else None,
+                              label_errors=len(self.label_errors),
+                              source_sizes=size_histogram(self.widths, self.heights)),
             },
         )
         self.columns.write(w)

@@ -16,6 +16,7 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.rules import contract
 from tbljax._src.rules.contract import Arg, ArgumentError
+from tbljax._src.rules.errors import ConversionError, OutputExistsError  # their home; imported here too
 from tbljax._src.file.format import stored_entry
 from tbljax._src.rules.partition import parse_part
 from tbljax._src.file.fields import GEOMETRIC_ROLES, check_name, kind_for_extension
@@ -33,25 +34,6 @@ _IMAGE_ONLY = ("image_size", "max_long_side", "quality", "chroma", "raw_budget",
                "label_ext", "shard", "image_column", "label_column", "image_key", "label_key")
 # Which record of a table (Hugging Face, Parquet) or of a tf.train.Example (TFDS) holds what.
 _NAMES = ("image_column", "label_column", "image_key", "label_key")
-
-
-class ConversionError(RuntimeError):
-    """A conversion that cannot give a sound file: a strict run met bad input, no record could
-    be written, or the labels cannot be made into one classes table. `.skipped` lists the bad
-    items (key, source, reason). Nothing is left at the destination, and a file that was
-    already there (overwrite=True) is kept as it was."""
-
-    def __init__(self, message: str, skipped: list[dict[str, str]] | None = None):
-        super().__init__(message)
-        self.skipped = list(skipped or [])
-
-
-class OutputExistsError(ArgumentError, FileExistsError):
-    """The destination exists and overwrite= was not given (an argument error, so the command
-    line names its flag)."""
-
-    def __init__(self, dst: str):
-        super().__init__(f"{dst} already exists (pass ", Arg("overwrite", True), " to replace it)")
 
 
 @dataclasses.dataclass(frozen=True)

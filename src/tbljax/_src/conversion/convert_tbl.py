@@ -2,7 +2,6 @@
 into a RAW or LZ4 file, labels, keys, classes, skipped list, geometry and fields carried over."""
 from __future__ import annotations
 
-import datetime
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -10,11 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from tbljax import _core
 from tbljax._src.file import fields as _fields
 from tbljax._src.datasets import reader as _reader
 from tbljax._src.conversion.convert_options import CHUNK, ConversionError, ConvertOptions, ConvertSummary, num_classes
-from tbljax._src.file.format import Writer
+from tbljax._src.file.format import Writer, run_entries
 from tbljax._src.conversion.progress import Progress, progress_mode
 from tbljax._src.rules.braces import expand_braces
 
@@ -67,8 +65,7 @@ def convert_tbl(paths: list[str], dst: str, opts: ConvertOptions) -> ConvertSumm
                 "format": opts.format, "decoded_from": {"fingerprint": ds.fingerprint, "format": ds.record_format,
                                                    **{k: recipe.get(k) for k in ("quality", "chroma")},
                                                    **{k: recipe[k] for k in ("raw_budget",) if k in recipe}},
-                "sources": ds.paths, "tbljax": _core.native_info()["version"],
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                **run_entries(ds.paths),
             },
         )
     bar.update(n, 0, final=True)

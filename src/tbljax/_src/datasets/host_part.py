@@ -29,6 +29,7 @@ from tbljax._src.datasets import reader
 from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.dataset import RecordDataset, Records, paths_or_dataset, record_number
 from tbljax._src.rules.partition import host_part
+from tbljax._src.rules.errors import shown
 
 __all__ = ["LocalPart", "PartDataset", "open_part"]
 
@@ -150,9 +151,9 @@ def _file_hash(file_number: int, fingerprint: str) -> int:
 def _as_paths(path_or_paths) -> list:
     if isinstance(path_or_paths, RecordDataset):
         raise TypeError(f"partition='host' takes a TBL path or the list of all shard paths, so "
-                        f"that each process opens only its own part; {path_or_paths!r} is an open "
+                        f"that each process opens only its own part; {shown(repr(path_or_paths), 200)} is an open "
                         "dataset (a tbljax.mix of paths is served by its parts: tbljax.loader("
-                        "mix(...), ..., partition='host'))"[:400])
+                        "mix(...), ..., partition='host'))")
     return paths_or_dataset(path_or_paths, "partition='host' (each process opens only its own part)")
 
 

@@ -23,16 +23,13 @@ from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.dataset import FieldInfo, RecordDataset, Records, is_path, paths_or_dataset, record_number
 from tbljax._src.file.field_columns import Column, open_columns
 from tbljax._src.file.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path
-from tbljax._src.file.format import is_compact, keys_of, labels_of, parse_dataset_json
+from tbljax._src.file.format import RUN_KEYS, is_compact, keys_of, labels_of, parse_dataset_json
 from tbljax._src.datasets import stats
 from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES, check_threads, record_numbers
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
 
-# Recipe fields about the run, not the data: left out of `Dataset.fingerprint`. `shard` and
-# the per-part statistics (`source_sizes`, `label_errors` counts) differ between the parts of a
-# `convert --shard i/n` job and the single-job file, whose records and labels are the same.
-NOT_FINGERPRINTED = frozenset({"created", "sources", "tbljax", "shard", "source_sizes", "label_errors"})
+NOT_FINGERPRINTED = RUN_KEYS  # the recipe's keys about the run (file/format.py), not the data
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,8 @@ import threading
 
 import numpy as np
 
+from tbljax._src.engine import memory
+
 __all__ = ["FileSweep", "byte_runs", "memory_for_sweeps", "source_runs"]
 
 # One request's size: WILLNEED reads at most the device's read-ahead window per call (Linux's
@@ -50,26 +52,10 @@ def byte_runs(files, offsets, sizes, gap: int = MERGE_GAP) -> list[tuple[int, in
 
 
 def memory_for_sweeps() -> int | None:
-    """Bytes a sweep may fill: half of what the kernel says is available (MemAvailable), less
-    if this process's cgroup (v2) allows less; None where that is unknown (not Linux)."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        avail = int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
-    try:  # "0::/path" names the cgroup; its memory.max is "max" or a byte count
-        with open("/proc/self/cgroup") as f:
-            path = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
-        with open(f"/sys/fs/cgroup{path}/memory.max") as f:
-            limit = f.read().strip()
-        with open(f"/sys/fs/cgroup{path}/memory.current") as f:
-            used = int(f.read())
-        if limit != "max":
-            avail = min(avail, int(limit) - used)
-    except (OSError, StopIteration, ValueError):
-        pass
-    return max(avail, 0) // 2
+    """Bytes a sweep may fill: half of what this process may fill (`engine/memory.py`: the
+    cgroup's limit counted); None where that is unknown (not Linux)."""
+    avail = memory.available_bytes()
+    return None if avail is None else avail // 2
 
 
 def source_runs(byte_ranges, n: int, block: int = 1 << 20) -> list[tuple[int, int, int]]:

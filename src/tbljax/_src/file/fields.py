@@ -24,6 +24,7 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.rules import contract
 from tbljax._src.rules.dataset import FIELD_KINDS, FieldInfo
+from tbljax._src.rules.errors import FieldError, FieldsNotFound as FieldsNotFound, shown  # re-exported
 from tbljax._src.rules.geometry import BOX_FORMATS, INTERPOLATIONS
 
 __all__ = ["COPY_BYTES", "FIELD_KINDS", "GEOMETRIC_ROLES", "Boxes", "ColumnWriter", "Columns", "DenseMap",
@@ -34,10 +35,6 @@ BLOCK_ALIGN = 64        # a fixed field's (N, ...) view starts on a cache line
 COPY_BYTES = 16 << 20   # spill → file in pieces of this size: memory flat in the field's size
 # Names a batch or a record already uses (a mixture's batch holds "source").
 _RESERVED = ("image", "label", "index", "key", "mask", "valid", "source")
-
-
-class FieldError(ValueError):
-    """A record's value for a field is not of the field's kind (the record is skipped)."""
 
 
 def check_name(name: Any) -> str:
@@ -353,10 +350,6 @@ class Columns:
             col.close()
 
 
-class FieldsNotFound(ValueError):
-    """fields= names an extension that no record of the sources has."""
-
-
 def info_of(meta: dict[str, Any]) -> FieldInfo:
     dtype = np.dtype(meta["dtype"]) if meta.get("dtype") else None
     return FieldInfo(meta["kind"], dtype, tuple(meta["shape"]))
@@ -367,7 +360,7 @@ def check_field_meta(name: Any, meta: Any, path: str) -> None:
     gives (the JSON comes from the file)."""
     def bad(want: str) -> None:
         raise _core.CorruptFileError(f"{path}: field {name!r} metadata must be {want}, got "
-                                     f"{json.dumps(meta)[:120]}")
+                                     f"{shown(json.dumps(meta), 120)}")
 
     try:
         check_name(name)

@@ -8,6 +8,7 @@ The byte layout, validation and checksums live in the C++ core (`ffi/core/tbl_fo
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import os
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.rules.contract import DEFAULT_RESIZE, MAX_SIDE, RESIZE_MODES, is_integer
+from tbljax._src.rules.errors import shown
 from tbljax._src.file.fields import check_field_meta
 
 FORMATS: dict[str, int] = dict(_core.FORMATS)
@@ -38,6 +40,22 @@ def is_compact(recipe: dict[str, Any]) -> bool:
 def stored_entry(compact: bool) -> dict[str, str]:
     """The recipe's "stored" entry for records that are compact or the source's bytes."""
     return {STORED_KEY: STORED_RESIZED if compact else STORED_ORIGINAL}
+
+
+# The recipe's keys about the run, not the data (left out of `Dataset.fingerprint`): `shard` and
+# the per-part statistics (`source_sizes`, `label_errors` counts) differ between the parts of a
+# `convert --shard i/n` job and the single-job file, whose records and labels are the same.
+RUN_KEYS = frozenset({"created", "sources", "tbljax", "shard", "source_sizes", "label_errors"})
+
+
+def run_entries(sources: Any, **run: Any) -> dict[str, Any]:
+    """The recipe's entries about the run that writes it: where from (`sources`), by which
+    tbljax and when (UTC), and `run`'s (shard, per-part statistics), each one of `RUN_KEYS`."""
+    unknown = set(run) - RUN_KEYS
+    if unknown:  # a new one belongs in RUN_KEYS, or the fingerprint would change with the run
+        raise ValueError(f"{sorted(unknown)} are not recipe run keys ({sorted(RUN_KEYS)})")
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return {"sources": sources, **run, "tbljax": _core.native_info()["version"], "created": created}
 
 # The 24-byte index entry as a numpy structured dtype (little-endian, packed).
 INDEX_DTYPE = np.dtype(
@@ -68,7 +86,7 @@ def check_metadata(meta: dict[str, Any], n: int, path: str) -> None:
 
     def bad(field: str, want: str) -> None:
         raise _core.CorruptFileError(f"{path}: dataset metadata field {field!r} must be {want}, "
-                                     f"got {json.dumps(meta[field])[:80]}")
+                                     f"got {shown(json.dumps(meta[field]), 80)}")
 
     labels = meta.get("labels")
     if labels is not None:

@@ -3,10 +3,9 @@ its records fit each device, its records' rows a chunk at a time (zero-copy from
 and the columns of the record fields it holds (with those it leaves out, and why)."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from tbljax._src.engine import memory
 from tbljax._src.engine.batch_fields import check_pad
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.jax.arrays import check_fields_fit
@@ -14,25 +13,11 @@ from tbljax._src.jax.arrays import check_fields_fit
 __all__ = ["check_device_memory", "field_columns", "host_rows"]
 
 
-def _available_host_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return None
-
-
 def check_device_memory(shape, sharding, max_bytes: int | None, *, num_records: int = 0) -> None:
     """MemoryError, saying what to do, when records of `shape` ((N, H, W, 3), or (pages,
     PAGE_BYTES) of packed records) split over `sharding`'s record shards do not fit each
     device: in `max_bytes`, else in what the device reports free, else (CPU) in the host's
-    available RAM shared by the local devices."""
+    available RAM (`engine/memory.py`: the cgroup's limit counted) shared by the local devices."""
     per_device = int(np.prod(shape, dtype=np.int64)) // _sharding.parts(sharding)
     devices = list(sharding.addressable_devices)
     where = f"max_bytes={max_bytes}"
@@ -46,7 +31,7 @@ def check_device_memory(shape, sharding, max_bytes: int | None, *, num_records: 
         if free:
             limit, where = min(free), "free on the device (memory_stats)"
         else:  # CPU: every local device's copy shares the host's RAM
-            avail = _available_host_bytes()
+            avail = memory.available_bytes()
             if avail is not None:
                 limit = avail // max(1, len(devices))
                 where = (f"available host RAM ({avail / 2**30:.1f} GiB) shared by "

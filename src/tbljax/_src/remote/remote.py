@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules.contract import is_integer, is_real
+from tbljax._src.rules.errors import Arg, ArgumentError, RemoteReadError
 
 __all__ = ["DEFAULT_RETRY", "EXTRAS", "RemoteReadError", "Retry", "RetryingReader", "expand", "filesystem",
            "is_url", "name_of", "open_input", "size_of"]
@@ -29,10 +30,6 @@ __all__ = ["DEFAULT_RETRY", "EXTRAS", "RemoteReadError", "Retry", "RetryingReade
 EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3", "http": "http", "https": "http"}
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _GLOB_CHARS = re.compile(r"[*?\[]")
-
-
-class RemoteReadError(OSError):
-    """A file at a URL that could not be read after every retry: names the URL and the byte."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +43,11 @@ class Retry:
 
     def __post_init__(self) -> None:
         if not is_integer(self.attempts) or self.attempts < 0:
-            raise ValueError(f"retries must be an integer >= 0, got {self.attempts!r}")
-        for name in ("backoff", "max_backoff"):
-            v = getattr(self, name)
+            raise ArgumentError(Arg("retries"), f" must be an integer >= 0, got {self.attempts!r}")
+        for field, name in (("backoff", "retry_backoff"), ("max_backoff", "max_backoff")):  # as callers name them
+            v = getattr(self, field)
             if not is_real(v) or not v >= 0:
-                raise ValueError(f"retry {name} must be a number of seconds >= 0, got {v!r}")
+                raise ArgumentError(Arg(name), f" must be a number of seconds >= 0, got {v!r}")
 
     def wait(self, failures: int) -> float:
         """Seconds to wait after the `failures`-th failure in a row (1-based)."""

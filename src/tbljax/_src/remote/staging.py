@@ -29,6 +29,7 @@ from typing import Any
 from tbljax import _core
 from tbljax._src.remote import remote
 from tbljax._src.jax.collectives import host_part
+from tbljax._src.rules.contract import Arg, ArgumentError
 from tbljax._src.rules.partition import parse_part
 from tbljax._src.datasets.reader import open as open_dataset
 from tbljax._src.rules.contract import is_integer
@@ -70,10 +71,10 @@ def parse_partition(partition: Any, count: int) -> range:
         import jax
 
         if not jax.distributed.is_initialized():
-            raise ValueError("partition='host' stages this process's part of a multi-process JAX "
-                             "job, but jax.distributed is not initialized in this process: call "
-                             "jax.distributed.initialize() before tbljax.stage (no arguments needed "
-                             "on Slurm, TPU pods and Open MPI), or give the part as (i, n) or 'i/n'")
+            raise ArgumentError(Arg("partition", "host"), " stages this process's part of a multi-process "
+                                "JAX job, but jax.distributed is not initialized in this process: call "
+                                "jax.distributed.initialize() before tbljax.stage (no arguments needed "
+                                "on Slurm, TPU pods and Open MPI), or give the part as (i, n) or 'i/n'")
         return host_part(count)
     i, n = parse_part(partition, "partition", forms="None, 'host', (i, n) or 'i/n'")
     return host_part(count, i, n)
@@ -239,7 +240,7 @@ def stage(
     """
     retry = remote.Retry(retries, retry_backoff)
     if not is_integer(workers) or not 1 <= workers <= 256:
-        raise ValueError(f"workers must be an integer in [1, 256], got {workers!r}")
+        raise ArgumentError(Arg("workers"), f" must be an integer in [1, 256], got {workers!r}")
     budget = None if budget_bytes is None else parse_size(budget_bytes)
     cache_dir = os.fspath(cache_dir)
     files = _sources(url_or_pattern)

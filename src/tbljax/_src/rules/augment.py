@@ -92,19 +92,19 @@ def _size_or_schedule(size):
     by epoch (a tuple, so an Augment stays hashable: jit takes it as a static argument)."""
     if size is None:
         return None
-    bad = (f"size must be (height, width) with each in [1, {_MAX_SIDE}], a schedule "
-           f"{{epoch: (height, width)}} starting at epoch 0, or None for the stored size; "
-           f"got {size!r}")
+    bad = contract.ArgumentError(contract.Arg("size"), f" must be (height, width) with each in [1, {_MAX_SIDE}], a "
+                                 f"schedule {{epoch: (height, width)}} starting at epoch 0, or None for the "
+                                 f"stored size; got {size!r}")
     if isinstance(size, dict):
         if not size or not all(contract.is_integer(e) and e >= 0 for e in size):
-            raise ValueError(bad)
+            raise bad
         steps = tuple(sorted((int(e), _side_pair(s)) for e, s in size.items()))
         if steps[0][0] != 0 or any(s is None for _, s in steps):
-            raise ValueError(bad)
+            raise bad
         return steps[0][1] if len(steps) == 1 else steps
     pair = _side_pair(size)
     if pair is None:
-        raise ValueError(bad)
+        raise bad
     return pair
 
 

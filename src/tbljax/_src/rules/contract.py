@@ -14,13 +14,10 @@ The numbers come from the C++ core (`tbljax._core`), which is where the kernel e
 """
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
-
 import numpy as np
 
 from tbljax import _core
+from tbljax._src.rules.errors import Arg, ArgumentError, worded  # re-exported: every room's import
 
 __all__ = ["Arg", "ArgumentError", "DEFAULT_RESIZE", "IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "MAX_OUT_SIDE",
            "MAX_RECORDS", "MAX_SIDE", "MAX_THREADS", "OUT_DTYPES", "RESIZE_MODES",
@@ -47,49 +44,6 @@ SQUARE_RESIZE_MODES: tuple[str, ...] = tuple(_core.SQUARE_RESIZE_MODES)  # cente
 DEFAULT_RESIZE: str = _core.DEFAULT_RESIZE_MODE               # center_crop
 # Records a loader serves at most: its `index` output is int32.
 MAX_RECORDS = int(np.iinfo(np.int32).max)
-
-
-_BARE = object()
-
-
-@dataclasses.dataclass(frozen=True)
-class Arg:
-    """An argument named in an error message, so that the message reads in the words of whoever
-    called: the Python API (`Arg("image_size")` reads `image_size`, `Arg("classes", ...)`
-    `classes=`, `Arg("format", "jpeg")` `format='jpeg'`) or the command line, which maps each
-    name to its flag (`-s/--image-size`, `--classes`, `--format jpeg`; a switch set True reads
-    as the flag alone)."""
-
-    name: str
-    value: Any = _BARE  # _BARE: the name alone; Ellipsis: `name=`; else `name=value`
-
-    def words(self, flags: Mapping[str, tuple[str, bool]] | None = None) -> str:
-        """In the API's words, or (given `flags`: name -> (flag, is_switch)) the command line's."""
-        if flags is None or self.name not in flags:
-            api = self.name if self.value is _BARE else (
-                self.name + "=" + ("" if self.value is ... else repr(self.value)))
-            return api if flags is None else f"{api} (Python API only)"  # a command without the flag
-        flag, switch = flags[self.name]
-        if self.value is _BARE or self.value is ... or (switch and self.value is True):
-            return flag
-        return f"{flag} {self.value}"
-
-
-class ArgumentError(ValueError):
-    """A bad argument, its message made of text and `Arg`s: str() reads as the Python API,
-    `words(flags)` as the command line. `ArgumentError(Arg("image_size"), " must be > 0")`."""
-
-    def __init__(self, *parts: str | Arg):
-        self.parts = parts
-        super().__init__(self.words())
-
-    def words(self, flags: Mapping[str, tuple[str, bool]] | None = None) -> str:
-        return worded(self.parts, flags)
-
-
-def worded(parts: Sequence[str | Arg], flags: Mapping[str, tuple[str, bool]] | None = None) -> str:
-    """Text and `Arg`s as one string, in the API's words or (given `flags`) the command line's."""
-    return "".join(p.words(flags) if isinstance(p, Arg) else p for p in parts)
 
 
 def check_record_count(n: int, what: str) -> None:

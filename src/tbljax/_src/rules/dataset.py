@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tbljax._src.rules.augment import RecordGeometry
+from tbljax._src.rules.errors import shown
 
 __all__ = ["FIELD_KINDS", "FieldInfo", "JpegRecords", "RawRecords", "RecordDataset", "Records", "RECORD_FORMATS",
            "WeightedDataset"]
@@ -385,7 +386,7 @@ def require(dataset: Any, what: str) -> RecordDataset:
     """`dataset` itself if it implements the contract, else TypeError naming what took it."""
     if not isinstance(dataset, RecordDataset):
         raise TypeError(f"{what} takes a TBL path, a list of shard paths or a tbljax.Dataset, "
-                        f"got {type(dataset).__name__} {dataset!r}"[:300])
+                        f"got {type(dataset).__name__} {shown(repr(dataset))}")
     return dataset
 
 

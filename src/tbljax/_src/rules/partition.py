@@ -38,11 +38,11 @@ def parse_part(spec: Any, what: str, forms: str = "(i, n) or 'i/n'") -> tuple[in
     if isinstance(spec, str):
         m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
         if not m:
-            raise ValueError(f"{what} must be {forms}, got {spec!r}")
+            raise ArgumentError(Arg(what), f" must be {forms}, got {spec!r}")
         spec = (int(m[1]), int(m[2]))
     if not (isinstance(spec, (tuple, list)) and len(spec) == 2
             and all(is_integer(x) for x in spec)):
-        raise ValueError(f"{what} must be {forms}, got {spec!r}")
+        raise ArgumentError(Arg(what), f" must be {forms}, got {spec!r}")
     i, n = spec
     if not (n >= 1 and 0 <= i < n):  # named as an Arg: the CLI reads `--shard 3/2 needs ...`
         raise ArgumentError(Arg(what), f" {i}/{n} needs part i of n with 0 <= i < n")

@@ -9,6 +9,7 @@ from typing import Any
 
 from tbljax._src.remote import remote
 from tbljax._src.rules.contract import Arg, ArgumentError
+from tbljax._src.rules.errors import shown
 from tbljax._src.sources import files, huggingface, tfds
 from tbljax._src.sources.items import Label
 
@@ -46,4 +47,4 @@ def resolve(sources: Any, *, labels: Sequence[Label] | None, classes: list[str] 
 
 
 def _describe(sources: Any) -> str:
-    return f"{type(sources).__name__} {sources!r}"[:120]
+    return f"{type(sources).__name__} {shown(repr(sources), 100)}"

@@ -22,6 +22,7 @@ from tbljax._src.remote import remote
 from tbljax._src.file.fields import kind_for_extension
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules.contract import Arg, ArgumentError
+from tbljax._src.rules.errors import shown
 from tbljax._src.sources.items import (IMAGE_EXTENSIONS, LABEL_EXTENSIONS, TAR_SUFFIXES, Item,
                                   Label, label_list, parse_label, share, table_for)
 from tbljax._src.sources.arrays import (ACCEPTED_FORMS, IMAGE_KEYS, LABEL_KEYS, ArraySource,
@@ -345,11 +346,11 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
         sources = [sources]
     if not isinstance(sources, (list, tuple)) or not all(isinstance(s, (str, os.PathLike)) for s in sources):
         raise TypeError(f"convert's sources must be {ACCEPTED_FORMS}; got {type(sources).__name__} "
-                        f"{sources!r}"[:700])
+                        f"{shown(repr(sources), 600)}")
     paths = [p for s in map(os.fspath, sources)
              for p in (remote.expand(s) if remote.is_url(s) else expand_braces(s))]
     if not paths:
-        raise ValueError(f"convert: no sources given (or the pattern matched no file: {sources!r})"[:300])
+        raise ValueError(f"convert: no sources given (or the pattern matched no file: {shown(repr(sources))})")
     _refuse_duplicates(paths)
     is_tar = [remote.name_of(p).endswith(TAR_SUFFIXES) for p in paths]
     if any(map(remote.is_url, paths)) and not all(is_tar):

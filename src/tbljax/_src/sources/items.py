@@ -17,6 +17,7 @@ import numpy as np
 from tbljax._src.remote import remote
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules.partition import host_part
+from tbljax._src.rules.errors import shown
 
 # Image files by extension (a folder's other files are left out and listed); .jfif is a JPEG.
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "jfif", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif"})
@@ -123,7 +124,7 @@ def parse_label(ext: str, payload: bytes, required: bool = True) -> tuple[Label,
             return obj, None
         if isinstance(obj, str) and obj.strip() and "\n" not in obj.strip():
             return obj.strip(), None
-        return -1, f".json{field} label is {json.dumps(obj)[:60]}, not an integer id or a class name"
+        return -1, f".json{field} label is {shown(json.dumps(obj), 60)}, not an integer id or a class name"
     if not text:
         return -1, f".{ext} label member is empty"
     if re.fullmatch(r"[+-]?[0-9]+", text):
@@ -192,5 +193,5 @@ def paths_of(sources: Any, is_kind: Callable[[list[str]], bool]) -> list[str] | 
         return None
     paths = [p for w in words for p in remote.expand(w)]
     if not paths:
-        raise ValueError(f"convert: the pattern matched no file: {sources!r}"[:300])
+        raise ValueError(f"convert: the pattern matched no file: {shown(repr(sources))}")
     return paths
