@@ -182,7 +182,7 @@ def test_unsupported_combinations_are_refused_by_name(tmp_path):
         tbljax.convert(np.zeros((2, 8, 8, 3), np.uint8), tmp_path / "a.tbl", image_size=8, format="jpeg",
                        fields={"seg": tbljax.Mask("png")})
     with pytest.raises(ValueError, match="format"):
-        tbljax.Boxes("json", format="yxyx")
+        tbljax.Boxes("json", format="yxxy")
     with pytest.raises(ValueError, match="flip_permutation"):
         tbljax.Keypoints("npy", flip_permutation=[0, 0])
 
@@ -198,3 +198,102 @@ def test_field_role_metadata_is_checked_at_open():
                         ({"role": "paint"}, [None, 4])]:
         with pytest.raises(_core.CorruptFileError, match="field 'boxes' metadata"):
             check_field_meta("boxes", {**good, "role": role, "shape": shape}, "x.tbl")
+
+
+def _center_crop_boxes(xyxy, w, h, size):
+    """xyxy source boxes in a center_crop record of side `size`: shifted, scaled, clipped."""
+    side = min(w, h)
+    x0, y0 = (w - side) / 2, (h - side) / 2
+    return np.clip((np.asarray(xyxy, np.float64) - [x0, y0, x0, y0]) * (size / side), 0, size)
+
+
+def _center_crop_mask(m, size):
+    h, w = m.shape
+    side = min(h, w)
+    y0, x0 = (h - side) // 2, (w - side) // 2
+    return m[np.ix_(y0 + _nearest(side, size), x0 + _nearest(side, size))]
+
+
+def test_dict_source_declares_which_keys_are_geometric(tmp_path):
+    photos = _photos(3)
+    images = [_rgb(p) for p in photos]
+    masks = [_classes(im) for im in images]
+    # xywh, about the centre (inside the crop)
+    boxes = [{"boxes": [[m.shape[1] / 2 - 20, m.shape[0] / 2 - 15, 40.0, 30.0]], "labels": [k + 1]}
+             for k, m in enumerate(masks)]
+    s = tbljax.convert({"image": images, "seg": masks, "objects": boxes, "caption": ["a", "b", "c"]},
+                       tmp_path / "a.tbl", image_size=32, progress=False,
+                       fields={"seg": tbljax.Mask(ignore=255),
+                               "boxes": tbljax.Boxes(key="objects", format="xywh", labels="box_labels")})
+    assert s.written == 3 and not s.skipped
+    ds = tbljax.open(tmp_path / "a.tbl")
+    assert sorted(ds.fields) == ["box_labels", "boxes", "caption", "seg"]  # "objects" read as "boxes"
+    for k, m in enumerate(masks):
+        h, w = m.shape
+        np.testing.assert_array_equal(ds.field("seg")[k], _center_crop_mask(m, 32))
+        want = _center_crop_boxes([[w / 2 - 20, h / 2 - 15, w / 2 + 20, h / 2 + 15]], w, h, 32)
+        np.testing.assert_allclose(ds.field("boxes")[k], want, atol=1e-4)
+        np.testing.assert_array_equal(ds.field("box_labels")[k], [k + 1])
+    with pytest.raises(ValueError, match="ext=.*a dict source read a geometric field by key="):
+        tbljax.convert({"image": images, "seg": masks}, tmp_path / "b.tbl", image_size=32, progress=False,
+                       fields={"seg": tbljax.Mask("png")})
+    with pytest.raises(ValueError, match="key 'sge'"):
+        tbljax.convert({"image": images, "seg": masks}, tmp_path / "b.tbl", image_size=32, progress=False,
+                       fields={"seg": tbljax.Mask(key="sge")})
+
+
+def test_parallel_folder_masks_voc_layout(tmp_path):
+    photos = _photos(3)
+    (tmp_path / "JPEGImages").mkdir()
+    (tmp_path / "SegmentationClass").mkdir()
+    masks = {}
+    for p in photos:
+        (tmp_path / "JPEGImages" / p.name).write_bytes(p.read_bytes())
+        masks[p.name] = _classes(_rgb(p))
+        (tmp_path / "SegmentationClass" / (p.stem + ".png")).write_bytes(_png(masks[p.name]))
+    (tmp_path / "SegmentationClass" / (photos[2].stem + ".png")).unlink()  # one photo without its mask
+    s = tbljax.convert(tmp_path / "JPEGImages", tmp_path / "a.tbl", image_size=24, progress=False,
+                       fields={"seg": tbljax.Mask("png", folder=tmp_path / "SegmentationClass")})
+    assert s.written == 2 and [x["key"] for x in s.skipped] == [photos[2].name]
+    assert "field 'seg': missing" in s.skipped[0]["reason"]
+    ds = tbljax.open(tmp_path / "a.tbl")
+    for k, key in enumerate(ds.keys):
+        np.testing.assert_array_equal(ds.field("seg")[k], _center_crop_mask(masks[key], 24))
+    with pytest.raises(ValueError, match="inside the image folder"):
+        tbljax.convert(tmp_path, tmp_path / "b.tbl", image_size=24, progress=False,
+                       fields={"seg": tbljax.Mask("png", folder=tmp_path / "SegmentationClass")})
+    with pytest.raises(ValueError, match="key=.*TAR shards read a geometric field by ext="):
+        _tar(tmp_path / "a.tar", {"s0": {"jpg": photos[0].read_bytes()}})
+        tbljax.convert(tmp_path / "a.tar", tmp_path / "b.tbl", image_size=24, progress=False,
+                       fields={"seg": tbljax.Mask(key="seg")})
+
+
+def _role_kinds(tmp_path):
+    """A file, shard files, a host part and a mixture holding geometric fields."""
+    from tbljax._src.datasets.host_part import PartDataset
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (6, 8, 8, 3), np.uint8)
+    cols = {"seg": rng.integers(0, 4, (6, 8, 8), np.uint8),
+            "det": [{"boxes": [[0, 0, 4, 4]], "labels": [1]}] * 6,
+            "kp": rng.uniform(0, 8, (6, 2, 2)).astype(np.float32)}
+    fields = {"seg": tbljax.Mask(ignore=9), "det": tbljax.Boxes(format="xyxy", labels="det_labels"),
+              "kp": tbljax.Keypoints(flip_permutation=[1, 0])}
+    paths = []
+    for name, rows in (("s0", slice(0, 3)), ("s1", slice(3, 6))):
+        tbljax.convert({"image": images[rows], **{k: v[rows] for k, v in cols.items()}}, tmp_path / f"{name}.tbl",
+                       image_size=8, progress=False, fields=fields)
+        paths.append(str(tmp_path / f"{name}.tbl"))
+    one = tbljax.open(paths[0])
+    return {"file": one, "shards": tbljax.open(paths), "part": PartDataset(one, 1, 3, "fp"),
+            "mixture": tbljax.mix({"a": paths[0], "b": paths[1]}, {"a": 1, "b": 1}, steps_per_epoch=2)}
+
+
+def test_roles_read_back_through_field_info_on_every_kind(tmp_path):
+    for kind, ds in _role_kinds(tmp_path).items():
+        f = ds.fields
+        assert f["seg"].role == {"role": "mask", "ignore": 9}, kind
+        assert f["det"].role == {"role": "boxes", "format": "xyxy", "labels": "det_labels"}, kind
+        assert f["det_labels"].role == {"role": "box_labels", "of": "det"}, kind
+        assert f["kp"].role == {"role": "keypoints", "flip_permutation": [1, 0]}, kind
+        assert f["seg"].kind == "ndarray" and f["seg"].shape == (8, 8), kind

@@ -249,7 +249,7 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     ext = opts.label_ext.lower() if opts.label_ext else None
     src = choose.resolve(sources, labels=opts.labels, classes=table, label_ext=ext, fields=opts.fields,
                          image_column=opts.image_column, label_column=opts.label_column,
-                         image_key=opts.image_key, label_key=opts.label_key, retry=retry)
+                         image_key=opts.image_key, label_key=opts.label_key, retry=retry, geometric=opts.geometric)
     if opts.shard is not None:
         src = src.select(*opts.shard)
     bar = Progress(0, progress_mode(opts.progress), opts.progress_interval)

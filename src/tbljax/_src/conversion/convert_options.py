@@ -150,6 +150,8 @@ class ConvertOptions:
         object.__setattr__(self, "geometric", geometric)
         for name, ext in self.fields.items():
             check_name(name)
+            if name in geometric and ext.ext is None:
+                continue  # read by key (a dict source, a column, a feature): no extension
             ext = getattr(ext, "ext", ext)
             if not isinstance(ext, str) or not ext.strip(".") or "/" in ext:
                 raise ValueError(f"field {name!r}: the extension must be a member extension such as "

@@ -30,6 +30,8 @@ class GeometricFields:
         for name, spec in self.specs.items():
             self.roles[name] = {**spec.role(), **({"flat": True} if self.flat and isinstance(
                 spec, (Mask, DenseMap)) else {})}
+            if not isinstance(spec, Boxes):  # whatever holds it (.png, .npy bytes, an array)
+                self.kinds[name] = "ndarray"
             if isinstance(spec, Boxes) and spec.labels:
                 self.kinds[spec.labels] = "ndarray"
                 self.roles[spec.labels] = {"role": "box_labels", "of": name}
@@ -69,6 +71,8 @@ class GeometricFields:
             except (TypeError, ValueError):
                 raise ValueError(f"boxes must be (n, 4) numbers in {spec.format}, got {str(boxes)[:60]}") from None
             xyxy = geometry.boxes_to_xyxy(b, spec.format)
+            if spec.normalized:  # fractions of the photo's width and height (TFDS)
+                xyxy = xyxy * np.array([w, h, w, h], np.float64)
             out_of = ~((xyxy[:, 0] >= 0) & (xyxy[:, 1] >= 0) & (xyxy[:, 2] <= w) & (xyxy[:, 3] <= h)
                        & (xyxy[:, 0] <= xyxy[:, 2]) & (xyxy[:, 1] <= xyxy[:, 3]))
             if out_of.any():

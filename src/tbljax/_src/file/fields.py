@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import tempfile
 from array import array
 from typing import Any
@@ -63,7 +64,34 @@ def kind_for_extension(ext: str) -> str:
 # ---- geometric fields: a field that follows the image (issue 48; rules/geometry.py) ----------
 
 @dataclasses.dataclass(frozen=True)
-class Mask:
+class _Declared:
+    """Where a geometric field is read from, one of: `ext`, the TAR member's extension or the
+    sidecar file's beside each photo (img1.jpg + img1.mask.png); `folder=` with `ext`, a
+    parallel folder holding the same relative path with `ext` for the photo's extension (VOC's
+    JPEGImages/x.jpg + SegmentationClass/x.png); `key=`, the dict source's key, Hugging Face
+    column or TFDS feature holding it (default: the field's name). Which apply depends on the
+    source; convert refuses the others by name."""
+
+    ext: str | None = None
+    key: str | None = dataclasses.field(default=None, kw_only=True)
+    folder: str | None = dataclasses.field(default=None, kw_only=True)
+
+    def __post_init__(self):
+        kind = type(self).__name__
+        if isinstance(self.folder, os.PathLike):
+            object.__setattr__(self, "folder", os.fspath(self.folder))
+        for what in ("ext", "key", "folder"):
+            v = getattr(self, what)
+            if v is not None and (not isinstance(v, str) or not v.strip(".")):
+                raise ValueError(f"{kind}({what}=) must be a non-empty str or None, got {v!r}")
+        if self.folder is not None and self.ext is None:
+            raise ValueError(f"{kind}(folder=) needs ext=, the extension of its files (e.g. 'png')")
+        if self.key is not None and (self.ext is not None or self.folder is not None):
+            raise ValueError(f"{kind}(key=) names a dict key, column or feature: it takes no ext= or folder=")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mask(_Declared):
     """A label map that follows the image: resized by the nearest rule (labels never
     blended), `ignore` where the output has no source pixel. Read from a one-channel .png
     (mode L or P: uint8; I;16: uint16) or an (H, W) .npy of integers.
@@ -71,10 +99,10 @@ class Mask:
     >>> tbljax.convert("voc/", "voc.tbl", image_size=256, fields={"mask": tbljax.Mask("png", ignore=255)})
     """
 
-    ext: str
     ignore: int = 255
 
     def __post_init__(self):
+        super().__post_init__()
         if not contract.is_integer(self.ignore) or not 0 <= self.ignore < 1 << 16:
             raise ValueError(f"Mask(ignore=) must be an int in [0, 65535], got {self.ignore!r}")
 
@@ -83,15 +111,15 @@ class Mask:
 
 
 @dataclasses.dataclass(frozen=True)
-class DenseMap:
+class DenseMap(_Declared):
     """A dense map (depth, flow) that follows the image: interpolation "nearest" (the mask's
     rule) or "linear" (bilinear, float32), samples equal to `invalid` given no weight."""
 
-    ext: str
     interpolation: str = "nearest"
     invalid: float | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"DenseMap(interpolation=) must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
         if self.invalid is not None and (isinstance(self.invalid, bool) or not isinstance(self.invalid, (int, float))):
@@ -102,17 +130,22 @@ class DenseMap:
 
 
 @dataclasses.dataclass(frozen=True)
-class Boxes:
-    """Boxes that follow the image, given in `format` (xyxy, xywh, cxcywh; pixels of the
-    source image) as an (n, 4) array or a JSON list, or an object {"boxes": [...], "labels":
-    [...]}; stored as float32 xyxy at the record's geometry. labels: the name of a field that
-    gets each box's integer label (from the object's "labels")."""
+class Boxes(_Declared):
+    """Boxes that follow the image, given in `format` (xyxy, xywh, cxcywh, or yxyx: TFDS's
+    ymin, xmin, ymax, xmax) in pixels of the source image, or with normalized=True as
+    fractions of its width and height (TFDS's BBoxFeature), as an (n, 4) array or a JSON
+    list, or an object {"boxes": [...], "labels": [...]}; stored as float32 xyxy at the
+    record's geometry. labels: the name of a field that gets each box's integer label (from
+    the object's "labels")."""
 
-    ext: str
     format: str = "xyxy"  # noqa: A003 - torchvision's word
     labels: str | None = None
+    normalized: bool = False
 
     def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.normalized, bool):
+            raise ValueError(f"Boxes(normalized=) must be True or False, got {self.normalized!r}")
         if self.format not in BOX_FORMATS:
             raise ValueError(f"Boxes(format=) must be one of {BOX_FORMATS}, got {self.format!r}")
         if self.labels is not None:
@@ -123,15 +156,15 @@ class Boxes:
 
 
 @dataclasses.dataclass(frozen=True)
-class Keypoints:
+class Keypoints(_Declared):
     """Keypoints that follow the image: (K, 2|3) or (n, K, 2|3) as (x, y[, visibility]),
     K = len(flip_permutation); stored as float32 (n, K, 3), visibility 0 outside the record.
     flip_permutation: point k of a mirrored image is point flip_permutation[k] (left ↔ right)."""
 
-    ext: str
     flip_permutation: tuple[int, ...] = ()
 
     def __post_init__(self):
+        super().__post_init__()
         perm = tuple(self.flip_permutation)
         if not perm or sorted(perm) != list(range(len(perm))) or not all(contract.is_integer(k) for k in perm):
             raise ValueError(f"Keypoints(flip_permutation=) must be a permutation of 0..K-1, got {perm!r}")
@@ -359,7 +392,8 @@ class FieldsNotFound(ValueError):
 
 def info_of(meta: dict[str, Any]) -> FieldInfo:
     dtype = np.dtype(meta["dtype"]) if meta.get("dtype") else None
-    return FieldInfo(meta["kind"], dtype, tuple(meta["shape"]))
+    role = meta.get("role")
+    return FieldInfo(meta["kind"], dtype, tuple(meta["shape"]), dict(role) if role is not None else None)
 
 
 def check_field_meta(name: Any, meta: Any, path: str) -> None:
