@@ -27,6 +27,7 @@ from tbljax._src.sources.items import Item, load_classes
 from tbljax._src.file import fields as _fields
 from tbljax._src.remote import remote
 from tbljax._src.sources import choose
+from tbljax._src.sources.coco import CocoSource
 from tbljax._src.rules import contract
 from tbljax._src.file.format import Writer
 from tbljax._src.conversion.convert_options import (CHUNK, ConversionError, ConvertOptions, ConvertSummary,
@@ -227,7 +228,8 @@ def convert(
         labels=labels, classes=classes, label_ext=label_ext, shard=shard, progress=progress,
         progress_interval=progress_interval, retries=retries, retry_backoff=retry_backoff,
         image_column=image_column, label_column=label_column, image_key=image_key,
-        label_key=label_key, fields=fields, from_tbl=tbl_files is not None)
+        label_key=label_key, fields=fields, from_tbl=tbl_files is not None,
+        declared=sources.geometric if isinstance(sources, CocoSource) else {})
     if opts.shard is not None:
         dst = dst.replace("{shard}", f"{opts.shard[0]:05d}-of-{opts.shard[1]:05d}")
     if os.path.isdir(dst):  # said before "exists": overwrite= would not help

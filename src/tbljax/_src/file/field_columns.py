@@ -114,7 +114,7 @@ def merge_infos(name: str, infos: Sequence[FieldInfo], paths: Sequence[str]) -> 
             raise ValueError(f"field {name!r} is {first} in {paths[0]} but {info} in {p}: "
                              "the shard files disagree")
     if first.kind == "ndarray" and first.shape and len({i.shape[0] for i in infos}) > 1:
-        return first._replace(shape=(None, *first.shape[1:]))
+        return FieldInfo("ndarray", first.dtype, (None, *first.shape[1:]), first.role)
     return first
 
 

@@ -65,29 +65,23 @@ def kind_for_extension(ext: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class _Declared:
-    """Where a geometric field is read from, one of: `ext`, the TAR member's extension or the
-    sidecar file's beside each photo (img1.jpg + img1.mask.png); `folder=` with `ext`, a
-    parallel folder holding the same relative path with `ext` for the photo's extension (VOC's
-    JPEGImages/x.jpg + SegmentationClass/x.png); `key=`, the dict source's key, Hugging Face
-    column or TFDS feature holding it (default: the field's name). Which apply depends on the
-    source; convert refuses the others by name."""
+    """Where a geometric field is read from: `ext`, the TAR member's or sidecar file's extension
+    (img1.jpg + img1.mask.png); with `folder=`, of the file at the photo's relative path in that
+    parallel folder (VOC's JPEGImages/x.jpg + SegmentationClass/x.png); `key=`, the dict key,
+    Hugging Face column or TFDS feature (default: the field's name). `items.check_declared`."""
 
     ext: str | None = None
     key: str | None = dataclasses.field(default=None, kw_only=True)
     folder: str | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self):
-        kind = type(self).__name__
         if isinstance(self.folder, os.PathLike):
             object.__setattr__(self, "folder", os.fspath(self.folder))
-        for what in ("ext", "key", "folder"):
-            v = getattr(self, what)
-            if v is not None and (not isinstance(v, str) or not v.strip(".")):
-                raise ValueError(f"{kind}({what}=) must be a non-empty str or None, got {v!r}")
-        if self.folder is not None and self.ext is None:
-            raise ValueError(f"{kind}(folder=) needs ext=, the extension of its files (e.g. 'png')")
-        if self.key is not None and (self.ext is not None or self.folder is not None):
-            raise ValueError(f"{kind}(key=) names a dict key, column or feature: it takes no ext= or folder=")
+        bad = [w for w in ("ext", "key", "folder") if getattr(self, w) is not None
+               and (not isinstance(getattr(self, w), str) or not getattr(self, w).strip("."))]
+        if bad or (self.folder is not None and self.ext is None) or (self.key is not None and self.ext is not None):
+            raise ValueError(f"{type(self).__name__}({', '.join(bad) or 'ext, key, folder'}=): give ext= (a "
+                             f"non-empty str), with folder= or not, or key= alone; got {self!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,12 +125,10 @@ class DenseMap(_Declared):
 
 @dataclasses.dataclass(frozen=True)
 class Boxes(_Declared):
-    """Boxes that follow the image, given in `format` (xyxy, xywh, cxcywh, or yxyx: TFDS's
-    ymin, xmin, ymax, xmax) in pixels of the source image, or with normalized=True as
-    fractions of its width and height (TFDS's BBoxFeature), as an (n, 4) array or a JSON
-    list, or an object {"boxes": [...], "labels": [...]}; stored as float32 xyxy at the
-    record's geometry. labels: the name of a field that gets each box's integer label (from
-    the object's "labels")."""
+    """Boxes that follow the image, in `format` (xyxy, xywh, cxcywh, yxyx: TFDS's order) in the
+    source's pixels (normalized=True: fractions of its width and height, as TFDS's BBoxFeature)
+    as an (n, 4) array or a JSON list, or {"boxes": [...], "labels": [...]}; stored float32 xyxy
+    at the record's geometry. labels: the name of a field for each box's integer label."""
 
     format: str = "xyxy"  # noqa: A003 - torchvision's word
     labels: str | None = None
@@ -144,10 +136,9 @@ class Boxes(_Declared):
 
     def __post_init__(self):
         super().__post_init__()
-        if not isinstance(self.normalized, bool):
-            raise ValueError(f"Boxes(normalized=) must be True or False, got {self.normalized!r}")
-        if self.format not in BOX_FORMATS:
-            raise ValueError(f"Boxes(format=) must be one of {BOX_FORMATS}, got {self.format!r}")
+        if self.format not in BOX_FORMATS or not isinstance(self.normalized, bool):
+            raise ValueError(f"Boxes(format=) must be one of {BOX_FORMATS} and normalized= True or False, got "
+                             f"{self.format!r}, {self.normalized!r}")
         if self.labels is not None:
             check_name(self.labels)
 
@@ -392,8 +383,7 @@ class FieldsNotFound(ValueError):
 
 def info_of(meta: dict[str, Any]) -> FieldInfo:
     dtype = np.dtype(meta["dtype"]) if meta.get("dtype") else None
-    role = meta.get("role")
-    return FieldInfo(meta["kind"], dtype, tuple(meta["shape"]), dict(role) if role is not None else None)
+    return FieldInfo(meta["kind"], dtype, tuple(meta["shape"]), dict(meta["role"]) if "role" in meta else None)
 
 
 def check_field_meta(name: Any, meta: Any, path: str) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from tbljax._src.remote import remote
 from tbljax._src.rules.contract import Arg, ArgumentError
-from tbljax._src.sources import files, huggingface, tfds
+from tbljax._src.sources import coco, files, huggingface, tfds
 from tbljax._src.sources.items import Label, check_declared
 
 
@@ -21,6 +21,15 @@ def resolve(sources: Any, *, labels: Sequence[Label] | None, classes: list[str] 
     `geometric`: the geometric declarations of fields=, by name (read by key= from a
     dict, Hugging Face or TFDS source; by ext= and folder= from TAR shards and folders)."""
     geometric = dict(geometric or {})
+    if isinstance(sources, coco.CocoSource):
+        given = {"labels": labels, "label_ext": label_ext,
+                 "image_column": image_column, "label_column": label_column, "image_key": image_key,
+                 "label_key": label_key}
+        wrong = [k for k, v in given.items() if v]
+        if wrong:
+            raise ArgumentError(Arg(wrong[0], ...), " does not apply to a COCO source: its fields are its "
+                                "boxes and masks (coco(boxes=, masks=)), and it has no image labels")
+        return sources
     keyed = all(g.ext is None for g in geometric.values())
     # Columns and features read: fields= names, and the geometric fields' keys.
     columns = {**{n: n for n in (fields if isinstance(fields, tuple) else ())},
