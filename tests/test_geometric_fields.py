@@ -297,3 +297,51 @@ def test_roles_read_back_through_field_info_on_every_kind(tmp_path):
         assert f["det_labels"].role == {"role": "box_labels", "of": "det"}, kind
         assert f["kp"].role == {"role": "keypoints", "flip_permutation": [1, 0]}, kind
         assert f["seg"].kind == "ndarray" and f["seg"].shape == (8, 8), kind
+
+
+def test_hugging_face_image_mask_column_and_box_sequence(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    photos = _photos(3)
+    masks = [_classes(_rgb(p)) for p in photos]
+    sizes = [_size(p) for p in photos]
+    bbox = [[[w / 2 - 20, h / 2 - 15, 40.0, 30.0]] for w, h in sizes]  # xywh about the centre
+    features = datasets.Features({"image": datasets.Image(), "seg": datasets.Image(),
+                                  "bbox": datasets.Sequence(datasets.Sequence(datasets.Value("float32"), length=4))})
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": p.read_bytes(), "path": None} for p in photos],
+                                     "seg": [{"bytes": _png(m), "path": None} for m in masks], "bbox": bbox},
+                                    features=features)
+    s = tbljax.convert(ds, tmp_path / "a.tbl", image_size=32, progress=False,
+                       fields={"seg": tbljax.Mask(), "boxes": tbljax.Boxes(key="bbox", format="xywh")})
+    assert s.written == 3 and not s.skipped
+    got = tbljax.open(tmp_path / "a.tbl")
+    for k, (m, (w, h)) in enumerate(zip(masks, sizes)):
+        np.testing.assert_array_equal(got.field("seg")[k], _center_crop_mask(m, 32))
+        x, y, bw, bh = np.float32(bbox[k][0]).astype(np.float64)  # as the float32 column holds them
+        np.testing.assert_allclose(got.field("boxes")[k], _center_crop_boxes([[x, y, x + bw, y + bh]], w, h, 32),
+                                   atol=1e-4)
+    with pytest.raises(ValueError, match="ext=.*Hugging Face dataset or Parquet file read a geometric field by key="):
+        tbljax.convert(ds, tmp_path / "b.tbl", image_size=32, progress=False, fields={"seg": tbljax.Mask("png")})
+
+
+def test_tfds_segmentation_bytes_and_normalized_yxyx_boxes(tmp_path):
+    pytest.importorskip("google_crc32c")
+    from _source_files import example, tfrecord
+
+    photos = _photos(3)
+    masks = [_classes(_rgb(p)) for p in photos]
+    sizes = [_size(p) for p in photos]
+    # TFDS's BBoxFeature: ymin, xmin, ymax, xmax as fractions of the height and width
+    yxyx = [[0.25, 0.375, 0.75, 0.625, 0.5, 0.5, 0.5625, 0.5625] for _ in photos]
+    records = [example({"image": p.read_bytes(), "segmentation_mask": _png(m), "objects/bbox": b})
+               for p, m, b in zip(photos, masks, yxyx)]
+    (tmp_path / "a.tfrecord").write_bytes(tfrecord(records))
+    s = tbljax.convert(tmp_path / "a.tfrecord", tmp_path / "a.tbl", image_size=32, progress=False,
+                       fields={"seg": tbljax.Mask(key="segmentation_mask"),
+                               "boxes": tbljax.Boxes(key="objects/bbox", format="yxyx", normalized=True)})
+    assert s.written == 3 and not s.skipped
+    got = tbljax.open(tmp_path / "a.tbl")
+    for k, (m, (w, h)) in enumerate(zip(masks, sizes)):
+        np.testing.assert_array_equal(got.field("seg")[k], _center_crop_mask(m, 32))
+        b = np.float32(yxyx[k]).astype(np.float64).reshape(-1, 4)  # float_list: float32
+        xyxy = np.stack([b[:, 1] * w, b[:, 0] * h, b[:, 3] * w, b[:, 2] * h], 1)
+        np.testing.assert_allclose(got.field("boxes")[k], _center_crop_boxes(xyxy, w, h, 32), atol=1e-4)

@@ -30,10 +30,9 @@ def resolve(sources: Any, *, labels: Sequence[Label] | None, classes: list[str] 
             raise ArgumentError(Arg(wrong[0], ...), " does not apply to a COCO source: its fields are its "
                                 "boxes and masks (coco(boxes=, masks=)), and it has no image labels")
         return sources
-    keyed = all(g.ext is None for g in geometric.values())
     # Columns and features read: fields= names, and the geometric fields' keys.
     columns = {**{n: n for n in (fields if isinstance(fields, tuple) else ())},
-               **({n: g.key or n for n, g in geometric.items()} if keyed else {})}
+               **{n: g.key or n for n, g in geometric.items()}}
     src = huggingface.resolve(sources, classes, image_column, label_column, columns, retry) \
         or tfds.resolve(sources, classes, image_key, label_key, columns, retry)
     given = {"image_column": image_column, "label_column": label_column, "image_key": image_key,
