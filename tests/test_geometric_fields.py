@@ -345,3 +345,33 @@ def test_tfds_segmentation_bytes_and_normalized_yxyx_boxes(tmp_path):
         b = np.float32(yxyx[k]).astype(np.float64).reshape(-1, 4)  # float_list: float32
         xyxy = np.stack([b[:, 1] * w, b[:, 0] * h, b[:, 3] * w, b[:, 2] * h], 1)
         np.testing.assert_allclose(got.field("boxes")[k], _center_crop_boxes(xyxy, w, h, 32), atol=1e-4)
+
+
+def test_cli_field_role_spelling(tmp_path, capsys):
+    from tbljax._src.tools import cli
+
+    photos = _photos(2)
+    (tmp_path / "JPEGImages").mkdir()
+    (tmp_path / "Seg").mkdir()
+    masks = {}
+    for p in photos:
+        (tmp_path / "JPEGImages" / p.name).write_bytes(p.read_bytes())
+        masks[p.name] = _classes(_rgb(p))
+        (tmp_path / "Seg" / (p.stem + ".png")).write_bytes(_png(masks[p.name]))
+        w, h = _size(p)
+        (tmp_path / "JPEGImages" / (p.stem + ".kpts.npy")).write_bytes(
+            _npy(np.array([[w / 2, h / 2], [w / 2 + 10, h / 2]], np.float32)))
+    rc = cli.main(["convert", str(tmp_path / "JPEGImages"), "-o", str(tmp_path / "a.tbl"), "-s", "24", "-q",
+                   "--field", f"seg=png:mask,ignore=7,folder={tmp_path / 'Seg'}",
+                   "--field", "kpts=kpts.npy:keypoints,flip_permutation=1/0"])
+    assert rc == 0
+    ds = tbljax.open(tmp_path / "a.tbl")
+    assert ds.fields["seg"].role == {"role": "mask", "ignore": 7}
+    assert ds.fields["kpts"].role == {"role": "keypoints", "flip_permutation": [1, 0]}
+    for k, key in enumerate(ds.keys):
+        np.testing.assert_array_equal(ds.field("seg")[k], _center_crop_mask(masks[key], 24))
+    for bad, said in [("seg=png:maks", "role 'maks' must be one of"), ("seg=png:mask,ignroe=1", "'ignroe=1'"),
+                      ("seg=png:mask,ignore=x", "ignore='x' is not a valid value")]:
+        assert cli.main(["convert", str(tmp_path / "JPEGImages"), "-o", str(tmp_path / "b.tbl"), "-s", "24", "-q",
+                         "--field", bad]) == 2  # a usage error, one line on stderr
+        assert said in capsys.readouterr().err
