@@ -375,3 +375,44 @@ def test_cli_field_role_spelling(tmp_path, capsys):
         assert cli.main(["convert", str(tmp_path / "JPEGImages"), "-o", str(tmp_path / "b.tbl"), "-s", "24", "-q",
                          "--field", bad]) == 2  # a usage error, one line on stderr
         assert said in capsys.readouterr().err
+
+
+def test_exif_rotated_photo_fields_are_read_in_the_displayed_frame(tmp_path):
+    """A real photo re-saved with EXIF orientation 6 (displayed turned 90° clockwise): the
+    decoder applies it, so the record is the displayed photo, and a mask or boxes given in the
+    displayed frame follow it; a mask in the stored (unturned) frame is skipped, the reason
+    naming the orientation."""
+    from PIL import ImageOps
+
+    p = _photos(1)[0]
+    with Image.open(p) as im:
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        buf = io.BytesIO()
+        im.convert("RGB").save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    src = tmp_path / "photos"
+    src.mkdir()
+    (src / "a.jpg").write_bytes(buf.getvalue())
+    (src / "b.jpg").write_bytes(buf.getvalue())
+    with Image.open(io.BytesIO(buf.getvalue())) as im:
+        stored = np.asarray(im.convert("RGB"))
+        shown = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+    assert shown.shape[:2] == stored.shape[1::-1] != stored.shape[:2]  # a turned, non-square photo
+    h, w = shown.shape[:2]
+    (src / "a.mask.png").write_bytes(_png(_classes(shown)))
+    (src / "b.mask.png").write_bytes(_png(_classes(stored)))
+    box = [w / 2 - 20, h / 2 - 15, w / 2 + 20, h / 2 + 15]  # displayed frame, about the centre
+    for k in "ab":
+        (src / f"{k}.boxes.json").write_bytes(json.dumps([box]).encode())
+    s = tbljax.convert(src, tmp_path / "a.tbl", image_size=32, progress=False,
+                       fields={"seg": tbljax.Mask("mask.png"), "boxes": tbljax.Boxes("boxes.json")})
+    assert s.written == 1 and s.skipped[0]["key"] == "b.jpg"
+    assert "EXIF orientation 6" in s.skipped[0]["reason"] and "field 'seg'" in s.skipped[0]["reason"]
+    ds = tbljax.open(tmp_path / "a.tbl")
+    np.testing.assert_array_equal(ds.field("seg")[0], _center_crop_mask(_classes(shown), 32))
+    np.testing.assert_allclose(ds.field("boxes")[0], _center_crop_boxes([box], w, h, 32), atol=1e-4)
+    # The record is the displayed photo: its luminance classes agree with the displayed-frame
+    # mask better than with the stored frame's turned the other way (rot90 of the stored mask).
+    mine = _classes(ds.read(0))
+    other = _center_crop_mask(np.ascontiguousarray(np.rot90(_classes(stored))), 32)
+    assert (mine == ds.field("seg")[0]).mean() > (mine == other).mean() + 0.1

@@ -353,7 +353,10 @@ class _Records:
             return None
         width, height = source_size(it.data)
         out_hw = (r.height, r.width) if isinstance(r, Encoded) else r.shape[:2]
-        return lambda values: self.geometric.apply(values, (height, width), out_hw)
+        # Fields are read in the displayed frame (the decoder applies EXIF orientation): the
+        # orientation only words the reason when a field fits the stored frame instead.
+        turned = is_jpeg(it.data) and _core.jpeg_info(it.data)["orientation"]
+        return lambda values: self.geometric.apply(values, (height, width), out_hw, turned or 1)
 
     def _spend_raw_budget(self, results: list) -> list:
         """The chunk's compact records with those `choose_raw` picks replaced by their pixels,

@@ -36,8 +36,10 @@ class GeometricFields:
                 self.kinds[spec.labels] = "ndarray"
                 self.roles[spec.labels] = {"role": "box_labels", "of": name}
 
-    def apply(self, values: dict[str, Any], src_hw: tuple[int, int], out_hw: tuple[int, int]) -> dict[str, Any] | str:
-        """`values` with each geometric field at the record's geometry, or why one fails."""
+    def apply(self, values: dict[str, Any], src_hw: tuple[int, int], out_hw: tuple[int, int],
+              orientation: int = 1) -> dict[str, Any] | str:
+        """`values` with each geometric field at the record's geometry, or why one fails;
+        src_hw is the photo as displayed (EXIF `orientation` applied)."""
         plan = geometry.resize_plan(*src_hw, self.size, self.mode, self.max_long)
         if (plan.out_h, plan.out_w) != tuple(out_hw):  # the plan is the core's; a mismatch is ours
             raise AssertionError(f"resize plan {plan} disagrees with the record's {out_hw}")
@@ -46,7 +48,10 @@ class GeometricFields:
             try:
                 out.update(self._one(name, spec, values[name], src_hw, plan))
             except ValueError as e:
-                return f"field {name!r}: {e}"
+                shape = values[name].shape[:2] if isinstance(values[name], np.ndarray) else None
+                stored = (f" (the photo's stored frame: its EXIF orientation {orientation} turns it; fields are "
+                          "read in the displayed frame)" if orientation >= 5 and shape == src_hw[::-1] else "")
+                return f"field {name!r}: {e}{stored}"
         return out
 
     def _one(self, name: str, spec: Any, v: Any, src_hw: tuple[int, int],
