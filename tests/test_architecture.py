@@ -32,7 +32,7 @@ ROOMS = [
                   "mixup", "arrays", "loader", "resident_host", "resident"]),  # JAX arrays, the kernel inside jit
     ("_src/adapters", ["common", "torch", "mlx"]),  # torch and MLX
     ("_src/remote", ["remote", "staging"]),         # files at URLs, shards staged to local disk
-    ("_src/sources", ["items", "arrays", "files", "huggingface", "tf_example", "tfds",
+    ("_src/sources", ["items", "arrays", "files", "huggingface", "tf_example", "tfds", "coco",
                       "choose"]),                   # what a conversion reads
     ("_src/conversion", ["progress", "convert_options", "label_table", "geometric_fields", "image_records",
                          "convert_tbl", "convert"]),               # sources -> a TBL file

@@ -22,6 +22,7 @@ from tbljax._src.conversion.convert import convert
 from tbljax._src.conversion.convert_options import ConvertSummary
 from tbljax._src.file.format import FORMATS, INDEX_DTYPE, Writer
 from tbljax._src.file.fields import Boxes, DenseMap, Keypoints, Mask
+from tbljax._src.sources.coco import coco
 from tbljax._src.engine.host_loader import HostLoader
 from tbljax._src.engine.kernels import build_info
 from tbljax._src.jax.loader import Loader, loader
@@ -57,7 +58,7 @@ __all__ = [
     "FORMATS", "IMAGENET_MEAN", "IMAGENET_STD", "INDEX_DTYPE", "Augment", "HostBatch", "HostLoader", "Loader",
     "LoaderOptions", "RandAugment", "RandomErasing", "TrivialAugment", "ColorJitter", "ThreeAugment", "Grayscale",
     "Solarize", "GaussianBlur", "RowLayout", "loader", "augment", "kernels", "order", "show",
-    "ConversionError", "ConvertSummary", "CorruptFileError", "Boxes", "DenseMap", "Keypoints", "Mask",
+    "ConversionError", "ConvertSummary", "CorruptFileError", "Boxes", "DenseMap", "Keypoints", "Mask", "coco",
     "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
     "Mixture", "host_part", "mix", "open", "ops", "row_layout", "stage",
 ]

@@ -26,6 +26,7 @@ from tbljax._src.sources.items import Item, load_classes
 from tbljax._src.file import fields as _fields
 from tbljax._src.remote import remote
 from tbljax._src.sources import choose
+from tbljax._src.sources.coco import CocoSource
 from tbljax._src.rules import contract
 from tbljax._src.file.format import Writer, run_entries
 from tbljax._src.conversion.convert_options import (CHUNK, ConversionError, ConvertOptions, ConvertSummary,
@@ -226,7 +227,8 @@ def convert(
         labels=labels, classes=classes, label_ext=label_ext, shard=shard, progress=progress,
         progress_interval=progress_interval, retries=retries, retry_backoff=retry_backoff,
         image_column=image_column, label_column=label_column, image_key=image_key,
-        label_key=label_key, fields=fields, from_tbl=tbl_files is not None)
+        label_key=label_key, fields=fields, from_tbl=tbl_files is not None,
+        declared=sources.geometric if isinstance(sources, CocoSource) else {})
     if opts.shard is not None:
         dst = dst.replace("{shard}", f"{opts.shard[0]:05d}-of-{opts.shard[1]:05d}")
     if os.path.isdir(dst):  # said before "exists": overwrite= would not help
@@ -248,7 +250,7 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     ext = opts.label_ext.lower() if opts.label_ext else None
     src = choose.resolve(sources, labels=opts.labels, classes=table, label_ext=ext, fields=opts.fields,
                          image_column=opts.image_column, label_column=opts.label_column,
-                         image_key=opts.image_key, label_key=opts.label_key, retry=retry)
+                         image_key=opts.image_key, label_key=opts.label_key, retry=retry, geometric=opts.geometric)
     if opts.shard is not None:
         src = src.select(*opts.shard)
     bar = Progress(0, progress_mode(opts.progress), opts.progress_interval)
@@ -350,7 +352,10 @@ class _Records:
             return None
         width, height = source_size(it.data)
         out_hw = (r.height, r.width) if isinstance(r, Encoded) else r.shape[:2]
-        return lambda values: self.geometric.apply(values, (height, width), out_hw)
+        # Fields are read in the displayed frame (the decoder applies EXIF orientation): the
+        # orientation only words the reason when a field fits the stored frame instead.
+        turned = is_jpeg(it.data) and _core.jpeg_info(it.data)["orientation"]
+        return lambda values: self.geometric.apply(values, (height, width), out_hw, turned or 1)
 
     def _spend_raw_budget(self, results: list) -> list:
         """The chunk's compact records with those `choose_raw` picks replaced by their pixels,

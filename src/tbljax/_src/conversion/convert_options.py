@@ -72,7 +72,9 @@ class ConvertOptions:
     label_key: str | None = None
     fields: Mapping[str, Any] | Sequence[str] | None = None
     from_tbl: bool = False
-    # Set from fields=: the geometric fields' declarations (tbljax.Mask, ...), by name.
+    # The geometric fields a source declares itself (a COCO source's boxes and masks), by name.
+    declared: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Set from fields= and `declared`: the geometric fields' declarations (tbljax.Mask, ...), by name.
     geometric: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -91,8 +93,16 @@ class ConvertOptions:
         if interval is not None and (isinstance(interval, bool) or not isinstance(
                 interval, (int, float)) or not interval > 0):
             raise ArgumentError(Arg("progress_interval"), f" must be a positive number of seconds, got {interval!r}")
+        if self.declared and self.fields is not None:
+            raise ArgumentError(Arg("fields", ...), " does not apply to a COCO source: its fields are its boxes "
+                                "and masks (coco(boxes=, masks=))")
         if self.fields is not None:
             object.__setattr__(self, "fields", self._checked_fields())
+        object.__setattr__(self, "geometric", {**self.geometric, **self.declared})
+        if self.geometric and self.format == "jpeg" and self.quality is None:
+            raise ArgumentError("geometric fields (", ", ".join(sorted(self.geometric)), ") are stored at the "
+                                "record's geometry: ", Arg("format", "jpeg"), " without ", Arg("quality", 90),
+                                " keeps the photo's own; convert to RAW or re-encode")
         ext = self.label_ext
         if ext is not None and (not isinstance(ext, str) or not ext or "/" in ext):
             raise ArgumentError(Arg("label_ext"), f" must be a member extension such as 'txt' or 'cls', got {ext!r}")
@@ -121,10 +131,6 @@ class ConvertOptions:
                             f"Parquet, TFRecord, ArrayRecord), got {type(self.fields).__name__}")
         out = {}
         geometric = {n: v for n, v in self.fields.items() if isinstance(v, tuple(GEOMETRIC_ROLES.values()))}
-        if geometric and self.format == "jpeg" and self.quality is None:
-            raise ArgumentError("geometric fields (", ", ".join(sorted(geometric)), ") are stored at the "
-                                "record's geometry: ", Arg("format", "jpeg"), " without ", Arg("quality", 90),
-                                " keeps the photo's own; convert to RAW or re-encode")
         labels = [g.labels for g in geometric.values() if getattr(g, "labels", None)]
         clash = sorted(set(labels) & set(self.fields)) or sorted({x for x in labels if labels.count(x) > 1})
         if clash:
@@ -132,6 +138,8 @@ class ConvertOptions:
         object.__setattr__(self, "geometric", geometric)
         for name, ext in self.fields.items():
             check_name(name)
+            if name in geometric and ext.ext is None:
+                continue  # read by key (a dict source, a column, a feature): no extension
             ext = getattr(ext, "ext", ext)
             if not isinstance(ext, str) or not ext.strip(".") or "/" in ext:
                 raise ValueError(f"field {name!r}: the extension must be a member extension such as "

@@ -30,12 +30,16 @@ class GeometricFields:
         for name, spec in self.specs.items():
             self.roles[name] = {**spec.role(), **({"flat": True} if self.flat and isinstance(
                 spec, (Mask, DenseMap)) else {})}
+            if not isinstance(spec, Boxes):  # whatever holds it (.png, .npy bytes, an array)
+                self.kinds[name] = "ndarray"
             if isinstance(spec, Boxes) and spec.labels:
                 self.kinds[spec.labels] = "ndarray"
                 self.roles[spec.labels] = {"role": "box_labels", "of": name}
 
-    def apply(self, values: dict[str, Any], src_hw: tuple[int, int], out_hw: tuple[int, int]) -> dict[str, Any] | str:
-        """`values` with each geometric field at the record's geometry, or why one fails."""
+    def apply(self, values: dict[str, Any], src_hw: tuple[int, int], out_hw: tuple[int, int],
+              orientation: int = 1) -> dict[str, Any] | str:
+        """`values` with each geometric field at the record's geometry, or why one fails;
+        src_hw is the photo as displayed (EXIF `orientation` applied)."""
         plan = geometry.resize_plan(*src_hw, self.size, self.mode, self.max_long)
         if (plan.out_h, plan.out_w) != tuple(out_hw):  # the plan is the core's; a mismatch is ours
             raise AssertionError(f"resize plan {plan} disagrees with the record's {out_hw}")
@@ -44,7 +48,10 @@ class GeometricFields:
             try:
                 out.update(self._one(name, spec, values[name], src_hw, plan))
             except ValueError as e:
-                return f"field {name!r}: {e}"
+                shape = values[name].shape[:2] if isinstance(values[name], np.ndarray) else None
+                stored = (f" (the photo's stored frame: its EXIF orientation {orientation} turns it; fields are "
+                          "read in the displayed frame)" if orientation >= 5 and shape == src_hw[::-1] else "")
+                return f"field {name!r}: {e}{stored}"
         return out
 
     def _one(self, name: str, spec: Any, v: Any, src_hw: tuple[int, int],
@@ -69,6 +76,8 @@ class GeometricFields:
             except (TypeError, ValueError):
                 raise ValueError(f"boxes must be (n, 4) numbers in {spec.format}, got {str(boxes)[:60]}") from None
             xyxy = geometry.boxes_to_xyxy(b, spec.format)
+            if spec.normalized:  # fractions of the photo's width and height (TFDS)
+                xyxy = xyxy * np.array([w, h, w, h], np.float64)
             out_of = ~((xyxy[:, 0] >= 0) & (xyxy[:, 1] >= 0) & (xyxy[:, 2] <= w) & (xyxy[:, 3] <= h)
                        & (xyxy[:, 0] <= xyxy[:, 2]) & (xyxy[:, 1] <= xyxy[:, 3]))
             if out_of.any():

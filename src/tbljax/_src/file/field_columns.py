@@ -109,12 +109,12 @@ def merge_infos(name: str, infos: Sequence[FieldInfo], paths: Sequence[str]) -> 
     first = infos[0]
     for info, p in zip(infos[1:], paths[1:]):
         same_trail = info.shape[1:] == first.shape[1:] and len(info.shape) == len(first.shape)
-        if info.kind != first.kind or info.dtype != first.dtype or not same_trail or \
+        if info.kind != first.kind or info.dtype != first.dtype or not same_trail or info.role != first.role or \
                 (info.kind == "ndarray" and not first.shape and info.shape):
             raise ValueError(f"field {name!r} is {first} in {paths[0]} but {info} in {p}: "
                              "the shard files disagree")
     if first.kind == "ndarray" and first.shape and len({i.shape[0] for i in infos}) > 1:
-        return FieldInfo("ndarray", first.dtype, (None, *first.shape[1:]))
+        return FieldInfo("ndarray", first.dtype, (None, *first.shape[1:]), first.role)
     return first
 
 

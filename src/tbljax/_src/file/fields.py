@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import tempfile
 from array import array
 from typing import Any
@@ -60,7 +61,28 @@ def kind_for_extension(ext: str) -> str:
 # ---- geometric fields: a field that follows the image (issue 48; rules/geometry.py) ----------
 
 @dataclasses.dataclass(frozen=True)
-class Mask:
+class _Declared:
+    """Where a geometric field is read from: `ext`, the TAR member's or sidecar file's extension
+    (img1.jpg + img1.mask.png); with `folder=`, of the file at the photo's relative path in that
+    parallel folder (VOC's JPEGImages/x.jpg + SegmentationClass/x.png); `key=`, the dict key,
+    Hugging Face column or TFDS feature (default: the field's name). `items.check_declared`."""
+
+    ext: str | None = None
+    key: str | None = dataclasses.field(default=None, kw_only=True)
+    folder: str | None = dataclasses.field(default=None, kw_only=True)
+
+    def __post_init__(self):
+        if isinstance(self.folder, os.PathLike):
+            object.__setattr__(self, "folder", os.fspath(self.folder))
+        bad = [w for w in ("ext", "key", "folder") if getattr(self, w) is not None
+               and (not isinstance(getattr(self, w), str) or not getattr(self, w).strip("."))]
+        if bad or (self.folder is not None and self.ext is None) or (self.key is not None and self.ext is not None):
+            raise ValueError(f"{type(self).__name__}({', '.join(bad) or 'ext, key, folder'}=): give ext= (a "
+                             f"non-empty str), with folder= or not, or key= alone; got {self!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mask(_Declared):
     """A label map that follows the image: resized by the nearest rule (labels never
     blended), `ignore` where the output has no source pixel. Read from a one-channel .png
     (mode L or P: uint8; I;16: uint16) or an (H, W) .npy of integers.
@@ -68,10 +90,10 @@ class Mask:
     >>> tbljax.convert("voc/", "voc.tbl", image_size=256, fields={"mask": tbljax.Mask("png", ignore=255)})
     """
 
-    ext: str
     ignore: int = 255
 
     def __post_init__(self):
+        super().__post_init__()
         if not contract.is_integer(self.ignore) or not 0 <= self.ignore < 1 << 16:
             raise ValueError(f"Mask(ignore=) must be an int in [0, 65535], got {self.ignore!r}")
 
@@ -80,15 +102,15 @@ class Mask:
 
 
 @dataclasses.dataclass(frozen=True)
-class DenseMap:
+class DenseMap(_Declared):
     """A dense map (depth, flow) that follows the image: interpolation "nearest" (the mask's
     rule) or "linear" (bilinear, float32), samples equal to `invalid` given no weight."""
 
-    ext: str
     interpolation: str = "nearest"
     invalid: float | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"DenseMap(interpolation=) must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
         if self.invalid is not None and (isinstance(self.invalid, bool) or not isinstance(self.invalid, (int, float))):
@@ -99,19 +121,21 @@ class DenseMap:
 
 
 @dataclasses.dataclass(frozen=True)
-class Boxes:
-    """Boxes that follow the image, given in `format` (xyxy, xywh, cxcywh; pixels of the
-    source image) as an (n, 4) array or a JSON list, or an object {"boxes": [...], "labels":
-    [...]}; stored as float32 xyxy at the record's geometry. labels: the name of a field that
-    gets each box's integer label (from the object's "labels")."""
+class Boxes(_Declared):
+    """Boxes that follow the image, in `format` (xyxy, xywh, cxcywh, yxyx: TFDS's order) in the
+    source's pixels (normalized=True: fractions of its width and height, as TFDS's BBoxFeature)
+    as an (n, 4) array or a JSON list, or {"boxes": [...], "labels": [...]}; stored float32 xyxy
+    at the record's geometry. labels: the name of a field for each box's integer label."""
 
-    ext: str
     format: str = "xyxy"  # noqa: A003 - torchvision's word
     labels: str | None = None
+    normalized: bool = False
 
     def __post_init__(self):
-        if self.format not in BOX_FORMATS:
-            raise ValueError(f"Boxes(format=) must be one of {BOX_FORMATS}, got {self.format!r}")
+        super().__post_init__()
+        if self.format not in BOX_FORMATS or not isinstance(self.normalized, bool):
+            raise ValueError(f"Boxes(format=) must be one of {BOX_FORMATS} and normalized= True or False, got "
+                             f"{self.format!r}, {self.normalized!r}")
         if self.labels is not None:
             check_name(self.labels)
 
@@ -120,15 +144,15 @@ class Boxes:
 
 
 @dataclasses.dataclass(frozen=True)
-class Keypoints:
+class Keypoints(_Declared):
     """Keypoints that follow the image: (K, 2|3) or (n, K, 2|3) as (x, y[, visibility]),
     K = len(flip_permutation); stored as float32 (n, K, 3), visibility 0 outside the record.
     flip_permutation: point k of a mirrored image is point flip_permutation[k] (left ↔ right)."""
 
-    ext: str
     flip_permutation: tuple[int, ...] = ()
 
     def __post_init__(self):
+        super().__post_init__()
         perm = tuple(self.flip_permutation)
         if not perm or sorted(perm) != list(range(len(perm))) or not all(contract.is_integer(k) for k in perm):
             raise ValueError(f"Keypoints(flip_permutation=) must be a permutation of 0..K-1, got {perm!r}")
@@ -352,7 +376,7 @@ class Columns:
 
 def info_of(meta: dict[str, Any]) -> FieldInfo:
     dtype = np.dtype(meta["dtype"]) if meta.get("dtype") else None
-    return FieldInfo(meta["kind"], dtype, tuple(meta["shape"]))
+    return FieldInfo(meta["kind"], dtype, tuple(meta["shape"]), dict(meta["role"]) if "role" in meta else None)
 
 
 def check_field_meta(name: Any, meta: Any, path: str) -> None:

@@ -47,11 +47,14 @@ FIELD_KINDS = ("str", "json", "ndarray")
 
 class FieldInfo(NamedTuple):
     """A field's kind, dtype (ndarray fields; None otherwise) and per-record shape (`()` for
-    str/json; None at the first place for a ragged ndarray field)."""
+    str/json; None at the first place for a ragged ndarray field); `role`: a geometric
+    field's role as its metadata holds it ({"role": "mask", "ignore": 255}, {"role": "boxes",
+    "format": "xyxy", "labels": ...}, ...; docs/reference.md "Geometric fields"), else None."""
 
     kind: str
     dtype: np.dtype | None
     shape: tuple[int | None, ...]
+    role: dict | None = None
 
     @property
     def ragged(self) -> bool:

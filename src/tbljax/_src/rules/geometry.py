@@ -35,7 +35,8 @@ __all__ = ["BOX_FORMATS", "INTERPOLATIONS", "ResizePlan", "boxes_to_xyxy", "map_
            "resize_dense", "resize_nearest", "resize_plan", "serve_boxes", "serve_keypoints", "serve_mask",
            "stored_boxes", "stored_keypoints"]
 
-BOX_FORMATS = ("xyxy", "xywh", "cxcywh")   # torchvision's BoundingBoxFormat names, lower case
+# torchvision's BoundingBoxFormat names, lower case; yxyx: TFDS's BBoxFeature order.
+BOX_FORMATS = ("xyxy", "xywh", "cxcywh", "yxyx")
 INTERPOLATIONS = ("nearest", "linear")     # a dense map's resize
 
 
@@ -139,9 +140,11 @@ def resize_dense(a: np.ndarray, plan: ResizePlan, interpolation: str, invalid: A
 
 
 def boxes_to_xyxy(boxes: np.ndarray, fmt: str) -> np.ndarray:
-    """(n, 4) boxes in `fmt` (xyxy, xywh: corner and size, cxcywh: centre and size) as float64
-    xyxy."""
+    """(n, 4) boxes in `fmt` (xyxy, xywh: corner and size, cxcywh: centre and size, yxyx:
+    ymin, xmin, ymax, xmax) as float64 xyxy."""
     b = np.asarray(boxes, np.float64).reshape(-1, 4)
+    if fmt == "yxyx":
+        return b[:, [1, 0, 3, 2]]
     if fmt == "xywh":
         return np.concatenate([b[:, :2], b[:, :2] + b[:, 2:]], axis=1)
     if fmt == "cxcywh":

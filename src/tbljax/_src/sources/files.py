@@ -23,7 +23,7 @@ from tbljax._src.file.fields import kind_for_extension
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules.contract import Arg, ArgumentError
 from tbljax._src.rules.errors import shown
-from tbljax._src.sources.items import (IMAGE_EXTENSIONS, LABEL_EXTENSIONS, TAR_SUFFIXES, Item,
+from tbljax._src.sources.items import (IMAGE_EXTENSIONS, LABEL_EXTENSIONS, TAR_SUFFIXES, Item, check_declared,
                                   Label, label_list, parse_label, share, table_for)
 from tbljax._src.sources.arrays import (ACCEPTED_FORMS, IMAGE_KEYS, LABEL_KEYS, ArraySource,
                                           split_images_labels)
@@ -215,10 +215,19 @@ class FolderSource:
     # Where labels come from: convert says it when no record has one.
     LABELS_FROM = ("an image folder takes its labels from one subfolder per class, named after it",)
 
-    def __init__(self, root: str, classes: list[str] | None = None, fields: dict[str, str] | None = None):
+    def __init__(self, root: str, classes: list[str] | None = None, fields: dict[str, str] | None = None,
+                 folders: dict[str, str] | None = None):
         self.root = Path(root)
-        # Field name -> extension of the sidecar file beside each image (a/img1.jpg + a/img1.txt).
+        # Field name -> extension of the sidecar file beside each image (a/img1.jpg + a/img1.txt),
+        # or of the file at the image's relative path in a parallel folder (`folders`).
         self.field_exts = dict(fields or {})
+        self.folders = {n: Path(f) for n, f in (folders or {}).items()}
+        for name, f in self.folders.items():
+            if not f.is_dir():
+                raise FileNotFoundError(f"field {name!r}: folder {f} (Mask(folder=)) is not a directory")
+            if f.resolve().is_relative_to(self.root.resolve()):  # its files would be listed as images
+                raise ValueError(f"field {name!r}: folder {f} lies inside the image folder {root}; "
+                                 "a parallel folder must lie outside it")
         self.field_kinds = {k: kind_for_extension(e) for k, e in self.field_exts.items()}
         subdirs = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
         if classes is not None and subdirs:
@@ -230,7 +239,7 @@ class FolderSource:
         found = ([(f, name) for name in subdirs for f in sorted((self.root / name).rglob("*")) if f.is_file()]
                  if subdirs else [(f, -1) for f in sorted(self.root.iterdir()) if f.is_file()])
         # A field's sidecar file (a/img1.mask.png beside a/img1.jpg) is no image.
-        sidecar = {"." + e.lower() for e in self.field_exts.values()}
+        sidecar = {"." + e.lower() for n, e in self.field_exts.items() if n not in self.folders}
         self.files: list[tuple[Path, Label]] = [
             (f, label) for f, label in found
             if _is_image_file(f) and not any(f.name.lower().endswith(s) for s in sidecar if s.count(".") > 1)]
@@ -276,6 +285,8 @@ class FolderSource:
         out = {}
         for name, ext in self.field_exts.items():
             side = f.with_name(f"{f.with_suffix('').name}.{ext}")
+            if name in self.folders:  # the same relative path in the parallel folder
+                side = self.folders[name] / side.relative_to(self.root)
             try:
                 out[name] = side.read_bytes()
             except FileNotFoundError:
@@ -320,10 +331,12 @@ class FileListSource:
 
 def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[str] | None = None,
             label_ext: str | None = None, retry: remote.Retry = remote.DEFAULT_RETRY,
-            fields: dict[str, str] | None = None,
+            fields: dict[str, str] | None = None, geometric: dict[str, Any] | None = None,
             ) -> TarSource | FolderSource | FileListSource | ArraySource:
     """Turns convert's `sources` argument into a source object (see ACCEPTED_FORMS). URLs name
-    TAR shards (braces expanded; glob characters matched where the filesystem can list)."""
+    TAR shards (braces expanded; glob characters matched where the filesystem can list).
+    `geometric`: fields='s geometric declarations (`items.check_declared`)."""
+    geometric = dict(geometric or {})
     split = split_images_labels(sources, labels)
     if label_ext is not None and split is not None:
         raise ArgumentError(Arg("label_ext"), " is for TAR shards; arrays take ", Arg("labels", ...))
@@ -331,9 +344,18 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
         images, labels = split
         columns = ({k: v for k, v in sources.items() if k not in IMAGE_KEYS + LABEL_KEYS}
                    if isinstance(sources, Mapping) else {})
-        if fields:
+        keys = check_declared(geometric, "a dict source")
+        if fields or (geometric and not columns):
             raise ArgumentError(Arg("fields", ...), " names TAR members or sidecar files; a dict source's keys besides "
-                             "image and label are its fields (as {'image': ..., 'caption': [...]})")
+                             "image and label are its fields (as {'image': ..., 'caption': [...]}), and "
+                             "fields= only says which of them are geometric ({'seg': tbljax.Mask()})")
+        missing = sorted(k for k in keys.values() if k not in columns)
+        if missing:
+            raise ValueError(f"fields= declares the dict source's key {missing[0]!r}, which it does not have "
+                             f"(its fields: {sorted(columns)})")
+        renamed = {k for n, k in keys.items() if k != n}  # key= read under the field's name
+        columns = {**{k: v for k, v in columns.items() if k not in renamed},
+                   **{n: columns[k] for n, k in keys.items()}}
         src = ArraySource(images, None, fields=columns)
         for name, col in columns.items():
             if len(col) != len(src.rows):
@@ -362,14 +384,17 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
                                 "from subfolders")
         if label_ext is not None:
             raise ArgumentError(Arg("label_ext"), " is for TAR shards; an image folder takes labels from subfolders")
-        return FolderSource(paths[0], classes, fields)
+        check_declared(geometric, "an image folder")
+        return FolderSource(paths[0], classes, fields,
+                            {n: g.folder for n, g in geometric.items() if g.folder is not None})
     if all(is_tar):
         if labels is not None:
             raise ArgumentError(Arg("labels", ...), " is for arrays and file lists; TAR shards carry .cls/.json labels")
+        check_declared(geometric, "TAR shards")
         return TarSource(paths, classes, label_ext, retry, fields)
     if label_ext is not None:
         raise ArgumentError(Arg("label_ext"), " is for TAR shards; image files take ", Arg("labels", ...))
-    if fields:
+    if fields or geometric:
         raise ArgumentError(Arg("fields", ...), " is for TAR shards (members) and image folders (sidecar files)")
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:

@@ -12,7 +12,7 @@ not those its footer declares, when the footer contradicts itself.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,16 +51,19 @@ class _Columns:
     IterableDataset does not know them) and convert's arguments; the classes of a ClassLabel."""
 
     def __init__(self, features: Any, names: Sequence[str], where: str, image_column: str | None,
-                 label_column: str | None, fields: Sequence[str], classes: list[str] | None):
+                 label_column: str | None, fields: Sequence[str] | Mapping[str, str], classes: list[str] | None):
         datasets = _import("datasets")
         features = features or {}
         names = list(names) or list(features)
+        # Field name -> the column holding it (a geometric field's key=; else its own name).
+        self.column = dict(fields) if isinstance(fields, Mapping) else {f: f for f in fields}
         for what, col in (("image_column", image_column), ("label_column", label_column),
-                          *(("fields", f) for f in fields)):
+                          *(("fields", f) for f in self.column.values())):
             if col is not None and names and col not in names:
                 raise ValueError(f"{where}: {what} {col!r} is not a column; columns: {names}")
         if image_column is None:
-            images = [c for c, f in features.items() if isinstance(f, datasets.Image)]
+            images = [c for c, f in features.items() if isinstance(f, datasets.Image)
+                      and c not in self.column.values()]  # an Image field (a mask) is not the photo
             if len(images) != 1:
                 found = f"Image features {images}" if images else "no Image feature"
                 raise ValueError(f"{where} has {found}: name the image column with image_column= "
@@ -77,8 +80,11 @@ class _Columns:
             raise ValueError(f"{where}: its features are unknown (an IterableDataset without "
                              f"features), so the kinds of fields {self.fields} are not known: "
                              "give the dataset its features (IterableDataset.cast)")
-        # Each field's kind and, for ndarray fields, the dtype its cells are read at.
-        typed = {f: _field_kind(features[f], where, f) for f in self.fields}
+        # Each field's kind and, for ndarray fields, the dtype its cells are read at; an Image
+        # column (a mask as PNG) is read as its encoded bytes.
+        self.encoded = {f for f, c in self.column.items() if isinstance(features[c], datasets.Image)}
+        typed = {f: ("ndarray", None) if f in self.encoded else _field_kind(features[c], where, c)
+                 for f, c in self.column.items()}
         self.kinds = {f: k for f, (k, _) in typed.items()}
         self.dtypes = {f: d for f, (_, d) in typed.items() if d is not None}
         names_of = getattr(features.get(label_column), "names", None) if label_column else None
@@ -91,7 +97,7 @@ class _Columns:
 
     @property
     def read(self) -> list[str]:
-        return list(dict.fromkeys([self.image, *([self.label] if self.label else []), *self.fields]))
+        return list(dict.fromkeys([self.image, *([self.label] if self.label else []), *self.column.values()]))
 
     def items(self, rows: dict[str, list[Any]], keys: Sequence[str], source: str) -> Iterator[Item]:
         """The items of a batch of rows, given column by column (`pyarrow` `to_pydict`)."""
@@ -100,7 +106,8 @@ class _Columns:
             data, error = _image_bytes(rows[self.image][r])
             label, label_error = _label(labels[r], self.label)
             yield Item(key, source, data, label, error=error, label_error=label_error,
-                       fields={f: _cell(rows[f][r], self.dtypes.get(f)) for f in self.fields})
+                       fields={f: _image_bytes(rows[c][r])[0] if f in self.encoded else
+                               _cell(rows[c][r], self.dtypes.get(f)) for f, c in self.column.items()})
 
 
 def _in_column(path: str, column: str) -> bool:
@@ -212,7 +219,7 @@ class ParquetSource:
 
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
                  image_column: str | None = None, label_column: str | None = None,
-                 fields: Sequence[str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
+                 fields: Sequence[str] | Mapping[str, str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
                  units: list[tuple[str, int, int]] | None = None, columns: _Columns | None = None,
                  problems: dict[tuple[str, int], str] | None = None):
         self.paths, self.retry = list(paths), retry
@@ -354,7 +361,7 @@ class HFDatasetSource:
         return self.columns.kinds
 
     def __init__(self, ds: Any, classes: list[str] | None = None, image_column: str | None = None,
-                 label_column: str | None = None, fields: Sequence[str] = (),
+                 label_column: str | None = None, fields: Sequence[str] | Mapping[str, str] = (),
                  rows: range | None = None, columns: _Columns | None = None):
         datasets = _import("datasets")
         self.ds, self.iterable = ds, isinstance(ds, datasets.IterableDataset)
@@ -417,7 +424,7 @@ class HFDatasetSource:
 
 
 def resolve(sources: Any, classes: list[str] | None, image_column: str | None,
-            label_column: str | None, fields: Sequence[str] = (),
+            label_column: str | None, fields: Sequence[str] | Mapping[str, str] = (),
             retry: remote.Retry = remote.DEFAULT_RETRY) -> ParquetSource | HFDatasetSource | None:
     """The Hugging Face source `sources` names (a dataset object, or Parquet paths and
     patterns), or None when it names none."""

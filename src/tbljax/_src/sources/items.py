@@ -195,3 +195,31 @@ def paths_of(sources: Any, is_kind: Callable[[list[str]], bool]) -> list[str] | 
     if not paths:
         raise ValueError(f"convert: the pattern matched no file: {shown(repr(sources))}")
     return paths
+
+
+# ---- where a geometric field is read from -----------------------------------------------
+
+# What each kind of source reads a geometric declaration's field by (`fields._Declared`):
+# the attributes it takes, the first one required.
+DECLARED_BY = {
+    "TAR shards": ("ext",),
+    "an image folder": ("ext", "folder"),
+    "a dict source": ("key",),
+    "a Hugging Face dataset or Parquet file": ("key",),
+    "TFRecord / ArrayRecord files": ("key",),
+}
+
+
+def check_declared(geometric: dict[str, Any], source: str) -> dict[str, str]:
+    """{field name: the key it is read by} for `source`'s kind (a DECLARED_BY key); a
+    declaration naming what that kind has not (an ext= for a dict, a key= for a TAR) is refused
+    by name, as is a file source's declaration without ext=."""
+    takes = DECLARED_BY[source]
+    for name, g in geometric.items():
+        given = [w for w in ("ext", "key", "folder") if getattr(g, w) is not None and w not in takes]
+        if given or (takes[0] == "ext" and g.ext is None):
+            what = f"{given[0]}=" if given else "no ext="
+            raise ValueError(f"fields[{name!r}] = {g!r} gives {what}; {source} read a geometric field by "
+                             + " / ".join(f"{t}=" for t in takes)
+                             + (" (ext= required)" if takes[0] == "ext" else " (default: the field's name)"))
+    return {name: g.key or name for name, g in geometric.items()}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,12 +62,14 @@ class _Features:
     """Which features of an Example are the image, the label and the fields; the classes."""
 
     def __init__(self, first: str, image_key: str | None, label_key: str | None,
-                 fields: Sequence[str], classes: list[str] | None):
+                 fields: Sequence[str] | Mapping[str, str], classes: list[str] | None):
         info = {} if remote.is_url(first) else _tfds_folder(os.path.dirname(first))
         self.image_keys = (image_key,) if image_key else tuple(info.get("image", ())) or IMAGE_KEYS
         self.label_keys = (label_key,) if label_key else tuple(info.get("label", ())) or LABEL_KEYS
         self.label_required = label_key is not None
-        self.fields = list(fields)
+        # Field name -> the feature holding it (a geometric field's key=, e.g. 'objects/bbox').
+        self.feature = dict(fields) if isinstance(fields, Mapping) else {f: f for f in fields}
+        self.fields = list(self.feature)
         self.kinds: dict[str, str] | None = None if self.fields else {}  # see `field_kinds`
         names = info.get("names")
         if classes is not None and names is not None and list(classes) != names:
@@ -88,7 +90,7 @@ class _Features:
         if len(values) != 1 or not isinstance(values[0], bytes):
             return Item(key, source, None, error=f"{where}: feature {image!r} is not one bytes value")
         label, problem = self._label(feats, where)
-        fields = {f: _field_value(feats[f]) for f in self.fields if f in feats}
+        fields = {f: _field_value(feats[k]) for f, k in self.feature.items() if k in feats}
         return Item(key, source, values[0] or None, label, label_error=problem, fields=fields,
                     error=None if values[0] else f"{where}: feature {image!r} is empty")
 
@@ -137,7 +139,7 @@ def field_kinds(source: Any) -> dict[str, str]:
         kinds = {}
         for f in features.fields:
             if f not in first.fields:
-                raise ValueError(f"fields= names {f!r}, which the first record ({first.key}) "
+                raise ValueError(f"fields= names {features.feature[f]!r}, which the first record ({first.key}) "
                                  f"does not have")
             kinds[f] = "ndarray" if isinstance(first.fields[f], np.ndarray) else "str"
         features.kinds = kinds
@@ -199,7 +201,7 @@ class TFRecordSource:
 
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
                  image_key: str | None = None, label_key: str | None = None,
-                 fields: Sequence[str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
+                 fields: Sequence[str] | Mapping[str, str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
                  features: _Features | None = None):
         self.paths, self.retry = list(paths), retry
         missing = [p for p in self.paths if not remote.is_url(p) and not os.path.isfile(p)]
@@ -302,7 +304,7 @@ class ArrayRecordSource:
 
     def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
                  image_key: str | None = None, label_key: str | None = None,
-                 fields: Sequence[str] = (), features: _Features | None = None,
+                 fields: Sequence[str] | Mapping[str, str] = (), features: _Features | None = None,
                  units: list[tuple[str, int, int]] | None = None, broken: dict[str, str] | None = None):
         self.paths = list(paths)
         urls = [p for p in self.paths if remote.is_url(p)]
@@ -408,7 +410,7 @@ class _reader:
 
 
 def resolve(sources: Any, classes: list[str] | None, image_key: str | None, label_key: str | None,
-            fields: Sequence[str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
+            fields: Sequence[str] | Mapping[str, str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
             ) -> TFRecordSource | ArrayRecordSource | None:
     """The TFDS source `sources` names (TFRecord or ArrayRecord paths and patterns), or None."""
     paths = paths_of(sources, _is_tfrecord)

@@ -27,20 +27,53 @@ def _cmd_convert(a: argparse.Namespace) -> int:
     return 0
 
 
-def _field_args(given: list[str] | None) -> dict[str, str] | list[str] | None:
+def _field_args(given: list[str] | None) -> dict[str, Any] | list[str] | None:
     """--field caption=txt --field emb=emb.npy -> {'caption': 'txt', 'emb': 'emb.npy'} (TAR members,
     sidecar files); --field caption --field tags -> ['caption', 'tags'] (columns: Parquet, TFRecord,
-    ArrayRecord, Hugging Face). The API checks names, extensions and repeats."""
+    ArrayRecord, Hugging Face); a geometric field adds :ROLE[,OPTION=VALUE]... (`_declaration`):
+    --field seg=png:mask,ignore=0 -> {'seg': Mask('png', ignore=0)}. The API checks names,
+    extensions and repeats."""
     if not given:
         return None
-    pairs = [g.partition("=") for g in given]
-    if not any(sep for _, sep, _ in pairs):
+    parts = []  # (name, '=', ext, role spec): 'seg=png:mask,ignore=0' -> ('seg', '=', 'png', 'mask,ignore=0')
+    for g in given:
+        head, _, role = g.partition(":")
+        parts.append((*head.partition("="), role))
+    if not any(sep or role for _, sep, _, role in parts):
         return list(given)
-    bad = [g for g, (name, sep, ext) in zip(given, pairs) if not (sep and name and ext)]
-    if bad or len({name for name, _, _ in pairs}) < len(pairs):
+    bad = [g for g, (name, sep, ext, role) in zip(given, parts) if not name or not (role or (sep and ext))]
+    if bad or len({p[0] for p in parts}) < len(parts):
         raise ValueError(f"--field takes NAME=EXT for TAR shards and image folders (caption=txt, emb=emb.npy), "
-                         f"NAME for columns (Parquet, TFRecord, ArrayRecord), each name once; got {given}")
-    return {name: ext for name, _, ext in pairs}
+                         f"NAME for columns (Parquet, TFRecord, ArrayRecord), NAME[=EXT]:ROLE[,OPTION=VALUE]... for "
+                         f"a geometric field (seg=png:mask,ignore=0), each name once; got {bad or given}")
+    return {name: _declaration(name, ext, role) if role else ext for name, _, ext, role in parts}
+
+
+def _declaration(name: str, ext: str, spec: str) -> Any:
+    """EXT and ROLE[,OPTION=VALUE]... -> tbljax.Mask / DenseMap / Boxes / Keypoints (EXT may be
+    empty: read by key=, or by the field's name). Values: flip_permutation=1/0/2, normalized=true."""
+    import dataclasses
+
+    from tbljax._src.file.fields import GEOMETRIC_ROLES
+
+    role, *options = spec.split(",")
+    if role not in GEOMETRIC_ROLES:
+        raise ValueError(f"--field {name}: role {role!r} must be one of {list(GEOMETRIC_ROLES)}")
+    cls = GEOMETRIC_ROLES[role]
+    allowed = {f.name: f.type for f in dataclasses.fields(cls) if f.name != "ext"}
+    kw: dict[str, Any] = {}
+    for opt in options:
+        key, sep, value = opt.partition("=")
+        if not sep or key not in allowed:
+            raise ValueError(f"--field {name}: {opt!r} is not OPTION=VALUE with OPTION one of {sorted(allowed)}")
+        try:
+            kw[key] = (int(value) if key == "ignore" else float(value) if key == "invalid" else
+                       tuple(int(k) for k in value.split("/")) if key == "flip_permutation" else
+                       {"true": True, "false": False}[value.lower()] if key == "normalized" else value)
+        except (ValueError, KeyError):
+            raise ValueError(f"--field {name}: {key}={value!r} is not a valid value (ignore: an int, invalid: a "
+                             "number, flip_permutation: ints joined by /, normalized: true or false)") from None
+    return cls(ext or None, **kw)
 
 
 def _cmd_stage(a: argparse.Namespace) -> int:

@@ -118,10 +118,14 @@ def _add_convert(sub) -> None:
                        ("--label-key", "the label feature of TFRecord/ArrayRecord Examples (default: label, "
                                        "image/class/label)")):
         c.add_argument(flag, default=None, metavar="NAME", help=what)
-    c.add_argument("--field", dest="fields", action="append", default=None, metavar="NAME[=EXT]",
+    c.add_argument("--field", dest="fields", action="append", default=None, metavar="NAME[=EXT][:ROLE[,OPT=V]...]",
                    help="a record field, repeatable. TAR shards and image folders: NAME=EXT, the member (or "
                         "sidecar file) with extension EXT: caption=txt (str), tags=json (json), emb=emb.npy "
-                        "(ndarray). Parquet, TFRecord, ArrayRecord: NAME, the column or feature")
+                        "(ndarray). Parquet, TFRecord, ArrayRecord: NAME, the column or feature. A geometric "
+                        "field adds :ROLE (mask, dense, boxes, keypoints) and the declaration's options: "
+                        "seg=png:mask,ignore=0,folder=VOC/SegmentationClass; boxes=boxes.json:boxes,format=xywh,"
+                        "labels=box_labels; kpts=kpts.npy:keypoints,flip_permutation=1/0/2; "
+                        "bbox:boxes,key=objects/bbox,format=yxyx,normalized=true")
     c.add_argument("--strict", action="store_true", help="stop (and write nothing) at the first bad image or label")
     c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     c.add_argument("--shard", default=None, metavar="I/N",
