@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import _loader_testing as T
 import tbljax
 from tbljax import ops
+
+import _loader_testing as T
 
 N, H, W, B, C = 22, 6, 5, 4, 10  # 22 = 5 full steps of 4 and one with 2 padding rows
 SEED = 9
@@ -99,7 +100,7 @@ def test_each_rank_is_one_block(path):
     for rank in range(2):
         plain = loader(path, B // 2, rank=rank, world_size=2, seed=SEED)
         mixed = loader(path, B // 2, rank=rank, world_size=2, seed=SEED, mixup=m)
-        for (e, s, x, y, _), (_, _, mx_, t, _) in zip(_epochs(plain, 1, host), _epochs(mixed, 1, host), strict=True):
+        for (_, s, x, y, _), (_, _, mx_, t, _) in zip(_epochs(plain, 1, host), _epochs(mixed, 1, host), strict=True):
             want_x, want_t = f(jnp.asarray(x), jnp.asarray(y, jnp.int32), jnp.uint32(s))
             np.testing.assert_array_equal(mx_, np.asarray(want_x))
             np.testing.assert_array_equal(t, np.asarray(want_t))

@@ -10,11 +10,11 @@ import functools
 
 import numpy as np
 
+from tbljax._src.engine.host_loader import HostLoader
+from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules import contract
 from tbljax._src.rules import mixup as mixing
 from tbljax._src.rules.errors import shown
-from tbljax._src.engine.host_loader import HostLoader
-from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules.options import LoaderOptions
 
 __all__ = ["TensorBatch", "EpochLoader", "check_rank", "options", "global_step"]

@@ -21,9 +21,9 @@ from __future__ import annotations
 import importlib
 
 from tbljax._src.adapters import common as _adapter
+from tbljax._src.datasets import reader
 from tbljax._src.rules import contract
 from tbljax._src.rules.mixup import Mixup
-from tbljax._src.datasets import reader
 from tbljax._src.rules.options import front_end
 
 __all__ = ["MLXLoader", "loader"]

@@ -24,11 +24,10 @@ import importlib
 import numpy as np
 
 from tbljax._src.adapters import common as _adapter
+from tbljax._src.datasets import opening, reader
 from tbljax._src.engine import ring
 from tbljax._src.rules import contract
 from tbljax._src.rules.mixup import Mixup
-from tbljax._src.datasets import opening
-from tbljax._src.datasets import reader
 from tbljax._src.rules.options import front_end
 
 __all__ = ["TorchLoader", "loader"]
