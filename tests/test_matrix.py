@@ -6,7 +6,7 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
-loader), torch, MLX, `ResidentDataset` inside
+loader), torch, MLX (and both with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside
 `jax.jit`, `partition="host"` in two real processes (JAX and torch.distributed), `show`,
 `bench`, `info`/`verify`, TBL → RAW; and the dataset contract itself on every dataset kind.
 The "fields" row's records carry a str, a json, a fixed and a ragged ndarray field: every path
@@ -306,6 +306,28 @@ def test_mlx(matrix, kind, layout):
                      "mlx")
     with pytest.raises(ValueError, match="partition=None only"):
         tbljax.mlx.loader(files[kind, layout], B, partition="host")
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_torch_and_mlx_mixup(matrix, kind, layout):
+    """The "mixup" row: each kind served with mixup= equals `tbljax.ops.mixup_cutmix` (jit) on the
+    oracle's rows and the source's labels (record i's label is i), keyed by the step."""
+    pytest.importorskip("torch")
+    pytest.importorskip("mlx.core")
+    import tbljax.mlx
+    import tbljax.torch
+    from tbljax import ops
+
+    files, refs = matrix
+    kw = dict(seed=SEED, dtype="uint8", augment=RRC, mixup=ops.Mixup(num_classes=M.N, mode="pair"), **serve(kind))
+    for ld, host in ((tbljax.torch.loader(files[kind, layout], B, layout="NHWC", **kw), lambda t: t.numpy()),
+                     (tbljax.mlx.loader(files[kind, layout], B, **kw), np.array)):
+        for s, b in enumerate(ld):
+            idx = host(b.index)
+            x, t = ops.mixup_cutmix(expected(refs[kind, layout], idx, RRC), idx, seed=SEED, step=s,
+                                    num_classes=M.N, mode="pair")
+            np.testing.assert_array_equal(host(b.images), np.asarray(x), err_msg=f"{type(ld).__name__} {s}")
+            np.testing.assert_array_equal(host(b.labels), np.asarray(t), err_msg=f"{type(ld).__name__} {s}")
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import importlib
 
 from tbljax._src.adapters import common as _adapter
-from tbljax._src.rules import contract
 from tbljax._src.datasets import reader
+from tbljax._src.rules import contract
+from tbljax._src.rules.mixup import Mixup
 from tbljax._src.rules.options import front_end
 
 __all__ = ["MLXLoader", "loader"]
@@ -57,13 +58,13 @@ class MLXLoader(_adapter.EpochLoader):
     ``load_state_dict`` work as for `tbljax.torch.loader`. Batches own their memory: keep
     them as long as you like."""
 
-    def finisher(self):
+    def to_arrays(self):
         return _to_mlx
 
 
 @front_end("tbljax.mlx.loader", without=("num_epochs",))  # one epoch per pass
 def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = None,
-           partition: None = None, **options) -> MLXLoader:
+           partition: None = None, mixup: Mixup | None = None, **options) -> MLXLoader:
     """Serves a TBL dataset to MLX: ``(images, labels)`` mx.arrays, one epoch per pass.
 
     Args:
@@ -78,10 +79,14 @@ def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = N
       partition: None only: every rank draws its rows from the whole dataset. Host parts
         (partition="host") need the ranks to exchange their parts' sizes, which tbljax does
         over JAX (`tbljax.loader`) and torch.distributed (`tbljax.torch.loader`), not MLX.
+      mixup: None, or a `tbljax.ops.Mixup`: each batch is mixed on the host as
+        `tbljax.ops.mixup_cutmix` mixes it in jit (this rank's rows are one block), keyed by
+        (seed, the step counted across epochs); labels are then float32 (b, num_classes)
+        soft targets. As for `tbljax.torch.loader`.
 
     Returns:
-      An `MLXLoader`. Labels and index are int32 (-1 on padding rows); ``valid`` is a bool
-      array without drop_remainder, else None.
+      An `MLXLoader`. Labels and index are int32 (-1 on padding rows; labels float32 soft
+      targets with mixup); ``valid`` is a bool array without drop_remainder, else None.
 
     >>> ld = tbljax.mlx.loader("train.tbl", 128, seed=0)
     >>> images, labels = next(iter(ld))      # (128, H, W, 3) float32, (128,) int32
@@ -95,4 +100,4 @@ def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = N
     rank, world_size = _adapter.check_rank(rank, world_size)
     options["dtype"] = contract.dtype_name(options["dtype"], _mx(), "mx")
     opts = _adapter.options(world_size=world_size, **options)
-    return MLXLoader(reader.as_dataset(path_or_paths), opts, rank, world_size)
+    return MLXLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, mixup=mixup)

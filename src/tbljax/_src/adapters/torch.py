@@ -24,10 +24,10 @@ import importlib
 import numpy as np
 
 from tbljax._src.adapters import common as _adapter
+from tbljax._src.datasets import opening, reader
 from tbljax._src.engine import ring
 from tbljax._src.rules import contract
-from tbljax._src.datasets import opening
-from tbljax._src.datasets import reader
+from tbljax._src.rules.mixup import Mixup
 from tbljax._src.rules.options import front_end
 
 __all__ = ["TorchLoader", "loader"]
@@ -60,7 +60,9 @@ def _to_torch(host) -> tuple[_adapter.TensorBatch, list]:
     else:
         images = torch.from_numpy(img)
     valid = None if host.valid is None else torch.from_numpy(host.valid)
-    batch = _adapter.TensorBatch(images, torch.from_numpy(host.label.astype(np.int64)),
+    label = host.label  # class ids as int64 (what cross_entropy takes); mixup='s soft targets float32
+    labels = torch.from_numpy(label if label.dtype == np.float32 else label.astype(np.int64))
+    batch = _adapter.TensorBatch(images, labels,
                            index=torch.from_numpy(host.index.astype(np.int64)), valid=valid,
                            epoch=host.epoch, position=host.position,
                            source=None if host.sources is None else torch.from_numpy(host.sources[0]),
@@ -84,7 +86,7 @@ class TorchLoader(_adapter.EpochLoader):
     again the producer waits for the device (``torch.cuda.synchronize``).
     """
 
-    def __init__(self, dataset, opts, rank, world_size, pin_memory: bool, parts=None):
+    def __init__(self, dataset, opts, rank, world_size, pin_memory: bool, parts=None, mixup=None):
         ring = {}
         if pin_memory:
             torch = _torch()
@@ -92,9 +94,9 @@ class TorchLoader(_adapter.EpochLoader):
             ring = dict(alloc=_pinned_empty,
                         before_reuse=functools.partial(torch.cuda.synchronize, device))
         self.pin_memory = pin_memory
-        super().__init__(dataset, opts, rank, world_size, parts=parts, **ring)
+        super().__init__(dataset, opts, rank, world_size, parts=parts, mixup=mixup, **ring)
 
-    def finisher(self):
+    def to_arrays(self):
         return _to_torch
 
 
@@ -123,7 +125,8 @@ def _allgather(torch, rank: int, world_size: int):
 
 @front_end("tbljax.torch.loader", layout="NCHW", without=("num_epochs",))  # one epoch per pass
 def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = None,
-           pin_memory: bool | None = None, partition: str | None = None, **options) -> TorchLoader:
+           pin_memory: bool | None = None, partition: str | None = None, mixup: Mixup | None = None,
+           **options) -> TorchLoader:
     """Serves a TBL dataset to PyTorch: ``(images, labels)`` tensors, one epoch per pass.
 
     Args:
@@ -148,9 +151,15 @@ def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = N
         loader, and the ranks exchange their parts' sizes once over torch.distributed (its
         default group must be these ranks). Every rank runs the same steps; without
         drop_remainder every record is served once an epoch over all ranks.
+      mixup: None, or a `tbljax.ops.Mixup`: each batch is mixed in the producer thread as
+        `tbljax.ops.mixup_cutmix` mixes it in jit (this rank's rows are one block: row i with
+        row b-1-i), keyed by (seed, the step counted across epochs), so a resumed run mixes
+        the same pairs. Labels are then float32 (b, num_classes) soft targets (padding rows'
+        own part all zeros), and images are new tensors, not views of the ring.
 
     Returns:
-      A `TorchLoader`. Labels and index are int64 tensors; ``valid`` is a bool tensor or None.
+      A `TorchLoader`. Labels and index are int64 tensors (labels float32 soft targets with
+      mixup); ``valid`` is a bool tensor or None.
 
     >>> ld = tbljax.torch.loader("val.tbl", 250, shuffle=False, drop_remainder=False)
     >>> correct = 0
@@ -169,10 +178,11 @@ def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = N
     options["dtype"] = contract.dtype_name(options["dtype"], torch, "torch")
     opts = _adapter.options(world_size=world_size, **options)
     if partition is None:
-        return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory))
+        return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory),
+                           mixup=mixup)
     if partition != "host":
         raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
                          f"rank reads only its own part), got {partition!r}")
     dataset, parts = opening.open_host_part(path_or_paths, opts.batch_size, rank, world_size,
                                             _allgather(torch, rank, world_size))
-    return TorchLoader(dataset, opts, rank, world_size, bool(pin_memory), parts=parts)
+    return TorchLoader(dataset, opts, rank, world_size, bool(pin_memory), parts=parts, mixup=mixup)
