@@ -4,23 +4,27 @@ non-contiguous category ids. The oracles: pycocotools' own `COCO.annToMask` for 
 annotation's pixels (the real package), the JSON itself for boxes and category ids; the
 geometry is squash's, written out here (x' = x * S / w, and the nearest rule of
 tests/test_geometric_fields.py)."""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pytest
+from conftest import shared_dir
 
 import tbljax
-
-from conftest import shared_dir
 
 mask_utils = pytest.importorskip("pycocotools.mask")
 from pycocotools.coco import COCO  # noqa: E402
 
 S = 48
-CATEGORIES = [{"id": 1, "name": "person"}, {"id": 18, "name": "dog"}, {"id": 44, "name": "bottle"},
-              {"id": 90, "name": "toothbrush"}]
+CATEGORIES = [
+    {"id": 1, "name": "person"},
+    {"id": 18, "name": "dog"},
+    {"id": 44, "name": "bottle"},
+    {"id": 90, "name": "toothbrush"},
+]
 
 
 def _photos(n):
@@ -57,24 +61,49 @@ def _write_coco(tmp_path):
         images.append({"id": 100 + k, "file_name": p.name, "width": w, "height": h})
     w, h = images[0]["width"], images[0]["height"]
     crowd = np.zeros((h, w), np.uint8)
-    crowd[h // 2:, : w // 3] = 1
+    crowd[h // 2 :, : w // 3] = 1
     anns += [
         # two polygon objects overlapping (the later one wins), one of two parts
-        {"id": 1, "image_id": 100, "category_id": 18, "iscrowd": 0, "bbox": [10, 20, 200, 150],
-         "segmentation": [[10, 20, 210, 20, 210, 170, 10, 170]]},
-        {"id": 2, "image_id": 100, "category_id": 44, "iscrowd": 0, "bbox": [100, 100, 150, 120],
-         "segmentation": [[100, 100, 250, 100, 175, 220], [300, 10, 340, 10, 340, 60, 300, 60]]},
-        {"id": 3, "image_id": 100, "category_id": 1, "iscrowd": 1, "bbox": [0, h // 2, w // 3, h - h // 2],
-         "segmentation": _uncompressed_rle(crowd)},
+        {
+            "id": 1,
+            "image_id": 100,
+            "category_id": 18,
+            "iscrowd": 0,
+            "bbox": [10, 20, 200, 150],
+            "segmentation": [[10, 20, 210, 20, 210, 170, 10, 170]],
+        },
+        {
+            "id": 2,
+            "image_id": 100,
+            "category_id": 44,
+            "iscrowd": 0,
+            "bbox": [100, 100, 150, 120],
+            "segmentation": [[100, 100, 250, 100, 175, 220], [300, 10, 340, 10, 340, 60, 300, 60]],
+        },
+        {
+            "id": 3,
+            "image_id": 100,
+            "category_id": 1,
+            "iscrowd": 1,
+            "bbox": [0, h // 2, w // 3, h - h // 2],
+            "segmentation": _uncompressed_rle(crowd),
+        },
     ]
     w2, h2 = images[1]["width"], images[1]["height"]
     blob = np.zeros((h2, w2), np.uint8)
-    blob[h2 // 4: h2 // 2, w2 // 2:] = 1
+    blob[h2 // 4 : h2 // 2, w2 // 2 :] = 1
     rle = mask_utils.encode(np.asfortranarray(blob))
     # A box passing the right edge by a fraction of a pixel, as COCO's do: clipped.
-    anns.append({"id": 4, "image_id": 101, "category_id": 90, "iscrowd": 0,
-                 "bbox": [w2 / 2, h2 / 4, w2 / 2 + 0.4, h2 / 4],
-                 "segmentation": {"size": rle["size"], "counts": rle["counts"].decode()}})
+    anns.append(
+        {
+            "id": 4,
+            "image_id": 101,
+            "category_id": 90,
+            "iscrowd": 0,
+            "bbox": [w2 / 2, h2 / 4, w2 / 2 + 0.4, h2 / 4],
+            "segmentation": {"size": rle["size"], "counts": rle["counts"].decode()},
+        }
+    )
     js = {"images": images, "annotations": anns, "categories": CATEGORIES}  # image 102: no annotation
     (tmp_path / "instances.json").write_text(json.dumps(js))
     return tmp_path / "instances.json", images, anns
@@ -82,8 +111,10 @@ def _write_coco(tmp_path):
 
 def _squash(m):
     h, w = m.shape
-    idx = [np.minimum(np.floor(np.arange(S, dtype=np.float32) * (np.float32(n) / np.float32(S))), n - 1).astype(int)
-           for n in (h, w)]
+    idx = [
+        np.minimum(np.floor(np.arange(S, dtype=np.float32) * (np.float32(n) / np.float32(S))), n - 1).astype(int)
+        for n in (h, w)
+    ]
     return m[np.ix_(*idx)]
 
 
@@ -91,8 +122,13 @@ def _squash(m):
 @pytest.mark.parametrize("kind", ["semantic", "instance"])
 def test_coco_boxes_and_masks_against_pycocotools_and_the_json(tmp_path, kind):
     path, images, anns = _write_coco(tmp_path)
-    s = tbljax.convert(tbljax.coco(path, image_dir=tmp_path / "images", masks=kind), tmp_path / "a.tbl",
-                       image_size=S, resize="squash", progress=False)
+    s = tbljax.convert(
+        tbljax.coco(path, image_dir=tmp_path / "images", masks=kind),
+        tmp_path / "a.tbl",
+        image_size=S,
+        resize="squash",
+        progress=False,
+    )
     assert s.written == 3 and not s.skipped
     ds = tbljax.open(tmp_path / "a.tbl")
     assert list(ds.keys) == [im["file_name"] for im in images]
@@ -128,8 +164,13 @@ def test_coco_bad_input_is_named(tmp_path):
     js["images"][2]["height"] += 1  # the JSON disagrees with the photo
     js["annotations"][1]["segmentation"] = [[1, 2, 3]]  # not a polygon
     (tmp_path / "bad.json").write_text(json.dumps(js))
-    s = tbljax.convert(tbljax.coco(tmp_path / "bad.json", image_dir=tmp_path / "images", masks="semantic"),
-                       tmp_path / "a.tbl", image_size=S, resize="squash", progress=False)
+    s = tbljax.convert(
+        tbljax.coco(tmp_path / "bad.json", image_dir=tmp_path / "images", masks="semantic"),
+        tmp_path / "a.tbl",
+        image_size=S,
+        resize="squash",
+        progress=False,
+    )
     reasons = {x["key"]: x["reason"] for x in s.skipped}
     assert s.written == 1
     assert "image 100: annotation 2: polygons need at least 3 points" in reasons[images[0]["file_name"]]
@@ -144,8 +185,13 @@ def test_coco_bad_input_is_named(tmp_path):
         (tmp_path / "cat.json").write_text(json.dumps(js))
         tbljax.coco(tmp_path / "cat.json", image_dir=tmp_path / "images")
     with pytest.raises(ValueError, match="fields= does not apply to a COCO source"):
-        tbljax.convert(tbljax.coco(path, image_dir=tmp_path / "images"), tmp_path / "b.tbl", image_size=S,
-                       fields={"seg": tbljax.Mask("png")})
+        tbljax.convert(
+            tbljax.coco(path, image_dir=tmp_path / "images"),
+            tmp_path / "b.tbl",
+            image_size=S,
+            fields={"seg": tbljax.Mask("png")},
+        )
     with pytest.raises(ValueError, match="geometric fields.*quality"):
-        tbljax.convert(tbljax.coco(path, image_dir=tmp_path / "images"), tmp_path / "b.tbl", image_size=S,
-                       format="jpeg")
+        tbljax.convert(
+            tbljax.coco(path, image_dir=tmp_path / "images"), tmp_path / "b.tbl", image_size=S, format="jpeg"
+        )

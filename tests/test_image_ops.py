@@ -1,6 +1,7 @@
 """Issue 47's other per-image ops against the real peers: torchvision v2 TrivialAugmentWide and
 ColorJitter on PIL images (their own kernels, magnitudes and samplers), timm 1.0.31's "3a"
 policy and Pillow's GaussianBlur / convert("L"); the decisions the same in NumPy and jax.numpy."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -12,8 +13,7 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax._src.rules import image_ops
-from tbljax._src.rules import pixel_ops
+from tbljax._src.rules import image_ops, pixel_ops
 
 torch = pytest.importorskip("torch")
 Image = pytest.importorskip("PIL.Image")
@@ -39,7 +39,8 @@ def timm_aa():
     if spec is None:
         pytest.skip("timm is not installed (the test extra pins timm==1.0.31)")
     s = importlib.util.spec_from_file_location(
-        "timm_data_auto_augment", os.path.join(os.path.dirname(spec.origin), "data", "auto_augment.py"))
+        "timm_data_auto_augment", os.path.join(os.path.dirname(spec.origin), "data", "auto_augment.py")
+    )
     mod = importlib.util.module_from_spec(s)
     s.loader.exec_module(mod)
     return mod
@@ -94,24 +95,32 @@ def test_three_augment_and_single_ops_equal_pillow(timm_aa, images):
         pil = Image.fromarray(im)
         for (op,) in policy[:2]:
             np.testing.assert_array_equal(pixel_ops.apply(im, *codes[op.name]), np.asarray(op(pil)), op.name)
-        np.testing.assert_array_equal(pixel_ops.apply(im, pixel_ops.CODES["Grayscale"], 0),
-                                      np.asarray(pil.convert("L").convert("RGB")))
+        np.testing.assert_array_equal(
+            pixel_ops.apply(im, pixel_ops.CODES["Grayscale"], 0), np.asarray(pil.convert("L").convert("RGB"))
+        )
         for r in np.linspace(0.1, 2.0, 12).tolist() + [0.0, 0.3, 7.5]:
-            np.testing.assert_array_equal(pixel_ops.apply(im, pixel_ops.CODES["GaussianBlur"], pixel_ops.f32_arg(r)),
-                                          np.asarray(pil.filter(ImageFilter.GaussianBlur(r))), f"radius {r}")
+            np.testing.assert_array_equal(
+                pixel_ops.apply(im, pixel_ops.CODES["GaussianBlur"], pixel_ops.f32_arg(r)),
+                np.asarray(pil.filter(ImageFilter.GaussianBlur(r))),
+                f"radius {r}",
+            )
         random.seed(0)
         r = random.uniform(0.1, 2.0)  # timm's GaussianBlurRand at magnitude 10 draws this radius
         random.seed(0)
-        np.testing.assert_array_equal(np.asarray(policy[2][0](pil)),
-                                      pixel_ops.apply(im, pixel_ops.CODES["GaussianBlur"], pixel_ops.f32_arg(r)))
+        np.testing.assert_array_equal(
+            np.asarray(policy[2][0](pil)), pixel_ops.apply(im, pixel_ops.CODES["GaussianBlur"], pixel_ops.f32_arg(r))
+        )
 
 
 def test_color_jitter_equals_torchvision_given_its_params(tv, images):
     """torchvision's ColorJitter on a PIL image, its factors and order forced to ours: equal."""
     cj = tbljax.ColorJitter(0.3, 0.4, (0.2, 1.7))
     codes, args = tbljax.augment.decide([cj], np.arange(12), seed=0, epoch=0)
-    names = {pixel_ops.CODES["Brightness"]: ("brightness_factor", 0),
-             pixel_ops.CODES["Contrast"]: ("contrast_factor", 1), pixel_ops.CODES["Color"]: ("saturation_factor", 2)}
+    names = {
+        pixel_ops.CODES["Brightness"]: ("brightness_factor", 0),
+        pixel_ops.CODES["Contrast"]: ("contrast_factor", 1),
+        pixel_ops.CODES["Color"]: ("saturation_factor", 2),
+    }
     t = tv.ColorJitter(0.3, 0.4, (0.2, 1.7))
     for row_c, row_a in zip(codes.tolist(), args.tolist()):
         params = dict(hue_factor=None, fn_idx=torch.tensor([names[c][1] for c in row_c] + [3]))
@@ -181,12 +190,16 @@ def test_draw_distributions_match_the_peers_samplers(tv):
 
 
 def test_bad_values_are_refused_by_name():
-    for make, match in ((lambda: tbljax.ColorJitter(hue=0.1), "hue"), (lambda: tbljax.ColorJitter(-1), "brightness"),
-                        (lambda: tbljax.ColorJitter(contrast=(1.5, 0.5)), "contrast"),
-                        (lambda: tbljax.GaussianBlur(sigma=(2, 1)), "sigma"), (lambda: tbljax.Grayscale(p=2), "p"),
-                        (lambda: tbljax.Solarize(threshold=300), "threshold"),
-                        (lambda: tbljax.TrivialAugment(num_magnitude_bins=1), "num_magnitude_bins"),
-                        (lambda: tbljax.Augment(size=(8, 8), ops=tbljax.ThreeAugment()), "ops must be a list")):
+    for make, match in (
+        (lambda: tbljax.ColorJitter(hue=0.1), "hue"),
+        (lambda: tbljax.ColorJitter(-1), "brightness"),
+        (lambda: tbljax.ColorJitter(contrast=(1.5, 0.5)), "contrast"),
+        (lambda: tbljax.GaussianBlur(sigma=(2, 1)), "sigma"),
+        (lambda: tbljax.Grayscale(p=2), "p"),
+        (lambda: tbljax.Solarize(threshold=300), "threshold"),
+        (lambda: tbljax.TrivialAugment(num_magnitude_bins=1), "num_magnitude_bins"),
+        (lambda: tbljax.Augment(size=(8, 8), ops=tbljax.ThreeAugment()), "ops must be a list"),
+    ):
         with pytest.raises(ValueError, match=match):
             make()
     with pytest.raises(ValueError, match="not served by the loaders yet"):

@@ -4,6 +4,7 @@ same seed and the step counted across epochs (float32, bfloat16 and uint8; each 
 block); a resumed loader mixes the same pairs; a padding row's label adds nothing to its
 partner's target; mixed images are new memory; what cannot be mixed is refused by name when
 the loader is made."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,8 +63,14 @@ def _jit_op(m: ops.Mixup, layout):
     return jax.jit(lambda x, y, s: ops.mixup_cutmix(x, y, seed=SEED, step=s, layout=layout, **kw))
 
 
-CASES = [("torch", "float32", "batch"), ("torch", "bfloat16", "elem"), ("torch", "uint8", "pair"),
-         ("mlx", "float32", "pair"), ("mlx", "bfloat16", "batch"), ("mlx", "uint8", "elem")]
+CASES = [
+    ("torch", "float32", "batch"),
+    ("torch", "bfloat16", "elem"),
+    ("torch", "uint8", "pair"),
+    ("mlx", "float32", "pair"),
+    ("mlx", "bfloat16", "batch"),
+    ("mlx", "uint8", "elem"),
+]
 
 
 @pytest.mark.parametrize("framework,dtype,mode", CASES, ids=["-".join(c) for c in CASES])
@@ -78,8 +85,9 @@ def test_batches_equal_the_jit_op_on_the_unmixed_batch(path, framework, dtype, m
     steps = len(mixed)
     assert steps == 6
     changed = 0
-    for (e, s, x, y, valid), (e2, s2, mx_, t, valid2) in zip(_epochs(plain, 2, host), _epochs(mixed, 2, host),
-                                                               strict=True):
+    for (e, s, x, y, valid), (e2, s2, mx_, t, valid2) in zip(
+        _epochs(plain, 2, host), _epochs(mixed, 2, host), strict=True
+    ):
         assert (e, s) == (e2, s2)
         np.testing.assert_array_equal(valid, valid2)
         xj = jnp.asarray(x, jnp.dtype(dtype))  # bfloat16 through float32: exact

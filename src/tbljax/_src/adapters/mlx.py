@@ -16,6 +16,7 @@ Example:
     ...         optimizer.update(model, grads)
     ...         mx.eval(model.parameters(), optimizer.state)
 """
+
 from __future__ import annotations
 
 import importlib
@@ -33,8 +34,7 @@ def _mx():
     try:
         return importlib.import_module("mlx.core")
     except ImportError as e:
-        raise ImportError("tbljax.mlx needs MLX: pip install 'tbljax[mlx]' (on Linux it "
-                          "installs mlx[cpu])") from e
+        raise ImportError("tbljax.mlx needs MLX: pip install 'tbljax[mlx]' (on Linux it installs mlx[cpu])") from e
 
 
 def _to_mlx(host) -> tuple[_adapter.TensorBatch, list]:
@@ -45,10 +45,16 @@ def _to_mlx(host) -> tuple[_adapter.TensorBatch, list]:
     # mx.array takes ml_dtypes' bfloat16 bit for bit (tested over every finite value).
     images = mx.array(host.image)
     valid = None if host.valid is None else mx.array(host.valid)
-    batch = _adapter.TensorBatch(images, mx.array(host.label), index=mx.array(host.index),
-                           valid=valid, epoch=host.epoch, position=host.position,
-                           source=None if host.sources is None else mx.array(host.sources[0]),
-                           fields={**{n: mx.array(a[0]) for n, a in host.fields.items()}, **host.texts})
+    batch = _adapter.TensorBatch(
+        images,
+        mx.array(host.label),
+        index=mx.array(host.index),
+        valid=valid,
+        epoch=host.epoch,
+        position=host.position,
+        source=None if host.sources is None else mx.array(host.sources[0]),
+        fields={**{n: mx.array(a[0]) for n, a in host.fields.items()}, **host.texts},
+    )
     return batch, []  # copies: nothing handed out views the ring slot
 
 
@@ -63,8 +69,15 @@ class MLXLoader(_adapter.EpochLoader):
 
 
 @front_end("tbljax.mlx.loader", without=("num_epochs",))  # one epoch per pass
-def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = None,
-           partition: None = None, mixup: Mixup | None = None, **options) -> MLXLoader:
+def loader(
+    path_or_paths,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    partition: None = None,
+    mixup: Mixup | None = None,
+    **options,
+) -> MLXLoader:
     """Serves a TBL dataset to MLX: ``(images, labels)`` mx.arrays, one epoch per pass.
 
     Args:
@@ -92,10 +105,12 @@ def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = N
     >>> images, labels = next(iter(ld))      # (128, H, W, 3) float32, (128,) int32
     """
     if partition is not None:
-        raise ValueError(f"tbljax.mlx.loader supports partition=None only (rows from the whole "
-                         f"dataset on every rank), got {partition!r}: host parts "
-                         "(partition='host') are served by tbljax.loader (JAX) and "
-                         "tbljax.torch.loader (torch.distributed)")
+        raise ValueError(
+            f"tbljax.mlx.loader supports partition=None only (rows from the whole "
+            f"dataset on every rank), got {partition!r}: host parts "
+            "(partition='host') are served by tbljax.loader (JAX) and "
+            "tbljax.torch.loader (torch.distributed)"
+        )
     _mx()  # a clear ImportError here, not on the first batch
     rank, world_size = _adapter.check_rank(rank, world_size)
     options["dtype"] = contract.dtype_name(options["dtype"], _mx(), "mx")

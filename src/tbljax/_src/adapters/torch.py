@@ -16,6 +16,7 @@ Example:
     ...     for images, labels in loader:        # NCHW float32, int64
     ...         loss = criterion(model(images.cuda(non_blocking=True)), labels.cuda())
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,7 +47,7 @@ def _pinned_empty(nbytes: int) -> np.ndarray:
     torch = _torch()
     raw = torch.empty(nbytes + ring.ALIGN, dtype=torch.uint8, pin_memory=True).numpy()
     start = -raw.ctypes.data % ring.ALIGN
-    return raw[start:start + nbytes]
+    return raw[start : start + nbytes]
 
 
 def _to_torch(host) -> tuple[_adapter.TensorBatch, list]:
@@ -62,12 +63,16 @@ def _to_torch(host) -> tuple[_adapter.TensorBatch, list]:
     valid = None if host.valid is None else torch.from_numpy(host.valid)
     label = host.label  # class ids as int64 (what cross_entropy takes); mixup='s soft targets float32
     labels = torch.from_numpy(label if label.dtype == np.float32 else label.astype(np.int64))
-    batch = _adapter.TensorBatch(images, labels,
-                           index=torch.from_numpy(host.index.astype(np.int64)), valid=valid,
-                           epoch=host.epoch, position=host.position,
-                           source=None if host.sources is None else torch.from_numpy(host.sources[0]),
-                           fields={**{n: torch.from_numpy(np.ascontiguousarray(a[0])) for n, a in host.fields.items()},
-                                   **host.texts})
+    batch = _adapter.TensorBatch(
+        images,
+        labels,
+        index=torch.from_numpy(host.index.astype(np.int64)),
+        valid=valid,
+        epoch=host.epoch,
+        position=host.position,
+        source=None if host.sources is None else torch.from_numpy(host.sources[0]),
+        fields={**{n: torch.from_numpy(np.ascontiguousarray(a[0])) for n, a in host.fields.items()}, **host.texts},
+    )
     return batch, [images]
 
 
@@ -91,8 +96,7 @@ class TorchLoader(_adapter.EpochLoader):
         if pin_memory:
             torch = _torch()
             device = torch.cuda.current_device()
-            ring = dict(alloc=_pinned_empty,
-                        before_reuse=functools.partial(torch.cuda.synchronize, device))
+            ring = dict(alloc=_pinned_empty, before_reuse=functools.partial(torch.cuda.synchronize, device))
         self.pin_memory = pin_memory
         super().__init__(dataset, opts, rank, world_size, parts=parts, mixup=mixup, **ring)
 
@@ -109,9 +113,11 @@ def _allgather(torch, rank: int, world_size: int):
     ready = dist.is_available() and dist.is_initialized()
     if not ready or (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
         group = f"rank {dist.get_rank()} of {dist.get_world_size()}" if ready else "not initialized"
-        raise ValueError(f"partition='host' on rank {rank} of {world_size}: the ranks exchange their "
-                         "parts' sizes over torch.distributed, so its default group must be those "
-                         f"ranks (it is {group}); call torch.distributed.init_process_group first")
+        raise ValueError(
+            f"partition='host' on rank {rank} of {world_size}: the ranks exchange their "
+            "parts' sizes over torch.distributed, so its default group must be those "
+            f"ranks (it is {group}); call torch.distributed.init_process_group first"
+        )
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
 
     def allgather(row):
@@ -124,9 +130,16 @@ def _allgather(torch, rank: int, world_size: int):
 
 
 @front_end("tbljax.torch.loader", layout="NCHW", without=("num_epochs",))  # one epoch per pass
-def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = None,
-           pin_memory: bool | None = None, partition: str | None = None, mixup: Mixup | None = None,
-           **options) -> TorchLoader:
+def loader(
+    path_or_paths,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    pin_memory: bool | None = None,
+    partition: str | None = None,
+    mixup: Mixup | None = None,
+    **options,
+) -> TorchLoader:
     """Serves a TBL dataset to PyTorch: ``(images, labels)`` tensors, one epoch per pass.
 
     Args:
@@ -178,11 +191,13 @@ def loader(path_or_paths, *, rank: int | None = None, world_size: int | None = N
     options["dtype"] = contract.dtype_name(options["dtype"], torch, "torch")
     opts = _adapter.options(world_size=world_size, **options)
     if partition is None:
-        return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory),
-                           mixup=mixup)
+        return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory), mixup=mixup)
     if partition != "host":
-        raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
-                         f"rank reads only its own part), got {partition!r}")
-    dataset, parts = opening.open_host_part(path_or_paths, opts.batch_size, rank, world_size,
-                                            _allgather(torch, rank, world_size))
+        raise ValueError(
+            f"partition must be None (rows from the whole dataset) or 'host' (each "
+            f"rank reads only its own part), got {partition!r}"
+        )
+    dataset, parts = opening.open_host_part(
+        path_or_paths, opts.batch_size, rank, world_size, _allgather(torch, rank, world_size)
+    )
     return TorchLoader(dataset, opts, rank, world_size, bool(pin_memory), parts=parts, mixup=mixup)

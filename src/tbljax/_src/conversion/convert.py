@@ -8,6 +8,7 @@ for record into RAW (`convert_tbl.py`). Labels leave as ids against one classes 
 (`label_table.LabelTable`); progress goes to stderr in the form that suits where it goes
 (`progress.Progress`). The arguments are checked once, in `convert_options.ConvertOptions`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,22 +23,34 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.sources.items import Item, load_classes
+from tbljax._src.conversion.convert_options import (
+    CHUNK,
+    ConversionError,
+    ConvertOptions,
+    ConvertSummary,
+    OutputExistsError,
+    num_classes,
+)
+from tbljax._src.conversion.convert_tbl import convert_tbl, tbl_paths
+from tbljax._src.conversion.geometric_fields import GeometricFields
+from tbljax._src.conversion.image_records import (
+    Encoded,
+    choose_raw,
+    decode_chunk,
+    encode_chunk,
+    is_jpeg,
+    size_histogram,
+    source_size,
+)
+from tbljax._src.conversion.label_table import LabelTable
+from tbljax._src.conversion.progress import Progress, progress_mode
 from tbljax._src.file import fields as _fields
+from tbljax._src.file.format import Writer, run_entries
 from tbljax._src.remote import remote
+from tbljax._src.rules import contract
 from tbljax._src.sources import choose
 from tbljax._src.sources.coco import CocoSource
-from tbljax._src.rules import contract
-from tbljax._src.file.format import Writer, run_entries
-from tbljax._src.conversion.convert_options import (CHUNK, ConversionError, ConvertOptions, ConvertSummary,
-                                                    OutputExistsError, num_classes)
-from tbljax._src.conversion.convert_tbl import convert_tbl, tbl_paths
-from tbljax._src.conversion.image_records import (Encoded, choose_raw, decode_chunk, encode_chunk, is_jpeg,
-                                          size_histogram, source_size)
-from tbljax._src.conversion.label_table import LabelTable
-from tbljax._src.conversion.geometric_fields import GeometricFields
-from tbljax._src.conversion.progress import Progress, progress_mode
-
+from tbljax._src.sources.items import Item, load_classes
 
 
 def _prefetch(it: Iterable[Any], depth: int = 2) -> Iterator[Any]:
@@ -76,8 +89,9 @@ def _prefetch(it: Iterable[Any], depth: int = 2) -> Iterator[Any]:
         t.join(timeout=5)
 
 
-def _decode_ahead(chunks: Iterable[list[Item]], decode: Any,
-                  executor: ThreadPoolExecutor) -> Iterator[tuple[list[Item], Any]]:
+def _decode_ahead(
+    chunks: Iterable[list[Item]], decode: Any, executor: ThreadPoolExecutor
+) -> Iterator[tuple[list[Item], Any]]:
     """(chunk, decode(chunk)) in order, the next chunk decoding (GIL released, all cores)
     while the caller writes this one, so the decode pool does not idle during writes."""
     pending = None
@@ -222,13 +236,32 @@ def convert(
     dst = os.fspath(dst)
     tbl_files = tbl_paths(sources)
     opts = ConvertOptions(
-        image_size=image_size, resize=resize, max_long_side=max_long_side, format=format,
-        quality=quality, chroma=chroma, raw_budget=raw_budget, threads=threads, strict=strict, overwrite=overwrite,
-        labels=labels, classes=classes, label_ext=label_ext, shard=shard, progress=progress,
-        progress_interval=progress_interval, retries=retries, retry_backoff=retry_backoff,
-        image_column=image_column, label_column=label_column, image_key=image_key,
-        label_key=label_key, fields=fields, from_tbl=tbl_files is not None,
-        declared=sources.geometric if isinstance(sources, CocoSource) else {})
+        image_size=image_size,
+        resize=resize,
+        max_long_side=max_long_side,
+        format=format,
+        quality=quality,
+        chroma=chroma,
+        raw_budget=raw_budget,
+        threads=threads,
+        strict=strict,
+        overwrite=overwrite,
+        labels=labels,
+        classes=classes,
+        label_ext=label_ext,
+        shard=shard,
+        progress=progress,
+        progress_interval=progress_interval,
+        retries=retries,
+        retry_backoff=retry_backoff,
+        image_column=image_column,
+        label_column=label_column,
+        image_key=image_key,
+        label_key=label_key,
+        fields=fields,
+        from_tbl=tbl_files is not None,
+        declared=sources.geometric if isinstance(sources, CocoSource) else {},
+    )
     if opts.shard is not None:
         dst = dst.replace("{shard}", f"{opts.shard[0]:05d}-of-{opts.shard[1]:05d}")
     if os.path.isdir(dst):  # said before "exists": overwrite= would not help
@@ -248,9 +281,19 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     retry = remote.Retry(opts.retries, opts.retry_backoff)
     table = load_classes(opts.classes)
     ext = opts.label_ext.lower() if opts.label_ext else None
-    src = choose.resolve(sources, labels=opts.labels, classes=table, label_ext=ext, fields=opts.fields,
-                         image_column=opts.image_column, label_column=opts.label_column,
-                         image_key=opts.image_key, label_key=opts.label_key, retry=retry, geometric=opts.geometric)
+    src = choose.resolve(
+        sources,
+        labels=opts.labels,
+        classes=table,
+        label_ext=ext,
+        fields=opts.fields,
+        image_column=opts.image_column,
+        label_column=opts.label_column,
+        image_key=opts.image_key,
+        label_key=opts.label_key,
+        retry=retry,
+        geometric=opts.geometric,
+    )
     if opts.shard is not None:
         src = src.select(*opts.shard)
     bar = Progress(0, progress_mode(opts.progress), opts.progress_interval)
@@ -263,37 +306,51 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     t0 = time.perf_counter()
     exts = opts.fields if isinstance(opts.fields, dict) else {}  # TAR members, sidecar files
     geo = GeometricFields(opts.geometric, int(opts.image_size), opts.resize, opts.max_long_side or 0)
-    columns = _fields.Columns({**src.field_kinds, **geo.kinds}, exts, os.path.dirname(os.path.abspath(dst)),
-                              geo.roles)
+    columns = _fields.Columns({**src.field_kinds, **geo.kinds}, exts, os.path.dirname(os.path.abspath(dst)), geo.roles)
     records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None), columns, geo)
     bar.start(total)
-    with records.columns, Writer(dst, total, overwrite=opts.overwrite) as w, \
-            ThreadPoolExecutor(opts.pool_threads) as pool, \
-            ThreadPoolExecutor(1, thread_name_prefix="tbljax-convert-decode") as decoder:
+    with (
+        records.columns,
+        Writer(dst, total, overwrite=opts.overwrite) as w,
+        ThreadPoolExecutor(opts.pool_threads) as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="tbljax-convert-decode") as decoder,
+    ):
         decode = functools.partial(_decode_records, opts=opts, pool=pool)
         for chunk, results in _decode_ahead(_prefetch(_chunks(src, CHUNK)), decode, decoder):
             records.add(chunk, results, w)
             bar.update(records.seen, len(records.skipped))
         out_labels, out_classes = records.finish(w, src)
     bar.update(records.seen, len(records.skipped), final=True)
-    return ConvertSummary(dst=dst, written=len(records.keys), skipped=records.skipped,
-                          seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst),
-                          label_errors=records.label_errors, classes=out_classes,
-                          num_classes=num_classes(out_labels, out_classes),
-                          labels_from=getattr(src, "LABELS_FROM", ()), left_out=getattr(src, "left_out", []))
+    return ConvertSummary(
+        dst=dst,
+        written=len(records.keys),
+        skipped=records.skipped,
+        seconds=time.perf_counter() - t0,
+        bytes=os.path.getsize(dst),
+        label_errors=records.label_errors,
+        classes=out_classes,
+        num_classes=num_classes(out_labels, out_classes),
+        labels_from=getattr(src, "LABELS_FROM", ()),
+        left_out=getattr(src, "left_out", []),
+    )
 
 
-def _decode_records(chunk: list[Item], *, opts: ConvertOptions,
-                    pool: ThreadPoolExecutor) -> list[np.ndarray | Encoded | str]:
+def _decode_records(
+    chunk: list[Item], *, opts: ConvertOptions, pool: ThreadPoolExecutor
+) -> list[np.ndarray | Encoded | str]:
     """A chunk's records as the file stores them: pixels, or (quality=) compact JPEG records;
     a string for an item that failed, saying why."""
     threads = opts.threads or 0
-    pixels = decode_chunk(chunk, int(opts.image_size), opts.resize, threads, pool,
-                           opts.max_long_side or 0)
+    pixels = decode_chunk(chunk, int(opts.image_size), opts.resize, threads, pool, opts.max_long_side or 0)
     if opts.quality is None:
         return pixels  # type: ignore[return-value]
-    return encode_chunk(pixels, opts.quality, opts.chroma, threads,  # type: ignore[arg-type]
-                        keep_pixels=opts.raw_budget is not None)
+    return encode_chunk(
+        pixels,
+        opts.quality,
+        opts.chroma,
+        threads,  # type: ignore[arg-type]
+        keep_pixels=opts.raw_budget is not None,
+    )
 
 
 class _Records:
@@ -301,8 +358,9 @@ class _Records:
     (skipped items, unreadable labels); `add` writes a chunk's good records in source order,
     `finish` the metadata."""
 
-    def __init__(self, dst: str, opts: ConvertOptions, labels: LabelTable, columns: _fields.Columns,
-                 geometric: GeometricFields):
+    def __init__(
+        self, dst: str, opts: ConvertOptions, labels: LabelTable, columns: _fields.Columns, geometric: GeometricFields
+    ):
         self.dst, self.opts, self.labels, self.columns, self.geometric = dst, opts, labels, columns, geometric
         self.keys: list[str] = []
         self.skipped: list[dict[str, str]] = []
@@ -316,26 +374,27 @@ class _Records:
 
     def add(self, chunk: list[Item], results: list, w: Writer) -> None:
         # A record whose fields fail is skipped like a bad image; its reason names the field.
-        values = [None if isinstance(r, str) else self.columns.parse(it, self._at_geometry(it, r))
-                  for it, r in zip(chunk, results)]
+        values = [
+            None if isinstance(r, str) else self.columns.parse(it, self._at_geometry(it, r))
+            for it, r in zip(chunk, results)
+        ]
         results = [v if isinstance(v, str) else r for r, v in zip(results, values)]
-        bad = [{"key": it.key, "source": it.source, "reason": r}
-               for it, r in zip(chunk, results) if isinstance(r, str)]
+        bad = [{"key": it.key, "source": it.source, "reason": r} for it, r in zip(chunk, results) if isinstance(r, str)]
         bad_labels = []
         for it, r in zip(chunk, results):
             if not isinstance(r, str):
                 problem = self.labels.add(it.key, -1 if it.label_error else it.label)
                 if it.label_error or problem:
-                    bad_labels.append({"key": it.key, "source": it.source,
-                                       "reason": it.label_error or problem})
+                    bad_labels.append({"key": it.key, "source": it.source, "reason": it.label_error or problem})
         if self.opts.strict and (bad or bad_labels):
-            self.skipped.extend(bad + [dict(b, reason=f"label unreadable: {b['reason']}")
-                                       for b in bad_labels])
+            self.skipped.extend(bad + [dict(b, reason=f"label unreadable: {b['reason']}") for b in bad_labels])
             first = self.skipped[0]
             raise ConversionError(
                 f"strict conversion stopped: {len(bad) + len(bad_labels)} bad item(s), first "
                 f"{first['key']} ({first['source']}): {first['reason']}; {self.dst} was not "
-                "written", self.skipped)
+                "written",
+                self.skipped,
+            )
         self.skipped.extend(bad)
         self.label_errors.extend(bad_labels)
         if self.opts.raw_budget is not None:
@@ -396,20 +455,27 @@ class _Records:
         if not self.keys:
             s = self.skipped
             first = f"; first: {s[0]['key']} ({s[0]['source']}): {s[0]['reason']}" if s else ""
-            raise ConversionError(f"no record written: all {self.seen} items were skipped{first}; "
-                                  f"{self.dst} was not written", s)
+            raise ConversionError(
+                f"no record written: all {self.seen} items were skipped{first}; {self.dst} was not written", s
+            )
         out_labels, out_classes = self.labels.finish()
         shard = self.opts.shard
         recipe = {**self.opts.recipe(), "image_size": int(self.opts.image_size)}
         w.set_metadata(
-            labels=out_labels, keys=self.keys, classes=out_classes, skipped=self.skipped,
+            labels=out_labels,
+            keys=self.keys,
+            classes=out_classes,
+            skipped=self.skipped,
             recipe={
                 **recipe,
                 "idct": _core.JPEG_IDCT,
                 "resize_filter": _core.native_info().get("resize_filter", ""),
-                **run_entries(src.describe(), shard=list(shard) if shard else None,
-                              label_errors=len(self.label_errors),
-                              source_sizes=size_histogram(self.widths, self.heights)),
+                **run_entries(
+                    src.describe(),
+                    shard=list(shard) if shard else None,
+                    label_errors=len(self.label_errors),
+                    source_sizes=size_histogram(self.widths, self.heights),
+                ),
             },
         )
         self.columns.write(w)

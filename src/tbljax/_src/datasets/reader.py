@@ -5,6 +5,7 @@ decoded reads of any record format, checksum verification, and the dataset's fin
 The byte layout, validation and checksums live in the C++ core (`ffi/core/tbl_format.*`); the
 metadata block's encoding lives in `file/format.py`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,13 +20,23 @@ import numpy as np
 import numpy.lib.recfunctions  # noqa: F401 - np.lib.recfunctions.repack_fields
 
 from tbljax import _core
-from tbljax._src.rules.augment import RecordGeometry
-from tbljax._src.rules.dataset import FieldInfo, RecordDataset, Records, is_path, paths_or_dataset, record_number
-from tbljax._src.file.field_columns import Column, open_columns
-from tbljax._src.file.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path
-from tbljax._src.file.format import RUN_KEYS, is_compact, keys_of, labels_of, parse_dataset_json
 from tbljax._src.datasets import stats
+from tbljax._src.file.field_columns import Column, open_columns
+from tbljax._src.file.format import (
+    FORMAT_NAMES,
+    FORMATS,
+    INDEX_DTYPE,
+    RUN_KEYS,
+    PathLike,
+    as_path,
+    is_compact,
+    keys_of,
+    labels_of,
+    parse_dataset_json,
+)
+from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES, check_threads, record_numbers
+from tbljax._src.rules.dataset import FieldInfo, RecordDataset, Records, is_path, paths_or_dataset, record_number
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
 
@@ -82,8 +93,7 @@ class Dataset(RecordDataset):
 
     def __repr__(self) -> str:
         shape = self.image_shape
-        return (f"Dataset({len(self)} records, {self.record_format}, image_shape={shape}, "
-                f"files={self.paths!r})")
+        return f"Dataset({len(self)} records, {self.record_format}, image_shape={shape}, files={self.paths!r})"
 
     @property
     def paths(self) -> list[str]:
@@ -105,10 +115,16 @@ class Dataset(RecordDataset):
         k, j = self._locate(i)
         e = self._files[k].index_bytes()[j].view(INDEX_DTYPE)[0]
         return RecordInfo(
-            file=self._files[k].path, offset=int(e["offset"]), size=int(e["size"]),
-            uncompressed_size=int(e["uncompressed_size"]), width=int(e["width"]),
-            height=int(e["height"]), format=FORMAT_NAMES.get(int(e["format"]), "UNKNOWN"),
-            lz4=bool(e["flags"] & _core.RECORD_LZ4), crc16=int(e["crc16"]))
+            file=self._files[k].path,
+            offset=int(e["offset"]),
+            size=int(e["size"]),
+            uncompressed_size=int(e["uncompressed_size"]),
+            width=int(e["width"]),
+            height=int(e["height"]),
+            format=FORMAT_NAMES.get(int(e["format"]), "UNKNOWN"),
+            lz4=bool(e["flags"] & _core.RECORD_LZ4),
+            crc16=int(e["crc16"]),
+        )
 
     @cached_property
     def record_format(self) -> str:
@@ -186,9 +202,16 @@ class Dataset(RecordDataset):
         recipe = {k: v for k, v in self.recipe.items() if k not in NOT_FINGERPRINTED}
         described = {"classes": self.classes, "recipe": recipe}
         if self._columns:  # what the fields hold, by the CRC-32s of their blocks
-            described["fields"] = [[name, col.info.kind, str(col.info.dtype), list(col.info.shape),
-                                    [[fc.meta[b]["crc32"] for b in ("values", "offsets") if b in fc.meta]
-                                     for fc in col.files]] for name, col in self._columns.items()]
+            described["fields"] = [
+                [
+                    name,
+                    col.info.kind,
+                    str(col.info.dtype),
+                    list(col.info.shape),
+                    [[fc.meta[b]["crc32"] for b in ("values", "offsets") if b in fc.meta] for fc in col.files],
+                ]
+                for name, col in self._columns.items()
+            ]
         described = json.dumps(described, sort_keys=True)
         crc = _core.crc32(np.frombuffer(described.encode(), np.uint8), crc)
         return f"{len(self)}-{crc:08x}"
@@ -267,11 +290,16 @@ class Dataset(RecordDataset):
         idx = self.index
         raw = (idx["format"] == FORMATS["RAW_U8"]) & ((idx["flags"] & _core.RECORD_LZ4) == 0)
         checked = all(f.header_flags & _core.FLAG_HAS_CHECKSUMS for f in self._files)
-        return Records([f.file_view() for f in self._files], np.diff(self._starts).astype(np.int64),
-                       np.ascontiguousarray(idx["offset"], dtype=np.int64),
-                       np.ascontiguousarray(idx["size"], dtype=np.int64),
-                       idx["height"].astype(np.int32), idx["width"].astype(np.int32), raw.astype(np.uint8),
-                       idx["crc16"] if checked else None)
+        return Records(
+            [f.file_view() for f in self._files],
+            np.diff(self._starts).astype(np.int64),
+            np.ascontiguousarray(idx["offset"], dtype=np.int64),
+            np.ascontiguousarray(idx["size"], dtype=np.int64),
+            idx["height"].astype(np.int32),
+            idx["width"].astype(np.int32),
+            raw.astype(np.uint8),
+            idx["crc16"] if checked else None,
+        )
 
     def locate(self, i: int) -> tuple[str, int]:
         """(the file that holds record i, the record's number within that file)."""
@@ -309,11 +337,15 @@ class Dataset(RecordDataset):
             img = self._decode_encoded(k, data, j)
             resized = is_compact(self._meta[k].get("recipe", {}))  # compact records
             if resized and img.shape[:2] != (int(e["height"]), int(e["width"])):
-                raise _core.CorruptFileError(f"{f.path}: record {j}: the JPEG is {img.shape[1]}x{img.shape[0]}, "
-                                             f"the index says {int(e['width'])}x{int(e['height'])}")
+                raise _core.CorruptFileError(
+                    f"{f.path}: record {j}: the JPEG is {img.shape[1]}x{img.shape[0]}, "
+                    f"the index says {int(e['width'])}x{int(e['height'])}"
+                )
             return img
-        raise NotImplementedError(f"{f.path}: record {j} has format {FORMAT_NAMES.get(fmt, fmt)}, "
-                                  "which tbljax does not decode (RAW_U8 and JPEG are served)")
+        raise NotImplementedError(
+            f"{f.path}: record {j} has format {FORMAT_NAMES.get(fmt, fmt)}, "
+            "which tbljax does not decode (RAW_U8 and JPEG are served)"
+        )
 
     def _decode_encoded(self, k: int, data: bytes, j: int) -> np.ndarray:
         recipe = self._meta[k].get("recipe", {})
@@ -330,8 +362,7 @@ class Dataset(RecordDataset):
         JPEG decodes running in parallel in the C++ pool. For serving non-RAW files."""
         indices = np.asarray(indices)
         if indices.dtype.kind not in "iu" or indices.ndim != 1:
-            raise TypeError(f"indices must be a 1-D array of integers, got {indices.dtype} of shape "
-                            f"{indices.shape}")
+            raise TypeError(f"indices must be a 1-D array of integers, got {indices.dtype} of shape {indices.shape}")
         indices = indices.astype(np.int64)
         if not isinstance(out, np.ndarray):
             raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
@@ -402,8 +433,9 @@ class Dataset(RecordDataset):
 
     def field_bytes(self, name: str) -> int:
         """Bytes field `name` takes in the files (its values and offsets blocks)."""
-        return sum(fc.meta[b]["bytes"] for fc in self._column(name).files for b in ("values", "offsets")
-                   if b in fc.meta)
+        return sum(
+            fc.meta[b]["bytes"] for fc in self._column(name).files for b in ("values", "offsets") if b in fc.meta
+        )
 
 
 def open(paths: PathLike | Sequence[PathLike]) -> Dataset:  # noqa: A001 - the natural name

@@ -11,6 +11,7 @@ first steps do not wait for the sweep.
 
 Only the speed depends on this: the kernel reads the records from the mappings either way.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,9 +62,14 @@ def memory_for_sweeps() -> int | None:
 def source_runs(byte_ranges, n: int, block: int = 1 << 20) -> list[tuple[int, int, int]]:
     """`byte_runs` of records 0..n-1, where ``byte_ranges(indices)`` gives their (file, offset,
     size) (`Dataset.byte_ranges`); `block` records at a time, so memory stays bounded."""
-    runs = np.array([r for a in range(0, n, block)
-                     for r in byte_runs(*byte_ranges(np.arange(a, min(n, a + block), dtype=np.int64)))],
-                    np.int64).reshape(-1, 3)
+    runs = np.array(
+        [
+            r
+            for a in range(0, n, block)
+            for r in byte_runs(*byte_ranges(np.arange(a, min(n, a + block), dtype=np.int64)))
+        ],
+        np.int64,
+    ).reshape(-1, 3)
     # Once more over the blocks' runs: runs of neighbouring blocks may touch.
     return byte_runs(runs[:, 0], runs[:, 1], runs[:, 2] - runs[:, 1])
 
@@ -81,8 +87,9 @@ class FileSweep:
     def __init__(self, paths, byte_ranges, n: int, budget: int):
         self._stop = threading.Event()
         self.bytes = 0
-        self._thread = threading.Thread(target=self._run, args=(list(paths), byte_ranges, n, budget),
-                                        name="tbljax-file-sweep", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(list(paths), byte_ranges, n, budget), name="tbljax-file-sweep", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -97,7 +104,7 @@ class FileSweep:
         try:
             runs = source_runs(byte_ranges, n)
         except Exception:  # noqa: BLE001 - e.g. a dataset closed meanwhile: the loader reports
-            return         # its own errors; a sweep only ever changes the speed
+            return  # its own errors; a sweep only ever changes the speed
         total = sum(end - start for _, start, end in runs)
         if total <= budget and not self._stop.is_set():
             self.bytes = total

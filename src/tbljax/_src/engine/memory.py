@@ -5,6 +5,7 @@ whole-source sweep (`engine/file_sweep.py`) and the resident dataset's check on 
 
 The files are read at the paths in `SYSTEM` (a test points them at files of its own).
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -10,6 +10,7 @@ samples with the same augmentation.
 >>> idx.shape, boxes, flips.dtype
 ((4,), None, dtype('bool'))
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,8 +22,7 @@ from tbljax._src.rules.options import LoaderOptions
 __all__ = ["draw"]
 
 
-def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, xp=np,
-         first_index: int = 0):
+def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, xp=np, first_index: int = 0):
     """(sample indices, crop boxes or None, flips or None) for `positions` of epoch `epoch`.
 
     `image_hw`: (H, W) of every record, or a `tbljax.augment.RecordGeometry` (records of their
@@ -34,6 +34,5 @@ def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, x
     if opts.augment is None:
         return idx, None, None
     geometry = _augment.RecordGeometry.of(image_hw).shifted(first_index)
-    boxes, flips = _augment.sample(opts.augment, idx, geometry=geometry, seed=opts.seed,
-                                   epoch=epoch, xp=xp)
+    boxes, flips = _augment.sample(opts.augment, idx, geometry=geometry, seed=opts.seed, epoch=epoch, xp=xp)
     return idx, boxes, flips

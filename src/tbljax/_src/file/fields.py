@@ -10,6 +10,7 @@ or JSON text bytes, or the rows of a ragged array back to back). The blocks lie 
 records where no index entry points (turboloader ignores them) and the dataset metadata's
 "fields" entry says where, with a CRC-32 of each.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,24 +26,40 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.rules import contract
 from tbljax._src.rules.dataset import FIELD_KINDS, FieldInfo
-from tbljax._src.rules.errors import FieldError, FieldsNotFound as FieldsNotFound, shown  # re-exported
+from tbljax._src.rules.errors import FieldError, shown  # re-exported
+from tbljax._src.rules.errors import FieldsNotFound as FieldsNotFound
 from tbljax._src.rules.geometry import BOX_FORMATS, INTERPOLATIONS
 
-__all__ = ["COPY_BYTES", "FIELD_KINDS", "GEOMETRIC_ROLES", "Boxes", "ColumnWriter", "Columns", "DenseMap",
-           "FieldError", "FieldInfo", "Keypoints", "Mask", "check_field_meta", "info_of", "kind_for_extension",
-           "kind_of_value", "parse_field_value"]
+__all__ = [
+    "COPY_BYTES",
+    "FIELD_KINDS",
+    "GEOMETRIC_ROLES",
+    "Boxes",
+    "ColumnWriter",
+    "Columns",
+    "DenseMap",
+    "FieldError",
+    "FieldInfo",
+    "Keypoints",
+    "Mask",
+    "check_field_meta",
+    "info_of",
+    "kind_for_extension",
+    "kind_of_value",
+    "parse_field_value",
+]
 
-BLOCK_ALIGN = 64        # a fixed field's (N, ...) view starts on a cache line
-COPY_BYTES = 16 << 20   # spill → file in pieces of this size: memory flat in the field's size
+BLOCK_ALIGN = 64  # a fixed field's (N, ...) view starts on a cache line
+COPY_BYTES = 16 << 20  # spill → file in pieces of this size: memory flat in the field's size
 # Names a batch or a record already uses (a mixture's batch holds "source").
 _RESERVED = ("image", "label", "index", "key", "mask", "valid", "source")
 
 
 def check_name(name: Any) -> str:
-    if not isinstance(name, str) or not name.isidentifier() or name in _RESERVED \
-            or name.endswith("_length"):
-        raise ValueError(f"field name {name!r} must be a Python identifier, not ending in "
-                         f"'_length' and not one of {list(_RESERVED)}")
+    if not isinstance(name, str) or not name.isidentifier() or name in _RESERVED or name.endswith("_length"):
+        raise ValueError(
+            f"field name {name!r} must be a Python identifier, not ending in '_length' and not one of {list(_RESERVED)}"
+        )
     return name
 
 
@@ -53,12 +70,14 @@ def kind_for_extension(ext: str) -> str:
     last = ext.lower().rsplit(".", 1)[-1]
     kinds = {"txt": "str", "json": "json", "npy": "ndarray", "png": "ndarray"}
     if last not in kinds:
-        raise ValueError(f"field extension {ext!r}: a field is read from a .txt (str), .json "
-                         "(json), .npy or .png (ndarray) member")
+        raise ValueError(
+            f"field extension {ext!r}: a field is read from a .txt (str), .json (json), .npy or .png (ndarray) member"
+        )
     return kinds[last]
 
 
 # ---- geometric fields: a field that follows the image (issue 48; rules/geometry.py) ----------
+
 
 @dataclasses.dataclass(frozen=True)
 class _Declared:
@@ -74,11 +93,17 @@ class _Declared:
     def __post_init__(self):
         if isinstance(self.folder, os.PathLike):
             object.__setattr__(self, "folder", os.fspath(self.folder))
-        bad = [w for w in ("ext", "key", "folder") if getattr(self, w) is not None
-               and (not isinstance(getattr(self, w), str) or not getattr(self, w).strip("."))]
+        bad = [
+            w
+            for w in ("ext", "key", "folder")
+            if getattr(self, w) is not None
+            and (not isinstance(getattr(self, w), str) or not getattr(self, w).strip("."))
+        ]
         if bad or (self.folder is not None and self.ext is None) or (self.key is not None and self.ext is not None):
-            raise ValueError(f"{type(self).__name__}({', '.join(bad) or 'ext, key, folder'}=): give ext= (a "
-                             f"non-empty str), with folder= or not, or key= alone; got {self!r}")
+            raise ValueError(
+                f"{type(self).__name__}({', '.join(bad) or 'ext, key, folder'}=): give ext= (a "
+                f"non-empty str), with folder= or not, or key= alone; got {self!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +159,10 @@ class Boxes(_Declared):
     def __post_init__(self):
         super().__post_init__()
         if self.format not in BOX_FORMATS or not isinstance(self.normalized, bool):
-            raise ValueError(f"Boxes(format=) must be one of {BOX_FORMATS} and normalized= True or False, got "
-                             f"{self.format!r}, {self.normalized!r}")
+            raise ValueError(
+                f"Boxes(format=) must be one of {BOX_FORMATS} and normalized= True or False, got "
+                f"{self.format!r}, {self.normalized!r}"
+            )
         if self.labels is not None:
             check_name(self.labels)
 
@@ -186,7 +213,8 @@ def kind_of_value(value: Any) -> str:
     if isinstance(value, str):
         return "str"
     if isinstance(value, (np.ndarray, np.generic)) or (
-            hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape")):
+        hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape")
+    ):
         return "ndarray"
     return "json"
 
@@ -231,8 +259,10 @@ def parse_field_value(kind: str, raw: Any) -> Any:
         except (TypeError, ValueError) as e:
             raise FieldError(f"not an array ({e})") from None
     if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
-        raise FieldError(f"an ndarray field takes a numeric array (bool, int, uint, float), "
-                         f"got {getattr(arr, 'dtype', type(arr).__name__)}")
+        raise FieldError(
+            f"an ndarray field takes a numeric array (bool, int, uint, float), "
+            f"got {getattr(arr, 'dtype', type(arr).__name__)}"
+        )
     return arr
 
 
@@ -275,8 +305,9 @@ class ColumnWriter:
             self.lengths.append(data.shape[0] if data.ndim else 1)
             self.spill.write(memoryview(data.reshape(-1)).cast("B"))
             return
-        data = (value if self.kind == "str" else
-                json.dumps(value, ensure_ascii=False, separators=(",", ":"))).encode("utf-8")
+        data = (value if self.kind == "str" else json.dumps(value, ensure_ascii=False, separators=(",", ":"))).encode(
+            "utf-8"
+        )
         self.lengths.append(len(data))
         self.spill.write(data)
 
@@ -290,7 +321,7 @@ class ColumnWriter:
             meta["dtype"] = self.dtype.str
             fixed = self.ndim == 0 or len(np.unique(lengths)) <= 1
             first = int(lengths[0]) if len(lengths) and self.ndim else None
-            meta["shape"] = ([] if self.ndim == 0 else [first if fixed else None, *self.trail])
+            meta["shape"] = [] if self.ndim == 0 else [first if fixed else None, *self.trail]
             if self.ndim and first is None:  # no record at all: a ragged field of no rows
                 meta["shape"] = [None, *self.trail]
         else:
@@ -312,12 +343,14 @@ class Columns:
     fails: the record is skipped), `append` stores a written record's values, `write` puts the
     blocks and their metadata into the file. A context manager: the spill files go at exit."""
 
-    def __init__(self, kinds: dict[str, str], exts: dict[str, str], out_dir: str,
-                 roles: dict[str, dict[str, Any]] | None = None):
+    def __init__(
+        self, kinds: dict[str, str], exts: dict[str, str], out_dir: str, roles: dict[str, dict[str, Any]] | None = None
+    ):
         self.exts, self.roles = exts, dict(roles or {})  # roles: a geometric field's metadata
         self.kinds = kinds  # as the source holds them; a geometric field is stored as an ndarray
-        self.writers = {name: ColumnWriter(name, "ndarray" if name in self.roles else kind, out_dir)
-                        for name, kind in kinds.items()}
+        self.writers = {
+            name: ColumnWriter(name, "ndarray" if name in self.roles else kind, out_dir) for name, kind in kinds.items()
+        }
         self.found: set[str] = set()
 
     def parse(self, item: Any, transform: Any = None) -> dict[str, Any] | str:
@@ -358,13 +391,19 @@ class Columns:
         missing = [n for n in self.writers if n not in self.found]
         if missing and self.exts:
             n = missing[0]
-            raise FieldsNotFound(f"fields= names {n!r} = .{self.exts.get(n, '?')}, which no record has "
-                                 f"(no such member or sidecar file); {dst} was not written")
+            raise FieldsNotFound(
+                f"fields= names {n!r} = .{self.exts.get(n, '?')}, which no record has "
+                f"(no such member or sidecar file); {dst} was not written"
+            )
 
     def write(self, w: Any) -> None:
         if self.writers:
-            w.set_fields({name: {**col.write(w), **({"role": self.roles[name]} if name in self.roles else {})}
-                          for name, col in self.writers.items()})
+            w.set_fields(
+                {
+                    name: {**col.write(w), **({"role": self.roles[name]} if name in self.roles else {})}
+                    for name, col in self.writers.items()
+                }
+            )
 
     def __enter__(self) -> Columns:
         return self
@@ -382,9 +421,11 @@ def info_of(meta: dict[str, Any]) -> FieldInfo:
 def check_field_meta(name: Any, meta: Any, path: str) -> None:
     """CorruptFileError naming the field when its metadata is not what `ColumnWriter.write`
     gives (the JSON comes from the file)."""
+
     def bad(want: str) -> None:
-        raise _core.CorruptFileError(f"{path}: field {name!r} metadata must be {want}, got "
-                                     f"{shown(json.dumps(meta), 120)}")
+        raise _core.CorruptFileError(
+            f"{path}: field {name!r} metadata must be {want}, got {shown(json.dumps(meta), 120)}"
+        )
 
     try:
         check_name(name)
@@ -393,9 +434,12 @@ def check_field_meta(name: Any, meta: Any, path: str) -> None:
     if not isinstance(meta, dict) or meta.get("kind") not in FIELD_KINDS:
         bad(f"an object whose kind is one of {list(FIELD_KINDS)}")
     shape = meta.get("shape")
-    if not isinstance(shape, list) or not all(
-            s is None or (isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 40) for s in shape) \
-            or None in shape[1:] or len(shape) > 32:
+    if (
+        not isinstance(shape, list)
+        or not all(s is None or (isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 40) for s in shape)
+        or None in shape[1:]
+        or len(shape) > 32
+    ):
         bad("an object whose shape is a list of at most 32 sizes below 2**40 (None only first)")
     if meta["kind"] == "ndarray":
         dt = None
@@ -414,8 +458,10 @@ def check_field_meta(name: Any, meta: Any, path: str) -> None:
     blocks = ["values"] + ([] if meta["kind"] == "ndarray" and shape[:1] != [None] else ["offsets"])
     for b in blocks:
         blk = meta.get(b)
-        if not (isinstance(blk, dict) and all(isinstance(blk.get(k), int) and blk[k] >= 0
-                                              for k in ("offset", "bytes", "crc32"))):
+        if not (
+            isinstance(blk, dict)
+            and all(isinstance(blk.get(k), int) and blk[k] >= 0 for k in ("offset", "bytes", "crc32"))
+        ):
             bad(f"an object whose {b!r} is {{'offset', 'bytes', 'crc32'}} integers")
     if "role" in meta:
         _check_role(meta, bad)
@@ -430,13 +476,18 @@ def _check_role(meta: dict[str, Any], bad: Any) -> None:
         bad(f"an ndarray field whose role is one of {[*GEOMETRIC_ROLES, 'box_labels']}")
     perm = role.get("flip_permutation")
     ok = {
-        "mask": lambda: contract.is_integer(role.get("ignore")) and np.dtype(meta["dtype"]).kind in "biu"
-        and len(shape) in (1, 2),
+        "mask": lambda: (
+            contract.is_integer(role.get("ignore")) and np.dtype(meta["dtype"]).kind in "biu" and len(shape) in (1, 2)
+        ),
         "dense": lambda: role.get("interpolation") in INTERPOLATIONS and len(shape) in (1, 2, 3),
-        "boxes": lambda: role.get("format") == "xyxy" and shape[1:] == [4]
-        and (role.get("labels") is None or isinstance(role.get("labels"), str)),
-        "keypoints": lambda: isinstance(perm, list) and sorted(perm) == list(range(len(perm)))
-        and shape[1:] == [len(perm), 3],
+        "boxes": lambda: (
+            role.get("format") == "xyxy"
+            and shape[1:] == [4]
+            and (role.get("labels") is None or isinstance(role.get("labels"), str))
+        ),
+        "keypoints": lambda: (
+            isinstance(perm, list) and sorted(perm) == list(range(len(perm))) and shape[1:] == [len(perm), 3]
+        ),
         "box_labels": lambda: isinstance(role.get("of"), str) and len(shape) == 1,
     }[name]
     if not ok():

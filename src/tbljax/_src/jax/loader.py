@@ -10,20 +10,20 @@ Example:
     ...     if step % 1000 == 0:
     ...         save(state, loader.state_dict())   # {version, seed, epoch, position, fingerprint}
 """
+
 from __future__ import annotations
 
 import functools
 
+from tbljax._src.datasets import opening, reader
+from tbljax._src.engine.host_loader import HostLoader
+from tbljax._src.engine.plan import HostBatch
 from tbljax._src.engine.rows import RowLayout
 from tbljax._src.jax import collectives
-from tbljax._src.jax.arrays import check_fields_fit, check_fits, to_global
-from tbljax._src.datasets import opening
-from tbljax._src.rules.parts import Parts
-from tbljax._src.datasets import reader
 from tbljax._src.jax import sharding as _sharding
-from tbljax._src.engine.host_loader import HostLoader
+from tbljax._src.jax.arrays import check_fields_fit, check_fits, to_global
 from tbljax._src.rules.options import LoaderOptions, front_end
-from tbljax._src.engine.plan import HostBatch
+from tbljax._src.rules.parts import Parts
 
 __all__ = ["Loader", "loader", "to_jax"]
 
@@ -32,9 +32,11 @@ def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
     """The JAX layer: a HostBatch → (a dict of global jax.Arrays, no copy on CPU; the arrays
     in it that view the ring slot)."""
     row_shape = host.images[0].shape[1:]  # the batch's own: a size schedule changes it
-    result = {"image": to_global(rows, host.images, row_shape),
-              "label": to_global(rows, host.labels),
-              "index": to_global(rows, host.indices)}
+    result = {
+        "image": to_global(rows, host.images, row_shape),
+        "label": to_global(rows, host.labels),
+        "index": to_global(rows, host.indices),
+    }
     if host.valids is not None:
         result["valid"] = to_global(rows, host.valids)
     if host.sources is not None:  # a mixture: which source each row came from
@@ -110,9 +112,12 @@ def loader(path_or_paths, *, sharding=None, partition: str | None = None, **opti
     if partition is None:
         return Loader(reader.as_dataset(path_or_paths), opts, sharding)
     if partition != "host":
-        raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
-                         f"process reads only its own part), got {partition!r}")
+        raise ValueError(
+            f"partition must be None (rows from the whole dataset) or 'host' (each "
+            f"process reads only its own part), got {partition!r}"
+        )
     rank, world_size = collectives.process()
-    dataset, parts = opening.open_host_part(path_or_paths, opts.batch_size, rank, world_size,
-                                            collectives.process_allgather)
+    dataset, parts = opening.open_host_part(
+        path_or_paths, opts.batch_size, rank, world_size, collectives.process_allgather
+    )
     return Loader(dataset, opts, sharding, parts=parts)

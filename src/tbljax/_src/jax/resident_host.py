@@ -1,6 +1,7 @@
 """What a resident dataset (`jax/resident.py`) gathers on the host before it uploads: whether
 its records fit each device, its records' rows a chunk at a time (zero-copy from RAW files),
 and the columns of the record fields it holds (with those it leaves out, and why)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,17 +35,20 @@ def check_device_memory(shape, sharding, max_bytes: int | None, *, num_records: 
             avail = memory.available_bytes()
             if avail is not None:
                 limit = avail // max(1, len(devices))
-                where = (f"available host RAM ({avail / 2**30:.1f} GiB) shared by "
-                         f"{len(devices)} local device(s)")
+                where = f"available host RAM ({avail / 2**30:.1f} GiB) shared by {len(devices)} local device(s)"
     if limit is not None and per_device > limit:
-        what = (f"{num_records} records of different sizes in {shape[0]} pages"
-                if len(shape) == 2 else f"{shape[0]} records of {shape[1]}x{shape[2]}x3 uint8")
+        what = (
+            f"{num_records} records of different sizes in {shape[0]} pages"
+            if len(shape) == 2
+            else f"{shape[0]} records of {shape[1]}x{shape[2]}x3 uint8"
+        )
         raise MemoryError(
             f"the dataset needs {per_device / 2**20:.1f} MiB per device ({what} "
             f"over {_sharding.parts(sharding)} record shard(s)) "
             f"but only {limit / 2**20:.1f} MiB fit ({where}): shard the records over more "
             f"devices (sharding=NamedSharding(mesh, PartitionSpec('data'))), convert at a "
-            f"smaller image_size, or stream with tbljax.loader instead")
+            f"smaller image_size, or stream with tbljax.loader instead"
+        )
 
 
 def host_rows(ds, views, starts, a: int, b: int, image_shape) -> np.ndarray:
@@ -54,9 +58,13 @@ def host_rows(ds, views, starts, a: int, b: int, image_shape) -> np.ndarray:
     if views is not None:
         k = int(np.searchsorted(starts, a, side="right") - 1)
         if b <= starts[k + 1]:
-            return views[k][a - starts[k]:b - starts[k]]
-        return np.concatenate([host_rows(ds, views, starts, a, int(starts[k + 1]), image_shape),
-                               host_rows(ds, views, starts, int(starts[k + 1]), b, image_shape)])
+            return views[k][a - starts[k] : b - starts[k]]
+        return np.concatenate(
+            [
+                host_rows(ds, views, starts, a, int(starts[k + 1]), image_shape),
+                host_rows(ds, views, starts, int(starts[k + 1]), b, image_shape),
+            ]
+        )
     out = np.empty((b - a, *image_shape, 3), np.uint8)
     return ds.read_into(np.arange(a, b, dtype=np.int64), out)
 
@@ -86,9 +94,11 @@ def field_columns(ds, fields, pad) -> tuple[dict[str, np.ndarray], dict[str, str
     for n in names:
         info = infos[n]
         if info.kind != "ndarray":
-            raise ValueError(f"ResidentDataset: field {n!r} is {info.kind}, which cannot be a device "
-                             "array: serve it with tbljax.loader (field_fn= can make it numeric), or "
-                             "leave it out with fields=")
+            raise ValueError(
+                f"ResidentDataset: field {n!r} is {info.kind}, which cannot be a device "
+                "array: serve it with tbljax.loader (field_fn= can make it numeric), or "
+                "leave it out with fields="
+            )
         if info.fixed:
             if n in pads:
                 raise ValueError(f"pad[{n!r}]: field {n!r} is fixed (shape {info.shape}), not ragged")
@@ -96,9 +106,11 @@ def field_columns(ds, fields, pad) -> tuple[dict[str, np.ndarray], dict[str, str
             continue
         length = pads.get(n)
         if length is None:
-            raise ValueError(f"ResidentDataset: field {n!r} is ragged (shape {info.shape}): pass "
-                             f"pad={{{n!r}: length}} (an integer >= 1) to hold it cut or zero-padded "
-                             "to length rows, or leave it out with fields=")
+            raise ValueError(
+                f"ResidentDataset: field {n!r} is ragged (shape {info.shape}): pass "
+                f"pad={{{n!r}: length}} (an integer >= 1) to hold it cut or zero-padded "
+                "to length rows, or leave it out with fields="
+            )
         length = check_pad(n, length, info, len(ds))
         col = np.zeros((len(ds), int(length), *info.shape[1:]), info.dtype)
         lengths = np.zeros(len(ds), np.int32)

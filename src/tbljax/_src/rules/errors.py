@@ -9,6 +9,7 @@ users met them (`contract`, `file/fields`, `conversion/convert_options`, `remote
 >>> shown(repr(list(range(100))), 12)
 '[0, 1, 2, 3,... (390 characters)'
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,19 @@ from typing import Any
 
 from tbljax._core import CorruptFileError, DecodeError
 
-__all__ = ["Arg", "ArgumentError", "ConversionError", "CorruptFileError", "DecodeError", "FieldError",
-           "FieldsNotFound", "OutputExistsError", "RemoteReadError", "shown", "worded"]
+__all__ = [
+    "Arg",
+    "ArgumentError",
+    "ConversionError",
+    "CorruptFileError",
+    "DecodeError",
+    "FieldError",
+    "FieldsNotFound",
+    "OutputExistsError",
+    "RemoteReadError",
+    "shown",
+    "worded",
+]
 
 
 def shown(text: str, limit: int = 300) -> str:
@@ -47,8 +59,11 @@ class Arg:
     def words(self, flags: Mapping[str, tuple[str, bool]] | None = None) -> str:
         """In the API's words, or (given `flags`: name -> (flag, is_switch)) the command line's."""
         if flags is None or self.name not in flags:
-            api = self.name if self.value is _BARE else (
-                self.name + "=" + ("" if self.value is ... else repr(self.value)))
+            api = (
+                self.name
+                if self.value is _BARE
+                else (self.name + "=" + ("" if self.value is ... else repr(self.value)))
+            )
             return api if flags is None else f"{api} (Python API only)"  # a command without the flag
         flag, switch = flags[self.name]
         if self.value is _BARE or self.value is ... or (switch and self.value is True):
@@ -71,7 +86,6 @@ class ArgumentError(ValueError):
 def worded(parts: Sequence[str | Arg], flags: Mapping[str, tuple[str, bool]] | None = None) -> str:
     """Text and `Arg`s as one string, in the API's words or (given `flags`) the command line's."""
     return "".join(p.words(flags) if isinstance(p, Arg) else p for p in parts)
-
 
 
 class OutputExistsError(ArgumentError, FileExistsError):

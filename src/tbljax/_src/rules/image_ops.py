@@ -24,6 +24,7 @@ feed them), so the pixels are Pillow's rules in `pixel_ops`:
 >>> TrivialAugment().arg_table().shape
 (14, 2, 31)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,23 +34,43 @@ from typing import ClassVar
 
 import numpy as np
 
-from tbljax._src.rules import contract
-from tbljax._src.rules import pixel_ops
-from tbljax._src.rules import quantiles
+from tbljax._src.rules import contract, pixel_ops, quantiles
 
-__all__ = ["CLASSES", "TA_SPACE", "ColorJitter", "GaussianBlur", "Grayscale", "Solarize", "ThreeAugment",
-           "TrivialAugment", "applied", "choice", "integer", "number", "tv_linspace"]
+__all__ = [
+    "CLASSES",
+    "TA_SPACE",
+    "ColorJitter",
+    "GaussianBlur",
+    "Grayscale",
+    "Solarize",
+    "ThreeAugment",
+    "TrivialAugment",
+    "applied",
+    "choice",
+    "integer",
+    "number",
+    "tv_linspace",
+]
 
 PROB_BITS = 24
 _C = pixel_ops.CODES
 # torchvision v2 TrivialAugmentWide._AUGMENTATION_SPACE, in its order: (name, our code, linspace or None, signed).
-TA_SPACE = (("Identity", 0, None, False), ("ShearX", _C["TvShearX"], (0.0, 0.99), True),
-             ("ShearY", _C["TvShearY"], (0.0, 0.99), True), ("TranslateX", _C["TvTranslateX"], (0.0, 32.0), True),
-             ("TranslateY", _C["TvTranslateY"], (0.0, 32.0), True), ("Rotate", _C["TvRotate"], (0.0, 135.0), True),
-             ("Brightness", _C["Brightness"], (0.0, 0.99), True), ("Color", _C["Color"], (0.0, 0.99), True),
-             ("Contrast", _C["Contrast"], (0.0, 0.99), True), ("Sharpness", _C["Sharpness"], (0.0, 0.99), True),
-             ("Posterize", _C["Posterize"], "posterize", False), ("Solarize", _C["Solarize"], (1.0, 0.0), False),
-             ("AutoContrast", _C["AutoContrast"], None, False), ("Equalize", _C["Equalize"], None, False))
+TA_SPACE = (
+    ("Identity", 0, None, False),
+    ("ShearX", _C["TvShearX"], (0.0, 0.99), True),
+    ("ShearY", _C["TvShearY"], (0.0, 0.99), True),
+    ("TranslateX", _C["TvTranslateX"], (0.0, 32.0), True),
+    ("TranslateY", _C["TvTranslateY"], (0.0, 32.0), True),
+    ("Rotate", _C["TvRotate"], (0.0, 135.0), True),
+    ("Brightness", _C["Brightness"], (0.0, 0.99), True),
+    ("Color", _C["Color"], (0.0, 0.99), True),
+    ("Contrast", _C["Contrast"], (0.0, 0.99), True),
+    ("Sharpness", _C["Sharpness"], (0.0, 0.99), True),
+    ("Posterize", _C["Posterize"], "posterize", False),
+    ("Solarize", _C["Solarize"], (1.0, 0.0), False),
+    ("AutoContrast", _C["AutoContrast"], None, False),
+    ("Equalize", _C["Equalize"], None, False),
+)
 # ColorJitter's adjustments (index = torchvision's fn_id) and the six orders of three.
 _JITTER_CODES = (_C["Brightness"], _C["Contrast"], _C["Color"])
 _ORDERS = np.array([(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)], np.int32)
@@ -98,11 +119,15 @@ def _fill(v):
 
 def _prob_op(draw_one):
     """`draw` for a single op applied with probability p: (code, arg) from the slot's words."""
+
     def draw(self, u, xp):
         code, arg = draw_one(self, u[:, 0], xp)
         on = applied(u[:, 0, 1], self.p, xp)
-        return (xp.where(on, code, xp.uint8(0))[:, None].astype(xp.uint8),
-                xp.where(on, arg, 0)[:, None].astype(xp.int32))
+        return (
+            xp.where(on, code, xp.uint8(0))[:, None].astype(xp.uint8),
+            xp.where(on, arg, 0)[:, None].astype(xp.int32),
+        )
+
     return draw
 
 
@@ -140,8 +165,9 @@ class TrivialAugment:
         """(codes (B, 1) uint8, args (B, 1) int32) from words u (B, 1, 4): op, -, bin, sign."""
         which = choice(u[:, 0, 0], len(TA_SPACE), xp)
         codes = xp.asarray(np.array([s[1] for s in TA_SPACE], np.uint8))
-        arg = xp.asarray(self.arg_table())[which, (u[:, 0, 3] >> 31).astype(xp.int32),
-                                           choice(u[:, 0, 2], self.num_magnitude_bins, xp)]
+        arg = xp.asarray(self.arg_table())[
+            which, (u[:, 0, 3] >> 31).astype(xp.int32), choice(u[:, 0, 2], self.num_magnitude_bins, xp)
+        ]
         return codes[which][:, None], arg[:, None].astype(xp.int32)
 
 
@@ -158,7 +184,7 @@ def _ta_table(n: int) -> np.ndarray:
         else:
             mags = tv_linspace(*space, n)
         row = []
-        for sign in ((1.0, -1.0) if signed else (1.0, 1.0)):
+        for sign in (1.0, -1.0) if signed else (1.0, 1.0):
             m = [sign * float(v) for v in mags]
             if code in (_C["TvTranslateX"], _C["TvTranslateY"], _C["Posterize"]):
                 row.append([int(v) for v in m])
@@ -210,13 +236,16 @@ class ColorJitter:
         for name in ("brightness", "contrast", "saturation"):
             object.__setattr__(self, name, _jitter_range(name, getattr(self, name)))
         if self.hue not in (0, None):
-            raise ValueError(f"ColorJitter hue={self.hue!r} is not implemented (brightness, contrast and "
-                             "saturation are); pass hue=0")
+            raise ValueError(
+                f"ColorJitter hue={self.hue!r} is not implemented (brightness, contrast and saturation are); pass hue=0"
+            )
 
     def factor_tables(self) -> tuple:
         """Per adjustment, int32 (4096,) float32 bits of its factor quantiles, or None."""
-        return tuple(None if r is None else _table(quantiles.uniform_table(*r))
-                     for r in (self.brightness, self.contrast, self.saturation))
+        return tuple(
+            None if r is None else _table(quantiles.uniform_table(*r))
+            for r in (self.brightness, self.contrast, self.saturation)
+        )
 
     def draw(self, u, xp):
         """(codes (B, 3), args (B, 3)) from words u (B, 3, 4): slot 0 word 0 the order, slot a
@@ -230,8 +259,10 @@ class ColorJitter:
                 codes.append(xp.full(u.shape[:1], _JITTER_CODES[a], xp.uint8))
                 args.append(xp.asarray(t)[(u[:, a, 2] >> (32 - quantiles.BITS)).astype(xp.int32)])
         order = xp.asarray(_ORDERS)[choice(u[:, 0, 0], len(_ORDERS), xp)]
-        return (xp.take_along_axis(xp.stack(codes, axis=1), order, axis=1),
-                xp.take_along_axis(xp.stack(args, axis=1), order, axis=1))
+        return (
+            xp.take_along_axis(xp.stack(codes, axis=1), order, axis=1),
+            xp.take_along_axis(xp.stack(args, axis=1), order, axis=1),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,9 +347,12 @@ class GaussianBlur:
             raise ValueError(f"sigma must satisfy lo <= hi, got {s!r}")
         object.__setattr__(self, "sigma", (lo, hi))
 
-    draw = _prob_op(lambda self, w, xp: (
-        xp.uint8(_C["GaussianBlur"]),
-        xp.asarray(_table(quantiles.uniform_table(*self.sigma)))[(w[:, 2] >> 20).astype(xp.int32)]))
+    draw = _prob_op(
+        lambda self, w, xp: (
+            xp.uint8(_C["GaussianBlur"]),
+            xp.asarray(_table(quantiles.uniform_table(*self.sigma)))[(w[:, 2] >> 20).astype(xp.int32)],
+        )
+    )
 
 
 CLASSES = (TrivialAugment, ColorJitter, ThreeAugment, Grayscale, Solarize, GaussianBlur)

@@ -7,6 +7,7 @@ loader function's signature from its fields: a new option is a field here (and i
 >>> LoaderOptions(batch_size=256, dtype="bfloat16").out_dtype.name
 'bfloat16'
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,8 @@ import inspect
 
 import numpy as np
 
-from tbljax._src.rules.augment import Augment
 from tbljax._src.rules import contract
+from tbljax._src.rules.augment import Augment
 
 __all__ = ["LoaderOptions", "front_end"]
 
@@ -85,9 +86,9 @@ class LoaderOptions:
     threads: int | None = None
     read_ahead: int = 2
     jpeg_dct_scale: bool = False
-    fields: object = "all"    # "all", None, or a list of field names
+    fields: object = "all"  # "all", None, or a list of field names
     field_fn: dict | None = None  # field name -> fn(this process's values) -> (rows, ...) array
-    pad: dict | None = None       # ragged field name -> rows served
+    pad: dict | None = None  # ragged field name -> rows served
     verify_records: bool = False  # each served record's CRC-16 checked before its batch goes out
 
     def __post_init__(self):
@@ -98,8 +99,9 @@ class LoaderOptions:
         if not integer(self.seed) or not 0 <= self.seed < 1 << 64:
             raise ArgumentError(Arg("seed"), f" must be an integer in [0, 2**64), got {self.seed!r}")
         if self.num_epochs is not None and (not integer(self.num_epochs) or self.num_epochs < 1):
-            raise ArgumentError(Arg("num_epochs"), f" must be None (endless) or an integer >= 1, got "
-                                f"{self.num_epochs!r}")
+            raise ArgumentError(
+                Arg("num_epochs"), f" must be None (endless) or an integer >= 1, got {self.num_epochs!r}"
+            )
         object.__setattr__(self, "dtype", contract.dtype_name(self.dtype))
         contract.check_layout(self.layout)
         mean, std = contract.normalization(self.mean, self.std)
@@ -109,11 +111,13 @@ class LoaderOptions:
         if not integer(self.prefetch) or self.prefetch < 1:
             raise ArgumentError(Arg("prefetch"), f" must be an integer >= 1, got {self.prefetch!r}")
         if not integer(self.read_ahead) or self.read_ahead < 0:
-            raise ArgumentError(Arg("read_ahead"), f" must be an integer >= 0 (0: off), got "
-                                f"{self.read_ahead!r}")
+            raise ArgumentError(Arg("read_ahead"), f" must be an integer >= 0 (0: off), got {self.read_ahead!r}")
         contract.check_threads(self.threads)
-        if not (self.fields is None or self.fields == "all" or (
-                isinstance(self.fields, (list, tuple)) and all(isinstance(n, str) for n in self.fields))):
+        if not (
+            self.fields is None
+            or self.fields == "all"
+            or (isinstance(self.fields, (list, tuple)) and all(isinstance(n, str) for n in self.fields))
+        ):
             raise ValueError(f"fields must be 'all', None or a list of field names, got {self.fields!r}")
         if isinstance(self.fields, list):
             object.__setattr__(self, "fields", tuple(self.fields))
@@ -133,8 +137,7 @@ class LoaderOptions:
         """(mean, std) for the kernel: None, None for uint8 output (not normalized)."""
         return (None, None) if self.dtype == "uint8" else (self.mean, self.std)
 
-    def output_size(self, image_hw: tuple[int, int] | None, epoch: int | None = None
-                    ) -> tuple[int, int]:
+    def output_size(self, image_hw: tuple[int, int] | None, epoch: int | None = None) -> tuple[int, int]:
         """(OH, OW) of a batch of epoch `epoch` from records of `image_hw` (None: records of
         different sizes): the augmentation's size at that epoch, if any, else the stored size.
         `epoch` may be left out only when the size does not change with it."""
@@ -143,8 +146,7 @@ class LoaderOptions:
         if aug is not None:
             if epoch is None:
                 if len(aug.schedule) > 1:
-                    raise ValueError(f"the output size changes with the epoch (size="
-                                     f"{aug.size!r}): say which epoch")
+                    raise ValueError(f"the output size changes with the epoch (size={aug.size!r}): say which epoch")
                 epoch = 0
             size = aug.size_at(epoch)
         if image_hw is None:
@@ -153,12 +155,12 @@ class LoaderOptions:
                     "records of different sizes need an output size fixed by the augmentation: "
                     "pass augment=tbljax.Augment(size=(224, 224)) for training or "
                     "augment=tbljax.Augment(crop='center', flip=False, size=(224, 224)) for "
-                    "evaluation")
+                    "evaluation"
+                )
             return size
         return contract.output_size(image_hw, size, cropped=aug is not None and bool(aug.crop))
 
-    def row_shape(self, image_hw: tuple[int, int] | None, epoch: int | None = None
-                  ) -> tuple[int, int, int]:
+    def row_shape(self, image_hw: tuple[int, int] | None, epoch: int | None = None) -> tuple[int, int, int]:
         """One row of a batch of epoch `epoch`: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW."""
         oh, ow = self.output_size(image_hw, epoch)
         return contract.row_shape(self.layout, oh, ow)
@@ -180,13 +182,18 @@ def front_end(name: str, *, without: tuple[str, ...] = (), **defaults):
 
     def wrap(fn):
         own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not P.VAR_KEYWORD]
-        shared = [P(f.name, P.POSITIONAL_OR_KEYWORD, annotation=f.type) for f in fields
-                  if f.default is dataclasses.MISSING]
-        shared += [P(f.name, P.KEYWORD_ONLY, default=defaults.get(f.name, f.default), annotation=f.type)
-                   for f in fields if f.default is not dataclasses.MISSING]
+        shared = [
+            P(f.name, P.POSITIONAL_OR_KEYWORD, annotation=f.type) for f in fields if f.default is dataclasses.MISSING
+        ]
+        shared += [
+            P(f.name, P.KEYWORD_ONLY, default=defaults.get(f.name, f.default), annotation=f.type)
+            for f in fields
+            if f.default is not dataclasses.MISSING
+        ]
         positional = [p for p in own if p.kind is P.POSITIONAL_OR_KEYWORD]
         signature = inspect.signature(fn).replace(
-            parameters=positional + shared + [p for p in own if p.kind is P.KEYWORD_ONLY])
+            parameters=positional + shared + [p for p in own if p.kind is P.KEYWORD_ONLY]
+        )
 
         @functools.wraps(fn)
         def front(*args, **kwargs):

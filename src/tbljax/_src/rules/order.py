@@ -43,6 +43,7 @@ Example:
     >>> sorted(idx.tolist()) == list(range(10))
     True
 """
+
 from __future__ import annotations
 
 import functools
@@ -50,11 +51,19 @@ import functools
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.rules.parts import MAX_SAMPLES
 from tbljax._src.rules.contract import is_integer
+from tbljax._src.rules.parts import MAX_SAMPLES
 
-__all__ = ["TAG_AUGMENT", "TAG_SHUFFLE", "check_seed_epoch", "hash32", "mix32", "permute",
-           "permute_reference", "random_bits"]
+__all__ = [
+    "TAG_AUGMENT",
+    "TAG_SHUFFLE",
+    "check_seed_epoch",
+    "hash32",
+    "mix32",
+    "permute",
+    "permute_reference",
+    "random_bits",
+]
 
 _M1 = 0x7FEB352D
 _M2 = 0x846CA68B
@@ -62,8 +71,8 @@ _IV = 0x243F6A88
 _PHI = 0x9E3779B9
 _ROUNDS = 8
 # Domain tags keep the shuffle keys and the augmentation keys of one (seed, epoch) unrelated.
-TAG_SHUFFLE = 0x53484646   # "SHFF"
-TAG_AUGMENT = 0x41554730   # "AUG0"
+TAG_SHUFFLE = 0x53484646  # "SHFF"
+TAG_AUGMENT = 0x41554730  # "AUG0"
 
 
 def mix32(x, xp=np):

@@ -44,6 +44,7 @@ each box gets ``0`` (``"const"``), one normal per channel (``"rand"``) or one pe
 the top 12 bits of ``order.hash32([key, box, channel, y * W + x])`` (``x = 2**16 - 1`` for the
 per-channel value): exact on every path, and distributed as N(0, 1) to within 1/8192 in CDF.
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,21 +54,61 @@ import numpy as np
 
 from tbljax._src.rules import order
 
-__all__ = ["AFFINE", "CODES", "FLOAT_ARG", "INTERPOLATIONS", "TV_AFFINE", "affine_level", "affine_matrix", "apply",
-           "apply_all", "erase", "f32_arg", "gaussian_blur", "normal_table", "tv_affine_matrix"]
+__all__ = [
+    "AFFINE",
+    "CODES",
+    "FLOAT_ARG",
+    "INTERPOLATIONS",
+    "TV_AFFINE",
+    "affine_level",
+    "affine_matrix",
+    "apply",
+    "apply_all",
+    "erase",
+    "f32_arg",
+    "gaussian_blur",
+    "normal_table",
+    "tv_affine_matrix",
+]
 
 # One home for the op codes (the kernel's enum is these numbers).
-CODES = {"none": 0, "AutoContrast": 1, "Equalize": 2, "Invert": 3, "Posterize": 4, "Solarize": 5,
-         "SolarizeAdd": 6, "Color": 7, "Contrast": 8, "Brightness": 9, "Sharpness": 10, "Rotate": 11,
-         "ShearX": 12, "ShearY": 13, "TranslateX": 14, "TranslateY": 15, "TranslateXRel": 16,
-         "TranslateYRel": 17, "Cutout": 18, "Grayscale": 19, "GaussianBlur": 20, "TvRotate": 21, "TvShearX": 22,
-         "TvShearY": 23, "TvTranslateX": 24, "TvTranslateY": 25}
+CODES = {
+    "none": 0,
+    "AutoContrast": 1,
+    "Equalize": 2,
+    "Invert": 3,
+    "Posterize": 4,
+    "Solarize": 5,
+    "SolarizeAdd": 6,
+    "Color": 7,
+    "Contrast": 8,
+    "Brightness": 9,
+    "Sharpness": 10,
+    "Rotate": 11,
+    "ShearX": 12,
+    "ShearY": 13,
+    "TranslateX": 14,
+    "TranslateY": 15,
+    "TranslateXRel": 16,
+    "TranslateYRel": 17,
+    "Cutout": 18,
+    "Grayscale": 19,
+    "GaussianBlur": 20,
+    "TvRotate": 21,
+    "TvShearX": 22,
+    "TvShearY": 23,
+    "TvTranslateX": 24,
+    "TvTranslateY": 25,
+}
 # torchvision's geometric ops on a PIL image (TrivialAugmentWide): the argument is the level itself.
 TV_AFFINE = frozenset(CODES[n] for n in ("TvRotate", "TvShearX", "TvShearY", "TvTranslateX", "TvTranslateY"))
-AFFINE = frozenset(CODES[n] for n in ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY",
-                                      "TranslateXRel", "TranslateYRel"))
-FLOAT_ARG = AFFINE | {CODES[n] for n in ("Color", "Contrast", "Brightness", "Sharpness", "GaussianBlur", "TvRotate",
-                                         "TvShearX", "TvShearY")}
+AFFINE = frozenset(
+    CODES[n] for n in ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel")
+)
+FLOAT_ARG = AFFINE | {
+    CODES[n]
+    for n in ("Color", "Contrast", "Brightness", "Sharpness", "GaussianBlur", "TvRotate", "TvShearX", "TvShearY")
+}
 INTERPOLATIONS = ("bilinear", "nearest")
 _NAMES = {v: k for k, v in CODES.items()}
 
@@ -132,8 +173,8 @@ def _smooth(image):
     acc = np.zeros((h - 2, w - 2, 3), np.float32)
     # Filter.c: rows y+1, y, y-1 with kernel rows 0, 1, 2; each row (x-1, x, x+1) summed first.
     for r, dy in enumerate((2, 1, 0)):
-        row = x[dy:dy + h - 2]
-        part = row[:, 0:w - 2] * k[3 * r] + row[:, 1:w - 1] * k[3 * r + 1]
+        row = x[dy : dy + h - 2]
+        part = row[:, 0 : w - 2] * k[3 * r] + row[:, 1 : w - 1] * k[3 * r + 1]
         part = part + row[:, 2:w] * k[3 * r + 2]
         acc = acc + part
     out[1:-1, 1:-1] = np.clip(np.trunc(acc + np.float32(0.5)), 0, 255).astype(np.uint8)
@@ -166,8 +207,14 @@ def affine_matrix(code: int, level: float, height: int, width: int) -> tuple[flo
     name = _NAMES[code]
     if name == "Rotate":
         angle = -math.radians(level)
-        m = [round(math.cos(angle), 15), round(math.sin(angle), 15), 0.0,
-             round(-math.sin(angle), 15), round(math.cos(angle), 15), 0.0]
+        m = [
+            round(math.cos(angle), 15),
+            round(math.sin(angle), 15),
+            0.0,
+            round(-math.sin(angle), 15),
+            round(math.cos(angle), 15),
+            0.0,
+        ]
         cx, cy = width / 2.0, height / 2.0
         m[2] = m[0] * -cx + m[1] * -cy + cx
         m[5] = m[3] * -cx + m[4] * -cy + cy
@@ -225,10 +272,10 @@ def _box_pass(image, radius: np.float32):
     n = image.shape[1]
     x = image.astype(np.int64)
     idx = np.clip(np.arange(-r - 1, n + r + 1), 0, n - 1)
-    ext = x[:, idx]                                    # position p is source p - r - 1
+    ext = x[:, idx]  # position p is source p - r - 1
     csum = np.concatenate([np.zeros_like(ext[:, :1]), np.cumsum(ext, axis=1)], axis=1)
-    acc = csum[:, 2 * r + 2:2 * r + 2 + n] - csum[:, 1:1 + n]   # window x - r .. x + r
-    bulk = acc * ww + (ext[:, :n] + ext[:, 2 * r + 2:2 * r + 2 + n]) * fw
+    acc = csum[:, 2 * r + 2 : 2 * r + 2 + n] - csum[:, 1 : 1 + n]  # window x - r .. x + r
+    bulk = acc * ww + (ext[:, :n] + ext[:, 2 * r + 2 : 2 * r + 2 + n]) * fw
     return ((bulk + (1 << 23)) >> 24).astype(np.uint8)
 
 
@@ -248,6 +295,7 @@ def gaussian_blur(image, radius: float):
                 t = _box_pass(t, box)
             out = t if axis_first else t.swapaxes(0, 1)
     return np.array(out, copy=True)  # C order, never the input itself
+
 
 def _sweep(start, step, n):
     """Pillow's running sum start, start + step, ... (float64, added one step at a time)."""
@@ -306,7 +354,7 @@ def _cutout(image, arg, fill):
     pad, cy, cx = (arg >> 24) & 0xFF, (arg >> 12) & 0xFFF, arg & 0xFFF
     cy, cx = (cy * h) >> 12, (cx * w) >> 12
     out = image.copy()
-    out[max(0, cy - pad):min(h, cy + pad), max(0, cx - pad):min(w, cx + pad)] = fill
+    out[max(0, cy - pad) : min(h, cy + pad), max(0, cx - pad) : min(w, cx + pad)] = fill
     return out
 
 
@@ -316,8 +364,16 @@ def _check(interpolation):
     return interpolation
 
 
-def apply(image, code: int, arg: int, *, fill=(128, 128, 128), interpolation: str = "bilinear",
-          translate_const: float = 100.0, translate_pct: float = 0.45):
+def apply(
+    image,
+    code: int,
+    arg: int,
+    *,
+    fill=(128, 128, 128),
+    interpolation: str = "bilinear",
+    translate_const: float = 100.0,
+    translate_pct: float = 0.45,
+):
     """One op (`CODES`) with its integer argument on an HxWx3 uint8 image: a new uint8 image.
 
     >>> img = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
@@ -410,9 +466,9 @@ def erase(values, boxes, key, mode: str):
         if h <= 0:
             continue
         if mode == "const":
-            out[:, y0:y0 + h, x0:x0 + w] = 0
+            out[:, y0 : y0 + h, x0 : x0 + w] = 0
         elif mode == "rand":
-            out[:, y0:y0 + h, x0:x0 + w] = _normals(key, e, out.shape, True)
+            out[:, y0 : y0 + h, x0 : x0 + w] = _normals(key, e, out.shape, True)
         else:
-            out[:, y0:y0 + h, x0:x0 + w] = _normals(key, e, out.shape, False)[:, y0:y0 + h, x0:x0 + w]
+            out[:, y0 : y0 + h, x0 : x0 + w] = _normals(key, e, out.shape, False)[:, y0 : y0 + h, x0 : x0 + w]
     return out

@@ -6,6 +6,7 @@ gathers and NumPy and jax.numpy agree to the bit.
 >>> grid()[:2] * 4096
 array([0.5, 1.5])
 """
+
 from __future__ import annotations
 
 import functools

@@ -28,6 +28,7 @@ Example:
     >>> codes.shape, codes.dtype, args.dtype
     ((4, 2), dtype('uint8'), dtype('int32'))
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,29 +38,101 @@ import re
 
 import numpy as np
 
-from tbljax._src.rules import contract
-from tbljax._src.rules import image_ops
-from tbljax._src.rules import order
-from tbljax._src.rules import pixel_ops
-from tbljax._src.rules import quantiles
+from tbljax._src.rules import contract, image_ops, order, pixel_ops, quantiles
 
-__all__ = ["ERASE_MODES", "OP_NAMES", "POLICIES", "RandAugment", "RandomErasing", "arg_table", "decide",
-           "decide_erasing", "op_arg"]
+__all__ = [
+    "ERASE_MODES",
+    "OP_NAMES",
+    "POLICIES",
+    "RandAugment",
+    "RandomErasing",
+    "arg_table",
+    "decide",
+    "decide_erasing",
+    "op_arg",
+]
 
 # timm's RandAugment op names (LEVEL_TO_ARG) this module has a pixel rule for, and its lists.
-OP_NAMES = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "PosterizeIncreasing",
-            "PosterizeOriginal", "Solarize", "SolarizeIncreasing", "SolarizeAdd", "Color", "ColorIncreasing",
-            "Contrast", "ContrastIncreasing", "Brightness", "BrightnessIncreasing", "Sharpness",
-            "SharpnessIncreasing", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel",
-            "TranslateYRel", "Cutout")
-_TIMM_DEFAULT = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd", "Color",
-                 "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
-_TIMM_INCREASING = ("AutoContrast", "Equalize", "Invert", "Rotate", "PosterizeIncreasing", "SolarizeIncreasing",
-                    "SolarizeAdd", "ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing",
-                    "SharpnessIncreasing", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+OP_NAMES = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "Posterize",
+    "PosterizeIncreasing",
+    "PosterizeOriginal",
+    "Solarize",
+    "SolarizeIncreasing",
+    "SolarizeAdd",
+    "Color",
+    "ColorIncreasing",
+    "Contrast",
+    "ContrastIncreasing",
+    "Brightness",
+    "BrightnessIncreasing",
+    "Sharpness",
+    "SharpnessIncreasing",
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "TranslateXRel",
+    "TranslateYRel",
+    "Cutout",
+)
+_TIMM_DEFAULT = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "Posterize",
+    "Solarize",
+    "SolarizeAdd",
+    "Color",
+    "Contrast",
+    "Brightness",
+    "Sharpness",
+    "ShearX",
+    "ShearY",
+    "TranslateXRel",
+    "TranslateYRel",
+)
+_TIMM_INCREASING = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "PosterizeIncreasing",
+    "SolarizeIncreasing",
+    "SolarizeAdd",
+    "ColorIncreasing",
+    "ContrastIncreasing",
+    "BrightnessIncreasing",
+    "SharpnessIncreasing",
+    "ShearX",
+    "ShearY",
+    "TranslateXRel",
+    "TranslateYRel",
+)
 # TF's distort_image_with_randaugment (what big_vision's "randaug" calls).
-_BIG_VISION = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "Color", "Contrast",
-               "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateX", "TranslateY", "Cutout", "SolarizeAdd")
+_BIG_VISION = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "Posterize",
+    "Solarize",
+    "Color",
+    "Contrast",
+    "Brightness",
+    "Sharpness",
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "Cutout",
+    "SolarizeAdd",
+)
 CONVENTIONS = ("timm", "big_vision")
 ERASE_MODES = ("pixel", "rand", "const")
 _BITS = quantiles.BITS
@@ -114,8 +187,10 @@ class RandAugment:
                 raise ValueError(f"ops must be a non-empty list of op names, got {self.ops!r}")
             ops = tuple(self.ops)
             if self.increasing:
-                raise ValueError("increasing=True picks timm's increasing list when ops is None; with ops "
-                                 "given, name the increasing ops themselves (e.g. 'PosterizeIncreasing')")
+                raise ValueError(
+                    "increasing=True picks timm's increasing list when ops is None; with ops "
+                    "given, name the increasing ops themselves (e.g. 'PosterizeIncreasing')"
+                )
         for n in ops:
             if n not in OP_NAMES:
                 raise ValueError(f"RandAugment op {n!r} is not supported; the ops are {', '.join(OP_NAMES)}")
@@ -128,8 +203,10 @@ class RandAugment:
         if self.magnitude_max is not None:
             object.__setattr__(self, "magnitude_max", _number("magnitude_max", self.magnitude_max, 0, 100))
         if self.interpolation not in pixel_ops.INTERPOLATIONS:
-            raise ValueError(f"interpolation must be one of {pixel_ops.INTERPOLATIONS}, got "
-                             f"{self.interpolation!r} (timm's 'random' and 'bicubic' are not implemented)")
+            raise ValueError(
+                f"interpolation must be one of {pixel_ops.INTERPOLATIONS}, got "
+                f"{self.interpolation!r} (timm's 'random' and 'bicubic' are not implemented)"
+            )
         object.__setattr__(self, "translate_const", _number("translate_const", self.translate_const, 0, 4096))
         object.__setattr__(self, "translate_pct", _number("translate_pct", self.translate_pct, 0, 1))
         if self.convention not in CONVENTIONS:
@@ -137,8 +214,9 @@ class RandAugment:
         if "Cutout" in ops and (self.magnitude_std or self.convention != "big_vision"):
             raise ValueError("op 'Cutout' is big_vision's (RandAugment.from_big_vision), at a fixed magnitude")
         if "Cutout" in ops and int(self.magnitude / 10 * 40) > 127:
-            raise ValueError(f"Cutout's half-side int(magnitude / 10 * 40) must be <= 127, got magnitude "
-                             f"{self.magnitude!r}")
+            raise ValueError(
+                f"Cutout's half-side int(magnitude / 10 * 40) must be <= 127, got magnitude {self.magnitude!r}"
+            )
 
     @classmethod
     def from_timm(cls, config: str, **kw) -> "RandAugment":
@@ -151,8 +229,9 @@ class RandAugment:
         args = dict(magnitude=10.0, num_ops=2, increasing=False, prob=0.5)
         for part in parts[1:]:
             if part.startswith("t"):
-                raise ValueError(f"timm config section {part!r}: weighted or 3-Augment transform sets "
-                                 "(t...) are not supported")
+                raise ValueError(
+                    f"timm config section {part!r}: weighted or 3-Augment transform sets (t...) are not supported"
+                )
             m = re.fullmatch(r"([a-z]+)(\d.*)", part)
             if m is None:
                 continue  # timm skips a section without a number
@@ -171,8 +250,9 @@ class RandAugment:
                 elif key == "p":
                     args["prob"] = float(val)
                 else:
-                    raise ValueError(f"unknown timm RandAugment config key {key!r} in {config!r} "
-                                     "(known: m, n, mstd, mmax, inc, p)")
+                    raise ValueError(
+                        f"unknown timm RandAugment config key {key!r} in {config!r} (known: m, n, mstd, mmax, inc, p)"
+                    )
             except ValueError as e:
                 if "unknown" in str(e):
                     raise
@@ -187,8 +267,15 @@ class RandAugment:
         m = re.fullmatch(r"\s*randaug\(\s*(\d+)\s*,\s*(\d+(?:\.\d*)?)\s*\)\s*", spec) if isinstance(spec, str) else None
         if m is None:
             raise ValueError(f"a big_vision spec is 'randaug(num_layers, magnitude)', got {spec!r}")
-        return cls(num_ops=int(m.group(1)), magnitude=float(m.group(2)), ops=_BIG_VISION, prob=1.0,
-                   interpolation="nearest", translate_const=100.0, convention="big_vision")
+        return cls(
+            num_ops=int(m.group(1)),
+            magnitude=float(m.group(2)),
+            ops=_BIG_VISION,
+            prob=1.0,
+            interpolation="nearest",
+            translate_const=100.0,
+            convention="big_vision",
+        )
 
 
 def _is_byte(v):
@@ -222,8 +309,10 @@ class RandomErasing:
         lo = _number("min_area", self.min_area, 0, 1)
         hi = _number("max_area", self.max_area, 0, 1)
         if not 0 < lo <= hi:
-            raise ValueError(f"min_area and max_area must satisfy 0 < min_area <= max_area <= 1, got "
-                             f"{self.min_area!r}, {self.max_area!r}")
+            raise ValueError(
+                f"min_area and max_area must satisfy 0 < min_area <= max_area <= 1, got "
+                f"{self.min_area!r}, {self.max_area!r}"
+            )
         object.__setattr__(self, "min_area", lo)
         object.__setattr__(self, "max_area", hi)
         a = _number("min_aspect", self.min_aspect, 1e-3, 1e3)
@@ -241,8 +330,10 @@ class RandomErasing:
 
 def _level(ra: RandAugment, name: str, m: float, negate: bool):
     """timm's level function (big_vision's where its convention differs), in float64."""
+
     def neg(v):
         return -v if negate else v
+
     bv = ra.convention == "big_vision"
     if _code(name) in pixel_ops.AFFINE:
         return pixel_ops.affine_level(_code(name), neg(m), ra.translate_const, ra.translate_pct)
@@ -295,8 +386,7 @@ def arg_table(ra: RandAugment) -> np.ndarray:
         mags = ra.magnitude + ra.magnitude_std * ndtri(k)
     if ra.convention == "timm":
         mags = np.clip(mags, 0.0, ra.magnitude_max or 10.0)
-    t = np.array([[[op_arg(ra, n, m, s)[1] for m in mags.tolist()] for s in (False, True)] for n in ra.ops],
-                 np.int32)
+    t = np.array([[[op_arg(ra, n, m, s)[1] for m in mags.tolist()] for s in (False, True)] for n in ra.ops], np.int32)
     t.setflags(write=False)
     return t
 
@@ -360,8 +450,7 @@ def _erase_tables(er: RandomErasing, height: int, width: int):
     return (side,) + quantiles.area_aspect_tables((er.min_area, er.max_area), (er.min_aspect, er.max_aspect))
 
 
-def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed: int, epoch: int, repeat=0,
-                   xp=np):
+def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed: int, epoch: int, repeat=0, xp=np):
     """(boxes (B, E, 4) int32 of (y0, x0, h, w), h = 0 for none; keys (B,) uint32 of their
     noise) for samples `indices` erased on an output of `height` x `width`; E = max_count."""
     if not isinstance(er, RandomErasing):
@@ -369,16 +458,19 @@ def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed:
     height, width = _int("height", height, 1, contract.MAX_SIDE), _int("width", width, 1, contract.MAX_SIDE)
     idx = xp.asarray(indices)
     side_t, frac_t, r_t, inv_r_t = (xp.asarray(t) for t in _erase_tables(er, height, width))
-    head = order.random_bits(idx[:, None], _counters(np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]),
-                                                     _repeat(repeat, 1, xp), xp),
-                             seed, epoch, xp=xp)
+    head = order.random_bits(
+        idx[:, None],
+        _counters(np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]), _repeat(repeat, 1, xp), xp),
+        seed,
+        epoch,
+        xp=xp,
+    )
     applied = image_ops.applied(head[:, 0], er.p, xp)
     span = er.max_count - er.min_count + 1
     count = image_ops.choice(head[:, 1], span, xp) + er.min_count
     e = er.max_count
     local = _ERASE_BOXES + np.arange(4 * _ATTEMPTS * e).reshape(e, _ATTEMPTS, 4)
-    u = order.random_bits(idx[:, None, None, None], _counters(local, _repeat(repeat, 3, xp), xp), seed, epoch,
-                          xp=xp)
+    u = order.random_bits(idx[:, None, None, None], _counters(local, _repeat(repeat, 3, xp), xp), seed, epoch, xp=xp)
     shift = xp.uint32(32 - _BITS)
     s = side_t[count][:, None, None] * frac_t[u[..., 0] >> shift]
     kr = u[..., 1] >> shift
@@ -387,7 +479,7 @@ def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed:
     fits = (h >= 1) & (h < height) & (w >= 1) & (w < width)
     y0 = (((u[..., 2] >> 16) * xp.maximum(height - h + 1, 1).astype(xp.uint32)) >> 16).astype(xp.int32)
     x0 = (((u[..., 3] >> 16) * xp.maximum(width - w + 1, 1).astype(xp.uint32)) >> 16).astype(xp.int32)
-    boxes = xp.stack([y0, x0, h, w], axis=-1)                          # (B, E, attempts, 4)
+    boxes = xp.stack([y0, x0, h, w], axis=-1)  # (B, E, attempts, 4)
     first = xp.argmax(fits, axis=2)
     chosen = xp.take_along_axis(boxes, first[:, :, None, None], axis=2)[:, :, 0]
     keep = xp.any(fits, axis=2) & applied[:, None] & (xp.arange(e)[None, :] < count[:, None])

@@ -6,6 +6,7 @@ image) with their category ids, and masks painted from polygons or RLE through p
 Rules (docs/reference.md "COCO"): crowd annotations (iscrowd=1) give no box and paint `ignore`;
 annotations paint in the JSON's order (a later one wins where they overlap); an image without
 annotations is a record with no box and a mask of 0; category ids are the JSON's own."""
+
 from __future__ import annotations
 
 import copy
@@ -23,11 +24,12 @@ from tbljax._src.sources.items import Item, share
 
 MASK_KINDS = ("instance", "semantic")
 INSTANCE_IGNORE = (1 << 16) - 1  # instance maps are uint16: up to 65534 instances an image
-SEMANTIC_IGNORE = 255            # semantic maps are uint8: category ids 1..254
+SEMANTIC_IGNORE = 255  # semantic maps are uint8: category ids 1..254
 
 
-def coco(annotations: str | os.PathLike, image_dir: str | os.PathLike, *, boxes: bool = True,
-         masks: str | None = None) -> CocoSource:
+def coco(
+    annotations: str | os.PathLike, image_dir: str | os.PathLike, *, boxes: bool = True, masks: str | None = None
+) -> CocoSource:
     """A COCO detection / segmentation JSON (e.g. instances_train2017.json) as a source for
     `tbljax.convert`: every entry of "images" is a record (its file_name under image_dir, key
     the file_name), with
@@ -52,8 +54,14 @@ class CocoSource:
     LABELS_FROM = ("a COCO JSON has no image labels: its category ids are the boxes' labels",)
     count_is_slow = False
 
-    def __init__(self, annotations: str | os.PathLike, image_dir: str | os.PathLike, *, boxes: bool = True,
-                 masks: str | None = None):
+    def __init__(
+        self,
+        annotations: str | os.PathLike,
+        image_dir: str | os.PathLike,
+        *,
+        boxes: bool = True,
+        masks: str | None = None,
+    ):
         if not isinstance(boxes, bool):
             raise ValueError(f"coco(boxes=) must be True or False, got {boxes!r}")
         if masks not in (None, *MASK_KINDS):
@@ -70,9 +78,11 @@ class CocoSource:
         if masks == "semantic":
             bad = [c for c in self.category_ids if not 0 < c < SEMANTIC_IGNORE]
             if bad:
-                raise ValueError(f"{self.path}: category id {bad[0]} does not fit a semantic mask (uint8 ids "
-                                 f"1..{SEMANTIC_IGNORE - 1}, 0 background, {SEMANTIC_IGNORE} ignore); use "
-                                 "masks='instance'")
+                raise ValueError(
+                    f"{self.path}: category id {bad[0]} does not fit a semantic mask (uint8 ids "
+                    f"1..{SEMANTIC_IGNORE - 1}, 0 background, {SEMANTIC_IGNORE} ignore); use "
+                    "masks='instance'"
+                )
         self.classes = None  # records have no image label
         self.geometric: dict[str, Any] = {}
         self.field_kinds: dict[str, str] = {}
@@ -161,8 +171,7 @@ def _ann_mask(a: dict[str, Any], h: int, w: int) -> np.ndarray:
     except (TypeError, KeyError, IndexError, ValueError) as e:
         raise ValueError(f"annotation {a.get('id')}: {e}") from None
     if m.shape != (h, w):
-        raise ValueError(f"annotation {a.get('id')}: its RLE is {m.shape[0]}x{m.shape[1]} where the image "
-                         f"is {h}x{w}")
+        raise ValueError(f"annotation {a.get('id')}: its RLE is {m.shape[0]}x{m.shape[1]} where the image is {h}x{w}")
     return m
 
 
@@ -177,8 +186,9 @@ def _boxes(anns: list[dict[str, Any]], im: dict[str, Any]) -> dict[str, list]:
         try:
             x, y, bw, bh = (float(v) for v in a["bbox"])
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"annotation {a.get('id')}: bbox must be [x, y, width, height], "
-                             f"got {a.get('bbox')!r:.60}") from None
+            raise ValueError(
+                f"annotation {a.get('id')}: bbox must be [x, y, width, height], got {a.get('bbox')!r:.60}"
+            ) from None
         x0, y0 = min(max(x, 0.0), w), min(max(y, 0.0), h)
         boxes.append([x0, y0, min(x + bw, w) - x0, min(y + bh, h) - y0])
         labels.append(a["category_id"])
@@ -198,10 +208,16 @@ def _read(path: str) -> tuple[list[dict[str, Any]], dict[Any, list[dict[str, Any
     if not isinstance(js, dict) or not isinstance(js.get("images"), list):
         raise ValueError(f"{path} is not a COCO JSON: it has no 'images' list")
     for k, im in enumerate(js["images"]):
-        if not (isinstance(im, dict) and isinstance(im.get("file_name"), str) and "id" in im
-                and all(isinstance(im.get(d), int) and im[d] > 0 for d in ("height", "width"))):
-            raise ValueError(f"{path}: images[{k}] must have id, file_name, and positive integer height and "
-                             f"width, got {json.dumps(im)[:120]}")
+        if not (
+            isinstance(im, dict)
+            and isinstance(im.get("file_name"), str)
+            and "id" in im
+            and all(isinstance(im.get(d), int) and im[d] > 0 for d in ("height", "width"))
+        ):
+            raise ValueError(
+                f"{path}: images[{k}] must have id, file_name, and positive integer height and "
+                f"width, got {json.dumps(im)[:120]}"
+            )
     categories = js.get("categories", [])
     ids = [c.get("id") for c in categories if isinstance(c, dict)]
     if len(ids) != len(categories) or not all(isinstance(i, int) for i in ids):
@@ -210,7 +226,9 @@ def _read(path: str) -> tuple[list[dict[str, Any]], dict[Any, list[dict[str, Any
     by_image: dict[Any, list[dict[str, Any]]] = {}
     for k, a in enumerate(js.get("annotations", [])):
         if not isinstance(a, dict) or "image_id" not in a or a.get("category_id") not in known:
-            raise ValueError(f"{path}: annotations[{k}] must have an image_id and a category_id of 'categories', "
-                             f"got {json.dumps(a)[:120]}")
+            raise ValueError(
+                f"{path}: annotations[{k}] must have an image_id and a category_id of 'categories', "
+                f"got {json.dumps(a)[:120]}"
+            )
         by_image.setdefault(a["image_id"], []).append(a)
     return js["images"], by_image, ids

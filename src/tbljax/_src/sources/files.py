@@ -6,6 +6,7 @@ before reading (it sizes the TBL index).
 Labels travel as the sources hold them: an integer id, a class name (str), or -1 when the item
 has none; `tbljax.convert` turns names into ids against one classes table.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,18 +18,27 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-
-from tbljax._src.remote import remote
 from tbljax._src.file.fields import kind_for_extension
+from tbljax._src.remote import remote
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules.contract import Arg, ArgumentError
 from tbljax._src.rules.errors import shown
-from tbljax._src.sources.items import (IMAGE_EXTENSIONS, LABEL_EXTENSIONS, TAR_SUFFIXES, Item, check_declared,
-                                  Label, label_list, parse_label, share, table_for)
-from tbljax._src.sources.arrays import (ACCEPTED_FORMS, IMAGE_KEYS, LABEL_KEYS, ArraySource,
-                                          split_images_labels)
+from tbljax._src.sources.arrays import ACCEPTED_FORMS, IMAGE_KEYS, LABEL_KEYS, ArraySource, split_images_labels
+from tbljax._src.sources.items import (
+    IMAGE_EXTENSIONS,
+    LABEL_EXTENSIONS,
+    TAR_SUFFIXES,
+    Item,
+    Label,
+    check_declared,
+    label_list,
+    parse_label,
+    share,
+    table_for,
+)
 
 # ---- sources -------------------------------------------------------------------------------
+
 
 def _split_key(name: str) -> tuple[str, str]:
     # WebDataset: the key is the path up to the first dot of the file name.
@@ -62,12 +72,20 @@ class TarSource:
     retried as `retry` says and resumed at the byte where it broke."""
 
     # Where labels come from: convert says it when no record has one.
-    LABELS_FROM = ("TAR shards take labels from a .cls, .cls2, .label or .json member beside each image "
-                   "(", Arg("label_ext", ...), " names another)")
+    LABELS_FROM = (
+        "TAR shards take labels from a .cls, .cls2, .label or .json member beside each image (",
+        Arg("label_ext", ...),
+        " names another)",
+    )
 
-    def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
-                 label_ext: str | None = None, retry: remote.Retry = remote.DEFAULT_RETRY,
-                 fields: dict[str, str] | None = None):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        classes: list[str] | None = None,
+        label_ext: str | None = None,
+        retry: remote.Retry = remote.DEFAULT_RETRY,
+        fields: dict[str, str] | None = None,
+    ):
         self.paths = list(paths)
         self.field_exts = dict(fields or {})  # field name -> member extension
         self.field_kinds = {k: kind_for_extension(e) for k, e in self.field_exts.items()}
@@ -84,8 +102,9 @@ class TarSource:
 
     def select(self, i: int, n: int) -> TarSource:
         """Shard i of n: a contiguous share of whole TAR files."""
-        return TarSource(share(self.paths, i, n, "TAR files"), self.classes, self.label_ext, self.retry,
-                         self.field_exts)
+        return TarSource(
+            share(self.paths, i, n, "TAR files"), self.classes, self.label_ext, self.retry, self.field_exts
+        )
 
     def describe(self) -> list[str]:
         return self.paths
@@ -95,8 +114,9 @@ class TarSource:
         shards counted in parallel (reads overlap; zlib/bz2/lzma release the GIL)."""
         total = 0
         with ThreadPoolExecutor(min(8, len(self.paths)), thread_name_prefix="tbljax-count") as ex:
-            for k, (p, (n, problem)) in enumerate(zip(self.paths, ex.map(
-                    lambda p: _count_shard(p, self.retry), self.paths))):
+            for k, (p, (n, problem)) in enumerate(
+                zip(self.paths, ex.map(lambda p: _count_shard(p, self.retry), self.paths))
+            ):
                 total += n
                 if problem is not None:
                     self.cut_short[p] = (n, problem)
@@ -120,8 +140,12 @@ class TarSource:
             for item in self._iter_shard(p):
                 if item.data is not None:
                     if left == 0:
-                        yield Item(f"<after {last}>", p, None, error=f"unreadable TAR data while counting "
-                                   f"({problem}); rest of shard skipped")
+                        yield Item(
+                            f"<after {last}>",
+                            p,
+                            None,
+                            error=f"unreadable TAR data while counting ({problem}); rest of shard skipped",
+                        )
                         break
                     left -= 1
                 last = item.key
@@ -151,8 +175,7 @@ class TarSource:
                 yield Item(group_key, path, None, label, error="no image member in this sample")
             else:
                 fields = {k: group[e] for k, e in self.field_exts.items() if e in group}
-                yield Item(group_key, path, group[sorted(images)[0]], label, label_error=problem,
-                           fields=fields)
+                yield Item(group_key, path, group[sorted(images)[0]], label, label_error=problem, fields=fields)
 
         try:
             # One pass in order; member reads go straight to the file (or the URL's block cache).
@@ -169,8 +192,12 @@ class TarSource:
                 yield from flush()
         except (tarfile.TarError, EOFError, OSError) as e:
             yield from flush()
-            yield Item(f"<after {group_key or 'start'}>", path, None,
-                       error=f"unreadable TAR data ({type(e).__name__}: {e}); rest of shard skipped")
+            yield Item(
+                f"<after {group_key or 'start'}>",
+                path,
+                None,
+                error=f"unreadable TAR data ({type(e).__name__}: {e}); rest of shard skipped",
+            )
 
 
 def _missing(paths: Sequence[str], retry: remote.Retry) -> list[str]:
@@ -215,8 +242,13 @@ class FolderSource:
     # Where labels come from: convert says it when no record has one.
     LABELS_FROM = ("an image folder takes its labels from one subfolder per class, named after it",)
 
-    def __init__(self, root: str, classes: list[str] | None = None, fields: dict[str, str] | None = None,
-                 folders: dict[str, str] | None = None):
+    def __init__(
+        self,
+        root: str,
+        classes: list[str] | None = None,
+        fields: dict[str, str] | None = None,
+        folders: dict[str, str] | None = None,
+    ):
         self.root = Path(root)
         # Field name -> extension of the sidecar file beside each image (a/img1.jpg + a/img1.txt),
         # or of the file at the image's relative path in a parallel folder (`folders`).
@@ -226,35 +258,49 @@ class FolderSource:
             if not f.is_dir():
                 raise FileNotFoundError(f"field {name!r}: folder {f} (Mask(folder=)) is not a directory")
             if f.resolve().is_relative_to(self.root.resolve()):  # its files would be listed as images
-                raise ValueError(f"field {name!r}: folder {f} lies inside the image folder {root}; "
-                                 "a parallel folder must lie outside it")
+                raise ValueError(
+                    f"field {name!r}: folder {f} lies inside the image folder {root}; "
+                    "a parallel folder must lie outside it"
+                )
         self.field_kinds = {k: kind_for_extension(e) for k, e in self.field_exts.items()}
         subdirs = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
         if classes is not None and subdirs:
             unknown = [d for d in subdirs if d not in set(classes)]
             if unknown:
-                raise ValueError(f"image folder {root} has subfolder {unknown[0]!r}, which is not in "
-                                 f"classes ({len(unknown)} such subfolders)")
+                raise ValueError(
+                    f"image folder {root} has subfolder {unknown[0]!r}, which is not in "
+                    f"classes ({len(unknown)} such subfolders)"
+                )
         self.classes: list[str] | None = classes if classes is not None else (subdirs or None)
-        found = ([(f, name) for name in subdirs for f in sorted((self.root / name).rglob("*")) if f.is_file()]
-                 if subdirs else [(f, -1) for f in sorted(self.root.iterdir()) if f.is_file()])
+        found = (
+            [(f, name) for name in subdirs for f in sorted((self.root / name).rglob("*")) if f.is_file()]
+            if subdirs
+            else [(f, -1) for f in sorted(self.root.iterdir()) if f.is_file()]
+        )
         # A field's sidecar file (a/img1.mask.png beside a/img1.jpg) is no image.
         sidecar = {"." + e.lower() for n, e in self.field_exts.items() if n not in self.folders}
         self.files: list[tuple[Path, Label]] = [
-            (f, label) for f, label in found
-            if _is_image_file(f) and not any(f.name.lower().endswith(s) for s in sidecar if s.count(".") > 1)]
+            (f, label)
+            for f, label in found
+            if _is_image_file(f) and not any(f.name.lower().endswith(s) for s in sidecar if s.count(".") > 1)
+        ]
         # Files left out for their extension (summary.left_out), but not a field's sidecar files
         # or hidden ones (.DS_Store).
         self.left_out: list[str] = [
-            str(f.relative_to(self.root)) for f, _ in found
-            if not _is_image_file(f) and not f.name.startswith(".")
-            and not any(f.name.lower().endswith(s) for s in sidecar)]
+            str(f.relative_to(self.root))
+            for f, _ in found
+            if not _is_image_file(f)
+            and not f.name.startswith(".")
+            and not any(f.name.lower().endswith(s) for s in sidecar)
+        ]
         if not self.files:
             tars = sorted(f.name for f in self.root.iterdir() if f.is_file() and f.name.endswith(TAR_SUFFIXES))
             if tars:
-                raise ValueError(f"image folder {root} holds no images but {len(tars)} TAR file"
-                                 f"{'s' if len(tars) > 1 else ''} ({tars[0]}{', ...' if len(tars) > 1 else ''}): "
-                                 f"pass the shards themselves, e.g. {_shard_pattern(self.root, tars)}")
+                raise ValueError(
+                    f"image folder {root} holds no images but {len(tars)} TAR file"
+                    f"{'s' if len(tars) > 1 else ''} ({tars[0]}{', ...' if len(tars) > 1 else ''}): "
+                    f"pass the shards themselves, e.g. {_shard_pattern(self.root, tars)}"
+                )
 
     def select(self, i: int, n: int) -> FolderSource:
         """Shard i of n: a contiguous share of the files; classes stay those of the whole folder."""
@@ -308,8 +354,11 @@ class FileListSource:
         self.field_kinds: dict[str, str] = {}
 
     def select(self, i: int, n: int) -> FileListSource:
-        return FileListSource(share(self.paths, i, n, "image files"),
-                              self.labels[len(self.paths) * i // n:len(self.paths) * (i + 1) // n], self.classes)
+        return FileListSource(
+            share(self.paths, i, n, "image files"),
+            self.labels[len(self.paths) * i // n : len(self.paths) * (i + 1) // n],
+            self.classes,
+        )
 
     def describe(self) -> list[str]:
         return [f"{len(self.paths)} image files"]
@@ -329,10 +378,15 @@ class FileListSource:
             yield Item(p, p, data, label)
 
 
-def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[str] | None = None,
-            label_ext: str | None = None, retry: remote.Retry = remote.DEFAULT_RETRY,
-            fields: dict[str, str] | None = None, geometric: dict[str, Any] | None = None,
-            ) -> TarSource | FolderSource | FileListSource | ArraySource:
+def resolve(
+    sources: Any,
+    labels: Sequence[Label] | None = None,
+    classes: list[str] | None = None,
+    label_ext: str | None = None,
+    retry: remote.Retry = remote.DEFAULT_RETRY,
+    fields: dict[str, str] | None = None,
+    geometric: dict[str, Any] | None = None,
+) -> TarSource | FolderSource | FileListSource | ArraySource:
     """Turns convert's `sources` argument into a source object (see ACCEPTED_FORMS). URLs name
     TAR shards (braces expanded; glob characters matched where the filesystem can list).
     `geometric`: fields='s geometric declarations (`items.check_declared`)."""
@@ -342,20 +396,27 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
         raise ArgumentError(Arg("label_ext"), " is for TAR shards; arrays take ", Arg("labels", ...))
     if split is not None:
         images, labels = split
-        columns = ({k: v for k, v in sources.items() if k not in IMAGE_KEYS + LABEL_KEYS}
-                   if isinstance(sources, Mapping) else {})
+        columns = (
+            {k: v for k, v in sources.items() if k not in IMAGE_KEYS + LABEL_KEYS}
+            if isinstance(sources, Mapping)
+            else {}
+        )
         keys = check_declared(geometric, "a dict source")
         if fields or (geometric and not columns):
-            raise ArgumentError(Arg("fields", ...), " names TAR members or sidecar files; a dict source's keys besides "
-                             "image and label are its fields (as {'image': ..., 'caption': [...]}), and "
-                             "fields= only says which of them are geometric ({'seg': tbljax.Mask()})")
+            raise ArgumentError(
+                Arg("fields", ...),
+                " names TAR members or sidecar files; a dict source's keys besides "
+                "image and label are its fields (as {'image': ..., 'caption': [...]}), and "
+                "fields= only says which of them are geometric ({'seg': tbljax.Mask()})",
+            )
         missing = sorted(k for k in keys.values() if k not in columns)
         if missing:
-            raise ValueError(f"fields= declares the dict source's key {missing[0]!r}, which it does not have "
-                             f"(its fields: {sorted(columns)})")
+            raise ValueError(
+                f"fields= declares the dict source's key {missing[0]!r}, which it does not have "
+                f"(its fields: {sorted(columns)})"
+            )
         renamed = {k for n, k in keys.items() if k != n}  # key= read under the field's name
-        columns = {**{k: v for k, v in columns.items() if k not in renamed},
-                   **{n: columns[k] for n, k in keys.items()}}
+        columns = {**{k: v for k, v in columns.items() if k not in renamed}, **{n: columns[k] for n, k in keys.items()}}
         src = ArraySource(images, None, fields=columns)
         for name, col in columns.items():
             if len(col) != len(src.rows):
@@ -367,10 +428,10 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     if not isinstance(sources, (list, tuple)) or not all(isinstance(s, (str, os.PathLike)) for s in sources):
-        raise TypeError(f"convert's sources must be {ACCEPTED_FORMS}; got {type(sources).__name__} "
-                        f"{shown(repr(sources), 600)}")
-    paths = [p for s in map(os.fspath, sources)
-             for p in (remote.expand(s) if remote.is_url(s) else expand_braces(s))]
+        raise TypeError(
+            f"convert's sources must be {ACCEPTED_FORMS}; got {type(sources).__name__} {shown(repr(sources), 600)}"
+        )
+    paths = [p for s in map(os.fspath, sources) for p in (remote.expand(s) if remote.is_url(s) else expand_braces(s))]
     if not paths:
         raise ValueError(f"convert: no sources given (or the pattern matched no file: {shown(repr(sources))})")
     _refuse_duplicates(paths)
@@ -380,13 +441,15 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
         raise ValueError(f"sources at a URL must be TAR shards ({', '.join(TAR_SUFFIXES)}); {other!r} is not")
     if len(paths) == 1 and os.path.isdir(paths[0]):
         if labels is not None:
-            raise ArgumentError(Arg("labels", ...), " is for arrays and file lists; an image folder takes labels "
-                                "from subfolders")
+            raise ArgumentError(
+                Arg("labels", ...), " is for arrays and file lists; an image folder takes labels from subfolders"
+            )
         if label_ext is not None:
             raise ArgumentError(Arg("label_ext"), " is for TAR shards; an image folder takes labels from subfolders")
         check_declared(geometric, "an image folder")
-        return FolderSource(paths[0], classes, fields,
-                            {n: g.folder for n, g in geometric.items() if g.folder is not None})
+        return FolderSource(
+            paths[0], classes, fields, {n: g.folder for n, g in geometric.items() if g.folder is not None}
+        )
     if all(is_tar):
         if labels is not None:
             raise ArgumentError(Arg("labels", ...), " is for arrays and file lists; TAR shards carry .cls/.json labels")
@@ -403,8 +466,10 @@ def resolve(sources: Any, labels: Sequence[Label] | None = None, classes: list[s
     if all(Path(p).suffix.lower().lstrip(".") in IMAGE_EXTENSIONS for p in paths):
         lab = label_list(labels, len(paths)) if labels is not None else None
         return FileListSource(paths, lab, table_for(lab or [], classes))
-    raise ValueError(f"cannot tell what kind of source {paths[0]!r} is: give TAR shards (.tar), "
-                     "an image folder, image files or numpy arrays")
+    raise ValueError(
+        f"cannot tell what kind of source {paths[0]!r} is: give TAR shards (.tar), "
+        "an image folder, image files or numpy arrays"
+    )
 
 
 def _refuse_duplicates(paths: list[str]) -> None:

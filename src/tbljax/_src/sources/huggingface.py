@@ -9,6 +9,7 @@ not those its footer declares, when the footer contradicts itself.
 
 `datasets` and `pyarrow` are the `hf` extra, imported only when such a source is given.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,12 +19,11 @@ from typing import Any
 import numpy as np
 
 from tbljax._src.remote import remote
-from tbljax._src.sources.items import Item, Label, paths_of, share
 from tbljax._src.rules.contract import Arg
 from tbljax._src.rules.partition import host_part
+from tbljax._src.sources.items import Item, Label, paths_of, share
 
-__all__ = ["PARQUET_SUFFIXES", "HFDatasetSource", "ParquetSource", "is_hf_dataset", "is_parquet",
-           "resolve"]
+__all__ = ["PARQUET_SUFFIXES", "HFDatasetSource", "ParquetSource", "is_hf_dataset", "is_parquet", "resolve"]
 
 PARQUET_SUFFIXES = (".parquet", ".parq")
 BATCH_ROWS = 256  # rows turned into Python objects at a time (a row group may hold many more)
@@ -33,8 +33,9 @@ def _import(name: str) -> Any:
     try:
         return __import__(name, fromlist=["_"])
     except ImportError:
-        raise ImportError(f"Hugging Face and Parquet sources need {name.split('.')[0]}: "
-                          "pip install 'tbljax[hf]'") from None
+        raise ImportError(
+            f"Hugging Face and Parquet sources need {name.split('.')[0]}: pip install 'tbljax[hf]'"
+        ) from None
 
 
 def is_hf_dataset(x: Any) -> bool:
@@ -50,49 +51,66 @@ class _Columns:
     """Which columns a source reads, from its features (a `datasets.Features`, or None when an
     IterableDataset does not know them) and convert's arguments; the classes of a ClassLabel."""
 
-    def __init__(self, features: Any, names: Sequence[str], where: str, image_column: str | None,
-                 label_column: str | None, fields: Sequence[str] | Mapping[str, str], classes: list[str] | None):
+    def __init__(
+        self,
+        features: Any,
+        names: Sequence[str],
+        where: str,
+        image_column: str | None,
+        label_column: str | None,
+        fields: Sequence[str] | Mapping[str, str],
+        classes: list[str] | None,
+    ):
         datasets = _import("datasets")
         features = features or {}
         names = list(names) or list(features)
         # Field name -> the column holding it (a geometric field's key=; else its own name).
         self.column = dict(fields) if isinstance(fields, Mapping) else {f: f for f in fields}
-        for what, col in (("image_column", image_column), ("label_column", label_column),
-                          *(("fields", f) for f in self.column.values())):
+        for what, col in (
+            ("image_column", image_column),
+            ("label_column", label_column),
+            *(("fields", f) for f in self.column.values()),
+        ):
             if col is not None and names and col not in names:
                 raise ValueError(f"{where}: {what} {col!r} is not a column; columns: {names}")
         if image_column is None:
-            images = [c for c, f in features.items() if isinstance(f, datasets.Image)
-                      and c not in self.column.values()]  # an Image field (a mask) is not the photo
+            images = [
+                c for c, f in features.items() if isinstance(f, datasets.Image) and c not in self.column.values()
+            ]  # an Image field (a mask) is not the photo
             if len(images) != 1:
                 found = f"Image features {images}" if images else "no Image feature"
-                raise ValueError(f"{where} has {found}: name the image column with image_column= "
-                                 f"(columns: {names})")
+                raise ValueError(f"{where} has {found}: name the image column with image_column= (columns: {names})")
             image_column = images[0]
         if label_column is None:
             labels = [c for c, f in features.items() if isinstance(f, datasets.ClassLabel)]
             if len(labels) > 1:
-                raise ValueError(f"{where} has several ClassLabel features {labels}: name the label "
-                                 "with label_column=")
+                raise ValueError(f"{where} has several ClassLabel features {labels}: name the label with label_column=")
             label_column = labels[0] if labels else _default_label(features, names)
         self.image, self.label, self.fields = image_column, label_column, list(fields)
         if self.fields and not features:
-            raise ValueError(f"{where}: its features are unknown (an IterableDataset without "
-                             f"features), so the kinds of fields {self.fields} are not known: "
-                             "give the dataset its features (IterableDataset.cast)")
+            raise ValueError(
+                f"{where}: its features are unknown (an IterableDataset without "
+                f"features), so the kinds of fields {self.fields} are not known: "
+                "give the dataset its features (IterableDataset.cast)"
+            )
         # Each field's kind and, for ndarray fields, the dtype its cells are read at; an Image
         # column (a mask as PNG) is read as its encoded bytes.
         self.encoded = {f for f, c in self.column.items() if isinstance(features[c], datasets.Image)}
-        typed = {f: ("ndarray", None) if f in self.encoded else _field_kind(features[c], where, c)
-                 for f, c in self.column.items()}
+        typed = {
+            f: ("ndarray", None) if f in self.encoded else _field_kind(features[c], where, c)
+            for f, c in self.column.items()
+        }
         self.kinds = {f: k for f, (k, _) in typed.items()}
         self.dtypes = {f: d for f, (_, d) in typed.items() if d is not None}
         names_of = getattr(features.get(label_column), "names", None) if label_column else None
         if classes is not None and names_of is not None and list(classes) != list(names_of):
-            diff = next((k for k, (a, b) in enumerate(zip(classes, names_of)) if a != b),
-                        min(len(classes), len(names_of)))
-            raise ValueError(f"{where}: classes= differs from the ClassLabel names of {label_column!r} "
-                             f"at id {diff} (the file's ids are kept as they are, so the names must match)")
+            diff = next(
+                (k for k, (a, b) in enumerate(zip(classes, names_of)) if a != b), min(len(classes), len(names_of))
+            )
+            raise ValueError(
+                f"{where}: classes= differs from the ClassLabel names of {label_column!r} "
+                f"at id {diff} (the file's ids are kept as they are, so the names must match)"
+            )
         self.classes = classes if classes is not None else (list(names_of) if names_of else None)
 
     @property
@@ -105,9 +123,18 @@ class _Columns:
         for r, key in enumerate(keys):
             data, error = _image_bytes(rows[self.image][r])
             label, label_error = _label(labels[r], self.label)
-            yield Item(key, source, data, label, error=error, label_error=label_error,
-                       fields={f: _image_bytes(rows[c][r])[0] if f in self.encoded else
-                               _cell(rows[c][r], self.dtypes.get(f)) for f, c in self.column.items()})
+            yield Item(
+                key,
+                source,
+                data,
+                label,
+                error=error,
+                label_error=label_error,
+                fields={
+                    f: _image_bytes(rows[c][r])[0] if f in self.encoded else _cell(rows[c][r], self.dtypes.get(f))
+                    for f, c in self.column.items()
+                },
+            )
 
 
 def _in_column(path: str, column: str) -> bool:
@@ -120,8 +147,7 @@ def _numeric_dtype(feature: Any) -> np.dtype | None:
     datasets = _import("datasets")
     if isinstance(feature, datasets.ClassLabel):
         return np.dtype(np.int64)
-    if isinstance(feature, (datasets.Value, datasets.Array2D, datasets.Array3D, datasets.Array4D,
-                            datasets.Array5D)):
+    if isinstance(feature, (datasets.Value, datasets.Array2D, datasets.Array3D, datasets.Array4D, datasets.Array5D)):
         try:
             dtype = np.dtype(feature.dtype)
         except TypeError:
@@ -146,8 +172,10 @@ def _field_kind(feature: Any, where: str, column: str) -> tuple[str, np.dtype | 
         return "ndarray", dtype
     if isinstance(feature, (dict, list, datasets.List, datasets.LargeList, datasets.Sequence)):
         return "json", None
-    raise ValueError(f"{where}: column {column!r} is {feature!r:.80}, which a record field "
-                     "cannot hold: a field takes text, numbers, or lists and structs of them")
+    raise ValueError(
+        f"{where}: column {column!r} is {feature!r:.80}, which a record field "
+        "cannot hold: a field takes text, numbers, or lists and structs of them"
+    )
 
 
 def _cell(value: Any, dtype: np.dtype | None) -> Any:
@@ -191,8 +219,12 @@ def _default_label(features: Any, names: Sequence[str]) -> str | None:
 
 
 # Where labels come from: convert says it when no record has one.
-LABELS_FROM = ("a Hugging Face dataset or Parquet file takes labels from its ClassLabel column, else a "
-               "column named label holding integer ids; ", Arg("label_column", ...), " names another")
+LABELS_FROM = (
+    "a Hugging Face dataset or Parquet file takes labels from its ClassLabel column, else a "
+    "column named label holding integer ids; ",
+    Arg("label_column", ...),
+    " names another",
+)
 
 
 def _label(cell: Any, column: str | None) -> tuple[Label, str | None]:
@@ -217,11 +249,18 @@ class ParquetSource:
         """The record fields conversion stores from this source (fields=): name → kind."""
         return self.columns.kinds if self.columns else {}  # None: no file could be read
 
-    def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
-                 image_column: str | None = None, label_column: str | None = None,
-                 fields: Sequence[str] | Mapping[str, str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
-                 units: list[tuple[str, int, int]] | None = None, columns: _Columns | None = None,
-                 problems: dict[tuple[str, int], str] | None = None):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        classes: list[str] | None = None,
+        image_column: str | None = None,
+        label_column: str | None = None,
+        fields: Sequence[str] | Mapping[str, str] = (),
+        retry: remote.Retry = remote.DEFAULT_RETRY,
+        units: list[tuple[str, int, int]] | None = None,
+        columns: _Columns | None = None,
+        problems: dict[tuple[str, int], str] | None = None,
+    ):
         self.paths, self.retry = list(paths), retry
         # (file, row group) -> what is wrong, reported as one bad item where the rows would
         # be; row group -1: the whole file (unreadable, or without a column that is read).
@@ -240,8 +279,9 @@ class ParquetSource:
             if columns is None and metas:
                 schema = next(iter(metas.values()))[1]
                 features = _import("datasets").Features.from_arrow_schema(schema)
-                columns = _Columns(features, schema.names, next(iter(metas)), image_column,
-                                   label_column, fields, classes)
+                columns = _Columns(
+                    features, schema.names, next(iter(metas)), image_column, label_column, fields, classes
+                )
             units = []
             for p in self.paths:
                 if p in metas:
@@ -264,20 +304,26 @@ class ParquetSource:
         units = []
         for g in range(meta.num_row_groups):
             rg, declared = meta.row_group(g), meta.row_group(g).num_rows
-            leaves = [rg.column(c) for c in range(rg.num_columns)
-                      if meta.schema.column(c).max_repetition_level == 0  # one value a row
-                      and any(_in_column(rg.column(c).path_in_schema, col) for col in columns.read)]
-            odd = [f"its column {c.path_in_schema!r} holds {c.num_values} values" for c in leaves
-                   if c.num_values != declared]
-            image_bytes = sum(c.total_uncompressed_size for c in leaves
-                              if _in_column(c.path_in_schema, columns.image))
+            leaves = [
+                rg.column(c)
+                for c in range(rg.num_columns)
+                if meta.schema.column(c).max_repetition_level == 0  # one value a row
+                and any(_in_column(rg.column(c).path_in_schema, col) for col in columns.read)
+            ]
+            odd = [
+                f"its column {c.path_in_schema!r} holds {c.num_values} values"
+                for c in leaves
+                if c.num_values != declared
+            ]
+            image_bytes = sum(c.total_uncompressed_size for c in leaves if _in_column(c.path_in_schema, columns.image))
             if not odd and image_bytes >= declared:
                 units.append((path, g, declared))
                 continue
             rows, why = self._count_rows(path, g, columns.image)
             if odd or rows != declared:
-                self.problems[(path, g)] = (f"row group {g} declares {declared} rows"
-                                            f"{''.join(', ' + o for o in odd[:1])}; {rows} rows read{why}")
+                self.problems[(path, g)] = (
+                    f"row group {g} declares {declared} rows{''.join(', ' + o for o in odd[:1])}; {rows} rows read{why}"
+                )
             units.append((path, g, rows))
         return units
 
@@ -301,8 +347,13 @@ class ParquetSource:
     def select(self, i: int, n: int) -> ParquetSource:
         """Shard i of n: a contiguous share of the (file, row group) units."""
         part = share(self.units, i, n, "Parquet row groups")
-        return ParquetSource(list(dict.fromkeys(u[0] for u in part)), retry=self.retry, units=part,
-                             columns=self.columns, problems=self.problems)
+        return ParquetSource(
+            list(dict.fromkeys(u[0] for u in part)),
+            retry=self.retry,
+            units=part,
+            columns=self.columns,
+            problems=self.problems,
+        )
 
     def describe(self) -> list[str]:
         return self.paths
@@ -316,8 +367,9 @@ class ParquetSource:
             by_file.setdefault(p, []).append((g, rows))
         for p, groups in by_file.items():
             if (p, -1) in self.problems:
-                yield Item(f"{remote.name_of(p)}:<file>", p, None, error=f"{remote.name_of(p)}: "
-                           f"{self.problems[(p, -1)]}")
+                yield Item(
+                    f"{remote.name_of(p)}:<file>", p, None, error=f"{remote.name_of(p)}: {self.problems[(p, -1)]}"
+                )
                 continue
             yield from self._iter_file(p, groups)
 
@@ -360,15 +412,21 @@ class HFDatasetSource:
         """The record fields conversion stores from this source (fields=): name → kind."""
         return self.columns.kinds
 
-    def __init__(self, ds: Any, classes: list[str] | None = None, image_column: str | None = None,
-                 label_column: str | None = None, fields: Sequence[str] | Mapping[str, str] = (),
-                 rows: range | None = None, columns: _Columns | None = None):
+    def __init__(
+        self,
+        ds: Any,
+        classes: list[str] | None = None,
+        image_column: str | None = None,
+        label_column: str | None = None,
+        fields: Sequence[str] | Mapping[str, str] = (),
+        rows: range | None = None,
+        columns: _Columns | None = None,
+    ):
         datasets = _import("datasets")
         self.ds, self.iterable = ds, isinstance(ds, datasets.IterableDataset)
         if columns is None:
             names = ds.column_names or []
-            columns = _Columns(ds.features, names, f"{type(ds).__name__}", image_column,
-                               label_column, fields, classes)
+            columns = _Columns(ds.features, names, f"{type(ds).__name__}", image_column, label_column, fields, classes)
         self.columns, self.classes = columns, columns.classes
         self.rows = rows if rows is not None or self.iterable else range(len(ds))
         self.first_row = 0 if self.rows is None else self.rows.start
@@ -390,10 +448,12 @@ class HFDatasetSource:
         if not self.iterable:
             part = host_part(len(self.rows), i, n)
             share(self.rows, i, n, "rows")
-            return HFDatasetSource(self.ds, rows=self.rows[part.start:part.stop], columns=self.columns)
+            return HFDatasetSource(self.ds, rows=self.rows[part.start : part.stop], columns=self.columns)
         if n > self.ds.num_shards:
-            raise ValueError(f"shard {i}/{n}: this IterableDataset has {self.ds.num_shards} shards (files), "
-                             f"and is split by whole shards: use at most {self.ds.num_shards} shares")
+            raise ValueError(
+                f"shard {i}/{n}: this IterableDataset has {self.ds.num_shards} shards (files), "
+                f"and is split by whole shards: use at most {self.ds.num_shards} shares"
+            )
         part = HFDatasetSource(self.ds.shard(n, i, contiguous=True), columns=self.columns)
         return part
 
@@ -419,13 +479,17 @@ class HFDatasetSource:
         table = self.ds.with_format("arrow").select_columns(cols)
         for lo in range(self.rows.start, self.rows.stop, BATCH_ROWS):
             hi = min(lo + BATCH_ROWS, self.rows.stop)
-            yield from self.columns.items(table[lo:hi].to_pydict(), [str(r) for r in range(lo, hi)],
-                                          "<dataset>")
+            yield from self.columns.items(table[lo:hi].to_pydict(), [str(r) for r in range(lo, hi)], "<dataset>")
 
 
-def resolve(sources: Any, classes: list[str] | None, image_column: str | None,
-            label_column: str | None, fields: Sequence[str] | Mapping[str, str] = (),
-            retry: remote.Retry = remote.DEFAULT_RETRY) -> ParquetSource | HFDatasetSource | None:
+def resolve(
+    sources: Any,
+    classes: list[str] | None,
+    image_column: str | None,
+    label_column: str | None,
+    fields: Sequence[str] | Mapping[str, str] = (),
+    retry: remote.Retry = remote.DEFAULT_RETRY,
+) -> ParquetSource | HFDatasetSource | None:
     """The Hugging Face source `sources` names (a dataset object, or Parquet paths and
     patterns), or None when it names none."""
     if is_hf_dataset(sources):

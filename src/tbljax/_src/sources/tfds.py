@@ -16,6 +16,7 @@ the end of the file is a truncated record. An ArrayRecord file array_record cann
 bad item, and a damaged record only itself. `--shard i/n`
 takes whole TFRecord files, and contiguous records of ArrayRecord files (random access).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,13 @@ from typing import Any
 import numpy as np
 
 from tbljax._src.remote import remote
+from tbljax._src.rules.partition import host_part
 from tbljax._src.sources.items import Item, Label, paths_of, share
 from tbljax._src.sources.tf_example import example_class
-from tbljax._src.rules.partition import host_part
 
-__all__ = ["IMAGE_KEYS", "LABEL_KEYS", "ArrayRecordSource", "TFRecordSource", "field_kinds",
-           "masked_crc32c", "resolve"]
+__all__ = ["IMAGE_KEYS", "LABEL_KEYS", "ArrayRecordSource", "TFRecordSource", "field_kinds", "masked_crc32c", "resolve"]
 
-IMAGE_KEYS = ("image", "image/encoded")          # TFDS's, then the classic (TF-slim) one
+IMAGE_KEYS = ("image", "image/encoded")  # TFDS's, then the classic (TF-slim) one
 LABEL_KEYS = ("label", "image/class/label")
 READ_BATCH = 64  # ArrayRecord records read per call
 READ_PIECE = 16 << 20  # a TFRecord record's data is read in pieces: its length is not trusted
@@ -61,8 +61,14 @@ def _is_array_record(paths: Sequence[str]) -> bool:
 class _Features:
     """Which features of an Example are the image, the label and the fields; the classes."""
 
-    def __init__(self, first: str, image_key: str | None, label_key: str | None,
-                 fields: Sequence[str] | Mapping[str, str], classes: list[str] | None):
+    def __init__(
+        self,
+        first: str,
+        image_key: str | None,
+        label_key: str | None,
+        fields: Sequence[str] | Mapping[str, str],
+        classes: list[str] | None,
+    ):
         info = {} if remote.is_url(first) else _tfds_folder(os.path.dirname(first))
         self.image_keys = (image_key,) if image_key else tuple(info.get("image", ())) or IMAGE_KEYS
         self.label_keys = (label_key,) if label_key else tuple(info.get("label", ())) or LABEL_KEYS
@@ -73,8 +79,10 @@ class _Features:
         self.kinds: dict[str, str] | None = None if self.fields else {}  # see `field_kinds`
         names = info.get("names")
         if classes is not None and names is not None and list(classes) != names:
-            raise ValueError(f"classes= differs from the ClassLabel names in {os.path.dirname(first)} "
-                             "(the records' ids are kept as they are, so the names must match)")
+            raise ValueError(
+                f"classes= differs from the ClassLabel names in {os.path.dirname(first)} "
+                "(the records' ids are kept as they are, so the names must match)"
+            )
         self.classes = classes if classes is not None else names
 
     def item(self, data: bytes, key: str, source: str, where: str) -> Item:
@@ -84,15 +92,27 @@ class _Features:
             return Item(key, source, None, error=f"{where} is not a tf.train.Example ({e})")
         image = next((k for k in self.image_keys if k in feats), None)
         if image is None:
-            return Item(key, source, None, error=f"{where} has no image feature (looked for "
-                        f"{list(self.image_keys)}; it has {sorted(feats)[:12]}): name it with image_key=")
+            return Item(
+                key,
+                source,
+                None,
+                error=f"{where} has no image feature (looked for "
+                f"{list(self.image_keys)}; it has {sorted(feats)[:12]}): name it with image_key=",
+            )
         values = _values(feats[image])
         if len(values) != 1 or not isinstance(values[0], bytes):
             return Item(key, source, None, error=f"{where}: feature {image!r} is not one bytes value")
         label, problem = self._label(feats, where)
         fields = {f: _field_value(feats[k]) for f, k in self.feature.items() if k in feats}
-        return Item(key, source, values[0] or None, label, label_error=problem, fields=fields,
-                    error=None if values[0] else f"{where}: feature {image!r} is empty")
+        return Item(
+            key,
+            source,
+            values[0] or None,
+            label,
+            label_error=problem,
+            fields=fields,
+            error=None if values[0] else f"{where}: feature {image!r} is empty",
+        )
 
     def _label(self, feats: Any, where: str) -> tuple[Label, str | None]:
         k = next((k for k in self.label_keys if k in feats), None)
@@ -134,13 +154,16 @@ def field_kinds(source: Any) -> dict[str, str]:
     if features.kinds is None:
         first = next((item for item in source if item.error is None), None)
         if first is None and features.fields:
-            raise ValueError(f"fields= {features.fields}: {source.describe()[0]} has no readable "
-                             "record to take the fields' kinds from")
+            raise ValueError(
+                f"fields= {features.fields}: {source.describe()[0]} has no readable "
+                "record to take the fields' kinds from"
+            )
         kinds = {}
         for f in features.fields:
             if f not in first.fields:
-                raise ValueError(f"fields= names {features.feature[f]!r}, which the first record ({first.key}) "
-                                 f"does not have")
+                raise ValueError(
+                    f"fields= names {features.feature[f]!r}, which the first record ({first.key}) does not have"
+                )
             kinds[f] = "ndarray" if isinstance(first.fields[f], np.ndarray) else "str"
         features.kinds = kinds
     return features.kinds
@@ -166,8 +189,10 @@ def _tfds_folder(folder: str) -> dict[str, Any]:
     if not spec:
         return {}
     kinds = dict(_feature_kinds(spec))
-    out: dict[str, Any] = {k: [n for n, c in kinds.items() if c.endswith(cls)]
-                           for k, cls in (("image", ".Image"), ("label", ".ClassLabel"))}
+    out: dict[str, Any] = {
+        k: [n for n, c in kinds.items() if c.endswith(cls)]
+        for k, cls in (("image", ".Image"), ("label", ".ClassLabel"))
+    }
     if len(out["label"]) == 1:
         p = os.path.join(folder, f"{out['label'][0].replace('/', '-')}.labels.txt")
         if os.path.isfile(p):
@@ -185,8 +210,7 @@ def _feature_kinds(node: Any, name: str = "") -> Iterator[tuple[str, str]]:
     if isinstance(cls, str) and not cls.endswith("FeaturesDict"):
         yield name, cls
         return
-    children = (node.get("featuresDict") or {}).get("features") or node.get("content") \
-        or (node if cls is None else {})
+    children = (node.get("featuresDict") or {}).get("features") or node.get("content") or (node if cls is None else {})
     for k, v in children.items() if isinstance(children, dict) else ():
         yield from _feature_kinds(v, f"{name}/{k}" if name else k)
 
@@ -199,10 +223,16 @@ class TFRecordSource:
         """The record fields conversion stores from this source (fields=): name → kind."""
         return field_kinds(self)
 
-    def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
-                 image_key: str | None = None, label_key: str | None = None,
-                 fields: Sequence[str] | Mapping[str, str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
-                 features: _Features | None = None):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        classes: list[str] | None = None,
+        image_key: str | None = None,
+        label_key: str | None = None,
+        fields: Sequence[str] | Mapping[str, str] = (),
+        retry: remote.Retry = remote.DEFAULT_RETRY,
+        features: _Features | None = None,
+    ):
         self.paths, self.retry = list(paths), retry
         missing = [p for p in self.paths if not remote.is_url(p) and not os.path.isfile(p)]
         if missing:
@@ -215,8 +245,7 @@ class TFRecordSource:
 
     def select(self, i: int, n: int) -> TFRecordSource:
         """Shard i of n: a contiguous share of whole files."""
-        return TFRecordSource(share(self.paths, i, n, "TFRecord files"), retry=self.retry,
-                              features=self.features)
+        return TFRecordSource(share(self.paths, i, n, "TFRecord files"), retry=self.retry, features=self.features)
 
     def describe(self) -> list[str]:
         return self.paths
@@ -246,8 +275,13 @@ class TFRecordSource:
             for item in self._iter_file(p):
                 if left is not None:
                     if left == 0:
-                        yield Item(f"{remote.name_of(p)}:<rest>", p, None, error="unreadable TFRecord "
-                                   f"data while counting ({self.counted[p][1]}); rest of file skipped")
+                        yield Item(
+                            f"{remote.name_of(p)}:<rest>",
+                            p,
+                            None,
+                            error="unreadable TFRecord "
+                            f"data while counting ({self.counted[p][1]}); rest of file skipped",
+                        )
                         break
                     left -= 1
                 yield item
@@ -264,13 +298,18 @@ class TFRecordSource:
                         return
                     length, length_crc = struct.unpack("<QI", head)
                     if masked_crc32c(head[:8]) != length_crc:
-                        yield Item(key, path, None, error=f"{where}: length CRC-32C mismatch (the "
-                                   "framing is broken); rest of file skipped")
+                        yield Item(
+                            key,
+                            path,
+                            None,
+                            error=f"{where}: length CRC-32C mismatch (the framing is broken); rest of file skipped",
+                        )
                         return
                     data, tail = _read_at_most(f, length), f.read(4)
                     if len(data) < length or len(tail) < 4:
-                        yield Item(key, path, None, error=f"{where}: truncated ({len(data)} of "
-                                   f"{length} bytes); end of file")
+                        yield Item(
+                            key, path, None, error=f"{where}: truncated ({len(data)} of {length} bytes); end of file"
+                        )
                         return
                     if masked_crc32c(data) != struct.unpack("<I", tail)[0]:
                         yield Item(key, path, None, error=f"{where}: data CRC-32C mismatch; record skipped")
@@ -278,8 +317,12 @@ class TFRecordSource:
                         yield self.features.item(data, key, path, where)
                     k += 1
         except OSError as e:
-            yield Item(f"{name}:{k}", path, None, error=f"{name} record {k}: unreadable "
-                       f"({type(e).__name__}: {e}); rest of file skipped")
+            yield Item(
+                f"{name}:{k}",
+                path,
+                None,
+                error=f"{name} record {k}: unreadable ({type(e).__name__}: {e}); rest of file skipped",
+            )
 
 
 def _read_at_most(f: Any, n: int) -> bytes:
@@ -302,15 +345,24 @@ class ArrayRecordSource:
 
     count_is_slow = False
 
-    def __init__(self, paths: Sequence[str], classes: list[str] | None = None,
-                 image_key: str | None = None, label_key: str | None = None,
-                 fields: Sequence[str] | Mapping[str, str] = (), features: _Features | None = None,
-                 units: list[tuple[str, int, int]] | None = None, broken: dict[str, str] | None = None):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        classes: list[str] | None = None,
+        image_key: str | None = None,
+        label_key: str | None = None,
+        fields: Sequence[str] | Mapping[str, str] = (),
+        features: _Features | None = None,
+        units: list[tuple[str, int, int]] | None = None,
+        broken: dict[str, str] | None = None,
+    ):
         self.paths = list(paths)
         urls = [p for p in self.paths if remote.is_url(p)]
         if urls:
-            raise ValueError(f"ArrayRecord files are read from local paths (array_record's reader); "
-                             f"{urls[0]!r} is a URL: stage the files first (tbljax.stage)")
+            raise ValueError(
+                f"ArrayRecord files are read from local paths (array_record's reader); "
+                f"{urls[0]!r} is a URL: stage the files first (tbljax.stage)"
+            )
         missing = [p for p in self.paths if not os.path.isfile(p)]
         if missing:
             raise FileNotFoundError(f"ArrayRecord file not found: {missing[0]}")
@@ -338,8 +390,12 @@ class ArrayRecordSource:
             if a < b:
                 units.append((p, lo + a, lo + b))
             offset += hi - lo
-        return ArrayRecordSource([u[0] for u in units], features=self.features, units=units,
-                                 broken={p: self.broken[p] for p, _, _ in units if p in self.broken})
+        return ArrayRecordSource(
+            [u[0] for u in units],
+            features=self.features,
+            units=units,
+            broken={p: self.broken[p] for p, _, _ in units if p in self.broken},
+        )
 
     def describe(self) -> list[str]:
         return list(dict.fromkeys(self.paths))
@@ -409,9 +465,14 @@ class _reader:
         self.reader.close()
 
 
-def resolve(sources: Any, classes: list[str] | None, image_key: str | None, label_key: str | None,
-            fields: Sequence[str] | Mapping[str, str] = (), retry: remote.Retry = remote.DEFAULT_RETRY,
-            ) -> TFRecordSource | ArrayRecordSource | None:
+def resolve(
+    sources: Any,
+    classes: list[str] | None,
+    image_key: str | None,
+    label_key: str | None,
+    fields: Sequence[str] | Mapping[str, str] = (),
+    retry: remote.Retry = remote.DEFAULT_RETRY,
+) -> TFRecordSource | ArrayRecordSource | None:
     """The TFDS source `sources` names (TFRecord or ArrayRecord paths and patterns), or None."""
     paths = paths_of(sources, _is_tfrecord)
     if paths is not None:
