@@ -1,5 +1,5 @@
 """A seeded mutation fuzzer for the Python parsers of a TBL file's record fields: the dataset
-metadata (`file/format.py` `parse_dataset_json`, `file/fields.py` `check_field_meta`) and the
+metadata (`file/format.py` `parse_dataset_json`, `file/field_meta.py` `check_field_meta`) and the
 field blocks (`file/field_columns.py`). No C++ parses them, so this runs in Python, not under
 libFuzzer/ASan.
 

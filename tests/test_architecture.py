@@ -46,8 +46,11 @@ ROOMS = [
             "options",
         ],
     ),  # what every path agrees on
-    ("_src/file", ["fields", "format", "field_columns"]),  # the TBL file's bytes from Python
-    ("_src/datasets", ["stats", "reader", "host_part", "mixture", "opening"]),  # opening and combining datasets
+    ("_src/file", ["fields", "field_meta", "format", "field_columns"]),  # the TBL file's bytes from Python
+    (
+        "_src/datasets",
+        ["stats", "decoding", "reader", "host_part", "mixture", "opening"],
+    ),  # opening and combining datasets
     (
         "_src/engine",
         [

@@ -17,7 +17,7 @@ from PIL import Image
 
 import tbljax
 from tbljax import _core
-from tbljax._src.file.fields import check_field_meta
+from tbljax._src.file.field_meta import check_field_meta
 
 
 def _rgb(p):

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.file.fields import COPY_BYTES, FieldInfo, info_of
+from tbljax._src.file.field_meta import info_of
+from tbljax._src.file.fields import COPY_BYTES, FieldInfo
 
 __all__ = ["Column", "FieldValues", "FileColumn", "merge_infos", "open_columns"]
 

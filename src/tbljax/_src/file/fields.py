@@ -1,7 +1,8 @@
 """Record fields besides the image: their kinds, how a source's raw value becomes a field value
 (`parse_field_value`, the one place every source's values are checked), how a conversion
-streams a field into columnar blocks of the file (`ColumnWriter`, `Columns`); reading them back
-is `file/field_columns.py`.
+streams a field into columnar blocks of the file (`ColumnWriter`, `Columns`); the metadata a
+file holds for a field is checked in `file/field_meta.py`, and reading them back is
+`file/field_columns.py`.
 
 A field is `str` (UTF-8 text), `json` (any JSON value) or `ndarray` (numeric; one shape in
 every record: fixed; a first dimension that varies: ragged). In the file a fixed field is one
@@ -23,10 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from tbljax import _core
 from tbljax._src.rules import contract
 from tbljax._src.rules.dataset import FIELD_KINDS, FieldInfo
-from tbljax._src.rules.errors import FieldError, shown  # re-exported
+from tbljax._src.rules.errors import FieldError  # re-exported
 from tbljax._src.rules.errors import FieldsNotFound as FieldsNotFound
 from tbljax._src.rules.geometry import BOX_FORMATS, INTERPOLATIONS
 
@@ -42,8 +42,6 @@ __all__ = [
     "FieldInfo",
     "Keypoints",
     "Mask",
-    "check_field_meta",
-    "info_of",
     "kind_for_extension",
     "kind_of_value",
     "parse_field_value",
@@ -411,84 +409,3 @@ class Columns:
     def __exit__(self, *exc: Any) -> None:
         for col in self.writers.values():
             col.close()
-
-
-def info_of(meta: dict[str, Any]) -> FieldInfo:
-    dtype = np.dtype(meta["dtype"]) if meta.get("dtype") else None
-    return FieldInfo(meta["kind"], dtype, tuple(meta["shape"]), dict(meta["role"]) if "role" in meta else None)
-
-
-def check_field_meta(name: Any, meta: Any, path: str) -> None:
-    """CorruptFileError naming the field when its metadata is not what `ColumnWriter.write`
-    gives (the JSON comes from the file)."""
-
-    def bad(want: str) -> None:
-        raise _core.CorruptFileError(
-            f"{path}: field {name!r} metadata must be {want}, got {shown(json.dumps(meta), 120)}"
-        )
-
-    try:
-        check_name(name)
-    except ValueError as e:  # a name the batch or the record already uses would replace it
-        raise _core.CorruptFileError(f"{path}: {e}") from None
-    if not isinstance(meta, dict) or meta.get("kind") not in FIELD_KINDS:
-        bad(f"an object whose kind is one of {list(FIELD_KINDS)}")
-    shape = meta.get("shape")
-    if (
-        not isinstance(shape, list)
-        or not all(s is None or (isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 40) for s in shape)
-        or None in shape[1:]
-        or len(shape) > 32
-    ):
-        bad("an object whose shape is a list of at most 32 sizes below 2**40 (None only first)")
-    if meta["kind"] == "ndarray":
-        dt = None
-        if isinstance(meta.get("dtype"), str):
-            try:
-                dt = np.dtype(meta["dtype"])
-            except TypeError:
-                pass
-        if dt is None or dt.kind not in "biuf" or dt.itemsize > 8:
-            bad("an object whose dtype is a numeric NumPy dtype string (bool, int, uint, float)")
-        row = [s for s in shape if s is not None]
-        if np.prod(row, dtype=np.float64) * dt.itemsize >= 1 << 62:  # sizes multiply past int64
-            bad("an object whose shape holds fewer than 2**62 bytes")
-    elif shape or meta.get("dtype") is not None:
-        bad("an object whose str/json field has dtype null and shape []")
-    blocks = ["values"] + ([] if meta["kind"] == "ndarray" and shape[:1] != [None] else ["offsets"])
-    for b in blocks:
-        blk = meta.get(b)
-        if not (
-            isinstance(blk, dict)
-            and all(isinstance(blk.get(k), int) and blk[k] >= 0 for k in ("offset", "bytes", "crc32"))
-        ):
-            bad(f"an object whose {b!r} is {{'offset', 'bytes', 'crc32'}} integers")
-    if "role" in meta:
-        _check_role(meta, bad)
-
-
-def _check_role(meta: dict[str, Any], bad: Any) -> None:
-    """A geometric field's role (`Mask.role()` and the others, or the boxes' labels) agrees
-    with its kind, dtype and shape."""
-    role, shape = meta["role"], meta["shape"]
-    name = role.get("role") if isinstance(role, dict) else None
-    if name not in (*GEOMETRIC_ROLES, "box_labels") or meta["kind"] != "ndarray":
-        bad(f"an ndarray field whose role is one of {[*GEOMETRIC_ROLES, 'box_labels']}")
-    perm = role.get("flip_permutation")
-    ok = {
-        "mask": lambda: (
-            contract.is_integer(role.get("ignore")) and np.dtype(meta["dtype"]).kind in "biu" and len(shape) in (1, 2)
-        ),
-        "dense": lambda: role.get("interpolation") in INTERPOLATIONS and len(shape) in (1, 2, 3),
-        "boxes": lambda: (
-            role.get("format") == "xyxy"
-            and shape[1:] == [4]
-            and (role.get("labels") is None or isinstance(role.get("labels"), str))
-        ),
-        "keypoints": lambda: (
-            isinstance(perm, list) and sorted(perm) == list(range(len(perm))) and shape[1:] == [len(perm), 3]
-        ),
-        "box_labels": lambda: isinstance(role.get("of"), str) and len(shape) == 1,
-    }[name]
-    if not ok():
-        bad(f"a {name} field as a conversion writes it (see docs/reference.md, 'Geometric fields')")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.file.fields import check_field_meta
+from tbljax._src.file.field_meta import check_field_meta
 from tbljax._src.rules.contract import DEFAULT_RESIZE, MAX_SIDE, RESIZE_MODES, is_integer
 from tbljax._src.rules.errors import shown
 
