@@ -89,11 +89,32 @@ ROOMS = [
     ("_src/remote", ["remote", "staging"]),  # files at URLs, shards staged to local disk
     (
         "_src/sources",
-        ["items", "arrays", "files", "huggingface", "tf_example", "tfds", "coco", "choose"],
+        [
+            "items",
+            "arrays",
+            "tar_shards",
+            "files",
+            "hf_columns",
+            "huggingface",
+            "tf_example",
+            "tfds_features",
+            "tfds",
+            "coco",
+            "choose",
+        ],
     ),  # what a conversion reads
     (
         "_src/conversion",
-        ["progress", "convert_options", "label_table", "geometric_fields", "image_records", "convert_tbl", "convert"],
+        [
+            "progress",
+            "convert_options",
+            "label_table",
+            "geometric_fields",
+            "image_records",
+            "record_writer",
+            "convert_tbl",
+            "convert",
+        ],
     ),  # sources -> a TBL file
     (
         "_src/tools",

@@ -712,7 +712,7 @@ def test_compressed_shards_are_counted_with_progress_and_plain_ones_from_headers
         f.read = read_and_count
         return f
 
-    from tbljax._src.sources.files import TarSource
+    from tbljax._src.sources.tar_shards import TarSource
 
     with monkeypatch.context() as m:  # (not monkeypatch.undo: it would undo the scratch cwd too)
         m.setattr(tarfile, "bltn_open", counting_open)

@@ -222,7 +222,7 @@ def test_streaming_memory_is_flat_in_shard_size(server, tmp_path):
             import json
             import psutil
             from tbljax._src.remote import remote
-            from tbljax._src.sources.files import TarSource
+            from tbljax._src.sources.tar_shards import TarSource
             url = "{server.url}/big{mib}.tar"
             remote.size_of(url)  # the HTTP client and its threads exist before the baseline
             proc = psutil.Process()
