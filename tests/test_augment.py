@@ -12,8 +12,9 @@ import pytest
 
 from tbljax import order
 from tbljax._src.rules import augment
-from tbljax._src.rules.augment import Augment, RecordGeometry
+from tbljax._src.rules.augment import Augment
 from tbljax._src.rules.options import LoaderOptions
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 from oracle import center_crop_box, fallback_box, rrc_reference, torchvision_sample
 

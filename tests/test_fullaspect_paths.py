@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax._src.rules.augment import Augment, RecordGeometry, sample
+from tbljax._src.rules.augment import Augment, sample
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 import oracle
 

@@ -25,8 +25,9 @@ import tbljax
 from tbljax._src.datasets.host_part import PartDataset
 from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.file.format import FORMATS
-from tbljax._src.rules.augment import RecordGeometry, sample
+from tbljax._src.rules.augment import sample
 from tbljax._src.rules.dataset import RecordDataset, members
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 import _matrix_data as M
 import _two_jobs

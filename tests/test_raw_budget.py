@@ -130,7 +130,8 @@ def test_served_boxes_are_the_oracle_over_the_stored_pixels(files, dtype):
 
 
 def test_host_loader_serves_the_stored_pixels(files):
-    from tbljax._src.rules.augment import RecordGeometry, sample
+    from tbljax._src.rules.augment import sample
+    from tbljax._src.rules.record_geometry import RecordGeometry
 
     ref = _pixels(files["budget"])
     aug = tbljax.Augment(size=(48, 48))

@@ -28,7 +28,8 @@ from test_compact_serve import box_classes, box_pixels, pil_decode, scan_start, 
 import tbljax
 from tbljax import _core
 from tbljax._src.engine import kernels
-from tbljax._src.rules.augment import RecordGeometry, crop_boxes
+from tbljax._src.rules.augment import crop_boxes
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 import oracle
 

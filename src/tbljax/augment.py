@@ -5,9 +5,11 @@ per-image ops' decisions (RandAugment, random erasing), keyed the same way.
 >>> boxes, flips = tbljax.augment.sample(idx, tbljax.Augment(size=160), geometry, seed=0)
 """
 
-from tbljax._src.rules.augment import Augment, RecordGeometry, center_boxes, crop_boxes, flips, sample
+from tbljax._src.rules.augment import Augment, center_boxes, crop_boxes, flips, sample
+from tbljax._src.rules.erasing import RandomErasing, decide_erasing
 from tbljax._src.rules.image_ops import ColorJitter, GaussianBlur, Grayscale, Solarize, ThreeAugment, TrivialAugment
-from tbljax._src.rules.randaug import RandAugment, RandomErasing, decide, decide_erasing, op_arg
+from tbljax._src.rules.randaug import RandAugment, decide, op_arg
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 __all__ = [
     "Augment",

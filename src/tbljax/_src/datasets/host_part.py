@@ -26,11 +26,11 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.datasets import reader
 from tbljax._src.rules import contract, order
-from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.dataset import RecordDataset, Records, paths_or_dataset, record_number
 from tbljax._src.rules.errors import shown
 from tbljax._src.rules.partition import host_part
 from tbljax._src.rules.parts import Parts
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 __all__ = ["LocalPart", "PartDataset", "open_part"]
 

@@ -20,11 +20,11 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.datasets import host_part, reader
-from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.contract import is_integer, is_real, record_numbers
 from tbljax._src.rules.dataset import RecordDataset, Records, WeightedDataset, paths_or_dataset, record_number
 from tbljax._src.rules.mixing import MixSpec
 from tbljax._src.rules.parts import Parts
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 __all__ = ["MAX_STEPS_PER_EPOCH", "Mixture", "mix"]
 

@@ -32,8 +32,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.errors import shown
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 __all__ = [
     "FIELD_KINDS",

@@ -1,6 +1,6 @@
 """The host tables that turn a random word into a value: 4096 quantiles, computed once in
 float64, gathered by the word's top 12 bits. One home for the rule that the crops
-(`augment`), random erasing (`randaug`) and the per-image ops' factors share, so a batch only
+(`augment`), random erasing (`erasing`) and the per-image ops' factors share, so a batch only
 gathers and NumPy and jax.numpy agree to the bit.
 
 >>> grid()[:2] * 4096

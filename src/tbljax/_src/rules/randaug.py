@@ -1,12 +1,13 @@
 """Per-image ops of issue 47: `RandAugment` (timm's semantics; big_vision's by `from_big_vision`)
-and `RandomErasing`, and their per-sample decisions, keyed by (seed, epoch, sample index,
-repeat) through `order.random_bits` like the crops. The pixels are `pixel_ops`' rules.
+and its per-sample decisions with those of every policy of ``Augment.ops`` (`decide`), keyed by
+(seed, epoch, sample index, repeat) through `order.random_bits` like the crops; the per-sample
+counters random erasing (`erasing.py`) shares. The pixels are `pixel_ops`' rules.
 
 **Counters** (disjoint from augment's 0..40 and the buckets' 48..49): a sample's words are
 ``0x10000 + 0x1000 * repeat + local``; policy i of ``Augment.ops``, slot j uses local
 ``0x40 * i + 4 * j + {0: which op, 1: apply?, 2: magnitude, 3: sign (Cutout: its centre)}``
-(at most 4 policies of 16 ops); erasing uses 0x100 (apply?), 0x101 (count), 0x102 (noise key)
-and ``0x200 + 4 * (10 * box + attempt) + {0: area, 1: aspect, 2: top, 3: left}``.
+(at most 4 policies of 16 ops); erasing (`erasing.py`) uses 0x100 (apply?), 0x101 (count),
+0x102 (noise key) and ``0x200 + 4 * (10 * box + attempt) + {0: area, 1: aspect, 2: top, 3: left}``.
 
 **Draws, exact on every path.** Which op: ``((w >> 16) * P) >> 16`` (uniform with replacement,
 as timm's ``np.random.choice``). Apply: the top 24 bits against ``round(prob * 2**24)``. The
@@ -16,11 +17,6 @@ in float64 with timm's level functions: entry k holds the op argument for magnit
 (``mstd`` > 100 or inf: ``M (k + 0.5) / 4096``, timm's uniform), so a batch only gathers: no
 float arithmetic at all, NumPy and jax.numpy agree to the bit. The sign is the word's top bit
 (timm negates with probability 1/2).
-
-**Erasing** follows timm's ``RandomErasing._erase`` on the output size H x W: per box up to 10
-attempts of area fraction ~ U(min_area, max_area) / count and aspect h/w ~ logU, h and w rounded
-half to even from float32 products with host float32 tables (as `augment.py` does), the first
-with 1 <= h < H and 1 <= w < W placed uniformly (``((w >> 16) * span) >> 16``).
 
 Example:
     >>> import numpy as np
@@ -41,15 +37,14 @@ import numpy as np
 from tbljax._src.rules import contract, image_ops, order, pixel_ops, quantiles
 
 __all__ = [
-    "ERASE_MODES",
     "OP_NAMES",
     "POLICIES",
     "RandAugment",
-    "RandomErasing",
     "arg_table",
+    "counters",
     "decide",
-    "decide_erasing",
     "op_arg",
+    "repeats",
 ]
 
 # timm's RandAugment op names (LEVEL_TO_ARG) this module has a pixel rule for, and its lists.
@@ -134,11 +129,9 @@ _BIG_VISION = (
     "SolarizeAdd",
 )
 CONVENTIONS = ("timm", "big_vision")
-ERASE_MODES = ("pixel", "rand", "const")
 _BITS = quantiles.BITS
 _BASE, _REPEAT_STRIDE, _POLICY_STRIDE = 0x10000, 0x1000, 0x40
-_MAX_OPS, _MAX_POLICIES, _MAX_BOXES, _ATTEMPTS = 16, 4, 16, 10
-_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY, _ERASE_BOXES = 0x100, 0x101, 0x102, 0x200
+_MAX_OPS, _MAX_POLICIES = 16, 4
 
 
 _number, _int = image_ops.number, image_ops.integer
@@ -282,52 +275,6 @@ def _is_byte(v):
     return contract.is_integer(v) and 0 <= v <= 255
 
 
-@dataclasses.dataclass(frozen=True)
-class RandomErasing:
-    """timm's ``RandomErasing`` on the normalized output: with probability `p`, `min_count` to
-    `max_count` boxes of area fraction in [min_area, max_area] / count and aspect h/w in
-    [min_aspect, max_aspect or 1 / min_aspect], set to a normal per value (``"pixel"``), per
-    channel (``"rand"``) or 0 (``"const"``).
-
-    >>> RandomErasing(p=0.25, mode="pixel").max_count
-    1
-    """
-
-    p: float = 0.25
-    mode: str = "pixel"
-    min_area: float = 0.02
-    max_area: float = 1 / 3
-    min_aspect: float = 0.3
-    max_aspect: float | None = None
-    min_count: int = 1
-    max_count: int | None = None
-
-    def __post_init__(self):
-        object.__setattr__(self, "p", _number("p", self.p, 0, 1))
-        if self.mode not in ERASE_MODES:
-            raise ValueError(f"mode must be one of {ERASE_MODES}, got {self.mode!r}")
-        lo = _number("min_area", self.min_area, 0, 1)
-        hi = _number("max_area", self.max_area, 0, 1)
-        if not 0 < lo <= hi:
-            raise ValueError(
-                f"min_area and max_area must satisfy 0 < min_area <= max_area <= 1, got "
-                f"{self.min_area!r}, {self.max_area!r}"
-            )
-        object.__setattr__(self, "min_area", lo)
-        object.__setattr__(self, "max_area", hi)
-        a = _number("min_aspect", self.min_aspect, 1e-3, 1e3)
-        b = 1 / a if self.max_aspect is None else _number("max_aspect", self.max_aspect, 1e-3, 1e3)
-        if a > b:
-            raise ValueError(f"min_aspect must be <= max_aspect, got {a!r} > {b!r}")
-        object.__setattr__(self, "min_aspect", a)
-        object.__setattr__(self, "max_aspect", b)
-        object.__setattr__(self, "min_count", _int("min_count", self.min_count, 1, _MAX_BOXES))
-        mc = self.min_count if self.max_count is None else _int("max_count", self.max_count, 1, _MAX_BOXES)
-        if mc < self.min_count:
-            raise ValueError(f"max_count must be >= min_count, got {mc!r} < {self.min_count!r}")
-        object.__setattr__(self, "max_count", mc)
-
-
 def _level(ra: RandAugment, name: str, m: float, negate: bool):
     """timm's level function (big_vision's where its convention differs), in float64."""
 
@@ -391,11 +338,13 @@ def arg_table(ra: RandAugment) -> np.ndarray:
     return t
 
 
-def _counters(local, repeat, xp):
+def counters(local, repeat, xp):
+    """A sample's counters: ``0x10000 + 0x1000 * repeat + local`` as uint32 (`repeats` shapes
+    `repeat` to broadcast against `local`)."""
     return xp.asarray(_BASE + local, xp.uint32) + repeat * xp.uint32(_REPEAT_STRIDE)
 
 
-def _repeat(repeat, ndim, xp):
+def repeats(repeat, ndim, xp):
     """`repeat` (an int, or one per sample) as uint32 shaped to broadcast over `ndim` more axes."""
     if contract.is_integer(repeat) and not 0 <= repeat < (1 << 32) // _REPEAT_STRIDE - 16:
         raise ValueError(f"repeat must be an integer in [0, {(1 << 32) // _REPEAT_STRIDE - 16}), got {repeat!r}")
@@ -412,12 +361,12 @@ def decide(policies, indices, *, seed: int, epoch: int, repeat=0, xp=np):
         names = ", ".join(c.__name__ for c in POLICIES)
         raise ValueError(f"ops must be at most {_MAX_POLICIES} per-image ops ({names}), got {policies!r}")
     idx = xp.asarray(indices)
-    rep = _repeat(repeat, 2, xp)
+    rep = repeats(repeat, 2, xp)
     codes, args = [], []
     for i, ra in enumerate(policies):
         slots = ra.num_ops if isinstance(ra, RandAugment) else ra.num_slots
         local = _POLICY_STRIDE * i + np.arange(4 * slots).reshape(slots, 4)
-        u = order.random_bits(idx[:, None, None], _counters(local, rep, xp), seed, epoch, xp=xp)
+        u = order.random_bits(idx[:, None, None], counters(local, rep, xp), seed, epoch, xp=xp)
         if not isinstance(ra, RandAugment):
             code, arg = ra.draw(u, xp)
             codes.append(code.astype(xp.uint8))
@@ -438,52 +387,6 @@ def decide(policies, indices, *, seed: int, epoch: int, repeat=0, xp=np):
         b = idx.shape[0]
         return xp.zeros((b, 0), xp.uint8), xp.zeros((b, 0), xp.int32)
     return xp.concatenate(codes, axis=1), xp.concatenate(args, axis=1)
-
-
-@functools.lru_cache(maxsize=16)
-def _erase_tables(er: RandomErasing, height: int, width: int):
-    """float32 tables: sqrt(H W / count) per count, then `quantiles.area_aspect_tables`:
-    sqrt(U(min_area, max_area)), sqrt(aspect) and 1 / sqrt(aspect) at 4096 quantiles."""
-    counts = np.arange(_MAX_BOXES + 1, dtype=np.float64)
-    counts[0] = 1
-    side = np.sqrt(height * width / counts).astype(np.float32)
-    return (side,) + quantiles.area_aspect_tables((er.min_area, er.max_area), (er.min_aspect, er.max_aspect))
-
-
-def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed: int, epoch: int, repeat=0, xp=np):
-    """(boxes (B, E, 4) int32 of (y0, x0, h, w), h = 0 for none; keys (B,) uint32 of their
-    noise) for samples `indices` erased on an output of `height` x `width`; E = max_count."""
-    if not isinstance(er, RandomErasing):
-        raise ValueError(f"erasing must be a RandomErasing, got {er!r}")
-    height, width = _int("height", height, 1, contract.MAX_SIDE), _int("width", width, 1, contract.MAX_SIDE)
-    idx = xp.asarray(indices)
-    side_t, frac_t, r_t, inv_r_t = (xp.asarray(t) for t in _erase_tables(er, height, width))
-    head = order.random_bits(
-        idx[:, None],
-        _counters(np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]), _repeat(repeat, 1, xp), xp),
-        seed,
-        epoch,
-        xp=xp,
-    )
-    applied = image_ops.applied(head[:, 0], er.p, xp)
-    span = er.max_count - er.min_count + 1
-    count = image_ops.choice(head[:, 1], span, xp) + er.min_count
-    e = er.max_count
-    local = _ERASE_BOXES + np.arange(4 * _ATTEMPTS * e).reshape(e, _ATTEMPTS, 4)
-    u = order.random_bits(idx[:, None, None, None], _counters(local, _repeat(repeat, 3, xp), xp), seed, epoch, xp=xp)
-    shift = xp.uint32(32 - _BITS)
-    s = side_t[count][:, None, None] * frac_t[u[..., 0] >> shift]
-    kr = u[..., 1] >> shift
-    h = xp.rint(s * r_t[kr]).astype(xp.int32)
-    w = xp.rint(s * inv_r_t[kr]).astype(xp.int32)
-    fits = (h >= 1) & (h < height) & (w >= 1) & (w < width)
-    y0 = (((u[..., 2] >> 16) * xp.maximum(height - h + 1, 1).astype(xp.uint32)) >> 16).astype(xp.int32)
-    x0 = (((u[..., 3] >> 16) * xp.maximum(width - w + 1, 1).astype(xp.uint32)) >> 16).astype(xp.int32)
-    boxes = xp.stack([y0, x0, h, w], axis=-1)  # (B, E, attempts, 4)
-    first = xp.argmax(fits, axis=2)
-    chosen = xp.take_along_axis(boxes, first[:, :, None, None], axis=2)[:, :, 0]
-    keep = xp.any(fits, axis=2) & applied[:, None] & (xp.arange(e)[None, :] < count[:, None])
-    return xp.where(keep[..., None], chosen, 0).astype(xp.int32), head[:, 2]
 
 
 POLICIES = (RandAugment,) + image_ops.CLASSES
