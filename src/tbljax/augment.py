@@ -2,7 +2,7 @@
 sample index), the same under NumPy and jax.numpy, for records of one size or many; and the
 per-image ops' decisions (RandAugment, random erasing), keyed the same way.
 
->>> boxes, flips = tbljax.augment.sample(idx, tbljax.Augment(size=160), geometry, seed=0)
+>>> boxes, flips = tbljax.augment.sample(tbljax.Augment(size=160), idx, geometry=geometry, seed=0, epoch=0)
 """
 
 from tbljax._src.rules.augment import Augment, center_boxes, crop_boxes, flips, sample
