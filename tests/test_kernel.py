@@ -4,14 +4,17 @@ directly, every dtype x layout x crop x flip x shards, every SIMD target, and th
 
 import itertools
 import os
+import platform
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+import tbljax
 from tbljax import _core
 from tbljax._src.engine import kernels
 from tbljax._src.engine.ring import aligned_empty
@@ -36,6 +39,38 @@ def _restore_target():
 
 
 NORM_PATHS = ["affine-f32", "affine-f64", "table"]  # how the SIMD targets may normalize
+
+# The kernel's /proc/cpuinfo names of the CPU features the SIMD targets use (simd.h's names).
+CPUINFO_FLAGS = {
+    "avx2": "avx2",
+    "fma": "fma",
+    "bmi": "bmi1",
+    "bmi2": "bmi2",
+    "f16c": "f16c",
+    "popcnt": "popcnt",
+    "pclmul": "pclmulqdq",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512vl": "avx512vl",
+    "avx512dq": "avx512dq",
+}
+
+
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or not Path("/proc/cpuinfo").exists(),
+    reason="x86-64 Linux: the CPU detection checked against /proc/cpuinfo",
+)
+def test_cpu_features_and_targets_are_what_the_linux_kernel_reports():
+    # Independent of the core's CPUID reading: the kernel's flags (it hides AVX where the OS
+    # does not save the registers). A build whose detection reads nothing (zig's runtime left
+    # __builtin_cpu_supports' table empty) would offer only scalar on every CPU.
+    line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
+    flags = set(line.split(":", 1)[1].split())
+    info = tbljax.build_info()
+    assert sorted(info["cpu_features"]) == sorted(n for n, f in CPUINFO_FLAGS.items() if f in flags)
+    avx2 = {"avx2", "fma", "bmi1", "bmi2", "f16c", "popcnt", "pclmulqdq"} <= flags
+    avx512 = avx2 and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags
+    assert TARGETS == ["scalar"] + ["avx2"] * avx2 + ["avx512"] * avx512
 
 
 # ---------------------------------------------------------------------------------------------

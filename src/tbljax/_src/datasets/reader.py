@@ -34,9 +34,9 @@ from tbljax._src.file.format import (
     labels_of,
     parse_dataset_json,
 )
-from tbljax._src.rules.record_geometry import RecordGeometry
 from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES, check_threads, record_numbers
 from tbljax._src.rules.dataset import FieldInfo, RecordDataset, Records, is_path, paths_or_dataset, record_number
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
 
