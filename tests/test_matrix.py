@@ -6,11 +6,12 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
-loader), torch, MLX (and both with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside
-`jax.jit`, `partition="host"` in two real processes (JAX and torch.distributed), `show`,
-`bench`, `info`/`verify`, TBL → RAW; and the dataset contract itself on every dataset kind.
-The "fields" row's records carry a str, a json, a fixed and a ragged ndarray field: every path
-that serves them is checked against the values the source TAR held (`check_fields`)."""
+loader; `repeats=2`, each repeat its own crop), torch, MLX (and both with `mixup=`, against
+`tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit`, `partition="host"` in two real
+processes (JAX and torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the
+dataset contract itself on every dataset kind. The "fields" row's records carry a str, a json,
+a fixed and a ragged ndarray field: every path that serves them is checked against the values
+the source TAR held (`check_fields`)."""
 
 from __future__ import annotations
 
@@ -301,6 +302,33 @@ def test_mid_epoch_state_resumes_the_identical_stream(matrix, kind, layout):
         np.testing.assert_array_equal(x1, x2)
         check_fields(kind, f1, i1, "uninterrupted")
         check_fields(kind, f2, i2, "resumed")
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_repeats_serve_every_record_repeat_once_with_its_crop(matrix, kind, layout):
+    """The "repeats" row (issue 47): repeats=2 serves each (record, repeat) once an epoch, each
+    row the oracle's pixels of its repeat's own crop and flip."""
+    files, refs = matrix
+    seen = []
+    for batch in tbljax.loader(
+        files[kind, layout],
+        B,
+        seed=SEED,
+        dtype="uint8",
+        augment=RRC,
+        num_epochs=1,
+        repeats=2,
+        drop_remainder=False,
+        **serve(kind),
+    ):
+        idx, rep, valid = _host(batch["index"]), _host(batch["repeat"]), _host(batch["valid"])
+        boxes, flips = sample(
+            RRC, idx[valid], geometry=_geometry(refs[kind, layout]), seed=SEED, epoch=0, repeat=rep[valid]
+        )
+        want = oracle.gather(refs[kind, layout], idx[valid], RRC.size, crop=boxes, flip=flips)
+        np.testing.assert_array_equal(_host(batch["image"])[valid], want)
+        seen += list(zip(idx[valid].tolist(), rep[valid].tolist()))
+    assert sorted(seen) == [(i, r) for i in range(M.N) for r in range(2)]
 
 
 # ---- torch, MLX, the dataset on device ----
@@ -627,6 +655,8 @@ def test_mixture_refuses_what_it_does_not_serve_by_name(mixed, matrix):
         tbljax.loader(mixture, 8, drop_remainder=False, augment=RRC)
     with pytest.raises(ValueError, match="shuffle=False"):
         tbljax.loader(mixture, 8, shuffle=False, augment=RRC)
+    with pytest.raises(ValueError, match="repeats=3 is not supported with a mixture"):
+        tbljax.loader(mixture, 8, repeats=3, augment=RRC)
     with pytest.raises(ValueError, match="differ in size"):
         tbljax.loader(mixture, 8)  # a full-aspect source and no output size
     with pytest.raises(ValueError, match="ResidentDataset serves one dataset"):

@@ -4,7 +4,7 @@
 >>> tbljax.order.permute(np.arange(4), n=10, seed=0, epoch=0)
 """
 
-from tbljax._src.rules.order import hash32, mix32, permute, random_bits
+from tbljax._src.rules.order import hash32, mix32, permute, random_bits, repeated
 from tbljax._src.rules.parts import Parts, advance, steps_in_epoch
 from tbljax._src.rules.resume import STATE_VERSION, check_state, make_state
 
@@ -14,6 +14,7 @@ __all__ = [
     "hash32",
     "permute",
     "random_bits",
+    "repeated",
     "steps_in_epoch",
     "advance",
     "Parts",

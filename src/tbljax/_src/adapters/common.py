@@ -29,14 +29,16 @@ class TensorBatch(tuple):
     the real rows, or None with drop_remainder (no padding); ``epoch`` and ``position``: the
     step's epoch and the global position of its first row; ``source``: for a mixture
     (`tbljax.mix`), each row's source (an index into ``mixture.sources``), else None;
+    ``repeat``: with repeats > 1, which repeat of its record each row is (-1 on padding rows),
+    else None;
     ``fields``: the record fields served, by name (arrays of the framework for numeric fields,
     ragged ones padded with their ``name + "_length"``; Python lists for str/json fields).
     """
 
-    def __new__(cls, images, labels, *, index, valid, epoch: int, position: int, source=None, fields=None):
+    def __new__(cls, images, labels, *, index, valid, epoch: int, position: int, source=None, fields=None, repeat=None):
         self = super().__new__(cls, (images, labels))
         self.index, self.valid, self.epoch, self.position = index, valid, epoch, position
-        self.source, self.fields = source, dict(fields or {})
+        self.source, self.fields, self.repeat = source, dict(fields or {}), repeat
         return self
 
     @property

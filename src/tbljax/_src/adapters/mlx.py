@@ -53,6 +53,7 @@ def _to_mlx(host) -> tuple[_adapter.TensorBatch, list]:
         epoch=host.epoch,
         position=host.position,
         source=None if host.sources is None else mx.array(host.sources[0]),
+        repeat=None if host.repeats is None else mx.array(host.repeats[0]),
         fields={**{n: mx.array(a[0]) for n, a in host.fields.items()}, **host.texts},
     )
     return batch, []  # copies: nothing handed out views the ring slot

@@ -71,6 +71,7 @@ def _to_torch(host) -> tuple[_adapter.TensorBatch, list]:
         epoch=host.epoch,
         position=host.position,
         source=None if host.sources is None else torch.from_numpy(host.sources[0]),
+        repeat=None if host.repeats is None else torch.from_numpy(host.repeats[0]),
         fields={**{n: torch.from_numpy(np.ascontiguousarray(a[0])) for n, a in host.fields.items()}, **host.texts},
     )
     return batch, [images]

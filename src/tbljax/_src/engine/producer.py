@@ -228,7 +228,7 @@ class Pass:
         self._threads: list[_Stage] = []
         self._queue: queue.Queue = queue.Queue()  # the last of these: see __del__
         self._on_step, self._on_end = on_step, on_end
-        self._step_parts, self._g = plan.part, plan.layout.global_batch
+        self._step_parts, self._g = plan.slots, plan.layout.global_batch
         self._drop = plan.opts.drop_remainder
         self._metrics = metrics
         self._ring = ring

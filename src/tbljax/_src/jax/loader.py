@@ -41,6 +41,8 @@ def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
         result["valid"] = to_global(rows, host.valids)
     if host.sources is not None:  # a mixture: which source each row came from
         result["source"] = to_global(rows, host.sources)
+    if host.repeats is not None:  # repeats > 1: which repeat of its record each row is
+        result["repeat"] = to_global(rows, host.repeats)
     for name, pieces in host.fields.items():  # placed and sharded like label
         check_fits(name, pieces, f"at epoch {host.epoch}, position {host.position}")  # a field_fn's
         result[name] = to_global(rows, pieces, pieces[0].shape[1:])
@@ -51,7 +53,8 @@ def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
 class Loader(HostLoader):
     """Serves a dataset to JAX as sharded global batches. Create it with `tbljax.loader`.
 
-    Iterating yields ``{"image", "label", "index"}`` (+ ``"valid"`` without drop_remainder),
+    Iterating yields ``{"image", "label", "index"}`` (+ ``"valid"`` without drop_remainder,
+    ``"repeat"`` with repeats > 1),
     each a global `jax.Array` whose leading axis is the global batch. Iteration starts at the
     loader's cursor (epoch, position) and runs to the end of epoch ``num_epochs - 1`` (or
     forever). Iterating again after a pass that ran to its end starts over at epoch 0 (an

@@ -246,9 +246,10 @@ class ResidentDataset:
         return jax.make_array_from_single_device_arrays((pages, page), rep, pieces)
 
     # ---- batches ----
-    def steps_per_epoch(self, batch_size: int) -> int:
-        """Steps in one epoch (the last partial batch is dropped, as the loader does)."""
-        return steps_in_epoch(self.num_records, batch_size, drop_remainder=True)
+    def steps_per_epoch(self, batch_size: int, repeats: int = 1) -> int:
+        """Steps in one epoch of ``repeats`` × the records (the last partial batch is dropped,
+        as the loader does)."""
+        return steps_in_epoch(self.num_records * repeats, batch_size, drop_remainder=True)
 
     def batch(
         self,
@@ -265,18 +266,20 @@ class ResidentDataset:
         layout: str = "NHWC",
         sharding=None,
         backend: str = "auto",
+        repeats: int = 1,
     ):
-        """The batch of `step`, computed in the graph: ``{"image", "label", "index"}`` and the
-        dataset's fields (`fields=` at construction) by name, exactly what
-        ``tbljax.loader(path, batch_size, seed=seed, shuffle=shuffle, augment=augment,
-        mean=mean, std=std, dtype=dtype, layout=layout)`` yields at that step.
+        """The batch of `step`, computed in the graph: ``{"image", "label", "index"}`` (and
+        ``"repeat"`` with repeats > 1) and the dataset's fields (`fields=` at construction) by
+        name, exactly what ``tbljax.loader(path, batch_size, seed=seed, shuffle=shuffle,
+        augment=augment, mean=mean, std=std, dtype=dtype, layout=layout, repeats=repeats)``
+        yields at that step.
 
         Args:
           step: with ``epoch=None``, the global step since the start of training (epoch
             ``step // steps_per_epoch``, then the step within it); with an ``epoch``, the step
             within that epoch. A Python int or a traced int32 (one compiled step serves all).
           batch_size: the global batch G; the batch axes of `sharding` must divide it.
-          seed, shuffle, augment, mean, std, dtype, layout: as for `tbljax.loader`.
+          seed, shuffle, augment, mean, std, dtype, layout, repeats: as for `tbljax.loader`.
           sharding: the batch's sharding: None (the batch axis over every mesh axis that does
             not partition the records), or a `NamedSharding` / `Mesh` on the dataset's mesh.
             Each device computes only its own rows.
@@ -294,11 +297,12 @@ class ResidentDataset:
             mean=mean,
             std=std,
             augment=augment,
+            repeats=repeats,
         )
         if opts.augment is not None and len(opts.augment.schedule) > 1:
             # The output shape must be static: fix the size of the (concrete) epoch.
             opts = dataclasses.replace(
-                opts, augment=opts.augment.at_epoch(self._concrete_epoch(step, epoch, batch_size))
+                opts, augment=opts.augment.at_epoch(self._concrete_epoch(step, epoch, batch_size, repeats))
             )
         mesh, batch_axes = self._batch_axes(sharding)
         parts = _sharding.parts(self.sharding, batch_axes)
@@ -307,9 +311,10 @@ class ResidentDataset:
                 f"batch_size {batch_size} does not split evenly over the {parts} "
                 f"batch shards {batch_axes}: use a multiple of {parts}"
             )
-        if self.steps_per_epoch(batch_size) == 0:
+        if self.steps_per_epoch(batch_size, opts.repeats) == 0:
             raise ValueError(
-                f"batch_size {batch_size} is larger than the dataset ({self.num_records} records): no full step"
+                f"batch_size {batch_size} is larger than the dataset ({self.num_records} records"
+                f"{f' × repeats={opts.repeats}' if opts.repeats > 1 else ''}): no full step"
             )
         traced = [isinstance(v, jax.core.Tracer) for v in (step, epoch)]
         # The labels are a leaf whatever the records are (an array or a PackedRecords).
@@ -331,12 +336,12 @@ class ResidentDataset:
             )
         return self._batch(step, epoch, opts=opts, batch_axes=batch_axes, backend=backend)
 
-    def _concrete_epoch(self, step, epoch, batch_size) -> int:
+    def _concrete_epoch(self, step, epoch, batch_size, repeats) -> int:
         """The epoch of a batch whose augmentation has a size schedule, as a Python int."""
         try:
             if epoch is not None:
                 return int(epoch)
-            spe = self.steps_per_epoch(batch_size)
+            spe = self.steps_per_epoch(batch_size, repeats)
             return int(step) // spe if spe else 0
         except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
             raise ValueError(
@@ -371,7 +376,7 @@ class ResidentDataset:
         data_axes = self._data_axes()
         out_size = opts.output_size(self.image_shape)
         local_b = g // _sharding.parts(self.sharding, batch_axes)
-        spe = self.steps_per_epoch(g)
+        spe = self.steps_per_epoch(g, opts.repeats)
         mean, std = opts.normalization
         out_dtype = opts.out_dtype
 
@@ -382,11 +387,14 @@ class ResidentDataset:
             shard = jax.lax.axis_index(batch_axes) if batch_axes else 0
             first = step * g + shard * local_b
             positions = first + jnp.arange(local_b, dtype=jnp.int32)
-            idx, boxes, flips = _step.draw(positions, opts, num_records=n, image_hw=image_hw, epoch=epoch, xp=jnp)
+            idx, boxes, flips, rep = _step.draw(
+                positions, opts, num_records=n, image_hw=image_hw, epoch=epoch, step=(step * g, g), xp=jnp
+            )
+            rep = jnp.zeros_like(idx) if rep is None else rep
             kw = dict(crop=boxes, flip=flips, out_size=out_size, layout=opts.layout, backend=backend)
             if not data_axes:
                 image = _ops.gather_normalize(data, idx, dtype=out_dtype, mean=mean, std=std, **kw)
-                return image, labels[idx], idx, {n: f[idx] for n, f in fields.items()}
+                return image, labels[idx], idx, rep, {n: f[idx] for n, f in fields.items()}
             # Records partitioned over data_axes: each device gathers the rows it holds (the
             # others are zero) and a uint8 sum over those axes assembles the batch exactly.
             rows = data.shape[0]
@@ -399,7 +407,7 @@ class ResidentDataset:
             image = (
                 pix if mean is None else _twin.normalize(pix, mean=mean, std=std, dtype=out_dtype, layout=opts.layout)
             )
-            return image, label, idx, {n: _owned_rows(f, local, own, data_axes) for n, f in fields.items()}
+            return image, label, idx, rep, {n: _owned_rows(f, local, own, data_axes) for n, f in fields.items()}
 
         rep, spec = PartitionSpec(), PartitionSpec(batch_axes or None)
         data_spec = PartitionSpec(data_axes or None)
@@ -413,10 +421,11 @@ class ResidentDataset:
             lambda d, lab, f, s, *e: per_shard(d, lab, f, s, e[0] if e else None),
             mesh=mesh,
             in_specs=tuple(in_specs),
-            out_specs=(spec, spec, spec, {n: spec for n in self.fields}),
+            out_specs=(spec, spec, spec, spec, {n: spec for n in self.fields}),
         )
-        image, label, idx, fields = fn(*args)
-        return {"image": image, "label": label, "index": idx.astype(jnp.int32), **fields}
+        image, label, idx, rep, fields = fn(*args)
+        repeat = {"repeat": rep.astype(jnp.int32)} if opts.repeats > 1 else {}
+        return {"image": image, "label": label, "index": idx.astype(jnp.int32), **repeat, **fields}
 
 
 def _owned_rows(column, local, own, data_axes):

@@ -24,8 +24,10 @@ backend) and round-half-to-even:
 Placement is integer: y0 = ((u2 >> 16) * (H - h + 1)) >> 16, likewise x0 with u3 (uint32, no
 overflow since H, W <= 65535). Random words: attempt t uses counters 4t .. 4t+3; the flip uses
 counter 40 (flip when its top bit is set), also when cropping is off, so a sample flips the
-same way with and without the crop. Quantizing s and log r to 4096 levels changes nothing
-visible (steps of 2.3e-4 in area fraction and 1.4e-4 in log ratio).
+same way with and without the crop. Repeat r of a sample (``repeats=``) adds 64 r to these
+counters: repeat 0 is the crop without repeats; r < 1024 stays below RandAugment's words.
+Quantizing s and log r to 4096 levels changes nothing visible (steps of 2.3e-4 in area fraction
+and 1.4e-4 in log ratio).
 
 **Records of different sizes** (`RecordGeometry`, `record_geometry.py`): H and W above are each
 sample's own record, gathered by sample index. What needs float64 (``float32(sqrt(H*W))``, the
@@ -55,13 +57,15 @@ from tbljax._src.rules import contract, order, quantiles, randaug
 from tbljax._src.rules.erasing import RandomErasing
 from tbljax._src.rules.record_geometry import RecordGeometry
 
-__all__ = ["PRESETS", "Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
+__all__ = ["MAX_REPEATS", "PRESETS", "Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
 
 # The augmentations a name stands for (`Augment.from_spec`, the CLI's --augment): Augment(**kw).
 PRESETS: dict[str, dict] = {"rrc_flip": {}, "flip": {"crop": False}}
 _ATTEMPTS = 10
 _WORDS_PER_ATTEMPT = 4
 _FLIP_COUNTER = _ATTEMPTS * _WORDS_PER_ATTEMPT
+_REPEAT_STRIDE = 64  # repeat r's counters: + 64 r (past the buckets' 48..49), below randaug's 0x10000
+MAX_REPEATS = 0x10000 // _REPEAT_STRIDE
 # TBL stores sides as u16, which keeps the placement product in uint32.
 _MAX_SIDE = contract.MAX_SIDE
 
@@ -236,11 +240,12 @@ def crop_boxes(
     scale=(0.08, 1.0),
     ratio=(3 / 4, 4 / 3),
     geometry=None,
+    repeat=0,
     xp=np,
 ):
     """int32 (B, 4) random-resized-crop boxes (y0, x0, h, w) in source pixels for samples
     `indices`: of an H×W image (`height`, `width`), or each of its own record's size
-    (`geometry`: a `RecordGeometry` indexed by sample index).
+    (`geometry`: a `RecordGeometry` indexed by sample index); `repeat`: an int or (B,) ints.
 
     >>> b = crop_boxes(np.arange(3), height=32, width=32, seed=0, epoch=0)
     >>> bool(((b[:, 0] + b[:, 2] <= 32) & (b[:, 1] + b[:, 3] <= 32)).all())
@@ -256,7 +261,7 @@ def crop_boxes(
     rec_w = geo.gather(geo.widths, indices, xp)[:, None]
     sqrt_area = geo.gather(geo.sqrt_area_table(), indices, xp)[:, None]
     counters = xp.arange(_ATTEMPTS * _WORDS_PER_ATTEMPT, dtype=xp.uint32).reshape(_ATTEMPTS, _WORDS_PER_ATTEMPT)
-    u = order.random_bits(indices[:, None, None], counters, seed, epoch, xp=xp)
+    u = order.random_bits(indices[:, None, None], _keyed(counters, repeat, 2, xp), seed, epoch, xp=xp)
     shift = xp.uint32(32 - quantiles.BITS)
     side = sqrt_area * sqrt_scale[u[..., 0] >> shift]
     kr = u[..., 1] >> shift
@@ -290,14 +295,20 @@ def center_boxes(
     return xp.broadcast_to(box, (indices.shape[0], 4))
 
 
-def flips(indices, *, seed: int, epoch: int, xp=np):
+def flips(indices, *, seed: int, epoch: int, repeat=0, xp=np):
     """bool (B,): flip sample `indices` horizontally (probability 1/2, fixed per sample and epoch).
 
     >>> flips(np.arange(4), seed=0, epoch=0).dtype
     dtype('bool')
     """
-    u = order.random_bits(xp.asarray(indices), xp.uint32(_FLIP_COUNTER), seed, epoch, xp=xp)
+    u = order.random_bits(xp.asarray(indices), _keyed(_FLIP_COUNTER, repeat, 0, xp), seed, epoch, xp=xp)
     return (u >> 31) == 1
+
+
+def _keyed(counters, repeat, ndim, xp):
+    """uint32 `counters` of repeat `repeat` (an int, or (B,) ints broadcast over `ndim` more axes)."""
+    r = xp.asarray(repeat).astype(xp.uint32)
+    return xp.asarray(counters, dtype=xp.uint32) + r.reshape(r.shape + (1,) * ndim) * xp.uint32(_REPEAT_STRIDE)
 
 
 def sample(
@@ -309,10 +320,12 @@ def sample(
     seed: int,
     epoch: int,
     geometry=None,
+    repeat=0,
     xp=np,
 ):
     """(boxes or None, flips or None) for a batch of sample indices under options `aug`, for
-    H×W records (`height`, `width`) or records of their own sizes (`geometry`)."""
+    H×W records (`height`, `width`) or records of their own sizes (`geometry`); `repeat`:
+    which repeat of each sample (an int, or (B,) ints)."""
     boxes = None
     if aug.crop == "center":
         boxes = center_boxes(
@@ -328,7 +341,8 @@ def sample(
             scale=aug.scale,
             ratio=aug.ratio,
             geometry=geometry,
+            repeat=repeat,
             xp=xp,
         )
-    flip = flips(indices, seed=seed, epoch=epoch, xp=xp) if aug.flip else None
+    flip = flips(indices, seed=seed, epoch=epoch, repeat=repeat, xp=xp) if aug.flip else None
     return boxes, flip

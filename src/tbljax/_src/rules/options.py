@@ -17,7 +17,7 @@ import inspect
 import numpy as np
 
 from tbljax._src.rules import contract
-from tbljax._src.rules.augment import Augment
+from tbljax._src.rules.augment import MAX_REPEATS, Augment
 
 __all__ = ["LoaderOptions", "front_end"]
 
@@ -70,6 +70,11 @@ class LoaderOptions:
         every payload; RAW and compact records are otherwise served unchecked (LZ4 and
         original-bytes JPEG records are always checked). Its cost is measured in
         benchmarks/README.md ("Checking records as they are served").
+      repeats: repeated augmentation (DeiT's `RASampler`): an epoch serves every record
+        `repeats` times, k·N positions, each (record, repeat) once (with drop_remainder=False);
+        a record's repeats sit in the same step, spread over its rows (`tbljax.order.repeated`),
+        each with its own crop and flip (repeat 0: those of the loader without repeats).
+        An integer in [1, 1024]; 1 (default): off.
     """
 
     batch_size: int
@@ -90,6 +95,7 @@ class LoaderOptions:
     field_fn: dict | None = None  # field name -> fn(this process's values) -> (rows, ...) array
     pad: dict | None = None  # ragged field name -> rows served
     verify_records: bool = False  # each served record's CRC-16 checked before its batch goes out
+    repeats: int = 1  # each record served this many times an epoch, each repeat its own augmentation
 
     def __post_init__(self):
         integer, Arg, ArgumentError = contract.is_integer, contract.Arg, contract.ArgumentError
@@ -113,6 +119,11 @@ class LoaderOptions:
         if not integer(self.read_ahead) or self.read_ahead < 0:
             raise ArgumentError(Arg("read_ahead"), f" must be an integer >= 0 (0: off), got {self.read_ahead!r}")
         contract.check_threads(self.threads)
+        if not integer(self.repeats) or not 1 <= self.repeats <= MAX_REPEATS:
+            raise ArgumentError(
+                Arg("repeats"), f" must be an integer in [1, {MAX_REPEATS}] (1: off), got {self.repeats!r}"
+            )
+        object.__setattr__(self, "repeats", int(self.repeats))
         if not (
             self.fields is None
             or self.fields == "all"

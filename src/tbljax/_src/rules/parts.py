@@ -100,6 +100,10 @@ class Parts:
     def n(self) -> int:
         return self.counts[self.index]
 
+    def times(self, k: int) -> "Parts":
+        """These parts with every count times k: the positions of an epoch with repeats=k."""
+        return self if k == 1 else Parts(tuple(c * k for c in self.counts), self.index)
+
     def steps(self, batch: int, *, drop_remainder: bool, start: int = 0) -> int:
         """Steps left from local position `start` with `batch` rows of each part a step: the
         same on every process."""

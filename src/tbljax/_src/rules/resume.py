@@ -14,14 +14,21 @@ _STATE_KEYS = ("version", "seed", "epoch", "position", "fingerprint")
 
 
 def make_state(
-    *, seed: int, epoch: int, position: int, fingerprint: str, processes: int | None = None, mixture: dict | None = None
+    *,
+    seed: int,
+    epoch: int,
+    position: int,
+    fingerprint: str,
+    processes: int | None = None,
+    mixture: dict | None = None,
+    repeats: int = 1,
 ) -> dict:
     """The resumable state: a small versioned dict of plain ints and strings. A
     partition="host" loader gives `processes` (P): its state also says ``"partition":
     "host"`` and P, and its position is the local position of every part. A mixture's loader
     gives `mixture` (`Mixture.description`: sources, weights, label offsets, epoch, the sources'
     fingerprints), kept under ``"mixture"`` so that a state of another mixture is refused
-    saying what differs.
+    saying what differs. With `repeats` > 1 the state says so (its positions count k·N an epoch).
 
     >>> make_state(seed=0, epoch=1, position=512, fingerprint="ab12")["version"]
     1
@@ -38,11 +45,20 @@ def make_state(
         state.update(partition="host", processes=int(processes))
     if mixture is not None:  # a mixture's recipe: a refused resume says what differs
         state["mixture"] = mixture
+    if repeats != 1:
+        state["repeats"] = int(repeats)
     return state
 
 
 def check_state(
-    state, *, seed: int, fingerprint: str, n: int, processes: int | None = None, mixture: dict | None = None
+    state,
+    *,
+    seed: int,
+    fingerprint: str,
+    n: int,
+    processes: int | None = None,
+    mixture: dict | None = None,
+    repeats: int = 1,
 ) -> tuple[int, int]:
     """Validates a state from `make_state` against this run; returns (epoch, position).
 
@@ -78,6 +94,11 @@ def check_state(
         raise ValueError(
             f"state was saved with seed={state['seed']!r} but this loader has "
             f"seed={seed!r}: create the loader with the state's seed"
+        )
+    if state.get("repeats", 1) != repeats:
+        raise ValueError(
+            f"state was saved with repeats={state.get('repeats', 1)!r} but this loader has "
+            f"repeats={repeats!r}: its positions count another epoch; create the loader with the state's repeats"
         )
     epoch, position = state["epoch"], state["position"]
     check_seed_epoch(seed, epoch)
