@@ -18,7 +18,7 @@ from tbljax import _core
 from tbljax._src.file.fields import GEOMETRIC_ROLES, check_name, kind_for_extension
 from tbljax._src.file.format import stored_entry
 from tbljax._src.rules import contract
-from tbljax._src.rules.contract import Arg, ArgumentError
+from tbljax._src.rules.contract import Arg, ArgumentError, is_real
 from tbljax._src.rules.errors import ConversionError, OutputExistsError  # their home; imported here too
 from tbljax._src.rules.partition import parse_part
 from tbljax._src.sources.items import IMAGE_EXTENSIONS
@@ -114,9 +114,7 @@ class ConvertOptions:
         if self.progress not in (None, True, False):
             raise ValueError(f"progress must be None, True or False, got {self.progress!r}")
         interval = self.progress_interval
-        if interval is not None and (
-            isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0
-        ):
+        if interval is not None and (not is_real(interval) or not interval > 0):
             raise ArgumentError(Arg("progress_interval"), f" must be a positive number of seconds, got {interval!r}")
         if self.declared and self.fields is not None:
             raise ArgumentError(
@@ -265,9 +263,7 @@ class ConvertOptions:
         if chroma is not None and chroma not in CHROMA:
             raise ArgumentError(Arg("chroma"), f" must be one of {CHROMA}, got {chroma!r}")
         budget = self.raw_budget
-        if budget is not None and (
-            isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1
-        ):
+        if budget is not None and (not is_real(budget) or not 0 < budget <= 1):
             raise ArgumentError(
                 Arg("raw_budget"),
                 f" must be the records' bytes as a fraction of their RAW pixels', in (0, 1] (e.g. 0.2), got {budget!r}",

@@ -42,7 +42,7 @@ def check_field_meta(name: Any, meta: Any, path: str) -> None:
     shape = meta.get("shape")
     if (
         not isinstance(shape, list)
-        or not all(s is None or (isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 40) for s in shape)
+        or not all(s is None or (contract.is_integer(s) and 0 <= s < 1 << 40) for s in shape)
         or None in shape[1:]
         or len(shape) > 32
     ):

@@ -136,7 +136,7 @@ class DenseMap(_Declared):
         super().__post_init__()
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"DenseMap(interpolation=) must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
-        if self.invalid is not None and (isinstance(self.invalid, bool) or not isinstance(self.invalid, (int, float))):
+        if self.invalid is not None and not contract.is_real(self.invalid):
             raise ValueError(f"DenseMap(invalid=) must be a number or None, got {self.invalid!r}")
 
     def role(self) -> dict[str, Any]:

@@ -171,7 +171,7 @@ class Augment:
         object.__setattr__(self, "scale", _pair("scale", self.scale, lambda v: v > 0))
         object.__setattr__(self, "ratio", _pair("ratio", self.ratio, lambda v: v > 0))
         f = self.center_fraction
-        if isinstance(f, bool) or not isinstance(f, (int, float, np.floating, np.integer)) or not 0 < f <= 1:
+        if not contract.is_real(f) or not 0 < f <= 1:
             raise ValueError(f"center_fraction must be a number in (0, 1], got {f!r}")
         object.__setattr__(self, "center_fraction", float(f))
         if (

@@ -78,7 +78,7 @@ _ORDERS = np.array([(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1
 
 def number(name, v, lo, hi):
     """`v` as a float in [lo, hi], else a ValueError naming it."""
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not lo <= v <= hi:
+    if not contract.is_real(v) or not lo <= v <= hi:
         raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {v!r}")
     return float(v)
 

@@ -168,7 +168,7 @@ class RandAugment:
         object.__setattr__(self, "num_ops", _int("num_ops", self.num_ops, 1, _MAX_OPS))
         object.__setattr__(self, "magnitude", _number("magnitude", self.magnitude, 0, 100))
         std = self.magnitude_std
-        if isinstance(std, (int, float, np.floating)) and not isinstance(std, bool) and std > 100:
+        if contract.is_real(std) and std > 100:
             std = math.inf  # timm: "uniform sampling in 0 to magnitude if mstd is > 100"
         object.__setattr__(self, "magnitude_std", std if std == math.inf else _number("magnitude_std", std, 0, 100))
         if not isinstance(self.increasing, (bool, np.bool_)):

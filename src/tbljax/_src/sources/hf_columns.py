@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from tbljax._src.remote import remote
-from tbljax._src.rules.contract import Arg
+from tbljax._src.rules.contract import Arg, is_integer
 from tbljax._src.sources.items import Item, Label
 
 __all__ = ["LABELS_FROM", "Columns", "import_hf"]
@@ -207,7 +207,7 @@ LABELS_FROM = (
 def _label(cell: Any, column: str | None) -> tuple[Label, str | None]:
     if cell is None:
         return -1, None
-    if isinstance(cell, int) and not isinstance(cell, bool):
+    if is_integer(cell):
         return cell, None
     if isinstance(cell, str) and cell.strip() and "\n" not in cell:
         return cell.strip(), None

@@ -17,6 +17,7 @@ import numpy as np
 
 from tbljax._src.remote import remote
 from tbljax._src.rules.braces import expand_braces
+from tbljax._src.rules.contract import is_integer
 from tbljax._src.rules.errors import shown
 from tbljax._src.rules.partition import host_part
 
@@ -125,7 +126,7 @@ def parse_label(ext: str, payload: bytes, required: bool = True) -> tuple[Label,
                 return -1, (f".json has none of the fields {list(JSON_LABEL_FIELDS)}" if required else None)
             field = f" field {present[0]!r}"
             obj = obj[present[0]]
-        if isinstance(obj, int) and not isinstance(obj, bool):
+        if is_integer(obj):
             if not _INT_MIN <= obj <= _INT_MAX:
                 return -1, f".json{field} label {obj} does not fit in int64"
             return obj, None
@@ -159,7 +160,7 @@ def label_list(labels: Any, n: int) -> list[Label]:
     for v in values:
         if isinstance(v, np.generic):
             v = v.item()
-        if isinstance(v, int) and not isinstance(v, bool):
+        if is_integer(v):
             out.append(v)
         elif isinstance(v, str) and v.strip():
             out.append(v.strip())
