@@ -69,7 +69,7 @@ def advised(monkeypatch):
 
     def draw(self, epoch, first):
         drawn = real_draw(self, epoch, first)
-        log.append(("draw", np.concatenate([records for *_, records in drawn])))
+        log.append(("draw", np.concatenate([rows.records for rows in drawn])))
         return drawn
 
     monkeypatch.setattr(os, "posix_fadvise", spy)

@@ -9,6 +9,7 @@ given by the loader layered on top (`jax/loader.py`, the torch and MLX adapters)
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.rules.parts import Parts
 
-__all__ = ["HostBatch", "Plan"]
+__all__ = ["HostBatch", "Plan", "RowsDrawn"]
 
 
 _SAMPLE = 4  # records of a step checked for residency before advising it
@@ -83,6 +84,16 @@ class HostBatch:
     @property
     def valid(self) -> np.ndarray | None:
         return self._one("valids")
+
+
+class RowsDrawn(NamedTuple):
+    """What a step holds for one row range of the layout, drawn before the kernel builds it."""
+
+    indices: np.ndarray  # sample indices (global numbering)
+    boxes: np.ndarray | None  # crop boxes, or None
+    flips: np.ndarray | None  # flips, or None
+    records: np.ndarray  # the source's own record numbers of the samples
+    repeats: np.ndarray | None  # each row's repeat (repeats > 1), or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,10 +206,9 @@ class Plan:
                 yield epoch, position + s * g
             epoch, position = epoch + 1, 0
 
-    def draw(self, epoch, first) -> tuple:
+    def draw(self, epoch, first) -> tuple[RowsDrawn, ...]:
         """This process's rows of the step starting at position `first`, per row range of the
-        layout: (sample indices, crop boxes or None, flips or None, the source's records, repeats
-        or None). Pure
+        layout (`RowsDrawn`). Pure
         (`engine/step.py`): the producer draws a step ahead, while the kernel builds the one
         before (engine/producer.py)."""
         src, opts = self.source, self.opts
@@ -208,7 +218,7 @@ class Plan:
             nvalid = int(np.clip(self.slots.n - (first + a), 0, b - a))
             pos = np.arange(first + a, first + a + nvalid, dtype=np.int64)
             idx, boxes, flip, repeat = src.draw(pos, opts, epoch, first_index, self.step_rows(first))
-            drawn.append((idx, boxes, flip, src.local_records(idx, first_index), repeat))
+            drawn.append(RowsDrawn(idx, boxes, flip, src.local_records(idx, first_index), repeat))
         return tuple(drawn)
 
     def build_host(self, ring, epoch, first, stop=None, drawn=None, started=None) -> tuple[HostBatch, Slot]:
