@@ -14,8 +14,10 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.rules import contract
+from tbljax._src.rules import pixel_ops
+from tbljax._src.rules import randaug
 
-__all__ = ["build_info", "gather", "jpeg_source", "kernel_target", "normalize_table",
+__all__ = ["build_info", "gather", "jpeg_source", "kernel_target", "normalize_table", "pixel_program",
            "prepare_gather", "prepare_serve_jpeg", "raw_source", "record_crc16", "serve_jpeg",
            "variable_source"]
 
@@ -104,7 +106,8 @@ def _int_array(a, dtype, name) -> np.ndarray:
 
 
 def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None, flip=None,
-           mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> np.ndarray:
+           mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+           ops=None) -> np.ndarray:
     """Gathers ``source[indices]`` into ``out`` in one fused, parallel pass (GIL released).
 
     For each sample b: take record ``indices[b]``; if ``crop`` is given, cut the box
@@ -130,6 +133,7 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
         crop boxes ``(OH, OW)`` must equal ``(H, W)``.
       flip: ``(B,)`` booleans, or None.
       mean, std: 3 numbers each (float outputs only).
+      ops: the rows' per-image ops (`pixel_program`), or None.
 
     Returns:
       ``out``.
@@ -142,19 +146,19 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
                mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     """
     prepare_gather(source, indices, out, layout=layout, crop=crop, flip=flip, mean=mean,
-                   std=std)()
+                   std=std, ops=ops)()
     return out
 
 
 def prepare_gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
                    flip=None, mean: Sequence[float] | None = None,
-                   std: Sequence[float] | None = None) -> Callable[[], None]:
+                   std: Sequence[float] | None = None, ops=None) -> Callable[[], None]:
     """`gather`'s checks, then the native call to make (it releases the GIL): the loader's
     producer wakes its next step's draw between the two (engine/record_source.py)."""
     src = raw_source(source)
     return functools.partial(_core.gather, src,
                              *_batch_args(src.num_records, indices, out, layout, crop, flip, mean,
-                                          std))
+                                          std), _ops_arg(ops))
 
 
 def _batch_args(num_records, indices, out, layout, crop, flip, mean, std) -> tuple:
@@ -242,7 +246,7 @@ def jpeg_source(shards, counts, offsets, sizes, heights, widths,
 def serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *, layout: str = "NHWC",
                crop=None, flip=None, mean: Sequence[float] | None = None,
                std: Sequence[float] | None = None, dct_scale: bool = False, threads: int = 0,
-               where=None) -> np.ndarray:
+               where=None, ops=None) -> np.ndarray:
     """`gather` from JPEG records: each sample's record is decoded in the C++ pool, only the
     part its box needs (with restart markers dividing the rows, as in compact records: only
     the restart segments covering the box; else columns cropped, rows above skipped, decoding
@@ -263,6 +267,7 @@ def serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *, layout: st
         (`contract.check_threads`).
       where: ``where(i) -> str`` names record i in the error of a record that fails
         (DecodeError, or CorruptFileError when it does not decode to its index's size).
+      ops: as `gather`.
 
     Example::
 
@@ -270,7 +275,7 @@ def serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *, layout: st
         serve_jpeg(src, idx, batch, crop=boxes, flip=flips, mean=mean, std=std)
     """
     prepare_serve_jpeg(source, indices, out, layout=layout, crop=crop, flip=flip, mean=mean,
-                       std=std, dct_scale=dct_scale, threads=threads, where=where)()
+                       std=std, dct_scale=dct_scale, threads=threads, where=where, ops=ops)()
     return out
 
 
@@ -278,7 +283,7 @@ def prepare_serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *,
                        layout: str = "NHWC", crop=None, flip=None,
                        mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
                        dct_scale: bool = False, threads: int = 0,
-                       where=None) -> Callable[[], None]:
+                       where=None, ops=None) -> Callable[[], None]:
     """`serve_jpeg`'s checks, then the native call to make (as `prepare_gather`)."""
     if not isinstance(source, _core.JpegSource):
         raise TypeError(f"source must be a tbljax.kernels.jpeg_source, got {type(source).__name__}")
@@ -286,7 +291,7 @@ def prepare_serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *,
         raise TypeError(f"dct_scale must be True or False, got {dct_scale!r}")
     args = _batch_args(source.num_records, indices, out, layout, crop, flip, mean, std)
     return functools.partial(_core.serve_jpeg, source, *args, dct_scale,
-                             contract.check_threads(threads), where)
+                             contract.check_threads(threads), where, _ops_arg(ops))
 
 
 def build_info() -> dict:
@@ -309,3 +314,65 @@ def build_info() -> dict:
     else:
         info["xla_cuda"] = True
     return info
+
+
+class PixelProgram(tuple):
+    """The per-image ops of a batch's rows as the kernel takes them (`pixel_program`)."""
+
+
+def _ops_arg(ops):
+    if ops is None or isinstance(ops, PixelProgram):
+        return ops
+    raise TypeError(f"ops must be a tbljax.kernels.pixel_program(...) or None, got {type(ops).__name__}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _matrix(code: int, arg: int, height: int, width: int, translate_const: float, translate_pct: float):
+    level = pixel_ops.affine_level(code, float(np.array(arg, np.int32).view(np.float32)), translate_const,
+                                   translate_pct)
+    return pixel_ops.affine_matrix(code, level, height, width)
+
+
+def pixel_program(codes, args, out_hw, *, policies=(), erase_boxes=None, erase_keys=None,
+                  erase_mode: str = "pixel") -> PixelProgram:
+    """The rows' per-image ops for `gather` / `serve_jpeg` (``ops=``): after the resize and
+    flip, row b's uint8 pixels go through its pixel program -- ``codes[b]`` (`pixel_ops.CODES`,
+    0 none) with ``args[b]`` in order, `pixel_ops.apply`'s rules byte for byte -- then are
+    normalized and written; then ``erase_boxes[b]`` ((E, 4) y0, x0, h, w in the output; h 0:
+    none) are set as `pixel_ops.erase` sets them (``erase_mode``, noise keyed by
+    ``erase_keys[b]``) on the written float32 values (bfloat16: those values rounded to
+    nearest even). Erasing needs a float32 or bfloat16 output.
+
+    `policies`: the `RandAugment` policies whose ``num_ops`` slots the K columns are, in order
+    (each slot's fill, interpolation and translation constants); () takes `RandAugment`'s
+    defaults for every slot. `out_hw`: the output (height, width), which the affine ops'
+    matrices (built here, in float64, by `pixel_ops.affine_matrix`) depend on.
+    """
+    codes = np.ascontiguousarray(codes, np.uint8)
+    args = np.ascontiguousarray(args, np.int32)
+    if codes.ndim != 2 or args.shape != codes.shape:
+        raise ValueError(f"codes and args must both be (B, K), got {codes.shape} and {args.shape}")
+    b, k = codes.shape
+    slots = [ra for ra in policies for _ in range(ra.num_ops)] or [randaug.RandAugment()] * k
+    if len(slots) != k:
+        raise ValueError(f"the policies have {len(slots)} op slots but codes has {k} columns")
+    h, w = (int(v) for v in out_hw)
+    matrices = np.zeros((b, k, 6), np.float64)
+    for i, j in zip(*np.nonzero(np.isin(codes, sorted(pixel_ops.AFFINE)))):
+        ra = slots[j]
+        matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), h, w, ra.translate_const, ra.translate_pct)
+    fill = np.array([ra.fill for ra in slots], np.uint8).reshape(k, 3)
+    nearest = np.array([ra.interpolation == "nearest" for ra in slots], np.uint8).reshape(k)
+    if erase_boxes is None:
+        boxes, keys = np.zeros((b, 0, 4), np.int32), np.zeros(b, np.uint32)
+    else:
+        boxes = np.ascontiguousarray(erase_boxes, np.int32)
+        keys = np.ascontiguousarray(erase_keys, np.uint32)
+        if boxes.ndim != 3 or boxes.shape[0] != b or boxes.shape[2] != 4 or keys.shape != (b,):
+            raise ValueError(f"erase_boxes must be ({b}, E, 4) and erase_keys ({b},), got {boxes.shape} "
+                             f"and {keys.shape}")
+    if erase_mode not in randaug.ERASE_MODES:
+        raise ValueError(f"erase_mode must be one of {randaug.ERASE_MODES}, got {erase_mode!r}")
+    table = pixel_ops.normal_table() if boxes.shape[1] else np.zeros(4096, np.float32)
+    return PixelProgram((codes, args, matrices, fill, nearest, boxes, keys,
+                         randaug.ERASE_MODES.index(erase_mode), table))
