@@ -21,6 +21,7 @@ from tbljax._src.rules import resume
 from tbljax._src.rules.parts import Parts
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import Plan
+from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.record_source import open_source
 from tbljax._src.engine.producer import Metrics, Pass
@@ -64,6 +65,7 @@ class HostLoader:
             if rows is not None:
                 raise TypeError("pass rows or layout (its former name), not both")
             rows = layout
+        _step.check_ops(opts)
         self.options = opts
         self._source = open_source(dataset, opts)
         self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad, opts.batch_size)

@@ -18,6 +18,8 @@ from tbljax._src.rules.parts import Parts
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine import file_sweep
+from tbljax._src.engine import step as _step
+from tbljax._src.rules import contract
 from tbljax._src.rules.options import LoaderOptions
 
 __all__ = ["HostBatch", "Plan"]
@@ -182,17 +184,23 @@ class Plan:
 
     def draw(self, epoch, first) -> tuple:
         """This process's rows of the step starting at position `first`, per row range of the
-        layout: (sample indices, crop boxes or None, flips or None, the source's records). Pure
+        layout: (sample indices, crop boxes or None, flips or None, the source's records, the
+        per-image op columns or None: `step.RowOps`). Pure
         (`engine/step.py`): the producer draws a step ahead, while the kernel builds the one
         before (engine/producer.py)."""
         src, opts = self.source, self.opts
         first_index = self.part.start  # source record i is sample first_index + i
+        out_hw = None
+        if _step.has_ops(opts.augment):
+            row = src.row_shape(opts, epoch)
+            out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
         drawn = []
         for a, b in self.layout.ranges:
             nvalid = int(np.clip(src.n - (first + a), 0, b - a))
             idx, boxes, flip = src.draw(np.arange(first + a, first + a + nvalid, dtype=np.int64),
                                         opts, epoch, first_index)
-            drawn.append((idx, boxes, flip, src.local_records(idx, first_index)))
+            ops = None if out_hw is None else _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw)
+            drawn.append((idx, boxes, flip, src.local_records(idx, first_index), ops))
         return tuple(drawn)
 
     def build_host(self, ring, epoch, first, stop=None, drawn=None,
@@ -207,11 +215,12 @@ class Plan:
         slot = ring.acquire(stop)
         views = slot.views(src.row_shape(opts, epoch))  # a size schedule's size of `epoch`
         labels, indices, valid, sources, served = [], [], [], [], []
-        for (a, b), out, (idx, boxes, flip, records) in zip(self.layout.ranges, views, drawn):
+        for (a, b), out, (idx, boxes, flip, records, ops) in zip(self.layout.ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
             if nvalid:
                 src.fill(records, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip,
-                         mean=mean, std=std, jpeg_dct_scale=opts.jpeg_dct_scale, started=started)
+                         mean=mean, std=std, jpeg_dct_scale=opts.jpeg_dct_scale, started=started,
+                         ops=ops)
                 started = None
             out[nvalid:] = 0  # padding rows (only at the end of an epoch without drop_remainder)
             pad = rows - nvalid

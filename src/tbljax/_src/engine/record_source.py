@@ -206,12 +206,13 @@ class RecordSource:
             raise ValueError(f"{self._ds!r}: {e}") from None
 
     def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False,
-             started=None):
+             started=None, ops=None):
         """Writes records `indices` into `out` (the kernel's arguments, `tbljax.kernels.gather`;
         `jpeg_dct_scale`: `tbljax.kernels.serve_jpeg`'s dct_scale, for compact records).
         `started()`, if given, is called just before the first native call that releases the
-        GIL for the batch (`Plan.build_host`)."""
-        kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std)
+        GIL for the batch (`Plan.build_host`). `ops`: the rows' per-image ops (`step.RowOps`)."""
+        kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std,
+                  ops=None if ops is None else ops.program())
         started = started or _nothing
         if self._verify is not None:
             self._check_records(indices)
@@ -360,7 +361,7 @@ class MixtureSource:
         return self._mix.local_index(indices)
 
     def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False,
-             started=None):
+             started=None, ops=None):
         """Each source's rows through its own record source, then into their rows of `out`."""
         k, r = self._mix.split(indices)
         for s in np.unique(k).tolist():
@@ -369,7 +370,8 @@ class MixtureSource:
             self._subs[s].fill(r[m], part, layout=layout, mean=mean, std=std,
                                crop=None if crop is None else np.asarray(crop)[m],
                                flip=None if flip is None else np.asarray(flip)[m],
-                               jpeg_dct_scale=jpeg_dct_scale, started=started)
+                               jpeg_dct_scale=jpeg_dct_scale, started=started,
+                               ops=None if ops is None else ops.rows(m))
             started = None
             if len(m) > 1:
                 out[m] = part
