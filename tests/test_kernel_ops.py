@@ -180,3 +180,107 @@ def test_bad_ops_are_refused_by_name():
         kernels.gather(src, idx, base.copy(), crop=crop, ops=prog)
     with pytest.raises(ValueError, match=r"row 2, box 0 \(30, 0, 20, 5\) does not lie inside"):
         kernels.gather(src, idx, np.zeros(base.shape, np.float32), crop=crop, ops=prog)
+
+
+# ---- the loaders end to end ----
+
+_RECIPE = dict(ops=[tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1")],
+               erasing=tbljax.RandomErasing(p=0.5))
+
+
+@pytest.fixture(scope="module")
+def kodak_files(tmp_path_factory):
+    """Ten kodak photos at full aspect, shorter side 40, as RAW and as compact JPEG records."""
+    photos = sorted((shared_dir("kodak") / "images").glob("*.jpg"))[::31][:10]
+    d = tmp_path_factory.mktemp("kops")
+    out = {}
+    for fmt in ("raw", "jpeg"):
+        out[fmt] = d / f"{fmt}.tbl"
+        tbljax.convert(photos, out[fmt], image_size=40, resize="shorter_side", format=fmt, progress=False,
+                       **(dict(quality=90) if fmt == "jpeg" else {}))
+    return out
+
+
+def _reference(ds, opts, hb, epoch=0):
+    """The NumPy pipeline: the oracle's crop-resize and flip of the decided boxes, pixel_ops'
+    program, the oracle's normalize, pixel_ops' erasing."""
+    aug = opts.augment
+    idx = hb.index.astype(np.int64)
+    geo = tbljax.augment.RecordGeometry(*np.array([ds.read(i).shape[:2] for i in range(len(ds))]).T)
+    boxes, flips = tbljax.augment.sample(aug, idx, geometry=geo, seed=opts.seed, epoch=epoch)
+    oh, ow = aug.size
+    codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch)
+    rows = []
+    for b, i in enumerate(idx):
+        img = oracle.crop_resize(ds.read(int(i)), boxes[b], oh, ow)
+        img = img[:, ::-1] if flips[b] else img
+        rows.append(pixel_ops.apply_all(np.ascontiguousarray(img), codes[b], args[b], fill=aug.ops[0].fill))
+    pix = np.stack(rows)
+    if opts.out_dtype == np.uint8:
+        return pix
+    norm = oracle.normalize(pix, MEAN, STD, np.float32)
+    eb, keys = randaug.decide_erasing(aug.erasing, idx, height=oh, width=ow, seed=opts.seed, epoch=epoch)
+    erased = np.stack([pixel_ops.erase(v.transpose(2, 0, 1), x, k, aug.erasing.mode).transpose(1, 2, 0)
+                       for v, x, k in zip(norm, eb, keys)])
+    if opts.out_dtype == np.float32:
+        return erased
+    return np.where(erased != norm, erased.astype(ml_dtypes.bfloat16),
+                    oracle.normalize(pix, MEAN, STD, ml_dtypes.bfloat16))
+
+
+@pytest.mark.parametrize("fmt", ["raw", "jpeg"])
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "bfloat16"])
+def test_loader_batch_is_the_numpy_pipeline(kodak_files, fmt, dtype):
+    ds = tbljax.open(kodak_files[fmt])
+    recipe = _RECIPE if dtype != "uint8" else dict(ops=_RECIPE["ops"])
+    opts = tbljax.LoaderOptions(batch_size=10, seed=3, dtype=dtype, augment=tbljax.Augment(size=(24, 28), **recipe))
+    hb = next(iter(tbljax.HostLoader(ds, opts)))
+    want = _reference(ds, opts, hb)
+    got = hb.image
+    np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
+
+
+def test_same_batches_across_threads_torch_and_mlx(kodak_files):
+    ds = tbljax.open(kodak_files["jpeg"])
+    kw = dict(batch_size=5, seed=1, num_epochs=1, augment=tbljax.Augment(size=(24, 24), **_RECIPE))
+    first = np.stack([np.array(hb.image) for hb in tbljax.HostLoader(ds, tbljax.LoaderOptions(**kw))])
+    assert len(first) == 2
+    for threads in (1, 3):
+        again = [np.array(hb.image) for hb in tbljax.HostLoader(ds, tbljax.LoaderOptions(threads=threads, **kw))]
+        np.testing.assert_array_equal(np.stack(again), first)
+    del kw["num_epochs"]  # the adapters serve one epoch per pass
+    pytest.importorskip("torch")
+    t = [np.asarray(b[0]) for b in tbljax.torch.loader(kodak_files["jpeg"], layout="NHWC", **kw)]
+    np.testing.assert_array_equal(np.stack(t), first)
+    pytest.importorskip("mlx.core")
+    m = [np.array(b[0]) for b in tbljax.mlx.loader(kodak_files["jpeg"], **kw)]
+    np.testing.assert_array_equal(np.stack(m), first)
+
+
+def test_loader_without_ops_serves_todays_boxes_flips_and_bytes(kodak_files):
+    ds = tbljax.open(kodak_files["raw"])
+    plain = tbljax.LoaderOptions(batch_size=10, seed=4, augment=tbljax.Augment(size=(24, 24)))
+    ops = tbljax.LoaderOptions(batch_size=10, seed=4, augment=tbljax.Augment(
+        size=(24, 24), ops=[tbljax.RandAugment(prob=0.0)]))
+    a, b = next(iter(tbljax.HostLoader(ds, plain))), next(iter(tbljax.HostLoader(ds, ops)))
+    np.testing.assert_array_equal(a.index, b.index)
+    np.testing.assert_array_equal(a.image.view(np.uint32), b.image.view(np.uint32))
+    geo = tbljax.augment.RecordGeometry(*np.array([ds.read(i).shape[:2] for i in range(len(ds))]).T)
+    boxes, flips = tbljax.augment.sample(plain.augment, a.index.astype(np.int64), geometry=geo, seed=4, epoch=0)
+    want = oracle.normalize(np.stack([
+        (lambda im: im[:, ::-1] if f else im)(oracle.crop_resize(ds.read(int(i)), x, 24, 24))
+        for i, x, f in zip(a.index, boxes, flips)]), MEAN, STD)
+    np.testing.assert_array_equal(a.image, want)
+
+
+def test_paths_not_covered_refuse_by_name(kodak_files):
+    ds = tbljax.open(kodak_files["raw"])
+    aug = tbljax.Augment(size=(24, 24), **_RECIPE)
+    with pytest.raises(ValueError, match="needs dtype='float32' or 'bfloat16', not uint8"):
+        tbljax.HostLoader(ds, tbljax.LoaderOptions(batch_size=2, dtype="uint8", augment=aug))
+    jax = pytest.importorskip("jax")
+    res = tbljax.ResidentDataset(kodak_files["raw"]) if hasattr(tbljax, "ResidentDataset") else None
+    if res is None:
+        pytest.skip("no ResidentDataset")
+    with pytest.raises(ValueError, match="served by the host loaders.*in jit.*not yet"):
+        res.batch(jax.numpy.int32(0), batch_size=2, augment=aug)
