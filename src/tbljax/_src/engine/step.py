@@ -78,9 +78,9 @@ class RowOps:
 
     def rows(self, m) -> "RowOps":
         """The rows `m` (an index array) of these columns."""
-        cut = (lambda a: None if a is None else a[m])
-        return dataclasses.replace(self, ops=self.ops[m], op_args=self.op_args[m], erase=cut(self.erase),
-                                   erase_key=cut(self.erase_key))
+        erase = None if self.erase is None else (self.erase[m], self.erase_key[m])
+        return dataclasses.replace(self, ops=self.ops[m], op_args=self.op_args[m],
+                                   erase=erase and erase[0], erase_key=erase and erase[1])
 
     def program(self) -> kernels.PixelProgram:
         """The columns as the kernel takes them (`kernels.pixel_program`)."""
