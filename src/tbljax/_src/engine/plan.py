@@ -184,8 +184,8 @@ class Plan:
 
     def draw(self, epoch, first) -> tuple:
         """This process's rows of the step starting at position `first`, per row range of the
-        layout: (sample indices, crop boxes or None, flips or None, the source's records, the
-        per-image op columns or None: `step.RowOps`). Pure
+        layout: (sample indices, crop boxes or None, flips or None, the per-image op columns or
+        None (`step.RowOps`), the source's records). Pure
         (`engine/step.py`): the producer draws a step ahead, while the kernel builds the one
         before (engine/producer.py)."""
         src, opts = self.source, self.opts
@@ -200,7 +200,7 @@ class Plan:
             idx, boxes, flip = src.draw(np.arange(first + a, first + a + nvalid, dtype=np.int64),
                                         opts, epoch, first_index)
             ops = None if out_hw is None else _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw)
-            drawn.append((idx, boxes, flip, src.local_records(idx, first_index), ops))
+            drawn.append((idx, boxes, flip, ops, src.local_records(idx, first_index)))
         return tuple(drawn)
 
     def build_host(self, ring, epoch, first, stop=None, drawn=None,
@@ -215,7 +215,7 @@ class Plan:
         slot = ring.acquire(stop)
         views = slot.views(src.row_shape(opts, epoch))  # a size schedule's size of `epoch`
         labels, indices, valid, sources, served = [], [], [], [], []
-        for (a, b), out, (idx, boxes, flip, records, ops) in zip(self.layout.ranges, views, drawn):
+        for (a, b), out, (idx, boxes, flip, ops, records) in zip(self.layout.ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
             if nvalid:
                 src.fill(records, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip,
