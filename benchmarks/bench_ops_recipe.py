@@ -7,6 +7,7 @@ same pixels are a later step.
 
     python benchmarks/bench_ops_recipe.py [--rounds 3] [--batches 12] [--batch-size 64]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,10 +30,10 @@ def worker(path: str, recipe: bool, batches: int, batch_size: int) -> dict:
 
     extra = {}
     if recipe:
-        extra = dict(ops=[tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1")],
-                     erasing=tbljax.RandomErasing(p=0.25))
-    opts = tbljax.LoaderOptions(batch_size=batch_size, seed=0, threads=2, dtype="float32",
-                                augment=tbljax.Augment(size=(224, 224), **extra))
+        extra = dict(ops=[tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1")], erasing=tbljax.RandomErasing(p=0.25))
+    opts = tbljax.LoaderOptions(
+        batch_size=batch_size, seed=0, threads=2, dtype="float32", augment=tbljax.Augment(size=(224, 224), **extra)
+    )
     it = iter(tbljax.HostLoader(tbljax.open(path), opts))
     for _ in range(WARMUP):
         np.asarray(next(it).image).sum()
@@ -61,19 +62,24 @@ def main() -> None:
         files = {"raw": Path(d) / "raw.tbl", "compact": Path(d) / "compact.tbl"}
         photos = kodak_photos()
         tbljax.convert(photos, files["raw"], image_size=256, resize="shorter_side", progress=False)
-        tbljax.convert(photos, files["compact"], image_size=256, resize="shorter_side", format="jpeg",
-                       quality=90, progress=False)
+        tbljax.convert(
+            photos, files["compact"], image_size=256, resize="shorter_side", format="jpeg", quality=90, progress=False
+        )
         common = ["--batches", str(a.batches), "--batch-size", str(a.batch_size)]
-        configs = {f"{kind} {what}": [*common, str(files[kind]), flag]
-                   for kind in files for what, flag in (("rrc+flip", "0"), ("+randaug+erasing", "1"))}
+        configs = {
+            f"{kind} {what}": [*common, str(files[kind]), flag]
+            for kind in files
+            for what, flag in (("rrc+flip", "0"), ("+randaug+erasing", "1"))
+        }
         res = rounds(Path(__file__), configs, a.rounds)
     print(f"# {machine()}; tbljax kernel target {tbljax.kernels.kernel_target()}")
     print(f"# batch {a.batch_size}, {a.batches} timed batches after {WARMUP} warm-up, median of {a.rounds} rounds")
     for kind in ("raw", "compact"):
         plain = median(res[f"{kind} rrc+flip"], "ms_per_batch")
         ops = median(res[f"{kind} +randaug+erasing"], "ms_per_batch")
-        print(f"{kind:8s} rrc+flip {plain:8.1f} ms/batch  +randaug+erasing {ops:8.1f} ms/batch  "
-              f"ratio {ops / plain:.2f}x")
+        print(
+            f"{kind:8s} rrc+flip {plain:8.1f} ms/batch  +randaug+erasing {ops:8.1f} ms/batch  ratio {ops / plain:.2f}x"
+        )
 
 
 if __name__ == "__main__":

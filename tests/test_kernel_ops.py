@@ -2,6 +2,7 @@
 `pixel_ops.py` (the exact NumPy contract, itself tested against timm's PIL ops in
 test_randaug.py) applied to the kernel's own output without ops, on every SIMD target; and the
 host loaders end to end against the NumPy reference pipeline (tests/oracle.py + pixel_ops)."""
+
 from __future__ import annotations
 
 import os
@@ -11,13 +12,14 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import shared_dir
 from PIL import Image
 
-import oracle
 import tbljax
-from conftest import shared_dir
 from tbljax._src.engine import kernels
 from tbljax._src.rules import pixel_ops, randaug
+
+import oracle
 
 OPS = [n for n in pixel_ops.CODES if n not in ("none", "Cutout")]
 MAGNITUDES = (0.0, 1.0, 4.5, 9.0, 10.0, -3.0, -9.0)  # negative: the op's sign drawn negative
@@ -67,8 +69,14 @@ def test_every_op_equals_pixel_ops_on_the_kernels_own_output(interp):
             codes = np.full((len(idx), 1), code, np.uint8)
             args = np.full((len(idx), 1), arg, np.int32)
             out = np.zeros_like(base)
-            kernels.gather(src, idx, out, crop=crop, flip=flip,
-                           ops=kernels.pixel_program(codes, args, base.shape[1:3], policies=(ra,)))
+            kernels.gather(
+                src,
+                idx,
+                out,
+                crop=crop,
+                flip=flip,
+                ops=kernels.pixel_program(codes, args, base.shape[1:3], policies=(ra,)),
+            )
             want = np.stack([pixel_ops.apply(im, code, arg, fill=ra.fill, interpolation=interp) for im in base])
             np.testing.assert_array_equal(out, want, err_msg=f"{name} {mag}")
 
@@ -96,9 +104,19 @@ def test_programs_then_erasing_equal_the_reference(dtype, layout, mode):
     boxes, keys = randaug.decide_erasing(er, idx + 5, height=40, width=44, seed=2, epoch=1)
     assert (boxes[:, :, 2] > 0).any()
     out = np.zeros((len(idx), 3, 40, 44) if layout == "NCHW" else (len(idx), 40, 44, 3), dtype)
-    kernels.gather(src, idx, out, crop=crop, flip=flip, mean=MEAN, std=STD, layout=layout,
-                   ops=kernels.pixel_program(codes, args, (40, 44), policies=(ra,), erase_boxes=boxes,
-                                             erase_keys=keys, erase_mode=mode))
+    kernels.gather(
+        src,
+        idx,
+        out,
+        crop=crop,
+        flip=flip,
+        mean=MEAN,
+        std=STD,
+        layout=layout,
+        ops=kernels.pixel_program(
+            codes, args, (40, 44), policies=(ra,), erase_boxes=boxes, erase_keys=keys, erase_mode=mode
+        ),
+    )
     pix = np.stack([pixel_ops.apply_all(im, c, a) for im, c, a in zip(base, codes, args)])
     norm = oracle.normalize(pix, MEAN, STD, np.float32).transpose(0, 3, 1, 2)  # CHW float32
     want = np.stack([pixel_ops.erase(v, bx, k, mode) for v, bx, k in zip(norm, boxes, keys)])
@@ -108,9 +126,10 @@ def test_programs_then_erasing_equal_the_reference(dtype, layout, mode):
     else:  # values not erased: the contract's table (one rounding from float64); erased: float32 -> bf16
         table = oracle.normalize(pix, MEAN, STD, dtype).transpose(0, 3, 1, 2)
         want = np.where(erased, want.astype(dtype), table)
-    np.testing.assert_array_equal(out.view(np.uint16 if out.itemsize == 2 else np.uint32),
-                                  np.ascontiguousarray(want).view(out.view(np.uint16 if out.itemsize == 2
-                                                                           else np.uint32).dtype))
+    np.testing.assert_array_equal(
+        out.view(np.uint16 if out.itemsize == 2 else np.uint32),
+        np.ascontiguousarray(want).view(out.view(np.uint16 if out.itemsize == 2 else np.uint32).dtype),
+    )
 
 
 _TARGET_SCRIPT = """
@@ -130,12 +149,20 @@ def _every_stage_batch():
     rng = np.random.default_rng(9)
     pols = (randaug.RandAugment(num_ops=2), randaug.RandAugment(num_ops=2, interpolation="nearest"))
     codes, args = _program_batch(rng, len(idx), 4, pols[0])
-    boxes, keys = randaug.decide_erasing(tbljax.RandomErasing(p=1.0, max_count=2), idx, height=40, width=44,
-                                         seed=0, epoch=0)
+    boxes, keys = randaug.decide_erasing(
+        tbljax.RandomErasing(p=1.0, max_count=2), idx, height=40, width=44, seed=0, epoch=0
+    )
     out = np.zeros((len(idx), 40, 44, 3), np.float32)
-    kernels.gather(src, idx, out, crop=crop, flip=flip, mean=MEAN, std=STD,
-                   ops=kernels.pixel_program(codes, args, (40, 44), policies=pols, erase_boxes=boxes,
-                                             erase_keys=keys))
+    kernels.gather(
+        src,
+        idx,
+        out,
+        crop=crop,
+        flip=flip,
+        mean=MEAN,
+        std=STD,
+        ops=kernels.pixel_program(codes, args, (40, 44), policies=pols, erase_boxes=boxes, erase_keys=keys),
+    )
     return out
 
 
@@ -145,8 +172,12 @@ def test_every_simd_target_gives_the_same_bytes(tmp_path):
     seen = set()
     for target in ("scalar", "avx2", "avx512"):
         out = tmp_path / f"{target}.npy"
-        r = subprocess.run([sys.executable, "-c", _TARGET_SCRIPT.format(paths=paths, out=str(out))],
-                           env=dict(os.environ, TBLJAX_SIMD=target), capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-c", _TARGET_SCRIPT.format(paths=paths, out=str(out))],
+            env=dict(os.environ, TBLJAX_SIMD=target),
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr
         seen.add(r.stdout.strip())
         np.testing.assert_array_equal(np.load(out).view(np.uint32), here.view(np.uint32), err_msg=target)
@@ -160,8 +191,16 @@ def test_rows_without_ops_are_todays_bytes():
     codes = np.zeros((len(idx), 2), np.uint8)
     codes[0, 1] = pixel_ops.CODES["Invert"]
     with_ops = np.zeros_like(plain)
-    kernels.gather(src, idx, with_ops, crop=crop, flip=flip, mean=MEAN, std=STD,
-                   ops=kernels.pixel_program(codes, np.zeros_like(codes, np.int32), (40, 44)))
+    kernels.gather(
+        src,
+        idx,
+        with_ops,
+        crop=crop,
+        flip=flip,
+        mean=MEAN,
+        std=STD,
+        ops=kernels.pixel_program(codes, np.zeros_like(codes, np.int32), (40, 44)),
+    )
     np.testing.assert_array_equal(with_ops[1:].view(np.uint32), plain[1:].view(np.uint32))
     np.testing.assert_array_equal(with_ops[0], oracle.normalize(255 - base[:1], MEAN, STD)[0])
 
@@ -170,12 +209,22 @@ def test_bad_ops_are_refused_by_name():
     src, idx, crop, flip, base = _setup()
     codes = np.full((len(idx), 1), pixel_ops.CODES["Posterize"], np.uint8)
     with pytest.raises(ValueError, match="row 0, slot 0: argument 9 out of range"):
-        kernels.gather(src, idx, base.copy(), crop=crop,
-                       ops=kernels.pixel_program(codes, np.full(codes.shape, 9, np.int32), (40, 44)))
+        kernels.gather(
+            src,
+            idx,
+            base.copy(),
+            crop=crop,
+            ops=kernels.pixel_program(codes, np.full(codes.shape, 9, np.int32), (40, 44)),
+        )
     boxes = np.zeros((len(idx), 1, 4), np.int32)
     boxes[2, 0] = (30, 0, 20, 5)
-    prog = kernels.pixel_program(np.zeros((len(idx), 0), np.uint8), np.zeros((len(idx), 0), np.int32),
-                                 (40, 44), erase_boxes=boxes, erase_keys=np.zeros(len(idx), np.uint32))
+    prog = kernels.pixel_program(
+        np.zeros((len(idx), 0), np.uint8),
+        np.zeros((len(idx), 0), np.int32),
+        (40, 44),
+        erase_boxes=boxes,
+        erase_keys=np.zeros(len(idx), np.uint32),
+    )
     with pytest.raises(ValueError, match="uint8 output with erasing is not supported"):
         kernels.gather(src, idx, base.copy(), crop=crop, ops=prog)
     with pytest.raises(ValueError, match=r"row 2, box 0 \(30, 0, 20, 5\) does not lie inside"):
@@ -184,8 +233,7 @@ def test_bad_ops_are_refused_by_name():
 
 # ---- the loaders end to end ----
 
-_RECIPE = dict(ops=[tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1")],
-               erasing=tbljax.RandomErasing(p=0.5))
+_RECIPE = dict(ops=[tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1")], erasing=tbljax.RandomErasing(p=0.5))
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +244,15 @@ def kodak_files(tmp_path_factory):
     out = {}
     for fmt in ("raw", "jpeg"):
         out[fmt] = d / f"{fmt}.tbl"
-        tbljax.convert(photos, out[fmt], image_size=40, resize="shorter_side", format=fmt, progress=False,
-                       **(dict(quality=90) if fmt == "jpeg" else {}))
+        tbljax.convert(
+            photos,
+            out[fmt],
+            image_size=40,
+            resize="shorter_side",
+            format=fmt,
+            progress=False,
+            **(dict(quality=90) if fmt == "jpeg" else {}),
+        )
     return out
 
 
@@ -220,12 +275,17 @@ def _reference(ds, opts, hb, epoch=0):
         return pix
     norm = oracle.normalize(pix, MEAN, STD, np.float32)
     eb, keys = randaug.decide_erasing(aug.erasing, idx, height=oh, width=ow, seed=opts.seed, epoch=epoch)
-    erased = np.stack([pixel_ops.erase(v.transpose(2, 0, 1), x, k, aug.erasing.mode).transpose(1, 2, 0)
-                       for v, x, k in zip(norm, eb, keys)])
+    erased = np.stack(
+        [
+            pixel_ops.erase(v.transpose(2, 0, 1), x, k, aug.erasing.mode).transpose(1, 2, 0)
+            for v, x, k in zip(norm, eb, keys)
+        ]
+    )
     if opts.out_dtype == np.float32:
         return erased
-    return np.where(erased != norm, erased.astype(ml_dtypes.bfloat16),
-                    oracle.normalize(pix, MEAN, STD, ml_dtypes.bfloat16))
+    return np.where(
+        erased != norm, erased.astype(ml_dtypes.bfloat16), oracle.normalize(pix, MEAN, STD, ml_dtypes.bfloat16)
+    )
 
 
 @pytest.mark.parametrize("fmt", ["raw", "jpeg"])
@@ -260,16 +320,24 @@ def test_same_batches_across_threads_torch_and_mlx(kodak_files):
 def test_loader_without_ops_serves_todays_boxes_flips_and_bytes(kodak_files):
     ds = tbljax.open(kodak_files["raw"])
     plain = tbljax.LoaderOptions(batch_size=10, seed=4, augment=tbljax.Augment(size=(24, 24)))
-    ops = tbljax.LoaderOptions(batch_size=10, seed=4, augment=tbljax.Augment(
-        size=(24, 24), ops=[tbljax.RandAugment(prob=0.0)]))
+    ops = tbljax.LoaderOptions(
+        batch_size=10, seed=4, augment=tbljax.Augment(size=(24, 24), ops=[tbljax.RandAugment(prob=0.0)])
+    )
     a, b = next(iter(tbljax.HostLoader(ds, plain))), next(iter(tbljax.HostLoader(ds, ops)))
     np.testing.assert_array_equal(a.index, b.index)
     np.testing.assert_array_equal(a.image.view(np.uint32), b.image.view(np.uint32))
     geo = tbljax.augment.RecordGeometry(*np.array([ds.read(i).shape[:2] for i in range(len(ds))]).T)
     boxes, flips = tbljax.augment.sample(plain.augment, a.index.astype(np.int64), geometry=geo, seed=4, epoch=0)
-    want = oracle.normalize(np.stack([
-        (lambda im: im[:, ::-1] if f else im)(oracle.crop_resize(ds.read(int(i)), x, 24, 24))
-        for i, x, f in zip(a.index, boxes, flips)]), MEAN, STD)
+    want = oracle.normalize(
+        np.stack(
+            [
+                (lambda im: im[:, ::-1] if f else im)(oracle.crop_resize(ds.read(int(i)), x, 24, 24))
+                for i, x, f in zip(a.index, boxes, flips)
+            ]
+        ),
+        MEAN,
+        STD,
+    )
     np.testing.assert_array_equal(a.image, want)
 
 

@@ -1,6 +1,7 @@
 """Per-image ops (issue 47): the NumPy pixel rules equal timm's PIL ops (timm 1.0.31 loaded by path,
 `import timm` needs torchvision), the op/magnitude draws are distributed as timm draws them, the
 decisions are the same in NumPy and jax.numpy, and adding ops moves no crop or flip."""
+
 from __future__ import annotations
 
 import glob
@@ -14,8 +15,7 @@ import pytest
 
 import tbljax
 from tbljax._src.rules import augment as aug_rule
-from tbljax._src.rules import pixel_ops
-from tbljax._src.rules import randaug
+from tbljax._src.rules import pixel_ops, randaug
 
 KODAK = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "kodak", "images")
 
@@ -41,19 +41,38 @@ def images():
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    out = [rng.integers(0, 256, (40, 56, 3), dtype=np.uint8),           # noise
-           np.where(rng.random((33, 30, 1)) < 0.5, 0, 255).astype(np.uint8).repeat(3, 2),  # saturated
-           np.full((9, 8, 3), 7, np.uint8),                                # one value
-           np.concatenate([np.full((8, 8, 3), 0, np.uint8), np.full((8, 8, 3), 200, np.uint8)])]
+    out = [
+        rng.integers(0, 256, (40, 56, 3), dtype=np.uint8),  # noise
+        np.where(rng.random((33, 30, 1)) < 0.5, 0, 255).astype(np.uint8).repeat(3, 2),  # saturated
+        np.full((9, 8, 3), 7, np.uint8),  # one value
+        np.concatenate([np.full((8, 8, 3), 0, np.uint8), np.full((8, 8, 3), 200, np.uint8)]),
+    ]
     paths = sorted(glob.glob(os.path.join(KODAK, "*.jpg")))[:3]
     out += [np.asarray(Image.open(p).convert("RGB").resize((64, 48))) for p in paths]
     return out
 
 
-EXACT = ["AutoContrast", "Equalize", "Invert", "Posterize", "PosterizeIncreasing", "PosterizeOriginal", "Solarize",
-         "SolarizeIncreasing", "SolarizeAdd"]
-BLENDS = ["Color", "ColorIncreasing", "Contrast", "ContrastIncreasing", "Brightness", "BrightnessIncreasing",
-          "Sharpness", "SharpnessIncreasing"]
+EXACT = [
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Posterize",
+    "PosterizeIncreasing",
+    "PosterizeOriginal",
+    "Solarize",
+    "SolarizeIncreasing",
+    "SolarizeAdd",
+]
+BLENDS = [
+    "Color",
+    "ColorIncreasing",
+    "Contrast",
+    "ContrastIncreasing",
+    "Brightness",
+    "BrightnessIncreasing",
+    "Sharpness",
+    "SharpnessIncreasing",
+]
 AFFINE = ["Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"]
 
 
@@ -61,14 +80,17 @@ def _timm_op(timm_aa, name, magnitude, negate, interpolation, images):
     """timm's AugmentOp at a forced magnitude and sign on each image (None where Pillow refuses)."""
     from PIL import Image
 
-    hp = dict(translate_const=100, img_mean=(128, 128, 128),
-              interpolation={"bilinear": Image.BILINEAR, "nearest": Image.NEAREST}[interpolation])
+    hp = dict(
+        translate_const=100,
+        img_mean=(128, 128, 128),
+        interpolation={"bilinear": Image.BILINEAR, "nearest": Image.NEAREST}[interpolation],
+    )
     op = timm_aa.AugmentOp(name, prob=1.0, magnitude=magnitude, hparams=hp)
     out = []
     for im in images:
         random.seed(0)
         orig = random.random
-        random.random = lambda: 1.0 if negate else 0.0   # _randomly_negate: negates when > 0.5
+        random.random = lambda: 1.0 if negate else 0.0  # _randomly_negate: negates when > 0.5
         try:
             out.append(np.asarray(op(Image.fromarray(im))))
         except ValueError:  # Pillow >= 11 refuses posterize(bits=0)
@@ -168,8 +190,7 @@ def test_decisions_are_the_same_in_numpy_and_jax():
         np.testing.assert_array_equal(a, np.asarray(b))
     er = tbljax.RandomErasing(p=0.6, mode="rand", max_count=3)
     e_np = tbljax.augment.decide_erasing(er, idx, height=37, width=50, seed=11, epoch=4, repeat=2)
-    e_jx = tbljax.augment.decide_erasing(er, jnp.asarray(idx), height=37, width=50, seed=11, epoch=4, repeat=2,
-                                         xp=jnp)
+    e_jx = tbljax.augment.decide_erasing(er, jnp.asarray(idx), height=37, width=50, seed=11, epoch=4, repeat=2, xp=jnp)
     for a, b in zip(e_np, e_jx):
         np.testing.assert_array_equal(a, np.asarray(b))
     # Another repeat is another draw.
@@ -180,8 +201,10 @@ def test_decisions_are_the_same_in_numpy_and_jax():
 def test_ops_change_no_box_or_flip():
     plain = tbljax.Augment(size=(32, 32))
     with_ops = tbljax.Augment(size=(32, 32), ops=[tbljax.RandAugment()], erasing=tbljax.RandomErasing())
-    for kw in (dict(height=64, width=80), dict(geometry=aug_rule.RecordGeometry(np.array([40, 90]),
-                                                                                  np.array([70, 30])))):
+    for kw in (
+        dict(height=64, width=80),
+        dict(geometry=aug_rule.RecordGeometry(np.array([40, 90]), np.array([70, 30]))),
+    ):
         idx = np.arange(2) if "geometry" in kw else np.arange(300)
         a = aug_rule.sample(plain, idx, seed=5, epoch=2, **kw)
         b = aug_rule.sample(with_ops, idx, seed=5, epoch=2, **kw)
@@ -194,9 +217,14 @@ def test_from_timm_reads_every_key_as_timm_does(timm_aa):
         t = timm_aa.rand_augment_transform(config, {"translate_const": 100, "img_mean": (128, 128, 128)})
         ours = tbljax.RandAugment.from_timm(config)
         op = t.ops[0]
-        assert ([o.name for o in t.ops], t.num_layers, op.prob, op.magnitude, op.magnitude_std,
-                op.magnitude_max) == (list(ours.ops), ours.num_ops, ours.prob, ours.magnitude, ours.magnitude_std,
-                                      ours.magnitude_max), config
+        assert ([o.name for o in t.ops], t.num_layers, op.prob, op.magnitude, op.magnitude_std, op.magnitude_max) == (
+            list(ours.ops),
+            ours.num_ops,
+            ours.prob,
+            ours.magnitude,
+            ours.magnitude_std,
+            ours.magnitude_max,
+        ), config
     with pytest.raises(ValueError, match="unknown timm RandAugment config key 'x'"):
         tbljax.RandAugment.from_timm("rand-m9-x3")
     with pytest.raises(ValueError, match="'tweights'"):
@@ -213,9 +241,13 @@ def test_from_big_vision_and_bad_values_are_refused_by_name():
     assert as_f32[bv.ops.index("Rotate"), 1, 0] == -15.0  # the signed magnitude: 45 degrees
     assert pixel_ops.affine_level(pixel_ops.CODES["TranslateX"], 15.0, bv.translate_const) == 150.0
     assert table[bv.ops.index("SolarizeAdd"), 0, 0] == 165
-    for bad, match in ((dict(ops=["Blur"]), "'Blur' is not supported"), (dict(prob=1.5), "prob"),
-                       (dict(fill=(1, 2)), "fill"), (dict(interpolation="bicubic"), "bicubic"),
-                       (dict(num_ops=0), "num_ops")):
+    for bad, match in (
+        (dict(ops=["Blur"]), "'Blur' is not supported"),
+        (dict(prob=1.5), "prob"),
+        (dict(fill=(1, 2)), "fill"),
+        (dict(interpolation="bicubic"), "bicubic"),
+        (dict(num_ops=0), "num_ops"),
+    ):
         with pytest.raises(ValueError, match=match):
             tbljax.RandAugment(**bad)
     with pytest.raises(ValueError, match="randaug"):
@@ -247,8 +279,7 @@ def test_erasing_equals_timm_given_our_boxes():
         count = len(live)
         uniforms = iter(v for (_, _, bh, bw) in live for v in (bh * bw * count / (h * w), np.log(bh / bw)))
         corners = iter(v for (y0, x0, _, _) in live for v in (y0, x0))
-        t = timm_re.RandomErasing(probability=1.0, mode="const", max_count=count, min_count=count,
-                                  device="cpu")
+        t = timm_re.RandomErasing(probability=1.0, mode="const", max_count=count, min_count=count, device="cpu")
         orig = (random.random, random.uniform, random.randint)
         random.random, random.uniform = (lambda: 0.0), (lambda a, b, it=uniforms: next(it))
         random.randint = lambda a, b, it=corners: next(it)
@@ -259,7 +290,7 @@ def test_erasing_equals_timm_given_our_boxes():
         np.testing.assert_array_equal(pixel_ops.erase(x, row, key, "const"), want)
         rand = pixel_ops.erase(x, row, key, "rand")
         for y0, x0, bh, bw in live[-1:]:  # the last box is not overwritten by another
-            patch = rand[:, y0:y0 + bh, x0:x0 + bw]
+            patch = rand[:, y0 : y0 + bh, x0 : x0 + bw]
             assert (patch == patch[:, :1, :1]).all()
 
 

@@ -7,6 +7,7 @@ Data flows one way: `order` says which sample each row holds → `augment` says 
 its framework's arrays (no copy on CPU) → the consumer receives it from a queue. That layer is
 a subclass: `tbljax.Loader` for JAX, and the torch and MLX adapters' loaders.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,17 +15,16 @@ import weakref
 
 import numpy as np
 
-from tbljax._src.engine.ring import Ring, aligned_empty
-from tbljax._src.engine.rows import RowLayout
-from tbljax._src.rules import contract
-from tbljax._src.rules import resume
-from tbljax._src.rules.parts import Parts
-from tbljax._src.rules.options import LoaderOptions
-from tbljax._src.engine.plan import Plan
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
-from tbljax._src.engine.record_source import open_source
+from tbljax._src.engine.plan import Plan
 from tbljax._src.engine.producer import Metrics, Pass
+from tbljax._src.engine.record_source import open_source
+from tbljax._src.engine.ring import Ring, aligned_empty
+from tbljax._src.engine.rows import RowLayout
+from tbljax._src.rules import contract, resume
+from tbljax._src.rules.options import LoaderOptions
+from tbljax._src.rules.parts import Parts
 
 __all__ = ["HostLoader"]
 
@@ -58,9 +58,17 @@ class HostLoader:
     ...     hb.image, hb.label       # (256, H, W, 3) float32 view of the ring, int32 labels
     """
 
-    def __init__(self, dataset, opts: LoaderOptions, rows: RowLayout | None = None, *,
-                 alloc=aligned_empty, before_reuse=None, parts: Parts | None = None,
-                 layout: RowLayout | None = None):
+    def __init__(
+        self,
+        dataset,
+        opts: LoaderOptions,
+        rows: RowLayout | None = None,
+        *,
+        alloc=aligned_empty,
+        before_reuse=None,
+        parts: Parts | None = None,
+        layout: RowLayout | None = None,
+    ):
         if layout is not None:  # the keyword's former name, kept for callers that use it
             if rows is not None:
                 raise TypeError("pass rows or layout (its former name), not both")
@@ -71,8 +79,9 @@ class HostLoader:
         self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad, opts.batch_size)
         self.check_fields(dataset, [n for n in self._fields.names if n not in self._fields.fns])
         if parts is not None and parts.n != self._source.n:
-            raise ValueError(f"part {parts.index} should hold {parts.n} records, the dataset "
-                             f"given holds {self._source.n}")
+            raise ValueError(
+                f"part {parts.index} should hold {parts.n} records, the dataset given holds {self._source.n}"
+            )
         self._host_parts = parts  # None unless partition="host"
         # What the steps and the state count over: the host parts, or one part of every record.
         self._step_parts = parts if parts is not None else Parts.whole(self._source.n)
@@ -83,21 +92,28 @@ class HostLoader:
         shapes = [self._source.row_shape(opts, epoch) for epoch, _ in schedule]
         largest = max(shapes, key=lambda s: int(np.prod(s)))
         if len(self) == 0:
-            what = (f"the dataset ({self._source.n} samples)" if parts is None else
-                    f"the smallest host part ({min(parts.counts)} samples)")
+            what = (
+                f"the dataset ({self._source.n} samples)"
+                if parts is None
+                else f"the smallest host part ({min(parts.counts)} samples)"
+            )
             raise contract.ArgumentError(  # in the CLI's words too: `bench --batch-size`
-                contract.Arg("batch_size"), f" {self._rows.global_batch} is larger than {what}: no "
-                "step would run; use a smaller ", contract.Arg("batch_size"), ", or ",
-                contract.Arg("drop_remainder", False), " to serve a padded last batch")
+                contract.Arg("batch_size"),
+                f" {self._rows.global_batch} is larger than {what}: no step would run; use a smaller ",
+                contract.Arg("batch_size"),
+                ", or ",
+                contract.Arg("drop_remainder", False),
+                " to serve a padded last batch",
+            )
         self._cursor = (0, 0)
         self._finished = False  # the last pass ran to its end: the next one starts over
         self._metrics = Metrics()
         self._active = None  # weakref to the live Pass
         # Kept across passes (one pass runs at a time), so its memory is reused, not
         # page-faulted in again for every evaluation pass.
-        self._ring = Ring(self._rows, largest, opts.out_dtype,
-                                 opts.prefetch + RING_EXTRA, alloc=alloc,
-                                 before_reuse=before_reuse)
+        self._ring = Ring(
+            self._rows, largest, opts.out_dtype, opts.prefetch + RING_EXTRA, alloc=alloc, before_reuse=before_reuse
+        )
 
     # ---- the seams a layer on top overrides ----
     def check_fields(self, dataset, names: list[str]) -> None:
@@ -157,8 +173,7 @@ class HostLoader:
     # ---- the iterator protocol and the state ----
     def __len__(self) -> int:
         """Steps in one epoch."""
-        return self._step_parts.steps(self._rows.global_batch,
-                                drop_remainder=self.options.drop_remainder)
+        return self._step_parts.steps(self._rows.global_batch, drop_remainder=self.options.drop_remainder)
 
     @property
     def num_samples(self) -> int:
@@ -168,10 +183,17 @@ class HostLoader:
     def __iter__(self) -> Pass:
         self._close_active()
         start, end_epoch = self.pass_bounds()
-        plan = Plan(self._source, self._rows, self.options, start, end_epoch, self.finisher(),
-                    parts=self._host_parts, fields=self._fields)
-        it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out,
-                  on_end=self.pass_ended)
+        plan = Plan(
+            self._source,
+            self._rows,
+            self.options,
+            start,
+            end_epoch,
+            self.finisher(),
+            parts=self._host_parts,
+            fields=self._fields,
+        )
+        it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out, on_end=self.pass_ended)
         self._active = weakref.ref(it)
         return it
 
@@ -206,9 +228,14 @@ class HostLoader:
         (`tbljax.order.check_state`)."""
         epoch, position = self._cursor
         processes = len(self._host_parts.counts) if self._host_parts is not None else None
-        return resume.make_state(seed=self.options.seed, epoch=epoch, position=position,
-                                fingerprint=self._source.fingerprint, processes=processes,
-                                 mixture=self._source.mixture)
+        return resume.make_state(
+            seed=self.options.seed,
+            epoch=epoch,
+            position=position,
+            fingerprint=self._source.fingerprint,
+            processes=processes,
+            mixture=self._source.mixture,
+        )
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a `state_dict`; the next iteration continues from it. Raises ValueError
@@ -216,13 +243,18 @@ class HostLoader:
         (host parts) a mid-epoch state of another process count."""
         parts = self._host_parts
         epoch, position = resume.check_state(
-            state, seed=self.options.seed, fingerprint=self._source.fingerprint,
-            n=max(self._step_parts.counts), processes=len(parts.counts) if parts is not None else None,
-            mixture=self._source.mixture)
+            state,
+            seed=self.options.seed,
+            fingerprint=self._source.fingerprint,
+            n=max(self._step_parts.counts),
+            processes=len(parts.counts) if parts is not None else None,
+            mixture=self._source.mixture,
+        )
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run
-        self._cursor = self._step_parts.advance(epoch, position, self._rows.global_batch,
-                                          drop_remainder=self.options.drop_remainder)
+        self._cursor = self._step_parts.advance(
+            epoch, position, self._rows.global_batch, drop_remainder=self.options.drop_remainder
+        )
 
     def metrics(self) -> dict:
         """Counters since creation: steps handed out, images built by this process and the
@@ -235,7 +267,9 @@ class HostLoader:
 
     def __repr__(self) -> str:
         o = self.options
-        return (f"{type(self).__name__}({self.num_samples} samples, "
-                f"batch_size={self._rows.global_batch}, steps/epoch={len(self)}, "
-                f"dtype={o.dtype}, layout={o.layout}, augment={o.augment}, "
-                f"cursor={self._cursor})")
+        return (
+            f"{type(self).__name__}({self.num_samples} samples, "
+            f"batch_size={self._rows.global_batch}, steps/epoch={len(self)}, "
+            f"dtype={o.dtype}, layout={o.layout}, augment={o.augment}, "
+            f"cursor={self._cursor})"
+        )

@@ -4,6 +4,7 @@ flip them, normalize, and write a batch into a buffer the caller owns (one fused
 The exact arithmetic (crop-resize formula, normalization contract) is documented in
 ffi/core/serve/kernel.h; ``normalize_table`` gives the normalization contract as NumPy tables.
 """
+
 from __future__ import annotations
 
 import functools
@@ -13,13 +14,22 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.rules import contract
-from tbljax._src.rules import pixel_ops
-from tbljax._src.rules import randaug
+from tbljax._src.rules import contract, pixel_ops, randaug
 
-__all__ = ["build_info", "gather", "jpeg_source", "kernel_target", "normalize_table", "pixel_program",
-           "prepare_gather", "prepare_serve_jpeg", "raw_source", "record_crc16", "serve_jpeg",
-           "variable_source"]
+__all__ = [
+    "build_info",
+    "gather",
+    "jpeg_source",
+    "kernel_target",
+    "normalize_table",
+    "pixel_program",
+    "prepare_gather",
+    "prepare_serve_jpeg",
+    "raw_source",
+    "record_crc16",
+    "serve_jpeg",
+    "variable_source",
+]
 
 CorruptFileError = _core.CorruptFileError
 
@@ -41,15 +51,16 @@ def kernel_target() -> str:
 
 def _check_shard(a, where: str) -> np.ndarray:
     if not isinstance(a, np.ndarray):
-        raise TypeError(f"{where} must be a numpy.ndarray of shape (N, H, W, 3) uint8, "
-                        f"got {type(a).__name__}")
+        raise TypeError(f"{where} must be a numpy.ndarray of shape (N, H, W, 3) uint8, got {type(a).__name__}")
     if a.dtype != np.uint8:
         raise TypeError(f"{where} must hold uint8 RGB pixels, got dtype {a.dtype}")
     if a.ndim != 4 or a.shape[3] != 3:
         raise ValueError(f"{where} must have shape (N, H, W, 3), got {a.shape}")
     if not a.flags.c_contiguous:
-        raise ValueError(f"{where} must be C-contiguous (a strided view would be copied on "
-                         f"every batch); pass np.ascontiguousarray(...) once")
+        raise ValueError(
+            f"{where} must be C-contiguous (a strided view would be copied on "
+            f"every batch); pass np.ascontiguousarray(...) once"
+        )
     return a
 
 
@@ -70,11 +81,15 @@ def raw_source(source) -> _core.RawSource:
         hw = shards[0].shape[1:3]
         for k, a in enumerate(shards):
             if a.shape[1:3] != hw:
-                raise ValueError(f"source[{k}] holds {a.shape[1]}x{a.shape[2]} records but "
-                                 f"source[0] holds {hw[0]}x{hw[1]}: all shards must match")
+                raise ValueError(
+                    f"source[{k}] holds {a.shape[1]}x{a.shape[2]} records but "
+                    f"source[0] holds {hw[0]}x{hw[1]}: all shards must match"
+                )
         return _core.RawSource(shards)
-    raise TypeError("source must be an (N, H, W, 3) uint8 numpy array, a list of them, or a "
-                    f"tbljax._core.RawSource, got {type(source).__name__}")
+    raise TypeError(
+        "source must be an (N, H, W, 3) uint8 numpy array, a list of them, or a "
+        f"tbljax._core.RawSource, got {type(source).__name__}"
+    )
 
 
 def _checked_shards(shards) -> list:
@@ -92,10 +107,13 @@ def variable_source(shards, counts, offsets, heights, widths) -> _core.RawSource
     checked to lie inside its shard. `gather` from it needs crop boxes (they fix the output
     size)."""
     shards = _checked_shards(shards)
-    return _core.RawSource.variable(shards, _int_array(counts, np.int64, "counts"),
-                                    _int_array(offsets, np.int64, "offsets"),
-                                    _int_array(heights, np.int32, "heights"),
-                                    _int_array(widths, np.int32, "widths"))
+    return _core.RawSource.variable(
+        shards,
+        _int_array(counts, np.int64, "counts"),
+        _int_array(offsets, np.int64, "offsets"),
+        _int_array(heights, np.int32, "heights"),
+        _int_array(widths, np.int32, "widths"),
+    )
 
 
 def _int_array(a, dtype, name) -> np.ndarray:
@@ -105,9 +123,18 @@ def _int_array(a, dtype, name) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None, flip=None,
-           mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-           ops=None) -> np.ndarray:
+def gather(
+    source,
+    indices,
+    out: np.ndarray,
+    *,
+    layout: str = "NHWC",
+    crop=None,
+    flip=None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    ops=None,
+) -> np.ndarray:
     """Gathers ``source[indices]`` into ``out`` in one fused, parallel pass (GIL released).
 
     For each sample b: take record ``indices[b]``; if ``crop`` is given, cut the box
@@ -145,20 +172,28 @@ def gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
         gather(images, idx, batch, crop=boxes, flip=flips,
                mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     """
-    prepare_gather(source, indices, out, layout=layout, crop=crop, flip=flip, mean=mean,
-                   std=std, ops=ops)()
+    prepare_gather(source, indices, out, layout=layout, crop=crop, flip=flip, mean=mean, std=std, ops=ops)()
     return out
 
 
-def prepare_gather(source, indices, out: np.ndarray, *, layout: str = "NHWC", crop=None,
-                   flip=None, mean: Sequence[float] | None = None,
-                   std: Sequence[float] | None = None, ops=None) -> Callable[[], None]:
+def prepare_gather(
+    source,
+    indices,
+    out: np.ndarray,
+    *,
+    layout: str = "NHWC",
+    crop=None,
+    flip=None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    ops=None,
+) -> Callable[[], None]:
     """`gather`'s checks, then the native call to make (it releases the GIL): the loader's
     producer wakes its next step's draw between the two (engine/record_source.py)."""
     src = raw_source(source)
-    return functools.partial(_core.gather, src,
-                             *_batch_args(src.num_records, indices, out, layout, crop, flip, mean,
-                                          std), _ops_arg(ops))
+    return functools.partial(
+        _core.gather, src, *_batch_args(src.num_records, indices, out, layout, crop, flip, mean, std), _ops_arg(ops)
+    )
 
 
 def _batch_args(num_records, indices, out, layout, crop, flip, mean, std) -> tuple:
@@ -225,8 +260,7 @@ def normalize_table(mean: Sequence[float], std: Sequence[float], dtype=np.float3
     return table.view(contract.np_dtype(name)) if name == "bfloat16" else table
 
 
-def jpeg_source(shards, counts, offsets, sizes, heights, widths,
-                stored_raw=None) -> _core.JpegSource:
+def jpeg_source(shards, counts, offsets, sizes, heights, widths, stored_raw=None) -> _core.JpegSource:
     """A native view of JPEG records (compact records: JPEG bytes at the stored geometry):
     ``shards[k]`` (C-contiguous uint8 arrays, e.g. `Dataset.jpeg_records` of a file) holds
     ``counts[k]`` records; record i is ``sizes[i]`` bytes at byte ``offsets[i]`` of its shard
@@ -236,17 +270,32 @@ def jpeg_source(shards, counts, offsets, sizes, heights, widths,
     exactly its pixels (CorruptFileError)."""
     shards = _checked_shards(shards)
     raw = None if stored_raw is None else np.ascontiguousarray(stored_raw, np.uint8)
-    return _core.JpegSource.create(shards, _int_array(counts, np.int64, "counts"),
-                                   _int_array(offsets, np.int64, "offsets"),
-                                   _int_array(sizes, np.int64, "sizes"),
-                                   _int_array(heights, np.int32, "heights"),
-                                   _int_array(widths, np.int32, "widths"), raw)
+    return _core.JpegSource.create(
+        shards,
+        _int_array(counts, np.int64, "counts"),
+        _int_array(offsets, np.int64, "offsets"),
+        _int_array(sizes, np.int64, "sizes"),
+        _int_array(heights, np.int32, "heights"),
+        _int_array(widths, np.int32, "widths"),
+        raw,
+    )
 
 
-def serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *, layout: str = "NHWC",
-               crop=None, flip=None, mean: Sequence[float] | None = None,
-               std: Sequence[float] | None = None, dct_scale: bool = False, threads: int = 0,
-               where=None, ops=None) -> np.ndarray:
+def serve_jpeg(
+    source: _core.JpegSource,
+    indices,
+    out: np.ndarray,
+    *,
+    layout: str = "NHWC",
+    crop=None,
+    flip=None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    dct_scale: bool = False,
+    threads: int = 0,
+    where=None,
+    ops=None,
+) -> np.ndarray:
     """`gather` from JPEG records: each sample's record is decoded in the C++ pool, only the
     part its box needs (with restart markers dividing the rows, as in compact records: only
     the restart segments covering the box; else columns cropped, rows above skipped, decoding
@@ -274,24 +323,47 @@ def serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *, layout: st
         src = jpeg_source(*ds.jpeg_records())
         serve_jpeg(src, idx, batch, crop=boxes, flip=flips, mean=mean, std=std)
     """
-    prepare_serve_jpeg(source, indices, out, layout=layout, crop=crop, flip=flip, mean=mean,
-                       std=std, dct_scale=dct_scale, threads=threads, where=where, ops=ops)()
+    prepare_serve_jpeg(
+        source,
+        indices,
+        out,
+        layout=layout,
+        crop=crop,
+        flip=flip,
+        mean=mean,
+        std=std,
+        dct_scale=dct_scale,
+        threads=threads,
+        where=where,
+        ops=ops,
+    )()
     return out
 
 
-def prepare_serve_jpeg(source: _core.JpegSource, indices, out: np.ndarray, *,
-                       layout: str = "NHWC", crop=None, flip=None,
-                       mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                       dct_scale: bool = False, threads: int = 0,
-                       where=None, ops=None) -> Callable[[], None]:
+def prepare_serve_jpeg(
+    source: _core.JpegSource,
+    indices,
+    out: np.ndarray,
+    *,
+    layout: str = "NHWC",
+    crop=None,
+    flip=None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    dct_scale: bool = False,
+    threads: int = 0,
+    where=None,
+    ops=None,
+) -> Callable[[], None]:
     """`serve_jpeg`'s checks, then the native call to make (as `prepare_gather`)."""
     if not isinstance(source, _core.JpegSource):
         raise TypeError(f"source must be a tbljax.kernels.jpeg_source, got {type(source).__name__}")
     if not isinstance(dct_scale, bool):
         raise TypeError(f"dct_scale must be True or False, got {dct_scale!r}")
     args = _batch_args(source.num_records, indices, out, layout, crop, flip, mean, std)
-    return functools.partial(_core.serve_jpeg, source, *args, dct_scale,
-                             contract.check_threads(threads), where, _ops_arg(ops))
+    return functools.partial(
+        _core.serve_jpeg, source, *args, dct_scale, contract.check_threads(threads), where, _ops_arg(ops)
+    )
 
 
 def build_info() -> dict:
@@ -328,13 +400,15 @@ def _ops_arg(ops):
 
 @functools.lru_cache(maxsize=4096)
 def _matrix(code: int, arg: int, height: int, width: int, translate_const: float, translate_pct: float):
-    level = pixel_ops.affine_level(code, float(np.array(arg, np.int32).view(np.float32)), translate_const,
-                                   translate_pct)
+    level = pixel_ops.affine_level(
+        code, float(np.array(arg, np.int32).view(np.float32)), translate_const, translate_pct
+    )
     return pixel_ops.affine_matrix(code, level, height, width)
 
 
-def pixel_program(codes, args, out_hw, *, policies=(), erase_boxes=None, erase_keys=None,
-                  erase_mode: str = "pixel") -> PixelProgram:
+def pixel_program(
+    codes, args, out_hw, *, policies=(), erase_boxes=None, erase_keys=None, erase_mode: str = "pixel"
+) -> PixelProgram:
     """The rows' per-image ops for `gather` / `serve_jpeg` (``ops=``): after the resize and
     flip, row b's uint8 pixels go through its pixel program -- ``codes[b]`` (`pixel_ops.CODES`,
     0 none) with ``args[b]`` in order, `pixel_ops.apply`'s rules byte for byte -- then are
@@ -369,10 +443,12 @@ def pixel_program(codes, args, out_hw, *, policies=(), erase_boxes=None, erase_k
         boxes = np.ascontiguousarray(erase_boxes, np.int32)
         keys = np.ascontiguousarray(erase_keys, np.uint32)
         if boxes.ndim != 3 or boxes.shape[0] != b or boxes.shape[2] != 4 or keys.shape != (b,):
-            raise ValueError(f"erase_boxes must be ({b}, E, 4) and erase_keys ({b},), got {boxes.shape} "
-                             f"and {keys.shape}")
+            raise ValueError(
+                f"erase_boxes must be ({b}, E, 4) and erase_keys ({b},), got {boxes.shape} and {keys.shape}"
+            )
     if erase_mode not in randaug.ERASE_MODES:
         raise ValueError(f"erase_mode must be one of {randaug.ERASE_MODES}, got {erase_mode!r}")
     table = pixel_ops.normal_table() if boxes.shape[1] else np.zeros(4096, np.float32)
-    return PixelProgram((codes, args, matrices, fill, nearest, boxes, keys,
-                         randaug.ERASE_MODES.index(erase_mode), table))
+    return PixelProgram(
+        (codes, args, matrices, fill, nearest, boxes, keys, randaug.ERASE_MODES.index(erase_mode), table)
+    )

@@ -5,27 +5,27 @@ kernel, GIL released; `engine/record_source.py`) → a `HostBatch` of NumPy view
 Framework-free: what a framework makes of a HostBatch is the plan's ``finish`` function,
 given by the loader layered on top (`jax/loader.py`, the torch and MLX adapters).
 """
+
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
 
-from tbljax._src.engine.ring import Slot
-from tbljax._src.engine.rows import RowLayout
-from tbljax._src.rules import order
-from tbljax._src.rules.parts import Parts
-from tbljax._src.engine.record_source import MixtureSource, RecordSource
-from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine import file_sweep
 from tbljax._src.engine import step as _step
-from tbljax._src.rules import contract
+from tbljax._src.engine.batch_fields import FieldServing
+from tbljax._src.engine.record_source import MixtureSource, RecordSource
+from tbljax._src.engine.ring import Slot
+from tbljax._src.engine.rows import RowLayout
+from tbljax._src.rules import contract, order
 from tbljax._src.rules.options import LoaderOptions
+from tbljax._src.rules.parts import Parts
 
 __all__ = ["HostBatch", "Plan"]
 
 
-_SAMPLE = 4     # records of a step checked for residency before advising it
+_SAMPLE = 4  # records of a step checked for residency before advising it
 _MAX_SKIP = 16  # a warm file: steps between two checks, at most (a colder one is caught then)
 
 
@@ -92,7 +92,7 @@ class Plan:
     layout: RowLayout
     opts: LoaderOptions
     start: tuple[int, int]  # cursor (epoch, position) the iteration starts from
-    end_epoch: int | None   # the pass stops before this epoch (None: never)
+    end_epoch: int | None  # the pass stops before this epoch (None: never)
     # HostBatch -> (what the consumer receives, the objects in it that view the ring slot);
     # runs in a producer thread, so a transfer to a device overlaps the step. None: the
     # HostBatch itself. Must not refer to the loader (see engine/producer.py).
@@ -165,8 +165,7 @@ class Plan:
             if not len(pos):
                 continue
             # A few records first: a warm file stops here (~20 us a step).
-            if src.resident(order.permute(pos[:_SAMPLE], src.n, opts.seed, epoch,
-                                          shuffle=opts.shuffle)):
+            if src.resident(order.permute(pos[:_SAMPLE], src.n, opts.seed, epoch, shuffle=opts.shuffle)):
                 continue
             resident = False
             src.read_ahead(order.permute(pos, src.n, opts.seed, epoch, shuffle=opts.shuffle))
@@ -197,14 +196,14 @@ class Plan:
         drawn = []
         for a, b in self.layout.ranges:
             nvalid = int(np.clip(src.n - (first + a), 0, b - a))
-            idx, boxes, flip = src.draw(np.arange(first + a, first + a + nvalid, dtype=np.int64),
-                                        opts, epoch, first_index)
+            idx, boxes, flip = src.draw(
+                np.arange(first + a, first + a + nvalid, dtype=np.int64), opts, epoch, first_index
+            )
             ops = None if out_hw is None else _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw)
             drawn.append((idx, boxes, flip, ops, src.local_records(idx, first_index)))
         return tuple(drawn)
 
-    def build_host(self, ring, epoch, first, stop=None, drawn=None,
-                   started=None) -> tuple[HostBatch, Slot]:
+    def build_host(self, ring, epoch, first, stop=None, drawn=None, started=None) -> tuple[HostBatch, Slot]:
         """This process's rows of the step starting at position `first`, in a ring slot (the
         second item). `drawn`: the step's `draw`, if made already. `started()`, if given, is
         called once, just before the kernel call that builds the step (or at the end, if none
@@ -218,9 +217,18 @@ class Plan:
         for (a, b), out, (idx, boxes, flip, ops, records) in zip(self.layout.ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
             if nvalid:
-                src.fill(records, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip,
-                         mean=mean, std=std, jpeg_dct_scale=opts.jpeg_dct_scale, started=started,
-                         ops=ops)
+                src.fill(
+                    records,
+                    out[:nvalid],
+                    layout=opts.layout,
+                    crop=boxes,
+                    flip=flip,
+                    mean=mean,
+                    std=std,
+                    jpeg_dct_scale=opts.jpeg_dct_scale,
+                    started=started,
+                    ops=ops,
+                )
                 started = None
             out[nvalid:] = 0  # padding rows (only at the end of an epoch without drop_remainder)
             pad = rows - nvalid
@@ -236,9 +244,18 @@ class Plan:
         arrays, texts = {}, {}
         if self.fields:
             arrays, texts = self.fields.build(served, [b - a for a, b in self.layout.ranges], epoch, first)
-        return HostBatch(epoch, first, self.layout.ranges, tuple(views), tuple(labels),
-                         tuple(indices), None if opts.drop_remainder else tuple(valid),
-                         arrays, texts, tuple(sources) if sources else None), slot
+        return HostBatch(
+            epoch,
+            first,
+            self.layout.ranges,
+            tuple(views),
+            tuple(labels),
+            tuple(indices),
+            None if opts.drop_remainder else tuple(valid),
+            arrays,
+            texts,
+            tuple(sources) if sources else None,
+        ), slot
 
     def finish_host(self, host: HostBatch, slot: Slot):
         """What the consumer receives for `host`; the slot learns what views it."""

@@ -7,6 +7,7 @@ reads. It also reads ahead (posix_fadvise; a whole cold source at once when it f
 `engine/file_sweep.py`) and checks page-cache residency (mincore) for the records the kernel
 reads from the files' mappings.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -15,14 +16,13 @@ import weakref
 
 import numpy as np
 
+from tbljax._src.engine import file_sweep, kernels
+from tbljax._src.engine import step as _step
 from tbljax._src.rules import augment as _augment
 from tbljax._src.rules import contract
 from tbljax._src.rules.dataset import require
 from tbljax._src.rules.mixing import draw_rows
 from tbljax._src.rules.options import LoaderOptions
-from tbljax._src.engine import kernels
-from tbljax._src.engine import step as _step
-from tbljax._src.engine import file_sweep
 
 __all__ = ["MixtureSource", "RecordSource", "open_source"]
 
@@ -86,12 +86,13 @@ class RecordSource:
         if verify_records and (self._raw or self._jpeg is not None):
             crc = ds.checksums()
             if crc is None:
-                raise ValueError(f"{ds!r}: its files were written without per-record checksums, "
-                                 "so verify_records=True has nothing to check records against")
+                raise ValueError(
+                    f"{ds!r}: its files were written without per-record checksums, "
+                    "so verify_records=True has nothing to check records against"
+                )
             if self._jpeg is None:  # where each RAW record lies in its whole file
                 rr = ds.raw_records()
-                self._verify = (rr.views, rr.offsets,
-                                rr.heights.astype(np.int64) * rr.widths * 3, crc)
+                self._verify = (rr.views, rr.offsets, rr.heights.astype(np.int64) * rr.widths * 3, crc)
             else:
                 self._verify = (views, self._offsets, self._sizes, crc)
         if self._raw or self._jpeg is not None:
@@ -110,8 +111,9 @@ class RecordSource:
     def draw(self, positions, opts: LoaderOptions, epoch: int, first_index: int = 0):
         """(sample indices, crop boxes or None, flips or None) of `positions` of `epoch`: the
         epoch's permutation, then crops and flips keyed by the sample index (engine/step.py)."""
-        return _step.draw(positions, opts, num_records=self.n, image_hw=self.geometry,
-                          epoch=epoch, first_index=first_index)
+        return _step.draw(
+            positions, opts, num_records=self.n, image_hw=self.geometry, epoch=epoch, first_index=first_index
+        )
 
     def source_ids(self, records) -> None:
         """Which source each record comes from: None, one dataset is one source."""
@@ -192,7 +194,7 @@ class RecordSource:
             first = start - start % page
             length = start + size - first
             # One byte a page, bit 0 set when resident (the other bits are 0 on Linux).
-            if mincore(first, length, vec) != 0 or b"\0" in vec.raw[:-(-length // page)]:
+            if mincore(first, length, vec) != 0 or b"\0" in vec.raw[: -(-length // page)]:
                 return False
         return True
 
@@ -205,14 +207,12 @@ class RecordSource:
         except ValueError as e:
             raise ValueError(f"{self._ds!r}: {e}") from None
 
-    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False,
-             started=None, ops=None):
+    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False, started=None, ops=None):
         """Writes records `indices` into `out` (the kernel's arguments, `tbljax.kernels.gather`;
         `jpeg_dct_scale`: `tbljax.kernels.serve_jpeg`'s dct_scale, for compact records).
         `started()`, if given, is called just before the first native call that releases the
         GIL for the batch (`Plan.build_host`). `ops`: the rows' per-image ops (`step.RowOps`)."""
-        kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std,
-                  ops=None if ops is None else ops.program())
+        kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std, ops=None if ops is None else ops.program())
         started = started or _nothing
         if self._verify is not None:
             self._check_records(indices)
@@ -222,9 +222,15 @@ class RecordSource:
         if self._jpeg is not None:
             files = self._ds.files_of(indices)
             self._ds.check_unchanged(files)  # the kernel reads the mapping, as for RAW records
-            call = kernels.prepare_serve_jpeg(self._jpeg, indices, out, **kw,
-                                              dct_scale=jpeg_dct_scale, threads=self._threads,
-                                              where=self._ds.describe_record)
+            call = kernels.prepare_serve_jpeg(
+                self._jpeg,
+                indices,
+                out,
+                **kw,
+                dct_scale=jpeg_dct_scale,
+                threads=self._threads,
+                where=self._ds.describe_record,
+            )
             started()
             call()
             self._ds.check_unchanged(files)
@@ -253,10 +259,10 @@ class RecordSource:
             if len(self._packed) < sizes.sum():
                 self._packed = np.empty(int(sizes.sum()), np.uint8)
             for im, o, n in zip(images, offsets.tolist(), sizes.tolist()):
-                self._packed[o:o + n] = im.reshape(-1)
-            src = kernels.variable_source([self._packed], [b], offsets,
-                                          [im.shape[0] for im in images],
-                                          [im.shape[1] for im in images])
+                self._packed[o : o + n] = im.reshape(-1)
+            src = kernels.variable_source(
+                [self._packed], [b], offsets, [im.shape[0] for im in images], [im.shape[1] for im in images]
+            )
             kernels.gather(src, np.arange(b, dtype=np.int64), out, **kw)
             return
         if len(self._scratch) < b:
@@ -266,21 +272,19 @@ class RecordSource:
         self._ds.read_into(indices, scratch, self._threads)
         kernels.gather(scratch, np.arange(b, dtype=np.int64), out, **kw)
 
-
-
     def _check_records(self, indices) -> None:
         """CorruptFileError for the first of records `indices` whose payload's CRC-16 is not
         the one its index entry holds (the check `verify` makes), before the kernel reads it."""
         views, offsets, sizes, crc = self._verify
         idx = np.unique(np.asarray(indices, np.int64))
         files = np.searchsorted(self._starts, idx, side="right") - 1
-        for i, k, o, n in zip(idx.tolist(), files.tolist(), offsets[idx].tolist(),
-                              sizes[idx].tolist()):
-            if kernels.record_crc16(views[k][o:o + n]) != crc[i]:
+        for i, k, o, n in zip(idx.tolist(), files.tolist(), offsets[idx].tolist(), sizes[idx].tolist()):
+            if kernels.record_crc16(views[k][o : o + n]) != crc[i]:
                 also = "" if len(views) == 1 else f" (record {i} of {self._ds!r})"
                 raise kernels.CorruptFileError(
                     f"{self._ds.describe_record(i)}: checksum mismatch (CRC-16 of the payload "
-                    f"differs from the index; verify_records=True){also}")
+                    f"differs from the index; verify_records=True){also}"
+                )
 
 
 class MixtureSource:
@@ -299,18 +303,21 @@ class MixtureSource:
 
     def __init__(self, mixture, opts: LoaderOptions):
         if not opts.drop_remainder:
-            raise ValueError("a mixture has no last partial batch to pad: every step is full; "
-                             "serve it with drop_remainder=True (evaluate each source alone)")
+            raise ValueError(
+                "a mixture has no last partial batch to pad: every step is full; "
+                "serve it with drop_remainder=True (evaluate each source alone)"
+            )
         if not opts.shuffle:
-            raise ValueError("a mixture draws each step's rows by weight: shuffle=False does "
-                             "not apply to it")
+            raise ValueError("a mixture draws each step's rows by weight: shuffle=False does not apply to it")
         self._mix = mixture
         self._subs = [RecordSource(d, opts.threads, opts.verify_records) for d in mixture.datasets]
         self._process, processes = mixture.processes
         if opts.batch_size % processes:
-            raise ValueError(f"global batch {opts.batch_size} does not split evenly over "
-                             f"{processes} processes: with partition='host' use a multiple "
-                             f"of {processes}")
+            raise ValueError(
+                f"global batch {opts.batch_size} does not split evenly over "
+                f"{processes} processes: with partition='host' use a multiple "
+                f"of {processes}"
+            )
         self.batch = opts.batch_size // processes  # this process's rows of each step
         self.steps_per_epoch = mixture.steps_per_epoch(opts.batch_size)
         self.n = self.steps_per_epoch * self.batch
@@ -334,9 +341,14 @@ class MixtureSource:
         if not len(positions):
             return positions, None, None
         step, rows = np.divmod(positions, self.batch)
-        source, record, passes = draw_rows(self._mix.spec, seed=opts.seed, rows=rows,
-                                           global_step=epoch * self.steps_per_epoch + int(step[0]),
-                                           batch=self.batch, process=self._process)
+        source, record, passes = draw_rows(
+            self._mix.spec,
+            seed=opts.seed,
+            rows=rows,
+            global_step=epoch * self.steps_per_epoch + int(step[0]),
+            batch=self.batch,
+            process=self._process,
+        )
         idx = self._mix.global_index(source, record)
         if opts.augment is None:
             return idx, None, None
@@ -344,8 +356,9 @@ class MixtureSource:
         # Keyed by (seed, the pass over the record's source, its index in the whole mixture).
         for k, q in sorted(set(zip(source.tolist(), passes.tolist()))):
             m = (source == k) & (passes == q)
-            b, f = _augment.sample(opts.augment, idx[m], geometry=self._mix.source_geometry(k),
-                                   seed=opts.seed, epoch=int(q) % (1 << 32))
+            b, f = _augment.sample(
+                opts.augment, idx[m], geometry=self._mix.source_geometry(k), seed=opts.seed, epoch=int(q) % (1 << 32)
+            )
             if b is not None:
                 boxes = np.zeros((len(idx), 4), b.dtype) if boxes is None else boxes
                 boxes[m] = b
@@ -360,18 +373,24 @@ class MixtureSource:
     def local_records(self, indices, first_index: int = 0) -> np.ndarray:
         return self._mix.local_index(indices)
 
-    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False,
-             started=None, ops=None):
+    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False, started=None, ops=None):
         """Each source's rows through its own record source, then into their rows of `out`."""
         k, r = self._mix.split(indices)
         for s in np.unique(k).tolist():
             m = np.flatnonzero(k == s)
-            part = out[m[0]:m[0] + 1] if len(m) == 1 else np.empty((len(m), *out.shape[1:]), out.dtype)
-            self._subs[s].fill(r[m], part, layout=layout, mean=mean, std=std,
-                               crop=None if crop is None else np.asarray(crop)[m],
-                               flip=None if flip is None else np.asarray(flip)[m],
-                               jpeg_dct_scale=jpeg_dct_scale, started=started,
-                               ops=None if ops is None else ops.rows(m))
+            part = out[m[0] : m[0] + 1] if len(m) == 1 else np.empty((len(m), *out.shape[1:]), out.dtype)
+            self._subs[s].fill(
+                r[m],
+                part,
+                layout=layout,
+                mean=mean,
+                std=std,
+                crop=None if crop is None else np.asarray(crop)[m],
+                flip=None if flip is None else np.asarray(flip)[m],
+                jpeg_dct_scale=jpeg_dct_scale,
+                started=started,
+                ops=None if ops is None else ops.rows(m),
+            )
             started = None
             if len(m) > 1:
                 out[m] = part
@@ -386,7 +405,7 @@ class MixtureSource:
         return None
 
 
-_MAX_FDS = 64   # files kept open for posix_fadvise
+_MAX_FDS = 64  # files kept open for posix_fadvise
 
 
 def _nothing():
@@ -419,5 +438,3 @@ def _mincore():
             fn = None
         _MINCORE.append(fn)
     return _MINCORE[0]
-
-

@@ -10,6 +10,7 @@ samples with the same augmentation.
 >>> idx.shape, boxes, flips.dtype
 ((4,), None, dtype('bool'))
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,20 +19,20 @@ import numpy as np
 
 from tbljax._src.engine import kernels
 from tbljax._src.rules import augment as _augment
-from tbljax._src.rules import order
-from tbljax._src.rules import randaug
+from tbljax._src.rules import order, randaug
 from tbljax._src.rules.options import LoaderOptions
 
 __all__ = ["RowOps", "draw", "draw_ops"]
 
 # The one refusal of the per-image ops outside the host loaders.
-NOT_IN_JIT = ("Augment(ops=..., erasing=...) is served by the host loaders (tbljax.loader, HostLoader, "
-              "tbljax.torch.loader, tbljax.mlx.loader); in jit (ResidentDataset, tbljax.ops.gather_normalize): "
-              "not yet")
+NOT_IN_JIT = (
+    "Augment(ops=..., erasing=...) is served by the host loaders (tbljax.loader, HostLoader, "
+    "tbljax.torch.loader, tbljax.mlx.loader); in jit (ResidentDataset, tbljax.ops.gather_normalize): "
+    "not yet"
+)
 
 
-def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, xp=np,
-         first_index: int = 0):
+def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, xp=np, first_index: int = 0):
     """(sample indices, crop boxes or None, flips or None) for `positions` of epoch `epoch`.
 
     `image_hw`: (H, W) of every record, or a `tbljax.augment.RecordGeometry` (records of their
@@ -45,8 +46,7 @@ def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, x
     if opts.augment is None:
         return idx, None, None
     geometry = _augment.RecordGeometry.of(image_hw).shifted(first_index)
-    boxes, flips = _augment.sample(opts.augment, idx, geometry=geometry, seed=opts.seed,
-                                   epoch=epoch, xp=xp)
+    boxes, flips = _augment.sample(opts.augment, idx, geometry=geometry, seed=opts.seed, epoch=epoch, xp=xp)
     return idx, boxes, flips
 
 
@@ -59,8 +59,10 @@ def check_ops(opts: LoaderOptions) -> None:
     """Refuses, by name, per-image ops the host loaders do not serve: erasing with uint8 output
     (timm erases the normalized values; there are none in uint8)."""
     if has_ops(opts.augment) and opts.augment.erasing is not None and opts.out_dtype == np.uint8:
-        raise ValueError("Augment(erasing=...) sets normalized values (as timm's RandomErasing): it needs "
-                         "dtype='float32' or 'bfloat16', not uint8")
+        raise ValueError(
+            "Augment(erasing=...) sets normalized values (as timm's RandomErasing): it needs "
+            "dtype='float32' or 'bfloat16', not uint8"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,15 +81,22 @@ class RowOps:
     def rows(self, m) -> "RowOps":
         """The rows `m` (an index array) of these columns."""
         erase = None if self.erase is None else (self.erase[m], self.erase_key[m])
-        return dataclasses.replace(self, ops=self.ops[m], op_args=self.op_args[m],
-                                   erase=erase and erase[0], erase_key=erase and erase[1])
+        return dataclasses.replace(
+            self, ops=self.ops[m], op_args=self.op_args[m], erase=erase and erase[0], erase_key=erase and erase[1]
+        )
 
     def program(self) -> kernels.PixelProgram:
         """The columns as the kernel takes them (`kernels.pixel_program`)."""
         er = self.aug.erasing
-        return kernels.pixel_program(self.ops, self.op_args, self.out_hw, policies=self.aug.ops,
-                                     erase_boxes=self.erase, erase_keys=self.erase_key,
-                                     erase_mode=er.mode if er is not None else "pixel")
+        return kernels.pixel_program(
+            self.ops,
+            self.op_args,
+            self.out_hw,
+            policies=self.aug.ops,
+            erase_boxes=self.erase,
+            erase_keys=self.erase_key,
+            erase_mode=er.mode if er is not None else "pixel",
+        )
 
 
 def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat: int = 0) -> RowOps | None:
@@ -101,6 +110,7 @@ def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat: int = 
     codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch, repeat=repeat)
     boxes = keys = None
     if aug.erasing is not None:
-        boxes, keys = randaug.decide_erasing(aug.erasing, idx, height=out_hw[0], width=out_hw[1], seed=opts.seed,
-                                             epoch=epoch, repeat=repeat)
+        boxes, keys = randaug.decide_erasing(
+            aug.erasing, idx, height=out_hw[0], width=out_hw[1], seed=opts.seed, epoch=epoch, repeat=repeat
+        )
     return RowOps(aug, (int(out_hw[0]), int(out_hw[1])), codes, args, boxes, keys)

@@ -43,6 +43,7 @@ Example:
     >>> boxes.shape, boxes.dtype, flips.dtype
     ((4, 4), dtype('int32'), dtype('bool'))
 """
+
 from __future__ import annotations
 
 import copy
@@ -52,9 +53,7 @@ import math
 
 import numpy as np
 
-from tbljax._src.rules import contract
-from tbljax._src.rules import order
-from tbljax._src.rules import randaug
+from tbljax._src.rules import contract, order, randaug
 
 __all__ = ["PRESETS", "Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
 
@@ -93,9 +92,11 @@ def _size_or_schedule(size):
     by epoch (a tuple, so an Augment stays hashable: jit takes it as a static argument)."""
     if size is None:
         return None
-    bad = (f"size must be (height, width) with each in [1, {_MAX_SIDE}], a schedule "
-           f"{{epoch: (height, width)}} starting at epoch 0, or None for the stored size; "
-           f"got {size!r}")
+    bad = (
+        f"size must be (height, width) with each in [1, {_MAX_SIDE}], a schedule "
+        f"{{epoch: (height, width)}} starting at epoch 0, or None for the stored size; "
+        f"got {size!r}"
+    )
     if isinstance(size, dict):
         if not size or not all(contract.is_integer(e) and e >= 0 for e in size):
             raise ValueError(bad)
@@ -150,27 +151,30 @@ class Augment:
         if isinstance(self.crop, (bool, np.bool_)):
             object.__setattr__(self, "crop", bool(self.crop))
         elif not (isinstance(self.crop, str) and self.crop == "center"):
-            raise ValueError(f"crop must be True (random-resized-crop), 'center' or False, "
-                             f"got {self.crop!r}")
+            raise ValueError(f"crop must be True (random-resized-crop), 'center' or False, got {self.crop!r}")
         if not isinstance(self.flip, (bool, np.bool_)):
             raise ValueError(f"flip must be True or False, got {self.flip!r}")
         object.__setattr__(self, "flip", bool(self.flip))
         object.__setattr__(self, "size", _size_or_schedule(self.size))
         if self.size is not None and not self.crop:
-            raise ValueError(f"size={self.size!r} needs crop=True or crop='center': without a "
-                             "crop the output is the stored size")
+            raise ValueError(
+                f"size={self.size!r} needs crop=True or crop='center': without a crop the output is the stored size"
+            )
         if self.crop == "center" and self.size is None:
-            raise ValueError("crop='center' needs an output size, e.g. "
-                             "Augment(crop='center', flip=False, size=(224, 224))")
+            raise ValueError(
+                "crop='center' needs an output size, e.g. Augment(crop='center', flip=False, size=(224, 224))"
+            )
         object.__setattr__(self, "scale", _pair("scale", self.scale, lambda v: v > 0))
         object.__setattr__(self, "ratio", _pair("ratio", self.ratio, lambda v: v > 0))
         f = self.center_fraction
-        if isinstance(f, bool) or not isinstance(f, (int, float, np.floating, np.integer)) \
-                or not 0 < f <= 1:
+        if isinstance(f, bool) or not isinstance(f, (int, float, np.floating, np.integer)) or not 0 < f <= 1:
             raise ValueError(f"center_fraction must be a number in (0, 1], got {f!r}")
         object.__setattr__(self, "center_fraction", float(f))
-        if isinstance(self.ops, randaug.RandAugment) or not isinstance(self.ops, (tuple, list)) \
-                or not all(isinstance(op, randaug.RandAugment) for op in self.ops):
+        if (
+            isinstance(self.ops, randaug.RandAugment)
+            or not isinstance(self.ops, (tuple, list))
+            or not all(isinstance(op, randaug.RandAugment) for op in self.ops)
+        ):
             raise ValueError(f"ops must be a list of per-image ops (tbljax.RandAugment), got {self.ops!r}")
         object.__setattr__(self, "ops", tuple(self.ops))
         if self.erasing is not None and not isinstance(self.erasing, randaug.RandomErasing):
@@ -183,8 +187,7 @@ class Augment:
             return spec
         if isinstance(spec, str) and spec in PRESETS:
             return cls(**PRESETS[spec])
-        raise ValueError(f"augment must be None, {', '.join(map(repr, PRESETS))} or an Augment, "
-                         f"got {spec!r}")
+        raise ValueError(f"augment must be None, {', '.join(map(repr, PRESETS))} or an Augment, got {spec!r}")
 
     @property
     def schedule(self) -> tuple[tuple[int, tuple[int, int] | None], ...]:
@@ -226,16 +229,16 @@ class RecordGeometry:
             self._uniform = True
         else:
             h, w = np.asarray(heights), np.asarray(widths)
-            if h.ndim != 1 or h.shape != w.shape or not len(h) or h.dtype.kind not in "iu" \
-                    or w.dtype.kind not in "iu":
-                raise ValueError(f"heights and widths must be two ints or two 1-D integer arrays "
-                                 f"of one length >= 1, got {h.dtype} {h.shape} and "
-                                 f"{w.dtype} {w.shape}")
+            if h.ndim != 1 or h.shape != w.shape or not len(h) or h.dtype.kind not in "iu" or w.dtype.kind not in "iu":
+                raise ValueError(
+                    f"heights and widths must be two ints or two 1-D integer arrays "
+                    f"of one length >= 1, got {h.dtype} {h.shape} and "
+                    f"{w.dtype} {w.shape}"
+                )
             for name, a in (("height", h), ("width", w)):
                 if a.min() < 1 or a.max() > _MAX_SIDE:
                     k = int(np.argmax((a < 1) | (a > _MAX_SIDE)))
-                    raise ValueError(f"record {k}: {name} must be an integer in "
-                                     f"[1, {_MAX_SIDE}], got {int(a[k])}")
+                    raise ValueError(f"record {k}: {name} must be an integer in [1, {_MAX_SIDE}], got {int(a[k])}")
             self.heights, self.widths = h.astype(np.int32), w.astype(np.int32)
             self._uniform = bool((h == h[0]).all() and (w == w[0]).all())
             if self._uniform:  # one size after all: the scalar path (one table row)
@@ -288,8 +291,9 @@ class RecordGeometry:
 
     def sqrt_area_table(self) -> np.ndarray:
         """float32 (N,): float32(sqrt(H*W)) per record, computed in float64."""
-        return self._cached("sqrt_area", lambda: np.sqrt(
-            self.heights.astype(np.float64) * self.widths).astype(np.float32))
+        return self._cached(
+            "sqrt_area", lambda: np.sqrt(self.heights.astype(np.float64) * self.widths).astype(np.float32)
+        )
 
     def fallback_table(self, ratio) -> np.ndarray:
         """int32 (N, 4): torchvision's central crop clamped to `ratio`, per record (float64
@@ -303,6 +307,7 @@ class RecordGeometry:
             ch = np.where(in_ratio < lo, np.maximum(np.rint(w / lo), 1), h)
             cw = np.where(in_ratio > hi, np.maximum(np.rint(h * hi), 1), w)
             return _boxes(h, w, ch, cw)
+
         return self._cached(("fallback", lo, hi), make)
 
     def center_table(self, fraction: float) -> np.ndarray:
@@ -313,6 +318,7 @@ class RecordGeometry:
             h, w = self.heights.astype(np.float64), self.widths.astype(np.float64)
             c = np.maximum(np.floor(fraction * np.minimum(h, w)), 1)
             return _boxes(h, w, c, c)
+
         return self._cached(("center", fraction), make)
 
 
@@ -349,8 +355,18 @@ def _geometry(height, width, geometry) -> RecordGeometry:
     return RecordGeometry(height, width)
 
 
-def crop_boxes(indices, *, height: int | None = None, width: int | None = None, seed: int,
-               epoch: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), geometry=None, xp=np):
+def crop_boxes(
+    indices,
+    *,
+    height: int | None = None,
+    width: int | None = None,
+    seed: int,
+    epoch: int,
+    scale=(0.08, 1.0),
+    ratio=(3 / 4, 4 / 3),
+    geometry=None,
+    xp=np,
+):
     """int32 (B, 4) random-resized-crop boxes (y0, x0, h, w) in source pixels for samples
     `indices`: of an H×W image (`height`, `width`), or each of its own record's size
     (`geometry`: a `RecordGeometry` indexed by sample index).
@@ -368,8 +384,7 @@ def crop_boxes(indices, *, height: int | None = None, width: int | None = None, 
     rec_h = geo.gather(geo.heights, indices, xp)[:, None]
     rec_w = geo.gather(geo.widths, indices, xp)[:, None]
     sqrt_area = geo.gather(geo.sqrt_area_table(), indices, xp)[:, None]
-    counters = xp.arange(_ATTEMPTS * _WORDS_PER_ATTEMPT, dtype=xp.uint32).reshape(
-        _ATTEMPTS, _WORDS_PER_ATTEMPT)
+    counters = xp.arange(_ATTEMPTS * _WORDS_PER_ATTEMPT, dtype=xp.uint32).reshape(_ATTEMPTS, _WORDS_PER_ATTEMPT)
     u = order.random_bits(indices[:, None, None], counters, seed, epoch, xp=xp)
     shift = xp.uint32(32 - _TABLE_BITS)
     side = sqrt_area * sqrt_scale[u[..., 0] >> shift]
@@ -382,15 +397,16 @@ def crop_boxes(indices, *, height: int | None = None, width: int | None = None, 
     span_x = xp.maximum(rec_w - w + 1, 1).astype(xp.uint32)
     y0 = (((u[..., 2] >> 16) * span_y) >> 16).astype(xp.int32)
     x0 = (((u[..., 3] >> 16) * span_x) >> 16).astype(xp.int32)
-    boxes = xp.stack([y0, x0, h, w], axis=-1)                        # (B, attempts, 4)
-    first = xp.argmax(fits, axis=1)                                   # 0 when none fits
+    boxes = xp.stack([y0, x0, h, w], axis=-1)  # (B, attempts, 4)
+    first = xp.argmax(fits, axis=1)  # 0 when none fits
     chosen = xp.take_along_axis(boxes, first[:, None, None], axis=1)[:, 0]
     fallback = geo.gather(geo.fallback_table(ratio), indices, xp)
     return xp.where(xp.any(fits, axis=1)[:, None], chosen, fallback)
 
 
-def center_boxes(indices, *, fraction: float, height: int | None = None,
-                 width: int | None = None, geometry=None, xp=np):
+def center_boxes(
+    indices, *, fraction: float, height: int | None = None, width: int | None = None, geometry=None, xp=np
+):
     """int32 (B, 4) center-crop boxes (y0, x0, c, c) for samples `indices`: the central square
     of side max(1, int(fraction * min(H, W))) of each sample's record.
 
@@ -413,16 +429,35 @@ def flips(indices, *, seed: int, epoch: int, xp=np):
     return (u >> 31) == 1
 
 
-def sample(aug: Augment, indices, *, height: int | None = None, width: int | None = None,
-           seed: int, epoch: int, geometry=None, xp=np):
+def sample(
+    aug: Augment,
+    indices,
+    *,
+    height: int | None = None,
+    width: int | None = None,
+    seed: int,
+    epoch: int,
+    geometry=None,
+    xp=np,
+):
     """(boxes or None, flips or None) for a batch of sample indices under options `aug`, for
     H×W records (`height`, `width`) or records of their own sizes (`geometry`)."""
     boxes = None
     if aug.crop == "center":
-        boxes = center_boxes(indices, fraction=aug.center_fraction, height=height, width=width,
-                             geometry=geometry, xp=xp)
+        boxes = center_boxes(
+            indices, fraction=aug.center_fraction, height=height, width=width, geometry=geometry, xp=xp
+        )
     elif aug.crop:
-        boxes = crop_boxes(indices, height=height, width=width, seed=seed, epoch=epoch,
-                           scale=aug.scale, ratio=aug.ratio, geometry=geometry, xp=xp)
+        boxes = crop_boxes(
+            indices,
+            height=height,
+            width=width,
+            seed=seed,
+            epoch=epoch,
+            scale=aug.scale,
+            ratio=aug.ratio,
+            geometry=geometry,
+            xp=xp,
+        )
     flip = flips(indices, seed=seed, epoch=epoch, xp=xp) if aug.flip else None
     return boxes, flip
