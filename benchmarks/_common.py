@@ -1,5 +1,6 @@
 """Shared by the benchmarks: run each configuration in its own process, several rounds
 interleaved, and report medians. A worker prints one JSON line as its last output."""
+
 from __future__ import annotations
 
 import json
@@ -36,23 +37,34 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
 
 
-def run_worker(script: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 900,
-               python: str | None = None) -> dict:
+def run_worker(
+    script: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 900, python: str | None = None
+) -> dict:
     """Runs `python script --worker args...` in a fresh process; returns its JSON result.
     python: the interpreter (default this one), e.g. a peer library's own venv."""
     e = dict(os.environ)
     e.update(env or {})
-    r = subprocess.run([python or sys.executable, str(script), "--worker", *args], capture_output=True,
-                       text=True, env=e, timeout=timeout)
+    r = subprocess.run(
+        [python or sys.executable, str(script), "--worker", *args],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=timeout,
+    )
     if r.returncode != 0:
-        how = (f"killed by {signal.Signals(-r.returncode).name}" if r.returncode < 0
-               else f"exit status {r.returncode}")
+        how = f"killed by {signal.Signals(-r.returncode).name}" if r.returncode < 0 else f"exit status {r.returncode}"
         raise RuntimeError(f"worker {args} failed ({how}):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def rounds(script: Path, configs: dict[str, list[str]], n: int, env: dict[str, dict[str, str]] | None = None,
-           python: dict[str, str] | None = None, keep_going: bool = False) -> dict[str, list[dict]]:
+def rounds(
+    script: Path,
+    configs: dict[str, list[str]],
+    n: int,
+    env: dict[str, dict[str, str]] | None = None,
+    python: dict[str, str] | None = None,
+    keep_going: bool = False,
+) -> dict[str, list[dict]]:
     """Runs every config n times, interleaved round by round so drift hits all alike.
     python: {config: interpreter} for configs that run elsewhere than this interpreter.
     keep_going: a worker that fails gives an {"error": message} entry for that round and the

@@ -28,6 +28,7 @@ records costliest to decode stored RAW), in the same rounds: the A/B of the two 
 closely; each worker then also decodes every record whole after each pass and reports the
 median of (whole decode time / box decode time) over its passes: the speed cancels out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,8 +78,17 @@ def convert_compact(files: list[Path], path: str, raw_budget: float | None = Non
     """The photos as compact records at the ImageNet geometry (shorter side 256, q90 4:2:0)."""
     import tbljax
 
-    tbljax.convert(files, path, image_size=256, resize="shorter_side", format="jpeg",
-                   quality=90, chroma="420", raw_budget=raw_budget, progress=False)
+    tbljax.convert(
+        files,
+        path,
+        image_size=256,
+        resize="shorter_side",
+        format="jpeg",
+        quality=90,
+        chroma="420",
+        raw_budget=raw_budget,
+        progress=False,
+    )
 
 
 def worker(path: str, out_size: int, versus_ceiling: bool = False, dtype: str = "uint8") -> dict:
@@ -98,8 +108,7 @@ def worker(path: str, out_size: int, versus_ceiling: bool = False, dtype: str = 
     norm = {} if dtype == "uint8" else {"mean": tbljax.IMAGENET_MEAN, "std": tbljax.IMAGENET_STD}
     idx = np.arange(n, dtype=np.int64)
     best, ratios = float("inf"), []
-    blobs = ([bytes(views[0][o:o + s]) for o, s in zip(offsets.tolist(), sizes.tolist())]
-             if versus_ceiling else [])
+    blobs = [bytes(views[0][o : o + s]) for o, s in zip(offsets.tolist(), sizes.tolist())] if versus_ceiling else []
     for _ in range(REPS_VERSUS if versus_ceiling else REPS):
         t = time.process_time()
         tbljax.kernels.serve_jpeg(src, idx, out, crop=boxes, **norm)
@@ -121,19 +130,26 @@ def main() -> None:
     ap.add_argument("--worker", nargs=2, metavar=("PATH", "OUT"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=int, nargs="+", default=[160, 224])
-    ap.add_argument("--trees", nargs="+", default=[str(REPO)],
-                    help="checkouts whose src/ to time (default: this one)")
-    ap.add_argument("--layouts", type=int, default=LAYOUTS,
-                    help="memory layouts (environment paddings) per round and tree")
-    ap.add_argument("--raw-budget", type=float, default=None, metavar="F",
-                    help="also time a file converted with raw_budget=F")
-    ap.add_argument("--dtype", choices=["uint8", "float32"], default="uint8",
-                    help="the output: uint8 pixels, or float32 normalized with the ImageNet "
-                         "mean and std")
-    ap.add_argument("--versus-ceiling", action="store_true",
-                    help="also the whole-image decode of every record (_core.decode_jpeg) after "
-                         "each pass, in the same process: box decodes per whole decode, a ratio "
-                         "that a host's drifting speed moves far less than either time")
+    ap.add_argument("--trees", nargs="+", default=[str(REPO)], help="checkouts whose src/ to time (default: this one)")
+    ap.add_argument(
+        "--layouts", type=int, default=LAYOUTS, help="memory layouts (environment paddings) per round and tree"
+    )
+    ap.add_argument(
+        "--raw-budget", type=float, default=None, metavar="F", help="also time a file converted with raw_budget=F"
+    )
+    ap.add_argument(
+        "--dtype",
+        choices=["uint8", "float32"],
+        default="uint8",
+        help="the output: uint8 pixels, or float32 normalized with the ImageNet mean and std",
+    )
+    ap.add_argument(
+        "--versus-ceiling",
+        action="store_true",
+        help="also the whole-image decode of every record (_core.decode_jpeg) after "
+        "each pass, in the same process: box decodes per whole decode, a ratio "
+        "that a host's drifting speed moves far less than either time",
+    )
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(a.worker[0], int(a.worker[1]), a.versus_ceiling, a.dtype)))
@@ -153,39 +169,54 @@ def main() -> None:
                 for layout in range(a.layouts):
                     for tree in a.trees:
                         for name, path in paths.items():
-                            env = dict(os.environ, TBLJAX_NUM_THREADS="1",
-                                       PYTHONPATH=str(Path(tree).resolve() / "src"),
-                                       TBLJAX_BENCH_LAYOUT="x" * (1000 * layout))
+                            env = dict(
+                                os.environ,
+                                TBLJAX_NUM_THREADS="1",
+                                PYTHONPATH=str(Path(tree).resolve() / "src"),
+                                TBLJAX_BENCH_LAYOUT="x" * (1000 * layout),
+                            )
                             p = subprocess.run(
                                 [sys.executable, __file__, "--worker", path, str(out), *flag],
-                                capture_output=True, text=True, env=env, check=True)
+                                capture_output=True,
+                                text=True,
+                                env=env,
+                                check=True,
+                            )
                             got = json.loads(p.stdout.strip().splitlines()[-1])
                             v = got["us_per_img"]
                             res.setdefault((tree, name, out), []).append(v)
                             if a.versus_ceiling:
                                 versus.setdefault((tree, name, out), []).append(got["versus_ceiling"])
-                            print(f"  round {r + 1} layout {layout} {tree} {name} {out}px: {v:.1f} us"
-                                  + (f", {got['versus_ceiling']:.3f}x the whole decode"
-                                     if a.versus_ceiling else ""), file=sys.stderr)
-    print(f"\nbench_box_decode: {len(files)} kodak photos, shorter side 256, q90 4:2:0, one RRC "
-          f"box each, {a.dtype}, 1 thread, min of {REPS} passes, median of {a.rounds} rounds x "
-          f"{a.layouts} memory layouts\n"
-          f"machine: {machine()}\n")
+                            print(
+                                f"  round {r + 1} layout {layout} {tree} {name} {out}px: {v:.1f} us"
+                                + (f", {got['versus_ceiling']:.3f}x the whole decode" if a.versus_ceiling else ""),
+                                file=sys.stderr,
+                            )
+    print(
+        f"\nbench_box_decode: {len(files)} kodak photos, shorter side 256, q90 4:2:0, one RRC "
+        f"box each, {a.dtype}, 1 thread, min of {REPS} passes, median of {a.rounds} rounds x "
+        f"{a.layouts} memory layouts\n"
+        f"machine: {machine()}\n"
+    )
     print("| tree | file | out px | CPU us/img | img per CPU-second |")
     print("|---|---|---:|---:|---:|")
     for (tree, name, out), v in res.items():
         m = float(np.median(v))
         print(f"| {tree} | {name} | {out} | {m:.1f} | {1e6 / m:,.0f} |")
     for (tree, name, out), v in versus.items():
-        print(f"{tree} {name} {out}px: box decodes per whole decode of the records "
-              f"(_core.decode_jpeg), median of the runs' medians: {np.median(v):.3f} "
-              f"({' '.join(f'{x:.2f}' for x in v)})")
+        print(
+            f"{tree} {name} {out}px: box decodes per whole decode of the records "
+            f"(_core.decode_jpeg), median of the runs' medians: {np.median(v):.3f} "
+            f"({' '.join(f'{x:.2f}' for x in v)})"
+        )
     for (tree, name, out), v in res.items():
         if name != "compact":  # paired with the plain file's run just before it
             base = res[tree, "compact", out]
             ratios = [x / y for x, y in zip(v, base)]
-            print(f"{tree} {out}px: {name} / compact, CPU time, paired runs: median "
-                  f"{np.median(ratios):.3f} ({' '.join(f'{x:.2f}' for x in ratios)})")
+            print(
+                f"{tree} {out}px: {name} / compact, CPU time, paired runs: median "
+                f"{np.median(ratios):.3f} ({' '.join(f'{x:.2f}' for x in ratios)})"
+            )
 
 
 if __name__ == "__main__":

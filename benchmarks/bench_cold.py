@@ -16,6 +16,7 @@ batch 256, the consumer touches one element per batch ("produce").
     python benchmarks/bench_cold.py [--gb 4] [--rounds 3] [--dir /tmp] [--format raw|compact]
                                     [--raw-budget F]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,7 +84,7 @@ def disk_rate(path: str) -> dict:
     def read(chunk):
         buf = bytearray(int(sizes.max()))
         for i in chunk.tolist():
-            os.preadv(fd, [memoryview(buf)[:sizes[i]]], int(offsets[i]))
+            os.preadv(fd, [memoryview(buf)[: sizes[i]]], int(offsets[i]))
 
     try:
         t0 = time.perf_counter()
@@ -100,6 +101,7 @@ def epoch(path: str, read_ahead: int, sweep: bool = True) -> dict:
 
     if not sweep:  # the per-step requests alone: no source fits the sweep's budget
         from tbljax._src.engine import file_sweep
+
         file_sweep.memory_for_sweeps = lambda: 0
     ld = tbljax.loader(path, B, seed=0, num_epochs=1, dtype="uint8", read_ahead=read_ahead)
     n = 0
@@ -114,8 +116,7 @@ def epoch(path: str, read_ahead: int, sweep: bool = True) -> dict:
 def worker(kind: str, path: str) -> dict:
     state, _, what = kind.partition("-")
     resident = drop(path) if state == "cold" else warm(path)
-    res = disk_rate(path) if what == "disk" else \
-        epoch(path, 0 if what == "off" else 2, sweep=what != "on-nosweep")
+    res = disk_rate(path) if what == "disk" else epoch(path, 0 if what == "off" else 2, sweep=what != "on-nosweep")
     res["resident_before"] = resident
     return res
 
@@ -128,12 +129,11 @@ def make_file(dst: Path, gb: float, size: int, fmt: str = "raw", raw_budget: flo
 
     base = dst.with_suffix(".base.tbl")
     compact = dict(format="jpeg", quality=90, raw_budget=raw_budget) if fmt == "compact" else {}
-    tbljax.convert(SHARED_DATA / "kodak" / "images", base, image_size=size, progress=False,
-                   **compact)
+    tbljax.convert(SHARED_DATA / "kodak" / "images", base, image_size=size, progress=False, **compact)
     ds = tbljax.open(base)
     if fmt == "compact":
         views, _, offsets, sizes, heights, widths, stored_raw = ds.jpeg_records()
-        payloads = [bytes(views[0][o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
+        payloads = [bytes(views[0][o : o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
         records = int(gb * 1e9 // np.mean([len(p) for p in payloads]))
     else:
         src = ds.view()
@@ -161,8 +161,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to write the file (default: the temp dir)")
     ap.add_argument("--format", choices=("raw", "compact"), default="raw")
-    ap.add_argument("--raw-budget", type=float, default=None, metavar="F",
-                    help="with --format compact: convert with raw_budget=F")
+    ap.add_argument(
+        "--raw-budget", type=float, default=None, metavar="F", help="with --format compact: convert with raw_budget=F"
+    )
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(*a.worker)))
@@ -176,31 +177,33 @@ def main() -> None:
         gb = path.stat().st_size / 1e9
         res = rounds(Path(__file__), {k: [k, str(path)] for k in kinds}, a.rounds)
     budget = f" raw_budget {a.raw_budget:g}" if a.raw_budget is not None else ""
-    print(f"\nbench_cold: kodak -> {a.size} px {a.format}{budget}, {records} records ({gb:.2f} GB), uint8, "
-          f"batch {B}, "
-          f"one epoch per configuration, median of {a.rounds} rounds\nmachine: {machine()}\n")
+    print(
+        f"\nbench_cold: kodak -> {a.size} px {a.format}{budget}, {records} records ({gb:.2f} GB), uint8, "
+        f"batch {B}, "
+        f"one epoch per configuration, median of {a.rounds} rounds\nmachine: {machine()}\n"
+    )
     print("| configuration | img/s | MB/s | sys s | resident before |")
     print("|---|---:|---:|---:|---:|")
     rec_mb = gb * 1e3 / records
     for k in kinds:
         ips = median(res[k], "img_s")
         sys_s = f"{median(res[k], 'sys_s'):.2f}" if "sys_s" in res[k][0] else ""
-        print(f"| {k} | {ips:.0f} | {ips * rec_mb:.0f} | {sys_s} | "
-              f"{median(res[k], 'resident_before'):.0%} |")
+        print(f"| {k} | {ips:.0f} | {ips * rec_mb:.0f} | {sys_s} | {median(res[k], 'resident_before'):.0%} |")
     disk = median(res["cold-disk"], "img_s")
-    for label, k in (("off", "cold-off"), ("on, per-step requests alone", "cold-on-nosweep"),
-                     ("on", "cold-on")):
-        print(f"cold epoch / disk random-read rate, read-ahead {label}: "
-              f"{median(res[k], 'img_s') / disk:.2f}"
-              + (" (target >= 0.9)" if a.format == "raw" else ""))
-    for label, k in (("off", "cold-off"), ("on, per-step requests alone", "cold-on-nosweep"),
-                     ("on", "cold-on")):
+    for label, k in (("off", "cold-off"), ("on, per-step requests alone", "cold-on-nosweep"), ("on", "cold-on")):
+        print(
+            f"cold epoch / disk random-read rate, read-ahead {label}: "
+            f"{median(res[k], 'img_s') / disk:.2f}" + (" (target >= 0.9)" if a.format == "raw" else "")
+        )
+    for label, k in (("off", "cold-off"), ("on, per-step requests alone", "cold-on-nosweep"), ("on", "cold-on")):
         warm_k = "warm-off" if k == "cold-off" else "warm-on"
         paired = [c["img_s"] / w["img_s"] for c, w in zip(res[k], res[warm_k])]
-        print(f"cold epoch / warm epoch, read-ahead {label}: "
-              f"{median(res[k], 'img_s') / median(res[warm_k], 'img_s'):.2f} of the medians, "
-              f"{np.median(paired):.2f} paired by round"
-              + (" (about 1: limited by decode, not by the disk)" if a.format == "compact" else ""))
+        print(
+            f"cold epoch / warm epoch, read-ahead {label}: "
+            f"{median(res[k], 'img_s') / median(res[warm_k], 'img_s'):.2f} of the medians, "
+            f"{np.median(paired):.2f} paired by round"
+            + (" (about 1: limited by decode, not by the disk)" if a.format == "compact" else "")
+        )
     per_round = [on["img_s"] / off["img_s"] for on, off in zip(res["warm-on"], res["warm-off"])]
     print(f"warm epoch, read-ahead on / off: {np.median(per_round):.2f} (median of per-round ratios)")
 

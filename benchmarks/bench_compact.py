@@ -32,6 +32,7 @@ probe: records at max side 512 served at 64 px, exact vs `jpeg_dct_scale`, speed
     TBLJAX_PEERS=/work/peers PYTHONPATH=src python benchmarks/bench_compact.py --rounds 3 --batches 13
     PYTHONPATH=src python benchmarks/bench_compact.py --rounds 1 --batches 3   # a quick check
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,11 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # figure and moved it between 4.1k and 7.0k img/s from run to run.
 WARMUP = 6
 # The peers' interpreters: venv under $TBLJAX_PEERS/venvs, and the import that proves it works.
-PEERS = {"ffcv": ("ffcv", "import ffcv, numba, torch, cv2"), "dali": ("dali", "import nvidia.dali"),
-         "albu": ("albu", "import albumentations, cv2")}
+PEERS = {
+    "ffcv": ("ffcv", "import ffcv, numba, torch, cv2"),
+    "dali": ("dali", "import nvidia.dali"),
+    "albu": ("albu", "import albumentations, cv2"),
+}
 
 
 def payloads(path: str) -> list[np.ndarray]:
@@ -69,14 +73,14 @@ def payloads(path: str) -> list[np.ndarray]:
 
     ds = tbljax.open(path)
     views, _counts, offsets, sizes, _h, _w, _raw = ds.jpeg_records()
-    return [views[0][o:o + s] for o, s in zip(offsets.tolist(), sizes.tolist())]
+    return [views[0][o : o + s] for o, s in zip(offsets.tolist(), sizes.tolist())]
 
 
 def load_blobs(path: str) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """The records' bytes as written by `dump_blobs` (for peers, which have no tbljax)."""
     z = np.load(path)
     data, offsets, sizes = z["data"], z["offsets"], z["sizes"]
-    return [data[o:o + s] for o, s in zip(offsets.tolist(), sizes.tolist())], z["heights"], z["widths"]
+    return [data[o : o + s] for o, s in zip(offsets.tolist(), sizes.tolist())], z["heights"], z["widths"]
 
 
 def dump_blobs(tbl: str, path: str) -> None:
@@ -85,15 +89,21 @@ def dump_blobs(tbl: str, path: str) -> None:
     _views, _counts, _offsets, sizes, h, w, _raw = tbljax.open(tbl).jpeg_records()
     blobs = payloads(tbl)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    np.savez(path, data=np.concatenate(blobs), offsets=offsets, sizes=sizes.astype(np.int64),
-             heights=h.astype(np.int64), widths=w.astype(np.int64))
+    np.savez(
+        path,
+        data=np.concatenate(blobs),
+        offsets=offsets,
+        sizes=sizes.astype(np.int64),
+        heights=h.astype(np.int64),
+        widths=w.astype(np.int64),
+    )
 
 
 def touch(a) -> float:
     """Reads one element of every 4 KiB of a batch: proves it is there, in memory, without
     charging a full pass over it (154 MB at 224 px float32) to whichever loader is measured."""
     flat = np.asarray(a).reshape(-1)
-    return float(flat[::max(1, 4096 // flat.itemsize)].sum())
+    return float(flat[:: max(1, 4096 // flat.itemsize)].sum())
 
 
 class Timer:
@@ -121,12 +131,19 @@ class Timer:
 
 # ---- workers: each returns {"img_s", "cpu_us"} over `batches` batches after WARMUP ----
 
+
 def tbljax_worker(spec: dict) -> dict:
     import tbljax
 
     out, n = spec["out"], spec["batches"]
-    opts = tbljax.LoaderOptions(batch_size=B, seed=0, augment=tbljax.Augment(size=(out, out)),
-                                dtype=spec["dtype"], jpeg_dct_scale=spec.get("dct", False), prefetch=1)
+    opts = tbljax.LoaderOptions(
+        batch_size=B,
+        seed=0,
+        augment=tbljax.Augment(size=(out, out)),
+        dtype=spec["dtype"],
+        jpeg_dct_scale=spec.get("dct", False),
+        prefetch=1,
+    )
     it = iter(tbljax.HostLoader(tbljax.open(spec["data"]), opts))
     for _ in range(WARMUP):
         touch(next(it).image)
@@ -163,6 +180,7 @@ def paired_ceiling(it, spec: dict) -> tuple[list[float], list[float]]:
     def decode_all(_=None) -> None:
         for b in blobs:
             decode(b)
+
     with ThreadPoolExecutor(2) as pool:
         for _ in range(PAIRS):
             time.sleep(0.5)  # the producer fills the ring and stops: the decodes below run alone
@@ -211,8 +229,9 @@ def ffcv_write_worker(spec: dict) -> dict:
         return np.array(blobs[int(np.frombuffer(image.reshape(-1)[:8].tobytes(), np.int64)[0])])
 
     rgb.encode_jpeg = record_bytes
-    DatasetWriter(spec["beton"], {"image": RGBImageField(write_mode="jpg")}, num_workers=1
-                  ).from_indexed_dataset(Records())
+    DatasetWriter(spec["beton"], {"image": RGBImageField(write_mode="jpg")}, num_workers=1).from_indexed_dataset(
+        Records()
+    )
     # Read back: each sample's allocation (pointer, size) in the file vs the record's bytes.
     r = Reader(spec["beton"])
     md = r.metadata[r.metadata.dtype.names[r.field_names.index("image")]]  # fields are f0, f1, ...
@@ -221,12 +240,20 @@ def ffcv_write_worker(spec: dict) -> dict:
     same = 0
     for i, blob in enumerate(blobs):
         ptr = int(md["data_ptr"][i])
-        stored = mm[ptr:ptr + size_at[ptr]]
-        same += int(md["mode"][i] == rgb.IMAGE_MODES["jpg"] and int(md["height"][i]) == heights[i]
-                    and int(md["width"][i]) == widths[i] and np.array_equal(stored, blob))
-    return {"records": len(blobs), "identical": same, "payload_bytes": int(sum(b.size for b in blobs)),
-            "stored_payload_bytes": int(r.alloc_table["size"].sum()),
-            "beton_bytes": os.path.getsize(spec["beton"])}
+        stored = mm[ptr : ptr + size_at[ptr]]
+        same += int(
+            md["mode"][i] == rgb.IMAGE_MODES["jpg"]
+            and int(md["height"][i]) == heights[i]
+            and int(md["width"][i]) == widths[i]
+            and np.array_equal(stored, blob)
+        )
+    return {
+        "records": len(blobs),
+        "identical": same,
+        "payload_bytes": int(sum(b.size for b in blobs)),
+        "stored_payload_bytes": int(r.alloc_table["size"].sum()),
+        "beton_bytes": os.path.getsize(spec["beton"]),
+    }
 
 
 def ffcv_worker(spec: dict) -> dict:
@@ -243,9 +270,17 @@ def ffcv_worker(spec: dict) -> dict:
     # that one epoch (one RANDOM permutation) covers the whole run, as the other workers cycle.
     records = spec["records"]
     indices = np.arange((WARMUP + n + 2) * B, dtype=np.uint64) % np.uint64(records)
-    loader = Loader(spec["beton"], batch_size=B, num_workers=THREADS, order=OrderOption.RANDOM,
-                    os_cache=True, drop_last=True, seed=0, indices=indices,
-                    pipelines={"image": pipeline})
+    loader = Loader(
+        spec["beton"],
+        batch_size=B,
+        num_workers=THREADS,
+        order=OrderOption.RANDOM,
+        os_cache=True,
+        drop_last=True,
+        seed=0,
+        indices=indices,
+        pipelines={"image": pipeline},
+    )
     it = iter(loader)
     for _ in range(WARMUP):
         touch(next(it)[0].numpy())
@@ -274,11 +309,15 @@ def dali_worker(spec: dict) -> dict:
         img = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
         img = fn.resize(img, resize_x=out, resize_y=out)
         if spec["dtype"] == "float32":
-            return fn.crop_mirror_normalize(img, mirror=fn.random.coin_flip(), dtype=types.FLOAT,
-                                            mean=[255 * m for m in MEAN], std=[255 * s for s in STD],
-                                            output_layout="HWC")
-        return fn.crop_mirror_normalize(img, mirror=fn.random.coin_flip(), dtype=types.UINT8,
-                                        output_layout="HWC")
+            return fn.crop_mirror_normalize(
+                img,
+                mirror=fn.random.coin_flip(),
+                dtype=types.FLOAT,
+                mean=[255 * m for m in MEAN],
+                std=[255 * s for s in STD],
+                output_layout="HWC",
+            )
+        return fn.crop_mirror_normalize(img, mirror=fn.random.coin_flip(), dtype=types.UINT8, output_layout="HWC")
 
     p = pipe()
     p.build()
@@ -313,9 +352,11 @@ def albumentations_worker(spec: dict) -> dict:
         out[k] = aug(image=img)["image"]
 
     with ThreadPoolExecutor(THREADS) as pool:
+
         def batch(s):
             list(pool.map(one, [(k, blobs[(s * B + k) % len(blobs)]) for k in range(B)]))
             touch(out)
+
         for s in range(WARMUP):
             batch(s)
         with Timer() as t:
@@ -338,6 +379,7 @@ def ceiling_decoder(data: str, raw_budget: bool):
 
         def decode(br, _d=_core.decode_jpeg):
             return br[0].copy() if br[1] else _d(br[0])
+
     return blobs, decode
 
 
@@ -363,6 +405,7 @@ def ceiling_worker(spec: dict) -> dict:
     def run(first: int) -> None:
         for k in range(first, n * threads, threads):
             decode(blobs[k % len(blobs)])
+
     with Timer() as t:
         if threads == 1:
             run(0)
@@ -392,6 +435,7 @@ def worker(spec: dict) -> dict:
 
 
 # ---- peers: where they are, whether they run ----
+
 
 def peers_root(arg: str | None) -> Path:
     return Path(arg or os.environ.get("TBLJAX_PEERS") or Path(tempfile.gettempdir()) / "peers")
@@ -425,25 +469,31 @@ def probe_peer(root: Path, name: str) -> tuple[str | None, str]:
 
 # ---- DCT-scaled vs exact: PSNR on the same boxes (--dct) ----
 
+
 def dct_psnr(path: str) -> dict:
     import tbljax
 
     res = {}
-    for name, aug in [("rrc", tbljax.Augment(size=(64, 64))),
-                      ("center", tbljax.Augment(crop="center", flip=False, size=(64, 64)))]:
+    for name, aug in [
+        ("rrc", tbljax.Augment(size=(64, 64))),
+        ("center", tbljax.Augment(crop="center", flip=False, size=(64, 64))),
+    ]:
         imgs = {}
         for dct in (False, True):
-            opts = tbljax.LoaderOptions(batch_size=B, seed=0, num_epochs=1, drop_remainder=False,
-                                        dtype="uint8", augment=aug, jpeg_dct_scale=dct)
-            imgs[dct] = np.concatenate([np.array(b.image) for b in
-                                        tbljax.HostLoader(tbljax.open(path), opts)])
+            opts = tbljax.LoaderOptions(
+                batch_size=B, seed=0, num_epochs=1, drop_remainder=False, dtype="uint8", augment=aug, jpeg_dct_scale=dct
+            )
+            imgs[dct] = np.concatenate([np.array(b.image) for b in tbljax.HostLoader(tbljax.open(path), opts)])
         err = (imgs[True].astype(np.float64) - imgs[False].astype(np.float64)) ** 2
         mse = err.reshape(len(err), -1).mean(1)
         changed = mse > 0
-        per = 10 * np.log10(255 ** 2 / mse[changed]) if changed.any() else np.array([np.inf])
-        res[name] = dict(scaled=float(changed.mean()), median_db=float(np.median(per)),
-                         worst_db=float(per.min()),
-                         pooled_db=float(10 * np.log10(255 ** 2 / max(err[changed].mean(), 1e-12))))
+        per = 10 * np.log10(255**2 / mse[changed]) if changed.any() else np.array([np.inf])
+        res[name] = dict(
+            scaled=float(changed.mean()),
+            median_db=float(np.median(per)),
+            worst_db=float(per.min()),
+            pooled_db=float(10 * np.log10(255**2 / max(err[changed].mean(), 1e-12))),
+        )
     return res
 
 
@@ -453,14 +503,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", type=int, default=13, help="timed batches per worker")
     ap.add_argument("--side", type=int, nargs="+", default=[256], help="records' shorter side(s)")
-    ap.add_argument("--peers", default=None, help="the peers' folder (default $TBLJAX_PEERS, else "
-                    "peers in the system temp folder)")
-    ap.add_argument("--raw-budget", type=float, default=None, metavar="F",
-                    help="also serve a file converted with raw_budget=F (e.g. 0.2)")
-    ap.add_argument("--dct", action="store_true", help="also max side 512 -> 64 px, exact vs "
-                    "jpeg_dct_scale, and its PSNR")
-    ap.add_argument("--only", default="", help="configurations whose name contains one of these "
-                    "';'-separated words (default: all)")
+    ap.add_argument(
+        "--peers", default=None, help="the peers' folder (default $TBLJAX_PEERS, else peers in the system temp folder)"
+    )
+    ap.add_argument(
+        "--raw-budget",
+        type=float,
+        default=None,
+        metavar="F",
+        help="also serve a file converted with raw_budget=F (e.g. 0.2)",
+    )
+    ap.add_argument(
+        "--dct", action="store_true", help="also max side 512 -> 64 px, exact vs jpeg_dct_scale, and its PSNR"
+    )
+    ap.add_argument(
+        "--only", default="", help="configurations whose name contains one of these ';'-separated words (default: all)"
+    )
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(json.loads(a.worker))), flush=True)
@@ -484,33 +542,65 @@ def main() -> None:
         for side in a.side:
             tbl, blobs = str(Path(d) / f"c{side}.tbl"), str(Path(d) / f"c{side}.npz")
             t = time.perf_counter()
-            tbljax.convert(files, tbl, image_size=side, resize="shorter_side", format="jpeg", quality=90,
-                           chroma="420", progress=False)
+            tbljax.convert(
+                files,
+                tbl,
+                image_size=side,
+                resize="shorter_side",
+                format="jpeg",
+                quality=90,
+                chroma="420",
+                progress=False,
+            )
             _v, _c, _o, rec_sizes, h, w, _r = tbljax.open(tbl).jpeg_records()
             raw = int((h.astype(np.int64) * w * 3).sum())
-            sizes[side] = dict(file=os.path.getsize(tbl), records=int(rec_sizes.sum()), raw=raw,
-                               n=len(h), seconds=time.perf_counter() - t,
-                               geometry=f"{int(min(h.min(), w.min()))}-{int(max(h.max(), w.max()))} px")
+            sizes[side] = dict(
+                file=os.path.getsize(tbl),
+                records=int(rec_sizes.sum()),
+                raw=raw,
+                n=len(h),
+                seconds=time.perf_counter() - t,
+                geometry=f"{int(min(h.min(), w.min()))}-{int(max(h.max(), w.max()))} px",
+            )
             dump_blobs(tbl, blobs)
             rb_tbl = str(Path(d) / f"c{side}-rb.tbl")
             if a.raw_budget is not None:
-                tbljax.convert(files, rb_tbl, image_size=side, resize="shorter_side", format="jpeg",
-                               quality=90, chroma="420", raw_budget=a.raw_budget, progress=False)
+                tbljax.convert(
+                    files,
+                    rb_tbl,
+                    image_size=side,
+                    resize="shorter_side",
+                    format="jpeg",
+                    quality=90,
+                    chroma="420",
+                    raw_budget=a.raw_budget,
+                    progress=False,
+                )
                 r = tbljax.open(rb_tbl).jpeg_records()
-                sizes[side].update(rb_file=os.path.getsize(rb_tbl), rb_records=int(r.sizes.sum()),
-                                   rb_raw=int(r.stored_raw.sum()))
+                sizes[side].update(
+                    rb_file=os.path.getsize(rb_tbl), rb_records=int(r.sizes.sum()), rb_raw=int(r.stored_raw.sum())
+                )
             beton = str(Path(d) / f"c{side}.beton")
             for out in OUTS:
                 for dt in DTYPES:
                     g = f"S{side} {out}px {'f32' if dt == 'float32' else 'u8'}"
                     base = {"side": side, "out": out, "dtype": dt}
-                    configs[f"{g}: tbljax, 2 threads"] = ({"kind": "tbljax", "data": tbl, "paired": True,
-                                                           **base}, two, None)
-                    configs[f"{g}: FFCV, 2 workers"] = ({"kind": "ffcv", "beton": beton, "records": len(h),
-                                                        **base}, {}, "ffcv")
+                    configs[f"{g}: tbljax, 2 threads"] = (
+                        {"kind": "tbljax", "data": tbl, "paired": True, **base},
+                        two,
+                        None,
+                    )
+                    configs[f"{g}: FFCV, 2 workers"] = (
+                        {"kind": "ffcv", "beton": beton, "records": len(h), **base},
+                        {},
+                        "ffcv",
+                    )
                     configs[f"{g}: DALI CPU, 2 threads"] = ({"kind": "dali", "blobs": blobs, **base}, {}, "dali")
                     configs[f"{g}: albumentations + OpenCV, 2 threads"] = (
-                        {"kind": "albumentations", "blobs": blobs, **base}, {}, "albu")
+                        {"kind": "albumentations", "blobs": blobs, **base},
+                        {},
+                        "albu",
+                    )
                     if a.raw_budget is not None:
                         rb = f"{g}: tbljax raw_budget {a.raw_budget:g}"
                         rb_spec = {"kind": "tbljax", "data": rb_tbl, "paired": True, "raw_budget": True, **base}
@@ -518,26 +608,47 @@ def main() -> None:
                         configs[f"{rb}, 1 thread"] = (dict(rb_spec), one, None)
                     if dt == "float32":
                         configs[f"{g}: tbljax jpeg_dct_scale, 2 threads"] = (
-                            {"kind": "tbljax", "data": tbl, "dct": True, **base}, two, None)
-                        configs[f"{g}: tbljax, 1 thread"] = ({"kind": "tbljax", "data": tbl, "paired": True,
-                                                              **base}, one, None)
+                            {"kind": "tbljax", "data": tbl, "dct": True, **base},
+                            two,
+                            None,
+                        )
+                        configs[f"{g}: tbljax, 1 thread"] = (
+                            {"kind": "tbljax", "data": tbl, "paired": True, **base},
+                            one,
+                            None,
+                        )
             configs[f"S{side} ceiling: cv2.imdecode whole, 1 thread"] = (
-                {"kind": "ceiling-cv2", "side": side, "blobs": blobs}, {}, "albu")
+                {"kind": "ceiling-cv2", "side": side, "blobs": blobs},
+                {},
+                "albu",
+            )
             configs[f"S{side} ceiling: tbljax _core.decode_jpeg whole, 1 thread"] = (
-                {"kind": "ceiling-tbljax", "side": side, "data": tbl}, one, None)
+                {"kind": "ceiling-tbljax", "side": side, "data": tbl},
+                one,
+                None,
+            )
             configs[f"S{side} ceiling, both cores busy: tbljax _core.decode_jpeg whole, 2 threads"] = (
-                {"kind": "ceiling-tbljax", "side": side, "data": tbl, "threads": THREADS}, one, None)
+                {"kind": "ceiling-tbljax", "side": side, "data": tbl, "threads": THREADS},
+                one,
+                None,
+            )
             if a.raw_budget is not None:
-                configs[f"S{side} raw_budget ceiling: tbljax _core.decode_jpeg whole, RAW records copied, "
-                        "1 thread"] = ({"kind": "ceiling-tbljax", "side": side, "data": rb_tbl,
-                                        "raw_budget": True}, one, None)
+                configs[f"S{side} raw_budget ceiling: tbljax _core.decode_jpeg whole, RAW records copied, 1 thread"] = (
+                    {"kind": "ceiling-tbljax", "side": side, "data": rb_tbl, "raw_budget": True},
+                    one,
+                    None,
+                )
         if a.dct:
             big = str(Path(d) / "c512.tbl")
-            tbljax.convert(files, big, image_size=512, resize="max_side", format="jpeg", quality=90,
-                           chroma="420", progress=False)
+            tbljax.convert(
+                files, big, image_size=512, resize="max_side", format="jpeg", quality=90, chroma="420", progress=False
+            )
             for dct in (False, True):
                 configs[f"max side 512 -> 64px f32: tbljax{' jpeg_dct_scale' if dct else ''}, 2 threads"] = (
-                    {"kind": "tbljax", "data": big, "out": 64, "dtype": "float32", "dct": dct}, two, None)
+                    {"kind": "tbljax", "data": big, "out": 64, "dtype": "float32", "dct": dct},
+                    two,
+                    None,
+                )
         configs = {k: v for k, v in configs.items() if wanted(k)}
 
         # Peers: probe the ones a selected configuration needs; build FFCV's .beton files.
@@ -554,35 +665,59 @@ def main() -> None:
             for side in a.side:
                 if not any(s["kind"] == "ffcv" and s["side"] == side for s, _e, _p in configs.values()):
                     continue
-                spec = {"kind": "ffcv-write", "blobs": str(Path(d) / f"c{side}.npz"),
-                        "beton": str(Path(d) / f"c{side}.beton")}
+                spec = {
+                    "kind": "ffcv-write",
+                    "blobs": str(Path(d) / f"c{side}.npz"),
+                    "beton": str(Path(d) / f"c{side}.beton"),
+                }
                 try:
-                    chk = json.loads(subprocess.run(
-                        [pythons["ffcv"], __file__, "--worker", json.dumps(spec)], capture_output=True,
-                        text=True, check=True, timeout=900, env={**os.environ, **peer_env(root, "ffcv")}
-                    ).stdout.strip().splitlines()[-1])
+                    chk = json.loads(
+                        subprocess.run(
+                            [pythons["ffcv"], __file__, "--worker", json.dumps(spec)],
+                            capture_output=True,
+                            text=True,
+                            check=True,
+                            timeout=900,
+                            env={**os.environ, **peer_env(root, "ffcv")},
+                        )
+                        .stdout.strip()
+                        .splitlines()[-1]
+                    )
                 except (subprocess.CalledProcessError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
                     tail = (getattr(e, "stderr", "") or "").strip().splitlines()
                     rc = getattr(e, "returncode", None)
-                    skipped[f"ffcv S{side}"] = ("writing the .beton failed" + (f" (status {rc})" if rc else "")
-                                                + (f": {tail[-1][:200]}" if tail else f": {type(e).__name__}"))
+                    skipped[f"ffcv S{side}"] = (
+                        "writing the .beton failed"
+                        + (f" (status {rc})" if rc else "")
+                        + (f": {tail[-1][:200]}" if tail else f": {type(e).__name__}")
+                    )
                     continue
                 ffcv_checks[side] = chk
                 if chk["identical"] != chk["records"]:
-                    skipped[f"ffcv S{side}"] = (f"the .beton's payloads are not the records' bytes "
-                                                f"({chk['identical']} of {chk['records']} identical)")
+                    skipped[f"ffcv S{side}"] = (
+                        f"the .beton's payloads are not the records' bytes "
+                        f"({chk['identical']} of {chk['records']} identical)"
+                    )
         for k in list(configs):
             spec, _e, peer = configs[k]
             if peer and (peer in skipped or f"{peer} S{spec.get('side')}" in skipped):
                 del configs[k]
         for spec, _e, _p in configs.values():
             spec["batches"] = a.batches
-        print(f"{len(configs)} configurations, {a.rounds} round(s); peers skipped: {skipped or 'none'}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{len(configs)} configurations, {a.rounds} round(s); peers skipped: {skipped or 'none'}",
+            file=sys.stderr,
+            flush=True,
+        )
 
-        res = rounds(Path(__file__), {k: [json.dumps(v[0])] for k, v in configs.items()}, a.rounds,
-                     env={k: {**v[1], **(peer_env(root, v[2]) if v[2] else {})} for k, v in configs.items()},
-                     python={k: pythons[v[2]] for k, v in configs.items() if v[2]}, keep_going=True)
+        res = rounds(
+            Path(__file__),
+            {k: [json.dumps(v[0])] for k, v in configs.items()},
+            a.rounds,
+            env={k: {**v[1], **(peer_env(root, v[2]) if v[2] else {})} for k, v in configs.items()},
+            python={k: pythons[v[2]] for k, v in configs.items() if v[2]},
+            keep_going=True,
+        )
         psnr = dct_psnr(big) if a.dct else {}
     load_end = os.getloadavg()
 
@@ -597,25 +732,33 @@ def main() -> None:
             partial[k] = f"{len(errors)} of {len(v)} rounds failed ({errors[0]}); median of the others"
     m = {k: median(v, "img_s") for k, v in ok.items() if v}
     cpu = {k: median(v, "cpu_us") for k, v in ok.items() if v}
-    print(f"\nbench_compact: {len(files)} kodak photos -> compact q90 4:2:0, resize shorter_side "
-          f"{'/'.join(map(str, a.side))}; RRC + flip, batch {B}, {WARMUP} warm-up + {a.batches} timed "
-          f"batches per worker, median of {a.rounds} round(s)\nmachine: {machine()}\n"
-          f"started {t_start}; load average at start {load_start[0]:.2f} {load_start[1]:.2f} "
-          f"{load_start[2]:.2f}, at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}\n")
+    print(
+        f"\nbench_compact: {len(files)} kodak photos -> compact q90 4:2:0, resize shorter_side "
+        f"{'/'.join(map(str, a.side))}; RRC + flip, batch {B}, {WARMUP} warm-up + {a.batches} timed "
+        f"batches per worker, median of {a.rounds} round(s)\nmachine: {machine()}\n"
+        f"started {t_start}; load average at start {load_start[0]:.2f} {load_start[1]:.2f} "
+        f"{load_start[2]:.2f}, at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}\n"
+    )
     for side, s in sizes.items():
         frac = s["file"] / s["raw"]
-        print(f"S{side}: {s['n']} records, {s['geometry']}, file {s['file'] / 2**20:.2f} MiB = "
-              f"{frac:.3f} of RAW ({s['raw'] / 2**20:.1f} MiB){'' if frac <= 0.2 else '  ABOVE 0.2'}; "
-              f"JPEG payloads {s['records'] / 2**20:.2f} MiB; converted in {s['seconds']:.1f} s")
+        print(
+            f"S{side}: {s['n']} records, {s['geometry']}, file {s['file'] / 2**20:.2f} MiB = "
+            f"{frac:.3f} of RAW ({s['raw'] / 2**20:.1f} MiB){'' if frac <= 0.2 else '  ABOVE 0.2'}; "
+            f"JPEG payloads {s['records'] / 2**20:.2f} MiB; converted in {s['seconds']:.1f} s"
+        )
         if "rb_file" in s:
             frac = s["rb_file"] / s["raw"]
-            print(f"S{side} raw_budget {a.raw_budget:g}: file {s['rb_file'] / 2**20:.2f} MiB = {frac:.3f} of "
-                  f"RAW{'' if frac <= 0.2 else '  ABOVE 0.2'}; records {s['rb_records'] / s['raw']:.3f} of "
-                  f"their pixels; {s['rb_raw']} of {s['n']} records stored RAW")
+            print(
+                f"S{side} raw_budget {a.raw_budget:g}: file {s['rb_file'] / 2**20:.2f} MiB = {frac:.3f} of "
+                f"RAW{'' if frac <= 0.2 else '  ABOVE 0.2'}; records {s['rb_records'] / s['raw']:.3f} of "
+                f"their pixels; {s['rb_raw']} of {s['n']} records stored RAW"
+            )
     for side, c in ffcv_checks.items():
-        print(f"S{side} FFCV .beton: {c['identical']} of {c['records']} payloads byte-identical to the "
-              f"records; payloads {c['payload_bytes']} B, stored {c['stored_payload_bytes']} B, "
-              f".beton {c['beton_bytes']} B")
+        print(
+            f"S{side} FFCV .beton: {c['identical']} of {c['records']} payloads byte-identical to the "
+            f"records; payloads {c['payload_bytes']} B, stored {c['stored_payload_bytes']} B, "
+            f".beton {c['beton_bytes']} B"
+        )
     for k, why in skipped.items():
         print(f"skipped {k}: {why}")
     for k, why in partial.items():
@@ -623,8 +766,10 @@ def main() -> None:
     print("\n| configuration | img/s | CPU µs / img | img / CPU-s | rounds (img/s) |")
     print("|---|---:|---:|---:|---|")
     for k in m:
-        print(f"| {k} | {m[k]:,.0f} | {cpu[k]:.0f} | {1e6 / cpu[k]:,.0f} | "
-              f"{' / '.join(format(r['img_s'], ',.0f') for r in ok[k])} |")
+        print(
+            f"| {k} | {m[k]:,.0f} | {cpu[k]:.0f} | {1e6 / cpu[k]:,.0f} | "
+            f"{' / '.join(format(r['img_s'], ',.0f') for r in ok[k])} |"
+        )
 
     def print_pairs(key: str, title: str) -> None:
         """The paired ratios `key` of every worker that has them: the median of all its pairs,
@@ -636,17 +781,25 @@ def main() -> None:
         for k, rs in pairs.items():
             if rs:
                 flat = [x for r in rs for x in r]
-                print(f"{k}: {statistics.median(flat):.2f}x "
-                      f"({' / '.join(f'{statistics.median(r):.2f}' for r in rs)}) (target >= 1.8x)")
+                print(
+                    f"{k}: {statistics.median(flat):.2f}x "
+                    f"({' / '.join(f'{statistics.median(r):.2f}' for r in rs)}) (target >= 1.8x)"
+                )
 
-    print_pairs("paired", f"Per core / the decode ceiling, paired in one process: each tbljax worker, "
-                f"after its timed batches, {PAIRS} times decodes every record of its file whole on 1 "
-                f"thread (tbljax _core.decode_jpeg; RAW-stored records copied) with the loader idle, "
-                f"then times {PAIR_BATCHES} batches; ratio (img/s / threads) / ceiling.")
-    print_pairs("paired_busy", f"Per core while both cores are busy, paired in one process: each "
-                f"2-thread tbljax worker, {PAIRS} times, also decodes every record whole on 2 threads "
-                f"at once (right after the 1-thread ceiling above), then times its {PAIR_BATCHES} "
-                f"batches; ratio loader img/s / that ceiling's img/s.")
+    print_pairs(
+        "paired",
+        f"Per core / the decode ceiling, paired in one process: each tbljax worker, "
+        f"after its timed batches, {PAIRS} times decodes every record of its file whole on 1 "
+        f"thread (tbljax _core.decode_jpeg; RAW-stored records copied) with the loader idle, "
+        f"then times {PAIR_BATCHES} batches; ratio (img/s / threads) / ceiling.",
+    )
+    print_pairs(
+        "paired_busy",
+        f"Per core while both cores are busy, paired in one process: each "
+        f"2-thread tbljax worker, {PAIRS} times, also decodes every record whole on 2 threads "
+        f"at once (right after the 1-thread ceiling above), then times its {PAIR_BATCHES} "
+        f"batches; ratio loader img/s / that ceiling's img/s.",
+    )
 
     def ratio(x: str, y: str, of=m) -> float:
         return of[x] / of[y] if x in of and y in of and of[y] else float("nan")
@@ -664,6 +817,7 @@ def main() -> None:
         if not rs:
             return "no round with all of them"
         return f"{' / '.join(f'{v:.2f}' for v in rs)}, median {statistics.median(rs):.2f}x"
+
     per_cpu = {k: 1e6 / v for k, v in cpu.items()}
     print()
     for side in a.side:
@@ -680,39 +834,53 @@ def main() -> None:
                     if tb in m and peers:
                         best = max(peers, key=peers.get)
                         best_cpu = max(peers, key=lambda k: per_cpu[k])
-                        print(f"{g}: {variant} / fastest peer ({best.split(': ')[1]}): {ratio(tb, best):.2f}x "
-                              f"(target >= 3x); per CPU-second / best peer ({best_cpu.split(': ')[1]}): "
-                              f"{ratio(tb, best_cpu, per_cpu):.2f}x; round by round / that round's "
-                              f"fastest peer: {paired(tb, list(peers))}")
+                        print(
+                            f"{g}: {variant} / fastest peer ({best.split(': ')[1]}): {ratio(tb, best):.2f}x "
+                            f"(target >= 3x); per CPU-second / best peer ({best_cpu.split(': ')[1]}): "
+                            f"{ratio(tb, best_cpu, per_cpu):.2f}x; round by round / that round's "
+                            f"fastest peer: {paired(tb, list(peers))}"
+                        )
                     if best_ceil and tb in m:
-                        txt = f"{g}: {variant} per core / decode ceiling per core ({best_ceil.split(': ')[1]}, " \
-                              f"{m[best_ceil]:,.0f} img/s): 2 threads / 2: {m[tb] / THREADS / m[best_ceil]:.2f}x"
+                        txt = (
+                            f"{g}: {variant} per core / decode ceiling per core ({best_ceil.split(': ')[1]}, "
+                            f"{m[best_ceil]:,.0f} img/s): 2 threads / 2: {m[tb] / THREADS / m[best_ceil]:.2f}x"
+                        )
                         if one_t in m:
                             txt += f", 1 thread: {ratio(one_t, best_ceil):.2f}x"
                         # Per CPU-second: the same comparison in the process's CPU time, which a
                         # neighbour's load moves far less than wall time on this 2-core machine.
-                        print(txt + f", per CPU-second: {ratio(tb, best_ceil_cpu, per_cpu):.2f}x (target >= 1.8x); "
-                              f"2 threads / 2, round by round: {paired(tb, [best_ceil], 1 / THREADS)}")
+                        print(
+                            txt + f", per CPU-second: {ratio(tb, best_ceil_cpu, per_cpu):.2f}x (target >= 1.8x); "
+                            f"2 threads / 2, round by round: {paired(tb, [best_ceil], 1 / THREADS)}"
+                        )
                     own = [k for k in m if k.startswith(f"S{side} raw_budget ceiling:")]
                     if variant != "tbljax" and tb in m and own:
-                        print(f"{g}: {variant} per core / the decode ceiling on its own records "
-                              f"({m[own[0]]:,.0f} img/s): 2 threads / 2: {m[tb] / THREADS / m[own[0]]:.2f}x; "
-                              f"round by round: {paired(tb, own, 1 / THREADS)}")
+                        print(
+                            f"{g}: {variant} per core / the decode ceiling on its own records "
+                            f"({m[own[0]]:,.0f} img/s): 2 threads / 2: {m[tb] / THREADS / m[own[0]]:.2f}x; "
+                            f"round by round: {paired(tb, own, 1 / THREADS)}"
+                        )
                 tb = f"{g}: tbljax, 2 threads"
                 if busy in m and tb in m:
-                    print(f"{g}: tbljax 2 threads / the ceiling on 2 threads (both cores busy, "
-                          f"{m[busy]:,.0f} img/s): {ratio(tb, busy):.2f}x")
+                    print(
+                        f"{g}: tbljax 2 threads / the ceiling on 2 threads (both cores busy, "
+                        f"{m[busy]:,.0f} img/s): {ratio(tb, busy):.2f}x"
+                    )
                 dct = f"{g}: tbljax jpeg_dct_scale, 2 threads"
                 if dct in m and tb in m:
                     print(f"{g}: jpeg_dct_scale speed-up: {ratio(dct, tb):.2f}x")
     if a.dct:
-        x, y = ("max side 512 -> 64px f32: tbljax jpeg_dct_scale, 2 threads",
-                "max side 512 -> 64px f32: tbljax, 2 threads")
+        x, y = (
+            "max side 512 -> 64px f32: tbljax jpeg_dct_scale, 2 threads",
+            "max side 512 -> 64px f32: tbljax, 2 threads",
+        )
         print(f"jpeg_dct_scale speed-up (max side 512 -> 64 px): {ratio(x, y):.2f}x")
         for name, r in psnr.items():
-            print(f"jpeg_dct_scale PSNR vs exact, {name} 64 px from max side 512: {100 * r['scaled']:.0f}% "
-                  f"of samples scaled; over those median {r['median_db']:.1f} dB, worst "
-                  f"{r['worst_db']:.1f} dB, pooled {r['pooled_db']:.1f} dB")
+            print(
+                f"jpeg_dct_scale PSNR vs exact, {name} 64 px from max side 512: {100 * r['scaled']:.0f}% "
+                f"of samples scaled; over those median {r['median_db']:.1f} dB, worst "
+                f"{r['worst_db']:.1f} dB, pooled {r['pooled_db']:.1f} dB"
+            )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ own process, medians over rounds. Also peak RSS as N grows (the TAR repeated k t
 
     python benchmarks/bench_convert.py [--rounds 3] [--size 160]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,8 +105,10 @@ def main() -> None:
     pil = median(res["Pillow loop, 1 core"], "img_s")
     one = median(res["tbljax, 1 thread"], "img_s")
     print(f"\ntbljax / turboloader: {tj / tl:.2f}x   (target >= 3x)")
-    print(f"tbljax per core / Pillow loop: {tj / cores / pil:.2f}x; 1 thread / Pillow: {one / pil:.2f}x"
-          "   (target >= 1.5x)")
+    print(
+        f"tbljax per core / Pillow loop: {tj / cores / pil:.2f}x; 1 thread / Pillow: {one / pil:.2f}x"
+        "   (target >= 1.5x)"
+    )
     rss1 = median(res[f"tbljax, {cores} threads"], "peak_rss_mib")
     rss4 = median(res[f"tbljax, {cores} threads, 4x N"], "peak_rss_mib")
     print(f"peak RSS at N={n1}: {rss1:.0f} MiB, at N={n4}: {rss4:.0f} MiB (flat: ratio {rss4 / rss1:.2f})")

@@ -4,6 +4,7 @@ Target: the loader adds <= 10% to the step.
 
     python benchmarks/bench_e2e.py [--rounds 3] [--steps 30] [--batch 64] [--size 160]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,7 @@ def worker(mode: str, path: str, steps: int, batch: int) -> dict:
     import tbljax
 
     def conv(x, w, stride):
-        return jax.lax.conv_general_dilated(x, w, (stride, stride), "SAME",
-                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jax.lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
     def forward(p, x):
         # A small CNN sized so a CPU step is tens of milliseconds: patchify, one conv, a head.
@@ -55,9 +55,11 @@ def worker(mode: str, path: str, steps: int, batch: int) -> dict:
 
     def init_params(key, classes):
         k1, k2, k3 = jax.random.split(key, 3)
-        return {"c1": jax.random.normal(k1, (4, 4, 3, 32)) * 0.1,
-                "c2": jax.random.normal(k2, (3, 3, 32, 64)) * 0.05,
-                "w": jax.random.normal(k3, (64, classes)) * 0.05}
+        return {
+            "c1": jax.random.normal(k1, (4, 4, 3, 32)) * 0.1,
+            "c2": jax.random.normal(k2, (3, 3, 32, 64)) * 0.05,
+            "w": jax.random.normal(k3, (64, classes)) * 0.05,
+        }
 
     @jax.jit
     def step(params, images, labels):
@@ -109,9 +111,11 @@ def main() -> None:
         make_file(path, a.size, 2000)
         configs = {m: [m, str(path), str(a.steps), str(a.batch)] for m in ("floor", "loader", "loader-aug")}
         res = rounds(Path(__file__), configs, a.rounds)
-    print(f"\nbench_e2e: small CNN (4x4/4 patchify conv, 3x3/2 conv, linear head), batch {a.batch} "
-          f"at {a.size} px, float32 NHWC, "
-          f"{a.steps} steps, median of {a.rounds} rounds\nmachine: {machine()}\n")
+    print(
+        f"\nbench_e2e: small CNN (4x4/4 patchify conv, 3x3/2 conv, linear head), batch {a.batch} "
+        f"at {a.size} px, float32 NHWC, "
+        f"{a.steps} steps, median of {a.rounds} rounds\nmachine: {machine()}\n"
+    )
     print("| configuration | step ms | img/s | overhead vs floor |")
     print("|---|---:|---:|---:|")
     floor = median(res["floor"], "step_ms")
@@ -123,8 +127,10 @@ def main() -> None:
     print("\noverhead, median over rounds of (step / floor step of the same round) - 1:")
     for name in ("loader", "loader-aug"):
         paired = [r["step_ms"] / f["step_ms"] - 1 for r, f in zip(res[name], res["floor"])]
-        print(f"  {name}: {100 * statistics.median(paired):+.1f}% "
-              f"(rounds: {', '.join(f'{100 * p:+.0f}%' for p in paired)}; target <= +10%)")
+        print(
+            f"  {name}: {100 * statistics.median(paired):+.1f}% "
+            f"(rounds: {', '.join(f'{100 * p:+.0f}%' for p in paired)}; target <= +10%)"
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ cost of a field is judged on CPU time.
 
     python benchmarks/bench_fields.py [--rounds 3] [--records 1000] [--batches 30]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,11 @@ def cpu_seconds() -> float:
 def values(i: int, name: str) -> dict:
     """Record i's fields: a caption, a (768,) float16 embedding, 20..100 int32 tokens."""
     rng = np.random.default_rng(i)
-    return {"caption": f"a photo of {name}, number {i}",
-            "emb": rng.standard_normal(EMB).astype(np.float16),
-            "tok": rng.integers(0, 32000, int(rng.integers(20, 101))).astype(np.int32)}
+    return {
+        "caption": f"a photo of {name}, number {i}",
+        "emb": rng.standard_normal(EMB).astype(np.float16),
+        "tok": rng.integers(0, 32000, int(rng.integers(20, 101))).astype(np.int32),
+    }
 
 
 def _npy(a: np.ndarray) -> bytes:
@@ -59,8 +62,12 @@ def write_tar(dst: Path, repeat: int) -> None:
         for i in range(repeat * len(files)):
             p = files[i % len(files)]
             v = values(i, p.stem)
-            for ext, data in (("jpg", p.read_bytes()), ("txt", v["caption"].encode()),
-                              ("emb.npy", _npy(v["emb"])), ("tok.npy", _npy(v["tok"]))):
+            for ext, data in (
+                ("jpg", p.read_bytes()),
+                ("txt", v["caption"].encode()),
+                ("emb.npy", _npy(v["emb"])),
+                ("tok.npy", _npy(v["tok"])),
+            ):
                 ti = tarfile.TarInfo(f"r{i:06d}.{ext}")
                 ti.size = len(data)
                 tf.addfile(ti, io.BytesIO(data))
@@ -77,9 +84,18 @@ def make_served_file(dst: Path, records: int) -> None:
     tbljax.convert(SHARED_DATA / "kodak" / "images", base, image_size=SIDE, progress=False)
     view = tbljax.open(base).view()
     vals = [values(i, f"photo {i % len(view)}") for i in range(records)]
-    tbljax.convert({"image": view[np.arange(records) % len(view)], "label": np.zeros(records, np.int64),
-                    "caption": [v["caption"] for v in vals], "emb": np.stack([v["emb"] for v in vals]),
-                    "tok": [v["tok"] for v in vals]}, dst, image_size=SIDE, progress=False)
+    tbljax.convert(
+        {
+            "image": view[np.arange(records) % len(view)],
+            "label": np.zeros(records, np.int64),
+            "caption": [v["caption"] for v in vals],
+            "emb": np.stack([v["emb"] for v in vals]),
+            "tok": [v["tok"] for v in vals],
+        },
+        dst,
+        image_size=SIDE,
+        progress=False,
+    )
     base.unlink()
 
 
@@ -88,20 +104,23 @@ def byte_tokenizer(texts: list[str]) -> np.ndarray:
     out = np.zeros((len(texts), PAD), np.int32)
     for r, t in enumerate(texts):
         b = np.frombuffer(t.encode()[:PAD], np.uint8)
-        out[r, :len(b)] = b.astype(np.int32) + 1
+        out[r, : len(b)] = b.astype(np.int32) + 1
     return out
 
 
-SERVE = {"images": dict(fields=None),
-         "images+emb+tok": dict(fields=["emb", "tok"], pad={"tok": PAD}),
-         "images+caption_fn": dict(fields=["caption"], field_fn={"caption": byte_tokenizer})}
+SERVE = {
+    "images": dict(fields=None),
+    "images+emb+tok": dict(fields=["emb", "tok"], pad={"tok": PAD}),
+    "images+caption_fn": dict(fields=["caption"], field_fn={"caption": byte_tokenizer}),
+}
 
 
 def serve_worker(kind: str, path: str, n_batches: int) -> dict:
     import tbljax
 
-    ld = tbljax.loader(path, B, seed=0, num_epochs=None, augment=tbljax.Augment(size=(OUT, OUT)),
-                       dtype="float32", **SERVE[kind])
+    ld = tbljax.loader(
+        path, B, seed=0, num_epochs=None, augment=tbljax.Augment(size=(OUT, OUT)), dtype="float32", **SERVE[kind]
+    )
     it = iter(ld)
 
     def take():
@@ -116,8 +135,12 @@ def serve_worker(kind: str, path: str, n_batches: int) -> dict:
         take()
     wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     ld.close()
-    return {"kind": kind, "img_s": n_batches * B / wall, "cpu_s_per_1k": cpu / (n_batches * B) * 1e3,
-            "fields_us_per_img": fields_cost(path, kind)}
+    return {
+        "kind": kind,
+        "img_s": n_batches * B / wall,
+        "cpu_s_per_1k": cpu / (n_batches * B) * 1e3,
+        "fields_us_per_img": fields_cost(path, kind),
+    }
 
 
 def fields_cost(path: str, kind: str, reps: int = 50) -> float:
@@ -145,11 +168,15 @@ def convert_worker(kind: str, tar: str) -> dict:
 
     with tempfile.TemporaryDirectory() as d:
         t0, c0 = time.perf_counter(), cpu_seconds()
-        s = tbljax.convert(tar, Path(d) / "out.tbl", image_size=SIDE, progress=False,
-                           fields=FIELDS if kind == "convert+fields" else None)
+        s = tbljax.convert(
+            tar,
+            Path(d) / "out.tbl",
+            image_size=SIDE,
+            progress=False,
+            fields=FIELDS if kind == "convert+fields" else None,
+        )
         wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-    return {"kind": kind, "img_s": s.written / wall, "cpu_s_per_1k": cpu / s.written * 1e3,
-            "records": s.written}
+    return {"kind": kind, "img_s": s.written / wall, "cpu_s_per_1k": cpu / s.written * 1e3, "records": s.written}
 
 
 def main() -> None:
@@ -177,20 +204,30 @@ def main() -> None:
     m = {k: median(v, "img_s") for k, v in res.items()}
     c = {k: median(v, "cpu_s_per_1k") for k, v in res.items()}
     f = {k: median(v, "fields_us_per_img") for k, v in res.items() if k in SERVE}
-    print(f"\nbench_fields: kodak ({len(kodak_photos())} photos) at {SIDE} px, {a.records} records, RRC + flip -> "
-          f"{OUT} px float32, batch {B}, {WARMUP} warm-up + {a.batches} timed batches; conversion of "
-          f"{a.tar_repeat * len(kodak_photos())} TAR records at {SIDE} px; median of {a.rounds} rounds\n"
-          f"machine: {machine()}\n")
-    print("| configuration | img/s (wall) | CPU s / 1000 img | cost (CPU time) | cost (wall) | target |\n"
-          "|---|---|---|---|---|---|")
-    for k, base, target in (("images", "images", ""), ("images+emb+tok", "images", "<= 10%"),
-                            ("images+caption_fn", "images", "<= 15%"), ("convert", "convert", ""),
-                            ("convert+fields", "convert", "<= 10%")):
+    print(
+        f"\nbench_fields: kodak ({len(kodak_photos())} photos) at {SIDE} px, {a.records} records, RRC + flip -> "
+        f"{OUT} px float32, batch {B}, {WARMUP} warm-up + {a.batches} timed batches; conversion of "
+        f"{a.tar_repeat * len(kodak_photos())} TAR records at {SIDE} px; median of {a.rounds} rounds\n"
+        f"machine: {machine()}\n"
+    )
+    print(
+        "| configuration | img/s (wall) | CPU s / 1000 img | cost (CPU time) | cost (wall) | target |\n"
+        "|---|---|---|---|---|---|"
+    )
+    for k, base, target in (
+        ("images", "images", ""),
+        ("images+emb+tok", "images", "<= 10%"),
+        ("images+caption_fn", "images", "<= 15%"),
+        ("convert", "convert", ""),
+        ("convert+fields", "convert", "<= 10%"),
+    ):
         cpu_cost, wall_cost = c[k] / c[base] - 1, m[base] / m[k] - 1
         costs = "| |" if k == base else f"| {cpu_cost:+.1%} | {wall_cost:+.1%} |"
         print(f"| {k} | {m[k]:.0f} | {c[k]:.3f} {costs} {target} |")
-    print("\nthe producer's field work alone (FieldServing.build, thread CPU time), against the images' "
-          "CPU time per image:\n\n| configuration | fields µs / img | of the images' CPU time |\n|---|---|---|")
+    print(
+        "\nthe producer's field work alone (FieldServing.build, thread CPU time), against the images' "
+        "CPU time per image:\n\n| configuration | fields µs / img | of the images' CPU time |\n|---|---|---|"
+    )
     for k in ("images+emb+tok", "images+caption_fn"):
         print(f"| {k} | {f[k]:.2f} | {f[k] / (c['images'] * 1e3):+.1%} |")
 

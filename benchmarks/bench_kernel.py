@@ -9,6 +9,7 @@ reported. Records are random uint8 (the kernel's cost does not depend on pixel v
 
 "produce" = batches written per second x batch size, into one reused output buffer.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,6 +52,7 @@ def rrc_boxes(rng, n, size):
     """torchvision RandomResizedCrop boxes (scale 0.08-1, ratio 3/4-4/3, 10 tries, then the
     centre crop) as (y0, x0, h, w)."""
     import numpy as np
+
     out = np.empty((n, 4), np.int32)
     for k in range(n):
         for _ in range(10):
@@ -68,11 +70,12 @@ def rrc_boxes(rng, n, size):
 def aligned_empty(shape, dtype, align=4096):
     """A C-contiguous array whose data starts on a 4 KiB boundary, like the loader's ring."""
     import numpy as np
+
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     raw = np.empty(nbytes + align, np.uint8)
     off = (-raw.ctypes.data) % align
-    return raw[off:off + nbytes].view(dtype).reshape(shape)
+    return raw[off : off + nbytes].view(dtype).reshape(shape)
 
 
 def interleaved(steps: dict, seconds: float, min_rounds: int = 10) -> tuple[dict, dict]:
@@ -99,12 +102,14 @@ def interleaved(steps: dict, seconds: float, min_rounds: int = 10) -> tuple[dict
 
 
 def child(name: str, args) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
     import ml_dtypes
     import numpy as np
-    from concurrent.futures import ThreadPoolExecutor
 
     from tbljax import _core
     from tbljax._src.engine import kernels
+
     kind, dtype_name, layout, _ = CONFIGS[name]
     dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "uint8": np.uint8}[dtype_name]
     s, b = args.size, args.batch
@@ -121,9 +126,14 @@ def child(name: str, args) -> dict:
     source = kernels.raw_source(records)
     nb = 64
     idx = [rng.integers(0, args.records, b) for _ in range(nb)]
-    crops = [rrc_boxes(rng, b, src_hw[0]) if kind == "rrc"
-             else np.tile(np.array([0, 0, *src_hw], np.int32), (b, 1)) if kind == "whole" else None
-             for _ in range(nb)]
+    crops = [
+        rrc_boxes(rng, b, src_hw[0])
+        if kind == "rrc"
+        else np.tile(np.array([0, 0, *src_hw], np.int32), (b, 1))
+        if kind == "whole"
+        else None
+        for _ in range(nb)
+    ]
     flips = [rng.random(b) < 0.5 if kind != "plain" else None for _ in range(nb)]
     norm = {} if dtype_name == "uint8" else IMAGENET
 
@@ -143,14 +153,18 @@ def child(name: str, args) -> dict:
     def fill_2t(i):  # numpy's fill releases the GIL: two threads, like the kernel's pool
         list(pool.map(lambda h: h.fill(i), halves))
 
-    rates, cpu_rates = interleaved(
-        {"kernel": kernel_step, "fill_1t": fill_1t, "fill_2t": fill_2t}, args.seconds)
+    rates, cpu_rates = interleaved({"kernel": kernel_step, "fill_1t": fill_1t, "fill_2t": fill_2t}, args.seconds)
     kernel_rate, f1, f2 = rates["kernel"], rates["fill_1t"], rates["fill_2t"]
-    return {"img_s": kernel_rate * b, "ms_per_batch": 1e3 / kernel_rate,
-            "img_per_cpu_s": cpu_rates["kernel"] * b,
-            "gb_s_written": kernel_rate * out.nbytes / 1e9,
-            "fill_img_s": max(f1, f2) * b, "fill_1t_img_s": f1 * b, "fill_2t_img_s": f2 * b,
-            "simd": _core.kernel_target()}
+    return {
+        "img_s": kernel_rate * b,
+        "ms_per_batch": 1e3 / kernel_rate,
+        "img_per_cpu_s": cpu_rates["kernel"] * b,
+        "gb_s_written": kernel_rate * out.nbytes / 1e9,
+        "fill_img_s": max(f1, f2) * b,
+        "fill_1t_img_s": f1 * b,
+        "fill_2t_img_s": f2 * b,
+        "simd": _core.kernel_target(),
+    }
 
 
 def main():
@@ -171,20 +185,25 @@ def main():
     names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
     load0 = os.getloadavg()
     results: dict[str, list[dict]] = {n: [] for n in names}
-    passthrough = [f"--records={args.records}", f"--size={args.size}", f"--batch={args.batch}",
-                   f"--rrc-source={args.rrc_source}", f"--seconds={args.seconds}"]
+    passthrough = [
+        f"--records={args.records}",
+        f"--size={args.size}",
+        f"--batch={args.batch}",
+        f"--rrc-source={args.rrc_source}",
+        f"--seconds={args.seconds}",
+    ]
     for r in range(args.rounds):
         for n in names:
             env = dict(os.environ, OPENBLAS_NUM_THREADS="1")  # no idle BLAS threads spinning
             if CONFIGS[n][3]:
                 env["TBLJAX_SIMD"] = CONFIGS[n][3]
-            p = subprocess.run([sys.executable, __file__, f"--child={n}", *passthrough],
-                               env=env, capture_output=True, text=True)
+            p = subprocess.run(
+                [sys.executable, __file__, f"--child={n}", *passthrough], env=env, capture_output=True, text=True
+            )
             if p.returncode != 0:
                 sys.exit(f"{n} failed:\n{p.stderr}")
             results[n].append(json.loads(p.stdout.strip().splitlines()[-1]))
-            print(f"round {r + 1}/{args.rounds} {n}: {results[n][-1]['img_s']:,.0f} img/s",
-                  file=sys.stderr)
+            print(f"round {r + 1}/{args.rounds} {n}: {results[n][-1]['img_s']:,.0f} img/s", file=sys.stderr)
 
     def med(n, key):
         return statistics.median(x[key] for x in results[n])
@@ -192,21 +211,29 @@ def main():
     def med_ratio(n):
         return statistics.median(x["img_s"] / x["fill_img_s"] for x in results[n])
 
-    print(f"\n{args.records} records, {args.size} px out (RRC from {args.rrc_source} px), "
-          f"batch {args.batch}, median of {args.rounds} rounds, {os.cpu_count()} CPUs")
+    print(
+        f"\n{args.records} records, {args.size} px out (RRC from {args.rrc_source} px), "
+        f"batch {args.batch}, median of {args.rounds} rounds, {os.cpu_count()} CPUs"
+    )
     print(f"load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f}")
-    print(f"{'config':26s} {'img/s':>9s} {'ms/batch':>9s} {'GB/s out':>9s} {'fill img/s':>11s} "
-          f"{'vs fill':>8s} {'img/CPU-s':>10s}  simd")
+    print(
+        f"{'config':26s} {'img/s':>9s} {'ms/batch':>9s} {'GB/s out':>9s} {'fill img/s':>11s} "
+        f"{'vs fill':>8s} {'img/CPU-s':>10s}  simd"
+    )
     for n in names:
-        print(f"{n:26s} {med(n, 'img_s'):9,.0f} {med(n, 'ms_per_batch'):9.2f} "
-              f"{med(n, 'gb_s_written'):9.1f} {med(n, 'fill_img_s'):11,.0f} "
-              f"{med_ratio(n):8.0%} {med(n, 'img_per_cpu_s'):10,.0f}  {results[n][0]['simd']}")
+        print(
+            f"{n:26s} {med(n, 'img_s'):9,.0f} {med(n, 'ms_per_batch'):9.2f} "
+            f"{med(n, 'gb_s_written'):9.1f} {med(n, 'fill_img_s'):11,.0f} "
+            f"{med_ratio(n):8.0%} {med(n, 'img_per_cpu_s'):10,.0f}  {results[n][0]['simd']}"
+        )
     all_fill = [x for n in names for x in results[n]]
-    print(f"fill roofline over all runs (float32 batch, numpy fill of a reused buffer): "
-          f"1 thread {statistics.median(x['fill_1t_img_s'] for x in all_fill):,.0f} img/s, "
-          f"2 threads {statistics.median(x['fill_2t_img_s'] for x in all_fill):,.0f} img/s; "
-          f"'vs fill' = kernel / the better fill measured in the same process; "
-          f"img/CPU-s = images per CPU-second of all the process's threads")
+    print(
+        f"fill roofline over all runs (float32 batch, numpy fill of a reused buffer): "
+        f"1 thread {statistics.median(x['fill_1t_img_s'] for x in all_fill):,.0f} img/s, "
+        f"2 threads {statistics.median(x['fill_2t_img_s'] for x in all_fill):,.0f} img/s; "
+        f"'vs fill' = kernel / the better fill measured in the same process; "
+        f"img/CPU-s = images per CPU-second of all the process's threads"
+    )
 
 
 if __name__ == "__main__":

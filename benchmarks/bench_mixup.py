@@ -5,6 +5,7 @@ mode "batch", a new step each call) inside the same jit. Rounds alternate the tw
 
     python benchmarks/bench_mixup.py [--rounds 5] [--steps 3] [--batch 128] [--depth 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,14 @@ def init(key, depth):
 
     p = {"embed": dense(PATCH * PATCH * 3, WIDTH), "head": dense(WIDTH, CLASSES), "blocks": []}
     for _ in range(depth):
-        p["blocks"].append({"qkv": dense(WIDTH, 3 * WIDTH), "proj": dense(WIDTH, WIDTH),
-                            "up": dense(WIDTH, 4 * WIDTH), "down": dense(4 * WIDTH, WIDTH)})
+        p["blocks"].append(
+            {
+                "qkv": dense(WIDTH, 3 * WIDTH),
+                "proj": dense(WIDTH, WIDTH),
+                "up": dense(WIDTH, 4 * WIDTH),
+                "down": dense(4 * WIDTH, WIDTH),
+            }
+        )
     return p
 
 
@@ -91,12 +98,16 @@ def main():
             jax.block_until_ready(mix_only(x, labels, i))
         times["mixup alone"].append((time.perf_counter() - t) / a.steps)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"jax {jax.__version__}, {jax.devices()[0].platform}, batch {a.batch} x 224^2 float32, depth {a.depth}, "
-          f"{a.rounds} rounds x {a.steps} steps")
+    print(
+        f"jax {jax.__version__}, {jax.devices()[0].platform}, batch {a.batch} x 224^2 float32, depth {a.depth}, "
+        f"{a.rounds} rounds x {a.steps} steps"
+    )
     for k, v in times.items():
         print(f"{k:12s} median {med[k] * 1e3:8.1f} ms/step  rounds {[round(t * 1e3, 1) for t in v]}")
-    print(f"mixup adds {100 * (med['mixup'] / med['plain'] - 1):+.1f}% to the step "
-          f"(alone: {100 * med['mixup alone'] / med['plain']:.1f}% of it)")
+    print(
+        f"mixup adds {100 * (med['mixup'] / med['plain'] - 1):+.1f}% to the step "
+        f"(alone: {100 * med['mixup alone'] / med['plain']:.1f}% of it)"
+    )
 
 
 if __name__ == "__main__":

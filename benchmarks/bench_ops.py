@@ -14,6 +14,7 @@ places ("crop"), float32 NHWC, in batches of 64.
 
 On a GPU machine the same script measures the GPU (jax's default backend).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,6 +44,7 @@ CONFIGS = ("host loader", "in-jit FFI", "in-jit twin", "resident ds.batch")
 # The dataset
 # ---------------------------------------------------------------------------------------------
 
+
 def make_dataset(path: Path) -> str:
     """A RAW TBL file of N_RECORDS STORED x STORED records; returns what it was made from."""
     import tbljax
@@ -61,8 +63,10 @@ def make_dataset(path: Path) -> str:
         source = f"kodak ({len(files)} photos, repeated)"
     else:
         y, x = np.mgrid[0:STORED, 0:STORED]
-        imgs = [np.stack([(x * (k + 1) + y) % 256, (y * 3 + k) % 256, (x + y + 7 * k) % 256],
-                         -1).astype(np.uint8) for k in range(64)]
+        imgs = [
+            np.stack([(x * (k + 1) + y) % 256, (y * 3 + k) % 256, (x + y + 7 * k) % 256], -1).astype(np.uint8)
+            for k in range(64)
+        ]
         source = "synthetic gradients (kodak absent)"
     with tbljax.Writer(path, N_RECORDS) as w:
         for i in range(N_RECORDS):
@@ -75,14 +79,14 @@ def make_dataset(path: Path) -> str:
 # The training step: a small conv net in plain jax.lax
 # ---------------------------------------------------------------------------------------------
 
+
 def init_params(key):
     import jax
 
     k1, k2, k3 = jax.random.split(key, 3)
     he = lambda k, shape, fan: jax.random.normal(k, shape) * np.sqrt(2.0 / fan)  # noqa: E731
     # Small on purpose (2 CPU cores): a 4x4 stride-4 stem, one 3x3 stride-2 conv, a linear head.
-    return {"c1": he(k1, (4, 4, 3, 16), 48), "c2": he(k2, (3, 3, 16, 32), 144),
-            "w": he(k3, (32, 10), 32)}
+    return {"c1": he(k1, (4, 4, 3, 16), 48), "c2": he(k2, (3, 3, 16, 32), 144), "w": he(k3, (32, 10), 32)}
 
 
 def loss_fn(params, images, labels):
@@ -91,10 +95,8 @@ def loss_fn(params, images, labels):
 
     dn = ("NHWC", "HWIO", "NHWC")
     x = images.astype(jnp.float32)
-    x = jax.nn.relu(jax.lax.conv_general_dilated(x, params["c1"], (4, 4), "VALID",
-                                                 dimension_numbers=dn))
-    x = jax.nn.relu(jax.lax.conv_general_dilated(x, params["c2"], (2, 2), "SAME",
-                                                 dimension_numbers=dn))
+    x = jax.nn.relu(jax.lax.conv_general_dilated(x, params["c1"], (4, 4), "VALID", dimension_numbers=dn))
+    x = jax.nn.relu(jax.lax.conv_general_dilated(x, params["c2"], (2, 2), "SAME", dimension_numbers=dn))
     logits = x.mean(axis=(1, 2)) @ params["w"]
     return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(labels.shape[0]), labels])
 
@@ -110,6 +112,7 @@ def sgd(params, images, labels):
 # One configuration, in its own process
 # ---------------------------------------------------------------------------------------------
 
+
 def augment_spec(name: str):
     """rrc_flip: random-resized-crop to 160 px + flip. crop: a fixed-size 160 px crop at a
     random place, no flip (the same box path, the least work per pixel)."""
@@ -117,8 +120,7 @@ def augment_spec(name: str):
 
     if name == "rrc_flip":
         return tbljax.Augment(size=(OUT, OUT))
-    return tbljax.Augment(size=(OUT, OUT), flip=False, scale=(OUT * OUT / STORED**2,) * 2,
-                          ratio=(1.0, 1.0))
+    return tbljax.Augment(size=(OUT, OUT), flip=False, scale=(OUT * OUT / STORED**2,) * 2, ratio=(1.0, 1.0))
 
 
 def worker(config: str, path: str, batch: int, steps: int, augment: str) -> dict:
@@ -128,8 +130,8 @@ def worker(config: str, path: str, batch: int, steps: int, augment: str) -> dict
     import jax.numpy as jnp
 
     import tbljax
-    from tbljax._src.rules import augment as aug_mod
     from tbljax import ops
+    from tbljax._src.rules import augment as aug_mod
     from tbljax._src.rules import order
 
     aug = augment_spec(augment)
@@ -141,8 +143,7 @@ def worker(config: str, path: str, batch: int, steps: int, augment: str) -> dict
         """What the host decides for a step: indices, crop boxes, flips (numpy)."""
         epoch, s = divmod(step, n // batch)
         idx = order.permute(np.arange(s * batch, (s + 1) * batch), n, seed, epoch)
-        boxes, flips = aug_mod.sample(aug, idx, height=STORED, width=STORED, seed=seed,
-                                      epoch=epoch)
+        boxes, flips = aug_mod.sample(aug, idx, height=STORED, width=STORED, seed=seed, epoch=epoch)
         return idx, boxes, flips
 
     def timed(fn, k):
@@ -187,12 +188,11 @@ def worker(config: str, path: str, batch: int, steps: int, augment: str) -> dict
         plans = [host_plan(i) for i in range(steps)]
         kw = dict(out_size=(OUT, OUT), mean=mean, std=std, backend=backend)
         if backend == "ffi":  # write each batch into the previous one's (donated) buffer
-            draw = jax.jit(lambda d, i, c, f, o: ops.gather_normalize(d, i, crop=c, flip=f,
-                                                                      out=o, **kw),
-                           donate_argnums=4)
+            draw = jax.jit(
+                lambda d, i, c, f, o: ops.gather_normalize(d, i, crop=c, flip=f, out=o, **kw), donate_argnums=4
+            )
         else:
-            draw = jax.jit(lambda d, i, c, f, o: ops.gather_normalize(d, i, crop=c, flip=f,
-                                                                      **kw))
+            draw = jax.jit(lambda d, i, c, f, o: ops.gather_normalize(d, i, crop=c, flip=f, **kw))
         buf = {"o": jnp.zeros((batch, OUT, OUT, 3), jnp.float32)}
 
         def gather(i):
@@ -211,8 +211,7 @@ def worker(config: str, path: str, batch: int, steps: int, augment: str) -> dict
             return loss
 
     # The floor: the same training step on one fixed batch already on the device.
-    floor_x = jnp.asarray(np.random.default_rng(0).standard_normal((batch, OUT, OUT, 3)),
-                          jnp.float32)
+    floor_x = jnp.asarray(np.random.default_rng(0).standard_normal((batch, OUT, OUT, 3)), jnp.float32)
     floor_y = jnp.arange(batch, dtype=jnp.int32) % 10
     floor_train = jit_donating(sgd)
     fstate = {"p": init_params(jax.random.key(0))}
@@ -225,19 +224,24 @@ def worker(config: str, path: str, batch: int, steps: int, augment: str) -> dict
         timed(fn, 2)
     # Alternate the three a few times so drift (other load on the machine) hits all alike;
     # the added time is the median of the per-pass differences.
-    passes = [(timed(gather, steps), timed(step_fn, steps), timed(floor_fn, steps))
-              for _ in range(PASSES)]
+    passes = [(timed(gather, steps), timed(step_fn, steps), timed(floor_fn, steps)) for _ in range(PASSES)]
     if it is not None:
         it.close()
     g, st, fl = (statistics.median(p[k] for p in passes) for k in range(3))
     added = statistics.median(p[1] - p[2] for p in passes)
-    return {"img_s": batch * steps / g, "step_ms": 1e3 * st / steps, "floor_ms": 1e3 * fl / steps,
-            "added_ms": 1e3 * added / steps, "platform": jax.default_backend()}
+    return {
+        "img_s": batch * steps / g,
+        "step_ms": 1e3 * st / steps,
+        "floor_ms": 1e3 * fl / steps,
+        "added_ms": 1e3 * added / steps,
+        "platform": jax.default_backend(),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
 # The driver
 # ---------------------------------------------------------------------------------------------
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -261,24 +265,52 @@ def main():
         source = make_dataset(path)
         rows = []
         for aug in augs:
-            runs = rounds(Path(__file__), {
-                c: ["--config", c, "--path", str(path), "--batch", str(args.batch),
-                    "--steps", str(args.steps), "--augment", aug] for c in configs}, args.rounds)
+            runs = rounds(
+                Path(__file__),
+                {
+                    c: [
+                        "--config",
+                        c,
+                        "--path",
+                        str(path),
+                        "--batch",
+                        str(args.batch),
+                        "--steps",
+                        str(args.steps),
+                        "--augment",
+                        aug,
+                    ]
+                    for c in configs
+                },
+                args.rounds,
+            )
             for c in configs:
                 rs = runs[c]
-                rows.append((aug, c, median(rs, "img_s"), median(rs, "step_ms"),
-                             median(rs, "floor_ms"), median(rs, "added_ms"), rs[0]["platform"]))
-    print(f"\nMachine: {machine()}. Data: {source}, {N_RECORDS} records of {STORED} px, "
-          f"float32 NHWC {OUT} px batches of {args.batch}; each configuration in its own process, "
-          f"{args.rounds} rounds interleaved, each round the median of {PASSES} alternating "
-          f"passes of {args.steps} steps (batches alone, training step, floor); medians of "
-          f"the rounds.\n")
-    print("| augment | path | batches alone, img/s | train step, ms | floor step, ms "
-          "| added by the input, ms | platform |")
+                rows.append(
+                    (
+                        aug,
+                        c,
+                        median(rs, "img_s"),
+                        median(rs, "step_ms"),
+                        median(rs, "floor_ms"),
+                        median(rs, "added_ms"),
+                        rs[0]["platform"],
+                    )
+                )
+    print(
+        f"\nMachine: {machine()}. Data: {source}, {N_RECORDS} records of {STORED} px, "
+        f"float32 NHWC {OUT} px batches of {args.batch}; each configuration in its own process, "
+        f"{args.rounds} rounds interleaved, each round the median of {PASSES} alternating "
+        f"passes of {args.steps} steps (batches alone, training step, floor); medians of "
+        f"the rounds.\n"
+    )
+    print(
+        "| augment | path | batches alone, img/s | train step, ms | floor step, ms "
+        "| added by the input, ms | platform |"
+    )
     print("|---|---|---:|---:|---:|---:|---|")
     for aug, c, img_s, step, floor, added, plat in rows:
-        print(f"| {aug} | {c} | {img_s:,.0f} | {step:.1f} | {floor:.1f} | {added:+.1f} "
-              f"| {plat} |")
+        print(f"| {aug} | {c} | {img_s:,.0f} | {step:.1f} | {floor:.1f} | {added:+.1f} | {plat} |")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ own process, the trees interleaved round by round; medians over rounds.
 --simd runs every worker with TBLJAX_SIMD set (both trees on the same target); --jobs runs only
 the configurations named (the first column of the table).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,9 @@ B, WARMUP, SIDE = 256, 8, 256
 def serve_worker(spec: dict) -> dict:
     import tbljax
 
-    opts = tbljax.LoaderOptions(batch_size=B, seed=0, augment=tbljax.Augment(size=(224, 224)),
-                                dtype=spec["dtype"], prefetch=1)
+    opts = tbljax.LoaderOptions(
+        batch_size=B, seed=0, augment=tbljax.Augment(size=(224, 224)), dtype=spec["dtype"], prefetch=1
+    )
     it = iter(tbljax.HostLoader(tbljax.open(spec["data"]), opts))
     for _ in range(WARMUP):
         np.asarray(next(it).image).reshape(-1)[0].item()
@@ -57,8 +59,7 @@ def convert_worker(spec: dict) -> dict:
     kw = dict(format="jpeg", quality=90, chroma="420") if spec["format"] == "compact" else {}
     with tempfile.TemporaryDirectory() as d:
         t = time.perf_counter()
-        tbljax.convert(files, Path(d) / "out.tbl", image_size=SIDE, resize="shorter_side",
-                       progress=False, **kw)
+        tbljax.convert(files, Path(d) / "out.tbl", image_size=SIDE, resize="shorter_side", progress=False, **kw)
         return {"img_s": len(files) / (time.perf_counter() - t), "tbljax": tbljax.__file__}
 
 
@@ -86,19 +87,29 @@ def main() -> None:
         import tbljax
 
         tbljax.convert(files, data, image_size=SIDE, resize="shorter_side", progress=False)
-        jobs = [("serve float32", dict(job="serve", dtype="float32", data=data)),
-                ("serve uint8", dict(job="serve", dtype="uint8", data=data)),
-                ("serve compact float32", dict(job="serve", dtype="float32", data=compact)),
-                ("convert raw", dict(job="convert", format="raw")),
-                ("convert compact", dict(job="convert", format="compact"))]
+        jobs = [
+            ("serve float32", dict(job="serve", dtype="float32", data=data)),
+            ("serve uint8", dict(job="serve", dtype="uint8", data=data)),
+            ("serve compact float32", dict(job="serve", dtype="float32", data=compact)),
+            ("convert raw", dict(job="convert", format="raw")),
+            ("convert compact", dict(job="convert", format="compact")),
+        ]
         if a.jobs:
             unknown = set(a.jobs) - {name for name, _ in jobs}
             if unknown:
                 ap.error(f"--jobs: unknown {sorted(unknown)}")
             jobs = [(name, spec) for name, spec in jobs if name in a.jobs]
         if any(spec.get("data") == compact for _, spec in jobs):
-            tbljax.convert(files, compact, image_size=SIDE, resize="shorter_side", progress=False,
-                           format="jpeg", quality=90, chroma="420")
+            tbljax.convert(
+                files,
+                compact,
+                image_size=SIDE,
+                resize="shorter_side",
+                progress=False,
+                format="jpeg",
+                quality=90,
+                chroma="420",
+            )
         configs, env = {}, {}
         for name, spec in jobs:
             for k, tree in enumerate(trees):
@@ -111,11 +122,12 @@ def main() -> None:
     for key, runs in res.items():  # each worker imported its own tree's tbljax
         tree = trees[0] if key.endswith("before") else trees[1]
         assert all(Path(r["tbljax"]).is_relative_to(tree) for r in runs), (key, runs[0]["tbljax"])
-    print(f"\nbench_regress: kodak at shorter side {SIDE}, {a.rounds} interleaved rounds, "
-          f"medians; TBLJAX_SIMD={a.simd or '(unset)'}\nbefore: {trees[0]}\nafter:  {trees[1]}\n"
-          f"machine: {machine()}\n")
-    print("| configuration | before img/s | after img/s | after ÷ before | after ÷ before, "
-          "median of the rounds |")
+    print(
+        f"\nbench_regress: kodak at shorter side {SIDE}, {a.rounds} interleaved rounds, "
+        f"medians; TBLJAX_SIMD={a.simd or '(unset)'}\nbefore: {trees[0]}\nafter:  {trees[1]}\n"
+        f"machine: {machine()}\n"
+    )
+    print("| configuration | before img/s | after img/s | after ÷ before | after ÷ before, median of the rounds |")
     print("|---|---:|---:|---:|---:|")
     for name, _ in jobs:
         before, after = res[f"{name} | before"], res[f"{name} | after"]

@@ -13,6 +13,7 @@ decoded records, turboloader's train_aug, which serves only records of one size)
     python benchmarks/bench_serve.py [--rounds 3] [--records 5000] [--batches 40]
     python benchmarks/bench_serve.py --suite fullaspect [--rounds 3] [--records 5000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,9 @@ def make_file(dst: Path, records: int, size: int) -> None:
 
 
 def photo_files() -> list[Path]:
-    return sorted((SHARED_DATA / "kodak" / "images").rglob("*.jpg")) + \
-        sorted((SHARED_DATA / "caltech101" / "images").rglob("*.jpg"))
+    return sorted((SHARED_DATA / "kodak" / "images").rglob("*.jpg")) + sorted(
+        (SHARED_DATA / "caltech101" / "images").rglob("*.jpg")
+    )
 
 
 def make_photo_file(dst: Path, records: int, **recipe) -> None:
@@ -97,7 +99,7 @@ def albumentations_batches(path: str, threads: int):
     while True:
         perm = rng.permutation(len(images))
         for s in range(len(images) // B):
-            yield np.stack(list(pool.map(lambda i: aug(image=images[i])["image"], perm[s * B:(s + 1) * B])))
+            yield np.stack(list(pool.map(lambda i: aug(image=images[i])["image"], perm[s * B : (s + 1) * B])))
 
 
 FULLASPECT_KINDS = {  # kind -> (file, what it is)
@@ -116,11 +118,15 @@ def fullaspect_worker(kind: str, path: str, n_batches: int) -> dict:
     if kind in ("fa-rrc", "sq-rrc", "fa-center", "sq224-plain"):
         import tbljax
 
-        augment = {"fa-rrc": tbljax.Augment(size=(224, 224)), "sq-rrc": tbljax.Augment(size=(224, 224)),
-                   "fa-center": tbljax.Augment(crop="center", flip=False, size=(224, 224)),
-                   "sq224-plain": None}[kind]
-        it = tbljax.loader(path, B, seed=0, num_epochs=None, dtype="float32", layout="NHWC",
-                           augment=augment, threads=threads)
+        augment = {
+            "fa-rrc": tbljax.Augment(size=(224, 224)),
+            "sq-rrc": tbljax.Augment(size=(224, 224)),
+            "fa-center": tbljax.Augment(crop="center", flip=False, size=(224, 224)),
+            "sq224-plain": None,
+        }[kind]
+        it = tbljax.loader(
+            path, B, seed=0, num_epochs=None, dtype="float32", layout="NHWC", augment=augment, threads=threads
+        )
         ips = timed((b["image"] for b in it), n_batches, "consumed")
         it.close()
     elif kind == "albumentations":
@@ -131,12 +137,21 @@ def fullaspect_worker(kind: str, path: str, n_batches: int) -> dict:
         def batches():
             epoch = 0
             while True:
-                ld = tl.TblRawImageLoader(path, batch_size=B, seed=0, shuffle=True, drop_last=True,
-                                          image_size=224, train_aug=True, hflip_prob=0.5)
+                ld = tl.TblRawImageLoader(
+                    path,
+                    batch_size=B,
+                    seed=0,
+                    shuffle=True,
+                    drop_last=True,
+                    image_size=224,
+                    train_aug=True,
+                    hflip_prob=0.5,
+                )
                 ld.set_epoch(epoch)
                 for x, _ in ld:
                     yield x
                 epoch += 1
+
         ips = timed(batches(), n_batches, "consumed")
     else:
         raise ValueError(kind)
@@ -157,21 +172,24 @@ def fullaspect_suite(a) -> None:
         configs = {k: ["fa:" + k, str(paths[FULLASPECT_KINDS[k][0]]), "consumed", str(a.batches)] for k in kinds}
         res = rounds(Path(__file__), configs, a.rounds)
     m = {k: median(v, "img_s") for k, v in res.items()}
-    print(f"\nbench_serve --suite fullaspect: {len(photo_files())} photos (kodak + caltech101) repeated to "
-          f"{a.records} records, 224 px float32 NHWC out (turboloader: NCHW, its layout), batch {B}, 2 threads, "
-          f"every byte consumed, {a.batches} timed batches, median of {a.rounds} rounds\nmachine: {machine()}\n"
-          f"load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f}\n")
+    print(
+        f"\nbench_serve --suite fullaspect: {len(photo_files())} photos (kodak + caltech101) repeated to "
+        f"{a.records} records, 224 px float32 NHWC out (turboloader: NCHW, its layout), batch {B}, 2 threads, "
+        f"every byte consumed, {a.batches} timed batches, median of {a.rounds} rounds\nmachine: {machine()}\n"
+        f"load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f}\n"
+    )
     print("| configuration | records | consumed img/s |")
     print("|---|---|---:|")
     for k in kinds:
         print(f"| {FULLASPECT_KINDS[k][1]} | {FULLASPECT_KINDS[k][0]} | {m[k]:.0f} |")
     print()
     for label, num, den, target in [
-            ("(a) full-aspect RRC / square RRC", "fa-rrc", "sq-rrc", ">= 0.7x"),
-            ("(b) full-aspect center crop / square 224 no resize", "fa-center", "sq224-plain", ">= 1x"),
-            ("(b) full-aspect center crop / square RRC", "fa-center", "sq-rrc", ">= 1x"),
-            ("(c) full-aspect RRC / albumentations+OpenCV", "fa-rrc", "albumentations", ">= 5x"),
-            ("(c) full-aspect RRC / turboloader train_aug (square)", "fa-rrc", "turboloader-train-aug", ">= 3x")]:
+        ("(a) full-aspect RRC / square RRC", "fa-rrc", "sq-rrc", ">= 0.7x"),
+        ("(b) full-aspect center crop / square 224 no resize", "fa-center", "sq224-plain", ">= 1x"),
+        ("(b) full-aspect center crop / square RRC", "fa-center", "sq-rrc", ">= 1x"),
+        ("(c) full-aspect RRC / albumentations+OpenCV", "fa-rrc", "albumentations", ">= 5x"),
+        ("(c) full-aspect RRC / turboloader train_aug (square)", "fa-rrc", "turboloader-train-aug", ">= 3x"),
+    ]:
         if num in m and den in m:
             print(f"{label}: {m[num] / m[den]:.2f}x (target {target})")
 
@@ -204,11 +222,13 @@ def worker(kind: str, path: str, mode: str, n_batches: int) -> dict:
     if kind.startswith("tbljax"):
         import tbljax
 
-        opts = {"tbljax-f32-nhwc": dict(dtype="float32", layout="NHWC"),
-                "tbljax-f32-nchw": dict(dtype="float32", layout="NCHW"),
-                "tbljax-bf16": dict(dtype="bfloat16", layout="NHWC"),
-                "tbljax-u8": dict(dtype="uint8", layout="NHWC"),
-                "tbljax-rrc-flip": dict(dtype="float32", layout="NCHW", augment="rrc_flip")}[kind]
+        opts = {
+            "tbljax-f32-nhwc": dict(dtype="float32", layout="NHWC"),
+            "tbljax-f32-nchw": dict(dtype="float32", layout="NCHW"),
+            "tbljax-bf16": dict(dtype="bfloat16", layout="NHWC"),
+            "tbljax-u8": dict(dtype="uint8", layout="NHWC"),
+            "tbljax-rrc-flip": dict(dtype="float32", layout="NCHW", augment="rrc_flip"),
+        }[kind]
         it = tbljax.loader(path, B, seed=0, num_epochs=None, **opts)
         ips = timed((b["image"] for b in it), n_batches, mode)
         extra = it.metrics() if hasattr(it, "metrics") else {}
@@ -223,12 +243,21 @@ def worker(kind: str, path: str, mode: str, n_batches: int) -> dict:
         def batches():
             epoch = 0
             while True:
-                ld = tl.TblRawImageLoader(path, batch_size=B, seed=0, shuffle=True, drop_last=True,
-                                          prefetch_batches=prefetch, train_aug=aug, hflip_prob=0.5 if aug else 0.0)
+                ld = tl.TblRawImageLoader(
+                    path,
+                    batch_size=B,
+                    seed=0,
+                    shuffle=True,
+                    drop_last=True,
+                    prefetch_batches=prefetch,
+                    train_aug=aug,
+                    hflip_prob=0.5 if aug else 0.0,
+                )
                 ld.set_epoch(epoch)
                 for x, _ in ld:
                     yield x
                 epoch += 1
+
         ips = timed(batches(), n_batches, mode)
     elif kind == "grain":
         import grain
@@ -246,8 +275,13 @@ def worker(kind: str, path: str, mode: str, n_batches: int) -> dict:
             def __getitem__(self, i):
                 return view[i]
 
-        ds = (grain.MapDataset.source(Source()).shuffle(seed=0).repeat()
-              .map(lambda x: ((x.astype(np.float32) - mean) * inv).transpose(2, 0, 1)).batch(B))
+        ds = (
+            grain.MapDataset.source(Source())
+            .shuffle(seed=0)
+            .repeat()
+            .map(lambda x: ((x.astype(np.float32) - mean) * inv).transpose(2, 0, 1))
+            .batch(B)
+        )
         it = ds.to_iter_dataset(grain.ReadOptions(num_threads=os.cpu_count(), prefetch_buffer_size=4 * B))
         ips = timed(it, n_batches, mode)
     elif kind == "numpy":
@@ -266,11 +300,12 @@ def worker(kind: str, path: str, mode: str, n_batches: int) -> dict:
             while True:
                 perm = rng.permutation(n)
                 for s in range(n // B):
-                    np.take(view, perm[s * B:(s + 1) * B], axis=0, out=u8)
+                    np.take(view, perm[s * B : (s + 1) * B], axis=0, out=u8)
                     for c in range(3):
                         np.multiply(u8[..., c], scale[c], out=out[:, c])
                         out[:, c] += shift[c]
                     yield out
+
         ips = timed(batches(), n_batches, mode)
     elif kind == "roofline":
         big = np.empty((B, 160, 160, 3), np.float32)  # one float32 batch: 78.6 MB
@@ -286,9 +321,14 @@ def worker(kind: str, path: str, mode: str, n_batches: int) -> dict:
             np.copyto(big, src)
         copy = 2 * reps * big.nbytes / (time.perf_counter() - t0)
         per_img_bytes = 160 * 160 * 3 * (1 + 4)  # read u8 + write f32
-        return {"kind": kind, "fill_GBs": fill / 1e9, "copy_GBs": copy / 1e9,
-                "img_s": fill / (160 * 160 * 3 * 4), "copy_roofline_img_s": copy / per_img_bytes,
-                "rss_anon_mib": rss_anon_mib()}
+        return {
+            "kind": kind,
+            "fill_GBs": fill / 1e9,
+            "copy_GBs": copy / 1e9,
+            "img_s": fill / (160 * 160 * 3 * 4),
+            "copy_roofline_img_s": copy / per_img_bytes,
+            "rss_anon_mib": rss_anon_mib(),
+        }
     else:
         raise ValueError(kind)
     return {"kind": kind, "mode": mode, "img_s": ips, "rss_anon_mib": rss_anon_mib(), **extra}
@@ -332,8 +372,18 @@ def main() -> None:
         return
     if not (SHARED_DATA / "kodak").is_dir():
         sys.exit(f"needs {SHARED_DATA / 'kodak'} (real photos beside the repo)")
-    kinds = ["tbljax-f32-nhwc", "tbljax-f32-nchw", "tbljax-bf16", "tbljax-u8", "tbljax-rrc-flip",
-             "turboloader-sync", "turboloader-prefetch", "turboloader-train-aug", "grain", "numpy"]
+    kinds = [
+        "tbljax-f32-nhwc",
+        "tbljax-f32-nchw",
+        "tbljax-bf16",
+        "tbljax-u8",
+        "tbljax-rrc-flip",
+        "turboloader-sync",
+        "turboloader-prefetch",
+        "turboloader-train-aug",
+        "grain",
+        "numpy",
+    ]
     if a.only:
         kinds = [k for k in kinds if k in a.only.split(",")]
     with tempfile.TemporaryDirectory() as d:
@@ -348,35 +398,47 @@ def main() -> None:
         configs["tbljax-f32-nhwc consumed 4xN"] = ["tbljax-f32-nhwc", str(big), "consumed", str(a.batches)]
         configs["open+first batch, 100k records"] = ["open+first", str(tiny), "produce", "1"]
         res = rounds(Path(__file__), configs, a.rounds)
-    print(f"\nbench_serve: kodak -> {a.size} px, {a.records} records, batch {B}, {a.batches} timed batches, "
-          f"median of {a.rounds} rounds\nmachine: {machine()}\n")
+    print(
+        f"\nbench_serve: kodak -> {a.size} px, {a.records} records, batch {B}, {a.batches} timed batches, "
+        f"median of {a.rounds} rounds\nmachine: {machine()}\n"
+    )
     print("| configuration | produce img/s | consumed img/s | RssAnon MiB |")
     print("|---|---:|---:|---:|")
     for k in kinds:
         p, c = res[f"{k} produce"], res[f"{k} consumed"]
         print(f"| {k} | {median(p, 'img_s'):.0f} | {median(c, 'img_s'):.0f} | {median(c, 'rss_anon_mib'):.0f} |")
     r = res["roofline"]
-    print(f"\nroofline: fill {median(r, 'fill_GBs'):.1f} GB/s -> {median(r, 'img_s'):.0f} img/s float32; "
-          f"copy {median(r, 'copy_GBs'):.1f} GB/s (read+write)")
+    print(
+        f"\nroofline: fill {median(r, 'fill_GBs'):.1f} GB/s -> {median(r, 'img_s'):.0f} img/s float32; "
+        f"copy {median(r, 'copy_GBs'):.1f} GB/s (read+write)"
+    )
     m = {k: median(v, "img_s") for k, v in res.items() if "img_s" in v[0]}
 
     def ratio(a_, b_):
         return m[a_] / m[b_] if a_ in m and b_ in m and m[b_] else float("nan")
+
     for label, num, den, target in [
-            ("float32 consumed / turboloader sync consumed", "tbljax-f32-nchw consumed",
-             "turboloader-sync consumed", ">= 1.5x"),
-            ("float32 NHWC produce / fill roofline", "tbljax-f32-nhwc produce", "roofline", ">= 0.70"),
-            ("uint8 produce / turboloader sync produce", "tbljax-u8 produce",
-             "turboloader-sync produce", ">= 3x"),
-            ("RRC+flip produce / turboloader train_aug produce", "tbljax-rrc-flip produce",
-             "turboloader-train-aug produce", ">= 3x"),
-            ("float32 NCHW consumed / Grain consumed", "tbljax-f32-nchw consumed", "grain consumed",
-             ">= 5x")]:
+        (
+            "float32 consumed / turboloader sync consumed",
+            "tbljax-f32-nchw consumed",
+            "turboloader-sync consumed",
+            ">= 1.5x",
+        ),
+        ("float32 NHWC produce / fill roofline", "tbljax-f32-nhwc produce", "roofline", ">= 0.70"),
+        ("uint8 produce / turboloader sync produce", "tbljax-u8 produce", "turboloader-sync produce", ">= 3x"),
+        (
+            "RRC+flip produce / turboloader train_aug produce",
+            "tbljax-rrc-flip produce",
+            "turboloader-train-aug produce",
+            ">= 3x",
+        ),
+        ("float32 NCHW consumed / Grain consumed", "tbljax-f32-nchw consumed", "grain consumed", ">= 5x"),
+    ]:
         print(f"{label}: {ratio(num, den):.2f}x (target {target})")
     a1 = median(res["tbljax-f32-nhwc consumed"], "rss_anon_mib")
     a4 = median(res["tbljax-f32-nhwc consumed 4xN"], "rss_anon_mib")
     print(f"anonymous memory: {a1:.0f} MiB at N={a.records}, {a4:.0f} MiB at N={4 * a.records}")
-    first = median(res['open+first batch, 100k records'], 'ms')
+    first = median(res["open+first batch, 100k records"], "ms")
     print(f"open + first batch on a 100k-record file: {first:.0f} ms (target <= 100 ms)")
 
 

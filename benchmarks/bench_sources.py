@@ -6,6 +6,7 @@ interleaved, and the median img/s is reported with its ratio to the TAR path (ta
 
     python benchmarks/bench_sources.py --size 160 --rounds 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,8 @@ def main() -> None:
     names = [str(i) for i in range(10)]
     ds = datasets.Dataset.from_dict(
         {"image": [{"bytes": b, "path": None} for b, _ in photos], "label": [c for _, c in photos]},
-        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=names)}))
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=names)}),
+    )
     ds.to_parquet(d / "train.parquet", batch_size=256)
     Example = example_class()
     records = []
@@ -64,14 +66,26 @@ def main() -> None:
     for r in records:
         w.write(r)
     w.close()
-    sources = {"tar": str(d / "train.tar"), "datasets.Dataset": ds, "parquet": str(d / "train.parquet"),
-               "tfrecord": str(d / "train.tfrecord"), "array_record": str(d / "train.array_record")}
+    sources = {
+        "tar": str(d / "train.tar"),
+        "datasets.Dataset": ds,
+        "parquet": str(d / "train.parquet"),
+        "tfrecord": str(d / "train.tfrecord"),
+        "array_record": str(d / "train.array_record"),
+    }
     rates: dict[str, list[float]] = {k: [] for k in sources}
     for _ in range(a.rounds):
         for name, src in sources.items():
             t0 = time.perf_counter()
-            s = tbljax.convert(src, d / "out.tbl", image_size=a.size, threads=a.threads, overwrite=True,
-                               classes=names if name == "tar" else None, progress=False)
+            s = tbljax.convert(
+                src,
+                d / "out.tbl",
+                image_size=a.size,
+                threads=a.threads,
+                overwrite=True,
+                classes=names if name == "tar" else None,
+                progress=False,
+            )
             rates[name].append(s.written / (time.perf_counter() - t0))
     tar = statistics.median(rates["tar"])
     print(f"{len(photos)} photos from {a.photos}, image_size={a.size}, {a.rounds} rounds (median)")

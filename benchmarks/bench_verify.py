@@ -15,6 +15,7 @@ CRC-16s of 256 records, the work the option adds to each batch, serial with the 
 
     PYTHONPATH=src python benchmarks/bench_verify.py --rounds 5 --batches 12
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,7 @@ B, OUT, SIDE, WARMUP = 256, 224, 256, 6
 def touch(a) -> float:
     """One element of every 4 KiB of a batch (as bench_compact): the batch is there."""
     flat = np.asarray(a).reshape(-1)
-    return float(flat[::max(1, 4096 // flat.itemsize)].sum())
+    return float(flat[:: max(1, 4096 // flat.itemsize)].sum())
 
 
 def check_worker(spec: dict) -> dict:
@@ -62,8 +63,9 @@ def worker(spec: dict) -> dict:
     if spec.get("check"):
         return check_worker(spec)
 
-    opts = tbljax.LoaderOptions(batch_size=B, seed=0, augment=tbljax.Augment(size=(OUT, OUT)),
-                                prefetch=1, verify_records=spec["verify"])
+    opts = tbljax.LoaderOptions(
+        batch_size=B, seed=0, augment=tbljax.Augment(size=(OUT, OUT)), prefetch=1, verify_records=spec["verify"]
+    )
     it = iter(tbljax.HostLoader(tbljax.open(spec["data"]), opts))
     for _ in range(WARMUP):
         touch(next(it).image)
@@ -88,32 +90,48 @@ def main() -> None:
     tmp = Path(a.data or tempfile.mkdtemp(prefix="bench_verify_"))
     compact, raw = tmp / "compact.tbl", tmp / "raw.tbl"
     if not compact.exists():
-        tbljax.convert(kodak_photos(), compact, image_size=SIDE, resize="shorter_side",
-                       format="jpeg", quality=90, progress=False)
+        tbljax.convert(
+            kodak_photos(), compact, image_size=SIDE, resize="shorter_side", format="jpeg", quality=90, progress=False
+        )
     if not raw.exists():
         tbljax.convert(compact, raw, format="raw", progress=False)
     print(f"# {machine()}", flush=True)
     for p in (compact, raw):
         ds = tbljax.open(p)
-        print(f"# {p.name}: {len(ds)} records, {ds.record_format}, "
-              f"{int(ds.index['size'].sum()) / len(ds) / 1e3:.0f} KB a record", flush=True)
-    configs = {f"{kind}-{'on' if v else 'off'}": [json.dumps(
-        {"data": str(path), "verify": v, "batches": a.batches})]
-        for kind, path in (("raw", raw), ("compact", compact)) for v in (False, True)}
-    configs.update({f"{kind}-check": [json.dumps({"data": str(path), "check": True})]
-                    for kind, path in (("raw", raw), ("compact", compact))})
+        print(
+            f"# {p.name}: {len(ds)} records, {ds.record_format}, "
+            f"{int(ds.index['size'].sum()) / len(ds) / 1e3:.0f} KB a record",
+            flush=True,
+        )
+    configs = {
+        f"{kind}-{'on' if v else 'off'}": [json.dumps({"data": str(path), "verify": v, "batches": a.batches})]
+        for kind, path in (("raw", raw), ("compact", compact))
+        for v in (False, True)
+    }
+    configs.update(
+        {
+            f"{kind}-check": [json.dumps({"data": str(path), "check": True})]
+            for kind, path in (("raw", raw), ("compact", compact))
+        }
+    )
     res = rounds(Path(__file__), configs, a.rounds, env={k: {"TBLJAX_NUM_THREADS": "2"} for k in configs})
-    print(f"\nbatch {B}, RRC + flip to {OUT} px, float32, 2 threads; {a.rounds} rounds x "
-          f"{a.batches} batches after {WARMUP} warm-up; img/s, median of rounds")
+    print(
+        f"\nbatch {B}, RRC + flip to {OUT} px, float32, 2 threads; {a.rounds} rounds x "
+        f"{a.batches} batches after {WARMUP} warm-up; img/s, median of rounds"
+    )
     for kind in ("raw", "compact"):
         off, on = median(res[f"{kind}-off"], "img_s"), median(res[f"{kind}-on"], "img_s")
         paired = [b["img_s"] / a_["img_s"] for a_, b in zip(res[f"{kind}-off"], res[f"{kind}-on"])]
-        print(f"{kind:8s} off {off:8.0f}  on {on:8.0f}  cost {100 * (1 - on / off):5.1f}% "
-              f"(per round: {', '.join(f'{100 * (1 - r):.1f}%' for r in paired)}; "
-              f"median {100 * (1 - statistics.median(paired)):.1f}%)")
+        print(
+            f"{kind:8s} off {off:8.0f}  on {on:8.0f}  cost {100 * (1 - on / off):5.1f}% "
+            f"(per round: {', '.join(f'{100 * (1 - r):.1f}%' for r in paired)}; "
+            f"median {100 * (1 - statistics.median(paired)):.1f}%)"
+        )
         check = median(res[f"{kind}-check"], "check_ms")
-        print(f"{'':8s} the check alone: {check:.1f} ms a batch of {B} records, "
-              f"{100 * check / (1e3 * B / off):.0f}% of a batch's time without it")
+        print(
+            f"{'':8s} the check alone: {check:.1f} ms a batch of {B} records, "
+            f"{100 * check / (1e3 * B / off):.0f}% of a batch's time without it"
+        )
 
 
 if __name__ == "__main__":

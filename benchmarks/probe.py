@@ -7,6 +7,7 @@ best or median of a few repetitions, on whatever the machine is doing at the tim
     PYTHONPATH=src python benchmarks/probe.py decode        # decode_resize_into per image, 1 thread
     PYTHONPATH=src python benchmarks/probe.py convert-gaps  # idle time of the decode pool inside convert
 """
+
 from __future__ import annotations
 
 import importlib
@@ -27,8 +28,10 @@ BATCH_BYTES = 256 * 160 * 160 * 3 * 4  # one float32 NHWC batch of 256 at 160 px
 def first_touch() -> None:
     from tbljax._src.engine.ring import aligned_empty
 
-    for name, make in (("np.empty (4 KiB pages)", lambda: np.empty(BATCH_BYTES, np.uint8)),
-                       ("aligned_empty (huge pages)", lambda: aligned_empty(BATCH_BYTES))):
+    for name, make in (
+        ("np.empty (4 KiB pages)", lambda: np.empty(BATCH_BYTES, np.uint8)),
+        ("aligned_empty (huge pages)", lambda: aligned_empty(BATCH_BYTES)),
+    ):
         times = []
         for _ in range(3):
             a = make()
@@ -36,8 +39,11 @@ def first_touch() -> None:
             a[::4096] = 1  # one write per 4 KiB page
             times.append(time.perf_counter() - t0)
             del a
-        print(f"{name}: first touch of a fresh {BATCH_BYTES / 1e6:.1f} MB buffer, 3 buffers in turn: "
-              + ", ".join(f"{t * 1e3:.1f}" for t in times) + " ms")
+        print(
+            f"{name}: first touch of a fresh {BATCH_BYTES / 1e6:.1f} MB buffer, 3 buffers in turn: "
+            + ", ".join(f"{t * 1e3:.1f}" for t in times)
+            + " ms"
+        )
 
 
 def _kodak_file(d: Path, records: int) -> Path:
@@ -64,7 +70,7 @@ def map_passes() -> None:
         for p in (1, 2):
             t0 = time.perf_counter()
             for s in range(len(ds) // 256):
-                kernels.gather(src, perm[s * 256:(s + 1) * 256], out, mean=(0.5,) * 3, std=(0.25,) * 3)
+                kernels.gather(src, perm[s * 256 : (s + 1) * 256], out, mean=(0.5,) * 3, std=(0.25,) * 3)
             n = len(ds) // 256 * 256
             print(f"pass {p} over the mapping: {n / (time.perf_counter() - t0):,.0f} img/s")
 
@@ -81,8 +87,10 @@ def permute() -> None:
         return (time.perf_counter() - t0) / reps * 1e6
 
     print(f"order.permute (C++), 256 positions: {per_call(lambda: order.permute(pos, n, 0, 3)):.0f} us")
-    print(f"array code (permute_reference, NumPy), 256 positions: "
-          f"{per_call(lambda: order.permute_reference(pos, n, 0, 3)):.0f} us")
+    print(
+        f"array code (permute_reference, NumPy), 256 positions: "
+        f"{per_call(lambda: order.permute_reference(pos, n, 0, 3)):.0f} us"
+    )
 
 
 def _kodak_jpegs() -> list[bytes]:
@@ -102,8 +110,10 @@ def decode() -> None:
         t0 = time.perf_counter()
         _core.decode_resize_into(jpegs, out, "center_crop", 1)
         times.append(time.perf_counter() - t0)
-    print(f"decode_resize_into, 1 thread, {len(jpegs)} kodak JPEGs -> 160 px: "
-          f"best {min(times) / len(jpegs) * 1e3:.2f} ms per image")
+    print(
+        f"decode_resize_into, 1 thread, {len(jpegs)} kodak JPEGs -> 160 px: "
+        f"best {min(times) / len(jpegs) * 1e3:.2f} ms per image"
+    )
 
 
 def convert_gaps() -> None:
@@ -138,14 +148,21 @@ def convert_gaps() -> None:
             convert_module._core.decode_resize_into = real
     gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:])]
     busy = sum(b - a for a, b, _ in spans)
-    print(f"convert of {s.written} images: {s.written / total:,.0f} img/s; decode calls busy {busy:.3f} s "
-          f"of {total:.3f} s; gaps between calls: total {sum(gaps) * 1e3:.1f} ms, "
-          f"largest {max(gaps) * 1e3:.2f} ms; wall time per image while decoding "
-          f"{busy / sum(n for _, _, n in spans) * 1e3:.2f} ms")
+    print(
+        f"convert of {s.written} images: {s.written / total:,.0f} img/s; decode calls busy {busy:.3f} s "
+        f"of {total:.3f} s; gaps between calls: total {sum(gaps) * 1e3:.1f} ms, "
+        f"largest {max(gaps) * 1e3:.2f} ms; wall time per image while decoding "
+        f"{busy / sum(n for _, _, n in spans) * 1e3:.2f} ms"
+    )
 
 
-PROBES = {"first-touch": first_touch, "map-passes": map_passes, "permute": permute,
-          "decode": decode, "convert-gaps": convert_gaps}
+PROBES = {
+    "first-touch": first_touch,
+    "map-passes": map_passes,
+    "permute": permute,
+    "decode": decode,
+    "convert-gaps": convert_gaps,
+}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in PROBES:

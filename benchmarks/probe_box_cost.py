@@ -16,6 +16,7 @@ one process (so the machine's drift between processes cancels), per-round ratios
     python benchmarks/probe_box_cost.py --rounds 3
     python benchmarks/probe_box_cost.py --rounds 15 --intervals 2 1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,7 @@ MCU, R = 16, 2  # 4:2:0 records: 16 x 16 px MCUs, a restart marker every 2 of th
 
 
 def centred(hs: np.ndarray, ws: np.ndarray, side: int) -> list[tuple[int, int, int, int]]:
-    return [(min(h // 2, h - side), min(w // 2, w - side), side, side)
-            for h, w in zip(hs.tolist(), ws.tolist())]
+    return [(min(h // 2, h - side), min(w // 2, w - side), side, side) for h, w in zip(hs.tolist(), ws.tolist())]
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -112,23 +112,29 @@ def compare_intervals(files, intervals: list[int], rounds: int, out_size: int = 
                     best = min(best, time.process_time() - t)
                 us[r].append(best / len(boxes) * 1e6)
     base = intervals[0]
-    print(f"\nprobe_box_cost --intervals: {len(boxes)} kodak photos, shorter side 256, q90 4:2:0, "
-          f"RRC to {out_size} px uint8, 1 thread, min of 5 passes, {rounds} alternating rounds\n"
-          f"machine: {machine()}\n")
+    print(
+        f"\nprobe_box_cost --intervals: {len(boxes)} kodak photos, shorter side 256, q90 4:2:0, "
+        f"RRC to {out_size} px uint8, 1 thread, min of 5 passes, {rounds} alternating rounds\n"
+        f"machine: {machine()}\n"
+    )
     print(f"| restart every | JPEG bytes | CPU µs / box (median) | time ÷ every {base} (median of rounds) |")
     print("|---|---:|---:|---:|")
     for r in intervals:
         ratio = np.median([a / b for a, b in zip(us[r], us[base])])
-        print(f"| {r} MCUs | {sizes[r]:,} ({sizes[r] / sizes[base]:.3f}×) | "
-              f"{np.median(us[r]):.1f} | {ratio:.3f} |")
+        print(f"| {r} MCUs | {sizes[r]:,} ({sizes[r] / sizes[base]:.3f}×) | {np.median(us[r]):.1f} | {ratio:.3f} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", nargs=2, metavar=("PATH", "SIDE"))
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--intervals", type=int, nargs="+", metavar="MCUS",
-                    help="compare these restart intervals instead (the first is the baseline)")
+    ap.add_argument(
+        "--intervals",
+        type=int,
+        nargs="+",
+        metavar="MCUS",
+        help="compare these restart intervals instead (the first is the baseline)",
+    )
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(a.worker[0], int(a.worker[1]))))
@@ -147,19 +153,25 @@ def main() -> None:
         for r in range(a.rounds):
             for side in SIDES:
                 env = dict(os.environ, TBLJAX_NUM_THREADS="1")
-                p = subprocess.run([sys.executable, __file__, "--worker", path, str(side)],
-                                   capture_output=True, text=True, env=env, check=True)
+                p = subprocess.run(
+                    [sys.executable, __file__, "--worker", path, str(side)],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    check=True,
+                )
                 v = json.loads(p.stdout.strip().splitlines()[-1])["us_per_box"]
                 times[side].append(v)
                 print(f"  round {r + 1} side {side}: {v:.1f} us", file=sys.stderr)
     hw = list(zip(hs.tolist(), ws.tolist()))
-    segs = {s: float(np.mean([segments_read(b, h, w) for b, (h, w) in zip(centred(hs, ws, s), hw)]))
-            for s in SIDES}
+    segs = {s: float(np.mean([segments_read(b, h, w) for b, (h, w) in zip(centred(hs, ws, s), hw)])) for s in SIDES}
     us = {s: float(np.median(v)) for s, v in times.items()}
     per_segment, per_box = np.polyfit([segs[s] for s in SIDES], [us[s] for s in SIDES], 1)
-    print(f"\nprobe_box_cost: {len(hw)} kodak photos, shorter side 256, q90 4:2:0, restart every "
-          f"{R} MCUs, 1 thread, min of {REPS} passes, median of {a.rounds} rounds\n"
-          f"machine: {machine()}\n")
+    print(
+        f"\nprobe_box_cost: {len(hw)} kodak photos, shorter side 256, q90 4:2:0, restart every "
+        f"{R} MCUs, 1 thread, min of {REPS} passes, median of {a.rounds} rounds\n"
+        f"machine: {machine()}\n"
+    )
     print("| centred box | segments read | CPU µs / box |")
     print("|---|---:|---:|")
     for s in SIDES:
@@ -173,10 +185,12 @@ def main() -> None:
         r0, r1, c0, c1 = part_of(b, h, w, 1)
         box_px += b[2] * b[3]
         part_px += (min(h, r1 * MCU) - r0 * MCU) * (min(w, c1 * MCU) - c0 * MCU)
-    print(f"RRC boxes (bench_box_decode.py's): {read / len(rrc):.1f} segments read per box, "
-          f"{touched / read:.3f} of them touched by the box itself; the box is {box_px / part_px:.3f} "
-          f"of the part's pixels, so a box costs about {per_box:.0f} + {per_segment:.2f} x "
-          f"{read / len(rrc):.0f} = {per_box + per_segment * read / len(rrc):.0f} µs")
+    print(
+        f"RRC boxes (bench_box_decode.py's): {read / len(rrc):.1f} segments read per box, "
+        f"{touched / read:.3f} of them touched by the box itself; the box is {box_px / part_px:.3f} "
+        f"of the part's pixels, so a box costs about {per_box:.0f} + {per_segment:.2f} x "
+        f"{read / len(rrc):.0f} = {per_box + per_segment * read / len(rrc):.0f} µs"
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Used for the step-by-step table of compact serving in benchmarks/README.md.
 
     TBLJAX_NUM_THREADS=2 PYTHONPATH=src python benchmarks/probe_loader_steady.py FILE.tbl [--batches 24]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=24)
     ap.add_argument("--size", type=int, default=160)
     a = ap.parse_args()
-    opts = tbljax.LoaderOptions(batch_size=256, seed=0, prefetch=1,
-                                augment=tbljax.Augment(size=(a.size, a.size)))
+    opts = tbljax.LoaderOptions(batch_size=256, seed=0, prefetch=1, augment=tbljax.Augment(size=(a.size, a.size)))
     it = iter(tbljax.HostLoader(tbljax.open(a.path), opts))
     next(it)
     times = []

@@ -13,6 +13,7 @@ file); RRC to --size px, --dtype, batch 256, prefetch 1.
 
     PYTHONPATH=src python benchmarks/probe_loader_threads.py [--threads 2] [--dtype float32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,9 @@ def kernel_share(path: str, size: int, dtype: str, batches: int) -> tuple[float,
 
     kernels._core = Timed()
     try:
-        opts = tbljax.LoaderOptions(batch_size=B, seed=0, augment=tbljax.Augment(size=(size, size)),
-                                    dtype=dtype, prefetch=1)
+        opts = tbljax.LoaderOptions(
+            batch_size=B, seed=0, augment=tbljax.Augment(size=(size, size)), dtype=dtype, prefetch=1
+        )
         it = iter(tbljax.HostLoader(tbljax.open(path), opts))
         for _ in range(WARMUP):
             touch(next(it).image)
@@ -81,8 +83,10 @@ def pool_calls(path: str, size: int, threads: int, batches: int) -> tuple[float,
     src = tbljax.kernels.jpeg_source(*r)
     n = len(r.heights)
     boxes = np.array(rrc_boxes(r.heights, r.widths), np.int32).reshape(n, 4)
-    out = {dt: aligned_empty(B * size * size * 3 * np.dtype(dt).itemsize).view(dt).reshape(
-        B, size, size, 3) for dt in ("uint8", "float32")}
+    out = {
+        dt: aligned_empty(B * size * size * 3 * np.dtype(dt).itemsize).view(dt).reshape(B, size, size, 3)
+        for dt in ("uint8", "float32")
+    }
     norm = {"float32": dict(mean=MEAN, std=STD), "uint8": {}}
     rng = np.random.default_rng(1)
     used, f32_over_u8 = [], []
@@ -113,9 +117,11 @@ def main() -> None:
         convert_compact(kodak_photos(), path)
         share, img_s = kernel_share(path, a.size, a.dtype, a.batches)
         used, f32_over_u8 = pool_calls(path, a.size, a.threads, a.batches)
-    print(f"loader, {a.threads} threads, RRC {a.size} {a.dtype}: kernel share of wall time {share:.3f} "
-          f"({img_s:,.0f} img/s); serve_jpeg, uint8: pool utilization {used:.3f}; float32 / uint8 "
-          f"time {f32_over_u8:.3f}")
+    print(
+        f"loader, {a.threads} threads, RRC {a.size} {a.dtype}: kernel share of wall time {share:.3f} "
+        f"({img_s:,.0f} img/s); serve_jpeg, uint8: pool utilization {used:.3f}; float32 / uint8 "
+        f"time {f32_over_u8:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ against Pillow per image: mean and worst per configuration (identical images cou
 
     PYTHONPATH=src python benchmarks/probe_resize_quality.py [--caltech-step 10] [--boxes 4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ PSNR_CAP = 99.0  # identical images: an infinite PSNR would swamp the mean
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return PSNR_CAP if mse == 0 else min(PSNR_CAP, 10 * np.log10(255.0 ** 2 / mse))
+    return PSNR_CAP if mse == 0 else min(PSNR_CAP, 10 * np.log10(255.0**2 / mse))
 
 
 def old_taps(out_len: int, start: int, length: int):
@@ -64,8 +65,9 @@ def ours(img: np.ndarray, boxes: np.ndarray, oh: int, ow: int) -> np.ndarray:
     from tbljax._src.engine import kernels
 
     out = np.empty((len(boxes), oh, ow, 3), np.uint8)
-    return kernels.gather(np.ascontiguousarray(img[None]), np.zeros(len(boxes), np.int64), out,
-                          crop=np.asarray(boxes, np.int32))
+    return kernels.gather(
+        np.ascontiguousarray(img[None]), np.zeros(len(boxes), np.int64), out, crop=np.asarray(boxes, np.int32)
+    )
 
 
 def rrc_box(rng, height: int, width: int) -> tuple[int, int, int, int]:
@@ -87,8 +89,7 @@ def photos(caltech_step: int, side: int = 256) -> list[np.ndarray]:
     files += sorted((SHARED_DATA / "caltech101" / "images").rglob("*.jpg"))[::caltech_step]
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "photos.tbl"
-        tbljax.convert(files, path, image_size=side, resize="max_side", labels=[0] * len(files),
-                       progress=False)
+        tbljax.convert(files, path, image_size=side, resize="max_side", labels=[0] * len(files), progress=False)
         ds = tbljax.open(path)
         return [ds.read(i) for i in range(len(ds))]
 
@@ -118,8 +119,10 @@ def main() -> None:
     images = photos(a.caltech_step)
     rng = np.random.default_rng(0)
     methods = ["tbljax", "old 2-tap"] + (["cv2 LINEAR", "cv2 AREA"] if cv2 is not None else [])
-    print(f"{len(images)} photos at max side 256 (kodak + every {a.caltech_step}th caltech101); "
-          f"PSNR in dB against Pillow BILINEAR (antialiased), mean / worst over the images\n")
+    print(
+        f"{len(images)} photos at max side 256 (kodak + every {a.caltech_step}th caltech101); "
+        f"PSNR in dB against Pillow BILINEAR (antialiased), mean / worst over the images\n"
+    )
     print("| configuration | " + " | ".join(methods) + " |")
     print("|---|" + "---:|" * len(methods))
     for name, s, jobs in configurations(images, rng, a.boxes):
@@ -131,7 +134,7 @@ def main() -> None:
             scores["old 2-tap"].append(psnr(old_bilinear(img, box, s, s), ref))
             if cv2 is not None:
                 y0, x0, h, w = box
-                crop = np.ascontiguousarray(img[y0:y0 + h, x0:x0 + w])
+                crop = np.ascontiguousarray(img[y0 : y0 + h, x0 : x0 + w])
                 scores["cv2 LINEAR"].append(psnr(cv2.resize(crop, (s, s), interpolation=cv2.INTER_LINEAR), ref))
                 scores["cv2 AREA"].append(psnr(cv2.resize(crop, (s, s), interpolation=cv2.INTER_AREA), ref))
         cells = [f"{np.mean(v):.1f} / {np.min(v):.1f}" for v in scores.values()]

@@ -24,6 +24,7 @@ The standard recipe (docs/reference.md, "The standard ImageNet recipe"):
   written next to it as OUT.skipped.json; the run fails when more than --max-skipped-fraction of the items were bad
   (a sign of a broken copy rather than a few bad files).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,26 +38,50 @@ IMAGENET_TRAIN = 1_281_167  # images in ImageNet-1k train, for the extrapolated 
 
 def main(argv=None) -> int:
     summary_line, _, details = __doc__.partition("\n\n")  # the first paragraph, whole: one sentence
-    p = argparse.ArgumentParser(description=" ".join(summary_line.split()), epilog=details,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", help="an ImageNet-style folder (one subfolder per class) or a "
-                   "WebDataset shard pattern such as 'train-{000000..001281}.tar'")
-    p.add_argument("output", help="the .tbl file to write ('{shard}' becomes "
-                   "'iiiii-of-nnnnn' with --shard)")
-    p.add_argument("--image-size", type=int, default=256,
-                   help="stored longer side S (default 256; 320 for higher-resolution training)")
-    p.add_argument("--resize", default="max_side", choices=["max_side", "shorter_side", "center_crop", "squash"],
-                   help="max_side keeps the whole photo (default); the square modes store S x S")
-    p.add_argument("--format", default="raw", choices=["raw", "compact"],
-                   help="raw: decoded pixels (default); compact: JPEG records re-encoded at the stored size")
+    p = argparse.ArgumentParser(
+        description=" ".join(summary_line.split()), epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "source",
+        help="an ImageNet-style folder (one subfolder per class) or a "
+        "WebDataset shard pattern such as 'train-{000000..001281}.tar'",
+    )
+    p.add_argument("output", help="the .tbl file to write ('{shard}' becomes 'iiiii-of-nnnnn' with --shard)")
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=256,
+        help="stored longer side S (default 256; 320 for higher-resolution training)",
+    )
+    p.add_argument(
+        "--resize",
+        default="max_side",
+        choices=["max_side", "shorter_side", "center_crop", "squash"],
+        help="max_side keeps the whole photo (default); the square modes store S x S",
+    )
+    p.add_argument(
+        "--format",
+        default="raw",
+        choices=["raw", "compact"],
+        help="raw: decoded pixels (default); compact: JPEG records re-encoded at the stored size",
+    )
     p.add_argument("--quality", type=int, default=90, help="JPEG quality of --format compact (default 90)")
-    p.add_argument("--chroma", default="420", choices=["420", "444"],
-                   help="chroma subsampling of --format compact (default 420)")
+    p.add_argument(
+        "--chroma", default="420", choices=["420", "444"], help="chroma subsampling of --format compact (default 420)"
+    )
     p.add_argument("--threads", type=int, default=None, help="decode threads (default: all)")
-    p.add_argument("--shard", default=None, metavar="I/N", help="convert only the I-th of N "
-                   "contiguous shares of the sources (whole TAR files; items of a folder)")
-    p.add_argument("--max-skipped-fraction", type=float, default=0.001,
-                   help="fail (exit 1) when more than this fraction of the items were bad")
+    p.add_argument(
+        "--shard",
+        default=None,
+        metavar="I/N",
+        help="convert only the I-th of N contiguous shares of the sources (whole TAR files; items of a folder)",
+    )
+    p.add_argument(
+        "--max-skipped-fraction",
+        type=float,
+        default=0.001,
+        help="fail (exit 1) when more than this fraction of the items were bad",
+    )
     p.add_argument("--verify", action="store_true", help="check every checksum afterwards")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     a = p.parse_args(argv)
@@ -65,23 +90,35 @@ def main(argv=None) -> int:
 
     compact = dict(format="jpeg", quality=a.quality, chroma=a.chroma) if a.format == "compact" else {}
     t0 = time.perf_counter()
-    summary = tbljax.convert(a.source, a.output, image_size=a.image_size, resize=a.resize,
-                             threads=a.threads, strict=False, overwrite=a.overwrite, shard=a.shard,
-                             **compact)
+    summary = tbljax.convert(
+        a.source,
+        a.output,
+        image_size=a.image_size,
+        resize=a.resize,
+        threads=a.threads,
+        strict=False,
+        overwrite=a.overwrite,
+        shard=a.shard,
+        **compact,
+    )
     print(summary)
     a.output = Path(summary.dst)  # with '{shard}' filled in
 
     ds = tbljax.open(a.output)
-    print(f"{a.output}: {len(ds)} records, {ds.record_format}, image_shape {ds.image_shape}, "
-          f"{f'{summary.num_classes} classes' if summary.num_classes else 'unlabelled'}, "
-          f"{time.perf_counter() - t0:.1f} s")
+    print(
+        f"{a.output}: {len(ds)} records, {ds.record_format}, image_shape {ds.image_shape}, "
+        f"{f'{summary.num_classes} classes' if summary.num_classes else 'unlabelled'}, "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
     idx = ds.index
     stored = int(idx["size"].sum())
     raw = int((idx["height"].astype("int64") * idx["width"] * 3).sum())
     per_image = a.output.stat().st_size / len(ds)
-    print(f"disk: {a.output.stat().st_size / 1e9:.3f} GB, {per_image:.0f} bytes/image "
-          f"({stored / raw:.3f} of RAW); for {IMAGENET_TRAIN:,} images about "
-          f"{per_image * IMAGENET_TRAIN / 1e9:.1f} GB")
+    print(
+        f"disk: {a.output.stat().st_size / 1e9:.3f} GB, {per_image:.0f} bytes/image "
+        f"({stored / raw:.3f} of RAW); for {IMAGENET_TRAIN:,} images about "
+        f"{per_image * IMAGENET_TRAIN / 1e9:.1f} GB"
+    )
 
     skipped = ds.skipped
     skipped_path = a.output.with_name(a.output.name + ".skipped.json")
@@ -95,13 +132,19 @@ def main(argv=None) -> int:
         print(f"skipped 0 of {total} items: no list written")
     status = 0
     if fraction > a.max_skipped_fraction:
-        print(f"error: more than {100 * a.max_skipped_fraction:.3f} % of the items were bad; "
-              "check the source (the first reasons are listed above)", file=sys.stderr)
+        print(
+            f"error: more than {100 * a.max_skipped_fraction:.3f} % of the items were bad; "
+            "check the source (the first reasons are listed above)",
+            file=sys.stderr,
+        )
         status = 1
     if a.verify:
         problems = ds.verify(threads=a.threads or 0)
-        print("verify: all checksums match" if not problems else
-              f"verify: {len(problems)} bad records, first {problems[0]}")
+        print(
+            "verify: all checksums match"
+            if not problems
+            else f"verify: {len(problems)} bad records, first {problems[0]}"
+        )
         status = status or int(bool(problems))
     return status
 

@@ -14,6 +14,7 @@ without photos (or with --synthetic) generated images of the demo's classes are 
 from arrays, the captions a list beside them. Captions of one class are the same text, so a
 pair whose captions are equal counts as a positive (SigLIP's diagonal, extended to duplicates).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,7 @@ def tokenize(captions: list[str]) -> np.ndarray:
     out = np.zeros((len(captions), TOKENS), np.int32)
     for r, c in enumerate(captions):
         b = np.frombuffer(c.encode()[:TOKENS], np.uint8)
-        out[r, :len(b)] = b.astype(np.int32) + 1
+        out[r, : len(b)] = b.astype(np.int32) + 1
     return out
 
 
@@ -49,8 +50,11 @@ def photo_dataset(photos: Path, classes: int, per_class: int, work: Path, size: 
         for k, name in enumerate(names):
             for j, p in enumerate(sorted((photos / name).glob("*.jpg"))[:per_class]):
                 key = f"{name}-{j:04d}"
-                for ext, data in (("jpg", p.read_bytes()), ("cls", str(k).encode()),
-                                  ("txt", f"a photo of a {name.lower().replace('_', ' ')}".encode())):
+                for ext, data in (
+                    ("jpg", p.read_bytes()),
+                    ("cls", str(k).encode()),
+                    ("txt", f"a photo of a {name.lower().replace('_', ' ')}".encode()),
+                ):
                     ti = tarfile.TarInfo(f"{key}.{ext}")
                     ti.size = len(data)
                     tf.addfile(ti, io.BytesIO(data))
@@ -68,9 +72,13 @@ def synthetic_dataset(n: int, work: Path, size: int) -> Path:
     labels = rng.integers(len(demo.CLASSES), size=n)
     images = np.stack([demo.make_image(rng, int(k)) for k in labels])
     dst = work / "pairs.tbl"
-    tbljax.convert({"image": images, "label": labels,
-                    "caption": [f"a photo of a {demo.CLASSES[k]}" for k in labels]},
-                   dst, image_size=size, overwrite=True, progress=False)
+    tbljax.convert(
+        {"image": images, "label": labels, "caption": [f"a photo of a {demo.CLASSES[k]}" for k in labels]},
+        dst,
+        image_size=size,
+        overwrite=True,
+        progress=False,
+    )
     return dst
 
 
@@ -79,10 +87,15 @@ def init_params(key, dim: int = 32, width: int = 16):
 
     k = jax.random.split(key, 5)
     he = lambda kk, shape, fan: jax.random.normal(kk, shape) * np.sqrt(2.0 / fan)  # noqa: E731
-    return {"conv1": he(k[0], (3, 3, 3, width), 27), "conv2": he(k[1], (3, 3, width, 2 * width), 9 * width),
-            "img_out": he(k[2], (2 * width, dim), 2 * width),
-            "embed": jax.random.normal(k[3], (257, dim)) * 0.1, "txt_out": he(k[4], (dim, dim), dim),
-            "log_t": np.log(10.0), "b": -10.0}
+    return {
+        "conv1": he(k[0], (3, 3, 3, width), 27),
+        "conv2": he(k[1], (3, 3, width, 2 * width), 9 * width),
+        "img_out": he(k[2], (2 * width, dim), 2 * width),
+        "embed": jax.random.normal(k[3], (257, dim)) * 0.1,
+        "txt_out": he(k[4], (dim, dim), dim),
+        "log_t": np.log(10.0),
+        "b": -10.0,
+    }
 
 
 def encode_images(p, x):
@@ -122,8 +135,9 @@ def sigmoid_loss(p, images, tokens):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--photos", type=Path, default=PHOTOS, help="a folder of class folders of JPEGs")
-    ap.add_argument("--synthetic", type=int, nargs="?", const=256, default=0,
-                    help="generated images (this many) instead of photos")
+    ap.add_argument(
+        "--synthetic", type=int, nargs="?", const=256, default=0, help="generated images (this many) instead of photos"
+    )
     ap.add_argument("--classes", type=int, default=8)
     ap.add_argument("--per-class", type=int, default=16)
     ap.add_argument("--image-size", type=int, default=32)
@@ -146,10 +160,18 @@ def main(argv=None) -> None:
             path = photo_dataset(a.photos, a.classes, a.per_class, work, a.image_size)
             print(f"photos from {a.photos}: {path}")
         ds = tbljax.open(path)
-        print(f"{len(ds)} records, fields {dict((n, f.kind) for n, f in ds.fields.items())}, "
-              f"e.g. {ds.read_record(0)['caption']!r}")
-        loader = tbljax.loader(ds, a.batch_size, seed=0, augment=tbljax.Augment(size=(a.image_size,) * 2),
-                               fields=["caption"], field_fn={"caption": tokenize})
+        print(
+            f"{len(ds)} records, fields {dict((n, f.kind) for n, f in ds.fields.items())}, "
+            f"e.g. {ds.read_record(0)['caption']!r}"
+        )
+        loader = tbljax.loader(
+            ds,
+            a.batch_size,
+            seed=0,
+            augment=tbljax.Augment(size=(a.image_size,) * 2),
+            fields=["caption"],
+            field_fn={"caption": tokenize},
+        )
 
         params = jax.tree.map(jnp.asarray, init_params(jax.random.PRNGKey(0)))
         opt = jax.tree.map(lambda w: (jnp.zeros_like(w), jnp.zeros_like(w)), params)
@@ -158,11 +180,18 @@ def main(argv=None) -> None:
         def train_step(params, opt, step, images, tokens):  # Adam, by hand
             (loss, hit), grads = jax.value_and_grad(sigmoid_loss, has_aux=True)(params, images, tokens)
             t = step + 1
-            opt = jax.tree.map(lambda o, g: (0.9 * o[0] + 0.1 * g, 0.999 * o[1] + 0.001 * g * g), opt, grads,
-                               is_leaf=lambda x: isinstance(x, tuple))
-            params = jax.tree.map(lambda w, o: w - a.lr * (o[0] / (1 - 0.9 ** t)) /
-                                  (jnp.sqrt(o[1] / (1 - 0.999 ** t)) + 1e-8), params, opt,
-                                  is_leaf=lambda x: isinstance(x, tuple))
+            opt = jax.tree.map(
+                lambda o, g: (0.9 * o[0] + 0.1 * g, 0.999 * o[1] + 0.001 * g * g),
+                opt,
+                grads,
+                is_leaf=lambda x: isinstance(x, tuple),
+            )
+            params = jax.tree.map(
+                lambda w, o: w - a.lr * (o[0] / (1 - 0.9**t)) / (jnp.sqrt(o[1] / (1 - 0.999**t)) + 1e-8),
+                params,
+                opt,
+                is_leaf=lambda x: isinstance(x, tuple),
+            )
             return params, opt, loss, hit
 
         losses, hits = [], []
@@ -174,10 +203,13 @@ def main(argv=None) -> None:
         loader.close()
     k = max(1, len(losses) // 5)
     first, last = float(np.mean(losses[:k])), float(np.mean(losses[-k:]))
-    print(f"loss fell from {first:.4f} to {last:.4f}" if last < first else
-          f"loss did not fall: {first:.4f} -> {last:.4f}")
-    print(f"image->text top-1 in the batch: {np.mean(hits[:k]):.2f} over the first {k} steps, "
-          f"{np.mean(hits[-k:]):.2f} over the last {k}")
+    print(
+        f"loss fell from {first:.4f} to {last:.4f}" if last < first else f"loss did not fall: {first:.4f} -> {last:.4f}"
+    )
+    print(
+        f"image->text top-1 in the batch: {np.mean(hits[:k]):.2f} over the first {k} steps, "
+        f"{np.mean(hits[-k:]):.2f} over the last {k}"
+    )
 
 
 if __name__ == "__main__":

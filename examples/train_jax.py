@@ -27,6 +27,7 @@ What it shows:
 - `--recipe standard`: `tbljax.Augment(size={epoch: (side, side), ...})` for training and
   `tbljax.Augment(crop="center", flip=False, size=...)` for evaluation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,7 @@ def make_dataset(workdir: Path, n: int, size: int) -> tuple[Path, Path]:
         labels = rng.integers(len(demo.CLASSES), size=count)
         images = np.stack([demo.make_image(rng, int(k)) for k in labels])
         path = workdir / f"{name}.tbl"
-        tbljax.convert(images, path, image_size=size, labels=labels, overwrite=True,
-                       progress=False)
+        tbljax.convert(images, path, image_size=size, labels=labels, overwrite=True, progress=False)
         out.append(path)
     return out[0], out[1]
 
@@ -76,37 +76,38 @@ def make_fullaspect_dataset(workdir: Path, n: int, size: int) -> tuple[Path, Pat
             h, w = FULL_ASPECT_SHAPES[k % len(FULL_ASPECT_SHAPES)]
             images.append(demo.make_image(rng, int(label))[:h, :w])
         path = workdir / f"{name}.tbl"
-        tbljax.convert(images, path, image_size=size, resize="max_side", labels=labels,
-                       overwrite=True, progress=False)
+        tbljax.convert(images, path, image_size=size, resize="max_side", labels=labels, overwrite=True, progress=False)
         out.append(path)
     return out[0], out[1]
 
 
 def parse_schedule(text: str) -> dict[int, tuple[int, int]]:
-    """"0:24,1:32" → {0: (24, 24), 1: (32, 32)}: from each epoch on, square crops of that side."""
+    """ "0:24,1:32" → {0: (24, 24), 1: (32, 32)}: from each epoch on, square crops of that side."""
     try:
         pairs = [item.split(":") for item in text.split(",")]
         return {int(e): (int(s), int(s)) for e, s in pairs}
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--size-schedule wants EPOCH:SIDE,... (e.g. 0:160,30:192), got {text!r}") from None
+            f"--size-schedule wants EPOCH:SIDE,... (e.g. 0:160,30:192), got {text!r}"
+        ) from None
 
 
 def init_params(key, num_classes: int, width: int = 16):
     import jax
 
     k1, k2 = jax.random.split(key)
-    return {"conv": jax.random.normal(k1, (3, 3, 3, width)) * np.sqrt(2 / 27),
-            "conv_b": np.zeros(width, np.float32),
-            "w": jax.random.normal(k2, (width, num_classes)) * 0.1,
-            "b": np.zeros(num_classes, np.float32)}
+    return {
+        "conv": jax.random.normal(k1, (3, 3, 3, width)) * np.sqrt(2 / 27),
+        "conv_b": np.zeros(width, np.float32),
+        "w": jax.random.normal(k2, (width, num_classes)) * 0.1,
+        "b": np.zeros(num_classes, np.float32),
+    }
 
 
 def forward(params, x):
     import jax
 
-    x = jax.lax.conv_general_dilated(x, params["conv"], (2, 2), "SAME",
-                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    x = jax.lax.conv_general_dilated(x, params["conv"], (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
     x = jax.nn.relu(x + params["conv_b"]).mean(axis=(1, 2))
     return x @ params["w"] + params["b"]
 
@@ -116,8 +117,12 @@ def save_checkpoint(path: Path, step: int, params, momentum, loader) -> None:
     writing leaves the previous checkpoint). In a multi-host run, process 0 writes it."""
     import jax
 
-    ckpt = {"step": step, "params": jax.device_get(params),
-            "momentum": jax.device_get(momentum), "loader": loader.state_dict()}
+    ckpt = {
+        "step": step,
+        "params": jax.device_get(params),
+        "momentum": jax.device_get(momentum),
+        "loader": loader.state_dict(),
+    }
     with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as f:
         pickle.dump(ckpt, f)
     os.replace(f.name, path)
@@ -133,25 +138,36 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=64, help="global batch, all devices")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--augment", default="flip", choices=["none", "flip", "rrc_flip"],
-                   help="with --recipe basic: the augmentation")
-    p.add_argument("--recipe", default="basic", choices=["basic", "standard"],
-                   help="basic: --augment on fixed-size records; standard: random-resized-crop "
-                        "+ flip with --size-schedule on full-aspect records, center-crop eval")
-    p.add_argument("--size-schedule", type=parse_schedule, default=parse_schedule("0:24,1:32"),
-                   metavar="EPOCH:SIDE,...", help="with --recipe standard: the crop side from "
-                   "each epoch on (default 0:24,1:32)")
+    p.add_argument(
+        "--augment", default="flip", choices=["none", "flip", "rrc_flip"], help="with --recipe basic: the augmentation"
+    )
+    p.add_argument(
+        "--recipe",
+        default="basic",
+        choices=["basic", "standard"],
+        help="basic: --augment on fixed-size records; standard: random-resized-crop "
+        "+ flip with --size-schedule on full-aspect records, center-crop eval",
+    )
+    p.add_argument(
+        "--size-schedule",
+        type=parse_schedule,
+        default=parse_schedule("0:24,1:32"),
+        metavar="EPOCH:SIDE,...",
+        help="with --recipe standard: the crop side from each epoch on (default 0:24,1:32)",
+    )
     p.add_argument("--checkpoint", type=Path, help="checkpoint file")
     p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    p.add_argument("--stop-at", type=int, default=None,
-                   help="stop after this step, as a preemption would (to try --resume)")
+    p.add_argument(
+        "--stop-at", type=int, default=None, help="stop after this step, as a preemption would (to try --resume)"
+    )
     p.add_argument("--log-every", type=int, default=10)
     a = p.parse_args(argv)
 
     import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     import tbljax
 
@@ -166,8 +182,7 @@ def main(argv=None) -> int:
         train_augment = tbljax.Augment(size=a.size_schedule)
         # Evaluate at the last training size, on the central 87.5% of the shorter side.
         eval_size = train_augment.schedule[-1][1]
-        eval_augment = tbljax.Augment(crop="center", flip=False, size=eval_size,
-                                      center_fraction=0.875)
+        eval_augment = tbljax.Augment(crop="center", flip=False, size=eval_size, center_fraction=0.875)
     else:
         train_augment = None if a.augment == "none" else a.augment
         eval_augment = None
@@ -175,12 +190,13 @@ def main(argv=None) -> int:
     mesh = Mesh(np.array(jax.devices()), ("batch",))
     batch_sharding = NamedSharding(mesh, P("batch"))
     replicated = NamedSharding(mesh, P())
-    loader = tbljax.loader(a.train, a.batch_size, seed=a.seed, sharding=batch_sharding,
-                           augment=train_augment)
+    loader = tbljax.loader(a.train, a.batch_size, seed=a.seed, sharding=batch_sharding, augment=train_augment)
     ds = tbljax.open(a.train)
     num_classes = len(ds.classes) if ds.classes else int(ds.labels.max()) + 1
-    print(f"{loader.num_samples} images, {len(loader)} steps per epoch of {a.batch_size} over "
-          f"{jax.device_count()} device(s), {num_classes} classes")
+    print(
+        f"{loader.num_samples} images, {len(loader)} steps per epoch of {a.batch_size} over "
+        f"{jax.device_count()} device(s), {num_classes} classes"
+    )
 
     params = init_params(jax.random.key(a.seed), num_classes)
     momentum = jax.tree.map(np.zeros_like, params)
@@ -190,8 +206,9 @@ def main(argv=None) -> int:
             ckpt = pickle.load(f)
         params, momentum, step = ckpt["params"], ckpt["momentum"], ckpt["step"]
         loader.load_state_dict(ckpt["loader"])
-        print(f"resumed at step {step}: loader at epoch {ckpt['loader']['epoch']}, "
-              f"position {ckpt['loader']['position']}")
+        print(
+            f"resumed at step {step}: loader at epoch {ckpt['loader']['epoch']}, position {ckpt['loader']['position']}"
+        )
     params, momentum = jax.device_put((params, momentum), replicated)
 
     @jax.jit
@@ -219,8 +236,7 @@ def main(argv=None) -> int:
             # The batch's sample indices as a checksum: identical lines before and after a
             # resume show that the stream continued exactly.
             idx = np.asarray(batch["index"])
-            print(f"step {step} loss {float(loss):.6f} "
-                  f"indices-crc {zlib.crc32(idx.tobytes()):08x}", flush=True)
+            print(f"step {step} loss {float(loss):.6f} indices-crc {zlib.crc32(idx.tobytes()):08x}", flush=True)
         if a.checkpoint and step % a.ckpt_every == 0:
             save_checkpoint(a.checkpoint, step, params, momentum, loader)
             print(f"checkpoint at step {step} -> {a.checkpoint}")
@@ -230,10 +246,13 @@ def main(argv=None) -> int:
     jax.block_until_ready(params)
     took = time.perf_counter() - t0
     if step > first_step:
-        print(f"trained {step - first_step} steps in {took:.1f} s "
-              f"({(step - first_step) * a.batch_size / took:.0f} img/s incl. compile)")
+        print(
+            f"trained {step - first_step} steps in {took:.1f} s "
+            f"({(step - first_step) * a.batch_size / took:.0f} img/s incl. compile)"
+        )
 
     if a.val is not None:
+
         @jax.jit
         def eval_step(params, images, labels, valid):
             correct = (jnp.argmax(forward(params, images), -1) == labels) & valid
@@ -242,9 +261,15 @@ def main(argv=None) -> int:
         ndev = jax.device_count()
         eval_batch = max(ndev, a.batch_size // ndev * ndev)
         correct = total = 0
-        for batch in tbljax.loader(a.val, eval_batch, shuffle=False, num_epochs=1,
-                                   drop_remainder=False, sharding=batch_sharding,
-                                   augment=eval_augment):
+        for batch in tbljax.loader(
+            a.val,
+            eval_batch,
+            shuffle=False,
+            num_epochs=1,
+            drop_remainder=False,
+            sharding=batch_sharding,
+            augment=eval_augment,
+        ):
             c, n = eval_step(params, batch["image"], batch["label"], batch["valid"])
             correct, total = correct + int(c), total + int(n)
         print(f"eval accuracy {correct / total:.3f} on {total} images")

@@ -14,6 +14,7 @@ What it shows:
   `loader.state_dict()`; after --resume the steps print the same lines as the uninterrupted run.
 - Evaluation with drop_remainder=False: the batch's `valid` mask counts each image once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,11 +73,11 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--augment", default="flip", choices=["none", "flip", "rrc_flip"])
-    p.add_argument("--checkpoint", type=Path, help="checkpoint file (saved every epoch and "
-                   "at --stop-at)")
+    p.add_argument("--checkpoint", type=Path, help="checkpoint file (saved every epoch and at --stop-at)")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    p.add_argument("--stop-at", type=int, default=None,
-                   help="stop after this step, as a preemption would (to try --resume)")
+    p.add_argument(
+        "--stop-at", type=int, default=None, help="stop after this step, as a preemption would (to try --resume)"
+    )
     p.add_argument("--log-every", type=int, default=10)
     a = p.parse_args(argv)
 
@@ -93,12 +94,13 @@ def main(argv=None) -> int:
         a.train, a.val = make_dataset(work, a.synthetic, 32)
         print(f"made {a.synthetic} training images in {work}")
 
-    loader = tbljax.mlx.loader(a.train, a.batch_size, seed=a.seed,
-                               augment=None if a.augment == "none" else a.augment)
+    loader = tbljax.mlx.loader(a.train, a.batch_size, seed=a.seed, augment=None if a.augment == "none" else a.augment)
     ds = tbljax.open(a.train)
     num_classes = len(ds.classes) if ds.classes else int(ds.labels.max()) + 1
-    print(f"{loader.num_samples} images, {len(loader)} steps per epoch of {a.batch_size}, "
-          f"{num_classes} classes, MLX on {mx.default_device()}")
+    print(
+        f"{loader.num_samples} images, {len(loader)} steps per epoch of {a.batch_size}, "
+        f"{num_classes} classes, MLX on {mx.default_device()}"
+    )
 
     mx.random.seed(a.seed)
     model = build_model(num_classes)
@@ -111,8 +113,9 @@ def main(argv=None) -> int:
         opt.state = from_numpy(ckpt["optimizer"])
         loader.load_state_dict(ckpt["loader"])
         step = ckpt["step"]
-        print(f"resumed at step {step}: loader at epoch {ckpt['loader']['epoch']}, "
-              f"position {ckpt['loader']['position']}")
+        print(
+            f"resumed at step {step}: loader at epoch {ckpt['loader']['epoch']}, position {ckpt['loader']['position']}"
+        )
     mx.eval(model.parameters())
 
     def loss_fn(model, x, y):
@@ -121,8 +124,12 @@ def main(argv=None) -> int:
     loss_and_grad = nn.value_and_grad(model, loss_fn)
 
     def save():
-        ckpt = {"model": to_numpy(model.parameters()), "optimizer": to_numpy(opt.state),
-                "loader": loader.state_dict(), "step": step}
+        ckpt = {
+            "model": to_numpy(model.parameters()),
+            "optimizer": to_numpy(opt.state),
+            "loader": loader.state_dict(),
+            "step": step,
+        }
         with tempfile.NamedTemporaryFile(dir=a.checkpoint.parent, delete=False) as f:
             pickle.dump(ckpt, f)
         os.replace(f.name, a.checkpoint)  # atomic: a crash while saving keeps the last one
@@ -139,8 +146,7 @@ def main(argv=None) -> int:
             step += 1
             if step % a.log_every == 0:
                 crc = zlib.crc32(np.array(batch.index).tobytes())
-                print(f"epoch {epoch} step {step} loss {loss.item():.6f} indices-crc {crc:08x}",
-                      flush=True)
+                print(f"epoch {epoch} step {step} loss {loss.item():.6f} indices-crc {crc:08x}", flush=True)
             if a.stop_at is not None and step >= a.stop_at:
                 if a.checkpoint:
                     save()
@@ -150,13 +156,13 @@ def main(argv=None) -> int:
             save()
     took = time.perf_counter() - t0
     if step > first_step:
-        print(f"trained {step - first_step} steps in {took:.1f} s "
-              f"({(step - first_step) * a.batch_size / took:.0f} img/s)")
+        print(
+            f"trained {step - first_step} steps in {took:.1f} s ({(step - first_step) * a.batch_size / took:.0f} img/s)"
+        )
 
     if a.val is not None:
         correct = total = 0
-        for batch in tbljax.mlx.loader(a.val, a.batch_size, shuffle=False,
-                                       drop_remainder=False):
+        for batch in tbljax.mlx.loader(a.val, a.batch_size, shuffle=False, drop_remainder=False):
             x, y = batch
             hit = (mx.argmax(model(x), axis=1) == y) & batch.valid
             correct += int(hit.sum().item())

@@ -17,6 +17,7 @@ What it shows:
   same lines as the uninterrupted run (the same samples, crops and flips).
 - Evaluation with drop_remainder=False: the batch's `valid` mask counts each image once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,15 @@ from train_jax import make_dataset  # noqa: E402  (the same small dataset)
 def build_model(num_classes: int):
     import torch.nn as nn
 
-    return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
-                         nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes))
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, num_classes),
+    )
 
 
 def main(argv=None) -> int:
@@ -50,11 +57,11 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--augment", default="flip", choices=["none", "flip", "rrc_flip"])
-    p.add_argument("--checkpoint", type=Path, help="checkpoint file (saved every epoch and "
-                   "at --stop-at)")
+    p.add_argument("--checkpoint", type=Path, help="checkpoint file (saved every epoch and at --stop-at)")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    p.add_argument("--stop-at", type=int, default=None,
-                   help="stop after this global step, as a preemption would (to try --resume)")
+    p.add_argument(
+        "--stop-at", type=int, default=None, help="stop after this global step, as a preemption would (to try --resume)"
+    )
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     a = p.parse_args(argv)
@@ -87,12 +94,13 @@ def main(argv=None) -> int:
         a.train, a.val = work / "train.tbl", work / "val.tbl"
 
     # Rank and world size come from torch.distributed when it is initialized.
-    loader = tbljax.torch.loader(a.train, a.batch_size, seed=a.seed,
-                                 augment=None if a.augment == "none" else a.augment)
+    loader = tbljax.torch.loader(a.train, a.batch_size, seed=a.seed, augment=None if a.augment == "none" else a.augment)
     ds = tbljax.open(a.train)
     num_classes = len(ds.classes) if ds.classes else int(ds.labels.max()) + 1
-    say(f"{loader.num_samples} images, {len(loader)} steps per epoch of {loader.batch_size} "
-        f"x {loader.world_size} rank(s), pinned={loader.pin_memory}, {num_classes} classes")
+    say(
+        f"{loader.num_samples} images, {len(loader)} steps per epoch of {loader.batch_size} "
+        f"x {loader.world_size} rank(s), pinned={loader.pin_memory}, {num_classes} classes"
+    )
 
     torch.manual_seed(a.seed)
     model = build_model(num_classes).to(device)
@@ -106,14 +114,12 @@ def main(argv=None) -> int:
         opt.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(ckpt["loader"])
         step = ckpt["step"]
-        say(f"resumed at step {step}: loader at epoch {ckpt['loader']['epoch']}, "
-            f"position {ckpt['loader']['position']}")
+        say(f"resumed at step {step}: loader at epoch {ckpt['loader']['epoch']}, position {ckpt['loader']['position']}")
 
     def save():
         if rank != 0:
             return
-        ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                "loader": loader.state_dict(), "step": step}
+        ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "loader": loader.state_dict(), "step": step}
         tmp = a.checkpoint.with_name(a.checkpoint.name + ".tmp")
         torch.save(ckpt, tmp)
         os.replace(tmp, a.checkpoint)  # atomic: a crash while saving keeps the last one
@@ -136,8 +142,7 @@ def main(argv=None) -> int:
             if step % a.log_every == 0:
                 # int32, as the JAX and MLX examples: the same seed prints the same checksums.
                 crc = zlib.crc32(batch.index.to(torch.int32).numpy().tobytes())
-                say(f"epoch {epoch} step {step} loss {loss.item():.6f} indices-crc {crc:08x}",
-                    flush=True)
+                say(f"epoch {epoch} step {step} loss {loss.item():.6f} indices-crc {crc:08x}", flush=True)
             if a.stop_at is not None and step >= a.stop_at:
                 if a.checkpoint:
                     save()
@@ -147,8 +152,10 @@ def main(argv=None) -> int:
             save()
     took = time.perf_counter() - t0
     if step > first_step:
-        say(f"trained {step - first_step} steps in {took:.1f} s "
-            f"({(step - first_step) * a.batch_size * loader.world_size / took:.0f} img/s)")
+        say(
+            f"trained {step - first_step} steps in {took:.1f} s "
+            f"({(step - first_step) * a.batch_size * loader.world_size / took:.0f} img/s)"
+        )
 
     if a.val is not None:
         model.eval()

@@ -1,5 +1,5 @@
 """A seeded mutation fuzzer for the Python parsers of a TBL file's record fields: the dataset
-metadata (`file/format.py` `parse_dataset_json`, `file/fields.py` `check_field_meta`) and the
+metadata (`file/format.py` `parse_dataset_json`, `file/field_meta.py` `check_field_meta`) and the
 field blocks (`file/field_columns.py`). No C++ parses them, so this runs in Python, not under
 libFuzzer/ASan.
 
@@ -14,6 +14,7 @@ metadata under build/fuzz/fields/.
 
     python fuzz/fuzz_fields.py [RUNS] [SEED]
 """
+
 from __future__ import annotations
 
 import json
@@ -33,18 +34,57 @@ from tbljax._src.file.fields import ColumnWriter
 from tbljax._src.file.format import FORMATS
 
 N = 6
-POOL = [None, -1, 0, 1, 2, 7, 8, 63, 64, 2**31, 2**62, 2**63, 2**64, 1.5, True, "", "x", "<i8", "<f2", "|b1",
-        ">i4", "<U3", "O", "V8", "<c16", "ndarray", "str", "json", [], [None], [1], [None, 2], [2, None], [0],
-        [3, 2], [10**6, 10**6], {}, {"offset": 0, "bytes": 0, "crc32": 0}]
+POOL = [
+    None,
+    -1,
+    0,
+    1,
+    2,
+    7,
+    8,
+    63,
+    64,
+    2**31,
+    2**62,
+    2**63,
+    2**64,
+    1.5,
+    True,
+    "",
+    "x",
+    "<i8",
+    "<f2",
+    "|b1",
+    ">i4",
+    "<U3",
+    "O",
+    "V8",
+    "<c16",
+    "ndarray",
+    "str",
+    "json",
+    [],
+    [None],
+    [1],
+    [None, 2],
+    [2, None],
+    [0],
+    [3, 2],
+    [10**6, 10**6],
+    {},
+    {"offset": 0, "bytes": 0, "crc32": 0},
+]
 NAMES = ["label", "index", "image", "valid", "source", "key", "a_length", "é", "1x", "", "ok"]
 
 
 def values():
     rng = np.random.default_rng(0)
-    return {"cap": ("str", [f"caption {i} ü" for i in range(N)]),
-            "tags": ("json", [{"i": i, "t": [i] * i} for i in range(N)]),
-            "emb": ("ndarray", [rng.standard_normal(3).astype(np.float32) for _ in range(N)]),
-            "tok": ("ndarray", [np.arange(i % 4, dtype=np.int64) for i in range(N)])}
+    return {
+        "cap": ("str", [f"caption {i} ü" for i in range(N)]),
+        "tags": ("json", [{"i": i, "t": [i] * i} for i in range(N)]),
+        "emb": ("ndarray", [rng.standard_normal(3).astype(np.float32) for _ in range(N)]),
+        "tok": ("ndarray", [np.arange(i % 4, dtype=np.int64) for i in range(N)]),
+    }
 
 
 def write(path, blocks=None, fields=None, text=None, fix_crc=True):
@@ -102,8 +142,11 @@ def mutate_json(obj, r):
         return
     op = r.random()
     if op < 0.7:
-        parent[key] = r.choice(POOL) if r.random() < 0.8 else (
-            node + r.choice([-1, 1, 8, -8]) if isinstance(node, int) and not isinstance(node, bool) else None)
+        parent[key] = (
+            r.choice(POOL)
+            if r.random() < 0.8
+            else (node + r.choice([-1, 1, 8, -8]) if isinstance(node, int) and not isinstance(node, bool) else None)
+        )
     elif op < 0.85 and isinstance(parent, dict):
         del parent[key]
     elif isinstance(parent, dict):
@@ -179,13 +222,24 @@ def main():
             if sig not in findings:
                 findings[sig] = (run, text, f)
                 with open(os.path.join(out, f"finding-{len(findings)}.json"), "w") as fh:
-                    json.dump({"run": run, "seed": seed, "error": f"{type(e).__name__}: {e}"[:500],
-                               "text": text, "fields": f}, fh, default=str)
+                    json.dump(
+                        {
+                            "run": run,
+                            "seed": seed,
+                            "error": f"{type(e).__name__}: {e}"[:500],
+                            "text": text,
+                            "fields": f,
+                        },
+                        fh,
+                        default=str,
+                    )
         finally:
             signal.alarm(0)
     took = time.time() - start
-    print(f"{runs} runs in {took:.0f} s: {counts['ok']} read, {counts['corrupt']} CorruptFileError, "
-          f"{len(findings)} distinct findings")
+    print(
+        f"{runs} runs in {took:.0f} s: {counts['ok']} read, {counts['corrupt']} CorruptFileError, "
+        f"{len(findings)} distinct findings"
+    )
     for sig, (run, _, _) in findings.items():
         print(f"  run {run}: {sig}")
     return 1 if findings else 0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Style checks; exits non-zero on the first check that fails. Usage: scripts/lint.sh
-#   Python: ruff check with ruff.toml (ruff comes with the test extra; PYTHON picks the
-#   interpreter, default .venv/bin/python).
+#   Python: ruff format --check and ruff check with ruff.toml (ruff comes with the test extra;
+#   PYTHON picks the interpreter, default .venv/bin/python). To fix what they report:
+#   ruff format src tests benchmarks examples scripts && ruff check --select I --fix (same paths).
 #   C++ / CUDA: clang-format --dry-run --Werror over ffi/ and fuzz/ with the repository's
 #   .clang-format (written for clang-format 14, Debian 12's package "clang-format"; installed
 #   with apt-get when missing). To fix what it reports: clang-format -i FILE...
@@ -10,8 +11,9 @@ cd "$(dirname "$0")/.."
 
 # ---- Python (ruff) ----
 py=${PYTHON:-.venv/bin/python}
+"$py" -m ruff format --check --no-cache src tests benchmarks examples scripts
 "$py" -m ruff check --no-cache src tests benchmarks examples scripts
-echo "lint: ruff: clean ($("$py" -m ruff --version))"
+echo "lint: ruff: formatted and clean ($("$py" -m ruff --version))"
 
 # ---- C++ / CUDA (clang-format) ----
 if ! command -v clang-format >/dev/null; then

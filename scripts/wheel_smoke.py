@@ -4,6 +4,7 @@ the in-jit op and the console script work, and each result is checked against Nu
 
 Usage: python wheel_smoke.py WORKDIR [PHOTO_DIR]   (synthetic images when PHOTO_DIR has none)
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -28,8 +29,13 @@ def sources(photo_dir: Path | None):
     # Smooth gradients with noise: JPEG-friendly, different per image.
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:96, 0:128]
-    images = np.stack([np.stack([(x * (i + 1)) % 256, (y * 2 + i * 17) % 256, (x + y) % 256], -1)
-                       + rng.integers(0, 8, (96, 128, 3)) for i in range(12)]).clip(0, 255)
+    images = np.stack(
+        [
+            np.stack([(x * (i + 1)) % 256, (y * 2 + i * 17) % 256, (x + y) % 256], -1)
+            + rng.integers(0, 8, (96, 128, 3))
+            for i in range(12)
+        ]
+    ).clip(0, 255)
     return (images.astype(np.uint8), np.arange(12) % 3), "12 synthetic images"
 
 
@@ -40,23 +46,31 @@ def main() -> None:
 
     # The native module is the wheel's, and libjpeg's code lives inside it.
     core = Path(tbljax._core.__file__).resolve()
-    check(not (Path.cwd() / "src" / "tbljax").exists() and "site-packages" in core.parts,
-          f"tbljax imported from the installed wheel ({core})")
+    check(
+        not (Path.cwd() / "src" / "tbljax").exists() and "site-packages" in core.parts,
+        f"tbljax imported from the installed wheel ({core})",
+    )
     info = tbljax.build_info()
     check(info["native_deps"] == "static", f"native_deps is {info['native_deps']!r}")
-    check(Path(info["libjpeg_library"]).resolve() == core,
-          f"libjpeg's code is in _core itself ({info['libjpeg_library']})")
-    check(re.fullmatch(r"\d+\.\d+\.\d+", info["libjpeg_turbo"]) is not None
-          and info["libjpeg_turbo"] == info["libjpeg_turbo_headers"],
-          f"libjpeg-turbo {info['libjpeg_turbo']} linked (headers {info['libjpeg_turbo_headers']})")
+    check(
+        Path(info["libjpeg_library"]).resolve() == core,
+        f"libjpeg's code is in _core itself ({info['libjpeg_library']})",
+    )
+    check(
+        re.fullmatch(r"\d+\.\d+\.\d+", info["libjpeg_turbo"]) is not None
+        and info["libjpeg_turbo"] == info["libjpeg_turbo_headers"],
+        f"libjpeg-turbo {info['libjpeg_turbo']} linked (headers {info['libjpeg_turbo_headers']})",
+    )
     check(info["lz4"] == info["lz4_headers"], f"lz4 {info['lz4']} linked")
 
     src, what = sources(photo_dir)
     raw = tbljax.convert(src, str(work / "raw.tbl"), image_size=64, overwrite=True)
     ds = tbljax.open(str(work / "raw.tbl"))
     view = np.asarray(ds.view())
-    check(len(ds) == raw.written == 12 and view.shape == (12, 64, 64, 3),
-          f"convert: {what} -> {len(ds)} RAW records, view {view.shape}")
+    check(
+        len(ds) == raw.written == 12 and view.shape == (12, 64, 64, 3),
+        f"convert: {what} -> {len(ds)} RAW records, view {view.shape}",
+    )
     check(view.std() > 10, "the records hold pictures, not a constant")
 
     # The loader: a batch equals the records it names, normalized in NumPy.
@@ -79,8 +93,9 @@ def main() -> None:
     got = np.asarray(f(jnp.asarray(view), jnp.asarray(pick)))
     want = ((view[pick] / 255.0 - np.array(mean)) / np.array(std)).astype(np.float32)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
-    g = jax.jit(lambda d, i: tbljax.ops.gather_normalize(d, i, crop=crop, out_size=(64, 64),
-                                                         dtype=jnp.uint8, backend="ffi"))
+    g = jax.jit(
+        lambda d, i: tbljax.ops.gather_normalize(d, i, crop=crop, out_size=(64, 64), dtype=jnp.uint8, backend="ffi")
+    )
     np.testing.assert_array_equal(np.asarray(g(jnp.asarray(view), jnp.asarray(pick))), view[pick])
     check(True, f"ops.gather_normalize in jax.jit (FFI, jax {jax.__version__}) equals NumPy")
 
@@ -96,13 +111,14 @@ def main() -> None:
     script = Path(sys.executable).with_name("tbljax")
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True).stdout
     dist = importlib.metadata.version("tbljax")
-    check(out.strip() == f"tbljax {dist}" and tbljax.__version__ == dist,
-          f"`tbljax --version` says {out.strip()!r}; wheel {dist}, __version__ {tbljax.__version__}")
+    check(
+        out.strip() == f"tbljax {dist}" and tbljax.__version__ == dist,
+        f"`tbljax --version` says {out.strip()!r}; wheel {dist}, __version__ {tbljax.__version__}",
+    )
 
     # Nothing in this process mapped a system libjpeg or liblz4.
     maps = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").exists() else ""
-    foreign = sorted({line.split()[-1] for line in maps.splitlines()
-                      if re.search(r"/lib(jpeg|lz4)[^/]*\.so", line)})
+    foreign = sorted({line.split()[-1] for line in maps.splitlines() if re.search(r"/lib(jpeg|lz4)[^/]*\.so", line)})
     check(foreign == [], f"no libjpeg or liblz4 mapped into the process: {foreign or 'none'}")
 
 

@@ -2,6 +2,7 @@
 ThreadingHTTPServer serving a directory, with Range requests, directory listings (for globs),
 and two faults a real network has: a connection dropped in the middle of a body, and a slow
 link. Every request is logged as (method, file name, first byte asked for)."""
+
 from __future__ import annotations
 
 import dataclasses

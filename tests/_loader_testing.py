@@ -1,11 +1,13 @@
 """Helpers for the loader tests and their subprocesses: small TBL files, the normalization
 oracle (tests/oracle.py), the rows a process holds, and a spy on the whole-source sweep."""
+
 from __future__ import annotations
 
 import os
 import threading
 
 import numpy as np
+
 import oracle
 
 

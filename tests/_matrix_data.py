@@ -5,6 +5,7 @@ photos, and each record's reference pixels taken from the file's bytes by an ind
 are decoded and resized at serve time). The "fields" kind is the same photos in a real
 WebDataset TAR with a str, a json, a fixed and a ragged ndarray member per record; its source
 values (`field_values`) are what every path must serve."""
+
 from __future__ import annotations
 
 import io
@@ -17,8 +18,8 @@ import numpy as np
 import tbljax
 from tbljax._src.file.format import FORMATS
 
-N = 10        # records per dataset
-S = 16        # stored side
+N = 10  # records per dataset
+S = 16  # stored side
 OUT = (8, 8)  # served crop
 # kind: convert's arguments. Every kind is made from the same JPEG sources.
 KINDS = {
@@ -33,8 +34,11 @@ KINDS = {
     "original_jpeg": dict(resize="center_crop", format="jpeg"),
     "lz4": dict(resize="center_crop", format="lz4"),
     # RAW records converted from a TAR whose records carry fields (see `field_values`).
-    "fields": dict(resize="center_crop", format="raw",
-                   fields={"caption": "txt", "tags": "json", "emb": "emb.npy", "tok": "tok.npy"}),
+    "fields": dict(
+        resize="center_crop",
+        format="raw",
+        fields={"caption": "txt", "tags": "json", "emb": "emb.npy", "tok": "tok.npy"},
+    ),
 }
 # What serving the fields kind needs: its ragged field cut or padded to 3 rows.
 SERVE = {"fields": dict(pad={"tok": 3})}
@@ -66,9 +70,15 @@ def field_values() -> list[dict]:
     """Record i's source values of the fields kind: a str (non-ASCII), a JSON object, a fixed
     (3,) float16 array and an int32 array of 0..5 values (ragged; longer and shorter than PAD)."""
     rng = np.random.default_rng(11)
-    return [{"caption": f"photo {i} of c{i % 3} — é", "tags": {"tags": [f"c{i % 3}", i], "w": i / 2},
-             "emb": rng.standard_normal(3).astype(np.float16),
-             "tok": rng.integers(0, 300, i % 6).astype(np.int32)} for i in range(N)]
+    return [
+        {
+            "caption": f"photo {i} of c{i % 3} — é",
+            "tags": {"tags": [f"c{i % 3}", i], "w": i / 2},
+            "emb": rng.standard_normal(3).astype(np.float16),
+            "tok": rng.integers(0, 300, i % 6).astype(np.int32),
+        }
+        for i in range(N)
+    ]
 
 
 def _npy(a: np.ndarray) -> bytes:
@@ -90,9 +100,14 @@ def write_fields_tars(d: Path, src: list[Path]) -> list[str]:
 
 
 def _add_record(tf: tarfile.TarFile, i: int, p: Path, v: dict) -> None:
-    members = {"jpg": p.read_bytes(), "cls": str(i).encode(), "txt": v["caption"].encode(),
-               "json": json.dumps(v["tags"]).encode(), "emb.npy": _npy(v["emb"]),
-                       "tok.npy": _npy(v["tok"])}
+    members = {
+        "jpg": p.read_bytes(),
+        "cls": str(i).encode(),
+        "txt": v["caption"].encode(),
+        "json": json.dumps(v["tags"]).encode(),
+        "emb.npy": _npy(v["emb"]),
+        "tok.npy": _npy(v["tok"]),
+    }
     for ext, data in members.items():
         ti = tarfile.TarInfo(f"rec{i:02d}.{ext}")
         ti.size = len(data)
@@ -127,7 +142,7 @@ def _stored(path: str) -> list[np.ndarray]:
     data = np.fromfile(path, np.uint8)
     out = []
     for e in ds.index:
-        blob = data[int(e["offset"]):int(e["offset"]) + int(e["size"])]
+        blob = data[int(e["offset"]) : int(e["offset"]) + int(e["size"])]
         if int(e["format"]) == FORMATS["JPEG"]:
             with Image.open(io.BytesIO(blob.tobytes())) as im:
                 out.append(np.asarray(im.convert("RGB")))

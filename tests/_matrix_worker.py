@@ -7,6 +7,7 @@ serves every dataset of the spec with ``partition="host"`` through `tbljax.loade
 each row's global index, pixels and record fields (str/json ones as JSON text), or the error a
 loader raised — for the parent to check against the NumPy oracle and the source values.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,7 @@ IMAGE_KEYS = ("image", "label", "index", "valid")
 
 def _fields_of(named: dict, host) -> dict:
     """This process's rows of each field: arrays (via `host`) as they are, lists as JSON text."""
-    return {k: (json.dumps(v) if isinstance(v, list) else host(v)) for k, v in named.items()
-            if k not in IMAGE_KEYS}
+    return {k: (json.dumps(v) if isinstance(v, list) else host(v)) for k, v in named.items() if k not in IMAGE_KEYS}
 
 
 def main():
@@ -41,17 +41,36 @@ def main():
             kw = spec["serve"][name]
             try:
                 if framework == "jax":
-                    ld = tbljax.loader(paths, 2 * spec["batch"], seed=spec["seed"], dtype="uint8",
-                                       augment=aug, num_epochs=1, partition="host", **kw)
-                    rows = [(np.asarray(b["index"].addressable_data(0)),
-                             np.asarray(b["image"].addressable_data(0)),
-                             _fields_of(b, lambda a: np.asarray(a.addressable_data(0)))) for b in ld]
+                    ld = tbljax.loader(
+                        paths,
+                        2 * spec["batch"],
+                        seed=spec["seed"],
+                        dtype="uint8",
+                        augment=aug,
+                        num_epochs=1,
+                        partition="host",
+                        **kw,
+                    )
+                    rows = [
+                        (
+                            np.asarray(b["index"].addressable_data(0)),
+                            np.asarray(b["image"].addressable_data(0)),
+                            _fields_of(b, lambda a: np.asarray(a.addressable_data(0))),
+                        )
+                        for b in ld
+                    ]
                 else:
-                    ld = tbljax.torch.loader(paths, spec["batch"], seed=spec["seed"],
-                                             dtype="uint8", layout="NHWC", augment=aug,
-                                             partition="host", **kw)
-                    rows = [(b.index.numpy(), b.images.numpy(), _fields_of(b.fields, lambda t: t.numpy()))
-                            for b in ld]
+                    ld = tbljax.torch.loader(
+                        paths,
+                        spec["batch"],
+                        seed=spec["seed"],
+                        dtype="uint8",
+                        layout="NHWC",
+                        augment=aug,
+                        partition="host",
+                        **kw,
+                    )
+                    rows = [(b.index.numpy(), b.images.numpy(), _fields_of(b.fields, lambda t: t.numpy())) for b in ld]
             except Exception as e:  # noqa: BLE001 - the parent says which cell raised what
                 out[key + "|error"] = np.array(f"{type(e).__name__}: {e}")
                 continue
@@ -59,8 +78,11 @@ def main():
             out[key + "|image"] = np.concatenate([im for _, im, _ in rows])
             for f in rows[0][2]:
                 got = [fs[f] for _, _, fs in rows]
-                out[f"{key}|field|{f}"] = (np.array(json.dumps([x for g in got for x in json.loads(g)]))
-                                           if isinstance(got[0], str) else np.concatenate(got))
+                out[f"{key}|field|{f}"] = (
+                    np.array(json.dumps([x for g in got for x in json.loads(g)]))
+                    if isinstance(got[0], str)
+                    else np.concatenate(got)
+                )
     np.savez(out_path, **out)
     _two_jobs.leave()
 

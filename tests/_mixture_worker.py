@@ -7,6 +7,7 @@ Joins a 2-process JAX runtime and a 2-rank torch.distributed (gloo) group on loc
 and saves what this process served — each row's index, source and pixels, the global batch's
 indices gathered over the processes, the states — for the parent to check.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,7 @@ def main():
         for k, b in enumerate(ld):
             for name in ("index", "source", "image"):
                 rows[name].append(np.asarray(b[name].addressable_data(0)))
-            rows["global"].append(np.asarray(
-                multihost_utils.process_allgather(b["index"], tiled=True)))
+            rows["global"].append(np.asarray(multihost_utils.process_allgather(b["index"], tiled=True)))
             if k == save_after:
                 out[prefix + "state"] = np.array(json.dumps(ld.state_dict()))
         for name, v in rows.items():
@@ -51,8 +51,10 @@ def main():
     again = tbljax.loader(mixture(), 2 * spec["batch"], num_epochs=2, partition="host", **kw)
     again.load_state_dict(json.loads(str(out["jax|state"])))
     serve(again, "resumed|")
-    rows = [(b.index.numpy(), b.source.numpy(), b.images.numpy()) for b in
-            tbljax.torch.loader(mixture(), spec["batch"], layout="NHWC", partition="host", **kw)]
+    rows = [
+        (b.index.numpy(), b.source.numpy(), b.images.numpy())
+        for b in tbljax.torch.loader(mixture(), spec["batch"], layout="NHWC", partition="host", **kw)
+    ]
     for i, name in enumerate(("index", "source", "image")):
         out["torch|" + name] = np.stack([r[i] for r in rows])
     np.savez(out_path, **out)

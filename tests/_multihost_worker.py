@@ -5,6 +5,7 @@ Run with XLA_FLAGS=--xla_force_host_platform_device_count=2. Joins a 2-process J
 localhost, serves one padded epoch, checks its own rows and the gathered global arrays
 against NumPy, counts the indices its kernel calls received, and writes what it saw to OUT_JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,13 +25,12 @@ SEED = 3
 
 def main():
     pid, port, path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
-                               process_id=pid)
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
     from jax.experimental import multihost_utils
 
     import tbljax
-    from tbljax._src.engine import kernels
     from tbljax import order
+    from tbljax._src.engine import kernels
 
     seen = []
     real_prepare = kernels.prepare_gather  # what the loader calls for each batch of RAW rows
@@ -56,7 +56,7 @@ def main():
             i = int(i)
             if val[r]:
                 local_indices.append(i)
-                ref = T.normalize(data[i:i + 1], tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD)[0]
+                ref = T.normalize(data[i : i + 1], tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD)[0]
                 assert np.array_equal(img[r], ref) and lab[r] == labels[i]
             else:
                 assert i == -1 and lab[r] == -1 and not img[r].any()
@@ -73,8 +73,16 @@ def main():
             state_after_2 = ld.state_dict()
     assert ld.state_dict()["epoch"] == 1 and ld.state_dict()["position"] == 0
     with open(out_path, "w") as f:
-        json.dump({"kernel_indices": seen, "local_indices": local_indices, "stream": stream,
-                   "state_after_2": state_after_2, "steps": len(ld)}, f)
+        json.dump(
+            {
+                "kernel_indices": seen,
+                "local_indices": local_indices,
+                "stream": stream,
+                "state_after_2": state_after_2,
+                "steps": len(ld),
+            },
+            f,
+        )
     jax.distributed.shutdown()
 
 

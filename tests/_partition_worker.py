@@ -7,6 +7,7 @@ part exists here (a staged host). Each step it checks its own rows against the N
 (pixels, flips, labels, padding), gathers the global arrays over all processes, and writes what
 it saw to OUT_JSON for the parent test to check across processes.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,29 +48,46 @@ def serve(ld, pid, ref, labels, *, save_after=()):
                 assert np.array_equal(img[r], ref[i][:, ::-1]), f"row {r}: not sample {i}"
                 flips.append(True)
         gathered = np.asarray(multihost_utils.process_allgather(b["index"], tiled=True))
-        steps.append({"local": idx, "valid": [bool(val[r]) for r in sorted(held)],
-                      "flips": flips, "global": gathered.tolist(), "cursor": list(ld.cursor)})
+        steps.append(
+            {
+                "local": idx,
+                "valid": [bool(val[r]) for r in sorted(held)],
+                "flips": flips,
+                "global": gathered.tolist(),
+                "cursor": list(ld.cursor),
+            }
+        )
         if k in save_after:
             states[k] = ld.state_dict()
-    return {"steps": steps, "states": {str(k): v for k, v in states.items()}, "len": len(ld),
-            "end_state": ld.state_dict()}
+    return {
+        "steps": steps,
+        "states": {str(k): v for k, v in states.items()},
+        "len": len(ld),
+        "end_state": ld.state_dict(),
+    }
 
 
 def main():
     pid, processes, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     spec = json.loads(open(sys.argv[4]).read())
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
-                               num_processes=processes, process_id=pid)
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=processes, process_id=pid)
     import tbljax
 
     ref, labels = np.load(spec["images"]), np.load(spec["labels"])
     assert jax.process_count() == processes
     out = {}
     for name, run in spec["runs"].items():
-        paths = run["paths"][pid] if isinstance(run["paths"], list) and \
-            isinstance(run["paths"][0], list) else run["paths"]
-        kw = dict(seed=run["seed"], num_epochs=run["epochs"], dtype="uint8", augment="flip",
-                  drop_remainder=run["drop"], partition="host")
+        paths = (
+            run["paths"][pid] if isinstance(run["paths"], list) and isinstance(run["paths"][0], list) else run["paths"]
+        )
+        kw = dict(
+            seed=run["seed"],
+            num_epochs=run["epochs"],
+            dtype="uint8",
+            augment="flip",
+            drop_remainder=run["drop"],
+            partition="host",
+        )
         try:
             ld = tbljax.loader(paths, run["batch"], **kw)
         except Exception as e:  # a run that must fail on every process: say how

@@ -7,6 +7,7 @@ returned>, ..., partition="host")``. Each step it checks its own rows against th
 pixels and labels, gathers the global index over all processes, and writes what it saw (and
 what its cache holds) to OUT_JSON for the parent test to check across processes.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,15 +28,14 @@ def check_assembly_aliases_the_ring(batch_size):
     import gc
 
     from tbljax._src.engine import ring
-    from tbljax._src.jax.arrays import to_global
     from tbljax._src.jax import sharding
+    from tbljax._src.jax.arrays import to_global
 
     whole = sharding.row_layout(sharding.batch_sharding(None), batch_size)
     slot = ring.Slot(whole.process_local(jax.process_count()), (4, 3, 3), np.uint8)
     views = slot.views()
     arr = to_global(whole, views, (4, 3, 3))
-    assert [s.data.unsafe_buffer_pointer() for s in arr.addressable_shards] == \
-        [v.ctypes.data for v in views]
+    assert [s.data.unsafe_buffer_pointer() for s in arr.addressable_shards] == [v.ctypes.data for v in views]
     del views
     assert slot.in_use()
     del arr
@@ -46,17 +46,24 @@ def check_assembly_aliases_the_ring(batch_size):
 def main():
     pid, processes, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     spec = json.loads(open(sys.argv[4]).read())
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
-                               num_processes=processes, process_id=pid)
-    import tbljax
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=processes, process_id=pid)
     from jax.experimental import multihost_utils
+
+    import tbljax
 
     check_assembly_aliases_the_ring(spec["batch"])
     ref, labels = np.load(spec["images"]), np.load(spec["labels"])
     cache = os.path.join(spec["caches"], f"host{pid}")
     paths = tbljax.stage(spec["url"], cache, partition="host", retry_backoff=0.01)
-    ld = tbljax.loader(paths, spec["batch"], seed=spec["seed"], num_epochs=spec["epochs"],
-                       dtype="uint8", drop_remainder=False, partition="host")
+    ld = tbljax.loader(
+        paths,
+        spec["batch"],
+        seed=spec["seed"],
+        num_epochs=spec["epochs"],
+        dtype="uint8",
+        drop_remainder=False,
+        partition="host",
+    )
     steps = []
     for b in ld:
         img, lab, idx, val = (T.rows(b[k]) for k in ("image", "label", "index", "valid"))
@@ -70,10 +77,21 @@ def main():
                 assert i == -1 and lab[r] == -1 and not img[r].any(), f"row {r}: bad padding"
         gathered = np.asarray(multihost_utils.process_allgather(b["index"], tiled=True))
         epoch, position = ld.cursor
-        steps.append({"epoch": epoch if position else epoch - 1, "rows": sorted(idx),
-                      "valid": local, "global": gathered.tolist()})
-    out = {"paths": paths, "cache": sorted(os.listdir(cache)), "len": len(ld), "steps": steps,
-           "num_samples": ld.num_samples}
+        steps.append(
+            {
+                "epoch": epoch if position else epoch - 1,
+                "rows": sorted(idx),
+                "valid": local,
+                "global": gathered.tolist(),
+            }
+        )
+    out = {
+        "paths": paths,
+        "cache": sorted(os.listdir(cache)),
+        "len": len(ld),
+        "steps": steps,
+        "num_samples": ld.num_samples,
+    }
     with open(sys.argv[5], "w") as f:
         json.dump(out, f)
     jax.distributed.shutdown()

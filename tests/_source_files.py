@@ -3,6 +3,7 @@ wire format and TFRecord's framing written out from the public schema; Parquet f
 through the Thrift compact protocol's bytes), and the hostile ones of issue 46: a damaged
 ArrayRecord record, Parquet footers that lie about their rows, a TFRecord length of 2**40
 with a valid checksum, files that are not what their name says."""
+
 from __future__ import annotations
 
 import struct
@@ -74,6 +75,7 @@ def jpegs(n: int, side: int = 8, seed: int = 0) -> list[bytes]:
 
 # ---- hostile files ---------------------------------------------------------------------------
 
+
 def damaged_array_record(path, images: list[bytes]) -> None:
     """The images as Examples (label = index % 3), one record a chunk (group_size:1), with 64
     bytes zeroed a third of the way into the records' bytes."""
@@ -85,7 +87,7 @@ def damaged_array_record(path, images: list[bytes]) -> None:
     w.close()
     raw = bytearray(path.read_bytes())
     at = sum(len(b) for b in images) // 3
-    raw[at:at + 64] = bytes(64)
+    raw[at : at + 64] = bytes(64)
     path.write_bytes(bytes(raw))
 
 
@@ -114,8 +116,7 @@ def parquet(path, images: list[bytes], label: bool = True) -> None:
     if label:
         feats["label"] = datasets.ClassLabel(names=["a", "b", "c"])
         cols["label"] = [k % 3 for k in range(len(images))]
-    datasets.Dataset.from_dict(cols, features=datasets.Features(feats)).to_parquet(
-        str(path), batch_size=len(images))
+    datasets.Dataset.from_dict(cols, features=datasets.Features(feats)).to_parquet(str(path), batch_size=len(images))
 
 
 def forge_parquet_rows(path, real: int, declared: int, values_too: bool) -> None:
@@ -129,16 +130,15 @@ def forge_parquet_rows(path, real: int, declared: int, values_too: bool) -> None
     sizes = _column_sizes(pq.ParquetFile(path).metadata)
     raw = path.read_bytes()
     size = struct.unpack("<I", raw[-8:-4])[0]
-    footer = raw[-8 - size:-8]
+    footer = raw[-8 - size : -8]
     old, new = (b"\x16" + _varint((n << 1) ^ (n >> 63)) for n in (real, declared))
     parts = footer.split(old)
     # Order in the footer: FileMetaData.num_rows, then the row group's column chunks'
     # num_values, then RowGroup.num_rows.
     assert len(parts) - 1 >= 3, "a footer of one row group was expected"
     last = len(parts) - 2
-    footer = parts[0] + b"".join((new if values_too or k in (0, last) else old) + p
-                                 for k, p in enumerate(parts[1:]))
-    path.write_bytes(raw[:-8 - size] + footer + struct.pack("<I", len(footer)) + b"PAR1")
+    footer = parts[0] + b"".join((new if values_too or k in (0, last) else old) + p for k, p in enumerate(parts[1:]))
+    path.write_bytes(raw[: -8 - size] + footer + struct.pack("<I", len(footer)) + b"PAR1")
     meta = pq.ParquetFile(path).metadata  # the edit hit the counts and nothing else
     rg = meta.row_group(0)
     assert meta.num_rows == rg.num_rows == declared and _column_sizes(meta) == sizes
@@ -147,5 +147,7 @@ def forge_parquet_rows(path, real: int, declared: int, values_too: bool) -> None
 
 def _column_sizes(meta) -> list[tuple[int, ...]]:
     rg = meta.row_group(0)
-    return [(c.file_offset, c.data_page_offset, c.total_compressed_size, c.total_uncompressed_size)
-            for c in map(rg.column, range(rg.num_columns))]
+    return [
+        (c.file_offset, c.data_page_offset, c.total_compressed_size, c.total_uncompressed_size)
+        for c in map(rg.column, range(rg.num_columns))
+    ]

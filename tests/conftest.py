@@ -1,4 +1,5 @@
 """Shared test fixtures: where the real photos are, and small datasets made from code."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,8 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # PYTHONPATH entries (a developer's `PYTHONPATH=.`) are made absolute so they still hold.
 if os.environ.get("PYTHONPATH"):
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        os.path.abspath(p) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p)
+        os.path.abspath(p) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p
+    )
 
 
 @pytest.fixture(autouse=True)

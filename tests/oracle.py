@@ -3,6 +3,7 @@ code: the normalization contract (DESIGN §3: the float32 / bfloat16 nearest to
 (x/255 - mean)/std computed in float64; bfloat16 rounding by exact rational comparison over
 every finite bfloat16), the integer crop-resize formula of ffi/core/serve/kernel.h in int64, and the
 crop boxes of torchvision's RandomResizedCrop and FFCV's center crop."""
+
 from __future__ import annotations
 
 import fractions
@@ -55,8 +56,7 @@ def to_bfloat16(x) -> np.ndarray:
 
 def table(mean, std, dtype) -> np.ndarray:
     """(3, 256): the nearest float32 / bfloat16 to (x/255 - mean[c]) / std[c] in float64."""
-    v = np.array([[(x / 255.0 - float(mean[c])) / float(std[c]) for x in range(256)]
-                  for c in range(3)], np.float64)
+    v = np.array([[(x / 255.0 - float(mean[c])) / float(std[c]) for x in range(256)] for c in range(3)], np.float64)
     return v.astype(np.float32) if np.dtype(dtype) == np.float32 else to_bfloat16(v)
 
 
@@ -76,8 +76,8 @@ def axis_weights(out_len: int, length: int) -> np.ndarray:
     m2 = 2 * max(length, out_len)
     u = np.maximum(0, m2 - np.abs((2 * j + 1) * out_len - (2 * o + 1) * length))
     total = u.sum(axis=1, keepdims=True)
-    w = (2 * u * 2048 + total) // (2 * total)           # round half up, exact in int64
-    big = np.argmax(w, axis=1)                           # first of the largest
+    w = (2 * u * 2048 + total) // (2 * total)  # round half up, exact in int64
+    big = np.argmax(w, axis=1)  # first of the largest
     w[np.arange(out_len), big] += 2048 - w.sum(axis=1)
     assert (w >= 0).all() and (w.sum(axis=1) == 2048).all()
     return w
@@ -86,7 +86,7 @@ def axis_weights(out_len: int, length: int) -> np.ndarray:
 def crop_resize(img: np.ndarray, box, oh: int, ow: int) -> np.ndarray:
     """The box (y0, x0, h, w) of an (H, W, 3) uint8 image resized to (oh, ow), exactly."""
     y0, x0, h, w = (int(v) for v in box)
-    p = img[y0:y0 + h, x0:x0 + w].astype(np.int64)
+    p = img[y0 : y0 + h, x0 : x0 + w].astype(np.int64)
     wy, wx = axis_weights(oh, h), axis_weights(ow, w)
     # sum_j sum_i wy[o, j] wx[q, i] P[j, i, c], exact in int64 (at most 2^22 * 255), so summing
     # over j first and i second gives the same integers as the triple sum, in O(h w) per output
@@ -95,8 +95,9 @@ def crop_resize(img: np.ndarray, box, oh: int, ow: int) -> np.ndarray:
     return np.ascontiguousarray(((acc + (1 << 21)) >> 22).astype(np.uint8))
 
 
-def gather(records, idx, out_hw, crop=None, flip=None, dtype=np.uint8, layout="NHWC",
-           mean=None, std=None) -> np.ndarray:
+def gather(
+    records, idx, out_hw, crop=None, flip=None, dtype=np.uint8, layout="NHWC", mean=None, std=None
+) -> np.ndarray:
     """What every serving path must write: records[idx] → crop-resize → flip → dtype/layout."""
     oh, ow = out_hw
     pix = []
@@ -111,12 +112,12 @@ def gather(records, idx, out_hw, crop=None, flip=None, dtype=np.uint8, layout="N
     if np.dtype(dtype) == np.uint8:
         out = pix
     else:
-        out = normalize(pix, (0, 0, 0) if mean is None else mean, (1, 1, 1) if std is None else std,
-                        dtype)
+        out = normalize(pix, (0, 0, 0) if mean is None else mean, (1, 1, 1) if std is None else std, dtype)
     return out if layout == "NHWC" else np.ascontiguousarray(out.transpose(0, 3, 1, 2))
 
 
 # ---- crop boxes: torchvision's RandomResizedCrop.get_params and FFCV's center crop ----
+
 
 def rrc_reference(u, height, width, scale, ratio):
     """torchvision's RandomResizedCrop.get_params in float64, driven by the same random words

@@ -4,6 +4,7 @@ keys, labels, classes, pixels — through the PTransform and through `python -m 
 with the output local or at a URL (written locally, then uploaded). apache-beam pins
 pillow<13 and protobuf<7, below the test extra's, so it lives in a venv of its own (.ci/run);
 here it skips where apache_beam is absent."""
+
 from __future__ import annotations
 
 import io
@@ -16,8 +17,10 @@ import pytest
 
 import tbljax
 
-beam = pytest.importorskip("apache_beam", reason="apache-beam is not installed: .ci/run tests it in "
-                           "build/venv-beam (it pins pillow<13 and protobuf<7)")
+beam = pytest.importorskip(
+    "apache_beam",
+    reason="apache-beam is not installed: .ci/run tests it in build/venv-beam (it pins pillow<13 and protobuf<7)",
+)
 
 CLASSES = ["Faces", "Leopards", "accordion", "airplanes"]
 TWO_WORKERS = ["--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -36,7 +39,7 @@ def shards(tmp_path_factory):
     for s in range(5):
         paths.append(str(d / f"train-{s}.tar"))
         with tarfile.open(paths[-1], "w") as tf:
-            for k, (p, name) in enumerate(photos[s * 8:(s + 1) * 8]):
+            for k, (p, name) in enumerate(photos[s * 8 : (s + 1) * 8]):
                 for ext, payload in (("jpg", p.read_bytes()), ("cls", name.encode())):
                     info = tarfile.TarInfo(f"{s}-{k:03d}.{ext}")
                     info.size = len(payload)
@@ -66,8 +69,9 @@ def test_ptransform_on_two_worker_processes(shards, tmp_path):
 
     paths, d = shards
     with beam.Pipeline(options=PipelineOptions(TWO_WORKERS)) as p:
-        out = p | tbljax.beam.ConvertShards(paths, str(tmp_path / "part-{shard}.tbl"), num_shards=3,
-                                            image_size=32, classes=str(d / "classes.txt"))
+        out = p | tbljax.beam.ConvertShards(
+            paths, str(tmp_path / "part-{shard}.tbl"), num_shards=3, image_size=32, classes=str(d / "classes.txt")
+        )
         assert_that(out | beam.Map(lambda r: (r["shard"], r["written"])), equal_to([(0, 8), (1, 16), (2, 16)]))
     parts = [str(tmp_path / f"part-{i:05d}-of-00003.tbl") for i in range(3)]
     assert_parts_equal_single(parts, d / "single.tbl")
@@ -76,10 +80,26 @@ def test_ptransform_on_two_worker_processes(shards, tmp_path):
 def test_command_line_to_a_url(shards, tmp_path):
     paths, d = shards
     (tmp_path / "remote").mkdir()  # the bucket
-    out = subprocess.run([sys.executable, "-m", "tbljax.beam", *paths, "-o",
-                          f"file://{tmp_path}/remote/train-{{shard}}.tbl", "--num-shards", "2", "-s", "32",
-                          "--classes", str(d / "classes.txt"), *TWO_WORKERS],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tbljax.beam",
+            *paths,
+            "-o",
+            f"file://{tmp_path}/remote/train-{{shard}}.tbl",
+            "--num-shards",
+            "2",
+            "-s",
+            "32",
+            "--classes",
+            str(d / "classes.txt"),
+            *TWO_WORKERS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     parts = [str(tmp_path / "remote" / f"train-{i:05d}-of-00002.tbl") for i in range(2)]
     assert_parts_equal_single(parts, d / "single.tbl")
@@ -97,14 +117,16 @@ def test_arguments_checked():
 
 # ---- hostile sources on Beam (issue 46): the same named skips and errors as a single job --------
 
+
 def _convert_on_beam(sources, out, num_shards, **options):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     import tbljax.beam
 
     with beam.Pipeline(options=PipelineOptions(TWO_WORKERS)) as p:
-        p | tbljax.beam.ConvertShards(sources, str(out / "part-{shard}.tbl"), num_shards=num_shards,
-                                      image_size=8, **options)
+        p | tbljax.beam.ConvertShards(
+            sources, str(out / "part-{shard}.tbl"), num_shards=num_shards, image_size=8, **options
+        )
     return [str(out / f"part-{i:05d}-of-{num_shards:05d}.tbl") for i in range(num_shards)]
 
 
@@ -133,13 +155,20 @@ def test_hostile_sources_on_beam_refused_by_name_when_strict(tmp_path):
     from _source_files import example, jpegs, parquet, tfrecord, tfrecord_header
 
     (image,) = jpegs(1)
-    (tmp_path / "huge.tfrecord").write_bytes(tfrecord([example({"image": image})]) + tfrecord_header(1 << 40)
-                                             + bytes(100))
+    (tmp_path / "huge.tfrecord").write_bytes(
+        tfrecord([example({"image": image})]) + tfrecord_header(1 << 40) + bytes(100)
+    )
     parquet(tmp_path / "good.parquet", jpegs(4))
     (tmp_path / "text.parquet").write_bytes(b"not parquet at all " * 10)
-    for k, (sources, words) in enumerate(((str(tmp_path / "huge.tfrecord"), "huge.tfrecord record 1: truncated"),
-                           ([str(tmp_path / "good.parquet"), str(tmp_path / "text.parquet")],
-                            "text.parquet: not a readable Parquet file"))):
+    for k, (sources, words) in enumerate(
+        (
+            (str(tmp_path / "huge.tfrecord"), "huge.tfrecord record 1: truncated"),
+            (
+                [str(tmp_path / "good.parquet"), str(tmp_path / "text.parquet")],
+                "text.parquet: not a readable Parquet file",
+            ),
+        )
+    ):
         out = tmp_path / f"out{k}"
         out.mkdir()
         with pytest.raises(Exception, match="strict conversion stopped") as e:

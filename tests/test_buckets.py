@@ -1,6 +1,7 @@
 """Aspect-ratio bucket rules (`_src/rules/buckets.py`) against independent references: SDXL's
 published bucket table, nearest aspect by `math.log` and by exact fractions, boxes checked
 against the record and the bucket's aspect, and the epoch schedule checked record by record."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -22,7 +23,7 @@ def test_auto_sizes_are_sdxl_at_1024_squared_and_scale_to_the_budget():
         area = sizes[:, 0].astype(float) * sizes[:, 1]
         assert np.abs(area / pixels - 1).max() < 0.25
         aspect = sizes[:, 1] / sizes[:, 0]
-        assert (np.diff(aspect) > 0).all()            # sorted, no two of one aspect
+        assert (np.diff(aspect) > 0).all()  # sorted, no two of one aspect
     with pytest.raises(ValueError, match="pixel budget"):
         buckets.bucket_sizes(Buckets())
 
@@ -47,13 +48,13 @@ def test_assign_is_the_nearest_aspect_in_log_space():
     got = buckets.assign(h, w, sizes)
     dist = np.abs(np.log(w / h)[:, None] - np.log(sizes[:, 1] / sizes[:, 0])[None, :])
     best = np.sort(dist, axis=1)
-    clear = best[:, 1] - best[:, 0] > 1e-9                   # not a near tie
+    clear = best[:, 1] - best[:, 0] > 1e-9  # not a near tie
     np.testing.assert_array_equal(got[clear], np.argmin(dist, axis=1)[clear])
     assert clear.mean() > 0.99
 
 
 def test_assign_breaks_an_exact_tie_to_the_narrower_bucket():
-    sizes = buckets.bucket_sizes(Buckets(sizes=[(100, 400), (100, 100)]))   # aspects 1 and 4
+    sizes = buckets.bucket_sizes(Buckets(sizes=[(100, 400), (100, 100)]))  # aspects 1 and 4
     # 100x200: log 2 is exactly midway between log 1 and log 4.
     assert Fraction(200, 100) ** 2 == Fraction(1) * Fraction(4)
     assert buckets.assign(np.array([100, 100, 100]), np.array([199, 200, 201]), sizes).tolist() == [0, 0, 1]
@@ -71,7 +72,7 @@ def test_cover_boxes_cover_the_bucket_inside_the_record():
         box = buckets.cover_boxes(np.arange(n), h, w, b, sizes, crop=crop, seed=5, epoch=0).astype(np.int64)
         y0, x0, bh, bw = box.T
         assert (y0 >= 0).all() and (x0 >= 0).all() and (y0 + bh <= h).all() and (x0 + bw <= w).all()
-        assert ((bh == h) | (bw == w)).all()                   # the largest box: one side whole
+        assert ((bh == h) | (bw == w)).all()  # the largest box: one side whole
         # Its aspect is the bucket's up to rounding one side to a pixel (or a 1-pixel floor).
         sh, sw = sizes[b, 0], sizes[b, 1]
         near = (np.abs(bw - bh * sw / sh) <= 0.5 + 1e-9) | (np.abs(bh - bw * sh / sw) <= 0.5 + 1e-9)
@@ -83,6 +84,7 @@ def test_cover_boxes_cover_the_bucket_inside_the_record():
 
     def record_7(epoch):
         return buckets.cover_boxes(np.array([7]), tall, narrow, zero, square, crop="random", seed=0, epoch=epoch)
+
     one = record_7(0)
     placements = {int(record_7(e)[0, 0]) for e in range(8)}
     assert one[0, 1:].tolist() == [0, 300, 300] and len(placements) > 1
@@ -91,10 +93,10 @@ def test_cover_boxes_cover_the_bucket_inside_the_record():
 def _check_epoch(s, bucket, g, drop):
     counts = np.bincount(bucket)
     seen = s.indices[s.indices >= 0]
-    assert len(seen) == len(np.unique(seen))                 # nobody twice
+    assert len(seen) == len(np.unique(seen))  # nobody twice
     for k, rows in zip(s.bucket, s.indices):
         real = rows[rows >= 0]
-        assert (bucket[real] == k).all() and (rows[len(real):] == -1).all()
+        assert (bucket[real] == k).all() and (rows[len(real) :] == -1).all()
     if drop:
         assert (s.indices >= 0).all() and len(seen) == (counts // g * g).sum()
     else:
@@ -121,10 +123,11 @@ def test_epoch_schedule_same_on_every_host_and_differs_across_epochs():
     # Each simulated host computes it from its own copy of the table (another dtype), takes its rows.
     rows = []
     for p in range(hosts):
-        mine = buckets.epoch_schedule(bucket.astype([np.int8, np.int16, np.int32, np.uint8][p]).copy(), g,
-                                      seed=9, epoch=1, drop_remainder=False)
+        mine = buckets.epoch_schedule(
+            bucket.astype([np.int8, np.int16, np.int32, np.uint8][p]).copy(), g, seed=9, epoch=1, drop_remainder=False
+        )
         np.testing.assert_array_equal(mine.bucket, full.bucket)
-        rows.append(mine.indices[:, p * g // hosts:(p + 1) * g // hosts])
+        rows.append(mine.indices[:, p * g // hosts : (p + 1) * g // hosts])
     np.testing.assert_array_equal(np.concatenate(rows, axis=1), full.indices)
     other = buckets.epoch_schedule(bucket, g, seed=9, epoch=2, drop_remainder=False)
     assert not np.array_equal(other.indices, full.indices) and not np.array_equal(other.bucket, full.bucket)
@@ -149,5 +152,4 @@ def test_epoch_schedule_of_imagenet_size_is_fast():
     s = buckets.epoch_schedule(bucket, 1024, seed=0, epoch=0, drop_remainder=False)
     took = time.perf_counter() - t
     assert (s.indices >= 0).sum() == len(bucket)
-    assert took < 3.0, f"{took:.2f} s"          # ~0.3 s here; generous for a shared machine
-
+    assert took < 3.0, f"{took:.2f} s"  # ~0.3 s here; generous for a shared machine

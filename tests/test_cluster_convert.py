@@ -1,5 +1,6 @@
 """Conversion at cluster scale: `convert --shard i/n` jobs run in parallel and their outputs,
 opened as one dataset, are exactly the single-job conversion; `info` shows source sizes."""
+
 from __future__ import annotations
 
 import subprocess
@@ -25,9 +26,28 @@ def test_four_parallel_jobs_equal_one(caltech101, tmp_path):
     src = caltech101 / "images"
     single = tmp_path / "single.tbl"
     tbljax.convert(src, single, image_size=32, progress=False)
-    jobs = [subprocess.Popen([sys.executable, "-m", "tbljax", "convert", str(src), "-s", "32", "-q",
-                              "--shard", f"{i}/4", "-o", str(tmp_path / "part-{shard}.tbl")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    jobs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tbljax",
+                "convert",
+                str(src),
+                "-s",
+                "32",
+                "-q",
+                "--shard",
+                f"{i}/4",
+                "-o",
+                str(tmp_path / "part-{shard}.tbl"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
     for j in jobs:
         out, err = j.communicate(timeout=300)
         assert j.returncode == 0, err
@@ -40,8 +60,9 @@ def test_four_parallel_jobs_equal_one(caltech101, tmp_path):
     np.testing.assert_array_equal(np.concatenate(many.shard_views()), one.view())
     assert many.fingerprint == one.fingerprint
     # Served as one dataset: one global order over the union, every record once per epoch.
-    seen = [int(i) for b in tbljax.loader(parts, 101, seed=3, num_epochs=1, dtype="uint8")
-            for i in np.asarray(b["index"])]
+    seen = [
+        int(i) for b in tbljax.loader(parts, 101, seed=3, num_epochs=1, dtype="uint8") for i in np.asarray(b["index"])
+    ]
     assert sorted(seen) == list(range(1010))
 
 
@@ -50,8 +71,9 @@ def test_info_prints_source_size_histogram(caltech101, tmp_path):
     tbljax.convert(files, tmp_path / "f.tbl", image_size=32, progress=False)
     sizes = tbljax.open(tmp_path / "f.tbl").recipe["source_sizes"]
     assert sizes["count"] == len(files) == sum(sizes["longer_side"]) == sum(sizes["shorter_side"])
-    r = subprocess.run([sys.executable, "-m", "tbljax", "info", str(tmp_path / "f.tbl")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "tbljax", "info", str(tmp_path / "f.tbl")], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "source sizes (10 images" in r.stdout and "#" in r.stdout, r.stdout
 
 
@@ -78,13 +100,49 @@ def test_parallel_jobs_over_shards_labelled_by_name_need_a_classes_file(tmp_path
                     tf.addfile(ti, io.BytesIO(data))
     (tmp_path / "classes.txt").write_text("\n".join(wnids) + "\n")
     pattern = str(tmp_path / "train-{00..03}.tar")
-    r = subprocess.run([sys.executable, "-m", "tbljax", "convert", pattern, "-s", "8", "-q", "--shard", "0/2",
-                        "-o", str(tmp_path / "x-{shard}.tbl")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tbljax",
+            "convert",
+            pattern,
+            "-s",
+            "8",
+            "-q",
+            "--shard",
+            "0/2",
+            "-o",
+            str(tmp_path / "x-{shard}.tbl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1 and "--classes" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    jobs = [subprocess.Popen([sys.executable, "-m", "tbljax", "convert", pattern, "-s", "8", "-q",
-                              "--classes", str(tmp_path / "classes.txt"), "--shard", f"{i}/2",
-                              "-o", str(tmp_path / "part-{shard}.tbl")], stderr=subprocess.PIPE, text=True)
-            for i in range(2)]
+    jobs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tbljax",
+                "convert",
+                pattern,
+                "-s",
+                "8",
+                "-q",
+                "--classes",
+                str(tmp_path / "classes.txt"),
+                "--shard",
+                f"{i}/2",
+                "-o",
+                str(tmp_path / "part-{shard}.tbl"),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     for j in jobs:
         assert j.wait(timeout=120) == 0, j.stderr.read()
         j.stderr.close()

@@ -3,6 +3,7 @@ read back by a plain decode that equals Pillow's, close to the RAW conversion, a
 size or less on real photos, readable by turboloader 2.39, converted back to RAW record for
 record; resize modes that keep the aspect ('max_side', 'shorter_side') against a NumPy
 reference of their geometry and Pillow's resize; damaged records fail naming file and record."""
+
 from __future__ import annotations
 
 import io
@@ -14,12 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shared_dir
 from PIL import Image
 
 import tbljax
 from tbljax import _core
-
-from conftest import shared_dir
 
 # Measured on the real photos here (a third of caltech101 + kodak, max side 256, q90): PSNR of
 # the compact record against the RAW record, pooled over the set, 37.4 dB at 4:2:0 and 39.2 dB
@@ -67,7 +67,7 @@ def sampling_factors(jpeg: bytes) -> list[tuple[int, int]]:
         length = struct.unpack_from(">H", jpeg, pos + 2)[0]
         if marker in (0xC0, 0xC1, 0xC2):
             ncomp = jpeg[pos + 9]
-            comps = jpeg[pos + 10:pos + 10 + 3 * ncomp]
+            comps = jpeg[pos + 10 : pos + 10 + 3 * ncomp]
             return [(comps[3 * k + 1] >> 4, comps[3 * k + 1] & 15) for k in range(ncomp)]
         pos += 2 + length
     raise AssertionError("no SOF marker")
@@ -76,6 +76,7 @@ def sampling_factors(jpeg: bytes) -> list[tuple[int, int]]:
 def expected_size(h: int, w: int, size: int, mode: str, cap: int | None = None) -> tuple[int, int]:
     """(height, width) of a record, from the documented rules in exact integer arithmetic:
     round half up of the scaled side, at least 1."""
+
     def rnd(a: int, b: int, c: int) -> int:  # round(a * b / c), half up
         return (2 * a * b + c) // (2 * c)
 
@@ -104,12 +105,21 @@ def converted(photos, tmp_path_factory) -> dict[str, Path]:
     out = {"raw": d / "raw.tbl", "420": d / "q90-420.tbl", "444": d / "q90-444.tbl"}
     tbljax.convert(photos, out["raw"], image_size=256, resize="max_side", progress=False)
     for chroma in ("420", "444"):
-        tbljax.convert(photos, out[chroma], image_size=256, resize="max_side", format="jpeg",
-                       quality=90, chroma=chroma, progress=False)
+        tbljax.convert(
+            photos,
+            out[chroma],
+            image_size=256,
+            resize="max_side",
+            format="jpeg",
+            quality=90,
+            chroma=chroma,
+            progress=False,
+        )
     return out
 
 
 # ---- round trip on real photos ----
+
 
 @pytest.mark.parametrize("chroma", ["420", "444"])
 def test_compact_records_decode_like_pillow_and_close_to_raw(converted, photos, chroma):
@@ -146,15 +156,15 @@ def test_index_holds_each_records_stored_geometry(converted, photos):
             sw, sh = im.size  # the photos here carry no EXIF rotation
         assert fmt == tbljax.FORMATS["JPEG"]
         assert (h, w) == expected_size(sh, sw, 256, "max_side"), f
-        with Image.open(io.BytesIO(converted["420"].read_bytes()[off:off + size])) as im:
+        with Image.open(io.BytesIO(converted["420"].read_bytes()[off : off + size])) as im:
             assert im.size == (w, h)
 
 
 # ---- turboloader 2.39 reads compact files ----
 
+
 def test_turboloader_reads_compact_records(converted):
-    tl = pytest.importorskip("turboloader",
-                             reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')")
+    tl = pytest.importorskip("turboloader", reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')")
     ds = tbljax.open(converted["420"])
     r = tl.TblReaderV2(str(converted["420"]), verify_checksums=True)
     assert r.num_samples() == len(ds)
@@ -174,6 +184,7 @@ def test_turboloader_reads_compact_records(converted):
 
 # ---- TBL -> RAW ----
 
+
 def test_compact_file_converts_back_to_raw_record_for_record(converted, tmp_path):
     src = tbljax.open(converted["420"])
     s = tbljax.convert(converted["420"], tmp_path / "back.tbl", format="raw", progress=False)
@@ -190,11 +201,24 @@ def test_compact_file_converts_back_to_raw_record_for_record(converted, tmp_path
 def test_tbl_to_raw_by_the_command_line_keeps_labels_and_square_view(caltech101, tmp_path):
     files = sorted((caltech101 / "images").rglob("*.jpg"))[::50]
     labels = list(range(len(files)))
-    tbljax.convert(files, tmp_path / "c.tbl", image_size=48, format="jpeg", quality=90,
-                   labels=labels, progress=False)
-    r = subprocess.run([sys.executable, "-m", "tbljax", "convert", str(tmp_path / "c.tbl"),
-                        "-o", str(tmp_path / "r.tbl"), "--format", "raw", "-q"],
-                       capture_output=True, text=True, timeout=120)
+    tbljax.convert(files, tmp_path / "c.tbl", image_size=48, format="jpeg", quality=90, labels=labels, progress=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tbljax",
+            "convert",
+            str(tmp_path / "c.tbl"),
+            "-o",
+            str(tmp_path / "r.tbl"),
+            "--format",
+            "raw",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     c, raw = tbljax.open(tmp_path / "c.tbl"), tbljax.open(tmp_path / "r.tbl")
     assert c.image_shape == raw.image_shape == (48, 48) and raw.labels.tolist() == labels
@@ -209,12 +233,13 @@ def test_tbl_to_raw_by_the_command_line_keeps_labels_and_square_view(caltech101,
 def test_tbl_source_refuses_recipe_arguments(converted, tmp_path):
     with pytest.raises(ValueError, match="image_size does not apply"):
         tbljax.convert(converted["420"], tmp_path / "x.tbl", image_size=64, progress=False)
-    with pytest.raises(ValueError, match="format='raw' or 'lz4'"):
+    with pytest.raises(ValueError, match="a TBL source converts to format='raw' or format='lz4'"):
         tbljax.convert(converted["420"], tmp_path / "x.tbl", format="jpeg", progress=False)
     assert not (tmp_path / "x.tbl").exists()
 
 
 # ---- grayscale ----
+
 
 def test_grayscale_sources_give_gray_compact_records(tmp_path):
     rng = np.random.default_rng(3)
@@ -225,8 +250,9 @@ def test_grayscale_sources_give_gray_compact_records(tmp_path):
         Image.fromarray(g, "L").save(b, "JPEG", quality=95)
         files.append(tmp_path / f"g{k}.jpg")
         files[-1].write_bytes(b.getvalue())
-    tbljax.convert(files, tmp_path / "c.tbl", image_size=32, resize="shorter_side", format="jpeg",
-                   quality=90, progress=False)
+    tbljax.convert(
+        files, tmp_path / "c.tbl", image_size=32, resize="shorter_side", format="jpeg", quality=90, progress=False
+    )
     tbljax.convert(files, tmp_path / "r.tbl", image_size=32, resize="shorter_side", progress=False)
     c, r = tbljax.open(tmp_path / "c.tbl"), tbljax.open(tmp_path / "r.tbl")
     for i, g in enumerate(gray):
@@ -235,8 +261,16 @@ def test_grayscale_sources_give_gray_compact_records(tmp_path):
         assert (img[..., 0] == img[..., 1]).all() and (img[..., 1] == img[..., 2]).all()
         assert psnr(img, r.read(i)) >= 35
     # gray arrays in memory take the same road
-    tbljax.convert([g for g in gray], tmp_path / "a.tbl", image_size=32, resize="max_side", format="jpeg",
-                   quality=90, chroma="444", progress=False)
+    tbljax.convert(
+        [g for g in gray],
+        tmp_path / "a.tbl",
+        image_size=32,
+        resize="max_side",
+        format="jpeg",
+        quality=90,
+        chroma="444",
+        progress=False,
+    )
     a = tbljax.open(tmp_path / "a.tbl")
     assert [a.read(i).shape[:2] for i in range(4)] == [expected_size(*g.shape, 32, "max_side") for g in gray]
 
@@ -246,15 +280,18 @@ def test_grayscale_sources_give_gray_compact_records(tmp_path):
 SHAPES = [(100, 300), (300, 100), (64, 64), (1, 500), (37, 41), (5, 3), (480, 640), (640, 480), (2, 2)]
 
 
-@pytest.mark.parametrize("mode,size,cap", [("max_side", 48, None), ("shorter_side", 24, None),
-                                           ("shorter_side", 24, 60), ("shorter_side", 24, 24)])
+@pytest.mark.parametrize(
+    "mode,size,cap",
+    [("max_side", 48, None), ("shorter_side", 24, None), ("shorter_side", 24, 60), ("shorter_side", 24, 24)],
+)
 @pytest.mark.parametrize("fmt,quality", [("raw", None), ("jpeg", 90)])
 def test_every_record_has_the_geometry_of_its_mode(tmp_path, mode, size, cap, fmt, quality):
     rng = np.random.default_rng(0)
     imgs = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in SHAPES]
     dst = tmp_path / "g.tbl"
-    tbljax.convert(imgs, dst, image_size=size, resize=mode, max_long_side=cap, format=fmt, quality=quality,
-                   progress=False)
+    tbljax.convert(
+        imgs, dst, image_size=size, resize=mode, max_long_side=cap, format=fmt, quality=quality, progress=False
+    )
     ds = tbljax.open(dst)
     assert ds.image_shape is None and ds.recipe["resize"] == mode
     if mode == "shorter_side":
@@ -286,8 +323,10 @@ def test_argument_errors_say_what_is_wrong(tmp_path):
         (dict(image_size=8, format="jpeg", chroma="444"), "pass quality="),
         (dict(image_size=8, format="jpeg", resize="max_side"), "re-encode at the 'max_side' geometry"),
         (dict(image_size=8, max_long_side=16), "shorter_side' only"),
-        (dict(image_size=8, resize="shorter_side", max_long_side=4),
-         r"max_long_side must be an int in \[image_size, 65535\] = \[8, 65535\], got 4"),
+        (
+            dict(image_size=8, resize="shorter_side", max_long_side=4),
+            r"max_long_side must be an int in \[image_size, 65535\] = \[8, 65535\], got 4",
+        ),
         (dict(image_size=8, format="jpeg", quality=101), r"quality must be an int in \[1, 100\]"),
         (dict(image_size=8, format="jpeg", quality=90, chroma="422"), "chroma must be one of"),
         (dict(resize="shorter_side"), r"image_size is required \(an int in \[1, 65535\]\)"),
@@ -300,22 +339,29 @@ def test_argument_errors_say_what_is_wrong(tmp_path):
 
 # ---- info ----
 
+
 def test_info_shows_bytes_per_image_and_ratio_to_raw(converted):
     entries = index_entries(converted["420"])
     stored = sum(e[1] for e in entries)
     raw = sum(e[2] * e[3] * 3 for e in entries)
-    r = subprocess.run([sys.executable, "-m", "tbljax", "info", "--json", str(converted["420"])],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "tbljax", "info", "--json", str(converted["420"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["bytes_per_image"] == round(stored / len(entries))
     assert d["ratio_to_raw"] == pytest.approx(stored / raw, abs=1e-4) and d["ratio_to_raw"] <= 0.2
-    text = subprocess.run([sys.executable, "-m", "tbljax", "info", str(converted["raw"])],
-                          capture_output=True, text=True, timeout=120).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "tbljax", "info", str(converted["raw"])], capture_output=True, text=True, timeout=120
+    ).stdout
     assert "bytes_per_image" in text and "ratio_to_raw           1.0" in text
 
 
 # ---- damaged records ----
+
 
 def compact_file(tmp_path: Path, n: int = 4) -> Path:
     rng = np.random.default_rng(5)
@@ -346,10 +392,18 @@ def test_truncated_record_fails_naming_file_and_record(tmp_path):
     good = _core.encode_jpeg(np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8), 90)
     dst = tmp_path / "t.tbl"
     with tbljax.Writer(dst, 3) as w:
-        for data in (good, good[:len(good) // 2], good):
+        for data in (good, good[: len(good) // 2], good):
             w.add_encoded(data, "JPEG", 40, 30)
-        w.set_metadata(recipe={"image_size": 40, "resize": "max_side", "format": "jpeg", "quality": 90,
-                               "chroma": "420", "stored": "resized"})
+        w.set_metadata(
+            recipe={
+                "image_size": 40,
+                "resize": "max_side",
+                "format": "jpeg",
+                "quality": 90,
+                "chroma": "420",
+                "stored": "resized",
+            }
+        )
     ds = tbljax.open(dst)
     assert ds.verify() == []
     np.testing.assert_array_equal(ds.read(0), pil_decode(good))
@@ -366,16 +420,23 @@ def test_batch_encode_gives_the_single_image_bytes():
     for chroma in ("420", "444"):
         assert _core.encode_jpeg_batch(imgs, 90, chroma) == [_core.encode_jpeg(im, 90, chroma) for im in imgs]
         for r in (1, 2):
-            assert (_core.encode_jpeg_batch(imgs, 90, chroma, restart_mcus=r)
-                    == [_core.encode_jpeg(im, 90, chroma, restart_mcus=r) for im in imgs])
+            assert _core.encode_jpeg_batch(imgs, 90, chroma, restart_mcus=r) == [
+                _core.encode_jpeg(im, 90, chroma, restart_mcus=r) for im in imgs
+            ]
     with pytest.raises(ValueError, match="image 1 is not a C-contiguous"):
         _core.encode_jpeg_batch([imgs[0], imgs[1][:, ::2]], 90)
 
 
 def test_compact_record_whose_index_geometry_disagrees_fails(tmp_path):
     good = _core.encode_jpeg(np.zeros((30, 40, 3), np.uint8), 90)
-    recipe = {"image_size": 40, "resize": "max_side", "format": "jpeg", "quality": 90, "chroma": "420",
-              "stored": "resized"}
+    recipe = {
+        "image_size": 40,
+        "resize": "max_side",
+        "format": "jpeg",
+        "quality": 90,
+        "chroma": "420",
+        "stored": "resized",
+    }
     dst = tmp_path / "g.tbl"
     with tbljax.Writer(dst, 2) as w:
         w.add_encoded(good, "JPEG", 40, 30)

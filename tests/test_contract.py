@@ -1,6 +1,7 @@
 """Every member of the dataset contract (`rules/dataset.py`), called on every dataset kind — a
 file, shard files, a host part of records, a mixture — against the source arrays written into
 the files (the reference), and a resident dataset of a host part with a fixed field."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,9 +19,13 @@ CAPTION = [f"caption {i}" for i in range(N)]
 
 
 def _write(path, rows):
-    tbljax.convert({"image": IMAGES[rows], "label": np.asarray(rows), "emb": EMB[rows],
-                    "caption": [CAPTION[i] for i in rows]}, path, image_size=max(H, W),
-                   resize="max_side", progress=False)
+    tbljax.convert(
+        {"image": IMAGES[rows], "label": np.asarray(rows), "emb": EMB[rows], "caption": [CAPTION[i] for i in rows]},
+        path,
+        image_size=max(H, W),
+        resize="max_side",
+        progress=False,
+    )
     return str(path)
 
 
@@ -32,9 +37,12 @@ def kinds(tmp_path_factory):
     shards = [_write(d / "s0.tbl", list(range(5))), _write(d / "s1.tbl", list(range(5, N)))]
     whole = tbljax.open(one)
     mixed = tbljax.mix({"a": shards[0], "b": shards[1]}, {"a": 1, "b": 1}, steps_per_epoch=2)
-    return {"file": (whole, list(range(N))), "shards": (tbljax.open(shards), list(range(N))),
-            "part": (PartDataset(whole, 4, 10, "fp"), list(range(4, 10))),
-            "mixture": (mixed, list(range(N)))}
+    return {
+        "file": (whole, list(range(N))),
+        "shards": (tbljax.open(shards), list(range(N))),
+        "part": (PartDataset(whole, 4, 10, "fp"), list(range(4, 10))),
+        "mixture": (mixed, list(range(N))),
+    }
 
 
 KINDS = ["file", "shards", "part", "mixture"]
@@ -82,8 +90,9 @@ def test_every_member_on_every_kind_against_the_source_arrays(kinds, kind):
         use("jpeg_records")()
     files, offsets, sizes = use("byte_ranges")(np.arange(n))
     for i in range(n):  # the bytes there are the record's pixels
-        np.testing.assert_array_equal(r.views[files[i]][offsets[i]:offsets[i] + sizes[i]],
-                                      IMAGES[rows[i]].reshape(-1))
+        np.testing.assert_array_equal(
+            r.views[files[i]][offsets[i] : offsets[i] + sizes[i]], IMAGES[rows[i]].reshape(-1)
+        )
     assert use("files_of")(np.arange(n)).tolist() == sorted(set(files.tolist()))
     for i in (0, n - 1, -1):
         np.testing.assert_array_equal(use("read")(i), IMAGES[rows[i]])
@@ -93,8 +102,7 @@ def test_every_member_on_every_kind_against_the_source_arrays(kinds, kind):
         np.testing.assert_array_equal(record["emb"], EMB[rows[i]])
         assert use("read_record")(i)["label"] == rows[i]
     out = np.zeros((3, H, W, 3), np.uint8)
-    np.testing.assert_array_equal(use("read_into")(np.array([2, 0, n - 1]), out),
-                                  IMAGES[[rows[2], rows[0], rows[-1]]])
+    np.testing.assert_array_equal(use("read_into")(np.array([2, 0, n - 1]), out), IMAGES[[rows[2], rows[0], rows[-1]]])
     path, j = use("locate")(n - 1)
     np.testing.assert_array_equal(tbljax.open(path).read(j), IMAGES[rows[-1]])
     assert use("describe_record")(n - 1) == f"{path}: record {j}"
@@ -117,3 +125,20 @@ def test_resident_dataset_of_a_host_part_holds_its_fixed_field(kinds):
     assert rd.left_out == {"caption": "str: not numeric (serve it with tbljax.loader)"}
     np.testing.assert_array_equal(np.asarray(rd.fields["emb"]), EMB[rows])
     np.testing.assert_array_equal(np.asarray(rd.labels), rows)
+
+
+@pytest.mark.parametrize(
+    "call, value",
+    [
+        (lambda v: tbljax.loader(v, 4), list(range(500))),  # rules/dataset
+        (lambda v: tbljax.convert(v, "o.tbl", image_size=8), [(1, 2)] * 400),  # sources/files
+    ],
+)
+def test_a_long_value_in_a_message_is_cut_and_says_so(call, value):
+    # Issue 44 §4: one rule (rules/errors.shown) for a huge argument in a message: its repr's
+    # start, then how long it was; the message's own words after it are kept.
+    with pytest.raises(TypeError) as e:
+        call(value)
+    text = repr(value)
+    assert text[:200] in str(e.value) and f"... ({len(text)} characters)" in str(e.value)
+    assert len(str(e.value)) < 1000

@@ -1,6 +1,7 @@
 """convert on real photos: labels and keys survive, pixels match an independent Pillow
 reference, every kind of bad input is skipped and reported (or stops a strict run with no
 output), interrupted runs leave nothing, and turboloader's files and ours agree."""
+
 from __future__ import annotations
 
 import csv
@@ -21,8 +22,13 @@ import tbljax
 from tbljax import _core
 from tbljax._src.sources.files import expand_braces
 
-PIL_FILTERS = {"bilinear": Image.BILINEAR, "triangle": Image.BILINEAR, "bicubic": Image.BICUBIC,
-               "lanczos": Image.LANCZOS, "lanczos3": Image.LANCZOS}
+PIL_FILTERS = {
+    "bilinear": Image.BILINEAR,
+    "triangle": Image.BILINEAR,
+    "bicubic": Image.BICUBIC,
+    "lanczos": Image.LANCZOS,
+    "lanczos3": Image.LANCZOS,
+}
 # Same filter as Pillow, different fixed-point rounding: without DCT-domain downscaling the two
 # agree within 1 level (tests/test_decode.py). When the source is >= 2x the output, libjpeg's
 # DCT downscaling is used, which is not bit-identical to a full decode; measured on caltech101
@@ -49,7 +55,8 @@ def assert_close_to_reference(ours: np.ndarray, ref: np.ndarray, what: str):
     mse = float((d.astype(np.float64) ** 2).mean())
     psnr = 10 * np.log10(255**2 / mse) if mse else np.inf
     assert psnr >= MIN_PSNR_DB and d.mean() <= MEAN_ABS_TOL, (
-        f"{what}: PSNR {psnr:.1f} dB, mean |diff| {d.mean():.2f}, max {d.max()}")
+        f"{what}: PSNR {psnr:.1f} dB, mean |diff| {d.mean():.2f}, max {d.max()}"
+    )
 
 
 def caltech_rows(root: Path) -> list[dict[str, str]]:
@@ -120,7 +127,7 @@ def webdataset_shards(caltech101: Path, tmp_path: Path, n_shards=3, per=6):
     rows = caltech_rows(caltech101)[::40][: n_shards * per]
     for s in range(n_shards):
         members = []
-        for j, r in enumerate(rows[s * per:(s + 1) * per]):
+        for j, r in enumerate(rows[s * per : (s + 1) * per]):
             key = f"sample{s:02d}{j:03d}"
             members.append((f"{key}.jpg", (caltech101 / r["path"]).read_bytes()))
             if j % 2:
@@ -203,8 +210,14 @@ def test_numpy_arrays_with_labels(tmp_path):
     rng = np.random.default_rng(0)
     imgs = rng.integers(0, 256, (5, 20, 30, 3), dtype=np.uint8)
     gray = rng.integers(0, 256, (20, 30), dtype=np.uint8)
-    s = tbljax.convert(list(imgs) + [gray], tmp_path / "a.tbl", image_size=20, resize="center_crop",
-                       labels=[0, 1, 2, 3, 4, 5], progress=False)
+    s = tbljax.convert(
+        list(imgs) + [gray],
+        tmp_path / "a.tbl",
+        image_size=20,
+        resize="center_crop",
+        labels=[0, 1, 2, 3, 4, 5],
+        progress=False,
+    )
     ds = tbljax.open(tmp_path / "a.tbl")
     assert s.written == 6 and ds.labels.tolist() == [0, 1, 2, 3, 4, 5]
     # A 20x30 image center-cropped to 20x20 with no scaling is exactly its central columns.
@@ -218,8 +231,9 @@ def test_png_and_other_formats_through_pillow(tmp_path):
     rng = np.random.default_rng(3)
     img = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
     for ext in ("png", "bmp", "webp"):
-        Image.fromarray(img).save(tmp_path / f"a.{ext}", lossless=True) if ext == "webp" else \
-            Image.fromarray(img).save(tmp_path / f"a.{ext}")
+        Image.fromarray(img).save(tmp_path / f"a.{ext}", lossless=True) if ext == "webp" else Image.fromarray(img).save(
+            tmp_path / f"a.{ext}"
+        )
     files = [tmp_path / f"a.{e}" for e in ("png", "bmp", "webp")]
     tbljax.convert(files, tmp_path / "p.tbl", image_size=40, progress=False)
     ds = tbljax.open(tmp_path / "p.tbl")
@@ -259,8 +273,9 @@ print("finished", flush=True)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill"])
 def test_interrupted_convert_leaves_no_file(tmp_path, sig):
     dst = tmp_path / "out.tbl"
-    p = subprocess.Popen([sys.executable, "-c", INTERRUPT_SCRIPT, str(dst)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPT_SCRIPT, str(dst)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert p.stdout.readline().strip() == "started"
     time.sleep(1.0)
     p.send_signal(sig)
@@ -274,23 +289,33 @@ def test_interrupted_convert_leaves_no_file(tmp_path, sig):
 
 def test_cli_convert_progress_and_summary(caltech101, tmp_path):
     files = [str(f) for f in sorted((caltech101 / "images/Leopards").glob("*.jpg"))]
-    r = subprocess.run([sys.executable, "-m", "tbljax", "convert", *files, "-o", str(tmp_path / "c.tbl"),
-                        "-s", "32"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "tbljax", "convert", *files, "-o", str(tmp_path / "c.tbl"), "-s", "32"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "img/s" in r.stderr and f"wrote {len(files)} records" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "tbljax", "convert", *files, "-o", str(tmp_path / "c.tbl"),
-                        "-s", "32"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "tbljax", "convert", *files, "-o", str(tmp_path / "c.tbl"), "-s", "32"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "already exists" in r.stderr
 
 
 # ---- turboloader 2.39 interop on real photos ----
 
+
 @pytest.fixture
 def tl():
     # Per test, not at module level: a module-level importorskip skips every test of the file
     # where turboloader is absent (as in CI's job on the oldest dependency versions).
-    return pytest.importorskip("turboloader",
-                               reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')")
+    return pytest.importorskip(
+        "turboloader", reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')"
+    )
 
 
 def test_turboloader_preprocess_to_tbl_opens_identically(tl, kodak, tmp_path):
@@ -327,14 +352,16 @@ def test_our_converted_file_serves_through_turboloader(tl, caltech101, tmp_path)
     ds = tbljax.open(tmp_path / "o.tbl")
     r = tl.TblReaderV2(str(tmp_path / "o.tbl"), verify_checksums=True)
     assert [r.read_sample(i) for i in range(len(ds))] == [ds.read(i).tobytes() for i in range(len(ds))]
-    loader = tl.TblRawImageLoader(str(tmp_path / "o.tbl"), batch_size=len(ds), shuffle=False, mean=None,
-                                  std=None, prefetch_batches=0)
+    loader = tl.TblRawImageLoader(
+        str(tmp_path / "o.tbl"), batch_size=len(ds), shuffle=False, mean=None, std=None, prefetch_batches=0
+    )
     batch, meta = next(iter(loader))
     got = np.rint(np.asarray(batch).transpose(0, 2, 3, 1) * 255).astype(np.uint8)
     np.testing.assert_array_equal(got, ds.view()[np.asarray(meta["indices"])])
 
 
 # ---- labels: names, tables, unreadable labels ----
+
 
 def tiny_jpeg(seed: int) -> bytes:
     b = io.BytesIO()
@@ -346,12 +373,28 @@ def named_label_shards(tmp_path: Path) -> dict[str, str]:
     """Two shards whose labels are WordNet ids in every spelling a WebDataset shard carries
     them; returns key -> name."""
     names = {"a": "n02", "b": "n01", "c": "n03", "d": "n01", "e": "n02", "f": "n03"}
-    make_tar(tmp_path / "s-0.tar", [("a.jpg", tiny_jpeg(0)), ("a.cls", b"n02\n"),
-                                    ("b.jpg", tiny_jpeg(1)), ("b.json", b'{"label": "n01", "x": 1}'),
-                                    ("c.jpg", tiny_jpeg(2)), ("c.json", b'"n03"')])
-    make_tar(tmp_path / "s-1.tar", [("d.jpg", tiny_jpeg(3)), ("d.cls2", b"n01"),
-                                    ("e.jpg", tiny_jpeg(4)), ("e.label", b" n02 "),
-                                    ("f.jpg", tiny_jpeg(5)), ("f.json", b'{"class": "n03"}')])
+    make_tar(
+        tmp_path / "s-0.tar",
+        [
+            ("a.jpg", tiny_jpeg(0)),
+            ("a.cls", b"n02\n"),
+            ("b.jpg", tiny_jpeg(1)),
+            ("b.json", b'{"label": "n01", "x": 1}'),
+            ("c.jpg", tiny_jpeg(2)),
+            ("c.json", b'"n03"'),
+        ],
+    )
+    make_tar(
+        tmp_path / "s-1.tar",
+        [
+            ("d.jpg", tiny_jpeg(3)),
+            ("d.cls2", b"n01"),
+            ("e.jpg", tiny_jpeg(4)),
+            ("e.label", b" n02 "),
+            ("f.jpg", tiny_jpeg(5)),
+            ("f.json", b'{"class": "n03"}'),
+        ],
+    )
     return names
 
 
@@ -368,16 +411,23 @@ def test_classes_fix_the_ids_for_every_source(tmp_path):
     order = ["n03", "n01", "n02", "n99"]
     (tmp_path / "classes.txt").write_text("\n".join(order) + "\n\n")
     for classes in (order, tmp_path / "classes.txt", str(tmp_path / "classes.txt")):
-        tbljax.convert(str(tmp_path / "s-{0..1}.tar"), tmp_path / "o.tbl", image_size=16, classes=classes,
-                       overwrite=True, progress=False)
+        tbljax.convert(
+            str(tmp_path / "s-{0..1}.tar"),
+            tmp_path / "o.tbl",
+            image_size=16,
+            classes=classes,
+            overwrite=True,
+            progress=False,
+        )
         ds = tbljax.open(tmp_path / "o.tbl")
         assert ds.classes == order and ds.labels.tolist() == [order.index(names[k]) for k in ds.keys]
     # An image folder: subfolder names take their ids from the list (extra names allowed).
     for c in ("cat", "dog"):
         (tmp_path / "folder" / c).mkdir(parents=True)
         (tmp_path / "folder" / c / "x.jpg").write_bytes(tiny_jpeg(len(c)))
-    tbljax.convert(tmp_path / "folder", tmp_path / "f.tbl", image_size=16, classes=["eel", "dog", "cat"],
-                   progress=False)
+    tbljax.convert(
+        tmp_path / "folder", tmp_path / "f.tbl", image_size=16, classes=["eel", "dog", "cat"], progress=False
+    )
     ds = tbljax.open(tmp_path / "f.tbl")
     assert ds.classes == ["eel", "dog", "cat"]
     assert dict(zip(ds.keys, ds.labels.tolist())) == {"cat/x.jpg": 2, "dog/x.jpg": 1}
@@ -399,8 +449,10 @@ def test_classes_fix_the_ids_for_every_source(tmp_path):
 
 
 def test_integer_labels_leave_classes_none(tmp_path):
-    make_tar(tmp_path / "i.tar", [("a.jpg", tiny_jpeg(0)), ("a.cls", b"7"), ("b.jpg", tiny_jpeg(1)),
-                                  ("b.json", b'{"label": 2}')])
+    make_tar(
+        tmp_path / "i.tar",
+        [("a.jpg", tiny_jpeg(0)), ("a.cls", b"7"), ("b.jpg", tiny_jpeg(1)), ("b.json", b'{"label": 2}')],
+    )
     s = tbljax.convert(tmp_path / "i.tar", tmp_path / "i.tbl", image_size=16, progress=False)
     ds = tbljax.open(tmp_path / "i.tbl")
     assert ds.labels.tolist() == [7, 2] and ds.classes is None and s.classes is None
@@ -414,27 +466,40 @@ def test_summary_says_the_class_count_or_that_nothing_is_labelled(caltech101, ko
     s = tbljax.convert(kodak / "images", tmp_path / "k.tbl", image_size=16, progress=False)
     assert (tbljax.open(tmp_path / "k.tbl").labels == -1).all() and s.num_classes == 0
     assert str(s).splitlines()[0].endswith("; skipped 0; unlabelled")
-    assert str(s).splitlines()[1:] == ["  unlabelled: every record's label is -1; an image folder takes its "
-                                       "labels from one subfolder per class, named after it"]
+    assert str(s).splitlines()[1:] == [
+        "  unlabelled: every record's label is -1; an image folder takes its "
+        "labels from one subfolder per class, named after it"
+    ]
     make_tar(tmp_path / "u.tar", [("a.jpg", tiny_jpeg(0)), ("a.txt", b"a caption")])
     s = tbljax.convert(tmp_path / "u.tar", tmp_path / "u.tbl", image_size=8, progress=False)
-    assert str(s).splitlines()[1] == ("  unlabelled: every record's label is -1; TAR shards take labels from a "
-                                      ".cls, .cls2, .label or .json member beside each image (label_ext= "
-                                      "names another)")  # the CLI's summary names --label-ext
+    assert str(s).splitlines()[1] == (
+        "  unlabelled: every record's label is -1; TAR shards take labels from a "
+        ".cls, .cls2, .label or .json member beside each image (label_ext= "
+        "names another)"
+    )  # the CLI's summary names --label-ext
     s = tbljax.convert(np.zeros((2, 8, 8, 3), np.uint8), tmp_path / "a.tbl", image_size=8, progress=False)
     assert str(s).splitlines()[1].endswith("; arrays take labels from labels=, one per image")
 
 
 def test_unreadable_labels_are_reported_and_strict_stops(tmp_path):
-    make_tar(tmp_path / "l.tar", [
-        ("ok.jpg", tiny_jpeg(0)), ("ok.cls", b"n01"),
-        ("binary.jpg", tiny_jpeg(1)), ("binary.cls", b"\xff\xfe\x00"),
-        ("empty.jpg", tiny_jpeg(2)), ("empty.cls", b""),
-        ("badjson.jpg", tiny_jpeg(3)), ("badjson.json", b"{nope"),
-        ("float.jpg", tiny_jpeg(4)), ("float.json", b'{"label": 1.5}'),
-        ("meta.jpg", tiny_jpeg(5)), ("meta.json", b'{"caption": "a dog"}'),   # metadata, not a label
-        ("nolabel.jpg", tiny_jpeg(6)),
-    ])
+    make_tar(
+        tmp_path / "l.tar",
+        [
+            ("ok.jpg", tiny_jpeg(0)),
+            ("ok.cls", b"n01"),
+            ("binary.jpg", tiny_jpeg(1)),
+            ("binary.cls", b"\xff\xfe\x00"),
+            ("empty.jpg", tiny_jpeg(2)),
+            ("empty.cls", b""),
+            ("badjson.jpg", tiny_jpeg(3)),
+            ("badjson.json", b"{nope"),
+            ("float.jpg", tiny_jpeg(4)),
+            ("float.json", b'{"label": 1.5}'),
+            ("meta.jpg", tiny_jpeg(5)),
+            ("meta.json", b'{"caption": "a dog"}'),  # metadata, not a label
+            ("nolabel.jpg", tiny_jpeg(6)),
+        ],
+    )
     s = tbljax.convert(tmp_path / "l.tar", tmp_path / "l.tbl", image_size=16, progress=False)
     ds = tbljax.open(tmp_path / "l.tbl")
     assert s.written == 7 and s.skipped == [] and ds.classes == ["n01"]
@@ -452,8 +517,16 @@ def test_unreadable_labels_are_reported_and_strict_stops(tmp_path):
 
 
 def test_label_ext_reads_class_names_from_txt(tmp_path):
-    make_tar(tmp_path / "t.tar", [("a.jpg", tiny_jpeg(0)), ("a.txt", b"tench\n"), ("a.cls", b"5"),
-                                  ("b.jpg", tiny_jpeg(1)), ("b.txt", b"goldfish")])
+    make_tar(
+        tmp_path / "t.tar",
+        [
+            ("a.jpg", tiny_jpeg(0)),
+            ("a.txt", b"tench\n"),
+            ("a.cls", b"5"),
+            ("b.jpg", tiny_jpeg(1)),
+            ("b.txt", b"goldfish"),
+        ],
+    )
     s = tbljax.convert(tmp_path / "t.tar", tmp_path / "default.tbl", image_size=16, progress=False)
     assert tbljax.open(tmp_path / "default.tbl").labels.tolist() == [5, -1] and s.label_errors == []
     tbljax.convert(tmp_path / "t.tar", tmp_path / "txt.tbl", image_size=16, label_ext="txt", progress=False)
@@ -462,8 +535,7 @@ def test_label_ext_reads_class_names_from_txt(tmp_path):
 
 
 def test_mixed_ids_and_names_are_an_error(tmp_path):
-    make_tar(tmp_path / "m.tar", [("a.jpg", tiny_jpeg(0)), ("a.cls", b"3"), ("b.jpg", tiny_jpeg(1)),
-                                  ("b.cls", b"n01")])
+    make_tar(tmp_path / "m.tar", [("a.jpg", tiny_jpeg(0)), ("a.cls", b"3"), ("b.jpg", tiny_jpeg(1)), ("b.cls", b"n01")])
     with pytest.raises(tbljax.ConversionError, match="mix integer ids"):
         tbljax.convert(tmp_path / "m.tar", tmp_path / "m.tbl", image_size=16, progress=False)
     assert not (tmp_path / "m.tbl").exists()
@@ -471,15 +543,19 @@ def test_mixed_ids_and_names_are_an_error(tmp_path):
 
 # ---- conversions that write nothing, missing inputs ----
 
+
 def test_a_conversion_that_writes_no_record_is_an_error(tmp_path):
     images = np.zeros((4, 8, 8, 3), np.uint8)
     labels = np.arange(4)
     make_tar(tmp_path / "empty.tar", [])
     make_tar(tmp_path / "labels-only.tar", [("a.cls", b"1"), ("b.cls", b"2")])
     make_tar(tmp_path / "all-bad.tar", [("a.jpg", b"not a jpeg"), ("b.jpg", b"")])
-    cases = [(tmp_path / "empty.tar", "no images"), (tmp_path / "labels-only.tar", "no images"),
-             (tmp_path / "all-bad.tar", "all 2 items were skipped"),
-             ([np.zeros((8, 8), np.float32)] * 3, "all 3 items were skipped")]
+    cases = [
+        (tmp_path / "empty.tar", "no images"),
+        (tmp_path / "labels-only.tar", "no images"),
+        (tmp_path / "all-bad.tar", "all 2 items were skipped"),
+        ([np.zeros((8, 8), np.float32)] * 3, "all 3 items were skipped"),
+    ]
     for src, msg in cases:
         with pytest.raises(tbljax.ConversionError, match=msg):
             tbljax.convert(src, tmp_path / "o.tbl", image_size=8, progress=False)
@@ -491,22 +567,36 @@ def test_a_conversion_that_writes_no_record_is_an_error(tmp_path):
         make_tar(tmp_path / "shards" / f"train-{i:03d}.tar", [("a.jpg", tiny_jpeg(i))])
     make_tar(tmp_path / "mixed" / "a.tar", [])
     make_tar(tmp_path / "mixed" / "b7.tar", [])
-    with pytest.raises(ValueError, match=r"^image folder .*shards holds no images but 3 TAR files \(train-000.tar, "
-                       r"\.\.\.\): pass the shards themselves, e\.g\. '.*shards/train-\{000\.\.002\}\.tar'$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^image folder .*shards holds no images but 3 TAR files \(train-000.tar, "
+        r"\.\.\.\): pass the shards themselves, e\.g\. '.*shards/train-\{000\.\.002\}\.tar'$",
+    ):
         tbljax.convert(tmp_path / "shards", tmp_path / "o.tbl", image_size=8, progress=False)
-    with pytest.raises(ValueError, match=r"holds no images but 2 TAR files .*: pass the shards themselves, "
-                       r"e\.g\. .*mixed/\*\.tar \(a shell expands it into the list of files\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds no images but 2 TAR files .*: pass the shards themselves, "
+        r"e\.g\. .*mixed/\*\.tar \(a shell expands it into the list of files\)$",
+    ):
         tbljax.convert(tmp_path / "mixed", tmp_path / "o.tbl", image_size=8, progress=False)
-    assert tbljax.convert(str(tmp_path / "shards" / "train-{000..002}.tar"), tmp_path / "o.tbl",
-                          image_size=8, progress=False).written == 3
+    assert (
+        tbljax.convert(
+            str(tmp_path / "shards" / "train-{000..002}.tar"), tmp_path / "o.tbl", image_size=8, progress=False
+        ).written
+        == 3
+    )
     os.remove(tmp_path / "o.tbl")
     # The spelling of issue 11 that used to write an empty file: now it converts.
     assert tbljax.convert((images, labels), tmp_path / "x.tbl", image_size=32, progress=False).written == 4
 
 
 def test_missing_inputs_raise_file_not_found(tmp_path):
-    for src in (str(tmp_path / "s-{0..2}.tar"), tmp_path / "nope.jpg", tmp_path / "nofolder",
-                [tmp_path / "a.png", tmp_path / "b.png"]):
+    for src in (
+        str(tmp_path / "s-{0..2}.tar"),
+        tmp_path / "nope.jpg",
+        tmp_path / "nofolder",
+        [tmp_path / "a.png", tmp_path / "b.png"],
+    ):
         with pytest.raises(FileNotFoundError, match="not found"):
             tbljax.convert(src, tmp_path / "o.tbl", image_size=8, progress=False)
     with pytest.raises(FileNotFoundError, match="destination directory"):
@@ -520,8 +610,7 @@ def test_sharded_conversion_with_class_names_needs_classes(tmp_path):
         tbljax.convert(pattern, tmp_path / "p-{shard}.tbl", image_size=16, shard="1/2", progress=False)
     order = ["n03", "n02", "n01"]
     for i in range(2):
-        tbljax.convert(pattern, tmp_path / "p-{shard}.tbl", image_size=16, shard=(i, 2), classes=order,
-                       progress=False)
+        tbljax.convert(pattern, tmp_path / "p-{shard}.tbl", image_size=16, shard=(i, 2), classes=order, progress=False)
     parts = [tmp_path / f"p-{i:05d}-of-00002.tbl" for i in range(2)]
     ds = tbljax.open(parts)
     assert all(tbljax.open(p).classes == order for p in parts)
@@ -531,6 +620,7 @@ def test_sharded_conversion_with_class_names_needs_classes(tmp_path):
 
 
 # ---- progress where stderr goes ----
+
 
 def test_progress_in_logs_is_a_line_every_interval_with_rate_and_eta():
     from tbljax._src.conversion.progress import Progress
@@ -618,19 +708,36 @@ def test_compressed_shards_are_counted_with_progress_and_plain_ones_from_headers
             b = real_read(*ra)
             read[0] += len(b)
             return b
+
         f.read = read_and_count
         return f
 
-    from tbljax._src.sources.files import TarSource
+    from tbljax._src.sources.tar_shards import TarSource
 
     with monkeypatch.context() as m:  # (not monkeypatch.undo: it would undo the scratch cwd too)
         m.setattr(tarfile, "bltn_open", counting_open)
         assert TarSource([str(tmp_path / "p.tar")]).count() == 40
     assert read[0] < 100_000, read[0]  # the file is 2.7 MB
     # cwd: `python -m` puts it first on the path; the source folder there has no native module.
-    r = subprocess.run([sys.executable, "-m", "tbljax", "convert", str(tmp_path / "c.tar.gz"), "-s", "8",
-                        "-o", str(tmp_path / "c.tbl"), "--progress-interval", "0.1"],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tbljax",
+            "convert",
+            str(tmp_path / "c.tar.gz"),
+            "-s",
+            "8",
+            "-o",
+            str(tmp_path / "c.tbl"),
+            "--progress-interval",
+            "0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert "counting images in compressed TAR shards: 1/1" in r.stderr and "\r" not in r.stderr
     assert "convert: 40/40 (100%)" in r.stderr and "wrote 40 records" in r.stdout

@@ -5,6 +5,7 @@ resize with a box is the same antialiased triangle filter and geometry, so the t
 here are tight. Tests that need the real JPEGs in ../shared/data skip without them; the rest
 make their images in code.
 """
+
 from __future__ import annotations
 
 import io
@@ -158,12 +159,12 @@ def test_grayscale_made_in_code():
 def test_cmyk_decodes_to_the_right_colors():
     # Patches of pure inks, white, a mix; Pillow writes Adobe (inverted) CMYK with an APP14 marker.
     patches = [
-        ((255, 0, 0, 0), (0, 255, 255)),      # cyan
-        ((0, 255, 0, 0), (255, 0, 255)),      # magenta
-        ((0, 0, 255, 0), (255, 255, 0)),      # yellow
-        ((0, 0, 0, 255), (0, 0, 0)),          # black
-        ((0, 0, 0, 0), (255, 255, 255)),      # white
-        ((0, 128, 255, 64), (191, 95, 0)),    # (1-C)(1-K): 191, 191*127/255, 0
+        ((255, 0, 0, 0), (0, 255, 255)),  # cyan
+        ((0, 255, 0, 0), (255, 0, 255)),  # magenta
+        ((0, 0, 255, 0), (255, 255, 0)),  # yellow
+        ((0, 0, 0, 255), (0, 0, 0)),  # black
+        ((0, 0, 0, 0), (255, 255, 255)),  # white
+        ((0, 128, 255, 64), (191, 95, 0)),  # (1-C)(1-K): 191, 191*127/255, 0
     ]
     im = Image.new("CMYK", (32 * len(patches), 32))
     for i, (cmyk, _) in enumerate(patches):
@@ -542,8 +543,15 @@ def test_batch_threads_identical(payloads):
 
 def test_batch_mixed_failures(payloads):
     good = payloads[0]
-    items = [good, b"", good[: len(good) // 2], b"\x89PNG\r\n\x1a\n" + b"\0" * 30, bytearray(good), memoryview(good),
-             np.frombuffer(good, np.uint8)]
+    items = [
+        good,
+        b"",
+        good[: len(good) // 2],
+        b"\x89PNG\r\n\x1a\n" + b"\0" * 30,
+        bytearray(good),
+        memoryview(good),
+        np.frombuffer(good, np.uint8),
+    ]
     out = np.full((len(items), 32, 32, 3), 7, np.uint8)
     errs = _core.decode_resize_into(items, out, "center_crop", threads=2)
     assert errs[0] is None and errs[4] is None and errs[5] is None and errs[6] is None
@@ -670,8 +678,9 @@ def np_resize(img: np.ndarray, out_h: int, out_w: int, box: tuple[float, float, 
     bx, by, bw, bh = box
     wy, wx = _taps(h, by, bh, out_h), _taps(w, bx, bw, out_w)
     # Only the rows and columns with a weight (faster, same sums).
-    (r0, r1), (c0, c1) = [(int(nz[0]), int(nz[-1]) + 1)
-                          for nz in (np.flatnonzero(wy.any(0)), np.flatnonzero(wx.any(0)))]
+    (r0, r1), (c0, c1) = [
+        (int(nz[0]), int(nz[-1]) + 1) for nz in (np.flatnonzero(wy.any(0)), np.flatnonzero(wx.any(0)))
+    ]
     src = img[r0:r1, c0:c1].reshape(r1 - r0, (c1 - c0) * 3).astype(np.float64)
     mid = np.clip((((_apply_taps(wy[:, r0:r1], src)).astype(np.int64)) + 64) >> 7, 0, 255 << 7)
     out = _apply_taps(wx[:, c0:c1], mid.reshape(out_h, c1 - c0, 3).transpose(1, 0, 2).astype(np.float64))
@@ -688,7 +697,7 @@ def _apply_taps(taps: np.ndarray, src: np.ndarray) -> np.ndarray:
     out = np.zeros((taps.shape[0], *src.shape[1:]), np.float64)
     rows = np.arange(taps.shape[0])
     for k in range(int((last - first).max()) + 1):
-        col = np.minimum(first + k, last)            # past a row's run: its last tap again ...
+        col = np.minimum(first + k, last)  # past a row's run: its last tap again ...
         w = np.where(first + k <= last, taps[rows, col], 0.0)  # ... with weight 0
         out += w.reshape(-1, *[1] * (src.ndim - 1)) * src[col]
     return out
@@ -804,8 +813,9 @@ def test_crop_aware_decode_synthetic(shape):
             assert _core.jpeg_info(tagged)["orientation"] == orientation
             for mode in MODES:
                 for size in (1, 3, 8, 20, 57, 160):
-                    assert_same_as_whole(tagged, size, mode, f"{kind} orientation {orientation}",
-                                         batch=orientation in (1, 6))
+                    assert_same_as_whole(
+                        tagged, size, mode, f"{kind} orientation {orientation}", batch=orientation in (1, 6)
+                    )
 
 
 def test_crop_aware_decode_still_fails_on_damage_outside_the_window():
@@ -836,8 +846,9 @@ def test_crop_aware_decode_still_fails_on_damage_outside_the_window():
                 _core.decode_resize(bytes(bad), 24, "center_crop")
     # Only the final EOI marker missing: all pixel data is there, so both decode.
     data = synthetic_jpegs(640, 129)["420"]
-    np.testing.assert_array_equal(_core.decode_resize(data[:-2], 24, "center_crop"),
-                                  _core.decode_resize(data, 24, "center_crop"))
+    np.testing.assert_array_equal(
+        _core.decode_resize(data[:-2], 24, "center_crop"), _core.decode_resize(data, 24, "center_crop")
+    )
 
 
 # ------------------------------------------------------------------ resize SIMD targets ----
@@ -857,16 +868,19 @@ def test_resize_every_simd_target_matches_the_reference(simd_targets):
     # up- and downscaling, flat black/white (the clamps) and noise, every mode.
     rng = np.random.default_rng(5)
     for h, w in [(1, 1), (2, 3), (7, 40), (13, 9), (40, 7), (64, 64), (203, 317), (17, 1001)]:
-        for img in (rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
-                    np.where(rng.random((h, w, 1)) < 0.5, 0, 255).astype(np.uint8).repeat(3, 2)):
+        for img in (
+            rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
+            np.where(rng.random((h, w, 1)) < 0.5, 0, 255).astype(np.uint8).repeat(3, 2),
+        ):
             for mode in MODES:
                 for size in (1, 2, 5, 11, 16, 33, 64, 160, 300):
                     (oh, ow), box = plan(h, w, size, mode)
                     ref = np_resize(img, oh, ow, box)
                     for target in simd_targets:
                         _core.set_kernel_target(target)
-                        np.testing.assert_array_equal(_core.resize(img, size, mode), ref,
-                                                      err_msg=f"{target} {(h, w)} {mode} {size}")
+                        np.testing.assert_array_equal(
+                            _core.resize(img, size, mode), ref, err_msg=f"{target} {(h, w)} {mode} {size}"
+                        )
 
 
 def test_decode_resize_same_on_every_simd_target(simd_targets):

@@ -1,4 +1,5 @@
 """The README's main job, `tbljax demo`, runs end to end and learns its task."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,13 @@ import pytest
 
 
 def demo(*args, **env):
-    r = subprocess.run([sys.executable, "-m", "tbljax", "demo", *args], capture_output=True, text=True,
-                       timeout=600, env={**os.environ, **env})
+    r = subprocess.run(
+        [sys.executable, "-m", "tbljax", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **env},
+    )
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
     return r.stdout
 
@@ -22,11 +28,17 @@ def test_demo_runs_and_learns_in_a_temporary_folder_it_deletes(tmp_path):
     acc = float(re.search(r"eval: accuracy ([0-9.]+) on 500 held-out images", out).group(1))
     assert acc > 0.8, out
     # The figure says the image size it was measured at and what it covers.
-    assert re.search(r"throughput at 32x32 px: \d+ img/s training \(loader \+ this small CNN's step, "
-                     r"steps 2-150: compiling excluded\)", out), out
+    assert re.search(
+        r"throughput at 32x32 px: \d+ img/s training \(loader \+ this small CNN's step, "
+        r"steps 2-150: compiling excluded\)",
+        out,
+    ), out
     # The folder is said to be temporary when first named, and deleted at the end.
-    work = re.search(r"tbljax demo in (\S+) \(a temporary folder, deleted at the end "
-                     r"\(--workdir DIR keeps the files\);", out).group(1)
+    work = re.search(
+        r"tbljax demo in (\S+) \(a temporary folder, deleted at the end "
+        r"\(--workdir DIR keeps the files\);",
+        out,
+    ).group(1)
     assert work.startswith(str(tmp_path)) and not os.path.exists(work)
     assert out.strip().splitlines()[-1] == f"deleted {work} (pass --workdir DIR to keep the files)"
 

@@ -4,6 +4,7 @@ there, defaults where the doc shows a literal), and the command-line synopses to
 parser (every flag of every command shown, every flag shown real). A new argument fails here
 until the docs name it. A documented list ending in `...` is an abridged one: only what it
 names is checked."""
+
 from __future__ import annotations
 
 import ast
@@ -24,10 +25,18 @@ def _functions() -> dict:
     import tbljax.mlx
     import tbljax.torch
 
-    return {"convert": tbljax.convert, "open": tbljax.open, "loader": tbljax.loader, "mix": tbljax.mix,
-            "stage": tbljax.stage, "bench": tbljax.bench, "torch.loader": tbljax.torch.loader,
-            "mlx.loader": tbljax.mlx.loader, "ResidentDataset": tbljax.ResidentDataset,
-            "HostLoader": tbljax.HostLoader}
+    return {
+        "convert": tbljax.convert,
+        "open": tbljax.open,
+        "loader": tbljax.loader,
+        "mix": tbljax.mix,
+        "stage": tbljax.stage,
+        "bench": tbljax.bench,
+        "torch.loader": tbljax.torch.loader,
+        "mlx.loader": tbljax.mlx.loader,
+        "ResidentDataset": tbljax.ResidentDataset,
+        "HostLoader": tbljax.HostLoader,
+    }
 
 
 def _split_top(args: str) -> list[str]:
@@ -51,9 +60,9 @@ def documented(text: str, name: str) -> list[str] | None:
         while depth and i < len(text):
             depth += {"(": 1, ")": -1}.get(text[i], 0)
             i += 1
-        inner = re.sub(r"\s+", " ", text[m.end():i - 1])
+        inner = re.sub(r"\s+", " ", text[m.end() : i - 1])
         parts = _split_top(inner)
-        if "*" in parts or text[i:i + 4].strip().startswith("->"):
+        if "*" in parts or text[i : i + 4].strip().startswith("->"):
             return parts
     return None
 
@@ -61,8 +70,18 @@ def documented(text: str, name: str) -> list[str] | None:
 def cases():
     for doc in DOCS:
         text = (REPO / doc).read_text()
-        for name in ("convert", "open", "loader", "mix", "stage", "bench", "torch.loader", "mlx.loader",
-                     "ResidentDataset", "HostLoader"):
+        for name in (
+            "convert",
+            "open",
+            "loader",
+            "mix",
+            "stage",
+            "bench",
+            "torch.loader",
+            "mlx.loader",
+            "ResidentDataset",
+            "HostLoader",
+        ):
             params = documented(text, name)
             if params is not None:  # the README shows some; the reference every one (below)
                 yield pytest.param(doc, name, params, id=f"{doc}:{name}")
@@ -78,8 +97,9 @@ def test_documented_signature_is_the_real_one(doc, name, params):
             continue
         key, _, default = p.partition("=")
         shown[key.strip()] = default.strip()
-    assert not set(shown) - set(real), f"{doc}: tbljax.{name} documents {sorted(set(shown) - set(real))}, " \
-                                       f"which it does not take"
+    assert not set(shown) - set(real), (
+        f"{doc}: tbljax.{name} documents {sorted(set(shown) - set(real))}, which it does not take"
+    )
     if not abridged:
         missing = [k for k in real if k not in shown and (name, k) not in FORMER_NAMES]
         assert not missing, f"{doc}: tbljax.{name} takes {missing}, not documented"
@@ -123,3 +143,45 @@ def test_cli_synopsis_is_the_parser(doc):
         unknown = shown.get(name, set()) - real
         assert not unknown, f"{doc}: the synopsis of tbljax {name} shows {sorted(unknown)}, which it does not take"
     assert "tbljax --version" in (REPO / doc).read_text()
+
+
+# Issue 44 §4: the loader options are declared once, on LoaderOptions. Each front end's signature
+# holds every field (a new option reaches every loader with no edit there), with LoaderOptions'
+# default unless the front end says otherwise, and its source declares and passes none of them.
+FRONT_ENDS = {
+    "loader": ("src/tbljax/_src/jax/loader.py", {}, set()),
+    "torch.loader": ("src/tbljax/_src/adapters/torch.py", {"layout": "NCHW"}, {"num_epochs"}),
+    "mlx.loader": ("src/tbljax/_src/adapters/mlx.py", {}, {"num_epochs"}),
+}  # one epoch a pass
+
+
+@pytest.mark.parametrize("name", FRONT_ENDS)
+def test_loader_options_are_declared_once(name):
+    import dataclasses
+
+    import tbljax
+
+    source, overrides, left_out = FRONT_ENDS[name]
+    real = inspect.signature(_functions()[name]).parameters
+    for f in dataclasses.fields(tbljax.LoaderOptions):
+        if f.name in left_out:
+            assert f.name not in real
+            continue
+        assert f.name in real, f"tbljax.{name} does not take the loader option {f.name}"
+        want = overrides.get(f.name, f.default)
+        assert real[f.name].default == (inspect.Parameter.empty if want is dataclasses.MISSING else want)
+    assert list(real)[:2] == ["path_or_paths", "batch_size"]  # both positional, as before
+    option_names = {f.name for f in dataclasses.fields(tbljax.LoaderOptions)}
+    tree = ast.parse((REPO / source).read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "loader")
+    declared = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    passed = {k.arg for n in ast.walk(ast.Module(fn.body, [])) if isinstance(n, ast.Call) for k in n.keywords}
+    assert declared & option_names == set(), f"{source} declares loader options again"
+    assert passed & option_names == set(), f"{source} passes loader options one by one"
+
+
+def test_front_ends_refuse_an_option_they_leave_out_by_name():
+    import tbljax.mlx
+
+    with pytest.raises(TypeError, match=r"tbljax\.mlx\.loader\(\): got an unexpected keyword argument 'num_epochs'"):
+        tbljax.mlx.loader("x.tbl", 4, num_epochs=2)

@@ -5,6 +5,7 @@ docs use; the only other names provided are the ones a block expects from the us
 (`user_names`: a training step, a model's state and parameters, ...; each block says in a
 comment which it assumes). A loop that would run forever ends when the stand-in step has run a
 few times."""
+
 from __future__ import annotations
 
 import io
@@ -28,16 +29,16 @@ class _Enough(Exception):
 
 def blocks(doc: str) -> list[tuple[int, str]]:
     text = (REPO / doc).read_text()
-    return [(text[:m.start()].count("\n") + 2, m.group(1))
-            for m in re.finditer(r"```python\n(.*?)```", text, re.S)]
+    return [(text[: m.start()].count("\n") + 2, m.group(1)) for m in re.finditer(r"```python\n(.*?)```", text, re.S)]
 
 
 def _jpeg(rng) -> bytes:
     from PIL import Image
 
     yy, xx = np.mgrid[0:SIDE, 0:SIDE]
-    img = np.stack([(xx * 10 + rng.integers(0, 50)) % 256, (yy * 10) % 256,
-                    np.full_like(xx, rng.integers(0, 256))], -1).astype(np.uint8)
+    img = np.stack(
+        [(xx * 10 + rng.integers(0, 50)) % 256, (yy * 10) % 256, np.full_like(xx, rng.integers(0, 256))], -1
+    ).astype(np.uint8)
     buf = io.BytesIO()
     Image.fromarray(img).save(buf, "JPEG", quality=90)
     return buf.getvalue()
@@ -85,11 +86,17 @@ def user_names(tmp_path: Path) -> dict:
         return state, 0.0
 
     return {
-        "train_step": train_step, "state": None,
+        "train_step": train_step,
+        "state": None,
         "update": lambda state, images, labels: state,
-        "num_steps": 2, "start_epoch": 0, "num_epochs": 1, "device": "cpu",
-        "images": np.zeros((4, 8, 8, 3), np.uint8), "labels": [0, 1, 0, 1],
-        "params": {"w": jnp.zeros(3)}, "step": 0,
+        "num_steps": 2,
+        "start_epoch": 0,
+        "num_epochs": 1,
+        "device": "cpu",
+        "images": np.zeros((4, 8, 8, 3), np.uint8),
+        "labels": [0, 1, 0, 1],
+        "params": {"w": jnp.zeros(3)},
+        "step": 0,
     }
 
 

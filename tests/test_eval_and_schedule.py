@@ -3,17 +3,19 @@ the evaluation loader (center crop, every record once, padded last batch, ``vali
 and LZ4 files; a size schedule's batches through the JAX, torch and MLX loaders and the
 resident dataset, and a resumed run equal to an uninterrupted one bit for bit, across the size
 change; and the clear error for a file of records of different sizes with no output size."""
+
 from __future__ import annotations
 
 import numpy as np
-import oracle
 import pytest
 
-import _loader_testing as T
 import tbljax
-from tbljax._src.rules import augment
 from tbljax import order
+from tbljax._src.rules import augment
 from tbljax._src.rules.augment import Augment
+
+import _loader_testing as T
+import oracle
 
 N, H, W, G = 37, 20, 14, 8
 SCHEDULE = Augment(size={0: (4, 3), 2: (7, 5)})  # a bigger size from epoch 2 on
@@ -33,8 +35,7 @@ def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("sizes")
     imgs = T.images(N, H, W, seed=3)
     labels = (np.arange(N) * 5) % 7
-    return imgs, labels, _write(d / "raw.tbl", imgs, labels), _write(d / "lz4.tbl", imgs,
-                                                                     labels, lz4=True)
+    return imgs, labels, _write(d / "raw.tbl", imgs, labels), _write(d / "lz4.tbl", imgs, labels, lz4=True)
 
 
 def numpy_batches(ld):
@@ -46,13 +47,22 @@ def numpy_batches(ld):
 
 # ---- evaluation: center crop, every record once ----
 
+
 @pytest.mark.parametrize("fmt", ["raw", "lz4"])
 @pytest.mark.parametrize("dtype, layout", [("uint8", "NHWC"), ("float32", "NCHW")])
 def test_eval_loader_serves_every_record_once_center_cropped(data, fmt, dtype, layout):
     imgs, labels, raw, lz4 = data
     aug = Augment(crop="center", flip=False, size=(9, 11))
-    ld = tbljax.loader(raw if fmt == "raw" else lz4, G, shuffle=False, num_epochs=1,
-                       drop_remainder=False, augment=aug, dtype=dtype, layout=layout)
+    ld = tbljax.loader(
+        raw if fmt == "raw" else lz4,
+        G,
+        shuffle=False,
+        num_epochs=1,
+        drop_remainder=False,
+        augment=aug,
+        dtype=dtype,
+        layout=layout,
+    )
     box = oracle.center_crop_box(H, W, 0.875)
     assert box == (4, 1, 12, 12)  # int(0.875 * 14) = 12, centred in 20 x 14
     for _ in range(2):  # an evaluation loader serves the whole set on every pass
@@ -64,8 +74,16 @@ def test_eval_loader_serves_every_record_once_center_cropped(data, fmt, dtype, l
         assert (index[~valid] == -1).all()
         for b in batches:
             idx = b["index"][b["valid"]]
-            want = oracle.gather(imgs, idx, (9, 11), crop=[box] * len(idx), dtype=dtype,
-                                 layout=layout, mean=tbljax.IMAGENET_MEAN, std=tbljax.IMAGENET_STD)
+            want = oracle.gather(
+                imgs,
+                idx,
+                (9, 11),
+                crop=[box] * len(idx),
+                dtype=dtype,
+                layout=layout,
+                mean=tbljax.IMAGENET_MEAN,
+                std=tbljax.IMAGENET_STD,
+            )
             np.testing.assert_array_equal(b["image"][b["valid"]], want)
             np.testing.assert_array_equal(b["label"][b["valid"]], labels[idx])
             assert (b["image"][~b["valid"]] == 0).all() and (b["label"][~b["valid"]] == -1).all()
@@ -77,8 +95,9 @@ def test_eval_loader_through_torch(data):
 
     imgs, labels, raw, _ = data
     aug = Augment(crop="center", flip=False, size=(9, 11), center_fraction=0.5)
-    ld = tbljax.torch.loader(raw, 5, shuffle=False, drop_remainder=False, augment=aug,
-                             dtype="uint8", layout="NHWC", pin_memory=False)
+    ld = tbljax.torch.loader(
+        raw, 5, shuffle=False, drop_remainder=False, augment=aug, dtype="uint8", layout="NHWC", pin_memory=False
+    )
     seen = []
     for b in ld:
         idx = b.index[b.valid].numpy()
@@ -90,6 +109,7 @@ def test_eval_loader_through_torch(data):
 
 
 # ---- a size schedule ----
+
 
 def expected(imgs, labels, batch, epoch, seed, aug=SCHEDULE):
     """The oracle's batch: each row's crop box and flip by (seed, epoch, index), resized to the
@@ -112,7 +132,8 @@ def test_schedule_batches_take_the_size_of_their_epoch(data):
         want = (G, 4, 3, 3) if epoch < 2 else (G, 7, 5, 3)
         assert b["image"].shape == want, (k, b["image"].shape)
         np.testing.assert_array_equal(
-            b["index"], order.permute(np.arange(k % steps * G, (k % steps + 1) * G), N, 5, epoch))
+            b["index"], order.permute(np.arange(k % steps * G, (k % steps + 1) * G), N, 5, epoch)
+        )
         image, label = expected(imgs, labels, b, epoch, seed=5)
         np.testing.assert_array_equal(b["image"], image)
         np.testing.assert_array_equal(b["label"], label)
@@ -154,8 +175,7 @@ def test_schedule_shares_one_ring_allocated_once(data):
             # Copies: nothing handed out views a slot, so a slot is only ever reused.
             return lambda hb: ((hb.epoch, hb.index.copy(), hb.image.copy()), [])
 
-    opts = LoaderOptions(batch_size=G, seed=1, num_epochs=EPOCHS, augment=SCHEDULE,
-                         dtype="uint8")
+    opts = LoaderOptions(batch_size=G, seed=1, num_epochs=EPOCHS, augment=SCHEDULE, dtype="uint8")
     ld = Copies(tbljax.open(raw), opts)
     served = list(ld)
     assert {img.shape for _, _, img in served} == {(G, 4, 3, 3), (G, 7, 5, 3)}
@@ -213,14 +233,18 @@ def test_schedule_on_the_resident_dataset(data):
         b = fn(ds, 1, epoch, SCHEDULE.at_epoch(epoch))
         np.testing.assert_array_equal(np.asarray(b["image"]), loader[epoch * steps + 1]["image"])
     assert len(traces) == 2  # one compiled step per size, not per epoch
-    with pytest.raises(ValueError, match="one jitted step per size, passing "
-                                         r"augment=aug.at_epoch\(epoch\)"):
+    with pytest.raises(
+        ValueError,
+        match="one jitted step per size, passing "
+        r"augment=aug.at_epoch\(epoch\)",
+    ):
         jax.jit(lambda ds, s, e: ds.batch(s, epoch=e, augment=SCHEDULE, **kw))(ds, 1, 2)
     with pytest.raises(ValueError, match="one jitted step per size"):
         jax.jit(lambda ds, s: ds.batch(s, augment=SCHEDULE, **kw))(ds, 1)
 
 
 # ---- records of different sizes ----
+
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
@@ -250,8 +274,11 @@ def test_records_of_different_sizes_are_described_per_record(mixed):
     assert src.shape is None
     np.testing.assert_array_equal(src.geometry.heights, [h for h, _ in sizes])
     np.testing.assert_array_equal(src.geometry.widths, [w for _, w in sizes])
-    for aug in (Augment(size=(8, 6)), Augment(crop="center", flip=False, size=(8, 6)),
-                Augment(size={0: (4, 4), 3: (8, 6)})):
+    for aug in (
+        Augment(size=(8, 6)),
+        Augment(crop="center", flip=False, size=(8, 6)),
+        Augment(size={0: (4, 4), 3: (8, 6)}),
+    ):
         ld = tbljax.loader(path, 2, augment=aug, num_epochs=4)
         ld.set_epoch(3)
         assert ld.row_shape == (8, 6, 3) and len(ld) == 2

@@ -3,6 +3,7 @@ finish, print what they should, and a run stopped and resumed from its checkpoin
 same steps as the uninterrupted run. The three training examples print per-step checksums of
 the samples they trained on, equal to those computed from tbljax.order: one order, whatever the
 framework."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,7 @@ def tiny(tmp_path_factory):
     out = {}
     for name, n in (("train", 64), ("val", 24)):
         labels = np.arange(n) % 4
-        imgs = np.clip(rng.normal(40 + 50 * labels[:, None, None, None], 20, (n, 16, 16, 3)),
-                       0, 255).astype(np.uint8)
+        imgs = np.clip(rng.normal(40 + 50 * labels[:, None, None, None], 20, (n, 16, 16, 3)), 0, 255).astype(np.uint8)
         out[name] = T.write_tbl(d / f"{name}.tbl", imgs, labels)
     out["dir"] = d
     return out
@@ -41,9 +41,14 @@ def start(script, *args, cwd, **env):
     # The example imports the installed tbljax (or the developer's absolute PYTHONPATH, see
     # conftest.py), as a user's script would.
     full_env = dict(os.environ, **env)
-    return subprocess.Popen([sys.executable, str(EXAMPLES / script), *map(str, args)], cwd=cwd,
-                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLES / script), *map(str, args)],
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(p, expect=0):
@@ -68,13 +73,14 @@ def steps(out):
 
 
 def check_resume(script, tiny, extra, total, stop, ckpt_name, **env):
-    common = ["--train", tiny["train"], "--val", tiny["val"], "--batch-size", 16,
-              "--log-every", 1, *extra]
+    common = ["--train", tiny["train"], "--val", tiny["val"], "--batch-size", 16, "--log-every", 1, *extra]
     cwd = tiny["dir"]
     ckpt = tiny["dir"] / ckpt_name
     # The uninterrupted run and the one that stops run side by side (two cores).
-    procs = [start(script, *common, cwd=cwd, **env),
-             start(script, *common, "--checkpoint", ckpt, "--stop-at", stop, cwd=cwd, **env)]
+    procs = [
+        start(script, *common, cwd=cwd, **env),
+        start(script, *common, "--checkpoint", ckpt, "--stop-at", stop, cwd=cwd, **env),
+    ]
     full, stopped = [finish(p) for p in procs]
     assert re.search(r"eval accuracy [\d.]+ on 24 images", full), full
     assert f"stopping at step {stop}" in stopped and ckpt.exists()
@@ -100,8 +106,15 @@ def expected_checksums(steps, n=64, batch=16, seed=0):
 
 
 def test_train_jax_on_two_devices_resumes_the_stream(tiny):
-    got = check_resume("train_jax.py", tiny, ["--steps", 6, "--ckpt-every", 3], 6, 3,
-                       "jax.ckpt", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    got = check_resume(
+        "train_jax.py",
+        tiny,
+        ["--steps", 6, "--ckpt-every", 3],
+        6,
+        3,
+        "jax.ckpt",
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    )
     assert [got[s][1] for s in sorted(got)] == expected_checksums(6)
 
 
@@ -113,11 +126,20 @@ def test_train_jax_standard_recipe_on_full_aspect_records(tmp_path):
     import tbljax
 
     work = tmp_path / "data"
-    common = ["--recipe", "standard", "--batch-size", 16, "--log-every", 1, "--steps", 8,
-              "--size-schedule", "0:24,1:32"]
+    common = [
+        "--recipe",
+        "standard",
+        "--batch-size",
+        16,
+        "--log-every",
+        1,
+        "--steps",
+        8,
+        "--size-schedule",
+        "0:24,1:32",
+    ]
     two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    full = run("train_jax.py", *common, "--synthetic", 64, "--workdir", work, cwd=tmp_path,
-               **two)
+    full = run("train_jax.py", *common, "--synthetic", 64, "--workdir", work, cwd=tmp_path, **two)
     train = tbljax.open(work / "train.tbl")
     shapes = {train.read(i).shape for i in range(len(train))}
     assert train.image_shape is None and len(shapes) >= 4, shapes
@@ -131,11 +153,11 @@ def test_train_jax_standard_recipe_on_full_aspect_records(tmp_path):
 
     data = ["--train", work / "train.tbl", "--val", work / "val.tbl"]
     ckpt = tmp_path / "std.ckpt"
-    stopped = run("train_jax.py", *common, *data, "--checkpoint", ckpt, "--ckpt-every", 3,
-                  "--stop-at", 3, cwd=tmp_path, **two)
+    stopped = run(
+        "train_jax.py", *common, *data, "--checkpoint", ckpt, "--ckpt-every", 3, "--stop-at", 3, cwd=tmp_path, **two
+    )
     assert "stopping at step 3" in stopped
-    resumed = run("train_jax.py", *common, *data, "--checkpoint", ckpt, "--resume",
-                  cwd=tmp_path, **two)
+    resumed = run("train_jax.py", *common, *data, "--checkpoint", ckpt, "--resume", cwd=tmp_path, **two)
     assert "resumed at step 3" in resumed and "training on 32x32 crops from step 5" in resumed
     b = steps(resumed)
     assert sorted(b) == list(range(4, 9))
@@ -171,25 +193,47 @@ def test_convert_imagenet_folder_skips_bad_files_and_reports_them(tmp_path):
         for j in range(3):
             (root / wnid / f"{wnid}_{j}.JPEG").write_bytes(_jpeg(rng, 60 + 100 * k))
     good = (root / "n01443537" / "n01443537_0.JPEG").read_bytes()
-    (root / "n01443537" / "broken.JPEG").write_bytes(good[:len(good) // 3])  # truncated
+    (root / "n01443537" / "broken.JPEG").write_bytes(good[: len(good) // 3])  # truncated
     out = tmp_path / "train-24.tbl"
-    text = run("convert_imagenet.py", root, out, "--image-size", 24, "--threads", 2,
-               "--max-skipped-fraction", 0.5, "--verify", cwd=tmp_path)
+    text = run(
+        "convert_imagenet.py",
+        root,
+        out,
+        "--image-size",
+        24,
+        "--threads",
+        2,
+        "--max-skipped-fraction",
+        0.5,
+        "--verify",
+        cwd=tmp_path,
+    )
     assert "wrote 6 records" in text and "skipped 1 of 7 items" in text, text
     # 40x48 photos at max side 24: 20x24 records (all one size: a uniform RAW file)
     assert "image_shape (20, 24), 2 classes" in text and "all checksums match" in text
     assert "(1.000 of RAW); for 1,281,167 images about" in text, text
     listed = json.loads((tmp_path / "train-24.tbl.skipped.json").read_text())
-    assert [s["key"] for s in listed] == ["n01443537/broken"] or \
-        [Path(s["source"]).name for s in listed] == ["broken.JPEG"], listed
+    assert [s["key"] for s in listed] == ["n01443537/broken"] or [Path(s["source"]).name for s in listed] == [
+        "broken.JPEG"
+    ], listed
     import tbljax
 
     ds = tbljax.open(out)
     assert ds.classes == ["n01440764", "n01443537"] and ds.labels.tolist() == [0] * 3 + [1] * 3
     assert {ds.read(i).shape for i in range(len(ds))} == {(20, 24, 3)}
     # Too many bad items fail the run (exit 1), after writing the file and the list.
-    text = run("convert_imagenet.py", root, out, "--image-size", 24, "--overwrite",
-               "--max-skipped-fraction", 0.01, cwd=tmp_path, expect=1)
+    text = run(
+        "convert_imagenet.py",
+        root,
+        out,
+        "--image-size",
+        24,
+        "--overwrite",
+        "--max-skipped-fraction",
+        0.01,
+        cwd=tmp_path,
+        expect=1,
+    )
 
 
 def test_convert_imagenet_webdataset_shards_read_as_one(tmp_path):
@@ -198,12 +242,21 @@ def test_convert_imagenet_webdataset_shards_read_as_one(tmp_path):
 
     pattern = demo.write_shards(tmp_path / "wds", 24, 3, seed=0)
     for shard in ("0/2", "1/2"):
-        text = run("convert_imagenet.py", pattern, "part-{shard}.tbl", "--image-size", 16,
-                   "--format", "compact", "--shard", shard, cwd=tmp_path)
+        text = run(
+            "convert_imagenet.py",
+            pattern,
+            "part-{shard}.tbl",
+            "--image-size",
+            16,
+            "--format",
+            "compact",
+            "--shard",
+            shard,
+            cwd=tmp_path,
+        )
         assert re.search(r"skipped 0 of \d+ items: no list written", text), text
     assert not list(tmp_path.glob("*.skipped.json"))  # nothing skipped: no file holding []
-    run("convert_imagenet.py", pattern, "whole.tbl", "--image-size", 16, "--format", "compact",
-        cwd=tmp_path)
+    run("convert_imagenet.py", pattern, "whole.tbl", "--image-size", 16, "--format", "compact", cwd=tmp_path)
     parts = tbljax.open(sorted(str(p) for p in tmp_path.glob("part-*-of-00002.tbl")))
     whole = tbljax.open(tmp_path / "whole.tbl")
     assert len(parts) == len(whole) == 24 and parts.record_format == "jpeg"
@@ -212,12 +265,15 @@ def test_convert_imagenet_webdataset_shards_read_as_one(tmp_path):
 
 
 def test_convert_imagenet_help_is_whole_sentences():
-    r = subprocess.run([sys.executable, str(EXAMPLES / "convert_imagenet.py"), "--help"], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLES / "convert_imagenet.py"), "--help"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     description = r.stdout.split("\n\n")[1]  # after the usage lines
-    assert description == ("Convert ImageNet (or any dataset laid out like it) to TBL once with the standard "
-                           "recipe, check what was skipped, and print the disk it took."), r.stdout
+    assert description == (
+        "Convert ImageNet (or any dataset laid out like it) to TBL once with the standard "
+        "recipe, check what was skipped, and print the disk it took."
+    ), r.stdout
     assert "The standard recipe" in r.stdout and "--max-skipped-fraction" in r.stdout
 
 

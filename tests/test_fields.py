@@ -3,6 +3,7 @@ converted from real WebDataset TARs, image folders with sidecar files and dict s
 back as columns and records, checked by verify, kept by shards and TBL→TBL conversion, bad
 values skipped like bad images, and the file still served by turboloader 2.39. Every value is
 compared with the value the source held."""
+
 from __future__ import annotations
 
 import io
@@ -24,6 +25,7 @@ def _npy(a: np.ndarray) -> bytes:
 
 def _jpeg(seed: int, h: int = 24, w: int = 32) -> bytes:
     from PIL import Image
+
     rng = np.random.default_rng(seed)
     b = io.BytesIO()
     Image.fromarray(rng.integers(0, 255, (h, w, 3), np.uint8)).save(b, "JPEG", quality=95)
@@ -33,10 +35,16 @@ def _jpeg(seed: int, h: int = 24, w: int = 32) -> bytes:
 def _source(n: int, seed: int = 0):
     """The values every record holds: caption, tags, a fixed (6,) float16 embedding, ragged tokens."""
     rng = np.random.default_rng(seed)
-    return [{"key": f"s{seed}-{i:04d}", "caption": f"a photo of thing {i} — ünï",
-             "tags": {"tags": [f"t{i % 3}", i], "score": i / 4},
-             "emb": rng.standard_normal(6).astype(np.float16),
-             "tok": rng.integers(0, 1000, int(rng.integers(0, 9))).astype(np.int32)} for i in range(n)]
+    return [
+        {
+            "key": f"s{seed}-{i:04d}",
+            "caption": f"a photo of thing {i} — ünï",
+            "tags": {"tags": [f"t{i % 3}", i], "score": i / 4},
+            "emb": rng.standard_normal(6).astype(np.float16),
+            "tok": rng.integers(0, 1000, int(rng.integers(0, 9))).astype(np.int32),
+        }
+        for i in range(n)
+    ]
 
 
 def write_tar(path, samples, *, drop=None, corrupt=None):
@@ -44,9 +52,14 @@ def write_tar(path, samples, *, drop=None, corrupt=None):
     key.emb.npy, key.tok.npy (a member left out or damaged where asked)."""
     with tarfile.open(path, "w") as tf:
         for i, s in enumerate(samples):
-            members = {"jpg": _jpeg(i), "cls": str(i % 2).encode(), "txt": s["caption"].encode(),
-                       "json": json.dumps(s["tags"]).encode(), "emb.npy": _npy(s["emb"]),
-                       "tok.npy": _npy(s["tok"])}
+            members = {
+                "jpg": _jpeg(i),
+                "cls": str(i % 2).encode(),
+                "txt": s["caption"].encode(),
+                "json": json.dumps(s["tags"]).encode(),
+                "emb.npy": _npy(s["emb"]),
+                "tok.npy": _npy(s["tok"]),
+            }
             if drop and drop[0] == i:
                 del members[drop[1]]
             if corrupt and corrupt[0] == i:
@@ -111,6 +124,7 @@ def test_fields_change_the_fingerprint_and_verify_finds_damage(tmp_path):
     fps = {tbljax.open(tmp_path / p).fingerprint for p in ("a.tbl", "b.tbl", "c.tbl")}
     assert len(fps) == 3
     from tbljax import _core
+
     blk = json.loads(_core.TblFile(str(tmp_path / "a.tbl")).dataset_json)["fields"]["emb"]["values"]
     raw = bytearray((tmp_path / "a.tbl").read_bytes())
     raw[blk["offset"] + 3] ^= 0xFF
@@ -119,15 +133,23 @@ def test_fields_change_the_fingerprint_and_verify_finds_damage(tmp_path):
     assert len(bad) == 1 and bad[0][1] == -1 and "'emb' values block: checksum mismatch" in bad[0][2]
 
 
-@pytest.mark.parametrize("where, ext, data, reason", [
-    ("drop", "txt", None, "field 'caption': missing (no .txt member"),
-    ("corrupt", "txt", b"\xff\xfe bad", "field 'caption': not UTF-8"),
-    ("corrupt", "json", b"{not json", "field 'tags': not valid JSON"),
-    ("corrupt", "emb.npy", _npy(np.zeros(6, np.float32)), "field 'emb': dtype float32 where the field's is float16"),
-    ("corrupt", "emb.npy", _npy(np.zeros((6, 2), np.float16)), "field 'emb': shape (6, 2)"),
-    ("corrupt", "tok.npy", b"not an npy", "field 'tok': not a readable .npy"),
-    ("corrupt", "tok.npy", _npy(np.zeros((2, 2), np.int32)), "field 'tok': shape (2, 2)"),
-])
+@pytest.mark.parametrize(
+    "where, ext, data, reason",
+    [
+        ("drop", "txt", None, "field 'caption': missing (no .txt member"),
+        ("corrupt", "txt", b"\xff\xfe bad", "field 'caption': not UTF-8"),
+        ("corrupt", "json", b"{not json", "field 'tags': not valid JSON"),
+        (
+            "corrupt",
+            "emb.npy",
+            _npy(np.zeros(6, np.float32)),
+            "field 'emb': dtype float32 where the field's is float16",
+        ),
+        ("corrupt", "emb.npy", _npy(np.zeros((6, 2), np.float16)), "field 'emb': shape (6, 2)"),
+        ("corrupt", "tok.npy", b"not an npy", "field 'tok': not a readable .npy"),
+        ("corrupt", "tok.npy", _npy(np.zeros((2, 2), np.int32)), "field 'tok': shape (2, 2)"),
+    ],
+)
 def test_a_bad_field_skips_the_record_and_strict_stops(tmp_path, where, ext, data, reason):
     samples = _source(8)
     kw = {"drop": (5, ext)} if where == "drop" else {"corrupt": (5, ext, data)}
@@ -139,16 +161,18 @@ def test_a_bad_field_skips_the_record_and_strict_stops(tmp_path, where, ext, dat
     assert ds.skipped == s.skipped
     check_against(ds, samples[:5] + samples[6:])
     with pytest.raises(tbljax.ConversionError, match=f"{samples[5]['key']}.*{reason[:14]}"):
-        tbljax.convert(tmp_path / "a.tar", tmp_path / "s.tbl", image_size=16, fields=FIELDS,
-                       strict=True, progress=False)
+        tbljax.convert(
+            tmp_path / "a.tar", tmp_path / "s.tbl", image_size=16, fields=FIELDS, strict=True, progress=False
+        )
     assert not (tmp_path / "s.tbl").exists()
 
 
 def test_an_extension_no_record_has_is_an_error(tmp_path):
     write_tar(tmp_path / "a.tar", _source(4))
     with pytest.raises(tbljax.ConversionError, match=r"'caps'.*\.cap\b.*which no record has"):
-        tbljax.convert(tmp_path / "a.tar", tmp_path / "a.tbl", image_size=16,
-                       fields={"caps": "cap.txt"}, progress=False)
+        tbljax.convert(
+            tmp_path / "a.tar", tmp_path / "a.tbl", image_size=16, fields={"caps": "cap.txt"}, progress=False
+        )
     assert not (tmp_path / "a.tbl").exists()
     with pytest.raises(ValueError, match="a field is read from a .txt"):
         tbljax.convert(tmp_path / "a.tar", tmp_path / "a.tbl", image_size=16, fields={"x": "cls"})
@@ -159,8 +183,14 @@ def test_shards_concatenate_fields_and_sharded_conversion_carries_them(tmp_path)
     write_tar(tmp_path / "a.tar", a)
     write_tar(tmp_path / "b.tar", b)
     for i in range(2):
-        tbljax.convert([tmp_path / "a.tar", tmp_path / "b.tar"], tmp_path / "p-{shard}.tbl", image_size=16,
-                       fields=FIELDS, shard=(i, 2), progress=False)
+        tbljax.convert(
+            [tmp_path / "a.tar", tmp_path / "b.tar"],
+            tmp_path / "p-{shard}.tbl",
+            image_size=16,
+            fields=FIELDS,
+            shard=(i, 2),
+            progress=False,
+        )
     ds = tbljax.open(sorted(str(p) for p in tmp_path.glob("p-*.tbl")))
     check_against(ds, a + b)
     rows = ds.field_rows("emb", [11, 0, 5])
@@ -188,8 +218,13 @@ def test_image_folder_sidecar_files(tmp_path):
         (d / f"{s['key']}.jpg").write_bytes(_jpeg(i))
         (d / f"{s['key']}.txt").write_text(s["caption"], encoding="utf-8")
         (d / f"{s['key']}.emb.npy").write_bytes(_npy(s["emb"]))
-    s = tbljax.convert(tmp_path / "root", tmp_path / "f.tbl", image_size=16,
-                       fields={"caption": "txt", "emb": "emb.npy"}, progress=False)
+    s = tbljax.convert(
+        tmp_path / "root",
+        tmp_path / "f.tbl",
+        image_size=16,
+        fields={"caption": "txt", "emb": "emb.npy"},
+        progress=False,
+    )
     ds = tbljax.open(tmp_path / "f.tbl")
     order = sorted(range(6), key=lambda i: (i % 2, samples[i]["key"]))  # subfolders, then names
     assert s.written == 6 and len(ds) == 6  # the sidecars are not image items
@@ -204,8 +239,12 @@ def test_dict_source_every_other_key_is_a_field(tmp_path):
     emb = rng.standard_normal((9, 4, 2)).astype(np.float32)
     score = np.arange(9, dtype=np.float64)
     tags = [[i, "x"] for i in range(9)]
-    tbljax.convert({"image": imgs, "label": np.arange(9) % 3, "caption": caps, "emb": emb,
-                    "score": score, "tags": tags}, tmp_path / "d.tbl", image_size=12, progress=False)
+    tbljax.convert(
+        {"image": imgs, "label": np.arange(9) % 3, "caption": caps, "emb": emb, "score": score, "tags": tags},
+        tmp_path / "d.tbl",
+        image_size=12,
+        progress=False,
+    )
     ds = tbljax.open(tmp_path / "d.tbl")
     assert ds.fields["emb"].shape == (4, 2) and ds.fields["score"].shape == ()
     np.testing.assert_array_equal(ds.field("emb"), emb)
@@ -235,8 +274,9 @@ def test_turboloader_still_serves_a_file_with_fields(tmp_path):
     ds = tbljax.open(tmp_path / "a.tbl")
     r = tl.TblReaderV2(str(tmp_path / "a.tbl"), verify_checksums=True)
     assert [r.read_sample(i) for i in range(len(ds))] == [ds.read(i).tobytes() for i in range(len(ds))]
-    loader = tl.TblRawImageLoader(str(tmp_path / "a.tbl"), batch_size=len(ds), shuffle=False, mean=None,
-                                  std=None, prefetch_batches=0)
+    loader = tl.TblRawImageLoader(
+        str(tmp_path / "a.tbl"), batch_size=len(ds), shuffle=False, mean=None, std=None, prefetch_batches=0
+    )
     batch, meta = next(iter(loader))
     got = np.rint(np.asarray(batch).transpose(0, 2, 3, 1) * 255).astype(np.uint8)
     np.testing.assert_array_equal(got, ds.view()[np.asarray(meta["indices"])])
@@ -245,26 +285,45 @@ def test_turboloader_still_serves_a_file_with_fields(tmp_path):
 def test_cli_convert_field_info_and_verify(tmp_path):
     import subprocess
     import sys
+
     samples = _source(5)
     write_tar(tmp_path / "a.tar", samples)
+
     def run(*a):
         return subprocess.run([sys.executable, "-m", "tbljax", *a], capture_output=True, text=True, cwd=tmp_path)
-    r = run("convert", str(tmp_path / "a.tar"), "-o", str(tmp_path / "a.tbl"), "--image-size", "16",
-            "--field", "caption=txt", "--field", "emb=emb.npy", "--field", "tok=tok.npy", "--quiet")
+
+    r = run(
+        "convert",
+        str(tmp_path / "a.tar"),
+        "-o",
+        str(tmp_path / "a.tbl"),
+        "--image-size",
+        "16",
+        "--field",
+        "caption=txt",
+        "--field",
+        "emb=emb.npy",
+        "--field",
+        "tok=tok.npy",
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr
     check = tbljax.open(tmp_path / "a.tbl")
     assert list(check.field("caption")) == [s["caption"] for s in samples]
     r = run("info", str(tmp_path / "a.tbl"))
     assert r.returncode == 0, r.stderr
     assert "field.caption" in r.stdout and "str" in r.stdout
-    assert any(line.split()[:4] == ["field.emb", "ndarray", "float16", "(6,)"] and "60 bytes" in line
-               for line in r.stdout.splitlines()), r.stdout
+    assert any(
+        line.split()[:4] == ["field.emb", "ndarray", "float16", "(6,)"] and "60 bytes" in line
+        for line in r.stdout.splitlines()
+    ), r.stdout
     assert any(line.split()[:4] == ["field.tok", "ndarray", "int32", "(n,)"] for line in r.stdout.splitlines())
     r = run("verify", str(tmp_path / "a.tbl"))
     assert r.returncode == 0 and "ok" in r.stdout
 
 
 # ---- serving through tbljax.loader ----
+
 
 @pytest.fixture
 def served(tmp_path):
@@ -295,7 +354,7 @@ def test_loader_serves_every_field_beside_the_image(served):
             assert b["caption"][r] == s["caption"] and b["tags"][r] == s["tags"]
             np.testing.assert_array_equal(b["emb"][r], s["emb"])
             ref = np.zeros(5, np.int32)
-            ref[:min(5, len(s["tok"]))] = s["tok"][:5]
+            ref[: min(5, len(s["tok"]))] = s["tok"][:5]
             np.testing.assert_array_equal(b["tok"][r], ref)
             assert b["tok_length"][r] == len(s["tok"])  # before the cut
     assert sorted(seen) == list(range(11))
@@ -320,7 +379,7 @@ def test_field_fn_tokenizer_and_its_errors(served):
         out = np.zeros((len(texts), 12), np.int32)
         for r, t in enumerate(texts):
             b = list(t.encode())[:12]
-            out[r, :len(b)] = b
+            out[r, : len(b)] = b
         return out
 
     ld = tbljax.loader(path, batch_size=4, num_epochs=1, fields=["caption", "emb"], field_fn={"caption": encode})
@@ -406,7 +465,7 @@ def test_field_padded_cuts_and_pads_like_numpy_over_shards(tmp_path):
     for r, i in enumerate(idx):
         want = np.zeros((4, 2), np.int16)
         v = src[i]
-        want[:min(4, len(v))] = v[:4]
+        want[: min(4, len(v))] = v[:4]
         np.testing.assert_array_equal(out[r], want)
         assert lengths[r] == len(v)
     # ... and a shard whose records are all of one non-zero length (fixed in that file)
@@ -426,8 +485,9 @@ def test_tar_shards_at_a_url_carry_fields(tmp_path):
     fs = fsspec.filesystem("memory")
     fs.pipe("/fields-url/a.tar", (tmp_path / "a.tar").read_bytes())
     try:
-        s = tbljax.convert("memory://fields-url/a.tar", tmp_path / "u.tbl", image_size=16, fields=FIELDS,
-                           progress=False)
+        s = tbljax.convert(
+            "memory://fields-url/a.tar", tmp_path / "u.tbl", image_size=16, fields=FIELDS, progress=False
+        )
     finally:
         fs.rm("/fields-url", recursive=True)
     assert s.written == 9 and s.skipped == []

@@ -1,6 +1,7 @@
 """The TBL file: layout checked byte by byte against the spec with `struct`, checksums against
 independent references, corrupt files, atomic writes, and turboloader 2.39 reading our files
 and writing files we read."""
+
 from __future__ import annotations
 
 import os
@@ -52,15 +53,15 @@ def test_crc16_every_simd_target_any_length_and_alignment():
     buf = rng.integers(0, 256, 80_000, dtype=np.uint8)
     cases = [(n, off) for n in range(0, 300) for off in (0, 1, 7)]
     cases += [(int(rng.integers(300, 5000)), int(rng.integers(0, 64))) for _ in range(40)]
-    want = {(n, off): crc16_modbus_bitwise(buf[off:off + n].tobytes()) for n, off in cases}
+    want = {(n, off): crc16_modbus_bitwise(buf[off : off + n].tobytes()) for n, off in cases}
     big = [(76_800, 0), (76_800, 3), (79_999, 1)]  # a 160 px record, odd starts and lengths
     try:
         big_crcs = []
         for target in _core.supported_kernel_targets():
             _core.set_kernel_target(target)
             for (n, off), crc in want.items():
-                assert _core.crc16_modbus(buf[off:off + n]) == crc, (target, n, off)
-            big_crcs.append([_core.crc16_modbus(buf[off:off + n]) for n, off in big])
+                assert _core.crc16_modbus(buf[off : off + n]) == crc, (target, n, off)
+            big_crcs.append([_core.crc16_modbus(buf[off : off + n]) for n, off in big])
         assert all(c == big_crcs[0] for c in big_crcs)
         assert big_crcs[0][0] == crc16_modbus_bitwise(buf[:76_800].tobytes())
     finally:
@@ -83,19 +84,25 @@ def test_layout_matches_spec(tmp_path):
         off, size, usize, w, hgt, fmt, fl, c16 = struct.unpack_from("<QIIHHBBH", b, 64 + 24 * i)
         assert (size, usize, w, hgt, fmt, fl) == (rec, rec, 10, 12, 8, 0)
         assert off == 4096 + i * rec  # first RAW payload 4 KiB-aligned, records contiguous
-        assert b[off:off + size] == imgs[i].tobytes()
+        assert b[off : off + size] == imgs[i].tobytes()
         assert c16 == crc16_modbus_bitwise(imgs[i].tobytes())
     sample, size, mtype, json_crc = struct.unpack_from("<QIHH", b, meta_off)
     assert (sample, mtype) == (2**64 - 1, 255) and 16 + size == meta_size
-    assert json_crc == crc16_modbus_bitwise(b[meta_off + 16:meta_off + 16 + size])
+    assert json_crc == crc16_modbus_bitwise(b[meta_off + 16 : meta_off + 16 + size])
     assert meta_off + meta_size == len(b)
 
 
 def test_roundtrip_metadata_and_view(tmp_path):
     imgs = rand_imgs(7)
     p = tmp_path / "a.tbl"
-    write_raw(p, imgs, labels=[0, 1, 2, 0, 1, 2, 9], keys=[f"k/{i}" for i in range(7)],
-              classes=["x", "y", "z"], recipe={"image_size": 12})
+    write_raw(
+        p,
+        imgs,
+        labels=[0, 1, 2, 0, 1, 2, 9],
+        keys=[f"k/{i}" for i in range(7)],
+        classes=["x", "y", "z"],
+        recipe={"image_size": 12},
+    )
     ds = tbljax.open(p)
     assert len(ds) == 7 and ds.record_format == "raw" and ds.image_shape == (12, 10)
     assert ds.labels.tolist() == [0, 1, 2, 0, 1, 2, 9]
@@ -191,8 +198,16 @@ def damaged(src, tmp_path, fn):
         (lambda b: b.__delitem__(slice(len(b) - 5, None)), "truncated"),
         (lambda b: b.__setitem__(len(b) - 3, b[len(b) - 3] ^ 4), "metadata block checksum"),
     ],
-    ids=["short", "empty", "magic", "header-bitflip", "truncated-payload", "truncated-index",
-         "truncated-metadata", "metadata-bitflip"],
+    ids=[
+        "short",
+        "empty",
+        "magic",
+        "header-bitflip",
+        "truncated-payload",
+        "truncated-index",
+        "truncated-metadata",
+        "metadata-bitflip",
+    ],
 )
 def test_corrupt_files_fail_at_open(good_file, tmp_path, damage, message):
     p = damaged(good_file, tmp_path, damage)
@@ -204,6 +219,7 @@ def test_corrupt_files_fail_at_open(good_file, tmp_path, damage, message):
 def test_index_damage_names_the_record(good_file, tmp_path):
     def bad_size(b):
         struct.pack_into("<I", b, 64 + 24 * 4 + 8, 999)  # record 4: size no longer W*H*3
+
     p = damaged(good_file, tmp_path, bad_size)
     with pytest.raises(tbljax.CorruptFileError, match="record 4"):
         tbljax.open(p)
@@ -232,10 +248,12 @@ def test_cli_verify_and_info(good_file, tmp_path, capsys):
 
 # ---- turboloader 2.39 interop (the real package) ----
 
+
 @pytest.fixture
 def tl():
-    return pytest.importorskip("turboloader",
-                               reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')")
+    return pytest.importorskip(
+        "turboloader", reason="turboloader 2.39 is the interop peer (pip install 'tbljax[test]')"
+    )
 
 
 def test_turboloader_reads_our_raw_file(tmp_path, tl):
@@ -248,8 +266,9 @@ def test_turboloader_reads_our_raw_file(tmp_path, tl):
         assert r.read_sample(i) == imgs[i].tobytes()
         info = r.get_sample_info(i)
         assert (info["width"], info["height"], int(info["format"])) == (20, 16, 8)
-    loader = tl.TblRawImageLoader(str(p), batch_size=4, shuffle=False, mean=None, std=None,
-                                  prefetch_batches=0, drop_last=False)
+    loader = tl.TblRawImageLoader(
+        str(p), batch_size=4, shuffle=False, mean=None, std=None, prefetch_batches=0, drop_last=False
+    )
     seen = []
     for batch, meta in loader:
         x = np.asarray(batch).transpose(0, 2, 3, 1)  # its output: NCHW float in [0, 1]
@@ -284,3 +303,30 @@ def test_we_read_turboloader_written_records(tmp_path, tl):
         np.testing.assert_array_equal(ds.read(i), im)
     assert ds.labels.tolist() == [10, 11, 12]
     assert ds.verify() == []
+
+
+def test_the_run_entries_of_a_recipe_have_one_home(tmp_path):
+    # Issue 44 §4: both conversion drivers write the run's entries through file/format.run_entries,
+    # and exactly those keys (RUN_KEYS) are left out of the fingerprint.
+    import datetime
+
+    from tbljax._src.file import format as fmt
+
+    imgs = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3), np.uint8)
+    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    tbljax.convert(imgs, tmp_path / "a.tbl", image_size=8, progress=False)
+    tbljax.convert(tmp_path / "a.tbl", tmp_path / "b.tbl", format="lz4", progress=False)
+    for name, sources in (("a.tbl", None), ("b.tbl", [str(tmp_path / "a.tbl")])):
+        recipe = tbljax.open(tmp_path / name).recipe
+        assert recipe["tbljax"] == tbljax.__version__
+        assert (
+            before <= datetime.datetime.fromisoformat(recipe["created"]) <= datetime.datetime.now(datetime.timezone.utc)
+        )
+        if sources is not None:
+            assert recipe["sources"] == sources
+        assert {"sources", "tbljax", "created"} <= set(recipe) and set(recipe) & fmt.RUN_KEYS
+    from tbljax._src.datasets.reader import NOT_FINGERPRINTED
+
+    assert NOT_FINGERPRINTED is fmt.RUN_KEYS
+    with pytest.raises(ValueError, match=r"\['when'\] are not recipe run keys"):
+        fmt.run_entries([], when="now")

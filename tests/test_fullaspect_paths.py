@@ -7,6 +7,7 @@ twin) and `ops.gather_normalize` of a `PackedRecords` all give the batch the Num
 draws for the indices the batch reports. Also: an LZ4 file serves what its RAW twin does; a
 size schedule and a resume across its change; `tbljax show` and `tbljax bench` on such a
 file, and what they say when no output size is given."""
+
 from __future__ import annotations
 
 import json
@@ -14,16 +15,31 @@ import subprocess
 import sys
 
 import numpy as np
-import oracle
 import pytest
 
 import tbljax
-from tbljax._src.rules.augment import Augment, RecordGeometry, sample
+from tbljax._src.rules.augment import Augment, sample
+from tbljax._src.rules.record_geometry import RecordGeometry
+
+import oracle
 
 # Portrait, landscape, square, tiny (upscaled) and large (shrunk several times: the
 # antialiased filter reads many taps) records.
-SIZES = [(20, 14), (9, 30), (33, 33), (5, 7), (40, 12), (17, 23), (64, 48), (12, 61), (26, 19),
-         (48, 64), (8, 8), (31, 45), (70, 22)]
+SIZES = [
+    (20, 14),
+    (9, 30),
+    (33, 33),
+    (5, 7),
+    (40, 12),
+    (17, 23),
+    (64, 48),
+    (12, 61),
+    (26, 19),
+    (48, 64),
+    (8, 8),
+    (31, 45),
+    (70, 22),
+]
 N = len(SIZES)
 MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)
 SEED = 5
@@ -55,29 +71,26 @@ def expected(imgs, idx, valid, aug, epoch, dtype, layout):
     idx = np.asarray(idx)[np.asarray(valid, bool)]
     aug = aug.at_epoch(epoch)
     boxes, flips = sample(aug, idx, geometry=GEOMETRY, seed=SEED, epoch=epoch)
-    return oracle.gather(imgs, idx, aug.size, crop=boxes, flip=flips, dtype=dtype,
-                         layout=layout, mean=MEAN, std=STD)
+    return oracle.gather(imgs, idx, aug.size, crop=boxes, flip=flips, dtype=dtype, layout=layout, mean=MEAN, std=STD)
 
 
 def same(got, want):
     """Bit for bit (float32 and bfloat16 compared as their bit patterns)."""
     got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype,
-                                                                  want.shape, want.dtype)
-    np.testing.assert_array_equal(got.view(f"u{got.dtype.itemsize}"),
-                                  want.view(f"u{want.dtype.itemsize}"))
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    np.testing.assert_array_equal(got.view(f"u{got.dtype.itemsize}"), want.view(f"u{want.dtype.itemsize}"))
 
 
 def loader_batches(path, aug, dtype, layout, epochs=2, **kw):
     """[(epoch, image, index, valid, label)] of the JAX loader, copied out of the ring."""
-    ld = tbljax.loader(path, 4, seed=SEED, num_epochs=epochs, dtype=dtype, layout=layout,
-                       mean=MEAN, std=STD, augment=aug, **kw)
+    ld = tbljax.loader(
+        path, 4, seed=SEED, num_epochs=epochs, dtype=dtype, layout=layout, mean=MEAN, std=STD, augment=aug, **kw
+    )
     steps = len(ld)
     out = []
     for k, b in enumerate(ld):
         valid = np.array(b["valid"]) if "valid" in b else np.ones(len(b["index"]), bool)
-        out.append((k // steps, np.array(b["image"]), np.array(b["index"]), valid,
-                    np.array(b["label"])))
+        out.append((k // steps, np.array(b["image"]), np.array(b["index"]), valid, np.array(b["label"])))
     return out
 
 
@@ -96,7 +109,7 @@ def test_host_loader_equals_the_oracle(mixed, crop, dtype, layout):
     # Every record once an epoch: 13 records in batches of 4, the last one padded.
     assert len(batches) == 8
     for e in range(2):
-        assert sorted(np.concatenate(served[4 * e:4 * e + 4]).tolist()) == list(range(N))
+        assert sorted(np.concatenate(served[4 * e : 4 * e + 4]).tolist()) == list(range(N))
 
 
 def host(x):
@@ -116,8 +129,9 @@ def test_adapters_equal_the_loader_and_the_oracle(mixed, framework, crop):
         import tbljax.mlx as adapter
     aug = AUGMENTS[crop]
     ref = loader_batches(raw, aug, "float32", "NCHW", drop_remainder=False)
-    ld = adapter.loader(raw, 4, seed=SEED, dtype="float32", layout="NCHW", mean=MEAN, std=STD,
-                        augment=aug, drop_remainder=False)
+    ld = adapter.loader(
+        raw, 4, seed=SEED, dtype="float32", layout="NCHW", mean=MEAN, std=STD, augment=aug, drop_remainder=False
+    )
     got = []
     for epoch in range(2):
         ld.set_epoch(epoch)
@@ -138,20 +152,27 @@ def resident(mixed):
 
 
 # The twin compiles slowly for large shrink factors (24 taps per axis here): one case of it.
-@pytest.mark.parametrize("backend, crop, dtype, layout", [("ffi", "rrc", "uint8", "NHWC"),
-                                                          ("ffi", "rrc", "bfloat16", "NCHW"),
-                                                          ("ffi", "center", "float32", "NHWC"),
-                                                          ("twin", "rrc", "bfloat16", "NCHW")])
-def test_resident_dataset_in_jit_equals_the_loader_and_the_oracle(mixed, resident, backend,
-                                                                  crop, dtype, layout):
+@pytest.mark.parametrize(
+    "backend, crop, dtype, layout",
+    [
+        ("ffi", "rrc", "uint8", "NHWC"),
+        ("ffi", "rrc", "bfloat16", "NCHW"),
+        ("ffi", "center", "float32", "NHWC"),
+        ("twin", "rrc", "bfloat16", "NCHW"),
+    ],
+)
+def test_resident_dataset_in_jit_equals_the_loader_and_the_oracle(mixed, resident, backend, crop, dtype, layout):
     import jax
 
     imgs, raw, _ = mixed
     aug = AUGMENTS[crop]
     assert resident.image_shape is None and isinstance(resident.data, tbljax.ops.PackedRecords)
     ref = loader_batches(raw, aug, dtype, layout)  # full batches, as ResidentDataset serves
-    step = jax.jit(lambda ds, s: ds.batch(s, batch_size=4, seed=SEED, augment=aug, mean=MEAN,
-                                          std=STD, dtype=dtype, layout=layout, backend=backend))
+    step = jax.jit(
+        lambda ds, s: ds.batch(
+            s, batch_size=4, seed=SEED, augment=aug, mean=MEAN, std=STD, dtype=dtype, layout=layout, backend=backend
+        )
+    )
     assert len(ref) == 2 * resident.steps_per_epoch(4)
     for s, (epoch, image, idx, valid, label) in enumerate(ref):
         b = step(resident, s)
@@ -179,16 +200,15 @@ def packed_by_hand(imgs):
     pages = np.zeros((first, page), np.uint8)
     flat = pages.reshape(-1)
     for (start, _, _), im in zip(table, imgs):
-        flat[start * page:start * page + im.nbytes] = im.reshape(-1)
+        flat[start * page : start * page + im.nbytes] = im.reshape(-1)
     return pages, np.array(table, np.int32)
 
 
-@pytest.mark.parametrize("backend, dtype, layout", [("ffi", "uint8", "NCHW"),
-                                                    ("ffi", "float32", "NHWC"),
-                                                    ("ffi", "bfloat16", "NHWC"),
-                                                    ("twin", "float32", "NHWC")])
-def test_gather_normalize_of_packed_records_equals_the_oracle(mixed, resident, backend, dtype,
-                                                               layout):
+@pytest.mark.parametrize(
+    "backend, dtype, layout",
+    [("ffi", "uint8", "NCHW"), ("ffi", "float32", "NHWC"), ("ffi", "bfloat16", "NHWC"), ("twin", "float32", "NHWC")],
+)
+def test_gather_normalize_of_packed_records_equals_the_oracle(mixed, resident, backend, dtype, layout):
     import jax
     import jax.numpy as jnp
 
@@ -207,14 +227,14 @@ def test_gather_normalize_of_packed_records_equals_the_oracle(mixed, resident, b
 
     @jax.jit
     def step(data, idx, boxes, flips):
-        return ops.gather_normalize(data, idx, crop=boxes, flip=flips, out_size=(8, 6),
-                                    dtype=out_dtype, layout=layout, backend=backend, **norm)
+        return ops.gather_normalize(
+            data, idx, crop=boxes, flip=flips, out_size=(8, 6), dtype=out_dtype, layout=layout, backend=backend, **norm
+        )
 
     idx = np.array([6, 3, 9, 0, 12, 6, 1, 7, 11, 4], np.int32)  # record 6 twice
     for epoch in range(2):
         boxes, flips = sample(RRC, idx, geometry=GEOMETRY, seed=SEED, epoch=epoch)
-        same(step(data, idx, boxes, flips),
-             expected(imgs, idx, np.ones(len(idx), bool), RRC, epoch, dtype, layout))
+        same(step(data, idx, boxes, flips), expected(imgs, idx, np.ones(len(idx), bool), RRC, epoch, dtype, layout))
 
 
 def test_lz4_file_serves_what_its_raw_twin_does(mixed):
@@ -228,8 +248,10 @@ def test_lz4_file_serves_what_its_raw_twin_does(mixed):
                 same(u, v)
     res_raw, res_lz4 = tbljax.ResidentDataset(raw), tbljax.ResidentDataset(lz4)
     same(res_lz4.data.pages, res_raw.data.pages)
-    same(res_lz4.batch(1, batch_size=4, seed=SEED, augment=RRC)["image"],
-         res_raw.batch(1, batch_size=4, seed=SEED, augment=RRC)["image"])
+    same(
+        res_lz4.batch(1, batch_size=4, seed=SEED, augment=RRC)["image"],
+        res_raw.batch(1, batch_size=4, seed=SEED, augment=RRC)["image"],
+    )
 
 
 SCHEDULE = Augment(size={0: (6, 5), 2: (9, 7)})
@@ -250,8 +272,10 @@ def test_resume_across_the_size_change(mixed, cut):
     whole = loader_batches(raw, SCHEDULE, "float32", "NCHW", epochs=4)
 
     def make():
-        return tbljax.loader(raw, 4, seed=SEED, num_epochs=4, dtype="float32", layout="NCHW",
-                             mean=MEAN, std=STD, augment=SCHEDULE)
+        return tbljax.loader(
+            raw, 4, seed=SEED, num_epochs=4, dtype="float32", layout="NCHW", mean=MEAN, std=STD, augment=SCHEDULE
+        )
+
     first = make()
     it = iter(first)
     for _ in range(cut):
@@ -268,24 +292,41 @@ def test_resume_across_the_size_change(mixed, cut):
 
 
 def cli(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "tbljax", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tbljax", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize("command", ["show", "bench"])
 def test_show_and_bench_say_what_to_pass_without_an_output_size(mixed, command, tmp_path):
     raw = mixed[1]
     for extra in ([], ["--augment", "flip"]):
-        r = cli(command, raw, *extra, "--out" if command == "show" else "--steps",
-                tmp_path / "g.png" if command == "show" else 2)
+        r = cli(
+            command,
+            raw,
+            *extra,
+            "--out" if command == "show" else "--steps",
+            tmp_path / "g.png" if command == "show" else 2,
+        )
         assert r.returncode == 2, r.stderr
         assert "raw.tbl: its records have different sizes" in r.stderr
         assert "--augment rrc_flip --size 224" in r.stderr and "--center-crop --size 224" in r.stderr
-    r = cli(command, raw, "--size", 8, "--out" if command == "show" else "--steps",
-            tmp_path / "g.png" if command == "show" else 2)
+    r = cli(
+        command,
+        raw,
+        "--size",
+        8,
+        "--out" if command == "show" else "--steps",
+        tmp_path / "g.png" if command == "show" else 2,
+    )
     assert r.returncode == 2 and "--size S resizes a crop" in r.stderr, r.stderr
-    r = cli(command, raw, "--center-crop", "--out" if command == "show" else "--steps",
-            tmp_path / "g.png" if command == "show" else 2)
+    r = cli(
+        command,
+        raw,
+        "--center-crop",
+        "--out" if command == "show" else "--steps",
+        tmp_path / "g.png" if command == "show" else 2,
+    )
     assert r.returncode == 2 and "--center-crop takes --size S" in r.stderr, r.stderr
     assert not (tmp_path / "g.png").exists()
 
@@ -296,8 +337,7 @@ def test_show_draws_center_crops_of_full_aspect_records(mixed, tmp_path):
 
     imgs, raw, _ = mixed
     grid, captions = sample_grid(raw, count=N, columns=N, augment=CENTER)
-    want = oracle.gather(imgs, np.arange(N), (7, 7), crop=[oracle.center_crop_box(h, w, 0.875)
-                                                           for h, w in SIZES])
+    want = oracle.gather(imgs, np.arange(N), (7, 7), crop=[oracle.center_crop_box(h, w, 0.875) for h, w in SIZES])
     tiles = grid[1:8].reshape(7, N, 9, 3)[:, :, 1:8].transpose(1, 0, 2, 3)
     np.testing.assert_array_equal(tiles, want)
     assert captions[0] == "0: 0" and len(captions) == N
@@ -309,9 +349,13 @@ def test_show_draws_center_crops_of_full_aspect_records(mixed, tmp_path):
             assert im.format == "PNG" and im.width > 6 * (flags[-1] + 2)
 
 
-@pytest.mark.parametrize("flags, augment", [
-    (["--augment", "rrc_flip", "--size", 8], "Augment(crop=True, flip=True, size=(8, 8)"),
-    (["--center-crop", "--size", 8], "Augment(crop='center', flip=False, size=(8, 8)")])
+@pytest.mark.parametrize(
+    "flags, augment",
+    [
+        (["--augment", "rrc_flip", "--size", 8], "Augment(crop=True, flip=True, size=(8, 8)"),
+        (["--center-crop", "--size", 8], "Augment(crop='center', flip=False, size=(8, 8)"),
+    ],
+)
 def test_bench_measures_full_aspect_records(mixed, flags, augment):
     r = cli("bench", mixed[1], "--batch-size", 4, "--steps", 2, "--json", *flags)
     assert r.returncode == 0, r.stderr

@@ -1,6 +1,7 @@
 """rules/geometry.py, the NumPy reference of how masks, boxes and keypoints follow the image,
 against torchvision v2's transforms on `tv_tensors` (the real package) and a float64 transform
 written out here; the conversion's geometry against the C++ core's own output sizes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -61,10 +62,12 @@ def test_nearest_rule_is_torchvisions_and_the_documented_float32_rule(tv):
         np.testing.assert_array_equal(ours, theirs.numpy())
         # The rule stated in the module doc, written out here in float32.
         y0, x0, bh, bw = box
-        rows = y0 + np.minimum(np.floor(np.arange(out[0], dtype=np.float32) * (np.float32(bh) / np.float32(out[0])))
-                               .astype(int), bh - 1)
-        cols = x0 + np.minimum(np.floor(np.arange(out[1], dtype=np.float32) * (np.float32(bw) / np.float32(out[1])))
-                               .astype(int), bw - 1)
+        rows = y0 + np.minimum(
+            np.floor(np.arange(out[0], dtype=np.float32) * (np.float32(bh) / np.float32(out[0]))).astype(int), bh - 1
+        )
+        cols = x0 + np.minimum(
+            np.floor(np.arange(out[1], dtype=np.float32) * (np.float32(bw) / np.float32(out[1]))).astype(int), bw - 1
+        )
         want = mask[np.ix_(rows, cols[::-1] if flip else cols)]
         np.testing.assert_array_equal(ours, want)
         assert set(np.unique(ours)) <= set(np.unique(mask))  # labels are never blended
@@ -99,6 +102,7 @@ def _float64_boxes(b, box, out, flip):
 def test_boxes_match_float64_and_torchvision_clip_and_drop(tv):
     tvt, F = tv
     from torchvision.transforms import v2
+
     rng = np.random.default_rng(3)
     for _ in range(150):
         h, w = int(rng.integers(20, 300)), int(rng.integers(20, 300))
@@ -169,7 +173,7 @@ def test_box_follows_its_rasterized_mask():
         if min(bx[2] - bx[0], bx[3] - bx[1]) < 200 * scale:
             continue
         checked += 1
-        cy, cx = np.mgrid[:out[0], :out[1]] + 0.5  # output pixels whose centre is in the box
+        cy, cx = np.mgrid[: out[0], : out[1]] + 0.5  # output pixels whose centre is in the box
         raster = (cx >= bx[0]) & (cx < bx[2]) & (cy >= bx[1]) & (cy < bx[3])
         iou = (raster & (m == 1)).sum() / (raster | (m == 1)).sum()
         assert iou >= 0.98, iou

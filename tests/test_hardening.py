@@ -1,6 +1,7 @@
 """Hardening: fuzz-found inputs replayed through the Python API, conversions killed at random
 moments, leaks over a thousand loader and dataset lifetimes, and many readers of one file at
 once. (Hostile arguments, case by case, are in test_hostile.py.)"""
+
 from __future__ import annotations
 
 import gc
@@ -133,8 +134,11 @@ def _kill_trials(src, seconds, out_dir: Path, trials: int, seed: int, env: dict)
         overwrite = t % 2 == 1
         if not overwrite and dst.exists():
             dst.unlink()
-        child = subprocess.Popen([sys.executable, "-c", _CONVERT_CHILD, str(src), str(dst), str(int(overwrite))],
-                                 stdout=subprocess.PIPE, env=env)
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CONVERT_CHILD, str(src), str(dst), str(int(overwrite))],
+            stdout=subprocess.PIPE,
+            env=env,
+        )
         assert child.stdout.readline() == b"ready\n"
         time.sleep(rng.uniform(0, 1.3 * seconds))
         child.send_signal(signal.SIGKILL)
@@ -149,14 +153,19 @@ def _kill_trials(src, seconds, out_dir: Path, trials: int, seed: int, env: dict)
 
 
 @pytest.mark.parametrize("named_temp", [False, True], ids=["O_TMPFILE", "named-temp"])
-def test_sigkill_mid_conversion_leaves_nothing_or_a_complete_file(jpeg_folder, tmp_path, named_temp,
-                                                                   monkeypatch):
+def test_sigkill_mid_conversion_leaves_nothing_or_a_complete_file(jpeg_folder, tmp_path, named_temp, monkeypatch):
     src, seconds = jpeg_folder
     before = _tree_hash(src)
     if named_temp:  # the writer's path for filesystems without O_TMPFILE
         monkeypatch.setenv("TBLJAX_NO_O_TMPFILE", "1")
-    outcomes = _kill_trials(src, seconds, tmp_path, trials=10 if not named_temp else 6,
-                            seed=1 if not named_temp else 2, env=dict(os.environ))
+    outcomes = _kill_trials(
+        src,
+        seconds,
+        tmp_path,
+        trials=10 if not named_temp else 6,
+        seed=1 if not named_temp else 2,
+        env=dict(os.environ),
+    )
     assert _tree_hash(src) == before, "the sources changed"
     # Running again succeeds, and removes the hidden files of the writers that were killed.
     tbljax.convert(src, tmp_path / "out.tbl", image_size=24, overwrite=True, progress=False)
@@ -175,9 +184,9 @@ def test_failed_conversion_keeps_the_file_it_would_replace(tmp_path, named_temp,
     tbljax.convert(images(3), dst, image_size=8, progress=False)
     before = dst.read_bytes()
     failures = [
-        dict(sources=[np.zeros((8, 8), np.float32)] * 3),                       # every item bad
+        dict(sources=[np.zeros((8, 8), np.float32)] * 3),  # every item bad
         dict(sources=[images(1)[0], np.zeros((8, 8), np.float32)], strict=True),  # strict stops
-        dict(sources=images(2), labels=[1, "cat"]),                              # ids and names mixed
+        dict(sources=images(2), labels=[1, "cat"]),  # ids and names mixed
     ]
     for kw in failures:
         with pytest.raises((tbljax.ConversionError, ValueError)):
@@ -205,12 +214,12 @@ def test_stale_temp_cleanup_removes_only_dead_writers_of_this_host(tmp_path):
     dead.wait()  # reaped: its PID names no process (PID reuse within this test is not a worry)
     host = socket.gethostname().replace("/", "_")
     names = {
-        f".a.tbl.tbljax-tmp-{dead.pid}-0-{host}": False,          # killed writer here: removed
+        f".a.tbl.tbljax-tmp-{dead.pid}-0-{host}": False,  # killed writer here: removed
         f".a.tbl.tbljax-tmp-{dead.pid}-7-{host}": False,
-        f".a.tbl.tbljax-tmp-{os.getpid()}-3-{host}": True,         # a live writer: kept
-        f".a.tbl.tbljax-tmp-{dead.pid}-0-other-host": True,       # another host's: kept
-        f".b.tbl.tbljax-tmp-{dead.pid}-0-{host}": True,           # another file's: kept
-        f".a.tbl.tbljax-tmp-x{dead.pid}-0-{host}": True,          # not our form: kept
+        f".a.tbl.tbljax-tmp-{os.getpid()}-3-{host}": True,  # a live writer: kept
+        f".a.tbl.tbljax-tmp-{dead.pid}-0-other-host": True,  # another host's: kept
+        f".b.tbl.tbljax-tmp-{dead.pid}-0-{host}": True,  # another file's: kept
+        f".a.tbl.tbljax-tmp-x{dead.pid}-0-{host}": True,  # not our form: kept
         "a.tbl.bak": True,
     }
     for n in names:
@@ -224,10 +233,15 @@ def test_stale_temp_cleanup_removes_only_dead_writers_of_this_host(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Leaks: a thousand lifetimes of loaders and datasets.
 
+
 def _counts():
     proc = psutil.Process()
-    return dict(threads=threading.active_count(), tasks=len(os.listdir("/proc/self/task")),
-                fds=len(os.listdir("/proc/self/fd")), rss=proc.memory_info().rss)
+    return dict(
+        threads=threading.active_count(),
+        tasks=len(os.listdir("/proc/self/task")),
+        fds=len(os.listdir("/proc/self/fd")),
+        rss=proc.memory_info().rss,
+    )
 
 
 @pytest.mark.slow  # about a minute on 2 cores; test_no_leaks_over_1000_dataset_lifetimes stays in the default run
@@ -305,11 +319,19 @@ def test_four_processes_and_four_threads_read_one_file(tmp_path):
     seeds = range(8)
     refs = {s: _batches(p, s) for s in seeds}  # one reader at a time: the references
     assert all(len(r) == 24 for r in refs.values())
-    np.savez(tmp_path / "refs.npz", **{f"{s}/{k}/{key}": v for s in seeds
-                                       for k, b in enumerate(refs[s]) for key, v in b.items()})
+    np.savez(
+        tmp_path / "refs.npz",
+        **{f"{s}/{k}/{key}": v for s in seeds for k, b in enumerate(refs[s]) for key, v in b.items()},
+    )
 
-    children = [subprocess.Popen([sys.executable, "-c", _READER_CHILD, str(p), str(tmp_path / "refs.npz"), str(s)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for s in seeds[4:]]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _READER_CHILD, str(p), str(tmp_path / "refs.npz"), str(s)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for s in seeds[4:]
+    ]
     results, errors = {}, []
 
     def read(seed):

@@ -4,6 +4,7 @@ conversion from a WebDataset TAR (the reference path), pixel for pixel and label
 odd inputs (grayscale, CMYK, truncated) included; sharded conversions equal the single job;
 TFRecord checksums are checked. The TFRecords are written here through an independent
 encoder: protobuf's wire format and TFRecord's framing, written out from the public schema."""
+
 from __future__ import annotations
 
 import io
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 import tbljax
+
 from _source_files import example, masked, tfrecord
 
 datasets = pytest.importorskip("datasets")
@@ -35,13 +37,12 @@ def photos():
     from conftest import shared_dir
 
     root = shared_dir("caltech101") / "images"
-    out = [(p.read_bytes(), c) for c, name in enumerate(CLASSES)
-           for p in sorted((root / name).glob("*.jpg"))[:8]]
+    out = [(p.read_bytes(), c) for c, name in enumerate(CLASSES) for p in sorted((root / name).glob("*.jpg"))[:8]]
     rgb = PIL_Image.open(io.BytesIO(out[0][0])).convert("RGB")
     cmyk, gray = io.BytesIO(), io.BytesIO()
     rgb.convert("CMYK").save(cmyk, "JPEG", quality=90)
     rgb.convert("L").save(gray, "PNG")
-    return out + [(cmyk.getvalue(), 0), (gray.getvalue(), 1), (out[5][0][:len(out[5][0]) // 3], 2)]
+    return out + [(cmyk.getvalue(), 0), (gray.getvalue(), 1), (out[5][0][: len(out[5][0]) // 3], 2)]
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +82,21 @@ def assert_same(ds, ref):
 
 
 def hf_dataset(photos):
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES),
-                                  "caption": datasets.Value("string")})
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES), "caption": datasets.Value("string")}
+    )
     return datasets.Dataset.from_dict(
-        {"image": [{"bytes": b, "path": None} for b, _ in photos], "label": [c for _, c in photos],
-         "caption": [f"photo {i}" for i in range(len(photos))]}, features=features)
+        {
+            "image": [{"bytes": b, "path": None} for b, _ in photos],
+            "label": [c for _, c in photos],
+            "caption": [f"photo {i}" for i in range(len(photos))],
+        },
+        features=features,
+    )
 
 
 # ---- Hugging Face ----------------------------------------------------------------------------
+
 
 def test_dataset_equals_tar(photos, reference, tmp_path):
     tbljax.convert(hf_dataset(photos), tmp_path / "hf.tbl", image_size=SIZE, progress=False)
@@ -99,8 +107,10 @@ def test_iterable_dataset_equals_tar_and_shards_by_file(photos, reference, tmp_p
     it = hf_dataset(photos).to_iterable_dataset(num_shards=3)
     tbljax.convert(it, tmp_path / "it.tbl", image_size=SIZE, progress=False)
     assert_same(tbljax.open(tmp_path / "it.tbl"), reference)
-    parts = [tbljax.convert(it, tmp_path / "p-{shard}.tbl", image_size=SIZE, shard=(i, 3),
-                            progress=False).dst for i in range(3)]
+    parts = [
+        tbljax.convert(it, tmp_path / "p-{shard}.tbl", image_size=SIZE, shard=(i, 3), progress=False).dst
+        for i in range(3)
+    ]
     np.testing.assert_array_equal(pixels(tbljax.open(parts)), reference.view())
     with pytest.raises(ValueError, match="3 shards"):
         tbljax.convert(it, tmp_path / "x.tbl", image_size=SIZE, shard=(0, 4), progress=False)
@@ -112,14 +122,21 @@ def test_parquet_files_equal_tar_read_by_row_group_and_sharded(photos, reference
         ds.shard(2, i, contiguous=True).to_parquet(tmp_path / f"train-{i}.parquet", batch_size=5)
     groups = [pq.ParquetFile(tmp_path / f"train-{i}.parquet").num_row_groups for i in range(2)]
     assert groups == [3, 3]
-    single = tbljax.convert(str(tmp_path / "train-*.parquet"), tmp_path / "pq.tbl", image_size=SIZE,
-                            progress=False)
+    single = tbljax.convert(str(tmp_path / "train-*.parquet"), tmp_path / "pq.tbl", image_size=SIZE, progress=False)
     assert single.classes == CLASSES  # from the ClassLabel in the schema's metadata
     one = tbljax.open(tmp_path / "pq.tbl")
     assert_same(one, reference)
     assert one.keys[:2] == ["train-0.parquet:0", "train-0.parquet:1"]
-    parts = [tbljax.convert(str(tmp_path / "train-{0,1}.parquet"), tmp_path / "part-{shard}.tbl",
-                            image_size=SIZE, shard=f"{i}/4", progress=False).dst for i in range(4)]
+    parts = [
+        tbljax.convert(
+            str(tmp_path / "train-{0,1}.parquet"),
+            tmp_path / "part-{shard}.tbl",
+            image_size=SIZE,
+            shard=f"{i}/4",
+            progress=False,
+        ).dst
+        for i in range(4)
+    ]
     many = tbljax.open(parts)
     assert many.keys == one.keys and many.labels.tolist() == one.labels.tolist()
     np.testing.assert_array_equal(pixels(many), one.view())
@@ -139,10 +156,18 @@ def test_parquet_at_a_url_and_columns_named(photos, reference, tmp_path):
     with pytest.raises(ValueError, match="image_column="):
         tbljax.convert("memory://hf/plain.parquet", tmp_path / "x.tbl", image_size=SIZE, progress=False)
     with pytest.raises(ValueError, match="'nope' is not a column"):
-        tbljax.convert("memory://hf/plain.parquet", tmp_path / "x.tbl", image_size=SIZE,
-                       image_column="nope", progress=False)
-    tbljax.convert("memory://hf/plain.parquet", tmp_path / "u.tbl", image_size=SIZE, image_column="jpg",
-                   label_column="cls", classes=CLASSES, progress=False)
+        tbljax.convert(
+            "memory://hf/plain.parquet", tmp_path / "x.tbl", image_size=SIZE, image_column="nope", progress=False
+        )
+    tbljax.convert(
+        "memory://hf/plain.parquet",
+        tmp_path / "u.tbl",
+        image_size=SIZE,
+        image_column="jpg",
+        label_column="cls",
+        classes=CLASSES,
+        progress=False,
+    )
     assert_same(tbljax.open(tmp_path / "u.tbl"), reference)
 
 
@@ -155,14 +180,13 @@ def test_fields_strict_and_wrong_arguments(photos, tmp_path):
     with pytest.raises(tbljax.ConversionError, match="strict"):
         tbljax.convert(hf_dataset(photos), tmp_path / "s.tbl", image_size=SIZE, strict=True, progress=False)
     with pytest.raises(ValueError, match="image_key"):
-        tbljax.convert(hf_dataset(photos), tmp_path / "s.tbl", image_size=SIZE, image_key="image",
-                       progress=False)
+        tbljax.convert(hf_dataset(photos), tmp_path / "s.tbl", image_size=SIZE, image_key="image", progress=False)
     with pytest.raises(ValueError, match="classes= differs"):
-        tbljax.convert(hf_dataset(photos), tmp_path / "s.tbl", image_size=SIZE, classes=["a", "b", "c"],
-                       progress=False)
+        tbljax.convert(hf_dataset(photos), tmp_path / "s.tbl", image_size=SIZE, classes=["a", "b", "c"], progress=False)
 
 
 # ---- TFDS: tf.train.Example in TFRecord and ArrayRecord ----------------------------------------
+
 
 def test_crc32c_is_the_castagnoli_checksum():
     assert google_crc32c.value(b"123456789") == 0xE3069283  # the CRC-32C check value
@@ -175,7 +199,7 @@ def write_tfds_folder(d, photos, keys=("image", "label"), files=2):
     d.mkdir()
     exs = [example({keys[0]: b, keys[1]: c}) for b, c in photos]
     for i in range(files):
-        part = exs[len(exs) * i // files:len(exs) * (i + 1) // files]
+        part = exs[len(exs) * i // files : len(exs) * (i + 1) // files]
         (d / f"caltech-train.tfrecord-{i:05d}-of-{files:05d}").write_bytes(tfrecord(part))
     return exs
 
@@ -184,21 +208,38 @@ def test_tfrecord_tfds_folder_equals_tar_and_shards(photos, reference, tmp_path)
     d = tmp_path / "caltech" / "1.0.0"
     d.parent.mkdir()
     write_tfds_folder(d, photos)
-    (d / "features.json").write_text(json.dumps({
-        "pythonClassName": "tensorflow_datasets.core.features.features_dict.FeaturesDict",
-        "featuresDict": {"features": {
-            "image": {"pythonClassName": "tensorflow_datasets.core.features.image_feature.Image"},
-            "label": {"pythonClassName": "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
-                      "classLabel": {"numClasses": "3"}}}}}))
+    (d / "features.json").write_text(
+        json.dumps(
+            {
+                "pythonClassName": "tensorflow_datasets.core.features.features_dict.FeaturesDict",
+                "featuresDict": {
+                    "features": {
+                        "image": {"pythonClassName": "tensorflow_datasets.core.features.image_feature.Image"},
+                        "label": {
+                            "pythonClassName": "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
+                            "classLabel": {"numClasses": "3"},
+                        },
+                    }
+                },
+            }
+        )
+    )
     (d / "label.labels.txt").write_text("\n".join(CLASSES) + "\n")
-    s = tbljax.convert(str(d / "caltech-train.tfrecord*"), tmp_path / "tf.tbl", image_size=SIZE,
-                       progress=False)
+    s = tbljax.convert(str(d / "caltech-train.tfrecord*"), tmp_path / "tf.tbl", image_size=SIZE, progress=False)
     assert s.classes == CLASSES
     one = tbljax.open(tmp_path / "tf.tbl")
     assert_same(one, reference)
     assert one.keys[0] == "caltech-train.tfrecord-00000-of-00002:0"
-    parts = [tbljax.convert(str(d / "caltech-train.tfrecord*"), tmp_path / "p-{shard}.tbl",
-                            image_size=SIZE, shard=(i, 2), progress=False).dst for i in range(2)]
+    parts = [
+        tbljax.convert(
+            str(d / "caltech-train.tfrecord*"),
+            tmp_path / "p-{shard}.tbl",
+            image_size=SIZE,
+            shard=(i, 2),
+            progress=False,
+        ).dst
+        for i in range(2)
+    ]
     many = tbljax.open(parts)
     np.testing.assert_array_equal(pixels(many), one.view())
     assert many.labels.tolist() == one.labels.tolist()
@@ -222,8 +263,7 @@ def test_tfrecord_classic_keys_and_bad_checksums(photos, reference, tmp_path):
     assert any("record 2: data CRC-32C mismatch" in r for r in reasons), reasons
     assert s.skipped[0]["source"] == str(path)
     with pytest.raises(tbljax.ConversionError, match="record 2: data CRC-32C"):
-        tbljax.convert(path, tmp_path / "strict.tbl", image_size=SIZE, classes=CLASSES, strict=True,
-                       progress=False)
+        tbljax.convert(path, tmp_path / "strict.tbl", image_size=SIZE, classes=CLASSES, strict=True, progress=False)
     # A broken length: the rest of the file is skipped, the records before it kept.
     raw = bytearray(tfrecord(exs[:4]))
     raw[sum(16 + len(e) for e in exs[:3])] ^= 0x01
@@ -237,8 +277,9 @@ def test_tfrecord_keys_named_and_missing(photos, tmp_path):
     path.write_bytes(tfrecord([example({"jpeg": photos[0][0], "y": b"Faces", "id": 17})]))
     with pytest.raises(tbljax.ConversionError, match="no image feature"):
         tbljax.convert(path, tmp_path / "a.tbl", image_size=SIZE, progress=False)
-    s = tbljax.convert(path, tmp_path / "b.tbl", image_size=SIZE, image_key="jpeg", label_key="y",
-                       classes=CLASSES, progress=False)
+    s = tbljax.convert(
+        path, tmp_path / "b.tbl", image_size=SIZE, image_key="jpeg", label_key="y", classes=CLASSES, progress=False
+    )
     assert s.written == 1 and tbljax.open(tmp_path / "b.tbl").labels.tolist() == [0]
     from tbljax._src.sources.tfds import TFRecordSource
 
@@ -259,8 +300,12 @@ def test_array_record_equals_tar_and_shards_by_record(photos, reference, tmp_pat
     tbljax.convert(files, tmp_path / "ar.tbl", image_size=SIZE, classes=CLASSES, progress=False)
     one = tbljax.open(tmp_path / "ar.tbl")
     assert_same(one, reference)
-    parts = [tbljax.convert(files, tmp_path / "p-{shard}.tbl", image_size=SIZE, classes=CLASSES,
-                            shard=(i, 3), progress=False).dst for i in range(3)]
+    parts = [
+        tbljax.convert(
+            files, tmp_path / "p-{shard}.tbl", image_size=SIZE, classes=CLASSES, shard=(i, 3), progress=False
+        ).dst
+        for i in range(3)
+    ]
     sizes = [len(tbljax.open(p)) + len(tbljax.open(p).skipped) for p in parts]
     assert sizes == [9, 9, 9]  # records, not files: 27 split three ways
     many = tbljax.open(parts)
@@ -271,27 +316,41 @@ def test_array_record_equals_tar_and_shards_by_record(photos, reference, tmp_pat
 def test_no_tensorflow_is_imported(photos, tmp_path):
     path = tmp_path / "t.tfrecord"
     path.write_bytes(tfrecord([example({"image": b, "label": c}) for b, c in photos[:2]]))
-    code = (f"import sys, tbljax; tbljax.convert({str(path)!r}, {str(tmp_path / 't.tbl')!r}, "
-            "image_size=16, progress=False); "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets')); "
-            "assert not bad, bad; print('ok')")
+    code = (
+        f"import sys, tbljax; tbljax.convert({str(path)!r}, {str(tmp_path / 't.tbl')!r}, "
+        "image_size=16, progress=False); "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets')); "
+        "assert not bad, bad; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
 # ---- columns and features as record fields (fields=[...]) -------------------------------------
 
+
 def _captioned(photos):
     """A datasets.Dataset of the 8 Faces photos with a caption and a float32 embedding."""
     rng = np.random.default_rng(0)
     emb = rng.standard_normal((8, 5)).astype(np.float32)
     captions = [f"photo {i}: ünïcode" for i in range(8)]
-    features = datasets.Features({"image": datasets.Image(), "caption": datasets.Value("string"),
-                                  "emb": datasets.List(datasets.Value("float32"), length=5),
-                                  "meta": {"n": datasets.Value("int32")}})
-    ds = datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for b, _ in photos[:8]],
-                                     "caption": captions, "emb": emb.tolist(),
-                                     "meta": [{"n": i} for i in range(8)]}, features=features)
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "caption": datasets.Value("string"),
+            "emb": datasets.List(datasets.Value("float32"), length=5),
+            "meta": {"n": datasets.Value("int32")},
+        }
+    )
+    ds = datasets.Dataset.from_dict(
+        {
+            "image": [{"bytes": b, "path": None} for b, _ in photos[:8]],
+            "caption": captions,
+            "emb": emb.tolist(),
+            "meta": [{"n": i} for i in range(8)],
+        },
+        features=features,
+    )
     return ds, captions, emb
 
 
@@ -303,8 +362,7 @@ def test_hf_and_parquet_columns_become_fields(photos, tmp_path):
         out = tmp_path / f"{name}.tbl"
         tbljax.convert(source, out, image_size=SIZE, fields=["caption", "emb", "meta"], progress=False)
         got = tbljax.open(out)
-        assert {n: f.kind for n, f in got.fields.items()} == {"caption": "str", "emb": "ndarray",
-                                                              "meta": "json"}, name
+        assert {n: f.kind for n, f in got.fields.items()} == {"caption": "str", "emb": "ndarray", "meta": "json"}, name
         assert list(got.field("caption")) == captions
         assert got.field("emb").dtype == np.float32
         np.testing.assert_array_equal(got.field("emb"), emb)
@@ -312,18 +370,24 @@ def test_hf_and_parquet_columns_become_fields(photos, tmp_path):
     with pytest.raises(ValueError, match="'nope' is not a column"):
         tbljax.convert(ds, tmp_path / "x.tbl", image_size=SIZE, fields=["nope"], progress=False)
     with pytest.raises(ValueError, match="give a list of their names"):
-        tbljax.convert(ds, tmp_path / "x.tbl", image_size=SIZE, fields={"caption": "txt"},
-                       progress=False)
+        tbljax.convert(ds, tmp_path / "x.tbl", image_size=SIZE, fields={"caption": "txt"}, progress=False)
 
 
 def test_tfrecord_features_become_fields(photos, tmp_path):
     captions = [f"a photo of {CLASSES[c]} #{i}" for i, (_, c) in enumerate(photos[:6])]
     embs = [[float(i), i / 4, -1.5] for i in range(6)]
     path = tmp_path / "cap.tfrecord"
-    path.write_bytes(tfrecord([example({"image": b, "label": c, "caption": t.encode(), "emb": e})
-                               for (b, c), t, e in zip(photos[:6], captions, embs)]))
-    tbljax.convert(path, tmp_path / "t.tbl", image_size=SIZE, classes=CLASSES,
-                   fields=["caption", "emb"], progress=False)
+    path.write_bytes(
+        tfrecord(
+            [
+                example({"image": b, "label": c, "caption": t.encode(), "emb": e})
+                for (b, c), t, e in zip(photos[:6], captions, embs)
+            ]
+        )
+    )
+    tbljax.convert(
+        path, tmp_path / "t.tbl", image_size=SIZE, classes=CLASSES, fields=["caption", "emb"], progress=False
+    )
     got = tbljax.open(tmp_path / "t.tbl")
     assert {n: f.kind for n, f in got.fields.items()} == {"caption": "str", "emb": "ndarray"}
     assert list(got.field("caption")) == captions
@@ -365,8 +429,14 @@ def test_integer_label_column_is_the_default_label(tmp_path):
 # ---- hostile source files (issue 46): each bad file or record named, skipped or refused as
 # strict= says, never a bare library error; the command exits 1 with one line naming it ------
 
-from _source_files import (damaged_array_record, forge_parquet_rows, jpegs, parquet,  # noqa: E402
-                           tfrecord_header, unreadable_array_records)
+from _source_files import (  # noqa: E402 (on the first line, where ruff format keeps it)
+    damaged_array_record,
+    forge_parquet_rows,
+    jpegs,
+    parquet,
+    tfrecord_header,
+    unreadable_array_records,
+)
 
 
 def convert_small(src, dst, **kw):
@@ -416,8 +486,9 @@ def test_parquet_declaring_fewer_rows_than_its_columns_hold_is_reported(tmp_path
     s = convert_small(path, tmp_path / "p.tbl")
     assert s.written == 20
     (report,) = s.skipped
-    assert "row group 0 declares 20 rows, its column 'image.bytes' holds 40 values; 20 rows read" \
-        in report["reason"], report
+    assert "row group 0 declares 20 rows, its column 'image.bytes' holds 40 values; 20 rows read" in report["reason"], (
+        report
+    )
 
 
 def _tfrecord_of_2_40(path, image):
@@ -440,14 +511,16 @@ def hostile(tmp_path_factory):
     good = d / "good.parquet"
     parquet(good, jpegs(4))
     (d / "text.parquet").write_bytes(b"not parquet at all " * 10)
-    (d / "cut.parquet").write_bytes(good.read_bytes()[:len(good.read_bytes()) // 2])
+    (d / "cut.parquet").write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
     (d / "text.array_record").write_bytes(b"not an array record " * 10)
     parquet(d / "nolabel.parquet", jpegs(3), label=False)
-    return {"tfrecord-2**40": ([d / "huge.tfrecord"], "huge.tfrecord record 1: truncated (100 of 1099511627776 bytes)"),
-            "not-parquet": ([d / "text.parquet"], "text.parquet: not a readable Parquet file"),
-            "truncated-parquet": ([d / "cut.parquet"], "cut.parquet: not a readable Parquet file"),
-            "not-array-record": ([d / "text.array_record"], "text.array_record: not a readable ArrayRecord file"),
-            "later-parquet-without-label": ([good, d / "nolabel.parquet"], "nolabel.parquet: has no column 'label'")}
+    return {
+        "tfrecord-2**40": ([d / "huge.tfrecord"], "huge.tfrecord record 1: truncated (100 of 1099511627776 bytes)"),
+        "not-parquet": ([d / "text.parquet"], "text.parquet: not a readable Parquet file"),
+        "truncated-parquet": ([d / "cut.parquet"], "cut.parquet: not a readable Parquet file"),
+        "not-array-record": ([d / "text.array_record"], "text.array_record: not a readable ArrayRecord file"),
+        "later-parquet-without-label": ([good, d / "nolabel.parquet"], "nolabel.parquet: has no column 'label'"),
+    }
 
 
 @pytest.mark.parametrize("case", HOSTILE)
@@ -485,10 +558,13 @@ def test_hostile_files_exit_1_from_the_command_with_one_line(hostile, tmp_path):
     """`tbljax convert --strict` on each: exit 1, one line naming the file, no traceback (in one
     child limited to 4 GiB of address space)."""
     cases = hostile
-    argv = {case: ["convert", *map(str, paths), "-o", str(tmp_path / f"{case}.tbl"), "-s", "8", "--strict", "-q"]
-            for case, (paths, _) in cases.items()}
-    r = subprocess.run([sys.executable, "-c", _CLI_CHILD, json.dumps(argv)], capture_output=True, text=True,
-                       timeout=120)
+    argv = {
+        case: ["convert", *map(str, paths), "-o", str(tmp_path / f"{case}.tbl"), "-s", "8", "--strict", "-q"]
+        for case, (paths, _) in cases.items()
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", _CLI_CHILD, json.dumps(argv)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     for case, (status, err) in json.loads(r.stdout).items():
         lines = err.strip().splitlines()

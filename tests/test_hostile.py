@@ -1,6 +1,7 @@
 """Hostile arguments: every public function given wrong types, shapes, ranges, empty and
 damaged files, and files replaced or truncated while open. Each must answer with a clear
 exception naming what is wrong, never a crash, a hang or a silently wrong result."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,8 @@ import numpy as np
 import pytest
 
 import tbljax
-from tbljax import _core
+from tbljax import _core, order
 from tbljax._src.engine import kernels
-from tbljax import order
 from tbljax._src.file.format import Writer
 
 from _loader_testing import images, write_tbl
@@ -41,9 +41,18 @@ def f(tmp_path_factory):
     (d / "short.tbl").write_bytes(b"TBL\x02")
     (d / "zero.tbl").write_bytes(b"")
     (d / "folder").mkdir()
-    return types.SimpleNamespace(dir=d, imgs=imgs, raw=d / "raw.tbl", empty=d / "empty.tbl",
-                                 jpeg=d / "jpeg.tbl", text=d / "notes.txt", short=d / "short.tbl",
-                                 zero=d / "zero.tbl", folder=d / "folder", ds=tbljax.open(d / "raw.tbl"))
+    return types.SimpleNamespace(
+        dir=d,
+        imgs=imgs,
+        raw=d / "raw.tbl",
+        empty=d / "empty.tbl",
+        jpeg=d / "jpeg.tbl",
+        text=d / "notes.txt",
+        short=d / "short.tbl",
+        zero=d / "zero.tbl",
+        folder=d / "folder",
+        ds=tbljax.open(d / "raw.tbl"),
+    )
 
 
 def out(b=2, dtype=np.float32, h=H, w=W):
@@ -55,6 +64,8 @@ def u8(b=2, h=H, w=W):
 
 
 # (id, call, exception, what the message must say)
+# One hostile input a line: the table reads best unwrapped.
+# fmt: off
 CASES = [
     # ---- tbljax.open / Dataset ----
     ("open-None", lambda f: tbljax.open(None), TypeError, "path or a list of paths, got NoneType"),
@@ -226,6 +237,7 @@ CASES = [
     ("resize-float", lambda f: _core.resize(np.zeros((4, 4, 3), np.float32), 2), TypeError, "incompatible function arguments"),
     ("encode-quality", lambda f: _core.encode_jpeg(u8(1)[0], 0), ValueError, r"quality must be in \[1, 100\]"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("call, exc, match", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -262,6 +274,8 @@ def test_writer_hostile_input_leaves_no_file(f):
 # ---------------------------------------------------------------------------------------------
 # Damaged metadata: the dataset block's JSON is as untrusted as the rest of the file.
 
+# One hostile input a line: the table reads best unwrapped.
+# fmt: off
 META_CASES = {
     "labels-not-object": ({"labels": "x"}, "'labels' must be"),
     "labels-bad-base64": ({"labels": {"base64": "!!!"}}, "'labels' must be base64 of 2 integers"),
@@ -282,6 +296,7 @@ META_CASES = {
     "not-an-object": ([1, 2], "not a JSON object"),
     "not-json": ("{{{", "not valid JSON"),
 }
+# fmt: on
 
 
 @pytest.mark.parametrize("name", sorted(META_CASES))
@@ -294,8 +309,13 @@ def test_damaged_dataset_metadata(tmp_path, name, kind):
         if kind == "raw":
             w.add(np.full(4 * 4 * 3, k, np.uint8), _core.FORMATS["RAW_U8"], 4, 4, False)
         else:
-            w.add(np.frombuffer(_core.encode_jpeg(np.full((8, 8, 3), k, np.uint8)), np.uint8),
-                  _core.FORMATS["JPEG"], 8, 8, False)
+            w.add(
+                np.frombuffer(_core.encode_jpeg(np.full((8, 8, 3), k, np.uint8)), np.uint8),
+                _core.FORMATS["JPEG"],
+                8,
+                8,
+                False,
+            )
     w.finalize(meta if isinstance(meta, str) else json.dumps(meta))
     ds = tbljax.open(p)  # the header, index and block checksum are fine: open is O(1)
     with pytest.raises(tbljax.CorruptFileError, match=f"m.tbl: .*{match}"):
@@ -306,6 +326,7 @@ def test_damaged_dataset_metadata(tmp_path, name, kind):
 
 # ---------------------------------------------------------------------------------------------
 # A file replaced, rewritten or truncated while a Dataset or loader has it open.
+
 
 def _old_mtime(p):
     # Modification times have a coarse clock: start from one well in the past, so a rewrite
@@ -346,7 +367,9 @@ def test_file_truncated_under_a_loader_fails_the_next_batch(tmp_path):
     # thread cannot fault on them whatever it is doing; the size no longer matches.
     os.truncate(p, tbljax.open(p).info(11).offset + imgs[0].nbytes)
     served = 0
-    with pytest.raises(tbljax.CorruptFileError, match=r"a.tbl: the file changed on disk while open \(size \d+ -> \d+ bytes\)"):
+    with pytest.raises(
+        tbljax.CorruptFileError, match=r"a.tbl: the file changed on disk while open \(size \d+ -> \d+ bytes\)"
+    ):
         for batch in it:  # prefetched batches (built before the cut) may still arrive
             image, index = _rows(batch)
             np.testing.assert_array_equal(image, imgs[index])
@@ -378,9 +401,13 @@ def test_file_truncated_under_a_dataset_fails_every_read(tmp_path):
     ds = tbljax.open(p)
     cut = 4096 + imgs[0].nbytes * 3  # records 3.. are gone
     os.truncate(p, cut)
-    for call in (lambda: ds.read(5), lambda: ds.read_into(np.array([5]), np.empty((1, 6, 5, 3), np.uint8)),
-                 lambda: ds.verify(), lambda: ds.check_unchanged(),
-                 lambda: tbljax.loader(ds, 4, dtype="uint8").__iter__().__next__()):
+    for call in (
+        lambda: ds.read(5),
+        lambda: ds.read_into(np.array([5]), np.empty((1, 6, 5, 3), np.uint8)),
+        lambda: ds.verify(),
+        lambda: ds.check_unchanged(),
+        lambda: tbljax.loader(ds, 4, dtype="uint8").__iter__().__next__(),
+    ):
         with pytest.raises(tbljax.CorruptFileError, match=rf"size \d+ -> {cut} bytes"):
             call()
     with pytest.raises(tbljax.CorruptFileError, match="truncated"):
@@ -430,8 +457,9 @@ def test_foreign_per_sample_metadata(tmp_path):
     with Writer(p, 3) as w:  # no dataset block: labels come from per-sample blocks
         for im in images(3):
             w.add_raw(im)
-    _with_sample_metadata(p, [(0, b'{"label": 4, "key": "a"}'), (1, b"not json"), (2, b'{"cls": true}'),
-                              (99, b'{"label": 1}')])
+    _with_sample_metadata(
+        p, [(0, b'{"label": 4, "key": "a"}'), (1, b"not json"), (2, b'{"cls": true}'), (99, b'{"label": 1}')]
+    )
     ds = tbljax.open(p)
     assert ds.labels.tolist() == [4, -1, -1] and ds.keys == ["a", "", ""]
     _with_sample_metadata(p, [(1, b'{"label": 1180591620717411303424}')])

@@ -2,6 +2,7 @@
 values never wrapped by JAX, mixture options applied or refused by name, damaged field values
 and metadata as CorruptFileError naming file, record and field, field indices by `read`'s
 rules, `pad` lengths refused before allocating. Each value is compared with the source's."""
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,20 @@ def tbl(tmp_path_factory):
     d = tmp_path_factory.mktemp("hf")
     imgs = np.random.default_rng(0).integers(0, 255, (N, 8, 8, 3), np.uint8)
     path = str(d / "a.tbl")
-    tbljax.convert({"image": imgs, "label": np.arange(N) % 3, "caption": CAPTIONS, "tags": TAGS,
-                    "big": BIG, "small": np.arange(N, dtype=np.int64) - 5, "tok": TOKS},
-                   path, image_size=8, progress=False)
+    tbljax.convert(
+        {
+            "image": imgs,
+            "label": np.arange(N) % 3,
+            "caption": CAPTIONS,
+            "tags": TAGS,
+            "big": BIG,
+            "small": np.arange(N, dtype=np.int64) - 5,
+            "tok": TOKS,
+        },
+        path,
+        image_size=8,
+        progress=False,
+    )
     return path
 
 
@@ -82,13 +94,17 @@ def test_mixture_options_are_applied_or_refused_by_name(tbl):
     m = tbljax.mix({1: ds, 2: ds}, {1: 1, 2: 1}, steps_per_epoch=2, label_offset={1: 1000})
     assert m.label_offsets == (1000, 0)
     np.testing.assert_array_equal(m.labels[:N], np.arange(N) % 3 + 1000)
-    bad = [(({1: ds, "1": ds}, {1: 1, "1": 1}, {}), r"sources has keys 1 and '1'"),
-           (({"a": ds, "b": ds}, {"a": 1, "b": "x"}, {}), r"weights\['b'\] must be a finite number"),
-           (({"a": ds, "b": ds}, {"a": 1, "b": 1}, {"label_offset": {"a": 1.5}}), r"label_offset\['a'\]"),
-           (({"a": ds, "b": ds}, {"a": 1, "b": 1}, {"label_offset": {"a": 2**32 + 5}}), r"label_offset\['a'\]"),
-           (({"a": ds, "b": ds}, {"a": 1, "b": 1}, {"steps_per_epoch": 10**30}), r"steps_per_epoch"),
-           (({"a": ds, "m": tbljax.mix({"x": ds}, {"x": 1}, steps_per_epoch=2)}, {"a": 1, "m": 1}, {}),
-            r"source 'm' is itself a mixture")]
+    bad = [
+        (({1: ds, "1": ds}, {1: 1, "1": 1}, {}), r"sources has keys 1 and '1'"),
+        (({"a": ds, "b": ds}, {"a": 1, "b": "x"}, {}), r"weights\['b'\] must be a finite number"),
+        (({"a": ds, "b": ds}, {"a": 1, "b": 1}, {"label_offset": {"a": 1.5}}), r"label_offset\['a'\]"),
+        (({"a": ds, "b": ds}, {"a": 1, "b": 1}, {"label_offset": {"a": 2**32 + 5}}), r"label_offset\['a'\]"),
+        (({"a": ds, "b": ds}, {"a": 1, "b": 1}, {"steps_per_epoch": 10**30}), r"steps_per_epoch"),
+        (
+            ({"a": ds, "m": tbljax.mix({"x": ds}, {"x": 1}, steps_per_epoch=2)}, {"a": 1, "m": 1}, {}),
+            r"source 'm' is itself a mixture",
+        ),
+    ]
     for (sources, weights, kw), match in bad:
         kw = {"steps_per_epoch": 2, **kw}
         with pytest.raises((ValueError, TypeError), match=match):
@@ -126,7 +142,7 @@ def test_a_pad_too_long_to_allocate_is_refused_at_construction(tbl):
     b = _first_batch(tbljax.loader(ds, 8, fields=["tok"], pad={"tok": 3}, shuffle=False))
     want = np.zeros((8, 3), np.int32)
     for i in range(8):
-        want[i, :min(3, len(TOKS[i]))] = TOKS[i][:3]
+        want[i, : min(3, len(TOKS[i]))] = TOKS[i][:3]
     np.testing.assert_array_equal(np.asarray(b["tok"]), want)
 
 
@@ -140,8 +156,8 @@ def _damaged(tbl, tmp_path, field, block, at, byte=None, delta=0):
     if byte is not None:
         data[pos] = byte
     else:  # an int64 offset moved by delta
-        v = int.from_bytes(data[pos:pos + 8], "little") + delta
-        data[pos:pos + 8] = v.to_bytes(8, "little", signed=True)
+        v = int.from_bytes(data[pos : pos + 8], "little") + delta
+        data[pos : pos + 8] = v.to_bytes(8, "little", signed=True)
     out = tmp_path / "damaged.tbl"
     out.write_bytes(bytes(data))
     del ds
@@ -176,24 +192,26 @@ def _with_fields_meta(tmp_path, fields_meta, name="m.tbl"):
         w.add(np.zeros(4 * 4 * 3, np.uint8), FORMATS["RAW_U8"], 4, 4, False)
     data = np.arange(2, dtype="<i8").view(np.uint8)
     blk = {"offset": int(w.add_extra(data, 64)), "bytes": data.size, "crc32": _core.crc32(data, 0)}
-    meta = {"tbljax_metadata": 1, "num_records": 2,
-            "fields": {k: {**v, "values": blk} for k, v in fields_meta.items()}}
+    meta = {"tbljax_metadata": 1, "num_records": 2, "fields": {k: {**v, "values": blk} for k, v in fields_meta.items()}}
     w.finalize(json.dumps(meta))
     return path
 
 
-@pytest.mark.parametrize("fields_meta,match", [
-    ({"x": {"kind": "ndarray", "dtype": None, "shape": []}}, "dtype is a numeric NumPy dtype"),
-    ({"x": {"kind": "ndarray", "dtype": "<U4", "shape": []}}, "dtype is a numeric NumPy dtype"),
-    ({"x": {"kind": "ndarray", "dtype": "<i8", "shape": [2**39, 2**39]}}, "shape"),
-    ({"x": {"kind": "str", "dtype": "<i8", "shape": []}}, "dtype null and shape"),
-    # fuzz/fuzz_fields.py's finding 3 (seed 0, run 43): a TypeError from np.dtype before
-    ({"x": {"kind": "str", "dtype": 2147483648, "shape": []}}, "dtype null and shape"),
-    ({"label": {"kind": "ndarray", "dtype": "<i8", "shape": []}}, "field name 'label'"),
-    ({"index": {"kind": "ndarray", "dtype": "<i8", "shape": []}}, "field name 'index'"),
-    ({"image": {"kind": "ndarray", "dtype": "<i8", "shape": []}}, "field name 'image'"),
-    ({"tok_length": {"kind": "ndarray", "dtype": "<i8", "shape": []}}, "field name 'tok_length'"),
-])
+@pytest.mark.parametrize(
+    "fields_meta,match",
+    [
+        ({"x": {"kind": "ndarray", "dtype": None, "shape": []}}, "dtype is a numeric NumPy dtype"),
+        ({"x": {"kind": "ndarray", "dtype": "<U4", "shape": []}}, "dtype is a numeric NumPy dtype"),
+        ({"x": {"kind": "ndarray", "dtype": "<i8", "shape": [2**39, 2**39]}}, "shape"),
+        ({"x": {"kind": "str", "dtype": "<i8", "shape": []}}, "dtype null and shape"),
+        # fuzz/fuzz_fields.py's finding 3 (seed 0, run 43): a TypeError from np.dtype before
+        ({"x": {"kind": "str", "dtype": 2147483648, "shape": []}}, "dtype null and shape"),
+        ({"label": {"kind": "ndarray", "dtype": "<i8", "shape": []}}, "field name 'label'"),
+        ({"index": {"kind": "ndarray", "dtype": "<i8", "shape": []}}, "field name 'index'"),
+        ({"image": {"kind": "ndarray", "dtype": "<i8", "shape": []}}, "field name 'image'"),
+        ({"tok_length": {"kind": "ndarray", "dtype": "<i8", "shape": []}}, "field name 'tok_length'"),
+    ],
+)
 def test_bad_field_metadata_is_a_corrupt_file_everywhere(tmp_path, fields_meta, match):
     path = _with_fields_meta(tmp_path, fields_meta)
     ds = tbljax.open(path)
@@ -211,8 +229,7 @@ def test_good_field_metadata_written_by_hand_reads_back(tmp_path):
 def test_conversion_refuses_the_batch_s_own_keys_as_field_names(tmp_path, name):
     imgs = np.zeros((2, 4, 4, 3), np.uint8)
     with pytest.raises(ValueError, match=rf"field name '{name}'"):
-        tbljax.convert({"image": imgs, name: np.arange(2)}, str(tmp_path / "x.tbl"), image_size=4,
-                       progress=False)
+        tbljax.convert({"image": imgs, name: np.arange(2)}, str(tmp_path / "x.tbl"), image_size=4, progress=False)
 
 
 # ---- item 10: a state of another mixture ----
@@ -220,8 +237,10 @@ def test_a_state_of_another_mixture_says_what_differs(tbl):
     ds = tbljax.open(tbl)
     a = tbljax.mix({"a": ds, "b": ds}, {"a": 1, "b": 1}, steps_per_epoch=4)
     state = tbljax.loader(a, 8, fields=None).state_dict()
-    for other, match in [({"a": 1, "b": 3}, r"weights \(state \[1.0, 1.0\], this loader \[1.0, 3.0\]\)"),
-                         ({"a": 1, "c": 1}, r"sources \(state \['a', 'b'\], this loader \['a', 'c'\]\)")]:
+    for other, match in [
+        ({"a": 1, "b": 3}, r"weights \(state \[1.0, 1.0\], this loader \[1.0, 3.0\]\)"),
+        ({"a": 1, "c": 1}, r"sources \(state \['a', 'b'\], this loader \['a', 'c'\]\)"),
+    ]:
         b = tbljax.mix({n: ds for n in other}, other, steps_per_epoch=4)
         with pytest.raises(ValueError, match=r"the mixtures differ in " + match):
             tbljax.loader(b, 8, fields=None).load_state_dict(state)

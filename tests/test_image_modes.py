@@ -1,6 +1,7 @@
 """Issue 45 item 2: every image mode Pillow opens converts to the 8-bit RGB of the rule in
 docs/reference.md ("Image modes"), each checked against a NumPy computation from the source
 pixels (a 16-bit PNG once turned almost white: Pillow's convert("RGB") clips at 255)."""
+
 from __future__ import annotations
 
 import io
@@ -35,8 +36,13 @@ def png16(a: np.ndarray) -> bytes:
 
     def chunk(t, d):
         return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, {3: 2, 4: 6}[c], 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, {3: 2, 4: 6}[c], 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
 
 
 def cmyk_jpeg(ycck: bool) -> tuple[bytes, np.ndarray]:

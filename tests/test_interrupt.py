@@ -8,6 +8,7 @@ serves its one-step pass, and again, forever; the parent interrupts it at random
 the child catches all but the last interrupt and reports the loader threads still alive. The
 moments that broke it (engine/producer.py, `Pass`): between two thread starts, inside one,
 while a pass closes, and when the interpreter exits under a thread inside a native call."""
+
 from __future__ import annotations
 
 import os
@@ -76,8 +77,7 @@ def files(tmp_path_factory):
     images = np.random.default_rng(0).integers(0, 256, (64, 80, 80, 3), dtype=np.uint8)
     labels = np.arange(64) % 5
     compact, raw = d / "compact.tbl", d / "raw.tbl"
-    tbljax.convert((images, labels), compact, image_size=64, format="jpeg", quality=90,
-                   progress=False)
+    tbljax.convert((images, labels), compact, image_size=64, format="jpeg", quality=90, progress=False)
     tbljax.convert((images, labels), raw, image_size=64, progress=False)
     assert tbljax.open(compact).compact
     return str(compact), str(raw)
@@ -89,8 +89,13 @@ def _interrupt(kind, files, rounds, seed):
     stderr)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [TESTS, env.get("PYTHONPATH", "")] if p)
-    p = subprocess.Popen([sys.executable, "-c", CHILD, kind, *files, str(rounds)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", CHILD, kind, *files, str(rounds)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     rng, left, err = random.Random(seed), [], []
     # stderr is read as it comes, so that a child writing a lot never blocks on a full pipe.
     reader = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)

@@ -6,20 +6,20 @@ decode, which fails on every libjpeg warning), the cases it fails on and the one
 about, and the real photos at ImageNet geometry. Every test runs on every SIMD target this CPU
 has: the decoder's loop is compiled for the baseline ISA and for the avx2 target
 (ffi/core/jpeg/jpeg_entropy.inc), and TBLJAX_SIMD / set_kernel_target choose between them."""
+
 from __future__ import annotations
 
 import io
 
 import numpy as np
 import pytest
+from conftest import shared_dir
 from PIL import Image
+from test_compact_serve import box_classes, box_pixels, pil_decode, scan_start, source_of, textured
+from test_restart_decode import MCU, encode, per_row, restart_interval, restart_segments, zero_segment
 
 import tbljax
 from tbljax import _core
-
-from conftest import shared_dir
-from test_compact_serve import box_classes, box_pixels, pil_decode, scan_start, source_of, textured
-from test_restart_decode import MCU, encode, per_row, restart_interval, restart_segments, zero_segment
 
 R = 2  # what compact records carry
 
@@ -86,7 +86,7 @@ def test_fuzzed_records_decode_as_libjpeg_turbo_decodes_them(kind):
             outcomes["stricter"] += 1
             continue
         assert ref is not None, f"mutation {n}: libjpeg-turbo fails, the box decoded"
-        np.testing.assert_array_equal(got, ref[:box[2], :box[3]], err_msg=f"mutation {n}")
+        np.testing.assert_array_equal(got, ref[: box[2], : box[3]], err_msg=f"mutation {n}")
         outcomes["same"] += 1
     # The fuzzing reached both sides: records that still decode, and damage that fails.
     assert outcomes["same"] > 20 and outcomes["both fail"] > 20, outcomes
@@ -108,7 +108,7 @@ def test_the_damage_it_fails_on_is_named():
         box_pixels(source_of([ones], [(h, w)]), 0, box)
     assert decoded(ones) is None  # libjpeg-turbo fails too
     a, b = segs[0]
-    short = segment_with(blob, segs[0], blob[a:a + (b - a) // 2])
+    short = segment_with(blob, segs[0], blob[a : a + (b - a) // 2])
     with pytest.raises(tbljax.DecodeError, match="premature end of data segment"):
         box_pixels(source_of([short], [(h, w)]), 0, box)
     assert decoded(short) is None
@@ -128,12 +128,9 @@ def test_the_first_damage_in_the_record_is_the_one_named():
     (a0, b0), (a1, b1) = segs[0], segs[1]
     ones = b"\xff\x00" * 40
     # Later segments first, so the earlier one's offsets still hold.
-    short_then_bad = segment_with(segment_with(blob, segs[1], ones), segs[0],
-                                  blob[a0:a0 + (b0 - a0) // 2])
-    bad_then_short = segment_with(segment_with(blob, segs[1], blob[a1:a1 + (b1 - a1) // 2]),
-                                  segs[0], ones)
-    for damaged, first in [(short_then_bad, "premature end of data segment"),
-                           (bad_then_short, "bad Huffman code")]:
+    short_then_bad = segment_with(segment_with(blob, segs[1], ones), segs[0], blob[a0 : a0 + (b0 - a0) // 2])
+    bad_then_short = segment_with(segment_with(blob, segs[1], blob[a1 : a1 + (b1 - a1) // 2]), segs[0], ones)
+    for damaged, first in [(short_then_bad, "premature end of data segment"), (bad_then_short, "bad Huffman code")]:
         assert decoded(damaged) is None  # libjpeg-turbo fails too
         with pytest.raises(tbljax.DecodeError, match=first):
             box_pixels(source_of([damaged], [(h, w)]), 0, box)
@@ -142,8 +139,7 @@ def test_the_first_damage_in_the_record_is_the_one_named():
 def optimized(img: np.ndarray, subsampling: int) -> bytes:
     """Pillow's encoder with Huffman tables optimized for this image, restart every 2 MCUs."""
     buf = io.BytesIO()
-    Image.fromarray(img).save(buf, "JPEG", quality=85, optimize=True, subsampling=subsampling,
-                              restart_marker_blocks=R)
+    Image.fromarray(img).save(buf, "JPEG", quality=85, optimize=True, subsampling=subsampling, restart_marker_blocks=R)
     if restart_interval(buf.getvalue()) != R:
         pytest.skip("this Pillow writes no restart markers (restart_marker_blocks)")
     return buf.getvalue()
@@ -154,16 +150,22 @@ def test_a_tables_change_between_records_is_seen():
     libjpeg's standard tables and with tables optimized per image decode alternately, each as
     libjpeg-turbo decodes it."""
     h, w = 48, 64
-    blobs = [encode(textured(h, w, seed=1), "420", R), optimized(textured(h, w, seed=2), 2),
-             encode(textured(h, w, seed=3), "gray", R), optimized(textured(h, w, seed=4), 0),
-             optimized(textured(h, w, seed=5), 2), encode(textured(h, w, seed=6), "444", R)]
-    tables = [blob[blob.index(b"\xff\xc4"):scan_start(blob)] for blob in blobs]
+    blobs = [
+        encode(textured(h, w, seed=1), "420", R),
+        optimized(textured(h, w, seed=2), 2),
+        encode(textured(h, w, seed=3), "gray", R),
+        optimized(textured(h, w, seed=4), 0),
+        optimized(textured(h, w, seed=5), 2),
+        encode(textured(h, w, seed=6), "444", R),
+    ]
+    tables = [blob[blob.index(b"\xff\xc4") : scan_start(blob)] for blob in blobs]
     assert all(a != b for a, b in zip(tables, tables[1:]))  # each differs from the one before
     src = source_of(blobs, [(h, w)] * len(blobs))
     for _pass in range(2):
         for i, blob in enumerate(blobs):
-            np.testing.assert_array_equal(box_pixels(src, i, (3, 5, 20, 30)),
-                                          pil_decode(blob)[3:23, 5:35], err_msg=f"record {i}")
+            np.testing.assert_array_equal(
+                box_pixels(src, i, (3, 5, 20, 30)), pil_decode(blob)[3:23, 5:35], err_msg=f"record {i}"
+            )
 
 
 def with_long_dc_symbol(blob: bytes) -> bytes:
@@ -172,12 +174,12 @@ def with_long_dc_symbol(blob: bytes) -> bytes:
     which never uses it, decodes the same)."""
     at = blob.index(b"\xff\xc4")
     length = blob[at + 2] << 8 | blob[at + 3]
-    seg = bytearray(blob[at + 4:at + 2 + length])
+    seg = bytearray(blob[at + 4 : at + 2 + length])
     assert seg[0] == 0x00  # class 0 (DC), table 0 comes first in libjpeg's DHT
     n = sum(seg[1:17])
     seg[16] += 1  # one more code of length 16
-    seg[17 + n:17 + n] = b"\x0f"
-    return blob[:at + 2] + (length + 1).to_bytes(2, "big") + bytes(seg) + blob[at + 2 + length:]
+    seg[17 + n : 17 + n] = b"\x0f"
+    return blob[: at + 2] + (length + 1).to_bytes(2, "big") + bytes(seg) + blob[at + 2 + length :]
 
 
 def test_tables_with_symbols_too_long_for_two_per_refill():
@@ -194,8 +196,9 @@ def test_tables_with_symbols_too_long_for_two_per_refill():
         src = source_of([long_], [(h, w)])
         for box in ((0, 0, h, w), (5, 7, 30, 41), (17, 40, 40, 50)):
             y0, x0, bh, bw = box
-            np.testing.assert_array_equal(box_pixels(src, 0, box), whole[y0:y0 + bh, x0:x0 + bw],
-                                          err_msg=f"{kind} {box}")
+            np.testing.assert_array_equal(
+                box_pixels(src, 0, box), whole[y0 : y0 + bh, x0 : x0 + bw], err_msg=f"{kind} {box}"
+            )
 
 
 def last_coefficient_blocks(h: int, w: int, seed: int) -> np.ndarray:
@@ -227,8 +230,7 @@ def test_a_block_that_ends_at_its_last_coefficient():
     src = source_of([blob], [(h, w)])
     for box in ((0, 0, h, w), (3, 9, 30, 70), (17, 40, 8, 50), (40, 120, 8, 8)):
         y0, x0, bh, bw = box
-        np.testing.assert_array_equal(box_pixels(src, 0, box), whole[y0:y0 + bh, x0:x0 + bw],
-                                      err_msg=f"{box}")
+        np.testing.assert_array_equal(box_pixels(src, 0, box), whole[y0 : y0 + bh, x0 : x0 + bw], err_msg=f"{box}")
 
 
 def header_segments(blob: bytes) -> list[tuple[int, bytes]]:
@@ -236,7 +238,7 @@ def header_segments(blob: bytes) -> list[tuple[int, bytes]]:
     out, pos, end = [], 2, scan_start(blob)
     while pos < end:
         length = blob[pos + 2] << 8 | blob[pos + 3]
-        out.append((blob[pos + 1], blob[pos:pos + 2 + length]))
+        out.append((blob[pos + 1], blob[pos : pos + 2 + length]))
         pos += 2 + length
     return out
 
@@ -245,8 +247,8 @@ def one_table_each(dht: bytes) -> list[bytes]:
     """A DHT segment as one DHT segment per table it defines."""
     body, out = dht[4:], []
     while body:
-        table = body[:17 + sum(body[1:17])]
-        body = body[len(table):]
+        table = body[: 17 + sum(body[1:17])]
+        body = body[len(table) :]
         out.append(b"\xff\xc4" + (2 + len(table)).to_bytes(2, "big") + table)
     return out
 
@@ -266,16 +268,20 @@ def test_huffman_tables_anywhere_in_the_header_or_none():
         variants = {"tables first": tables + others, "no tables": others}
         want = pil_decode(plain)
         for name, header in variants.items():
-            blob = plain[:2] + b"".join(header) + plain[scan_start(plain):]
+            blob = plain[:2] + b"".join(header) + plain[scan_start(plain) :]
             np.testing.assert_array_equal(pil_decode(blob), want)  # libjpeg-turbo reads it alike
             src = source_of([blob], [(h, w)])
             for y0, x0, bh, bw in ((0, 0, h, w), (5, 7, 30, 41), (17, 40, 31, 50)):
-                np.testing.assert_array_equal(box_pixels(src, 0, (y0, x0, bh, bw)),
-                                              want[y0:y0 + bh, x0:x0 + bw], err_msg=f"{kind} {name}")
+                np.testing.assert_array_equal(
+                    box_pixels(src, 0, (y0, x0, bh, bw)), want[y0 : y0 + bh, x0 : x0 + bw], err_msg=f"{kind} {name}"
+                )
             # Damage above the box goes unnoticed: only its restart segments were decoded.
             damaged = zero_segment(blob, restart_segments(blob)[0])
-            np.testing.assert_array_equal(box_pixels(source_of([damaged], [(h, w)]), 0, (32, 40, 16, 56)),
-                                          want[32:, 40:], err_msg=f"{kind} {name}")
+            np.testing.assert_array_equal(
+                box_pixels(source_of([damaged], [(h, w)]), 0, (32, 40, 16, 56)),
+                want[32:, 40:],
+                err_msg=f"{kind} {name}",
+            )
 
 
 def test_real_photos_at_imagenet_geometry(tmp_path):
@@ -284,11 +290,12 @@ def test_real_photos_at_imagenet_geometry(tmp_path):
     kodak = shared_dir("kodak")
     files = sorted(kodak.rglob("*.jpg"))[::20]
     path = tmp_path / "c.tbl"
-    tbljax.convert(files, str(path), image_size=256, resize="shorter_side", format="jpeg",
-                   quality=90, chroma="420", progress=False)
+    tbljax.convert(
+        files, str(path), image_size=256, resize="shorter_side", format="jpeg", quality=90, chroma="420", progress=False
+    )
     ds = tbljax.open(str(path))
     views, _counts, offsets, sizes, hs, ws, _raw = ds.jpeg_records()
-    blobs = [bytes(views[0][o:o + s]) for o, s in zip(offsets.tolist(), sizes.tolist())]
+    blobs = [bytes(views[0][o : o + s]) for o, s in zip(offsets.tolist(), sizes.tolist())]
     src = source_of(blobs, list(zip(hs.tolist(), ws.tolist())))
     rng = np.random.default_rng(0)
     for i, blob in enumerate(blobs):
@@ -297,8 +304,7 @@ def test_real_photos_at_imagenet_geometry(tmp_path):
         for _ in range(4):
             bh, bw = int(rng.integers(1, h + 1)), int(rng.integers(1, w // 2 + 1))
             y0, x0 = int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1))
-            np.testing.assert_array_equal(box_pixels(src, i, (y0, x0, bh, bw)),
-                                          whole[y0:y0 + bh, x0:x0 + bw])
+            np.testing.assert_array_equal(box_pixels(src, i, (y0, x0, bh, bw)), whole[y0 : y0 + bh, x0 : x0 + bw])
 
 
 def test_fill_bytes_before_every_marker():
@@ -309,7 +315,7 @@ def test_fill_bytes_before_every_marker():
     blob = encode(textured(h, w, seed=12), "420", R)
     segs = restart_segments(blob)
     assert len(segs) == (h // 16) * (w // 16) // R and segs[-1][1] - segs[0][0] > 6 * 1024
-    out, prev = bytearray(blob[:segs[0][0]]), segs[0][0]
+    out, prev = bytearray(blob[: segs[0][0]]), segs[0][0]
     for j, (_a, b) in enumerate(segs[:-1]):
         out += blob[prev:b] + b"\xff" * (1 + (j * 37) % 70)  # fill, then the marker itself
         prev = b
@@ -319,17 +325,15 @@ def test_fill_bytes_before_every_marker():
     np.testing.assert_array_equal(pil_decode(filled), want)  # libjpeg-turbo skips the fill
     src = source_of([filled], [(h, w)])
     for y0, x0, bh, bw in ((0, 0, h, w), (100, 60, 60, 90), (150, 170, 10, 22), (3, 5, 7, 9)):
-        np.testing.assert_array_equal(box_pixels(src, 0, (y0, x0, bh, bw)),
-                                      want[y0:y0 + bh, x0:x0 + bw])
+        np.testing.assert_array_equal(box_pixels(src, 0, (y0, x0, bh, bw)), want[y0 : y0 + bh, x0 : x0 + bw])
     fill_segs = restart_segments(filled)
     k = len(fill_segs) - 3  # a marker near the end
     at = fill_segs[k][1]
     while filled[at] == 0xFF and filled[at + 1] == 0xFF:  # to the marker after the fill
         at += 1
     assert at > 4096 and filled[at + 1] == 0xD0 + k % 8
-    garbled = filled[:at + 1] + bytes([0xD0 + (k + 1) % 8]) + filled[at + 2:]
-    with pytest.raises(tbljax.DecodeError,
-                       match=f"restart marker {k + 1} is RST{(k + 1) % 8}, expected RST{k % 8}"):
+    garbled = filled[: at + 1] + bytes([0xD0 + (k + 1) % 8]) + filled[at + 2 :]
+    with pytest.raises(tbljax.DecodeError, match=f"restart marker {k + 1} is RST{(k + 1) % 8}, expected RST{k % 8}"):
         box_pixels(source_of([garbled], [(h, w)]), 0, (0, 0, 8, 8))
 
 
@@ -343,8 +347,7 @@ def saturated(h: int, w: int, seed: int) -> np.ndarray:
     return np.ascontiguousarray(corners[rng.integers(0, 8, (ys[-1] + 1, xs[-1] + 1))][ys][:, xs])
 
 
-@pytest.mark.parametrize("hw", [(67, 93), (33, 257), (16, 16), (5, 7), (100, 9), (40, 161),
-                                (9, 3), (6, 4)])
+@pytest.mark.parametrize("hw", [(67, 93), (33, 257), (16, 16), (5, 7), (100, 9), (40, 161), (9, 3), (6, 4)])
 def test_420_boxes_are_the_whole_decode_on_every_target(hw):
     """YCbCr 4:2:0 at scale 1 goes through libjpeg's planes and our upsampling and colour
     conversion (ffi/core/jpeg/jpeg_color.h): every box class of textured and saturated images, at
@@ -359,9 +362,11 @@ def test_420_boxes_are_the_whole_decode_on_every_target(hw):
             for y0, x0, bh, bw in box_classes(h, w, 16, np.random.default_rng(n + quality)):
                 if y0 < 0 or x0 < 0 or y0 + bh > h or x0 + bw > w:
                     continue
-                np.testing.assert_array_equal(box_pixels(src, 0, (y0, x0, bh, bw)),
-                                              whole[y0:y0 + bh, x0:x0 + bw],
-                                              err_msg=f"image {n} q{quality} box={(y0, x0, bh, bw)}")
+                np.testing.assert_array_equal(
+                    box_pixels(src, 0, (y0, x0, bh, bw)),
+                    whole[y0 : y0 + bh, x0 : x0 + bw],
+                    err_msg=f"image {n} q{quality} box={(y0, x0, bh, bw)}",
+                )
 
 
 def test_a_huffman_table_whose_codes_overflow_is_refused():
@@ -372,11 +377,11 @@ def test_a_huffman_table_whose_codes_overflow_is_refused():
     h, w = 32, 64
     blob = bytearray(encode(textured(h, w, seed=13), "420", R))
     at = blob.index(b"\xff\xc4") + 5  # the first table's 16 counts, after its class and slot
-    counts = list(blob[at:at + 16])
+    counts = list(blob[at : at + 16])
     longer = next(i for i in range(1, 16) if counts[i] >= 3)
     counts[0] += 3
     counts[longer] -= 3
-    blob[at:at + 16] = bytes(counts)
+    blob[at : at + 16] = bytes(counts)
     bad = bytes(blob)
     assert decoded(bad) is None  # libjpeg-turbo: "Bogus Huffman table definition"
     for box in [(0, 0, 8, 8), (0, 0, h, w)]:

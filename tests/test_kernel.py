@@ -1,24 +1,29 @@
 """Tests of the serve kernel (tbljax.kernels.gather) against a plain NumPy reference written
 here: float64 normalization, the integer crop-resize formula of ffi/core/serve/kernel.h written out
 directly, every dtype x layout x crop x flip x shards, every SIMD target, and the errors."""
+
 import itertools
 import os
+import platform
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-import oracle
 import pytest
 
-from oracle import crop_resize as ref_crop_resize  # noqa: F401
-from oracle import nearest_bf16_bits
-from oracle import table as reference_table
-from oracle import axis_weights as ref_weights
+import tbljax
 from tbljax import _core
 from tbljax._src.engine import kernels
 from tbljax._src.engine.ring import aligned_empty
+
+import oracle
+from oracle import axis_weights as ref_weights
+from oracle import crop_resize as ref_crop_resize  # noqa: F401
+from oracle import nearest_bf16_bits
+from oracle import table as reference_table
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -35,10 +40,43 @@ def _restore_target():
 
 NORM_PATHS = ["affine-f32", "affine-f64", "table"]  # how the SIMD targets may normalize
 
+# The kernel's /proc/cpuinfo names of the CPU features the SIMD targets use (simd.h's names).
+CPUINFO_FLAGS = {
+    "avx2": "avx2",
+    "fma": "fma",
+    "bmi": "bmi1",
+    "bmi2": "bmi2",
+    "f16c": "f16c",
+    "popcnt": "popcnt",
+    "pclmul": "pclmulqdq",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512vl": "avx512vl",
+    "avx512dq": "avx512dq",
+}
+
+
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or not Path("/proc/cpuinfo").exists(),
+    reason="x86-64 Linux: the CPU detection checked against /proc/cpuinfo",
+)
+def test_cpu_features_and_targets_are_what_the_linux_kernel_reports():
+    # Independent of the core's CPUID reading: the kernel's flags (it hides AVX where the OS
+    # does not save the registers). A build whose detection reads nothing (zig's runtime left
+    # __builtin_cpu_supports' table empty) would offer only scalar on every CPU.
+    line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
+    flags = set(line.split(":", 1)[1].split())
+    info = tbljax.build_info()
+    assert sorted(info["cpu_features"]) == sorted(n for n, f in CPUINFO_FLAGS.items() if f in flags)
+    avx2 = {"avx2", "fma", "bmi1", "bmi2", "f16c", "popcnt", "pclmulqdq"} <= flags
+    avx512 = avx2 and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags
+    assert TARGETS == ["scalar"] + ["avx2"] * avx2 + ["avx512"] * avx512
+
 
 # ---------------------------------------------------------------------------------------------
 # The reference
 # ---------------------------------------------------------------------------------------------
+
 
 def out_buffer(batch, oh, ow, dtype, layout, fill=0x5A):
     shape = (batch, oh, ow, 3) if layout == "NHWC" else (batch, 3, oh, ow)
@@ -73,6 +111,7 @@ def random_boxes(rng, batch, h, w):
 # ---------------------------------------------------------------------------------------------
 # The reference itself
 # ---------------------------------------------------------------------------------------------
+
 
 def test_reference_weights_identity_bounds_and_antialiasing():
     assert (ref_weights(37, 37) == 2048 * np.eye(37, dtype=np.int64)).all()  # a plain crop
@@ -128,8 +167,7 @@ def test_normalize_contract_all_values(dtype, params, limit):
     assert _core._normalization_path(mean, std, name) == "affine-f32"
     _core._set_normalization_path_limit(limit)
     want_table = reference_table(mean, std, dtype)
-    np.testing.assert_array_equal(bits(kernels.normalize_table(mean, std, dtype)),
-                                  bits(want_table))
+    np.testing.assert_array_equal(bits(kernels.normalize_table(mean, std, dtype)), bits(want_table))
     src = _all_values_source()
     want = want_table[np.arange(3), src[0]]  # (16, 16, 3)
     for target in TARGETS:
@@ -159,16 +197,18 @@ def test_normalize_contract_random_params_every_target():
                 _core.set_kernel_target(target)
                 out = out_buffer(1, 16, 16, dtype, "NHWC")
                 kernels.gather(src, [0], out, mean=mean, std=std)
-                np.testing.assert_array_equal(bits(out[0]), bits(want),
-                                              err_msg=f"trial {trial} {target} {dtype} {limit}")
+                np.testing.assert_array_equal(
+                    bits(out[0]), bits(want), err_msg=f"trial {trial} {target} {dtype} {limit}"
+                )
 
 
 def test_normalize_table_bf16_matches_independent_reference_on_random_params():
     rng = np.random.default_rng(11)
     for _ in range(5):
         mean, std = tuple(rng.uniform(-1, 1, 3)), tuple(rng.uniform(0.05, 2, 3))
-        np.testing.assert_array_equal(bits(kernels.normalize_table(mean, std, BF16)),
-                                      bits(reference_table(mean, std, BF16)))
+        np.testing.assert_array_equal(
+            bits(kernels.normalize_table(mean, std, BF16)), bits(reference_table(mean, std, BF16))
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,11 +234,19 @@ def _shard(records, parts):
 @pytest.mark.parametrize("flip", [False, True], ids=["noflip", "flip"])
 @pytest.mark.parametrize("crop", [False, True], ids=["nocrop", "crop"])
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
-@pytest.mark.parametrize("dtype, limit", [
-    (np.uint8, "affine-f32"),
-    (np.float32, "affine-f32"), (np.float32, "affine-f64"), (np.float32, "table"),
-    (BF16, "affine-f32"), (BF16, "affine-f64"), (BF16, "table"),
-], ids=["uint8", "float32", "float32-f64", "float32-table", "bfloat16", "bfloat16-f64", "bfloat16-table"])
+@pytest.mark.parametrize(
+    "dtype, limit",
+    [
+        (np.uint8, "affine-f32"),
+        (np.float32, "affine-f32"),
+        (np.float32, "affine-f64"),
+        (np.float32, "table"),
+        (BF16, "affine-f32"),
+        (BF16, "affine-f64"),
+        (BF16, "table"),
+    ],
+    ids=["uint8", "float32", "float32-f64", "float32-table", "bfloat16", "bfloat16-f64", "bfloat16-table"],
+)
 def test_gather_matrix(dtype, limit, layout, crop, flip, shards):
     _core._set_normalization_path_limit(limit)
     rng = np.random.default_rng(1)
@@ -209,9 +257,9 @@ def test_gather_matrix(dtype, limit, layout, crop, flip, shards):
     oh, ow = CROP_OUT if crop else (H, W)
     boxes = random_boxes(rng, batch, H, W) if crop else None
     if crop:
-        boxes[0] = (0, 0, H, W)           # the whole image, resized
-        boxes[1] = (3, 2, oh, ow - 10)     # same height: vertical identity
-        boxes[2] = (H - 1, W - 1, 1, 1)   # one pixel
+        boxes[0] = (0, 0, H, W)  # the whole image, resized
+        boxes[1] = (3, 2, oh, ow - 10)  # same height: vertical identity
+        boxes[2] = (H - 1, W - 1, 1, 1)  # one pixel
     flips = (rng.random(batch) < 0.5) if flip else None
     if flip:
         flips[:2] = True
@@ -220,8 +268,7 @@ def test_gather_matrix(dtype, limit, layout, crop, flip, shards):
     for target in TARGETS:
         _core.set_kernel_target(target)
         out = out_buffer(batch, oh, ow, dtype, layout)
-        res = kernels.gather(_shard(records, shards), idx, out, layout=layout, crop=boxes,
-                             flip=flips, **norm)
+        res = kernels.gather(_shard(records, shards), idx, out, layout=layout, crop=boxes, flip=flips, **norm)
         assert res is out
         np.testing.assert_array_equal(bits(out), bits(want), err_msg=target)
 
@@ -244,7 +291,7 @@ def test_large_float32_batches_use_streaming_stores_exactly(layout):
         np.testing.assert_array_equal(bits(out), bits(want), err_msg=target)
         raw = np.empty(out.nbytes + 64, np.uint8)
         start = -raw.ctypes.data % 64 + 4  # 4 bytes past a 64-byte boundary
-        shifted = raw[start:start + out.nbytes].view(np.float32).reshape(shape)
+        shifted = raw[start : start + out.nbytes].view(np.float32).reshape(shape)
         kernels.gather(records, idx, shifted, layout=layout, **norm)
         np.testing.assert_array_equal(bits(shifted), bits(want), err_msg=target)
 
@@ -258,8 +305,9 @@ def test_uint8_and_float_outputs_agree_exactly():
     flips = rng.random(16) < 0.5
     u8 = kernels.gather(records, idx, np.empty((16, 24, 24, 3), np.uint8), crop=boxes, flip=flips)
     for dtype in (np.float32, BF16):
-        out = kernels.gather(records, idx, np.empty((16, 24, 24, 3), dtype), crop=boxes,
-                             flip=flips, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        out = kernels.gather(
+            records, idx, np.empty((16, 24, 24, 3), dtype), crop=boxes, flip=flips, mean=IMAGENET_MEAN, std=IMAGENET_STD
+        )
         table = kernels.normalize_table(IMAGENET_MEAN, IMAGENET_STD, dtype)
         np.testing.assert_array_equal(bits(out), bits(table[np.arange(3), u8]))
 
@@ -273,8 +321,7 @@ def test_default_mean_std_is_x_over_255():
 def test_crop_of_output_size_is_an_exact_crop_and_flip_mirrors():
     records = _records(5, n=4, h=30, w=40)
     boxes = np.array([[4, 7, 20, 25], [0, 0, 20, 25], [10, 15, 20, 25]])
-    out = kernels.gather(records, [1, 2, 3], np.empty((3, 20, 25, 3), np.uint8), crop=boxes,
-                         flip=[False, True, False])
+    out = kernels.gather(records, [1, 2, 3], np.empty((3, 20, 25, 3), np.uint8), crop=boxes, flip=[False, True, False])
     np.testing.assert_array_equal(out[0], records[1, 4:24, 7:32])
     np.testing.assert_array_equal(out[1], records[2, 0:20, 0:25, :][:, ::-1])
     np.testing.assert_array_equal(out[2], records[3, 10:30, 15:40])
@@ -286,16 +333,14 @@ def test_flip_without_resize_all_small_widths():
         records = rng.integers(0, 256, (2, 3, w, 3), dtype=np.uint8)
         for target in TARGETS:
             _core.set_kernel_target(target)
-            out = kernels.gather(records, [1, 0], np.empty((2, 3, w, 3), np.uint8),
-                                 flip=[True, False])
+            out = kernels.gather(records, [1, 0], np.empty((2, 3, w, 3), np.uint8), flip=[True, False])
             np.testing.assert_array_equal(out[0], records[1, :, ::-1], err_msg=f"{target} w={w}")
             np.testing.assert_array_equal(out[1], records[0], err_msg=f"{target} w={w}")
 
 
 def test_resize_of_constant_image_is_constant():
     img = np.full((1, 50, 60, 3), (17, 128, 255), np.uint8)
-    out = kernels.gather(img, [0], np.empty((1, 33, 97, 3), np.uint8),
-                         crop=[[3, 5, 41, 52]], flip=[True])
+    out = kernels.gather(img, [0], np.empty((1, 33, 97, 3), np.uint8), crop=[[3, 5, 41, 52]], flip=[True])
     assert (out == np.array([17, 128, 255], np.uint8)).all()
 
 
@@ -322,24 +367,45 @@ def test_random_resized_crop_sized_batch_every_target():
             np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{target} {layout}")
 
 
-@pytest.mark.parametrize("src_hw, out_hw, boxes", [
-    # Wide boxes: some SIMD resamplers' windows overflow (AVX-512 > 1.27x, AVX2 > ~4x
-    # downscale) and those samples take the scalar loop; the others stay vectorized.
-    ((40, 300), (37, 41), [(0, 0, 40, 300), (5, 10, 30, 50), (0, 200, 40, 100),
-                           (3, 1, 20, 200), (0, 299, 40, 1), (39, 0, 1, 60)]),
-    # Rows shorter than one 16-byte window.
-    ((9, 4), (11, 13), [(0, 0, 9, 4), (2, 1, 5, 3), (8, 3, 1, 1), (0, 0, 9, 4), (1, 0, 3, 4),
-                        (0, 2, 9, 2)]),
-    # Output widths around the vector sizes.
-    ((30, 70), (5, 16), [(0, 0, 30, 70), (1, 2, 20, 16), (0, 50, 5, 20), (3, 3, 3, 3),
-                         (0, 0, 30, 17), (10, 60, 10, 10)]),
-    ((30, 70), (5, 47), [(0, 0, 30, 70), (1, 2, 20, 47), (0, 50, 5, 20), (3, 3, 3, 3),
-                         (0, 0, 30, 48), (10, 60, 10, 10)]),
-    # A full-aspect record shrunk whole and by boxes (the general path's vertical pass takes
-    # rows in pairs: odd and even tap counts; rows of 3 * width bytes not a multiple of 32).
-    ((192, 256), (112, 112), [(0, 0, 192, 256), (7, 9, 120, 120), (0, 100, 150, 156),
-                              (5, 3, 64, 64), (150, 0, 40, 256), (0, 0, 192, 250)]),
-])
+@pytest.mark.parametrize(
+    "src_hw, out_hw, boxes",
+    [
+        # Wide boxes: some SIMD resamplers' windows overflow (AVX-512 > 1.27x, AVX2 > ~4x
+        # downscale) and those samples take the scalar loop; the others stay vectorized.
+        (
+            (40, 300),
+            (37, 41),
+            [(0, 0, 40, 300), (5, 10, 30, 50), (0, 200, 40, 100), (3, 1, 20, 200), (0, 299, 40, 1), (39, 0, 1, 60)],
+        ),
+        # Rows shorter than one 16-byte window.
+        ((9, 4), (11, 13), [(0, 0, 9, 4), (2, 1, 5, 3), (8, 3, 1, 1), (0, 0, 9, 4), (1, 0, 3, 4), (0, 2, 9, 2)]),
+        # Output widths around the vector sizes.
+        (
+            (30, 70),
+            (5, 16),
+            [(0, 0, 30, 70), (1, 2, 20, 16), (0, 50, 5, 20), (3, 3, 3, 3), (0, 0, 30, 17), (10, 60, 10, 10)],
+        ),
+        (
+            (30, 70),
+            (5, 47),
+            [(0, 0, 30, 70), (1, 2, 20, 47), (0, 50, 5, 20), (3, 3, 3, 3), (0, 0, 30, 48), (10, 60, 10, 10)],
+        ),
+        # A full-aspect record shrunk whole and by boxes (the general path's vertical pass takes
+        # rows in pairs: odd and even tap counts; rows of 3 * width bytes not a multiple of 32).
+        (
+            (192, 256),
+            (112, 112),
+            [
+                (0, 0, 192, 256),
+                (7, 9, 120, 120),
+                (0, 100, 150, 156),
+                (5, 3, 64, 64),
+                (150, 0, 40, 256),
+                (0, 0, 192, 250),
+            ],
+        ),
+    ],
+)
 def test_resize_shapes_and_ratios_every_target(src_hw, out_hw, boxes):
     rng = np.random.default_rng(12)
     records = rng.integers(0, 256, (3, *src_hw, 3), dtype=np.uint8)
@@ -347,16 +413,14 @@ def test_resize_shapes_and_ratios_every_target(src_hw, out_hw, boxes):
     batch = len(boxes)
     idx = rng.integers(0, 3, batch)
     for flips in (np.zeros(batch, bool), np.ones(batch, bool)):
-        for dtype, layout in [(np.uint8, "NHWC"), (np.float32, "NCHW"), (np.float32, "NHWC"),
-                              (BF16, "NHWC")]:
+        for dtype, layout in [(np.uint8, "NHWC"), (np.float32, "NCHW"), (np.float32, "NHWC"), (BF16, "NHWC")]:
             norm = {} if dtype == np.uint8 else {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
             want = oracle.gather(records, idx, out_hw, boxes, flips, dtype, layout, **norm)
             for target in TARGETS:
                 _core.set_kernel_target(target)
                 out = out_buffer(batch, *out_hw, dtype, layout)
                 kernels.gather(records, idx, out, layout=layout, crop=boxes, flip=flips, **norm)
-                np.testing.assert_array_equal(bits(out), bits(want),
-                                              err_msg=f"{target} {layout} {dtype}")
+                np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{target} {layout} {dtype}")
 
 
 def test_float32_batches_past_the_caches_take_non_temporal_stores_and_match():
@@ -371,16 +435,16 @@ def test_float32_batches_past_the_caches_take_non_temporal_stores_and_match():
     boxes[:4] = [(0, 0, 176, 200), (10, 20, 90, 70), (5, 5, 160, 160), (3, 30, 170, 120)]
     flips = rng.random(batch) < 0.5
     norm = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
-    want = oracle.gather(records, idx[:4], (160, 160), boxes[:4], flips[:4], np.float32, "NHWC",
-                         **norm)
+    want = oracle.gather(records, idx[:4], (160, 160), boxes[:4], flips[:4], np.float32, "NHWC", **norm)
     for target in TARGETS:
         _core.set_kernel_target(target)
         out = aligned_out_buffer(batch, 160, 160, np.float32, "NHWC")
         kernels.gather(records, idx, out, crop=boxes, flip=flips, **norm)
         np.testing.assert_array_equal(bits(out[:4]), bits(want), err_msg=target)
         # The next 20 as a batch too small to stream (6 MiB): the same bits.
-        small = kernels.gather(records, idx[4:24], np.empty((20, 160, 160, 3), np.float32),
-                               crop=boxes[4:24], flip=flips[4:24], **norm)
+        small = kernels.gather(
+            records, idx[4:24], np.empty((20, 160, 160, 3), np.float32), crop=boxes[4:24], flip=flips[4:24], **norm
+        )
         np.testing.assert_array_equal(bits(out[4:24]), bits(small), err_msg=target)
 
 
@@ -388,11 +452,25 @@ def test_small_batches_split_into_row_bands_match():
     rng = np.random.default_rng(8)
     records = _records(9, n=5, h=64, w=48)
     boxes = random_boxes(rng, 5, 64, 48)
-    full = kernels.gather(records, np.arange(5), np.empty((5, 3, 61, 47), np.float32),
-                          layout="NCHW", crop=boxes, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    full = kernels.gather(
+        records,
+        np.arange(5),
+        np.empty((5, 3, 61, 47), np.float32),
+        layout="NCHW",
+        crop=boxes,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+    )
     for b in range(5):  # batch of 1: the rows are spread over the pool
-        one = kernels.gather(records, [b], np.empty((1, 3, 61, 47), np.float32), layout="NCHW",
-                             crop=boxes[b:b + 1], mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        one = kernels.gather(
+            records,
+            [b],
+            np.empty((1, 3, 61, 47), np.float32),
+            layout="NCHW",
+            crop=boxes[b : b + 1],
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+        )
         np.testing.assert_array_equal(one[0], full[b])
 
 
@@ -484,6 +562,7 @@ def test_target_reporting_and_env_errors():
 # Errors: a clear exception naming the value and the allowed range, never a crash
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def small():
     return _records(n=5)
@@ -507,21 +586,23 @@ def test_error_out_untouched_on_error(small):
     np.testing.assert_array_equal(bits(out), bits(before))
 
 
-@pytest.mark.parametrize("shape, layout, match", [
-    ((2, H, W, 4), "NHWC", r"shape \(B, OH, OW, 3\)"),
-    ((2, H, W, 3), "NCHW", r"shape \(B, 3, OH, OW\)"),
-    ((2, H, W), "NHWC", r"shape \(B, OH, OW, 3\)"),
-    ((3, H, W, 3), "NHWC", "batch size 3 but indices has 2"),
-    ((2, H + 1, W, 3), "NHWC", "without crop boxes the output size must equal the source size"),
-])
+@pytest.mark.parametrize(
+    "shape, layout, match",
+    [
+        ((2, H, W, 4), "NHWC", r"shape \(B, OH, OW, 3\)"),
+        ((2, H, W, 3), "NCHW", r"shape \(B, 3, OH, OW\)"),
+        ((2, H, W), "NHWC", r"shape \(B, OH, OW, 3\)"),
+        ((3, H, W, 3), "NHWC", "batch size 3 but indices has 2"),
+        ((2, H + 1, W, 3), "NHWC", "without crop boxes the output size must equal the source size"),
+    ],
+)
 def test_error_out_shape(small, shape, layout, match):
     with pytest.raises(ValueError, match=match):
         kernels.gather(small, [0, 1], np.empty(shape, np.float32), layout=layout)
 
 
 def test_error_out_dtype_and_layout(small):
-    with pytest.raises(TypeError,
-                       match="out.dtype must be uint8, float32 or bfloat16, got float64"):
+    with pytest.raises(TypeError, match="out.dtype must be uint8, float32 or bfloat16, got float64"):
         kernels.gather(small, [0], np.empty((1, H, W, 3), np.float64))
     with pytest.raises(TypeError, match="out must be a numpy.ndarray"):
         kernels.gather(small, [0], [[0]])
@@ -551,29 +632,38 @@ def test_native_binding_never_converts(small):
     with pytest.raises(TypeError):
         _core.gather(src, idx.astype(np.int32), np.empty((1, H, W, 3), np.float32), *args)
     with pytest.raises(TypeError, match="out_dtype='bfloat16'"):
-        _core.gather(src, idx, np.empty((1, H, W, 3), np.float32), "NHWC", "bfloat16",
-                     [0, 0, 0], [1, 1, 1], None, None)
+        _core.gather(src, idx, np.empty((1, H, W, 3), np.float32), "NHWC", "bfloat16", [0, 0, 0], [1, 1, 1], None, None)
     out = np.empty((2, H, W, 3), np.uint8)
     for flips in (np.array([True, False]), np.array([3, 0], np.uint8)):  # bool or uint8
-        _core.gather(src, np.array([1, 2], np.int64), out, "NHWC", "uint8", [0, 0, 0], [1, 1, 1],
-                     None, flips)
+        _core.gather(src, np.array([1, 2], np.int64), out, "NHWC", "uint8", [0, 0, 0], [1, 1, 1], None, flips)
         np.testing.assert_array_equal(out, [small[1, :, ::-1], small[2]])
     with pytest.raises(TypeError, match="flip must be a uint8 or bool array"):
-        _core.gather(src, np.array([1, 2], np.int64), out, "NHWC", "uint8", [0, 0, 0],
-                     [1, 1, 1], None, np.array([1, 0], np.int32))
+        _core.gather(
+            src,
+            np.array([1, 2], np.int64),
+            out,
+            "NHWC",
+            "uint8",
+            [0, 0, 0],
+            [1, 1, 1],
+            None,
+            np.array([1, 0], np.int32),
+        )
     with pytest.raises(ValueError, match="layout='NWHC'"):
-        _core.gather(src, idx, np.empty((1, H, W, 3), np.float32), "NWHC", "float32",
-                     [0, 0, 0], [1, 1, 1], None, None)
+        _core.gather(src, idx, np.empty((1, H, W, 3), np.float32), "NWHC", "float32", [0, 0, 0], [1, 1, 1], None, None)
 
 
-@pytest.mark.parametrize("mean, std, exc, match", [
-    ((0.5, 0.5), None, ValueError, "mean must have 3 values"),
-    (None, (1, 1, 1, 1), ValueError, "std must have 3 values"),
-    (0.5, None, TypeError, "mean must be a sequence of 3 numbers"),
-    (None, (1, 0, 1), ValueError, r"std\[1\] = 0.0 must be a finite number > 0"),
-    (None, (1, -2, 1), ValueError, r"std\[1\] = -2.0 must be a finite number > 0"),
-    ((0, float("nan"), 0), None, ValueError, r"mean\[1\] = nan must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "mean, std, exc, match",
+    [
+        ((0.5, 0.5), None, ValueError, "mean must have 3 values"),
+        (None, (1, 1, 1, 1), ValueError, "std must have 3 values"),
+        (0.5, None, TypeError, "mean must be a sequence of 3 numbers"),
+        (None, (1, 0, 1), ValueError, r"std\[1\] = 0.0 must be a finite number > 0"),
+        (None, (1, -2, 1), ValueError, r"std\[1\] = -2.0 must be a finite number > 0"),
+        ((0, float("nan"), 0), None, ValueError, r"mean\[1\] = nan must be a finite number"),
+    ],
+)
 def test_error_mean_std(small, mean, std, exc, match):
     with pytest.raises(exc, match=match):
         kernels.gather(small, [0], np.empty((1, H, W, 3), np.float32), mean=mean, std=std)
@@ -584,14 +674,17 @@ def test_error_uint8_with_mean(small):
         kernels.gather(small, [0], np.empty((1, H, W, 3), np.uint8), mean=IMAGENET_MEAN)
 
 
-@pytest.mark.parametrize("box, what", [
-    ((-1, 0, 5, 5), "y0=-1"),
-    ((0, -2, 5, 5), "x0=-2"),
-    ((0, 0, 0, 5), "h=0"),
-    ((0, 0, 5, 0), "w=0"),
-    ((20, 0, 4, 5), "y0=20, x0=0, h=4, w=5"),
-    ((0, 25, 5, 5), "x0=25"),
-])
+@pytest.mark.parametrize(
+    "box, what",
+    [
+        ((-1, 0, 5, 5), "y0=-1"),
+        ((0, -2, 5, 5), "x0=-2"),
+        ((0, 0, 0, 5), "h=0"),
+        ((0, 0, 5, 0), "w=0"),
+        ((20, 0, 4, 5), "y0=20, x0=0, h=4, w=5"),
+        ((0, 25, 5, 5), "x0=25"),
+    ],
+)
 def test_error_crop_box(small, box, what):
     boxes = np.array([(0, 0, H, W), box])
     with pytest.raises(ValueError, match=rf"crop\[1\] = \(.*{what}.*inside the {H}x{W} image"):

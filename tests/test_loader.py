@@ -3,6 +3,7 @@ data[index], labels equal labels[index]; epochs are permutations; padding covers
 once; resume (also with another batch size or process count) repeats and skips nothing;
 augmentation depends only on (seed, epoch, index); host buffers alias jax.Arrays without being
 overwritten; threads always stop. Multi-device and multi-process cases run in subprocesses."""
+
 from __future__ import annotations
 
 import gc
@@ -15,19 +16,18 @@ import threading
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
-import _loader_testing as T
-import jax
-
 import tbljax
-from tbljax._src.rules import augment
-from tbljax._src.engine import kernels
 from tbljax import order
+from tbljax._src.engine import kernels
+from tbljax._src.jax import loader as jax_loader  # noqa: E402
+from tbljax._src.rules import augment
 from tbljax._src.rules.augment import Augment
 
-from tbljax._src.jax import loader as jax_loader  # noqa: E402
+import _loader_testing as T
 
 N, H, W, G = 37, 6, 5, 8
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
@@ -54,24 +54,25 @@ def run(ld, steps=None):
 
 
 def valid_stream(batches):
-    return np.concatenate([b["index"][b["valid"]] if "valid" in b else b["index"]
-                           for b in batches]).tolist()
+    return np.concatenate([b["index"][b["valid"]] if "valid" in b else b["index"] for b in batches]).tolist()
 
 
 def loader_threads():
     return [t for t in threading.enumerate() if t.name == "tbljax-loader"]
 
 
-@pytest.mark.parametrize("dtype,layout", [("float32", "NHWC"), ("float32", "NCHW"),
-                                          ("bfloat16", "NHWC"), ("uint8", "NCHW")])
+@pytest.mark.parametrize(
+    "dtype,layout", [("float32", "NHWC"), ("float32", "NCHW"), ("bfloat16", "NHWC"), ("uint8", "NCHW")]
+)
 def test_batches_equal_numpy_reference(data, dtype, layout):
     imgs, labels, path = data
     ld = tbljax.loader(path, G, seed=5, num_epochs=1, dtype=dtype, layout=layout)
     assert len(ld) == N // G
     batches = run(ld)
     assert len(batches) == N // G
-    np_dtype = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(jax.numpy.bfloat16),
-                "uint8": np.dtype(np.uint8)}[dtype]
+    np_dtype = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(jax.numpy.bfloat16), "uint8": np.dtype(np.uint8)}[
+        dtype
+    ]
     for s, b in enumerate(batches):
         idx = b["index"]
         assert set(b) == {"image", "label", "index"}
@@ -118,10 +119,9 @@ def test_resume_mid_epoch_gives_the_identical_stream(data):
     _, _, path = data
     full = run(tbljax.loader(path, G, seed=2, num_epochs=3, augment="flip"))
     first = tbljax.loader(path, G, seed=2, num_epochs=3, augment="flip")
-    head = run(first, steps=6)          # 4 steps per epoch: stops inside epoch 1
-    state = first.state_dict()          # counts batches handed out, not those prefetched
-    assert state == {"version": 1, "seed": 2, "epoch": 1, "position": 16,
-                     "fingerprint": tbljax.open(path).fingerprint}
+    head = run(first, steps=6)  # 4 steps per epoch: stops inside epoch 1
+    state = first.state_dict()  # counts batches handed out, not those prefetched
+    assert state == {"version": 1, "seed": 2, "epoch": 1, "position": 16, "fingerprint": tbljax.open(path).fingerprint}
     second = tbljax.loader(path, G, seed=2, num_epochs=3, augment="flip")
     second.load_state_dict(json.loads(json.dumps(state)))  # survives a JSON round trip
     tail = run(second)
@@ -147,7 +147,7 @@ def test_resume_with_another_batch_size_repeats_and_skips_nothing(data, drop_rem
         assert head == perm0[:16]
         if drop_remainder:  # each epoch ends at its last full batch of the new size
             rest0 = (N - 16) // g * g
-            assert tail == perm0[16:16 + rest0] + perm1[:N // g * g], g
+            assert tail == perm0[16 : 16 + rest0] + perm1[: N // g * g], g
         else:
             assert tail == perm0[16:] + perm1, g
 
@@ -196,13 +196,15 @@ def test_crop_depends_only_on_seed_epoch_and_index(data):
         if i < 10:  # the kernel fed with this sample's own box and flip, alone
             box = augment.crop_boxes(np.array([i]), height=H, width=W, seed=9, epoch=e)
             flip = augment.flips(np.array([i]), seed=9, epoch=e)
-            ref = kernels.gather(imgs, np.array([i]), np.empty((1, 4, 3, 3), np.uint8),
-                                 crop=box, flip=flip)
+            ref = kernels.gather(imgs, np.array([i]), np.empty((1, 4, 3, 3), np.uint8), crop=box, flip=flip)
             np.testing.assert_array_equal(ims[0], ref[0])
     served_by_all = [k for k, ims in by_key.items() if len(ims) == 3]
     assert len(served_by_all) >= 2 * (N // G * G) - 2 * G
-    differ = [not np.array_equal(by_key[(0, i)][0], by_key[(1, i)][0])
-              for i in range(N) if (0, i) in by_key and (1, i) in by_key]
+    differ = [
+        not np.array_equal(by_key[(0, i)][0], by_key[(1, i)][0])
+        for i in range(N)
+        if (0, i) in by_key and (1, i) in by_key
+    ]
     assert np.mean(differ) > 0.7  # another epoch, another crop
 
 
@@ -212,8 +214,7 @@ def test_state_errors_name_the_mismatch(data, tmp_path):
     ld = tbljax.loader(path, G, seed=1)
     state = ld.state_dict()
     ld2 = tbljax.loader(other, 4, seed=1)
-    with pytest.raises(ValueError, match="state is for dataset '37-.*' but this loader reads "
-                                         "dataset '20-"):
+    with pytest.raises(ValueError, match="state is for dataset '37-.*' but this loader reads dataset '20-"):
         ld2.load_state_dict(state)
     with pytest.raises(ValueError, match="version 2 is not supported"):
         ld.load_state_dict({**state, "version": 2})
@@ -260,19 +261,18 @@ def dataclasses_frozen_error():
 
 def test_ring_memory_is_aliased_by_jax_without_a_copy():
     from tbljax._src.engine import ring
-    from tbljax._src.jax.arrays import to_global
     from tbljax._src.jax import sharding
+    from tbljax._src.jax.arrays import to_global
 
     rows = sharding.row_layout(sharding.batch_sharding(None), 4)
     slot = ring.Slot(rows, (5, 7, 3), np.float32)
     views = slot.views()
     assert all(v.ctypes.data % ring.ALIGN == 0 for v in views)
     arr = to_global(rows, views, (5, 7, 3))
-    assert [s.data.unsafe_buffer_pointer() for s in arr.addressable_shards] == \
-        [v.ctypes.data for v in views]
+    assert [s.data.unsafe_buffer_pointer() for s in arr.addressable_shards] == [v.ctypes.data for v in views]
     del views
-    assert slot.in_use()           # the jax.Array still reads the slot
-    held = np.asarray(arr)         # so does a NumPy view of it
+    assert slot.in_use()  # the jax.Array still reads the slot
+    held = np.asarray(arr)  # so does a NumPy view of it
     del arr
     gc.collect()
     assert slot.in_use()
@@ -292,9 +292,9 @@ def test_dropped_batches_recycle_the_ring_and_held_ones_stay_intact(data):
         gc.collect()
     second_pass = [b["image"].addressable_shards[0].data.unsafe_buffer_pointer() for b in ld]
     if cpu:
-        assert all(p % 4096 == 0 for p in pointers)          # served from the aligned ring
-        assert len(set(pointers)) <= 2 + 3 < len(pointers)   # prefetch + 3 slots, reused
-        assert set(second_pass) <= set(pointers)             # also by the next pass
+        assert all(p % 4096 == 0 for p in pointers)  # served from the aligned ring
+        assert len(set(pointers)) <= 2 + 3 < len(pointers)  # prefetch + 3 slots, reused
+        assert set(second_pass) <= set(pointers)  # also by the next pass
     # Holding every batch: none of them is overwritten by later steps.
     ld = tbljax.loader(path, G, seed=3, num_epochs=4, prefetch=2)
     held = list(ld)
@@ -388,11 +388,12 @@ def test_producer_errors_reach_the_consumer(data, monkeypatch):
 
 def test_shard_files_serve_the_same_batches_as_one_file(data, tmp_path):
     imgs, labels, path = data
-    parts = [T.write_tbl(tmp_path / f"p{k}.tbl", imgs[a:b], labels[a:b])
-             for k, (a, b) in enumerate([(0, 10), (10, 11), (11, N)])]
+    parts = [
+        T.write_tbl(tmp_path / f"p{k}.tbl", imgs[a:b], labels[a:b])
+        for k, (a, b) in enumerate([(0, 10), (10, 11), (11, N)])
+    ]
     want = run(tbljax.loader(path, G, seed=7, num_epochs=1, augment="rrc_flip"))
-    got = run(tbljax.loader([str(p) for p in parts], G, seed=7, num_epochs=1,
-                            augment="rrc_flip"))
+    got = run(tbljax.loader([str(p) for p in parts], G, seed=7, num_epochs=1, augment="rrc_flip"))
     for a, b in zip(got, want):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
@@ -449,8 +450,9 @@ for i, b in enumerate(ld):
 def test_keyboard_interrupt_exits_promptly(data):
     _, _, path = data
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", INTERRUPT_CHILD, str(path)], env=_env(),
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_CHILD, str(path)], env=_env(), capture_output=True, text=True, timeout=120
+    )
     assert "threads after caught interrupt: 0" in p.stdout, p.stdout + p.stderr
     assert p.returncode != 0 and "KeyboardInterrupt" in p.stderr, p.stderr
     assert time.monotonic() - t0 < 60
@@ -467,8 +469,9 @@ print("leaving", flush=True)
 
 def test_interpreter_exit_with_a_running_loader_does_not_hang(data):
     _, _, path = data
-    p = subprocess.run([sys.executable, "-c", EXIT_CHILD, str(path)], env=_env(),
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", EXIT_CHILD, str(path)], env=_env(), capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0 and "leaving" in p.stdout, p.stderr
 
 
@@ -513,9 +516,13 @@ print("ok", flush=True)
 
 def test_eight_devices_in_one_process(data):
     _, _, path = data
-    p = subprocess.run([sys.executable, "-c", EIGHT_DEVICES_CHILD, str(path)],
-                       env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"),
-                       capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        [sys.executable, "-c", EIGHT_DEVICES_CHILD, str(path)],
+        env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr
 
 
@@ -531,10 +538,16 @@ def test_two_processes(data, tmp_path):
     port = _free_port()
     env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
     outs = [tmp_path / f"p{i}.json" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(TESTS / "_multihost_worker.py"), str(i),
-                               str(port), str(path), str(outs[i])], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(TESTS / "_multihost_worker.py"), str(i), str(port), str(path), str(outs[i])],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     logs = []
     try:
         for p in procs:
@@ -663,8 +676,9 @@ def test_a_layer_on_top_plugs_in_through_the_public_seams(data):
     assert ld.cursor == (1, 0) and Copies.ended == 1 and len(first) == len(ld)
     second = [b for b in ld]  # the next pass serves the next epoch, as its bounds say
     assert ld.cursor == (2, 0) and Copies.ended == 2
-    for (idx, img), want in zip(first + second, [order.permute(np.arange(s * G, (s + 1) * G), N, 2, e)
-                                                  for e in (0, 1) for s in range(len(ld))]):
+    for (idx, img), want in zip(
+        first + second, [order.permute(np.arange(s * G, (s + 1) * G), N, 2, e) for e in (0, 1) for s in range(len(ld))]
+    ):
         np.testing.assert_array_equal(idx, want)
         np.testing.assert_array_equal(img, imgs[idx])
     assert ld.metrics()["slots_replaced"] == 0
@@ -673,8 +687,7 @@ def test_a_layer_on_top_plugs_in_through_the_public_seams(data):
         def finisher(self):
             return lambda hb: (hb.image, [hb.image])  # hands out a view of the slot
 
-    ld = Views(tbljax.open(path), LoaderOptions(batch_size=G, seed=2, dtype="uint8",
-                                                num_epochs=2, prefetch=1))
+    ld = Views(tbljax.open(path), LoaderOptions(batch_size=G, seed=2, dtype="uint8", num_epochs=2, prefetch=1))
     kept = list(ld)  # every view kept: each slot is replaced, never overwritten
     assert ld.metrics()["slots_replaced"] >= 1
     ref = order.permute(np.arange(G), N, 2, 0)

@@ -6,11 +6,13 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
-loader), torch, MLX, `ResidentDataset` inside
-`jax.jit`, `partition="host"` in two real processes (JAX and torch.distributed), `show`,
-`bench`, `info`/`verify`, TBL → RAW; and the dataset contract itself on every dataset kind.
-The "fields" row's records carry a str, a json, a fixed and a ragged ndarray field: every path
-that serves them is checked against the values the source TAR held (`check_fields`)."""
+loader; `repeats=2`, each repeat its own crop), torch, MLX (and both with `mixup=`, against
+`tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit`, `partition="host"` in two real
+processes (JAX and torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the
+dataset contract itself on every dataset kind. The "fields" row's records carry a str, a json,
+a fixed and a ragged ndarray field: every path that serves them is checked against the values
+the source TAR held (`check_fields`)."""
+
 from __future__ import annotations
 
 import json
@@ -18,18 +20,20 @@ import os
 from pathlib import Path
 
 import numpy as np
-import oracle
 import pytest
 
-import _matrix_data as M
-from _loader_testing import spans, spy_on_sweeps
-import _two_jobs
 import tbljax
+from tbljax._src.datasets.host_part import PartDataset
 from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.file.format import FORMATS
-from tbljax._src.datasets.host_part import PartDataset
-from tbljax._src.rules.augment import RecordGeometry, sample
+from tbljax._src.rules.augment import sample
 from tbljax._src.rules.dataset import RecordDataset, members
+from tbljax._src.rules.record_geometry import RecordGeometry
+
+import _matrix_data as M
+import _two_jobs
+import oracle
+from _loader_testing import spans, spy_on_sweeps
 
 SEED, B = 3, 4
 RRC = tbljax.Augment(size=M.OUT)
@@ -38,10 +42,17 @@ MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)
 CELLS = [(k, layout) for k in M.KINDS for layout in M.LAYOUTS]
 IDS = [f"{k}-{layout}" for k, layout in CELLS]
 FULL_ASPECT = {"raw_shorter_side", "raw_max_side", "compact_full_aspect", "compact_raw_budget"}
-MODES = {"raw_square": "gather", "raw_shorter_side": "gather_variable", "raw_max_side": "gather_variable",
-         "compact_square": "jpeg_boxes", "compact_full_aspect": "jpeg_boxes", "compact_raw_budget": "jpeg_boxes",
-         "original_jpeg": "decode",
-         "lz4": "decode", "fields": "gather"}
+MODES = {
+    "raw_square": "gather",
+    "raw_shorter_side": "gather_variable",
+    "raw_max_side": "gather_variable",
+    "compact_square": "jpeg_boxes",
+    "compact_full_aspect": "jpeg_boxes",
+    "compact_raw_budget": "jpeg_boxes",
+    "original_jpeg": "decode",
+    "lz4": "decode",
+    "fields": "gather",
+}
 VALUES = M.field_values()
 
 
@@ -60,8 +71,7 @@ def expected(imgs, idx, aug, *, epoch=0, dtype=np.uint8, layout="NHWC", mean=Non
     """The oracle's rows for samples `idx` (the augmentation keyed by global index)."""
     idx = np.asarray(idx, np.int64)
     boxes, flips = sample(aug, idx, geometry=_geometry(imgs), seed=SEED, epoch=epoch)
-    return oracle.gather(imgs, idx, aug.size, crop=boxes, flip=flips, dtype=dtype, layout=layout,
-                         mean=mean, std=std)
+    return oracle.gather(imgs, idx, aug.size, crop=boxes, flip=flips, dtype=dtype, layout=layout, mean=mean, std=std)
 
 
 def _host(x) -> np.ndarray:
@@ -91,17 +101,21 @@ def check_fields(kind, fields, idx, where=""):
         assert fields["caption"][r] == v["caption"] and fields["tags"][r] == v["tags"], (where, i)
         np.testing.assert_array_equal(emb[r], v["emb"], err_msg=f"{where} {i}")
         want = np.zeros(M.PAD, np.int32)
-        want[:min(M.PAD, len(v["tok"]))] = v["tok"][:M.PAD]
+        want[: min(M.PAD, len(v["tok"]))] = v["tok"][: M.PAD]
         np.testing.assert_array_equal(tok[r], want, err_msg=f"{where} {i}")
         assert length[r] == len(v["tok"]), (where, i)  # the true length, before the cut
 
 
 def _jax_fields(batch) -> dict:
-    return {k: (v if isinstance(v, list) else _host(v)) for k, v in batch.items()
-            if k not in ("image", "label", "index", "valid")}
+    return {
+        k: (v if isinstance(v, list) else _host(v))
+        for k, v in batch.items()
+        if k not in ("image", "label", "index", "valid")
+    }
 
 
 # ---- the dataset contract ----
+
 
 def _kinds_of_dataset(files, kind, layout):
     """Every dataset kind for one cell: the opened file(s), and host parts cut from them."""
@@ -126,7 +140,8 @@ def test_every_dataset_kind_implements_the_whole_contract(matrix, kind, layout):
         assert len(ds) == len(mine)
         g = ds.geometry  # the served sizes
         assert [(int(h), int(w)) for h, w in zip(*np.broadcast_arrays(g.heights, g.widths))] == (
-            [mine[0].shape[:2]] if g.shape else [im.shape[:2] for im in mine]), what
+            [mine[0].shape[:2]] if g.shape else [im.shape[:2] for im in mine]
+        ), what
         assert (ds.image_shape is None) == (kind in FULL_ASPECT)
         assert ds.labels.tolist() == list(range(lo, M.N)), what
         for i in (0, len(ds) - 1, -1):
@@ -140,7 +155,7 @@ def test_every_dataset_kind_implements_the_whole_contract(matrix, kind, layout):
         if ds.compact or ds.record_format == "jpeg":
             r = ds.jpeg_records()
             assert int(r.counts.sum()) == len(ds) and np.array_equal(r.offsets, offsets)
-            index = tbljax.open(files[kind, layout]).index[len(tbljax.open(files[kind, layout])) - len(ds):]
+            index = tbljax.open(files[kind, layout]).index[len(tbljax.open(files[kind, layout])) - len(ds) :]
             stored_raw = np.array([e["format"] == FORMATS["RAW_U8"] for e in index])
             assert r.stored_raw.tolist() == stored_raw.tolist(), what
             if kind == "compact_raw_budget":  # both kinds of record, in every file
@@ -188,8 +203,8 @@ def test_the_loader_refuses_what_is_not_a_dataset_by_name():
 def test_original_bytes_report_the_served_geometry(matrix):
     files, refs = matrix
     ds = tbljax.open(files["original_jpeg", "file"])
-    assert (ds.index["height"] != M.S).any()          # the index holds the source photos' sizes
-    assert ds.geometry.shape == (M.S, M.S)           # ... the records serve at 16x16
+    assert (ds.index["height"] != M.S).any()  # the index holds the source photos' sizes
+    assert ds.geometry.shape == (M.S, M.S)  # ... the records serve at 16x16
     stored = int(ds.index["size"].sum())
     info = _info(files["original_jpeg", "file"])[0]
     assert info["record_sizes_hxw"] == {f"{M.S}x{M.S}": M.N}
@@ -198,12 +213,14 @@ def test_original_bytes_report_the_served_geometry(matrix):
 
 # ---- the JAX loader ----
 
+
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_loader_uint8_random_resized_crop(matrix, kind, layout):
     files, refs = matrix
     got = 0
-    for batch in tbljax.loader(files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1,
-                               **serve(kind)):
+    for batch in tbljax.loader(
+        files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1, **serve(kind)
+    ):
         idx = _host(batch["index"])
         np.testing.assert_array_equal(_host(batch["image"]), expected(refs[kind, layout], idx, RRC))
         assert _host(batch["label"]).tolist() == idx.tolist()
@@ -222,8 +239,9 @@ def test_a_cold_epoch_reads_ahead_and_sweeps_the_records_it_serves(matrix, kind,
     requests, sweeps = spy_on_sweeps(monkeypatch, run_to_end=True)
     monkeypatch.setattr(RecordSource, "resident", lambda self, indices: False)
     got = 0
-    for batch in tbljax.loader(files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1,
-                               **serve(kind)):
+    for batch in tbljax.loader(
+        files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1, **serve(kind)
+    ):
         idx = _host(batch["index"])
         np.testing.assert_array_equal(_host(batch["image"]), expected(refs[kind, layout], idx, RRC))
         got += 1
@@ -234,7 +252,7 @@ def test_a_cold_epoch_reads_ahead_and_sweeps_the_records_it_serves(matrix, kind,
     (sw,) = sweeps
     assert sw.join(30)
     paths = files[kind, layout]
-    for path in ([paths] if isinstance(paths, (str, Path)) else paths):
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
         index = tbljax.open(path).index
         ends = index["offset"].astype(np.int64) + index["size"]
         # One span, from the first record's first byte to the last one's end.
@@ -245,8 +263,17 @@ def test_a_cold_epoch_reads_ahead_and_sweeps_the_records_it_serves(matrix, kind,
 def test_eval_float32_center_crop_serves_every_record_once(matrix, kind, layout):
     files, refs = matrix
     seen = []
-    for batch in tbljax.loader(files[kind, layout], B, seed=SEED, augment=CENTER, num_epochs=1,
-                               drop_remainder=False, mean=MEAN, std=STD, **serve(kind)):
+    for batch in tbljax.loader(
+        files[kind, layout],
+        B,
+        seed=SEED,
+        augment=CENTER,
+        num_epochs=1,
+        drop_remainder=False,
+        mean=MEAN,
+        std=STD,
+        **serve(kind),
+    ):
         idx, valid = _host(batch["index"]), _host(batch["valid"])
         check_fields(kind, _jax_fields(batch), idx, "eval")  # padding rows: zeros, "", None
         assert (idx >= 0).tolist() == valid.tolist()
@@ -277,7 +304,35 @@ def test_mid_epoch_state_resumes_the_identical_stream(matrix, kind, layout):
         check_fields(kind, f2, i2, "resumed")
 
 
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_repeats_serve_every_record_repeat_once_with_its_crop(matrix, kind, layout):
+    """The "repeats" row (issue 47): repeats=2 serves each (record, repeat) once an epoch, each
+    row the oracle's pixels of its repeat's own crop and flip."""
+    files, refs = matrix
+    seen = []
+    for batch in tbljax.loader(
+        files[kind, layout],
+        B,
+        seed=SEED,
+        dtype="uint8",
+        augment=RRC,
+        num_epochs=1,
+        repeats=2,
+        drop_remainder=False,
+        **serve(kind),
+    ):
+        idx, rep, valid = _host(batch["index"]), _host(batch["repeat"]), _host(batch["valid"])
+        boxes, flips = sample(
+            RRC, idx[valid], geometry=_geometry(refs[kind, layout]), seed=SEED, epoch=0, repeat=rep[valid]
+        )
+        want = oracle.gather(refs[kind, layout], idx[valid], RRC.size, crop=boxes, flip=flips)
+        np.testing.assert_array_equal(_host(batch["image"])[valid], want)
+        seen += list(zip(idx[valid].tolist(), rep[valid].tolist()))
+    assert sorted(seen) == [(i, r) for i in range(M.N) for r in range(2)]
+
+
 # ---- torch, MLX, the dataset on device ----
+
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_torch(matrix, kind, layout):
@@ -285,12 +340,12 @@ def test_torch(matrix, kind, layout):
     import tbljax.torch
 
     files, refs = matrix
-    for b in tbljax.torch.loader(files[kind, layout], B, seed=SEED, dtype="uint8", layout="NHWC", augment=RRC,
-                                 **serve(kind)):
+    for b in tbljax.torch.loader(
+        files[kind, layout], B, seed=SEED, dtype="uint8", layout="NHWC", augment=RRC, **serve(kind)
+    ):
         idx = b.index.numpy()
         np.testing.assert_array_equal(b.images.numpy(), expected(refs[kind, layout], idx, RRC))
-        check_fields(kind, {k: v if isinstance(v, list) else v.numpy() for k, v in b.fields.items()}, idx,
-                     "torch")
+        check_fields(kind, {k: v if isinstance(v, list) else v.numpy() for k, v in b.fields.items()}, idx, "torch")
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
@@ -302,10 +357,34 @@ def test_mlx(matrix, kind, layout):
     for b in tbljax.mlx.loader(files[kind, layout], B, seed=SEED, dtype="uint8", augment=RRC, **serve(kind)):
         idx = np.array(b.index)
         np.testing.assert_array_equal(np.array(b.images), expected(refs[kind, layout], idx, RRC))
-        check_fields(kind, {k: v if isinstance(v, list) else np.array(v) for k, v in b.fields.items()}, idx,
-                     "mlx")
+        check_fields(kind, {k: v if isinstance(v, list) else np.array(v) for k, v in b.fields.items()}, idx, "mlx")
     with pytest.raises(ValueError, match="partition=None only"):
         tbljax.mlx.loader(files[kind, layout], B, partition="host")
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_torch_and_mlx_mixup(matrix, kind, layout):
+    """The "mixup" row: each kind served with mixup= equals `tbljax.ops.mixup_cutmix` (jit) on the
+    oracle's rows and the source's labels (record i's label is i), keyed by the step."""
+    pytest.importorskip("torch")
+    pytest.importorskip("mlx.core")
+    import tbljax.mlx
+    import tbljax.torch
+    from tbljax import ops
+
+    files, refs = matrix
+    kw = dict(seed=SEED, dtype="uint8", augment=RRC, mixup=ops.Mixup(num_classes=M.N, mode="pair"), **serve(kind))
+    for ld, host in (
+        (tbljax.torch.loader(files[kind, layout], B, layout="NHWC", **kw), lambda t: t.numpy()),
+        (tbljax.mlx.loader(files[kind, layout], B, **kw), np.array),
+    ):
+        for s, b in enumerate(ld):
+            idx = host(b.index)
+            x, t = ops.mixup_cutmix(
+                expected(refs[kind, layout], idx, RRC), idx, seed=SEED, step=s, num_classes=M.N, mode="pair"
+            )
+            np.testing.assert_array_equal(host(b.images), np.asarray(x), err_msg=f"{type(ld).__name__} {s}")
+            np.testing.assert_array_equal(host(b.labels), np.asarray(t), err_msg=f"{type(ld).__name__} {s}")
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
@@ -322,20 +401,33 @@ def test_resident_dataset_inside_jit(matrix, kind, layout):
         if kind == "fields":  # the numeric fields, drawn in jit by the same indices
             got = _jax_fields(batch)
             assert sorted(got) == ["emb", "tok", "tok_length"]
-            check_fields(kind, {**got, "caption": [VALUES[i]["caption"] for i in idx],
-                                "tags": [VALUES[i]["tags"] for i in idx]}, idx, "resident")
+            check_fields(
+                kind,
+                {**got, "caption": [VALUES[i]["caption"] for i in idx], "tags": [VALUES[i]["tags"] for i in idx]},
+                idx,
+                "resident",
+            )
 
 
 # ---- host-local reading in two real processes ----
+
 
 def test_host_partition_in_two_processes_serves_the_one_process_crops(matrix, tmp_path):
     pytest.importorskip("torch")
     files, refs = matrix
     spec = tmp_path / "spec.json"
     names = {f"{k}-{layout}": (k, layout) for k, layout in CELLS}
-    spec.write_text(json.dumps({"datasets": {n: files[c] for n, c in names.items()},
-                                "serve": {n: serve(c[0]) for n, c in names.items()},
-                                "batch": 2, "seed": SEED, "out": list(M.OUT)}))
+    spec.write_text(
+        json.dumps(
+            {
+                "datasets": {n: files[c] for n, c in names.items()},
+                "serve": {n: serve(c[0]) for n, c in names.items()},
+                "batch": 2,
+                "seed": SEED,
+                "out": list(M.OUT),
+            }
+        )
+    )
     outs = _two_jobs.run(Path(__file__).with_name("_matrix_worker.py"), spec, tmp_path)
     for name, cell in names.items():
         for framework in ("jax", "torch"):
@@ -346,14 +438,23 @@ def test_host_partition_in_two_processes_serves_the_one_process_crops(matrix, tm
             for o in outs:
                 idx, img = o[key + "|index"], o[key + "|image"]
                 np.testing.assert_array_equal(img, expected(refs[cell], idx, RRC), err_msg=key)
-                check_fields(cell[0], {k.split("|")[-1]: (json.loads(str(v)) if v.dtype.kind == "U" else v)
-                                       for k, v in o.items() if k.startswith(key + "|field|")}, idx, key)
+                check_fields(
+                    cell[0],
+                    {
+                        k.split("|")[-1]: (json.loads(str(v)) if v.dtype.kind == "U" else v)
+                        for k, v in o.items()
+                        if k.startswith(key + "|field|")
+                    },
+                    idx,
+                    key,
+                )
                 served += idx.tolist()
             # Each process serves its own part: whole records, none twice (drop_remainder).
             assert len(served) == len(set(served)) and set(served) <= set(range(M.N)), key
 
 
 # ---- the tools ----
+
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_show_draws_what_the_loader_serves(matrix, kind, layout):
@@ -362,7 +463,7 @@ def test_show_draws_what_the_loader_serves(matrix, kind, layout):
     oh, ow = M.OUT
     want = expected(refs[kind, layout], [0, 1, 2], RRC)
     for k in range(3):
-        np.testing.assert_array_equal(grid[1:1 + oh, 1 + k * (ow + 2):1 + k * (ow + 2) + ow], want[k])
+        np.testing.assert_array_equal(grid[1 : 1 + oh, 1 + k * (ow + 2) : 1 + k * (ow + 2) + ow], want[k])
     assert captions == ["0: 0", "1: 1", "2: 2"]
 
 
@@ -377,10 +478,10 @@ def test_bench(matrix, kind, layout):
 
 
 def _info(where) -> list[dict]:
-    from tbljax._src.tools.cli import main
-
     import contextlib
     import io
+
+    from tbljax._src.tools.cli import main
 
     paths = [where] if isinstance(where, str) else where
     buf = io.StringIO()
@@ -397,7 +498,7 @@ def test_info_and_verify(matrix, kind, layout):
     paths = [files[kind, layout]] if layout == "file" else files[kind, layout]
     ref, lo = refs[kind, layout], 0
     for info in _info(paths):
-        mine = ref[lo:lo + info["records"]]
+        mine = ref[lo : lo + info["records"]]
         lo += info["records"]
         sizes = {}
         for im in mine:
@@ -457,9 +558,8 @@ def _mixed_expected(mixture, ref, idx, source, step, epoch=0):
     for i, k in zip(idx.tolist(), source.tolist()):
         g = epoch * 5 + step
         q = (g * quota[k] + (quota[k] - 1)) // M.N  # the pass of the step's last draw ...
-        q0 = (g * quota[k]) // M.N                 # ... and of its first
-        boxes = [sample(RRC, np.array([i]), geometry=_geometry(ref), seed=SEED, epoch=p)
-                 for p in sorted({q0, q})]
+        q0 = (g * quota[k]) // M.N  # ... and of its first
+        boxes = [sample(RRC, np.array([i]), geometry=_geometry(ref), seed=SEED, epoch=p) for p in sorted({q0, q})]
         rows.append([oracle.gather(ref, [i], M.OUT, crop=b, flip=f) for b, f in boxes])
     return rows
 
@@ -485,24 +585,30 @@ def test_mixture_row_loader_torch_mlx_show_bench(mixed):
     # and 10 of source 1 (one pass).
     assert sorted(seen[1]) == list(range(M.N, 2 * M.N))
     for p in range(3):
-        assert sorted(seen[0][10 * p:10 * p + 10]) == list(range(M.N))
-    jax_rows = [(_host(b["index"]), _host(b["image"])) for b in
-                tbljax.loader(mixture, 8, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1)]
-    torch_rows = [(b.index.numpy(), b.images.numpy(), b.source.numpy()) for b in
-                  tbljax.torch.loader(mixture, 8, seed=SEED, dtype="uint8", layout="NHWC", augment=RRC)]
+        assert sorted(seen[0][10 * p : 10 * p + 10]) == list(range(M.N))
+    jax_rows = [
+        (_host(b["index"]), _host(b["image"]))
+        for b in tbljax.loader(mixture, 8, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1)
+    ]
+    torch_rows = [
+        (b.index.numpy(), b.images.numpy(), b.source.numpy())
+        for b in tbljax.torch.loader(mixture, 8, seed=SEED, dtype="uint8", layout="NHWC", augment=RRC)
+    ]
     assert len(torch_rows) == len(jax_rows)
     for (i1, x1), (i2, x2, s2) in zip(jax_rows, torch_rows):
         np.testing.assert_array_equal(i1, i2)
         np.testing.assert_array_equal(x1, x2)
         assert ((s2 == 0) == (i2 < M.N)).all()
-    mlx_rows = [(np.array(b.index), np.array(b.images)) for b in
-                tbljax.mlx.loader(mixture, 8, seed=SEED, dtype="uint8", augment=RRC)]
+    mlx_rows = [
+        (np.array(b.index), np.array(b.images))
+        for b in tbljax.mlx.loader(mixture, 8, seed=SEED, dtype="uint8", augment=RRC)
+    ]
     for (i1, x1), (i2, x2) in zip(jax_rows, mlx_rows):
         np.testing.assert_array_equal(i1, i2)
         np.testing.assert_array_equal(x1, x2)
     grid, captions = tbljax.show.sample_grid(mixture, count=8, columns=8, augment=RRC, seed=SEED)
     oh, ow = M.OUT
-    np.testing.assert_array_equal(grid[1:1 + oh, 1:1 + ow], jax_rows[0][1][0])
+    np.testing.assert_array_equal(grid[1 : 1 + oh, 1 : 1 + ow], jax_rows[0][1][0])
     report = tbljax.bench(mixture, batch_size=8, steps=2, augment=RRC, dtype="uint8")
     assert report.produce_img_s > 0
 
@@ -523,8 +629,9 @@ def test_mixture_resumes_mid_epoch_exactly(mixed):
     for a, b in zip(rest, resumed):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
-    other = tbljax.mix(dict(zip(mixture.sources, mixture.datasets)), weights={"square": 0.5, "full": 0.5},
-                       steps_per_epoch=5)
+    other = tbljax.mix(
+        dict(zip(mixture.sources, mixture.datasets)), weights={"square": 0.5, "full": 0.5}, steps_per_epoch=5
+    )
     with pytest.raises(ValueError, match="state is for dataset 'mix20-"):  # other weights
         tbljax.loader(other, 8, **kw).load_state_dict(state)
 
@@ -534,8 +641,7 @@ def test_one_process_of_host_parts_is_the_unpartitioned_mixture(mixed):
     kw = dict(seed=SEED, dtype="uint8", augment=RRC, num_epochs=1)
     of_paths = tbljax.mix(mixture.given, weights=MIX_WEIGHTS, steps_per_epoch=5)
     whole = [(_host(b["index"]), _host(b["image"])) for b in tbljax.loader(mixture, 8, **kw)]
-    parts = [(_host(b["index"]), _host(b["image"]))
-             for b in tbljax.loader(of_paths, 8, partition="host", **kw)]
+    parts = [(_host(b["index"]), _host(b["image"])) for b in tbljax.loader(of_paths, 8, partition="host", **kw)]
     assert len(whole) == len(parts) == 5
     for (i1, x1), (i2, x2) in zip(whole, parts):
         np.testing.assert_array_equal(i1, i2)
@@ -549,12 +655,13 @@ def test_mixture_refuses_what_it_does_not_serve_by_name(mixed, matrix):
         tbljax.loader(mixture, 8, drop_remainder=False, augment=RRC)
     with pytest.raises(ValueError, match="shuffle=False"):
         tbljax.loader(mixture, 8, shuffle=False, augment=RRC)
+    with pytest.raises(ValueError, match="repeats=3 is not supported with a mixture"):
+        tbljax.loader(mixture, 8, repeats=3, augment=RRC)
     with pytest.raises(ValueError, match="differ in size"):
         tbljax.loader(mixture, 8)  # a full-aspect source and no output size
     with pytest.raises(ValueError, match="ResidentDataset serves one dataset"):
         tbljax.ResidentDataset(mixture)
-    opened = tbljax.mix(dict(zip(mixture.sources, mixture.datasets)), weights=MIX_WEIGHTS,
-                        steps_per_epoch=5)
+    opened = tbljax.mix(dict(zip(mixture.sources, mixture.datasets)), weights=MIX_WEIGHTS, steps_per_epoch=5)
     with pytest.raises(TypeError, match=r"sources \['square', 'full'\] are open datasets"):
         tbljax.loader(opened, 8, augment=RRC, partition="host")
     with pytest.raises(ValueError, match="steps_per_epoch=N, or epoch_of"):
@@ -577,8 +684,9 @@ def test_a_mixture_implements_the_whole_contract(mixed):
     files, offsets, sizes = mixture.byte_ranges(np.arange(len(mixture)))
     assert files.max() == len(mixture.paths) - 1 and (sizes > 0).all()
     assert mixture.labels.tolist() == list(range(M.N)) * 2
-    shifted = tbljax.mix(dict(zip(mixture.sources, mixture.datasets)), weights=MIX_WEIGHTS,
-                         steps_per_epoch=5, label_offset={"full": 100})
+    shifted = tbljax.mix(
+        dict(zip(mixture.sources, mixture.datasets)), weights=MIX_WEIGHTS, steps_per_epoch=5, label_offset={"full": 100}
+    )
     assert shifted.labels.tolist() == list(range(M.N)) + list(range(100, 100 + M.N))
     with pytest.raises(ValueError, match="only uncompressed RAW"):
         mixture.raw_records()
@@ -595,9 +703,19 @@ def test_mixture_of_host_parts_in_two_processes(matrix, tmp_path):
     files, refs = matrix
     cells = {"square": ("raw_square", "shards"), "full": ("compact_full_aspect", "file")}
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"sources": {n: files[c] for n, c in cells.items()},
-                                "weights": MIX_WEIGHTS, "steps": 5, "batch": 4, "seed": SEED,
-                                "out": list(M.OUT), "save_after": 6}))
+    spec.write_text(
+        json.dumps(
+            {
+                "sources": {n: files[c] for n, c in cells.items()},
+                "weights": MIX_WEIGHTS,
+                "steps": 5,
+                "batch": 4,
+                "seed": SEED,
+                "out": list(M.OUT),
+                "save_after": 6,
+            }
+        )
+    )
     outs = _two_jobs.run(Path(__file__).with_name("_mixture_worker.py"), spec, tmp_path)
     ref = refs[cells["square"]] + refs[cells["full"]]  # the whole mixture's numbering
     geometry = _geometry(ref)
@@ -621,14 +739,17 @@ def test_mixture_of_host_parts_in_two_processes(matrix, tmp_path):
         for g in range(10):
             for i, s, row in zip(idx[g].tolist(), source[g].tolist(), img[g]):
                 first, last = g * quota[s], (g + 1) * quota[s] - 1
-                options = [oracle.gather(ref, [i], M.OUT, crop=b, flip=f) for b, f in (
-                    sample(RRC, np.array([i]), geometry=geometry, seed=SEED, epoch=q)
-                    for q in sorted({first // part_n[s], last // part_n[s]}))]
+                options = [
+                    oracle.gather(ref, [i], M.OUT, crop=b, flip=f)
+                    for b, f in (
+                        sample(RRC, np.array([i]), geometry=geometry, seed=SEED, epoch=q)
+                        for q in sorted({first // part_n[s], last // part_n[s]})
+                    )
+                ]
                 assert any(np.array_equal(row, x[0]) for x in options), (p, g, i)
         # The global batch holds both processes' rows, process 0's first.
         for g in range(10):
-            assert o["jax|global"][g].tolist() == outs[0]["jax|index"][g].tolist() + \
-                outs[1]["jax|index"][g].tolist()
+            assert o["jax|global"][g].tolist() == outs[0]["jax|index"][g].tolist() + outs[1]["jax|index"][g].tolist()
         for name in ("index", "source", "image"):  # resumed after step 6: steps 7, 8, 9
             np.testing.assert_array_equal(o["resumed|" + name], o["jax|" + name][7:], err_msg=name)
             np.testing.assert_array_equal(o["torch|" + name], o["jax|" + name][:5], err_msg=name)
@@ -652,7 +773,8 @@ def _write_source(kind, photos, d):
 
         ds = datasets.Dataset.from_dict(
             {"image": [{"bytes": b, "path": None} for b, _ in photos], "label": [c for _, c in photos]},
-            features=datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")}))
+            features=datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")}),
+        )
         if kind == "hf_dataset":
             return ds
         ds.to_parquet(d / "m.parquet", batch_size=4)
@@ -676,13 +798,17 @@ def test_new_sources_write_the_matrix_records_and_serve(matrix, source, kind, tm
     pytest.importorskip("datasets")
     pytest.importorskip("google_crc32c")
     files, refs = matrix
-    photos = [(p.read_bytes(), i) for i, p in enumerate(sorted(Path(files["raw_square", "file"]).parent
-                                                           .glob("src/c*/img*.jpg"),
-                                                           key=lambda p: p.name))]
+    photos = [
+        (p.read_bytes(), i)
+        for i, p in enumerate(
+            sorted(Path(files["raw_square", "file"]).parent.glob("src/c*/img*.jpg"), key=lambda p: p.name)
+        )
+    ]
     dst = tmp_path / "m.tbl"
     named = {"label_column": "label"} if source in ("hf_dataset", "parquet") else {}  # no ClassLabel
-    tbljax.convert(_write_source(source, photos, tmp_path), dst, image_size=M.S, progress=False,
-                   **named, **M.KINDS[kind])
+    tbljax.convert(
+        _write_source(source, photos, tmp_path), dst, image_size=M.S, progress=False, **named, **M.KINDS[kind]
+    )
     ds, ref = tbljax.open(dst), refs[kind, "file"]
     assert ds.labels.tolist() == list(range(M.N))
     for i in range(M.N):

@@ -2,6 +2,7 @@
 per source are the exact quotas of the documented formula, shares hold to the weights, a row's
 draw is a pure function of (seed, step, row), and records are drawn without replacement within
 each pass over a source and reshuffled at the next."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -10,7 +11,6 @@ import numpy as np
 import pytest
 
 import tbljax
-
 from tbljax._src.rules.mixing import MixSpec, draw_rows, step_quotas
 
 
@@ -21,6 +21,7 @@ def reference_quotas(weights, step, batch):
     def before(s):
         t = [int(s * batch * c) for c in cum]
         return np.diff([0, *t])
+
     return before(step + 1) - before(step)
 
 
@@ -67,12 +68,15 @@ def test_records_are_drawn_without_replacement_and_reshuffled_each_pass():
     assert len(orders) > 1  # another shuffle each pass
 
 
-@pytest.mark.parametrize("weights,counts,match", [
-    ((1.0,), (3, 4), "one weight per source"),
-    ((1.0, -1.0), (3, 4), "finite and > 0"),
-    ((1.0, float("nan")), (3, 4), "finite and > 0"),
-    ((1.0, 1.0), (3, 0), "needs records"),
-])
+@pytest.mark.parametrize(
+    "weights,counts,match",
+    [
+        ((1.0,), (3, 4), "one weight per source"),
+        ((1.0, -1.0), (3, 4), "finite and > 0"),
+        ((1.0, float("nan")), (3, 4), "finite and > 0"),
+        ((1.0, 1.0), (3, 0), "needs records"),
+    ],
+)
 def test_bad_specs_are_clear_errors(weights, counts, match):
     with pytest.raises(ValueError, match=match):
         MixSpec(weights, counts)
@@ -81,8 +85,9 @@ def test_bad_specs_are_clear_errors(weights, counts, match):
 def test_repr_of_a_mixture_never_opens_its_sources(tmp_path):
     # Issue 45 item 13: repr() of a mixture whose source file is missing said FileNotFoundError.
     tbljax.convert(np.zeros((4, 8, 8, 3), np.uint8), tmp_path / "a.tbl", image_size=8, progress=False)
-    m = tbljax.mix({"a": tmp_path / "a.tbl", "b": tmp_path / "missing.tbl"}, weights={"a": 3, "b": 1},
-                   steps_per_epoch=2)
+    m = tbljax.mix(
+        {"a": tmp_path / "a.tbl", "b": tmp_path / "missing.tbl"}, weights={"a": 3, "b": 1}, steps_per_epoch=2
+    )
     assert repr(m) == "Mixture(a: 3, b: 1)"
     with pytest.raises(FileNotFoundError, match="missing.tbl"):
         len(m)

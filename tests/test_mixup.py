@@ -1,6 +1,7 @@
 """Batch-level Mixup/CutMix (`tbljax.ops.mixup_cutmix`, its host twin): equal to timm's ``Mixup``
 given the same λ and box centre, the draws distributed as timm draws them, the same bits in jit
 and on the host, per device on 4 CPU devices."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -44,9 +45,15 @@ def _forced(timm, m, draws, monkeypatch):
             centres += [int(draws.cy[i]), int(draws.cx[i])]
     it = iter(centres)
     monkeypatch.setattr(np.random, "randint", lambda lo, hi, size=None: next(it))
-    kw = dict(mixup_alpha=m.mixup_alpha, cutmix_alpha=m.cutmix_alpha, prob=m.prob,
-              switch_prob=m.switch_prob, mode=m.mode, label_smoothing=m.label_smoothing,
-              num_classes=m.num_classes)
+    kw = dict(
+        mixup_alpha=m.mixup_alpha,
+        cutmix_alpha=m.cutmix_alpha,
+        prob=m.prob,
+        switch_prob=m.switch_prob,
+        mode=m.mode,
+        label_smoothing=m.label_smoothing,
+        num_classes=m.num_classes,
+    )
 
     def per_batch(self):
         return (float(draws.drawn[0]) if draws.applied[0] else 1.0), bool(draws.cutmix[0])
@@ -76,13 +83,13 @@ def test_float32_equals_timm_given_the_same_draws(mode, monkeypatch):
         kw, left = _forced(timm, m, d, monkeypatch)
         want_x, want_y = timm.Mixup(**kw)(torch.from_numpy(x.copy()), torch.from_numpy(y))
         assert left() == []  # timm asked for every centre we drew
-        got_x, got_y = ops.mixup_cutmix_host(x, y, seed=5, step=step, num_classes=7, mode=mode,
-                                             prob=0.8, layout="NCHW")
+        got_x, got_y = ops.mixup_cutmix_host(x, y, seed=5, step=step, num_classes=7, mode=mode, prob=0.8, layout="NCHW")
         assert np.array_equal(got_x, want_x.numpy()), (mode, step)
         # timm mixes targets by its float64 λ (batch mode); ours is that λ rounded to float32.
-        np.testing.assert_allclose(got_y, want_y.numpy(), rtol=0, atol=2.0 ** -23)
-        nhwc = ops.mixup_cutmix_host(x.transpose(0, 2, 3, 1), y, seed=5, step=step, num_classes=7,
-                                     mode=mode, prob=0.8)[0]
+        np.testing.assert_allclose(got_y, want_y.numpy(), rtol=0, atol=2.0**-23)
+        nhwc = ops.mixup_cutmix_host(x.transpose(0, 2, 3, 1), y, seed=5, step=step, num_classes=7, mode=mode, prob=0.8)[
+            0
+        ]
         assert np.array_equal(nhwc, got_x.transpose(0, 2, 3, 1))
         cases |= {(bool(a), bool(k)) for a, k in zip(d.applied, d.cutmix)}
     assert cases == {(False, False), (False, True), (True, False), (True, True)}  # every branch met
@@ -100,25 +107,26 @@ def test_uint8_equals_timm_fast_collate_mixup(mode, monkeypatch):
         d = rule.block_params(m, b, h, w, seed=9, step=step)
         kw, _ = _forced(timm, m, d, monkeypatch)
         want_x, want_y = timm.FastCollateMixup(**kw)([(x[i].copy(), int(y[i])) for i in range(b)])
-        got_x, got_y = ops.mixup_cutmix_host(x, y, seed=9, step=step, num_classes=5, mode=mode,
-                                             label_smoothing=0.0, layout="NCHW")
+        got_x, got_y = ops.mixup_cutmix_host(
+            x, y, seed=9, step=step, num_classes=5, mode=mode, label_smoothing=0.0, layout="NCHW"
+        )
         assert got_x.dtype == np.uint8 and np.array_equal(got_x, want_x.numpy()), (mode, step)
-        np.testing.assert_allclose(got_y, want_y.numpy(), rtol=0, atol=2.0 ** -23)
+        np.testing.assert_allclose(got_y, want_y.numpy(), rtol=0, atol=2.0**-23)
 
 
 def _ks(a, b) -> float:
     """The two-sample Kolmogorov-Smirnov statistic."""
     a, b = np.sort(a), np.sort(b)
     grid = np.concatenate([a, b])
-    return float(np.abs(np.searchsorted(a, grid, "right") / len(a)
-                        - np.searchsorted(b, grid, "right") / len(b)).max())
+    return float(np.abs(np.searchsorted(a, grid, "right") / len(a) - np.searchsorted(b, grid, "right") / len(b)).max())
 
 
 @pytest.mark.parametrize("alpha", [0.2, 0.8, 1.0, 2.0])
 def test_lambda_draws_follow_beta(alpha):
     n = 100_000
-    d = rule.block_params(rule.Mixup(num_classes=2, mixup_alpha=alpha, cutmix_alpha=0.0, mode="elem"),
-                          n, 224, 224, seed=1, step=0)
+    d = rule.block_params(
+        rule.Mixup(num_classes=2, mixup_alpha=alpha, cutmix_alpha=0.0, mode="elem"), n, 224, 224, seed=1, step=0
+    )
     # float32, as timm keeps λ (`_params_per_elem`): near 1 both round to 1.0.
     ref = np.random.default_rng(0).beta(alpha, alpha, n).astype(np.float32)
     assert _ks(d.drawn, ref) < 1.95 * np.sqrt(2 / n)  # the 0.1% critical value
@@ -126,8 +134,7 @@ def test_lambda_draws_follow_beta(alpha):
 
 def test_switch_and_apply_frequencies_match_their_probabilities():
     n = 100_000
-    d = rule.block_params(rule.Mixup(num_classes=2, prob=0.7, switch_prob=0.3, mode="elem"),
-                          n, 32, 32, seed=2, step=4)
+    d = rule.block_params(rule.Mixup(num_classes=2, prob=0.7, switch_prob=0.3, mode="elem"), n, 32, 32, seed=2, step=4)
     sigma = np.sqrt(0.25 / n)
     assert abs(d.applied.mean() - 0.7) < 5 * sigma and abs(d.cutmix.mean() - 0.3) < 5 * sigma
     assert not (d.mixes & ~d.applied).any() and (d.box[~(d.applied & d.cutmix)] == 0).all()
@@ -166,8 +173,9 @@ def test_padding_rows_have_zero_targets_and_add_nothing():
     y = np.array([2, 0, 1, -1])
     x = np.zeros((4, 2, 2, 3), np.float32)
     _, t = ops.mixup_cutmix_host(x, y, step=0, **m)
-    lam = rule.block_params(rule.Mixup(num_classes=4, mixup_alpha=1.0, cutmix_alpha=0.0,
-                                       label_smoothing=0.2), 4, 2, 2, seed=0, step=0).lam[0]
+    lam = rule.block_params(
+        rule.Mixup(num_classes=4, mixup_alpha=1.0, cutmix_alpha=0.0, label_smoothing=0.2), 4, 2, 2, seed=0, step=0
+    ).lam[0]
     smooth = np.full((4, 4), 0.05, np.float32)
     smooth[np.arange(4), np.maximum(y, 0)] = 0.85
     smooth[3] = 0
@@ -179,28 +187,34 @@ def test_padding_rows_have_zero_targets_and_add_nothing():
 def test_a_step_mixes_the_same_pairs_after_a_resume():
     x = np.random.default_rng(5).standard_normal((4, 6, 6, 3)).astype(np.float32)
     y = np.arange(4)
-    runs = [[ops.mixup_cutmix_host(x, y, seed=7, step=s, num_classes=4, mode="elem")[1] for s in steps]
-            for steps in (range(6), range(3, 6))]
+    runs = [
+        [ops.mixup_cutmix_host(x, y, seed=7, step=s, num_classes=4, mode="elem")[1] for s in steps]
+        for steps in (range(6), range(3, 6))
+    ]
     for a, b in zip(runs[0][3:], runs[1]):
         assert np.array_equal(a, b)
     assert not np.array_equal(runs[0][0], runs[0][1])
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(mixup_alpha=0.0, cutmix_alpha=0.0), "mixup_alpha=0 and cutmix_alpha=0"),
-    (dict(mode="half"), "mode must be one of"),
-    (dict(prob=1.5), "prob must be a number in [0, 1]"),
-    (dict(num_classes=0), "num_classes must be an integer >= 1"),
-    (dict(label_smoothing=1.0), "label_smoothing must be a number in [0, 1)"),
-    (dict(step=-1), "step must be an integer in [0, 2**32)"),
-    (dict(images=np.zeros((6, 4, 4, 3), np.int16)), "images must be one of"),
-    (dict(images=np.zeros((5, 4, 4, 3), np.float32), labels=np.zeros(5, int)), "even number of rows"),
-    (dict(labels=np.array([0, 1, 7, 2, 3, 0])), "labels row 2: 7 is neither a class id in [0, 4)"),
-    (dict(labels=np.zeros(6, np.float32)), "labels must be (6,) integers"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(mixup_alpha=0.0, cutmix_alpha=0.0), "mixup_alpha=0 and cutmix_alpha=0"),
+        (dict(mode="half"), "mode must be one of"),
+        (dict(prob=1.5), "prob must be a number in [0, 1]"),
+        (dict(num_classes=0), "num_classes must be an integer >= 1"),
+        (dict(label_smoothing=1.0), "label_smoothing must be a number in [0, 1)"),
+        (dict(step=-1), "step must be an integer in [0, 2**32)"),
+        (dict(images=np.zeros((6, 4, 4, 3), np.int16)), "images must be one of"),
+        (dict(images=np.zeros((5, 4, 4, 3), np.float32), labels=np.zeros(5, int)), "even number of rows"),
+        (dict(labels=np.array([0, 1, 7, 2, 3, 0])), "labels row 2: 7 is neither a class id in [0, 4)"),
+        (dict(labels=np.zeros(6, np.float32)), "labels must be (6,) integers"),
+    ],
+)
 def test_bad_arguments_are_refused_by_name(kwargs, words):
-    args = dict(images=np.zeros((6, 4, 4, 3), np.float32), labels=np.zeros(6, int), seed=0, step=0,
-                num_classes=4) | kwargs
+    args = (
+        dict(images=np.zeros((6, 4, 4, 3), np.float32), labels=np.zeros(6, int), seed=0, step=0, num_classes=4) | kwargs
+    )
     images, labels = args.pop("images"), args.pop("labels")
     for fn in (ops.mixup_cutmix_host, ops.mixup_cutmix):
         with pytest.raises(ValueError, match=re.escape(words)):
@@ -242,6 +256,5 @@ _FOUR_DEVICES = textwrap.dedent("""
 
 def test_each_of_4_cpu_devices_mixes_its_own_rows():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", _FOUR_DEVICES], env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", _FOUR_DEVICES], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr

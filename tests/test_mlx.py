@@ -1,6 +1,7 @@
 """tbljax.mlx against the JAX loader and plain NumPy, with real MLX (mlx[cpu] on Linux): the same
 order, pixels and labels for every dtype and layout, batches that own their memory (the ring is
 recycled at once), resume from state_dict, rank splits, and one epoch per pass."""
+
 from __future__ import annotations
 
 import gc
@@ -11,11 +12,11 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-import _loader_testing as T  # noqa: E402
-
 import tbljax  # noqa: E402
 import tbljax.mlx  # noqa: E402
 from tbljax import order  # noqa: E402
+
+import _loader_testing as T  # noqa: E402
 
 N, H, W, B = 37, 6, 5, 4
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
@@ -36,15 +37,19 @@ def bits(a):
     return np.array(a)
 
 
-@pytest.mark.parametrize("dtype,layout", [("float32", "NHWC"), ("float32", "NCHW"),
-                                          ("bfloat16", "NHWC"), ("uint8", "NCHW")])
+@pytest.mark.parametrize(
+    "dtype,layout", [("float32", "NHWC"), ("float32", "NCHW"), ("bfloat16", "NHWC"), ("uint8", "NCHW")]
+)
 def test_same_order_and_pixels_as_the_jax_loader_and_numpy(data, dtype, layout):
     imgs, labels, path = data
     mx_dtype = {"float32": mx.float32, "bfloat16": mx.bfloat16, "uint8": mx.uint8}[dtype]
-    ld = tbljax.mlx.loader(path, B, seed=7, dtype=mx_dtype if dtype == "bfloat16" else dtype,
-                           layout=layout, augment="rrc_flip")
-    want = [{k: np.asarray(v) for k, v in b.items()} for b in tbljax.loader(
-        path, B, seed=7, num_epochs=1, dtype=dtype, layout=layout, augment="rrc_flip")]
+    ld = tbljax.mlx.loader(
+        path, B, seed=7, dtype=mx_dtype if dtype == "bfloat16" else dtype, layout=layout, augment="rrc_flip"
+    )
+    want = [
+        {k: np.asarray(v) for k, v in b.items()}
+        for b in tbljax.loader(path, B, seed=7, num_epochs=1, dtype=dtype, layout=layout, augment="rrc_flip")
+    ]
     got = list(ld)
     assert len(got) == len(ld) == len(want) == N // B
     for s, (batch, w) in enumerate(zip(got, want)):
@@ -71,12 +76,10 @@ def test_batches_own_their_memory_and_the_ring_is_recycled(data):
     gc.collect()
     assert ld.metrics()["slots_replaced"] == 0  # copied out: the ring never waits on a batch
     for b in kept:
-        np.testing.assert_array_equal(np.array(b[0]), T.normalize(imgs[np.array(b.index)],
-                                                                  MEAN, STD))
+        np.testing.assert_array_equal(np.array(b[0]), T.normalize(imgs[np.array(b.index)], MEAN, STD))
     assert [b.epoch for b in kept] == [e for e in range(3) for _ in range(len(ld))]
     x = kept[-1][0]  # an ordinary mx.array for this thread's MLX ops
-    assert float((x * 2).sum()) == pytest.approx(2 * float(np.array(x).astype(np.float64).sum()),
-                                                 rel=1e-5)
+    assert float((x * 2).sum()) == pytest.approx(2 * float(np.array(x).astype(np.float64).sum()), rel=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -98,12 +101,13 @@ def test_every_pixel_value_normalizes_by_the_contract(tmp_path, dtype):
 
 def test_padding_ranks_and_resume(data):
     _, labels, path = data
-    want = [{k: np.asarray(v) for k, v in b.items()} for b in tbljax.loader(
-        path, 2 * B, seed=1, num_epochs=1, drop_remainder=False)]
+    want = [
+        {k: np.asarray(v) for k, v in b.items()}
+        for b in tbljax.loader(path, 2 * B, seed=1, num_epochs=1, drop_remainder=False)
+    ]
     served = []
     for r in range(2):
-        got = list(tbljax.mlx.loader(path, B, seed=1, rank=r, world_size=2,
-                                     drop_remainder=False))
+        got = list(tbljax.mlx.loader(path, B, seed=1, rank=r, world_size=2, drop_remainder=False))
         assert len(got) == len(want)
         for b, w in zip(got, want):
             rows = slice(r * B, (r + 1) * B)
@@ -137,8 +141,11 @@ def test_arguments_are_checked(data):
         tbljax.mlx.loader(path, B, dtype=mx.float16)
     with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 2\), got -1"):
         tbljax.mlx.loader(path, B, rank=-1, world_size=2)
-    with pytest.raises(ValueError, match=r"partition=None only .* tbljax.loader \(JAX\) and "
-                                         r"tbljax.torch.loader \(torch.distributed\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"partition=None only .* tbljax.loader \(JAX\) and "
+        r"tbljax.torch.loader \(torch.distributed\)",
+    ):
         tbljax.mlx.loader(path, B, partition="host")
     assert "rank 0 of 1" in repr(tbljax.mlx.loader(path, B))
 

@@ -2,6 +2,7 @@
 ``resize_to_sequence`` ported from its TensorFlow source (and its own test table), timm's NaFlex
 batch-size rule ported from its source, patch layouts by explicit slicing, packing checked
 token by token and its padding measured on real and ImageNet-like size distributions."""
+
 from __future__ import annotations
 
 import csv
@@ -18,7 +19,7 @@ def big_vision_sizes(hw, patch_size, max_sequence_len, eps=1e-5):
     """big_vision/pp/proj/image_text/ops_naflex.py `_get_image_size_for_seq`, op for op in
     NumPy over many images at once (tf.float32 scalars; TF's int32 / int is float64;
     tf.cond per image is a where; the while_loop runs while any image's interval is open)."""
-    image_hw = np.asarray(hw)                                  # (N, 2) int
+    image_hw = np.asarray(hw)  # (N, 2) int
 
     def prepare_target_hw(ratio):
         target_hw = image_hw.astype(np.float32) * ratio[:, None]
@@ -27,7 +28,7 @@ def big_vision_sizes(hw, patch_size, max_sequence_len, eps=1e-5):
         return target_hw.astype(np.int32)
 
     def is_feasible(ratio):
-        num_patches = prepare_target_hw(ratio) / patch_size    # int32 / int: float64 in TF
+        num_patches = prepare_target_hw(ratio) / patch_size  # int32 / int: float64 in TF
         return np.prod(num_patches, axis=1) <= max_sequence_len
 
     lb = np.full(len(image_hw), np.float32(eps / 10.0), np.float32)
@@ -45,10 +46,15 @@ def big_vision_sizes(hw, patch_size, max_sequence_len, eps=1e-5):
 
 
 # big_vision's own ops_naflex_test.py expectations: (image hw, patch, seq_len, expected hw).
-BIG_VISION_CASES = [((48, 48), 3, 121, (33, 33)), ((112, 109), 7, 225, (105, 105)),
-                    ((176, 176), 11, 64, (88, 88)), ((256, 64), 16, 12, (96, 32)),
-                    ((256, 64), 8, 15, (56, 16)), ((63, 241), 16, 16, (32, 128)),
-                    ((16, 512), 16, 16, (16, 256))]
+BIG_VISION_CASES = [
+    ((48, 48), 3, 121, (33, 33)),
+    ((112, 109), 7, 225, (105, 105)),
+    ((176, 176), 11, 64, (88, 88)),
+    ((256, 64), 16, 12, (96, 32)),
+    ((256, 64), 8, 15, (56, 16)),
+    ((63, 241), 16, 16, (32, 128)),
+    ((16, 512), 16, 16, (16, 256)),
+]
 
 
 @pytest.mark.parametrize("hw,patch,seq_len,expected", BIG_VISION_CASES)
@@ -65,13 +71,13 @@ def _sweep(n, seed):
 
 @pytest.mark.parametrize("patch,max_tokens", [(16, 256), (14, 1024), (16, 64), (32, 576)])
 def test_sequence_size_equals_big_vision_over_a_sweep(patch, max_tokens):
-    hw = _sweep(25_000, patch * max_tokens)        # 4 cases: 10^5 sizes in all
+    hw = _sweep(25_000, patch * max_tokens)  # 4 cases: 10^5 sizes in all
     h, w = naflex.sequence_size(hw[:, 0], hw[:, 1], patch, max_tokens)
     expected = big_vision_sizes(hw, patch, max_tokens)
     np.testing.assert_array_equal(np.stack([h, w], axis=1), expected)
     grid = (h // patch).astype(np.int64) * (w // patch)
     assert (h % patch == 0).all() and (w % patch == 0).all() and (grid <= max_tokens).all()
-    assert grid.mean() > 0.85 * max_tokens          # it fills the budget, as the rule intends
+    assert grid.mean() > 0.85 * max_tokens  # it fills the budget, as the rule intends
 
 
 def test_sequence_size_jax_equals_numpy():
@@ -97,12 +103,12 @@ def test_sequence_size_refuses_a_bad_side_naming_the_record():
 def test_patchify_unpatchify_round_trip_bit_exact_against_explicit_slices():
     rng = np.random.default_rng(0)
     p, t = 4, 20
-    img = rng.integers(0, 256, (12, 20, 3), dtype=np.uint8)   # 3x5 patches
+    img = rng.integers(0, 256, (12, 20, 3), dtype=np.uint8)  # 3x5 patches
     row = naflex.patchify(img, p, t)
     assert row.shape == (t, p * p * 3) and row.dtype == np.uint8
     for gy in range(3):
         for gx in range(5):
-            np.testing.assert_array_equal(row[gy * 5 + gx], img[gy * p:(gy + 1) * p, gx * p:(gx + 1) * p].ravel())
+            np.testing.assert_array_equal(row[gy * 5 + gx], img[gy * p : (gy + 1) * p, gx * p : (gx + 1) * p].ravel())
     assert not row[15:].any()
     np.testing.assert_array_equal(naflex.unpatchify(row, 12, 20, p), img)
     # float32 too, bit for bit (NaN payloads and -0.0 included).
@@ -155,7 +161,7 @@ def test_length_schedule_serves_every_record_once_within_the_token_budget():
         assert size == timm_batch_size(16384, int(length), 8) and length * size <= 16384
     rec = _all_records(s, n, 3, 0)
     np.testing.assert_array_equal(np.sort(rec[rec >= 0]), np.arange(n))
-    assert (s.count < s.batch_size).sum() <= 1     # only the clipped batch is padded
+    assert (s.count < s.batch_size).sum() <= 1  # only the clipped batch is padded
     # The canonical lengths are the seed's (timm): another epoch reorders them, and the records.
     t = naflex.length_schedule(n, p, seed=3, epoch=1, drop_remainder=False)
     assert sorted(t.seq_len.tolist()) == sorted(s.seq_len.tolist())
@@ -175,7 +181,8 @@ def test_length_schedule_resume_and_drop_remainder():
     clipped = int((full.count < full.batch_size).sum())
     assert len(drop.seq_len) == len(full.seq_len) - clipped
     assert (drop.count == drop.batch_size).all() and drop.count.sum() == full.count.sum() - full.count[
-        full.count < full.batch_size].sum()
+        full.count < full.batch_size
+    ].sum()
     with pytest.raises(ValueError, match="start"):
         naflex.length_schedule(n, p, seed=1, epoch=2, drop_remainder=False, start=len(full.seq_len) + 1)
 
@@ -203,7 +210,7 @@ def _check_packing(pk, tokens, max_tokens):
     assert (pk.offset >= 0).all() and (ends <= max_tokens).all() and pk.seq.max() == pk.sequences - 1
     cover = np.zeros((pk.sequences, max_tokens), np.int64)
     for s, o, t in zip(pk.seq, pk.offset, tokens):
-        cover[s, o:o + t] += 1
+        cover[s, o : o + t] += 1
     assert cover.max() == 1
     seg = naflex.segment_ids(pk, tokens, max_tokens)
     np.testing.assert_array_equal(seg > 0, cover == 1)
@@ -211,7 +218,7 @@ def _check_packing(pk, tokens, max_tokens):
         mine = np.flatnonzero(pk.seq == s)
         mine = mine[np.argsort(pk.offset[mine])]
         for number, i in enumerate(mine, 1):
-            assert (seg[s, pk.offset[i]:pk.offset[i] + tokens[i]] == number).all()
+            assert (seg[s, pk.offset[i] : pk.offset[i] + tokens[i]] == number).all()
 
 
 def test_pack_is_first_fit_decreasing_per_window():
@@ -236,7 +243,7 @@ def test_pack_is_first_fit_decreasing_per_window():
         naflex.pack(np.array([1, 2, 65]), 64, window=4)
 
 
-PACKED = Patches(max_tokens=1024, pack=True)   # the defaults the module docstring's padding is for
+PACKED = Patches(max_tokens=1024, pack=True)  # the defaults the module docstring's padding is for
 
 
 def _padding(heights, widths, p=PACKED):

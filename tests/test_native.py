@@ -2,6 +2,7 @@
 the loader's kernel, the resize, the CRC and the XLA CPU handler; the constants, tables and
 argument checks it exports so that Python never retypes them; build_info(); and its typed
 stub, regenerated and compared with the one generated at build."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,9 @@ import numpy as np
 import pytest
 
 import tbljax
-from _loader_testing import normalize
 from tbljax import _core
+
+from _loader_testing import normalize
 
 TARGETS = _core.supported_kernel_targets()
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -74,8 +76,7 @@ def test_host_kernel_and_xla_handler_share_one_pool_and_one_module():
     # Before one module, a process using both the loader and the in-jit op ran two copies of
     # the core: two pools (2 x 2 workers here) and two SIMD targets.
     env = dict(os.environ, TBLJAX_NUM_THREADS="3")
-    r = subprocess.run([sys.executable, "-c", _ONE_POOL_CHILD], env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", _ONE_POOL_CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["same"]
@@ -138,8 +139,7 @@ def test_tbljax_simd_sets_the_one_target_of_kernel_resize_and_crc(tmp_path):
     for name in [*TARGETS, "auto"]:
         path = tmp_path / f"{name}.npz"
         env = dict(os.environ, TBLJAX_SIMD=name)
-        subprocess.run([sys.executable, "-c", _SIMD_CHILD, str(path)], env=env, check=True,
-                       timeout=120)
+        subprocess.run([sys.executable, "-c", _SIMD_CHILD, str(path)], env=env, check=True, timeout=120)
         got = np.load(path)
         assert str(got["target"]) == (TARGETS[-1] if name == "auto" else name)
         if name != "auto":
@@ -154,6 +154,7 @@ def test_tbljax_simd_sets_the_one_target_of_kernel_resize_and_crc(tmp_path):
 # Constants and rules exported once from C++
 # ---------------------------------------------------------------------------------------------
 
+
 def test_constants():
     assert _core.MAX_SIDE == 2**16 - 1  # TBL stores width and height as u16
     assert _core.RESIZE_WEIGHT_BITS == 11  # kernel.h kResizeWeightBits
@@ -161,38 +162,59 @@ def test_constants():
     assert _core.OUT_DTYPES == ("uint8", "float32", "bfloat16")
 
 
-@pytest.mark.parametrize("params", [IMAGENET, ((0.5, -0.25, 3.0), (0.1, 2.0, 1e-3)),
-                                    ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))],
-                         ids=["imagenet", "odd", "unit"])
+@pytest.mark.parametrize(
+    "params",
+    [IMAGENET, ((0.5, -0.25, 3.0), (0.1, 2.0, 1e-3)), ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))],
+    ids=["imagenet", "odd", "unit"],
+)
 def test_normalize_table_is_the_contract(params):
     mean, std = params
     x = np.arange(256, dtype=np.uint8)[:, None].repeat(3, 1)[None]  # every value, each channel
     t32 = _core.normalize_table(list(mean), list(std), "float32")
     assert t32.dtype == np.float32 and t32.shape == (3, 256)
-    np.testing.assert_array_equal(t32.T[None].view(np.uint32),
-                                  normalize(x, mean, std, np.float32).view(np.uint32))
+    np.testing.assert_array_equal(t32.T[None].view(np.uint32), normalize(x, mean, std, np.float32).view(np.uint32))
     t16 = _core.normalize_table(list(mean), list(std), "bfloat16")
     assert t16.dtype == np.uint16 and t16.shape == (3, 256)
     np.testing.assert_array_equal(t16.T[None], normalize(x, mean, std, ml_dtypes.bfloat16).view(np.uint16))
     # The kernel normalizes with this very table.
     out = np.empty((1, 1, 256, 3), np.uint16)
-    _core.gather(_core.RawSource([x.reshape(1, 1, 256, 3)]), np.zeros(1, np.int64), out,
-                 "NHWC", "bfloat16", list(mean), list(std), None, None)
+    _core.gather(
+        _core.RawSource([x.reshape(1, 1, 256, 3)]),
+        np.zeros(1, np.int64),
+        out,
+        "NHWC",
+        "bfloat16",
+        list(mean),
+        list(std),
+        None,
+        None,
+    )
     np.testing.assert_array_equal(out[0, 0].T, t16)
 
 
-@pytest.mark.parametrize("v", [0.0, -0.0, -2.0, -1e-20, -1234567.0, -1e16, -0.0001, -1.5e-05,
-                               -0.1, math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize(
+    "v", [0.0, -0.0, -2.0, -1e-20, -1234567.0, -1e16, -0.0001, -1.5e-05, -0.1, math.nan, math.inf, -math.inf]
+)
 def test_std_must_be_finite_and_positive_everywhere(v):
     # One rule, one message: the table, the checker and the kernel say the same, with the value
     # written as Python writes it.
     msg = f"std[1] = {v!r} must be a finite number > 0"
     std = [1.0, v, 1.0]
-    for call in (lambda: _core.normalize_table([0, 0, 0], std, "float32"),
-                 lambda: _core.check_normalization([0, 0, 0], std),
-                 lambda: _core.gather(_core.RawSource([np.zeros((1, 2, 2, 3), np.uint8)]),
-                                      np.zeros(1, np.int64), np.empty((1, 2, 2, 3), np.float32),
-                                      "NHWC", "float32", [0, 0, 0], std, None, None)):
+    for call in (
+        lambda: _core.normalize_table([0, 0, 0], std, "float32"),
+        lambda: _core.check_normalization([0, 0, 0], std),
+        lambda: _core.gather(
+            _core.RawSource([np.zeros((1, 2, 2, 3), np.uint8)]),
+            np.zeros(1, np.int64),
+            np.empty((1, 2, 2, 3), np.float32),
+            "NHWC",
+            "float32",
+            [0, 0, 0],
+            std,
+            None,
+            None,
+        ),
+    ):
         with pytest.raises(ValueError) as e:
             call()
         assert str(e.value) == msg
@@ -214,16 +236,26 @@ def test_the_xla_handler_refuses_a_negative_std():
 
     data = jnp.zeros((2, 3, 3, 3), jnp.uint8)
     with pytest.raises(Exception, match=r"std\[1\] = -2\.0 must be a finite number > 0"):
-        ops.gather_normalize(data, jnp.array([0, 1]), mean=(0, 0, 0), std=(1, -2.0, 1),
-                             backend="ffi").block_until_ready()
+        ops.gather_normalize(
+            data, jnp.array([0, 1]), mean=(0, 0, 0), std=(1, -2.0, 1), backend="ffi"
+        ).block_until_ready()
 
 
 def _gather_error(n, idx, crop, h=6, w=5):
     src = _core.RawSource([np.zeros((n, h, w, 3), np.uint8)])
     oh, ow = (2, 2) if crop is not None else (h, w)
     with pytest.raises((IndexError, ValueError)) as e:
-        _core.gather(src, np.asarray(idx, np.int64), np.empty((len(idx), oh, ow, 3), np.uint8),
-                     "NHWC", "uint8", [0, 0, 0], [1, 1, 1], crop, None)
+        _core.gather(
+            src,
+            np.asarray(idx, np.int64),
+            np.empty((len(idx), oh, ow, 3), np.uint8),
+            "NHWC",
+            "uint8",
+            [0, 0, 0],
+            [1, 1, 1],
+            crop,
+            None,
+        )
     return e
 
 
@@ -232,8 +264,7 @@ def test_check_indices_is_the_kernels_check():
     _core.check_indices(np.zeros(0, np.int64), 0)
     with pytest.raises(IndexError) as e:
         _core.check_indices(np.array([0, 4, 7, -1], np.int64), 5)
-    assert str(e.value) == ("indices[2] = 7 is out of range for a source of 5 records "
-                            "(allowed 0..4)")
+    assert str(e.value) == ("indices[2] = 7 is out of range for a source of 5 records (allowed 0..4)")
     assert str(_gather_error(5, [0, 4, 7, -1], None).value) == str(e.value)
     with pytest.raises(TypeError):  # no silent conversion
         _core.check_indices(np.array([0, 1], np.int32), 5)
@@ -245,8 +276,7 @@ def test_check_crops_is_the_kernels_check():
     bad = np.array([[0, 0, 6, 5], [1, 2, 6, 3]], np.int32)  # row 1 runs past the bottom
     with pytest.raises(ValueError) as e:
         _core.check_crops(bad, 6, 5)
-    assert str(e.value).startswith("crop[1] = (y0=1, x0=2, h=6, w=3) is not a non-empty box "
-                                   "inside the 6x5 image")
+    assert str(e.value).startswith("crop[1] = (y0=1, x0=2, h=6, w=3) is not a non-empty box inside the 6x5 image")
     assert str(_gather_error(3, [0, 1], bad).value) == str(e.value)
     with pytest.raises(TypeError):
         _core.check_crops(bad.astype(np.int64), 6, 5)
@@ -263,17 +293,19 @@ def test_stub_matches_the_module(tmp_path):
     pkg = Path(_core.__file__).resolve().parent
     pyi = pkg / "_core.pyi"
     if not pyi.exists():
-        pytest.skip(f"no generated stub beside the module ({pyi}): build with "
-                    "scripts/dev-build.sh or install the package")
+        pytest.skip(
+            f"no generated stub beside the module ({pyi}): build with scripts/dev-build.sh or install the package"
+        )
     nanobind = pytest.importorskip("nanobind", reason="stubgen ships with nanobind")
     built = _core.native_info()["nanobind"]
     if nanobind.__version__ != built:
-        pytest.skip(f"nanobind {nanobind.__version__} here, {built} built the module: stubgen "
-                    "output may differ between versions")
+        pytest.skip(
+            f"nanobind {nanobind.__version__} here, {built} built the module: stubgen "
+            "output may differ between versions"
+        )
     out = tmp_path / "_core.pyi"
     # The build's own generator (CMakeLists.txt), over the module the tests import.
-    subprocess.run([sys.executable, str(MAKE_STUB), str(pkg), "-o", str(out)], check=True,
-                   timeout=300)
+    subprocess.run([sys.executable, str(MAKE_STUB), str(pkg), "-o", str(out)], check=True, timeout=300)
     assert out.read_text() == pyi.read_text(), (
-        f"{pyi} is not the stub of the module beside it: rebuild (scripts/dev-build.sh) or "
-        "reinstall")
+        f"{pyi} is not the stub of the module beside it: rebuild (scripts/dev-build.sh) or reinstall"
+    )

@@ -5,6 +5,7 @@ own room or of a lower one (CMakeLists.txt puts only those folders on a room's i
 so the build refuses the rest too), every file must live in a room listed here, CMakeLists.txt
 must link the rooms in this order, and every SIMD kernel must go through the one dispatch
 mechanism (platform/simd_dispatch.h)."""
+
 from __future__ import annotations
 
 import re
@@ -45,8 +46,9 @@ def _headers() -> dict[str, str]:
 
 
 def test_every_core_file_lives_in_a_room():
-    stray = [str(p.relative_to(CORE)) for p in _sources()
-             if len(p.relative_to(CORE).parts) != 2 or _room_of(p) not in ROOMS]
+    stray = [
+        str(p.relative_to(CORE)) for p in _sources() if len(p.relative_to(CORE).parts) != 2 or _room_of(p) not in ROOMS
+    ]
     assert stray == [], f"files outside ffi/core/<room>/: {stray}"
 
 
@@ -106,8 +108,12 @@ def test_every_simd_kernel_goes_through_the_one_dispatch_header():
         text = p.read_text()
         if p.name == "simd_dispatch.h":
             continue
-        for pattern in (r"__attribute__\(\(target", r"TBLJAX_PUSH_TARGET", r"pragma GCC target",
-                        r"simd_(scalar|avx2|avx512)::"):
+        for pattern in (
+            r"__attribute__\(\(target",
+            r"TBLJAX_PUSH_TARGET",
+            r"pragma GCC target",
+            r"simd_(scalar|avx2|avx512)::",
+        ):
             if re.search(pattern, text):
                 own.append(f"{p.relative_to(CORE)}: {pattern}")
     assert own == [], "\n".join(own)

@@ -4,6 +4,7 @@ dtype x layout x crop x flip, eager and under jit; the normalization contract fo
 values of every channel; errors (eager and from inside jit); donated outputs; the dataset as
 an operand; and per-shard execution on 8 CPU devices (subprocesses), with `sharding=` and
 without it, following the indices' sharding."""
+
 import functools
 import os
 import subprocess
@@ -14,11 +15,12 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-import oracle
 import pytest
 
-from tbljax._src.engine import kernels
 from tbljax import ops
+from tbljax._src.engine import kernels
+
+import oracle
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.uint8), np.dtype(np.float32), BF16]
@@ -29,8 +31,7 @@ RuntimeErr = getattr(jax.errors, "JaxRuntimeError", None) or jax.errors.XlaRunti
 
 def same(a, b) -> bool:
     a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8),
-                                                                        b.view(np.uint8))
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -40,8 +41,7 @@ def same(a, b) -> bool:
 N, H, W, B, OUT = 12, 13, 11, 6, (9, 14)
 RECORDS = np.random.default_rng(0).integers(0, 256, (N, H, W, 3), dtype=np.uint8)
 IDX = np.array([3, 0, 11, 7, 7, 5])
-CROPS = np.array([[0, 0, 13, 11], [2, 3, 8, 6], [1, 1, 5, 10], [0, 5, 13, 3], [12, 10, 1, 1],
-                  [4, 2, 9, 9]], np.int32)
+CROPS = np.array([[0, 0, 13, 11], [2, 3, 8, 6], [1, 1, 5, 10], [0, 5, 13, 3], [12, 10, 1, 1], [4, 2, 9, 9]], np.int32)
 FLIPS = np.array([1, 0, 1, 0, 1, 1], bool)
 
 
@@ -56,10 +56,8 @@ def test_ffi_twin_host_and_reference_agree(dtype, layout, crop, flip):
     hw = OUT if crop else (H, W)
     want = oracle.gather(RECORDS, IDX, hw, c, f, dtype, layout, *(IMAGENET if norm else (0, 1)))
     shape = want.shape
-    host = kernels.gather(RECORDS, IDX, np.empty(shape, dtype), layout=layout, crop=c, flip=f,
-                          mean=mean, std=std)
-    kw = dict(mean=mean, std=std, dtype=dtype, layout=layout, crop=c, flip=f,
-              out_size=hw if crop else None)
+    host = kernels.gather(RECORDS, IDX, np.empty(shape, dtype), layout=layout, crop=c, flip=f, mean=mean, std=std)
+    kw = dict(mean=mean, std=std, dtype=dtype, layout=layout, crop=c, flip=f, out_size=hw if crop else None)
     data = jnp.asarray(RECORDS)
     eager_ffi = ops.gather_normalize(data, IDX, backend="ffi", **kw)
     eager_twin = ops.gather_normalize(data, IDX, backend="twin", **kw)
@@ -67,13 +65,19 @@ def test_ffi_twin_host_and_reference_agree(dtype, layout, crop, flip):
     @jax.jit
     def jitted(d, i, c, f):
         k = dict(kw, crop=c, flip=f)
-        return (ops.gather_normalize(d, i, **k),  # auto: the FFI handler on CPU
-                ops.gather_normalize(d, i, backend="twin", **k))
+        return (
+            ops.gather_normalize(d, i, **k),  # auto: the FFI handler on CPU
+            ops.gather_normalize(d, i, backend="twin", **k),
+        )
 
     jit_auto, jit_twin = jitted(data, jnp.asarray(IDX), c, f)
     assert same(host, want)
-    for name, got in [("ffi eager", eager_ffi), ("twin eager", eager_twin),
-                      ("auto jit", jit_auto), ("twin jit", jit_twin)]:
+    for name, got in [
+        ("ffi eager", eager_ffi),
+        ("twin eager", eager_twin),
+        ("auto jit", jit_auto),
+        ("twin jit", jit_twin),
+    ]:
         assert same(got, want), name
 
 
@@ -84,10 +88,11 @@ def _all_values_image():
 
 
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=lambda d: d.name)
-@pytest.mark.parametrize("params", [IMAGENET, ((0, 0, 0), (1, 1, 1)),
-                                    ((0.5, -0.25, 3.0), (0.1, 2.0, 1e-3)),
-                                    ((0.3, 0.7, 0.11), (0.37, 0.019, 7.5))],
-                         ids=["imagenet", "identity", "odd", "random"])
+@pytest.mark.parametrize(
+    "params",
+    [IMAGENET, ((0, 0, 0), (1, 1, 1)), ((0.5, -0.25, 3.0), (0.1, 2.0, 1e-3)), ((0.3, 0.7, 0.11), (0.37, 0.019, 7.5))],
+    ids=["imagenet", "identity", "odd", "random"],
+)
 def test_normalize_contract_all_256_values_per_channel(dtype, params):
     img = _all_values_image()
     mean, std = params
@@ -95,12 +100,10 @@ def test_normalize_contract_all_256_values_per_channel(dtype, params):
     want = table[np.arange(3), img[0]][None]
     assert same(kernels.normalize_table(mean, std, dtype), table)
     for backend in ("ffi", "twin"):
-        got = ops.gather_normalize(jnp.asarray(img), [0], mean=mean, std=std, dtype=dtype,
-                                   backend=backend)
+        got = ops.gather_normalize(jnp.asarray(img), [0], mean=mean, std=std, dtype=dtype, backend=backend)
         assert same(got, want), backend
     assert same(ops.normalize(jnp.asarray(img), mean=mean, std=std, dtype=dtype), want)
-    nchw = ops.normalize(jnp.asarray(img.transpose(0, 3, 1, 2)), mean=mean, std=std,
-                         dtype=dtype, layout="NCHW")
+    nchw = ops.normalize(jnp.asarray(img.transpose(0, 3, 1, 2)), mean=mean, std=std, dtype=dtype, layout="NCHW")
     assert same(nchw, want.transpose(0, 3, 1, 2))
 
 
@@ -109,9 +112,20 @@ def test_every_simd_target_of_the_handler_matches():
     from tbljax import _core
 
     want = oracle.gather(RECORDS, IDX, OUT, CROPS, FLIPS, BF16, "NCHW", *IMAGENET)
-    f = jax.jit(lambda d, i: ops.gather_normalize(d, i, crop=CROPS, flip=FLIPS, out_size=OUT,
-                                                  mean=IMAGENET[0], std=IMAGENET[1],
-                                                  dtype=BF16, layout="NCHW", backend="ffi"))
+    f = jax.jit(
+        lambda d, i: ops.gather_normalize(
+            d,
+            i,
+            crop=CROPS,
+            flip=FLIPS,
+            out_size=OUT,
+            mean=IMAGENET[0],
+            std=IMAGENET[1],
+            dtype=BF16,
+            layout="NCHW",
+            backend="ffi",
+        )
+    )
     try:
         for target in _core.supported_kernel_targets():
             _core.set_kernel_target(target)
@@ -129,10 +143,14 @@ def test_int64_indices_and_uint8_flips_and_random_resized_crops():
     flips = augment.flips(idx, seed=5, epoch=2).astype(np.uint8)
     want = oracle.gather(RECORDS, idx, (7, 8), boxes, flips, np.float32, "NHWC", *PLAIN)
     for backend in ("ffi", "twin"):
-        f = jax.jit(functools.partial(
-            lambda d, i, c, fl, backend: ops.gather_normalize(d, i, crop=c, flip=fl,
-                                                              out_size=(7, 8), backend=backend),
-            backend=backend))
+        f = jax.jit(
+            functools.partial(
+                lambda d, i, c, fl, backend: ops.gather_normalize(
+                    d, i, crop=c, flip=fl, out_size=(7, 8), backend=backend
+                ),
+                backend=backend,
+            )
+        )
         assert same(f(jnp.asarray(RECORDS), idx, boxes, flips), want), backend
 
 
@@ -142,8 +160,10 @@ def test_auto_uses_the_handler_on_cpu_and_the_dataset_is_an_operand():
     text = f.lower(jnp.asarray(RECORDS), jnp.asarray(IDX)).compile().as_text()
     assert 'custom_call_target="tbljax_gather_normalize"' in text
     assert f"u8[{N},{H},{W},3]" in text and "constant" not in [
-        ln.split("=")[1].split("(")[0].split()[-1] for ln in text.splitlines()
-        if f"u8[{N},{H},{W},3]" in ln and "=" in ln]
+        ln.split("=")[1].split("(")[0].split()[-1]
+        for ln in text.splitlines()
+        if f"u8[{N},{H},{W},3]" in ln and "=" in ln
+    ]
     # One compiled program serves any dataset of that shape: the records are an operand.
     other = RECORDS[::-1].copy()
     assert same(f(jnp.asarray(other), jnp.asarray(IDX)), other[IDX])
@@ -154,8 +174,7 @@ def test_auto_uses_the_handler_on_cpu_and_the_dataset_is_an_operand():
 
 
 def test_donated_output_is_written_in_place():
-    f = jax.jit(lambda d, i, o: ops.gather_normalize(d, i, out=o, crop=CROPS, out_size=OUT),
-                donate_argnums=2)
+    f = jax.jit(lambda d, i, o: ops.gather_normalize(d, i, out=o, crop=CROPS, out_size=OUT), donate_argnums=2)
     out = jnp.zeros((B, *OUT, 3), jnp.float32)
     lowered = f.lower(jnp.asarray(RECORDS), jnp.asarray(IDX), out).compile().as_text()
     assert "input_output_alias" in lowered
@@ -169,8 +188,9 @@ def test_vmap_runs_each_batch():
     got = jax.vmap(lambda i: ops.gather_normalize(jnp.asarray(RECORDS), i, dtype=jnp.uint8))(idx)
     assert same(got, RECORDS[np.asarray(idx)])
     for backend in ("ffi", "twin"):  # traced: through the op that follows the mesh
-        f = jax.jit(jax.vmap(functools.partial(ops.gather_normalize, dtype=jnp.uint8,
-                                               backend=backend), in_axes=(None, 0)))
+        f = jax.jit(
+            jax.vmap(functools.partial(ops.gather_normalize, dtype=jnp.uint8, backend=backend), in_axes=(None, 0))
+        )
         assert same(f(jnp.asarray(RECORDS), idx), RECORDS[np.asarray(idx)]), backend
 
 
@@ -183,42 +203,57 @@ def test_empty_batch():
 # Errors
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("backend", ops.BACKENDS)
 @pytest.mark.parametrize("bad", [-1, N])
 def test_concrete_bad_index_is_an_index_error(backend, bad):
-    with pytest.raises(IndexError, match=rf"indices\[2\] = {bad} is out of range for a source "
-                                         rf"of {N} records \(allowed 0..{N - 1}\)"):
+    with pytest.raises(
+        IndexError,
+        match=rf"indices\[2\] = {bad} is out of range for a source "
+        rf"of {N} records \(allowed 0..{N - 1}\)",
+    ):
         ops.gather_normalize(jnp.asarray(RECORDS), [0, 1, bad], backend=backend)
 
 
 def test_bad_index_inside_jit_fails_the_computation_naming_it():
     f = jax.jit(lambda d, i: ops.gather_normalize(d, i, backend="ffi"))
-    with pytest.raises(RuntimeErr, match=r"indices\[1\] = 25 is out of range for a source of "
-                                         r"12 records"):
+    with pytest.raises(
+        RuntimeErr,
+        match=r"indices\[1\] = 25 is out of range for a source of "
+        r"12 records",
+    ):
         f(jnp.asarray(RECORDS), jnp.array([1, 25, 3])).block_until_ready()
     g = jax.jit(lambda d, c: ops.gather_normalize(d, jnp.arange(2), crop=c, out_size=(4, 4)))
-    with pytest.raises(RuntimeErr, match=r"crop\[1\] = \(y0=10, x0=0, h=5, w=3\) is not a "
-                                         r"non-empty box inside the 13x11 image"):
+    with pytest.raises(
+        RuntimeErr,
+        match=r"crop\[1\] = \(y0=10, x0=0, h=5, w=3\) is not a "
+        r"non-empty box inside the 13x11 image",
+    ):
         g(jnp.asarray(RECORDS), jnp.array([[0, 0, 2, 2], [10, 0, 5, 3]])).block_until_ready()
     # The failure is per call: the next good call runs.
-    assert same(f(jnp.asarray(RECORDS), jnp.array([1, 2, 3])),
-                oracle.gather(RECORDS, [1, 2, 3], (H, W), None, None, np.float32, "NHWC", *PLAIN))
+    assert same(
+        f(jnp.asarray(RECORDS), jnp.array([1, 2, 3])),
+        oracle.gather(RECORDS, [1, 2, 3], (H, W), None, None, np.float32, "NHWC", *PLAIN),
+    )
 
 
-@pytest.mark.parametrize("kwargs, exc, match", [
-    (dict(crop=[[0, 0, 14, 2]] * 3), ValueError, r"crop\[0\] = \(y0=0, x0=0, h=14, w=2\)"),
-    (dict(crop=[[0, 0, 2, 2]] * 2), ValueError, r"crop must have shape \(3, 4\)"),
-    (dict(crop=[[0.0, 0, 2, 2]] * 3), TypeError, r"crop must hold integers"),
-    (dict(flip=[True, False]), ValueError, r"flip must have shape \(3,\)"),
-    (dict(dtype=np.float16), ValueError, r"dtype must be one of \['uint8', 'float32', 'bfloat16'\]"),
-    (dict(dtype=np.uint8, mean=(0, 0, 0)), ValueError, r"uint8 output is not normalized"),
-    (dict(std=(1, 0, 1)), ValueError, r"std\[1\] = 0.0 must be a finite number > 0"),
-    (dict(mean=(1, 2)), ValueError, r"mean must have 3 values"),
-    (dict(layout="HWC"), ValueError, r"layout must be one of"),
-    (dict(out_size=(5, 5)), ValueError, r"resizing needs crop boxes"),
-    (dict(backend="gpu"), ValueError, r"backend must be one of"),
-    (dict(out=jnp.zeros((3, 5, 5, 3))), ValueError, r"out must be float32 of shape"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(crop=[[0, 0, 14, 2]] * 3), ValueError, r"crop\[0\] = \(y0=0, x0=0, h=14, w=2\)"),
+        (dict(crop=[[0, 0, 2, 2]] * 2), ValueError, r"crop must have shape \(3, 4\)"),
+        (dict(crop=[[0.0, 0, 2, 2]] * 3), TypeError, r"crop must hold integers"),
+        (dict(flip=[True, False]), ValueError, r"flip must have shape \(3,\)"),
+        (dict(dtype=np.float16), ValueError, r"dtype must be one of \['uint8', 'float32', 'bfloat16'\]"),
+        (dict(dtype=np.uint8, mean=(0, 0, 0)), ValueError, r"uint8 output is not normalized"),
+        (dict(std=(1, 0, 1)), ValueError, r"std\[1\] = 0.0 must be a finite number > 0"),
+        (dict(mean=(1, 2)), ValueError, r"mean must have 3 values"),
+        (dict(layout="HWC"), ValueError, r"layout must be one of"),
+        (dict(out_size=(5, 5)), ValueError, r"resizing needs crop boxes"),
+        (dict(backend="gpu"), ValueError, r"backend must be one of"),
+        (dict(out=jnp.zeros((3, 5, 5, 3))), ValueError, r"out must be float32 of shape"),
+    ],
+)
 def test_argument_errors_name_the_value(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         ops.gather_normalize(jnp.asarray(RECORDS), [0, 1, 2], **kwargs)
@@ -280,10 +315,8 @@ _SHARDED = textwrap.dedent("""
 
 def _run_on_8_cpu_devices(code: str) -> None:
     """Runs `code` in a child process that sees 8 CPU devices; it must end by printing OK."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
 
 

@@ -1,21 +1,22 @@
 """Order and augmentation keys: permutations checked exhaustively, the hash against a plain
 Python reference, jax.numpy twins bit for bit, RRC boxes against a float64 torchvision-style
 reference, and the state's validation."""
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 import pytest
+
+from tbljax import order
+from tbljax._src.rules import augment
+from tbljax._src.rules.augment import Augment
+from tbljax._src.rules.order import permute_reference
+
 from oracle import rrc_reference, torchvision_sample
 
-from tbljax._src.rules import augment
-from tbljax import order
-from tbljax._src.rules.order import permute_reference
-from tbljax._src.rules.augment import Augment
-
-SIZES = [1, 2, 3, 5, 7, 8, 13, 15, 16, 17, 31, 32, 33, 97, 127, 128, 129, 1000, 1021, 1024,
-         4095, 4097]
+SIZES = [1, 2, 3, 5, 7, 8, 13, 15, 16, 17, 31, 32, 33, 97, 127, 128, 129, 1000, 1021, 1024, 4095, 4097]
 SEEDS = [0, 1, 2**40 + 3]
 
 
@@ -61,8 +62,13 @@ def permute_ref(x: int, n: int, seed: int, epoch: int) -> int:
 def test_native_shuffle_matches_the_definition_and_the_array_code(n):
     # order.permute runs the network in C++; the array code (permute_reference) is what
     # jax.numpy runs. Both must give the plain-Python definition's indices.
-    pos = np.unique(np.r_[np.arange(min(n, 300)), n - 1 - np.arange(min(n, 300)),
-                          np.random.default_rng(n % 1000).integers(0, n, 300, dtype=np.int64)])
+    pos = np.unique(
+        np.r_[
+            np.arange(min(n, 300)),
+            n - 1 - np.arange(min(n, 300)),
+            np.random.default_rng(n % 1000).integers(0, n, 300, dtype=np.int64),
+        ]
+    )
     for seed, epoch in ((0, 0), (7, 3), (2**63 + 5, 2**32 - 1)):
         want = [permute_ref(int(p), n, seed, epoch) for p in pos]
         assert order.permute(pos, n, seed, epoch).tolist() == want, (n, seed, epoch)
@@ -96,14 +102,13 @@ def test_epochs_and_seeds_differ_and_look_shuffled():
     perms = {(s, e): order.permute(np.arange(n), n, s, e) for s in (0, 1) for e in (0, 1, 2)}
     keys = list(perms)
     for i, a in enumerate(keys):
-        for b in keys[i + 1:]:
+        for b in keys[i + 1 :]:
             assert (perms[a] != perms[b]).mean() > 0.9, (a, b)
     for p in perms.values():
         assert abs(np.corrcoef(np.arange(n), p)[0, 1]) < 0.15
         assert (p == np.arange(n)).sum() < 10
     # Where sample 0 lands, over many epochs of a small dataset: roughly uniform.
-    counts = np.bincount([int(np.argmax(order.permute(np.arange(8), 8, 3, e) == 0))
-                          for e in range(1600)], minlength=8)
+    counts = np.bincount([int(np.argmax(order.permute(np.arange(8), 8, 3, e) == 0)) for e in range(1600)], minlength=8)
     assert counts.min() > 130 and counts.max() < 270, counts
 
 
@@ -134,14 +139,15 @@ def test_jax_numpy_twin_is_bit_exact():
 
     @jax.jit
     def twin(i):
-        return (order.random_bits(i[:, None], jnp.arange(41), seed=2**33 + 1, epoch=6, xp=jnp),
-                augment.crop_boxes(i, height=64, width=48, seed=3, epoch=1, xp=jnp),
-                augment.crop_boxes(i, height=7, width=300, seed=3, epoch=1, xp=jnp),
-                augment.flips(i, seed=3, epoch=1, xp=jnp))
+        return (
+            order.random_bits(i[:, None], jnp.arange(41), seed=2**33 + 1, epoch=6, xp=jnp),
+            augment.crop_boxes(i, height=64, width=48, seed=3, epoch=1, xp=jnp),
+            augment.crop_boxes(i, height=7, width=300, seed=3, epoch=1, xp=jnp),
+            augment.flips(i, seed=3, epoch=1, xp=jnp),
+        )
 
     bits, boxes_a, boxes_b, flips = (np.asarray(x) for x in twin(jnp.asarray(idx, jnp.int32)))
-    assert np.array_equal(bits, order.random_bits(idx[:, None], np.arange(41), seed=2**33 + 1,
-                                                  epoch=6))
+    assert np.array_equal(bits, order.random_bits(idx[:, None], np.arange(41), seed=2**33 + 1, epoch=6))
     assert np.array_equal(boxes_a, augment.crop_boxes(idx, height=64, width=48, seed=3, epoch=1))
     assert np.array_equal(boxes_b, augment.crop_boxes(idx, height=7, width=300, seed=3, epoch=1))
     assert np.array_equal(flips, augment.flips(idx, seed=3, epoch=1))
@@ -184,8 +190,7 @@ def test_state_roundtrip_and_clear_errors():
     with pytest.raises(ValueError, match="seed=3 but this loader has seed=4"):
         order.check_state(s, seed=4, fingerprint="37-abc", n=37)
     with pytest.raises(ValueError, match=r"missing \['position'\]"):
-        order.check_state({k: v for k, v in s.items() if k != "position"}, seed=3,
-                          fingerprint="37-abc", n=37)
+        order.check_state({k: v for k, v in s.items() if k != "position"}, seed=3, fingerprint="37-abc", n=37)
     with pytest.raises(ValueError, match=r"\[0, 37\], got 38"):
         order.check_state({**s, "position": 38}, seed=3, fingerprint="37-abc", n=37)
     with pytest.raises(ValueError, match="must be a dict"):
@@ -193,6 +198,7 @@ def test_state_roundtrip_and_clear_errors():
 
 
 # ---- augmentation ----
+
 
 @pytest.mark.parametrize("hw", [(64, 48), (160, 160), (3, 200), (37, 5)])
 def test_crop_boxes_follow_torchvision_semantics(hw):

@@ -4,6 +4,7 @@ dependency has a `>=` floor that .ci/run installs and tests. (The floors themsel
 by that CI job: the oldest versions, pinned, pass the tests.) And what the wheel tells users and
 tools: one version, the licence, classifiers, extras each installable on its own, the linked
 libraries' versions, and a missing system package named."""
+
 from __future__ import annotations
 
 import ast
@@ -20,8 +21,16 @@ REPO = Path(__file__).resolve().parents[1]
 IMPORT_NAME_TO_DIST = {"PIL": "pillow", "google": "protobuf"}
 # Modules whose imports belong to an extra, not the core: the framework adapters, the PNG
 # grid of `tbljax show` (Pillow), the Hugging Face and TFDS sources, conversion on Beam.
-EXTRA_OF = {"torch.py": "torch", "mlx.py": "mlx", "show.py": "pil", "hf_sources.py": "hf",
-            "tfds_sources.py": "tfds", "tf_example.py": "tfds", "beam.py": "beam"}
+EXTRA_OF = {
+    "torch.py": "torch",
+    "mlx.py": "mlx",
+    "show.py": "pil",
+    "huggingface.py": "hf",
+    "tfds.py": "tfds",
+    "tf_example.py": "tfds",
+    "beam.py": "beam",
+    "fields.py": "pil",
+}  # fields.py: a .png mask member or sidecar, read at conversion
 # Used when installed, never needed: a progress bar in Jupyter (convert's progress report).
 ENHANCEMENTS = {"tqdm", "IPython"}
 
@@ -35,8 +44,9 @@ def _guarded(tree: ast.AST) -> set[int]:
     lines: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Try) and any(
-                isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError", "Exception")
-                for h in node.handlers):
+            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError", "Exception")
+            for h in node.handlers
+        ):
             for stmt in node.body:
                 lines.update(n.lineno for n in ast.walk(stmt) if isinstance(n, (ast.Import, ast.ImportFrom)))
     return lines
@@ -73,8 +83,9 @@ def test_every_import_is_declared():
 def test_core_dependencies_have_floors_that_ci_pins():
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     for d in deps:
-        assert re.fullmatch(r"[A-Za-z0-9_.-]+>=[0-9][0-9A-Za-z.]*", d.replace(" ", "")), \
+        assert re.fullmatch(r"[A-Za-z0-9_.-]+>=[0-9][0-9A-Za-z.]*", d.replace(" ", "")), (
             f"{d!r}: .ci/run pins each core dependency's '>=' floor and tests it"
+        )
     floors = {_dist(d): d.split(">=")[1] for d in deps}
     assert floors["jax"] == floors["jaxlib"]  # jax pins its own jaxlib
     ci = (REPO / ".ci" / "run").read_text()
@@ -92,15 +103,18 @@ USER_EXTRAS = {"torch", "mlx", "gcs", "s3", "http", "pil"}
 def test_one_version_source():
     from tbljax import _core
 
-    assert len(re.findall(r'(?m)^version\s*=', (REPO / "pyproject.toml").read_text())) == 1
+    assert len(re.findall(r"(?m)^version\s*=", (REPO / "pyproject.toml").read_text())) == 1
     version = PYPROJECT["project"]["version"]
     # CMake compiles pyproject's version into the module; __version__ and --version read it.
     assert _core.native_info()["version"] == version
     cmake = (REPO / "CMakeLists.txt").read_text()
     assert "project(tbljax VERSION ${SKBUILD_PROJECT_VERSION}" in cmake and "pyproject.toml" in cmake
-    literals = [f"{p.relative_to(REPO)}: {line.strip()}"
-                for p in sorted((REPO / "src").rglob("*.py")) for line in p.read_text().splitlines()
-                if re.search(r"""__version__\s*(:\s*str\s*)?=\s*["']""", line)]
+    literals = [
+        f"{p.relative_to(REPO)}: {line.strip()}"
+        for p in sorted((REPO / "src").rglob("*.py"))
+        for line in p.read_text().splitlines()
+        if re.search(r"""__version__\s*(:\s*str\s*)?=\s*["']""", line)
+    ]
     assert literals == []
 
 
@@ -121,8 +135,11 @@ def test_licence_files_and_expression():
 def test_python_classifiers_follow_requires_python():
     project = PYPROJECT["project"]
     floor = tuple(int(x) for x in re.fullmatch(r">=(\d+)\.(\d+)", project["requires-python"]).groups())
-    listed = sorted(tuple(int(x) for x in m.groups()) for c in project["classifiers"]
-                    if (m := re.fullmatch(r"Programming Language :: Python :: (\d+)\.(\d+)", c)))
+    listed = sorted(
+        tuple(int(x) for x in m.groups())
+        for c in project["classifiers"]
+        if (m := re.fullmatch(r"Programming Language :: Python :: (\d+)\.(\d+)", c))
+    )
     assert listed and listed[0] == floor, (floor, listed)
     assert listed == [(3, m) for m in range(floor[1], listed[-1][1] + 1)]  # no gap
 
@@ -164,8 +181,11 @@ def test_build_info_reports_the_linked_libraries():
         assert info["lz4"] == info["lz4_headers"]
     else:
         assert info["native_deps"] == "shared" and lib.resolve() != Path(_core.__file__).resolve()
-        mapped = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
-                  if re.search(r"/liblz4\.so", line)}
+        mapped = {
+            line.split()[-1]
+            for line in Path("/proc/self/maps").read_text().splitlines()
+            if re.search(r"/liblz4\.so", line)
+        }
         assert mapped
         for path in mapped:
             version = ctypes.CDLL(path).LZ4_versionString
@@ -183,11 +203,26 @@ def test_a_missing_system_package_is_named(tmp_path, static, missing, package):
     cmake = shutil.which("cmake")
     if cmake is None or not Path("/usr/include/jpeglib.h").exists():
         pytest.skip("needs cmake and the system's libjpeg headers")
-    hidden = ["/usr/include", "/usr/local/include", *map(str, Path("/usr/include").glob("*-linux-gnu")),
-              "/usr/lib", "/usr/local/lib", "/lib", *map(str, Path("/usr/lib").glob("*-linux-gnu")),
-              *map(str, Path("/lib").glob("*-linux-gnu"))]
-    args = [cmake, "-S", str(REPO), "-B", str(tmp_path), f"-DPython_EXECUTABLE={sys.executable}",
-            f"-DCMAKE_IGNORE_PATH={';'.join(hidden)}", f"-DTBLJAX_STATIC_DEPS={static}"]
+    hidden = [
+        "/usr/include",
+        "/usr/local/include",
+        *map(str, Path("/usr/include").glob("*-linux-gnu")),
+        "/usr/lib",
+        "/usr/local/lib",
+        "/lib",
+        *map(str, Path("/usr/lib").glob("*-linux-gnu")),
+        *map(str, Path("/lib").glob("*-linux-gnu")),
+    ]
+    args = [
+        cmake,
+        "-S",
+        str(REPO),
+        "-B",
+        str(tmp_path),
+        f"-DPython_EXECUTABLE={sys.executable}",
+        f"-DCMAKE_IGNORE_PATH={';'.join(hidden)}",
+        f"-DTBLJAX_STATIC_DEPS={static}",
+    ]
     if missing == "lz4":
         jpeg = sorted(Path("/usr/lib").rglob("libjpeg.a" if static == "ON" else "libjpeg.so"))
         if not jpeg:
@@ -206,8 +241,7 @@ def test_import_tbljax_imports_no_framework_and_no_optional_dependency():
     import subprocess
     import sys
 
-    heavy = ["jax", "torch", "mlx", "google.protobuf", "pyarrow", "datasets", "array_record",
-             "apache_beam", "PIL"]
+    heavy = ["jax", "torch", "mlx", "google.protobuf", "pyarrow", "datasets", "array_record", "apache_beam", "PIL"]
     code = f"import sys, tbljax; print([m for m in {heavy!r} if m in sys.modules])"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)

@@ -4,6 +4,7 @@ localhost (tests/_partition_worker.py) each read only their own part of uneven s
 against plain arithmetic and the NumPy pixels: every record once an epoch, each process's rows
 from its part, the same steps everywhere, the global arrays in process order, a new order each
 epoch, exact resume, the rule for another process count, and a single file split by records."""
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import _loader_testing as T
 import tbljax
 from tbljax import order
 
+import _loader_testing as T
+
 TESTS = Path(__file__).resolve().parent
-FILES = [5, 9, 4, 11, 7]   # records of each shard file: parts of uneven sizes
+FILES = [5, 9, 4, 11, 7]  # records of each shard file: parts of uneven sizes
 N = sum(FILES)
-SINGLE = 23                # records of the single-file dataset (the first 23 images)
+SINGLE = 23  # records of the single-file dataset (the first 23 images)
 G, SEED, EPOCHS = 8, 5, 2
 
 
@@ -32,8 +34,7 @@ def _parts_of_files(processes):
     them (process p of P: files [p*F//P, (p+1)*F//P)), written out here as plain arithmetic."""
     starts = np.concatenate([[0], np.cumsum(FILES)])
     f = len(FILES)
-    return [range(int(starts[p * f // processes]), int(starts[(p + 1) * f // processes]))
-            for p in range(processes)]
+    return [range(int(starts[p * f // processes]), int(starts[(p + 1) * f // processes])) for p in range(processes)]
 
 
 def _parts_of_records(n, processes):
@@ -48,8 +49,10 @@ def data(tmp_path_factory):
     np.save(d / "images.npy", imgs)
     np.save(d / "labels.npy", labels)
     starts = np.concatenate([[0], np.cumsum(FILES)])
-    shards = [T.write_tbl(d / f"s{k}.tbl", imgs[starts[k]:starts[k + 1]],
-                          labels[starts[k]:starts[k + 1]]) for k in range(len(FILES))]
+    shards = [
+        T.write_tbl(d / f"s{k}.tbl", imgs[starts[k] : starts[k + 1]], labels[starts[k] : starts[k + 1]])
+        for k in range(len(FILES))
+    ]
     single = T.write_tbl(d / "single.tbl", imgs[:SINGLE], labels[:SINGLE])
     return d, imgs, labels, shards, single
 
@@ -77,16 +80,29 @@ def _free_port():
 
 def _launch(d, processes, devices, runs, tmp_path):
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"images": str(d / "images.npy"), "labels": str(d / "labels.npy"),
-                                "runs": runs}))
+    spec.write_text(json.dumps({"images": str(d / "images.npy"), "labels": str(d / "labels.npy"), "runs": runs}))
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(TESTS), env.get("PYTHONPATH", "")] if p)
     port = _free_port()
     outs = [tmp_path / f"p{i}.json" for i in range(processes)]
-    procs = [subprocess.Popen([sys.executable, str(TESTS / "_partition_worker.py"), str(i),
-                               str(processes), str(port), str(spec), str(outs[i])], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(processes)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(TESTS / "_partition_worker.py"),
+                str(i),
+                str(processes),
+                str(port),
+                str(spec),
+                str(outs[i]),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(processes)
+    ]
     logs = []
     try:
         for p in procs:
@@ -110,8 +126,7 @@ def _check_run(runs, parts, local_batch, *, drop):
     """What every process served in one run (``runs[p]``: process p's), checked across
     processes. Returns {(process, epoch): valid sample indices in step order}."""
     sizes = [len(p) for p in parts]
-    per_epoch = (min(n // local_batch for n in sizes) if drop else
-                 max(-(-n // local_batch) for n in sizes))
+    per_epoch = min(n // local_batch for n in sizes) if drop else max(-(-n // local_batch) for n in sizes)
     served = {}
     for p, run in enumerate(runs):
         assert run["len"] == per_epoch  # every process runs the same number of steps
@@ -143,8 +158,9 @@ def _check_epochs(served, parts, local_batch, *, drop, epochs=EPOCHS):
 
 def _flips_of_global_loader(path_or_paths, epochs, imgs):
     """{(epoch, sample): flipped} from the global order (partition=None, one process)."""
-    ld = tbljax.loader(path_or_paths, 4, seed=SEED, num_epochs=epochs, dtype="uint8",
-                       augment="flip", drop_remainder=False)
+    ld = tbljax.loader(
+        path_or_paths, 4, seed=SEED, num_epochs=epochs, dtype="uint8", augment="flip", drop_remainder=False
+    )
     flips = {}
     for b in ld:
         epoch = ld.cursor[0] if ld.cursor[1] else ld.cursor[0] - 1
@@ -173,24 +189,28 @@ def test_processes_read_only_their_parts(data, tmp_path, processes, devices):
     per_epoch = max(-(-len(p) // b) for p in _parts_of_files(processes))
     paths = _staged(d, shards, processes)
     runs = {
-        "files": {"paths": paths, "batch": G, "seed": SEED, "epochs": EPOCHS, "drop": False,
-                  "save_after": [1, per_epoch - 1], "resume": [[1, G], [1, G // 2]]},
+        "files": {
+            "paths": paths,
+            "batch": G,
+            "seed": SEED,
+            "epochs": EPOCHS,
+            "drop": False,
+            "save_after": [1, per_epoch - 1],
+            "resume": [[1, G], [1, G // 2]],
+        },
         "dropped": {"paths": paths, "batch": G, "seed": SEED, "epochs": EPOCHS, "drop": True},
-        "single": {"paths": str(single), "batch": G, "seed": SEED, "epochs": EPOCHS,
-                   "drop": False},
+        "single": {"paths": str(single), "batch": G, "seed": SEED, "epochs": EPOCHS, "drop": False},
     }
     if processes == 2:  # process 1's own file is missing: every process fails, none hangs
         missing = [paths[0], [str(tmp_path / "nowhere" / s.name) for s in shards]]
         runs["missing"] = {"paths": missing, "batch": G, "seed": SEED, "epochs": 1, "drop": False}
     else:  # fewer files than processes
-        runs["too_few"] = {"paths": [p[:3] for p in paths], "batch": G, "seed": SEED,
-                           "epochs": 1, "drop": False}
+        runs["too_few"] = {"paths": [p[:3] for p in paths], "batch": G, "seed": SEED, "epochs": 1, "drop": False}
     res = _launch(d, processes, devices, runs, tmp_path)
 
     parts = _parts_of_files(processes)
     assert all(r["files"]["num_samples"] == N for r in res)
-    assert all(len(r[name]["steps"]) == EPOCHS * r[name]["len"] for r in res
-               for name in ("files", "dropped", "single"))
+    assert all(len(r[name]["steps"]) == EPOCHS * r[name]["len"] for r in res for name in ("files", "dropped", "single"))
     served = _check_run([r["files"] for r in res], parts, b, drop=False)
     _check_epochs(served, parts, b, drop=False)
     _check_flips(res, "files", _flips_of_global_loader([str(s) for s in shards], EPOCHS, imgs))
@@ -209,10 +229,9 @@ def test_processes_read_only_their_parts(data, tmp_path, processes, devices):
     for r in res:
         assert r["files"][f"resumed_1_{G}"]["steps"] == r["files"]["steps"][2:]
     # Resumed with another batch size: the rest of epoch 0 and then epoch 1, each record once.
-    resumed = _check_run([r["files"][f"resumed_1_{G // 2}"] for r in res], parts, b // 2,
-                         drop=False)
+    resumed = _check_run([r["files"][f"resumed_1_{G // 2}"] for r in res], parts, b // 2, drop=False)
     for p in range(processes):
-        resumed[(p, 0)] = served[(p, 0)][:2 * b] + resumed.get((p, 0), [])
+        resumed[(p, 0)] = served[(p, 0)][: 2 * b] + resumed.get((p, 0), [])
     _check_epochs(resumed, parts, b // 2, drop=False)
 
     if processes == 2:
@@ -220,25 +239,29 @@ def test_processes_read_only_their_parts(data, tmp_path, processes, devices):
         assert errors[1].startswith("FileNotFoundError") and "nowhere" in errors[1], errors
         assert errors[0].startswith("RuntimeError") and "processes [1]" in errors[0], errors
     else:
-        assert all("3 shard files cannot be split over 4 processes" in r["too_few"]["error"]
-                   for r in res), [r["too_few"]["error"] for r in res]
+        assert all("3 shard files cannot be split over 4 processes" in r["too_few"]["error"] for r in res), [
+            r["too_few"]["error"] for r in res
+        ]
 
     # Another process count (this test process is a 1-process job): mid-epoch refused with
     # the way out; at an epoch boundary, exact.
-    ld = tbljax.loader([str(s) for s in shards], 4, seed=SEED, num_epochs=EPOCHS, dtype="uint8",
-                       partition="host", drop_remainder=False)
-    with pytest.raises(ValueError, match=rf"mid-epoch .* by {processes} processes.*"
-                                         r"set_epoch\(1\) skips.*set_epoch\(0\) serves"):
+    ld = tbljax.loader(
+        [str(s) for s in shards], 4, seed=SEED, num_epochs=EPOCHS, dtype="uint8", partition="host", drop_remainder=False
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"mid-epoch .* by {processes} processes.*"
+        r"set_epoch\(1\) skips.*set_epoch\(0\) serves",
+    ):
         ld.load_state_dict(mid)
     ld.load_state_dict(boundary)
-    after = [int(i) for b_ in ld for i, v in zip(np.asarray(b_["index"]), np.asarray(b_["valid"]))
-             if v]
+    after = [int(i) for b_ in ld for i, v in zip(np.asarray(b_["index"]), np.asarray(b_["valid"])) if v]
     assert sorted(after) == list(range(N))
-    fresh = tbljax.loader([str(s) for s in shards], 4, seed=SEED, num_epochs=EPOCHS,
-                          dtype="uint8", partition="host", drop_remainder=False)
+    fresh = tbljax.loader(
+        [str(s) for s in shards], 4, seed=SEED, num_epochs=EPOCHS, dtype="uint8", partition="host", drop_remainder=False
+    )
     fresh.set_epoch(1)
-    assert after == [int(i) for b_ in fresh for i, v in zip(np.asarray(b_["index"]),
-                                                            np.asarray(b_["valid"])) if v]
+    assert after == [int(i) for b_ in fresh for i, v in zip(np.asarray(b_["index"]), np.asarray(b_["valid"])) if v]
 
 
 def test_one_process_serves_the_whole_dataset(data):
@@ -246,8 +269,7 @@ def test_one_process_serves_the_whole_dataset(data):
     epoch with the right pixels and labels, and its state resumes exactly."""
     _, imgs, labels, shards, _ = data
     paths = [str(s) for s in shards]
-    ld = tbljax.loader(paths, 6, seed=SEED, num_epochs=2, dtype="uint8", partition="host",
-                       drop_remainder=False)
+    ld = tbljax.loader(paths, 6, seed=SEED, num_epochs=2, dtype="uint8", partition="host", drop_remainder=False)
     assert len(ld) == -(-N // 6) and ld.num_samples == N
     stream, state = [], None
     for k, b in enumerate(ld):
@@ -260,9 +282,8 @@ def test_one_process_serves_the_whole_dataset(data):
             state = ld.state_dict()
     per_epoch = len(ld)
     for e in range(2):
-        assert sorted(sum(stream[e * per_epoch:(e + 1) * per_epoch], [])) == list(range(N))
-    again = tbljax.loader(paths, 6, seed=SEED, num_epochs=2, dtype="uint8", partition="host",
-                          drop_remainder=False)
+        assert sorted(sum(stream[e * per_epoch : (e + 1) * per_epoch], [])) == list(range(N))
+    again = tbljax.loader(paths, 6, seed=SEED, num_epochs=2, dtype="uint8", partition="host", drop_remainder=False)
     again.load_state_dict(state)
     assert [np.asarray(b["index"])[np.asarray(b["valid"])].tolist() for b in again] == stream[3:]
 
@@ -290,8 +311,8 @@ def test_parts_arithmetic():
     """Steps and cursors over parts, against numbers worked out by hand."""
     parts = order.Parts((5, 9, 4), index=2)
     assert (parts.start, parts.n) == (14, 4)
-    assert parts.steps(2, drop_remainder=True) == 2      # the smallest part fills 2 steps
-    assert parts.steps(2, drop_remainder=False) == 5     # the largest needs 5
+    assert parts.steps(2, drop_remainder=True) == 2  # the smallest part fills 2 steps
+    assert parts.steps(2, drop_remainder=False) == 5  # the largest needs 5
     assert parts.steps(2, drop_remainder=False, start=6) == 2
     assert parts.advance(0, 8, 2, drop_remainder=False) == (0, 8)
     assert parts.advance(0, 10, 2, drop_remainder=False) == (1, 0)

@@ -4,6 +4,7 @@ own cache with ``tbljax.stage(..., partition="host")`` and read it with ``tbljax
 list stage returned>, partition="host")``. Checked against plain arithmetic and the files'
 bytes: each cache holds exactly its part, byte for byte; every process runs the same steps;
 over all processes every record is served once per epoch, from the part that holds it."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ pytest.importorskip("aiohttp", reason="fsspec's HTTP filesystem needs aiohttp (p
 from _http_testing import Server  # noqa: E402 - after the skip
 
 TESTS = Path(__file__).resolve().parent
-FILES = [5, 9, 4, 11, 7]   # records of each shard file: parts of uneven sizes
+FILES = [5, 9, 4, 11, 7]  # records of each shard file: parts of uneven sizes
 N = sum(FILES)
 NAMES = [f"train-{k:02d}.tbl" for k in range(len(FILES))]
 G, SEED, EPOCHS = 8, 3, 2
@@ -47,7 +48,7 @@ def served(tmp_path_factory):
     np.save(root / "labels.npy", labels)
     starts = np.concatenate([[0], np.cumsum(FILES)])
     for k, name in enumerate(NAMES):
-        T.write_tbl(www / name, imgs[starts[k]:starts[k + 1]], labels[starts[k]:starts[k + 1]])
+        T.write_tbl(www / name, imgs[starts[k] : starts[k + 1]], labels[starts[k] : starts[k + 1]])
     server = Server(www)
     yield root, www, server
     server.close()
@@ -84,21 +85,47 @@ def _env(**extra):
 def test_stage_then_read_host_parts(served, tmp_path, processes):
     root, www, server = served
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({
-        "url": f"{server.url}/train-{{00..{len(FILES) - 1:02d}}}.tbl", "caches": str(tmp_path),
-        "images": str(root / "images.npy"), "labels": str(root / "labels.npy"),
-        "batch": G, "seed": SEED, "epochs": EPOCHS}))
+    spec.write_text(
+        json.dumps(
+            {
+                "url": f"{server.url}/train-{{00..{len(FILES) - 1:02d}}}.tbl",
+                "caches": str(tmp_path),
+                "images": str(root / "images.npy"),
+                "labels": str(root / "labels.npy"),
+                "batch": G,
+                "seed": SEED,
+                "epochs": EPOCHS,
+            }
+        )
+    )
     port, outs = _free_port(), [tmp_path / f"p{i}.json" for i in range(processes)]
-    _run([subprocess.Popen([sys.executable, str(TESTS / "_pod_worker.py"), str(i), str(processes),
-                            str(port), str(spec), str(outs[i])], env=_env(),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-          for i in range(processes)])
+    _run(
+        [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(TESTS / "_pod_worker.py"),
+                    str(i),
+                    str(processes),
+                    str(port),
+                    str(spec),
+                    str(outs[i]),
+                ],
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i in range(processes)
+        ]
+    )
     res = [json.loads(o.read_text()) for o in outs]
 
     starts = np.concatenate([[0], np.cumsum(FILES)])
     b = G // processes
-    parts = [range(int(starts[fs[0]]), int(starts[fs[-1] + 1]))
-             for fs in (_files_of(p, processes) for p in range(processes))]
+    parts = [
+        range(int(starts[fs[0]]), int(starts[fs[-1] + 1])) for fs in (_files_of(p, processes) for p in range(processes))
+    ]
     steps_per_epoch = max(-(-len(part) // b) for part in parts)
     for p, r in enumerate(res):
         cache = tmp_path / f"host{p}"
@@ -115,8 +142,11 @@ def test_stage_then_read_host_parts(served, tmp_path, processes):
         assert all(r["steps"][k]["global"] == glob for r in res)  # one global batch
         for p, r in enumerate(res):
             assert r["steps"][k]["rows"] == list(range(p * b, (p + 1) * b))  # its G/P rows
-    got = {(p, e): [i for s in r["steps"] if s["epoch"] == e for i in s["valid"]]
-           for p, r in enumerate(res) for e in range(EPOCHS)}
+    got = {
+        (p, e): [i for s in r["steps"] if s["epoch"] == e for i in s["valid"]]
+        for p, r in enumerate(res)
+        for e in range(EPOCHS)
+    }
     for e in range(EPOCHS):
         for p in range(processes):
             assert sorted(got[p, e]) == list(parts[p]), (e, p)  # its whole part, each record once
@@ -130,13 +160,19 @@ def test_stage_cli_finds_its_part_in_the_job(served, tmp_path):
     detection, stages its part and prints every file's local path in the global order."""
     _, www, server = served
     url, port = f"{server.url}/train-{{00..{len(FILES) - 1:02d}}}.tbl", _free_port()
-    slurm = dict(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2",
-                 JAX_COORDINATOR_PORT=str(port))
-    logs = _run([subprocess.Popen([sys.executable, "-m", "tbljax", "stage", url,
-                                   str(tmp_path / f"host{i}"), "--partition", "host"],
-                                  env=_env(SLURM_PROCID=str(i), SLURM_LOCALID=str(i), **slurm),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for i in range(2)])
+    slurm = dict(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2", JAX_COORDINATOR_PORT=str(port))
+    logs = _run(
+        [
+            subprocess.Popen(
+                [sys.executable, "-m", "tbljax", "stage", url, str(tmp_path / f"host{i}"), "--partition", "host"],
+                env=_env(SLURM_PROCID=str(i), SLURM_LOCALID=str(i), **slurm),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i in range(2)
+        ]
+    )
     for i, log in enumerate(logs):
         cache = tmp_path / f"host{i}"
         assert [str(cache / name) in log.splitlines() for name in NAMES] == [True] * len(NAMES), log
@@ -149,8 +185,21 @@ def test_stage_cli_finds_its_part_in_the_job(served, tmp_path):
 def test_stage_cli_host_outside_a_job_says_what_to_do(served, tmp_path):
     _, _, server = served
     env = {k: v for k, v in _env().items() if not k.startswith(("SLURM_", "OMPI_", "JAX_COORD"))}
-    run = subprocess.run([sys.executable, "-m", "tbljax", "stage", f"{server.url}/train-00.tbl",
-                          str(tmp_path / "c"), "--partition", "host"], env=env, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tbljax",
+            "stage",
+            f"{server.url}/train-00.tbl",
+            str(tmp_path / "c"),
+            "--partition",
+            "host",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and "could not join a JAX job" in run.stderr, run.stderr
     assert "--partition I/N" in run.stderr and not (tmp_path / "c").exists()

@@ -3,6 +3,7 @@ not run (tests/test_pod.py runs the same workflow with real processes); here eve
 compiles, every call of a tbljax function passes only arguments its signature takes, every
 `tbljax ...` command of its shell blocks parses with the real command line parser, and the
 staged file names are the names the cluster conversion writes."""
+
 from __future__ import annotations
 
 import ast
@@ -22,8 +23,7 @@ TEXT = GUIDE.read_text()
 
 
 def _blocks(lang):
-    return [(TEXT[:m.start()].count("\n") + 2, m.group(1))
-            for m in re.finditer(rf"```{lang}\n(.*?)```", TEXT, re.S)]
+    return [(TEXT[: m.start()].count("\n") + 2, m.group(1)) for m in re.finditer(rf"```{lang}\n(.*?)```", TEXT, re.S)]
 
 
 def _target(name):
@@ -47,8 +47,13 @@ def _target(name):
 
 
 def _dotted(node):
-    return f"{_dotted(node.value)}.{node.attr}" if isinstance(node, ast.Attribute) else \
-        node.id if isinstance(node, ast.Name) else ""
+    return (
+        f"{_dotted(node.value)}.{node.attr}"
+        if isinstance(node, ast.Attribute)
+        else node.id
+        if isinstance(node, ast.Name)
+        else ""
+    )
 
 
 def test_python_blocks_compile_and_call_tbljax_as_its_signatures_allow():
@@ -109,5 +114,6 @@ def test_staged_names_are_the_names_the_cluster_conversion_writes():
     names = [Path(p).name for p in expand_braces("gs://b/" + staged.pop())]
     assert names == [f"train-{i:05d}-of-00256.tbl" for i in range(256)]
     converts = [argv for _, argv in _commands() if argv[0] == "convert"]
-    assert converts and all(a[a.index("-o") + 1].endswith("/train-{shard}.tbl") and
-                            a[a.index("--shard") + 1] == "32/256" for a in converts)
+    assert converts and all(
+        a[a.index("-o") + 1].endswith("/train-{shard}.tbl") and a[a.index("--shard") + 1] == "32/256" for a in converts
+    )

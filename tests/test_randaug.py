@@ -114,7 +114,7 @@ def test_each_op_equals_timm_pil(name, interpolation, timm_aa, images):
                 got = pixel_ops.apply(im, code, arg, fill=ra.fill, interpolation=interpolation)
                 if w is None:  # posterize to 0 bits: the older Pillow's (and TF's) all-zero result
                     assert not got.any()
-                elif name in AFFINE:  # Pillow's nearest runs in 16.16 fixed point: a rare pixel moves
+                elif name in AFFINE and interpolation == "bilinear":  # float64 vs Pillow's: a rare pixel moves
                     assert (got == w).all(-1).mean() >= 0.995, (name, magnitude, negate, im.shape)
                 else:
                     np.testing.assert_array_equal(got, w, err_msg=f"{name} m={magnitude} neg={negate}")

@@ -3,17 +3,19 @@ to decode stored as their pixels, while the records stay within F of their RAW s
 against the plain compact and the RAW conversions of the same images (every record is one of
 them, byte for byte), a NumPy reference of which records go RAW, and served batches against the
 NumPy oracle over the records' pixels as Pillow and NumPy read them from the file."""
+
 from __future__ import annotations
 
 import io
 
 import numpy as np
-import oracle
 import pytest
 
 import tbljax
-from tbljax._src.file.format import FORMATS
 from tbljax._src.conversion.image_records import choose_raw
+from tbljax._src.file.format import FORMATS
+
+import oracle
 
 N, S = 12, 64
 RECIPE = dict(image_size=S, resize="shorter_side", format="jpeg", quality=90)
@@ -33,8 +35,7 @@ def _records(path) -> list[tuple[int, bytes]]:
     """(format code, payload bytes) of every record, read with NumPy over the index."""
     ds = tbljax.open(path)
     data = np.fromfile(path, np.uint8)
-    return [(int(e["format"]), data[int(e["offset"]):int(e["offset"]) + int(e["size"])].tobytes())
-            for e in ds.index]
+    return [(int(e["format"]), data[int(e["offset"]) : int(e["offset"]) + int(e["size"])].tobytes()) for e in ds.index]
 
 
 def _pixels(path) -> list[np.ndarray]:
@@ -58,8 +59,11 @@ def files(tmp_path_factory):
     imgs = images()
     labels = list(range(N))
     paths = {}
-    for name, kw in {"compact": RECIPE, "raw": dict(RECIPE, format="raw", quality=None),
-                     "budget": dict(RECIPE, raw_budget=0.5)}.items():
+    for name, kw in {
+        "compact": RECIPE,
+        "raw": dict(RECIPE, format="raw", quality=None),
+        "budget": dict(RECIPE, raw_budget=0.5),
+    }.items():
         paths[name] = str(d / f"{name}.tbl")
         tbljax.convert(imgs, paths[name], labels=labels, progress=False, **kw)
     return paths
@@ -121,13 +125,13 @@ def test_served_boxes_are_the_oracle_over_the_stored_pixels(files, dtype):
     out = np.empty((N, 40, 40, 3), dtype)
     src = tbljax.kernels.jpeg_source(*ds.jpeg_records())
     tbljax.kernels.serve_jpeg(src, idx, out, crop=boxes, flip=flips, mean=mean, std=std)
-    want = oracle.gather(ref, idx, (40, 40), crop=boxes, flip=flips, dtype=np.dtype(dtype),
-                         mean=mean, std=std)
+    want = oracle.gather(ref, idx, (40, 40), crop=boxes, flip=flips, dtype=np.dtype(dtype), mean=mean, std=std)
     np.testing.assert_array_equal(out, want)
 
 
 def test_host_loader_serves_the_stored_pixels(files):
-    from tbljax._src.rules.augment import RecordGeometry, sample
+    from tbljax._src.rules.augment import sample
+    from tbljax._src.rules.record_geometry import RecordGeometry
 
     ref = _pixels(files["budget"])
     aug = tbljax.Augment(size=(48, 48))
@@ -137,8 +141,7 @@ def test_host_loader_serves_the_stored_pixels(files):
     for batch in tbljax.HostLoader(tbljax.open(files["budget"]), opts):
         idx = batch.index.copy()
         boxes, flips = sample(aug, idx, geometry=geo, seed=2, epoch=0)
-        np.testing.assert_array_equal(np.array(batch.image), oracle.gather(ref, idx, (48, 48), crop=boxes,
-                                                                             flip=flips))
+        np.testing.assert_array_equal(np.array(batch.image), oracle.gather(ref, idx, (48, 48), crop=boxes, flip=flips))
         seen += idx.tolist()
     assert sorted(seen) == list(range(N))
 
@@ -151,14 +154,17 @@ def test_a_record_marked_raw_whose_size_is_not_its_pixels_is_refused(files):
         tbljax.kernels.jpeg_source(*r[:6], marks)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(format="jpeg", raw_budget=0.2), "raw_budget= applies to re-encoded JPEG records"),
-    (dict(format="raw", raw_budget=0.2), "raw_budget= applies to re-encoded JPEG records"),
-    (dict(format="jpeg", quality=90, raw_budget=0), r"raw_budget must be .* in \(0, 1\]"),
-    (dict(format="jpeg", quality=90, raw_budget=1.5), r"raw_budget must be .* in \(0, 1\]"),
-    (dict(format="jpeg", quality=90, raw_budget=True), "raw_budget must be"),
-    (dict(format="jpeg", quality=90, raw_budget="0.2"), "raw_budget must be"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(format="jpeg", raw_budget=0.2), "raw_budget= applies to re-encoded JPEG records"),
+        (dict(format="raw", raw_budget=0.2), "raw_budget= applies to re-encoded JPEG records"),
+        (dict(format="jpeg", quality=90, raw_budget=0), r"raw_budget must be .* in \(0, 1\]"),
+        (dict(format="jpeg", quality=90, raw_budget=1.5), r"raw_budget must be .* in \(0, 1\]"),
+        (dict(format="jpeg", quality=90, raw_budget=True), "raw_budget must be"),
+        (dict(format="jpeg", quality=90, raw_budget="0.2"), "raw_budget must be"),
+    ],
+)
 def test_bad_raw_budget_is_refused_by_name(tmp_path, kw, match):
     dst = tmp_path / "x.tbl"
     with pytest.raises(ValueError, match=match):
@@ -190,7 +196,27 @@ def test_cli_convert_takes_raw_budget(tmp_path, files):
     for i, img in enumerate(images()):
         Image.fromarray(img).save(src / f"{i:02d}.png")
     dst = tmp_path / "cli.tbl"
-    assert main(["convert", str(src), "-o", str(dst), "-s", str(S), "--resize", "shorter_side", "--format", "jpeg",
-                 "--quality", "90", "--raw-budget", "0.5", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                str(src),
+                "-o",
+                str(dst),
+                "-s",
+                str(S),
+                "--resize",
+                "shorter_side",
+                "--format",
+                "jpeg",
+                "--quality",
+                "90",
+                "--raw-budget",
+                "0.5",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     ds = tbljax.open(dst)
     assert ds.recipe["raw_budget"] == 0.5 and 0 < ds.jpeg_records().stored_raw.sum() < N

@@ -10,6 +10,7 @@ cache is resident again (mincore) after one step and the sweep; the requests are
 compared with the records' bytes from the index (a host part: only its records); no sweep with
 read_ahead=0, for a rank that reads part of each batch, or past the memory budget; closing the
 loader stops it."""
+
 from __future__ import annotations
 
 import ctypes
@@ -21,15 +22,15 @@ import time
 import numpy as np
 import pytest
 
-import _loader_testing as T
-
 import tbljax
-from tbljax._src.rules import order
 from tbljax import RowLayout
-from tbljax._src.engine.plan import Plan
-from tbljax._src.engine import file_sweep
-from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.datasets.host_part import PartDataset
+from tbljax._src.engine import file_sweep
+from tbljax._src.engine.plan import Plan
+from tbljax._src.engine.record_source import RecordSource
+from tbljax._src.rules import order
+
+import _loader_testing as T
 
 N, H, W, G = 37, 6, 5, 8
 
@@ -42,8 +43,7 @@ def paths(request, tmp_path):
     if request.param == 1:
         return [T.write_tbl(tmp_path / "a.tbl", imgs, labels)]
     cuts = [0, 10, 11, 37]  # uneven shards, one of a single record
-    return [T.write_tbl(tmp_path / f"s{i}.tbl", imgs[a:b], labels[a:b])
-            for i, (a, b) in enumerate(zip(cuts, cuts[1:]))]
+    return [T.write_tbl(tmp_path / f"s{i}.tbl", imgs[a:b], labels[a:b]) for i, (a, b) in enumerate(zip(cuts, cuts[1:]))]
 
 
 @pytest.fixture
@@ -100,16 +100,25 @@ def records_of(log, ds):
 
 
 def serve(paths, read_ahead, layout=None, **kw):
-    opts = tbljax.LoaderOptions(batch_size=G, seed=3, num_epochs=2, read_ahead=read_ahead,
-                                prefetch=1, **kw)
+    opts = tbljax.LoaderOptions(batch_size=G, seed=3, num_epochs=2, read_ahead=read_ahead, prefetch=1, **kw)
     ld = tbljax.HostLoader(tbljax.open(paths), opts, layout)
-    return [(hb.epoch, hb.position, [np.array(x) for x in hb.images],
-             [np.array(x) for x in hb.indices], [np.array(x) for x in hb.labels]) for hb in ld]
+    return [
+        (
+            hb.epoch,
+            hb.position,
+            [np.array(x) for x in hb.images],
+            [np.array(x) for x in hb.indices],
+            [np.array(x) for x in hb.labels],
+        )
+        for hb in ld
+    ]
 
 
-@pytest.mark.parametrize("kw", [dict(dtype="uint8"), dict(dtype="float32", augment="rrc_flip",
-                                                            drop_remainder=False)],
-                         ids=["u8", "f32-rrc-padded"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(dtype="uint8"), dict(dtype="float32", augment="rrc_flip", drop_remainder=False)],
+    ids=["u8", "f32-rrc-padded"],
+)
 def test_batches_are_the_same_with_read_ahead_on_and_off(paths, cold, kw):
     off = serve(paths, 0, **kw)
     for k in (1, 2, 5):
@@ -132,7 +141,7 @@ def test_read_ahead_requests_exactly_the_next_k_steps(paths, cold, advised, k, r
     # The steps of the pass (padded: the last one of each epoch is partial), this rank's rows.
     steps = [(e, first) for e in range(2) for first in range(0, N, G)]
     assert [(e, p) for e, p, *_ in ld_steps] == steps
-    (a, b), = layout.ranges
+    ((a, b),) = layout.ranges
 
     def rows(e, first):
         pos = np.arange(first + a, min(first + b, N), dtype=np.int64)
@@ -142,11 +151,12 @@ def test_read_ahead_requests_exactly_the_next_k_steps(paths, cold, advised, k, r
     assert len(draws) == len(steps)
     for s, at in enumerate(draws):
         asked = [entry[1] for entry in log[:at] if entry[0] == "advise"]
-        want = [r for step in steps[:s + k + 1] for r in rows(*step)]
+        want = [r for step in steps[: s + k + 1] for r in rows(*step)]
         assert asked == want, f"before step {s}"  # exactly steps 0..s+k, never further
         assert log[at][1].tolist() == rows(*steps[s])
-    assert [entry[1] for entry in log if entry[0] == "advise"] == \
-        [r for step in steps for r in rows(*step)]  # each record once, none past the end
+    assert [entry[1] for entry in log if entry[0] == "advise"] == [
+        r for step in steps for r in rows(*step)
+    ]  # each record once, none past the end
 
 
 def test_read_ahead_0_is_off_and_a_warm_file_is_not_advised(paths, advised):
@@ -213,20 +223,29 @@ def test_the_adapters_take_read_ahead_too(paths):
 
 # ---- the sweep of a cold source ----
 
+
 def test_source_runs_in_blocks_are_the_runs_of_all_records():
     rng = np.random.default_rng(0)
     sizes = rng.integers(1, 50, 1000)
     files = np.repeat([0, 1, 2], [400, 350, 250])
-    offsets = np.concatenate([np.cumsum(np.r_[0, sizes[:400][:-1]]),
-                              np.cumsum(np.r_[0, sizes[400:750][:-1]]),
-                              np.cumsum(np.r_[0, sizes[750:][:-1]])])
+    offsets = np.concatenate(
+        [
+            np.cumsum(np.r_[0, sizes[:400][:-1]]),
+            np.cumsum(np.r_[0, sizes[400:750][:-1]]),
+            np.cumsum(np.r_[0, sizes[750:][:-1]]),
+        ]
+    )
     offsets[500:750] += 2 * file_sweep.MERGE_GAP  # a hole in file 1, past the merge gap
 
     def byte_ranges(indices):
         return files[indices], offsets[indices], sizes[indices]
 
-    want = [(0, 0, int(sizes[:400].sum())), (1, 0, int(offsets[499] + sizes[499])),
-            (1, int(offsets[500]), int(offsets[749] + sizes[749])), (2, 0, int(sizes[750:].sum()))]
+    want = [
+        (0, 0, int(sizes[:400].sum())),
+        (1, 0, int(offsets[499] + sizes[499])),
+        (1, int(offsets[500]), int(offsets[749] + sizes[749])),
+        (2, 0, int(sizes[750:].sum())),
+    ]
     for block in (1, 7, 100, 1000, 5000):
         assert file_sweep.source_runs(byte_ranges, 1000, block=block) == want, block
 
@@ -237,13 +256,16 @@ def test_byte_runs_cover_the_records_and_merge_close_ones():
     sizes = [50, 100, 10, 20, 30, 1]
     # File 0: [0,10) and [10,30) touch; [5000,5100) starts 4970 past them, [10000,10001) 4900
     # past that; file 1's two records are 30 apart.
-    assert file_sweep.byte_runs(files, offsets, sizes, gap=4960) == \
-        [(0, 0, 30), (0, 5000, 10_001), (1, 40, 150)]
-    assert file_sweep.byte_runs(files, offsets, sizes, gap=0) == \
-        [(0, 0, 30), (0, 5000, 5100), (0, 10_000, 10_001), (1, 40, 70), (1, 100, 150)]
+    assert file_sweep.byte_runs(files, offsets, sizes, gap=4960) == [(0, 0, 30), (0, 5000, 10_001), (1, 40, 150)]
+    assert file_sweep.byte_runs(files, offsets, sizes, gap=0) == [
+        (0, 0, 30),
+        (0, 5000, 5100),
+        (0, 10_000, 10_001),
+        (1, 40, 70),
+        (1, 100, 150),
+    ]
     # A record inside another's bytes does not end the run early.
-    assert file_sweep.byte_runs([0, 0, 0], [0, 10, 200], [100, 5, 10], gap=50) == \
-        [(0, 0, 100), (0, 200, 210)]
+    assert file_sweep.byte_runs([0, 0, 0], [0, 10, 200], [100, 5, 10], gap=50) == [(0, 0, 100), (0, 200, 210)]
 
 
 @pytest.fixture
@@ -354,8 +376,7 @@ def _drop(path) -> None:
 
 
 @pytest.mark.parametrize("sweep", [True, False], ids=["swept", "control"])
-def test_a_cold_file_is_in_the_page_cache_after_one_step_and_the_sweep(tmp_path, monkeypatch,
-                                                                        sweep_spy, sweep):
+def test_a_cold_file_is_in_the_page_cache_after_one_step_and_the_sweep(tmp_path, monkeypatch, sweep_spy, sweep):
     if not os.path.exists("/proc/meminfo"):
         pytest.skip("the sweep runs where the available memory is known (Linux)")
     calls, started = sweep_spy
@@ -363,8 +384,10 @@ def test_a_cold_file_is_in_the_page_cache_after_one_step_and_the_sweep(tmp_path,
         monkeypatch.setattr(file_sweep, "memory_for_sweeps", lambda: 0)
     imgs = T.images(96, 256, 320, seed=4)  # 23.6 MB
     path = T.write_tbl(tmp_path / "big.tbl", imgs, np.arange(96) % 5)
-    ld = tbljax.HostLoader(tbljax.open(path), tbljax.LoaderOptions(
-        batch_size=4, seed=1, num_epochs=1, prefetch=1, dtype="uint8", read_ahead=1))
+    ld = tbljax.HostLoader(
+        tbljax.open(path),
+        tbljax.LoaderOptions(batch_size=4, seed=1, num_epochs=1, prefetch=1, dtype="uint8", read_ahead=1),
+    )
     _drop(path)  # after opening: the header's pages, mapped, stay; no record is left
     if _resident(path) > 0.05:
         pytest.skip(f"{tmp_path} cannot be dropped from the page cache (tmpfs?)")
@@ -397,8 +420,7 @@ def test_closing_the_loader_stops_the_sweep(tmp_path, monkeypatch, sweep_spy):
         return spy(fd, offset, length, advice)
 
     monkeypatch.setattr(os, "posix_fadvise", slow)
-    ld = tbljax.HostLoader(tbljax.open(path), tbljax.LoaderOptions(batch_size=4, num_epochs=1,
-                                                                     prefetch=1))
+    ld = tbljax.HostLoader(tbljax.open(path), tbljax.LoaderOptions(batch_size=4, num_epochs=1, prefetch=1))
     it = iter(ld)
     next(it)
     it.close()
@@ -406,3 +428,50 @@ def test_closing_the_loader_stops_the_sweep(tmp_path, monkeypatch, sweep_spy):
     assert sw.join(5)  # ends within a request of the stop
     chunks = -(-(np.diff(record_span(path, 0, 64))[0]) // file_sweep.CHUNK)
     assert len(calls) < chunks  # stopped before the end (3.1 MB: 25 chunks, 0.5 s)
+
+
+def fake_system(tmp_path, avail_kib: int, cgroup_line: str | None, limit: str | None, current: int = 0):
+    """A /proc/meminfo, /proc/self/cgroup and cgroup v2 tree of our own (engine/memory.Paths)."""
+    from tbljax._src.engine import memory
+
+    (tmp_path / "meminfo").write_text(f"MemTotal:       99999999 kB\nMemAvailable:   {avail_kib} kB\n")
+    if cgroup_line is not None:
+        (tmp_path / "cgroup").write_text(cgroup_line + "\n")
+    if limit is not None:
+        (tmp_path / "root" / "job").mkdir(parents=True)
+        (tmp_path / "root" / "job" / "memory.max").write_text(limit + "\n")
+        (tmp_path / "root" / "job" / "memory.current").write_text(f"{current}\n")
+    return memory.Paths(str(tmp_path / "meminfo"), str(tmp_path / "cgroup"), str(tmp_path / "root"))
+
+
+@pytest.mark.parametrize(
+    "cgroup_line, limit, current, want",
+    [
+        ("0::/job", str(3 << 30), 1 << 30, 2 << 30),  # the container's limit, less its use, is lower
+        ("0::/job", str(64 << 30), 0, 4 << 30),  # a limit above MemAvailable changes nothing
+        ("0::/job", "max", 0, 4 << 30),  # no limit
+        ("0::/job", None, 0, 4 << 30),  # no memory controller in the cgroup
+        ("4:memory:/job", str(1 << 30), 0, 4 << 30),  # cgroup v1 only: not read
+        (None, None, 0, 4 << 30),  # no cgroup file (not Linux-like)
+        ("0::/job", str(1 << 30), 2 << 30, 0),  # over its limit already: nothing left
+    ],
+)
+def test_available_memory_counts_the_cgroup_limit(tmp_path, cgroup_line, limit, current, want):
+    from tbljax._src.engine import memory
+
+    assert memory.available_bytes(fake_system(tmp_path, 4 << 20, cgroup_line, limit, current)) == want
+
+
+def test_the_sweep_and_the_resident_check_use_the_cgroup_limit(tmp_path, monkeypatch):
+    # Issue 44 §4: both budgets follow one rule; a container's limit below MemAvailable bounds both.
+    import jax
+
+    from tbljax._src.engine import memory
+    from tbljax._src.jax.resident_host import check_device_memory
+
+    monkeypatch.setattr(memory, "SYSTEM", fake_system(tmp_path, 64 << 20, "0::/job", str(3 << 30), 1 << 30))
+    assert file_sweep.memory_for_sweeps() == 1 << 30
+    one = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    check_device_memory((1, (2 << 30) - 1), one, None)  # fits the 2 GiB the cgroup leaves
+    with pytest.raises(MemoryError, match=r"but only 2048.0 MiB fit \(available host RAM \(2.0 GiB\)"):
+        check_device_memory((1, (2 << 30) + 1), one, None)

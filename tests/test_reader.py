@@ -1,6 +1,7 @@
 """The reader's promises to users: a missing file is a FileNotFoundError naming it, records are
 random-access (`ds[i]`, for Grain and torch), and the fingerprint depends on the data alone,
 so converting the same data again keeps a saved loader state valid."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,12 +23,16 @@ def imgs(n=6, seed=0):
     return np.random.default_rng(seed).integers(0, 256, (n, 8, 7, 3), dtype=np.uint8)
 
 
-@pytest.mark.parametrize("open_it", [
-    lambda p: tbljax.open(p),
-    lambda p: tbljax.open([p]),
-    lambda p: tbljax.loader(p, 2),
-    lambda p: tbljax.torch.loader(p, 2),
-], ids=["open", "open-list", "loader", "torch-loader"])
+@pytest.mark.parametrize(
+    "open_it",
+    [
+        lambda p: tbljax.open(p),
+        lambda p: tbljax.open([p]),
+        lambda p: tbljax.loader(p, 2),
+        lambda p: tbljax.torch.loader(p, 2),
+    ],
+    ids=["open", "open-list", "loader", "torch-loader"],
+)
 def test_a_missing_file_is_file_not_found_naming_it(tmp_path, open_it):
     missing = str(tmp_path / "nope.tbl")
     with pytest.raises(FileNotFoundError) as e:
@@ -74,11 +79,16 @@ def test_getitem_serves_a_torch_dataloader(tmp_path):
 def test_fingerprint_depends_on_the_data_only(tmp_path):
     data, labels = imgs(), np.arange(6) % 3
     recipe = {"image_size": 8, "resize": "squash", "format": "raw"}
-    a = write(tmp_path / "a.tbl", data, labels, {**recipe, "created": "2026-01-01T00:00:00+00:00",
-                                                   "sources": ["/data/x.tar"]})
+    a = write(
+        tmp_path / "a.tbl", data, labels, {**recipe, "created": "2026-01-01T00:00:00+00:00", "sources": ["/data/x.tar"]}
+    )
     # Converted again later, from another folder: the same data, the same fingerprint.
-    b = write(tmp_path / "b.tbl", data, labels, {**recipe, "created": "2026-12-01T10:00:00+00:00",
-                                                   "sources": ["/mnt/copy/x.tar"]})
+    b = write(
+        tmp_path / "b.tbl",
+        data,
+        labels,
+        {**recipe, "created": "2026-12-01T10:00:00+00:00", "sources": ["/mnt/copy/x.tar"]},
+    )
     fa = tbljax.open(a).fingerprint
     assert fa == tbljax.open(b).fingerprint
     # ... and a loader state saved on one resumes on the other.

@@ -3,6 +3,7 @@ connections dropped mid-body), fsspec's memory:// and file:// filesystems. A con
 URLs must equal the conversion of the same local files record for record; a dropped connection
 is resumed at the byte where it broke; a shard that keeps failing is skipped and reported (or
 stops a strict run); memory stays flat in the shard's size."""
+
 from __future__ import annotations
 
 import io
@@ -30,7 +31,7 @@ PAD = 6 << 20  # a caption member this large puts a shard's later records past f
 
 def jpeg(seed: int, size: int = 48) -> bytes:
     rng = np.random.default_rng(seed)
-    img = (np.linspace(0, 255, size * size * 3).reshape(size, size, 3) + rng.integers(0, 60, (size, size, 3)))
+    img = np.linspace(0, 255, size * size * 3).reshape(size, size, 3) + rng.integers(0, 60, (size, size, 3))
     buf = io.BytesIO()
     Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
     return buf.getvalue()
@@ -161,8 +162,24 @@ def test_shard_option_with_urls_matches_local(server, tmp_path):
     from tbljax._src.tools.cli import main
 
     for i in range(2):
-        assert main(["convert", f"{server.url}/train-{{0..3}}.tar", "-o", str(tmp_path / f"u{i}.tbl"), "-s", "32",
-                     "-q", "--shard", f"{i}/2", "--retry-backoff", "0.01"]) == 0
+        assert (
+            main(
+                [
+                    "convert",
+                    f"{server.url}/train-{{0..3}}.tar",
+                    "-o",
+                    str(tmp_path / f"u{i}.tbl"),
+                    "-s",
+                    "32",
+                    "-q",
+                    "--shard",
+                    f"{i}/2",
+                    "--retry-backoff",
+                    "0.01",
+                ]
+            )
+            == 0
+        )
         convert(str(server.root / "train-{0..3}.tar"), tmp_path / f"l{i}.tbl", shard=(i, 2))
         assert_same_dataset(tmp_path / f"l{i}.tbl", tmp_path / f"u{i}.tbl")
     assert tbljax.open(tmp_path / "u1.tbl").keys[0] == "s2-000"
@@ -205,7 +222,7 @@ def test_streaming_memory_is_flat_in_shard_size(server, tmp_path):
             import json
             import psutil
             from tbljax._src.remote import remote
-            from tbljax._src.sources.files import TarSource
+            from tbljax._src.sources.tar_shards import TarSource
             url = "{server.url}/big{mib}.tar"
             remote.size_of(url)  # the HTTP client and its threads exist before the baseline
             proc = psutil.Process()

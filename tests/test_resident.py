@@ -2,6 +2,7 @@
 batches drawn inside jit against the real loader for the same (seed, epoch, step) with and
 without augmentation, the closure guard, the memory check, and 8 CPU devices (replicated, and
 records partitioned over a mesh axis) in a subprocess."""
+
 import os
 import subprocess
 import sys
@@ -43,8 +44,7 @@ def resident(data):
 
 def _same(a, b) -> bool:
     a, b = np.asarray(a), np.asarray(b)
-    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8),
-                                                                        b.view(np.uint8))
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 def test_upload_holds_the_records_and_labels(data, resident):
@@ -60,8 +60,9 @@ def test_upload_holds_the_records_and_labels(data, resident):
 
 def test_upload_reads_the_memory_map_in_place_and_crosses_shard_files(data, tmp_path):
     _, imgs, labels = data
-    parts = [_write(tmp_path / f"s{k}.tbl", imgs[a:b], labels[a:b])
-             for k, (a, b) in enumerate([(0, 13), (13, 14), (14, N)])]
+    parts = [
+        _write(tmp_path / f"s{k}.tbl", imgs[a:b], labels[a:b]) for k, (a, b) in enumerate([(0, 13), (13, 14), (14, N)])
+    ]
     ds = tbljax.open(parts)
     views = ds.shard_views()
     starts = np.array([0, 13, 14, N])
@@ -81,13 +82,17 @@ def test_lz4_records_are_decoded_on_the_way_up(data, tmp_path):
     assert np.array_equal(np.asarray(ResidentDataset(path, chunk_bytes=1).data), imgs)
 
 
-@pytest.mark.parametrize("augment, dtype, layout", [
-    (None, "float32", "NHWC"),
-    ("flip", "bfloat16", "NCHW"),
-    ("rrc_flip", "float32", "NHWC"),
-    (tbljax.Augment(size=(16, 12), scale=(0.2, 1.0)), "uint8", "NCHW"),
-    (tbljax.Augment(size=(16, 12)), "bfloat16", "NHWC"),
-], ids=["plain", "flip", "rrc_flip", "rrc_uint8", "rrc_bf16"])
+@pytest.mark.parametrize(
+    "augment, dtype, layout",
+    [
+        (None, "float32", "NHWC"),
+        ("flip", "bfloat16", "NCHW"),
+        ("rrc_flip", "float32", "NHWC"),
+        (tbljax.Augment(size=(16, 12), scale=(0.2, 1.0)), "uint8", "NCHW"),
+        (tbljax.Augment(size=(16, 12)), "bfloat16", "NHWC"),
+    ],
+    ids=["plain", "flip", "rrc_flip", "rrc_uint8", "rrc_bf16"],
+)
 def test_batches_equal_the_loader_over_two_epochs(data, resident, augment, dtype, layout):
     path = data[0]
     kw = dict(seed=3, augment=augment, dtype=dtype, layout=layout)
@@ -120,7 +125,7 @@ def test_explicit_epoch_eager_call_and_no_shuffle(data, resident):
     assert _same(eager["image"], want[1]["image"])
     plain = resident.batch(1, batch_size=G, shuffle=False, dtype="uint8")
     assert np.array_equal(np.asarray(plain["index"]), np.arange(G, 2 * G))
-    assert np.array_equal(np.asarray(plain["image"]), data[1][G:2 * G])
+    assert np.array_equal(np.asarray(plain["image"]), data[1][G : 2 * G])
 
 
 def test_twin_backend_gives_the_same_batches(resident):
@@ -137,8 +142,11 @@ def test_closing_over_the_dataset_is_refused(resident):
 
 
 def test_dataset_that_does_not_fit_is_a_clear_error(data):
-    with pytest.raises(MemoryError, match=r"needs 0.1 MiB per device .* but only 0.0 MiB fit "
-                                          r"\(max_bytes=1000\)"):
+    with pytest.raises(
+        MemoryError,
+        match=r"needs 0.1 MiB per device .* but only 0.0 MiB fit "
+        r"\(max_bytes=1000\)",
+    ):
         ResidentDataset(data[0], max_bytes=1000)
     # Far beyond this machine: without memory_stats (CPU) the default limit is the free RAM.
     with pytest.raises(MemoryError, match=r"available host RAM"):
@@ -194,22 +202,25 @@ _EIGHT = textwrap.dedent("""
 
 
 def test_eight_devices_replicated_and_records_partitioned(data):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", _EIGHT, data[0]], env=env, capture_output=True,
-                       text=True, timeout=300)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", _EIGHT, data[0]], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
 
 
 # ---- record fields on the device ----
 
+
 def _fields_source(n=16):
     """A dict source: images, a fixed float16 (4,) field, a scalar bool, a ragged int32 and a str."""
     rng = np.random.default_rng(5)
-    return {"image": rng.integers(0, 256, (n, 12, 12, 3), np.uint8), "label": np.arange(n) % 3,
-            "emb": rng.standard_normal((n, 4)).astype(np.float16), "flag": np.arange(n) % 2 == 0,
-            "tok": [rng.integers(1, 99, i % 5).astype(np.int32) for i in range(n)],
-            "caption": [f"c{i}" for i in range(n)]}
+    return {
+        "image": rng.integers(0, 256, (n, 12, 12, 3), np.uint8),
+        "label": np.arange(n) % 3,
+        "emb": rng.standard_normal((n, 4)).astype(np.float16),
+        "flag": np.arange(n) % 2 == 0,
+        "tok": [rng.integers(1, 99, i % 5).astype(np.int32) for i in range(n)],
+        "caption": [f"c{i}" for i in range(n)],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +234,7 @@ def with_fields(tmp_path_factory):
 def _padded(tok, idx, length):
     out = np.zeros((len(idx), length), np.int32)
     for r, i in enumerate(idx):
-        out[r, :min(length, len(tok[i]))] = tok[i][:length]
+        out[r, : min(length, len(tok[i]))] = tok[i][:length]
     return out
 
 
@@ -290,6 +301,11 @@ def test_eight_devices_fields_with_records_partitioned(with_fields, tmp_path):
     np.save(tmp_path / "emb.npy", src["emb"])
     np.save(tmp_path / "flag.npy", src["flag"])
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", _EIGHT_FIELDS, path, str(tmp_path / "emb.npy"),
-                        str(tmp_path / "flag.npy")], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _EIGHT_FIELDS, path, str(tmp_path / "emb.npy"), str(tmp_path / "flag.npy")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr

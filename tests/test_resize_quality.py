@@ -1,12 +1,13 @@
 """Resize quality: the kernel's crop-resize against Pillow's antialiased bilinear on real
 photos, and antialiasing on a fine checkerboard, where the old 2-tap bilinear (the kernel
 before commit daf44ef, computed here in NumPy) aliases."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import shared_dir
+
 from tbljax._src.engine import kernels
 
 # Measured by benchmarks/probe_resize_quality.py on kodak + every 10th caltech101 photo at max
@@ -19,18 +20,20 @@ WORST_PSNR_DB = 45.0
 
 def psnr(a, b) -> float:
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return np.inf if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+    return np.inf if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 def resize(img: np.ndarray, box, oh: int, ow: int) -> np.ndarray:
     out = np.empty((1, oh, ow, 3), np.uint8)
-    return kernels.gather(np.ascontiguousarray(img[None]), np.zeros(1, np.int64), out,
-                          crop=np.asarray([box], np.int32))[0]
+    return kernels.gather(
+        np.ascontiguousarray(img[None]), np.zeros(1, np.int64), out, crop=np.asarray([box], np.int32)
+    )[0]
 
 
 def old_bilinear(img: np.ndarray, oh: int, ow: int) -> np.ndarray:
     """The whole (H, W, 3) image by the kernel's former 2-tap bilinear: per axis the two pixels
     around the half-pixel centre, weights of 2^11 rounded half up, one rounding at the end."""
+
     def taps(out_len, length):
         o = np.arange(out_len, dtype=np.int64)
         n = np.maximum(0, (2 * o + 1) * length - out_len)
@@ -53,8 +56,9 @@ def test_downscales_match_pillow_on_real_photos(tmp_path):
 
     files = sorted((shared_dir("kodak") / "images").rglob("*.jpg"))[::8]
     files += sorted((shared_dir("caltech101") / "images").rglob("*.jpg"))[::40]
-    tbljax.convert(files, tmp_path / "p.tbl", image_size=256, resize="max_side",
-                   labels=[0] * len(files), progress=False)
+    tbljax.convert(
+        files, tmp_path / "p.tbl", image_size=256, resize="max_side", labels=[0] * len(files), progress=False
+    )
     ds = tbljax.open(tmp_path / "p.tbl")
     rng = np.random.default_rng(0)
     ours, old = {}, []
@@ -64,8 +68,12 @@ def test_downscales_match_pillow_on_real_photos(tmp_path):
         assert max(h, w) == 256
         bh, bw = int(rng.integers(h // 3, h + 1)), int(rng.integers(w // 3, w + 1))
         crop = (int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1)), bh, bw)
-        for name, box, s in [("whole -> 64", (0, 0, h, w), 64), ("whole -> 112", (0, 0, h, w), 112),
-                             ("whole -> 160", (0, 0, h, w), 160), ("box -> 112", crop, 112)]:
+        for name, box, s in [
+            ("whole -> 64", (0, 0, h, w), 64),
+            ("whole -> 112", (0, 0, h, w), 112),
+            ("whole -> 160", (0, 0, h, w), 160),
+            ("box -> 112", crop, 112),
+        ]:
             y0, x0, bh_, bw_ = box
             ref = np.asarray(Image.fromarray(img).crop((x0, y0, x0 + bw_, y0 + bh_)).resize((s, s), Image.BILINEAR))
             ours.setdefault(name, []).append(psnr(resize(img, box, s, s), ref))

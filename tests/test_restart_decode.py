@@ -13,6 +13,7 @@ margin is one pixel at that scale: without it 10 of the scaled tests below fail 
 and 1/4, and the real photos); 4:2:0 needs none there (libjpeg's IDCT scales its chroma up to
 full size). A part at most 4 pixels wide at 1/k is widened (its at most 2 chroma samples
 libjpeg would repeat, not smooth): without that, 6 of them fail."""
+
 from __future__ import annotations
 
 import io
@@ -20,17 +21,17 @@ import struct
 
 import numpy as np
 import pytest
+from conftest import shared_dir
 from PIL import Image
+from test_compact_serve import box_classes, box_pixels, pil_decode, scan_start, source_of, synthetic_photos, textured
 
-import oracle
 import tbljax
 from tbljax import _core
 from tbljax._src.engine import kernels
-from tbljax._src.rules.augment import RecordGeometry, crop_boxes
+from tbljax._src.rules.augment import crop_boxes
+from tbljax._src.rules.record_geometry import RecordGeometry
 
-from conftest import shared_dir
-from test_compact_serve import (box_classes, box_pixels, pil_decode, scan_start, source_of,
-                                synthetic_photos, textured)
+import oracle
 
 # (MCU width, MCU height) in pixels: the unit restart intervals count.
 MCU = {"420": (16, 16), "422": (16, 8), "444": (8, 8), "gray": (8, 8)}
@@ -94,9 +95,11 @@ def test_box_decode_of_restart_records_is_the_whole_decode(kind, hw):
         for y0, x0, bh, bw in box_classes(h, w, MCU[kind][0], np.random.default_rng(h * w + r)):
             if y0 < 0 or x0 < 0 or y0 + bh > h or x0 + bw > w:
                 continue
-            np.testing.assert_array_equal(box_pixels(src, 0, (y0, x0, bh, bw)),
-                                          whole[y0:y0 + bh, x0:x0 + bw],
-                                          err_msg=f"R={r} box={(y0, x0, bh, bw)}")
+            np.testing.assert_array_equal(
+                box_pixels(src, 0, (y0, x0, bh, bw)),
+                whole[y0 : y0 + bh, x0 : x0 + bw],
+                err_msg=f"R={r} box={(y0, x0, bh, bw)}",
+            )
 
 
 def zero_segment(blob: bytes, seg: tuple[int, int]) -> bytes:
@@ -123,7 +126,7 @@ def test_only_the_boxs_segments_are_decoded(kind):
     # crop-and-skip would have entropy-decoded the damaged rows above.
     for box in [(h - 20, w - 30, 20, 30), (mcu_h + 1, 0, 10, 2 * mcu_w), (0, 2 * mcu_w + 1, 5, 9)]:
         y0, x0, bh, bw = box
-        np.testing.assert_array_equal(box_pixels(src, 0, box), whole[y0:y0 + bh, x0:x0 + bw])
+        np.testing.assert_array_equal(box_pixels(src, 0, box), whole[y0 : y0 + bh, x0 : x0 + bw])
 
 
 def test_an_interval_that_does_not_divide_the_row_keeps_the_usual_path():
@@ -144,19 +147,21 @@ def test_damaged_restart_markers_fail_whatever_the_box():
     blob = encode(textured(h, w, seed=7), "420", 1)
     segs = restart_segments(blob)
     marker = segs[4][1]  # the RST after segment 4 (RST4)
-    assert blob[marker:marker + 2] == b"\xff\xd4"
-    garbled = blob[:marker + 1] + b"\xd6" + blob[marker + 2:]
-    removed = blob[:marker] + blob[marker + 2:]
+    assert blob[marker : marker + 2] == b"\xff\xd4"
+    garbled = blob[: marker + 1] + b"\xd6" + blob[marker + 2 :]
+    removed = blob[:marker] + blob[marker + 2 :]
     last = segs[-2][1]  # the last RST: without it the sequence holds, the count does not
-    removed_last = blob[:last] + blob[last + 2:]
-    cut = blob[:segs[len(segs) // 2 - 1][1]] + b"\xff\xd9"  # truncated after a segment
+    removed_last = blob[:last] + blob[last + 2 :]
+    cut = blob[: segs[len(segs) // 2 - 1][1]] + b"\xff\xd9"  # truncated after a segment
     end = segs[-1][1]  # one marker more, numbered in sequence, before the EOI
     extra = blob[:end] + bytes([0xFF, 0xD0 + (len(segs) - 1) % 8]) + blob[end:]
-    cases = [(garbled, "restart marker 5 is RST6, expected RST4"),
-             (removed, "restart marker 5 is RST5, expected RST4"),
-             (removed_last, f"holds {len(segs) - 1} restart intervals, its header implies {len(segs)}"),
-             (cut, f"holds {len(segs) // 2} restart intervals, its header implies {len(segs)}"),
-             (extra, f"holds {len(segs) + 1} or more restart intervals")]
+    cases = [
+        (garbled, "restart marker 5 is RST6, expected RST4"),
+        (removed, "restart marker 5 is RST5, expected RST4"),
+        (removed_last, f"holds {len(segs) - 1} restart intervals, its header implies {len(segs)}"),
+        (cut, f"holds {len(segs) // 2} restart intervals, its header implies {len(segs)}"),
+        (extra, f"holds {len(segs) + 1} or more restart intervals"),
+    ]
     for data, message in cases:
         src = source_of([data], [(h, w)])
         for box in [(0, 0, 1, 1), (h - 1, w - 1, 1, 1), (20, 30, 10, 10), (0, 0, h, w)]:
@@ -179,8 +184,16 @@ def expected_interval(w: int, chroma: str) -> int:
 @pytest.mark.parametrize("chroma", ["420", "444"])
 def test_convert_writes_restart_markers_into_compact_records(tmp_path, chroma):
     path = tmp_path / "c.tbl"
-    tbljax.convert(synthetic_photos(8, 11), path, image_size=200, resize="max_side", format="jpeg",
-                   quality=90, chroma=chroma, progress=False)
+    tbljax.convert(
+        synthetic_photos(8, 11),
+        path,
+        image_size=200,
+        resize="max_side",
+        format="jpeg",
+        quality=90,
+        chroma=chroma,
+        progress=False,
+    )
     ds = tbljax.open(path)
     seen = set()
     for i in range(len(ds)):
@@ -201,8 +214,7 @@ def compact_photos(tmp_path, size: int, kodak: slice, caltech: slice):
     photos = sorted((shared_dir("kodak") / "images").glob("*.jpg"))[kodak]
     photos += sorted(shared_dir("caltech101").rglob("*.jpg"))[caltech]
     path = tmp_path / f"c{size}.tbl"
-    tbljax.convert(photos, path, image_size=size, resize="max_side", format="jpeg", quality=90,
-                   progress=False)
+    tbljax.convert(photos, path, image_size=size, resize="max_side", format="jpeg", quality=90, progress=False)
     ds = tbljax.open(path)
     blobs = []
     for i in range(len(ds)):
@@ -224,8 +236,7 @@ def test_real_photos_with_restart_markers_serve_the_whole_decode(tmp_path):
         for _ in range(20):
             bh, bw = int(rng.integers(1, h + 1)), int(rng.integers(1, w + 1))
             y0, x0 = int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1))
-            np.testing.assert_array_equal(box_pixels(src, i, (y0, x0, bh, bw)),
-                                          whole[y0:y0 + bh, x0:x0 + bw])
+            np.testing.assert_array_equal(box_pixels(src, i, (y0, x0, bh, bw)), whole[y0 : y0 + bh, x0 : x0 + bw])
 
 
 def test_original_bytes_records_are_stored_unchanged(tmp_path):
@@ -245,6 +256,7 @@ def test_original_bytes_records_are_stored_unchanged(tmp_path):
 
 
 # ---- DCT-scaled decodes (dct_scale=True): the part is decoded at 1/k as well ----
+
 
 def pil_decode_scaled(data: bytes, k: int) -> np.ndarray:
     """Pillow's whole decode at 1/k: draft() asks libjpeg-turbo for its scaled IDCT (ISLOW,
@@ -315,9 +327,11 @@ def test_scaled_box_decode_of_restart_records_is_the_whole_scaled_decode(k, kind
                 continue
             box = grown(box, h, w, side)
             out_hw = out_size_for(box[2], box[3], k)
-            np.testing.assert_array_equal(served_scaled(src, 0, box, out_hw),
-                                          scaled_expected(whole_k, box, out_hw, k),
-                                          err_msg=f"R={r} k={k} box={box} out={out_hw}")
+            np.testing.assert_array_equal(
+                served_scaled(src, 0, box, out_hw),
+                scaled_expected(whole_k, box, out_hw, k),
+                err_msg=f"R={r} k={k} box={box} out={out_hw}",
+            )
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])
@@ -334,8 +348,7 @@ def test_scaled_decode_reads_only_the_boxs_segments(k):
     # entropy-decodes every row above the box) would have failed on the damage.
     box = (h - 40, w - 48, 40, 48) if k < 8 else (h - 48, w - 64, 48, 64)
     out_hw = out_size_for(box[2], box[3], k)
-    np.testing.assert_array_equal(served_scaled(src, 0, box, out_hw),
-                                  scaled_expected(whole_k, box, out_hw, k))
+    np.testing.assert_array_equal(served_scaled(src, 0, box, out_hw), scaled_expected(whole_k, box, out_hw, k))
 
 
 def test_real_photos_with_restart_markers_serve_the_whole_scaled_decode(tmp_path):
@@ -357,6 +370,7 @@ def test_real_photos_with_restart_markers_serve_the_whole_scaled_decode(tmp_path
             seen.add(k)
             if (i, k) not in wholes:
                 wholes[i, k] = pil_decode(blobs[i]) if k == 1 else pil_decode_scaled(blobs[i], k)
-            np.testing.assert_array_equal(out[b], scaled_expected(wholes[i, k], box, (size, size), k),
-                                          err_msg=f"record {i} box {box} k={k}")
+            np.testing.assert_array_equal(
+                out[b], scaled_expected(wholes[i, k], box, (size, size), k), err_msg=f"record {i} box {box} k={k}"
+            )
     assert seen == {1, 2, 4, 8}

@@ -1,6 +1,7 @@
 """convert's sources: brace patterns expand exactly as bash expands them (checked against bash
 itself), a source named twice is refused, and the in-memory spellings users bring from
 tf.data, Grain and Keras are understood or refused with the accepted forms named."""
+
 from __future__ import annotations
 
 import random
@@ -19,15 +20,70 @@ needs_bash = pytest.mark.skipif(BASH is None, reason="bash is the reference for 
 # Zero padding, nesting, steps, letters, negatives, unbalanced and escaped braces, commas and
 # ranges that are not what they look like, and the shard patterns users write.
 PATTERNS = [
-    "train-{000..099}.tar", "t-{000..010}.tar", "{0..10}", "{00..5}", "{1..010}", "{8..11}",
-    "{010..8}", "{5..1}", "{0..10..2}", "{0..10..3}", "{10..0..3}", "{0..10..-3}", "{1..3..0}",
-    "{-3..3}", "{-05..5..3}", "{-1..-10..4}", "{+1..3}", "{1..+3}", "{a..e}", "{e..a..2}",
-    "{a..c..-1}", "{A..C}", "{x..x}", "{7..7}", "{1..c}", "{a..3}", "{aa..b}", "{1..}", "{..2}",
-    "{1...3}", "{1..3.}", "{1..3..}", "{1..3..x}", "x{a,{b,c}}y", "x{a,b}{c,d}y", "{a,b}{1..2}",
-    "{{a,b},{c,d}}", "{a,{b,{c,d}}}", "{a{b,c}d}", "{{1..3}}", "{a}{b,c}", "{a}b,c}", "s{7}",
-    "s{}", "{}", "x{}y", "{a,}", "{,a}", "x{,}y", "{a,b", "a,b}", "{a,b}}", "{{a,b}", "}{a,b}{",
-    "x\\{a,b}", "x{a\\,b}", "x{a,b\\}", "x{a,b}\\.", "\\{0..2\\}", "a\\b", "{a..b}\\{x,y}",
-    "shard-{0..2}-{a,b}.tar", "s-{001..003}-of-{3..3}.tar", "{1..2}{a..b}{0..10..5}",
+    "train-{000..099}.tar",
+    "t-{000..010}.tar",
+    "{0..10}",
+    "{00..5}",
+    "{1..010}",
+    "{8..11}",
+    "{010..8}",
+    "{5..1}",
+    "{0..10..2}",
+    "{0..10..3}",
+    "{10..0..3}",
+    "{0..10..-3}",
+    "{1..3..0}",
+    "{-3..3}",
+    "{-05..5..3}",
+    "{-1..-10..4}",
+    "{+1..3}",
+    "{1..+3}",
+    "{a..e}",
+    "{e..a..2}",
+    "{a..c..-1}",
+    "{A..C}",
+    "{x..x}",
+    "{7..7}",
+    "{1..c}",
+    "{a..3}",
+    "{aa..b}",
+    "{1..}",
+    "{..2}",
+    "{1...3}",
+    "{1..3.}",
+    "{1..3..}",
+    "{1..3..x}",
+    "x{a,{b,c}}y",
+    "x{a,b}{c,d}y",
+    "{a,b}{1..2}",
+    "{{a,b},{c,d}}",
+    "{a,{b,{c,d}}}",
+    "{a{b,c}d}",
+    "{{1..3}}",
+    "{a}{b,c}",
+    "{a}b,c}",
+    "s{7}",
+    "s{}",
+    "{}",
+    "x{}y",
+    "{a,}",
+    "{,a}",
+    "x{,}y",
+    "{a,b",
+    "a,b}",
+    "{a,b}}",
+    "{{a,b}",
+    "}{a,b}{",
+    "x\\{a,b}",
+    "x{a\\,b}",
+    "x{a,b\\}",
+    "x{a,b}\\.",
+    "\\{0..2\\}",
+    "a\\b",
+    "{a..b}\\{x,y}",
+    "shard-{0..2}-{a,b}.tar",
+    "s-{001..003}-of-{3..3}.tar",
+    "{1..2}{a..b}{0..10..5}",
 ]
 
 
@@ -62,8 +118,7 @@ def test_expand_braces_equals_bash_on_random_patterns():
             continue
         if len(expand_braces(p)) <= 2000:
             patterns.append(p)
-    mismatches = [(p, expand_braces(p), w) for p, w in zip(patterns, bash_expand(patterns))
-                  if expand_braces(p) != w]
+    mismatches = [(p, expand_braces(p), w) for p, w in zip(patterns, bash_expand(patterns)) if expand_braces(p) != w]
     assert mismatches == [], mismatches[:5]
 
 
@@ -95,19 +150,31 @@ def test_a_source_named_twice_is_an_error(tmp_path):
     with pytest.raises(ValueError, match=r"s-0\.tar.*named twice"):
         tbljax.convert(str(tmp_path / "s-{0,1,0}.tar"), tmp_path / "o.tbl", image_size=8)
     with pytest.raises(ValueError, match="named twice"):  # two spellings of one file
-        tbljax.convert([str(tmp_path / "s-0.tar"), str(tmp_path / "." / "s-0.tar")], tmp_path / "o.tbl",
-                       image_size=8)
+        tbljax.convert([str(tmp_path / "s-0.tar"), str(tmp_path / "." / "s-0.tar")], tmp_path / "o.tbl", image_size=8)
     assert not (tmp_path / "o.tbl").exists()
 
 
 # ---- in-memory spellings ----
 
+
 def _images(n=6, h=12, w=10):
     return np.random.default_rng(1).integers(0, 256, (n, h, w, 3), dtype=np.uint8)
 
 
-@pytest.mark.parametrize("form", ["tuple", "tuple-list-labels", "keras-n1-labels", "dict", "dict-plural",
-                                  "dict-img", "list-of-batches", "list-of-images", "array"])
+@pytest.mark.parametrize(
+    "form",
+    [
+        "tuple",
+        "tuple-list-labels",
+        "keras-n1-labels",
+        "dict",
+        "dict-plural",
+        "dict-img",
+        "list-of-batches",
+        "list-of-images",
+        "array",
+    ],
+)
 def test_in_memory_spellings_convert(tmp_path, form):
     imgs = _images()
     labels = np.array([3, 1, 4, 1, 5, 9])
@@ -139,11 +206,18 @@ def test_in_memory_forms_keep_pixels_exactly(tmp_path):
         np.testing.assert_array_equal(tbljax.open(tmp_path / f"{k}.tbl").view(), imgs)
 
 
-@pytest.mark.parametrize("bad", [
-    {"x": 1}, {"image": 1, "images": 2}, 3, object(), iter([np.zeros((2, 2, 3), np.uint8)]),
-    (np.zeros((2, 4, 4, 3), np.uint8), np.zeros(2), np.zeros(2)),
-    [np.zeros((2, 4, 4, 3), np.uint8), np.arange(2)],
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"x": 1},
+        {"image": 1, "images": 2},
+        3,
+        object(),
+        iter([np.zeros((2, 2, 3), np.uint8)]),
+        (np.zeros((2, 4, 4, 3), np.uint8), np.zeros(2), np.zeros(2)),
+        [np.zeros((2, 4, 4, 3), np.uint8), np.arange(2)],
+    ],
+)
 def test_unknown_forms_raise_type_error_naming_the_accepted_ones(tmp_path, bad):
     with pytest.raises(TypeError, match=r"image|tuple|dict"):
         tbljax.convert(bad, tmp_path / "x.tbl", image_size=8, progress=False)

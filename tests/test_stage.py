@@ -4,6 +4,7 @@ damaged ones and resumes partial ones; a dropped connection is resumed where it 
 `tbljax stage` killed with SIGKILL mid-copy leaves no half file under a final name and a rerun
 completes it; partitions over 2 and 3 processes are disjoint and cover all files; a part that
 does not fit the budget is refused naming the sizes."""
+
 from __future__ import annotations
 
 import os
@@ -132,7 +133,7 @@ def test_partitions_are_disjoint_and_cover_all_files(server, tmp_path, n):
         here = sorted(os.listdir(cache))
         seen += here
         # Process i of n owns the contiguous block [i*7//n, (i+1)*7//n) (tbljax.host_part's rule).
-        assert here == [p.name for p in srcs[i * 7 // n:(i + 1) * 7 // n]]
+        assert here == [p.name for p in srcs[i * 7 // n : (i + 1) * 7 // n]]
         assert_staged(cache, srcs, present=[p for p in srcs if p.name in here])
     assert sorted(seen) == sorted(p.name for p in srcs) and len(set(seen)) == 7
     assert [[os.path.basename(p) for p in paths] for paths in lists] == [[p.name for p in srcs]] * n
@@ -156,15 +157,25 @@ def test_budget_and_sizes(server, tmp_path):
     srcs = make_tbls(server.root, files=4)
     total = sum(p.stat().st_size for p in srcs)
     cache = tmp_path / "cache"
-    with pytest.raises(ValueError, match=rf"4 files of .* \({total} bytes\), more than the budget of "
-                                         rf".* \({total - 1} bytes\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"4 files of .* \({total} bytes\), more than the budget of "
+        rf".* \({total - 1} bytes\)",
+    ):
         stage(f"{server.url}/train-{{00..03}}.tbl", cache, budget_bytes=total - 1)
     assert os.listdir(cache) == []  # refused before copying anything
     half = sum(p.stat().st_size for p in srcs[2:])
     stage(f"{server.url}/train-{{00..03}}.tbl", cache, budget_bytes=half, partition=(1, 2))
     assert_staged(cache, srcs, present=srcs[2:])
     assert [staging.parse_size(s) for s in ("4096", "2K", "1.5M", "3G", "2KB", "1MiB", "1TB")] == [
-        4096, 2048, 3 << 19, 3 << 30, 2000, 1 << 20, 10**12]
+        4096,
+        2048,
+        3 << 19,
+        3 << 30,
+        2000,
+        1 << 20,
+        10**12,
+    ]
     with pytest.raises(ValueError, match="a size must look like"):
         staging.parse_size("12 parsecs")
 
@@ -203,8 +214,11 @@ def test_sigkill_mid_copy_then_rerun_completes(server, tmp_path):
     deadline = time.monotonic() + 60
     partials: list[str] = []
     while time.monotonic() < deadline and proc.poll() is None:
-        partials = [n for n in os.listdir(cache) if n.endswith(".partial") and os.path.getsize(cache / n) > 0] \
-            if cache.is_dir() else []
+        partials = (
+            [n for n in os.listdir(cache) if n.endswith(".partial") and os.path.getsize(cache / n) > 0]
+            if cache.is_dir()
+            else []
+        )
         if partials:
             break
         time.sleep(0.05)
@@ -214,7 +228,7 @@ def test_sigkill_mid_copy_then_rerun_completes(server, tmp_path):
     for p in srcs:  # whatever is under a final name is the whole file
         if (cache / p.name).exists():
             assert (cache / p.name).read_bytes() == p.read_bytes()
-    kept = {n[1:-len(".partial")]: os.path.getsize(cache / n) for n in os.listdir(cache) if n.endswith(".partial")}
+    kept = {n[1 : -len(".partial")]: os.path.getsize(cache / n) for n in os.listdir(cache) if n.endswith(".partial")}
     assert any(kept.values()) and all(size < srcs[0].stat().st_size for size in kept.values())
     server.bytes_per_second = None
     server.log.clear()

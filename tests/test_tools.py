@@ -1,5 +1,6 @@
 """User tools: `tbljax show` draws exactly what the loader serves; `tbljax bench` measures and
 gives a verdict; loader state checkpoints with Orbax beside the model state."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,15 @@ def small_file(tmp_path):
 
 
 def tiles_of(grid, n, th, tw, cols):
-    return np.stack([grid[(k // cols) * (th + 2) + 1:(k // cols) * (th + 2) + 1 + th,
-                          (k % cols) * (tw + 2) + 1:(k % cols) * (tw + 2) + 1 + tw] for k in range(n)])
+    return np.stack(
+        [
+            grid[
+                (k // cols) * (th + 2) + 1 : (k // cols) * (th + 2) + 1 + th,
+                (k % cols) * (tw + 2) + 1 : (k % cols) * (tw + 2) + 1 + tw,
+            ]
+            for k in range(n)
+        ]
+    )
 
 
 def test_show_grid_is_the_stored_pixels(small_file):
@@ -54,14 +62,18 @@ def test_show_augmented_grid_is_what_the_loader_serves(small_file):
 def test_show_cli_writes_png(small_file, tmp_path):
     p, _ = small_file
     out = tmp_path / "g.png"
-    r = subprocess.run([sys.executable, "-m", "tbljax", "show", str(p), "--out", str(out), "--count", "6",
-                        "--augment", "rrc_flip"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "tbljax", "show", str(p), "--out", str(out), "--count", "6", "--augment", "rrc_flip"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     with Image.open(out) as im:
         assert im.format == "PNG" and im.width > 6 * 18
 
 
-STEP_MODULE = '''
+STEP_MODULE = """
 import jax, jax.numpy as jnp, time
 _w = jnp.ones((3, 8))
 
@@ -75,15 +87,32 @@ def fast_step(batch):
 def slow_step(batch):
     time.sleep(0.05)  # a step far slower than the loader
     return _fast(batch["image"])
-'''
+"""
 
 
 def test_bench_cli_json_and_verdict(small_file, tmp_path):
     p, _ = small_file
     (tmp_path / "mysteps.py").write_text(STEP_MODULE)
-    r = subprocess.run([sys.executable, "-m", "tbljax", "bench", str(p), "--batch-size", "8", "--steps", "6",
-                        "--step", "mysteps:slow_step", "--json"], capture_output=True, text=True, timeout=300,
-                       cwd=tmp_path)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tbljax",
+            "bench",
+            str(p),
+            "--batch-size",
+            "8",
+            "--steps",
+            "6",
+            "--step",
+            "mysteps:slow_step",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["produce_img_s"] > 0 and rep["consumed_img_s"] > 0
@@ -94,17 +123,38 @@ def test_bench_cli_json_and_verdict(small_file, tmp_path):
 def test_bench_advice_for_an_input_bound_run():
     from tbljax._src.tools.benchmark import BenchReport, advise
 
-    rep = BenchReport(path="x", batch_size=256, settings={}, produce_img_s=5000, consumed_img_s=4000,
-                      step_floor_ms=10.0, step_fed_ms=51.2, loader_wait_ms=41.0, input_bound=True, overhead=4.12)
+    rep = BenchReport(
+        path="x",
+        batch_size=256,
+        settings={},
+        produce_img_s=5000,
+        consumed_img_s=4000,
+        step_floor_ms=10.0,
+        step_fed_ms=51.2,
+        loader_wait_ms=41.0,
+        input_bound=True,
+        overhead=4.12,
+    )
     tips = advise(rep, threads=1, cpus=8, dtype="float32", prefetch=2, dataset_bytes=2**30)
     assert any(t.startswith("threads: use all 8") for t in tips)
     assert any(t.startswith("prefetch:") for t in tips)
     assert any("uint8" in t for t in tips)
     assert any("ResidentDataset" in t and "25,600 img/s" in t for t in tips)
-    ok = BenchReport(path="x", batch_size=256, settings={}, produce_img_s=5e4, consumed_img_s=4e4,
-                     step_floor_ms=10.0, step_fed_ms=10.2, loader_wait_ms=0.0, input_bound=False, overhead=0.02)
-    assert advise(ok, threads=8, cpus=8, dtype="uint8", prefetch=2, dataset_bytes=1) == \
-        ["the loader keeps up: nothing to change"]
+    ok = BenchReport(
+        path="x",
+        batch_size=256,
+        settings={},
+        produce_img_s=5e4,
+        consumed_img_s=4e4,
+        step_floor_ms=10.0,
+        step_fed_ms=10.2,
+        loader_wait_ms=0.0,
+        input_bound=False,
+        overhead=0.02,
+    )
+    assert advise(ok, threads=8, cpus=8, dtype="uint8", prefetch=2, dataset_bytes=1) == [
+        "the loader keeps up: nothing to change"
+    ]
 
 
 def test_orbax_checkpoint_resumes_the_identical_stream(small_file, tmp_path):
@@ -123,15 +173,17 @@ def test_orbax_checkpoint_resumes_the_identical_stream(small_file, tmp_path):
     first = stream(ld, 7)
     params = {"w": jnp.arange(6.0)}
     with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
-        mngr.save(7, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                             loader=ocp.args.JsonSave(ld.state_dict())))
+        mngr.save(
+            7, args=ocp.args.Composite(params=ocp.args.StandardSave(params), loader=ocp.args.JsonSave(ld.state_dict()))
+        )
         mngr.wait_until_finished()
     ld.close()
 
     with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
         step = mngr.latest_step()
-        got = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(params),
-                                                         loader=ocp.args.JsonRestore()))
+        got = mngr.restore(
+            step, args=ocp.args.Composite(params=ocp.args.StandardRestore(params), loader=ocp.args.JsonRestore())
+        )
     resumed = tbljax.loader(p, 4, seed=9, dtype="uint8", augment="flip")
     resumed.load_state_dict(got["loader"])
     rest = stream(resumed, 2)
@@ -146,8 +198,12 @@ def test_bench_first_run_warms_up_before_timing(caltech101, tmp_path):
     (the first round used to pay it alone: 13.5k img/s produced beside 20.5k consumed)."""
     p = tmp_path / "c.tbl"
     tbljax.convert(caltech101 / "images", p, image_size=128, progress=False)
-    r = subprocess.run([sys.executable, "-m", "tbljax", "bench", str(p), "--batch-size", "128"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "tbljax", "bench", str(p), "--batch-size", "128"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     line = r.stdout.splitlines()[1]
     m = re.fullmatch(r"  loader alone: ([\d,]+) img/s produced, ([\d,]+) img/s when every byte is read", line)

@@ -4,6 +4,7 @@ while held, every dtype and layout, resume from state_dict (also with another wo
 rank splits that cover an epoch exactly once, rank and world size read from torch.distributed
 (in-process and two gloo processes), the pinned-memory path with CUDA faked, and a small
 nn.Module that learns."""
+
 from __future__ import annotations
 
 import gc
@@ -17,11 +18,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import _loader_testing as T  # noqa: E402
-
 import tbljax  # noqa: E402
 import tbljax.torch  # noqa: E402
 from tbljax._src.rules import order  # noqa: E402
+
+import _loader_testing as T  # noqa: E402
 
 N, H, W, B = 37, 6, 5, 4
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
@@ -43,12 +44,12 @@ def bits(t):
 
 
 def jax_batches(path, g, **kw):
-    return [{k: np.asarray(v) for k, v in b.items()}
-            for b in tbljax.loader(path, g, num_epochs=1, **kw)]
+    return [{k: np.asarray(v) for k, v in b.items()} for b in tbljax.loader(path, g, num_epochs=1, **kw)]
 
 
-@pytest.mark.parametrize("dtype,layout", [("float32", "NCHW"), ("float32", "NHWC"),
-                                          (torch.bfloat16, "NCHW"), (torch.uint8, "NHWC")])
+@pytest.mark.parametrize(
+    "dtype,layout", [("float32", "NCHW"), ("float32", "NHWC"), (torch.bfloat16, "NCHW"), (torch.uint8, "NHWC")]
+)
 def test_same_order_and_pixels_as_the_jax_loader_and_numpy(data, dtype, layout):
     imgs, labels, path = data
     name = {torch.bfloat16: "bfloat16", torch.uint8: "uint8"}.get(dtype, dtype)
@@ -82,8 +83,7 @@ def test_every_pixel_value_normalizes_by_the_contract(tmp_path, dtype):
     img = np.stack([v, v[::-1], v.T], axis=-1)[None]
     path = T.write_tbl(tmp_path / "v.tbl", img, [0])
     x, _ = next(iter(tbljax.torch.loader(path, 1, dtype=dtype, layout="NHWC")))
-    table = kernels.normalize_table(MEAN, STD, np.float32 if dtype == "float32"
-                                    else ml_dtypes.bfloat16)
+    table = kernels.normalize_table(MEAN, STD, np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
     want = table[np.arange(3), img[0]]
     np.testing.assert_array_equal(bits(x)[0], want.view(bits(x).dtype))
 
@@ -103,11 +103,11 @@ def test_images_share_memory_with_the_ring(data, dtype):
         gc.collect()
     assert all(p % 4096 == 0 for p in seen)
     assert ld.metrics()["slots_replaced"] == 0
-    assert set(seen) <= ring_pointers(ld)         # no copy: the tensor is the ring's memory
-    assert len(set(seen)) < len(seen)             # and the ring is recycled
+    assert set(seen) <= ring_pointers(ld)  # no copy: the tensor is the ring's memory
+    assert len(set(seen)) < len(seen)  # and the ring is recycled
     x, _ = next(iter(ld))
     held = [s for s in ld.ring.slots if s.views()[0].ctypes.data == x.data_ptr()]
-    assert len(held) == 1 and held[0].in_use()    # the slot knows the tensor still reads it
+    assert len(held) == 1 and held[0].in_use()  # the slot knows the tensor still reads it
     ld.close()
     del x
     gc.collect()
@@ -133,15 +133,16 @@ def test_held_tensors_are_never_overwritten(data):
     for step, (x, _) in enumerate(kept):
         e, s = divmod(step, N // B)
         idx = order.permute(s * B + np.arange(B), N, 2, e)
-        np.testing.assert_array_equal(x.numpy(), T.normalize(imgs[idx], MEAN, STD,
-                                                             layout="NCHW"))
+        np.testing.assert_array_equal(x.numpy(), T.normalize(imgs[idx], MEAN, STD, layout="NCHW"))
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_get_the_jax_process_rows_and_cover_an_epoch_once(data, world_size):
     _, labels, path = data
-    per_rank = [list(tbljax.torch.loader(path, B, seed=4, rank=r, world_size=world_size,
-                                         drop_remainder=False)) for r in range(world_size)]
+    per_rank = [
+        list(tbljax.torch.loader(path, B, seed=4, rank=r, world_size=world_size, drop_remainder=False))
+        for r in range(world_size)
+    ]
     want = jax_batches(path, B * world_size, seed=4, drop_remainder=False)
     assert [len(p) for p in per_rank] == [len(want)] * world_size  # same steps on every rank
     served = []
@@ -174,7 +175,7 @@ def test_state_dict_resumes_the_identical_stream(data):
     kw = dict(seed=3, augment="rrc_flip")
     full = stream(tbljax.torch.loader(path, B, **kw), 3)
     first = tbljax.torch.loader(path, B, **kw)
-    head = stream(first, 3, stop_after=13)       # 9 steps per epoch: inside epoch 1
+    head = stream(first, 3, stop_after=13)  # 9 steps per epoch: inside epoch 1
     state = first.state_dict()
     assert (state["epoch"], state["position"]) == (1, 4 * B)
     second = tbljax.torch.loader(path, B, **kw)
@@ -210,22 +211,22 @@ def test_set_epoch_len_and_dataloader_attributes(data):
     ld.set_epoch(0)  # the cursor is inside epoch 0: continue there
     rest = list(ld)
     assert len(rest) == len(ld) - 3
-    np.testing.assert_array_equal(rest[0].index.numpy(),
-                                  order.permute(3 * B + np.arange(B), N, 6, 0))
+    np.testing.assert_array_equal(rest[0].index.numpy(), order.permute(3 * B + np.arange(B), N, 6, 0))
     ld.set_epoch(5)
-    np.testing.assert_array_equal(next(iter(ld)).index.numpy(),
-                                  order.permute(np.arange(B), N, 6, 5))
+    np.testing.assert_array_equal(next(iter(ld)).index.numpy(), order.permute(np.arange(B), N, 6, 5))
     assert len(tbljax.torch.loader(path, B, drop_remainder=False)) == -(-N // B)
     assert "rank 0 of 1" in repr(ld)
 
 
 def test_arguments_are_checked(data):
     _, _, path = data
-    cases = [(dict(rank=1), "both rank and world_size"),
-             (dict(rank=2, world_size=2), r"rank must be an integer in \[0, 2\), got 2"),
-             (dict(rank=0, world_size=0), "world_size must be an integer >= 1, got 0"),
-             (dict(dtype=torch.float16), "dtype must be one of torch.uint8, torch.float32, torch.bfloat16"),
-             (dict(layout="CHW"), "layout must be one of")]
+    cases = [
+        (dict(rank=1), "both rank and world_size"),
+        (dict(rank=2, world_size=2), r"rank must be an integer in \[0, 2\), got 2"),
+        (dict(rank=0, world_size=0), "world_size must be an integer >= 1, got 0"),
+        (dict(dtype=torch.float16), "dtype must be one of torch.uint8, torch.float32, torch.bfloat16"),
+        (dict(layout="CHW"), "layout must be one of"),
+    ]
     for kw, msg in cases:
         with pytest.raises(ValueError, match=msg):
             tbljax.torch.loader(path, B, **kw)
@@ -252,8 +253,7 @@ def test_rank_and_world_size_come_from_torch_distributed(data):
     _, _, path = data
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                            world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     try:
         ld = tbljax.torch.loader(path, B, seed=1)
         assert (ld.rank, ld.world_size) == (dist.get_rank(), dist.get_world_size()) == (0, 1)
@@ -287,9 +287,15 @@ dist.destroy_process_group()
 def test_two_gloo_processes_split_an_epoch(data):
     _, _, path = data
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", GLOO_CHILD, str(r), port, str(path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", GLOO_CHILD, str(r), port, str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outs = []
     try:
         for p in procs:
@@ -349,15 +355,21 @@ def test_gloo_ranks_read_only_their_host_parts(tmp_path, world):
     for r in range(world):
         (tmp_path / f"rank{r}").mkdir()
         for k in files_of[r]:
-            T.write_tbl(tmp_path / f"rank{r}" / f"s{k}.tbl", imgs[starts[k]:starts[k + 1]],
-                        labels[starts[k]:starts[k + 1]])
+            T.write_tbl(
+                tmp_path / f"rank{r}" / f"s{k}.tbl", imgs[starts[k] : starts[k + 1]], labels[starts[k] : starts[k + 1]]
+            )
         paths.append([str(tmp_path / f"rank{r}" / f"s{k}.tbl") for k in range(f)])
-    spec = json.dumps({"images": str(tmp_path / "images.npy"), "labels": str(tmp_path / "labels.npy"),
-                       "paths": paths})
+    spec = json.dumps({"images": str(tmp_path / "images.npy"), "labels": str(tmp_path / "labels.npy"), "paths": paths})
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", GLOO_PARTS_CHILD, str(r), str(world), port, spec],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", GLOO_PARTS_CHILD, str(r), str(world), port, spec],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
     outs = []
     try:
         for p in procs:
@@ -385,8 +397,11 @@ def test_host_partition_without_its_ranks_is_refused(data):
     _, _, path = data
     one = tbljax.torch.loader([path], B, seed=1, partition="host")  # one rank: the whole part
     assert one.num_samples == N and len(one) == N // B
-    with pytest.raises(ValueError, match=r"partition='host' on rank 1 of 2: .*torch.distributed.*"
-                                         "not initialized"):
+    with pytest.raises(
+        ValueError,
+        match=r"partition='host' on rank 1 of 2: .*torch.distributed.*"
+        "not initialized",
+    ):
         tbljax.torch.loader([path, path], B, rank=1, world_size=2, partition="host")
     with pytest.raises(ValueError, match="partition must be None .* or 'host'"):
         tbljax.torch.loader(path, B, partition=(0, 1))
@@ -416,21 +431,23 @@ def test_the_cuda_path_with_cuda_faked(data, monkeypatch):
         dropped += 1
     assert syncs and set(syncs) == {0}
     for b in kept:  # held ones intact (their slots were replaced, not rewritten)
-        np.testing.assert_array_equal(b[0].numpy(), T.normalize(
-            imgs[b.index.numpy()], MEAN, STD, layout="NCHW"))
+        np.testing.assert_array_equal(b[0].numpy(), T.normalize(imgs[b.index.numpy()], MEAN, STD, layout="NCHW"))
 
 
 def test_a_small_module_trains(tmp_path):
     # Two classes a small conv net tells apart at once: dark and bright images.
     rng = np.random.default_rng(0)
     labels = np.arange(64) % 2
-    imgs = np.clip(rng.normal(70 + 110 * labels[:, None, None, None], 25, (64, 8, 8, 3)),
-                   0, 255).astype(np.uint8)
+    imgs = np.clip(rng.normal(70 + 110 * labels[:, None, None, None], 25, (64, 8, 8, 3)), 0, 255).astype(np.uint8)
     path = T.write_tbl(tmp_path / "t.tbl", imgs, labels)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                                torch.nn.Linear(4, 2))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4, 2),
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ld = tbljax.torch.loader(path, 16, seed=0, augment="flip")
     losses = []

@@ -2,6 +2,7 @@
 source (`tbljax.kernels.variable_source`), the packed records of `tbljax.ops` (FFI and twin),
 each against the NumPy oracle written from kernel.h's formula, on every SIMD target; and the
 errors for requests that cannot be served."""
+
 from __future__ import annotations
 
 import jax
@@ -10,10 +11,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import oracle
-from tbljax import _core
+from tbljax import _core, ops
 from tbljax._src.engine import kernels
-from tbljax import ops
+
+import oracle
 
 SIZES = [(40, 64), (64, 40), (33, 33), (17, 90), (90, 17), (1, 7), (7, 1), (200, 150)]
 TARGETS = _core.supported_kernel_targets()
@@ -38,7 +39,7 @@ def _packed(records):
     flat = pages.reshape(-1)
     for r, (p, h, w) in zip(records, table):
         assert (h, w) == r.shape[:2]
-        flat[p * ops.PAGE_BYTES:p * ops.PAGE_BYTES + r.size] = r.reshape(-1)
+        flat[p * ops.PAGE_BYTES : p * ops.PAGE_BYTES + r.size] = r.reshape(-1)
     return pages, table
 
 
@@ -76,20 +77,19 @@ def _variable(records):
     sizes = np.array([r.size for r in records], np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     buf = np.concatenate([r.reshape(-1) for r in records])
-    return kernels.variable_source([buf], [len(records)], offsets, [r.shape[0] for r in records],
-                                   [r.shape[1] for r in records])
+    return kernels.variable_source(
+        [buf], [len(records)], offsets, [r.shape[0] for r in records], [r.shape[1] for r in records]
+    )
 
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("out_hw", [(24, 20), (7, 9), (160, 128)])
-@pytest.mark.parametrize("dtype,layout", [(np.uint8, "NHWC"), (np.float32, "NCHW"),
-                                          (ml_dtypes.bfloat16, "NHWC")])
+@pytest.mark.parametrize("dtype,layout", [(np.uint8, "NHWC"), (np.float32, "NCHW"), (ml_dtypes.bfloat16, "NHWC")])
 def test_variable_source_matches_the_oracle(target, out_hw, dtype, layout):
     _core.set_kernel_target(target)
     records, idx, crop, flip = _case(1)
     norm = {} if dtype == np.uint8 else dict(mean=MEAN, std=STD)
-    want = oracle.gather(records, idx, out_hw, crop=crop, flip=flip, dtype=dtype, layout=layout,
-                         **norm)
+    want = oracle.gather(records, idx, out_hw, crop=crop, flip=flip, dtype=dtype, layout=layout, **norm)
     out = np.empty(want.shape, dtype)
     kernels.gather(_variable(records), idx, out, layout=layout, crop=crop, flip=flip, **norm)
     np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
@@ -110,8 +110,7 @@ def test_records_in_several_shards_at_their_offsets():
         shards.append(np.concatenate(chunks))
         counts.append(len(part))
         offsets += [offs[k] for k in range(len(part))]
-    src = kernels.variable_source(shards, counts, offsets, [r.shape[0] for r in records],
-                                  [r.shape[1] for r in records])
+    src = kernels.variable_source(shards, counts, offsets, [r.shape[0] for r in records], [r.shape[1] for r in records])
     out = np.empty((len(idx), 16, 16, 3), np.uint8)
     kernels.gather(src, idx, out, crop=crop, flip=flip)
     np.testing.assert_array_equal(out, oracle.gather(records, idx, (16, 16), crop=crop, flip=flip))
@@ -121,24 +120,30 @@ def test_records_in_several_shards_at_their_offsets():
 # tests; the default run has its uint8 case here and, on packed records too, its bfloat16 and
 # float32 normalization in test_fullaspect_paths.py (resident twin-rrc-bfloat16-NCHW,
 # gather_normalize twin-float32-NHWC).
-@pytest.mark.parametrize("backend, dtype, layout", [
-    ("ffi", jnp.uint8, "NHWC"), ("ffi", jnp.float32, "NCHW"), ("ffi", jnp.bfloat16, "NHWC"),
-    ("twin", jnp.uint8, "NHWC"),
-    pytest.param("twin", jnp.float32, "NCHW", marks=pytest.mark.slow),
-    pytest.param("twin", jnp.bfloat16, "NHWC", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "backend, dtype, layout",
+    [
+        ("ffi", jnp.uint8, "NHWC"),
+        ("ffi", jnp.float32, "NCHW"),
+        ("ffi", jnp.bfloat16, "NHWC"),
+        ("twin", jnp.uint8, "NHWC"),
+        pytest.param("twin", jnp.float32, "NCHW", marks=pytest.mark.slow),
+        pytest.param("twin", jnp.bfloat16, "NHWC", marks=pytest.mark.slow),
+    ],
+)
 def test_packed_records_in_jit_match_the_oracle_and_the_kernel(backend, dtype, layout):
     records, idx, crop, flip = _case(3)
     pages, table = _packed(records)
     data = ops.PackedRecords(jnp.asarray(pages), jnp.asarray(table), max(max(s) for s in SIZES))
     norm = {} if dtype == jnp.uint8 else dict(mean=MEAN, std=STD)
     np_dtype = {jnp.uint8: np.uint8, jnp.float32: np.float32, jnp.bfloat16: ml_dtypes.bfloat16}[dtype]
-    want = oracle.gather(records, idx, (21, 26), crop=crop, flip=flip, dtype=np_dtype,
-                         layout=layout, **norm)
+    want = oracle.gather(records, idx, (21, 26), crop=crop, flip=flip, dtype=np_dtype, layout=layout, **norm)
 
     @jax.jit
     def step(d, i, c, f):
-        return ops.gather_normalize(d, i, crop=c, flip=f, out_size=(21, 26), dtype=dtype,
-                                    layout=layout, backend=backend, **norm)
+        return ops.gather_normalize(
+            d, i, crop=c, flip=f, out_size=(21, 26), dtype=dtype, layout=layout, backend=backend, **norm
+        )
 
     got = np.asarray(step(data, jnp.asarray(idx, jnp.int32), jnp.asarray(crop), jnp.asarray(flip)))
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
@@ -155,13 +160,20 @@ def test_uniform_data_shrinks_with_antialiasing_on_every_path():
     kernels.gather(data, idx, out, crop=crop, flip=flip)
     np.testing.assert_array_equal(out, want)
     for backend in ("ffi", "twin"):
-        got = ops.gather_normalize(jnp.asarray(data), jnp.asarray(idx), crop=jnp.asarray(crop),
-                                   flip=jnp.asarray(flip), out_size=(15, 13), dtype=jnp.uint8,
-                                   backend=backend)
+        got = ops.gather_normalize(
+            jnp.asarray(data),
+            jnp.asarray(idx),
+            crop=jnp.asarray(crop),
+            flip=jnp.asarray(flip),
+            out_size=(15, 13),
+            dtype=jnp.uint8,
+            backend=backend,
+        )
         np.testing.assert_array_equal(np.asarray(got), want)
 
 
 # ---- what cannot be served ----
+
 
 def test_variable_source_needs_crop_boxes():
     records = _records()
@@ -205,8 +217,9 @@ def test_packed_records_check_concrete_boxes_against_each_record():
     pages, table = _packed(records)
     data = ops.PackedRecords(jnp.asarray(pages), jnp.asarray(table), 200)
     with pytest.raises(ValueError, match=r"crop\[1\].*inside the 7x1 image"):
-        ops.gather_normalize(data, jnp.array([0, 6]), crop=jnp.array([(0, 0, 2, 2)] * 2),
-                             out_size=(4, 4), dtype=jnp.uint8)
+        ops.gather_normalize(
+            data, jnp.array([0, 6]), crop=jnp.array([(0, 0, 2, 2)] * 2), out_size=(4, 4), dtype=jnp.uint8
+        )
 
 
 def test_pack_layout_places_each_record_at_a_page_start():

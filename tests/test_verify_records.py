@@ -5,6 +5,7 @@ and compact records straight from the memory map. One flipped payload byte is th
 silently (a RAW pixel off, a compact record decoded a little differently) unless the loader
 checks the record's checksum, as `verify()` does, which this option makes every front end do.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -26,14 +27,14 @@ def intact(tmp_path_factory):
     # Smooth pictures (a gradient and a little noise): a q90 JPEG of them decodes after one
     # flipped byte, as photos do, instead of failing as a DecodeError.
     y, x = np.mgrid[:48, :48]
-    images = np.stack([np.stack([(x * (k + 1) + y * 3) % 256, (y * 5 + k * 9) % 256,
-                                 (x + y + 20 * k) % 256], -1) for k in range(N)])
+    images = np.stack(
+        [np.stack([(x * (k + 1) + y * 3) % 256, (y * 5 + k * 9) % 256, (x + y + 20 * k) % 256], -1) for k in range(N)]
+    )
     images = np.clip(images + rng.integers(0, 8, images.shape), 0, 255).astype(np.uint8)
     labels = np.arange(N) % 3
     paths = {"raw": d / "raw.tbl", "compact": d / "compact.tbl"}
     tbljax.convert((images, labels), paths["raw"], image_size=40, progress=False)
-    tbljax.convert((images, labels), paths["compact"], image_size=40, format="jpeg", quality=90,
-                   progress=False)
+    tbljax.convert((images, labels), paths["compact"], image_size=40, format="jpeg", quality=90, progress=False)
     assert tbljax.open(paths["raw"]).record_format == "raw"
     assert tbljax.open(paths["compact"]).compact
     return {k: str(v) for k, v in paths.items()}
@@ -50,7 +51,7 @@ def damage(src, dst, record=BAD):
         payload = f.read(info.size)
         at = info.size // 2
         if info.format == "JPEG":
-            scan = payload.index(b"\xff\xda") + 2 + int.from_bytes(payload[payload.index(b"\xff\xda") + 2:][:2], "big")
+            scan = payload.index(b"\xff\xda") + 2 + int.from_bytes(payload[payload.index(b"\xff\xda") + 2 :][:2], "big")
             at = (scan + info.size) // 2
             while payload[at] in (0xFF, 0xFE) or payload[at - 1] == 0xFF:
                 at += 1
@@ -101,13 +102,18 @@ def test_verify_records_raises_naming_file_record_and_check(damaged, front):
         pytest.importorskip("torch" if front == "torch" else "mlx.core")
     kind, bad = damaged
     batches = []
-    with pytest.raises(tbljax.CorruptFileError,
-                       match=rf"bad\.tbl: record {BAD}: checksum mismatch \(CRC-16 of the "
-                             r"payload differs from the index; verify_records=True\)"):
+    with pytest.raises(
+        tbljax.CorruptFileError,
+        match=rf"bad\.tbl: record {BAD}: checksum mismatch \(CRC-16 of the "
+        r"payload differs from the index; verify_records=True\)",
+    ):
         if front in ("jax", "host"):  # the batches before the damaged one are handed out
             kw = dict(shuffle=False, dtype="uint8", verify_records=True)
-            it = (tbljax.loader(bad, 2, num_epochs=1, **kw) if front == "jax" else
-                  tbljax.HostLoader(tbljax.open(bad), tbljax.LoaderOptions(batch_size=2, num_epochs=1, **kw)))
+            it = (
+                tbljax.loader(bad, 2, num_epochs=1, **kw)
+                if front == "jax"
+                else tbljax.HostLoader(tbljax.open(bad), tbljax.LoaderOptions(batch_size=2, num_epochs=1, **kw))
+            )
             for b in it:
                 batches.append(b)
         else:
@@ -136,14 +142,12 @@ def test_verify_records_in_a_mixture_names_the_damaged_source(intact, tmp_path):
             pass
     # The same mixture without the damage serves every step.
     ok = tbljax.mix({"raw": intact["raw"], "c": intact["compact"]}, {"raw": 1, "c": 1}, epoch_of="c")
-    assert len(list(tbljax.loader(ok, 8, num_epochs=1, verify_records=True))) == len(
-        tbljax.loader(ok, 8, num_epochs=1))
+    assert len(list(tbljax.loader(ok, 8, num_epochs=1, verify_records=True))) == len(tbljax.loader(ok, 8, num_epochs=1))
 
 
 def test_verify_records_of_shard_files_names_the_shard(intact, tmp_path):
     bad = damage(intact["raw"], tmp_path / "bad.tbl", record=2)
-    with pytest.raises(tbljax.CorruptFileError,
-                       match=r"bad\.tbl: record 2: checksum mismatch .* \(record 26 of "):
+    with pytest.raises(tbljax.CorruptFileError, match=r"bad\.tbl: record 2: checksum mismatch .* \(record 26 of "):
         serve([intact["raw"], bad], verify_records=True)
 
 

@@ -10,28 +10,31 @@ The public surface is what this module exports (`__all__`) and the public submod
 and `tbljax.show`. Everything under `tbljax._src` is private: its rooms are mapped in
 docs/architecture.md.
 """
-from tbljax import _core
-from tbljax._core import CorruptFileError, DecodeError
-from tbljax._src.rules.augment import Augment
-from tbljax._src.rules.randaug import RandAugment, RandomErasing
-from tbljax._src.tools.benchmark import bench
-from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
+
+from tbljax import _core, augment, kernels, order, show
 from tbljax._src.conversion.convert import convert
-from tbljax._src.conversion.convert_options import ConversionError, ConvertSummary
-from tbljax._src.file.format import FORMATS, INDEX_DTYPE, Writer
-from tbljax._src.file.fields import Boxes, DenseMap, Keypoints, Mask
+from tbljax._src.conversion.convert_options import ConvertSummary
+from tbljax._src.datasets.mixture import Mixture, mix
+from tbljax._src.datasets.reader import Dataset, open
 from tbljax._src.engine.host_loader import HostLoader
 from tbljax._src.engine.kernels import build_info
-from tbljax._src.jax.loader import Loader, loader
-from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.engine.plan import HostBatch
 from tbljax._src.engine.rows import RowLayout
-from tbljax._src.datasets.reader import Dataset, open
-from tbljax._src.datasets.mixture import Mixture, mix
-from tbljax._src.remote.staging import stage
+from tbljax._src.file.fields import Boxes, DenseMap, Keypoints, Mask
+from tbljax._src.file.format import FORMATS, INDEX_DTYPE, Writer
 from tbljax._src.jax.collectives import host_part
+from tbljax._src.jax.loader import Loader, loader
 from tbljax._src.jax.sharding import row_layout
-from tbljax import augment, kernels, order, show
+from tbljax._src.remote.staging import stage
+from tbljax._src.rules.augment import Augment
+from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
+from tbljax._src.rules.erasing import RandomErasing
+from tbljax._src.rules.errors import ConversionError, CorruptFileError, DecodeError
+from tbljax._src.rules.image_ops import ColorJitter, GaussianBlur, Grayscale, Solarize, ThreeAugment, TrivialAugment
+from tbljax._src.rules.options import LoaderOptions
+from tbljax._src.rules.randaug import RandAugment
+from tbljax._src.sources.coco import coco
+from tbljax._src.tools.benchmark import bench
 
 __version__: str = _core.native_info()["version"]
 
@@ -52,9 +55,49 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "FORMATS", "IMAGENET_MEAN", "IMAGENET_STD", "INDEX_DTYPE", "Augment", "HostBatch", "HostLoader", "Loader",
-    "LoaderOptions", "RandAugment", "RandomErasing", "RowLayout", "loader", "augment", "kernels", "order", "show",
-    "ConversionError", "ConvertSummary", "CorruptFileError", "Boxes", "DenseMap", "Keypoints", "Mask",
-    "Dataset", "DecodeError", "Writer", "ResidentDataset", "bench", "build_info", "convert",
-    "Mixture", "host_part", "mix", "open", "ops", "row_layout", "stage",
+    "FORMATS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "INDEX_DTYPE",
+    "Augment",
+    "HostBatch",
+    "HostLoader",
+    "Loader",
+    "LoaderOptions",
+    "RandAugment",
+    "RandomErasing",
+    "TrivialAugment",
+    "ColorJitter",
+    "ThreeAugment",
+    "Grayscale",
+    "Solarize",
+    "GaussianBlur",
+    "RowLayout",
+    "loader",
+    "augment",
+    "kernels",
+    "order",
+    "show",
+    "ConversionError",
+    "ConvertSummary",
+    "CorruptFileError",
+    "Boxes",
+    "DenseMap",
+    "Keypoints",
+    "Mask",
+    "coco",
+    "Dataset",
+    "DecodeError",
+    "Writer",
+    "ResidentDataset",
+    "bench",
+    "build_info",
+    "convert",
+    "Mixture",
+    "host_part",
+    "mix",
+    "open",
+    "ops",
+    "row_layout",
+    "stage",
 ]

@@ -1,4 +1,5 @@
 """``python -m tbljax``: the `tbljax` command."""
+
 import sys
 
 from tbljax._src.tools.cli import main

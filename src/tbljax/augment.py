@@ -2,11 +2,31 @@
 sample index), the same under NumPy and jax.numpy, for records of one size or many; and the
 per-image ops' decisions (RandAugment, random erasing), keyed the same way.
 
->>> boxes, flips = tbljax.augment.sample(idx, tbljax.Augment(size=160), geometry, seed=0)
+>>> boxes, flips = tbljax.augment.sample(tbljax.Augment(size=160), idx, geometry=geometry, seed=0, epoch=0)
 """
-from tbljax._src.rules.augment import (Augment, RecordGeometry, center_boxes, crop_boxes, flips,
-                                       sample)
-from tbljax._src.rules.randaug import RandAugment, RandomErasing, decide, decide_erasing, op_arg
 
-__all__ = ["Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips", "RandAugment",
-           "RandomErasing", "decide", "decide_erasing", "op_arg"]
+from tbljax._src.rules.augment import Augment, center_boxes, crop_boxes, flips, sample
+from tbljax._src.rules.erasing import RandomErasing, decide_erasing
+from tbljax._src.rules.image_ops import ColorJitter, GaussianBlur, Grayscale, Solarize, ThreeAugment, TrivialAugment
+from tbljax._src.rules.randaug import RandAugment, decide, op_arg
+from tbljax._src.rules.record_geometry import RecordGeometry
+
+__all__ = [
+    "Augment",
+    "RecordGeometry",
+    "sample",
+    "crop_boxes",
+    "center_boxes",
+    "flips",
+    "RandAugment",
+    "RandomErasing",
+    "decide",
+    "decide_erasing",
+    "op_arg",
+    "TrivialAugment",
+    "ColorJitter",
+    "ThreeAugment",
+    "Grayscale",
+    "Solarize",
+    "GaussianBlur",
+]

@@ -6,6 +6,7 @@ SOURCES -o 'out-{shard}.tbl' --num-shards N -s SIZE [Beam pipeline options]` run
 ...     p | tbljax.beam.ConvertShards("train-{000..099}.tar", "out/train-{shard}.tbl",
 ...                                   num_shards=16, image_size=160)
 """
+
 import sys
 
 from tbljax._src.tools.beam import ConvertShards, convert_part, main

@@ -6,6 +6,7 @@
 mlx is imported only when a loader is made (``pip install 'tbljax[mlx]'``). The implementation
 lives in `tbljax._src.adapters.mlx`.
 """
+
 from tbljax._src.adapters.mlx import MLXLoader, loader
 
 __all__ = ["MLXLoader", "loader"]

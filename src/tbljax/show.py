@@ -2,6 +2,7 @@
 
 >>> tbljax.show.save_grid_png("train.tbl", "grid.png", count=16)
 """
+
 from tbljax._src.tools.show import sample_grid, save_grid_png
 
 __all__ = ["sample_grid", "save_grid_png"]

@@ -6,6 +6,7 @@
 torch is imported only when a loader is made (``pip install 'tbljax[torch]'``). The
 implementation lives in `tbljax._src.adapters.torch`.
 """
+
 from tbljax._src.adapters.torch import TorchLoader, loader
 
 __all__ = ["TorchLoader", "loader"]

@@ -13,35 +13,49 @@ namespace tbljax {
 namespace {
 
 #if TBLJAX_SIMD_X86
-// Clang before 16 has no "f16c" for __builtin_cpu_supports (the core would not compile with
-// it); CPUID leaf 1, ECX bit 29 says the same thing everywhere.
-bool CpuHasF16c() {
-#if defined(__clang__) && __clang_major__ < 16
-  unsigned a, b, c, d;
-  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
-  return (c >> 29) & 1;
-#else
-  return __builtin_cpu_supports("f16c");
-#endif
+// CPUID and XGETBV read directly, not __builtin_cpu_supports: that builtin reads a table that
+// the compiler's runtime fills at start-up, and zig's (scripts/build-manylinux.sh) leaves it
+// empty, so every CPU would look like a plain x86-64 there.
+void Cpuid(unsigned leaf, unsigned sub, unsigned r[4]) {
+  __asm__("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
 }
 #endif
 
 CpuFeatures Detect() {
   CpuFeatures f;
 #if TBLJAX_SIMD_X86
-  // __builtin_cpu_supports also checks that the OS saves the wider registers (XGETBV).
-  __builtin_cpu_init();
-  f.avx2 = __builtin_cpu_supports("avx2");
-  f.fma = __builtin_cpu_supports("fma");
-  f.bmi = __builtin_cpu_supports("bmi");
-  f.bmi2 = __builtin_cpu_supports("bmi2");
-  f.f16c = CpuHasF16c();
-  f.popcnt = __builtin_cpu_supports("popcnt");
-  f.pclmul = __builtin_cpu_supports("pclmul");
-  f.avx512f = __builtin_cpu_supports("avx512f");
-  f.avx512bw = __builtin_cpu_supports("avx512bw");
-  f.avx512vl = __builtin_cpu_supports("avx512vl");
-  f.avx512dq = __builtin_cpu_supports("avx512dq");
+  unsigned r[4];
+  Cpuid(0, 0, r);
+  const unsigned max_leaf = r[0];
+  Cpuid(1, 0, r);
+  const unsigned ecx1 = r[2];
+  auto bit = [](unsigned reg, int n) { return ((reg >> n) & 1u) != 0; };
+  // The OS saves the XMM and YMM registers (XCR0 bits 1, 2), and for AVX-512 also the opmask
+  // and ZMM ones (bits 5-7): without that the wider instructions fault.
+  unsigned long long xcr0 = 0;
+  if (bit(ecx1, 27)) {  // OSXSAVE: XGETBV may be used
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    xcr0 = (static_cast<unsigned long long>(hi) << 32) | lo;
+  }
+  const bool os_avx = bit(ecx1, 28) && (xcr0 & 0x6) == 0x6;
+  const bool os_avx512 = os_avx && (xcr0 & 0xe0) == 0xe0;
+  unsigned ebx7 = 0;
+  if (max_leaf >= 7) {
+    Cpuid(7, 0, r);
+    ebx7 = r[1];
+  }
+  f.pclmul = bit(ecx1, 1);
+  f.popcnt = bit(ecx1, 23);
+  f.fma = os_avx && bit(ecx1, 12);
+  f.f16c = os_avx && bit(ecx1, 29);
+  f.bmi = bit(ebx7, 3);
+  f.bmi2 = bit(ebx7, 8);
+  f.avx2 = os_avx && bit(ebx7, 5);
+  f.avx512f = os_avx512 && bit(ebx7, 16);
+  f.avx512dq = os_avx512 && bit(ebx7, 17);
+  f.avx512bw = os_avx512 && bit(ebx7, 30);
+  f.avx512vl = os_avx512 && bit(ebx7, 31);
 #endif
   return f;
 }

@@ -16,6 +16,7 @@ Example:
     ...     for images, labels in loader:        # NCHW float32, int64
     ...         loss = criterion(model(images.cuda(non_blocking=True)), labels.cuda())
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,11 +25,11 @@ import importlib
 import numpy as np
 
 from tbljax._src.adapters import common as _adapter
+from tbljax._src.datasets import opening, reader
 from tbljax._src.engine import ring
 from tbljax._src.rules import contract
-from tbljax._src.datasets import opening
-from tbljax._src.datasets import reader
-from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
+from tbljax._src.rules.mixup import Mixup
+from tbljax._src.rules.options import front_end
 
 __all__ = ["TorchLoader", "loader"]
 
@@ -46,7 +47,7 @@ def _pinned_empty(nbytes: int) -> np.ndarray:
     torch = _torch()
     raw = torch.empty(nbytes + ring.ALIGN, dtype=torch.uint8, pin_memory=True).numpy()
     start = -raw.ctypes.data % ring.ALIGN
-    return raw[start:start + nbytes]
+    return raw[start : start + nbytes]
 
 
 def _to_torch(host) -> tuple[_adapter.TensorBatch, list]:
@@ -60,12 +61,19 @@ def _to_torch(host) -> tuple[_adapter.TensorBatch, list]:
     else:
         images = torch.from_numpy(img)
     valid = None if host.valid is None else torch.from_numpy(host.valid)
-    batch = _adapter.TensorBatch(images, torch.from_numpy(host.label.astype(np.int64)),
-                           index=torch.from_numpy(host.index.astype(np.int64)), valid=valid,
-                           epoch=host.epoch, position=host.position,
-                           source=None if host.sources is None else torch.from_numpy(host.sources[0]),
-                           fields={**{n: torch.from_numpy(np.ascontiguousarray(a[0])) for n, a in host.fields.items()},
-                                   **host.texts})
+    label = host.label  # class ids as int64 (what cross_entropy takes); mixup='s soft targets float32
+    labels = torch.from_numpy(label if label.dtype == np.float32 else label.astype(np.int64))
+    batch = _adapter.TensorBatch(
+        images,
+        labels,
+        index=torch.from_numpy(host.index.astype(np.int64)),
+        valid=valid,
+        epoch=host.epoch,
+        position=host.position,
+        source=None if host.sources is None else torch.from_numpy(host.sources[0]),
+        repeat=None if host.repeats is None else torch.from_numpy(host.repeats[0]),
+        fields={**{n: torch.from_numpy(np.ascontiguousarray(a[0])) for n, a in host.fields.items()}, **host.texts},
+    )
     return batch, [images]
 
 
@@ -84,17 +92,16 @@ class TorchLoader(_adapter.EpochLoader):
     again the producer waits for the device (``torch.cuda.synchronize``).
     """
 
-    def __init__(self, dataset, opts, rank, world_size, pin_memory: bool, parts=None):
+    def __init__(self, dataset, opts, rank, world_size, pin_memory: bool, parts=None, mixup=None):
         ring = {}
         if pin_memory:
             torch = _torch()
             device = torch.cuda.current_device()
-            ring = dict(alloc=_pinned_empty,
-                        before_reuse=functools.partial(torch.cuda.synchronize, device))
+            ring = dict(alloc=_pinned_empty, before_reuse=functools.partial(torch.cuda.synchronize, device))
         self.pin_memory = pin_memory
-        super().__init__(dataset, opts, rank, world_size, parts=parts, **ring)
+        super().__init__(dataset, opts, rank, world_size, parts=parts, mixup=mixup, **ring)
 
-    def finisher(self):
+    def to_arrays(self):
         return _to_torch
 
 
@@ -107,9 +114,11 @@ def _allgather(torch, rank: int, world_size: int):
     ready = dist.is_available() and dist.is_initialized()
     if not ready or (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
         group = f"rank {dist.get_rank()} of {dist.get_world_size()}" if ready else "not initialized"
-        raise ValueError(f"partition='host' on rank {rank} of {world_size}: the ranks exchange their "
-                         "parts' sizes over torch.distributed, so its default group must be those "
-                         f"ranks (it is {group}); call torch.distributed.init_process_group first")
+        raise ValueError(
+            f"partition='host' on rank {rank} of {world_size}: the ranks exchange their "
+            "parts' sizes over torch.distributed, so its default group must be those "
+            f"ranks (it is {group}); call torch.distributed.init_process_group first"
+        )
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
 
     def allgather(row):
@@ -121,28 +130,28 @@ def _allgather(torch, rank: int, world_size: int):
     return allgather
 
 
-def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,
-           dtype="float32", layout: str = "NCHW", mean=IMAGENET_MEAN, std=IMAGENET_STD,
-           augment=None, drop_remainder: bool = True, prefetch: int = 2,
-           threads: int | None = None, read_ahead: int = 2, rank: int | None = None,
-           world_size: int | None = None, pin_memory: bool | None = None,
-           partition: str | None = None, jpeg_dct_scale: bool = False,
-           fields="all", field_fn=None, pad=None, verify_records: bool = False) -> TorchLoader:
+@front_end("tbljax.torch.loader", layout="NCHW", without=("num_epochs",))  # one epoch per pass
+def loader(
+    path_or_paths,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    pin_memory: bool | None = None,
+    partition: str | None = None,
+    mixup: Mixup | None = None,
+    **options,
+) -> TorchLoader:
     """Serves a TBL dataset to PyTorch: ``(images, labels)`` tensors, one epoch per pass.
 
     Args:
       path_or_paths: a TBL file, a list of shard files read as one, or a `tbljax.Dataset`.
-      batch_size: rows per batch on this rank (as for a DataLoader). The global batch is
-        batch_size * world_size and step s of an epoch holds global positions
-        [s*G, (s+1)*G) of the shuffled order; rank r takes rows [r*batch_size, (r+1)*batch_size).
-      seed, shuffle: as `tbljax.loader` (use the same seed on every rank).
-      dtype: "float32" (default), "bfloat16" or "uint8", or the torch dtype.
-      layout: "NCHW" (default) or "NHWC". Tip: ``x.permute(0, 3, 1, 2)`` of an NHWC batch is
-        an NCHW tensor in ``torch.channels_last`` memory format, without a copy.
-      mean, std, augment, prefetch, threads, read_ahead, jpeg_dct_scale, fields, field_fn, pad,
-      verify_records: as `tbljax.loader` (the served fields are on each batch's `.fields`).
-      drop_remainder: True drops the last partial global batch; False pads it, and the
-        batch's ``valid`` mask marks real rows (labels and index are -1 on padding), so every
+      batch_size, seed, ...: the loader options: see `tbljax.LoaderOptions` (all but
+        num_epochs: one epoch per pass; use the same seed on every rank; the served fields are
+        on each batch's `.fields`). Read here: batch_size is rows per batch on this rank (as
+        for a DataLoader): the global batch is batch_size * world_size and rank r takes rows
+        [r*batch_size, (r+1)*batch_size) of each; dtype may be the torch dtype; layout
+        defaults to "NCHW" (``x.permute(0, 3, 1, 2)`` of an NHWC batch is an NCHW tensor in
+        ``torch.channels_last`` memory format, without a copy); without drop_remainder every
         sample is served exactly once over all ranks, every rank taking the same steps.
       rank, world_size: this process's place in a data-parallel job. None (both): read from
         ``torch.distributed`` when it is initialized, else 0 and 1. Given explicitly they win
@@ -156,9 +165,15 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         loader, and the ranks exchange their parts' sizes once over torch.distributed (its
         default group must be these ranks). Every rank runs the same steps; without
         drop_remainder every record is served once an epoch over all ranks.
+      mixup: None, or a `tbljax.ops.Mixup`: each batch is mixed in the producer thread as
+        `tbljax.ops.mixup_cutmix` mixes it in jit (this rank's rows are one block: row i with
+        row b-1-i), keyed by (seed, the step counted across epochs), so a resumed run mixes
+        the same pairs. Labels are then float32 (b, num_classes) soft targets (padding rows'
+        own part all zeros), and images are new tensors, not views of the ring.
 
     Returns:
-      A `TorchLoader`. Labels and index are int64 tensors; ``valid`` is a bool tensor or None.
+      A `TorchLoader`. Labels and index are int64 tensors (labels float32 soft targets with
+      mixup); ``valid`` is a bool tensor or None.
 
     >>> ld = tbljax.torch.loader("val.tbl", 250, shuffle=False, drop_remainder=False)
     >>> correct = 0
@@ -174,18 +189,16 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
     rank, world_size = _adapter.check_rank(rank, world_size)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
-    opts = _adapter.options(batch_size, world_size, seed=seed, shuffle=shuffle,
-                            dtype=contract.dtype_name(dtype, _torch(), "torch"),
-                            layout=layout, mean=mean, std=std,
-                            augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
-                            threads=threads, read_ahead=read_ahead,
-                            jpeg_dct_scale=jpeg_dct_scale, fields=fields,
-                            field_fn=field_fn, pad=pad, verify_records=verify_records)
+    options["dtype"] = contract.dtype_name(options["dtype"], torch, "torch")
+    opts = _adapter.options(world_size=world_size, **options)
     if partition is None:
-        return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory))
+        return TorchLoader(reader.as_dataset(path_or_paths), opts, rank, world_size, bool(pin_memory), mixup=mixup)
     if partition != "host":
-        raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
-                         f"rank reads only its own part), got {partition!r}")
-    dataset, parts = opening.open_host_part(path_or_paths, opts.batch_size, rank, world_size,
-                                            _allgather(torch, rank, world_size))
-    return TorchLoader(dataset, opts, rank, world_size, bool(pin_memory), parts=parts)
+        raise ValueError(
+            f"partition must be None (rows from the whole dataset) or 'host' (each "
+            f"rank reads only its own part), got {partition!r}"
+        )
+    dataset, parts = opening.open_host_part(
+        path_or_paths, opts.batch_size, rank, world_size, _allgather(torch, rank, world_size)
+    )
+    return TorchLoader(dataset, opts, rank, world_size, bool(pin_memory), parts=parts, mixup=mixup)

@@ -3,14 +3,14 @@
 Items stream from a source (`sources/`, chosen by `sources/choose.py`) in chunks, ahead of
 the writer, and become records (`image_records.py`: the C++ pool decodes, resizes and
 re-encodes them with the GIL released); good records are written in source order by the
-streaming writer, bad ones skipped and reported. A TBL file as the source is decoded record
-for record into RAW (`convert_tbl.py`). Labels leave as ids against one classes table
+streaming writer, bad ones skipped and reported (`record_writer.RecordWriter`). A TBL file as
+the source is decoded record for record into RAW (`convert_tbl.py`). Labels leave as ids against one classes table
 (`label_table.LabelTable`); progress goes to stderr in the form that suits where it goes
 (`progress.Progress`). The arguments are checked once, in `convert_options.ConvertOptions`.
 """
+
 from __future__ import annotations
 
-import datetime
 import functools
 import os
 import queue
@@ -22,22 +22,31 @@ from typing import Any
 
 import numpy as np
 
-from tbljax import _core
-from tbljax._src.sources.items import Item, load_classes
-from tbljax._src.file import fields as _fields
-from tbljax._src.remote import remote
-from tbljax._src.sources import choose
-from tbljax._src.rules import contract
-from tbljax._src.file.format import Writer
-from tbljax._src.conversion.convert_options import (CHUNK, ConversionError, ConvertOptions, ConvertSummary,
-                                                    OutputExistsError, num_classes)
+from tbljax._src.conversion.convert_options import (
+    CHUNK,
+    ConversionError,
+    ConvertOptions,
+    ConvertSummary,
+    OutputExistsError,
+    num_classes,
+)
 from tbljax._src.conversion.convert_tbl import convert_tbl, tbl_paths
-from tbljax._src.conversion.image_records import (Encoded, choose_raw, decode_chunk, encode_chunk, is_jpeg,
-                                          size_histogram, source_size)
-from tbljax._src.conversion.label_table import LabelTable
 from tbljax._src.conversion.geometric_fields import GeometricFields
+from tbljax._src.conversion.image_records import (
+    Encoded,
+    decode_chunk,
+    encode_chunk,
+)
+from tbljax._src.conversion.label_table import LabelTable
 from tbljax._src.conversion.progress import Progress, progress_mode
-
+from tbljax._src.conversion.record_writer import RecordWriter
+from tbljax._src.file import fields as _fields
+from tbljax._src.file.format import Writer
+from tbljax._src.remote import remote
+from tbljax._src.rules import contract
+from tbljax._src.sources import choose
+from tbljax._src.sources.coco import CocoSource
+from tbljax._src.sources.items import Item, load_classes
 
 
 def _prefetch(it: Iterable[Any], depth: int = 2) -> Iterator[Any]:
@@ -76,8 +85,9 @@ def _prefetch(it: Iterable[Any], depth: int = 2) -> Iterator[Any]:
         t.join(timeout=5)
 
 
-def _decode_ahead(chunks: Iterable[list[Item]], decode: Any,
-                  executor: ThreadPoolExecutor) -> Iterator[tuple[list[Item], Any]]:
+def _decode_ahead(
+    chunks: Iterable[list[Item]], decode: Any, executor: ThreadPoolExecutor
+) -> Iterator[tuple[list[Item], Any]]:
     """(chunk, decode(chunk)) in order, the next chunk decoding (GIL released, all cores)
     while the caller writes this one, so the decode pool does not idle during writes."""
     pending = None
@@ -222,12 +232,32 @@ def convert(
     dst = os.fspath(dst)
     tbl_files = tbl_paths(sources)
     opts = ConvertOptions(
-        image_size=image_size, resize=resize, max_long_side=max_long_side, format=format,
-        quality=quality, chroma=chroma, raw_budget=raw_budget, threads=threads, strict=strict, overwrite=overwrite,
-        labels=labels, classes=classes, label_ext=label_ext, shard=shard, progress=progress,
-        progress_interval=progress_interval, retries=retries, retry_backoff=retry_backoff,
-        image_column=image_column, label_column=label_column, image_key=image_key,
-        label_key=label_key, fields=fields, from_tbl=tbl_files is not None)
+        image_size=image_size,
+        resize=resize,
+        max_long_side=max_long_side,
+        format=format,
+        quality=quality,
+        chroma=chroma,
+        raw_budget=raw_budget,
+        threads=threads,
+        strict=strict,
+        overwrite=overwrite,
+        labels=labels,
+        classes=classes,
+        label_ext=label_ext,
+        shard=shard,
+        progress=progress,
+        progress_interval=progress_interval,
+        retries=retries,
+        retry_backoff=retry_backoff,
+        image_column=image_column,
+        label_column=label_column,
+        image_key=image_key,
+        label_key=label_key,
+        fields=fields,
+        from_tbl=tbl_files is not None,
+        declared=sources.geometric if isinstance(sources, CocoSource) else {},
+    )
     if opts.shard is not None:
         dst = dst.replace("{shard}", f"{opts.shard[0]:05d}-of-{opts.shard[1]:05d}")
     if os.path.isdir(dst):  # said before "exists": overwrite= would not help
@@ -247,9 +277,19 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     retry = remote.Retry(opts.retries, opts.retry_backoff)
     table = load_classes(opts.classes)
     ext = opts.label_ext.lower() if opts.label_ext else None
-    src = choose.resolve(sources, labels=opts.labels, classes=table, label_ext=ext, fields=opts.fields,
-                         image_column=opts.image_column, label_column=opts.label_column,
-                         image_key=opts.image_key, label_key=opts.label_key, retry=retry)
+    src = choose.resolve(
+        sources,
+        labels=opts.labels,
+        classes=table,
+        label_ext=ext,
+        fields=opts.fields,
+        image_column=opts.image_column,
+        label_column=opts.label_column,
+        image_key=opts.image_key,
+        label_key=opts.label_key,
+        retry=retry,
+        geometric=opts.geometric,
+    )
     if opts.shard is not None:
         src = src.select(*opts.shard)
     bar = Progress(0, progress_mode(opts.progress), opts.progress_interval)
@@ -262,156 +302,51 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     t0 = time.perf_counter()
     exts = opts.fields if isinstance(opts.fields, dict) else {}  # TAR members, sidecar files
     geo = GeometricFields(opts.geometric, int(opts.image_size), opts.resize, opts.max_long_side or 0)
-    columns = _fields.Columns({**src.field_kinds, **geo.kinds}, exts, os.path.dirname(os.path.abspath(dst)),
-                              geo.roles)
-    records = _Records(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None), columns, geo)
+    columns = _fields.Columns({**src.field_kinds, **geo.kinds}, exts, os.path.dirname(os.path.abspath(dst)), geo.roles)
+    records = RecordWriter(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None), columns, geo)
     bar.start(total)
-    with records.columns, Writer(dst, total, overwrite=opts.overwrite) as w, \
-            ThreadPoolExecutor(opts.pool_threads) as pool, \
-            ThreadPoolExecutor(1, thread_name_prefix="tbljax-convert-decode") as decoder:
+    with (
+        records.columns,
+        Writer(dst, total, overwrite=opts.overwrite) as w,
+        ThreadPoolExecutor(opts.pool_threads) as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="tbljax-convert-decode") as decoder,
+    ):
         decode = functools.partial(_decode_records, opts=opts, pool=pool)
         for chunk, results in _decode_ahead(_prefetch(_chunks(src, CHUNK)), decode, decoder):
             records.add(chunk, results, w)
             bar.update(records.seen, len(records.skipped))
         out_labels, out_classes = records.finish(w, src)
     bar.update(records.seen, len(records.skipped), final=True)
-    return ConvertSummary(dst=dst, written=len(records.keys), skipped=records.skipped,
-                          seconds=time.perf_counter() - t0, bytes=os.path.getsize(dst),
-                          label_errors=records.label_errors, classes=out_classes,
-                          num_classes=num_classes(out_labels, out_classes),
-                          labels_from=getattr(src, "LABELS_FROM", ()), left_out=getattr(src, "left_out", []))
+    return ConvertSummary(
+        dst=dst,
+        written=len(records.keys),
+        skipped=records.skipped,
+        seconds=time.perf_counter() - t0,
+        bytes=os.path.getsize(dst),
+        label_errors=records.label_errors,
+        classes=out_classes,
+        num_classes=num_classes(out_labels, out_classes),
+        labels_from=getattr(src, "LABELS_FROM", ()),
+        left_out=getattr(src, "left_out", []),
+    )
 
 
-def _decode_records(chunk: list[Item], *, opts: ConvertOptions,
-                    pool: ThreadPoolExecutor) -> list[np.ndarray | Encoded | str]:
+def _decode_records(
+    chunk: list[Item], *, opts: ConvertOptions, pool: ThreadPoolExecutor
+) -> list[np.ndarray | Encoded | str]:
     """A chunk's records as the file stores them: pixels, or (quality=) compact JPEG records;
     a string for an item that failed, saying why."""
     threads = opts.threads or 0
-    pixels = decode_chunk(chunk, int(opts.image_size), opts.resize, threads, pool,
-                           opts.max_long_side or 0)
+    pixels = decode_chunk(chunk, int(opts.image_size), opts.resize, threads, pool, opts.max_long_side or 0)
     if opts.quality is None:
         return pixels  # type: ignore[return-value]
-    return encode_chunk(pixels, opts.quality, opts.chroma, threads,  # type: ignore[arg-type]
-                        keep_pixels=opts.raw_budget is not None)
-
-
-class _Records:
-    """What a conversion from images has written so far (keys, source sizes) and set aside
-    (skipped items, unreadable labels); `add` writes a chunk's good records in source order,
-    `finish` the metadata."""
-
-    def __init__(self, dst: str, opts: ConvertOptions, labels: LabelTable, columns: _fields.Columns,
-                 geometric: GeometricFields):
-        self.dst, self.opts, self.labels, self.columns, self.geometric = dst, opts, labels, columns, geometric
-        self.keys: list[str] = []
-        self.skipped: list[dict[str, str]] = []
-        self.label_errors: list[dict[str, str]] = []
-        self.widths: list[int] = []
-        self.heights: list[int] = []
-        self.seen = 0
-        # raw_budget=: the bytes of the records written so far, and of their RAW pixels.
-        self.stored_bytes = 0
-        self.raw_bytes = 0
-
-    def add(self, chunk: list[Item], results: list, w: Writer) -> None:
-        # A record whose fields fail is skipped like a bad image; its reason names the field.
-        values = [None if isinstance(r, str) else self.columns.parse(it, self._at_geometry(it, r))
-                  for it, r in zip(chunk, results)]
-        results = [v if isinstance(v, str) else r for r, v in zip(results, values)]
-        bad = [{"key": it.key, "source": it.source, "reason": r}
-               for it, r in zip(chunk, results) if isinstance(r, str)]
-        bad_labels = []
-        for it, r in zip(chunk, results):
-            if not isinstance(r, str):
-                problem = self.labels.add(it.key, -1 if it.label_error else it.label)
-                if it.label_error or problem:
-                    bad_labels.append({"key": it.key, "source": it.source,
-                                       "reason": it.label_error or problem})
-        if self.opts.strict and (bad or bad_labels):
-            self.skipped.extend(bad + [dict(b, reason=f"label unreadable: {b['reason']}")
-                                       for b in bad_labels])
-            first = self.skipped[0]
-            raise ConversionError(
-                f"strict conversion stopped: {len(bad) + len(bad_labels)} bad item(s), first "
-                f"{first['key']} ({first['source']}): {first['reason']}; {self.dst} was not "
-                "written", self.skipped)
-        self.skipped.extend(bad)
-        self.label_errors.extend(bad_labels)
-        if self.opts.raw_budget is not None:
-            results = self._spend_raw_budget(results)
-        for it, r, v in zip(chunk, results, values):
-            if not isinstance(r, str):
-                self._write(w, it, r)
-                self.columns.append(v)
-        self.seen += len(chunk)
-
-    def _at_geometry(self, it: Item, r: np.ndarray | Encoded) -> Any:
-        """The transform that takes `it`'s geometric fields to its record's geometry."""
-        if not self.geometric.specs:
-            return None
-        width, height = source_size(it.data)
-        out_hw = (r.height, r.width) if isinstance(r, Encoded) else r.shape[:2]
-        return lambda values: self.geometric.apply(values, (height, width), out_hw)
-
-    def _spend_raw_budget(self, results: list) -> list:
-        """The chunk's compact records with those `choose_raw` picks replaced by their pixels,
-        keeping the file so far within raw_budget of its RAW size (a running total, so a chunk
-        may spend what earlier ones left)."""
-        rows = [k for k, r in enumerate(results) if isinstance(r, Encoded)]
-        jpeg = [len(results[k].data) for k in rows]
-        raw = [results[k].height * results[k].width * 3 for k in rows]
-        self.raw_bytes += sum(raw)
-        self.stored_bytes += sum(jpeg)
-        results = list(results)
-        for k in choose_raw(jpeg, raw, self.opts.raw_budget * self.raw_bytes - self.stored_bytes):
-            results[rows[k]] = results[rows[k]].pixels
-            self.stored_bytes += raw[k] - jpeg[k]
-        return results
-
-    def _write(self, w: Writer, it: Item, r: np.ndarray | Encoded) -> None:
-        width, height = source_size(it.data)
-        self.widths.append(width)
-        self.heights.append(height)
-        if isinstance(r, Encoded):
-            w.add_encoded(r.data, "JPEG", r.width, r.height)  # the stored geometry
-        elif self.opts.quality is not None:  # a compact record kept as pixels: raw_budget=
-            w.add_raw(r, lz4=False)
-        elif self.opts.format == "jpeg" and is_jpeg(it.data):
-            w.add_encoded(bytes(it.data), "JPEG", width, height)
-        else:
-            w.add_raw(r, lz4=(self.opts.format == "lz4"))
-        self.keys.append(it.key)
-
-    def finish(self, w: Writer, src: Any) -> tuple[np.ndarray, list[str] | None]:
-        """Writes the labels, keys, classes, skipped list, recipe and fields; returns the labels
-        and the classes."""
-        try:
-            self.columns.check_found(self.dst)
-        except _fields.FieldsNotFound as e:
-            raise ConversionError(str(e), self.skipped) from None
-        if not self.keys:
-            s = self.skipped
-            first = f"; first: {s[0]['key']} ({s[0]['source']}): {s[0]['reason']}" if s else ""
-            raise ConversionError(f"no record written: all {self.seen} items were skipped{first}; "
-                                  f"{self.dst} was not written", s)
-        out_labels, out_classes = self.labels.finish()
-        shard = self.opts.shard
-        recipe = {**self.opts.recipe(), "image_size": int(self.opts.image_size)}
-        w.set_metadata(
-            labels=out_labels, keys=self.keys, classes=out_classes, skipped=self.skipped,
-            recipe={
-                **recipe,
-                "idct": _core.JPEG_IDCT,
-                "resize_filter": _core.native_info().get("resize_filter", ""),
-                "sources": src.describe(), "shard": list(shard) if shard else None,
-                "label_errors": len(self.label_errors),
-                "source_sizes": size_histogram(self.widths, self.heights),
-                "tbljax": _core.native_info()["version"],
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            },
-        )
-        self.columns.write(w)
-        return out_labels, out_classes
+    return encode_chunk(
+        pixels,
+        opts.quality,
+        opts.chroma,
+        threads,  # type: ignore[arg-type]
+        keep_pixels=opts.raw_budget is not None,
+    )
 
 
 def _describe(src: Any) -> str:

@@ -1,8 +1,8 @@
 """A TBL file (or shard files) as convert's source: every record decoded record for record
 into a RAW or LZ4 file, labels, keys, classes, skipped list, geometry and fields carried over."""
+
 from __future__ import annotations
 
-import datetime
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -10,12 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from tbljax import _core
-from tbljax._src.file import fields as _fields
-from tbljax._src.datasets import reader as _reader
 from tbljax._src.conversion.convert_options import CHUNK, ConversionError, ConvertOptions, ConvertSummary, num_classes
-from tbljax._src.file.format import Writer
 from tbljax._src.conversion.progress import Progress, progress_mode
+from tbljax._src.datasets import reader as _reader
+from tbljax._src.file import fields as _fields
+from tbljax._src.file.format import Writer, run_entries
 from tbljax._src.rules.braces import expand_braces
 
 __all__ = ["convert_tbl", "tbl_paths"]
@@ -25,8 +24,11 @@ def tbl_paths(sources: Any) -> list[str] | None:
     """The files of a TBL source (paths ending in .tbl, brace patterns expanded), else None."""
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
-    if not isinstance(sources, (list, tuple)) or not sources \
-            or not all(isinstance(s, (str, os.PathLike)) for s in sources):
+    if (
+        not isinstance(sources, (list, tuple))
+        or not sources
+        or not all(isinstance(s, (str, os.PathLike)) for s in sources)
+    ):
         return None
     paths = [p for s in sources for p in expand_braces(os.fspath(s))]
     return paths if paths and all(p.lower().endswith(".tbl") for p in paths) else None
@@ -47,8 +49,11 @@ def convert_tbl(paths: list[str], dst: str, opts: ConvertOptions) -> ConvertSumm
     t0 = time.perf_counter()
     out_dir = os.path.dirname(os.path.abspath(dst))
     kinds = {name: info.kind for name, info in ds.fields.items()}
-    with _fields.Columns(kinds, {}, out_dir) as columns, Writer(dst, n, overwrite=opts.overwrite) as w, \
-            ThreadPoolExecutor(opts.pool_threads) as pool:
+    with (
+        _fields.Columns(kinds, {}, out_dir) as columns,
+        Writer(dst, n, overwrite=opts.overwrite) as w,
+        ThreadPoolExecutor(opts.pool_threads) as pool,
+    ):
         for start in range(0, n, CHUNK):
             rows = np.arange(start, min(n, start + CHUNK))
             for img in pool.map(ds.read, rows.tolist()):
@@ -61,17 +66,30 @@ def convert_tbl(paths: list[str], dst: str, opts: ConvertOptions) -> ConvertSumm
             bar.update(min(n, start + CHUNK), 0)
         columns.write(w)
         w.set_metadata(
-            labels=ds.labels, keys=ds.keys, classes=ds.classes, skipped=ds.skipped,
+            labels=ds.labels,
+            keys=ds.keys,
+            classes=ds.classes,
+            skipped=ds.skipped,
             recipe={
                 **{k: v for k, v in recipe.items() if k not in ("quality", "chroma", "raw_budget", "stored")},
-                "format": opts.format, "decoded_from": {"fingerprint": ds.fingerprint, "format": ds.record_format,
-                                                   **{k: recipe.get(k) for k in ("quality", "chroma")},
-                                                   **{k: recipe[k] for k in ("raw_budget",) if k in recipe}},
-                "sources": ds.paths, "tbljax": _core.native_info()["version"],
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "format": opts.format,
+                "decoded_from": {
+                    "fingerprint": ds.fingerprint,
+                    "format": ds.record_format,
+                    **{k: recipe.get(k) for k in ("quality", "chroma")},
+                    **{k: recipe[k] for k in ("raw_budget",) if k in recipe},
+                },
+                **run_entries(ds.paths),
             },
         )
     bar.update(n, 0, final=True)
-    return ConvertSummary(dst=dst, written=n, skipped=[], seconds=time.perf_counter() - t0,
-                          bytes=os.path.getsize(dst), classes=ds.classes,
-                          num_classes=num_classes(ds.labels, ds.classes), labels_from="the TBL source has none")
+    return ConvertSummary(
+        dst=dst,
+        written=n,
+        skipped=[],
+        seconds=time.perf_counter() - t0,
+        bytes=os.path.getsize(dst),
+        classes=ds.classes,
+        num_classes=num_classes(ds.labels, ds.classes),
+        labels_from="the TBL source has none",
+    )

@@ -3,6 +3,7 @@ their photo is checked against it (a mask the photo's size, boxes inside it, the
 keypoint count) and stored at the record's geometry: the same `rules/geometry.resize_plan`
 the image was resized with, masks by the nearest rule, boxes and keypoints as coordinates.
 A record whose field fails is skipped, the reason naming the field."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,14 +29,21 @@ class GeometricFields:
         self.roles: dict[str, dict[str, Any]] = {}
         self.kinds: dict[str, str] = {}
         for name, spec in self.specs.items():
-            self.roles[name] = {**spec.role(), **({"flat": True} if self.flat and isinstance(
-                spec, (Mask, DenseMap)) else {})}
+            self.roles[name] = {
+                **spec.role(),
+                **({"flat": True} if self.flat and isinstance(spec, (Mask, DenseMap)) else {}),
+            }
+            if not isinstance(spec, Boxes):  # whatever holds it (.png, .npy bytes, an array)
+                self.kinds[name] = "ndarray"
             if isinstance(spec, Boxes) and spec.labels:
                 self.kinds[spec.labels] = "ndarray"
                 self.roles[spec.labels] = {"role": "box_labels", "of": name}
 
-    def apply(self, values: dict[str, Any], src_hw: tuple[int, int], out_hw: tuple[int, int]) -> dict[str, Any] | str:
-        """`values` with each geometric field at the record's geometry, or why one fails."""
+    def apply(
+        self, values: dict[str, Any], src_hw: tuple[int, int], out_hw: tuple[int, int], orientation: int = 1
+    ) -> dict[str, Any] | str:
+        """`values` with each geometric field at the record's geometry, or why one fails;
+        src_hw is the photo as displayed (EXIF `orientation` applied)."""
         plan = geometry.resize_plan(*src_hw, self.size, self.mode, self.max_long)
         if (plan.out_h, plan.out_w) != tuple(out_hw):  # the plan is the core's; a mismatch is ours
             raise AssertionError(f"resize plan {plan} disagrees with the record's {out_hw}")
@@ -44,11 +52,17 @@ class GeometricFields:
             try:
                 out.update(self._one(name, spec, values[name], src_hw, plan))
             except ValueError as e:
-                return f"field {name!r}: {e}"
+                shape = values[name].shape[:2] if isinstance(values[name], np.ndarray) else None
+                stored = (
+                    f" (the photo's stored frame: its EXIF orientation {orientation} turns it; fields are "
+                    "read in the displayed frame)"
+                    if orientation >= 5 and shape == src_hw[::-1]
+                    else ""
+                )
+                return f"field {name!r}: {e}{stored}"
         return out
 
-    def _one(self, name: str, spec: Any, v: Any, src_hw: tuple[int, int],
-             plan: geometry.ResizePlan) -> dict[str, Any]:
+    def _one(self, name: str, spec: Any, v: Any, src_hw: tuple[int, int], plan: geometry.ResizePlan) -> dict[str, Any]:
         h, w = src_hw
         if isinstance(spec, (Mask, DenseMap)):
             a = np.asarray(v)
@@ -69,8 +83,16 @@ class GeometricFields:
             except (TypeError, ValueError):
                 raise ValueError(f"boxes must be (n, 4) numbers in {spec.format}, got {str(boxes)[:60]}") from None
             xyxy = geometry.boxes_to_xyxy(b, spec.format)
-            out_of = ~((xyxy[:, 0] >= 0) & (xyxy[:, 1] >= 0) & (xyxy[:, 2] <= w) & (xyxy[:, 3] <= h)
-                       & (xyxy[:, 0] <= xyxy[:, 2]) & (xyxy[:, 1] <= xyxy[:, 3]))
+            if spec.normalized:  # fractions of the photo's width and height (TFDS)
+                xyxy = xyxy * np.array([w, h, w, h], np.float64)
+            out_of = ~(
+                (xyxy[:, 0] >= 0)
+                & (xyxy[:, 1] >= 0)
+                & (xyxy[:, 2] <= w)
+                & (xyxy[:, 3] <= h)
+                & (xyxy[:, 0] <= xyxy[:, 2])
+                & (xyxy[:, 1] <= xyxy[:, 3])
+            )
             if out_of.any():
                 k = int(np.argmax(out_of))
                 raise ValueError(f"box {k} {xyxy[k].tolist()} (xyxy) is not inside the {h}x{w} image")
@@ -79,8 +101,10 @@ class GeometricFields:
             if spec.labels:
                 lab = np.asarray(labels if labels is not None else [], np.float64).reshape(-1)
                 if lab.size != len(b) or (lab != np.round(lab)).any():
-                    raise ValueError(f"{len(b)} boxes need as many integer labels ({{'boxes': ..., 'labels': ...}}), "
-                                     f"got {str(labels)[:60]}")
+                    raise ValueError(
+                        f"{len(b)} boxes need as many integer labels ({{'boxes': ..., 'labels': ...}}), "
+                        f"got {str(labels)[:60]}"
+                    )
                 got[spec.labels] = lab[keep].astype(np.int64)
             return got
         k = np.asarray(v, np.float64)

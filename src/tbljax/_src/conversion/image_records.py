@@ -2,6 +2,7 @@
 released), other formats through Pillow with the same C++ resize, compact JPEG records
 re-encoded at the converted geometry with restart markers; and the source-size statistics the
 recipe keeps. Each item gives its record or the reason it failed."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -11,12 +12,22 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.sources.items import Item
 from tbljax._src.conversion.convert_options import FIXED_SIZE_MODES
+from tbljax._src.sources.items import Item
 
-__all__ = ["COMPACT_RESTART_MCUS", "Encoded", "as_rgb", "choose_raw", "decode_chunk",
-           "encode_chunk", "is_jpeg", "pil_decode", "restart_mcus", "size_histogram",
-           "source_size"]
+__all__ = [
+    "COMPACT_RESTART_MCUS",
+    "Encoded",
+    "as_rgb",
+    "choose_raw",
+    "decode_chunk",
+    "encode_chunk",
+    "is_jpeg",
+    "pil_decode",
+    "restart_mcus",
+    "size_histogram",
+    "source_size",
+]
 
 _MCU_WIDTH = {"420": 16, "444": 8}  # an MCU's width in pixels at each chroma subsampling
 
@@ -46,8 +57,9 @@ def source_size(data: Any) -> tuple[int, int]:
         info = _core.jpeg_info(data)
         return int(info["width"]), int(info["height"])
     try:
-        from PIL import Image
         import io
+
+        from PIL import Image
 
         with Image.open(io.BytesIO(data)) as im:
             return im.size
@@ -126,8 +138,9 @@ class Encoded(NamedTuple):
     pixels: np.ndarray | None = None
 
 
-def encode_chunk(pixels: list[np.ndarray | str], quality: int, chroma: str,
-                  threads: int, keep_pixels: bool = False) -> list[Encoded | str]:
+def encode_chunk(
+    pixels: list[np.ndarray | str], quality: int, chroma: str, threads: int, keep_pixels: bool = False
+) -> list[Encoded | str]:
     """Re-encodes the decoded images of a chunk (libjpeg-turbo, C++ pool, GIL released);
     failures pass through. keep_pixels: each Encoded also holds its pixels."""
     out: list[Encoded | str] = list(pixels)  # type: ignore[arg-type]
@@ -136,12 +149,15 @@ def encode_chunk(pixels: list[np.ndarray | str], quality: int, chroma: str,
         if not isinstance(img, str):
             by_interval.setdefault(restart_mcus(img.shape[1], chroma), []).append(i)
     for interval, rows in by_interval.items():
-        blobs = _core.encode_jpeg_batch([pixels[i] for i in rows], quality, chroma, threads,
-                                        restart_mcus=interval)
+        blobs = _core.encode_jpeg_batch([pixels[i] for i in rows], quality, chroma, threads, restart_mcus=interval)
         for i, blob in zip(rows, blobs):
             img = pixels[i]
-            out[i] = Encoded(blob, int(img.shape[0]), int(img.shape[1]),  # type: ignore[union-attr]
-                             img if keep_pixels else None)  # type: ignore[arg-type]
+            out[i] = Encoded(
+                blob,
+                int(img.shape[0]),
+                int(img.shape[1]),  # type: ignore[union-attr]
+                img if keep_pixels else None,
+            )  # type: ignore[arg-type]
     return out
 
 
@@ -176,8 +192,9 @@ def restart_mcus(width: int, chroma: str) -> int:
     return COMPACT_RESTART_MCUS if per_row % COMPACT_RESTART_MCUS == 0 else 1
 
 
-def decode_chunk(chunk: list[Item], size: int, mode: str, threads: int,
-                  pool: ThreadPoolExecutor, max_long: int = 0) -> list[np.ndarray | str]:
+def decode_chunk(
+    chunk: list[Item], size: int, mode: str, threads: int, pool: ThreadPoolExecutor, max_long: int = 0
+) -> list[np.ndarray | str]:
     """Decoded + resized pixels for each item, or the reason it failed."""
     out: list[np.ndarray | str | None] = [None] * len(chunk)
     for i, item in enumerate(chunk):

@@ -1,6 +1,7 @@
 """Labels of a conversion: they arrive as integer ids or class names and leave as ids against
 one classes table (`LabelTable`), refusing a mix of the two and, in a sharded conversion,
 names without the full table."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,7 +44,8 @@ class LabelTable:
                     f"record {key} is labelled by class name ({label!r}), and this is a sharded "
                     "conversion: each job sees only some names, so tables sorted per job would give "
                     "the same class different ids. Pass the full list of names as classes= (CLI: "
-                    "--classes FILE, one name per line)")
+                    "--classes FILE, one name per line)"
+                )
             self.first_name = self.first_name or (key, label)
         elif label != -1:
             self.first_id = self.first_id or (key, label)
@@ -51,7 +53,8 @@ class LabelTable:
             raise ConversionError(
                 f"labels mix integer ids (record {self.first_id[0]}: {self.first_id[1]}) and class "
                 f"names (record {self.first_name[0]}: {self.first_name[1]!r}); pass classes= to say "
-                "which id each name has")
+                "which id each name has"
+            )
         self.values.append(label)
         return None
 

@@ -1,5 +1,6 @@
 """Conversion progress on stderr, in the form that suits where it goes: a tqdm bar in Jupyter,
 one line redrawn on a terminal, or a line every interval in a log (Slurm, CI, files)."""
+
 from __future__ import annotations
 
 import sys
@@ -31,6 +32,7 @@ def progress_mode(progress: bool | None) -> str | None:
     if in_notebook():
         try:
             import tqdm.auto  # noqa: F401 - optional
+
             return "notebook"
         except ImportError:
             return "tty"  # Jupyter renders carriage returns
@@ -54,8 +56,14 @@ class Progress:
     count, percentage, rate, skipped items, elapsed time and ETA. `interval` is the time
     between reports (default 0.5 s redrawn on a terminal, 10 s as lines in a log)."""
 
-    def __init__(self, total: int, mode: str | None, interval: float | None,
-                 clock: Callable[[], float] = time.monotonic, stream: Any = None):
+    def __init__(
+        self,
+        total: int,
+        mode: str | None,
+        interval: float | None,
+        clock: Callable[[], float] = time.monotonic,
+        stream: Any = None,
+    ):
         self.total, self.mode, self.clock = total, mode, clock
         self.interval = interval if interval is not None else (10.0 if mode == "log" else 0.5)
         self.stream = stream
@@ -82,8 +90,10 @@ class Progress:
         if self.mode is None or (now - self.last < self.interval and done < shards):
             return
         self.last = now
-        self._write(f"convert: counting images in compressed TAR shards: {done}/{shards} shards, "
-                    f"{_duration(now - self.t0)}", final=done == shards and self.mode != "log")
+        self._write(
+            f"convert: counting images in compressed TAR shards: {done}/{shards} shards, {_duration(now - self.t0)}",
+            final=done == shards and self.mode != "log",
+        )
 
     def start(self, total: int) -> None:
         """Conversion proper starts (after any counting pass)."""
@@ -109,8 +119,9 @@ class Progress:
         rate = done / elapsed if elapsed > 0 else 0.0
         total = max(self.total, done)  # the count bounds images; samples without one count too
         pct = 100.0 * done / total if total else 100.0
-        text = (f"convert: {done}/{total} ({pct:.0f}%), {rate:.0f} img/s, {skipped} skipped, "
-                f"{_duration(elapsed)} elapsed")
+        text = (
+            f"convert: {done}/{total} ({pct:.0f}%), {rate:.0f} img/s, {skipped} skipped, {_duration(elapsed)} elapsed"
+        )
         if final:
             text += ", done"
         else:

@@ -15,6 +15,7 @@ other parts would need their files here; the exchange needs nothing but the runn
 >>> part = open_part(["train-00.tbl", "train-01.tbl", "train-02.tbl"], rank, world_size, allgather)
 >>> part.parts.counts, part.parts.index      # record count of every part; this process's
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,12 +24,13 @@ from functools import cached_property
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.rules import contract, order
-from tbljax._src.rules.parts import Parts
 from tbljax._src.datasets import reader
-from tbljax._src.rules.augment import RecordGeometry
+from tbljax._src.rules import contract, order
 from tbljax._src.rules.dataset import RecordDataset, Records, paths_or_dataset, record_number
+from tbljax._src.rules.errors import shown
 from tbljax._src.rules.partition import host_part
+from tbljax._src.rules.parts import Parts
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 __all__ = ["LocalPart", "PartDataset", "open_part"]
 
@@ -89,16 +91,17 @@ class PartDataset(RecordDataset):
     @cached_property
     def geometry(self) -> RecordGeometry:
         g = self._ds.geometry
-        return g if g.shape is not None else RecordGeometry(g.heights[self._lo:self._hi],
-                                                            g.widths[self._lo:self._hi])
+        return (
+            g if g.shape is not None else RecordGeometry(g.heights[self._lo : self._hi], g.widths[self._lo : self._hi])
+        )
 
     @cached_property
     def labels(self) -> np.ndarray:
-        return self._ds.labels[self._lo:self._hi]
+        return self._ds.labels[self._lo : self._hi]
 
     @cached_property
     def keys(self) -> list[str]:
-        return self._ds.keys[self._lo:self._hi]
+        return self._ds.keys[self._lo : self._hi]
 
     @cached_property
     def _records(self) -> Records:
@@ -149,10 +152,12 @@ def _file_hash(file_number: int, fingerprint: str) -> int:
 
 def _as_paths(path_or_paths) -> list:
     if isinstance(path_or_paths, RecordDataset):
-        raise TypeError(f"partition='host' takes a TBL path or the list of all shard paths, so "
-                        f"that each process opens only its own part; {path_or_paths!r} is an open "
-                        "dataset (a tbljax.mix of paths is served by its parts: tbljax.loader("
-                        "mix(...), ..., partition='host'))"[:400])
+        raise TypeError(
+            f"partition='host' takes a TBL path or the list of all shard paths, so "
+            f"that each process opens only its own part; {shown(repr(path_or_paths), 200)} is an open "
+            "dataset (a tbljax.mix of paths is served by its parts: tbljax.loader("
+            "mix(...), ..., partition='host'))"
+        )
     return paths_or_dataset(path_or_paths, "partition='host' (each process opens only its own part)")
 
 
@@ -168,10 +173,12 @@ def _open_local(paths: list, index: int, processes: int):
         row[6] = crc
     else:
         if len(paths) < processes:
-            raise ValueError(f"{len(paths)} shard files cannot be split over {processes} "
-                             "processes with partition='host': each process reads whole files "
-                             "of its own; give at least one file per process, or a single file "
-                             "(split by records)")
+            raise ValueError(
+                f"{len(paths)} shard files cannot be split over {processes} "
+                "processes with partition='host': each process reads whole files "
+                "of its own; give at least one file per process, or a single file "
+                "(split by records)"
+            )
         mine = host_part(len(paths), index, processes)
         ds = reader.open([paths[i] for i in mine])
         lo, hi = 0, len(ds)
@@ -207,19 +214,26 @@ def open_part(path_or_paths, rank: int, world_size: int, allgather) -> LocalPart
         raise error
     failed = [q for q in range(processes) if rows[q, 0] != _OK]
     if failed:
-        raise RuntimeError(f"tbljax.loader(partition='host'): processes {failed} could not open "
-                           "their part of the dataset (each says why in its own error)")
+        raise RuntimeError(
+            f"tbljax.loader(partition='host'): processes {failed} could not open "
+            "their part of the dataset (each says why in its own error)"
+        )
     if len(set(rows[:, 1].tolist())) != 1:
-        raise ValueError(f"partition='host': the processes were given different numbers of "
-                         f"paths ({rows[:, 1].tolist()}, in process order); give every "
-                         "process the same list")
+        raise ValueError(
+            f"partition='host': the processes were given different numbers of "
+            f"paths ({rows[:, 1].tolist()}, in process order); give every "
+            "process the same list"
+        )
     shapes = [tuple(r) for r in rows[:, 3:5].tolist()]
     if len(set(shapes)) != 1:
-        raise ValueError(f"partition='host': the parts hold images of different sizes "
-                         f"(H, W) = {shapes} (in process order); one batch needs one size")
+        raise ValueError(
+            f"partition='host': the parts hold images of different sizes "
+            f"(H, W) = {shapes} (in process order); one batch needs one size"
+        )
     if len(paths) == 1 and len(set(rows[:, 6].tolist())) != 1:
-        raise ValueError(f"partition='host': the copies of {paths[0]!r} differ between "
-                         "processes (their fingerprints do not match)")
+        raise ValueError(
+            f"partition='host': the copies of {paths[0]!r} differ between processes (their fingerprints do not match)"
+        )
     parts = Parts(tuple(rows[:, 2].tolist()), index)
     total = sum(parts.counts)
     contract.check_record_count(total, what="the dataset")

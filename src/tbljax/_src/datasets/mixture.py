@@ -9,6 +9,7 @@ serves on every path that takes a dataset; how rows are drawn from the sources i
 >>> for batch in tbljax.loader(mixed, 256, augment=tbljax.Augment(size=(224, 224))):
 ...     batch["source"]      # which source each row came from (names: mixed.sources)
 """
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,11 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.datasets import host_part, reader
-from tbljax._src.rules.augment import RecordGeometry
 from tbljax._src.rules.contract import is_integer, is_real, record_numbers
 from tbljax._src.rules.dataset import RecordDataset, Records, WeightedDataset, paths_or_dataset, record_number
 from tbljax._src.rules.mixing import MixSpec
 from tbljax._src.rules.parts import Parts
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 __all__ = ["MAX_STEPS_PER_EPOCH", "Mixture", "mix"]
 
@@ -39,18 +40,28 @@ class Mixture(WeightedDataset):
     (``host_parts``: per source, every process's record count of it) numbers ``"index"`` in
     the whole mixture's numbering (`global_offsets`), as one process would."""
 
-    def __init__(self, sources: Mapping, weights: Mapping, *, steps_per_epoch: int | None = None,
-                 epoch_of: str | None = None, label_offset: Mapping | None = None,
-                 host_parts: tuple[Parts, ...] | None = None):
+    def __init__(
+        self,
+        sources: Mapping,
+        weights: Mapping,
+        *,
+        steps_per_epoch: int | None = None,
+        epoch_of: str | None = None,
+        label_offset: Mapping | None = None,
+        host_parts: tuple[Parts, ...] | None = None,
+    ):
         if not isinstance(sources, Mapping) or not sources:
-            raise TypeError("tbljax.mix takes a dict {name: TBL path, list of shard paths or "
-                            f"dataset}}, got {type(sources).__name__}")
+            raise TypeError(
+                "tbljax.mix takes a dict {name: TBL path, list of shard paths or "
+                f"dataset}}, got {type(sources).__name__}"
+            )
         named = _by_name("sources", sources)
         self.sources = list(named)
         if not isinstance(weights, Mapping) or set(_by_name("weights", weights)) != set(self.sources):
             given = sorted(map(str, weights)) if isinstance(weights, Mapping) else weights
-            raise ValueError(f"tbljax.mix: weights must name every source once: sources "
-                             f"{self.sources}, weights for {given}")
+            raise ValueError(
+                f"tbljax.mix: weights must name every source once: sources {self.sources}, weights for {given}"
+            )
         self.given = {n: _checked_source(n, v) for n, v in named.items()}
         weights = _by_name("weights", weights)
         self.weights = tuple(_weight(n, weights[n]) for n in self.sources)
@@ -58,22 +69,25 @@ class Mixture(WeightedDataset):
         offsets = _by_name("label_offset", label_offset or {})
         unknown = sorted(set(offsets) - set(self.sources))
         if unknown:
-            raise ValueError(f"tbljax.mix: label_offset names {unknown}, which are not sources "
-                             f"{self.sources}")
+            raise ValueError(f"tbljax.mix: label_offset names {unknown}, which are not sources {self.sources}")
         for n, off in offsets.items():
             if not is_integer(off) or not -(1 << 31) <= off < 1 << 31:
-                raise ValueError(f"tbljax.mix: label_offset[{n!r}] must be an integer in [-2**31, 2**31) "
-                                 f"(labels are served as int32), got {off!r}")
+                raise ValueError(
+                    f"tbljax.mix: label_offset[{n!r}] must be an integer in [-2**31, 2**31) "
+                    f"(labels are served as int32), got {off!r}"
+                )
         self.label_offsets = tuple(int(offsets.get(n, 0)) for n in self.sources)
         if (steps_per_epoch is None) == (epoch_of is None):
-            raise ValueError("tbljax.mix needs the length of an epoch: steps_per_epoch=N, or "
-                             "epoch_of='name' (an epoch is one pass over that source); give one")
+            raise ValueError(
+                "tbljax.mix needs the length of an epoch: steps_per_epoch=N, or "
+                "epoch_of='name' (an epoch is one pass over that source); give one"
+            )
         if epoch_of is not None and epoch_of not in self.sources:
             raise ValueError(f"epoch_of={epoch_of!r} is not a source ({self.sources})")
-        if steps_per_epoch is not None and (not is_integer(steps_per_epoch)
-                                            or not 1 <= steps_per_epoch < MAX_STEPS_PER_EPOCH):
-            raise ValueError(f"tbljax.mix: steps_per_epoch must be an integer in [1, 2**32), got "
-                             f"{steps_per_epoch!r}")
+        if steps_per_epoch is not None and (
+            not is_integer(steps_per_epoch) or not 1 <= steps_per_epoch < MAX_STEPS_PER_EPOCH
+        ):
+            raise ValueError(f"tbljax.mix: steps_per_epoch must be an integer in [1, 2**32), got {steps_per_epoch!r}")
         self._steps_per_epoch, self.epoch_of = steps_per_epoch, epoch_of
         if host_parts is not None and len(host_parts) != len(self.sources):
             raise ValueError(f"host_parts needs one Parts per source, got {len(host_parts)}")
@@ -147,24 +161,31 @@ class Mixture(WeightedDataset):
             raise TypeError(f"{self!r} is already a mixture of host parts")
         opened = [n for n, v in self.given.items() if isinstance(v, RecordDataset)]
         if opened:
-            raise TypeError(f"partition='host' opens each process's part of every source of "
-                            f"a tbljax.mix from its paths, but sources {opened} are open "
-                            "datasets: give tbljax.mix their TBL path or list of shard paths")
+            raise TypeError(
+                f"partition='host' opens each process's part of every source of "
+                f"a tbljax.mix from its paths, but sources {opened} are open "
+                "datasets: give tbljax.mix their TBL path or list of shard paths"
+            )
         local = [host_part.open_part(v, rank, world_size, allgather) for v in self.given.values()]
-        return Mixture({n: p.dataset for n, p in zip(self.sources, local)},
-                       dict(zip(self.sources, self.weights)),
-                       steps_per_epoch=self._steps_per_epoch, epoch_of=self.epoch_of,
-                       label_offset=dict(zip(self.sources, self.label_offsets)),
-                       host_parts=tuple(p.parts for p in local))
+        return Mixture(
+            {n: p.dataset for n, p in zip(self.sources, local)},
+            dict(zip(self.sources, self.weights)),
+            steps_per_epoch=self._steps_per_epoch,
+            epoch_of=self.epoch_of,
+            label_offset=dict(zip(self.sources, self.label_offsets)),
+            host_parts=tuple(p.parts for p in local),
+        )
 
     def step_parts(self, global_batch: int) -> Parts:
         """What a host loader counts the steps and the state over (`tbljax.order.Parts`):
         every process serves steps_per_epoch × G/P positions an epoch."""
         index, processes = self.processes
         if global_batch % processes:
-            raise ValueError(f"global batch {global_batch} does not split evenly over "
-                             f"{processes} processes: with partition='host' use a multiple "
-                             f"of {processes}")
+            raise ValueError(
+                f"global batch {global_batch} does not split evenly over "
+                f"{processes} processes: with partition='host' use a multiple "
+                f"of {processes}"
+            )
         n = self.steps_per_epoch(global_batch) * (global_batch // processes)
         return Parts((n,) * processes, index)
 
@@ -205,17 +226,27 @@ class Mixture(WeightedDataset):
     def description(self) -> dict:
         """What the fingerprint hashes, as plain lists (a loader's state keeps it, so that a
         resume refused for another mixture says what differs)."""
-        return {"sources": list(self.sources), "weights": list(self.weights),
-                "fingerprints": [d.fingerprint for d in self.datasets],
-                "label_offsets": list(self.label_offsets),
-                "steps_per_epoch": self._steps_per_epoch, "epoch_of": self.epoch_of}
+        return {
+            "sources": list(self.sources),
+            "weights": list(self.weights),
+            "fingerprints": [d.fingerprint for d in self.datasets],
+            "label_offsets": list(self.label_offsets),
+            "steps_per_epoch": self._steps_per_epoch,
+            "epoch_of": self.epoch_of,
+        }
 
     @cached_property
     def fingerprint(self) -> str:
         d = self.description  # hashed in the shape it has always had: saved states stay valid
-        described = json.dumps({"sources": d["sources"], "weights": d["weights"],
-                                "fingerprints": d["fingerprints"], "label_offsets": d["label_offsets"],
-                                "epoch": [d["steps_per_epoch"], d["epoch_of"]]})
+        described = json.dumps(
+            {
+                "sources": d["sources"],
+                "weights": d["weights"],
+                "fingerprints": d["fingerprints"],
+                "label_offsets": d["label_offsets"],
+                "epoch": [d["steps_per_epoch"], d["epoch_of"]],
+            }
+        )
         crc = _core.crc32(np.frombuffer(described.encode(), np.uint8), 0)
         return f"mix{sum(self.source_counts)}-{crc:08x}"  # the same on every process
 
@@ -269,8 +300,7 @@ class Mixture(WeightedDataset):
 
     def field_rows(self, name: str, indices, out: np.ndarray | None = None):
         if name not in self.fields:
-            raise KeyError(f"{self!r} has no field {name!r} common to its sources (fields: "
-                           f"{sorted(self.fields)})")
+            raise KeyError(f"{self!r} has no field {name!r} common to its sources (fields: {sorted(self.fields)})")
         k, r = self.split(record_numbers(indices, len(self), "a mixture"))
         parts = {s: self.datasets[s].field_rows(name, r[k == s]) for s in np.unique(k).tolist()}
         if self.fields[name].fixed:
@@ -304,8 +334,7 @@ class Mixture(WeightedDataset):
         k, r = self.split(indices)
         for s in np.unique(k).tolist():
             m = np.flatnonzero(k == s)
-            out[m] = self.datasets[s].read_into(r[m], np.empty((len(m), *out.shape[1:]), np.uint8),
-                                                threads)
+            out[m] = self.datasets[s].read_into(r[m], np.empty((len(m), *out.shape[1:]), np.uint8), threads)
         return out
 
     def locate(self, i: int) -> tuple[str, int]:
@@ -329,8 +358,10 @@ def _checked_source(name, source):
     """A source as given, checked for its type (it is opened when first used). A mixture is
     refused: its own weights would not carry through (give its sources to one tbljax.mix)."""
     if isinstance(source, Mixture):
-        raise TypeError(f"tbljax.mix: source {name!r} is itself a mixture, which tbljax.mix does not "
-                        "take: give its sources to one tbljax.mix, with weights multiplied through")
+        raise TypeError(
+            f"tbljax.mix: source {name!r} is itself a mixture, which tbljax.mix does not "
+            "take: give its sources to one tbljax.mix, with weights multiplied through"
+        )
     given = paths_or_dataset(source, f"tbljax.mix: source {name!r}")
     return given if isinstance(source, (list, tuple)) else source
 
@@ -342,8 +373,9 @@ def _by_name(what: str, mapping: Mapping) -> dict:
     for k, v in mapping.items():
         name = str(k)
         if name in out:
-            raise ValueError(f"tbljax.mix: {what} has keys {keys[name]!r} and {k!r}, which are one "
-                             f"source name {name!r}")
+            raise ValueError(
+                f"tbljax.mix: {what} has keys {keys[name]!r} and {k!r}, which are one source name {name!r}"
+            )
         out[name], keys[name] = v, k
     return out
 
@@ -355,9 +387,14 @@ def _weight(name: str, w) -> float:
     return float(w)
 
 
-
-def mix(sources: Mapping, weights: Mapping, *, steps_per_epoch: int | None = None,
-        epoch_of: str | None = None, label_offset: Mapping | None = None) -> Mixture:
+def mix(
+    sources: Mapping,
+    weights: Mapping,
+    *,
+    steps_per_epoch: int | None = None,
+    epoch_of: str | None = None,
+    label_offset: Mapping | None = None,
+) -> Mixture:
     """Several datasets served as one stream by weight.
 
     Args:
@@ -379,5 +416,4 @@ def mix(sources: Mapping, weights: Mapping, *, steps_per_epoch: int | None = Non
     into ``mixture.sources``; ``"index"`` is the row's record in the mixture's numbering
     (source k's record r is ``mixture.offsets[k] + r``).
     """
-    return Mixture(sources, weights, steps_per_epoch=steps_per_epoch, epoch_of=epoch_of,
-                   label_offset=label_offset)
+    return Mixture(sources, weights, steps_per_epoch=steps_per_epoch, epoch_of=epoch_of, label_offset=label_offset)

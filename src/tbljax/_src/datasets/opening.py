@@ -1,6 +1,7 @@
 """What a loader was given, opened for ``partition="host"``: a `tbljax.mix` mixture of paths
 opens each process's part of every source, paths open their own part. The one place that
 tells the two apart, so the engine and the framework layers ask no dataset for its type."""
+
 from __future__ import annotations
 
 from tbljax._src.datasets import host_part

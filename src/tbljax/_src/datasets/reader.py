@@ -5,6 +5,7 @@ decoded reads of any record format, checksum verification, and the dataset's fin
 The byte layout, validation and checksums live in the C++ core (`ffi/core/tbl_format.*`); the
 metadata block's encoding lives in `file/format.py`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,20 +20,27 @@ import numpy as np
 import numpy.lib.recfunctions  # noqa: F401 - np.lib.recfunctions.repack_fields
 
 from tbljax import _core
-from tbljax._src.rules.augment import RecordGeometry
-from tbljax._src.rules.dataset import FieldInfo, RecordDataset, Records, is_path, paths_or_dataset, record_number
+from tbljax._src.datasets import decoding, stats
 from tbljax._src.file.field_columns import Column, open_columns
-from tbljax._src.file.format import FORMAT_NAMES, FORMATS, INDEX_DTYPE, PathLike, as_path
-from tbljax._src.file.format import is_compact, keys_of, labels_of, parse_dataset_json
-from tbljax._src.datasets import stats
+from tbljax._src.file.format import (
+    FORMAT_NAMES,
+    FORMATS,
+    INDEX_DTYPE,
+    RUN_KEYS,
+    PathLike,
+    as_path,
+    is_compact,
+    keys_of,
+    labels_of,
+    parse_dataset_json,
+)
 from tbljax._src.rules.contract import DEFAULT_RESIZE, SQUARE_RESIZE_MODES, check_threads, record_numbers
+from tbljax._src.rules.dataset import FieldInfo, RecordDataset, Records, is_path, paths_or_dataset, record_number
+from tbljax._src.rules.record_geometry import RecordGeometry
 
 __all__ = ["NOT_FINGERPRINTED", "Dataset", "RecordInfo", "as_dataset", "open"]
 
-# Recipe fields about the run, not the data: left out of `Dataset.fingerprint`. `shard` and
-# the per-part statistics (`source_sizes`, `label_errors` counts) differ between the parts of a
-# `convert --shard i/n` job and the single-job file, whose records and labels are the same.
-NOT_FINGERPRINTED = frozenset({"created", "sources", "tbljax", "shard", "source_sizes", "label_errors"})
+NOT_FINGERPRINTED = RUN_KEYS  # the recipe's keys about the run (file/format.py), not the data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +93,7 @@ class Dataset(RecordDataset):
 
     def __repr__(self) -> str:
         shape = self.image_shape
-        return (f"Dataset({len(self)} records, {self.record_format}, image_shape={shape}, "
-                f"files={self.paths!r})")
+        return f"Dataset({len(self)} records, {self.record_format}, image_shape={shape}, files={self.paths!r})"
 
     @property
     def paths(self) -> list[str]:
@@ -108,10 +115,16 @@ class Dataset(RecordDataset):
         k, j = self._locate(i)
         e = self._files[k].index_bytes()[j].view(INDEX_DTYPE)[0]
         return RecordInfo(
-            file=self._files[k].path, offset=int(e["offset"]), size=int(e["size"]),
-            uncompressed_size=int(e["uncompressed_size"]), width=int(e["width"]),
-            height=int(e["height"]), format=FORMAT_NAMES.get(int(e["format"]), "UNKNOWN"),
-            lz4=bool(e["flags"] & _core.RECORD_LZ4), crc16=int(e["crc16"]))
+            file=self._files[k].path,
+            offset=int(e["offset"]),
+            size=int(e["size"]),
+            uncompressed_size=int(e["uncompressed_size"]),
+            width=int(e["width"]),
+            height=int(e["height"]),
+            format=FORMAT_NAMES.get(int(e["format"]), "UNKNOWN"),
+            lz4=bool(e["flags"] & _core.RECORD_LZ4),
+            crc16=int(e["crc16"]),
+        )
 
     @cached_property
     def record_format(self) -> str:
@@ -189,9 +202,16 @@ class Dataset(RecordDataset):
         recipe = {k: v for k, v in self.recipe.items() if k not in NOT_FINGERPRINTED}
         described = {"classes": self.classes, "recipe": recipe}
         if self._columns:  # what the fields hold, by the CRC-32s of their blocks
-            described["fields"] = [[name, col.info.kind, str(col.info.dtype), list(col.info.shape),
-                                    [[fc.meta[b]["crc32"] for b in ("values", "offsets") if b in fc.meta]
-                                     for fc in col.files]] for name, col in self._columns.items()]
+            described["fields"] = [
+                [
+                    name,
+                    col.info.kind,
+                    str(col.info.dtype),
+                    list(col.info.shape),
+                    [[fc.meta[b]["crc32"] for b in ("values", "offsets") if b in fc.meta] for fc in col.files],
+                ]
+                for name, col in self._columns.items()
+            ]
         described = json.dumps(described, sort_keys=True)
         crc = _core.crc32(np.frombuffer(described.encode(), np.uint8), crc)
         return f"{len(self)}-{crc:08x}"
@@ -270,11 +290,16 @@ class Dataset(RecordDataset):
         idx = self.index
         raw = (idx["format"] == FORMATS["RAW_U8"]) & ((idx["flags"] & _core.RECORD_LZ4) == 0)
         checked = all(f.header_flags & _core.FLAG_HAS_CHECKSUMS for f in self._files)
-        return Records([f.file_view() for f in self._files], np.diff(self._starts).astype(np.int64),
-                       np.ascontiguousarray(idx["offset"], dtype=np.int64),
-                       np.ascontiguousarray(idx["size"], dtype=np.int64),
-                       idx["height"].astype(np.int32), idx["width"].astype(np.int32), raw.astype(np.uint8),
-                       idx["crc16"] if checked else None)
+        return Records(
+            [f.file_view() for f in self._files],
+            np.diff(self._starts).astype(np.int64),
+            np.ascontiguousarray(idx["offset"], dtype=np.int64),
+            np.ascontiguousarray(idx["size"], dtype=np.int64),
+            idx["height"].astype(np.int32),
+            idx["width"].astype(np.int32),
+            raw.astype(np.uint8),
+            idx["crc16"] if checked else None,
+        )
 
     def locate(self, i: int) -> tuple[str, int]:
         """(the file that holds record i, the record's number within that file)."""
@@ -293,82 +318,19 @@ class Dataset(RecordDataset):
         RAW records come back as they are stored (a read-only view for uncompressed RAW);
         JPEG records holding the original bytes are decoded and, when the file records a
         recipe, resized by it, giving exactly the pixels a RAW conversion of the same source
-        holds; compact JPEG records (stored at the converted geometry) are decoded as they are.
+        holds; compact JPEG records (stored at the converted geometry) are decoded as they are
+        (`datasets/decoding.py`).
         """
         k, j = self._locate(i)
-        f = self._files[k]
-        f.check_unchanged()
-        e = f.index_bytes()[j].view(INDEX_DTYPE)[0]
-        fmt = int(e["format"])
-        if fmt == FORMATS["RAW_U8"]:
-            if f.uniform_raw:
-                return f.raw_view()[j]
-            data = f.read_payload(j)
-            f.check_unchanged()
-            return np.frombuffer(data, np.uint8).reshape(int(e["height"]), int(e["width"]), 3)
-        if fmt == FORMATS["JPEG"]:
-            data = f.read_payload(j)
-            f.check_unchanged()
-            img = self._decode_encoded(k, data, j)
-            resized = is_compact(self._meta[k].get("recipe", {}))  # compact records
-            if resized and img.shape[:2] != (int(e["height"]), int(e["width"])):
-                raise _core.CorruptFileError(f"{f.path}: record {j}: the JPEG is {img.shape[1]}x{img.shape[0]}, "
-                                             f"the index says {int(e['width'])}x{int(e['height'])}")
-            return img
-        raise NotImplementedError(f"{f.path}: record {j} has format {FORMAT_NAMES.get(fmt, fmt)}, "
-                                  "which tbljax does not decode (RAW_U8 and JPEG are served)")
-
-    def _decode_encoded(self, k: int, data: bytes, j: int) -> np.ndarray:
-        recipe = self._meta[k].get("recipe", {})
-        size, mode = recipe.get("image_size"), recipe.get("resize", DEFAULT_RESIZE)
-        try:
-            if size and not is_compact(recipe):
-                return _core.decode_resize(data, int(size), mode)
-            return _core.decode_jpeg(data)
-        except _core.DecodeError as e:
-            raise _core.DecodeError(f"{self._files[k].path}: record {j}: {e}") from None
+        return decoding.read_record(self._files[k], j, lambda: self._meta[k].get("recipe", {}))
 
     def read_into(self, indices: np.ndarray, out: np.ndarray, threads: int = 0) -> np.ndarray:
         """Decodes records `indices` into `out` (B, H, W, 3) uint8 with the file's recipe,
         JPEG decodes running in parallel in the C++ pool. For serving non-RAW files."""
-        indices = np.asarray(indices)
-        if indices.dtype.kind not in "iu" or indices.ndim != 1:
-            raise TypeError(f"indices must be a 1-D array of integers, got {indices.dtype} of shape "
-                            f"{indices.shape}")
-        indices = indices.astype(np.int64)
-        if not isinstance(out, np.ndarray):
-            raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
-        if out.dtype != np.uint8 or out.ndim != 4 or out.shape[0] != len(indices) or out.shape[3] != 3:
-            raise ValueError(f"out must be uint8 (B, H, W, 3) with B={len(indices)}, got {out.dtype} {out.shape}")
-        if not out.flags.writeable:
-            raise ValueError("out is read-only")
+        indices = decoding.check_batch(indices, out)
         touched = self.files_of(indices)
         self.check_unchanged(touched)
-        jpeg_rows, payloads = [], []
-        for row, i in enumerate(indices.tolist()):
-            k, j = self._locate(i)
-            f = self._files[k]
-            e = f.index_bytes()[j].view(INDEX_DTYPE)[0]
-            if int(e["format"]) == FORMATS["JPEG"]:
-                jpeg_rows.append(row)
-                payloads.append(f.read_payload(j))
-            else:
-                img = self.read(i)
-                if img.shape != out.shape[1:]:
-                    raise ValueError(f"{f.path}: record {j} is {img.shape}, batch rows are {out.shape[1:]}")
-                out[row] = img
-        if payloads:
-            mode = self.recipe.get("resize", DEFAULT_RESIZE)
-            if out.shape[1] != out.shape[2]:
-                raise ValueError(f"JPEG records decode to square images; out rows are {out.shape[1:3]}")
-            tmp = out if len(jpeg_rows) == len(indices) else np.empty((len(payloads),) + out.shape[1:], np.uint8)
-            errors = _core.decode_resize_into(payloads, tmp, mode, threads)
-            for row, err in zip(jpeg_rows, errors):
-                if err is not None:
-                    k, j = self._locate(int(indices[row]))
-                    raise _core.DecodeError(f"{self._files[k].path}: record {j}: {err}")
-            if tmp is not out:
-                out[jpeg_rows] = tmp
+        decoding.read_batch(self._files, self._locate, self.read, lambda: self.recipe, indices, out, threads)
         self.check_unchanged(touched)
         return out
 
@@ -405,8 +367,9 @@ class Dataset(RecordDataset):
 
     def field_bytes(self, name: str) -> int:
         """Bytes field `name` takes in the files (its values and offsets blocks)."""
-        return sum(fc.meta[b]["bytes"] for fc in self._column(name).files for b in ("values", "offsets")
-                   if b in fc.meta)
+        return sum(
+            fc.meta[b]["bytes"] for fc in self._column(name).files for b in ("values", "offsets") if b in fc.meta
+        )
 
 
 def open(paths: PathLike | Sequence[PathLike]) -> Dataset:  # noqa: A001 - the natural name

@@ -1,5 +1,6 @@
 """Statistics of an opened dataset, as `tbljax info` prints them (`Dataset.describe`): computed
 from what the dataset offers publicly (its index, served geometry, labels, recipe, fields)."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,9 @@ def describe(ds: Any) -> dict[str, Any]:
         "records": n,
         "record_format": ds.record_format,
         # How many records of each format (a compact file with a raw budget holds both).
-        "record_formats": {FORMAT_NAMES.get(int(f), str(int(f))): int(c)
-                           for f, c in zip(*np.unique(idx["format"], return_counts=True))},
+        "record_formats": {
+            FORMAT_NAMES.get(int(f), str(int(f))): int(c) for f, c in zip(*np.unique(idx["format"], return_counts=True))
+        },
         "image_shape": ds.image_shape,
         "zero_copy_view": ds.image_shape is not None and ds.record_format == "raw",
         "bytes": sum(os.path.getsize(p) for p in ds.paths),
@@ -43,13 +45,18 @@ def describe(ds: Any) -> dict[str, Any]:
         "ratio_to_raw": round(stored / raw, 4) if raw else None,
         "record_sizes_hxw": {f"{h}x{w}": c for (h, w), c in sizes.most_common(5)},
         "labelled": int(known.size),
-        "num_classes": (len(ds.classes) if ds.classes else
-                        int(np.unique(known).size) if known.size else 0),
+        "num_classes": (len(ds.classes) if ds.classes else int(np.unique(known).size) if known.size else 0),
         "classes": (ds.classes or [])[:10],
         "recipe": ds.recipe,
         "skipped": len(ds.skipped),
-        "fields": {name: {"kind": f.kind, "dtype": None if f.dtype is None else str(f.dtype),
-                          "shape": list(f.shape), "bytes": ds.field_bytes(name)}
-                   for name, f in ds.fields.items()},
+        "fields": {
+            name: {
+                "kind": f.kind,
+                "dtype": None if f.dtype is None else str(f.dtype),
+                "shape": list(f.shape),
+                "bytes": ds.field_bytes(name),
+            }
+            for name, f in ds.fields.items()
+        },
         "fingerprint": ds.fingerprint,
     }

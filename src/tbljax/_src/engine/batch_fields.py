@@ -3,6 +3,7 @@ how a ragged one is cut or padded (`pad=`), what a `field_fn` makes of a batch's
 one step's values built in the producer thread: arrays per row range (fixed fields, padded
 ragged fields and their ``_length``, `field_fn` outputs), lists for str/json fields.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,9 +25,11 @@ def check_pad(name: str, length, info: FieldInfo, rows: int) -> int:
     row = int(np.prod(info.shape[1:], dtype=np.int64)) * info.dtype.itemsize
     need = int(rows) * int(length) * max(row, 1)
     if need > MAX_PAD_BYTES:
-        raise ValueError(f"pad[{name!r}] = {length} rows of {row} bytes for {rows} records is {need} bytes "
-                         f"of padded values (at most {MAX_PAD_BYTES}): give the length a record "
-                         "needs")
+        raise ValueError(
+            f"pad[{name!r}] = {length} rows of {row} bytes for {rows} records is {need} bytes "
+            f"of padded values (at most {MAX_PAD_BYTES}): give the length a record "
+            "needs"
+        )
     return int(length)
 
 
@@ -45,8 +48,7 @@ class FieldServing:
             names = list(fields)
             for n in names:
                 if n not in infos:
-                    raise KeyError(f"fields= names {n!r}, which {dataset!r} does not have; its "
-                                   f"fields: {list(infos)}")
+                    raise KeyError(f"fields= names {n!r}, which {dataset!r} does not have; its fields: {list(infos)}")
         fns, pads = dict(field_fn or {}), dict(pad or {})
         for what, d in (("field_fn", fns), ("pad", pads)):
             for n in d:
@@ -54,25 +56,29 @@ class FieldServing:
                     raise KeyError(f"{what} names field {n!r}, which is not served (fields served: {names})")
         for n, length in pads.items():
             if not infos[n].ragged:
-                raise ValueError(f"pad[{n!r}]: field {n!r} is {infos[n].kind} of shape {infos[n].shape}, "
-                                 "not a ragged ndarray field")
+                raise ValueError(
+                    f"pad[{n!r}]: field {n!r} is {infos[n].kind} of shape {infos[n].shape}, not a ragged ndarray field"
+                )
             check_pad(n, length, infos[n], rows)
         for n, fn in fns.items():
             if not callable(fn):
                 raise TypeError(f"field_fn[{n!r}] must be callable, got {type(fn).__name__}")
         for n in names:
             if infos[n].ragged and n not in pads and n not in fns:
-                raise ValueError(f"field {n!r} is ragged (shape {infos[n].shape}): pass pad={{{n!r}: length}} "
-                                 "to serve it cut or zero-padded to length rows (with "
-                                 f"{n + '_length'!r}), a field_fn for it, or leave it out with fields=")
+                raise ValueError(
+                    f"field {n!r} is ragged (shape {infos[n].shape}): pass pad={{{n!r}: length}} "
+                    "to serve it cut or zero-padded to length rows (with "
+                    f"{n + '_length'!r}), a field_fn for it, or leave it out with fields="
+                )
         self.dataset, self.names, self.infos = dataset, names, {n: infos[n] for n in names}
         self.fns, self.pads = fns, {n: int(v) for n, v in pads.items()}
 
     def __bool__(self) -> bool:
         return bool(self.names)
 
-    def build(self, records: list[np.ndarray], rows: list[int], epoch: int, position: int
-              ) -> tuple[dict[str, tuple[np.ndarray, ...]], dict[str, list]]:
+    def build(
+        self, records: list[np.ndarray], rows: list[int], epoch: int, position: int
+    ) -> tuple[dict[str, tuple[np.ndarray, ...]], dict[str, list]]:
         """One step's fields: `records[r]` are the valid records of row range r (of `rows[r]`
         rows; the rest are padding). Returns (arrays per range by name, lists by name)."""
         arrays: dict[str, tuple[np.ndarray, ...]] = {}
@@ -99,8 +105,11 @@ class FieldServing:
                 arrays[n], arrays[n + "_length"] = _split(out, rows), _split(lengths, rows)
                 continue
             else:
-                empty = "" if info.kind == "str" else (np.zeros((0, *info.shape[1:]), info.dtype)
-                                                       if info.kind == "ndarray" else None)
+                empty = (
+                    ""
+                    if info.kind == "str"
+                    else (np.zeros((0, *info.shape[1:]), info.dtype) if info.kind == "ndarray" else None)
+                )
                 value = [empty] * total
                 for p, v in zip(rowpos.tolist(), ds.field_rows(n, allrec)):
                     value[p] = v
@@ -108,12 +117,16 @@ class FieldServing:
                 try:
                     made = np.asarray(self.fns[n](value))
                 except Exception as e:
-                    raise RuntimeError(f"field_fn[{n!r}] failed at the step of epoch {epoch}, position "
-                                       f"{position}: {type(e).__name__}: {e}") from e
+                    raise RuntimeError(
+                        f"field_fn[{n!r}] failed at the step of epoch {epoch}, position "
+                        f"{position}: {type(e).__name__}: {e}"
+                    ) from e
                 if made.ndim < 1 or made.shape[0] != total or made.dtype.kind not in "biuf":
-                    raise ValueError(f"field_fn[{n!r}] must return a numeric array of {total} rows (this "
-                                     f"process's rows), got {made.dtype} {made.shape} at epoch {epoch}, "
-                                     f"position {position}")
+                    raise ValueError(
+                        f"field_fn[{n!r}] must return a numeric array of {total} rows (this "
+                        f"process's rows), got {made.dtype} {made.shape} at epoch {epoch}, "
+                        f"position {position}"
+                    )
                 made = np.array(made)  # owned: the consumer may keep it
                 made[~valid] = 0
                 arrays[n] = _split(made, rows)

@@ -11,12 +11,15 @@ first steps do not wait for the sweep.
 
 Only the speed depends on this: the kernel reads the records from the mappings either way.
 """
+
 from __future__ import annotations
 
 import os
 import threading
 
 import numpy as np
+
+from tbljax._src.engine import memory
 
 __all__ = ["FileSweep", "byte_runs", "memory_for_sweeps", "source_runs"]
 
@@ -50,34 +53,23 @@ def byte_runs(files, offsets, sizes, gap: int = MERGE_GAP) -> list[tuple[int, in
 
 
 def memory_for_sweeps() -> int | None:
-    """Bytes a sweep may fill: half of what the kernel says is available (MemAvailable), less
-    if this process's cgroup (v2) allows less; None where that is unknown (not Linux)."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        avail = int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
-    try:  # "0::/path" names the cgroup; its memory.max is "max" or a byte count
-        with open("/proc/self/cgroup") as f:
-            path = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
-        with open(f"/sys/fs/cgroup{path}/memory.max") as f:
-            limit = f.read().strip()
-        with open(f"/sys/fs/cgroup{path}/memory.current") as f:
-            used = int(f.read())
-        if limit != "max":
-            avail = min(avail, int(limit) - used)
-    except (OSError, StopIteration, ValueError):
-        pass
-    return max(avail, 0) // 2
+    """Bytes a sweep may fill: half of what this process may fill (`engine/memory.py`: the
+    cgroup's limit counted); None where that is unknown (not Linux)."""
+    avail = memory.available_bytes()
+    return None if avail is None else avail // 2
 
 
 def source_runs(byte_ranges, n: int, block: int = 1 << 20) -> list[tuple[int, int, int]]:
     """`byte_runs` of records 0..n-1, where ``byte_ranges(indices)`` gives their (file, offset,
     size) (`Dataset.byte_ranges`); `block` records at a time, so memory stays bounded."""
-    runs = np.array([r for a in range(0, n, block)
-                     for r in byte_runs(*byte_ranges(np.arange(a, min(n, a + block), dtype=np.int64)))],
-                    np.int64).reshape(-1, 3)
+    runs = np.array(
+        [
+            r
+            for a in range(0, n, block)
+            for r in byte_runs(*byte_ranges(np.arange(a, min(n, a + block), dtype=np.int64)))
+        ],
+        np.int64,
+    ).reshape(-1, 3)
     # Once more over the blocks' runs: runs of neighbouring blocks may touch.
     return byte_runs(runs[:, 0], runs[:, 1], runs[:, 2] - runs[:, 1])
 
@@ -95,8 +87,9 @@ class FileSweep:
     def __init__(self, paths, byte_ranges, n: int, budget: int):
         self._stop = threading.Event()
         self.bytes = 0
-        self._thread = threading.Thread(target=self._run, args=(list(paths), byte_ranges, n, budget),
-                                        name="tbljax-file-sweep", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(list(paths), byte_ranges, n, budget), name="tbljax-file-sweep", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -111,7 +104,7 @@ class FileSweep:
         try:
             runs = source_runs(byte_ranges, n)
         except Exception:  # noqa: BLE001 - e.g. a dataset closed meanwhile: the loader reports
-            return         # its own errors; a sweep only ever changes the speed
+            return  # its own errors; a sweep only ever changes the speed
         total = sum(end - start for _, start, end in runs)
         if total <= budget and not self._stop.is_set():
             self.bytes = total

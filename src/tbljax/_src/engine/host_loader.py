@@ -83,8 +83,10 @@ class HostLoader:
                 f"part {parts.index} should hold {parts.n} records, the dataset given holds {self._source.n}"
             )
         self._host_parts = parts  # None unless partition="host"
-        # What the steps and the state count over: the host parts, or one part of every record.
-        self._step_parts = parts if parts is not None else Parts.whole(self._source.n)
+        # What the steps and the state count over: the host parts, or one part of every record
+        # (each record `repeats` times: `Plan.slots`).
+        self._record_parts = parts if parts is not None else Parts.whole(self._source.n)
+        self._step_parts = self._record_parts.times(opts.repeats)
         self._rows = rows if rows is not None else RowLayout.for_rank(opts.batch_size, 0, 1)
         # One row shape per entry of a size schedule (one without); the ring is sized once for
         # the largest, and each batch views it at its epoch's size (`Slot.views` in ring.py).
@@ -92,10 +94,11 @@ class HostLoader:
         shapes = [self._source.row_shape(opts, epoch) for epoch, _ in schedule]
         largest = max(shapes, key=lambda s: int(np.prod(s)))
         if len(self) == 0:
+            times = f" × repeats={opts.repeats}" if opts.repeats > 1 else ""
             what = (
-                f"the dataset ({self._source.n} samples)"
+                f"the dataset ({self._source.n} samples{times})"
                 if parts is None
-                else f"the smallest host part ({min(parts.counts)} samples)"
+                else f"the smallest host part ({min(parts.counts)} samples{times})"
             )
             raise contract.ArgumentError(  # in the CLI's words too: `bench --batch-size`
                 contract.Arg("batch_size"),
@@ -178,7 +181,7 @@ class HostLoader:
     @property
     def num_samples(self) -> int:
         """Samples in the dataset (all host parts together)."""
-        return sum(self._step_parts.counts)
+        return sum(self._record_parts.counts)
 
     def __iter__(self) -> Pass:
         self._close_active()
@@ -235,6 +238,7 @@ class HostLoader:
             fingerprint=self._source.fingerprint,
             processes=processes,
             mixture=self._source.mixture,
+            repeats=self.options.repeats,
         )
 
     def load_state_dict(self, state: dict) -> None:
@@ -249,6 +253,7 @@ class HostLoader:
             n=max(self._step_parts.counts),
             processes=len(parts.counts) if parts is not None else None,
             mixture=self._source.mixture,
+            repeats=self.options.repeats,
         )
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run

@@ -18,7 +18,7 @@ from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
 from tbljax._src.engine.ring import Slot
 from tbljax._src.engine.rows import RowLayout
-from tbljax._src.rules import contract, order
+from tbljax._src.rules import contract
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.rules.parts import Parts
 
@@ -58,6 +58,8 @@ class HostBatch:
     texts: dict = dataclasses.field(default_factory=dict)
     # A mixture (`tbljax.mix`): each row's source, an index into `Mixture.sources`; else None.
     sources: tuple[np.ndarray, ...] | None = None
+    # repeats > 1: which repeat of its record each row is (int32, -1 on padding rows); else None.
+    repeats: tuple[np.ndarray, ...] | None = None
 
     def _one(self, name):
         parts = getattr(self, name)
@@ -106,6 +108,15 @@ class Plan:
     def part(self) -> Parts:
         """The parts the steps of an epoch are counted over (`tbljax.order.Parts`)."""
         return self.parts if self.parts is not None else Parts.whole(self.source.n)
+
+    @property
+    def slots(self) -> Parts:
+        """The positions of an epoch in every part: its records times `repeats`."""
+        return self.part.times(self.opts.repeats)
+
+    def step_rows(self, first) -> tuple[int, int]:
+        """(first position, real rows) of this process's step starting at `first`."""
+        return first, min(self.layout.global_batch, self.slots.n - first)
 
     def steps(self):
         """(epoch, first position) of every step from the cursor to the end (or forever).
@@ -161,19 +172,23 @@ class Plan:
         src, opts = self.source, self.opts
         resident = True
         for a, b in self.layout.ranges:
-            pos = np.arange(first + a, min(first + b, src.n), dtype=np.int64)
+            pos = np.arange(first + a, min(first + b, self.slots.n), dtype=np.int64)
             if not len(pos):
                 continue
+
+            def records(p):
+                return _step.records(p, opts, num_records=src.n, epoch=epoch, step=self.step_rows(first))[0]
+
             # A few records first: a warm file stops here (~20 us a step).
-            if src.resident(order.permute(pos[:_SAMPLE], src.n, opts.seed, epoch, shuffle=opts.shuffle)):
+            if src.resident(records(pos[:_SAMPLE])):
                 continue
             resident = False
-            src.read_ahead(order.permute(pos, src.n, opts.seed, epoch, shuffle=opts.shuffle))
+            src.read_ahead(records(pos))
         return resident
 
     def positions(self):
         """(epoch, first position) of every step, as `steps` yields them, with no read-ahead."""
-        part, g = self.part, self.layout.global_batch
+        part, g = self.slots, self.layout.global_batch
         epoch, position = self.start
         while self.end_epoch is None or epoch < self.end_epoch:
             count = part.steps(g, drop_remainder=self.opts.drop_remainder, start=position)
@@ -183,8 +198,8 @@ class Plan:
 
     def draw(self, epoch, first) -> tuple:
         """This process's rows of the step starting at position `first`, per row range of the
-        layout: (sample indices, crop boxes or None, flips or None, the per-image op columns or
-        None (`step.RowOps`), the source's records). Pure
+        layout: (sample indices, crop boxes or None, flips or None, the source's records, repeats
+        or None, the per-image op columns or None (`step.RowOps`)). Pure
         (`engine/step.py`): the producer draws a step ahead, while the kernel builds the one
         before (engine/producer.py)."""
         src, opts = self.source, self.opts
@@ -195,12 +210,13 @@ class Plan:
             out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
         drawn = []
         for a, b in self.layout.ranges:
-            nvalid = int(np.clip(src.n - (first + a), 0, b - a))
-            idx, boxes, flip = src.draw(
-                np.arange(first + a, first + a + nvalid, dtype=np.int64), opts, epoch, first_index
-            )
-            ops = None if out_hw is None else _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw)
-            drawn.append((idx, boxes, flip, ops, src.local_records(idx, first_index)))
+            nvalid = int(np.clip(self.slots.n - (first + a), 0, b - a))
+            pos = np.arange(first + a, first + a + nvalid, dtype=np.int64)
+            idx, boxes, flip, repeat = src.draw(pos, opts, epoch, first_index, self.step_rows(first))
+            ops = None
+            if out_hw is not None:
+                ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw, repeat=0 if repeat is None else repeat)
+            drawn.append((idx, boxes, flip, src.local_records(idx, first_index), repeat, ops))
         return tuple(drawn)
 
     def build_host(self, ring, epoch, first, stop=None, drawn=None, started=None) -> tuple[HostBatch, Slot]:
@@ -213,8 +229,8 @@ class Plan:
         drawn = self.draw(epoch, first) if drawn is None else drawn
         slot = ring.acquire(stop)
         views = slot.views(src.row_shape(opts, epoch))  # a size schedule's size of `epoch`
-        labels, indices, valid, sources, served = [], [], [], [], []
-        for (a, b), out, (idx, boxes, flip, ops, records) in zip(self.layout.ranges, views, drawn):
+        labels, indices, valid, sources, served, repeats = [], [], [], [], [], []
+        for (a, b), out, (idx, boxes, flip, records, repeat, ops) in zip(self.layout.ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
             if nvalid:
                 src.fill(
@@ -239,6 +255,8 @@ class Plan:
             ids = src.source_ids(records)
             if ids is not None:
                 sources.append(np.concatenate([ids, np.full(pad, -1)]).astype(np.int32))
+            if opts.repeats > 1:
+                repeats.append(np.concatenate([repeat, np.full(pad, -1)]).astype(np.int32))
         if started is not None:
             started()
         arrays, texts = {}, {}
@@ -255,6 +273,7 @@ class Plan:
             arrays,
             texts,
             tuple(sources) if sources else None,
+            tuple(repeats) if repeats else None,
         ), slot
 
     def finish_host(self, host: HostBatch, slot: Slot):

@@ -5,6 +5,7 @@ pipelined, turns it into what the consumer receives), handing it over a bounded 
 the iterator the consumer holds. It counts the metrics, and always
 shuts down cleanly: on break, error, del, garbage collection and interpreter exit.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -15,8 +16,8 @@ import time
 import warnings
 import weakref
 
-from tbljax._src.engine.ring import Ring
 from tbljax._src.engine.plan import Plan
+from tbljax._src.engine.ring import Ring
 
 __all__ = ["Metrics", "Pass"]
 
@@ -37,8 +38,8 @@ _END = object()
 class Metrics:
     """A loader's counters since it was made (`HostLoader.metrics`)."""
 
-    steps: int = 0             # batches handed to the consumer
-    images: int = 0            # rows this process built (padding included)
+    steps: int = 0  # batches handed to the consumer
+    images: int = 0  # rows this process built (padding included)
     produce_seconds: float = 0.0
     wait_seconds: float = 0.0  # consumer time blocked waiting for a batch
     last_wait_seconds: float = 0.0
@@ -94,9 +95,16 @@ def _draw(plan: Plan, q: queue.Queue, go: threading.Semaphore, stop: threading.E
         _put(q, _Failure(e), stop)
 
 
-def _produce(plan: Plan, ring: Ring, drawn: queue.Queue, go: threading.Semaphore,
-             q: queue.Queue, stop: threading.Event, metrics: Metrics,
-             room: threading.Semaphore | None = None) -> None:
+def _produce(
+    plan: Plan,
+    ring: Ring,
+    drawn: queue.Queue,
+    go: threading.Semaphore,
+    q: queue.Queue,
+    stop: threading.Event,
+    metrics: Metrics,
+    room: threading.Semaphore | None = None,
+) -> None:
     """The producer: builds each step's host batch from its rows (`_draw`, on `drawn`), the
     kernel running with the GIL released, and puts it on `q`. Holds no reference to the
     iterator, so dropping the iterator (break, exception, del, garbage collection) can always
@@ -123,16 +131,14 @@ def _produce(plan: Plan, ring: Ring, drawn: queue.Queue, go: threading.Semaphore
             if (room is not None and not _acquire(room, stop)) or stop.is_set():
                 return
             t0, waited = time.perf_counter(), ring.wait_seconds
-            host, slot = plan.build_host(ring, epoch, first, stop, drawn=step_rows,
-                                         started=go.release)
+            host, slot = plan.build_host(ring, epoch, first, stop, drawn=step_rows, started=go.release)
             # Producing, not waiting for the consumer to release a slot.
             metrics.produce_seconds += time.perf_counter() - t0 - (ring.wait_seconds - waited)
             metrics.images += rows
             metrics.slots_replaced = ring.replaced
             metrics.slot_wait_seconds = ring.wait_seconds
             # Pipelined, the slot travels with its batch to `_finish`, which watches it.
-            item = (epoch, first, host, slot) if room is not None else \
-                (epoch, first, plan.finish_host(host, slot))
+            item = (epoch, first, host, slot) if room is not None else (epoch, first, plan.finish_host(host, slot))
             if not _put(q, item, stop):
                 return
             del item, host, slot
@@ -141,8 +147,7 @@ def _produce(plan: Plan, ring: Ring, drawn: queue.Queue, go: threading.Semaphore
         _put(q, _Failure(e), stop)
 
 
-def _finish(plan: Plan, built: queue.Queue, room: threading.Semaphore, q: queue.Queue,
-            stop: threading.Event) -> None:
+def _finish(plan: Plan, built: queue.Queue, room: threading.Semaphore, q: queue.Queue, stop: threading.Event) -> None:
     """The second stage of a pipelined producer (see `_produce`), in step order."""
     try:
         while (item := _get(built, stop)) is not None:
@@ -175,7 +180,7 @@ class _Stage(threading.Thread):
         self._pass_stop = stop
         self._entered = threading.Event()
         self._launched = False  # start() was called: the OS thread may exist
-        self._running = False   # start() returned: it exists and join() works
+        self._running = False  # start() returned: it exists and join() works
 
     def start(self) -> None:
         self._launched = True
@@ -223,7 +228,7 @@ class Pass:
         self._threads: list[_Stage] = []
         self._queue: queue.Queue = queue.Queue()  # the last of these: see __del__
         self._on_step, self._on_end = on_step, on_end
-        self._step_parts, self._g = plan.part, plan.layout.global_batch
+        self._step_parts, self._g = plan.slots, plan.layout.global_batch
         self._drop = plan.opts.drop_remainder
         self._metrics = metrics
         self._ring = ring
@@ -236,12 +241,13 @@ class Pass:
             self._queue = queue.Queue(maxsize=prefetch - 1)
             built: queue.Queue = queue.Queue(maxsize=1)
             room = threading.Semaphore(1)
-            stages += [(_produce, (plan, ring, drawn, go, built, self._stop, self._metrics, room)),
-                       (_finish, (plan, built, room, self._queue, self._stop))]
+            stages += [
+                (_produce, (plan, ring, drawn, go, built, self._stop, self._metrics, room)),
+                (_finish, (plan, built, room, self._queue, self._stop)),
+            ]
         else:
             self._queue = queue.Queue(maxsize=prefetch)
-            stages.append((_produce, (plan, ring, drawn, go, self._queue, self._stop,
-                                      self._metrics)))
+            stages.append((_produce, (plan, ring, drawn, go, self._queue, self._stop, self._metrics)))
         # Owned before any thread runs: a Ctrl-C landing between two starts (or inside one)
         # leaves threads that close() stops and joins, here, from __del__ or at exit.
         _LIVE.add(self)
@@ -274,8 +280,7 @@ class Pass:
                             item = self._queue.get_nowait()
                             break
                         except queue.Empty:
-                            raise RuntimeError("tbljax loader: the producer thread ended "
-                                               "without a result") from None
+                            raise RuntimeError("tbljax loader: the producer thread ended without a result") from None
         except BaseException:
             self.close()
             raise
@@ -297,8 +302,7 @@ class Pass:
             raise item.exc
         epoch, first, result = item
         # The state counts what was handed over, not what the producer prefetched.
-        self._on_step(self._step_parts.advance(epoch, first + self._g, self._g,
-                                         drop_remainder=self._drop))
+        self._on_step(self._step_parts.advance(epoch, first + self._g, self._g, drop_remainder=self._drop))
         m.steps += 1
         return result
 
@@ -319,9 +323,11 @@ class Pass:
             # A producer stops within one kernel call and a poll interval; a bound keeps a
             # Ctrl-C or exit from ever hanging on one that does not (it is a daemon).
             if threading.current_thread() is not t and not t.join_stopped(_JOIN_S):
-                warnings.warn(f"tbljax loader: a producer thread did not stop within "
-                              f"{_JOIN_S:.0f} s; leaving it (daemon) behind", RuntimeWarning,
-                              stacklevel=2)
+                warnings.warn(
+                    f"tbljax loader: a producer thread did not stop within {_JOIN_S:.0f} s; leaving it (daemon) behind",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         self._joined = True
         _LIVE.discard(self)
 

@@ -108,11 +108,12 @@ class RecordSource:
             self._packed = np.empty(0, np.uint8)  # decoded records of different sizes
         self._threads = threads or 0
 
-    def draw(self, positions, opts: LoaderOptions, epoch: int, first_index: int = 0):
-        """(sample indices, crop boxes or None, flips or None) of `positions` of `epoch`: the
-        epoch's permutation, then crops and flips keyed by the sample index (engine/step.py)."""
+    def draw(self, positions, opts: LoaderOptions, epoch: int, first_index: int = 0, step=None):
+        """(sample indices, crop boxes or None, flips or None, repeats or None) of `positions`
+        of `epoch`: the epoch's permutation, then crops and flips keyed by the sample index
+        (engine/step.py; `step` as it takes it)."""
         return _step.draw(
-            positions, opts, num_records=self.n, image_hw=self.geometry, epoch=epoch, first_index=first_index
+            positions, opts, num_records=self.n, image_hw=self.geometry, epoch=epoch, first_index=first_index, step=step
         )
 
     def source_ids(self, records) -> None:
@@ -309,6 +310,11 @@ class MixtureSource:
             )
         if not opts.shuffle:
             raise ValueError("a mixture draws each step's rows by weight: shuffle=False does not apply to it")
+        if opts.repeats != 1:
+            raise ValueError(
+                f"repeats={opts.repeats} is not supported with a mixture: its rows are drawn by "
+                "weight, not an epoch of every record; serve a single dataset with repeats="
+            )
         self._mix = mixture
         self._subs = [RecordSource(d, opts.threads, opts.verify_records) for d in mixture.datasets]
         self._process, processes = mixture.processes
@@ -336,10 +342,10 @@ class MixtureSource:
         except ValueError as e:
             raise ValueError(f"{self._mix!r}: its sources' records differ in size; {e}") from None
 
-    def draw(self, positions, opts: LoaderOptions, epoch: int, first_index: int = 0):
+    def draw(self, positions, opts: LoaderOptions, epoch: int, first_index: int = 0, step=None):
         positions = np.asarray(positions, np.int64)
         if not len(positions):
-            return positions, None, None
+            return positions, None, None, None
         step, rows = np.divmod(positions, self.batch)
         source, record, passes = draw_rows(
             self._mix.spec,
@@ -351,7 +357,7 @@ class MixtureSource:
         )
         idx = self._mix.global_index(source, record)
         if opts.augment is None:
-            return idx, None, None
+            return idx, None, None, None
         boxes = flips = None
         # Keyed by (seed, the pass over the record's source, its index in the whole mixture).
         for k, q in sorted(set(zip(source.tolist(), passes.tolist()))):
@@ -365,7 +371,7 @@ class MixtureSource:
             if f is not None:
                 flips = np.zeros(len(idx), bool) if flips is None else flips
                 flips[m] = f
-        return idx, boxes, flips
+        return idx, boxes, flips, None
 
     def source_ids(self, records) -> np.ndarray:
         return self._mix.split(records)[0].astype(np.int32)

@@ -13,6 +13,7 @@ out a slot in use; instead it retires it (its memory lives on, owned by whoever 
 and allocates a fresh one. A user who keeps every batch therefore keeps correct batches (and
 the memory they hold); one who drops them recycles a fixed set of buffers.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -50,10 +51,10 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
             m.madvise(mmap.MADV_HUGEPAGE, start, nbytes - nbytes % HUGE_PAGE)
         except OSError:
             pass  # no THP in this kernel: 4 KiB pages, just slower to touch the first time
-        return raw[start:start + nbytes]
+        return raw[start : start + nbytes]
     raw = np.empty(nbytes + align, np.uint8)
     start = -raw.ctypes.data % align
-    return raw[start:start + nbytes]
+    return raw[start : start + nbytes]
 
 
 class Slot:
@@ -75,10 +76,8 @@ class Slot:
             self._regions.append((offset, b - a))
             offset += -(-(b - a) * row_bytes // ALIGN) * ALIGN
         mem = alloc(max(offset, ALIGN))
-        if mem.dtype != np.uint8 or mem.ndim != 1 or mem.ctypes.data % ALIGN \
-                or not isinstance(mem.base, np.ndarray):
-            raise ValueError("alloc must return a 1-D uint8 view of an array, aligned to "
-                             f"{ALIGN} bytes")
+        if mem.dtype != np.uint8 or mem.ndim != 1 or mem.ctypes.data % ALIGN or not isinstance(mem.base, np.ndarray):
+            raise ValueError(f"alloc must return a 1-D uint8 view of an array, aligned to {ALIGN} bytes")
         # Every view of `mem` (and so every jax.Array aliasing it) holds a reference to its
         # owner; counting those references tells whether anything still reads this memory.
         self._owner = mem.base
@@ -94,8 +93,7 @@ class Slot:
         row_bytes = int(np.prod(shape)) * self.dtype.itemsize
         if row_bytes > self._row_bytes:
             raise ValueError(f"rows of {shape} do not fit this slot's rows of {self.row_shape}")
-        return [self._mem[o:o + r * row_bytes].view(self.dtype).reshape(r, *shape)
-                for o, r in self._regions]
+        return [self._mem[o : o + r * row_bytes].view(self.dtype).reshape(r, *shape) for o, r in self._regions]
 
     @property
     def owner(self) -> np.ndarray:
@@ -151,8 +149,18 @@ class Ring:
     (the torch adapter waits there for asynchronous device copies that may still read it).
     """
 
-    def __init__(self, rows: RowLayout, row_shape, dtype, size: int, *, alloc=aligned_empty,
-                 before_reuse=None, patience: float = 1.0, max_timeouts: int = 2):
+    def __init__(
+        self,
+        rows: RowLayout,
+        row_shape,
+        dtype,
+        size: int,
+        *,
+        alloc=aligned_empty,
+        before_reuse=None,
+        patience: float = 1.0,
+        max_timeouts: int = 2,
+    ):
         if size < 1:
             raise ValueError(f"ring size must be >= 1, got {size}")
         self._make = lambda: Slot(rows, row_shape, dtype, alloc)

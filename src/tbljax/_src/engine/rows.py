@@ -1,11 +1,23 @@
 """Row placement: which rows of each global batch this process builds (`RowLayout`), from a JAX
 sharding (`jax/sharding.py` reads it) or, framework-free, from a rank. The ring (`ring.py`) lays its slots out by it and
 the JAX room (`jax/arrays.py`) assembles global arrays by it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RowLayout"]
+__all__ = ["RowLayout", "register_from_sharding"]
+
+# How a JAX sharding becomes a RowLayout (`jax/sharding.row_layout`): the engine imports no
+# framework, so the JAX room registers it when it is imported (as it registers its while loop
+# with `rules/order.py`).
+_FROM_SHARDING = None
+
+
+def register_from_sharding(fn) -> None:
+    """`fn(sharding, global_batch) -> RowLayout` is what `RowLayout.create` runs."""
+    global _FROM_SHARDING
+    _FROM_SHARDING = fn
 
 
 @dataclass(frozen=True)
@@ -23,6 +35,13 @@ class RowLayout:
     global_batch: int
     ranges: tuple[tuple[int, int], ...]
     devices: tuple[tuple[object, int], ...]
+
+    @classmethod
+    def create(cls, sharding, global_batch: int) -> "RowLayout":
+        """The rows a JAX `sharding` gives this process's devices: `tbljax.row_layout`."""
+        if _FROM_SHARDING is None:
+            raise RuntimeError("RowLayout.create needs the JAX room: import tbljax first")
+        return _FROM_SHARDING(sharding, global_batch)
 
     @classmethod
     def from_spans(cls, sharding, global_batch: int, spans: dict) -> "RowLayout":
@@ -43,8 +62,7 @@ class RowLayout:
         ((2, 4),)
         """
         if global_batch % world_size:
-            raise ValueError(f"global batch {global_batch} does not split evenly over "
-                             f"world_size {world_size}")
+            raise ValueError(f"global batch {global_batch} does not split evenly over world_size {world_size}")
         b = global_batch // world_size
         return cls(None, global_batch, ((rank * b, (rank + 1) * b),), ())
 
@@ -63,13 +81,17 @@ class RowLayout:
         """
         g, p = self.global_batch, int(processes)
         if g % p:
-            raise ValueError(f"global batch {g} does not split evenly over {p} processes: "
-                             f"with partition='host' use a multiple of {p}")
+            raise ValueError(
+                f"global batch {g} does not split evenly over {p} processes: "
+                f"with partition='host' use a multiple of {p}"
+            )
         lo, hi = self.ranges[0][0], self.ranges[-1][1]
         contiguous = all(a == b for (_, a), (b, _) in zip(self.ranges, self.ranges[1:]))
         if not contiguous or hi - lo != g // p:
-            raise ValueError(f"with partition='host' each process must hold G/P = {g // p} "
-                             f"contiguous rows of the batch, but the sharding gives this "
-                             f"process rows {list(self.ranges)}: shard the batch axis over "
-                             "all processes' devices, with no replication across processes")
+            raise ValueError(
+                f"with partition='host' each process must hold G/P = {g // p} "
+                f"contiguous rows of the batch, but the sharding gives this "
+                f"process rows {list(self.ranges)}: shard the batch axis over "
+                "all processes' devices, with no replication across processes"
+            )
         return RowLayout(None, g // p, tuple((a - lo, b - lo) for a, b in self.ranges), ())

@@ -1,14 +1,14 @@
 """What the rows of a step hold, decided once for every path. Global positions →
-sample indices (`tbljax.order`, the epoch's permutation) → crop boxes and flips
-(`tbljax.augment`, keyed by sample index). The same function runs in NumPy for the host
+sample indices and repeats (`tbljax.order`, the epoch's permutation) → crop boxes and flips
+(`tbljax.augment`, keyed by sample index and repeat). The same function runs in NumPy for the host
 loaders and in jax.numpy inside `jax.jit` for the resident dataset, so both serve the same
 samples with the same augmentation.
 
 >>> from tbljax import LoaderOptions
->>> idx, boxes, flips = draw(np.arange(4), LoaderOptions(batch_size=4, augment="flip"),
-...                          num_records=10, image_hw=(32, 32), epoch=0)
->>> idx.shape, boxes, flips.dtype
-((4,), None, dtype('bool'))
+>>> idx, boxes, flips, repeat = draw(np.arange(4), LoaderOptions(batch_size=4, augment="flip"),
+...                                  num_records=10, image_hw=(32, 32), epoch=0)
+>>> idx.shape, boxes, flips.dtype, repeat
+((4,), None, dtype('bool'), None)
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import numpy as np
 
 from tbljax._src.engine import kernels
 from tbljax._src.rules import augment as _augment
-from tbljax._src.rules import order, randaug
+from tbljax._src.rules import erasing, order, randaug
 from tbljax._src.rules.options import LoaderOptions
 
-__all__ = ["RowOps", "draw", "draw_ops"]
+__all__ = ["RowOps", "draw", "draw_ops", "records"]
 
 # The one refusal of the per-image ops outside the host loaders.
 NOT_IN_JIT = (
@@ -32,22 +32,36 @@ NOT_IN_JIT = (
 )
 
 
-def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, xp=np, first_index: int = 0):
-    """(sample indices, crop boxes or None, flips or None) for `positions` of epoch `epoch`.
+def records(positions, opts: LoaderOptions, *, num_records: int, epoch, step=None, xp=np):
+    """(records in [0, num_records), repeats or None) of `positions` of epoch `epoch`: the
+    epoch's permutation, or with ``opts.repeats`` > 1 `tbljax.order.repeated` (which needs
+    `step`, (first position, rows) of the step the positions belong to)."""
+    if opts.repeats == 1:
+        return order.permute(positions, num_records, opts.seed, epoch, shuffle=opts.shuffle, xp=xp), None
+    return order.repeated(
+        positions, num_records, opts.seed, epoch, repeats=opts.repeats, step=step, shuffle=opts.shuffle, xp=xp
+    )
+
+
+def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, xp=np, first_index: int = 0, step=None):
+    """(sample indices, crop boxes or None, flips or None, repeats or None) for `positions` of
+    epoch `epoch` (`step`: as `records` takes it, with repeats).
 
     `image_hw`: (H, W) of every record, or a `tbljax.augment.RecordGeometry` (records of their
     own sizes, each sample's looked up by its index). `first_index`: the records are global
     indices [first_index, first_index + num_records) (a host part, `tbljax.order.Parts`);
-    crops and flips are keyed by the global index."""
+    crops and flips are keyed by the global index and the repeat."""
     if xp is not np and has_ops(opts.augment):
         raise ValueError(NOT_IN_JIT)
-    idx = order.permute(positions, num_records, opts.seed, epoch, shuffle=opts.shuffle, xp=xp)
+    idx, repeat = records(positions, opts, num_records=num_records, epoch=epoch, step=step, xp=xp)
     idx = idx + first_index if first_index else idx
     if opts.augment is None:
-        return idx, None, None
+        return idx, None, None, repeat
     geometry = _augment.RecordGeometry.of(image_hw).shifted(first_index)
-    boxes, flips = _augment.sample(opts.augment, idx, geometry=geometry, seed=opts.seed, epoch=epoch, xp=xp)
-    return idx, boxes, flips
+    boxes, flips = _augment.sample(
+        opts.augment, idx, geometry=geometry, seed=opts.seed, epoch=epoch, repeat=0 if repeat is None else repeat, xp=xp
+    )
+    return idx, boxes, flips, repeat
 
 
 def has_ops(aug) -> bool:
@@ -56,8 +70,16 @@ def has_ops(aug) -> bool:
 
 
 def check_ops(opts: LoaderOptions) -> None:
-    """Refuses, by name, per-image ops the host loaders do not serve: erasing with uint8 output
+    """Refuses, by name, per-image ops the host loaders do not serve: policies not yet in the
+    C++ stage, and erasing with uint8 output
     (timm erases the normalized values; there are none in uint8)."""
+    for policy in opts.augment.ops if opts.augment is not None else ():
+        # The C++ stage runs RandAugment's ops (codes 1-18) with bilinear resampling; the rest
+        # (codes 19-25, main's nearest rule) are in pixel_ops only, so refused rather than served unlike it.
+        if not isinstance(policy, randaug.RandAugment):
+            raise ValueError(f"{type(policy).__name__} is not yet in the fused pass")
+        if policy.interpolation == "nearest":
+            raise ValueError("RandAugment(interpolation='nearest') is not yet in the fused pass")
     if has_ops(opts.augment) and opts.augment.erasing is not None and opts.out_dtype == np.uint8:
         raise ValueError(
             "Augment(erasing=...) sets normalized values (as timm's RandomErasing): it needs "
@@ -69,7 +91,7 @@ def check_ops(opts: LoaderOptions) -> None:
 class RowOps:
     """The per-image op columns of a step's rows (docs/transforms-design.md): ``ops`` (B, K)
     uint8 and ``op_args`` (B, K) int32 (`randaug.decide`), ``erase`` (B, E, 4) int32 boxes and
-    ``erase_key`` (B,) uint32 (`randaug.decide_erasing`; None without erasing)."""
+    ``erase_key`` (B,) uint32 (`erasing.decide_erasing`; None without erasing)."""
 
     aug: _augment.Augment
     out_hw: tuple[int, int]
@@ -101,7 +123,7 @@ class RowOps:
 
 def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat: int = 0) -> RowOps | None:
     """The per-image op columns of sample `indices` (global) under ``opts.augment``, keyed by
-    (seed, epoch, index, repeat) like the crops (`randaug.decide`, `randaug.decide_erasing`), or
+    (seed, epoch, index, repeat) like the crops (`randaug.decide`, `erasing.decide_erasing`), or
     None when the augmentation has none (the kernel then runs today's pass)."""
     aug = opts.augment
     if not has_ops(aug):
@@ -110,7 +132,7 @@ def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat: int = 
     codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch, repeat=repeat)
     boxes = keys = None
     if aug.erasing is not None:
-        boxes, keys = randaug.decide_erasing(
+        boxes, keys = erasing.decide_erasing(
             aug.erasing, idx, height=out_hw[0], width=out_hw[1], seed=opts.seed, epoch=epoch, repeat=repeat
         )
     return RowOps(aug, (int(out_hw[0]), int(out_hw[1])), codes, args, boxes, keys)

@@ -2,6 +2,7 @@
 (`FileColumn`, built from the dataset metadata in O(1)), a field over shard files read as one
 (`Column`), and the columns of a dataset (`open_columns`). How fields are parsed and written is
 `file/fields.py`."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.file.fields import COPY_BYTES, FieldInfo, info_of
+from tbljax._src.file.field_meta import info_of
+from tbljax._src.file.fields import COPY_BYTES, FieldInfo
 
 __all__ = ["Column", "FieldValues", "FileColumn", "merge_infos", "open_columns"]
 
@@ -27,8 +29,9 @@ class FileColumn:
         if "offsets" in meta and not self.info.fixed:
             off = self._block(view, "offsets")
             if off.size != 8 * (n + 1):
-                raise _core.CorruptFileError(f"{path}: field {name!r}: offsets block of {off.size} "
-                                             f"bytes for {n} records")
+                raise _core.CorruptFileError(
+                    f"{path}: field {name!r}: offsets block of {off.size} bytes for {n} records"
+                )
             self.offsets = off.view("<i8")
         if self.info.kind == "ndarray":
             dt = self.info.dtype
@@ -39,11 +42,13 @@ class FileColumn:
             else:
                 want = None
             if want is not None and self.values.size != want:
-                raise _core.CorruptFileError(f"{path}: field {name!r}: {self.values.size} bytes for "
-                                             f"{n} records of {dt} {self.info.shape}")
+                raise _core.CorruptFileError(
+                    f"{path}: field {name!r}: {self.values.size} bytes for {n} records of {dt} {self.info.shape}"
+                )
             if self.info.ragged and (per == 0 or self.values.size % per):
-                raise _core.CorruptFileError(f"{path}: field {name!r}: {self.values.size} bytes are "
-                                             f"no whole number of {dt} rows of {trail}")
+                raise _core.CorruptFileError(
+                    f"{path}: field {name!r}: {self.values.size} bytes are no whole number of {dt} rows of {trail}"
+                )
             rows = self.values.size // per if per else 0
             shape = (n, *self.info.shape) if self.info.fixed else (rows, *trail)
             self.array = self.values.view(dt).reshape(shape)
@@ -53,9 +58,11 @@ class FileColumn:
         blk = self.meta[which]
         lo, size = blk["offset"], blk["bytes"]
         if lo + size > view.size:
-            raise _core.CorruptFileError(f"{self.path}: field {self.name!r}: {which} block "
-                                         f"[{lo}, +{size}) runs past the end of the file: truncated?")
-        return view[lo:lo + size]
+            raise _core.CorruptFileError(
+                f"{self.path}: field {self.name!r}: {which} block "
+                f"[{lo}, +{size}) runs past the end of the file: truncated?"
+            )
+        return view[lo : lo + size]
 
     def check_offsets(self) -> None:
         """The offsets rise from 0 to the values' end (done once, at first use: O(N))."""
@@ -66,8 +73,9 @@ class FileColumn:
         if off[0] != 0 or off[-1] != end or np.any(np.diff(off) < 0):
             falls = np.flatnonzero(np.diff(off) < 0)
             where = f" (record {int(falls[0])} ends before it starts)" if len(falls) else ""
-            raise _core.CorruptFileError(f"{self.path}: field {self.name!r}: offsets do not rise "
-                                         f"from 0 to {end}{where}")
+            raise _core.CorruptFileError(
+                f"{self.path}: field {self.name!r}: offsets do not rise from 0 to {end}{where}"
+            )
         self._checked = True
 
     def verify(self) -> list[str]:
@@ -80,10 +88,11 @@ class FileColumn:
             data = self.values if which == "values" else self.offsets.view(np.uint8)
             crc = 0
             for lo in range(0, data.size, COPY_BYTES):
-                crc = _core.crc32(data[lo:lo + COPY_BYTES], crc)
+                crc = _core.crc32(data[lo : lo + COPY_BYTES], crc)
             if crc != blk["crc32"]:
-                out.append(f"field {self.name!r} {which} block: checksum mismatch "
-                           f"(crc32 {crc:08x}, stored {blk['crc32']:08x})")
+                out.append(
+                    f"field {self.name!r} {which} block: checksum mismatch (crc32 {crc:08x}, stored {blk['crc32']:08x})"
+                )
         return out
 
     def value(self, j: int) -> Any:
@@ -98,9 +107,11 @@ class FileColumn:
             text = bytes(self.values[lo:hi]).decode("utf-8")
             return text if self.info.kind == "str" else json.loads(text)
         except (ValueError, RecursionError) as e:  # Unicode/JSONDecodeError are ValueErrors
-            raise _core.CorruptFileError(f"{self.path}: record {j}: field {self.name!r} holds no valid "
-                                         f"{'UTF-8 text' if self.info.kind == 'str' else 'JSON'} ({e}); "
-                                         "`tbljax verify` checks the blocks' checksums") from None
+            raise _core.CorruptFileError(
+                f"{self.path}: record {j}: field {self.name!r} holds no valid "
+                f"{'UTF-8 text' if self.info.kind == 'str' else 'JSON'} ({e}); "
+                "`tbljax verify` checks the blocks' checksums"
+            ) from None
 
 
 def merge_infos(name: str, infos: Sequence[FieldInfo], paths: Sequence[str]) -> FieldInfo:
@@ -109,12 +120,16 @@ def merge_infos(name: str, infos: Sequence[FieldInfo], paths: Sequence[str]) -> 
     first = infos[0]
     for info, p in zip(infos[1:], paths[1:]):
         same_trail = info.shape[1:] == first.shape[1:] and len(info.shape) == len(first.shape)
-        if info.kind != first.kind or info.dtype != first.dtype or not same_trail or \
-                (info.kind == "ndarray" and not first.shape and info.shape):
-            raise ValueError(f"field {name!r} is {first} in {paths[0]} but {info} in {p}: "
-                             "the shard files disagree")
+        if (
+            info.kind != first.kind
+            or info.dtype != first.dtype
+            or not same_trail
+            or info.role != first.role
+            or (info.kind == "ndarray" and not first.shape and info.shape)
+        ):
+            raise ValueError(f"field {name!r} is {first} in {paths[0]} but {info} in {p}: the shard files disagree")
     if first.kind == "ndarray" and first.shape and len({i.shape[0] for i in infos}) > 1:
-        return FieldInfo("ndarray", first.dtype, (None, *first.shape[1:]))
+        return FieldInfo("ndarray", first.dtype, (None, *first.shape[1:]), first.role)
     return first
 
 
@@ -219,9 +234,18 @@ def open_columns(files, metas, starts) -> dict[str, "Column"]:
     names = list(metas[0].get("fields", {})) if metas else []
     for f, meta in zip(files[1:], metas[1:]):
         if list(meta.get("fields", {})) != names:
-            raise ValueError(f"{f.path} has fields {list(meta.get('fields', {}))}, "
-                             f"{files[0].path} has {names}: the shard files disagree")
-    return {name: Column(name, [FileColumn(name, meta["fields"][name], f.file_view(), f.num_records, f.path)
-                                for f, meta in zip(files, metas)], starts)
-            for name in names}
-
+            raise ValueError(
+                f"{f.path} has fields {list(meta.get('fields', {}))}, "
+                f"{files[0].path} has {names}: the shard files disagree"
+            )
+    return {
+        name: Column(
+            name,
+            [
+                FileColumn(name, meta["fields"][name], f.file_view(), f.num_records, f.path)
+                for f, meta in zip(files, metas)
+            ],
+            starts,
+        )
+        for name in names
+    }

@@ -1,7 +1,8 @@
 """Record fields besides the image: their kinds, how a source's raw value becomes a field value
 (`parse_field_value`, the one place every source's values are checked), how a conversion
-streams a field into columnar blocks of the file (`ColumnWriter`, `Columns`); reading them back
-is `file/field_columns.py`.
+streams a field into columnar blocks of the file (`ColumnWriter`, `Columns`); the metadata a
+file holds for a field is checked in `file/field_meta.py`, and reading them back is
+`file/field_columns.py`.
 
 A field is `str` (UTF-8 text), `json` (any JSON value) or `ndarray` (numeric; one shape in
 every record: fixed; a first dimension that varies: ragged). In the file a fixed field is one
@@ -10,41 +11,53 @@ or JSON text bytes, or the rows of a ragged array back to back). The blocks lie 
 records where no index entry points (turboloader ignores them) and the dataset metadata's
 "fields" entry says where, with a CRC-32 of each.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import io
 import json
+import os
 import tempfile
 from array import array
 from typing import Any
 
 import numpy as np
 
-from tbljax import _core
 from tbljax._src.rules import contract
 from tbljax._src.rules.dataset import FIELD_KINDS, FieldInfo
+from tbljax._src.rules.errors import FieldError  # re-exported
+from tbljax._src.rules.errors import FieldsNotFound as FieldsNotFound
 from tbljax._src.rules.geometry import BOX_FORMATS, INTERPOLATIONS
 
-__all__ = ["COPY_BYTES", "FIELD_KINDS", "GEOMETRIC_ROLES", "Boxes", "ColumnWriter", "Columns", "DenseMap",
-           "FieldError", "FieldInfo", "Keypoints", "Mask", "check_field_meta", "info_of", "kind_for_extension",
-           "kind_of_value", "parse_field_value"]
+__all__ = [
+    "COPY_BYTES",
+    "FIELD_KINDS",
+    "GEOMETRIC_ROLES",
+    "Boxes",
+    "ColumnWriter",
+    "Columns",
+    "DenseMap",
+    "FieldError",
+    "FieldInfo",
+    "Keypoints",
+    "Mask",
+    "kind_for_extension",
+    "kind_of_value",
+    "parse_field_value",
+]
 
-BLOCK_ALIGN = 64        # a fixed field's (N, ...) view starts on a cache line
-COPY_BYTES = 16 << 20   # spill → file in pieces of this size: memory flat in the field's size
+BLOCK_ALIGN = 64  # a fixed field's (N, ...) view starts on a cache line
+COPY_BYTES = 16 << 20  # spill → file in pieces of this size: memory flat in the field's size
 # Names a batch or a record already uses (a mixture's batch holds "source").
 _RESERVED = ("image", "label", "index", "key", "mask", "valid", "source")
 
 
-class FieldError(ValueError):
-    """A record's value for a field is not of the field's kind (the record is skipped)."""
-
-
 def check_name(name: Any) -> str:
-    if not isinstance(name, str) or not name.isidentifier() or name in _RESERVED \
-            or name.endswith("_length"):
-        raise ValueError(f"field name {name!r} must be a Python identifier, not ending in "
-                         f"'_length' and not one of {list(_RESERVED)}")
+    if not isinstance(name, str) or not name.isidentifier() or name in _RESERVED or name.endswith("_length"):
+        raise ValueError(
+            f"field name {name!r} must be a Python identifier, not ending in '_length' and not one of {list(_RESERVED)}"
+        )
     return name
 
 
@@ -55,15 +68,44 @@ def kind_for_extension(ext: str) -> str:
     last = ext.lower().rsplit(".", 1)[-1]
     kinds = {"txt": "str", "json": "json", "npy": "ndarray", "png": "ndarray"}
     if last not in kinds:
-        raise ValueError(f"field extension {ext!r}: a field is read from a .txt (str), .json "
-                         "(json), .npy or .png (ndarray) member")
+        raise ValueError(
+            f"field extension {ext!r}: a field is read from a .txt (str), .json (json), .npy or .png (ndarray) member"
+        )
     return kinds[last]
 
 
 # ---- geometric fields: a field that follows the image (issue 48; rules/geometry.py) ----------
 
+
 @dataclasses.dataclass(frozen=True)
-class Mask:
+class _Declared:
+    """Where a geometric field is read from: `ext`, the TAR member's or sidecar file's extension
+    (img1.jpg + img1.mask.png); with `folder=`, of the file at the photo's relative path in that
+    parallel folder (VOC's JPEGImages/x.jpg + SegmentationClass/x.png); `key=`, the dict key,
+    Hugging Face column or TFDS feature (default: the field's name). `items.check_declared`."""
+
+    ext: str | None = None
+    key: str | None = dataclasses.field(default=None, kw_only=True)
+    folder: str | None = dataclasses.field(default=None, kw_only=True)
+
+    def __post_init__(self):
+        if isinstance(self.folder, os.PathLike):
+            object.__setattr__(self, "folder", os.fspath(self.folder))
+        bad = [
+            w
+            for w in ("ext", "key", "folder")
+            if getattr(self, w) is not None
+            and (not isinstance(getattr(self, w), str) or not getattr(self, w).strip("."))
+        ]
+        if bad or (self.folder is not None and self.ext is None) or (self.key is not None and self.ext is not None):
+            raise ValueError(
+                f"{type(self).__name__}({', '.join(bad) or 'ext, key, folder'}=): give ext= (a "
+                f"non-empty str), with folder= or not, or key= alone; got {self!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Mask(_Declared):
     """A label map that follows the image: resized by the nearest rule (labels never
     blended), `ignore` where the output has no source pixel. Read from a one-channel .png
     (mode L or P: uint8; I;16: uint16) or an (H, W) .npy of integers.
@@ -71,10 +113,10 @@ class Mask:
     >>> tbljax.convert("voc/", "voc.tbl", image_size=256, fields={"mask": tbljax.Mask("png", ignore=255)})
     """
 
-    ext: str
     ignore: int = 255
 
     def __post_init__(self):
+        super().__post_init__()
         if not contract.is_integer(self.ignore) or not 0 <= self.ignore < 1 << 16:
             raise ValueError(f"Mask(ignore=) must be an int in [0, 65535], got {self.ignore!r}")
 
@@ -83,18 +125,18 @@ class Mask:
 
 
 @dataclasses.dataclass(frozen=True)
-class DenseMap:
+class DenseMap(_Declared):
     """A dense map (depth, flow) that follows the image: interpolation "nearest" (the mask's
     rule) or "linear" (bilinear, float32), samples equal to `invalid` given no weight."""
 
-    ext: str
     interpolation: str = "nearest"
     invalid: float | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"DenseMap(interpolation=) must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
-        if self.invalid is not None and (isinstance(self.invalid, bool) or not isinstance(self.invalid, (int, float))):
+        if self.invalid is not None and not contract.is_real(self.invalid):
             raise ValueError(f"DenseMap(invalid=) must be a number or None, got {self.invalid!r}")
 
     def role(self) -> dict[str, Any]:
@@ -102,19 +144,23 @@ class DenseMap:
 
 
 @dataclasses.dataclass(frozen=True)
-class Boxes:
-    """Boxes that follow the image, given in `format` (xyxy, xywh, cxcywh; pixels of the
-    source image) as an (n, 4) array or a JSON list, or an object {"boxes": [...], "labels":
-    [...]}; stored as float32 xyxy at the record's geometry. labels: the name of a field that
-    gets each box's integer label (from the object's "labels")."""
+class Boxes(_Declared):
+    """Boxes that follow the image, in `format` (xyxy, xywh, cxcywh, yxyx: TFDS's order) in the
+    source's pixels (normalized=True: fractions of its width and height, as TFDS's BBoxFeature)
+    as an (n, 4) array or a JSON list, or {"boxes": [...], "labels": [...]}; stored float32 xyxy
+    at the record's geometry. labels: the name of a field for each box's integer label."""
 
-    ext: str
     format: str = "xyxy"  # noqa: A003 - torchvision's word
     labels: str | None = None
+    normalized: bool = False
 
     def __post_init__(self):
-        if self.format not in BOX_FORMATS:
-            raise ValueError(f"Boxes(format=) must be one of {BOX_FORMATS}, got {self.format!r}")
+        super().__post_init__()
+        if self.format not in BOX_FORMATS or not isinstance(self.normalized, bool):
+            raise ValueError(
+                f"Boxes(format=) must be one of {BOX_FORMATS} and normalized= True or False, got "
+                f"{self.format!r}, {self.normalized!r}"
+            )
         if self.labels is not None:
             check_name(self.labels)
 
@@ -123,15 +169,15 @@ class Boxes:
 
 
 @dataclasses.dataclass(frozen=True)
-class Keypoints:
+class Keypoints(_Declared):
     """Keypoints that follow the image: (K, 2|3) or (n, K, 2|3) as (x, y[, visibility]),
     K = len(flip_permutation); stored as float32 (n, K, 3), visibility 0 outside the record.
     flip_permutation: point k of a mirrored image is point flip_permutation[k] (left ↔ right)."""
 
-    ext: str
     flip_permutation: tuple[int, ...] = ()
 
     def __post_init__(self):
+        super().__post_init__()
         perm = tuple(self.flip_permutation)
         if not perm or sorted(perm) != list(range(len(perm))) or not all(contract.is_integer(k) for k in perm):
             raise ValueError(f"Keypoints(flip_permutation=) must be a permutation of 0..K-1, got {perm!r}")
@@ -165,7 +211,8 @@ def kind_of_value(value: Any) -> str:
     if isinstance(value, str):
         return "str"
     if isinstance(value, (np.ndarray, np.generic)) or (
-            hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape")):
+        hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape")
+    ):
         return "ndarray"
     return "json"
 
@@ -210,8 +257,10 @@ def parse_field_value(kind: str, raw: Any) -> Any:
         except (TypeError, ValueError) as e:
             raise FieldError(f"not an array ({e})") from None
     if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
-        raise FieldError(f"an ndarray field takes a numeric array (bool, int, uint, float), "
-                         f"got {getattr(arr, 'dtype', type(arr).__name__)}")
+        raise FieldError(
+            f"an ndarray field takes a numeric array (bool, int, uint, float), "
+            f"got {getattr(arr, 'dtype', type(arr).__name__)}"
+        )
     return arr
 
 
@@ -254,8 +303,9 @@ class ColumnWriter:
             self.lengths.append(data.shape[0] if data.ndim else 1)
             self.spill.write(memoryview(data.reshape(-1)).cast("B"))
             return
-        data = (value if self.kind == "str" else
-                json.dumps(value, ensure_ascii=False, separators=(",", ":"))).encode("utf-8")
+        data = (value if self.kind == "str" else json.dumps(value, ensure_ascii=False, separators=(",", ":"))).encode(
+            "utf-8"
+        )
         self.lengths.append(len(data))
         self.spill.write(data)
 
@@ -269,7 +319,7 @@ class ColumnWriter:
             meta["dtype"] = self.dtype.str
             fixed = self.ndim == 0 or len(np.unique(lengths)) <= 1
             first = int(lengths[0]) if len(lengths) and self.ndim else None
-            meta["shape"] = ([] if self.ndim == 0 else [first if fixed else None, *self.trail])
+            meta["shape"] = [] if self.ndim == 0 else [first if fixed else None, *self.trail]
             if self.ndim and first is None:  # no record at all: a ragged field of no rows
                 meta["shape"] = [None, *self.trail]
         else:
@@ -291,12 +341,14 @@ class Columns:
     fails: the record is skipped), `append` stores a written record's values, `write` puts the
     blocks and their metadata into the file. A context manager: the spill files go at exit."""
 
-    def __init__(self, kinds: dict[str, str], exts: dict[str, str], out_dir: str,
-                 roles: dict[str, dict[str, Any]] | None = None):
+    def __init__(
+        self, kinds: dict[str, str], exts: dict[str, str], out_dir: str, roles: dict[str, dict[str, Any]] | None = None
+    ):
         self.exts, self.roles = exts, dict(roles or {})  # roles: a geometric field's metadata
         self.kinds = kinds  # as the source holds them; a geometric field is stored as an ndarray
-        self.writers = {name: ColumnWriter(name, "ndarray" if name in self.roles else kind, out_dir)
-                        for name, kind in kinds.items()}
+        self.writers = {
+            name: ColumnWriter(name, "ndarray" if name in self.roles else kind, out_dir) for name, kind in kinds.items()
+        }
         self.found: set[str] = set()
 
     def parse(self, item: Any, transform: Any = None) -> dict[str, Any] | str:
@@ -337,13 +389,19 @@ class Columns:
         missing = [n for n in self.writers if n not in self.found]
         if missing and self.exts:
             n = missing[0]
-            raise FieldsNotFound(f"fields= names {n!r} = .{self.exts.get(n, '?')}, which no record has "
-                                 f"(no such member or sidecar file); {dst} was not written")
+            raise FieldsNotFound(
+                f"fields= names {n!r} = .{self.exts.get(n, '?')}, which no record has "
+                f"(no such member or sidecar file); {dst} was not written"
+            )
 
     def write(self, w: Any) -> None:
         if self.writers:
-            w.set_fields({name: {**col.write(w), **({"role": self.roles[name]} if name in self.roles else {})}
-                          for name, col in self.writers.items()})
+            w.set_fields(
+                {
+                    name: {**col.write(w), **({"role": self.roles[name]} if name in self.roles else {})}
+                    for name, col in self.writers.items()
+                }
+            )
 
     def __enter__(self) -> Columns:
         return self
@@ -351,76 +409,3 @@ class Columns:
     def __exit__(self, *exc: Any) -> None:
         for col in self.writers.values():
             col.close()
-
-
-class FieldsNotFound(ValueError):
-    """fields= names an extension that no record of the sources has."""
-
-
-def info_of(meta: dict[str, Any]) -> FieldInfo:
-    dtype = np.dtype(meta["dtype"]) if meta.get("dtype") else None
-    return FieldInfo(meta["kind"], dtype, tuple(meta["shape"]))
-
-
-def check_field_meta(name: Any, meta: Any, path: str) -> None:
-    """CorruptFileError naming the field when its metadata is not what `ColumnWriter.write`
-    gives (the JSON comes from the file)."""
-    def bad(want: str) -> None:
-        raise _core.CorruptFileError(f"{path}: field {name!r} metadata must be {want}, got "
-                                     f"{json.dumps(meta)[:120]}")
-
-    try:
-        check_name(name)
-    except ValueError as e:  # a name the batch or the record already uses would replace it
-        raise _core.CorruptFileError(f"{path}: {e}") from None
-    if not isinstance(meta, dict) or meta.get("kind") not in FIELD_KINDS:
-        bad(f"an object whose kind is one of {list(FIELD_KINDS)}")
-    shape = meta.get("shape")
-    if not isinstance(shape, list) or not all(
-            s is None or (isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 40) for s in shape) \
-            or None in shape[1:] or len(shape) > 32:
-        bad("an object whose shape is a list of at most 32 sizes below 2**40 (None only first)")
-    if meta["kind"] == "ndarray":
-        dt = None
-        if isinstance(meta.get("dtype"), str):
-            try:
-                dt = np.dtype(meta["dtype"])
-            except TypeError:
-                pass
-        if dt is None or dt.kind not in "biuf" or dt.itemsize > 8:
-            bad("an object whose dtype is a numeric NumPy dtype string (bool, int, uint, float)")
-        row = [s for s in shape if s is not None]
-        if np.prod(row, dtype=np.float64) * dt.itemsize >= 1 << 62:  # sizes multiply past int64
-            bad("an object whose shape holds fewer than 2**62 bytes")
-    elif shape or meta.get("dtype") is not None:
-        bad("an object whose str/json field has dtype null and shape []")
-    blocks = ["values"] + ([] if meta["kind"] == "ndarray" and shape[:1] != [None] else ["offsets"])
-    for b in blocks:
-        blk = meta.get(b)
-        if not (isinstance(blk, dict) and all(isinstance(blk.get(k), int) and blk[k] >= 0
-                                              for k in ("offset", "bytes", "crc32"))):
-            bad(f"an object whose {b!r} is {{'offset', 'bytes', 'crc32'}} integers")
-    if "role" in meta:
-        _check_role(meta, bad)
-
-
-def _check_role(meta: dict[str, Any], bad: Any) -> None:
-    """A geometric field's role (`Mask.role()` and the others, or the boxes' labels) agrees
-    with its kind, dtype and shape."""
-    role, shape = meta["role"], meta["shape"]
-    name = role.get("role") if isinstance(role, dict) else None
-    if name not in (*GEOMETRIC_ROLES, "box_labels") or meta["kind"] != "ndarray":
-        bad(f"an ndarray field whose role is one of {[*GEOMETRIC_ROLES, 'box_labels']}")
-    perm = role.get("flip_permutation")
-    ok = {
-        "mask": lambda: contract.is_integer(role.get("ignore")) and np.dtype(meta["dtype"]).kind in "biu"
-        and len(shape) in (1, 2),
-        "dense": lambda: role.get("interpolation") in INTERPOLATIONS and len(shape) in (1, 2, 3),
-        "boxes": lambda: role.get("format") == "xyxy" and shape[1:] == [4]
-        and (role.get("labels") is None or isinstance(role.get("labels"), str)),
-        "keypoints": lambda: isinstance(perm, list) and sorted(perm) == list(range(len(perm)))
-        and shape[1:] == [len(perm), 3],
-        "box_labels": lambda: isinstance(role.get("of"), str) and len(shape) == 1,
-    }[name]
-    if not ok():
-        bad(f"a {name} field as a conversion writes it (see docs/reference.md, 'Geometric fields')")

@@ -5,9 +5,11 @@ Reading a file is `datasets/reader.py`'s job.
 
 The byte layout, validation and checksums live in the C++ core (`ffi/core/tbl_format.*`).
 """
+
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import os
 from collections.abc import Sequence
@@ -16,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
+from tbljax._src.file.field_meta import check_field_meta
 from tbljax._src.rules.contract import DEFAULT_RESIZE, MAX_SIDE, RESIZE_MODES, is_integer
-from tbljax._src.file.fields import check_field_meta
+from tbljax._src.rules.errors import shown
 
 FORMATS: dict[str, int] = dict(_core.FORMATS)
 FORMAT_NAMES: dict[int, str] = {v: k for k, v in FORMATS.items()}
@@ -39,10 +42,35 @@ def stored_entry(compact: bool) -> dict[str, str]:
     """The recipe's "stored" entry for records that are compact or the source's bytes."""
     return {STORED_KEY: STORED_RESIZED if compact else STORED_ORIGINAL}
 
+
+# The recipe's keys about the run, not the data (left out of `Dataset.fingerprint`): `shard` and
+# the per-part statistics (`source_sizes`, `label_errors` counts) differ between the parts of a
+# `convert --shard i/n` job and the single-job file, whose records and labels are the same.
+RUN_KEYS = frozenset({"created", "sources", "tbljax", "shard", "source_sizes", "label_errors"})
+
+
+def run_entries(sources: Any, **run: Any) -> dict[str, Any]:
+    """The recipe's entries about the run that writes it: where from (`sources`), by which
+    tbljax and when (UTC), and `run`'s (shard, per-part statistics), each one of `RUN_KEYS`."""
+    unknown = set(run) - RUN_KEYS
+    if unknown:  # a new one belongs in RUN_KEYS, or the fingerprint would change with the run
+        raise ValueError(f"{sorted(unknown)} are not recipe run keys ({sorted(RUN_KEYS)})")
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return {"sources": sources, **run, "tbljax": _core.native_info()["version"], "created": created}
+
+
 # The 24-byte index entry as a numpy structured dtype (little-endian, packed).
 INDEX_DTYPE = np.dtype(
-    [("offset", "<u8"), ("size", "<u4"), ("uncompressed_size", "<u4"), ("width", "<u2"),
-     ("height", "<u2"), ("format", "u1"), ("flags", "u1"), ("crc16", "<u2")]
+    [
+        ("offset", "<u8"),
+        ("size", "<u4"),
+        ("uncompressed_size", "<u4"),
+        ("width", "<u2"),
+        ("height", "<u2"),
+        ("format", "u1"),
+        ("flags", "u1"),
+        ("crc16", "<u2"),
+    ]
 )
 assert INDEX_DTYPE.itemsize == _core.INDEX_ENTRY_BYTES
 
@@ -67,14 +95,14 @@ def check_metadata(meta: dict[str, Any], n: int, path: str) -> None:
     Writer gives it: the JSON comes from the file, so it is as untrusted as its bytes."""
 
     def bad(field: str, want: str) -> None:
-        raise _core.CorruptFileError(f"{path}: dataset metadata field {field!r} must be {want}, "
-                                     f"got {json.dumps(meta[field])[:80]}")
+        raise _core.CorruptFileError(
+            f"{path}: dataset metadata field {field!r} must be {want}, got {shown(json.dumps(meta[field]), 80)}"
+        )
 
     labels = meta.get("labels")
     if labels is not None:
         dtype = labels.get("dtype", "<i8") if isinstance(labels, dict) else None
-        if not (isinstance(labels, dict) and isinstance(labels.get("base64"), str)
-                and dtype in LABEL_DTYPES):
+        if not (isinstance(labels, dict) and isinstance(labels.get("base64"), str) and dtype in LABEL_DTYPES):
             bad("labels", f"{{'dtype': one of {sorted(LABEL_DTYPES)}, 'base64': str}}")
         try:
             decode_labels(labels, n, path)
@@ -93,8 +121,7 @@ def check_metadata(meta: dict[str, Any], n: int, path: str) -> None:
         if not isinstance(recipe, dict):
             bad("recipe", "an object")
         size = recipe.get("image_size")
-        if size is not None and (not is_integer(size)
-                                 or not 1 <= size <= MAX_SIDE):
+        if size is not None and (not is_integer(size) or not 1 <= size <= MAX_SIDE):
             bad("recipe", f"an object whose image_size is an integer in [1, {MAX_SIDE}]")
         if recipe.get("resize", DEFAULT_RESIZE) not in RESIZE_MODES:
             bad("recipe", f"an object whose resize is one of {list(RESIZE_MODES)}")
@@ -136,8 +163,7 @@ class Writer:
     """
 
     def __init__(self, dst: PathLike, capacity: int, *, overwrite: bool = False):
-        if not is_integer(capacity) \
-                or not 0 <= capacity <= 1 << 40:
+        if not is_integer(capacity) or not 0 <= capacity <= 1 << 40:
             raise ValueError(f"capacity must be an integer in [0, 2**40], got {capacity!r}")
         self.dst = as_path(dst)
         self._w = _core.TblWriter(self.dst, int(capacity), bool(overwrite))
@@ -182,16 +208,20 @@ class Writer:
         """The record fields' metadata (`fields.ColumnWriter.write` gives each)."""
         self._meta["fields"] = dict(fields)
 
-    def set_metadata(self, *, labels: Sequence[int] | np.ndarray | None = None,
-                     keys: Sequence[str] | None = None, classes: Sequence[str] | None = None,
-                     recipe: dict[str, Any] | None = None,
-                     skipped: Sequence[dict[str, str]] | None = None) -> None:
+    def set_metadata(
+        self,
+        *,
+        labels: Sequence[int] | np.ndarray | None = None,
+        keys: Sequence[str] | None = None,
+        classes: Sequence[str] | None = None,
+        recipe: dict[str, Any] | None = None,
+        skipped: Sequence[dict[str, str]] | None = None,
+    ) -> None:
         """Dataset metadata stored in one block, read back in O(1) at open."""
         if labels is not None:
             arr = np.asarray(labels)
             if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-                raise ValueError(f"labels must be a 1-D sequence of integers, got {arr.dtype} of "
-                                 f"shape {arr.shape}")
+                raise ValueError(f"labels must be a 1-D sequence of integers, got {arr.dtype} of shape {arr.shape}")
             self._meta["labels"] = arr.astype(np.int64)
         if keys is not None:
             self._meta["keys"] = [str(k) for k in keys]
@@ -260,10 +290,10 @@ def scan_sample_metadata(f: Any) -> tuple[np.ndarray, list[str] | None]:
     sec = f.metadata_section()
     pos, hdr = 0, _core.META_BLOCK_HEADER_BYTES
     while pos + hdr <= len(sec):
-        sample = int.from_bytes(sec[pos:pos + 8], "little")
-        size = int.from_bytes(sec[pos + 8:pos + 12], "little")
-        mtype = int.from_bytes(sec[pos + 12:pos + 14], "little")
-        payload = sec[pos + hdr:pos + hdr + size]
+        sample = int.from_bytes(sec[pos : pos + 8], "little")
+        size = int.from_bytes(sec[pos + 8 : pos + 12], "little")
+        mtype = int.from_bytes(sec[pos + 12 : pos + 14], "little")
+        payload = sec[pos + hdr : pos + hdr + size]
         if len(payload) != size:
             raise _core.CorruptFileError(f"{f.path}: metadata block at byte {pos} runs past the section end")
         pos += hdr + size
@@ -277,8 +307,9 @@ def scan_sample_metadata(f: Any) -> tuple[np.ndarray, list[str] | None]:
             lab = obj.get("label", obj.get("cls"))
             if is_integer(lab):
                 if not -(1 << 63) <= lab < 1 << 63:
-                    raise _core.CorruptFileError(f"{f.path}: metadata of record {sample}: label "
-                                                 f"{lab} does not fit in int64")
+                    raise _core.CorruptFileError(
+                        f"{f.path}: metadata of record {sample}: label {lab} does not fit in int64"
+                    )
                 labels[sample] = lab
             key = obj.get("key", obj.get("__key__"))
             if isinstance(key, str):

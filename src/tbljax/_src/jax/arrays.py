@@ -7,6 +7,7 @@ jax.Array reads the ring's memory, and XLA keeps a reference to the NumPy array 
 any buffer aliases it; on GPU/TPU until the host-to-device copy has finished. The ring
 (`engine/ring.py`) counts those references before it reuses a slot.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,8 +42,10 @@ def _overflow(values: np.ndarray, to: np.dtype) -> int | None:
 
 
 def _way_out(name: str) -> str:
-    return (f"enable 64-bit JAX (jax.config.update('jax_enable_x64', True)), leave the field out "
-            f"with fields=, or make it fit with field_fn={{{name!r}: ...}}")
+    return (
+        f"enable 64-bit JAX (jax.config.update('jax_enable_x64', True)), leave the field out "
+        f"with fields=, or make it fit with field_fn={{{name!r}: ...}}"
+    )
 
 
 def check_fields_fit(ds, names, what: str) -> None:
@@ -56,13 +59,18 @@ def check_fields_fit(ds, names, what: str) -> None:
             continue
         for lo in range(0, len(ds), _CHECK_ROWS):
             got = ds.field_rows(name, np.arange(lo, min(lo + _CHECK_ROWS, len(ds))))
-            vals = got if isinstance(got, np.ndarray) else np.concatenate(
-                [np.asarray(v).reshape(-1) for v in got] or [np.zeros(0, infos[name].dtype)])
+            vals = (
+                got
+                if isinstance(got, np.ndarray)
+                else np.concatenate([np.asarray(v).reshape(-1) for v in got] or [np.zeros(0, infos[name].dtype)])
+            )
             bad = _overflow(vals, to)
             if bad is not None:
-                raise ValueError(f"{what}: field {name!r} of {ds!r} holds {bad}, which does not fit "
-                                 f"{to}, the type JAX holds {infos[name].dtype} in without 64-bit "
-                                 f"mode: {_way_out(name)}")
+                raise ValueError(
+                    f"{what}: field {name!r} of {ds!r} holds {bad}, which does not fit "
+                    f"{to}, the type JAX holds {infos[name].dtype} in without 64-bit "
+                    f"mode: {_way_out(name)}"
+                )
 
 
 def check_fits(name: str, pieces, where: str) -> None:
@@ -74,8 +82,10 @@ def check_fits(name: str, pieces, where: str) -> None:
     for p in pieces:
         bad = _overflow(p, to)
         if bad is not None:
-            raise ValueError(f"field {name!r} holds {bad} {where}, which does not fit {to}, the type "
-                             f"JAX holds {p.dtype} in without 64-bit mode: {_way_out(name)}")
+            raise ValueError(
+                f"field {name!r} holds {bad} {where}, which does not fit {to}, the type "
+                f"JAX holds {p.dtype} in without 64-bit mode: {_way_out(name)}"
+            )
 
 
 def to_global(rows: RowLayout, pieces, row_shape=()):

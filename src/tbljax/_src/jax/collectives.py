@@ -3,6 +3,7 @@ and count (`host_part`'s default), the exchange of a row among the processes tha
 ``partition="host"`` passes to `datasets/host_part.py`, and jax.numpy's while loop for the
 array code of `rules/order.py`. jax is imported when these are called, so `import tbljax`
 stays quick; the loop is registered with `rules/order.py` when this module is imported."""
+
 from __future__ import annotations
 
 import numpy as np

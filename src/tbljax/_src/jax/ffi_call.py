@@ -1,14 +1,15 @@
 """The gather as an XLA FFI custom call: the operands and attributes of ffi/xla/gather_call.h,
 and the shard_map typing the call cannot state itself."""
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tbljax._src.rules import contract
 from tbljax._src.jax.packed import PackedRecords
 from tbljax._src.jax.registration import PACKED_TARGET, TARGET
+from tbljax._src.rules import contract
 
 __all__ = ["ffi_gather"]
 
@@ -27,10 +28,10 @@ def ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, out_size, d
     if out is not None:  # write into the caller's (donated) buffer, not a fresh allocation
         aliases = {len(operands): 0}
         operands.append(out)
-    call = jax.ffi.ffi_call(PACKED_TARGET if packed else TARGET, result, vmap_method="sequential",
-                            input_output_aliases=aliases)
-    y = call(*operands, mean=np.asarray(mean, np.float64), std=np.asarray(std, np.float64),
-             layout=layout)
+    call = jax.ffi.ffi_call(
+        PACKED_TARGET if packed else TARGET, result, vmap_method="sequential", input_output_aliases=aliases
+    )
+    y = call(*operands, mean=np.asarray(mean, np.float64), std=np.asarray(std, np.float64), layout=layout)
     # Under shard_map the rows vary over the batch axes as the indices do. ffi_call cannot say
     # so, and lax.platform_dependent needs the FFI and twin branches typed alike.
     axes = tuple(sorted(_varying(indices) - _varying(y)))

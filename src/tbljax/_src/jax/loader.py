@@ -10,21 +10,20 @@ Example:
     ...     if step % 1000 == 0:
     ...         save(state, loader.state_dict())   # {version, seed, epoch, position, fingerprint}
 """
+
 from __future__ import annotations
 
 import functools
 
+from tbljax._src.datasets import opening, reader
+from tbljax._src.engine.host_loader import HostLoader
+from tbljax._src.engine.plan import HostBatch
 from tbljax._src.engine.rows import RowLayout
 from tbljax._src.jax import collectives
-from tbljax._src.jax.arrays import check_fields_fit, check_fits, to_global
-from tbljax._src.datasets import opening
-from tbljax._src.rules.parts import Parts
-from tbljax._src.datasets import reader
 from tbljax._src.jax import sharding as _sharding
-from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
-from tbljax._src.engine.host_loader import HostLoader
-from tbljax._src.rules.options import LoaderOptions
-from tbljax._src.engine.plan import HostBatch
+from tbljax._src.jax.arrays import check_fields_fit, check_fits, to_global
+from tbljax._src.rules.options import LoaderOptions, front_end
+from tbljax._src.rules.parts import Parts
 
 __all__ = ["Loader", "loader", "to_jax"]
 
@@ -33,13 +32,17 @@ def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
     """The JAX layer: a HostBatch → (a dict of global jax.Arrays, no copy on CPU; the arrays
     in it that view the ring slot)."""
     row_shape = host.images[0].shape[1:]  # the batch's own: a size schedule changes it
-    result = {"image": to_global(rows, host.images, row_shape),
-              "label": to_global(rows, host.labels),
-              "index": to_global(rows, host.indices)}
+    result = {
+        "image": to_global(rows, host.images, row_shape),
+        "label": to_global(rows, host.labels),
+        "index": to_global(rows, host.indices),
+    }
     if host.valids is not None:
         result["valid"] = to_global(rows, host.valids)
     if host.sources is not None:  # a mixture: which source each row came from
         result["source"] = to_global(rows, host.sources)
+    if host.repeats is not None:  # repeats > 1: which repeat of its record each row is
+        result["repeat"] = to_global(rows, host.repeats)
     for name, pieces in host.fields.items():  # placed and sharded like label
         check_fits(name, pieces, f"at epoch {host.epoch}, position {host.position}")  # a field_fn's
         result[name] = to_global(rows, pieces, pieces[0].shape[1:])
@@ -50,7 +53,8 @@ def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
 class Loader(HostLoader):
     """Serves a dataset to JAX as sharded global batches. Create it with `tbljax.loader`.
 
-    Iterating yields ``{"image", "label", "index"}`` (+ ``"valid"`` without drop_remainder),
+    Iterating yields ``{"image", "label", "index"}`` (+ ``"valid"`` without drop_remainder,
+    ``"repeat"`` with repeats > 1),
     each a global `jax.Array` whose leading axis is the global batch. Iteration starts at the
     loader's cursor (epoch, position) and runs to the end of epoch ``num_epochs - 1`` (or
     forever). Iterating again after a pass that ran to its end starts over at epoch 0 (an
@@ -79,39 +83,18 @@ class Loader(HostLoader):
         return functools.partial(to_jax, self._global_rows)
 
 
-def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = True,
-           num_epochs: int | None = None, sharding=None, dtype="float32", layout: str = "NHWC",
-           mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=None, drop_remainder: bool = True,
-           prefetch: int = 2, threads: int | None = None, read_ahead: int = 2,
-           partition: str | None = None, jpeg_dct_scale: bool = False, fields="all",
-           field_fn: dict | None = None, pad: dict | None = None,
-           verify_records: bool = False) -> Loader:
+@front_end("tbljax.loader")
+def loader(path_or_paths, *, sharding=None, partition: str | None = None, **options) -> Loader:
     """Serves a TBL dataset to JAX as sharded global batches.
 
     Args:
       path_or_paths: a TBL file, a list of shard files read as one dataset, or an open
         `tbljax.Dataset`.
-      batch_size: the global batch G over all processes; it must split evenly over the batch
-        shards of `sharding`. Step s of an epoch holds shuffled positions [s*G, (s+1)*G).
-      seed, shuffle: the order of epoch e is a fixed bijection of (seed, e); shuffle=False
-        serves samples in file order.
-      num_epochs: None to iterate forever, or the number of epochs to serve.
+      batch_size, seed, ...: the loader options: see `tbljax.LoaderOptions`. batch_size is the
+        global batch G over all processes; it must split evenly over the batch shards of
+        `sharding`.
       sharding: None (batch axis over all devices), a `Mesh` or a `NamedSharding` that
         partitions only the leading axis. Each process builds only its devices' rows.
-      dtype: "float32", "bfloat16" (normalized with mean/std) or "uint8" (raw pixels).
-      layout: "NHWC" or "NCHW".
-      mean, std: per-channel, on the 0..1 scale: value = (x/255 - mean) / std.
-      augment: None, "flip", "rrc_flip" or an `Augment`; a sample's crop and flip depend only
-        on (seed, epoch, sample index).
-      drop_remainder: True drops the last partial batch; False pads it (index and label -1,
-        zero image) and adds a bool `valid` mask, so every sample is served exactly once.
-      prefetch: batches prepared ahead of the consumer.
-      threads: threads for decoding non-RAW records (None: the pool's default).
-      read_ahead: RAW and compact files: steps whose records are requested from the disk
-        before the kernel reads them (posix_fadvise WILLNEED into the page cache), so an epoch
-        larger than the page cache runs at the disk's random-read speed; a cold file that fits
-        in half the available memory is also requested whole, front to back, in the
-        background (when this process reads all of it); 0 turns both off.
       partition: None (every process serves rows drawn from the whole dataset, the global
         order) or "host": each process opens and reads only its own part (its block of the
         shard files by `tbljax.host_part`, or of the records of a single file),
@@ -122,45 +105,22 @@ def loader(path_or_paths, batch_size: int, *, seed: int = 0, shuffle: bool = Tru
         paths (other parts' files may be absent), or a `tbljax.mix` of such lists (each
         process reads its part of every source). Every process must create the loader: the
         processes exchange their parts' sizes once. See docs/pods.md.
-      jpeg_dct_scale: compact JPEG files: decode a box at 1/2, 1/4 or 1/8 (libjpeg's scaled
-        IDCT) when at that scale it still covers the output twice over on both axes, then
-        resize from there: faster for small outputs of large records, not bit-identical to
-        the default exact path (benchmarks/README.md measures both).
-      fields: the record fields served beside the image: "all" (default), None, or a list of
-        names. A fixed ndarray field is ``batch[name]``, a global array (B, *shape) placed like
-        label (zeros on padding rows); a ragged one is cut or zero-padded to ``pad[name]`` rows,
-        with ``batch[name + "_length"]`` (the true length; 0 on padding rows); a str/json
-        field is a Python list of this process's rows, in the order of its image rows ("" /
-        None on padding rows).
-      field_fn: {name: fn}: fn gets this process's values of the field for the batch (the
-        list, or the array) in the producer thread and returns an array (rows, ...), served
-        like a fixed field: a tokenizer's batch encode, a multi-hot of tags. An exception in
-        it reaches the consumer naming the field and the step.
-      pad: {name: length} for ragged fields (required for each ragged field served without a
-        field_fn).
-      verify_records: check each record's CRC-16 (the check `tbljax verify` makes) as it is
-        served, and raise `tbljax.CorruptFileError` naming the file and record before a batch
-        holding a damaged one is handed out. Opening a file checks its header and index, not
-        every payload; RAW and compact records are otherwise served unchecked (LZ4 and
-        original-bytes JPEG records are always checked). Its cost is measured in
-        benchmarks/README.md ("Checking records as they are served").
 
     >>> loader = tbljax.loader("val.tbl", batch_size=500, shuffle=False, num_epochs=1,
     ...                        drop_remainder=False)
     >>> correct = sum(int(((predict(b["image"]) == b["label"]) & b["valid"]).sum())
     ...               for b in loader)
     """
-    opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle,
-                         num_epochs=num_epochs, dtype=dtype, layout=layout, mean=mean, std=std,
-                         augment=augment, drop_remainder=drop_remainder, prefetch=prefetch,
-                         threads=threads, read_ahead=read_ahead, jpeg_dct_scale=jpeg_dct_scale,
-                         fields=fields, field_fn=field_fn, pad=pad, verify_records=verify_records)
+    opts = LoaderOptions(**options)
     if partition is None:
         return Loader(reader.as_dataset(path_or_paths), opts, sharding)
     if partition != "host":
-        raise ValueError(f"partition must be None (rows from the whole dataset) or 'host' (each "
-                         f"process reads only its own part), got {partition!r}")
+        raise ValueError(
+            f"partition must be None (rows from the whole dataset) or 'host' (each "
+            f"process reads only its own part), got {partition!r}"
+        )
     rank, world_size = collectives.process()
-    dataset, parts = opening.open_host_part(path_or_paths, batch_size, rank, world_size,
-                                            collectives.process_allgather)
+    dataset, parts = opening.open_host_part(
+        path_or_paths, opts.batch_size, rank, world_size, collectives.process_allgather
+    )
     return Loader(dataset, opts, sharding, parts=parts)

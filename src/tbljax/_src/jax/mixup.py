@@ -2,6 +2,7 @@
 device mixing its own rows (partners within the device, as big_vision does under `shard_map`):
 no cross-device traffic. The arithmetic is the rule's, so the host path (`rules.mixup.mix`, the
 torch and MLX loaders) gives the same bits."""
+
 from __future__ import annotations
 
 import functools
@@ -11,16 +12,28 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tbljax._src.rules import mixup as rule
 from tbljax._src.jax.partitioning import batch_spec
+from tbljax._src.rules import mixup as rule
 
 __all__ = ["mixup_cutmix"]
 
 
-def mixup_cutmix(images, labels, *, seed: int, step, num_classes: int, mixup_alpha: float = 0.8,
-                 cutmix_alpha: float = 1.0, prob: float = 1.0, switch_prob: float = 0.5,
-                 label_smoothing: float = 0.1, mode: str = "batch", layout: str = "NHWC",
-                 sharding=None):
+def mixup_cutmix(
+    images,
+    labels,
+    *,
+    seed: int,
+    step,
+    num_classes: int,
+    mixup_alpha: float = 0.8,
+    cutmix_alpha: float = 1.0,
+    prob: float = 1.0,
+    switch_prob: float = 0.5,
+    label_smoothing: float = 0.1,
+    mode: str = "batch",
+    layout: str = "NHWC",
+    sharding=None,
+):
     """(images mixed, soft labels float32 (B, num_classes)): timm's ``Mixup`` on a batch, inside
     or outside `jax.jit`, keyed by (seed, step) so a resumed run mixes the same pairs.
 
@@ -50,8 +63,15 @@ def mixup_cutmix(images, labels, *, seed: int, step, num_classes: int, mixup_alp
             return loss(params, images, targets)
     """
     rule.check_seed(seed)
-    m = rule.Mixup(num_classes=num_classes, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha,
-                   prob=prob, switch_prob=switch_prob, label_smoothing=label_smoothing, mode=mode)
+    m = rule.Mixup(
+        num_classes=num_classes,
+        mixup_alpha=mixup_alpha,
+        cutmix_alpha=cutmix_alpha,
+        prob=prob,
+        switch_prob=switch_prob,
+        label_smoothing=label_smoothing,
+        mode=mode,
+    )
     images, labels = jnp.asarray(images), jnp.asarray(labels)
     step = _checked_step(step)
     placement = _placement(images, sharding)
@@ -71,14 +91,14 @@ def mixup_cutmix(images, labels, *, seed: int, step, num_classes: int, mixup_alp
 def _compiled(m: rule.Mixup, seed: int, layout: str, placement):
     """The op as one jitted function per configuration (inlined into an enclosing jit; outside
     one it spares a sharded batch `shard_map`'s op-by-op dispatch)."""
+
     def body(x, y, s):
         return rule.mix_block(m, x, y, seed=seed, step=s, layout=layout, xp=jnp)
 
     if placement is None:
         return jax.jit(body)
     mesh, spec = placement
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, PartitionSpec()),
-                                 out_specs=(spec, spec)))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, PartitionSpec()), out_specs=(spec, spec)))
 
 
 def _checked_step(step):

@@ -17,6 +17,7 @@ Example:
     >>> step(data, jnp.arange(8)).shape
     (8, 32, 32, 3)
 """
+
 from __future__ import annotations
 
 import jax
@@ -24,12 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.rules import contract
+from tbljax._src.jax.ffi_call import ffi_gather
 from tbljax._src.jax.packed import PackedRecords, check_packed
+from tbljax._src.jax.partitioning import batch_spec, follow_indices, shard_map_rows
 from tbljax._src.jax.registration import handler_platforms
 from tbljax._src.jax.twin import normalization_table, out_dtype, twin_gather
-from tbljax._src.jax.ffi_call import ffi_gather
-from tbljax._src.jax.partitioning import batch_spec, follow_indices, shard_map_rows
+from tbljax._src.rules import contract
 
 __all__ = ["BACKENDS", "gather_normalize"]
 
@@ -42,9 +43,21 @@ def _is_concrete(x) -> bool:
     return not isinstance(x, jax.Array) or x.is_fully_addressable
 
 
-def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
-                     layout: str = "NHWC", crop=None, flip=None, out_size=None,
-                     backend: str = "auto", sharding=None, out=None):
+def gather_normalize(
+    data,
+    indices,
+    *,
+    mean=None,
+    std=None,
+    dtype=jnp.float32,
+    layout: str = "NHWC",
+    crop=None,
+    flip=None,
+    out_size=None,
+    backend: str = "auto",
+    sharding=None,
+    out=None,
+):
     """``data[indices]`` → optional crop-resize → optional flip → normalize, inside `jax.jit`.
 
     The same fused pass as `tbljax.kernels.gather` (and the loader), as a traceable JAX
@@ -109,8 +122,7 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
     contract.check_unnormalized(out_dt.name, mean, std)
     mean_v, std_v = contract.normalization(mean, std)
     packed = isinstance(data, PackedRecords)
-    oh, ow = contract.output_size(hw if not packed else out_size, out_size,
-                                  cropped=crop is not None)
+    oh, ow = contract.output_size(hw if not packed else out_size, out_size, cropped=crop is not None)
     crop = _checked_crop(crop, batch, data, hw, host_idx, (oh, ow))
     if flip is not None:
         flip = jnp.asarray(flip)
@@ -119,8 +131,7 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
 
     shape = (batch, *contract.row_shape(layout, oh, ow))
     if out is not None and (tuple(out.shape) != shape or out.dtype != out_dt):
-        raise ValueError(f"out must be {out_dt} of shape {shape}, got {out.dtype} of shape "
-                         f"{tuple(out.shape)}")
+        raise ValueError(f"out must be {out_dt} of shape {shape}, got {out.dtype} of shape {tuple(out.shape)}")
     if batch == 0:
         return jnp.zeros(shape, out_dt)
 
@@ -129,8 +140,9 @@ def gather_normalize(data, indices, *, mean=None, std=None, dtype=jnp.float32,
     table = None
     if out_dt != np.uint8 and backend != "ffi":
         table = jnp.asarray(normalization_table(mean_v, std_v, out_dt))
-    body = _body(backend, data.max_side if packed else None, (oh, ow), layout,
-                 dict(mean=mean_v, std=std_v, dtype=out_dt))
+    body = _body(
+        backend, data.max_side if packed else None, (oh, ow), layout, dict(mean=mean_v, std=std_v, dtype=out_dt)
+    )
     args = ((data.pages, data.table) if packed else (data, None)) + (indices, crop, flip, out, table)
     if sharding is not None:
         mesh, spec = batch_spec(sharding)
@@ -143,14 +155,18 @@ def _checked_records(data, crop, out_size):
     if isinstance(data, PackedRecords):
         check_packed(data)
         if crop is None or out_size is None:
-            raise ValueError("the records differ in size: the output size is fixed only by crop "
-                             "boxes and out_size (e.g. augment=tbljax.Augment(size=(224, 224)))")
+            raise ValueError(
+                "the records differ in size: the output size is fixed only by crop "
+                "boxes and out_size (e.g. augment=tbljax.Augment(size=(224, 224)))"
+            )
         return data, len(data), (None, None)
     if not hasattr(data, "shape") or not hasattr(data, "dtype"):
         data = jnp.asarray(data)
     if data.dtype != np.uint8 or data.ndim != 4 or data.shape[3] != 3 or 0 in data.shape[:3]:
-        raise ValueError(f"data must be a non-empty uint8 array of shape (N, H, W, 3) or "
-                         f"PackedRecords, got {data.dtype} of shape {tuple(data.shape)}")
+        raise ValueError(
+            f"data must be a non-empty uint8 array of shape (N, H, W, 3) or "
+            f"PackedRecords, got {data.dtype} of shape {tuple(data.shape)}"
+        )
     n, h, w, _ = (int(v) for v in data.shape)
     return data, n, (h, w)
 
@@ -173,13 +189,12 @@ def _checked_crop(crop, batch, data, hw, host_idx, out_hw):
         _core.check_crops(contract.crop_boxes(crop, batch), *hw, oh, ow)
     elif _is_concrete(crop) and host_idx is not None and _is_concrete(data.table):
         dims = np.asarray(data.table)[host_idx]
-        _core.check_crops_per_record(contract.crop_boxes(crop, batch),
-                                     np.ascontiguousarray(dims[:, 1]),
-                                     np.ascontiguousarray(dims[:, 2]), oh, ow)
+        _core.check_crops_per_record(
+            contract.crop_boxes(crop, batch), np.ascontiguousarray(dims[:, 1]), np.ascontiguousarray(dims[:, 2]), oh, ow
+        )
     crop = jnp.asarray(crop)
     if crop.shape != (batch, 4) or not jnp.issubdtype(crop.dtype, jnp.integer):
-        raise ValueError(f"crop must be ({batch}, 4) integers, got {crop.dtype} of shape "
-                         f"{tuple(crop.shape)}")
+        raise ValueError(f"crop must be ({batch}, 4) integers, got {crop.dtype} of shape {tuple(crop.shape)}")
     return crop.astype(jnp.int32)
 
 
@@ -187,18 +202,17 @@ def _body(backend, max_side, out_size, layout, normalization):
     """The per-device body over the seven operands (data, table of packed records, indices,
     crop, flip, out, normalization table): the twin, the FFI call, or (auto) the FFI call on
     the platforms with a handler and the twin elsewhere, decided when the program is lowered."""
+
     def records(d, r):
         return d if r is None else PackedRecords(d, r, max_side)
 
     def twin(d, r, i, c, f, o, t):
         del o
-        return twin_gather(records(d, r), i, crop=c, flip=f, out_size=out_size, table=t,
-                           layout=layout)
+        return twin_gather(records(d, r), i, crop=c, flip=f, out_size=out_size, table=t, layout=layout)
 
     def ffi(d, r, i, c, f, o, t):
         del t
-        return ffi_gather(records(d, r), i, c, f, o, layout=layout, out_size=out_size,
-                          **normalization)
+        return ffi_gather(records(d, r), i, c, f, o, layout=layout, out_size=out_size, **normalization)
 
     if backend == "twin":
         return twin
@@ -206,7 +220,6 @@ def _body(backend, max_side, out_size, layout, normalization):
         return ffi
 
     def auto(*args):
-        return jax.lax.platform_dependent(*args, default=twin,
-                                          **{p: ffi for p in handler_platforms()})
+        return jax.lax.platform_dependent(*args, default=twin, **{p: ffi for p in handler_platforms()})
 
     return auto

@@ -1,5 +1,6 @@
 """Records of different sizes for the in-jit gather: `PackedRecords` (pages of bytes and a table
 of where each record starts) and `pack_layout`, the arithmetic that places them."""
+
 from __future__ import annotations
 
 import jax
@@ -35,20 +36,25 @@ class PackedRecords:
         return int(self.table.shape[0])
 
     def __repr__(self) -> str:
-        return (f"PackedRecords({len(self)} records, {self.pages.shape[0]} pages of "
-                f"{PAGE_BYTES} bytes, max_side={self.max_side})")
+        return (
+            f"PackedRecords({len(self)} records, {self.pages.shape[0]} pages of "
+            f"{PAGE_BYTES} bytes, max_side={self.max_side})"
+        )
 
 
 def check_packed(data: PackedRecords) -> None:
     """The arrays of `data` are what the gather reads: uint8 pages of PAGE_BYTES and an int32
     (N, 3) table of at least one record."""
     if data.pages.dtype != np.uint8 or data.pages.ndim != 2 or data.pages.shape[1] != PAGE_BYTES:
-        raise ValueError(f"PackedRecords.pages must be uint8 (P, {PAGE_BYTES}), got "
-                         f"{data.pages.dtype} of shape {tuple(data.pages.shape)}")
-    if data.table.dtype != np.int32 or data.table.ndim != 2 or data.table.shape[1] != 3 \
-            or len(data) < 1:
-        raise ValueError(f"PackedRecords.table must be int32 (N, 3) with N >= 1, got "
-                         f"{data.table.dtype} of shape {tuple(data.table.shape)}")
+        raise ValueError(
+            f"PackedRecords.pages must be uint8 (P, {PAGE_BYTES}), got "
+            f"{data.pages.dtype} of shape {tuple(data.pages.shape)}"
+        )
+    if data.table.dtype != np.int32 or data.table.ndim != 2 or data.table.shape[1] != 3 or len(data) < 1:
+        raise ValueError(
+            f"PackedRecords.table must be int32 (N, 3) with N >= 1, got "
+            f"{data.table.dtype} of shape {tuple(data.table.shape)}"
+        )
 
 
 def pack_layout(heights, widths) -> tuple[np.ndarray, int]:
@@ -60,6 +66,8 @@ def pack_layout(heights, widths) -> tuple[np.ndarray, int]:
     first = np.concatenate([[0], np.cumsum(pages)[:-1]]) if len(pages) else pages
     total = int(pages.sum())
     if total > np.iinfo(np.int32).max or (len(h) and (h * w * 3).max() > np.iinfo(np.int32).max):
-        raise ValueError(f"{len(h)} records of {total * PAGE_BYTES} bytes do not fit the packed "
-                         "layout (int32 page numbers, records under 2 GiB)")
+        raise ValueError(
+            f"{len(h)} records of {total * PAGE_BYTES} bytes do not fit the packed "
+            "layout (int32 page numbers, records under 2 GiB)"
+        )
     return np.stack([first, h, w], axis=1).astype(np.int32), total

@@ -2,6 +2,7 @@
 following the indices' sharding inside `jax.jit` (a `custom_partitioning` rule; `shard_map`
 under a mesh with explicit axes). Each device gathers its own rows; nothing is all-gathered
 but records that arrive sharded."""
+
 from __future__ import annotations
 
 import jax
@@ -48,8 +49,7 @@ def shard_map_rows(body, args, mesh, spec):
     fn, slots = _present(body, args)
     rep = PartitionSpec()
     in_specs = tuple(spec if k in _BATCHED else rep for k in slots)
-    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs,
-                         out_specs=spec)(*(args[k] for k in slots))
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=spec)(*(args[k] for k in slots))
 
 
 def follow_indices(body, args, layout):
@@ -97,8 +97,11 @@ def follow_indices(body, args, layout):
     data_factors = "n h w d" if args[0].ndim == 4 else "p q"
     factors = [result if k == _OUT else data_factors if k == 0 else _FACTORS[k] for k in slots]
     op = custom_partitioning(fn)
-    op.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
-                     sharding_rule=f"{', '.join(factors)} -> {result}")
+    op.def_partition(
+        partition,
+        infer_sharding_from_operands=infer_sharding_from_operands,
+        sharding_rule=f"{', '.join(factors)} -> {result}",
+    )
 
     # custom_partitioning has no batching rule: under vmap, body is batched as it is.
     @jax.custom_batching.custom_vmap

@@ -1,6 +1,7 @@
 """The XLA FFI handlers of the gather, registered with JAX once, when this module is imported:
 the CPU handlers compiled into `tbljax._core` and, when built, the CUDA ones of
 `tbljax._ffi_cuda`. The target names are the C++ core's (ffi/core/serve/contract.h)."""
+
 from __future__ import annotations
 
 import jax
@@ -9,8 +10,8 @@ from tbljax import _core
 
 __all__ = ["PACKED_TARGET", "TARGET", "handler_platforms", "registered_platforms"]
 
-TARGET: str = _core.GATHER_TARGET                 # records of one size, (N, H, W, 3)
-PACKED_TARGET: str = _core.GATHER_PACKED_TARGET   # records of different sizes, PackedRecords
+TARGET: str = _core.GATHER_TARGET  # records of one size, (N, H, W, 3)
+PACKED_TARGET: str = _core.GATHER_PACKED_TARGET  # records of different sizes, PackedRecords
 
 
 def _register() -> tuple[dict[str, str], dict[str, str]]:
@@ -20,8 +21,10 @@ def _register() -> tuple[dict[str, str], dict[str, str]]:
     # a build without XLA's FFI headers leaves them out, and the twin serves CPU too.
     cpu_registrations = getattr(_core, "xla_registrations", None)
     if cpu_registrations is None:
-        missing["cpu"] = ("tbljax._core was built without the XLA CPU handlers (no XLA FFI "
-                          "headers: jax.ffi.include_dir() was not available to the build)")
+        missing["cpu"] = (
+            "tbljax._core was built without the XLA CPU handlers (no XLA FFI "
+            "headers: jax.ffi.include_dir() was not available to the build)"
+        )
     else:
         for name, capsule in cpu_registrations().items():
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")

@@ -19,6 +19,7 @@ By default (``fields="all"``) it holds what a device array can hold and says wha
 in ``left_out`` (str/json fields; ragged fields without a `pad` length); naming such a field
 in `fields=` is an error.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,17 +30,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from tbljax._src.datasets import reader
+from tbljax._src.engine import step as _step
+from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.jax import ops as _ops
 from tbljax._src.jax import packed as _packed
+from tbljax._src.jax import sharding as _sharding
 from tbljax._src.jax import twin as _twin
 from tbljax._src.jax.resident_host import check_device_memory, field_columns, host_rows
-from tbljax._src.datasets import reader
-from tbljax._src.rules.parts import steps_in_epoch
-from tbljax._src.jax import sharding as _sharding
-from tbljax._src.engine import step as _step
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.rules.options import LoaderOptions
-from tbljax._src.engine.record_source import RecordSource
+from tbljax._src.rules.parts import steps_in_epoch
 
 __all__ = ["ResidentDataset"]
 
@@ -90,14 +91,24 @@ class ResidentDataset:
     constant, so `batch` refuses that.
     """
 
-    def __init__(self, path_or_dataset, sharding=None, *, max_bytes: int | None = None,
-                 chunk_bytes: int = _CHUNK_BYTES, fields="all", pad: dict | None = None):
+    def __init__(
+        self,
+        path_or_dataset,
+        sharding=None,
+        *,
+        max_bytes: int | None = None,
+        chunk_bytes: int = _CHUNK_BYTES,
+        fields="all",
+        pad: dict | None = None,
+    ):
         self.sharding = _sharding.data_sharding(sharding)
         ds = reader.as_dataset(path_or_dataset, "tbljax.ResidentDataset")
         if ds.draws_by_weight:
-            raise ValueError(f"ResidentDataset serves one dataset in its own order; {ds!r} draws "
-                             "rows by weight, which tbljax.loader does (a resident mixture is "
-                             "not supported)")
+            raise ValueError(
+                f"ResidentDataset serves one dataset in its own order; {ds!r} draws "
+                "rows by weight, which tbljax.loader does (a resident mixture is "
+                "not supported)"
+            )
         src = RecordSource(ds, threads=None)
         self.num_records = src.n
         self.fingerprint = src.fingerprint
@@ -107,23 +118,27 @@ class ResidentDataset:
             # Records of different sizes: packed from page starts in one (P, PAGE_BYTES) array
             # with a table of where each is (tbljax.ops.PackedRecords), on every device.
             if self._data_parts() != 1:
-                raise ValueError("records of different sizes are held whole on every device: "
-                                 f"sharding {self.sharding} partitions them")
+                raise ValueError(
+                    "records of different sizes are held whole on every device: "
+                    f"sharding {self.sharding} partitions them"
+                )
             self.image_shape = None
             table, pages = _packed.pack_layout(self.geometry.heights, self.geometry.widths)
             self._check_fits((pages, _packed.PAGE_BYTES), max_bytes)
-            self.data = _packed.PackedRecords(self._upload_packed(ds, table, pages, chunk_bytes),
-                                           jax.device_put(table, NamedSharding(
-                                               self.sharding.mesh, PartitionSpec())),
-                                           int(max(self.geometry.heights.max(),
-                                                   self.geometry.widths.max())))
+            self.data = _packed.PackedRecords(
+                self._upload_packed(ds, table, pages, chunk_bytes),
+                jax.device_put(table, NamedSharding(self.sharding.mesh, PartitionSpec())),
+                int(max(self.geometry.heights.max(), self.geometry.widths.max())),
+            )
         else:
             self.image_shape = tuple(int(v) for v in src.shape)
             shape = (self.num_records, *self.image_shape, 3)
             parts = self._data_parts()
             if self.num_records % parts:
-                raise ValueError(f"the dataset's {self.num_records} records do not split evenly "
-                                 f"over the {parts} record shards of {self.sharding}")
+                raise ValueError(
+                    f"the dataset's {self.num_records} records do not split evenly "
+                    f"over the {parts} record shards of {self.sharding}"
+                )
             self._check_fits(shape, max_bytes)
             self.data = self._upload(ds, shape, chunk_bytes)
         by_record = NamedSharding(self.sharding.mesh, PartitionSpec(*self.sharding.spec[:1]))
@@ -133,8 +148,14 @@ class ResidentDataset:
 
     # ---- pytree: the arrays are leaves, so a jitted step takes the dataset as an argument ----
     def tree_flatten(self):
-        aux = (self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry,
-               tuple(self.left_out.items()))
+        aux = (
+            self.num_records,
+            self.image_shape,
+            self.fingerprint,
+            self.sharding,
+            self.geometry,
+            tuple(self.left_out.items()),
+        )
         return (self.data, self.labels, self.fields), aux
 
     @classmethod
@@ -198,15 +219,13 @@ class ResidentDataset:
         if raw:
             views, counts, offsets, _, _ = ds.raw_records()
             starts = np.concatenate([[0], np.cumsum(counts)])
-        bufs = {d: jnp.zeros((pages, page), jnp.uint8, device=d)
-                for d in self.sharding.addressable_devices}
+        bufs = {d: jnp.zeros((pages, page), jnp.uint8, device=d) for d in self.sharding.addressable_devices}
         first_page = table[:, 0].astype(np.int64)
         end_page = np.append(first_page[1:], pages)
         a = 0
         while a < self.num_records:
             # Records [a, b) fill pages [first_page[a], end_page[b - 1]): about chunk_bytes.
-            b = int(np.searchsorted(first_page, first_page[a] + max(1, chunk_bytes // page),
-                                    side="right"))
+            b = int(np.searchsorted(first_page, first_page[a] + max(1, chunk_bytes // page), side="right"))
             b = max(b, a + 1)
             chunk = np.zeros((int(end_page[b - 1] - first_page[a]), page), np.uint8)
             flat = chunk.reshape(-1)
@@ -214,11 +233,11 @@ class ResidentDataset:
                 if raw:
                     k = int(np.searchsorted(starts, i, side="right") - 1)
                     o, n = int(offsets[i]), int(table[i, 1]) * int(table[i, 2]) * 3
-                    pixels = views[k][o:o + n]
+                    pixels = views[k][o : o + n]
                 else:
                     pixels = ds.read(i).reshape(-1)
                 at = int(first_page[i] - first_page[a]) * page
-                flat[at:at + pixels.size] = pixels
+                flat[at : at + pixels.size] = pixels
             for d in bufs:
                 bufs[d] = _write_pages(bufs[d], jax.device_put(chunk, d), np.int32(first_page[a]))
             a = b
@@ -227,24 +246,40 @@ class ResidentDataset:
         return jax.make_array_from_single_device_arrays((pages, page), rep, pieces)
 
     # ---- batches ----
-    def steps_per_epoch(self, batch_size: int) -> int:
-        """Steps in one epoch (the last partial batch is dropped, as the loader does)."""
-        return steps_in_epoch(self.num_records, batch_size, drop_remainder=True)
+    def steps_per_epoch(self, batch_size: int, repeats: int = 1) -> int:
+        """Steps in one epoch of ``repeats`` × the records (the last partial batch is dropped,
+        as the loader does)."""
+        return steps_in_epoch(self.num_records * repeats, batch_size, drop_remainder=True)
 
-    def batch(self, step, *, batch_size: int, seed: int = 0, epoch=None, shuffle: bool = True,
-              augment=None, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-              dtype="float32", layout: str = "NHWC", sharding=None, backend: str = "auto"):
-        """The batch of `step`, computed in the graph: ``{"image", "label", "index"}`` and the
-        dataset's fields (`fields=` at construction) by name, exactly what
-        ``tbljax.loader(path, batch_size, seed=seed, shuffle=shuffle, augment=augment,
-        mean=mean, std=std, dtype=dtype, layout=layout)`` yields at that step.
+    def batch(
+        self,
+        step,
+        *,
+        batch_size: int,
+        seed: int = 0,
+        epoch=None,
+        shuffle: bool = True,
+        augment=None,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+        dtype="float32",
+        layout: str = "NHWC",
+        sharding=None,
+        backend: str = "auto",
+        repeats: int = 1,
+    ):
+        """The batch of `step`, computed in the graph: ``{"image", "label", "index"}`` (and
+        ``"repeat"`` with repeats > 1) and the dataset's fields (`fields=` at construction) by
+        name, exactly what ``tbljax.loader(path, batch_size, seed=seed, shuffle=shuffle,
+        augment=augment, mean=mean, std=std, dtype=dtype, layout=layout, repeats=repeats)``
+        yields at that step.
 
         Args:
           step: with ``epoch=None``, the global step since the start of training (epoch
             ``step // steps_per_epoch``, then the step within it); with an ``epoch``, the step
             within that epoch. A Python int or a traced int32 (one compiled step serves all).
           batch_size: the global batch G; the batch axes of `sharding` must divide it.
-          seed, shuffle, augment, mean, std, dtype, layout: as for `tbljax.loader`.
+          seed, shuffle, augment, mean, std, dtype, layout, repeats: as for `tbljax.loader`.
           sharding: the batch's sharding: None (the batch axis over every mesh axis that does
             not partition the records), or a `NamedSharding` / `Mesh` on the dataset's mesh.
             Each device computes only its own rows.
@@ -253,20 +288,34 @@ class ResidentDataset:
         Call it inside a jitted function that receives this dataset as an argument; outside
         jit it runs a cached jitted program.
         """
-        opts = LoaderOptions(batch_size=batch_size, seed=seed, shuffle=shuffle, dtype=dtype,
-                             layout=layout, mean=mean, std=std, augment=augment)
+        opts = LoaderOptions(
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            dtype=dtype,
+            layout=layout,
+            mean=mean,
+            std=std,
+            augment=augment,
+            repeats=repeats,
+        )
         if opts.augment is not None and len(opts.augment.schedule) > 1:
             # The output shape must be static: fix the size of the (concrete) epoch.
-            opts = dataclasses.replace(opts, augment=opts.augment.at_epoch(
-                self._concrete_epoch(step, epoch, batch_size)))
+            opts = dataclasses.replace(
+                opts, augment=opts.augment.at_epoch(self._concrete_epoch(step, epoch, batch_size, repeats))
+            )
         mesh, batch_axes = self._batch_axes(sharding)
         parts = _sharding.parts(self.sharding, batch_axes)
         if batch_size % parts:
-            raise ValueError(f"batch_size {batch_size} does not split evenly over the {parts} "
-                             f"batch shards {batch_axes}: use a multiple of {parts}")
-        if self.steps_per_epoch(batch_size) == 0:
-            raise ValueError(f"batch_size {batch_size} is larger than the dataset "
-                             f"({self.num_records} records): no full step")
+            raise ValueError(
+                f"batch_size {batch_size} does not split evenly over the {parts} "
+                f"batch shards {batch_axes}: use a multiple of {parts}"
+            )
+        if self.steps_per_epoch(batch_size, opts.repeats) == 0:
+            raise ValueError(
+                f"batch_size {batch_size} is larger than the dataset ({self.num_records} records"
+                f"{f' × repeats={opts.repeats}' if opts.repeats > 1 else ''}): no full step"
+            )
         traced = [isinstance(v, jax.core.Tracer) for v in (step, epoch)]
         # The labels are a leaf whatever the records are (an array or a PackedRecords).
         if not isinstance(self.labels, jax.core.Tracer):
@@ -275,25 +324,32 @@ class ResidentDataset:
                     "ResidentDataset.batch is being traced with the dataset closed over: it would "
                     "be embedded in the compiled program as a constant. Pass the dataset as an "
                     "argument of the jitted function instead: jax.jit(lambda ds, step: "
-                    "ds.batch(step, ...))(ds, step)")
-            return _eager_batch(self, jnp.asarray(step, jnp.int32),
-                                None if epoch is None else jnp.asarray(epoch, jnp.int32),
-                                opts=opts, batch_axes=batch_axes, backend=backend)
+                    "ds.batch(step, ...))(ds, step)"
+                )
+            return _eager_batch(
+                self,
+                jnp.asarray(step, jnp.int32),
+                None if epoch is None else jnp.asarray(epoch, jnp.int32),
+                opts=opts,
+                batch_axes=batch_axes,
+                backend=backend,
+            )
         return self._batch(step, epoch, opts=opts, batch_axes=batch_axes, backend=backend)
 
-    def _concrete_epoch(self, step, epoch, batch_size) -> int:
+    def _concrete_epoch(self, step, epoch, batch_size, repeats) -> int:
         """The epoch of a batch whose augmentation has a size schedule, as a Python int."""
         try:
             if epoch is not None:
                 return int(epoch)
-            spe = self.steps_per_epoch(batch_size)
+            spe = self.steps_per_epoch(batch_size, repeats)
             return int(step) // spe if spe else 0
         except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
             raise ValueError(
                 "the augmentation's size schedule makes the output size depend on the epoch, "
                 "which is traced here, but a jitted step's output shape must be static: use one "
                 "jitted step per size, passing augment=aug.at_epoch(epoch) (a static argument, "
-                "fixed in Python) for the epoch being run") from None
+                "fixed in Python) for the epoch being run"
+            ) from None
 
     def _batch_axes(self, sharding) -> tuple[Mesh, tuple[str, ...]]:
         mesh = self.sharding.mesh
@@ -303,13 +359,13 @@ class ResidentDataset:
         if isinstance(sharding, Mesh):
             sharding = NamedSharding(sharding, PartitionSpec(sharding.axis_names))
         if not isinstance(sharding, NamedSharding) or sharding.mesh.shape != mesh.shape:
-            raise ValueError(f"sharding must be a NamedSharding (or Mesh) on the dataset's mesh "
-                             f"{mesh}, got {sharding!r}")
+            raise ValueError(
+                f"sharding must be a NamedSharding (or Mesh) on the dataset's mesh {mesh}, got {sharding!r}"
+            )
         axes = _sharding.mesh_axes(sharding)
         both = sorted(set(axes) & set(data_axes))
         if both:
-            raise ValueError(f"the batch cannot be split over {both}, which already partition "
-                             "the records")
+            raise ValueError(f"the batch cannot be split over {both}, which already partition the records")
         return mesh, axes
 
     def _batch(self, step, epoch, *, opts, batch_axes, backend):
@@ -320,7 +376,7 @@ class ResidentDataset:
         data_axes = self._data_axes()
         out_size = opts.output_size(self.image_shape)
         local_b = g // _sharding.parts(self.sharding, batch_axes)
-        spe = self.steps_per_epoch(g)
+        spe = self.steps_per_epoch(g, opts.repeats)
         mean, std = opts.normalization
         out_dtype = opts.out_dtype
 
@@ -331,14 +387,14 @@ class ResidentDataset:
             shard = jax.lax.axis_index(batch_axes) if batch_axes else 0
             first = step * g + shard * local_b
             positions = first + jnp.arange(local_b, dtype=jnp.int32)
-            idx, boxes, flips = _step.draw(positions, opts, num_records=n, image_hw=image_hw,
-                                           epoch=epoch, xp=jnp)
-            kw = dict(crop=boxes, flip=flips, out_size=out_size, layout=opts.layout,
-                      backend=backend)
+            idx, boxes, flips, rep = _step.draw(
+                positions, opts, num_records=n, image_hw=image_hw, epoch=epoch, step=(step * g, g), xp=jnp
+            )
+            rep = jnp.zeros_like(idx) if rep is None else rep
+            kw = dict(crop=boxes, flip=flips, out_size=out_size, layout=opts.layout, backend=backend)
             if not data_axes:
-                image = _ops.gather_normalize(data, idx, dtype=out_dtype, mean=mean, std=std,
-                                              **kw)
-                return image, labels[idx], idx, {n: f[idx] for n, f in fields.items()}
+                image = _ops.gather_normalize(data, idx, dtype=out_dtype, mean=mean, std=std, **kw)
+                return image, labels[idx], idx, rep, {n: f[idx] for n, f in fields.items()}
             # Records partitioned over data_axes: each device gathers the rows it holds (the
             # others are zero) and a uint8 sum over those axes assembles the batch exactly.
             rows = data.shape[0]
@@ -348,9 +404,10 @@ class ResidentDataset:
             pix = _ops.gather_normalize(data, local, dtype=jnp.uint8, **kw)
             pix = jax.lax.psum(jnp.where(own[:, None, None, None], pix, jnp.uint8(0)), data_axes)
             label = jax.lax.psum(jnp.where(own, labels[local], 0), data_axes)
-            image = pix if mean is None else _twin.normalize(
-                pix, mean=mean, std=std, dtype=out_dtype, layout=opts.layout)
-            return image, label, idx, {n: _owned_rows(f, local, own, data_axes) for n, f in fields.items()}
+            image = (
+                pix if mean is None else _twin.normalize(pix, mean=mean, std=std, dtype=out_dtype, layout=opts.layout)
+            )
+            return image, label, idx, rep, {n: _owned_rows(f, local, own, data_axes) for n, f in fields.items()}
 
         rep, spec = PartitionSpec(), PartitionSpec(batch_axes or None)
         data_spec = PartitionSpec(data_axes or None)
@@ -360,11 +417,15 @@ class ResidentDataset:
         if epoch is not None:
             args.append(epoch)
             in_specs.append(rep)
-        fn = jax.shard_map(lambda d, lab, f, s, *e: per_shard(d, lab, f, s, e[0] if e else None),
-                           mesh=mesh, in_specs=tuple(in_specs),
-                           out_specs=(spec, spec, spec, {n: spec for n in self.fields}))
-        image, label, idx, fields = fn(*args)
-        return {"image": image, "label": label, "index": idx.astype(jnp.int32), **fields}
+        fn = jax.shard_map(
+            lambda d, lab, f, s, *e: per_shard(d, lab, f, s, e[0] if e else None),
+            mesh=mesh,
+            in_specs=tuple(in_specs),
+            out_specs=(spec, spec, spec, spec, {n: spec for n in self.fields}),
+        )
+        image, label, idx, rep, fields = fn(*args)
+        repeat = {"repeat": rep.astype(jnp.int32)} if opts.repeats > 1 else {}
+        return {"image": image, "label": label, "index": idx.astype(jnp.int32), **repeat, **fields}
 
 
 def _owned_rows(column, local, own, data_axes):

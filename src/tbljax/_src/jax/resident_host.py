@@ -1,12 +1,12 @@
 """What a resident dataset (`jax/resident.py`) gathers on the host before it uploads: whether
 its records fit each device, its records' rows a chunk at a time (zero-copy from RAW files),
 and the columns of the record fields it holds (with those it leaves out, and why)."""
-from __future__ import annotations
 
-import os
+from __future__ import annotations
 
 import numpy as np
 
+from tbljax._src.engine import memory
 from tbljax._src.engine.batch_fields import check_pad
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.jax.arrays import check_fields_fit
@@ -14,25 +14,11 @@ from tbljax._src.jax.arrays import check_fields_fit
 __all__ = ["check_device_memory", "field_columns", "host_rows"]
 
 
-def _available_host_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return None
-
-
 def check_device_memory(shape, sharding, max_bytes: int | None, *, num_records: int = 0) -> None:
     """MemoryError, saying what to do, when records of `shape` ((N, H, W, 3), or (pages,
     PAGE_BYTES) of packed records) split over `sharding`'s record shards do not fit each
     device: in `max_bytes`, else in what the device reports free, else (CPU) in the host's
-    available RAM shared by the local devices."""
+    available RAM (`engine/memory.py`: the cgroup's limit counted) shared by the local devices."""
     per_device = int(np.prod(shape, dtype=np.int64)) // _sharding.parts(sharding)
     devices = list(sharding.addressable_devices)
     where = f"max_bytes={max_bytes}"
@@ -46,20 +32,23 @@ def check_device_memory(shape, sharding, max_bytes: int | None, *, num_records: 
         if free:
             limit, where = min(free), "free on the device (memory_stats)"
         else:  # CPU: every local device's copy shares the host's RAM
-            avail = _available_host_bytes()
+            avail = memory.available_bytes()
             if avail is not None:
                 limit = avail // max(1, len(devices))
-                where = (f"available host RAM ({avail / 2**30:.1f} GiB) shared by "
-                         f"{len(devices)} local device(s)")
+                where = f"available host RAM ({avail / 2**30:.1f} GiB) shared by {len(devices)} local device(s)"
     if limit is not None and per_device > limit:
-        what = (f"{num_records} records of different sizes in {shape[0]} pages"
-                if len(shape) == 2 else f"{shape[0]} records of {shape[1]}x{shape[2]}x3 uint8")
+        what = (
+            f"{num_records} records of different sizes in {shape[0]} pages"
+            if len(shape) == 2
+            else f"{shape[0]} records of {shape[1]}x{shape[2]}x3 uint8"
+        )
         raise MemoryError(
             f"the dataset needs {per_device / 2**20:.1f} MiB per device ({what} "
             f"over {_sharding.parts(sharding)} record shard(s)) "
             f"but only {limit / 2**20:.1f} MiB fit ({where}): shard the records over more "
             f"devices (sharding=NamedSharding(mesh, PartitionSpec('data'))), convert at a "
-            f"smaller image_size, or stream with tbljax.loader instead")
+            f"smaller image_size, or stream with tbljax.loader instead"
+        )
 
 
 def host_rows(ds, views, starts, a: int, b: int, image_shape) -> np.ndarray:
@@ -69,9 +58,13 @@ def host_rows(ds, views, starts, a: int, b: int, image_shape) -> np.ndarray:
     if views is not None:
         k = int(np.searchsorted(starts, a, side="right") - 1)
         if b <= starts[k + 1]:
-            return views[k][a - starts[k]:b - starts[k]]
-        return np.concatenate([host_rows(ds, views, starts, a, int(starts[k + 1]), image_shape),
-                               host_rows(ds, views, starts, int(starts[k + 1]), b, image_shape)])
+            return views[k][a - starts[k] : b - starts[k]]
+        return np.concatenate(
+            [
+                host_rows(ds, views, starts, a, int(starts[k + 1]), image_shape),
+                host_rows(ds, views, starts, int(starts[k + 1]), b, image_shape),
+            ]
+        )
     out = np.empty((b - a, *image_shape, 3), np.uint8)
     return ds.read_into(np.arange(a, b, dtype=np.int64), out)
 
@@ -101,9 +94,11 @@ def field_columns(ds, fields, pad) -> tuple[dict[str, np.ndarray], dict[str, str
     for n in names:
         info = infos[n]
         if info.kind != "ndarray":
-            raise ValueError(f"ResidentDataset: field {n!r} is {info.kind}, which cannot be a device "
-                             "array: serve it with tbljax.loader (field_fn= can make it numeric), or "
-                             "leave it out with fields=")
+            raise ValueError(
+                f"ResidentDataset: field {n!r} is {info.kind}, which cannot be a device "
+                "array: serve it with tbljax.loader (field_fn= can make it numeric), or "
+                "leave it out with fields="
+            )
         if info.fixed:
             if n in pads:
                 raise ValueError(f"pad[{n!r}]: field {n!r} is fixed (shape {info.shape}), not ragged")
@@ -111,9 +106,11 @@ def field_columns(ds, fields, pad) -> tuple[dict[str, np.ndarray], dict[str, str
             continue
         length = pads.get(n)
         if length is None:
-            raise ValueError(f"ResidentDataset: field {n!r} is ragged (shape {info.shape}): pass "
-                             f"pad={{{n!r}: length}} (an integer >= 1) to hold it cut or zero-padded "
-                             "to length rows, or leave it out with fields=")
+            raise ValueError(
+                f"ResidentDataset: field {n!r} is ragged (shape {info.shape}): pass "
+                f"pad={{{n!r}: length}} (an integer >= 1) to hold it cut or zero-padded "
+                "to length rows, or leave it out with fields="
+            )
         length = check_pad(n, length, info, len(ds))
         col = np.zeros((len(ds), int(length), *info.shape[1:]), info.dtype)
         lengths = np.zeros(len(ds), np.int32)

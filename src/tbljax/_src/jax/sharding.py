@@ -4,11 +4,12 @@ sharding (the loader, the in-jit op, the resident dataset's batches) partitions 
 leading batch axis; a resident dataset's sharding partitions only its record axis. jax is
 imported when these are called, so `import tbljax` stays quick.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-from tbljax._src.engine.rows import RowLayout
+from tbljax._src.engine.rows import RowLayout, register_from_sharding
 
 __all__ = ["batch_sharding", "data_sharding", "mesh_axes", "parts", "row_layout"]
 
@@ -18,8 +19,9 @@ def _leading_only(sharding, what: str):
 
     spec = tuple(sharding.spec)
     if any(s is not None for s in spec[1:]):
-        raise ValueError(f"sharding may partition only {what}, got spec {sharding.spec}; use "
-                         f"e.g. PartitionSpec({spec[0]!r})")
+        raise ValueError(
+            f"sharding may partition only {what}, got spec {sharding.spec}; use e.g. PartitionSpec({spec[0]!r})"
+        )
     return NamedSharding(sharding.mesh, PartitionSpec(spec[0] if spec else None))
 
 
@@ -42,8 +44,10 @@ def batch_sharding(sharding):
         return sharding
     if isinstance(sharding, NamedSharding):
         return _leading_only(sharding, "the batch (leading) axis")
-    raise TypeError(f"sharding must be None, a jax.sharding.Mesh, NamedSharding or "
-                    f"SingleDeviceSharding, got {type(sharding).__name__}")
+    raise TypeError(
+        f"sharding must be None, a jax.sharding.Mesh, NamedSharding or "
+        f"SingleDeviceSharding, got {type(sharding).__name__}"
+    )
 
 
 def data_sharding(sharding):
@@ -59,8 +63,7 @@ def data_sharding(sharding):
         return NamedSharding(sharding, PartitionSpec())
     if isinstance(sharding, NamedSharding):
         return _leading_only(sharding, "the record axis (N) of the (N, H, W, 3) dataset")
-    raise TypeError(f"sharding must be None, a jax.sharding.Mesh or a NamedSharding, got "
-                    f"{type(sharding).__name__}")
+    raise TypeError(f"sharding must be None, a jax.sharding.Mesh or a NamedSharding, got {type(sharding).__name__}")
 
 
 def mesh_axes(sharding) -> tuple[str, ...]:
@@ -87,8 +90,14 @@ def row_layout(sharding, global_batch: int) -> RowLayout:
     """
     n = parts(sharding)
     if global_batch % n:
-        raise ValueError(f"global batch {global_batch} does not split evenly over the "
-                         f"{n} batch shards of {sharding}: use a multiple of {n}")
+        raise ValueError(
+            f"global batch {global_batch} does not split evenly over the "
+            f"{n} batch shards of {sharding}: use a multiple of {n}"
+        )
     per_device = sharding.addressable_devices_indices_map((global_batch,))
-    return RowLayout.from_spans(sharding, global_batch,
-                                {d: idx[0].indices(global_batch)[:2] for d, idx in per_device.items()})
+    return RowLayout.from_spans(
+        sharding, global_batch, {d: idx[0].indices(global_batch)[:2] for d, idx in per_device.items()}
+    )
+
+
+register_from_sharding(row_layout)

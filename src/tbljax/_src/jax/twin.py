@@ -1,6 +1,7 @@
 """The pure-JAX twin of the gather: the formulas of ffi/core/serve/kernel.h in jax.numpy (exact
 int32 arithmetic, then one table look-up per value), bit-identical with the C++ kernel on every
 platform, and `normalize`, the normalization contract as that look-up on its own."""
+
 from __future__ import annotations
 
 import functools
@@ -8,9 +9,9 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
-from tbljax._src.rules import contract
 from tbljax._src.engine import kernels as _kernels
 from tbljax._src.jax.packed import PAGE_BYTES, PackedRecords
+from tbljax._src.rules import contract
 
 __all__ = ["lookup", "normalization_table", "normalize", "out_dtype", "twin_gather"]
 
@@ -29,7 +30,7 @@ def _axis_weights(o, length, out_len: int, taps: int):
     int32 throughout; exact (kernel.h bounds every intermediate below 2^31)."""
     m2 = 2 * jnp.maximum(length, out_len)
     c = (2 * o + 1) * length - out_len
-    lo = jnp.maximum((c - m2) // (2 * out_len) + 1, 0)           # floor division, as kernel.h
+    lo = jnp.maximum((c - m2) // (2 * out_len) + 1, 0)  # floor division, as kernel.h
     j = lo[..., None] + jnp.arange(taps, dtype=jnp.int32)
     length = length[..., None]
     d = jnp.abs((2 * j + 1) * out_len - (2 * o[..., None] + 1) * length)
@@ -39,13 +40,12 @@ def _axis_weights(o, length, out_len: int, taps: int):
     q, r = n // total, n % total
     w = q + (r >= total - r).astype(jnp.int32) * (u > 0)
     rest = (1 << _ONE_BITS) - jnp.sum(w, axis=-1, keepdims=True)
-    big = jnp.argmax(w, axis=-1)[..., None]                        # the first largest
+    big = jnp.argmax(w, axis=-1)[..., None]  # the first largest
     w = w + jnp.where(jnp.arange(taps, dtype=jnp.int32) == big, rest, 0)
     return lo, w
 
 
-def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=None,
-                layout: str = "NHWC"):
+def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=None, layout: str = "NHWC"):
     """The kernel's semantics in jax.numpy, with arguments already checked by
     `gather_normalize`: ``data`` uint8 (N, H, W, 3) or `PackedRecords`, int ``indices`` (B,),
     int32 ``crop`` (B, 4) or None (uniform data only), bool ``flip`` (B,) or None,
@@ -54,7 +54,7 @@ def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=Non
     (kernel.h's double sum over the filter taps), then one table look-up per value."""
     packed = isinstance(data, PackedRecords)
     if packed:
-        rec = data.table[indices]                                      # (B, 3)
+        rec = data.table[indices]  # (B, 3)
         first, rec_w = rec[:, 0, None, None], rec[:, 2, None, None]
         max_h = max_w = data.max_side
 
@@ -68,6 +68,7 @@ def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=Non
 
         def at(sy, sx):
             return data[idx, sy[:, :, None], sx[:, None, :]].astype(jnp.int32)
+
     oh, ow = out_size if out_size is not None else (max_h, max_w)
     # Flip mirrors output columns, so it folds into which column each output reads.
     ox = jnp.arange(ow, dtype=jnp.int32)[None, :]
@@ -80,8 +81,8 @@ def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=Non
         crop = crop.astype(jnp.int32)
         oy = jnp.broadcast_to(jnp.arange(oh, dtype=jnp.int32)[None, :], (crop.shape[0], oh))
         ky, kx = _max_taps(max_h, oh), _max_taps(max_w, ow)
-        ly, wy = _axis_weights(oy, crop[:, 2:3], oh, ky)                 # (B, OH), (B, OH, ky)
-        lx, wx = _axis_weights(ox, crop[:, 3:4], ow, kx)                 # (B, OW), (B, OW, kx)
+        ly, wy = _axis_weights(oy, crop[:, 2:3], oh, ky)  # (B, OH), (B, OH, ky)
+        lx, wx = _axis_weights(ox, crop[:, 3:4], ow, kx)  # (B, OW), (B, OW, kx)
         sy0, sx0 = crop[:, :1] + ly, crop[:, 1:2] + lx
         y_last, x_last = crop[:, :1] + crop[:, 2:3] - 1, crop[:, 1:2] + crop[:, 3:4] - 1
         acc = jnp.zeros((crop.shape[0], oh, ow, 3), jnp.int32)
@@ -99,7 +100,7 @@ def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=Non
 
 def lookup(pix, table, channel_axis: int):
     """table[c, x] for every uint8 value x of channel c: the normalization contract, exactly."""
-    flat = jnp.asarray(table).reshape(-1)                              # c * 256 + x
+    flat = jnp.asarray(table).reshape(-1)  # c * 256 + x
     shape = [1] * pix.ndim
     shape[channel_axis] = 3
     offset = (jnp.arange(3, dtype=jnp.int32) * 256).reshape(shape)
@@ -122,8 +123,10 @@ def normalize(pixels, *, mean=None, std=None, dtype=jnp.float32, layout: str = "
     pixels = jnp.asarray(pixels)
     axis = -1 if layout == "NHWC" else 1  # images (H, W, 3) too, not only batches
     if pixels.dtype != jnp.uint8 or pixels.ndim < 2 or pixels.shape[axis] != 3:
-        raise ValueError(f"pixels must be uint8 with 3 channels on the {layout} channel axis, got "
-                         f"{pixels.dtype} of shape {tuple(pixels.shape)}")
+        raise ValueError(
+            f"pixels must be uint8 with 3 channels on the {layout} channel axis, got "
+            f"{pixels.dtype} of shape {tuple(pixels.shape)}"
+        )
     table = normalization_table(*contract.normalization(mean, std), out_dt)
     return lookup(pixels, table, axis)
 

@@ -8,6 +8,7 @@ twice and none missing. Waits grow exponentially (`Retry`); after `Retry.attempt
 row with no byte read between them it raises `RemoteReadError` naming the URL and the byte.
 Reads go through fsspec's block cache, so memory is bounded by the block size, never the file's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,18 +22,26 @@ from urllib.parse import urlsplit
 
 from tbljax._src.rules.braces import expand_braces
 from tbljax._src.rules.contract import is_integer, is_real
+from tbljax._src.rules.errors import Arg, ArgumentError, RemoteReadError
 
-__all__ = ["DEFAULT_RETRY", "EXTRAS", "RemoteReadError", "Retry", "RetryingReader", "expand", "filesystem",
-           "is_url", "name_of", "open_input", "size_of"]
+__all__ = [
+    "DEFAULT_RETRY",
+    "EXTRAS",
+    "RemoteReadError",
+    "Retry",
+    "RetryingReader",
+    "expand",
+    "filesystem",
+    "is_url",
+    "name_of",
+    "open_input",
+    "size_of",
+]
 
 # The tbljax extra that installs each protocol's fsspec backend.
 EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3", "http": "http", "https": "http"}
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _GLOB_CHARS = re.compile(r"[*?\[]")
-
-
-class RemoteReadError(OSError):
-    """A file at a URL that could not be read after every retry: names the URL and the byte."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +55,11 @@ class Retry:
 
     def __post_init__(self) -> None:
         if not is_integer(self.attempts) or self.attempts < 0:
-            raise ValueError(f"retries must be an integer >= 0, got {self.attempts!r}")
-        for name in ("backoff", "max_backoff"):
-            v = getattr(self, name)
+            raise ArgumentError(Arg("retries"), f" must be an integer >= 0, got {self.attempts!r}")
+        for field, name in (("backoff", "retry_backoff"), ("max_backoff", "max_backoff")):  # as callers name them
+            v = getattr(self, field)
             if not is_real(v) or not v >= 0:
-                raise ValueError(f"retry {name} must be a number of seconds >= 0, got {v!r}")
+                raise ArgumentError(Arg(name), f" must be a number of seconds >= 0, got {v!r}")
 
     def wait(self, failures: int) -> float:
         """Seconds to wait after the `failures`-th failure in a row (1-based)."""
@@ -78,8 +87,9 @@ def filesystem(url: str) -> tuple[Any, str]:
     except ImportError as e:
         extra = EXTRAS.get(protocol)
         how = f"pip install 'tbljax[{extra}]'" if extra else f"install the fsspec backend for {protocol}://"
-        raise ImportError(f"reading {protocol}:// URLs ({url}) needs a package that is not installed: "
-                          f"{how} ({e})") from None
+        raise ImportError(
+            f"reading {protocol}:// URLs ({url}) needs a package that is not installed: {how} ({e})"
+        ) from None
     except ValueError as e:  # an unknown protocol
         raise ValueError(f"{url}: {e}") from None
 
@@ -98,8 +108,10 @@ def expand(pattern: str) -> list[str]:
             try:
                 found = fs.glob(path)
             except NotImplementedError:
-                raise ValueError(f"{word}: this filesystem cannot list files, so glob patterns do not "
-                                 "work on it; name the files with braces, e.g. train-{0000..0099}.tar") from None
+                raise ValueError(
+                    f"{word}: this filesystem cannot list files, so glob patterns do not "
+                    "work on it; name the files with braces, e.g. train-{0000..0099}.tar"
+                ) from None
             out.extend(sorted(f if is_url(f) else fs.unstrip_protocol(f) for f in found))
         else:
             out.extend(sorted(_glob.glob(word)))
@@ -119,8 +131,19 @@ def name_of(path: str) -> str:
 def _permanent(e: BaseException) -> bool:
     """Errors that another try cannot fix: a missing file, no permission, a bad request or a
     server without range support (fsspec raises ValueError for it)."""
-    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
-                      ValueError, TypeError, ImportError, NotImplementedError)):
+    if isinstance(
+        e,
+        (
+            FileNotFoundError,
+            PermissionError,
+            IsADirectoryError,
+            NotADirectoryError,
+            ValueError,
+            TypeError,
+            ImportError,
+            NotImplementedError,
+        ),
+    ):
         return True
     status = getattr(e, "status", None)  # aiohttp's ClientResponseError carries the HTTP status
     return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)
@@ -137,8 +160,9 @@ def _call(what: str, url: str, retry: Retry, fn: Any) -> Any:
                 raise
             failures += 1
             if failures > retry.attempts:
-                raise RemoteReadError(f"{url}: {what} failed {failures} times in a row; last error "
-                                      f"{type(e).__name__}: {e}") from e
+                raise RemoteReadError(
+                    f"{url}: {what} failed {failures} times in a row; last error {type(e).__name__}: {e}"
+                ) from e
             time.sleep(retry.wait(failures))
 
 
@@ -159,8 +183,9 @@ class RetryingReader(io.RawIOBase):
     cache_type/block_size go to fsspec's open: 'readahead' (default) suits streaming a TAR;
     'none' makes each read one ranged request of its size (copying in large chunks)."""
 
-    def __init__(self, url: str, retry: Retry = DEFAULT_RETRY, *, cache_type: str = "readahead",
-                 block_size: int | None = None):
+    def __init__(
+        self, url: str, retry: Retry = DEFAULT_RETRY, *, cache_type: str = "readahead", block_size: int | None = None
+    ):
         super().__init__()
         self.url, self.retry = url, retry
         self._fs, self._path = filesystem(url)
@@ -233,7 +258,8 @@ class RetryingReader(io.RawIOBase):
                 if failures > self.retry.attempts:
                     self._failed = RemoteReadError(
                         f"{self.url}: reading at byte {self._pos} failed {failures} times in a row "
-                        f"with no byte read; last error {type(e).__name__}: {e}")
+                        f"with no byte read; last error {type(e).__name__}: {e}"
+                    )
                     raise self._failed from e
                 time.sleep(self.retry.wait(failures))
                 try:
@@ -244,7 +270,7 @@ class RetryingReader(io.RawIOBase):
                 continue
             if not chunk:
                 break
-            view[done:done + len(chunk)] = chunk
+            view[done : done + len(chunk)] = chunk
             done += len(chunk)
             self._pos += len(chunk)
             failures = 0

@@ -15,6 +15,7 @@ a rerun picks up where it stopped:
   verification after the copy catches any other difference, and then the file is copied once
   more from the start.
 """
+
 from __future__ import annotations
 
 import errno
@@ -27,16 +28,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tbljax import _core
-from tbljax._src.remote import remote
-from tbljax._src.jax.collectives import host_part
-from tbljax._src.rules.partition import parse_part
 from tbljax._src.datasets.reader import open as open_dataset
-from tbljax._src.rules.contract import is_integer
+from tbljax._src.jax.collectives import host_part
+from tbljax._src.remote import remote
+from tbljax._src.rules.contract import Arg, ArgumentError, is_integer
+from tbljax._src.rules.partition import parse_part
 
 __all__ = ["COPY_CHUNK", "parse_partition", "parse_size", "stage"]
 
 COPY_CHUNK = 4 << 20  # bytes per ranged read while copying: memory per download, not per file
-_TAIL = 64 << 10      # bytes of a partial copy compared with the source before continuing it
+_TAIL = 64 << 10  # bytes of a partial copy compared with the source before continuing it
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 
 
@@ -70,10 +71,13 @@ def parse_partition(partition: Any, count: int) -> range:
         import jax
 
         if not jax.distributed.is_initialized():
-            raise ValueError("partition='host' stages this process's part of a multi-process JAX "
-                             "job, but jax.distributed is not initialized in this process: call "
-                             "jax.distributed.initialize() before tbljax.stage (no arguments needed "
-                             "on Slurm, TPU pods and Open MPI), or give the part as (i, n) or 'i/n'")
+            raise ArgumentError(
+                Arg("partition", "host"),
+                " stages this process's part of a multi-process "
+                "JAX job, but jax.distributed is not initialized in this process: call "
+                "jax.distributed.initialize() before tbljax.stage (no arguments needed "
+                "on Slurm, TPU pods and Open MPI), or give the part as (i, n) or 'i/n'",
+            )
         return host_part(count)
     i, n = parse_part(partition, "partition", forms="None, 'host', (i, n) or 'i/n'")
     return host_part(count, i, n)
@@ -192,16 +196,20 @@ def _check_copy(src: str, partial: str, size: int) -> str | None:
     return None
 
 
-def _check_room(part: list[tuple[str, str, int]], need: int, cache_dir: str, budget: int | None,
-                where: str) -> None:
+def _check_room(part: list[tuple[str, str, int]], need: int, cache_dir: str, budget: int | None, where: str) -> None:
     total = sum(size for _, _, size in part)
     if budget is not None and total > budget:
-        raise ValueError(f"tbljax.stage: {where} is {len(part)} files of {_human(total)} ({total} bytes), "
-                         f"more than the budget of {_human(budget)} ({budget} bytes)")
+        raise ValueError(
+            f"tbljax.stage: {where} is {len(part)} files of {_human(total)} ({total} bytes), "
+            f"more than the budget of {_human(budget)} ({budget} bytes)"
+        )
     free = shutil.disk_usage(cache_dir).free
     if need > free:
-        raise OSError(errno.ENOSPC, f"tbljax.stage: {where} needs {_human(need)} ({need} bytes) more in "
-                      f"{cache_dir}, whose disk has {_human(free)} ({free} bytes) free")
+        raise OSError(
+            errno.ENOSPC,
+            f"tbljax.stage: {where} needs {_human(need)} ({need} bytes) more in "
+            f"{cache_dir}, whose disk has {_human(free)} ({free} bytes) free",
+        )
 
 
 def stage(
@@ -239,7 +247,7 @@ def stage(
     """
     retry = remote.Retry(retries, retry_backoff)
     if not is_integer(workers) or not 1 <= workers <= 256:
-        raise ValueError(f"workers must be an integer in [1, 256], got {workers!r}")
+        raise ArgumentError(Arg("workers"), f" must be an integer in [1, 256], got {workers!r}")
     budget = None if budget_bytes is None else parse_size(budget_bytes)
     cache_dir = os.fspath(cache_dir)
     files = _sources(url_or_pattern)
@@ -251,8 +259,11 @@ def stage(
     part = [(files[k], local[k], size) for k, size in zip(mine, sizes)]
     todo = [(src, dst, size) for src, dst, size in part if not _intact(dst, size)]
     need = sum(size - _partial_size(dst) for _, dst, size in todo)
-    where = ("the whole dataset" if partition is None
-             else f"part {partition!r} (files {mine.start}..{mine.stop - 1} of {len(files)})")
+    where = (
+        "the whole dataset"
+        if partition is None
+        else f"part {partition!r} (files {mine.start}..{mine.stop - 1} of {len(files)})"
+    )
     _check_room(part, need, cache_dir, budget, where)
 
     with ThreadPoolExecutor(workers, thread_name_prefix="tbljax-stage") as ex:

@@ -24,13 +24,15 @@ backend) and round-half-to-even:
 Placement is integer: y0 = ((u2 >> 16) * (H - h + 1)) >> 16, likewise x0 with u3 (uint32, no
 overflow since H, W <= 65535). Random words: attempt t uses counters 4t .. 4t+3; the flip uses
 counter 40 (flip when its top bit is set), also when cropping is off, so a sample flips the
-same way with and without the crop. Quantizing s and log r to 4096 levels changes nothing
-visible (steps of 2.3e-4 in area fraction and 1.4e-4 in log ratio).
+same way with and without the crop. Repeat r of a sample (``repeats=``) adds 64 r to these
+counters: repeat 0 is the crop without repeats; r < 1024 stays below RandAugment's words.
+Quantizing s and log r to 4096 levels changes nothing visible (steps of 2.3e-4 in area fraction
+and 1.4e-4 in log ratio).
 
-**Records of different sizes** (`RecordGeometry`): H and W above are each sample's own record,
-gathered by sample index. What needs float64 (``float32(sqrt(H*W))``, the fallback crop, the
-center crop) is computed once per record on the host as a table and gathered the same way, so
-jax.numpy never recomputes it in float32 and both give the same boxes.
+**Records of different sizes** (`RecordGeometry`, `record_geometry.py`): H and W above are each
+sample's own record, gathered by sample index. What needs float64 (``float32(sqrt(H*W))``, the
+fallback crop, the center crop) is computed once per record on the host as a table and gathered
+the same way, so jax.numpy never recomputes it in float32 and both give the same boxes.
 
 **Center crop** (``crop="center"``, evaluation): the central square of side
 c = max(1, int(center_fraction * min(H, W))) at ((H - c) // 2, (W - c) // 2), as FFCV's
@@ -46,23 +48,24 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
 import math
 
 import numpy as np
 
-from tbljax._src.rules import contract, order, randaug
+from tbljax._src.rules import contract, order, quantiles, randaug
+from tbljax._src.rules.erasing import RandomErasing
+from tbljax._src.rules.record_geometry import RecordGeometry
 
-__all__ = ["PRESETS", "Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
+__all__ = ["MAX_REPEATS", "PRESETS", "Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
 
 # The augmentations a name stands for (`Augment.from_spec`, the CLI's --augment): Augment(**kw).
 PRESETS: dict[str, dict] = {"rrc_flip": {}, "flip": {"crop": False}}
 _ATTEMPTS = 10
 _WORDS_PER_ATTEMPT = 4
 _FLIP_COUNTER = _ATTEMPTS * _WORDS_PER_ATTEMPT
-_TABLE_BITS = 12
+_REPEAT_STRIDE = 64  # repeat r's counters: + 64 r (past the buckets' 48..49), below randaug's 0x10000
+MAX_REPEATS = 0x10000 // _REPEAT_STRIDE
 # TBL stores sides as u16, which keeps the placement product in uint32.
 _MAX_SIDE = contract.MAX_SIDE
 
@@ -92,21 +95,22 @@ def _size_or_schedule(size):
     by epoch (a tuple, so an Augment stays hashable: jit takes it as a static argument)."""
     if size is None:
         return None
-    bad = (
-        f"size must be (height, width) with each in [1, {_MAX_SIDE}], a schedule "
-        f"{{epoch: (height, width)}} starting at epoch 0, or None for the stored size; "
-        f"got {size!r}"
+    bad = contract.ArgumentError(
+        contract.Arg("size"),
+        f" must be (height, width) with each in [1, {_MAX_SIDE}], a "
+        f"schedule {{epoch: (height, width)}} starting at epoch 0, or None for the "
+        f"stored size; got {size!r}",
     )
     if isinstance(size, dict):
         if not size or not all(contract.is_integer(e) and e >= 0 for e in size):
-            raise ValueError(bad)
+            raise bad
         steps = tuple(sorted((int(e), _side_pair(s)) for e, s in size.items()))
         if steps[0][0] != 0 or any(s is None for _, s in steps):
-            raise ValueError(bad)
+            raise bad
         return steps[0][1] if len(steps) == 1 else steps
     pair = _side_pair(size)
     if pair is None:
-        raise ValueError(bad)
+        raise bad
     return pair
 
 
@@ -145,7 +149,7 @@ class Augment:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     center_fraction: float = 0.875
     ops: tuple = ()
-    erasing: "randaug.RandomErasing | None" = None
+    erasing: "RandomErasing | None" = None
 
     def __post_init__(self):
         if isinstance(self.crop, (bool, np.bool_)):
@@ -167,17 +171,18 @@ class Augment:
         object.__setattr__(self, "scale", _pair("scale", self.scale, lambda v: v > 0))
         object.__setattr__(self, "ratio", _pair("ratio", self.ratio, lambda v: v > 0))
         f = self.center_fraction
-        if isinstance(f, bool) or not isinstance(f, (int, float, np.floating, np.integer)) or not 0 < f <= 1:
+        if not contract.is_real(f) or not 0 < f <= 1:
             raise ValueError(f"center_fraction must be a number in (0, 1], got {f!r}")
         object.__setattr__(self, "center_fraction", float(f))
         if (
-            isinstance(self.ops, randaug.RandAugment)
+            isinstance(self.ops, randaug.POLICIES)
             or not isinstance(self.ops, (tuple, list))
-            or not all(isinstance(op, randaug.RandAugment) for op in self.ops)
+            or not all(isinstance(op, randaug.POLICIES) for op in self.ops)
         ):
-            raise ValueError(f"ops must be a list of per-image ops (tbljax.RandAugment), got {self.ops!r}")
+            names = ", ".join("tbljax." + c.__name__ for c in randaug.POLICIES)
+            raise ValueError(f"ops must be a list of per-image ops ({names}), got {self.ops!r}")
         object.__setattr__(self, "ops", tuple(self.ops))
-        if self.erasing is not None and not isinstance(self.erasing, randaug.RandomErasing):
+        if self.erasing is not None and not isinstance(self.erasing, RandomErasing):
             raise ValueError(f"erasing must be a tbljax.RandomErasing or None, got {self.erasing!r}")
 
     @classmethod
@@ -209,142 +214,6 @@ class Augment:
         return dataclasses.replace(self, size=self.size_at(epoch))
 
 
-class RecordGeometry:
-    """The stored (height, width) of every record, and the per-record float64 tables that
-    boxes need, built once on the host and gathered by sample index.
-
-    ``RecordGeometry(h, w)`` with two ints: every record is h×w (``shape == (h, w)``).
-    ``RecordGeometry(heights, widths)`` with two 1-D integer arrays: record i is
-    heights[i]×widths[i] (``shape`` is None unless they are all equal).
-
-    >>> g = RecordGeometry(np.array([300, 40]), np.array([200, 90]))
-    >>> g.shape, len(g), g.center_table(0.5).tolist()
-    (None, 2, [[100, 50, 100, 100], [10, 35, 20, 20]])
-    """
-
-    def __init__(self, heights, widths):
-        if np.ndim(heights) == 0 and np.ndim(widths) == 0:
-            hw = [_check_side(name, v) for name, v in (("height", heights), ("width", widths))]
-            self.heights, self.widths = (np.array([v], np.int32) for v in hw)
-            self._uniform = True
-        else:
-            h, w = np.asarray(heights), np.asarray(widths)
-            if h.ndim != 1 or h.shape != w.shape or not len(h) or h.dtype.kind not in "iu" or w.dtype.kind not in "iu":
-                raise ValueError(
-                    f"heights and widths must be two ints or two 1-D integer arrays "
-                    f"of one length >= 1, got {h.dtype} {h.shape} and "
-                    f"{w.dtype} {w.shape}"
-                )
-            for name, a in (("height", h), ("width", w)):
-                if a.min() < 1 or a.max() > _MAX_SIDE:
-                    k = int(np.argmax((a < 1) | (a > _MAX_SIDE)))
-                    raise ValueError(f"record {k}: {name} must be an integer in [1, {_MAX_SIDE}], got {int(a[k])}")
-            self.heights, self.widths = h.astype(np.int32), w.astype(np.int32)
-            self._uniform = bool((h == h[0]).all() and (w == w[0]).all())
-            if self._uniform:  # one size after all: the scalar path (one table row)
-                self.heights, self.widths = self.heights[:1], self.widths[:1]
-        for a in (self.heights, self.widths):
-            a.setflags(write=False)
-        self._tables: dict = {}
-        self._first = 0  # the global index of record 0 (`shifted`)
-
-    @classmethod
-    def of(cls, hw) -> "RecordGeometry":
-        """`hw` itself if it is a RecordGeometry, else RecordGeometry(*hw)."""
-        return hw if isinstance(hw, cls) else cls(*hw)
-
-    @property
-    def shape(self) -> tuple[int, int] | None:
-        """(H, W) when every record has that size, else None."""
-        return (int(self.heights[0]), int(self.widths[0])) if self._uniform else None
-
-    def __len__(self) -> int:
-        """Records described (1 for a uniform geometry: it holds one size for all)."""
-        return len(self.heights)
-
-    def __repr__(self) -> str:
-        if self._uniform:
-            return f"RecordGeometry({self.shape[0]}, {self.shape[1]})"
-        return f"RecordGeometry({len(self)} records of different sizes)"
-
-    def shifted(self, first: int) -> "RecordGeometry":
-        """This geometry for records numbered from global index `first` (a host's part of a
-        dataset): `gather` then takes global sample indices. Shares the tables."""
-        if not first or self._uniform:
-            return self
-        other = copy.copy(self)
-        other._first = int(first)
-        return other
-
-    def gather(self, table, indices, xp=np):
-        """Rows of a per-record `table` for sample `indices` (uniform: its one row, shaped to
-        broadcast against the batch)."""
-        t = xp.asarray(table)
-        return t[:1] if self._uniform else t[xp.asarray(indices) - self._first]
-
-    def _cached(self, key, make):
-        if key not in self._tables:
-            table = make()
-            table.setflags(write=False)
-            self._tables[key] = table
-        return self._tables[key]
-
-    def sqrt_area_table(self) -> np.ndarray:
-        """float32 (N,): float32(sqrt(H*W)) per record, computed in float64."""
-        return self._cached(
-            "sqrt_area", lambda: np.sqrt(self.heights.astype(np.float64) * self.widths).astype(np.float32)
-        )
-
-    def fallback_table(self, ratio) -> np.ndarray:
-        """int32 (N, 4): torchvision's central crop clamped to `ratio`, per record (float64
-        and round-half-to-even, as Python's round)."""
-        lo, hi = (float(r) for r in ratio)
-
-        def make():
-            h, w = self.heights.astype(np.float64), self.widths.astype(np.float64)
-            in_ratio = w / h
-            # At least 1 pixel: an extreme ratio range may round a side to 0.
-            ch = np.where(in_ratio < lo, np.maximum(np.rint(w / lo), 1), h)
-            cw = np.where(in_ratio > hi, np.maximum(np.rint(h * hi), 1), w)
-            return _boxes(h, w, ch, cw)
-
-        return self._cached(("fallback", lo, hi), make)
-
-    def center_table(self, fraction: float) -> np.ndarray:
-        """int32 (N, 4): the central square of side max(1, int(fraction * min(H, W)))."""
-        fraction = float(fraction)
-
-        def make():
-            h, w = self.heights.astype(np.float64), self.widths.astype(np.float64)
-            c = np.maximum(np.floor(fraction * np.minimum(h, w)), 1)
-            return _boxes(h, w, c, c)
-
-        return self._cached(("center", fraction), make)
-
-
-def _boxes(h, w, ch, cw):
-    """int32 (N, 4) boxes (y0, x0, ch, cw) centred in h×w records (float64 whole numbers)."""
-    return np.stack([(h - ch) // 2, (w - cw) // 2, ch, cw], axis=-1).astype(np.int32)
-
-
-@functools.lru_cache(maxsize=32)
-def _tables(scale, ratio):
-    k = (np.arange(1 << _TABLE_BITS, dtype=np.float64) + 0.5) / (1 << _TABLE_BITS)
-    s = np.sqrt(scale[0] + (scale[1] - scale[0]) * k)
-    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-    r = np.sqrt(np.exp(log_lo + (log_hi - log_lo) * k))
-    tables = (s.astype(np.float32), r.astype(np.float32), (1.0 / r).astype(np.float32))
-    for t in tables:
-        t.setflags(write=False)
-    return tables
-
-
-def _check_side(name, v):
-    if not contract.is_integer(v) or not 1 <= v <= _MAX_SIDE:
-        raise ValueError(f"{name} must be an integer in [1, {_MAX_SIDE}], got {v!r}")
-    return int(v)
-
-
 def _geometry(height, width, geometry) -> RecordGeometry:
     if geometry is not None:
         if height is not None or width is not None:
@@ -365,11 +234,12 @@ def crop_boxes(
     scale=(0.08, 1.0),
     ratio=(3 / 4, 4 / 3),
     geometry=None,
+    repeat=0,
     xp=np,
 ):
     """int32 (B, 4) random-resized-crop boxes (y0, x0, h, w) in source pixels for samples
     `indices`: of an H×W image (`height`, `width`), or each of its own record's size
-    (`geometry`: a `RecordGeometry` indexed by sample index).
+    (`geometry`: a `RecordGeometry` indexed by sample index); `repeat`: an int or (B,) ints.
 
     >>> b = crop_boxes(np.arange(3), height=32, width=32, seed=0, epoch=0)
     >>> bool(((b[:, 0] + b[:, 2] <= 32) & (b[:, 1] + b[:, 3] <= 32)).all())
@@ -378,15 +248,15 @@ def crop_boxes(
     geo = _geometry(height, width, geometry)
     scale = _pair("scale", scale, lambda v: v > 0)
     ratio = _pair("ratio", ratio, lambda v: v > 0)
-    sqrt_scale, sqrt_ratio, inv_sqrt_ratio = (xp.asarray(t) for t in _tables(scale, ratio))
+    sqrt_scale, sqrt_ratio, inv_sqrt_ratio = (xp.asarray(t) for t in quantiles.area_aspect_tables(scale, ratio))
     indices = xp.asarray(indices)
     # Each sample's record: (B, 1) against the attempts axis ((1, 1) when all are one size).
     rec_h = geo.gather(geo.heights, indices, xp)[:, None]
     rec_w = geo.gather(geo.widths, indices, xp)[:, None]
     sqrt_area = geo.gather(geo.sqrt_area_table(), indices, xp)[:, None]
     counters = xp.arange(_ATTEMPTS * _WORDS_PER_ATTEMPT, dtype=xp.uint32).reshape(_ATTEMPTS, _WORDS_PER_ATTEMPT)
-    u = order.random_bits(indices[:, None, None], counters, seed, epoch, xp=xp)
-    shift = xp.uint32(32 - _TABLE_BITS)
+    u = order.random_bits(indices[:, None, None], _keyed(counters, repeat, 2, xp), seed, epoch, xp=xp)
+    shift = xp.uint32(32 - quantiles.BITS)
     side = sqrt_area * sqrt_scale[u[..., 0] >> shift]
     kr = u[..., 1] >> shift
     w = xp.rint(side * sqrt_ratio[kr]).astype(xp.int32)
@@ -419,14 +289,20 @@ def center_boxes(
     return xp.broadcast_to(box, (indices.shape[0], 4))
 
 
-def flips(indices, *, seed: int, epoch: int, xp=np):
+def flips(indices, *, seed: int, epoch: int, repeat=0, xp=np):
     """bool (B,): flip sample `indices` horizontally (probability 1/2, fixed per sample and epoch).
 
     >>> flips(np.arange(4), seed=0, epoch=0).dtype
     dtype('bool')
     """
-    u = order.random_bits(xp.asarray(indices), xp.uint32(_FLIP_COUNTER), seed, epoch, xp=xp)
+    u = order.random_bits(xp.asarray(indices), _keyed(_FLIP_COUNTER, repeat, 0, xp), seed, epoch, xp=xp)
     return (u >> 31) == 1
+
+
+def _keyed(counters, repeat, ndim, xp):
+    """uint32 `counters` of repeat `repeat` (an int, or (B,) ints broadcast over `ndim` more axes)."""
+    r = xp.asarray(repeat).astype(xp.uint32)
+    return xp.asarray(counters, dtype=xp.uint32) + r.reshape(r.shape + (1,) * ndim) * xp.uint32(_REPEAT_STRIDE)
 
 
 def sample(
@@ -438,10 +314,12 @@ def sample(
     seed: int,
     epoch: int,
     geometry=None,
+    repeat=0,
     xp=np,
 ):
     """(boxes or None, flips or None) for a batch of sample indices under options `aug`, for
-    H×W records (`height`, `width`) or records of their own sizes (`geometry`)."""
+    H×W records (`height`, `width`) or records of their own sizes (`geometry`); `repeat`:
+    which repeat of each sample (an int, or (B,) ints)."""
     boxes = None
     if aug.crop == "center":
         boxes = center_boxes(
@@ -457,7 +335,8 @@ def sample(
             scale=aug.scale,
             ratio=aug.ratio,
             geometry=geometry,
+            repeat=repeat,
             xp=xp,
         )
-    flip = flips(indices, seed=seed, epoch=epoch, xp=xp) if aug.flip else None
+    flip = flips(indices, seed=seed, epoch=epoch, repeat=repeat, xp=xp) if aug.flip else None
     return boxes, flip

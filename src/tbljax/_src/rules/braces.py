@@ -13,6 +13,7 @@ brace). `${` does not open an expression. Quotes have no meaning here (a Python 
 not shell-quoted), and a `{` alone at the start of a word before whitespace, `}` or the end
 is literal, as in bash. tests/test_sources.py compares this with bash itself.
 """
+
 from __future__ import annotations
 
 import re
@@ -49,7 +50,7 @@ def _gobble(text: str, i: int, satisfy: str) -> tuple[int, str]:
             level += 1
         elif c == "}" and level:
             level -= 1
-        elif satisfy == "}" and level == 0 and (c == "," or (text.startswith("..", i) and text[i + 2:i + 3] != "}")):
+        elif satisfy == "}" and level == 0 and (c == "," or (text.startswith("..", i) and text[i + 2 : i + 3] != "}")):
             seps += 1
         i += 1
     return n, ""
@@ -69,11 +70,11 @@ def _sequence(body: str) -> list[str] | None:
     k = body.find("..")
     if k < 0:
         return None
-    lhs, rhs = body[:k], body[k + 2:]
+    lhs, rhs = body[:k], body[k + 2 :]
     if not lhs or not rhs:
         return None
     num = _strtoimax(lhs, 0)
-    if num is not None and lhs[num[1]:].strip(" \t") == "":
+    if num is not None and lhs[num[1] :].strip(" \t") == "":
         ltype, lval = "int", num[0]
     elif len(lhs) == 1 and lhs.isascii() and lhs.isalpha():
         ltype, lval = "char", ord(lhs)
@@ -120,8 +121,9 @@ def _steps(start: int, end: int, step: int, kind: str, width: int) -> list[str] 
     if count > (1 << 31) - 4:
         return None
     if count >= MAX_EXPANSION:
-        raise ValueError(f"brace sequence {start}..{end} names {count + 1} items; more than "
-                         f"{MAX_EXPANSION} is surely a mistake")
+        raise ValueError(
+            f"brace sequence {start}..{end} names {count + 1} items; more than {MAX_EXPANSION} is surely a mistake"
+        )
     out = []
     for v in range(start, end + (1 if step > 0 else -1), step):
         if kind == "int":
@@ -144,7 +146,7 @@ def _expand(text: str) -> list[str]:
         return [text]
     preamble, start = text[:i], i + 1
     i, _ = _gobble(text, start, "}")
-    body, post = text[start:i], text[i + 1:]
+    body, post = text[start:i], text[i + 1 :]
     j, comma = 0, False
     while j < len(body):
         if body[j] == "\\":

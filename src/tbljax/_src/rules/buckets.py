@@ -51,6 +51,7 @@ Example:
     >>> buckets.assign(np.array([100, 300]), np.array([210, 290]), sizes).tolist()
     [2, 1]
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,24 +60,68 @@ import typing
 
 import numpy as np
 
-from tbljax._src.rules import contract
-from tbljax._src.rules import order
+from tbljax._src.rules import contract, order
 
-__all__ = ["CROPS", "SDXL_SIZES", "BucketSchedule", "Buckets", "assign", "auto_sizes", "bucket_sizes",
-           "cover_boxes", "epoch_schedule"]
+__all__ = [
+    "CROPS",
+    "SDXL_SIZES",
+    "BucketSchedule",
+    "Buckets",
+    "assign",
+    "auto_sizes",
+    "bucket_sizes",
+    "cover_boxes",
+    "epoch_schedule",
+]
 
 CROPS = ("center", "random")
 # SDXL's multi-aspect buckets (h, w) at 1024² pixels (Podell et al. 2023, appendix).
 SDXL_SIZES: tuple[tuple[int, int], ...] = (
-    (512, 2048), (512, 1984), (512, 1920), (512, 1856), (576, 1792), (576, 1728), (576, 1664),
-    (640, 1600), (640, 1536), (704, 1472), (704, 1408), (704, 1344), (768, 1344), (768, 1280),
-    (832, 1216), (832, 1152), (896, 1152), (896, 1088), (960, 1088), (960, 1024), (1024, 1024),
-    (1024, 960), (1088, 960), (1088, 896), (1152, 896), (1152, 832), (1216, 832), (1280, 768),
-    (1344, 768), (1344, 704), (1408, 704), (1472, 704), (1536, 640), (1600, 640), (1664, 576),
-    (1728, 576), (1792, 576), (1856, 512), (1920, 512), (1984, 512), (2048, 512))
+    (512, 2048),
+    (512, 1984),
+    (512, 1920),
+    (512, 1856),
+    (576, 1792),
+    (576, 1728),
+    (576, 1664),
+    (640, 1600),
+    (640, 1536),
+    (704, 1472),
+    (704, 1408),
+    (704, 1344),
+    (768, 1344),
+    (768, 1280),
+    (832, 1216),
+    (832, 1152),
+    (896, 1152),
+    (896, 1088),
+    (960, 1088),
+    (960, 1024),
+    (1024, 1024),
+    (1024, 960),
+    (1088, 960),
+    (1088, 896),
+    (1152, 896),
+    (1152, 832),
+    (1216, 832),
+    (1280, 768),
+    (1344, 768),
+    (1344, 704),
+    (1408, 704),
+    (1472, 704),
+    (1536, 640),
+    (1600, 640),
+    (1664, 576),
+    (1728, 576),
+    (1792, 576),
+    (1856, 512),
+    (1920, 512),
+    (1984, 512),
+    (2048, 512),
+)
 _SDXL_PIXELS = 1024 * 1024
-_COUNTER_Y, _COUNTER_X = 48, 49      # augment uses counters 0..40
-TAG_BATCHES = 0x424B5442             # "BKTB": the batch order's seed, unrelated to the record order's
+_COUNTER_Y, _COUNTER_X = 48, 49  # augment uses counters 0..40
+TAG_BATCHES = 0x424B5442  # "BKTB": the batch order's seed, unrelated to the record order's
 
 
 def _side(v) -> bool:
@@ -88,8 +133,9 @@ def _by_aspect(sizes) -> tuple[tuple[int, int], ...]:
     keyed = sorted((fractions.Fraction(w, h), (h, w)) for h, w in sizes)
     for (a, s), (b, t) in zip(keyed, keyed[1:]):
         if a == b:
-            raise ValueError(f"buckets {s} and {t} have the same aspect ratio {a}: a record could go "
-                             f"to either; keep one")
+            raise ValueError(
+                f"buckets {s} and {t} have the same aspect ratio {a}: a record could go to either; keep one"
+            )
     return tuple(s for _, s in keyed)
 
 
@@ -116,13 +162,14 @@ class Buckets:
         if not (isinstance(self.crop, str) and self.crop in CROPS):
             raise ValueError(f"crop must be one of {CROPS}, got {self.crop!r}")
         if not _side(self.multiple):
-            raise ValueError(f"multiple must be an integer in [1, {contract.MAX_OUT_SIDE}], "
-                             f"got {self.multiple!r}")
+            raise ValueError(f"multiple must be an integer in [1, {contract.MAX_OUT_SIDE}], got {self.multiple!r}")
         object.__setattr__(self, "multiple", int(self.multiple))
         if isinstance(self.sizes, str) and self.sizes == "auto":
             return
-        bad = (f"sizes must be 'auto' or a non-empty list of (height, width) with each in "
-               f"[1, {contract.MAX_OUT_SIDE}], got {self.sizes!r}")
+        bad = (
+            f"sizes must be 'auto' or a non-empty list of (height, width) with each in "
+            f"[1, {contract.MAX_OUT_SIDE}], got {self.sizes!r}"
+        )
         if isinstance(self.sizes, (str, bytes)):
             raise ValueError(bad)
         try:
@@ -178,14 +225,15 @@ def bucket_sizes(buckets: Buckets, pixels: int | None = None) -> np.ndarray:
 def _check_records(heights, widths):
     h, w = np.asarray(heights), np.asarray(widths)
     if h.ndim != 1 or h.shape != w.shape or h.dtype.kind not in "iu" or w.dtype.kind not in "iu":
-        raise ValueError(f"heights and widths must be 1-D integer arrays of one length, got "
-                         f"{h.dtype} {h.shape} and {w.dtype} {w.shape}")
+        raise ValueError(
+            f"heights and widths must be 1-D integer arrays of one length, got "
+            f"{h.dtype} {h.shape} and {w.dtype} {w.shape}"
+        )
     for name, a in (("height", h), ("width", w)):
         bad = (a < 1) | (a > contract.MAX_SIDE)
         if bad.any():
             k = int(np.argmax(bad))
-            raise ValueError(f"record {k}: {name} must be an integer in [1, {contract.MAX_SIDE}], "
-                             f"got {int(a[k])}")
+            raise ValueError(f"record {k}: {name} must be an integer in [1, {contract.MAX_SIDE}], got {int(a[k])}")
     return h.astype(np.int64), w.astype(np.int64)
 
 
@@ -216,7 +264,7 @@ def cover_boxes(indices, heights, widths, bucket, sizes, *, crop: str, seed: int
     h, w = _check_records(heights, widths)
     H, W = h[idx], w[idx]
     bh, bw = (np.asarray(sizes, np.int64)[np.asarray(bucket)[idx]]).T
-    wider = W * bh > H * bw                      # the record is wider than its bucket
+    wider = W * bh > H * bw  # the record is wider than its bucket
     box_w = np.where(wider, np.clip((2 * H * bw + bh) // (2 * bh), 1, W), W)
     box_h = np.where(wider, H, np.clip((2 * W * bh + bw) // (2 * bw), 1, H))
     span_y, span_x = H - box_h, W - box_w
@@ -233,12 +281,13 @@ class BucketSchedule(typing.NamedTuple):
     """An epoch's steps from `start`: ``bucket[s]`` the bucket of step start + s, ``indices[s]``
     its G global record indices (-1: padding, ``valid = indices >= 0``)."""
 
-    bucket: np.ndarray    # int32 (S,)
-    indices: np.ndarray   # int64 (S, G)
+    bucket: np.ndarray  # int32 (S,)
+    indices: np.ndarray  # int64 (S, G)
 
 
-def epoch_schedule(bucket, global_batch: int, *, seed: int, epoch: int, drop_remainder: bool,
-                   shuffle: bool = True, start: int = 0) -> BucketSchedule:
+def epoch_schedule(
+    bucket, global_batch: int, *, seed: int, epoch: int, drop_remainder: bool, shuffle: bool = True, start: int = 0
+) -> BucketSchedule:
     """The steps of epoch `epoch` from step `start` (a resume position) for records whose
     buckets are `bucket` (N,): each step one bucket, every record once (see the module
     docstring). The same on every host.
@@ -250,8 +299,7 @@ def epoch_schedule(bucket, global_batch: int, *, seed: int, epoch: int, drop_rem
     seed, epoch = order.check_seed_epoch(seed, epoch)
     bucket = np.asarray(bucket)
     if bucket.ndim != 1 or not len(bucket) or bucket.dtype.kind not in "iu" or bucket.min() < 0:
-        raise ValueError(f"bucket must be a non-empty 1-D array of bucket ids >= 0, got {bucket.dtype} "
-                         f"{bucket.shape}")
+        raise ValueError(f"bucket must be a non-empty 1-D array of bucket ids >= 0, got {bucket.dtype} {bucket.shape}")
     if not contract.is_integer(global_batch) or global_batch < 1:
         raise ValueError(f"global batch must be an integer >= 1, got {global_batch!r}")
     n, g = len(bucket), int(global_batch)
@@ -262,8 +310,9 @@ def epoch_schedule(bucket, global_batch: int, *, seed: int, epoch: int, drop_rem
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
     per_bucket = counts // g if drop_remainder else -(-counts // g)
     batch_bucket = np.repeat(np.arange(len(counts), dtype=np.int32), per_bucket)
-    batch_start = first[batch_bucket] + g * (np.arange(len(batch_bucket)) - np.repeat(
-        np.cumsum(per_bucket) - per_bucket, per_bucket))
+    batch_start = first[batch_bucket] + g * (
+        np.arange(len(batch_bucket)) - np.repeat(np.cumsum(per_bucket) - per_bucket, per_bucket)
+    )
     total = len(batch_bucket)
     if not contract.is_integer(start) or not 0 <= start <= total:
         raise ValueError(f"start (a step of the epoch) must be an integer in [0, {total}], got {start!r}")

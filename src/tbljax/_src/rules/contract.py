@@ -12,91 +12,74 @@ The numbers come from the C++ core (`tbljax._core`), which is where the kernel e
 >>> normalization(None, (0.5, 0.5, 0.5))
 ((0.0, 0.0, 0.0), (0.5, 0.5, 0.5))
 """
-from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
+from __future__ import annotations
 
 import numpy as np
 
 from tbljax import _core
+from tbljax._src.rules.errors import Arg, ArgumentError, worded  # re-exported: every room's import
 
-__all__ = ["Arg", "ArgumentError", "DEFAULT_RESIZE", "IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "MAX_OUT_SIDE",
-           "MAX_RECORDS", "MAX_SIDE", "MAX_THREADS", "OUT_DTYPES", "RESIZE_MODES",
-           "RESIZE_WEIGHT_BITS", "SQUARE_RESIZE_MODES", "channel_axis", "check_flip",
-           "check_index_array", "check_layout", "check_record_count", "check_served_labels", "check_threads",
-           "check_unnormalized", "crop_boxes", "dtype_name", "host_indices", "is_integer", "is_real",
-           "normalization", "np_dtype", "output_size", "record_numbers", "row_shape", "worded"]
+__all__ = [
+    "Arg",
+    "ArgumentError",
+    "DEFAULT_RESIZE",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "LAYOUTS",
+    "MAX_OUT_SIDE",
+    "MAX_RECORDS",
+    "MAX_SIDE",
+    "MAX_THREADS",
+    "OUT_DTYPES",
+    "RESIZE_MODES",
+    "RESIZE_WEIGHT_BITS",
+    "SQUARE_RESIZE_MODES",
+    "channel_axis",
+    "check_flip",
+    "check_index_array",
+    "check_layout",
+    "check_record_count",
+    "check_served_labels",
+    "check_threads",
+    "check_unnormalized",
+    "crop_boxes",
+    "dtype_name",
+    "host_indices",
+    "is_integer",
+    "is_real",
+    "normalization",
+    "np_dtype",
+    "output_size",
+    "record_numbers",
+    "row_shape",
+    "worded",
+]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-LAYOUTS: tuple[str, ...] = tuple(_core.LAYOUTS)          # ("NHWC", "NCHW")
-OUT_DTYPES: tuple[str, ...] = tuple(_core.OUT_DTYPES)    # ("uint8", "float32", "bfloat16")
-MAX_SIDE: int = _core.MAX_SIDE                           # TBL stores sides as u16
-RESIZE_WEIGHT_BITS: int = _core.RESIZE_WEIGHT_BITS       # kernel.h: fixed-point resize weights
-MAX_THREADS: int = _core.MAX_THREADS                     # the largest pool a call may ask for
+LAYOUTS: tuple[str, ...] = tuple(_core.LAYOUTS)  # ("NHWC", "NCHW")
+OUT_DTYPES: tuple[str, ...] = tuple(_core.OUT_DTYPES)  # ("uint8", "float32", "bfloat16")
+MAX_SIDE: int = _core.MAX_SIDE  # TBL stores sides as u16
+RESIZE_WEIGHT_BITS: int = _core.RESIZE_WEIGHT_BITS  # kernel.h: fixed-point resize weights
+MAX_THREADS: int = _core.MAX_THREADS  # the largest pool a call may ask for
 # Output sides of a crop-resize: kernel.h's integer sums stay exact in int32, the in-jit twin's
 # arithmetic, for output sides up to 32767.
 MAX_OUT_SIDE = 32767
 # How convert resizes (resize.h): every mode's name, those whose every output is S x S, and the
 # mode a recipe without a "resize" key was made with.
-RESIZE_MODES: tuple[str, ...] = tuple(_core.RESIZE_MODES)    # center_crop, squash, max_side, shorter_side
+RESIZE_MODES: tuple[str, ...] = tuple(_core.RESIZE_MODES)  # center_crop, squash, max_side, shorter_side
 SQUARE_RESIZE_MODES: tuple[str, ...] = tuple(_core.SQUARE_RESIZE_MODES)  # center_crop, squash
-DEFAULT_RESIZE: str = _core.DEFAULT_RESIZE_MODE               # center_crop
+DEFAULT_RESIZE: str = _core.DEFAULT_RESIZE_MODE  # center_crop
 # Records a loader serves at most: its `index` output is int32.
 MAX_RECORDS = int(np.iinfo(np.int32).max)
-
-
-_BARE = object()
-
-
-@dataclasses.dataclass(frozen=True)
-class Arg:
-    """An argument named in an error message, so that the message reads in the words of whoever
-    called: the Python API (`Arg("image_size")` reads `image_size`, `Arg("classes", ...)`
-    `classes=`, `Arg("format", "jpeg")` `format='jpeg'`) or the command line, which maps each
-    name to its flag (`-s/--image-size`, `--classes`, `--format jpeg`; a switch set True reads
-    as the flag alone)."""
-
-    name: str
-    value: Any = _BARE  # _BARE: the name alone; Ellipsis: `name=`; else `name=value`
-
-    def words(self, flags: Mapping[str, tuple[str, bool]] | None = None) -> str:
-        """In the API's words, or (given `flags`: name -> (flag, is_switch)) the command line's."""
-        if flags is None or self.name not in flags:
-            api = self.name if self.value is _BARE else (
-                self.name + "=" + ("" if self.value is ... else repr(self.value)))
-            return api if flags is None else f"{api} (Python API only)"  # a command without the flag
-        flag, switch = flags[self.name]
-        if self.value is _BARE or self.value is ... or (switch and self.value is True):
-            return flag
-        return f"{flag} {self.value}"
-
-
-class ArgumentError(ValueError):
-    """A bad argument, its message made of text and `Arg`s: str() reads as the Python API,
-    `words(flags)` as the command line. `ArgumentError(Arg("image_size"), " must be > 0")`."""
-
-    def __init__(self, *parts: str | Arg):
-        self.parts = parts
-        super().__init__(self.words())
-
-    def words(self, flags: Mapping[str, tuple[str, bool]] | None = None) -> str:
-        return worded(self.parts, flags)
-
-
-def worded(parts: Sequence[str | Arg], flags: Mapping[str, tuple[str, bool]] | None = None) -> str:
-    """Text and `Arg`s as one string, in the API's words or (given `flags`) the command line's."""
-    return "".join(p.words(flags) if isinstance(p, Arg) else p for p in parts)
 
 
 def check_record_count(n: int, what: str) -> None:
     """ValueError naming `what` when `n` records are more than a loader serves (`MAX_RECORDS`)."""
     if n > MAX_RECORDS:
-        raise ValueError(f"{what} holds {n} records; the loader's int32 `index` supports up to "
-                         f"{MAX_RECORDS}")
+        raise ValueError(f"{what} holds {n} records; the loader's int32 `index` supports up to {MAX_RECORDS}")
 
 
 def is_integer(v) -> bool:
@@ -128,8 +111,10 @@ def check_served_labels(labels: np.ndarray, what: str) -> np.ndarray:
     info = np.iinfo(np.int32)
     if labels.size and (labels.min() < info.min or labels.max() > info.max):
         bad = labels[(labels < info.min) | (labels > info.max)][0]
-        raise ValueError(f"{what} has label {int(bad)}, which does not fit the int32 'label' a loader "
-                         f"serves ([{info.min}, {info.max}])")
+        raise ValueError(
+            f"{what} has label {int(bad)}, which does not fit the int32 'label' a loader "
+            f"serves ([{info.min}, {info.max}])"
+        )
     return labels
 
 
@@ -182,16 +167,13 @@ def _three(value, name: str, default: float) -> list[float]:
     if value is None:
         return [float(default)] * 3
     if isinstance(value, (str, bytes)):
-        raise TypeError(f"{name} must be a sequence of 3 numbers (one per RGB channel), "
-                        f"got {value!r}")
+        raise TypeError(f"{name} must be a sequence of 3 numbers (one per RGB channel), got {value!r}")
     try:
         vals = [float(v) for v in value]
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a sequence of 3 numbers (one per RGB channel), "
-                        f"got {value!r}") from None
+        raise TypeError(f"{name} must be a sequence of 3 numbers (one per RGB channel), got {value!r}") from None
     if len(vals) != 3:
-        raise ValueError(f"{name} must have 3 values (one per RGB channel), got {len(vals)}: "
-                         f"{value!r}")
+        raise ValueError(f"{name} must have 3 values (one per RGB channel), got {len(vals)}: {value!r}")
     return vals
 
 
@@ -212,8 +194,7 @@ def crop_boxes(crop, batch: int) -> np.ndarray:
     if c.dtype.kind not in "iu":
         raise TypeError(f"crop must hold integers (y0, x0, h, w), got dtype {c.dtype}")
     if c.shape != (batch, 4):
-        raise ValueError(f"crop must have shape ({batch}, 4) as (y0, x0, h, w) per sample, "
-                         f"got {c.shape}")
+        raise ValueError(f"crop must have shape ({batch}, 4) as (y0, x0, h, w) per sample, got {c.shape}")
     info = np.iinfo(np.int32)
     if c.size and (c.min() < info.min or c.max() > info.max):
         raise ValueError(f"crop values must fit in int32, got range [{c.min()}, {c.max()}]")
@@ -233,8 +214,10 @@ def output_size(image_hw: tuple[int, int], out_hw, *, cropped: bool) -> tuple[in
     if not (1 <= oh <= MAX_OUT_SIDE and 1 <= ow <= MAX_OUT_SIDE):
         raise ValueError(f"out_size sides must be in [1, {MAX_OUT_SIDE}], got {out_hw!r}")
     if not cropped and (oh, ow) != (h, w):
-        raise ValueError(f"out_size={out_hw!r} differs from the records' {h}x{w}: resizing "
-                         "needs crop boxes (pass crop=[(0, 0, H, W)] * B for a plain resize)")
+        raise ValueError(
+            f"out_size={out_hw!r} differs from the records' {h}x{w}: resizing "
+            "needs crop boxes (pass crop=[(0, 0, H, W)] * B for a plain resize)"
+        )
     return oh, ow
 
 
@@ -245,8 +228,10 @@ def check_threads(threads) -> int:
     if threads is None:
         return 0
     if not is_integer(threads) or not 0 <= threads <= MAX_THREADS:
-        raise ArgumentError(Arg("threads"), f" must be None or 0 (the pool's default) or an integer in "
-                            f"[1, {MAX_THREADS}], got {threads!r}")
+        raise ArgumentError(
+            Arg("threads"),
+            f" must be None or 0 (the pool's default) or an integer in [1, {MAX_THREADS}], got {threads!r}",
+        )
     return int(threads)
 
 
@@ -265,8 +250,10 @@ def host_indices(indices, num_records: int) -> np.ndarray:
     idx = np.asarray(indices)
     check_index_array(idx.dtype, idx.shape)
     if idx.dtype == np.uint64 and idx.size and idx.max() > np.iinfo(np.int64).max:
-        raise IndexError(f"indices holds {idx.max()}, out of range for a source of "
-                         f"{num_records} records (allowed 0..{num_records - 1})")
+        raise IndexError(
+            f"indices holds {idx.max()}, out of range for a source of "
+            f"{num_records} records (allowed 0..{num_records - 1})"
+        )
     return np.ascontiguousarray(idx, dtype=np.int64)
 
 
@@ -281,5 +268,7 @@ def check_flip(dtype, shape, batch: int) -> None:
 def check_unnormalized(dtype: str, mean, std) -> None:
     """uint8 output (``dtype`` a name of OUT_DTYPES) takes no mean and std."""
     if dtype == "uint8" and (mean is not None or std is not None):
-        raise ValueError("uint8 output is not normalized: mean and std must be None "
-                         "(normalize on device, or ask for float32 / bfloat16 output)")
+        raise ValueError(
+            "uint8 output is not normalized: mean and std must be None "
+            "(normalize on device, or ask for float32 / bfloat16 output)"
+        )

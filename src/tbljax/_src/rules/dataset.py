@@ -22,6 +22,7 @@ lie on disk is given per *file* of `paths`, so the kernel reads the memory maps 
 >>> isinstance(tbljax.open("train.tbl"), RecordDataset)
 True
 """
+
 from __future__ import annotations
 
 import abc
@@ -31,10 +32,19 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tbljax._src.rules.augment import RecordGeometry
+from tbljax._src.rules.errors import shown
+from tbljax._src.rules.record_geometry import RecordGeometry
 
-__all__ = ["FIELD_KINDS", "FieldInfo", "JpegRecords", "RawRecords", "RecordDataset", "Records", "RECORD_FORMATS",
-           "WeightedDataset"]
+__all__ = [
+    "FIELD_KINDS",
+    "FieldInfo",
+    "JpegRecords",
+    "RawRecords",
+    "RecordDataset",
+    "Records",
+    "RECORD_FORMATS",
+    "WeightedDataset",
+]
 
 # What `RecordDataset.record_format` may say: uncompressed RAW_U8; RAW_U8 LZ4-compressed where
 # that was smaller; JPEG; records of several formats; no record at all.
@@ -46,11 +56,14 @@ FIELD_KINDS = ("str", "json", "ndarray")
 
 class FieldInfo(NamedTuple):
     """A field's kind, dtype (ndarray fields; None otherwise) and per-record shape (`()` for
-    str/json; None at the first place for a ragged ndarray field)."""
+    str/json; None at the first place for a ragged ndarray field); `role`: a geometric
+    field's role as its metadata holds it ({"role": "mask", "ignore": 255}, {"role": "boxes",
+    "format": "xyxy", "labels": ...}, ...; docs/reference.md "Geometric fields"), else None."""
 
     kind: str
     dtype: np.dtype | None
     shape: tuple[int | None, ...]
+    role: dict | None = None
 
     @property
     def ragged(self) -> bool:
@@ -66,11 +79,11 @@ class RawRecords(NamedTuple):
     """Where uncompressed RAW records of different sizes lie, for the kernel's
     `variable_source`: `Records` without sizes and stored_raw."""
 
-    views: list        # one read-only 1-D uint8 view of each file's mapping
+    views: list  # one read-only 1-D uint8 view of each file's mapping
     counts: np.ndarray  # records per file (int64)
     offsets: np.ndarray  # each record's byte offset in its file (int64)
     heights: np.ndarray  # int32
-    widths: np.ndarray   # int32
+    widths: np.ndarray  # int32
 
 
 class JpegRecords(NamedTuple):
@@ -91,10 +104,10 @@ class Records(NamedTuple):
     seven fields are `JpegRecords`, what the kernel's `jpeg_source` takes). Record r of the dataset is in file
     ``file_of(r)`` (a file of `views`) at byte ``offsets[r]``, ``sizes[r]`` bytes."""
 
-    views: list         # one read-only 1-D uint8 view of each file's mapping
+    views: list  # one read-only 1-D uint8 view of each file's mapping
     counts: np.ndarray  # records per file (int64)
     offsets: np.ndarray  # each record's byte offset in its file (int64)
-    sizes: np.ndarray    # each record's byte count (int64)
+    sizes: np.ndarray  # each record's byte count (int64)
     heights: np.ndarray  # the size the index gives (int32): the served size but for original JPEGs
     widths: np.ndarray
     stored_raw: np.ndarray  # uint8, 1 where the record is its pixels, uncompressed RAW
@@ -107,17 +120,29 @@ class Records(NamedTuple):
         if len(self.views) != 1:
             raise ValueError(f"a part of {len(self.views)} files holds whole files, not records [{lo}, {hi})")
         cut = slice(lo, hi)
-        return Records(self.views, np.array([hi - lo], np.int64), self.offsets[cut], self.sizes[cut],
-                       self.heights[cut], self.widths[cut], self.stored_raw[cut],
-                       None if self.crc16 is None else self.crc16[cut])
+        return Records(
+            self.views,
+            np.array([hi - lo], np.int64),
+            self.offsets[cut],
+            self.sizes[cut],
+            self.heights[cut],
+            self.widths[cut],
+            self.stored_raw[cut],
+            None if self.crc16 is None else self.crc16[cut],
+        )
 
     @staticmethod
     def concat(parts: "list[Records]") -> "Records":
         """The records of `parts` one after another (shard files, a mixture's sources)."""
         crc = None if any(p.crc16 is None for p in parts) else np.concatenate([p.crc16 for p in parts])
-        return Records([v for p in parts for v in p.views],
-                       *(np.concatenate([getattr(p, f) for p in parts])
-                         for f in ("counts", "offsets", "sizes", "heights", "widths", "stored_raw")), crc)
+        return Records(
+            [v for p in parts for v in p.views],
+            *(
+                np.concatenate([getattr(p, f) for p in parts])
+                for f in ("counts", "offsets", "sizes", "heights", "widths", "stored_raw")
+            ),
+            crc,
+        )
 
     def file_of(self, indices) -> np.ndarray:
         """The file (a number into `views`) of each of records `indices` (0 <= i < len)."""
@@ -229,23 +254,26 @@ class RecordDataset(abc.ABC):
         """Zero-copy read-only (N_k, H, W, 3) uint8 views, one per file (uniform RAW only)."""
         shape = self.image_shape if self.record_format == "raw" else None
         if shape is None:
-            raise ValueError(f"{self!r}: only RAW records of one size have (N, H, W, 3) views "
-                             f"(it holds {self.record_format} records of image_shape {self.image_shape})")
+            raise ValueError(
+                f"{self!r}: only RAW records of one size have (N, H, W, 3) views "
+                f"(it holds {self.record_format} records of image_shape {self.image_shape})"
+            )
         r, row = self.records(), shape[0] * shape[1] * 3
         views, first = [], 0
         for view, count in zip(r.views, r.counts.tolist()):
             start = int(r.offsets[first]) if count else 0
-            if count and np.any(np.diff(r.offsets[first:first + count]) != row):
+            if count and np.any(np.diff(r.offsets[first : first + count]) != row):
                 raise ValueError(f"{self!r}: its RAW records are not laid out one after another")
-            views.append(view[start:start + count * row].reshape(count, *shape, 3))
+            views.append(view[start : start + count * row].reshape(count, *shape, 3))
             first += count
         return views
 
     def raw_records(self) -> RawRecords:
         """Where its RAW records lie, for the kernel (uncompressed RAW only; ValueError otherwise)."""
         if self.record_format != "raw":
-            raise ValueError(f"{self!r}: only uncompressed RAW records are gathered in place "
-                             f"(it holds {self.record_format} records)")
+            raise ValueError(
+                f"{self!r}: only uncompressed RAW records are gathered in place (it holds {self.record_format} records)"
+            )
         r = self.records()
         return RawRecords(r.views, r.counts, r.offsets, r.heights, r.widths)
 
@@ -253,8 +281,9 @@ class RecordDataset(abc.ABC):
         """Where its JPEG records lie, for the kernel's JPEG source (JPEG records, and compact
         records with some stored RAW, only; ValueError otherwise)."""
         if not (self.record_format == "jpeg" or self.compact):
-            raise ValueError(f"{self!r}: only JPEG records are served from their bytes "
-                             f"(it holds {self.record_format} records)")
+            raise ValueError(
+                f"{self!r}: only JPEG records are served from their bytes (it holds {self.record_format} records)"
+            )
         return JpegRecords(*self.records()[:7])
 
     def checksums(self) -> np.ndarray | None:
@@ -278,14 +307,13 @@ class RecordDataset(abc.ABC):
         idx = np.asarray(indices, np.int64)
         return np.unique(r.file_of(np.where(idx < 0, idx + len(self), idx)))
 
-    def field_padded(self, name: str, indices, length: int, out: np.ndarray,
-                     lengths: np.ndarray) -> None:
+    def field_padded(self, name: str, indices, length: int, out: np.ndarray, lengths: np.ndarray) -> None:
         """A ragged field's records `indices` cut or zero-padded to `length` rows into `out`
         (B, length, *trail); each record's true length (before any cut) into `lengths` (B,)."""
         out[...] = 0
         for r, v in enumerate(self.field_rows(name, indices)):
             lengths[r] = len(v)
-            out[r, :min(len(v), length)] = v[:length]
+            out[r, : min(len(v), length)] = v[:length]
 
     def read_record(self, i: int) -> dict[str, Any]:
         """Record i with everything it holds: {'image': (H, W, 3) uint8, 'label', 'key', and
@@ -384,8 +412,10 @@ def members() -> list[str]:
 def require(dataset: Any, what: str) -> RecordDataset:
     """`dataset` itself if it implements the contract, else TypeError naming what took it."""
     if not isinstance(dataset, RecordDataset):
-        raise TypeError(f"{what} takes a TBL path, a list of shard paths or a tbljax.Dataset, "
-                        f"got {type(dataset).__name__} {dataset!r}"[:300])
+        raise TypeError(
+            f"{what} takes a TBL path, a list of shard paths or a tbljax.Dataset, "
+            f"got {type(dataset).__name__} {shown(repr(dataset))}"
+        )
     return dataset
 
 

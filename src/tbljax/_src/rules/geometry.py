@@ -25,18 +25,33 @@ Serving then follows torchvision v2: boxes clipped to the output, and dropped by
 `min_visibility` (the clipped area over the area before clipping); keypoints outside the output
 get visibility 0, and a flip reorders them by `flip_permutation` (left eye ↔ right eye).
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["BOX_FORMATS", "INTERPOLATIONS", "ResizePlan", "boxes_to_xyxy", "map_points", "nearest_index",
-           "resize_dense", "resize_nearest", "resize_plan", "serve_boxes", "serve_keypoints", "serve_mask",
-           "stored_boxes", "stored_keypoints"]
+__all__ = [
+    "BOX_FORMATS",
+    "INTERPOLATIONS",
+    "ResizePlan",
+    "boxes_to_xyxy",
+    "map_points",
+    "nearest_index",
+    "resize_dense",
+    "resize_nearest",
+    "resize_plan",
+    "serve_boxes",
+    "serve_keypoints",
+    "serve_mask",
+    "stored_boxes",
+    "stored_keypoints",
+]
 
-BOX_FORMATS = ("xyxy", "xywh", "cxcywh")   # torchvision's BoundingBoxFormat names, lower case
-INTERPOLATIONS = ("nearest", "linear")     # a dense map's resize
+# torchvision's BoundingBoxFormat names, lower case; yxyx: TFDS's BBoxFeature order.
+BOX_FORMATS = ("xyxy", "xywh", "cxcywh", "yxyx")
+INTERPOLATIONS = ("nearest", "linear")  # a dense map's resize
 
 
 class ResizePlan(NamedTuple):
@@ -93,8 +108,9 @@ def nearest_index(start: int, length: int, out: int) -> np.ndarray:
     return start + np.minimum(idx, length - 1)
 
 
-def resize_nearest(a: np.ndarray, box: tuple[int, int, int, int], out_hw: tuple[int, int],
-                   flip: bool = False) -> np.ndarray:
+def resize_nearest(
+    a: np.ndarray, box: tuple[int, int, int, int], out_hw: tuple[int, int], flip: bool = False
+) -> np.ndarray:
     """`a[y0:y0+h, x0:x0+w]` resized to out_hw by the nearest rule (then mirrored if flip);
     a trailing channel axis is carried."""
     y0, x0, h, w = box
@@ -139,9 +155,11 @@ def resize_dense(a: np.ndarray, plan: ResizePlan, interpolation: str, invalid: A
 
 
 def boxes_to_xyxy(boxes: np.ndarray, fmt: str) -> np.ndarray:
-    """(n, 4) boxes in `fmt` (xyxy, xywh: corner and size, cxcywh: centre and size) as float64
-    xyxy."""
+    """(n, 4) boxes in `fmt` (xyxy, xywh: corner and size, cxcywh: centre and size, yxyx:
+    ymin, xmin, ymax, xmax) as float64 xyxy."""
     b = np.asarray(boxes, np.float64).reshape(-1, 4)
+    if fmt == "yxyx":
+        return b[:, [1, 0, 3, 2]]
     if fmt == "xywh":
         return np.concatenate([b[:, :2], b[:, :2] + b[:, 2:]], axis=1)
     if fmt == "cxcywh":
@@ -149,8 +167,9 @@ def boxes_to_xyxy(boxes: np.ndarray, fmt: str) -> np.ndarray:
     return b
 
 
-def map_points(xy: np.ndarray, box: tuple[float, float, float, float], out_hw: tuple[int, int],
-               flip: bool = False) -> np.ndarray:
+def map_points(
+    xy: np.ndarray, box: tuple[float, float, float, float], out_hw: tuple[int, int], flip: bool = False
+) -> np.ndarray:
     """Points (..., 2) as (x, y) from source pixels into the output of `box` (y0, x0, h, w)
     resized to out_hw (then mirrored if flip); float64."""
     y0, x0, h, w = box
@@ -162,8 +181,9 @@ def map_points(xy: np.ndarray, box: tuple[float, float, float, float], out_hw: t
     return np.stack([x, y], axis=-1)
 
 
-def _map_boxes(xyxy: np.ndarray, box: tuple[float, float, float, float], out_hw: tuple[int, int],
-               flip: bool) -> np.ndarray:
+def _map_boxes(
+    xyxy: np.ndarray, box: tuple[float, float, float, float], out_hw: tuple[int, int], flip: bool
+) -> np.ndarray:
     corners = map_points(xyxy.reshape(-1, 2, 2), box, out_hw, flip)
     lo, hi = np.minimum(corners[:, 0], corners[:, 1]), np.maximum(corners[:, 0], corners[:, 1])
     return np.concatenate([lo, hi], axis=1)  # a flip swaps x0 and x1
@@ -184,9 +204,15 @@ def stored_keypoints(kpts: np.ndarray, plan: ResizePlan) -> np.ndarray:
     return serve_keypoints(kpts, (plan.box_y, plan.box_x, plan.box_h, plan.box_w), (plan.out_h, plan.out_w))
 
 
-def serve_mask(mask: np.ndarray, box: tuple[int, int, int, int], out_hw: tuple[int, int], flip: bool = False,
-               place: tuple[int, int] | None = None, canvas_hw: tuple[int, int] | None = None,
-               ignore: int = 255) -> np.ndarray:
+def serve_mask(
+    mask: np.ndarray,
+    box: tuple[int, int, int, int],
+    out_hw: tuple[int, int],
+    flip: bool = False,
+    place: tuple[int, int] | None = None,
+    canvas_hw: tuple[int, int] | None = None,
+    ignore: int = 255,
+) -> np.ndarray:
     """A served mask: the record's mask in the integer crop `box`, resized to out_hw by the
     nearest rule, mirrored if flip, and (place, canvas_hw) put at `place` (top, left) of a
     canvas of `ignore` (the padding has no source pixel)."""
@@ -195,13 +221,22 @@ def serve_mask(mask: np.ndarray, box: tuple[int, int, int, int], out_hw: tuple[i
         return out
     canvas = np.full(tuple(canvas_hw) + out.shape[2:], ignore, mask.dtype)
     t, left = place
-    canvas[t:t + out_hw[0], left:left + out_hw[1]] = out
+    canvas[t : t + out_hw[0], left : left + out_hw[1]] = out
     return canvas
 
 
-def serve_boxes(xyxy: np.ndarray, labels: np.ndarray, box: tuple[int, int, int, int], out_hw: tuple[int, int],
-                flip: bool = False, *, max_boxes: int, min_size: float = 1.0, min_area: float = 1.0,
-                min_visibility: float = 0.0) -> dict[str, np.ndarray]:
+def serve_boxes(
+    xyxy: np.ndarray,
+    labels: np.ndarray,
+    box: tuple[int, int, int, int],
+    out_hw: tuple[int, int],
+    flip: bool = False,
+    *,
+    max_boxes: int,
+    min_size: float = 1.0,
+    min_area: float = 1.0,
+    min_visibility: float = 0.0,
+) -> dict[str, np.ndarray]:
     """A record's xyxy boxes through a crop `box`, resize to out_hw and flip, clipped to the
     output; a box is dropped when a clipped side is under `min_size`, its clipped area under
     `min_area` (torchvision v2's SanitizeBoundingBoxes) or under `min_visibility` of its area
@@ -219,16 +254,21 @@ def serve_boxes(xyxy: np.ndarray, labels: np.ndarray, box: tuple[int, int, int, 
     keep &= area >= min_visibility * before
     kept = np.nonzero(keep)[0][:max_boxes]
     out = np.zeros((max_boxes, 4), np.float32)
-    out[:kept.size] = clipped[kept]
+    out[: kept.size] = clipped[kept]
     lab = np.full(max_boxes, -1, np.int64)
-    lab[:kept.size] = np.asarray(labels, np.int64).reshape(-1)[kept]
+    lab[: kept.size] = np.asarray(labels, np.int64).reshape(-1)[kept]
     valid = np.zeros(max_boxes, bool)
-    valid[:kept.size] = True
+    valid[: kept.size] = True
     return {"boxes": out, "boxes_valid": valid, "box_labels": lab, "boxes_count": np.int64(len(b))}
 
 
-def serve_keypoints(kpts: np.ndarray, box: tuple[float, float, float, float], out_hw: tuple[int, int],
-                    flip: bool = False, flip_permutation: Any = None) -> np.ndarray:
+def serve_keypoints(
+    kpts: np.ndarray,
+    box: tuple[float, float, float, float],
+    out_hw: tuple[int, int],
+    flip: bool = False,
+    flip_permutation: Any = None,
+) -> np.ndarray:
     """(n, K, 3) keypoints (x, y, visibility) through a crop `box`, resize to out_hw and flip:
     float32, visibility 0 where a point falls outside [0, out_w) x [0, out_h); on a flip the K
     points are reordered by flip_permutation (point k takes point flip_permutation[k])."""

@@ -32,6 +32,7 @@ Everything is integer arithmetic on NumPy arrays.
 >>> spec = MixSpec((0.7, 0.3), (100, 8))
 >>> src, rec, passes = draw_rows(spec, seed=0, global_step=0, rows=np.arange(4), batch=4)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,7 +44,7 @@ from tbljax._src.rules import order
 __all__ = ["MixSpec", "WEIGHT_BITS", "draw_rows", "process_seed", "rows_before", "step_quotas"]
 
 WEIGHT_BITS = 20  # weights are held as integers over 2^20 (about 1e-6 resolution)
-_ROW_TAG = 0x6D69_7852   # keys the shuffle of a step's rows
+_ROW_TAG = 0x6D69_7852  # keys the shuffle of a step's rows
 _SOURCE_TAG = 0x6D69_7853  # keys each source's record order
 _PROCESS_TAG = 0x6D69_7850  # keys a host part's stream by its process index
 
@@ -58,8 +59,9 @@ class MixSpec:
     def __post_init__(self):
         w = np.asarray(self.weights, np.float64)
         if w.ndim != 1 or not len(w) or len(w) != len(self.counts):
-            raise ValueError(f"a mixture needs one weight per source, got {len(w)} weights for "
-                             f"{len(self.counts)} sources")
+            raise ValueError(
+                f"a mixture needs one weight per source, got {len(w)} weights for {len(self.counts)} sources"
+            )
         if not np.all(np.isfinite(w)) or (w <= 0).any():
             raise ValueError(f"mixture weights must be finite and > 0, got {list(self.weights)}")
         if any(int(c) < 1 for c in self.counts):
@@ -94,8 +96,7 @@ def step_quotas(spec: MixSpec, global_step: int, batch: int) -> np.ndarray:
 
 
 def _source_seed(seed: int, k: int) -> int:
-    words = [np.array([_SOURCE_TAG], np.uint32), np.array([seed & 0xFFFFFFFF], np.uint32),
-             np.array([k], np.uint32)]
+    words = [np.array([_SOURCE_TAG], np.uint32), np.array([seed & 0xFFFFFFFF], np.uint32), np.array([k], np.uint32)]
     return int(order.hash32(words)[0]) & 0x7FFFFFFF
 
 
@@ -103,13 +104,15 @@ def process_seed(seed: int, process: int) -> int:
     """The seed process `process` of a host-partitioned mixture draws with (step 5)."""
     if process == 0:
         return int(seed)
-    words = [np.array([_PROCESS_TAG], np.uint32), np.array([seed & 0xFFFFFFFF], np.uint32),
-             np.array([process], np.uint32)]
+    words = [
+        np.array([_PROCESS_TAG], np.uint32),
+        np.array([seed & 0xFFFFFFFF], np.uint32),
+        np.array([process], np.uint32),
+    ]
     return int(order.hash32(words)[0]) & 0x7FFFFFFF
 
 
-def draw_rows(spec: MixSpec, *, seed: int, global_step: int, rows, batch: int,
-              process: int = 0):
+def draw_rows(spec: MixSpec, *, seed: int, global_step: int, rows, batch: int, process: int = 0):
     """(source, record in that source, pass over that source) of `rows` of global step S.
     With host parts, `spec` holds process `process`'s part sizes and `batch` is its L rows."""
     rows = np.asarray(rows, np.int64)
@@ -129,6 +132,5 @@ def draw_rows(spec: MixSpec, *, seed: int, global_step: int, rows, batch: int,
     for k in np.unique(source).tolist():
         for q in np.unique(passes[source == k]).tolist():
             m = (source == k) & (passes == q)
-            record[m] = order.permute(pos[m], int(spec.counts[k]), _source_seed(seed, k),
-                                      int(q) % (1 << 31))
+            record[m] = order.permute(pos[m], int(spec.counts[k]), _source_seed(seed, k), int(q) % (1 << 31))
     return source, record, passes

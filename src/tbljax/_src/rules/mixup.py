@@ -44,6 +44,7 @@ Example:
     >>> x.shape, y.shape, bool(np.allclose(y.sum(1), 1))
     ((2, 4, 4, 3), (2, 4), True)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,12 +54,23 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tbljax._src.rules import contract
-from tbljax._src.rules import order
+from tbljax._src.rules import contract, order
 
-__all__ = ["DTYPES", "MODES", "TAG_MIXUP", "Draws", "Mixup", "block_params", "check_batch", "check_labels",
-           "check_seed", "check_step", "mix",
-           "mix_block", "mixup_cutmix_host"]
+__all__ = [
+    "DTYPES",
+    "MODES",
+    "TAG_MIXUP",
+    "Draws",
+    "Mixup",
+    "block_params",
+    "check_batch",
+    "check_labels",
+    "check_seed",
+    "check_step",
+    "mix",
+    "mix_block",
+    "mixup_cutmix_host",
+]
 
 MODES = ("batch", "pair", "elem")
 DTYPES = ("uint8", "float32", "bfloat16")  # the loader's output dtypes
@@ -70,8 +82,7 @@ _APPLY, _SWITCH, _LAM, _CY, _CX = range(5)
 
 
 def _number(name, v, lo, hi, hi_open=False):
-    if not contract.is_real(v) \
-            or not (lo <= v < hi if hi_open else lo <= v <= hi):
+    if not contract.is_real(v) or not (lo <= v < hi if hi_open else lo <= v <= hi):
         raise ValueError(f"{name} must be a number in [{lo}, {hi}{')' if hi_open else ']'}, got {v!r}")
     return float(v)
 
@@ -100,12 +111,12 @@ class Mixup:
         for name in ("mixup_alpha", "cutmix_alpha"):
             object.__setattr__(self, name, _number(name, getattr(self, name), 0, math.inf, hi_open=True))
         if not (self.mixup_alpha > 0 or self.cutmix_alpha > 0):
-            raise ValueError("mixup_alpha=0 and cutmix_alpha=0 mix nothing: give one of them > 0 "
-                             "(or leave mixing out)")
+            raise ValueError("mixup_alpha=0 and cutmix_alpha=0 mix nothing: give one of them > 0 (or leave mixing out)")
         for name in ("prob", "switch_prob"):
             object.__setattr__(self, name, _number(name, getattr(self, name), 0, 1))
-        object.__setattr__(self, "label_smoothing",
-                           _number("label_smoothing", self.label_smoothing, 0, 1, hi_open=True))
+        object.__setattr__(
+            self, "label_smoothing", _number("label_smoothing", self.label_smoothing, 0, 1, hi_open=True)
+        )
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
 
@@ -161,11 +172,11 @@ class Draws(NamedTuple):
     applies; ``box`` (yl, yh, xl, xh): copied from the partner, empty where CutMix does not
     apply)."""
 
-    applied: object   # bool (rows,): mixing applies (probability `prob`)
-    cutmix: object    # bool (rows,): CutMix, not Mixup
-    drawn: object     # float32 (rows,): λ ~ Beta(α, α) of the chosen kind
-    cy: object        # int32 (rows,): the box centre, uniform in [0, H)
-    cx: object        # int32 (rows,): uniform in [0, W)
+    applied: object  # bool (rows,): mixing applies (probability `prob`)
+    cutmix: object  # bool (rows,): CutMix, not Mixup
+    drawn: object  # float32 (rows,): λ ~ Beta(α, α) of the chosen kind
+    cy: object  # int32 (rows,): the box centre, uniform in [0, H)
+    cx: object  # int32 (rows,): uniform in [0, W)
     lam: object
     mixes: object
     box: object
@@ -238,15 +249,20 @@ def mix_block(m: Mixup, images, labels, *, seed: int, step, layout: str = "NHWC"
     # Images: per row, the partner inside the box, else the float32 mix where Mixup applies.
     ys = xp.arange(height)[None, :, None]
     xs = xp.arange(width)[None, None, :]
-    inside = ((ys >= box[:, 0, None, None]) & (ys < box[:, 1, None, None])
-              & (xs >= box[:, 2, None, None]) & (xs < box[:, 3, None, None]))   # (b, H, W)
+    inside = (
+        (ys >= box[:, 0, None, None])
+        & (ys < box[:, 1, None, None])
+        & (xs >= box[:, 2, None, None])
+        & (xs < box[:, 3, None, None])
+    )  # (b, H, W)
     inside = inside[..., None] if layout == "NHWC" else inside[:, None]
     shape = (b, 1, 1, 1)
     x = images
     xf = x[::-1]
     zero = zero.reshape(shape)
-    mixed = (_rounded(x.astype(xp.float32) * lam.reshape(shape), zero, xp)
-             + _rounded(xf.astype(xp.float32) * one_minus.reshape(shape), zero, xp))
+    mixed = _rounded(x.astype(xp.float32) * lam.reshape(shape), zero, xp) + _rounded(
+        xf.astype(xp.float32) * one_minus.reshape(shape), zero, xp
+    )
     if x.dtype == np.uint8:
         mixed = xp.rint(mixed)
     mixed = mixed.astype(x.dtype)
@@ -264,15 +280,21 @@ def check_batch(m: Mixup, images, labels, layout: str, blocks: int = 1) -> None:
         raise ValueError(f"images must be one of {DTYPES}, got {dtype}")
     lshape = tuple(labels.shape)
     if lshape != (shape[0],) or np.dtype(labels.dtype).kind not in "iu":
-        raise ValueError(f"labels must be ({shape[0]},) integers (class ids, -1 for padding rows), "
-                         f"got {np.dtype(labels.dtype)} of shape {lshape}")
+        raise ValueError(
+            f"labels must be ({shape[0]},) integers (class ids, -1 for padding rows), "
+            f"got {np.dtype(labels.dtype)} of shape {lshape}"
+        )
     h_axis = 1 if layout == "NHWC" else 2
     if shape[h_axis] * shape[h_axis + 1] > _MAX_AREA:
-        raise ValueError(f"images of {shape[h_axis]}x{shape[h_axis + 1]} pixels are over the 2**24 that "
-                         "CutMix's table of corrected λ per box area covers")
+        raise ValueError(
+            f"images of {shape[h_axis]}x{shape[h_axis + 1]} pixels are over the 2**24 that "
+            "CutMix's table of corrected λ per box area covers"
+        )
     if shape[0] % blocks or (shape[0] // blocks) % 2:
-        raise ValueError(f"each block of rows mixed together must have an even number of rows "
-                         f"(timm pairs row i with b-1-i); got {shape[0]} rows in {blocks} block(s)")
+        raise ValueError(
+            f"each block of rows mixed together must have an even number of rows "
+            f"(timm pairs row i with b-1-i); got {shape[0]} rows in {blocks} block(s)"
+        )
 
 
 def check_labels(m: Mixup, labels) -> None:
@@ -281,8 +303,9 @@ def check_labels(m: Mixup, labels) -> None:
     bad = np.flatnonzero((labels < -1) | (labels >= m.num_classes))
     if bad.size:
         k = int(bad[0])
-        raise ValueError(f"labels row {k}: {int(labels[k])} is neither a class id in "
-                         f"[0, {m.num_classes}) nor -1 (a padding row)")
+        raise ValueError(
+            f"labels row {k}: {int(labels[k])} is neither a class id in [0, {m.num_classes}) nor -1 (a padding row)"
+        )
 
 
 def mix(m: Mixup, images, labels, *, seed: int, step: int, layout: str = "NHWC", blocks: int = 1):
@@ -295,15 +318,29 @@ def mix(m: Mixup, images, labels, *, seed: int, step: int, layout: str = "NHWC",
     check_batch(m, images, labels, layout, blocks)
     check_labels(m, labels)
     check_step(step)
-    parts = [mix_block(m, x, y, seed=seed, step=step, layout=layout)
-             for x, y in zip(np.split(images, blocks), np.split(labels, blocks))]
+    parts = [
+        mix_block(m, x, y, seed=seed, step=step, layout=layout)
+        for x, y in zip(np.split(images, blocks), np.split(labels, blocks))
+    ]
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def mixup_cutmix_host(images, labels, *, seed: int, step: int, num_classes: int, mixup_alpha: float = 0.8,
-                      cutmix_alpha: float = 1.0, prob: float = 1.0, switch_prob: float = 0.5,
-                      label_smoothing: float = 0.1, mode: str = "batch", layout: str = "NHWC",
-                      blocks: int = 1):
+def mixup_cutmix_host(
+    images,
+    labels,
+    *,
+    seed: int,
+    step: int,
+    num_classes: int,
+    mixup_alpha: float = 0.8,
+    cutmix_alpha: float = 1.0,
+    prob: float = 1.0,
+    switch_prob: float = 0.5,
+    label_smoothing: float = 0.1,
+    mode: str = "batch",
+    layout: str = "NHWC",
+    blocks: int = 1,
+):
     """`tbljax.ops.mixup_cutmix` on the host, in NumPy (the torch and MLX path): the same
     arguments, and `blocks`, the number of equal per-device blocks the batch is made of (1: one
     device). Returns NumPy arrays equal, bit for bit, to the jax op's.
@@ -313,6 +350,13 @@ def mixup_cutmix_host(images, labels, *, seed: int, step: int, num_classes: int,
     >>> x.dtype, y.shape
     (dtype('uint8'), (4, 3))
     """
-    m = Mixup(num_classes=num_classes, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=prob,
-              switch_prob=switch_prob, label_smoothing=label_smoothing, mode=mode)
+    m = Mixup(
+        num_classes=num_classes,
+        mixup_alpha=mixup_alpha,
+        cutmix_alpha=cutmix_alpha,
+        prob=prob,
+        switch_prob=switch_prob,
+        label_smoothing=label_smoothing,
+        mode=mode,
+    )
     return mix(m, images, labels, seed=seed, step=step, layout=layout, blocks=blocks)

@@ -53,6 +53,7 @@ Example:
     >>> naflex.sequence_size(np.array([63]), np.array([241]), 16, 16)
     (array([32], dtype=int32), array([128], dtype=int32))
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,16 +61,27 @@ import typing
 
 import numpy as np
 
-from tbljax._src.rules import contract
-from tbljax._src.rules import order
+from tbljax._src.rules import contract, order
 
-__all__ = ["LengthSchedule", "Packing", "Patches", "length_batch_size", "length_schedule", "pack", "patch_coords",
-           "patchify", "segment_ids", "sequence_size", "step_indices", "unpatchify"]
+__all__ = [
+    "LengthSchedule",
+    "Packing",
+    "Patches",
+    "length_batch_size",
+    "length_schedule",
+    "pack",
+    "patch_coords",
+    "patchify",
+    "segment_ids",
+    "sequence_size",
+    "step_indices",
+    "unpatchify",
+]
 
 # big_vision's bisection: bounds and stopping width, as float32 (its tf.constant's dtype).
 _LO, _HI, _EPS = np.float32(1e-5 / 10.0), np.float32(100.0), np.float32(1e-5)
-_COUNTER_LENGTH = 64                 # augment uses counters 0..40, buckets 48 and 49
-TAG_LENGTHS = 0x4C454E53             # "LENS": the batch order's seed, unrelated to the record order's
+_COUNTER_LENGTH = 64  # augment uses counters 0..40, buckets 48 and 49
+TAG_LENGTHS = 0x4C454E53  # "LENS": the batch order's seed, unrelated to the record order's
 
 
 def _positive(name, v, hi=None) -> int:
@@ -123,11 +135,14 @@ class Patches:
         object.__setattr__(self, "max_tokens", lengths)
         scheduled = isinstance(lengths, tuple)
         if scheduled and self.tokens_per_batch is None:
-            raise ValueError(f"max_tokens={lengths!r} (a schedule of lengths) needs tokens_per_batch, "
-                             f"the token budget of a step")
+            raise ValueError(
+                f"max_tokens={lengths!r} (a schedule of lengths) needs tokens_per_batch, the token budget of a step"
+            )
         if not scheduled and self.tokens_per_batch is not None:
-            raise ValueError(f"tokens_per_batch={self.tokens_per_batch!r} applies to a list of max_tokens "
-                             f"only; with one length the loader's batch_size sets the batch")
+            raise ValueError(
+                f"tokens_per_batch={self.tokens_per_batch!r} applies to a list of max_tokens "
+                f"only; with one length the loader's batch_size sets the batch"
+            )
         if scheduled:
             _positive("tokens_per_batch", self.tokens_per_batch)
         _positive("batch_divisor", self.batch_divisor)
@@ -135,8 +150,9 @@ class Patches:
             raise ValueError(f"pack must be True or False, got {self.pack!r}")
         object.__setattr__(self, "pack", bool(self.pack))
         if self.pack and scheduled:
-            raise ValueError(f"pack=True with max_tokens={lengths!r}: packing fills one sequence length; "
-                             f"give one max_tokens")
+            raise ValueError(
+                f"pack=True with max_tokens={lengths!r}: packing fills one sequence length; give one max_tokens"
+            )
         if not self.pack and self.image_tokens is not None:
             raise ValueError(f"image_tokens={self.image_tokens!r} applies to pack=True only")
         if self.pack:
@@ -157,7 +173,7 @@ def _bisect_state(h, w, patch, max_tokens, xp):
     def feasible(ratio):
         th, tw = target(ratio)
         gh, gw = th // patch, tw // patch
-        return gw <= max_tokens // gh   # gh·gw <= max_tokens, without the product
+        return gw <= max_tokens // gh  # gh·gw <= max_tokens, without the product
 
     def step(lb, rb):
         mid = (lb + rb) / xp.float32(2)
@@ -183,8 +199,9 @@ def sequence_size(heights, widths, patch: int, max_tokens: int, *, xp=np):
             bad = (a < 1) | (a > contract.MAX_SIDE)
             if a.dtype.kind not in "iu" or bad.any():
                 k = int(np.argmax(bad)) if a.dtype.kind in "iu" else 0
-                raise ValueError(f"record {k}: {name} must be an integer in [1, {contract.MAX_SIDE}], "
-                                 f"got {a.reshape(-1)[k]}")
+                raise ValueError(
+                    f"record {k}: {name} must be an integer in [1, {contract.MAX_SIDE}], got {a.reshape(-1)[k]}"
+                )
     h = xp.asarray(heights).astype(xp.float32)
     w = xp.asarray(widths).astype(xp.float32)
     target, step = _bisect_state(h, w, patch, max_tokens, xp)
@@ -228,7 +245,7 @@ def patchify(image: np.ndarray, patch: int, max_tokens: int) -> np.ndarray:
     if gh * gw > max_tokens:
         raise ValueError(f"image {hh}x{ww} has {gh * gw} patches of {patch}, more than max_tokens {max_tokens}")
     row = np.zeros((max_tokens, patch * patch * c), image.dtype)
-    row[:gh * gw] = image.reshape(gh, patch, gw, patch, c).swapaxes(1, 2).reshape(gh * gw, -1)
+    row[: gh * gw] = image.reshape(gh, patch, gw, patch, c).swapaxes(1, 2).reshape(gh * gw, -1)
     return row
 
 
@@ -237,7 +254,7 @@ def unpatchify(row: np.ndarray, height: int, width: int, patch: int) -> np.ndarr
     row = np.asarray(row)
     gh, gw = height // patch, width // patch
     c = row.shape[-1] // (patch * patch)
-    return row[:gh * gw].reshape(gh, gw, patch, patch, c).swapaxes(1, 2).reshape(height, width, c)
+    return row[: gh * gw].reshape(gh, gw, patch, patch, c).swapaxes(1, 2).reshape(height, width, c)
 
 
 def length_batch_size(tokens_per_batch: int, seq_len, divisor: int = 1):
@@ -253,14 +270,15 @@ class LengthSchedule(typing.NamedTuple):
     ``batch_size[s]`` rows (the shape), its first ``count[s]`` rows the records at positions
     ``first[s]`` … of the epoch's order (`step_indices`), the rest padding."""
 
-    seq_len: np.ndarray      # int32 (S,)
-    batch_size: np.ndarray   # int32 (S,)
-    first: np.ndarray        # int64 (S,)
-    count: np.ndarray        # int32 (S,)
+    seq_len: np.ndarray  # int32 (S,)
+    batch_size: np.ndarray  # int32 (S,)
+    first: np.ndarray  # int64 (S,)
+    count: np.ndarray  # int32 (S,)
 
 
-def length_schedule(n: int, patches: Patches, *, seed: int, epoch: int, drop_remainder: bool,
-                    shuffle: bool = True, start: int = 0) -> LengthSchedule:
+def length_schedule(
+    n: int, patches: Patches, *, seed: int, epoch: int, drop_remainder: bool, shuffle: bool = True, start: int = 0
+) -> LengthSchedule:
     """The steps of epoch `epoch` of n records from step `start` under a schedule of lengths
     (``patches.max_tokens`` a list): timm's rule, keyed by (seed, epoch, step).
 
@@ -281,7 +299,7 @@ def length_schedule(n: int, patches: Patches, *, seed: int, epoch: int, drop_rem
     choice = (u.astype(np.uint64) * np.uint64(len(lengths))) >> np.uint64(32)
     full = sizes[choice]
     ends = np.cumsum(full)
-    total = int(np.searchsorted(ends, n)) + 1            # batches until they cover n
+    total = int(np.searchsorted(ends, n)) + 1  # batches until they cover n
     choice, full = choice[:total], full[:total]
     count = full.copy()
     count[-1] = n - (ends[total - 2] if total > 1 else 0)
@@ -296,12 +314,17 @@ def length_schedule(n: int, patches: Patches, *, seed: int, epoch: int, drop_rem
         perm = np.arange(total)
     first = np.cumsum(count[perm]) - count[perm]
     w = perm[start:]
-    return LengthSchedule(lengths[choice[w]].astype(np.int32), full[w].astype(np.int32),
-                          first[start:].astype(np.int64), count[w].astype(np.int32))
+    return LengthSchedule(
+        lengths[choice[w]].astype(np.int32),
+        full[w].astype(np.int32),
+        first[start:].astype(np.int64),
+        count[w].astype(np.int32),
+    )
 
 
-def step_indices(schedule: LengthSchedule, s: int, n: int, *, seed: int, epoch: int,
-                 shuffle: bool = True) -> np.ndarray:
+def step_indices(
+    schedule: LengthSchedule, s: int, n: int, *, seed: int, epoch: int, shuffle: bool = True
+) -> np.ndarray:
     """int64 (batch_size[s],) record indices of step s of `schedule`, -1 for padding."""
     pos = schedule.first[s] + np.arange(schedule.batch_size[s])
     valid = pos < schedule.first[s] + schedule.count[s]
@@ -313,8 +336,8 @@ class Packing(typing.NamedTuple):
     """Where each record of a stream sits: sequence ``seq[i]`` (numbered over the stream) from
     token ``offset[i]``; ``sequences`` in all."""
 
-    seq: np.ndarray       # int64 (N,)
-    offset: np.ndarray    # int32 (N,)
+    seq: np.ndarray  # int64 (N,)
+    offset: np.ndarray  # int32 (N,)
     sequences: int
 
 
@@ -329,16 +352,18 @@ def pack(tokens, max_tokens: int, window: int) -> Packing:
     t = np.asarray(tokens, np.int64)
     if t.ndim != 1 or not len(t) or t.min() < 1 or t.max() > max_tokens:
         bad = int(np.argmax((t < 1) | (t > max_tokens))) if t.ndim == 1 and len(t) else None
-        raise ValueError(f"tokens must be a non-empty 1-D array of counts in [1, {max_tokens}]"
-                         + (f"; record {bad} has {int(t[bad])}" if bad is not None else ""))
+        raise ValueError(
+            f"tokens must be a non-empty 1-D array of counts in [1, {max_tokens}]"
+            + (f"; record {bad} has {int(t[bad])}" if bad is not None else "")
+        )
     n, window = len(t), _positive("window", window)
     nw = -(-n // window)
-    padded = np.zeros(nw * window, np.int64)        # 0: no record (the last window's tail)
+    padded = np.zeros(nw * window, np.int64)  # 0: no record (the last window's tail)
     padded[:n] = t
     padded = padded.reshape(nw, window)
     # Largest first; ties by position (a stable sort of the negated counts).
     rank = np.argsort(-padded, axis=1, kind="stable")
-    room = np.full((nw, 1), max_tokens, np.int64)    # bins used so far + one empty
+    room = np.full((nw, 1), max_tokens, np.int64)  # bins used so far + one empty
     seq = np.zeros((nw, window), np.int64)
     offset = np.zeros((nw, window), np.int64)
     rows = np.arange(nw)
@@ -346,13 +371,13 @@ def pack(tokens, max_tokens: int, window: int) -> Packing:
         col = rank[:, i]
         need = padded[rows, col]
         fits = room >= need[:, None]
-        j = np.argmax(fits, axis=1)                  # the first bin with room (the empty one fits)
+        j = np.argmax(fits, axis=1)  # the first bin with room (the empty one fits)
         offset[rows, col] = max_tokens - room[rows, j]
         seq[rows, col] = j
         room[rows, j] -= need
-        if (room[:, -1] < max_tokens).any():         # the spare bin was opened: add another
+        if (room[:, -1] < max_tokens).any():  # the spare bin was opened: add another
             room = np.concatenate([room, np.full((nw, 1), max_tokens, np.int64)], axis=1)
-    used = (room < max_tokens).sum(axis=1)           # bins are used as a prefix
+    used = (room < max_tokens).sum(axis=1)  # bins are used as a prefix
     first_seq = np.cumsum(used) - used
     seq = (seq + first_seq[:, None]).reshape(-1)[:n]
     return Packing(seq, offset.reshape(-1)[:n].astype(np.int32), int(used.sum()))

@@ -1,26 +1,81 @@
 """`LoaderOptions`, everything that decides what a loader yields, validated once
 when it is made (with the rules of `rules/contract.py`). Every loader (JAX, torch, MLX) and the
-resident dataset's `batch` take their arguments through it.
+resident dataset's `batch` take their arguments through it, and `front_end` writes each
+loader function's signature from its fields: a new option is a field here (and its check in
+`__post_init__`), nothing in the front ends.
 
 >>> LoaderOptions(batch_size=256, dtype="bfloat16").out_dtype.name
 'bfloat16'
 """
+
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 
 import numpy as np
 
-from tbljax._src.rules import augment as _augment
 from tbljax._src.rules import contract
+from tbljax._src.rules.augment import MAX_REPEATS, Augment
 
-__all__ = ["LoaderOptions"]
+__all__ = ["LoaderOptions", "front_end"]
 
 
 @dataclasses.dataclass(frozen=True)
 class LoaderOptions:
-    """Everything that decides what a loader yields, validated once. See `tbljax.loader` for
-    what each field means."""
+    """Everything that decides what a loader yields, validated once. The loader options: every
+    field is a keyword of `tbljax.loader`, `tbljax.torch.loader` and `tbljax.mlx.loader` (each
+    documents only its own arguments and what it reads differently).
+
+    Args:
+      batch_size: the global batch G over all processes (the torch and MLX loaders take it per
+        rank). Step s of an epoch holds shuffled positions [s*G, (s+1)*G).
+      seed, shuffle: the order of epoch e is a fixed bijection of (seed, e); shuffle=False
+        serves samples in file order. seed in [0, 2**64).
+      num_epochs: None to iterate forever, or the number of epochs a pass serves.
+      dtype: "float32", "bfloat16" (normalized with mean/std) or "uint8" (raw pixels).
+      layout: "NHWC" or "NCHW".
+      mean, std: per-channel, on the 0..1 scale: value = (x/255 - mean) / std.
+      augment: None, "flip", "rrc_flip" or an `Augment`; a sample's crop and flip depend only
+        on (seed, epoch, sample index).
+      drop_remainder: True drops the last partial batch; False pads it (index and label -1,
+        zero image) and adds a bool `valid` mask, so every sample is served exactly once.
+      prefetch: batches prepared ahead of the consumer.
+      threads: threads for decoding non-RAW records (None: the pool's default).
+      read_ahead: RAW and compact files: steps whose records are requested from the disk
+        before the kernel reads them (posix_fadvise WILLNEED into the page cache), so an epoch
+        larger than the page cache runs at the disk's random-read speed; a cold file that fits
+        in half the available memory is also requested whole, front to back, in the
+        background (when this process reads all of it); 0 turns both off.
+      jpeg_dct_scale: compact JPEG files: decode a box at 1/2, 1/4 or 1/8 (libjpeg's scaled
+        IDCT) when at that scale it still covers the output twice over on both axes, then
+        resize from there: faster for small outputs of large records, not bit-identical to
+        the default exact path (benchmarks/README.md measures both).
+      fields: the record fields served beside the image: "all" (default), None, or a list of
+        names. A fixed ndarray field is ``batch[name]``, (B, *shape) placed like label (zeros
+        on padding rows); a ragged one is cut or zero-padded to ``pad[name]`` rows, with
+        ``batch[name + "_length"]`` (the true length; 0 on padding rows); a str/json field is
+        a Python list of this process's rows, in the order of its image rows ("" / None on
+        padding rows).
+      field_fn: {name: fn}: fn gets this process's values of the field for the batch (the
+        list, or the array) in the producer thread and returns an array (rows, ...), served
+        like a fixed field: a tokenizer's batch encode, a multi-hot of tags. An exception in
+        it reaches the consumer naming the field and the step.
+      pad: {name: length} for ragged fields (required for each ragged field served without a
+        field_fn).
+      verify_records: check each record's CRC-16 (the check `tbljax verify` makes) as it is
+        served, and raise `tbljax.CorruptFileError` naming the file and record before a batch
+        holding a damaged one is handed out. Opening a file checks its header and index, not
+        every payload; RAW and compact records are otherwise served unchecked (LZ4 and
+        original-bytes JPEG records are always checked). Its cost is measured in
+        benchmarks/README.md ("Checking records as they are served").
+      repeats: repeated augmentation (DeiT's `RASampler`): an epoch serves every record
+        `repeats` times, k·N positions, each (record, repeat) once (with drop_remainder=False);
+        a record's repeats sit in the same step, spread over its rows (`tbljax.order.repeated`),
+        each with its own crop and flip (repeat 0: those of the loader without repeats).
+        An integer in [1, 1024]; 1 (default): off.
+    """
 
     batch_size: int
     seed: int = 0
@@ -30,40 +85,50 @@ class LoaderOptions:
     layout: str = "NHWC"
     mean: tuple[float, float, float] = contract.IMAGENET_MEAN
     std: tuple[float, float, float] = contract.IMAGENET_STD
-    augment: _augment.Augment | None = None
+    augment: Augment | str | None = None  # str: 'flip' or 'rrc_flip'
     drop_remainder: bool = True
     prefetch: int = 2
     threads: int | None = None
     read_ahead: int = 2
     jpeg_dct_scale: bool = False
-    fields: object = "all"    # "all", None, or a list of field names
+    fields: object = "all"  # "all", None, or a list of field names
     field_fn: dict | None = None  # field name -> fn(this process's values) -> (rows, ...) array
-    pad: dict | None = None       # ragged field name -> rows served
+    pad: dict | None = None  # ragged field name -> rows served
     verify_records: bool = False  # each served record's CRC-16 checked before its batch goes out
+    repeats: int = 1  # each record served this many times an epoch, each repeat its own augmentation
 
     def __post_init__(self):
-        integer = contract.is_integer
+        integer, Arg, ArgumentError = contract.is_integer, contract.Arg, contract.ArgumentError
+        # ArgumentErrors: the command line (bench, show) names its flags for these.
         if not integer(self.batch_size) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+            raise ArgumentError(Arg("batch_size"), f" must be an integer >= 1, got {self.batch_size!r}")
         if not integer(self.seed) or not 0 <= self.seed < 1 << 64:
-            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+            raise ArgumentError(Arg("seed"), f" must be an integer in [0, 2**64), got {self.seed!r}")
         if self.num_epochs is not None and (not integer(self.num_epochs) or self.num_epochs < 1):
-            raise ValueError(f"num_epochs must be None (endless) or an integer >= 1, got "
-                             f"{self.num_epochs!r}")
+            raise ArgumentError(
+                Arg("num_epochs"), f" must be None (endless) or an integer >= 1, got {self.num_epochs!r}"
+            )
         object.__setattr__(self, "dtype", contract.dtype_name(self.dtype))
         contract.check_layout(self.layout)
         mean, std = contract.normalization(self.mean, self.std)
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
-        object.__setattr__(self, "augment", _augment.Augment.from_spec(self.augment))
+        object.__setattr__(self, "augment", Augment.from_spec(self.augment))
         if not integer(self.prefetch) or self.prefetch < 1:
-            raise ValueError(f"prefetch must be an integer >= 1, got {self.prefetch!r}")
+            raise ArgumentError(Arg("prefetch"), f" must be an integer >= 1, got {self.prefetch!r}")
         if not integer(self.read_ahead) or self.read_ahead < 0:
-            raise ValueError(f"read_ahead must be an integer >= 0 (0: off), got "
-                             f"{self.read_ahead!r}")
+            raise ArgumentError(Arg("read_ahead"), f" must be an integer >= 0 (0: off), got {self.read_ahead!r}")
         contract.check_threads(self.threads)
-        if not (self.fields is None or self.fields == "all" or (
-                isinstance(self.fields, (list, tuple)) and all(isinstance(n, str) for n in self.fields))):
+        if not integer(self.repeats) or not 1 <= self.repeats <= MAX_REPEATS:
+            raise ArgumentError(
+                Arg("repeats"), f" must be an integer in [1, {MAX_REPEATS}] (1: off), got {self.repeats!r}"
+            )
+        object.__setattr__(self, "repeats", int(self.repeats))
+        if not (
+            self.fields is None
+            or self.fields == "all"
+            or (isinstance(self.fields, (list, tuple)) and all(isinstance(n, str) for n in self.fields))
+        ):
             raise ValueError(f"fields must be 'all', None or a list of field names, got {self.fields!r}")
         if isinstance(self.fields, list):
             object.__setattr__(self, "fields", tuple(self.fields))
@@ -83,8 +148,7 @@ class LoaderOptions:
         """(mean, std) for the kernel: None, None for uint8 output (not normalized)."""
         return (None, None) if self.dtype == "uint8" else (self.mean, self.std)
 
-    def output_size(self, image_hw: tuple[int, int] | None, epoch: int | None = None
-                    ) -> tuple[int, int]:
+    def output_size(self, image_hw: tuple[int, int] | None, epoch: int | None = None) -> tuple[int, int]:
         """(OH, OW) of a batch of epoch `epoch` from records of `image_hw` (None: records of
         different sizes): the augmentation's size at that epoch, if any, else the stored size.
         `epoch` may be left out only when the size does not change with it."""
@@ -93,8 +157,7 @@ class LoaderOptions:
         if aug is not None:
             if epoch is None:
                 if len(aug.schedule) > 1:
-                    raise ValueError(f"the output size changes with the epoch (size="
-                                     f"{aug.size!r}): say which epoch")
+                    raise ValueError(f"the output size changes with the epoch (size={aug.size!r}): say which epoch")
                 epoch = 0
             size = aug.size_at(epoch)
         if image_hw is None:
@@ -103,12 +166,56 @@ class LoaderOptions:
                     "records of different sizes need an output size fixed by the augmentation: "
                     "pass augment=tbljax.Augment(size=(224, 224)) for training or "
                     "augment=tbljax.Augment(crop='center', flip=False, size=(224, 224)) for "
-                    "evaluation")
+                    "evaluation"
+                )
             return size
         return contract.output_size(image_hw, size, cropped=aug is not None and bool(aug.crop))
 
-    def row_shape(self, image_hw: tuple[int, int] | None, epoch: int | None = None
-                  ) -> tuple[int, int, int]:
+    def row_shape(self, image_hw: tuple[int, int] | None, epoch: int | None = None) -> tuple[int, int, int]:
         """One row of a batch of epoch `epoch`: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW."""
         oh, ow = self.output_size(image_hw, epoch)
         return contract.row_shape(self.layout, oh, ow)
+
+
+def front_end(name: str, *, without: tuple[str, ...] = (), **defaults):
+    """Decorates a loader function written ``def loader(path_or_paths, *, <its own keywords>,
+    **options)``: its signature (``__signature__``, what `inspect.signature` and the docs test
+    read) becomes its own parameters plus every `LoaderOptions` field (those without a default,
+    ``batch_size``, positional after its own), and a call receives the options, defaults
+    filled, in ``options``. `defaults` overrides a field's default for this front end (torch's
+    layout); `without` leaves out fields it does not take. `name` is the public name an
+    unknown keyword's TypeError names."""
+    fields = [f for f in dataclasses.fields(LoaderOptions) if f.name not in without]
+    unknown = (set(defaults) | set(without)) - {f.name for f in dataclasses.fields(LoaderOptions)}
+    if unknown:  # a typo here would silently drop the override
+        raise TypeError(f"{name}: {sorted(unknown)} are not LoaderOptions fields")
+    P = inspect.Parameter
+
+    def wrap(fn):
+        own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not P.VAR_KEYWORD]
+        shared = [
+            P(f.name, P.POSITIONAL_OR_KEYWORD, annotation=f.type) for f in fields if f.default is dataclasses.MISSING
+        ]
+        shared += [
+            P(f.name, P.KEYWORD_ONLY, default=defaults.get(f.name, f.default), annotation=f.type)
+            for f in fields
+            if f.default is not dataclasses.MISSING
+        ]
+        positional = [p for p in own if p.kind is P.POSITIONAL_OR_KEYWORD]
+        signature = inspect.signature(fn).replace(
+            parameters=positional + shared + [p for p in own if p.kind is P.KEYWORD_ONLY]
+        )
+
+        @functools.wraps(fn)
+        def front(*args, **kwargs):
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as e:  # bind's words name no function
+                raise TypeError(f"{name}(): {e}") from None
+            bound.apply_defaults()
+            return fn(**bound.arguments)
+
+        front.__signature__ = signature
+        return front
+
+    return wrap

@@ -32,6 +32,15 @@ below N; since the network permutes [0, 2^k) and 2^k < 2N, this restricts it to 
 of [0, N) and takes fewer than 2 passes on average. ``shuffle=False`` is the identity. N up to
 2^62 is supported (the halves stay within 32 bits).
 
+**Repeats** (``repeats=k``, repeated augmentation as DeiT's ``RASampler``): an epoch has k·N
+positions. Its slot j holds record ``permute(j // k, N, seed, epoch)``, repeat ``j % k`` (DeiT's
+``repeat_interleave(randperm(N), k)``), so a record's k repeats are neighbours and fall in one
+step (unless a step boundary cuts them). Within a step of M rows from position f, the rows take
+the step's slots [f, f + M) ordered by (repeat, slot): the rows hold first every repeat 0, then
+every repeat 1, ..., so a record's repeats lie about M/k rows apart, on different devices and
+hosts as DeiT's strided ranks put them (`repeated`). A bijection of the step's positions: every
+(record, repeat) once an epoch, and a resumed run at the same batch size serves the same rows.
+
 **Augmentation bits** for sample index i are ``hash(i_lo, i_hi, counter)`` chained from the key
 ``hash(TAG_AUGMENT, seed_lo, seed_hi, epoch)``: they depend on (seed, epoch, i, counter) only,
 never on batch size, thread count, host count or resume point.
@@ -43,6 +52,7 @@ Example:
     >>> sorted(idx.tolist()) == list(range(10))
     True
 """
+
 from __future__ import annotations
 
 import functools
@@ -50,11 +60,20 @@ import functools
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.rules.parts import MAX_SAMPLES
 from tbljax._src.rules.contract import is_integer
+from tbljax._src.rules.parts import MAX_SAMPLES
 
-__all__ = ["TAG_AUGMENT", "TAG_SHUFFLE", "check_seed_epoch", "hash32", "mix32", "permute",
-           "permute_reference", "random_bits"]
+__all__ = [
+    "TAG_AUGMENT",
+    "TAG_SHUFFLE",
+    "check_seed_epoch",
+    "hash32",
+    "mix32",
+    "permute",
+    "permute_reference",
+    "random_bits",
+    "repeated",
+]
 
 _M1 = 0x7FEB352D
 _M2 = 0x846CA68B
@@ -62,8 +81,8 @@ _IV = 0x243F6A88
 _PHI = 0x9E3779B9
 _ROUNDS = 8
 # Domain tags keep the shuffle keys and the augmentation keys of one (seed, epoch) unrelated.
-TAG_SHUFFLE = 0x53484646   # "SHFF"
-TAG_AUGMENT = 0x41554730   # "AUG0"
+TAG_SHUFFLE = 0x53484646  # "SHFF"
+TAG_AUGMENT = 0x41554730  # "AUG0"
 
 
 def mix32(x, xp=np):
@@ -236,3 +255,24 @@ def random_bits(indices, counters, seed: int = 0, epoch: int = 0, *, xp=np):
         lo = indices.astype(xp.uint32)
         hi = xp.zeros_like(lo)
     return hash32([lo, hi, xp.asarray(counters, dtype=xp.uint32)], iv=key, xp=xp)
+
+
+def repeated(positions, n: int, seed: int = 0, epoch: int = 0, *, repeats: int, step, shuffle: bool = True, xp=np):
+    """(record indices, repeats) of `positions` of an epoch of ``repeats * n`` positions (see
+    "Repeats" above). `step`: (f, M), the first position and the rows (real rows: a padded last
+    step's) of the step `positions` belong to; positions lie in [f, f + M). f and M may be traced.
+
+    >>> r, k = repeated(np.arange(6), 2, repeats=3, step=(0, 6), shuffle=False)
+    >>> r.tolist(), k.tolist()
+    ([0, 1, 0, 1, 0, 1], [0, 0, 1, 1, 2, 2])
+    """
+    k = repeats
+    first, rows = step
+    first = xp.asarray(first, dtype=xp.asarray(positions).dtype)
+    # Repeat class c's slots in the step are f + d_c + k t (t < count_c); rows take them class by class.
+    d = (xp.arange(k) - first) % k
+    count = xp.maximum(rows - d + k - 1, 0) // k
+    ends = xp.cumsum(count)
+    c = xp.searchsorted(ends, positions - first, side="right")
+    slot = first + d[c] + k * (positions - first - (ends - count)[c])
+    return permute(slot // k, n, seed, epoch, shuffle=shuffle, xp=xp), (slot % k).astype(xp.int32)

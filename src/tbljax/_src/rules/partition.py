@@ -10,6 +10,7 @@ differ in size by at most one item, and the parts of all processes are the items
 >>> [list(host_part(5, p, 2)) for p in range(2)]
 [[0, 1], [2, 3, 4]]
 """
+
 from __future__ import annotations
 
 import re
@@ -38,11 +39,10 @@ def parse_part(spec: Any, what: str, forms: str = "(i, n) or 'i/n'") -> tuple[in
     if isinstance(spec, str):
         m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
         if not m:
-            raise ValueError(f"{what} must be {forms}, got {spec!r}")
+            raise ArgumentError(Arg(what), f" must be {forms}, got {spec!r}")
         spec = (int(m[1]), int(m[2]))
-    if not (isinstance(spec, (tuple, list)) and len(spec) == 2
-            and all(is_integer(x) for x in spec)):
-        raise ValueError(f"{what} must be {forms}, got {spec!r}")
+    if not (isinstance(spec, (tuple, list)) and len(spec) == 2 and all(is_integer(x) for x in spec)):
+        raise ArgumentError(Arg(what), f" must be {forms}, got {spec!r}")
     i, n = spec
     if not (n >= 1 and 0 <= i < n):  # named as an Arg: the CLI reads `--shard 3/2 needs ...`
         raise ArgumentError(Arg(what), f" {i}/{n} needs part i of n with 0 <= i < n")

@@ -17,6 +17,7 @@ reshuffled every epoch by the same (seed, epoch) key. Step s of an epoch covers 
 largest part needs, max(ceil(n_p / b)), the parts that run out first padding their rows.
 `Parts` holds the counts; with one part (the whole dataset, start 0) it is the global order.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,7 @@ MAX_SAMPLES = 1 << 62  # the shuffle's halves stay within 32 bits
 def _check_batch(n, global_batch):
     if not is_integer(n) or not 1 <= n <= MAX_SAMPLES:
         raise ValueError(f"n (the number of samples) must be an integer in [1, 2**62], got {n!r}")
-    if not is_integer(global_batch) \
-            or global_batch < 1:
+    if not is_integer(global_batch) or global_batch < 1:
         raise ValueError(f"global batch must be an integer >= 1, got {global_batch!r}")
 
 
@@ -82,8 +82,10 @@ class Parts:
             raise ValueError(f"part {self.index} is not one of the {len(counts)} parts")
         empty = [p for p, c in enumerate(counts) if c < 1]
         if empty:
-            raise ValueError(f"the parts of processes {empty} hold no records (part sizes "
-                             f"{list(counts)}): every process needs at least one record")
+            raise ValueError(
+                f"the parts of processes {empty} hold no records (part sizes "
+                f"{list(counts)}): every process needs at least one record"
+            )
 
     @classmethod
     def whole(cls, n: int) -> "Parts":
@@ -92,17 +94,20 @@ class Parts:
     @property
     def start(self) -> int:
         """Global index of this part's first record."""
-        return sum(self.counts[:self.index])
+        return sum(self.counts[: self.index])
 
     @property
     def n(self) -> int:
         return self.counts[self.index]
 
+    def times(self, k: int) -> "Parts":
+        """These parts with every count times k: the positions of an epoch with repeats=k."""
+        return self if k == 1 else Parts(tuple(c * k for c in self.counts), self.index)
+
     def steps(self, batch: int, *, drop_remainder: bool, start: int = 0) -> int:
         """Steps left from local position `start` with `batch` rows of each part a step: the
         same on every process."""
-        left = [steps_in_epoch(c, batch, drop_remainder=drop_remainder, start=min(start, c))
-                for c in self.counts]
+        left = [steps_in_epoch(c, batch, drop_remainder=drop_remainder, start=min(start, c)) for c in self.counts]
         return min(left) if drop_remainder else max(left)
 
     def advance(self, epoch: int, position: int, batch: int, *, drop_remainder: bool):

@@ -26,7 +26,16 @@ slow on purpose (whole-image NumPy, a Python loop only over an image's 256-entry
   at ``M @ (x + 0.5, y + 0.5, 1)`` (float64; Pillow's ``rotate`` matrix about the centre with
   cos/sin rounded to 15 digits). Bilinear: outside [0, W) x [0, H) is ``fill``, inside the
   four clamped neighbours at ``p - 0.5`` blended in float64 (x first) and truncated; nearest:
-  ``floor`` of the point, ``fill`` outside.
+  Pillow's own sweep (16.16 fixed point, or float64 running sums), ``fill`` outside
+  (`pixel_filters.affine_transform`).
+- ``Grayscale``: the luma above on all three channels (Pillow's ``convert("L")`` and back;
+  ``Color`` at factor 0). ``GaussianBlur`` (arg = the radius's float32 bits): `gaussian_blur`
+  (`pixel_filters`), Pillow's ``ImageFilter.GaussianBlur`` written out (three extended box
+  passes per axis).
+- torchvision's geometric ops on a PIL image (``TvRotate``: degrees, ``TvShearX/Y``: the shear
+  factor, float32 bits; ``TvTranslateX/Y``: whole pixels): `tv_affine_matrix`, torchvision's
+  ``_get_inverse_affine_matrix`` (shears about (0, 0), translations about the centre), Pillow's
+  ``rotate`` for ``TvRotate``; resampled as the affine ops above.
 - ``Cutout`` (big_vision's RandAugment only; arg = ``pad << 24 | cy12 << 12 | cx12``): TF's
   cutout, a square of half-side ``pad`` about ``(cy12 * H >> 12, cx12 * W >> 12)``, clipped to
   the image, set to ``fill``.
@@ -37,6 +46,7 @@ each box gets ``0`` (``"const"``), one normal per channel (``"rand"``) or one pe
 the top 12 bits of ``order.hash32([key, box, channel, y * W + x])`` (``x = 2**16 - 1`` for the
 per-channel value): exact on every path, and distributed as N(0, 1) to within 1/8192 in CDF.
 """
+
 from __future__ import annotations
 
 import functools
@@ -44,19 +54,64 @@ import math
 
 import numpy as np
 
-from tbljax._src.rules import order
+from tbljax._src.rules import order, pixel_filters
+from tbljax._src.rules.pixel_filters import gaussian_blur
 
-__all__ = ["AFFINE", "CODES", "FLOAT_ARG", "INTERPOLATIONS", "affine_level", "affine_matrix", "apply", "apply_all",
-           "erase", "f32_arg", "normal_table"]
+__all__ = [
+    "AFFINE",
+    "CODES",
+    "FLOAT_ARG",
+    "INTERPOLATIONS",
+    "TV_AFFINE",
+    "affine_level",
+    "affine_matrix",
+    "apply",
+    "apply_all",
+    "erase",
+    "f32_arg",
+    "gaussian_blur",
+    "normal_table",
+    "tv_affine_matrix",
+]
 
 # One home for the op codes (the kernel's enum is these numbers).
-CODES = {"none": 0, "AutoContrast": 1, "Equalize": 2, "Invert": 3, "Posterize": 4, "Solarize": 5,
-         "SolarizeAdd": 6, "Color": 7, "Contrast": 8, "Brightness": 9, "Sharpness": 10, "Rotate": 11,
-         "ShearX": 12, "ShearY": 13, "TranslateX": 14, "TranslateY": 15, "TranslateXRel": 16,
-         "TranslateYRel": 17, "Cutout": 18}
-AFFINE = frozenset(CODES[n] for n in ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY",
-                                      "TranslateXRel", "TranslateYRel"))
-FLOAT_ARG = AFFINE | {CODES[n] for n in ("Color", "Contrast", "Brightness", "Sharpness")}
+CODES = {
+    "none": 0,
+    "AutoContrast": 1,
+    "Equalize": 2,
+    "Invert": 3,
+    "Posterize": 4,
+    "Solarize": 5,
+    "SolarizeAdd": 6,
+    "Color": 7,
+    "Contrast": 8,
+    "Brightness": 9,
+    "Sharpness": 10,
+    "Rotate": 11,
+    "ShearX": 12,
+    "ShearY": 13,
+    "TranslateX": 14,
+    "TranslateY": 15,
+    "TranslateXRel": 16,
+    "TranslateYRel": 17,
+    "Cutout": 18,
+    "Grayscale": 19,
+    "GaussianBlur": 20,
+    "TvRotate": 21,
+    "TvShearX": 22,
+    "TvShearY": 23,
+    "TvTranslateX": 24,
+    "TvTranslateY": 25,
+}
+# torchvision's geometric ops on a PIL image (TrivialAugmentWide): the argument is the level itself.
+TV_AFFINE = frozenset(CODES[n] for n in ("TvRotate", "TvShearX", "TvShearY", "TvTranslateX", "TvTranslateY"))
+AFFINE = frozenset(
+    CODES[n] for n in ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel")
+)
+FLOAT_ARG = AFFINE | {
+    CODES[n]
+    for n in ("Color", "Contrast", "Brightness", "Sharpness", "GaussianBlur", "TvRotate", "TvShearX", "TvShearY")
+}
 INTERPOLATIONS = ("bilinear", "nearest")
 _NAMES = {v: k for k, v in CODES.items()}
 
@@ -110,25 +165,6 @@ def _luma(image):
     return ((x[..., 0] * 19595 + x[..., 1] * 38470 + x[..., 2] * 7471 + 0x8000) >> 16).astype(np.uint8)
 
 
-def _smooth(image):
-    """Pillow's ImageFilter.SMOOTH on uint8 RGB: float32 taps summed in Pillow's order, rounded."""
-    k = (np.array([1, 1, 1, 1, 5, 1, 1, 1, 1], np.float32) / np.float32(13)).astype(np.float32)
-    x = image.astype(np.float32)
-    out = image.copy()
-    h, w = image.shape[:2]
-    if h < 3 or w < 3:
-        return out
-    acc = np.zeros((h - 2, w - 2, 3), np.float32)
-    # Filter.c: rows y+1, y, y-1 with kernel rows 0, 1, 2; each row (x-1, x, x+1) summed first.
-    for r, dy in enumerate((2, 1, 0)):
-        row = x[dy:dy + h - 2]
-        part = row[:, 0:w - 2] * k[3 * r] + row[:, 1:w - 1] * k[3 * r + 1]
-        part = part + row[:, 2:w] * k[3 * r + 2]
-        acc = acc + part
-    out[1:-1, 1:-1] = np.clip(np.trunc(acc + np.float32(0.5)), 0, 255).astype(np.uint8)
-    return out
-
-
 def _blend(degenerate, image, factor):
     f = np.float32(factor)
     if f == 0:
@@ -155,8 +191,14 @@ def affine_matrix(code: int, level: float, height: int, width: int) -> tuple[flo
     name = _NAMES[code]
     if name == "Rotate":
         angle = -math.radians(level)
-        m = [round(math.cos(angle), 15), round(math.sin(angle), 15), 0.0,
-             round(-math.sin(angle), 15), round(math.cos(angle), 15), 0.0]
+        m = [
+            round(math.cos(angle), 15),
+            round(math.sin(angle), 15),
+            0.0,
+            round(-math.sin(angle), 15),
+            round(math.cos(angle), 15),
+            0.0,
+        ]
         cx, cy = width / 2.0, height / 2.0
         m[2] = m[0] * -cx + m[1] * -cy + cx
         m[5] = m[3] * -cx + m[4] * -cy + cy
@@ -170,27 +212,27 @@ def affine_matrix(code: int, level: float, height: int, width: int) -> tuple[flo
     return (1.0, 0.0, 0.0, 0.0, 1.0, level * height if name.endswith("Rel") else level)
 
 
-def _affine(image, matrix, interpolation, fill):
-    h, w = image.shape[:2]
-    a, b, c, d, e, f = matrix
-    y, x = np.mgrid[0:h, 0:w].astype(np.float64) + 0.5
-    xin, yin = a * x + b * y + c, d * x + e * y + f
-    inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
-    if interpolation == "nearest":
-        xi = np.clip(np.floor(xin), 0, w - 1).astype(np.intp)
-        yi = np.clip(np.floor(yin), 0, h - 1).astype(np.intp)
-        out = image[yi, xi]
-    else:
-        xs, ys = np.where(inside, xin, 0.5) - 0.5, np.where(inside, yin, 0.5) - 0.5
-        x0, y0 = np.floor(xs), np.floor(ys)
-        dx, dy = (xs - x0)[..., None], (ys - y0)[..., None]
-        xa, xb = (np.clip(x0 + k, 0, w - 1).astype(np.intp) for k in (0, 1))
-        ya, yb = (np.clip(y0 + k, 0, h - 1).astype(np.intp) for k in (0, 1))
-        img = image.astype(np.float64)
-        top = img[ya, xa] + (img[ya, xb] - img[ya, xa]) * dx
-        bottom = img[yb, xa] + (img[yb, xb] - img[yb, xa]) * dx
-        out = np.trunc(top + (bottom - top) * dy).astype(np.uint8)
-    return np.where(inside[..., None], out, np.asarray(fill, np.uint8))
+def tv_affine_matrix(code: int, level: float, height: int, width: int) -> tuple[float, ...]:
+    """torchvision's inverse affine matrix (``_get_inverse_affine_matrix``, float64) for a
+    TrivialAugmentWide geometric op on a PIL image: shear factor `level` as the angle
+    ``degrees(atan(level))`` about (0, 0), or `level` whole pixels about the centre."""
+    name = _NAMES[code]
+    if name == "TvRotate":
+        return affine_matrix(CODES["Rotate"], level, height, width)
+    shear = math.degrees(math.atan(level)) if name in ("TvShearX", "TvShearY") else 0.0
+    sx, sy = (math.radians(shear), 0.0) if name == "TvShearX" else (0.0, math.radians(shear))
+    tx, ty = {"TvTranslateX": (level, 0.0), "TvTranslateY": (0.0, level)}.get(name, (0.0, 0.0))
+    cx, cy = (0.0, 0.0) if name in ("TvShearX", "TvShearY") else (width * 0.5, height * 0.5)
+    a = math.cos(-sy) / math.cos(sy)
+    b = -math.cos(-sy) * math.tan(sx) / math.cos(sy) - math.sin(0.0)
+    c = math.sin(-sy) / math.cos(sy)
+    d = -math.sin(-sy) * math.tan(sx) / math.cos(sy) + math.cos(0.0)
+    m = [d, -b, 0.0, -c, a, 0.0]
+    m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty)
+    m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty)
+    m[2] += cx
+    m[5] += cy
+    return tuple(m)
 
 
 def _cutout(image, arg, fill):
@@ -198,12 +240,26 @@ def _cutout(image, arg, fill):
     pad, cy, cx = (arg >> 24) & 0xFF, (arg >> 12) & 0xFFF, arg & 0xFFF
     cy, cx = (cy * h) >> 12, (cx * w) >> 12
     out = image.copy()
-    out[max(0, cy - pad):min(h, cy + pad), max(0, cx - pad):min(w, cx + pad)] = fill
+    out[max(0, cy - pad) : min(h, cy + pad), max(0, cx - pad) : min(w, cx + pad)] = fill
     return out
 
 
-def apply(image, code: int, arg: int, *, fill=(128, 128, 128), interpolation: str = "bilinear",
-          translate_const: float = 100.0, translate_pct: float = 0.45):
+def _check(interpolation):
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
+    return interpolation
+
+
+def apply(
+    image,
+    code: int,
+    arg: int,
+    *,
+    fill=(128, 128, 128),
+    interpolation: str = "bilinear",
+    translate_const: float = 100.0,
+    translate_pct: float = 0.45,
+):
     """One op (`CODES`) with its integer argument on an HxWx3 uint8 image: a new uint8 image.
 
     >>> img = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
@@ -234,13 +290,23 @@ def apply(image, code: int, arg: int, *, fill=(128, 128, 128), interpolation: st
         return _lut(image, [np.where(i < 128, np.minimum(255, i + arg), i)] * 3)
     if name == "Cutout":
         return _cutout(image, arg, fill)
+    if name == "Grayscale":
+        return np.repeat(_luma(image)[..., None], 3, axis=2)
+    if name in ("TvTranslateX", "TvTranslateY"):
+        return pixel_filters.affine_transform(
+            image, tv_affine_matrix(code, float(arg), *image.shape[:2]), _check(interpolation), fill
+        )
     level = _f32(arg)
+    if name == "GaussianBlur":
+        return gaussian_blur(image, level)
+    if code in TV_AFFINE:
+        return pixel_filters.affine_transform(
+            image, tv_affine_matrix(code, float(level), *image.shape[:2]), _check(interpolation), fill
+        )
     if code in AFFINE:
-        if interpolation not in INTERPOLATIONS:
-            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
         level = affine_level(code, float(level), translate_const, translate_pct)
         matrix = affine_matrix(code, level, *image.shape[:2])
-        return _affine(image, matrix, interpolation, fill)
+        return pixel_filters.affine_transform(image, matrix, _check(interpolation), fill)
     if name == "Brightness":
         degenerate = np.uint8(0)
     elif name == "Color":
@@ -248,7 +314,7 @@ def apply(image, code: int, arg: int, *, fill=(128, 128, 128), interpolation: st
     elif name == "Contrast":
         degenerate = np.uint8(int(float(_luma(image).mean(dtype=np.float64)) + 0.5))
     else:
-        degenerate = _smooth(image)
+        degenerate = pixel_filters.smooth(image)
     return _blend(degenerate, image, level)
 
 
@@ -290,9 +356,9 @@ def erase(values, boxes, key, mode: str):
         if h <= 0:
             continue
         if mode == "const":
-            out[:, y0:y0 + h, x0:x0 + w] = 0
+            out[:, y0 : y0 + h, x0 : x0 + w] = 0
         elif mode == "rand":
-            out[:, y0:y0 + h, x0:x0 + w] = _normals(key, e, out.shape, True)
+            out[:, y0 : y0 + h, x0 : x0 + w] = _normals(key, e, out.shape, True)
         else:
-            out[:, y0:y0 + h, x0:x0 + w] = _normals(key, e, out.shape, False)[:, y0:y0 + h, x0:x0 + w]
+            out[:, y0 : y0 + h, x0 : x0 + w] = _normals(key, e, out.shape, False)[:, y0 : y0 + h, x0 : x0 + w]
     return out

@@ -1,12 +1,13 @@
 """Per-image ops of issue 47: `RandAugment` (timm's semantics; big_vision's by `from_big_vision`)
-and `RandomErasing`, and their per-sample decisions, keyed by (seed, epoch, sample index,
-repeat) through `order.random_bits` like the crops. The pixels are `pixel_ops`' rules.
+and its per-sample decisions with those of every policy of ``Augment.ops`` (`decide`), keyed by
+(seed, epoch, sample index, repeat) through `order.random_bits` like the crops; the per-sample
+counters random erasing (`erasing.py`) shares. The pixels are `pixel_ops`' rules.
 
 **Counters** (disjoint from augment's 0..40 and the buckets' 48..49): a sample's words are
 ``0x10000 + 0x1000 * repeat + local``; policy i of ``Augment.ops``, slot j uses local
 ``0x40 * i + 4 * j + {0: which op, 1: apply?, 2: magnitude, 3: sign (Cutout: its centre)}``
-(at most 4 policies of 16 ops); erasing uses 0x100 (apply?), 0x101 (count), 0x102 (noise key)
-and ``0x200 + 4 * (10 * box + attempt) + {0: area, 1: aspect, 2: top, 3: left}``.
+(at most 4 policies of 16 ops); erasing (`erasing.py`) uses 0x100 (apply?), 0x101 (count),
+0x102 (noise key) and ``0x200 + 4 * (10 * box + attempt) + {0: area, 1: aspect, 2: top, 3: left}``.
 
 **Draws, exact on every path.** Which op: ``((w >> 16) * P) >> 16`` (uniform with replacement,
 as timm's ``np.random.choice``). Apply: the top 24 bits against ``round(prob * 2**24)``. The
@@ -17,17 +18,13 @@ in float64 with timm's level functions: entry k holds the op argument for magnit
 float arithmetic at all, NumPy and jax.numpy agree to the bit. The sign is the word's top bit
 (timm negates with probability 1/2).
 
-**Erasing** follows timm's ``RandomErasing._erase`` on the output size H x W: per box up to 10
-attempts of area fraction ~ U(min_area, max_area) / count and aspect h/w ~ logU, h and w rounded
-half to even from float32 products with host float32 tables (as `augment.py` does), the first
-with 1 <= h < H and 1 <= w < W placed uniformly (``((w >> 16) * span) >> 16``).
-
 Example:
     >>> import numpy as np
     >>> codes, args = decide((RandAugment(),), np.arange(4), seed=0, epoch=0)
     >>> codes.shape, codes.dtype, args.dtype
     ((4, 2), dtype('uint8'), dtype('int32'))
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,46 +34,107 @@ import re
 
 import numpy as np
 
-from tbljax._src.rules import contract
-from tbljax._src.rules import order
-from tbljax._src.rules import pixel_ops
+from tbljax._src.rules import contract, image_ops, order, pixel_ops, quantiles
 
-__all__ = ["ERASE_MODES", "OP_NAMES", "RandAugment", "RandomErasing", "arg_table", "decide", "decide_erasing",
-           "op_arg"]
+__all__ = [
+    "OP_NAMES",
+    "POLICIES",
+    "RandAugment",
+    "arg_table",
+    "counters",
+    "decide",
+    "op_arg",
+    "repeats",
+]
 
 # timm's RandAugment op names (LEVEL_TO_ARG) this module has a pixel rule for, and its lists.
-OP_NAMES = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "PosterizeIncreasing",
-            "PosterizeOriginal", "Solarize", "SolarizeIncreasing", "SolarizeAdd", "Color", "ColorIncreasing",
-            "Contrast", "ContrastIncreasing", "Brightness", "BrightnessIncreasing", "Sharpness",
-            "SharpnessIncreasing", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel",
-            "TranslateYRel", "Cutout")
-_TIMM_DEFAULT = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd", "Color",
-                 "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
-_TIMM_INCREASING = ("AutoContrast", "Equalize", "Invert", "Rotate", "PosterizeIncreasing", "SolarizeIncreasing",
-                    "SolarizeAdd", "ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing",
-                    "SharpnessIncreasing", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+OP_NAMES = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "Posterize",
+    "PosterizeIncreasing",
+    "PosterizeOriginal",
+    "Solarize",
+    "SolarizeIncreasing",
+    "SolarizeAdd",
+    "Color",
+    "ColorIncreasing",
+    "Contrast",
+    "ContrastIncreasing",
+    "Brightness",
+    "BrightnessIncreasing",
+    "Sharpness",
+    "SharpnessIncreasing",
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "TranslateXRel",
+    "TranslateYRel",
+    "Cutout",
+)
+_TIMM_DEFAULT = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "Posterize",
+    "Solarize",
+    "SolarizeAdd",
+    "Color",
+    "Contrast",
+    "Brightness",
+    "Sharpness",
+    "ShearX",
+    "ShearY",
+    "TranslateXRel",
+    "TranslateYRel",
+)
+_TIMM_INCREASING = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "PosterizeIncreasing",
+    "SolarizeIncreasing",
+    "SolarizeAdd",
+    "ColorIncreasing",
+    "ContrastIncreasing",
+    "BrightnessIncreasing",
+    "SharpnessIncreasing",
+    "ShearX",
+    "ShearY",
+    "TranslateXRel",
+    "TranslateYRel",
+)
 # TF's distort_image_with_randaugment (what big_vision's "randaug" calls).
-_BIG_VISION = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "Color", "Contrast",
-               "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateX", "TranslateY", "Cutout", "SolarizeAdd")
+_BIG_VISION = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "Posterize",
+    "Solarize",
+    "Color",
+    "Contrast",
+    "Brightness",
+    "Sharpness",
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "Cutout",
+    "SolarizeAdd",
+)
 CONVENTIONS = ("timm", "big_vision")
-ERASE_MODES = ("pixel", "rand", "const")
-_BITS = 12
-_PROB_BITS = 24
+_BITS = quantiles.BITS
 _BASE, _REPEAT_STRIDE, _POLICY_STRIDE = 0x10000, 0x1000, 0x40
-_MAX_OPS, _MAX_POLICIES, _MAX_BOXES, _ATTEMPTS = 16, 4, 16, 10
-_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY, _ERASE_BOXES = 0x100, 0x101, 0x102, 0x200
+_MAX_OPS, _MAX_POLICIES = 16, 4
 
 
-def _number(name, v, lo, hi):
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not lo <= v <= hi:
-        raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {v!r}")
-    return float(v)
-
-
-def _int(name, v, lo, hi):
-    if not contract.is_integer(v) or not lo <= v <= hi:
-        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
-    return int(v)
+_number, _int = image_ops.number, image_ops.integer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +168,7 @@ class RandAugment:
         object.__setattr__(self, "num_ops", _int("num_ops", self.num_ops, 1, _MAX_OPS))
         object.__setattr__(self, "magnitude", _number("magnitude", self.magnitude, 0, 100))
         std = self.magnitude_std
-        if isinstance(std, (int, float, np.floating)) and not isinstance(std, bool) and std > 100:
+        if contract.is_real(std) and std > 100:
             std = math.inf  # timm: "uniform sampling in 0 to magnitude if mstd is > 100"
         object.__setattr__(self, "magnitude_std", std if std == math.inf else _number("magnitude_std", std, 0, 100))
         if not isinstance(self.increasing, (bool, np.bool_)):
@@ -122,8 +180,10 @@ class RandAugment:
                 raise ValueError(f"ops must be a non-empty list of op names, got {self.ops!r}")
             ops = tuple(self.ops)
             if self.increasing:
-                raise ValueError("increasing=True picks timm's increasing list when ops is None; with ops "
-                                 "given, name the increasing ops themselves (e.g. 'PosterizeIncreasing')")
+                raise ValueError(
+                    "increasing=True picks timm's increasing list when ops is None; with ops "
+                    "given, name the increasing ops themselves (e.g. 'PosterizeIncreasing')"
+                )
         for n in ops:
             if n not in OP_NAMES:
                 raise ValueError(f"RandAugment op {n!r} is not supported; the ops are {', '.join(OP_NAMES)}")
@@ -136,8 +196,10 @@ class RandAugment:
         if self.magnitude_max is not None:
             object.__setattr__(self, "magnitude_max", _number("magnitude_max", self.magnitude_max, 0, 100))
         if self.interpolation not in pixel_ops.INTERPOLATIONS:
-            raise ValueError(f"interpolation must be one of {pixel_ops.INTERPOLATIONS}, got "
-                             f"{self.interpolation!r} (timm's 'random' and 'bicubic' are not implemented)")
+            raise ValueError(
+                f"interpolation must be one of {pixel_ops.INTERPOLATIONS}, got "
+                f"{self.interpolation!r} (timm's 'random' and 'bicubic' are not implemented)"
+            )
         object.__setattr__(self, "translate_const", _number("translate_const", self.translate_const, 0, 4096))
         object.__setattr__(self, "translate_pct", _number("translate_pct", self.translate_pct, 0, 1))
         if self.convention not in CONVENTIONS:
@@ -145,8 +207,9 @@ class RandAugment:
         if "Cutout" in ops and (self.magnitude_std or self.convention != "big_vision"):
             raise ValueError("op 'Cutout' is big_vision's (RandAugment.from_big_vision), at a fixed magnitude")
         if "Cutout" in ops and int(self.magnitude / 10 * 40) > 127:
-            raise ValueError(f"Cutout's half-side int(magnitude / 10 * 40) must be <= 127, got magnitude "
-                             f"{self.magnitude!r}")
+            raise ValueError(
+                f"Cutout's half-side int(magnitude / 10 * 40) must be <= 127, got magnitude {self.magnitude!r}"
+            )
 
     @classmethod
     def from_timm(cls, config: str, **kw) -> "RandAugment":
@@ -159,8 +222,9 @@ class RandAugment:
         args = dict(magnitude=10.0, num_ops=2, increasing=False, prob=0.5)
         for part in parts[1:]:
             if part.startswith("t"):
-                raise ValueError(f"timm config section {part!r}: weighted or 3-Augment transform sets "
-                                 "(t...) are not supported")
+                raise ValueError(
+                    f"timm config section {part!r}: weighted or 3-Augment transform sets (t...) are not supported"
+                )
             m = re.fullmatch(r"([a-z]+)(\d.*)", part)
             if m is None:
                 continue  # timm skips a section without a number
@@ -179,8 +243,9 @@ class RandAugment:
                 elif key == "p":
                     args["prob"] = float(val)
                 else:
-                    raise ValueError(f"unknown timm RandAugment config key {key!r} in {config!r} "
-                                     "(known: m, n, mstd, mmax, inc, p)")
+                    raise ValueError(
+                        f"unknown timm RandAugment config key {key!r} in {config!r} (known: m, n, mstd, mmax, inc, p)"
+                    )
             except ValueError as e:
                 if "unknown" in str(e):
                     raise
@@ -195,62 +260,27 @@ class RandAugment:
         m = re.fullmatch(r"\s*randaug\(\s*(\d+)\s*,\s*(\d+(?:\.\d*)?)\s*\)\s*", spec) if isinstance(spec, str) else None
         if m is None:
             raise ValueError(f"a big_vision spec is 'randaug(num_layers, magnitude)', got {spec!r}")
-        return cls(num_ops=int(m.group(1)), magnitude=float(m.group(2)), ops=_BIG_VISION, prob=1.0,
-                   interpolation="nearest", translate_const=100.0, convention="big_vision")
+        return cls(
+            num_ops=int(m.group(1)),
+            magnitude=float(m.group(2)),
+            ops=_BIG_VISION,
+            prob=1.0,
+            interpolation="nearest",
+            translate_const=100.0,
+            convention="big_vision",
+        )
 
 
 def _is_byte(v):
     return contract.is_integer(v) and 0 <= v <= 255
 
 
-@dataclasses.dataclass(frozen=True)
-class RandomErasing:
-    """timm's ``RandomErasing`` on the normalized output: with probability `p`, `min_count` to
-    `max_count` boxes of area fraction in [min_area, max_area] / count and aspect h/w in
-    [min_aspect, max_aspect or 1 / min_aspect], set to a normal per value (``"pixel"``), per
-    channel (``"rand"``) or 0 (``"const"``).
-
-    >>> RandomErasing(p=0.25, mode="pixel").max_count
-    1
-    """
-
-    p: float = 0.25
-    mode: str = "pixel"
-    min_area: float = 0.02
-    max_area: float = 1 / 3
-    min_aspect: float = 0.3
-    max_aspect: float | None = None
-    min_count: int = 1
-    max_count: int | None = None
-
-    def __post_init__(self):
-        object.__setattr__(self, "p", _number("p", self.p, 0, 1))
-        if self.mode not in ERASE_MODES:
-            raise ValueError(f"mode must be one of {ERASE_MODES}, got {self.mode!r}")
-        lo = _number("min_area", self.min_area, 0, 1)
-        hi = _number("max_area", self.max_area, 0, 1)
-        if not 0 < lo <= hi:
-            raise ValueError(f"min_area and max_area must satisfy 0 < min_area <= max_area <= 1, got "
-                             f"{self.min_area!r}, {self.max_area!r}")
-        object.__setattr__(self, "min_area", lo)
-        object.__setattr__(self, "max_area", hi)
-        a = _number("min_aspect", self.min_aspect, 1e-3, 1e3)
-        b = 1 / a if self.max_aspect is None else _number("max_aspect", self.max_aspect, 1e-3, 1e3)
-        if a > b:
-            raise ValueError(f"min_aspect must be <= max_aspect, got {a!r} > {b!r}")
-        object.__setattr__(self, "min_aspect", a)
-        object.__setattr__(self, "max_aspect", b)
-        object.__setattr__(self, "min_count", _int("min_count", self.min_count, 1, _MAX_BOXES))
-        mc = self.min_count if self.max_count is None else _int("max_count", self.max_count, 1, _MAX_BOXES)
-        if mc < self.min_count:
-            raise ValueError(f"max_count must be >= min_count, got {mc!r} < {self.min_count!r}")
-        object.__setattr__(self, "max_count", mc)
-
-
 def _level(ra: RandAugment, name: str, m: float, negate: bool):
     """timm's level function (big_vision's where its convention differs), in float64."""
+
     def neg(v):
         return -v if negate else v
+
     bv = ra.convention == "big_vision"
     if _code(name) in pixel_ops.AFFINE:
         return pixel_ops.affine_level(_code(name), neg(m), ra.translate_const, ra.translate_pct)
@@ -292,7 +322,7 @@ def op_arg(ra: RandAugment, name: str, magnitude: float, negate: bool = False) -
 @functools.lru_cache(maxsize=16)
 def arg_table(ra: RandAugment) -> np.ndarray:
     """int32 (P, 2, 4096): op p's argument for (sign, magnitude quantile k), built in float64."""
-    k = (np.arange(1 << _BITS, dtype=np.float64) + 0.5) / (1 << _BITS)
+    k = quantiles.grid()
     if ra.convention == "big_vision" or ra.magnitude_std == 0:
         mags = np.full(k.shape, ra.magnitude)
     elif ra.magnitude_std == math.inf:
@@ -303,17 +333,18 @@ def arg_table(ra: RandAugment) -> np.ndarray:
         mags = ra.magnitude + ra.magnitude_std * ndtri(k)
     if ra.convention == "timm":
         mags = np.clip(mags, 0.0, ra.magnitude_max or 10.0)
-    t = np.array([[[op_arg(ra, n, m, s)[1] for m in mags.tolist()] for s in (False, True)] for n in ra.ops],
-                 np.int32)
+    t = np.array([[[op_arg(ra, n, m, s)[1] for m in mags.tolist()] for s in (False, True)] for n in ra.ops], np.int32)
     t.setflags(write=False)
     return t
 
 
-def _counters(local, repeat, xp):
+def counters(local, repeat, xp):
+    """A sample's counters: ``0x10000 + 0x1000 * repeat + local`` as uint32 (`repeats` shapes
+    `repeat` to broadcast against `local`)."""
     return xp.asarray(_BASE + local, xp.uint32) + repeat * xp.uint32(_REPEAT_STRIDE)
 
 
-def _repeat(repeat, ndim, xp):
+def repeats(repeat, ndim, xp):
     """`repeat` (an int, or one per sample) as uint32 shaped to broadcast over `ndim` more axes."""
     if contract.is_integer(repeat) and not 0 <= repeat < (1 << 32) // _REPEAT_STRIDE - 16:
         raise ValueError(f"repeat must be an integer in [0, {(1 << 32) // _REPEAT_STRIDE - 16}), got {repeat!r}")
@@ -323,20 +354,28 @@ def _repeat(repeat, ndim, xp):
 
 def decide(policies, indices, *, seed: int, epoch: int, repeat=0, xp=np):
     """(ops (B, K) uint8, op_args (B, K) int32) for samples `indices` under `policies` (a sequence
-    of `RandAugment`, applied in order; K = their num_ops summed); op 0 where an op is not applied."""
+    of `RandAugment` and `image_ops` ops, applied in order; K = their slots summed: num_ops for
+    RandAugment); op 0 where an op is not applied."""
     policies = tuple(policies)
-    if len(policies) > _MAX_POLICIES or not all(isinstance(p, RandAugment) for p in policies):
-        raise ValueError(f"ops must be at most {_MAX_POLICIES} RandAugment policies, got {policies!r}")
+    if len(policies) > _MAX_POLICIES or not all(isinstance(p, POLICIES) for p in policies):
+        names = ", ".join(c.__name__ for c in POLICIES)
+        raise ValueError(f"ops must be at most {_MAX_POLICIES} per-image ops ({names}), got {policies!r}")
     idx = xp.asarray(indices)
-    rep = _repeat(repeat, 2, xp)
+    rep = repeats(repeat, 2, xp)
     codes, args = [], []
     for i, ra in enumerate(policies):
+        slots = ra.num_ops if isinstance(ra, RandAugment) else ra.num_slots
+        local = _POLICY_STRIDE * i + np.arange(4 * slots).reshape(slots, 4)
+        u = order.random_bits(idx[:, None, None], counters(local, rep, xp), seed, epoch, xp=xp)
+        if not isinstance(ra, RandAugment):
+            code, arg = ra.draw(u, xp)
+            codes.append(code.astype(xp.uint8))
+            args.append(arg.astype(xp.int32))
+            continue
         table = xp.asarray(arg_table(ra))
         op_codes = xp.asarray(np.array([_code(n) for n in ra.ops], np.uint8))
-        local = _POLICY_STRIDE * i + np.arange(4 * ra.num_ops).reshape(ra.num_ops, 4)
-        u = order.random_bits(idx[:, None, None], _counters(local, rep, xp), seed, epoch, xp=xp)
-        which = (((u[..., 0] >> 16) * xp.uint32(len(ra.ops))) >> 16).astype(xp.int32)
-        applied = (u[..., 1] >> (32 - _PROB_BITS)) < xp.uint32(round(ra.prob * (1 << _PROB_BITS)))
+        which = image_ops.choice(u[..., 0], len(ra.ops), xp)
+        applied = image_ops.applied(u[..., 1], ra.prob, xp)
         sign = (u[..., 3] >> 31).astype(xp.int32)
         arg = table[which, sign, (u[..., 2] >> (32 - _BITS)).astype(xp.int32)]
         code = op_codes[which]
@@ -350,49 +389,4 @@ def decide(policies, indices, *, seed: int, epoch: int, repeat=0, xp=np):
     return xp.concatenate(codes, axis=1), xp.concatenate(args, axis=1)
 
 
-@functools.lru_cache(maxsize=16)
-def _erase_tables(er: RandomErasing, height: int, width: int):
-    """float32 tables: sqrt(area / count) per count, sqrt(U(min_area, max_area)) and
-    sqrt(aspect), 1 / sqrt(aspect) at 4096 quantiles (float64 on the host)."""
-    k = (np.arange(1 << _BITS, dtype=np.float64) + 0.5) / (1 << _BITS)
-    counts = np.arange(_MAX_BOXES + 1, dtype=np.float64)
-    counts[0] = 1
-    side = np.sqrt(height * width / counts)
-    frac = np.sqrt(er.min_area + (er.max_area - er.min_area) * k)
-    lo, hi = math.log(er.min_aspect), math.log(er.max_aspect)
-    r = np.sqrt(np.exp(lo + (hi - lo) * k))
-    return tuple(t.astype(np.float32) for t in (side, frac, r, 1.0 / r))
-
-
-def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed: int, epoch: int, repeat=0,
-                   xp=np):
-    """(boxes (B, E, 4) int32 of (y0, x0, h, w), h = 0 for none; keys (B,) uint32 of their
-    noise) for samples `indices` erased on an output of `height` x `width`; E = max_count."""
-    if not isinstance(er, RandomErasing):
-        raise ValueError(f"erasing must be a RandomErasing, got {er!r}")
-    height, width = _int("height", height, 1, contract.MAX_SIDE), _int("width", width, 1, contract.MAX_SIDE)
-    idx = xp.asarray(indices)
-    side_t, frac_t, r_t, inv_r_t = (xp.asarray(t) for t in _erase_tables(er, height, width))
-    head = order.random_bits(idx[:, None], _counters(np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]),
-                                                     _repeat(repeat, 1, xp), xp),
-                             seed, epoch, xp=xp)
-    applied = (head[:, 0] >> (32 - _PROB_BITS)) < xp.uint32(round(er.p * (1 << _PROB_BITS)))
-    span = er.max_count - er.min_count + 1
-    count = (((head[:, 1] >> 16) * xp.uint32(span)) >> 16).astype(xp.int32) + er.min_count
-    e = er.max_count
-    local = _ERASE_BOXES + np.arange(4 * _ATTEMPTS * e).reshape(e, _ATTEMPTS, 4)
-    u = order.random_bits(idx[:, None, None, None], _counters(local, _repeat(repeat, 3, xp), xp), seed, epoch,
-                          xp=xp)
-    shift = xp.uint32(32 - _BITS)
-    s = side_t[count][:, None, None] * frac_t[u[..., 0] >> shift]
-    kr = u[..., 1] >> shift
-    h = xp.rint(s * r_t[kr]).astype(xp.int32)
-    w = xp.rint(s * inv_r_t[kr]).astype(xp.int32)
-    fits = (h >= 1) & (h < height) & (w >= 1) & (w < width)
-    y0 = (((u[..., 2] >> 16) * xp.maximum(height - h + 1, 1).astype(xp.uint32)) >> 16).astype(xp.int32)
-    x0 = (((u[..., 3] >> 16) * xp.maximum(width - w + 1, 1).astype(xp.uint32)) >> 16).astype(xp.int32)
-    boxes = xp.stack([y0, x0, h, w], axis=-1)                          # (B, E, attempts, 4)
-    first = xp.argmax(fits, axis=2)
-    chosen = xp.take_along_axis(boxes, first[:, :, None, None], axis=2)[:, :, 0]
-    keep = xp.any(fits, axis=2) & applied[:, None] & (xp.arange(e)[None, :] < count[:, None])
-    return xp.where(keep[..., None], chosen, 0).astype(xp.int32), head[:, 2]
+POLICIES = (RandAugment,) + image_ops.CLASSES

@@ -1,11 +1,11 @@
 """The loader's resumable state: a small versioned dict of plain ints and strings
 (`make_state`), and the check that a saved state fits this run (`check_state`), whose errors
 say what differs and how to go on."""
+
 from __future__ import annotations
 
-
-from tbljax._src.rules.order import check_seed_epoch
 from tbljax._src.rules.contract import is_integer
+from tbljax._src.rules.order import check_seed_epoch
 
 __all__ = ["STATE_VERSION", "check_state", "make_state"]
 
@@ -13,30 +13,53 @@ STATE_VERSION = 1
 _STATE_KEYS = ("version", "seed", "epoch", "position", "fingerprint")
 
 
-def make_state(*, seed: int, epoch: int, position: int, fingerprint: str,
-               processes: int | None = None, mixture: dict | None = None) -> dict:
+def make_state(
+    *,
+    seed: int,
+    epoch: int,
+    position: int,
+    fingerprint: str,
+    processes: int | None = None,
+    mixture: dict | None = None,
+    repeats: int = 1,
+) -> dict:
     """The resumable state: a small versioned dict of plain ints and strings. A
     partition="host" loader gives `processes` (P): its state also says ``"partition":
     "host"`` and P, and its position is the local position of every part. A mixture's loader
     gives `mixture` (`Mixture.description`: sources, weights, label offsets, epoch, the sources'
     fingerprints), kept under ``"mixture"`` so that a state of another mixture is refused
-    saying what differs.
+    saying what differs. With `repeats` > 1 the state says so (its positions count k·N an epoch).
 
     >>> make_state(seed=0, epoch=1, position=512, fingerprint="ab12")["version"]
     1
     """
     seed, epoch = check_seed_epoch(seed, epoch)
-    state = {"version": STATE_VERSION, "seed": seed, "epoch": epoch, "position": int(position),
-             "fingerprint": str(fingerprint)}
+    state = {
+        "version": STATE_VERSION,
+        "seed": seed,
+        "epoch": epoch,
+        "position": int(position),
+        "fingerprint": str(fingerprint),
+    }
     if processes is not None:
         state.update(partition="host", processes=int(processes))
     if mixture is not None:  # a mixture's recipe: a refused resume says what differs
         state["mixture"] = mixture
+    if repeats != 1:
+        state["repeats"] = int(repeats)
     return state
 
 
-def check_state(state, *, seed: int, fingerprint: str, n: int,
-                processes: int | None = None, mixture: dict | None = None) -> tuple[int, int]:
+def check_state(
+    state,
+    *,
+    seed: int,
+    fingerprint: str,
+    n: int,
+    processes: int | None = None,
+    mixture: dict | None = None,
+    repeats: int = 1,
+) -> tuple[int, int]:
     """Validates a state from `make_state` against this run; returns (epoch, position).
 
     `n` bounds the position (with parts: the largest part). `processes`: P for a
@@ -51,24 +74,35 @@ def check_state(state, *, seed: int, fingerprint: str, n: int,
     if missing:
         raise ValueError(f"state is missing {missing}; expected keys {list(_STATE_KEYS)}")
     if state["version"] != STATE_VERSION:
-        raise ValueError(f"state version {state['version']!r} is not supported: this tbljax "
-                         f"reads version {STATE_VERSION}")
+        raise ValueError(
+            f"state version {state['version']!r} is not supported: this tbljax reads version {STATE_VERSION}"
+        )
     saved, mine = state.get("partition"), ("host" if processes is not None else None)
     if saved != mine:
         # Checked before the fingerprint: the two modes fingerprint the data differently.
-        raise ValueError(f"state was saved by a loader with partition={saved!r} but this loader "
-                         f"has partition={mine!r}: its positions count other rows; create the "
-                         f"loader with partition={saved!r}")
+        raise ValueError(
+            f"state was saved by a loader with partition={saved!r} but this loader "
+            f"has partition={mine!r}: its positions count other rows; create the "
+            f"loader with partition={saved!r}"
+        )
     if state["fingerprint"] != fingerprint:
-        raise ValueError(f"state is for dataset {state['fingerprint']!r} but this loader reads "
-                         f"dataset {fingerprint!r}{_what_differs(state.get('mixture'), mixture)}")
+        raise ValueError(
+            f"state is for dataset {state['fingerprint']!r} but this loader reads "
+            f"dataset {fingerprint!r}{_what_differs(state.get('mixture'), mixture)}"
+        )
     if state["seed"] != seed:
-        raise ValueError(f"state was saved with seed={state['seed']!r} but this loader has "
-                         f"seed={seed!r}: create the loader with the state's seed")
+        raise ValueError(
+            f"state was saved with seed={state['seed']!r} but this loader has "
+            f"seed={seed!r}: create the loader with the state's seed"
+        )
+    if state.get("repeats", 1) != repeats:
+        raise ValueError(
+            f"state was saved with repeats={state.get('repeats', 1)!r} but this loader has "
+            f"repeats={repeats!r}: its positions count another epoch; create the loader with the state's repeats"
+        )
     epoch, position = state["epoch"], state["position"]
     check_seed_epoch(seed, epoch)
-    if not is_integer(position) \
-            or not 0 <= position <= n:
+    if not is_integer(position) or not 0 <= position <= n:
         raise ValueError(f"state position must be an integer in [0, {n}], got {position!r}")
     if processes is not None:
         saved_p = state.get("processes")
@@ -81,7 +115,8 @@ def check_state(state, *, seed: int, fingerprint: str, n: int,
                 f"partition='host' each process now owns other records, so the rest of epoch "
                 f"{epoch} has no exact continuation. Resume at an epoch boundary: "
                 f"loader.set_epoch({epoch + 1}) skips the rest of epoch {epoch}, "
-                f"loader.set_epoch({epoch}) serves epoch {epoch} again from its start")
+                f"loader.set_epoch({epoch}) serves epoch {epoch} again from its start"
+            )
     return int(epoch), int(position)
 
 
@@ -90,6 +125,5 @@ def _what_differs(saved, mine) -> str:
     descriptions; '' when either is not a mixture's."""
     if not (isinstance(saved, dict) and isinstance(mine, dict)):
         return ""
-    diff = [f"{k} (state {saved.get(k)!r}, this loader {mine.get(k)!r})" for k in mine
-            if saved.get(k) != mine.get(k)]
+    diff = [f"{k} (state {saved.get(k)!r}, this loader {mine.get(k)!r})" for k in mine if saved.get(k) != mine.get(k)]
     return ": the mixtures differ in " + "; ".join(diff) if diff else ""

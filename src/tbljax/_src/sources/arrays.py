@@ -1,6 +1,7 @@
 """In-memory conversion sources: NumPy (or jax, torch) arrays, lists of images or batches,
 `(images, labels)` tuples and dicts whose other keys are record fields (`ArraySource`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -9,9 +10,10 @@ from typing import Any
 import numpy as np
 
 from tbljax._src.file.fields import check_name, kind_of_value
-from tbljax._src.sources.items import Item, Label, share
 from tbljax._src.rules.contract import Arg
 from tbljax._src.rules.partition import host_part
+from tbljax._src.sources.items import Item, Label, share
+
 
 class ArraySource:
     """Decoded images in memory: an (N, H, W[, C]) uint8 array, or a sequence whose elements
@@ -19,9 +21,15 @@ class ArraySource:
 
     LABELS_FROM = ("arrays take labels from ", Arg("labels", ...), ", one per image")
 
-    def __init__(self, images: Any, labels: Sequence[Label] | None, classes: list[str] | None = None,
-                 _rows: list[tuple[int, int]] | None = None, fields: dict[str, Any] | None = None,
-                 _first: int = 0):
+    def __init__(
+        self,
+        images: Any,
+        labels: Sequence[Label] | None,
+        classes: list[str] | None = None,
+        _rows: list[tuple[int, int]] | None = None,
+        fields: dict[str, Any] | None = None,
+        _first: int = 0,
+    ):
         self.images = images
         # Field name -> a column of one value per image (a dict source's other keys).
         self.fields = dict(fields or {})
@@ -39,8 +47,7 @@ class ArraySource:
         rows = share(self.rows, i, n, "images")
         mine = host_part(len(self.rows), i, n)
         lo, hi = mine.start, mine.stop
-        return ArraySource(self.images, self.labels[lo:hi], self.classes, rows, self.fields,
-                           self.first + lo)
+        return ArraySource(self.images, self.labels[lo:hi], self.classes, rows, self.fields, self.first + lo)
 
     def describe(self) -> list[str]:
         return [f"<{len(self.rows)} arrays>"]
@@ -64,8 +71,10 @@ def _column_kind(name: str, column: Any) -> str:
     """A dict source's field column: one value per image; its kind is its first value's."""
     check_name(name)
     if isinstance(column, (str, bytes)) or not hasattr(column, "__len__") or not hasattr(column, "__getitem__"):
-        raise TypeError(f"field {name!r} of a dict source must hold one value per image (a list or an "
-                        f"array of N rows), got {type(column).__name__}")
+        raise TypeError(
+            f"field {name!r} of a dict source must hold one value per image (a list or an "
+            f"array of N rows), got {type(column).__name__}"
+        )
     if len(column) == 0:
         raise ValueError(f"field {name!r} of a dict source is empty")
     return kind_of_value(column[0])
@@ -79,13 +88,15 @@ ACCEPTED_FORMS = (
     "a path or brace pattern ('train-{000..099}.tar'), a list of paths (TAR shards or image "
     "files), an image folder, a uint8 array (N, H, W, 3) or (N, H, W), a list of (H, W[, C]) "
     "images or (B, H, W, C) batches, a tuple (images, labels), or a dict "
-    "{'image': images, 'label': labels} ('images'/'img', 'labels' also accepted)")
+    "{'image': images, 'label': labels} ('images'/'img', 'labels' also accepted)"
+)
 
 
 def _is_array(x: Any) -> bool:
     """numpy arrays and what converts to one without guessing (jax, torch, tf tensors)."""
     return isinstance(x, np.ndarray) or (
-        hasattr(x, "__array__") and hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (str, bytes)))
+        hasattr(x, "__array__") and hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (str, bytes))
+    )
 
 
 def _check_batch(arr: np.ndarray, what: str) -> None:
@@ -93,12 +104,13 @@ def _check_batch(arr: np.ndarray, what: str) -> None:
     if arr.ndim not in (3, 4):
         raise ValueError(f"{what} must be (N, H, W, C) or (N, H, W) images, got shape {tuple(arr.shape)}")
     if arr.ndim == 4 and arr.shape[3] not in (1, 3, 4):
-        hint = (f" (it looks channels-first: pass {what}.transpose(0, 2, 3, 1))"
-                if arr.shape[1] in (1, 3, 4) else "")
+        hint = f" (it looks channels-first: pass {what}.transpose(0, 2, 3, 1))" if arr.shape[1] in (1, 3, 4) else ""
         raise ValueError(f"{what} of shape {tuple(arr.shape)} is not channels-last (N, H, W, 1|3|4){hint}")
     if np.dtype(arr.dtype) != np.uint8:
-        raise ValueError(f"{what} must be uint8 pixels 0..255, got {arr.dtype} (for floats in [0, 1]: "
-                         "np.rint(x * 255).astype(np.uint8))")
+        raise ValueError(
+            f"{what} must be uint8 pixels 0..255, got {arr.dtype} (for floats in [0, 1]: "
+            "np.rint(x * 255).astype(np.uint8))"
+        )
 
 
 def _array_rows(images: Any) -> list[tuple[int, int]]:
@@ -108,16 +120,19 @@ def _array_rows(images: Any) -> list[tuple[int, int]]:
     rows: list[tuple[int, int]] = []
     for k, x in enumerate(images):
         if not _is_array(x):
-            raise TypeError(f"element {k} of the image list is {type(x).__name__}, not an array; "
-                            f"sources may be {ACCEPTED_FORMS}")
+            raise TypeError(
+                f"element {k} of the image list is {type(x).__name__}, not an array; sources may be {ACCEPTED_FORMS}"
+            )
         if x.ndim == 4:
             _check_batch(x, f"element {k} (a batch)")
             rows.extend((k, j) for j in range(len(x)))
         elif x.ndim in (2, 3):
             rows.append((k, -1))
         else:
-            raise TypeError(f"element {k} of the image list has shape {tuple(x.shape)}: each must be an "
-                            "(H, W[, C]) image or a (B, H, W, C) batch (for (images, labels) pass a tuple)")
+            raise TypeError(
+                f"element {k} of the image list has shape {tuple(x.shape)}: each must be an "
+                "(H, W[, C]) image or a (B, H, W, C) batch (for (images, labels) pass a tuple)"
+            )
     return rows
 
 
@@ -137,15 +152,22 @@ def split_images_labels(sources: Any, labels: Any) -> tuple[Any, Any] | None:
         ik = [k for k in IMAGE_KEYS if k in sources]
         lk = [k for k in LABEL_KEYS if k in sources]
         if len(ik) != 1 or len(lk) > 1:
-            raise TypeError(f"a dict of sources needs exactly one image key of {list(IMAGE_KEYS)} and at "
-                            f"most one label key of {list(LABEL_KEYS)}, got keys {sorted(map(str, sources))}")
+            raise TypeError(
+                f"a dict of sources needs exactly one image key of {list(IMAGE_KEYS)} and at "
+                f"most one label key of {list(LABEL_KEYS)}, got keys {sorted(map(str, sources))}"
+            )
         if lk and labels is not None:
             raise ValueError(f"labels given twice: the dict's {lk[0]!r} and labels=")
         return sources[ik[0]], (sources[lk[0]] if lk else labels)
-    if (isinstance(sources, tuple) and len(sources) == 2 and _is_label_vector(sources[1])
-            and (_is_array(sources[0]) or (isinstance(sources[0], (list, tuple)) and sources[0]
-                                           and _is_array(sources[0][0])))
-            and len(sources[0]) == len(sources[1])):
+    if (
+        isinstance(sources, tuple)
+        and len(sources) == 2
+        and _is_label_vector(sources[1])
+        and (
+            _is_array(sources[0]) or (isinstance(sources[0], (list, tuple)) and sources[0] and _is_array(sources[0][0]))
+        )
+        and len(sources[0]) == len(sources[1])
+    ):
         if labels is not None:
             raise ValueError("labels given twice: the (images, labels) tuple and labels=")
         return sources

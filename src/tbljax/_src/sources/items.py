@@ -3,6 +3,7 @@ image with its key, label and fields), the image and label member extensions, th
 table, label parsing, the contiguous share of a sharded conversion, and the expansion of
 paths and patterns that name one kind of file.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,6 +17,8 @@ import numpy as np
 
 from tbljax._src.remote import remote
 from tbljax._src.rules.braces import expand_braces
+from tbljax._src.rules.contract import is_integer
+from tbljax._src.rules.errors import shown
 from tbljax._src.rules.partition import host_part
 
 # Image files by extension (a folder's other files are left out and listed); .jfif is a JPEG.
@@ -38,10 +41,10 @@ class Item:
     """One source image: encoded bytes or decoded pixels, with its key and label."""
 
     key: str
-    source: str                  # the file it came from (a shard, an image file, "<array>")
+    source: str  # the file it came from (a shard, an image file, "<array>")
     data: bytes | np.ndarray | None
-    label: Label = -1            # an integer id, a class name, or -1 for none
-    error: str | None = None     # set when the item is known bad before decoding
+    label: Label = -1  # an integer id, a class name, or -1 for none
+    error: str | None = None  # set when the item is known bad before decoding
     label_error: str | None = None  # set when a label member exists but could not be read
     # The record's other fields, by field name, as the source holds them: a TAR member's or a
     # sidecar file's bytes, or a value (a dict source's entry, a table's cell). Conversion
@@ -53,14 +56,17 @@ def share(seq: Sequence[Any], i: int, n: int, what: str) -> list[Any]:
     """Share i of n of seq by the rule of `partition.host_part` (contiguous, near-equal shares
     that in order concatenate to seq); an empty share is an error."""
     mine = host_part(len(seq), i, n)
-    part = list(seq[mine.start:mine.stop])
+    part = list(seq[mine.start : mine.stop])
     if not part:
-        raise ValueError(f"shard {i}/{n} is empty: {len(seq)} {what} split {n} ways leaves share "
-                         f"{i} nothing; use at most {len(seq)} shares")
+        raise ValueError(
+            f"shard {i}/{n} is empty: {len(seq)} {what} split {n} ways leaves share "
+            f"{i} nothing; use at most {len(seq)} shares"
+        )
     return part
 
 
 # ---- labels --------------------------------------------------------------------------------
+
 
 def load_classes(classes: Sequence[str] | str | os.PathLike | None) -> list[str] | None:
     """A classes table from a list of names or a text file of one name per line (blank lines
@@ -80,11 +86,14 @@ def load_classes(classes: Sequence[str] | str | os.PathLike | None) -> list[str]
         where = "classes"
         for c in names:
             if not isinstance(c, str):
-                raise TypeError(f"classes must be a list of str names or a file path, got an item "
-                                f"{type(c).__name__} {c!r}")
+                raise TypeError(
+                    f"classes must be a list of str names or a file path, got an item {type(c).__name__} {c!r}"
+                )
     else:
-        raise TypeError(f"classes must be a list of str names or a path to a file of one name per "
-                        f"line, got {type(classes).__name__}")
+        raise TypeError(
+            f"classes must be a list of str names or a path to a file of one name per "
+            f"line, got {type(classes).__name__}"
+        )
     if not names:
         raise ValueError(f"{where} holds no class name")
     seen: dict[str, int] = {}
@@ -117,13 +126,13 @@ def parse_label(ext: str, payload: bytes, required: bool = True) -> tuple[Label,
                 return -1, (f".json has none of the fields {list(JSON_LABEL_FIELDS)}" if required else None)
             field = f" field {present[0]!r}"
             obj = obj[present[0]]
-        if isinstance(obj, int) and not isinstance(obj, bool):
+        if is_integer(obj):
             if not _INT_MIN <= obj <= _INT_MAX:
                 return -1, f".json{field} label {obj} does not fit in int64"
             return obj, None
         if isinstance(obj, str) and obj.strip() and "\n" not in obj.strip():
             return obj.strip(), None
-        return -1, f".json{field} label is {json.dumps(obj)[:60]}, not an integer id or a class name"
+        return -1, f".json{field} label is {shown(json.dumps(obj), 60)}, not an integer id or a class name"
     if not text:
         return -1, f".{ext} label member is empty"
     if re.fullmatch(r"[+-]?[0-9]+", text):
@@ -151,7 +160,7 @@ def label_list(labels: Any, n: int) -> list[Label]:
     for v in values:
         if isinstance(v, np.generic):
             v = v.item()
-        if isinstance(v, int) and not isinstance(v, bool):
+        if is_integer(v):
             out.append(v)
         elif isinstance(v, str) and v.strip():
             out.append(v.strip())
@@ -174,8 +183,10 @@ def table_for(labels: Sequence[Label], classes: list[str] | None) -> list[str] |
             raise ValueError(f"label id {bad[0]} is out of range for {len(classes)} classes")
         return classes
     if names and ids:
-        raise ValueError(f"labels mix integer ids ({ids[0]}) and class names ({sorted(names)[0]!r}); "
-                         "give names only, or ids with classes=")
+        raise ValueError(
+            f"labels mix integer ids ({ids[0]}) and class names ({sorted(names)[0]!r}); "
+            "give names only, or ids with classes="
+        )
     return sorted(names) if names else None
 
 
@@ -184,13 +195,46 @@ def paths_of(sources: Any, is_kind: Callable[[list[str]], bool]) -> list[str] | 
     of the kind `is_kind` accepts, else None (the sources are another kind's)."""
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
-    if not isinstance(sources, (list, tuple)) or not sources \
-            or not all(isinstance(s, (str, os.PathLike)) for s in sources):
+    if (
+        not isinstance(sources, (list, tuple))
+        or not sources
+        or not all(isinstance(s, (str, os.PathLike)) for s in sources)
+    ):
         return None
     words = [w for s in map(os.fspath, sources) for w in expand_braces(s)]
     if not is_kind(words):
         return None
     paths = [p for w in words for p in remote.expand(w)]
     if not paths:
-        raise ValueError(f"convert: the pattern matched no file: {sources!r}"[:300])
+        raise ValueError(f"convert: the pattern matched no file: {shown(repr(sources))}")
     return paths
+
+
+# ---- where a geometric field is read from -----------------------------------------------
+
+# What each kind of source reads a geometric declaration's field by (`fields._Declared`):
+# the attributes it takes, the first one required.
+DECLARED_BY = {
+    "TAR shards": ("ext",),
+    "an image folder": ("ext", "folder"),
+    "a dict source": ("key",),
+    "a Hugging Face dataset or Parquet file": ("key",),
+    "TFRecord / ArrayRecord files": ("key",),
+}
+
+
+def check_declared(geometric: dict[str, Any], source: str) -> dict[str, str]:
+    """{field name: the key it is read by} for `source`'s kind (a DECLARED_BY key); a
+    declaration naming what that kind has not (an ext= for a dict, a key= for a TAR) is refused
+    by name, as is a file source's declaration without ext=."""
+    takes = DECLARED_BY[source]
+    for name, g in geometric.items():
+        given = [w for w in ("ext", "key", "folder") if getattr(g, w) is not None and w not in takes]
+        if given or (takes[0] == "ext" and g.ext is None):
+            what = f"{given[0]}=" if given else "no ext="
+            raise ValueError(
+                f"fields[{name!r}] = {g!r} gives {what}; {source} read a geometric field by "
+                + " / ".join(f"{t}=" for t in takes)
+                + (" (ext= required)" if takes[0] == "ext" else " (default: the field's name)")
+            )
+    return {name: g.key or name for name, g in geometric.items()}

@@ -4,6 +4,7 @@ shard=(i, N))`) into one part; and `main`, the `python -m tbljax.beam` command. 
 is written to local disk, then uploaded through fsspec (a TBL writer seeks back to finish its
 index, which Beam's append-only file sinks cannot give). The parts opened together are the
 single-job conversion record for record: `--shard`'s contiguous shares, in order."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,9 +19,9 @@ try:
 except ImportError:
     raise ImportError("tbljax.beam runs conversions on Apache Beam: pip install 'tbljax[beam]'") from None
 
-from tbljax._src.remote import remote
 from tbljax._src.conversion.convert import convert
 from tbljax._src.conversion.convert_options import RECORD_FORMATS
+from tbljax._src.remote import remote
 
 __all__ = ["ConvertShards", "convert_part", "main"]
 
@@ -64,10 +65,12 @@ class ConvertShards(beam.PTransform):
         self.sources, self.dst, self.num_shards, self.options = sources, dst, num_shards, options
 
     def expand(self, pbegin: Any) -> Any:
-        return (pbegin
-                | "Shards" >> beam.Create(range(self.num_shards))
-                | "Spread" >> beam.Reshuffle()  # one part per worker, not all on the first
-                | "Convert" >> beam.Map(convert_part, self.sources, self.dst, self.num_shards, self.options))
+        return (
+            pbegin
+            | "Shards" >> beam.Create(range(self.num_shards))
+            | "Spread" >> beam.Reshuffle()  # one part per worker, not all on the first
+            | "Convert" >> beam.Map(convert_part, self.sources, self.dst, self.num_shards, self.options)
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,14 +96,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--strict", action="store_true")
     ap.add_argument("--overwrite", action="store_true")
     a, beam_args = ap.parse_known_args(argv)
-    options = {k: getattr(a, k) for k in ("image_size", "resize", "max_long_side", "format", "quality",
-                                          "chroma", "raw_budget", "classes", "label_ext", "image_column",
-                                          "label_column", "image_key", "label_key", "strict", "overwrite")}
+    options = {
+        k: getattr(a, k)
+        for k in (
+            "image_size",
+            "resize",
+            "max_long_side",
+            "format",
+            "quality",
+            "chroma",
+            "raw_budget",
+            "classes",
+            "label_ext",
+            "image_column",
+            "label_column",
+            "image_key",
+            "label_key",
+            "strict",
+            "overwrite",
+        )
+    }
     sources = a.sources[0] if len(a.sources) == 1 else a.sources
     with beam.Pipeline(options=PipelineOptions(beam_args)) as p:
-        (p | ConvertShards(sources, a.output, a.num_shards, **options)
-           | "Report" >> beam.Map(lambda r: print(f"part {r['shard']}: {r['written']} records, "
-                                                  f"{r['skipped']} skipped -> {r['path']}", flush=True)))
+        (
+            p
+            | ConvertShards(sources, a.output, a.num_shards, **options)
+            | "Report"
+            >> beam.Map(
+                lambda r: print(
+                    f"part {r['shard']}: {r['written']} records, {r['skipped']} skipped -> {r['path']}", flush=True
+                )
+            )
+        )
     return 0
 
 

@@ -2,6 +2,7 @@
 consumed img/s) on the user's file and settings and, given the user's step function, the step
 on one resident batch (the floor) against the same step fed by the loader; then says whether
 training is input-bound, by how much, and which knob to turn."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,11 +29,11 @@ class BenchReport:
     settings: dict[str, Any]
     produce_img_s: float
     consumed_img_s: float
-    step_floor_ms: float | None = None   # step alone on one resident batch
-    step_fed_ms: float | None = None     # the same step fed by the loader
+    step_floor_ms: float | None = None  # step alone on one resident batch
+    step_fed_ms: float | None = None  # the same step fed by the loader
     loader_wait_ms: float | None = None  # mean time the fed step waited for a batch
     input_bound: bool | None = None
-    overhead: float | None = None        # fed / floor - 1
+    overhead: float | None = None  # fed / floor - 1
     advice: list[str] = dataclasses.field(default_factory=list)
 
     def asdict(self) -> dict[str, Any]:
@@ -40,17 +41,23 @@ class BenchReport:
 
     def __str__(self) -> str:
         b = self.batch_size
-        lines = [f"tbljax bench {self.path} (batch {b}, {self.settings})",
-                 f"  loader alone: {self.produce_img_s:,.0f} img/s produced, {self.consumed_img_s:,.0f} img/s "
-                 f"when every byte is read"]
+        lines = [
+            f"tbljax bench {self.path} (batch {b}, {self.settings})",
+            f"  loader alone: {self.produce_img_s:,.0f} img/s produced, {self.consumed_img_s:,.0f} img/s "
+            f"when every byte is read",
+        ]
         if self.step_floor_ms is not None:
             floor, fed = b / self.step_floor_ms * 1e3, b / self.step_fed_ms * 1e3
-            lines += [f"  step on a resident batch (floor): {self.step_floor_ms:.2f} ms = {floor:,.0f} img/s",
-                      f"  step fed by the loader:           {self.step_fed_ms:.2f} ms = {fed:,.0f} img/s "
-                      f"(waited {self.loader_wait_ms:.2f} ms/step for data)"]
+            lines += [
+                f"  step on a resident batch (floor): {self.step_floor_ms:.2f} ms = {floor:,.0f} img/s",
+                f"  step fed by the loader:           {self.step_fed_ms:.2f} ms = {fed:,.0f} img/s "
+                f"(waited {self.loader_wait_ms:.2f} ms/step for data)",
+            ]
             verdict = "INPUT-BOUND" if self.input_bound else "not input-bound"
-            lines.append(f"  verdict: {verdict}: the fed step is {100 * self.overhead:+.1f}% vs the floor "
-                         f"(threshold {100 * INPUT_BOUND_OVERHEAD:.0f}%)")
+            lines.append(
+                f"  verdict: {verdict}: the fed step is {100 * self.overhead:+.1f}% vs the floor "
+                f"(threshold {100 * INPUT_BOUND_OVERHEAD:.0f}%)"
+            )
         for a in self.advice:
             lines.append(f"  - {a}")
         return "\n".join(lines)
@@ -72,8 +79,7 @@ def load_step(spec: str) -> Callable[[dict], Any]:
     return f
 
 
-def advise(report: BenchReport, *, threads: int, cpus: int, dtype: str, prefetch: int,
-           dataset_bytes: int) -> list[str]:
+def advise(report: BenchReport, *, threads: int, cpus: int, dtype: str, prefetch: int, dataset_bytes: int) -> list[str]:
     """Which knob to turn, from the measured numbers (a pure function, tested on its own)."""
     out: list[str] = []
     need = None
@@ -87,16 +93,24 @@ def advise(report: BenchReport, *, threads: int, cpus: int, dtype: str, prefetch
         return out
     if threads < cpus:
         out.append(f"threads: use all {cpus} CPUs (now {threads}): threads=None")
-    if report.loader_wait_ms and report.step_fed_ms and report.loader_wait_ms > 0.5 * report.step_fed_ms \
-            and prefetch < 4:
+    if (
+        report.loader_wait_ms
+        and report.step_fed_ms
+        and report.loader_wait_ms > 0.5 * report.step_fed_ms
+        and prefetch < 4
+    ):
         out.append(f"prefetch: raise it from {prefetch} to absorb uneven steps (prefetch=4)")
     if dtype != "uint8":
-        out.append("dtype='uint8' and normalize on device (tbljax.ops.gather_normalize or a multiply-add in "
-                   "the step): 4x fewer bytes to produce and move")
+        out.append(
+            "dtype='uint8' and normalize on device (tbljax.ops.gather_normalize or a multiply-add in "
+            "the step): 4x fewer bytes to produce and move"
+        )
     if need is not None and report.produce_img_s < need:
-        out.append(f"the step can take {need:,.0f} img/s but the loader makes {report.produce_img_s:,.0f}: "
-                   f"if the uint8 dataset ({dataset_bytes / 2**30:.2f} GiB) fits device memory, "
-                   "tbljax.ResidentDataset draws batches inside the jitted step")
+        out.append(
+            f"the step can take {need:,.0f} img/s but the loader makes {report.produce_img_s:,.0f}: "
+            f"if the uint8 dataset ({dataset_bytes / 2**30:.2f} GiB) fits device memory, "
+            "tbljax.ResidentDataset draws batches inside the jitted step"
+        )
     return out
 
 
@@ -120,10 +134,22 @@ def _time_loader(ld: Any, steps: int, consume: bool) -> float:
     return steps * ld.options.batch_size / (time.perf_counter() - t0)
 
 
-def bench(path: Any, *, batch_size: int = 256, step: str | Callable[[dict], Any] | None = None,
-          steps: int = 30, dtype: str = "float32", layout: str = "NHWC", augment: Any = None,
-          threads: int | None = None, prefetch: int = 2, seed: int = 0, fields: Any = "all",
-          field_fn: dict | None = None, pad: dict | None = None) -> BenchReport:
+def bench(
+    path: Any,
+    *,
+    batch_size: int = 256,
+    step: str | Callable[[dict], Any] | None = None,
+    steps: int = 30,
+    dtype: str = "float32",
+    layout: str = "NHWC",
+    augment: Any = None,
+    threads: int | None = None,
+    prefetch: int = 2,
+    seed: int = 0,
+    fields: Any = "all",
+    field_fn: dict | None = None,
+    pad: dict | None = None,
+) -> BenchReport:
     """Measures the loader on `path` with these settings and, with `step`, the training step
     with and without it; `fields`/`field_fn`/`pad` as `tbljax.loader` takes them (the record
     fields served beside the image). See `tbljax bench --help`.
@@ -132,12 +158,21 @@ def bench(path: Any, *, batch_size: int = 256, step: str | Callable[[dict], Any]
     """
     import jax
 
-    from tbljax._src.jax import loader as jax_loader
     from tbljax._src.datasets import reader
+    from tbljax._src.jax import loader as jax_loader
 
     ds = reader.as_dataset(path)
-    kw = dict(seed=seed, dtype=dtype, layout=layout, augment=augment, threads=threads, prefetch=prefetch,
-              fields=fields, field_fn=field_fn, pad=pad)
+    kw = dict(
+        seed=seed,
+        dtype=dtype,
+        layout=layout,
+        augment=augment,
+        threads=threads,
+        prefetch=prefetch,
+        fields=fields,
+        field_fn=field_fn,
+        pad=pad,
+    )
 
     def make() -> Any:
         return jax_loader.loader(ds, batch_size, **kw)
@@ -153,8 +188,13 @@ def bench(path: Any, *, batch_size: int = 256, step: str | Callable[[dict], Any]
         finally:
             ld.close()
     settings = {"dtype": dtype, "layout": layout, "augment": str(augment), "threads": threads, "prefetch": prefetch}
-    report = BenchReport(path=",".join(ds.paths), batch_size=batch_size, settings=settings,
-                         produce_img_s=rates["produced"], consumed_img_s=rates["consumed"])
+    report = BenchReport(
+        path=",".join(ds.paths),
+        batch_size=batch_size,
+        settings=settings,
+        produce_img_s=rates["produced"],
+        consumed_img_s=rates["consumed"],
+    )
     if step is not None:
         fn = load_step(step) if isinstance(step, str) else step
         ld = make()
@@ -181,6 +221,7 @@ def bench(path: Any, *, batch_size: int = 256, step: str | Callable[[dict], Any]
         report.input_bound = report.overhead > INPUT_BOUND_OVERHEAD
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     nbytes = ds.served_bytes()  # the decoded dataset: what would have to fit in RAM
-    report.advice = advise(report, threads=threads or cpus, cpus=cpus, dtype=dtype, prefetch=prefetch,
-                           dataset_bytes=nbytes)
+    report.advice = advise(
+        report, threads=threads or cpus, cpus=cpus, dtype=dtype, prefetch=prefetch, dataset_bytes=nbytes
+    )
     return report

@@ -13,6 +13,7 @@ image, a conversion that could write nothing); 2 for usage errors (bad arguments
 input file, an output that exists); 130 when interrupted. The parser is `cli_parser`, what
 each command does `cli_commands`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     a.flags = parser.commands[a.command].flags  # the API's argument names -> this command's flags
     from tbljax import _core
+
     # after parsing: --help and usage errors stay quick
     from tbljax._src.conversion.convert_options import ConversionError
 
@@ -38,8 +40,16 @@ def main(argv: list[str] | None = None) -> int:
         return cli_commands.RUN[a.command](a)
     except (ConversionError, _core.CorruptFileError, _core.DecodeError) as e:
         return _fail(a, e, 1)  # bad data (both errors subclass ValueError: caught first)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError,
-            NotADirectoryError, PermissionError, ImportError) as e:
+    except (
+        ValueError,
+        TypeError,
+        FileNotFoundError,
+        FileExistsError,
+        IsADirectoryError,
+        NotADirectoryError,
+        PermissionError,
+        ImportError,
+    ) as e:
         return _fail(a, e, 2)  # usage: bad arguments, a missing input, an existing output
     except BrokenPipeError:  # `tbljax info F | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second one at exit
@@ -54,9 +64,13 @@ def main(argv: list[str] | None = None) -> int:
 def _fail(a: argparse.Namespace, e: BaseException, status: int) -> int:
     """One clear line on stderr in the command's words, no traceback; then the bad items a
     conversion met, one a line."""
-    msg = (contract.worded(e.parts, a.flags) if isinstance(e, contract.ArgumentError) else
-           f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else
-           str(e)).splitlines()
+    msg = (
+        contract.worded(e.parts, a.flags)
+        if isinstance(e, contract.ArgumentError)
+        else f"{e.filename}: {e.strerror}"
+        if isinstance(e, OSError) and e.filename and e.strerror
+        else str(e)
+    ).splitlines()
     msg = msg[0] if msg else type(e).__name__
     print(f"tbljax {a.command}: error: {msg}", file=sys.stderr)
     skipped = getattr(e, "skipped", None) or []

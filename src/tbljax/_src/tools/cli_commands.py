@@ -1,5 +1,6 @@
 """What each `tbljax` command does with its parsed arguments (`RUN`, by command name); the
 parser is `cli_parser`, the entry point and its error handling `cli`."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,33 +15,95 @@ __all__ = ["RUN"]
 def _cmd_convert(a: argparse.Namespace) -> int:
     from tbljax._src.conversion.convert import convert
 
-    summary = convert(a.sources, a.output, image_size=a.image_size, resize=a.resize,
-                             max_long_side=a.max_long_side, format=a.format, quality=a.quality,
-                             chroma=a.chroma, raw_budget=a.raw_budget, threads=a.threads, strict=a.strict,
-                             overwrite=a.overwrite, shard=a.shard, classes=a.classes,
-                             label_ext=a.label_ext, progress=False if a.quiet else None,
-                             progress_interval=a.progress_interval, retries=a.retries,
-                             retry_backoff=a.retry_backoff, image_column=a.image_column,
-                             label_column=a.label_column, image_key=a.image_key, label_key=a.label_key,
-                             fields=_field_args(a.fields))
+    summary = convert(
+        a.sources,
+        a.output,
+        image_size=a.image_size,
+        resize=a.resize,
+        max_long_side=a.max_long_side,
+        format=a.format,
+        quality=a.quality,
+        chroma=a.chroma,
+        raw_budget=a.raw_budget,
+        threads=a.threads,
+        strict=a.strict,
+        overwrite=a.overwrite,
+        shard=a.shard,
+        classes=a.classes,
+        label_ext=a.label_ext,
+        progress=False if a.quiet else None,
+        progress_interval=a.progress_interval,
+        retries=a.retries,
+        retry_backoff=a.retry_backoff,
+        image_column=a.image_column,
+        label_column=a.label_column,
+        image_key=a.image_key,
+        label_key=a.label_key,
+        fields=_field_args(a.fields),
+    )
     print(summary.words(a.flags))
     return 0
 
 
-def _field_args(given: list[str] | None) -> dict[str, str] | list[str] | None:
+def _field_args(given: list[str] | None) -> dict[str, Any] | list[str] | None:
     """--field caption=txt --field emb=emb.npy -> {'caption': 'txt', 'emb': 'emb.npy'} (TAR members,
     sidecar files); --field caption --field tags -> ['caption', 'tags'] (columns: Parquet, TFRecord,
-    ArrayRecord, Hugging Face). The API checks names, extensions and repeats."""
+    ArrayRecord, Hugging Face); a geometric field adds :ROLE[,OPTION=VALUE]... (`_declaration`):
+    --field seg=png:mask,ignore=0 -> {'seg': Mask('png', ignore=0)}. The API checks names,
+    extensions and repeats."""
     if not given:
         return None
-    pairs = [g.partition("=") for g in given]
-    if not any(sep for _, sep, _ in pairs):
+    parts = []  # (name, '=', ext, role spec): 'seg=png:mask,ignore=0' -> ('seg', '=', 'png', 'mask,ignore=0')
+    for g in given:
+        head, _, role = g.partition(":")
+        parts.append((*head.partition("="), role))
+    if not any(sep or role for _, sep, _, role in parts):
         return list(given)
-    bad = [g for g, (name, sep, ext) in zip(given, pairs) if not (sep and name and ext)]
-    if bad or len({name for name, _, _ in pairs}) < len(pairs):
-        raise ValueError(f"--field takes NAME=EXT for TAR shards and image folders (caption=txt, emb=emb.npy), "
-                         f"NAME for columns (Parquet, TFRecord, ArrayRecord), each name once; got {given}")
-    return {name: ext for name, _, ext in pairs}
+    bad = [g for g, (name, sep, ext, role) in zip(given, parts) if not name or not (role or (sep and ext))]
+    if bad or len({p[0] for p in parts}) < len(parts):
+        raise ValueError(
+            f"--field takes NAME=EXT for TAR shards and image folders (caption=txt, emb=emb.npy), "
+            f"NAME for columns (Parquet, TFRecord, ArrayRecord), NAME[=EXT]:ROLE[,OPTION=VALUE]... for "
+            f"a geometric field (seg=png:mask,ignore=0), each name once; got {bad or given}"
+        )
+    return {name: _declaration(name, ext, role) if role else ext for name, _, ext, role in parts}
+
+
+def _declaration(name: str, ext: str, spec: str) -> Any:
+    """EXT and ROLE[,OPTION=VALUE]... -> tbljax.Mask / DenseMap / Boxes / Keypoints (EXT may be
+    empty: read by key=, or by the field's name). Values: flip_permutation=1/0/2, normalized=true."""
+    import dataclasses
+
+    from tbljax._src.file.fields import GEOMETRIC_ROLES
+
+    role, *options = spec.split(",")
+    if role not in GEOMETRIC_ROLES:
+        raise ValueError(f"--field {name}: role {role!r} must be one of {list(GEOMETRIC_ROLES)}")
+    cls = GEOMETRIC_ROLES[role]
+    allowed = {f.name: f.type for f in dataclasses.fields(cls) if f.name != "ext"}
+    kw: dict[str, Any] = {}
+    for opt in options:
+        key, sep, value = opt.partition("=")
+        if not sep or key not in allowed:
+            raise ValueError(f"--field {name}: {opt!r} is not OPTION=VALUE with OPTION one of {sorted(allowed)}")
+        try:
+            kw[key] = (
+                int(value)
+                if key == "ignore"
+                else float(value)
+                if key == "invalid"
+                else tuple(int(k) for k in value.split("/"))
+                if key == "flip_permutation"
+                else {"true": True, "false": False}[value.lower()]
+                if key == "normalized"
+                else value
+            )
+        except (ValueError, KeyError):
+            raise ValueError(
+                f"--field {name}: {key}={value!r} is not a valid value (ignore: an int, invalid: a "
+                "number, flip_permutation: ints joined by /, normalized: true or false)"
+            ) from None
+    return cls(ext or None, **kw)
 
 
 def _cmd_stage(a: argparse.Namespace) -> int:
@@ -50,8 +113,15 @@ def _cmd_stage(a: argparse.Namespace) -> int:
 
     if a.partition == "host":
         _join_jax_job()
-    paths = stage(a.source, a.cache_dir, partition=a.partition, budget_bytes=a.budget_bytes,
-                         retries=a.retries, retry_backoff=a.retry_backoff, workers=a.workers)
+    paths = stage(
+        a.source,
+        a.cache_dir,
+        partition=a.partition,
+        budget_bytes=a.budget_bytes,
+        retries=a.retries,
+        retry_backoff=a.retry_backoff,
+        workers=a.workers,
+    )
     for p in paths:  # every file, in the global order: the list a loader takes on every host
         print(p)
     here = sum(os.path.exists(p) for p in paths)
@@ -70,9 +140,11 @@ def _join_jax_job() -> None:
     try:
         jax.distributed.initialize()
     except (ValueError, RuntimeError) as e:
-        raise ValueError(f"--partition host: could not join a JAX job to learn this host's part "
-                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); it is "
-                         "detected on Slurm, TPU pods and Open MPI; elsewhere give --partition I/N") from e
+        raise ValueError(
+            f"--partition host: could not join a JAX job to learn this host's part "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); it is "
+            "detected on Slurm, TPU pods and Open MPI; elsewhere give --partition I/N"
+        ) from e
 
 
 def _open(path: str) -> Any:
@@ -108,8 +180,10 @@ def _cmd_info(a: argparse.Namespace) -> int:
         for k, v in recipe.items():
             print(f"  recipe.{k:15s} {v}")
         if sizes and sizes.get("count"):
-            print(f"  source sizes ({sizes['count']} images; median {sizes['median_wh'][0]}x{sizes['median_wh'][1]}, "
-                  f"min {sizes['min_wh'][0]}x{sizes['min_wh'][1]}, max {sizes['max_wh'][0]}x{sizes['max_wh'][1]}):")
+            print(
+                f"  source sizes ({sizes['count']} images; median {sizes['median_wh'][0]}x{sizes['median_wh'][1]}, "
+                f"min {sizes['min_wh'][0]}x{sizes['min_wh'][1]}, max {sizes['max_wh'][0]}x{sizes['max_wh'][1]}):"
+            )
             print(_histogram(sizes))
     return 0
 
@@ -159,18 +233,21 @@ def _augment_of(a: argparse.Namespace, ds: Any) -> Any:
 
     if a.center_crop:
         if a.augment is not None or a.size is None:
-            raise ValueError("--center-crop takes --size S (the evaluation crop, resized to SxS) "
-                             "and no --augment")
+            raise ValueError("--center-crop takes --size S (the evaluation crop, resized to SxS) and no --augment")
         return Augment(crop="center", flip=False, size=(a.size, a.size))
     if a.size is not None:
         if a.augment != "rrc_flip":
-            raise ValueError("--size S resizes a crop to SxS: pass it with --augment rrc_flip "
-                             "(training crops) or --center-crop (evaluation)")
+            raise ValueError(
+                "--size S resizes a crop to SxS: pass it with --augment rrc_flip "
+                "(training crops) or --center-crop (evaluation)"
+            )
         return Augment(size=(a.size, a.size))
     if len(ds) and ds.geometry.shape is None:  # the served sizes (not the source photos')
-        raise ValueError(f"{a.file}: its records have different sizes (converted keeping the "
-                         "aspect): pass an output size, --augment rrc_flip --size 224 (training "
-                         "crops) or --center-crop --size 224 (evaluation)")
+        raise ValueError(
+            f"{a.file}: its records have different sizes (converted keeping the "
+            "aspect): pass an output size, --augment rrc_flip --size 224 (training "
+            "crops) or --center-crop --size 224 (evaluation)"
+        )
     return a.augment
 
 
@@ -178,8 +255,17 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     from tbljax._src.tools.benchmark import bench
 
     ds = _open(a.file)
-    r = bench(ds, batch_size=a.batch_size, step=a.step, steps=a.steps, dtype=a.dtype, layout=a.layout,
-              augment=_augment_of(a, ds), threads=a.threads, prefetch=a.prefetch)
+    r = bench(
+        ds,
+        batch_size=a.batch_size,
+        step=a.step,
+        steps=a.steps,
+        dtype=a.dtype,
+        layout=a.layout,
+        augment=_augment_of(a, ds),
+        threads=a.threads,
+        prefetch=a.prefetch,
+    )
     print(json.dumps(r.asdict()) if a.json else r)
     return 0
 
@@ -188,8 +274,17 @@ def _cmd_show(a: argparse.Namespace) -> int:
     from tbljax._src.tools.show import save_grid_png
 
     ds = _open(a.file)
-    out = save_grid_png(ds, a.out, count=a.count, columns=a.columns, augment=_augment_of(a, ds),
-                        seed=a.seed, epoch=a.epoch, start=a.start, shuffle=a.shuffle)
+    out = save_grid_png(
+        ds,
+        a.out,
+        count=a.count,
+        columns=a.columns,
+        augment=_augment_of(a, ds),
+        seed=a.seed,
+        epoch=a.epoch,
+        start=a.start,
+        shuffle=a.shuffle,
+    )
     print(f"wrote {out}")
     return 0
 
@@ -200,5 +295,12 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     return demo.main(steps=a.steps, workdir=a.workdir)
 
 
-RUN = {"convert": _cmd_convert, "stage": _cmd_stage, "info": _cmd_info, "verify": _cmd_verify,
-       "bench": _cmd_bench, "show": _cmd_show, "demo": _cmd_demo}
+RUN = {
+    "convert": _cmd_convert,
+    "stage": _cmd_stage,
+    "info": _cmd_info,
+    "verify": _cmd_verify,
+    "bench": _cmd_bench,
+    "show": _cmd_show,
+    "demo": _cmd_demo,
+}

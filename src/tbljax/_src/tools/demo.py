@@ -7,6 +7,7 @@
 3. Train a small CNN in plain JAX on `tbljax.loader` and evaluate with the padded, masked
    last batch, printing loss, accuracy and images per second.
 """
+
 from __future__ import annotations
 
 import io
@@ -20,7 +21,7 @@ import numpy as np
 from tbljax._src.rules import contract
 
 CLASSES = ["horizontal", "vertical", "rings", "checks"]
-SRC_SIZE = 72   # side of the generated JPEGs
+SRC_SIZE = 72  # side of the generated JPEGs
 IMAGE_SIZE = 32  # side after conversion (what the model sees)
 
 
@@ -68,10 +69,16 @@ def init_params(key, num_classes: int):
         return jax.random.normal(k, (3, 3, cin, cout)) * np.sqrt(2.0 / (9 * cin))
 
     ks = jax.random.split(key, 4)
-    return {"c1": conv(ks[0], 3, 16), "b1": np.zeros(16, np.float32),
-            "c2": conv(ks[1], 16, 32), "b2": np.zeros(32, np.float32),
-            "c3": conv(ks[2], 32, 64), "b3": np.zeros(64, np.float32),
-            "w": jax.random.normal(ks[3], (64, num_classes)) * 0.05, "b": np.zeros(num_classes, np.float32)}
+    return {
+        "c1": conv(ks[0], 3, 16),
+        "b1": np.zeros(16, np.float32),
+        "c2": conv(ks[1], 16, 32),
+        "b2": np.zeros(32, np.float32),
+        "c3": conv(ks[2], 32, 64),
+        "b3": np.zeros(64, np.float32),
+        "w": jax.random.normal(ks[3], (64, num_classes)) * 0.05,
+        "b": np.zeros(num_classes, np.float32),
+    }
 
 
 def forward(params, x):
@@ -79,8 +86,7 @@ def forward(params, x):
     import jax.numpy as jnp
 
     for i in (1, 2, 3):
-        x = jax.lax.conv_general_dilated(x, params[f"c{i}"], (1, 1), "SAME",
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        x = jax.lax.conv_general_dilated(x, params[f"c{i}"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
         x = jax.nn.relu(x + params[f"b{i}"])
         x = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
     x = x.mean(axis=(1, 2))
@@ -93,8 +99,8 @@ def main(steps: int = 300, workdir: str | None = None, batch_size: int = 64) -> 
     import jax
     import jax.numpy as jnp
 
-    from tbljax._src.engine.kernels import build_info
     from tbljax._src.conversion.convert import convert
+    from tbljax._src.engine.kernels import build_info
     from tbljax._src.jax.loader import loader as make_loader
 
     tmp = None
@@ -104,8 +110,10 @@ def main(steps: int = 300, workdir: str | None = None, batch_size: int = 64) -> 
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     where = "a temporary folder, deleted at the end (--workdir DIR keeps the files)" if tmp else "kept"
-    print(f"tbljax demo in {work} ({where}; {build_info()['simd']} kernels, jax {jax.__version__}, "
-          f"{jax.device_count()} device(s))")
+    print(
+        f"tbljax demo in {work} ({where}; {build_info()['simd']} kernels, jax {jax.__version__}, "
+        f"{jax.device_count()} device(s))"
+    )
 
     t0 = time.perf_counter()
     train_src = write_shards(work / "train", 2048, 4, seed=1)
@@ -128,8 +136,9 @@ def main(steps: int = 300, workdir: str | None = None, batch_size: int = 64) -> 
         t = opt["t"] + 1
         m = jax.tree.map(lambda m_, g: b1 * m_ + (1 - b1) * g, opt["m"], grads)
         v = jax.tree.map(lambda v_, g: b2 * v_ + (1 - b2) * g * g, opt["v"], grads)
-        params = jax.tree.map(lambda p, m_, v_: p - lr * (m_ / (1 - b1**t)) / (jnp.sqrt(v_ / (1 - b2**t)) + eps),
-                              params, m, v)
+        params = jax.tree.map(
+            lambda p, m_, v_: p - lr * (m_ / (1 - b1**t)) / (jnp.sqrt(v_ / (1 - b2**t)) + eps), params, m, v
+        )
         acc = jnp.mean(jnp.argmax(logits, -1) == labels)
         return params, {"m": m, "v": v, "t": t}, loss, acc
 
@@ -141,8 +150,10 @@ def main(steps: int = 300, workdir: str | None = None, batch_size: int = 64) -> 
     params = init_params(jax.random.key(0), len(CLASSES))
     opt = {"m": jax.tree.map(jnp.zeros_like, params), "v": jax.tree.map(jnp.zeros_like, params), "t": 0}
     loader = make_loader(work / "train.tbl", batch_size, seed=0, augment="flip")
-    print(f"3. training a small CNN on {IMAGE_SIZE}x{IMAGE_SIZE} px images for {steps} steps of "
-          f"{batch_size} ({len(loader)} steps per epoch)")
+    print(
+        f"3. training a small CNN on {IMAGE_SIZE}x{IMAGE_SIZE} px images for {steps} steps of "
+        f"{batch_size} ({len(loader)} steps per epoch)"
+    )
     t_start = None
     losses, accs = [], []
     for step, batch in enumerate(loader):
@@ -155,8 +166,10 @@ def main(steps: int = 300, workdir: str | None = None, batch_size: int = 64) -> 
         losses.append(loss)
         accs.append(acc)
         if (step + 1) % 50 == 0:
-            print(f"   step {step + 1:4d}  loss {np.mean(jax.device_get(losses[-50:])):.3f}  "
-                  f"acc {np.mean(jax.device_get(accs[-50:])):.3f}")
+            print(
+                f"   step {step + 1:4d}  loss {np.mean(jax.device_get(losses[-50:])):.3f}  "
+                f"acc {np.mean(jax.device_get(accs[-50:])):.3f}"
+            )
     jax.block_until_ready(params)
     elapsed = time.perf_counter() - t_start
     ips = (steps - 1) * batch_size / elapsed
@@ -168,10 +181,12 @@ def main(steps: int = 300, workdir: str | None = None, batch_size: int = 64) -> 
         c, n = eval_step(params, batch["image"], batch["label"], batch["valid"])
         correct, total = correct + int(c), total + int(n)
     print(f"   eval: accuracy {correct / total:.3f} on {total} held-out images (every one exactly once)")
-    print(f"throughput at {IMAGE_SIZE}x{IMAGE_SIZE} px: {ips:.0f} img/s training (loader + this small "
-          f"CNN's step, steps 2-{steps}: compiling excluded); the loader alone produced "
-          f"{m['produced_img_per_s']:.0f} img/s and the step waited {m['wait_seconds']:.2f} s for data in all; "
-          f"{time.perf_counter() - t0:.1f} s end to end")
+    print(
+        f"throughput at {IMAGE_SIZE}x{IMAGE_SIZE} px: {ips:.0f} img/s training (loader + this small "
+        f"CNN's step, steps 2-{steps}: compiling excluded); the loader alone produced "
+        f"{m['produced_img_per_s']:.0f} img/s and the step waited {m['wait_seconds']:.2f} s for data in all; "
+        f"{time.perf_counter() - t0:.1f} s end to end"
+    )
     if tmp is not None:
         tmp.cleanup()
         print(f"deleted {work} (pass --workdir DIR to keep the files)")

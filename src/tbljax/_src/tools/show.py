@@ -1,6 +1,7 @@
 """`tbljax show`: a PNG grid of a file's samples with their labels, as stored or as the loader
 serves them after augmentation, so a user can see what conversion produced and what the
 model will get."""
+
 from __future__ import annotations
 
 import os
@@ -12,24 +13,37 @@ from tbljax._src.rules import contract
 from tbljax._src.rules.contract import Arg, ArgumentError
 
 
-def sample_grid(path: Any, *, count: int = 16, columns: int = 8, augment: Any = None, seed: int = 0,
-                epoch: int = 0, start: int = 0, shuffle: bool = False) -> tuple[np.ndarray, list[str]]:
+def sample_grid(
+    path: Any,
+    *,
+    count: int = 16,
+    columns: int = 8,
+    augment: Any = None,
+    seed: int = 0,
+    epoch: int = 0,
+    start: int = 0,
+    shuffle: bool = False,
+) -> tuple[np.ndarray, list[str]]:
     """(grid uint8 (rows*H, columns*W, 3), captions) of `count` records from record `start` on
     (file order), or with `shuffle` the first `count` of the loader's shuffled order for `seed`
     and `epoch`; drawn by the loader itself (uint8 out) so that with `augment` the tiles are what
     `tbljax.loader(..., augment=augment, seed=seed)` serves in `epoch` (from `start` 0)."""
-    from tbljax._src.jax import loader as jax_loader
     from tbljax._src.datasets import reader
     from tbljax._src.datasets.host_part import PartDataset
     from tbljax._src.datasets.mixture import Mixture
+    from tbljax._src.jax import loader as jax_loader
 
     ds = reader.as_dataset(path)
     for name, v, least in (("count", count, 1), ("columns", columns, 1), ("start", start, 0)):
         if not contract.is_integer(v) or v < least:
             raise ArgumentError(Arg(name), f" must be an int >= {least}, got {v!r}")
     if start and (shuffle or not isinstance(ds, reader.Dataset) or len(ds.paths) != 1):
-        raise ArgumentError(Arg("start"), " picks records of one TBL file in file order: not with ",
-                            Arg("shuffle", True), ", a mixture or several files")
+        raise ArgumentError(
+            Arg("start"),
+            " picks records of one TBL file in file order: not with ",
+            Arg("shuffle", True),
+            ", a mixture or several files",
+        )
     if len(ds) == 0:
         raise ValueError(f"{ds.paths[0]}: no records to show")
     if start >= len(ds):
@@ -37,8 +51,16 @@ def sample_grid(path: Any, *, count: int = 16, columns: int = 8, augment: Any = 
     n = min(count, len(ds) - start)
     served = PartDataset(ds, start, len(ds), ds.fingerprint) if start else ds
     # A mixture has no file order: its first step's rows.
-    ld = jax_loader.loader(served, n, shuffle=shuffle or isinstance(ds, Mixture), seed=seed, dtype="uint8",
-                           augment=augment, sharding=_one_device(), fields=None)  # pixels only
+    ld = jax_loader.loader(
+        served,
+        n,
+        shuffle=shuffle or isinstance(ds, Mixture),
+        seed=seed,
+        dtype="uint8",
+        augment=augment,
+        sharding=_one_device(),
+        fields=None,
+    )  # pixels only
     ld.set_epoch(epoch)
     try:
         batch = next(iter(ld))
@@ -51,7 +73,7 @@ def sample_grid(path: Any, *, count: int = 16, columns: int = 8, augment: Any = 
     grid = np.full((rows * (th + 2), cols * (tw + 2), 3), 255, np.uint8)
     for k in range(n):
         r, c = divmod(k, cols)
-        grid[r * (th + 2) + 1:r * (th + 2) + 1 + th, c * (tw + 2) + 1:c * (tw + 2) + 1 + tw] = tiles[k]
+        grid[r * (th + 2) + 1 : r * (th + 2) + 1 + th, c * (tw + 2) + 1 : c * (tw + 2) + 1 + tw] = tiles[k]
     classes = ds.classes or []
     captions = []
     for i in (idx + start).tolist():

@@ -1,0 +1,127 @@
+"""Random erasing of issue 47: `RandomErasing` (timm's ``RandomErasing`` on the normalized
+output) and its per-sample boxes and noise keys (`decide_erasing`), keyed by (seed, epoch,
+sample index, repeat) through `order.random_bits` with the per-sample counters of `randaug`
+(0x100 apply?, 0x101 count, 0x102 noise key, ``0x200 + 4 * (10 * box + attempt) + t``). The
+pixels are `pixel_ops.erase`.
+
+**Erasing** follows timm's ``RandomErasing._erase`` on the output size H x W: per box up to 10
+attempts of area fraction ~ U(min_area, max_area) / count and aspect h/w ~ logU, h and w rounded
+half to even from float32 products with host float32 tables (as `augment.py` does), the first
+with 1 <= h < H and 1 <= w < W placed uniformly (``((w >> 16) * span) >> 16``).
+
+Example:
+    >>> import numpy as np
+    >>> boxes, keys = decide_erasing(RandomErasing(p=1.0), np.arange(4), height=32, width=32, seed=0, epoch=0)
+    >>> boxes.shape, boxes.dtype, keys.dtype
+    ((4, 1, 4), dtype('int32'), dtype('uint32'))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from tbljax._src.rules import contract, image_ops, order, quantiles, randaug
+
+__all__ = ["ERASE_MODES", "RandomErasing", "decide_erasing"]
+
+ERASE_MODES = ("pixel", "rand", "const")
+_MAX_BOXES, _ATTEMPTS = 16, 10
+_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY, _ERASE_BOXES = 0x100, 0x101, 0x102, 0x200
+_number, _int = image_ops.number, image_ops.integer
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomErasing:
+    """timm's ``RandomErasing`` on the normalized output: with probability `p`, `min_count` to
+    `max_count` boxes of area fraction in [min_area, max_area] / count and aspect h/w in
+    [min_aspect, max_aspect or 1 / min_aspect], set to a normal per value (``"pixel"``), per
+    channel (``"rand"``) or 0 (``"const"``).
+
+    >>> RandomErasing(p=0.25, mode="pixel").max_count
+    1
+    """
+
+    p: float = 0.25
+    mode: str = "pixel"
+    min_area: float = 0.02
+    max_area: float = 1 / 3
+    min_aspect: float = 0.3
+    max_aspect: float | None = None
+    min_count: int = 1
+    max_count: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "p", _number("p", self.p, 0, 1))
+        if self.mode not in ERASE_MODES:
+            raise ValueError(f"mode must be one of {ERASE_MODES}, got {self.mode!r}")
+        lo = _number("min_area", self.min_area, 0, 1)
+        hi = _number("max_area", self.max_area, 0, 1)
+        if not 0 < lo <= hi:
+            raise ValueError(
+                f"min_area and max_area must satisfy 0 < min_area <= max_area <= 1, got "
+                f"{self.min_area!r}, {self.max_area!r}"
+            )
+        object.__setattr__(self, "min_area", lo)
+        object.__setattr__(self, "max_area", hi)
+        a = _number("min_aspect", self.min_aspect, 1e-3, 1e3)
+        b = 1 / a if self.max_aspect is None else _number("max_aspect", self.max_aspect, 1e-3, 1e3)
+        if a > b:
+            raise ValueError(f"min_aspect must be <= max_aspect, got {a!r} > {b!r}")
+        object.__setattr__(self, "min_aspect", a)
+        object.__setattr__(self, "max_aspect", b)
+        object.__setattr__(self, "min_count", _int("min_count", self.min_count, 1, _MAX_BOXES))
+        mc = self.min_count if self.max_count is None else _int("max_count", self.max_count, 1, _MAX_BOXES)
+        if mc < self.min_count:
+            raise ValueError(f"max_count must be >= min_count, got {mc!r} < {self.min_count!r}")
+        object.__setattr__(self, "max_count", mc)
+
+
+@functools.lru_cache(maxsize=16)
+def _erase_tables(er: RandomErasing, height: int, width: int):
+    """float32 tables: sqrt(H W / count) per count, then `quantiles.area_aspect_tables`:
+    sqrt(U(min_area, max_area)), sqrt(aspect) and 1 / sqrt(aspect) at 4096 quantiles."""
+    counts = np.arange(_MAX_BOXES + 1, dtype=np.float64)
+    counts[0] = 1
+    side = np.sqrt(height * width / counts).astype(np.float32)
+    return (side,) + quantiles.area_aspect_tables((er.min_area, er.max_area), (er.min_aspect, er.max_aspect))
+
+
+def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed: int, epoch: int, repeat=0, xp=np):
+    """(boxes (B, E, 4) int32 of (y0, x0, h, w), h = 0 for none; keys (B,) uint32 of their
+    noise) for samples `indices` erased on an output of `height` x `width`; E = max_count."""
+    if not isinstance(er, RandomErasing):
+        raise ValueError(f"erasing must be a RandomErasing, got {er!r}")
+    height, width = _int("height", height, 1, contract.MAX_SIDE), _int("width", width, 1, contract.MAX_SIDE)
+    idx = xp.asarray(indices)
+    side_t, frac_t, r_t, inv_r_t = (xp.asarray(t) for t in _erase_tables(er, height, width))
+    head = order.random_bits(
+        idx[:, None],
+        randaug.counters(np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]), randaug.repeats(repeat, 1, xp), xp),
+        seed,
+        epoch,
+        xp=xp,
+    )
+    applied = image_ops.applied(head[:, 0], er.p, xp)
+    span = er.max_count - er.min_count + 1
+    count = image_ops.choice(head[:, 1], span, xp) + er.min_count
+    e = er.max_count
+    local = _ERASE_BOXES + np.arange(4 * _ATTEMPTS * e).reshape(e, _ATTEMPTS, 4)
+    u = order.random_bits(
+        idx[:, None, None, None], randaug.counters(local, randaug.repeats(repeat, 3, xp), xp), seed, epoch, xp=xp
+    )
+    shift = xp.uint32(32 - quantiles.BITS)
+    s = side_t[count][:, None, None] * frac_t[u[..., 0] >> shift]
+    kr = u[..., 1] >> shift
+    h = xp.rint(s * r_t[kr]).astype(xp.int32)
+    w = xp.rint(s * inv_r_t[kr]).astype(xp.int32)
+    fits = (h >= 1) & (h < height) & (w >= 1) & (w < width)
+    y0 = (((u[..., 2] >> 16) * xp.maximum(height - h + 1, 1).astype(xp.uint32)) >> 16).astype(xp.int32)
+    x0 = (((u[..., 3] >> 16) * xp.maximum(width - w + 1, 1).astype(xp.uint32)) >> 16).astype(xp.int32)
+    boxes = xp.stack([y0, x0, h, w], axis=-1)  # (B, E, attempts, 4)
+    first = xp.argmax(fits, axis=2)
+    chosen = xp.take_along_axis(boxes, first[:, :, None, None], axis=2)[:, :, 0]
+    keep = xp.any(fits, axis=2) & applied[:, None] & (xp.arange(e)[None, :] < count[:, None])
+    return xp.where(keep[..., None], chosen, 0).astype(xp.int32), head[:, 2]
