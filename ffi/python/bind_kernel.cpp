@@ -163,6 +163,55 @@ GatherRequest ParseGatherRequest(const IndexArray& indices, const OutArray& out,
 
 namespace {
 
+// Dimension `dim` of array k of the ops tuple (its first must be `batch`), or ValueError.
+void ArrayDims(const nb::tuple& ops, size_t k, int64_t batch, int64_t* out, size_t dim) {
+  nb::ndarray<nb::c_contig, nb::device::cpu> a;
+  if (!nb::try_cast(ops[k], a, /*convert=*/false) || a.ndim() <= dim ||
+      static_cast<int64_t>(a.shape(0)) != batch)
+    throw nb::value_error(("ops: entry " + std::to_string(k) + " must have " +
+                           std::to_string(batch) + " rows")
+                              .c_str());
+  *out = static_cast<int64_t>(a.shape(dim));
+}
+
+// Array `k` of the ops tuple as C-contiguous T with the given shape (-1: any), or TypeError.
+template <class T>
+const T* OpsArray(const nb::tuple& ops, size_t k, const char* name,
+                  std::initializer_list<int64_t> shape) {
+  using A = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
+  A a;
+  if (!nb::try_cast(ops[k], a, /*convert=*/false) || a.ndim() != shape.size())
+    throw nb::type_error((std::string("ops: ") + name + " has the wrong dtype or rank").c_str());
+  size_t d = 0;
+  for (int64_t want : shape) {
+    if (want >= 0 && static_cast<int64_t>(a.shape(d)) != want)
+      throw nb::value_error((std::string("ops: ") + name + " has the wrong shape").c_str());
+    ++d;
+  }
+  return a.data();
+}
+
+}  // namespace
+
+OpsRequest ParseOps(const nb::tuple& ops, int64_t batch) {
+  if (ops.size() != 9) throw nb::value_error("ops must be a tuple of 9 entries");
+  OpsRequest o;
+  ArrayDims(ops, 0, batch, &o.num_ops, 1);
+  o.codes = OpsArray<uint8_t>(ops, 0, "codes", {batch, o.num_ops});
+  o.args = OpsArray<int32_t>(ops, 1, "args", {batch, o.num_ops});
+  o.matrices = OpsArray<double>(ops, 2, "matrices", {batch, o.num_ops, 6});
+  o.fill = OpsArray<uint8_t>(ops, 3, "fill", {o.num_ops, 3});
+  o.nearest = OpsArray<uint8_t>(ops, 4, "nearest", {o.num_ops});
+  ArrayDims(ops, 5, batch, &o.num_erase, 1);
+  o.erase_boxes = OpsArray<int32_t>(ops, 5, "erase_boxes", {batch, o.num_erase, 4});
+  o.erase_keys = OpsArray<uint32_t>(ops, 6, "erase_keys", {batch});
+  o.erase_mode = static_cast<EraseMode>(nb::cast<int>(ops[7]));
+  o.normal_table = OpsArray<float>(ops, 8, "normal_table", {kNormalTableSize});
+  return o;
+}
+
+namespace {
+
 // float32 or bfloat16 by name, for the normalization helpers (uint8 is never normalized).
 OutDType ParseFloatDType(const std::string& s) {
   OutDType t;
@@ -243,9 +292,15 @@ void BindKernel(nb::module_& m) {
       "gather",
       [](const PyRawSource& src, IndexArray indices, OutArray out, const std::string& layout,
          const std::string& out_dtype, std::array<double, 3> mean, std::array<double, 3> std,
-         std::optional<CropArray> crop, std::optional<FlipArray> flip) {
+         std::optional<CropArray> crop, std::optional<FlipArray> flip,
+         std::optional<nb::tuple> ops) {
         GatherRequest r =
             ParseGatherRequest(indices, out, layout, out_dtype, mean, std, crop, flip);
+        OpsRequest o;
+        if (ops) {
+          o = ParseOps(*ops, r.batch);
+          r.ops = &o;
+        }
         Status s;
         {
           nb::gil_scoped_release release;
@@ -256,6 +311,7 @@ void BindKernel(nb::module_& m) {
       nb::arg("source"), nb::arg("indices").noconvert(), nb::arg("out").noconvert(),
       nb::arg("layout"), nb::arg("out_dtype"), nb::arg("mean"), nb::arg("std"),
       nb::arg("crop").noconvert().none(), nb::arg("flip").noconvert().none(),
+      nb::arg("ops").none() = nb::none(),
       "Fused gather -> crop/resize -> flip -> normalize -> dtype/layout into `out` "
       "(see tbljax.kernels.gather, which validates and documents the arguments).");
 

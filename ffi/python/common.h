@@ -56,6 +56,12 @@ GatherRequest ParseGatherRequest(const IndexArray& indices, const OutArray& out,
                                  const std::optional<CropArray>& crop,
                                  const std::optional<FlipArray>& flip);
 
+// The per-image ops of a batch (kernel.h's OpsRequest) from the tuple tbljax.kernels builds:
+// (codes (B, K) uint8, args (B, K) int32, matrices (B, K, 6) float64, fill (K, 3) uint8,
+// nearest (K,) uint8, erase_boxes (B, E, 4) int32, erase_keys (B,) uint32, erase_mode int,
+// normal_table (4096,) float32), shapes checked against `batch`. The tuple must outlive it.
+OpsRequest ParseOps(const nb::tuple& ops, int64_t batch);
+
 void BindFormat(nb::module_& m);
 void BindKernel(nb::module_& m);
 void BindDecode(nb::module_& m);

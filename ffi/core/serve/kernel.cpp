@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "names.h"
+#include "pixel_program.h"
 #include "simd.h"
 #include "thread_pool.h"
 
@@ -64,6 +65,9 @@ struct Plan {
   // SIMD code loads its per-lane constants instead of building them per row.
   alignas(64) double seq_a64[48], seq_b64[48];
   alignas(64) float seq_x0_32[48], seq_hi32[48], seq_lo32[48], seq_c32[48];
+  // The per-image ops (pixel_program.h); has_ops false: none, today's pass.
+  bool has_ops;
+  OpsRequest ops;
 };
 
 // One horizontal tap: byte offsets of the two source pixels within a record row, weights.
@@ -457,6 +461,8 @@ Status FillPlan(const GatherRequest& r, int64_t oh, int64_t ow, Plan* p) {
   p->use_affine = false;
   p->use_affine_f32 = false;
   p->stream = r.batch * oh * ow * 3 * elem >= kernel_detail::kStreamMinBytes;
+  p->has_ops = r.ops != nullptr && (r.ops->num_ops > 0 || r.ops->num_erase > 0);
+  if (p->has_ops) p->ops = *r.ops;
   if (r.dtype == OutDType::kFloat32) NormalizeTableF32(r.mean, r.std, p->table_f32);
   if (r.dtype == OutDType::kBfloat16) NormalizeTableBf16(r.mean, r.std, p->table_bf16);
   if (r.dtype != OutDType::kUint8 && p->target != SimdTarget::kScalar) {
@@ -493,15 +499,64 @@ bool TakesGeneralPath(int64_t ch, int64_t cw, int64_t oh, int64_t ow, int64_t* t
   return true;
 }
 
+// A row with ops, whole (its plan has one band): resize and flip into a uint8 image of this
+// thread's, the pixel program on it, then normalize and write it as a plain copy (today's
+// no-resize path, so the same bits as a row without ops would get from those pixels).
+bool RunRowWithOps(const Plan& p, int64_t b, const SamplePixels& px, const Scratch& scratch) {
+  thread_local std::unique_ptr<uint8_t[]> buf;
+  thread_local size_t capacity = 0;
+  const size_t n = static_cast<size_t>(p.out_h * p.out_w * 3);
+  if (capacity < 2 * n) {
+    buf.reset(new (std::nothrow) uint8_t[2 * n]);
+    capacity = buf ? 2 * n : 0;
+    if (!buf) return false;
+  }
+  thread_local std::unique_ptr<Plan> copy;  // ~6 KB: off the pool thread's stack, made once
+  if (!copy) copy.reset(new (std::nothrow) Plan);
+  if (!copy) return false;
+  Plan* plan = copy.get();
+  *plan = p;
+  plan->dtype = OutDType::kUint8;
+  plan->layout = Layout::kNHWC;
+  plan->elem_bytes = 1;
+  plan->stream = false;
+  plan->out = buf.get();
+  plan->flips = p.flips ? p.flips + b : nullptr;  // its sample 0 is row b
+  UnitFor(p.target)(*plan, 0, px, 0, p.out_h, scratch);
+  const OpsRequest& o = p.ops;
+  ops_detail::ProgramJob job{buf.get(), buf.get() + n, p.out_h, p.out_w, o.num_ops,
+                             o.codes + b * o.num_ops, o.args + b * o.num_ops,
+                             o.matrices + b * o.num_ops * 6, o.fill, o.nearest};
+  RunPixelProgram(p.target, job);
+  *plan = p;
+  plan->flips = nullptr;  // flipped already
+  SamplePixels image;
+  image.pixels = buf.get();
+  image.height = image.h = p.out_h;
+  image.width = image.w = p.out_w;
+  UnitFor(p.target)(*plan, b, image, 0, p.out_h, scratch);
+  return true;
+}
+
 // Output rows [row_begin, row_end) of sample b from its pixels, on this thread's scratch.
 bool RunRows(const Plan& p, int64_t b, const SamplePixels& px, int64_t general_ints, int64_t taps,
              int64_t row_begin, int64_t row_end) {
   Scratch scratch;
   if (!PrepareScratch(p.out_w, general_ints, taps, &scratch)) return false;
-  UnitFor(p.target)(p, b, px, row_begin, row_end, scratch);
+  if (p.has_ops && p.ops.num_ops > 0 && RowHasOps(p.ops, b)) {
+    if (!RunRowWithOps(p, b, px, scratch)) return false;
+  } else {
+    UnitFor(p.target)(p, b, px, row_begin, row_end, scratch);
+  }
 #if TBLJAX_SIMD_X86
   if (p.stream) _mm_sfence();  // the non-temporal stores land before the pool's "done"
 #endif
+  if (p.has_ops && p.ops.num_erase > 0 && RowHasErase(p.ops, b)) {
+    const OpsRequest& o = p.ops;
+    RunErase(p.target, {p.out, p.dtype, p.layout, b, p.out_h, p.out_w, o.num_erase,
+                        o.erase_boxes + b * o.num_erase * 4, o.erase_keys[b], o.erase_mode,
+                        o.normal_table});
+  }
   return true;
 }
 
@@ -513,6 +568,7 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   int64_t oh = 0, ow = 0;
   TBLJAX_RETURN_IF_ERROR(CheckOutput(r, &oh, &ow));
   TBLJAX_RETURN_IF_ERROR(CheckIndices(r.indices, r.batch, src.num_records()));
+  if (r.ops) TBLJAX_RETURN_IF_ERROR(CheckOps(*r.ops, r.batch, r.dtype, oh, ow));
   if (src.uniform()) {
     TBLJAX_RETURN_IF_ERROR(CheckOutputSize(r.crops != nullptr, oh, ow, src.height(), src.width()));
     if (r.crops != nullptr)
@@ -552,8 +608,10 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   // Samples are the unit of work; small batches are also split into row bands so every
   // thread has work (about 4 units per thread, as the pool hands out chunks).
   const int64_t want_units = 4 * static_cast<int64_t>(tp.num_threads());
-  const int64_t bands =
-      r.batch >= want_units ? 1 : std::min(oh, (want_units + r.batch - 1) / r.batch);
+  // A row with ops is one unit (its program needs the whole image).
+  const int64_t bands = r.batch >= want_units || p.has_ops
+                            ? 1
+                            : std::min(oh, (want_units + r.batch - 1) / r.batch);
   // The work item captures one pointer, so std::function keeps it inline (no allocation).
   struct Job {
     const Plan* plan;
@@ -597,6 +655,7 @@ SampleKernel& SampleKernel::operator=(SampleKernel&&) noexcept = default;
 Status SampleKernel::Prepare(const GatherRequest& r, SampleKernel* out) {
   int64_t oh = 0, ow = 0;
   TBLJAX_RETURN_IF_ERROR(CheckOutput(r, &oh, &ow));
+  if (r.ops) TBLJAX_RETURN_IF_ERROR(CheckOps(*r.ops, r.batch, r.dtype, oh, ow));
   auto p = std::make_unique<Plan>();
   TBLJAX_RETURN_IF_ERROR(FillPlan(r, oh, ow, p.get()));
   out->plan_ = std::move(p);

@@ -15,6 +15,7 @@ import weakref
 
 import numpy as np
 
+from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.plan import Plan
 from tbljax._src.engine.producer import Metrics, Pass
@@ -72,6 +73,7 @@ class HostLoader:
             if rows is not None:
                 raise TypeError("pass rows or layout (its former name), not both")
             rows = layout
+        _step.check_ops(opts)
         self.options = opts
         self._source = open_source(dataset, opts)
         self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad, opts.batch_size)

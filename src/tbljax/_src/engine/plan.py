@@ -19,6 +19,7 @@ from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
 from tbljax._src.engine.ring import Slot
 from tbljax._src.engine.rows import RowLayout
+from tbljax._src.rules import contract
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.rules.parts import Parts
 
@@ -94,6 +95,7 @@ class RowsDrawn(NamedTuple):
     flips: np.ndarray | None  # flips, or None
     records: np.ndarray  # the source's own record numbers of the samples
     repeats: np.ndarray | None  # each row's repeat (repeats > 1), or None
+    ops: object | None = None  # the per-image op columns (`step.RowOps`), or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,12 +215,19 @@ class Plan:
         before (engine/producer.py)."""
         src, opts = self.source, self.opts
         first_index = self.part.start  # source record i is sample first_index + i
+        out_hw = None
+        if _step.has_ops(opts.augment):
+            row = src.row_shape(opts, epoch)
+            out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
         drawn = []
         for a, b in self.layout.ranges:
             nvalid = int(np.clip(self.slots.n - (first + a), 0, b - a))
             pos = np.arange(first + a, first + a + nvalid, dtype=np.int64)
             idx, boxes, flip, repeat = src.draw(pos, opts, epoch, first_index, self.step_rows(first))
-            drawn.append(RowsDrawn(idx, boxes, flip, src.local_records(idx, first_index), repeat))
+            ops = None
+            if out_hw is not None:
+                ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw, repeat=0 if repeat is None else repeat)
+            drawn.append(RowsDrawn(idx, boxes, flip, src.local_records(idx, first_index), repeat, ops))
         return tuple(drawn)
 
     def build_host(self, ring, epoch, first, stop=None, drawn=None, started=None) -> tuple[HostBatch, Slot]:
@@ -232,7 +241,7 @@ class Plan:
         slot = ring.acquire(stop)
         views = slot.views(src.row_shape(opts, epoch))  # a size schedule's size of `epoch`
         labels, indices, valid, sources, served, repeats = [], [], [], [], [], []
-        for (a, b), out, (idx, boxes, flip, records, repeat) in zip(self.layout.ranges, views, drawn):
+        for (a, b), out, (idx, boxes, flip, records, repeat, ops) in zip(self.layout.ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
             if nvalid:
                 src.fill(
@@ -245,6 +254,7 @@ class Plan:
                     std=std,
                     jpeg_dct_scale=opts.jpeg_dct_scale,
                     started=started,
+                    ops=ops,
                 )
                 started = None
             out[nvalid:] = 0  # padding rows (only at the end of an epoch without drop_remainder)

@@ -208,12 +208,12 @@ class RecordSource:
         except ValueError as e:
             raise ValueError(f"{self._ds!r}: {e}") from None
 
-    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False, started=None):
+    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False, started=None, ops=None):
         """Writes records `indices` into `out` (the kernel's arguments, `tbljax.kernels.gather`;
         `jpeg_dct_scale`: `tbljax.kernels.serve_jpeg`'s dct_scale, for compact records).
         `started()`, if given, is called just before the first native call that releases the
-        GIL for the batch (`Plan.build_host`)."""
-        kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std)
+        GIL for the batch (`Plan.build_host`). `ops`: the rows' per-image ops (`step.RowOps`)."""
+        kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std, ops=None if ops is None else ops.program())
         started = started or _nothing
         if self._verify is not None:
             self._check_records(indices)
@@ -379,7 +379,7 @@ class MixtureSource:
     def local_records(self, indices, first_index: int = 0) -> np.ndarray:
         return self._mix.local_index(indices)
 
-    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False, started=None):
+    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False, started=None, ops=None):
         """Each source's rows through its own record source, then into their rows of `out`."""
         k, r = self._mix.split(indices)
         for s in np.unique(k).tolist():
@@ -395,6 +395,7 @@ class MixtureSource:
                 flip=None if flip is None else np.asarray(flip)[m],
                 jpeg_dct_scale=jpeg_dct_scale,
                 started=started,
+                ops=None if ops is None else ops.rows(m),
             )
             started = None
             if len(m) > 1:

@@ -13,13 +13,23 @@ samples with the same augmentation.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from tbljax._src.engine import kernels
 from tbljax._src.rules import augment as _augment
-from tbljax._src.rules import order
+from tbljax._src.rules import erasing, order, randaug
 from tbljax._src.rules.options import LoaderOptions
 
-__all__ = ["draw", "records"]
+__all__ = ["RowOps", "draw", "draw_ops", "records"]
+
+# The one refusal of the per-image ops outside the host loaders.
+NOT_IN_JIT = (
+    "Augment(ops=..., erasing=...) is served by the host loaders (tbljax.loader, HostLoader, "
+    "tbljax.torch.loader, tbljax.mlx.loader); in jit (ResidentDataset, tbljax.ops.gather_normalize): "
+    "not yet"
+)
 
 
 def records(positions, opts: LoaderOptions, *, num_records: int, epoch, step=None, xp=np):
@@ -41,6 +51,8 @@ def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, x
     own sizes, each sample's looked up by its index). `first_index`: the records are global
     indices [first_index, first_index + num_records) (a host part, `tbljax.order.Parts`);
     crops and flips are keyed by the global index and the repeat."""
+    if xp is not np and has_ops(opts.augment):
+        raise ValueError(NOT_IN_JIT)
     idx, repeat = records(positions, opts, num_records=num_records, epoch=epoch, step=step, xp=xp)
     idx = idx + first_index if first_index else idx
     if opts.augment is None:
@@ -50,3 +62,77 @@ def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, x
         opts.augment, idx, geometry=geometry, seed=opts.seed, epoch=epoch, repeat=0 if repeat is None else repeat, xp=xp
     )
     return idx, boxes, flips, repeat
+
+
+def has_ops(aug) -> bool:
+    """Whether augmentation `aug` (an `Augment` or None) has per-image ops or erasing."""
+    return aug is not None and bool(aug.ops or aug.erasing is not None)
+
+
+def check_ops(opts: LoaderOptions) -> None:
+    """Refuses, by name, per-image ops the host loaders do not serve: policies not yet in the
+    C++ stage, and erasing with uint8 output
+    (timm erases the normalized values; there are none in uint8)."""
+    for policy in opts.augment.ops if opts.augment is not None else ():
+        # The C++ stage runs RandAugment's ops (codes 1-18) with bilinear resampling; the rest
+        # (codes 19-25, main's nearest rule) are in pixel_ops only, so refused rather than served unlike it.
+        if not isinstance(policy, randaug.RandAugment):
+            raise ValueError(f"{type(policy).__name__} is not yet in the fused pass")
+        if policy.interpolation == "nearest":
+            raise ValueError("RandAugment(interpolation='nearest') is not yet in the fused pass")
+    if has_ops(opts.augment) and opts.augment.erasing is not None and opts.out_dtype == np.uint8:
+        raise ValueError(
+            "Augment(erasing=...) sets normalized values (as timm's RandomErasing): it needs "
+            "dtype='float32' or 'bfloat16', not uint8"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RowOps:
+    """The per-image op columns of a step's rows (docs/transforms-design.md): ``ops`` (B, K)
+    uint8 and ``op_args`` (B, K) int32 (`randaug.decide`), ``erase`` (B, E, 4) int32 boxes and
+    ``erase_key`` (B,) uint32 (`erasing.decide_erasing`; None without erasing)."""
+
+    aug: _augment.Augment
+    out_hw: tuple[int, int]
+    ops: np.ndarray
+    op_args: np.ndarray
+    erase: np.ndarray | None
+    erase_key: np.ndarray | None
+
+    def rows(self, m) -> "RowOps":
+        """The rows `m` (an index array) of these columns."""
+        erase = None if self.erase is None else (self.erase[m], self.erase_key[m])
+        return dataclasses.replace(
+            self, ops=self.ops[m], op_args=self.op_args[m], erase=erase and erase[0], erase_key=erase and erase[1]
+        )
+
+    def program(self) -> kernels.PixelProgram:
+        """The columns as the kernel takes them (`kernels.pixel_program`)."""
+        er = self.aug.erasing
+        return kernels.pixel_program(
+            self.ops,
+            self.op_args,
+            self.out_hw,
+            policies=self.aug.ops,
+            erase_boxes=self.erase,
+            erase_keys=self.erase_key,
+            erase_mode=er.mode if er is not None else "pixel",
+        )
+
+
+def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat: int = 0) -> RowOps | None:
+    """The per-image op columns of sample `indices` (global) under ``opts.augment``, keyed by
+    (seed, epoch, index, repeat) like the crops (`randaug.decide`, `erasing.decide_erasing`), or
+    None when the augmentation has none (the kernel then runs today's pass)."""
+    aug = opts.augment
+    if not has_ops(aug):
+        return None
+    idx = np.asarray(indices, np.int64)
+    codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch, repeat=repeat)
+    boxes = keys = None
+    if aug.erasing is not None:
+        boxes, keys = erasing.decide_erasing(
+            aug.erasing, idx, height=out_hw[0], width=out_hw[1], seed=opts.seed, epoch=epoch, repeat=repeat
+        )
+    return RowOps(aug, (int(out_hw[0]), int(out_hw[1])), codes, args, boxes, keys)

@@ -188,12 +188,6 @@ class Augment:
     @classmethod
     def from_spec(cls, spec) -> "Augment | None":
         """None, ``"rrc_flip"``, ``"flip"`` or an `Augment` → an `Augment` (or None)."""
-        if isinstance(spec, cls) and (spec.ops or spec.erasing is not None):
-            # The decisions exist (tbljax.augment.decide); the kernel stage that applies them does not yet.
-            raise ValueError(
-                "Augment(ops=..., erasing=...) is not served by the loaders yet (the kernel's "
-                "per-image stage is still to come); tbljax.augment.decide draws the decisions"
-            )
         if spec is None or isinstance(spec, cls):
             return spec
         if isinstance(spec, str) and spec in PRESETS:

@@ -1,0 +1,86 @@
+"""The ViT/DeiT recipe's per-image ops in the fused pass (issue 47): the host loader over the
+kodak photos at full aspect, shorter side 256, RAW and compact (JPEG q90) records, 2 threads,
+output 224 float32: RRC + flip vs RRC + flip + RandAugment ``rand-m9-mstd0.5-inc1`` + random
+erasing 0.25 (the issue asks for at most 1.5x the time). Each configuration in its own process,
+warm-up batches first, medians over interleaved rounds. Peers (timm, torchvision, DALI) on the
+same pixels are a later step.
+
+    python benchmarks/bench_ops_recipe.py [--rounds 3] [--batches 12] [--batch-size 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import kodak_photos, machine, median, rounds  # noqa: E402
+
+WARMUP = 3
+
+
+def worker(path: str, recipe: bool, batches: int, batch_size: int) -> dict:
+    import numpy as np
+
+    import tbljax
+
+    extra = {}
+    if recipe:
+        extra = dict(ops=[tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1")], erasing=tbljax.RandomErasing(p=0.25))
+    opts = tbljax.LoaderOptions(
+        batch_size=batch_size, seed=0, threads=2, dtype="float32", augment=tbljax.Augment(size=(224, 224), **extra)
+    )
+    it = iter(tbljax.HostLoader(tbljax.open(path), opts))
+    for _ in range(WARMUP):
+        np.asarray(next(it).image).sum()
+    t = time.perf_counter()
+    for _ in range(batches):
+        next(it).image[0, 0, 0, 0].item()
+    dt = time.perf_counter() - t
+    return {"images_per_s": batches * batch_size / dt, "ms_per_batch": 1e3 * dt / batches}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=12)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("rest", nargs="*")
+    a = ap.parse_args()
+    if a.worker:
+        path, recipe = a.rest[0], a.rest[1] == "1"
+        print(json.dumps(worker(path, recipe, a.batches, a.batch_size)))
+        return
+    import tbljax
+
+    with tempfile.TemporaryDirectory() as d:
+        files = {"raw": Path(d) / "raw.tbl", "compact": Path(d) / "compact.tbl"}
+        photos = kodak_photos()
+        tbljax.convert(photos, files["raw"], image_size=256, resize="shorter_side", progress=False)
+        tbljax.convert(
+            photos, files["compact"], image_size=256, resize="shorter_side", format="jpeg", quality=90, progress=False
+        )
+        common = ["--batches", str(a.batches), "--batch-size", str(a.batch_size)]
+        configs = {
+            f"{kind} {what}": [*common, str(files[kind]), flag]
+            for kind in files
+            for what, flag in (("rrc+flip", "0"), ("+randaug+erasing", "1"))
+        }
+        res = rounds(Path(__file__), configs, a.rounds)
+    print(f"# {machine()}; tbljax kernel target {tbljax.kernels.kernel_target()}")
+    print(f"# batch {a.batch_size}, {a.batches} timed batches after {WARMUP} warm-up, median of {a.rounds} rounds")
+    for kind in ("raw", "compact"):
+        plain = median(res[f"{kind} rrc+flip"], "ms_per_batch")
+        ops = median(res[f"{kind} +randaug+erasing"], "ms_per_batch")
+        print(
+            f"{kind:8s} rrc+flip {plain:8.1f} ms/batch  +randaug+erasing {ops:8.1f} ms/batch  ratio {ops / plain:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

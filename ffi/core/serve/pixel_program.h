@@ -1,0 +1,55 @@
+// The kernel's per-image op stages (issue 47): the pixel program on a row's uint8 image after
+// the resize and flip, and random erasing on its written values. The rules are
+// src/tbljax/_src/rules/pixel_ops.py's, byte for byte; kernel.cpp runs them for the rows that
+// have ops (the rest take today's pass unchanged).
+#pragma once
+#include <cstdint>
+
+#include "kernel.h"
+#include "simd.h"
+#include "status.h"
+
+namespace tbljax {
+namespace ops_detail {
+
+// One row's pixel program: `image` (h x w x 3, packed) is rewritten in place; `tmp` is scratch
+// of the same size.
+struct ProgramJob {
+  uint8_t* image;
+  uint8_t* tmp;
+  int64_t h, w;
+  int64_t k;
+  const uint8_t* codes;    // (k,)
+  const int32_t* args;     // (k,)
+  const double* matrices;  // (k, 6)
+  const uint8_t* fill;     // (k, 3)
+  const uint8_t* nearest;  // (k,)
+};
+
+// One row's erasing, on sample b of the written output.
+struct EraseJob {
+  uint8_t* out;
+  OutDType dtype;  // float32 or bfloat16
+  Layout layout;
+  int64_t b, oh, ow;
+  int64_t e;
+  const int32_t* boxes;  // (e, 4)
+  uint32_t key;
+  EraseMode mode;
+  const float* table;  // (kNormalTableSize,)
+};
+
+}  // namespace ops_detail
+
+// Whether the request's ops are well formed for a batch of `batch` rows of oh x ow in `dtype`:
+// known codes, arguments in range, erasing boxes inside the output and a float output (timm
+// erases normalized values: erasing with uint8 output is refused).
+Status CheckOps(const OpsRequest& o, int64_t batch, OutDType dtype, int64_t oh, int64_t ow);
+// Whether row b has anything to do (an op or an erasing box).
+bool RowHasOps(const OpsRequest& o, int64_t b);
+bool RowHasErase(const OpsRequest& o, int64_t b);
+// The stages on target t (every target gives the same bytes).
+void RunPixelProgram(SimdTarget t, const ops_detail::ProgramJob& job);
+void RunErase(SimdTarget t, const ops_detail::EraseJob& job);
+
+}  // namespace tbljax
