@@ -58,6 +58,7 @@ ROOMS = [
         "_src/engine",
         [
             "memory",
+            "pixel_program",
             "kernels",
             "rows",
             "ring",

@@ -16,13 +16,13 @@ from conftest import shared_dir
 from PIL import Image
 
 import tbljax
-from tbljax._src.engine import kernels
+from tbljax._src.engine import kernels, pixel_program
 from tbljax._src.rules import erasing, pixel_ops, randaug
 
 import oracle
 
 # RandAugment's ops, the ones the C++ stage runs (codes 19-25 are refused: test_paths_not_covered_refuse_by_name).
-OPS = [n for n, c in pixel_ops.CODES.items() if 0 < c <= kernels.FUSED_MAX_CODE and n != "Cutout"]
+OPS = [n for n, c in pixel_ops.CODES.items() if 0 < c <= pixel_program.FUSED_MAX_CODE and n != "Cutout"]
 MAGNITUDES = (0.0, 1.0, 4.5, 9.0, 10.0, -3.0, -9.0)  # negative: the op's sign drawn negative
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
 

@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.rules import contract, erasing, pixel_ops, randaug
+from tbljax._src.engine.pixel_program import ops_arg, pixel_program
+from tbljax._src.rules import contract
 
 __all__ = [
     "build_info",
@@ -192,7 +193,7 @@ def prepare_gather(
     producer wakes its next step's draw between the two (engine/record_source.py)."""
     src = raw_source(source)
     return functools.partial(
-        _core.gather, src, *_batch_args(src.num_records, indices, out, layout, crop, flip, mean, std), _ops_arg(ops)
+        _core.gather, src, *_batch_args(src.num_records, indices, out, layout, crop, flip, mean, std), ops_arg(ops)
     )
 
 
@@ -362,7 +363,7 @@ def prepare_serve_jpeg(
         raise TypeError(f"dct_scale must be True or False, got {dct_scale!r}")
     args = _batch_args(source.num_records, indices, out, layout, crop, flip, mean, std)
     return functools.partial(
-        _core.serve_jpeg, source, *args, dct_scale, contract.check_threads(threads), where, _ops_arg(ops)
+        _core.serve_jpeg, source, *args, dct_scale, contract.check_threads(threads), where, ops_arg(ops)
     )
 
 
@@ -386,80 +387,3 @@ def build_info() -> dict:
     else:
         info["xla_cuda"] = True
     return info
-
-
-class PixelProgram(tuple):
-    """The per-image ops of a batch's rows as the kernel takes them (`pixel_program`)."""
-
-
-def _ops_arg(ops):
-    if ops is None or isinstance(ops, PixelProgram):
-        return ops
-    raise TypeError(f"ops must be a tbljax.kernels.pixel_program(...) or None, got {type(ops).__name__}")
-
-
-# The op codes the C++ pixel program runs (pixel_ops.CODES 1..18, RandAugment's); 19-25
-# (Grayscale, GaussianBlur, the torchvision geometric ops) are not yet in it.
-FUSED_MAX_CODE = 18
-
-
-@functools.lru_cache(maxsize=4096)
-def _matrix(code: int, arg: int, height: int, width: int, translate_const: float, translate_pct: float):
-    level = pixel_ops.affine_level(
-        code, float(np.array(arg, np.int32).view(np.float32)), translate_const, translate_pct
-    )
-    return pixel_ops.affine_matrix(code, level, height, width)
-
-
-def pixel_program(
-    codes, args, out_hw, *, policies=(), erase_boxes=None, erase_keys=None, erase_mode: str = "pixel"
-) -> PixelProgram:
-    """The rows' per-image ops for `gather` / `serve_jpeg` (``ops=``): after the resize and
-    flip, row b's uint8 pixels go through its pixel program -- ``codes[b]`` (`pixel_ops.CODES`,
-    0 none) with ``args[b]`` in order, `pixel_ops.apply`'s rules byte for byte -- then are
-    normalized and written; then ``erase_boxes[b]`` ((E, 4) y0, x0, h, w in the output; h 0:
-    none) are set as `pixel_ops.erase` sets them (``erase_mode``, noise keyed by
-    ``erase_keys[b]``) on the written float32 values (bfloat16: those values rounded to
-    nearest even). Erasing needs a float32 or bfloat16 output.
-
-    `policies`: the `RandAugment` policies whose ``num_ops`` slots the K columns are, in order
-    (each slot's fill, interpolation and translation constants); () takes `RandAugment`'s
-    defaults for every slot. `out_hw`: the output (height, width), which the affine ops'
-    matrices (built here, in float64, by `pixel_ops.affine_matrix`) depend on.
-    """
-    codes = np.ascontiguousarray(codes, np.uint8)
-    args = np.ascontiguousarray(args, np.int32)
-    if codes.ndim != 2 or args.shape != codes.shape:
-        raise ValueError(f"codes and args must both be (B, K), got {codes.shape} and {args.shape}")
-    b, k = codes.shape
-    late = codes[codes > FUSED_MAX_CODE]
-    if late.size:  # their rules are in pixel_ops, not yet in the C++ stage: no bytes that differ
-        name = {v: n for n, v in pixel_ops.CODES.items()}[int(late[0])]
-        raise ValueError(f"{name} is not yet in the fused pass")
-    slots = [ra for ra in policies for _ in range(ra.num_ops)] or [randaug.RandAugment()] * k
-    if len(slots) != k:
-        raise ValueError(f"the policies have {len(slots)} op slots but codes has {k} columns")
-    h, w = (int(v) for v in out_hw)
-    matrices = np.zeros((b, k, 6), np.float64)
-    for i, j in zip(*np.nonzero(np.isin(codes, sorted(pixel_ops.AFFINE)))):
-        ra = slots[j]
-        matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), h, w, ra.translate_const, ra.translate_pct)
-    fill = np.array([ra.fill for ra in slots], np.uint8).reshape(k, 3)
-    nearest = np.array([ra.interpolation == "nearest" for ra in slots], np.uint8).reshape(k)
-    if nearest.any():  # main's nearest rule (Pillow's 16.16 fixed point) is not yet in the C++ stage
-        raise ValueError("interpolation='nearest' is not yet in the fused pass")
-    if erase_boxes is None:
-        boxes, keys = np.zeros((b, 0, 4), np.int32), np.zeros(b, np.uint32)
-    else:
-        boxes = np.ascontiguousarray(erase_boxes, np.int32)
-        keys = np.ascontiguousarray(erase_keys, np.uint32)
-        if boxes.ndim != 3 or boxes.shape[0] != b or boxes.shape[2] != 4 or keys.shape != (b,):
-            raise ValueError(
-                f"erase_boxes must be ({b}, E, 4) and erase_keys ({b},), got {boxes.shape} and {keys.shape}"
-            )
-    if erase_mode not in erasing.ERASE_MODES:
-        raise ValueError(f"erase_mode must be one of {erasing.ERASE_MODES}, got {erase_mode!r}")
-    table = pixel_ops.normal_table() if boxes.shape[1] else np.zeros(4096, np.float32)
-    return PixelProgram(
-        (codes, args, matrices, fill, nearest, boxes, keys, erasing.ERASE_MODES.index(erase_mode), table)
-    )
