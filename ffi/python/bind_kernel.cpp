@@ -168,9 +168,9 @@ void ArrayDims(const nb::tuple& ops, size_t k, int64_t batch, int64_t* out, size
   nb::ndarray<nb::c_contig, nb::device::cpu> a;
   if (!nb::try_cast(ops[k], a, /*convert=*/false) || a.ndim() <= dim ||
       static_cast<int64_t>(a.shape(0)) != batch)
-    throw nb::value_error(("ops: entry " + std::to_string(k) + " must have " +
-                           std::to_string(batch) + " rows")
-                              .c_str());
+    throw nb::value_error(
+        ("ops: entry " + std::to_string(k) + " must have " + std::to_string(batch) + " rows")
+            .c_str());
   *out = static_cast<int64_t>(a.shape(dim));
 }
 

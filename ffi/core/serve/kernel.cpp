@@ -524,9 +524,16 @@ bool RunRowWithOps(const Plan& p, int64_t b, const SamplePixels& px, const Scrat
   plan->flips = p.flips ? p.flips + b : nullptr;  // its sample 0 is row b
   UnitFor(p.target)(*plan, 0, px, 0, p.out_h, scratch);
   const OpsRequest& o = p.ops;
-  ops_detail::ProgramJob job{buf.get(), buf.get() + n, p.out_h, p.out_w, o.num_ops,
-                             o.codes + b * o.num_ops, o.args + b * o.num_ops,
-                             o.matrices + b * o.num_ops * 6, o.fill, o.nearest};
+  ops_detail::ProgramJob job{buf.get(),
+                             buf.get() + n,
+                             p.out_h,
+                             p.out_w,
+                             o.num_ops,
+                             o.codes + b * o.num_ops,
+                             o.args + b * o.num_ops,
+                             o.matrices + b * o.num_ops * 6,
+                             o.fill,
+                             o.nearest};
   RunPixelProgram(p.target, job);
   *plan = p;
   plan->flips = nullptr;  // flipped already
@@ -553,9 +560,9 @@ bool RunRows(const Plan& p, int64_t b, const SamplePixels& px, int64_t general_i
 #endif
   if (p.has_ops && p.ops.num_erase > 0 && RowHasErase(p.ops, b)) {
     const OpsRequest& o = p.ops;
-    RunErase(p.target, {p.out, p.dtype, p.layout, b, p.out_h, p.out_w, o.num_erase,
-                        o.erase_boxes + b * o.num_erase * 4, o.erase_keys[b], o.erase_mode,
-                        o.normal_table});
+    RunErase(p.target,
+             {p.out, p.dtype, p.layout, b, p.out_h, p.out_w, o.num_erase,
+              o.erase_boxes + b * o.num_erase * 4, o.erase_keys[b], o.erase_mode, o.normal_table});
   }
   return true;
 }
@@ -609,9 +616,8 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   // thread has work (about 4 units per thread, as the pool hands out chunks).
   const int64_t want_units = 4 * static_cast<int64_t>(tp.num_threads());
   // A row with ops is one unit (its program needs the whole image).
-  const int64_t bands = r.batch >= want_units || p.has_ops
-                            ? 1
-                            : std::min(oh, (want_units + r.batch - 1) / r.batch);
+  const int64_t bands =
+      r.batch >= want_units || p.has_ops ? 1 : std::min(oh, (want_units + r.batch - 1) / r.batch);
   // The work item captures one pointer, so std::function keeps it inline (no allocation).
   struct Job {
     const Plan* plan;

@@ -205,27 +205,27 @@ class RawSource {
 // random erasing (E boxes set on the written float32/bfloat16 values). The rules, byte for byte,
 // are src/tbljax/_src/rules/pixel_ops.py's; the op codes are its CODES. Not owned.
 constexpr int kOpNone = 0, kOpAutoContrast = 1, kOpEqualize = 2, kOpInvert = 3, kOpPosterize = 4,
-              kOpSolarize = 5, kOpSolarizeAdd = 6, kOpColor = 7, kOpContrast = 8,
-              kOpBrightness = 9, kOpSharpness = 10, kOpRotate = 11, kOpTranslateYRel = 17,
+              kOpSolarize = 5, kOpSolarizeAdd = 6, kOpColor = 7, kOpContrast = 8, kOpBrightness = 9,
+              kOpSharpness = 10, kOpRotate = 11, kOpTranslateYRel = 17,
               kOpCutout = 18;  // 11..17: the affine ops (Rotate, ShearX/Y, TranslateX/Y[Rel])
 constexpr int kMaxOps = 64, kMaxEraseBoxes = 16, kNormalTableSize = 4096;
 enum class EraseMode : int { kPixel = 0, kRand = 1, kConst = 2 };  // pixel_ops.erase's modes
 
 struct OpsRequest {
-  int64_t num_ops = 0;               // K (0: no pixel program)
-  const uint8_t* codes = nullptr;    // (batch, K) op codes, 0 = none
-  const int32_t* args = nullptr;     // (batch, K) each op's integer argument
+  int64_t num_ops = 0;             // K (0: no pixel program)
+  const uint8_t* codes = nullptr;  // (batch, K) op codes, 0 = none
+  const int32_t* args = nullptr;   // (batch, K) each op's integer argument
   // (batch, K, 6) float64 for the affine ops: Pillow's (a, b, c, d, e, f), input point =
   // (a x + b y + c, d x + e y + f) at output pixel centre (x, y) -- built on the host
   // (pixel_ops.affine_matrix), so this core never rounds a cosine.
   const double* matrices = nullptr;
-  const uint8_t* fill = nullptr;     // (K, 3): each slot's fill (affine, Cutout)
-  const uint8_t* nearest = nullptr;  // (K,): nonzero: the slot's affine op resamples nearest
-  int64_t num_erase = 0;             // E (0: no erasing)
+  const uint8_t* fill = nullptr;         // (K, 3): each slot's fill (affine, Cutout)
+  const uint8_t* nearest = nullptr;      // (K,): nonzero: the slot's affine op resamples nearest
+  int64_t num_erase = 0;                 // E (0: no erasing)
   const int32_t* erase_boxes = nullptr;  // (batch, E, 4) y0, x0, h, w in the output; h 0: none
   const uint32_t* erase_keys = nullptr;  // (batch,) the noise key of each row
   EraseMode erase_mode = EraseMode::kPixel;
-  const float* normal_table = nullptr;   // (kNormalTableSize,) pixel_ops.normal_table()
+  const float* normal_table = nullptr;  // (kNormalTableSize,) pixel_ops.normal_table()
 };
 
 struct GatherRequest {

@@ -47,8 +47,7 @@ Status CheckOps(const OpsRequest& o, int64_t batch, OutDType dtype, int64_t oh, 
   if (o.num_erase < 0 || o.num_erase > kMaxEraseBoxes)
     return InvalidArgument("erasing: at most " + std::to_string(kMaxEraseBoxes) +
                            " boxes per row, got " + std::to_string(o.num_erase));
-  if (batch > 0 && o.num_ops > 0 &&
-      (!o.codes || !o.args || !o.matrices || !o.fill || !o.nearest))
+  if (batch > 0 && o.num_ops > 0 && (!o.codes || !o.args || !o.matrices || !o.fill || !o.nearest))
     return InvalidArgument("ops: codes, args, matrices, fill and nearest are all needed");
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t k = 0; k < o.num_ops; ++k) {
