@@ -96,7 +96,7 @@ def _interrupt(kind, files, rounds, seed):
         stderr=subprocess.PIPE,
         text=True,
     )
-    rng, left, err = random.Random(seed), [], []
+    rng, left, err, extra = random.Random(seed), [], [], 0
     # stderr is read as it comes, so that a child writing a lot never blocks on a full pipe.
     reader = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
     reader.start()
@@ -110,7 +110,16 @@ def _interrupt(kind, files, rounds, seed):
             line = p.stdout.readline() if len(left) < rounds else ""
             if line.startswith("caught"):
                 left.append(int(line.split()[1]))
-        p.wait(timeout=60)
+        for _ in range(3):  # the last interrupt ends the process
+            try:
+                p.wait(timeout=30)
+                break
+            except subprocess.TimeoutExpired:
+                # jax's garbage-collection callback can swallow a Ctrl-C that lands in it
+                # ("Exception ignored in: <function _xla_gc_callback"): press it again, as a
+                # user would; _check accepts that only with jax's own message on stderr.
+                extra += 1
+                p.send_signal(signal.SIGINT)
     finally:
         if p.poll() is None:
             p.kill()
@@ -118,11 +127,14 @@ def _interrupt(kind, files, rounds, seed):
         reader.join(10)
         p.stdout.close()
         p.stderr.close()
-    return left, p.returncode, "".join(err)
+    return left, p.returncode, "".join(err), extra
 
 
 def _check(kind, files, rounds, seed):
-    left, rc, err = _interrupt(kind, files, rounds, seed)
+    left, rc, err, extra = _interrupt(kind, files, rounds, seed)
+    if extra:  # a swallowed Ctrl-C is jax's (its gc callback), never tbljax's
+        assert "_xla_gc_callback" in err, f"{kind}: a Ctrl-C was swallowed without jax's message:\n{err[-3000:]}"
+        err = "\n".join(x for x in err.splitlines() if "_xla_gc_callback" not in x and "Exception ignored" not in x)
     assert left == [0] * rounds, f"{kind}: loader threads alive after each caught Ctrl-C: {left}\n{err[-3000:]}"
     # Python ends on an uncaught KeyboardInterrupt by killing itself with SIGINT (a shell
     # shows status 130), after printing the traceback.
