@@ -335,6 +335,19 @@ def test_repeats_serve_every_record_repeat_once_with_its_crop(matrix, kind, layo
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_per_image_ops_and_checked_records(matrix, kind, layout):
+    """The "ops" and "verify_records" rows: an Invert-only RandAugment applied to every row is
+    255 minus the oracle's crop, on every kind; checking every record as it is served changes
+    no byte (every kind here is written with per-record checksums)."""
+    files, refs = matrix
+    invert = tbljax.Augment(size=M.OUT, ops=[tbljax.RandAugment(num_ops=1, ops=["Invert"], prob=1.0)])
+    kw = dict(seed=SEED, dtype="uint8", num_epochs=1, **serve(kind))
+    for batch in tbljax.loader(files[kind, layout], B, augment=invert, verify_records=True, **kw):
+        idx = _host(batch["index"])
+        np.testing.assert_array_equal(_host(batch["image"]), 255 - expected(refs[kind, layout], idx, RRC))
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_torch(matrix, kind, layout):
     pytest.importorskip("torch")
     import tbljax.torch
