@@ -12,6 +12,7 @@ while a pass closes, and when the interpreter exits under a thread inside a nati
 from __future__ import annotations
 
 import os
+import queue
 import random
 import signal
 import subprocess
@@ -86,7 +87,10 @@ def files(tmp_path_factory):
 def _interrupt(kind, files, rounds, seed):
     """Runs the child for `kind`, interrupts it rounds + 1 times at random moments; returns
     (the live loader-thread counts it reported after each caught interrupt, return code,
-    stderr)."""
+    stderr, how many presses were lost). CPython drops an exception raised inside a weakref
+    callback, a ``__del__`` or a gc callback ("Exception ignored in: ..."): a Ctrl-C that lands
+    there is lost in any Python program, so a press that nothing answers within 30 s is made
+    again, as a user would, and `_check` accepts that only with CPython's own message."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [TESTS, env.get("PYTHONPATH", "")] if p)
     p = subprocess.Popen(
@@ -96,45 +100,72 @@ def _interrupt(kind, files, rounds, seed):
         stderr=subprocess.PIPE,
         text=True,
     )
-    rng, left, err, extra = random.Random(seed), [], [], 0
-    # stderr is read as it comes, so that a child writing a lot never blocks on a full pipe.
-    reader = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
-    reader.start()
+    rng, left, err, lost = random.Random(seed), [], [], 0
+    lines: queue.Queue = queue.Queue()
+    # Both pipes are read as they come: a child writing a lot never blocks, and a line that
+    # does not come is a time-out here, not a hang.
+    readers = [
+        threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True),
+        threading.Thread(target=lambda: [lines.put(x.strip()) for x in p.stdout], daemon=True),
+    ]
+    for r in readers:
+        r.start()
+
+    def line(timeout):
+        try:
+            return lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def press_until(want, timeout=30):
+        nonlocal lost
+        for _ in range(4):
+            p.send_signal(signal.SIGINT)
+            got = line(timeout)
+            if got is not None or p.poll() is not None:
+                return got
+            lost += 1
+        return None
+
     try:
-        for _ in range(rounds + 1):
-            if p.stdout.readline().strip() != "ready":
+        for k in range(rounds + 1):
+            if line(120) != "ready":
                 break
             # A pass of this loop is 30-300 ms: moments spread over several passes.
             time.sleep(rng.uniform(0.05, 0.6))
-            p.send_signal(signal.SIGINT)
-            line = p.stdout.readline() if len(left) < rounds else ""
-            if line.startswith("caught"):
-                left.append(int(line.split()[1]))
-        for _ in range(3):  # the last interrupt ends the process
-            try:
-                p.wait(timeout=30)
-                break
-            except subprocess.TimeoutExpired:
-                # jax's garbage-collection callback can swallow a Ctrl-C that lands in it
-                # ("Exception ignored in: <function _xla_gc_callback"): press it again, as a
-                # user would; _check accepts that only with jax's own message on stderr.
-                extra += 1
-                p.send_signal(signal.SIGINT)
+            if k < rounds:
+                got = press_until("caught")
+                if got is None or not got.startswith("caught"):
+                    break
+                left.append(int(got.split()[1]))
+                continue
+            p.send_signal(signal.SIGINT)  # the last interrupt ends the process
+            for _ in range(3):
+                try:
+                    p.wait(timeout=20)
+                    break
+                except subprocess.TimeoutExpired:
+                    lost += 1
+                    p.send_signal(signal.SIGINT)
     finally:
         if p.poll() is None:
             p.kill()
-            p.wait()
-        reader.join(10)
+        p.wait()
+        for r in readers:
+            r.join(10)
         p.stdout.close()
         p.stderr.close()
-    return left, p.returncode, "".join(err), extra
+    return left, p.returncode, "".join(err), lost
 
 
 def _check(kind, files, rounds, seed):
-    left, rc, err, extra = _interrupt(kind, files, rounds, seed)
-    if extra:  # a swallowed Ctrl-C is jax's (its gc callback), never tbljax's
-        assert "_xla_gc_callback" in err, f"{kind}: a Ctrl-C was swallowed without jax's message:\n{err[-3000:]}"
-        err = "\n".join(x for x in err.splitlines() if "_xla_gc_callback" not in x and "Exception ignored" not in x)
+    left, rc, err, lost = _interrupt(kind, files, rounds, seed)
+    if lost:  # each lost press is CPython's: an "Exception ignored in" whose exception is the Ctrl-C
+        blocks = err.split("Exception ignored in")[1:]
+        assert blocks and all("KeyboardInterrupt" in b[:2000] for b in blocks), (
+            f"{kind}: {lost} Ctrl-C lost without CPython's message:\n{err[-3000:]}"
+        )
+        err = err.replace("Exception ignored in", "(CPython dropped a Ctrl-C in)")
     assert left == [0] * rounds, f"{kind}: loader threads alive after each caught Ctrl-C: {left}\n{err[-3000:]}"
     # Python ends on an uncaught KeyboardInterrupt by killing itself with SIGINT (a shell
     # shows status 130), after printing the traceback.
