@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -344,6 +345,35 @@ def test_shutdown_is_clean_on_break_error_del_and_close(data):
     gc.collect()
     assert len(loader_threads()) == before + per_pass
     it.close()
+    assert len(loader_threads()) == before
+
+
+def test_ctrl_c_while_a_pass_closes_still_stops_its_threads(data, monkeypatch):
+    """A Ctrl-C (a real SIGINT) landing while close() waits for a producer inside a slow step:
+    the KeyboardInterrupt comes out once the threads have stopped, none is left behind."""
+    _, _, path = data
+    real = kernels.prepare_gather
+
+    def slow(*args, **kw):
+        time.sleep(0.4)
+        return real(*args, **kw)
+
+    before = len(loader_threads())
+    it = iter(tbljax.loader(path, G, prefetch=2))
+    monkeypatch.setattr(kernels, "prepare_gather", slow)
+    for _ in range(4):  # past the prefetched batches: the producer is now inside a slow step
+        next(it)
+    # A shell that started pytest in the background ignores SIGINT: handle it as Python does.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        press = threading.Timer(0.1, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+        press.start()
+        with pytest.raises(KeyboardInterrupt):
+            it.close()
+            time.sleep(5)  # close() returned before the press: it lands here
+        press.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert len(loader_threads()) == before
 
 

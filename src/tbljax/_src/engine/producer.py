@@ -171,14 +171,20 @@ class _Stage(threading.Thread):
 
     A Ctrl-C can land inside `start()`: before the OS thread is made, or after it is made but
     before it has said it runs, when `Thread.join` raises. `join_stopped` copes with both: it
-    waits (briefly) for the thread to enter `run`, then joins it. A stage that enters after its
-    pass stopped returns at once, so no thread of a closed pass reaches the kernel."""
+    waits (briefly) for the thread to enter `run`, then for it to end. A stage that enters after
+    its pass stopped returns at once, so no thread of a closed pass reaches the kernel.
+
+    The end is an Event the thread sets, not `Thread.join`: on CPython 3.11 a join that a Ctrl-C
+    interrupts marks a thread that is still running as stopped (`_wait_for_tstate_lock` calls
+    `_stop()` whenever the lock is held, and a running thread holds it), after which
+    `is_alive()` says False and `join()` returns at once while it is still inside the kernel."""
 
     def __init__(self, fn, args, stop: threading.Event):
         super().__init__(name="tbljax-loader", daemon=True)
         self._work = (fn, args)
         self._pass_stop = stop
         self._entered = threading.Event()
+        self._ended = threading.Event()
         self._launched = False  # start() was called: the OS thread may exist
         self._running = False  # start() returned: it exists and join() works
 
@@ -188,11 +194,15 @@ class _Stage(threading.Thread):
         self._running = True
 
     def run(self) -> None:
-        self._entered.set()
-        fn, args = self._work
-        self._work = None  # the thread holds the pass's objects only while it runs
-        if not self._pass_stop.is_set():
-            fn(*args)
+        try:
+            self._entered.set()
+            fn, args = self._work
+            self._work = None  # the thread holds the pass's objects only while it runs
+            if not self._pass_stop.is_set():
+                fn(*args)
+            del fn, args
+        finally:
+            self._ended.set()
 
     def join_stopped(self, timeout: float) -> bool:
         """Waits up to `timeout` s for the thread to end; True if it has, or never ran."""
@@ -200,8 +210,10 @@ class _Stage(threading.Thread):
             return True
         if not self._running and not self._entered.wait(_START_S):
             return True  # never made (or it enters later, sees the stop flag and returns)
-        self.join(timeout)
-        return not self.is_alive()
+        if not self._ended.wait(timeout):
+            return False
+        self.join()  # past its last line: this returns at once
+        return True
 
 
 _LIVE: "weakref.WeakSet[Pass]" = weakref.WeakSet()
@@ -307,8 +319,10 @@ class Pass:
         return result
 
     def close(self) -> None:
-        """Stops the producer and waits for it; idempotent, safe from any thread. A close cut
-        short (a Ctrl-C while it joins) is finished by the next call: at the latest `_close_all`
+        """Stops the producer and waits for it; idempotent, safe from any thread. A Ctrl-C
+        that lands while it joins is held until the threads have stopped (within one kernel
+        call; the wait is bounded), then raised: the interrupt never leaves a thread behind.
+        A close cut short otherwise is finished by the next call: at the latest `_close_all`
         at exit, before the interpreter goes away under a thread inside a native call."""
         if self._joined:
             return
@@ -319,10 +333,20 @@ class Pass:
                 self._queue.get_nowait()
         except queue.Empty:
             pass
+        interrupt = None
         for t in self._threads:
-            # A producer stops within one kernel call and a poll interval; a bound keeps a
+            if threading.current_thread() is t:
+                continue
+            deadline = time.monotonic() + _JOIN_S
+            while True:
+                try:
+                    stopped = t.join_stopped(max(0.0, deadline - time.monotonic()))
+                    break
+                except KeyboardInterrupt as e:  # raised below, once every thread has stopped
+                    interrupt = e
+            # A producer stops within one kernel call and a poll interval; the bound keeps a
             # Ctrl-C or exit from ever hanging on one that does not (it is a daemon).
-            if threading.current_thread() is not t and not t.join_stopped(_JOIN_S):
+            if not stopped:
                 warnings.warn(
                     f"tbljax loader: a producer thread did not stop within {_JOIN_S:.0f} s; leaving it (daemon) behind",
                     RuntimeWarning,
@@ -330,6 +354,8 @@ class Pass:
                 )
         self._joined = True
         _LIVE.discard(self)
+        if interrupt is not None:
+            raise interrupt
 
     def __del__(self):
         if "_queue" in vars(self):  # else __init__ was interrupted before it made anything
