@@ -63,6 +63,7 @@ ROOMS = [
             "rows",
             "ring",
             "step",
+            "native_res",
             "file_sweep",
             "record_source",
             "batch_fields",

@@ -27,10 +27,12 @@ from tbljax._src.jax.loader import Loader, loader
 from tbljax._src.jax.sharding import row_layout
 from tbljax._src.remote.staging import stage
 from tbljax._src.rules.augment import Augment
+from tbljax._src.rules.buckets import Buckets
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.rules.erasing import RandomErasing
 from tbljax._src.rules.errors import ConversionError, CorruptFileError, DecodeError
 from tbljax._src.rules.image_ops import ColorJitter, GaussianBlur, Grayscale, Solarize, ThreeAugment, TrivialAugment
+from tbljax._src.rules.naflex import Patches
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.rules.randaug import RandAugment
 from tbljax._src.sources.coco import coco
@@ -60,6 +62,8 @@ __all__ = [
     "IMAGENET_STD",
     "INDEX_DTYPE",
     "Augment",
+    "Buckets",
+    "Patches",
     "HostBatch",
     "HostLoader",
     "Loader",

@@ -15,6 +15,7 @@ import weakref
 
 import numpy as np
 
+from tbljax._src.engine import native_res
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.plan import Plan
@@ -88,11 +89,18 @@ class HostLoader:
         self._record_parts = parts if parts is not None else Parts.whole(self._source.n)
         self._step_parts = self._record_parts.times(opts.repeats)
         self._rows = rows if rows is not None else RowLayout.for_rank(opts.batch_size, 0, 1)
-        # One row shape per entry of a size schedule (one without); the ring is sized once for
-        # the largest, and each batch views it at its epoch's size (`Slot.views` in ring.py).
-        schedule = opts.augment.schedule if opts.augment is not None else ((0, None),)
-        shapes = [self._source.row_shape(opts, epoch) for epoch, _ in schedule]
-        largest = max(shapes, key=lambda s: int(np.prod(s)))
+        self._native = self._native_resolution(dataset, parts)
+        if isinstance(self._native, native_res.BucketServing):
+            # Positions count G a step: an epoch is the schedule's steps, whole.
+            self._step_parts = Parts.whole(self._native.steps * self._rows.global_batch)
+        if self._native is not None:
+            largest = self._native_row_shape(None)
+        else:
+            # One row shape per entry of a size schedule (one without); the ring is sized once for
+            # the largest, and each batch views it at its epoch's size (`Slot.views` in ring.py).
+            schedule = opts.augment.schedule if opts.augment is not None else ((0, None),)
+            shapes = [self._source.row_shape(opts, epoch) for epoch, _ in schedule]
+            largest = max(shapes, key=lambda s: int(np.prod(s)))
         if len(self) == 0:
             times = f" × repeats={opts.repeats}" if opts.repeats > 1 else ""
             what = (
@@ -117,6 +125,32 @@ class HostLoader:
         self._ring = Ring(
             self._rows, largest, opts.out_dtype, opts.prefetch + RING_EXTRA, alloc=alloc, before_reuse=before_reuse
         )
+
+    def _native_resolution(self, dataset, parts):
+        """Buckets' or patches' serving (`engine/native_res.py`), or None; refuses by name what
+        they are not served with."""
+        opts = self.options
+        what = "buckets" if opts.buckets is not None else "patches" if opts.patches is not None else None
+        if what is None:
+            return None
+        if parts is not None:
+            raise ValueError(f"{what} with partition='host': not served yet (the schedule covers the whole dataset)")
+        if self._source.mixture is not None:
+            raise ValueError(f"{what} with a mixture (tbljax.mix): not served yet")
+        native_res.check_names(self._fields.names)
+        return native_res.serving(self._source.geometry, self._source.n, opts, self._rows.global_batch)
+
+    def _native_row_shape(self, cursor) -> tuple[int, ...]:
+        """A row under buckets (the bucket of the step at `cursor`; None: the largest) or
+        patches."""
+        nr = self._native
+        if isinstance(nr, native_res.PatchServing):
+            return nr.row_shape
+        if cursor is None:
+            oh, ow = nr.largest
+        else:
+            oh, ow = nr.out_hw(*cursor)
+        return contract.row_shape(self.options.layout, oh, ow)
 
     # ---- the seams a layer on top overrides ----
     def check_fields(self, dataset, names: list[str]) -> None:
@@ -166,11 +200,17 @@ class HostLoader:
     @property
     def row_shape(self) -> tuple[int, int, int]:
         """One row of the next batch: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW (the cursor's
-        epoch's size under a size schedule; a batch's own shape says what it holds)."""
+        epoch's size under a size schedule, the cursor's step's bucket under buckets; a batch's
+        own shape says what it holds)."""
+        if self._native is not None:
+            epoch, position = self._cursor
+            return self._native_row_shape((epoch, min(position, len(self) * self._rows.global_batch - 1)))
         return self.row_shape_at(self._cursor[0])
 
     def row_shape_at(self, epoch: int) -> tuple[int, int, int]:
-        """One row of a batch of `epoch`."""
+        """One row of a batch of `epoch` (under buckets: of the largest bucket)."""
+        if self._native is not None:
+            return self._native_row_shape(None)
         return self._source.row_shape(self.options, epoch)
 
     # ---- the iterator protocol and the state ----
@@ -195,6 +235,7 @@ class HostLoader:
             self.finisher(),
             parts=self._host_parts,
             fields=self._fields,
+            native=self._native,
         )
         it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out, on_end=self.pass_ended)
         self._active = weakref.ref(it)
@@ -239,7 +280,15 @@ class HostLoader:
             processes=processes,
             mixture=self._source.mixture,
             repeats=self.options.repeats,
+            buckets=self._bucket_state(),
         )
+
+    def _bucket_state(self) -> dict | None:
+        """What a bucketed state's positions depend on: the bucket sizes and the global batch."""
+        nr = self._native
+        if not isinstance(nr, native_res.BucketServing):
+            return None
+        return {"sizes": nr.sizes.tolist(), "global_batch": nr.g}
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a `state_dict`; the next iteration continues from it. Raises ValueError
@@ -254,6 +303,7 @@ class HostLoader:
             processes=len(parts.counts) if parts is not None else None,
             mixture=self._source.mixture,
             repeats=self.options.repeats,
+            buckets=self._bucket_state(),
         )
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run

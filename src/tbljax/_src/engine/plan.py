@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tbljax._src.engine import file_sweep
+from tbljax._src.engine import file_sweep, native_res
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
@@ -115,6 +115,12 @@ class Plan:
     # holds this process's part); None: one part, the whole dataset.
     parts: Parts | None = None
     fields: FieldServing | None = None  # the record fields served beside the image
+    # Buckets or patches (`engine/native_res.py`): what decides a step's rows and shapes; or None.
+    native: native_res.BucketServing | native_res.PatchServing | None = None
+
+    @property
+    def buckets(self) -> native_res.BucketServing | None:
+        return self.native if isinstance(self.native, native_res.BucketServing) else None
 
     @property
     def part(self) -> Parts:
@@ -123,7 +129,10 @@ class Plan:
 
     @property
     def slots(self) -> Parts:
-        """The positions of an epoch in every part: its records times `repeats`."""
+        """The positions of an epoch in every part: its records times `repeats` (buckets: the
+        schedule's steps times the global batch)."""
+        if self.buckets is not None:
+            return Parts.whole(self.buckets.steps * self.layout.global_batch)
         return self.part.times(self.opts.repeats)
 
     def step_rows(self, first) -> tuple[int, int]:
@@ -188,7 +197,9 @@ class Plan:
             if not len(pos):
                 continue
 
-            def records(p):
+            def records(p, a=a):
+                if self.buckets is not None:  # the schedule's rows (p: a prefix of this range's)
+                    return self.buckets.draw(epoch, first, a, a + len(p))[0]
                 return _step.records(p, opts, num_records=src.n, epoch=epoch, step=self.step_rows(first))[0]
 
             # A few records first: a warm file stops here (~20 us a step).
@@ -221,6 +232,10 @@ class Plan:
             out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
         drawn = []
         for a, b in self.layout.ranges:
+            if self.buckets is not None:
+                idx, boxes, flip = self.buckets.draw(epoch, first, a, b)
+                drawn.append(RowsDrawn(idx, boxes, flip, idx, None))
+                continue
             nvalid = int(np.clip(self.slots.n - (first + a), 0, b - a))
             pos = np.arange(first + a, first + a + nvalid, dtype=np.int64)
             idx, boxes, flip, repeat = src.draw(pos, opts, epoch, first_index, self.step_rows(first))
@@ -239,11 +254,28 @@ class Plan:
         mean, std = opts.normalization
         drawn = self.draw(epoch, first) if drawn is None else drawn
         slot = ring.acquire(stop)
-        views = slot.views(src.row_shape(opts, epoch))  # a size schedule's size of `epoch`
-        labels, indices, valid, sources, served, repeats = [], [], [], [], [], []
+        views = slot.views(self.row_shape(epoch, first))  # a size schedule's size of `epoch`
+        labels, indices, valid, sources, served, repeats, hws = [], [], [], [], [], [], []
         for (a, b), out, (idx, boxes, flip, records, repeat, ops) in zip(self.layout.ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
-            if nvalid:
+            patches = isinstance(self.native, native_res.PatchServing)
+            if patches:
+                boxes = self.native.boxes(idx, boxes)
+                hws.append(np.zeros((0, 2), np.int64))
+            if nvalid and patches:
+                hws[-1] = self.native.fill(
+                    src,
+                    records,
+                    out[:nvalid],
+                    boxes=boxes,
+                    flip=flip,
+                    mean=mean,
+                    std=std,
+                    jpeg_dct_scale=opts.jpeg_dct_scale,
+                    started=started,
+                )
+                started = None
+            elif nvalid:
                 src.fill(
                     records,
                     out[:nvalid],
@@ -273,6 +305,11 @@ class Plan:
         arrays, texts = {}, {}
         if self.fields:
             arrays, texts = self.fields.build(served, [b - a for a, b in self.layout.ranges], epoch, first)
+        rows = [b - a for a, b in self.layout.ranges]
+        if self.buckets is not None:
+            arrays.update(self.buckets.arrays(epoch, first, drawn, rows))
+        elif self.native is not None:
+            arrays.update(self.native.arrays(hws, rows))
         return HostBatch(
             epoch,
             first,
@@ -286,6 +323,15 @@ class Plan:
             tuple(sources) if sources else None,
             tuple(repeats) if repeats else None,
         ), slot
+
+    def row_shape(self, epoch, first) -> tuple[int, ...]:
+        """One row of the step at `first` of `epoch`: its bucket's size under buckets, a
+        sequence of patches under patches, else the size of `epoch`."""
+        if self.buckets is not None:
+            return contract.row_shape(self.opts.layout, *self.buckets.out_hw(epoch, first))
+        if self.native is not None:
+            return self.native.row_shape
+        return self.source.row_shape(self.opts, epoch)
 
     def finish_host(self, host: HostBatch, slot: Slot):
         """What the consumer receives for `host`; the slot learns what views it."""

@@ -149,6 +149,7 @@ class Buckets:
         loader's pixel budget (`auto_sizes`).
       crop: ``"center"`` or ``"random"`` (placed by (seed, epoch, index)).
       multiple: ``"auto"`` rounds every side to a multiple of it.
+      pixels: ``"auto"``'s pixel budget h·w (e.g. ``512 * 512``); SDXL's own is ``1024 * 1024``.
 
     >>> Buckets(sizes=[(256, 512), (512, 256)]).sizes
     ((256, 512), (512, 256))
@@ -157,6 +158,7 @@ class Buckets:
     sizes: typing.Any = "auto"
     crop: str = "center"
     multiple: int = 64
+    pixels: int | None = None
 
     def __post_init__(self):
         if not (isinstance(self.crop, str) and self.crop in CROPS):
@@ -164,8 +166,14 @@ class Buckets:
         if not _side(self.multiple):
             raise ValueError(f"multiple must be an integer in [1, {contract.MAX_OUT_SIDE}], got {self.multiple!r}")
         object.__setattr__(self, "multiple", int(self.multiple))
+        if self.pixels is not None and (not contract.is_integer(self.pixels) or self.pixels < 1):
+            raise ValueError(
+                f"pixels (the pixel budget h*w of sizes='auto') must be an integer >= 1, got {self.pixels!r}"
+            )
         if isinstance(self.sizes, str) and self.sizes == "auto":
             return
+        if self.pixels is not None:
+            raise ValueError(f"pixels={self.pixels!r} applies to sizes='auto' only; explicit sizes are served as given")
         bad = (
             f"sizes must be 'auto' or a non-empty list of (height, width) with each in "
             f"[1, {contract.MAX_OUT_SIDE}], got {self.sizes!r}"
@@ -210,10 +218,12 @@ def auto_sizes(pixels: int, multiple: int = 64) -> tuple[tuple[int, int], ...]:
 
 def bucket_sizes(buckets: Buckets, pixels: int | None = None) -> np.ndarray:
     """int32 (K, 2) bucket sizes (h, w) sorted by aspect ratio w/h: the bucket ids the other
-    functions use. `pixels` (the loader's budget) is needed for ``sizes="auto"`` only."""
+    functions use. `pixels` (the loader's budget; default ``buckets.pixels``) is needed for
+    ``sizes="auto"`` only."""
     if buckets.sizes == "auto":
+        pixels = buckets.pixels if pixels is None else pixels
         if pixels is None:
-            raise ValueError("Buckets(sizes='auto') needs the loader's pixel budget (pixels=h*w)")
+            raise ValueError("Buckets(sizes='auto') needs the loader's pixel budget: Buckets(pixels=h*w)")
         sizes = auto_sizes(pixels, buckets.multiple)
     else:
         sizes = _by_aspect(buckets.sizes)

@@ -18,6 +18,8 @@ import numpy as np
 
 from tbljax._src.rules import contract
 from tbljax._src.rules.augment import MAX_REPEATS, Augment
+from tbljax._src.rules.buckets import Buckets
+from tbljax._src.rules.naflex import Patches
 
 __all__ = ["LoaderOptions", "front_end"]
 
@@ -75,6 +77,19 @@ class LoaderOptions:
         a record's repeats sit in the same step, spread over its rows (`tbljax.order.repeated`),
         each with its own crop and flip (repeat 0: those of the loader without repeats).
         An integer in [1, 1024]; 1 (default): off.
+      buckets: a `tbljax.Buckets`: native resolution by aspect-ratio buckets (issue 49). Each
+        record goes to the bucket nearest its aspect ratio, is resized to cover it and cropped
+        to it (the bucket decides the crop: ``augment`` may only flip); every global step is
+        one bucket (the same on every host), its size the batch's; an epoch serves every
+        record once (each bucket's last batch padded, ``valid``, or dropped by
+        drop_remainder). Adds ``orig_hw`` (B, 2), ``crop_yx`` (B, 2) and ``bucket`` (B,)
+        int32 (the step's bucket on every row). A state's position is the steps handed out
+        times the global batch.
+      patches: a `tbljax.Patches`: NaFlex patch sequences (issue 49). Each sample (the
+        augmentation's random crop and flip, or the whole record) resized keeping its aspect to
+        big_vision's ``resize_to_sequence`` size and served as ``image`` (B, max_tokens,
+        size·size·3) in `naflex.patchify`'s layout, with ``patch_yx`` (B, max_tokens, 2) int32
+        and ``patch_valid`` (B, max_tokens) bool.
     """
 
     batch_size: int
@@ -96,6 +111,9 @@ class LoaderOptions:
     pad: dict | None = None  # ragged field name -> rows served
     verify_records: bool = False  # each served record's CRC-16 checked before its batch goes out
     repeats: int = 1  # each record served this many times an epoch, each repeat its own augmentation
+    # Native resolution (issue 49): one of these, or neither.
+    buckets: Buckets | None = None  # aspect-ratio buckets: each step one bucket's size
+    patches: Patches | None = None  # NaFlex: each sample its own patch grid, as a sequence
 
     def __post_init__(self):
         integer, Arg, ArgumentError = contract.is_integer, contract.Arg, contract.ArgumentError
@@ -138,6 +156,41 @@ class LoaderOptions:
         for flag in ("shuffle", "drop_remainder", "jpeg_dct_scale", "verify_records"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+        self._check_native_resolution()
+
+    def _check_native_resolution(self) -> None:
+        """Refuses by name what buckets and patches are not served with."""
+        for name, kind in (("buckets", Buckets), ("patches", Patches)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"{name} must be None or a tbljax.{kind.__name__}, got {type(value).__name__}")
+        what = "buckets" if self.buckets is not None else "patches" if self.patches is not None else None
+        if what is None:
+            return
+        aug = self.augment
+        refused = [
+            (self.buckets is not None and self.patches is not None, "buckets and patches together"),
+            (self.repeats > 1, f"{what} with repeats={self.repeats}"),
+            (aug is not None and bool(aug.ops or aug.erasing is not None), f"{what} with Augment(ops=/erasing=)"),
+            (
+                self.buckets is not None and aug is not None and bool(aug.crop),
+                "buckets with an Augment crop (the bucket decides the crop: augment='flip' or None)",
+            ),
+            (
+                self.patches is not None and aug is not None and (aug.crop == "center" or aug.size is not None),
+                "patches with an Augment size or center crop (the patch grid decides the size: "
+                "Augment(size=None) for a random crop, 'flip' or None)",
+            ),
+            (self.patches is not None and self.layout != "NHWC", "patches with layout='NCHW' (rows are patches)"),
+            (
+                self.patches is not None and isinstance(self.patches.max_tokens, tuple),
+                "patches with a list of max_tokens (a length schedule)",
+            ),
+            (self.patches is not None and self.patches.pack, "patches with pack=True"),
+        ]
+        for bad, words in refused:
+            if bad:
+                raise ValueError(f"{words}: not served yet")
 
     @property
     def out_dtype(self) -> np.dtype:

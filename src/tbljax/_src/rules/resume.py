@@ -22,6 +22,7 @@ def make_state(
     processes: int | None = None,
     mixture: dict | None = None,
     repeats: int = 1,
+    buckets: dict | None = None,
 ) -> dict:
     """The resumable state: a small versioned dict of plain ints and strings. A
     partition="host" loader gives `processes` (P): its state also says ``"partition":
@@ -29,6 +30,8 @@ def make_state(
     gives `mixture` (`Mixture.description`: sources, weights, label offsets, epoch, the sources'
     fingerprints), kept under ``"mixture"`` so that a state of another mixture is refused
     saying what differs. With `repeats` > 1 the state says so (its positions count k·N an epoch).
+    A bucketed loader gives `buckets` ({sizes, global_batch}: what its steps depend on), kept
+    under ``"buckets"``; its position is the steps handed out times the global batch.
 
     >>> make_state(seed=0, epoch=1, position=512, fingerprint="ab12")["version"]
     1
@@ -47,6 +50,8 @@ def make_state(
         state["mixture"] = mixture
     if repeats != 1:
         state["repeats"] = int(repeats)
+    if buckets is not None:
+        state["buckets"] = buckets
     return state
 
 
@@ -59,6 +64,7 @@ def check_state(
     processes: int | None = None,
     mixture: dict | None = None,
     repeats: int = 1,
+    buckets: dict | None = None,
 ) -> tuple[int, int]:
     """Validates a state from `make_state` against this run; returns (epoch, position).
 
@@ -66,7 +72,9 @@ def check_state(
     partition="host" loader, None for the global order. A host-part state resumes at another
     process count only at an epoch boundary: mid-epoch the parts hold other records, so the
     rest of that epoch has no exact continuation, and this refuses it (the error says how to
-    go on). Raises ValueError naming the offending value and what was expected.
+    go on). Likewise a state of other `buckets` (or of none, or to a loader without them)
+    resumes only at an epoch boundary: its steps are other steps. Raises ValueError naming the
+    offending value and what was expected.
     """
     if not isinstance(state, dict):
         raise ValueError(f"state must be a dict from state_dict(), got {type(state).__name__}")
@@ -104,6 +112,13 @@ def check_state(
     check_seed_epoch(seed, epoch)
     if not is_integer(position) or not 0 <= position <= n:
         raise ValueError(f"state position must be an integer in [0, {n}], got {position!r}")
+    if state.get("buckets") != buckets and position != 0:
+        raise ValueError(
+            f"state was saved mid-epoch (epoch {epoch}, position {position}) with buckets "
+            f"{state.get('buckets')!r} and this loader has buckets {buckets!r}: its steps are "
+            f"other steps, so the rest of epoch {epoch} has no exact continuation. Resume at an "
+            f"epoch boundary: loader.set_epoch({epoch + 1}), or create the loader as the state's was"
+        )
     if processes is not None:
         saved_p = state.get("processes")
         if not is_integer(saved_p) or saved_p < 1:

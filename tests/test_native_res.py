@@ -1,0 +1,157 @@
+"""Issue 49 through the real host loader: aspect-ratio buckets (every record once an epoch,
+one bucket per step, pixels the NumPy oracle's cover-crop of each record, the conditioning
+keys, resume equal to the tail) and NaFlex patch sequences (un-patchifying a row gives the
+oracle's resize of the record to big_vision's sequence size, bit for bit); and the
+combinations refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tbljax
+from tbljax._src.rules import augment as _augment
+from tbljax._src.rules import buckets as _buckets
+from tbljax._src.rules import naflex
+
+import oracle
+
+SIZES = [(20, 14), (9, 30), (33, 33), (5, 7), (40, 12), (17, 23), (64, 48), (12, 61), (26, 19), (48, 64), (8, 8)]
+BUCKETS = tbljax.Buckets(sizes=[(8, 16), (12, 12), (16, 8)], crop="random")
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    imgs = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in SIZES]
+    path = str(tmp_path_factory.mktemp("native_res") / "mixed.tbl")
+    with tbljax.Writer(path, len(imgs)) as w:
+        for im in imgs:
+            w.add_raw(im)
+        w.set_metadata(labels=np.arange(len(imgs)) * 2)
+    return imgs, path
+
+
+def _bucket_loader(path, **kw):
+    kw = dict(buckets=BUCKETS, seed=SEED, dtype="uint8", augment="flip", drop_remainder=False) | kw
+    return tbljax.loader(path, 3, **kw)
+
+
+def _flips(idx, epoch):
+    # The flip rule without buckets: counter 40 of (seed, epoch, index).
+    return _augment.sample(_augment.Augment(crop=False), idx, height=1, width=1, seed=SEED, epoch=epoch)[1]
+
+
+def test_buckets_serve_every_record_once_at_its_bucket_as_the_oracle_crops_it(data):
+    imgs, path = data
+    h = np.array([s[0] for s in SIZES])
+    w = np.array([s[1] for s in SIZES])
+    # The bucket each record belongs to, by aspect ratio in plain float (no tie in these sizes).
+    aspects = np.array([16 / 8, 12 / 12, 8 / 16])
+    want_size = [(8, 16), (12, 12), (16, 8)]
+    for epoch in (0, 1):
+        ld = _bucket_loader(path, num_epochs=epoch + 1)
+        ld.set_epoch(epoch)
+        seen = []
+        for b in ld:
+            valid = np.asarray(b["valid"])
+            idx = np.asarray(b["index"])[valid]
+            image = np.asarray(b["image"])
+            seen += idx.tolist()
+            assert valid[: valid.sum()].all()  # padding only at the end
+            k = int(np.asarray(b["bucket"])[0])
+            assert (np.asarray(b["bucket"]) == k).all()
+            sizes = {want_size[int(np.argmin(np.abs(np.log(w[i] / h[i]) - np.log(aspects))))] for i in idx}
+            assert len(sizes) == 1 and image.shape[1:3] == sizes.pop()  # one shape, the bucket's
+            oh, ow = image.shape[1:3]
+            np.testing.assert_array_equal(np.asarray(b["orig_hw"])[valid], np.stack([h[idx], w[idx]], -1))
+            yx = np.asarray(b["crop_yx"])[valid]
+            for r, (i, flip) in enumerate(zip(idx, _flips(idx, epoch))):
+                # The box: the largest of the bucket's aspect inside the record, at crop_yx.
+                bh, bw = (h[i], round(h[i] * ow / oh)) if w[i] * oh > h[i] * ow else (round(w[i] * oh / ow), w[i])
+                y0, x0 = yx[r]
+                assert 0 <= y0 <= h[i] - bh and 0 <= x0 <= w[i] - bw
+                want = oracle.crop_resize(imgs[i], (y0, x0, bh, bw), oh, ow)
+                np.testing.assert_array_equal(image[r], want[:, ::-1] if flip else want)
+            assert not image[~valid].any()
+        assert sorted(seen) == list(range(len(SIZES)))  # every record once
+
+
+def test_buckets_resume_equals_the_tail_and_refuse_other_buckets_mid_epoch(data):
+    _, path = data
+    full = [{k: np.asarray(v) for k, v in b.items()} for b in _bucket_loader(path, num_epochs=2)]
+    ld = _bucket_loader(path, num_epochs=2)
+    it = iter(ld)
+    for _ in range(3):
+        next(it)
+    state = ld.state_dict()
+    ld.close()
+    again = _bucket_loader(path, num_epochs=2)
+    again.load_state_dict(state)
+    tail = [{k: np.asarray(v) for k, v in b.items()} for b in again]
+    assert len(tail) == len(full) - 3
+    for a, b in zip(tail, full[3:]):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    other = _bucket_loader(path, num_epochs=2, buckets=tbljax.Buckets(sizes=[(10, 10), (10, 20)]))
+    with pytest.raises(ValueError, match="mid-epoch .* buckets"):
+        other.load_state_dict(state)
+
+
+def test_patches_rows_unpatchify_to_the_oracle_resize_at_the_sequence_size(data):
+    imgs, path = data
+    p, t = 4, 20
+    ld = tbljax.loader(
+        path,
+        4,
+        patches=tbljax.Patches(size=p, max_tokens=t),
+        seed=SEED,
+        dtype="uint8",
+        num_epochs=1,
+        augment="flip",
+        drop_remainder=False,
+    )
+    seen = []
+    for b in ld:
+        image, yx, pv = (np.asarray(b[k]) for k in ("image", "patch_yx", "patch_valid"))
+        assert image.shape[1:] == (t, p * p * 3)
+        valid = np.asarray(b["valid"])
+        for r, i in enumerate(np.asarray(b["index"])[valid]):
+            seen.append(int(i))
+            hh, ww = (int(v[0]) for v in naflex.sequence_size(np.array([SIZES[i][0]]), np.array([SIZES[i][1]]), p, t))
+            gh, gw = hh // p, ww // p
+            want = oracle.crop_resize(imgs[i], (0, 0, *SIZES[i]), hh, ww)
+            if _flips(np.array([i]), 0)[0]:
+                want = want[:, ::-1]
+            np.testing.assert_array_equal(naflex.unpatchify(image[r], hh, ww, p), want)
+            assert not image[r, gh * gw :].any() and pv[r].sum() == gh * gw and not pv[r, gh * gw :].any()
+            np.testing.assert_array_equal(yx[r, : gh * gw], np.stack(np.divmod(np.arange(gh * gw), gw), -1))
+        assert not image[~valid].any() and not pv[~valid].any()
+    assert sorted(seen) == list(range(len(SIZES)))
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(buckets=BUCKETS, augment="rrc_flip"), "buckets with an Augment crop"),
+        (dict(buckets=BUCKETS, patches=tbljax.Patches()), "buckets and patches together"),
+        (dict(buckets=BUCKETS, repeats=2), "buckets with repeats=2"),
+        (dict(patches=tbljax.Patches(), layout="NCHW"), "patches with layout='NCHW'"),
+        (dict(patches=tbljax.Patches(max_tokens=16, pack=True)), "patches with pack=True"),
+        (dict(patches=tbljax.Patches(max_tokens=[16, 32], tokens_per_batch=64)), "list of max_tokens"),
+        (dict(patches=tbljax.Patches(), augment=tbljax.Augment(size=(8, 8))), "patches with an Augment size"),
+        (dict(buckets=(8, 8)), "buckets must be None or a tbljax.Buckets"),
+    ],
+)
+def test_unserved_combinations_are_refused_by_name(kw, words):
+    with pytest.raises((ValueError, TypeError), match=words):
+        tbljax.LoaderOptions(batch_size=2, **kw)
+
+
+def test_auto_buckets_need_a_pixel_budget_and_take_it_from_buckets(data):
+    _, path = data
+    with pytest.raises(ValueError, match="pixel budget"):
+        _bucket_loader(path, buckets=tbljax.Buckets())
+    ld = _bucket_loader(path, buckets=tbljax.Buckets(pixels=16 * 16, multiple=8), num_epochs=1)
+    sizes = {tuple(int(v) for v in s) for s in _buckets.auto_sizes(16 * 16, 8)}
+    assert all(tuple(np.asarray(b["image"]).shape[1:3]) in sizes for b in ld)
