@@ -61,8 +61,12 @@ for k in range(rounds):
     try:
         serve_forever()
     except KeyboardInterrupt:
-        gc.collect()
-        print("caught", loader_threads(), flush=True)
+        pass
+    # Counted once the interrupt is handled: inside the except block its traceback still holds
+    # the frames, and a pass interrupted between two batches (in the loop's own code, where no
+    # loader code runs) is still the loop's; it stops when they go.
+    gc.collect()
+    print("caught", loader_threads(), flush=True)
 print("ready", flush=True)
 serve_forever()  # the last interrupt ends the process
 """

@@ -278,24 +278,27 @@ class Pass:
     def __next__(self):
         if self._closed:
             raise StopIteration
-        t0 = time.perf_counter()
-        held0 = self._ring.blocked_seconds(t0)
         try:
-            while True:
-                try:
-                    item = self._queue.get(timeout=_POLL_S)
-                    break
-                except queue.Empty:
-                    if not self._threads[-1].is_alive():
-                        # It may have put its last item just before ending: look once more.
-                        try:
-                            item = self._queue.get_nowait()
-                            break
-                        except queue.Empty:
-                            raise RuntimeError("tbljax loader: the producer thread ended without a result") from None
-        except BaseException:
+            return self._next()
+        except BaseException:  # the end, an error or a Ctrl-C anywhere in here: stop the threads
             self.close()
             raise
+
+    def _next(self):
+        t0 = time.perf_counter()
+        held0 = self._ring.blocked_seconds(t0)
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._threads[-1].is_alive():
+                    # It may have put its last item just before ending: look once more.
+                    try:
+                        item = self._queue.get_nowait()
+                        break
+                    except queue.Empty:
+                        raise RuntimeError("tbljax loader: the producer thread ended without a result") from None
         t1 = time.perf_counter()
         # Waiting for data counts only if the producer was never held back meanwhile. If it
         # waited for a ring slot that one of the consumer's own queued computations still
@@ -307,10 +310,8 @@ class Pass:
         m.last_wait_seconds = waited
         if item is _END:
             self._on_end()
-            self.close()
             raise StopIteration
         if isinstance(item, _Failure):
-            self.close()
             raise item.exc
         epoch, first, result = item
         # The state counts what was handed over, not what the producer prefetched.
