@@ -290,3 +290,17 @@ def test_train_contrastive_loss_falls(tmp_path, source):
     assert "fields {'caption': 'str'}" in out and "e.g. 'a photo of a " in out, out
     assert re.search(r"step 80 loss [\d.]+", out), out
     assert "loss fell from" in out, out
+
+
+@pytest.mark.parametrize("source", ["photos", "synthetic"])
+def test_train_vit_deit_recipe_loss_falls(tmp_path, source):
+    """The ViT example with the DeiT recipe (RandAugment rand-m9-mstd0.5-inc1, erasing 0.25,
+    repeats=3 in the loader; Mixup/CutMix in the jitted step): on the real photos beside the repo
+    when they are there (else that case is skipped), and on generated images; the loss falls."""
+    photos = REPO.parent / "shared" / "data" / "caltech101" / "images"
+    if source == "photos" and not photos.is_dir():
+        pytest.skip(f"no photos at {photos}")
+    extra = ["--photos", photos] if source == "photos" else ["--synthetic", 256]
+    out = run("train_vit.py", *extra, "--steps", 40, cwd=tmp_path)
+    assert re.search(r"step 40 loss [\d.]+", out), out
+    assert "loss fell from" in out, out
