@@ -99,8 +99,7 @@ def test_images_share_memory_with_the_ring(data, dtype):
     seen = []
     for x, _ in ld:
         seen.append(x.data_ptr())
-        del x
-        gc.collect()
+        del x  # the last reference: the slot is free again (no cycle holds a batch)
     assert all(p % 4096 == 0 for p in seen)
     assert ld.metrics()["slots_replaced"] == 0
     assert set(seen) <= ring_pointers(ld)  # no copy: the tensor is the ring's memory
