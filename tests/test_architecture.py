@@ -65,6 +65,7 @@ ROOMS = [
             "step",
             "file_sweep",
             "record_source",
+            "geometric_serving",
             "batch_fields",
             "plan",
             "producer",

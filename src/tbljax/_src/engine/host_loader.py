@@ -17,6 +17,7 @@ import numpy as np
 
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
+from tbljax._src.engine.geometric_serving import GeometricServing
 from tbljax._src.engine.plan import Plan
 from tbljax._src.engine.producer import Metrics, Pass
 from tbljax._src.engine.record_source import open_source
@@ -78,6 +79,7 @@ class HostLoader:
         self._source = open_source(dataset, opts)
         self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad, opts.batch_size)
         self.check_fields(dataset, [n for n in self._fields.names if n not in self._fields.fns])
+        self._geometric = GeometricServing(dataset, self._fields.geometric, opts, opts.threads or 0)
         if parts is not None and parts.n != self._source.n:
             raise ValueError(
                 f"part {parts.index} should hold {parts.n} records, the dataset given holds {self._source.n}"
@@ -195,6 +197,7 @@ class HostLoader:
             self.finisher(),
             parts=self._host_parts,
             fields=self._fields,
+            geometric=self._geometric,
         )
         it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out, on_end=self.pass_ended)
         self._active = weakref.ref(it)

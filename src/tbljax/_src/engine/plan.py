@@ -16,6 +16,7 @@ import numpy as np
 from tbljax._src.engine import file_sweep
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
+from tbljax._src.engine.geometric_serving import GeometricServing
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
 from tbljax._src.engine.ring import Slot
 from tbljax._src.engine.rows import RowLayout
@@ -115,6 +116,7 @@ class Plan:
     # holds this process's part); None: one part, the whole dataset.
     parts: Parts | None = None
     fields: FieldServing | None = None  # the record fields served beside the image
+    geometric: GeometricServing | None = None  # masks, boxes, ... through the image's geometry
 
     @property
     def part(self) -> Parts:
@@ -273,6 +275,11 @@ class Plan:
         arrays, texts = {}, {}
         if self.fields:
             arrays, texts = self.fields.build(served, [b - a for a, b in self.layout.ranges], epoch, first)
+        if self.geometric:
+            row = src.row_shape(opts, epoch)
+            out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
+            rows = [b - a for a, b in self.layout.ranges]
+            arrays.update(self.geometric.build(src.geometry, served, drawn, rows, out_hw))
         return HostBatch(
             epoch,
             first,
