@@ -117,3 +117,76 @@ def test_mask_made_from_the_photo_stays_aligned_over_epochs_and_resume(tmp_path,
     resumed.load_state_dict(state)
     assert check(resumed) == 2 * (len(ds) // 3) - 3
     assert check(tbljax.HostLoader(ds, opts)) == 2 * (len(ds) // 3)
+
+
+def test_boxes_and_keypoints_follow_the_crop_on_the_loader(tmp_path, tv):  # noqa: F811
+    tvt, F = tv
+    from torchvision.transforms import v2
+
+    rng = np.random.default_rng(9)
+    images = [_blocky(rng, 40, 48) for _ in range(6)]
+    objects = []
+    for k in range(6):
+        n = k % 4  # 0..3 boxes a record
+        xy = rng.uniform(0, [30, 24], (n, 2))
+        objects.append(
+            {"boxes": np.concatenate([xy, xy + rng.uniform(4, 16, (n, 2))], 1).tolist(), "labels": list(range(n))}
+        )
+    kpts = [rng.uniform(0, [48, 40], (2, 3, 2)) for _ in range(6)]
+    path = tmp_path / "det.tbl"
+    tbljax.convert(
+        {"image": images, "objects": objects, "kpts": kpts},
+        path,
+        image_size=24,
+        progress=False,
+        fields={
+            "boxes": tbljax.Boxes(key="objects", labels="box_labels"),
+            "kpts": tbljax.Keypoints(flip_permutation=[0, 2, 1]),
+        },
+    )
+    ds = tbljax.open(path)
+    aug = tbljax.Augment(size=(16, 20))
+    ld = tbljax.HostLoader(
+        ds, tbljax.LoaderOptions(batch_size=4, augment=aug, drop_remainder=False, max_boxes=2, num_epochs=1)
+    )
+    for hb in ld:
+        f = {k: v[0] for k, v in hb.fields.items()}
+        assert f["boxes"].shape == (4, 2, 4) and f["boxes_valid"].shape == (4, 2) and f["box_labels"].shape == (4, 2)
+        valid = hb.index >= 0
+        crops, flips = _crops(ds, aug, hb.index[valid], hb.epoch)
+        for r, (k, box, flip) in enumerate(zip(hb.index[valid], crops, flips)):
+            b, lab = np.asarray(ds.field("boxes")[k], np.float64), np.array(ds.field("box_labels")[k])
+            assert f["boxes_count"][r] == len(b)
+            t = tvt.BoundingBoxes(torch.from_numpy(b), format="XYXY", canvas_size=(24, 24), dtype=torch.float64)
+            t = F.resized_crop(t, *map(int, box), [16, 20])
+            t = F.clamp_bounding_boxes(F.horizontal_flip(t) if flip else t)
+            kept = v2.SanitizeBoundingBoxes()({"boxes": t, "labels": torch.from_numpy(lab)})
+            want = kept["boxes"].as_subclass(torch.Tensor).numpy()[:2]
+            n = len(want)
+            assert f["boxes_valid"][r].sum() == n
+            np.testing.assert_allclose(f["boxes"][r, :n], want, atol=1e-4)
+            np.testing.assert_array_equal(f["box_labels"][r, :n], kept["labels"].numpy()[:2])
+            assert (f["box_labels"][r, n:] == -1).all()
+            want_k = geometry.serve_keypoints(ds.field("kpts")[k], tuple(box), (16, 20), bool(flip), [0, 2, 1])
+            np.testing.assert_array_equal(f["kpts"][r, : len(want_k)], want_k[:2])
+        assert not f["boxes_valid"][~valid].any() and (f["box_labels"][~valid] == -1).all()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(max_boxes=0), "max_boxes must be an integer >= 1, got 0"),
+        (dict(min_area=-1), r"min_area must be a finite number in \[0, inf\], got -1"),
+        (dict(min_visibility=1.5), r"min_visibility must be a finite number in \[0, 1.0\], got 1.5"),
+    ],
+)
+def test_box_options_name_the_bad_value(kw, match):
+    with pytest.raises(ValueError, match=match):
+        tbljax.LoaderOptions(batch_size=2, **kw)
+
+
+def test_unserved_combinations_are_refused_by_name(tmp_path):
+    ds = _convert(tmp_path, "raw_square", n=3)
+    ops = tbljax.Augment(size=(8, 8), ops=[tbljax.RandAugment()])
+    with pytest.raises(ValueError, match=r"geometric fields \['seg', 'depth'\] with Augment\(ops=...\)"):
+        tbljax.HostLoader(ds, tbljax.LoaderOptions(batch_size=2, augment=ops))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from tbljax import _core
+from tbljax._src.rules import geometry
 from tbljax._src.rules.dataset import FieldInfo
 from tbljax._src.rules.options import LoaderOptions
 
@@ -56,6 +57,8 @@ class GeometricServing:
                     f"field {n!r} is a DenseMap(interpolation='linear'): the loaders serve dense maps by the "
                     "nearest rule only; convert it with interpolation='nearest' or leave it out with fields="
                 )
+        self.boxes = [n for n in names if _role(infos[n]).get("role") == "boxes"]
+        self.keypoints = [n for n in names if _role(infos[n]).get("role") == "keypoints"]
         self.names = list(names)
         if self.names and opts.augment is not None and opts.augment.ops:
             raise ValueError(
@@ -80,6 +83,13 @@ class GeometricServing:
             hw = _record_hw(geometry, recs)
             for n in self.maps:
                 out.setdefault(n, []).append(self._map(n, recs, hw, d.boxes, d.flips, nrows, out_hw))
+            crops = _crops_of(d.boxes, hw)
+            for n in self.boxes:
+                for k, v in self._boxes(n, recs, crops, d.flips, nrows, out_hw).items():
+                    out.setdefault(k, []).append(v)
+            for n in self.keypoints:
+                for k, v in self._keypoints(n, recs, crops, d.flips, nrows, out_hw).items():
+                    out.setdefault(k, []).append(v)
         return {n: tuple(v) for n, v in out.items()}
 
     def _map(self, name, recs, hw, crops, flips, nrows, out_hw) -> np.ndarray:
@@ -111,6 +121,70 @@ class GeometricServing:
             self.threads,
         )
         return out
+
+    def _ragged(self, name, recs) -> tuple[np.ndarray, np.ndarray]:
+        """Records' values of a ragged field zero-padded to the longest: (k, n, ...), counts."""
+        vals = self.dataset.field_rows(name, recs)
+        counts = np.array([len(v) for v in vals], np.int64)
+        trail = self.infos[name].shape[1:]
+        pad = np.zeros((len(vals), int(counts.max(initial=0)), *trail), np.float64)
+        for r, v in enumerate(vals):
+            pad[r, : len(v)] = v
+        return pad, counts
+
+    def _boxes(self, name, recs, crops, flips, nrows, out_hw) -> dict[str, np.ndarray]:
+        o = self.opts
+        xyxy, counts = self._ragged(name, recs)
+        lab_name = _role(self.infos[name]).get("labels")
+        lab_name = lab_name if lab_name in self.labels else None
+        labels = self._ragged(lab_name, recs)[0] if lab_name else np.zeros(xyxy.shape[:2])
+        got = geometry.serve_boxes_batch(
+            xyxy,
+            counts,
+            labels,
+            crops,
+            out_hw,
+            flips,
+            max_boxes=o.max_boxes,
+            min_size=o.min_size,
+            min_area=o.min_area,
+            min_visibility=o.min_visibility,
+        )
+        res = {
+            name: _rows(got["boxes"], nrows, 0),
+            name + "_valid": _rows(got["boxes_valid"], nrows, False),
+            name + "_count": _rows(got["boxes_count"].astype(np.int32), nrows, 0),
+        }
+        if lab_name:
+            res[lab_name] = _rows(got["box_labels"].astype(np.int32), nrows, -1)
+        return res
+
+    def _keypoints(self, name, recs, crops, flips, nrows, out_hw) -> dict[str, np.ndarray]:
+        perm = _role(self.infos[name])["flip_permutation"]
+        vals = self.dataset.field_rows(name, recs)
+        m = self.opts.max_boxes
+        out = np.zeros((nrows, m, len(perm), 3), np.float32)
+        count = np.zeros(nrows, np.int32)
+        for r, v in enumerate(vals):
+            flip = bool(flips[r]) if flips is not None else False
+            served = geometry.serve_keypoints(v, tuple(crops[r]), out_hw, flip, perm)
+            out[r, : min(len(served), m)] = served[:m]
+            count[r] = len(served)
+        return {name: out, name + "_count": count}
+
+
+def _rows(a: np.ndarray, nrows: int, fill) -> np.ndarray:
+    """`a`'s rows followed by padding rows of `fill`, nrows in all."""
+    out = np.full((nrows, *a.shape[1:]), fill, a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+def _crops_of(crops, hw: np.ndarray) -> np.ndarray:
+    """(k, 4) crop boxes: the drawn ones, or each record whole when the step crops nothing."""
+    if crops is not None:
+        return np.asarray(crops, np.int64)
+    return np.concatenate([np.zeros_like(hw, np.int64), hw.astype(np.int64)], axis=1)
 
 
 def _record_hw(geometry, recs) -> np.ndarray:
