@@ -66,6 +66,7 @@ ROOMS = [
             "native_res",
             "file_sweep",
             "record_source",
+            "geometric_serving",
             "batch_fields",
             "plan",
             "producer",

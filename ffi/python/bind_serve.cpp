@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common.h"
+#include "nearest.h"
 #include "serve_jpeg.h"
 
 namespace tbljax::py {
@@ -44,6 +45,61 @@ PyJpegSource MakeJpegSource(const nb::sequence& shards, I64Array counts, I64Arra
     keep.push_back(t);
   if (stored_raw) keep.push_back(nb::cast(*stored_raw));
   return PyJpegSource{std::move(src), std::move(keep)};
+}
+
+using AnyArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+using MapOut = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+// serve_nearest: each row's map (maps[b], any dtype equal to out's, heights[b] x widths[b]
+// elements of out's trailing shape) through its crop and flip into out (B, out_h, out_w, ...).
+void ServeNearestPy(const nb::sequence& maps, I32Array heights, I32Array widths,
+                    std::optional<CropArray> crop, std::optional<FlipArray> flip, MapOut out,
+                    int threads) {
+  if (out.ndim() < 3)
+    Check(InvalidArgument("out must be (B, out_h, out_w[, ...]), got " +
+                          std::to_string(out.ndim()) + " dimensions"));
+  NearestRequest r;
+  r.batch = static_cast<int64_t>(out.shape(0));
+  r.out_h = static_cast<int64_t>(out.shape(1));
+  r.out_w = static_cast<int64_t>(out.shape(2));
+  int64_t trail = 1;
+  for (size_t d = 3; d < out.ndim(); ++d) trail *= static_cast<int64_t>(out.shape(d));
+  r.elem_bytes = trail * out.itemsize();
+  const int64_t n = static_cast<int64_t>(nb::len(maps));
+  if (n != r.batch || static_cast<int64_t>(heights.shape(0)) != r.batch ||
+      static_cast<int64_t>(widths.shape(0)) != r.batch ||
+      (crop && static_cast<int64_t>(crop->shape(0)) != r.batch) ||
+      (flip && (static_cast<int64_t>(flip->shape(0)) != r.batch || flip->itemsize() != 1)))
+    Check(
+        InvalidArgument("maps, heights, widths, crop and flip (one byte each) need one entry per "
+                        "row of out (" +
+                        std::to_string(r.batch) + ")"));
+  std::vector<const uint8_t*> rows(static_cast<size_t>(r.batch));
+  for (int64_t b = 0; b < r.batch; ++b) {
+    AnyArray a = nb::cast<AnyArray>(maps[b]);
+    const int64_t want = int64_t{heights.data()[b]} * widths.data()[b] * r.elem_bytes;
+    if (a.dtype() != out.dtype() || static_cast<int64_t>(a.nbytes()) != want)
+      Check(InvalidArgument("maps[" + std::to_string(b) + "] must hold " + std::to_string(want) +
+                            " bytes of out's dtype (" + std::to_string(heights.data()[b]) + "x" +
+                            std::to_string(widths.data()[b]) + " elements), got " +
+                            std::to_string(a.nbytes()) + " bytes"));
+    rows[b] = static_cast<const uint8_t*>(a.data());
+  }
+  r.rows = rows.data();
+  r.heights = heights.data();
+  r.widths = widths.data();
+  r.crops = crop ? crop->data() : nullptr;
+  r.flips = flip ? static_cast<const uint8_t*>(flip->data()) : nullptr;
+  r.out = static_cast<uint8_t*>(out.data());
+  if (threads < 0 || threads > kMaxThreads)
+    Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
+                          std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = ServeNearest(r, &PoolFor(threads));
+  }
+  Check(s);
 }
 
 }  // namespace
@@ -103,6 +159,14 @@ void BindServe(nb::module_& m) {
       "Decode only each box's part of compact JPEG records, then crop/resize -> flip -> "
       "normalize -> dtype/layout into `out` (see tbljax.kernels.serve_jpeg). where(i) -> str "
       "names record i in the error of a record that fails.");
+
+  m.def("serve_nearest", &ServeNearestPy, nb::arg("maps"), nb::arg("heights").noconvert(),
+        nb::arg("widths").noconvert(), nb::arg("crop").noconvert().none(),
+        nb::arg("flip").noconvert().none(), nb::arg("out").noconvert(), nb::arg("threads") = 0,
+        "Label or dense maps through each row's crop (y0, x0, h, w; None: the whole map), "
+        "resize to out's (out_h, out_w) by the nearest rule (float32, as torchvision v2's "
+        "Mask) and flip, into out (B, out_h, out_w[, C]). maps[b]: heights[b] x widths[b] "
+        "elements of out's dtype. GIL released.");
 }
 
 }  // namespace tbljax::py

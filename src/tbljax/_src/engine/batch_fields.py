@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tbljax._src.engine.geometric_serving import geometric_names
 from tbljax._src.rules.contract import is_integer
 from tbljax._src.rules.dataset import FieldInfo, RecordDataset
 
@@ -50,6 +51,10 @@ class FieldServing:
                 if n not in infos:
                     raise KeyError(f"fields= names {n!r}, which {dataset!r} does not have; its fields: {list(infos)}")
         fns, pads = dict(field_fn or {}), dict(pad or {})
+        # Masks, boxes, ...: served through the image's geometry (engine/geometric_serving.py),
+        # unless a field_fn or pad asks for the stored values.
+        self.geometric = geometric_names(infos, [n for n in names if n not in fns and n not in pads])
+        names = [n for n in names if n not in self.geometric]
         for what, d in (("field_fn", fns), ("pad", pads)):
             for n in d:
                 if n not in names:

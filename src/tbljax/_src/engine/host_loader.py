@@ -18,6 +18,7 @@ import numpy as np
 from tbljax._src.engine import native_res
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
+from tbljax._src.engine.geometric_serving import GeometricServing
 from tbljax._src.engine.plan import Plan
 from tbljax._src.engine.producer import Metrics, Pass
 from tbljax._src.engine.record_source import open_source
@@ -79,6 +80,7 @@ class HostLoader:
         self._source = open_source(dataset, opts)
         self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad, opts.batch_size)
         self.check_fields(dataset, [n for n in self._fields.names if n not in self._fields.fns])
+        self._geometric = GeometricServing(dataset, self._fields.geometric, opts, opts.threads or 0)
         if parts is not None and parts.n != self._source.n:
             raise ValueError(
                 f"part {parts.index} should hold {parts.n} records, the dataset given holds {self._source.n}"
@@ -137,6 +139,11 @@ class HostLoader:
             raise ValueError(f"{what} with partition='host': not served yet (the schedule covers the whole dataset)")
         if self._source.mixture is not None:
             raise ValueError(f"{what} with a mixture (tbljax.mix): not served yet")
+        if self._geometric.names:
+            raise ValueError(
+                f"{what} with the geometric fields {self._geometric.names}: not served yet (they follow "
+                "the augmentation's crop; pass fields= without them)"
+            )
         native_res.check_names(self._fields.names)
         return native_res.serving(self._source.geometry, self._source.n, opts, self._rows.global_batch)
 
@@ -236,6 +243,7 @@ class HostLoader:
             parts=self._host_parts,
             fields=self._fields,
             native=self._native,
+            geometric=self._geometric,
         )
         it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out, on_end=self.pass_ended)
         self._active = weakref.ref(it)

@@ -16,6 +16,7 @@ import numpy as np
 from tbljax._src.engine import file_sweep, native_res
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
+from tbljax._src.engine.geometric_serving import GeometricServing
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
 from tbljax._src.engine.ring import Slot
 from tbljax._src.engine.rows import RowLayout
@@ -121,6 +122,8 @@ class Plan:
     @property
     def buckets(self) -> native_res.BucketServing | None:
         return self.native if isinstance(self.native, native_res.BucketServing) else None
+
+    geometric: GeometricServing | None = None  # masks, boxes, ... through the image's geometry
 
     @property
     def part(self) -> Parts:
@@ -310,6 +313,10 @@ class Plan:
             arrays.update(self.buckets.arrays(epoch, first, drawn, rows))
         elif self.native is not None:
             arrays.update(self.native.arrays(hws, rows))
+        if self.geometric:  # not with buckets or patches (refused at construction)
+            row = src.row_shape(opts, epoch)
+            out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
+            arrays.update(self.geometric.build(src.geometry, served, drawn, rows, out_hw))
         return HostBatch(
             epoch,
             first,

@@ -43,6 +43,7 @@ __all__ = [
     "resize_nearest",
     "resize_plan",
     "serve_boxes",
+    "serve_boxes_batch",
     "serve_keypoints",
     "serve_mask",
     "stored_boxes",
@@ -243,23 +244,68 @@ def serve_boxes(
     before clipping. Returns `boxes` (max_boxes, 4) float32 (zeros past the kept ones),
     `boxes_valid` (max_boxes,) bool, `box_labels` (max_boxes,) int64 (-1 past them) and
     `boxes_count`: how many boxes the record had, before any cut. Kept boxes past max_boxes
-    are cut (the first ones stay)."""
-    b = np.asarray(xyxy, np.float64).reshape(-1, 4)
-    mapped = _map_boxes(b, box, out_hw, flip)
+    are cut (the first ones stay). One row of `serve_boxes_batch`."""
+    b = np.asarray(xyxy, np.float64).reshape(1, -1, 4)
+    lab = np.asarray(labels, np.int64).reshape(1, -1)
+    got = serve_boxes_batch(
+        b,
+        [b.shape[1]],
+        lab,
+        [box],
+        out_hw,
+        [flip],
+        max_boxes=max_boxes,
+        min_size=min_size,
+        min_area=min_area,
+        min_visibility=min_visibility,
+    )
+    return {k: v[0] for k, v in got.items()}
+
+
+def serve_boxes_batch(
+    xyxy: np.ndarray,
+    counts,
+    labels: np.ndarray,
+    boxes,
+    out_hw: tuple[int, int],
+    flips=None,
+    *,
+    max_boxes: int,
+    min_size: float = 1.0,
+    min_area: float = 1.0,
+    min_visibility: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """`serve_boxes` over a batch, vectorised: row r's first counts[r] of `xyxy` (B, n, 4) and
+    `labels` (B, n) through crop boxes[r] (y0, x0, h, w) and flips[r] (None: no flip).
+    Returns `boxes` (B, max_boxes, 4) float32, `boxes_valid` (B, max_boxes), `box_labels`
+    (B, max_boxes) int64 and `boxes_count` (B,) int64."""
+    b = np.asarray(xyxy, np.float64).reshape(len(counts), -1, 4)
+    nb, n = b.shape[:2]
+    crop = np.asarray(boxes, np.float64).reshape(nb, 4)
+    y0, x0, h, w = (crop[:, i, None] for i in range(4))
+    # map_points' arithmetic, per row: (x - x0) * (out_w / w); a flip mirrors x to out_w - x.
+    xs = (b[..., 0::2] - x0[..., None]) * (out_hw[1] / w)[..., None]
+    ys = (b[..., 1::2] - y0[..., None]) * (out_hw[0] / h)[..., None]
+    if flips is not None:
+        xs = np.where(np.asarray(flips, bool)[:, None, None], out_hw[1] - xs, xs)
+    mapped = np.stack([xs.min(-1), ys.min(-1), xs.max(-1), ys.max(-1)], axis=-1)  # a flip swaps x0, x1
     clipped = np.clip(mapped, 0, [out_hw[1], out_hw[0], out_hw[1], out_hw[0]])
-    ws, hs = clipped[:, 2] - clipped[:, 0], clipped[:, 3] - clipped[:, 1]
+    ws, hs = clipped[..., 2] - clipped[..., 0], clipped[..., 3] - clipped[..., 1]
     area = ws * hs
-    before = (mapped[:, 2] - mapped[:, 0]) * (mapped[:, 3] - mapped[:, 1])
-    keep = (ws >= min_size) & (hs >= min_size) & (area >= min_area)
+    before = (mapped[..., 2] - mapped[..., 0]) * (mapped[..., 3] - mapped[..., 1])
+    cnt = np.asarray(counts, np.int64)
+    keep = (np.arange(n) < cnt[:, None]) & (ws >= min_size) & (hs >= min_size) & (area >= min_area)
     keep &= area >= min_visibility * before
-    kept = np.nonzero(keep)[0][:max_boxes]
-    out = np.zeros((max_boxes, 4), np.float32)
-    out[: kept.size] = clipped[kept]
-    lab = np.full(max_boxes, -1, np.int64)
-    lab[: kept.size] = np.asarray(labels, np.int64).reshape(-1)[kept]
-    valid = np.zeros(max_boxes, bool)
-    valid[: kept.size] = True
-    return {"boxes": out, "boxes_valid": valid, "box_labels": lab, "boxes_count": np.int64(len(b))}
+    rank = np.cumsum(keep, axis=1) - 1  # each kept box's place among its row's kept ones
+    keep &= rank < max_boxes
+    rows, cols = np.nonzero(keep)
+    out = np.zeros((nb, max_boxes, 4), np.float32)
+    out[rows, rank[rows, cols]] = clipped[rows, cols]
+    lab = np.full((nb, max_boxes), -1, np.int64)
+    lab[rows, rank[rows, cols]] = np.asarray(labels, np.int64).reshape(nb, n)[rows, cols]
+    valid = np.zeros((nb, max_boxes), bool)
+    valid[rows, rank[rows, cols]] = True
+    return {"boxes": out, "boxes_valid": valid, "box_labels": lab, "boxes_count": cnt}
 
 
 def serve_keypoints(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 
 import numpy as np
 
@@ -90,6 +91,11 @@ class LoaderOptions:
         big_vision's ``resize_to_sequence`` size and served as ``image`` (B, max_tokens,
         size·size·3) in `naflex.patchify`'s layout, with ``patch_yx`` (B, max_tokens, 2) int32
         and ``patch_valid`` (B, max_tokens) bool.
+      max_boxes, min_size, min_area, min_visibility: a boxes field (`tbljax.Boxes`) served
+        through the crop, resize and flip (docs/reference.md, "Geometric fields"): padded or cut
+        to `max_boxes` per row; a box whose clipped side is under `min_size` pixels, clipped
+        area under `min_area`, or under `min_visibility` of its area before clipping is dropped
+        (torchvision v2's SanitizeBoundingBoxes).
     """
 
     batch_size: int
@@ -114,6 +120,11 @@ class LoaderOptions:
     # Native resolution (issue 49): one of these, or neither.
     buckets: Buckets | None = None  # aspect-ratio buckets: each step one bucket's size
     patches: Patches | None = None  # NaFlex: each sample its own patch grid, as a sequence
+    # Geometric fields (issue 48): how a boxes field is cut and padded.
+    max_boxes: int = 100
+    min_size: float = 1.0
+    min_area: float = 1.0
+    min_visibility: float = 0.0
 
     def __post_init__(self):
         integer, Arg, ArgumentError = contract.is_integer, contract.Arg, contract.ArgumentError
@@ -153,6 +164,7 @@ class LoaderOptions:
         for what in ("field_fn", "pad"):
             if getattr(self, what) is not None and not isinstance(getattr(self, what), dict):
                 raise TypeError(f"{what} must be a dict {{field name: ...}}, got {type(getattr(self, what)).__name__}")
+        self._check_boxes()
         for flag in ("shuffle", "drop_remainder", "jpeg_dct_scale", "verify_records"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
@@ -191,6 +203,18 @@ class LoaderOptions:
         for bad, words in refused:
             if bad:
                 raise ValueError(f"{words}: not served yet")
+
+    def _check_boxes(self) -> None:
+        """The boxes options: max_boxes an integer >= 1, the rest finite numbers >= 0
+        (min_visibility at most 1)."""
+        if not contract.is_integer(self.max_boxes) or self.max_boxes < 1:
+            raise ValueError(f"max_boxes must be an integer >= 1, got {self.max_boxes!r}")
+        for name, top in (("min_size", math.inf), ("min_area", math.inf), ("min_visibility", 1.0)):
+            v = getattr(self, name)
+            if not contract.is_real(v) or not 0 <= v <= top or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number in [0, {top}], got {v!r}")
+            object.__setattr__(self, name, float(v))
+        object.__setattr__(self, "max_boxes", int(self.max_boxes))
 
     @property
     def out_dtype(self) -> np.dtype:

@@ -1,0 +1,85 @@
+// Label maps and dense maps through the image's crop, resize and flip (nearest.h).
+#include "nearest.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace tbljax {
+namespace {
+
+template <typename T>
+void CopyRow(const uint8_t* src, const int64_t* cols, int64_t n, uint8_t* dst) {
+  const T* s = reinterpret_cast<const T*>(src);
+  T* d = reinterpret_cast<T*>(dst);
+  for (int64_t x = 0; x < n; ++x) d[x] = s[cols[x]];
+}
+
+void GatherRow(const uint8_t* src, const int64_t* cols, int64_t n, int64_t elem, uint8_t* dst) {
+  switch (elem) {
+    case 1: return CopyRow<uint8_t>(src, cols, n, dst);
+    case 2: return CopyRow<uint16_t>(src, cols, n, dst);
+    case 4: return CopyRow<uint32_t>(src, cols, n, dst);
+    case 8: return CopyRow<uint64_t>(src, cols, n, dst);
+    default:
+      for (int64_t x = 0; x < n; ++x) std::memcpy(dst + x * elem, src + cols[x] * elem, elem);
+  }
+}
+
+}  // namespace
+
+void NearestIndex(int64_t start, int64_t length, int64_t out, int64_t* idx) {
+  // float32 throughout, as torch's nearest: the product is rounded once, then floored.
+  const float scale = static_cast<float>(length) / static_cast<float>(out);
+  for (int64_t o = 0; o < out; ++o) {
+    const auto i = static_cast<int64_t>(std::floor(static_cast<float>(o) * scale));
+    idx[o] = start + std::min(i, length - 1);
+  }
+}
+
+Status ServeNearest(const NearestRequest& r, ThreadPool* pool) {
+  if (r.out_h < 1 || r.out_w < 1 || r.elem_bytes < 1)
+    return InvalidArgument("out must have rows and columns of at least one element");
+  for (int64_t b = 0; b < r.batch; ++b) {
+    const int64_t hh = r.heights[b], ww = r.widths[b];
+    int64_t y0 = 0, x0 = 0, h = hh, w = ww;
+    if (r.crops != nullptr) {
+      y0 = r.crops[4 * b], x0 = r.crops[4 * b + 1], h = r.crops[4 * b + 2], w = r.crops[4 * b + 3];
+    }
+    if (hh < 1 || ww < 1 || y0 < 0 || x0 < 0 || h < 1 || w < 1 || y0 + h > hh || x0 + w > ww)
+      return InvalidArgument("row " + std::to_string(b) + ": crop (y0, x0, h, w) = (" +
+                             std::to_string(y0) + ", " + std::to_string(x0) + ", " +
+                             std::to_string(h) + ", " + std::to_string(w) + ") is not inside its " +
+                             std::to_string(hh) + "x" + std::to_string(ww) + " map");
+  }
+  if (r.batch == 0) return Status::Ok();
+  if (pool == nullptr) {
+    try {
+      pool = &ThreadPool::Default();
+    } catch (const std::exception& e) {
+      return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
+    }
+  }
+  // Each row's column table, built once (flip folded in), then one unit per output line.
+  std::vector<int64_t> cols(static_cast<size_t>(r.batch * r.out_w));
+  std::vector<int64_t> lines(static_cast<size_t>(r.batch * r.out_h));
+  for (int64_t b = 0; b < r.batch; ++b) {
+    const int32_t* c = r.crops != nullptr ? r.crops + 4 * b : nullptr;
+    int64_t* cb = cols.data() + b * r.out_w;
+    NearestIndex(c ? c[1] : 0, c ? c[3] : r.widths[b], r.out_w, cb);
+    if (r.flips != nullptr && r.flips[b] != 0) std::reverse(cb, cb + r.out_w);
+    NearestIndex(c ? c[0] : 0, c ? c[2] : r.heights[b], r.out_h, lines.data() + b * r.out_h);
+  }
+  const int64_t line_bytes = r.out_w * r.elem_bytes;
+  pool->ParallelFor(r.batch * r.out_h, [&](int64_t u) {
+    const int64_t b = u / r.out_h;
+    const uint8_t* src = r.rows[b] + lines[u] * r.widths[b] * r.elem_bytes;
+    GatherRow(src, cols.data() + b * r.out_w, r.out_w, r.elem_bytes, r.out + u * line_bytes);
+  });
+  return Status::Ok();
+}
+
+}  // namespace tbljax

@@ -1,0 +1,196 @@
+"""Geometric fields served through the image's geometry (issue 48): each step's crop boxes and
+flips, the ones the kernel resizes the image with, applied to every mask and dense map (the
+nearest rule, in C++: `_core.serve_nearest`) and to boxes and keypoints (on the host, NumPy,
+`rules/geometry.serve_boxes` / `serve_keypoints`, the one home of those rules).
+
+Batch keys: a mask or dense field `name` → (rows, out_h, out_w[, C]) of its stored dtype,
+`ignore` / `invalid` (0 when None) on padding rows; a boxes field `name` → (rows, max_boxes, 4)
+float32 xyxy in output pixels, ``name + "_valid"`` (rows, max_boxes) bool, ``name + "_count"``
+(rows,) int32 (the record's boxes before any cut) and its labels field (rows, max_boxes) int32
+(-1 past the kept boxes); a keypoints field → (rows, max_boxes, K, 3) float32 (x, y, visibility).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tbljax import _core
+from tbljax._src.rules import geometry
+from tbljax._src.rules.dataset import FieldInfo
+from tbljax._src.rules.options import LoaderOptions
+
+__all__ = ["GEOMETRIC", "GeometricServing", "geometric_names"]
+
+GEOMETRIC = ("mask", "dense", "boxes", "keypoints")
+
+
+def geometric_names(infos: dict[str, FieldInfo], names) -> list[str]:
+    """The fields among `names` that follow the image: a geometric role, or the labels of a
+    boxes field among them (carried with its boxes)."""
+    names = list(names)
+    out = []
+    for n in names:
+        role = infos[n].role or {}
+        if role.get("role") in GEOMETRIC or (role.get("role") == "box_labels" and role.get("of") in names):
+            out.append(n)
+    return out
+
+
+def _role(info: FieldInfo) -> dict:
+    return info.role or {}
+
+
+class GeometricServing:
+    """The geometric fields `names` of `dataset` one loader serves, checked at construction:
+    what the loader does not serve is refused by name."""
+
+    def __init__(self, dataset, names: list[str], opts: LoaderOptions, threads: int = 0):
+        infos = dataset.fields
+        self.dataset, self.opts, self.threads = dataset, opts, threads
+        self.infos = {n: infos[n] for n in names}
+        self.maps = [n for n in names if _role(infos[n]).get("role") in ("mask", "dense")]
+        self.labels = {n: _role(infos[n])["of"] for n in names if _role(infos[n]).get("role") == "box_labels"}
+        for n in self.maps:
+            role = _role(infos[n])
+            if role.get("role") == "dense" and role.get("interpolation") == "linear":
+                raise ValueError(
+                    f"field {n!r} is a DenseMap(interpolation='linear'): the loaders serve dense maps by the "
+                    "nearest rule only; convert it with interpolation='nearest' or leave it out with fields="
+                )
+        self.boxes = [n for n in names if _role(infos[n]).get("role") == "boxes"]
+        self.keypoints = [n for n in names if _role(infos[n]).get("role") == "keypoints"]
+        self.names = list(names)
+        if self.names and opts.augment is not None and opts.augment.ops:
+            raise ValueError(
+                f"geometric fields {self.names} with Augment(ops=...): RandAugment's ops move the pixels "
+                "without the mask or boxes; leave the fields out with fields= or the ops out of augment="
+            )
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def fill_value(self, name: str):
+        role = _role(self.infos[name])
+        v = role.get("ignore") if role.get("role") == "mask" else role.get("invalid")
+        return 0 if v is None else v
+
+    def build(self, geometry, records, drawn, rows: list[int], out_hw: tuple[int, int]) -> dict[str, tuple]:
+        """One step's geometric fields per row range: `records[r]` the valid records of range
+        r (of `rows[r]` rows), `drawn[r]` its `RowsDrawn` (crop boxes and flips), `geometry`
+        the source's `RecordGeometry`, out_hw the image rows' size."""
+        out: dict[str, list] = {}
+        for recs, d, nrows in zip(records, drawn, rows):
+            hw = _record_hw(geometry, recs)
+            for n in self.maps:
+                out.setdefault(n, []).append(self._map(n, recs, hw, d.boxes, d.flips, nrows, out_hw))
+            crops = _crops_of(d.boxes, hw)
+            for n in self.boxes:
+                for k, v in self._boxes(n, recs, crops, d.flips, nrows, out_hw).items():
+                    out.setdefault(k, []).append(v)
+            for n in self.keypoints:
+                for k, v in self._keypoints(n, recs, crops, d.flips, nrows, out_hw).items():
+                    out.setdefault(k, []).append(v)
+        return {n: tuple(v) for n, v in out.items()}
+
+    def _map(self, name, recs, hw, crops, flips, nrows, out_hw) -> np.ndarray:
+        info = self.infos[name]
+        square = not _role(info).get("flat")
+        trail = info.shape[2:] if square else info.shape[1:]
+        out = np.empty((nrows, *out_hw, *trail), info.dtype)
+        k = len(recs)
+        out[k:] = self.fill_value(name)  # padding rows: no source pixel
+        if not k:
+            return out
+        vals = self.dataset.field_rows(name, recs)
+        per = int(np.prod(trail, dtype=np.int64))
+        sizes = np.array([np.size(v) for v in vals], np.int64)
+        want = hw[:, 0].astype(np.int64) * hw[:, 1] * per
+        if (sizes != want).any():
+            j = int(np.argmax(sizes != want))
+            raise ValueError(
+                f"{self.dataset!r}: record {int(recs[j])}: field {name!r} holds {sizes[j]} values where its "
+                f"{hw[j, 0]}x{hw[j, 1]} image needs {want[j]}"
+            )
+        _core.serve_nearest(
+            [np.ascontiguousarray(v) for v in vals],
+            np.ascontiguousarray(hw[:, 0]),
+            np.ascontiguousarray(hw[:, 1]),
+            None if crops is None else np.ascontiguousarray(crops, np.int32),
+            None if flips is None else np.ascontiguousarray(flips, np.uint8),
+            out[:k],
+            self.threads,
+        )
+        return out
+
+    def _ragged(self, name, recs) -> tuple[np.ndarray, np.ndarray]:
+        """Records' values of a ragged field zero-padded to the longest: (k, n, ...), counts."""
+        vals = self.dataset.field_rows(name, recs)
+        counts = np.array([len(v) for v in vals], np.int64)
+        trail = self.infos[name].shape[1:]
+        pad = np.zeros((len(vals), int(counts.max(initial=0)), *trail), np.float64)
+        for r, v in enumerate(vals):
+            pad[r, : len(v)] = v
+        return pad, counts
+
+    def _boxes(self, name, recs, crops, flips, nrows, out_hw) -> dict[str, np.ndarray]:
+        o = self.opts
+        xyxy, counts = self._ragged(name, recs)
+        lab_name = _role(self.infos[name]).get("labels")
+        lab_name = lab_name if lab_name in self.labels else None
+        labels = self._ragged(lab_name, recs)[0] if lab_name else np.zeros(xyxy.shape[:2])
+        got = geometry.serve_boxes_batch(
+            xyxy,
+            counts,
+            labels,
+            crops,
+            out_hw,
+            flips,
+            max_boxes=o.max_boxes,
+            min_size=o.min_size,
+            min_area=o.min_area,
+            min_visibility=o.min_visibility,
+        )
+        res = {
+            name: _rows(got["boxes"], nrows, 0),
+            name + "_valid": _rows(got["boxes_valid"], nrows, False),
+            name + "_count": _rows(got["boxes_count"].astype(np.int32), nrows, 0),
+        }
+        if lab_name:
+            res[lab_name] = _rows(got["box_labels"].astype(np.int32), nrows, -1)
+        return res
+
+    def _keypoints(self, name, recs, crops, flips, nrows, out_hw) -> dict[str, np.ndarray]:
+        perm = _role(self.infos[name])["flip_permutation"]
+        vals = self.dataset.field_rows(name, recs)
+        m = self.opts.max_boxes
+        out = np.zeros((nrows, m, len(perm), 3), np.float32)
+        count = np.zeros(nrows, np.int32)
+        for r, v in enumerate(vals):
+            flip = bool(flips[r]) if flips is not None else False
+            served = geometry.serve_keypoints(v, tuple(crops[r]), out_hw, flip, perm)
+            out[r, : min(len(served), m)] = served[:m]
+            count[r] = len(served)
+        return {name: out, name + "_count": count}
+
+
+def _rows(a: np.ndarray, nrows: int, fill) -> np.ndarray:
+    """`a`'s rows followed by padding rows of `fill`, nrows in all."""
+    out = np.full((nrows, *a.shape[1:]), fill, a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+def _crops_of(crops, hw: np.ndarray) -> np.ndarray:
+    """(k, 4) crop boxes: the drawn ones, or each record whole when the step crops nothing."""
+    if crops is not None:
+        return np.asarray(crops, np.int64)
+    return np.concatenate([np.zeros_like(hw, np.int64), hw.astype(np.int64)], axis=1)
+
+
+def _record_hw(geometry, recs) -> np.ndarray:
+    """(len(recs), 2) int32: each record's stored (height, width)."""
+    recs = np.asarray(recs, np.int64)
+    h, w = geometry.heights, geometry.widths
+    if len(h) == 1:
+        return np.tile(np.array([[h[0], w[0]]], np.int32), (len(recs), 1))
+    return np.stack([h[recs], w[recs]], axis=1).astype(np.int32)
