@@ -230,6 +230,24 @@ def test_tbl_to_raw_by_the_command_line_keeps_labels_and_square_view(caltech101,
     np.testing.assert_array_equal(c.read_into(np.arange(len(c)), out), view)
 
 
+def test_tbl_shards_by_a_glob_convert_as_their_list(tmp_path):
+    """A TBL source is paths, braces or a glob, as every other file source: the glob's shards
+    decode in name order to one RAW file, records and labels as the shards hold them."""
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, (6, 24, 24, 3), dtype=np.uint8)
+    for k in range(2):
+        tbljax.convert(
+            (images[3 * k : 3 * k + 3], np.arange(3) + 3 * k), tmp_path / f"s-{k}.tbl", image_size=24, progress=False
+        )
+    tbljax.convert(str(tmp_path / "s-*.tbl"), tmp_path / "all.tbl", progress=False)
+    out = tbljax.open(tmp_path / "all.tbl")
+    assert out.labels.tolist() == list(range(6))
+    np.testing.assert_array_equal(np.stack([out.read(i) for i in range(6)]), images)
+    with pytest.raises(ValueError, match="matched no file"):
+        tbljax.convert(str(tmp_path / "none-*.tbl"), tmp_path / "x.tbl", progress=False)
+    assert not (tmp_path / "x.tbl").exists()
+
+
 def test_tbl_source_refuses_recipe_arguments(converted, tmp_path):
     with pytest.raises(ValueError, match="image_size does not apply"):
         tbljax.convert(converted["420"], tmp_path / "x.tbl", image_size=64, progress=False)

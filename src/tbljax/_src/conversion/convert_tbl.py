@@ -15,23 +15,14 @@ from tbljax._src.conversion.progress import Progress, progress_mode
 from tbljax._src.datasets import reader as _reader
 from tbljax._src.file import fields as _fields
 from tbljax._src.file.format import Writer, run_entries
-from tbljax._src.rules.braces import expand_braces
+from tbljax._src.sources.items import paths_of
 
 __all__ = ["convert_tbl", "tbl_paths"]
 
 
 def tbl_paths(sources: Any) -> list[str] | None:
-    """The files of a TBL source (paths ending in .tbl, brace patterns expanded), else None."""
-    if isinstance(sources, (str, os.PathLike)):
-        sources = [sources]
-    if (
-        not isinstance(sources, (list, tuple))
-        or not sources
-        or not all(isinstance(s, (str, os.PathLike)) for s in sources)
-    ):
-        return None
-    paths = [p for s in sources for p in expand_braces(os.fspath(s))]
-    return paths if paths and all(p.lower().endswith(".tbl") for p in paths) else None
+    """The files of a TBL source (paths and patterns ending in .tbl, expanded), else None."""
+    return paths_of(sources, lambda words: all(w.lower().endswith(".tbl") for w in words))
 
 
 def convert_tbl(paths: list[str], dst: str, opts: ConvertOptions) -> ConvertSummary:
