@@ -6,7 +6,8 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
-loader; `repeats=2`, each repeat its own crop), torch, MLX (and both with `mixup=`, against
+loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped and `patches=` NaFlex
+sequences), torch, MLX (and both with `mixup=`, against
 `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit`, `partition="host"` in two real
 processes (JAX and torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the
 dataset contract itself on every dataset kind. The "fields" row's records carry a str, a json,
@@ -16,7 +17,9 @@ the source TAR held (`check_fields`)."""
 from __future__ import annotations
 
 import json
+import math
 import os
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +29,7 @@ import tbljax
 from tbljax._src.datasets.host_part import PartDataset
 from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.file.format import FORMATS
+from tbljax._src.rules import naflex
 from tbljax._src.rules.augment import sample
 from tbljax._src.rules.dataset import RecordDataset, members
 from tbljax._src.rules.record_geometry import RecordGeometry
@@ -329,6 +333,84 @@ def test_repeats_serve_every_record_repeat_once_with_its_crop(matrix, kind, layo
         np.testing.assert_array_equal(_host(batch["image"])[valid], want)
         seen += list(zip(idx[valid].tolist(), rep[valid].tolist()))
     assert sorted(seen) == [(i, r) for i in range(M.N) for r in range(2)]
+
+
+def _bucket_of(h: int, w: int, sizes) -> tuple[int, tuple[int, int]]:
+    """(id, (bh, bw)) of the bucket nearest h×w's aspect in log space, ids by aspect w/h."""
+    ranked = sorted(sizes, key=lambda s: Fraction(s[1], s[0]))
+    k = min(range(len(ranked)), key=lambda j: abs(math.log(w / h) - math.log(ranked[j][1] / ranked[j][0])))
+    return k, ranked[k]
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_buckets_serve_each_record_covered_and_center_cropped_to_its_bucket(matrix, kind, layout):
+    """The "buckets" row: every record once, each step one bucket; a row is the oracle's resize
+    of the largest box of its bucket's aspect (sides rounded half up) centred in the record,
+    flipped by `tbljax.augment.flips`; orig_hw/crop_yx/bucket the record's conditioning."""
+    files, refs = matrix
+    sizes = [(8, 12), (8, 8), (12, 8)]
+    buckets = tbljax.Buckets(sizes=sizes, crop="center")
+    kw = dict(seed=SEED, dtype="uint8", augment="flip", num_epochs=1, drop_remainder=False, **serve(kind))
+    seen, shapes = [], set()
+    for batch in tbljax.loader(files[kind, layout], B, buckets=buckets, **kw):
+        shapes.add(np.shape(batch["image"])[1:3])
+        idx, valid, image = (_host(batch[k]) for k in ("index", "valid", "image"))
+        flips = tbljax.augment.flips(idx, seed=SEED, epoch=0)
+        for r in np.flatnonzero(valid):
+            i = int(idx[r])
+            h, w = refs[kind, layout][i].shape[:2]
+            k, (bh, bw) = _bucket_of(h, w, sizes)
+            assert image.shape[1:3] == (bh, bw) and int(_host(batch["bucket"])[r]) == k, (kind, i)
+            half = Fraction(1, 2)
+            if w * bh > h * bw:  # wider than the bucket: full height
+                box = (h, min(w, max(1, math.floor(Fraction(h * bw, bh) + half))))
+            else:
+                box = (min(h, max(1, math.floor(Fraction(w * bh, bw) + half))), w)
+            y0, x0 = (h - box[0]) // 2, (w - box[1]) // 2
+            want = oracle.crop_resize(refs[kind, layout][i], (y0, x0, *box), bh, bw)
+            np.testing.assert_array_equal(image[r], want[:, ::-1] if flips[r] else want, err_msg=f"{kind} {i}")
+            assert _host(batch["orig_hw"])[r].tolist() == [h, w] and _host(batch["crop_yx"])[r].tolist() == [y0, x0]
+        assert not image[~valid].any()
+        fields = {k: v for k, v in _jax_fields(batch).items() if k not in ("orig_hw", "crop_yx", "bucket")}
+        check_fields(kind, fields, np.where(valid, idx, -1), "buckets")
+        seen += idx[valid].tolist()
+    assert sorted(seen) == list(range(M.N))
+    if kind in ("raw_shorter_side", "compact_full_aspect"):  # photos of more than one aspect
+        assert len(shapes) > 1
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_naflex_patch_sequences_are_the_oracle_crops_patchified(matrix, kind, layout):
+    """The "NaFlex" row: each sample's random crop and flip (as the RRC row draws them) resized
+    to its sequence size by the oracle and laid out patch by patch in raster order, (py, px, c)
+    inside a patch, zeros after; patch_yx/patch_valid the grid's."""
+    files, refs = matrix
+    p, t = 4, 12
+    aug = tbljax.Augment(size=None)
+    kw = dict(seed=SEED, dtype="uint8", augment=aug, num_epochs=1, drop_remainder=False, **serve(kind))
+    patches = tbljax.Patches(size=p, max_tokens=t)
+    seen = []
+    for batch in tbljax.loader(files[kind, layout], B, patches=patches, **kw):
+        idx, valid, image = (_host(batch[k]) for k in ("index", "valid", "image"))
+        yx, pv = _host(batch["patch_yx"]), _host(batch["patch_valid"])
+        boxes, flips = sample(aug, idx[valid], geometry=_geometry(refs[kind, layout]), seed=SEED, epoch=0)
+        for r, (i, box, flip) in enumerate(zip(idx[valid], boxes, flips)):
+            hh, ww = (int(v[0]) for v in naflex.sequence_size(box[2:3], box[3:4], p, t))
+            img = oracle.crop_resize(refs[kind, layout][i], box, hh, ww)
+            img = img[:, ::-1] if flip else img
+            gh, gw = hh // p, ww // p
+            want = np.zeros((t, p * p * 3), np.uint8)  # patch (gy, gx) at row gy*gw + gx
+            want[: gh * gw] = [
+                img[y * p : y * p + p, x * p : x * p + p].reshape(-1) for y in range(gh) for x in range(gw)
+            ]
+            np.testing.assert_array_equal(image[r], want, err_msg=f"{kind} {i}")
+            assert yx[r].tolist() == [[k // gw, k % gw] if k < gh * gw else [0, 0] for k in range(t)]
+            assert pv[r].tolist() == [k < gh * gw for k in range(t)]
+        assert not image[~valid].any() and not pv[~valid].any()
+        fields = {k: v for k, v in _jax_fields(batch).items() if k not in ("patch_yx", "patch_valid")}
+        check_fields(kind, fields, np.where(valid, idx, -1), "patches")
+        seen += idx[valid].tolist()
+    assert sorted(seen) == list(range(M.N))
 
 
 # ---- torch, MLX, the dataset on device ----

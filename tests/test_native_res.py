@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import tbljax
+from tbljax._src.engine import native_res
 from tbljax._src.rules import augment as _augment
 from tbljax._src.rules import buckets as _buckets
 from tbljax._src.rules import naflex
@@ -155,3 +156,91 @@ def test_auto_buckets_need_a_pixel_budget_and_take_it_from_buckets(data):
     ld = _bucket_loader(path, buckets=tbljax.Buckets(pixels=16 * 16, multiple=8), num_epochs=1)
     sizes = {tuple(int(v) for v in s) for s in _buckets.auto_sizes(16 * 16, 8)}
     assert all(tuple(np.asarray(b["image"]).shape[1:3]) in sizes for b in ld)
+
+
+def _adapter(name):
+    """tbljax.torch or tbljax.mlx, and its arrays as NumPy (skipped where not installed)."""
+    if name == "torch":
+        pytest.importorskip("torch")
+        import tbljax.torch
+
+        return tbljax.torch, lambda a: a.numpy()
+    pytest.importorskip("mlx.core")
+    import tbljax.mlx
+
+    return tbljax.mlx, np.array
+
+
+NATIVE = {
+    "buckets": dict(buckets=BUCKETS),
+    "patches": dict(patches=tbljax.Patches(size=4, max_tokens=20)),
+}
+
+
+@pytest.mark.parametrize("framework", ["torch", "mlx"])
+@pytest.mark.parametrize("native", sorted(NATIVE))
+def test_torch_and_mlx_serve_what_the_jax_loader_serves(data, framework, native):
+    """Each rank of two gets its rows of the jax loader's batches, two epochs (set_epoch):
+    order, pixels, labels, valid and every conditioning/patch key; a state saved mid-epoch
+    resumes the same tail."""
+    _, path = data
+    mod, arr = _adapter(framework)
+    kw = dict(seed=SEED, dtype="uint8", augment="flip", drop_remainder=False, layout="NHWC", **NATIVE[native])
+    want = [{k: np.asarray(v) for k, v in b.items()} for b in tbljax.loader(path, 4, num_epochs=2, **kw)]
+    keys = native_res.CONDITIONING if native == "buckets" else native_res.PATCH_KEYS
+    for rank in (0, 1):
+        ld = mod.loader(path, 2, rank=rank, world_size=2, **kw)
+        got = []
+        for epoch in (0, 1):
+            ld.set_epoch(epoch)
+            got += list(ld)
+        assert len(got) == len(want) == 2 * len(ld)
+        rows = slice(2 * rank, 2 * rank + 2)
+        for batch, w in zip(got, want):
+            assert sorted(batch.fields) == sorted(keys)
+            np.testing.assert_array_equal(arr(batch.images), w["image"][rows])
+            np.testing.assert_array_equal(arr(batch.index), w["index"][rows])
+            np.testing.assert_array_equal(arr(batch.labels), w["label"][rows])
+            np.testing.assert_array_equal(arr(batch.valid), w["valid"][rows])
+            for k in keys:
+                np.testing.assert_array_equal(arr(batch.fields[k]), w[k][rows])
+    ld = mod.loader(path, 2, rank=1, world_size=2, **kw)
+    it = iter(ld)
+    next(it), next(it)
+    state = ld.state_dict()
+    ld.close()
+    again = mod.loader(path, 2, rank=1, world_size=2, **kw)
+    again.load_state_dict(state)
+    tail = list(again)
+    assert len(tail) == len(ld) - 2
+    for batch, w in zip(tail, want[2:]):
+        np.testing.assert_array_equal(arr(batch.images), w["image"][2:4])
+        np.testing.assert_array_equal(arr(batch.index), w["index"][2:4])
+
+
+@pytest.mark.parametrize("framework", ["torch", "mlx"])
+def test_mixup_with_patches_is_refused_by_name_and_with_buckets_mixes_each_bucket(data, framework):
+    _, path = data
+    mod, arr = _adapter(framework)
+    m = tbljax.ops.Mixup(num_classes=32)
+    kw = dict(seed=SEED, dtype="uint8", augment="flip", drop_remainder=False, layout="NHWC")
+    with pytest.raises(ValueError, match="mixup= with patches=: not served"):
+        mod.loader(path, 4, mixup=m, patches=tbljax.Patches(size=4, max_tokens=20), **kw)
+    # Buckets: each step (one bucket's size) mixed as ops.mixup_cutmix mixes the jax loader's
+    # batch in jit, keyed by the step.
+    want = list(tbljax.loader(path, 4, num_epochs=1, buckets=BUCKETS, **kw))
+    got = list(mod.loader(path, 4, mixup=m, buckets=BUCKETS, **kw))
+    assert len(got) == len(want)
+    for step, (batch, w) in enumerate(zip(got, want)):
+        x, t = tbljax.ops.mixup_cutmix(w["image"], w["label"], seed=SEED, step=step, num_classes=32)
+        np.testing.assert_array_equal(arr(batch.images), np.asarray(x))
+        np.testing.assert_array_equal(arr(batch.labels), np.asarray(t))
+
+
+def test_mixup_cutmix_refuses_a_patch_sequence_batch_by_name(data):
+    _, path = data
+    b = next(iter(tbljax.loader(path, 4, patches=tbljax.Patches(size=4, max_tokens=20), dtype="uint8")))
+    with pytest.raises(ValueError, match="patch sequence batch"):
+        tbljax.ops.mixup_cutmix(b["image"], b["label"], seed=0, step=0, num_classes=32)
+    with pytest.raises(ValueError, match="pass layout='NHWC'"):  # torch's default layout
+        _adapter("torch")[0].loader(path, 4, patches=tbljax.Patches(size=4, max_tokens=20))

@@ -101,6 +101,11 @@ class EpochLoader(HostLoader):
             raise TypeError(
                 f"mixup must be None or a tbljax.ops.Mixup, got {type(mixup).__name__}: {shown(repr(mixup))}"
             )
+        if mixup is not None and opts.patches is not None:
+            raise ValueError(
+                "mixup= with patches=: not served (Mixup blends and CutMix boxes need images of one "
+                "size; each row of a patch sequence batch has its own grid and padding)"
+            )
         self.rank, self.world_size = rank, world_size
         rows = RowLayout.for_rank(opts.batch_size, rank, world_size)
         if parts is not None:  # host parts: this rank's rows are a batch of its own part

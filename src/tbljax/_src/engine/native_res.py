@@ -118,6 +118,7 @@ class PatchServing:
         self.heights, self.widths = _sizes_of(geometry, n)
         p = self.patches
         self.row_shape = (p.max_tokens, p.size * p.size * 3)
+        self._buf = np.empty(0, np.uint8)  # the kernel's scratch images (`_scratch`)
 
     def boxes(self, idx, boxes):
         """The drawn boxes, or each record whole."""
@@ -133,7 +134,8 @@ class PatchServing:
 
     def fill(self, src, records, out, *, boxes, flip, mean, std, **kw):
         """Writes records `records` (boxes `boxes`) as patch rows into `out` (rows, T, p·p·3):
-        the kernel once per distinct output size into a scratch image, then the patch copy."""
+        the kernel once per distinct output size into a scratch image, then each row's patch
+        copy."""
         p = self.patches.size
         th, tw = self.sizes(boxes)
         hw = np.stack([th, tw], -1)
@@ -141,7 +143,7 @@ class PatchServing:
         group = group.reshape(-1)
         for g, (h, w) in enumerate(keys.tolist()):
             m = np.flatnonzero(group == g)
-            img = np.empty((len(m), h, w, 3), out.dtype)
+            img = self._scratch(len(m) * h * w * 3, out.dtype).reshape(len(m), h, w, 3)
             src.fill(
                 records[m],
                 img,
@@ -153,12 +155,21 @@ class PatchServing:
                 **kw,
             )
             gh, gw = h // p, w // p
-            # naflex.patchify's layout: patch (gy, gx) at row gy·gw + gx, its pixels (py, px, c).
-            seq = img.reshape(len(m), gh, p, gw, p, 3).swapaxes(2, 3).reshape(len(m), gh * gw, -1)
-            out[m, : gh * gw] = seq
-            out[m, gh * gw :] = 0
+            # naflex.patchify's layout: patch (gy, gx) at row gy·gw + gx, its pixels (py, px, c),
+            # one strided copy a row (a fancy-indexed `out[m]` would copy twice through a temporary).
+            for k, r in enumerate(m.tolist()):
+                out[r, : gh * gw].reshape(gh, gw, p, p, 3)[...] = img[k].reshape(gh, p, gw, p, 3).swapaxes(1, 2)
+                out[r, gh * gw :] = 0
             kw.pop("started", None)  # called once, before the first kernel call
         return hw
+
+    def _scratch(self, size: int, dtype) -> np.ndarray:
+        """A flat buffer of `size` values, reused across steps (only the loader's build thread
+        fills): fresh memory each call costs its first-touch page faults, about as much as
+        the kernel."""
+        if self._buf.dtype != dtype or self._buf.size < size:
+            self._buf = np.empty(size, dtype)
+        return self._buf[:size]
 
     def arrays(self, hws, rows) -> dict:
         """``patch_yx`` (B, T, 2) int32 and ``patch_valid`` (B, T) bool per range (zeros and

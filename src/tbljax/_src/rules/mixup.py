@@ -275,7 +275,9 @@ def check_batch(m: Mixup, images, labels, layout: str, blocks: int = 1) -> None:
     contract.check_layout(layout)
     shape, dtype = tuple(images.shape), np.dtype(images.dtype)
     if len(shape) != 4:
-        raise ValueError(f"images must be a batch (B, H, W, C) or (B, C, H, W), got shape {shape}")
+        # A (B, tokens, p·p·3) batch is patches='s: no image to blend or cut a box from.
+        seq = " (a patch sequence batch, as patches= serves, is not mixed)" if len(shape) == 3 else ""
+        raise ValueError(f"images must be a batch (B, H, W, C) or (B, C, H, W), got shape {shape}{seq}")
     if dtype.name not in DTYPES:
         raise ValueError(f"images must be one of {DTYPES}, got {dtype}")
     lshape = tuple(labels.shape)

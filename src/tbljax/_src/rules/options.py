@@ -193,7 +193,11 @@ class LoaderOptions:
                 "patches with an Augment size or center crop (the patch grid decides the size: "
                 "Augment(size=None) for a random crop, 'flip' or None)",
             ),
-            (self.patches is not None and self.layout != "NHWC", "patches with layout='NCHW' (rows are patches)"),
+            (
+                self.patches is not None and self.layout != "NHWC",
+                "patches with layout='NCHW' (rows are patch sequences: pass layout='NHWC', "
+                "which tbljax.torch.loader does not default to)",
+            ),
             (
                 self.patches is not None and isinstance(self.patches.max_tokens, tuple),
                 "patches with a list of max_tokens (a length schedule)",
