@@ -168,3 +168,28 @@ def test_a_resumed_loader_serves_the_rest_with_the_reference(data):
         check(data, b2["index"], b2["image"], b2, "resumed")
         for k in b1:
             np.testing.assert_array_equal(b1[k], b2[k], err_msg=k)
+
+
+def test_a_field_fn_on_a_geometric_field_gets_its_stored_values(data):
+    got = []
+    kw = dict(KW, field_fn={"seg": lambda v: (got.append(np.stack(v)), np.zeros(len(v)))[1]})
+    for b in tbljax.loader(data[0], 4, num_epochs=1, shuffle=False, **kw):
+        assert "seg" in b and "boxes" in b  # the others still follow the crop
+    np.testing.assert_array_equal(np.concatenate(got), [_classes(im) for im in data[1]])
+
+
+def test_unserved_combinations_are_refused_by_name(data):
+    paths = data[0]
+    for fields in (["seg"], ["boxes", "box_labels"], ["kpts"]):
+        with pytest.raises(ValueError, match=rf"ResidentDataset: field '{fields[0]}' is a geometric field"):
+            tbljax.ResidentDataset(paths, fields=fields, pad={"box_labels": 4} if "box_labels" in fields else None)
+    held = tbljax.ResidentDataset(paths)  # fields="all": left out, and said
+    assert held.fields == {} and sorted(held.left_out) == ["box_labels", "boxes", "kpts", "seg"]
+    assert held.left_out["seg"] == "mask: a geometric field (serve it with tbljax.loader)"
+    for framework in ("torch", "mlx"):
+        mod = pytest.importorskip(f"tbljax.{framework}")
+        mixup = tbljax.ops.Mixup(num_classes=12)
+        with pytest.raises(
+            ValueError, match=r"mixup= with the geometric fields \['seg', 'kpts', 'boxes', 'box_labels'\]"
+        ):
+            mod.loader(paths, 4, mixup=mixup, **KW)
