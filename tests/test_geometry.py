@@ -218,3 +218,23 @@ def test_linear_dense_map_keeps_invalid_out():
     assert rest.min() >= 1.0 and rest.max() <= 5.0  # the invalid 0 never pulls a value down
     np.testing.assert_allclose(out[0, 0], 1.0)
     np.testing.assert_allclose(out[3, 3], 5.0)
+
+
+def test_keypoints_batch_rows_match_torchvision(tv):
+    # serve_keypoints_batch: each row its own crop and flip, one output size (a loader's step).
+    tvt, F = tv
+    rng = np.random.default_rng(6)
+    perm, out, rows = [1, 0, 2], (24, 40), 20
+    sides = rng.integers(20, 200, (rows, 2))
+    k = np.concatenate([rng.uniform(0, sides[:, None, None, ::-1], (rows, 3, 3, 2)), np.ones((rows, 3, 3, 1))], -1)
+    boxes = [_random_box(rng, int(h), int(w)) for h, w in sides]
+    flips = rng.integers(0, 2, rows).astype(bool)
+    got = geometry.serve_keypoints_batch(k, boxes, out, flips, perm)
+    assert got.shape == k.shape and got.dtype == np.float32
+    for r, ((h, w), box, flip) in enumerate(zip(sides, boxes, flips)):
+        t = F.resized_crop(tvt.KeyPoints(torch.from_numpy(k[r, ..., :2].copy()), canvas_size=(h, w)), *box, list(out))
+        want = (F.horizontal_flip(t) if flip else t).as_subclass(torch.Tensor).numpy()
+        want = want[:, perm] if flip else want
+        np.testing.assert_allclose(got[r, ..., :2], want, atol=1e-4)
+        inside = (want[..., 0] >= 0) & (want[..., 0] < out[1]) & (want[..., 1] >= 0) & (want[..., 1] < out[0])
+        np.testing.assert_array_equal(got[r, ..., 2], inside)

@@ -117,9 +117,15 @@ class EpochLoader(HostLoader):
 
     def _check_mixup(self, dataset) -> None:
         """Refuses here, not on a batch, what `mixup` cannot mix: a batch shape or dtype
-        (`rules.mixup.check_batch`: an odd batch per rank, too many pixels), and a record
+        (`rules.mixup.check_batch`: an odd batch per rank, too many pixels), geometric fields
+        (a mask does not blend), and a record
         without a class id in [0, num_classes) (it would read as a padding row)."""
         m, o, b = self.mixup, self.options, self.batch_size
+        if self.geometric_fields:
+            raise ValueError(
+                f"mixup= with the geometric fields {self.geometric_fields}: Mixup/CutMix blends and pastes the "
+                "pixels without them; leave the fields out with fields= or mixup= out"
+            )
         schedule = o.augment.schedule if o.augment is not None else ((0, None),)
         for epoch, _ in schedule:  # shapes and dtypes only: arrays of no memory
             shape = (b, *self.row_shape_at(epoch))

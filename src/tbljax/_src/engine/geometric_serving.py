@@ -1,7 +1,7 @@
 """Geometric fields served through the image's geometry (issue 48): each step's crop boxes and
 flips, the ones the kernel resizes the image with, applied to every mask and dense map (the
 nearest rule, in C++: `_core.serve_nearest`) and to boxes and keypoints (on the host, NumPy,
-`rules/geometry.serve_boxes` / `serve_keypoints`, the one home of those rules).
+`rules/geometry.serve_boxes_batch` / `serve_keypoints_batch`, the one home of those rules).
 
 Batch keys: a mask or dense field `name` → (rows, out_h, out_w[, C]) of its stored dtype,
 `ignore` / `invalid` (0 when None) on padding rows; a boxes field `name` → (rows, max_boxes, 4)
@@ -161,16 +161,13 @@ class GeometricServing:
 
     def _keypoints(self, name, recs, crops, flips, nrows, out_hw) -> dict[str, np.ndarray]:
         perm = _role(self.infos[name])["flip_permutation"]
-        vals = self.dataset.field_rows(name, recs)
+        kpts, counts = self._ragged(name, recs)
+        served = geometry.serve_keypoints_batch(kpts, crops, out_hw, flips, perm)
+        served[np.arange(served.shape[1]) >= counts[:, None]] = 0  # past a record's instances
         m = self.opts.max_boxes
         out = np.zeros((nrows, m, len(perm), 3), np.float32)
-        count = np.zeros(nrows, np.int32)
-        for r, v in enumerate(vals):
-            flip = bool(flips[r]) if flips is not None else False
-            served = geometry.serve_keypoints(v, tuple(crops[r]), out_hw, flip, perm)
-            out[r, : min(len(served), m)] = served[:m]
-            count[r] = len(served)
-        return {name: out, name + "_count": count}
+        out[: len(served), : min(served.shape[1], m)] = served[:, :m]
+        return {name: out, name + "_count": _rows(counts.astype(np.int32), nrows, 0)}
 
 
 def _rows(a: np.ndarray, nrows: int, fill) -> np.ndarray:

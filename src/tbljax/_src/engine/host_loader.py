@@ -200,6 +200,11 @@ class HostLoader:
         return self._rows
 
     @property
+    def geometric_fields(self) -> list[str]:
+        """The fields served through each row's crop and flip (masks, boxes, ...; issue 48)."""
+        return list(self._geometric.names)
+
+    @property
     def ring(self) -> Ring:
         """The ring of host buffers this loader builds batches in (kept across passes)."""
         return self._ring

@@ -16,8 +16,8 @@ Example:
 Numeric record fields ride along as device arrays drawn by the same indices: every fixed
 ndarray field, and a ragged one cut or zero-padded to `pad[name]` rows (with ``name_length``).
 By default (``fields="all"``) it holds what a device array can hold and says what it left out
-in ``left_out`` (str/json fields; ragged fields without a `pad` length); naming such a field
-in `fields=` is an error.
+in ``left_out`` (str/json fields; geometric fields, not yet taken through its crop; ragged
+fields without a `pad` length); naming such a field in `fields=` is an error.
 """
 
 from __future__ import annotations

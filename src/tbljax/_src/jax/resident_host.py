@@ -8,6 +8,7 @@ import numpy as np
 
 from tbljax._src.engine import memory
 from tbljax._src.engine.batch_fields import check_pad
+from tbljax._src.engine.geometric_serving import geometric_names
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.jax.arrays import check_fields_fit
 
@@ -76,9 +77,14 @@ def field_columns(ds, fields, pad) -> tuple[dict[str, np.ndarray], dict[str, str
     infos = ds.fields
     pads = dict(pad or {})
     left_out = {}
+    # Masks, boxes, ...: batch() does not take them through its crop yet (issue 48).
+    asked = list(infos) if fields == "all" else [n for n in fields or () if n in infos]  # unknown: below
+    geometric = geometric_names(infos, asked)
     if fields == "all":  # what a device array can hold; the rest said, not refused
         for n, f in infos.items():
-            if f.kind != "ndarray":
+            if n in geometric:
+                left_out[n] = f"{infos[n].role['role']}: a geometric field (serve it with tbljax.loader)"
+            elif f.kind != "ndarray":
                 left_out[n] = f"{f.kind}: not numeric (serve it with tbljax.loader)"
             elif f.ragged and n not in pads:
                 left_out[n] = "ragged: give pad={name: length} to hold it cut or zero-padded"
@@ -93,6 +99,11 @@ def field_columns(ds, fields, pad) -> tuple[dict[str, np.ndarray], dict[str, str
     out = {}
     for n in names:
         info = infos[n]
+        if n in geometric:
+            raise ValueError(
+                f"ResidentDataset: field {n!r} is a geometric field ({info.role['role']}): batch() does not "
+                "serve it through the crop and flip yet; serve it with tbljax.loader, or leave it out with fields="
+            )
         if info.kind != "ndarray":
             raise ValueError(
                 f"ResidentDataset: field {n!r} is {info.kind}, which cannot be a device "

@@ -45,6 +45,7 @@ __all__ = [
     "serve_boxes",
     "serve_boxes_batch",
     "serve_keypoints",
+    "serve_keypoints_batch",
     "serve_mask",
     "stored_boxes",
     "stored_keypoints",
@@ -317,13 +318,34 @@ def serve_keypoints(
 ) -> np.ndarray:
     """(n, K, 3) keypoints (x, y, visibility) through a crop `box`, resize to out_hw and flip:
     float32, visibility 0 where a point falls outside [0, out_w) x [0, out_h); on a flip the K
-    points are reordered by flip_permutation (point k takes point flip_permutation[k])."""
+    points are reordered by flip_permutation (point k takes point flip_permutation[k]). One row
+    of `serve_keypoints_batch`."""
     k = np.asarray(kpts, np.float64)
-    xy = map_points(k[..., :2], box, out_hw)
-    if flip:  # a keypoint is a pixel index, not an edge: torchvision mirrors it to out_w - 1 - x
-        xy[..., 0] = out_hw[1] - 1 - xy[..., 0]
-    inside = (xy[..., 0] >= 0) & (xy[..., 0] < out_hw[1]) & (xy[..., 1] >= 0) & (xy[..., 1] < out_hw[0])
-    out = np.concatenate([xy, np.where(inside, k[..., 2], 0)[..., None]], axis=-1)
-    if flip and flip_permutation is not None:
-        out = out[..., np.asarray(flip_permutation), :]
+    return serve_keypoints_batch(k[None], [box], out_hw, [flip], flip_permutation)[0]
+
+
+def serve_keypoints_batch(
+    kpts: np.ndarray,
+    boxes,
+    out_hw: tuple[int, int],
+    flips=None,
+    flip_permutation: Any = None,
+) -> np.ndarray:
+    """`serve_keypoints` over a batch, vectorised: row r's keypoints `kpts[r]` (B, n, K, 3)
+    through crop boxes[r] (y0, x0, h, w) and flips[r] (None: no flip). Returns (B, n, K, 3)
+    float32."""
+    k = np.asarray(kpts, np.float64)
+    crop = np.asarray(boxes, np.float64).reshape(len(k), 4)
+    y0, x0, h, w = (crop[:, i, None, None] for i in range(4))
+    # map_points' arithmetic, per row: (x - x0) * (out_w / w)
+    x = (k[..., 0] - x0) * (out_hw[1] / w)
+    y = (k[..., 1] - y0) * (out_hw[0] / h)
+    flip = np.zeros(len(k), bool) if flips is None else np.asarray(flips, bool)
+    # A keypoint is a pixel index, not an edge: torchvision mirrors it to out_w - 1 - x.
+    x = np.where(flip[:, None, None], out_hw[1] - 1 - x, x)
+    inside = (x >= 0) & (x < out_hw[1]) & (y >= 0) & (y < out_hw[0])
+    out = np.stack([x, y, np.where(inside, k[..., 2], 0)], axis=-1)
+    if flip_permutation is not None:
+        perm = np.asarray(flip_permutation)
+        out = np.where(flip[:, None, None, None], out[:, :, perm, :], out)
     return out.astype(np.float32)
