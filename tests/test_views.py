@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 
 import tbljax
+from tbljax._src.datasets.host_part import PartDataset
+from tbljax._src.engine.host_loader import HostLoader
+from tbljax._src.engine.rows import RowLayout
 from tbljax._src.rules.augment import sample
 
 import _loader_testing as T
@@ -170,3 +173,53 @@ def test_a_mixture_refuses_views_by_name(data):
     mixture = tbljax.mix({"a": path, "b": path}, weights={"a": 0.5, "b": 0.5}, steps_per_epoch=2)
     with pytest.raises(ValueError, match=r"views with a mixture \(tbljax.mix\): not served yet"):
         tbljax.loader(mixture, G, views=VIEWS)
+
+
+def test_repeats_views_are_keyed_by_repeat_and_view(data):
+    imgs, path = data
+    aug = {"g": (2, GLOBAL)}
+    for b in tbljax.loader(path, G, seed=SEED, views=aug, repeats=2, dtype="uint8", num_epochs=1):
+        idx, rep, got = np.asarray(b["index"]), np.asarray(b["repeat"]), np.asarray(b["g"])
+        for v in range(2):
+            boxes, flips = sample(GLOBAL, idx, height=H, width=W, seed=SEED, epoch=0, repeat=rep, view=v)
+            np.testing.assert_array_equal(got[:, v], oracle.gather(imgs, idx, GLOBAL.size, boxes, flips))
+
+
+def test_host_parts_key_views_by_the_global_index(data):
+    imgs, path = data
+    ds = tbljax.open(path)
+    counts = (3, 4)
+    for p, (lo, hi) in enumerate([(0, 3), (3, 7)]):
+        part = PartDataset(ds, lo, hi, ds.fingerprint)
+        opts = tbljax.LoaderOptions(batch_size=2, seed=SEED, num_epochs=1, views=VIEWS, dtype="uint8")
+        ld = HostLoader(part, opts, RowLayout.for_rank(1, 0, 1), parts=tbljax.order.Parts(counts, p))
+        for hb in ld:
+            assert lo <= hb.index[0] < hi
+            want = expected(imgs, hb.index, 0)
+            for name in VIEWS:
+                np.testing.assert_array_equal(hb.views[name][0], want[name], err_msg=name)
+
+
+def test_a_view_named_like_a_field_of_the_dataset_is_refused(tmp_path):
+    imgs = T.images(4, H, W, seed=1)
+    path = tmp_path / "f.tbl"
+    tbljax.convert({"image": imgs, "label": np.arange(4), "score": np.arange(4.0)}, path, image_size=8, progress=False)
+    with pytest.raises(ValueError, match=r"views \['score'\]: the dataset serves fields of these names"):
+        tbljax.loader(path, 2, views={"score": (1, GLOBAL)})
+
+
+def test_compact_jpeg_views_are_crops_of_the_decoded_record(tmp_path):
+    imgs = T.images(5, 16, 16, seed=4)
+    path = tmp_path / "c.tbl"
+    tbljax.convert(
+        {"image": imgs, "label": np.arange(5)}, path, image_size=16, format="jpeg", quality=90, progress=False
+    )
+    ds = tbljax.open(path)
+    assert ds.compact
+    decoded = np.stack([ds.read(i) for i in range(len(ds))])  # the records as stored, decoded whole
+    aug = {"g": (3, tbljax.Augment(size=(8, 8), scale=(0.3, 1.0)))}
+    for b in tbljax.loader(path, 5, seed=SEED, views=aug, dtype="uint8", num_epochs=1):
+        idx, got = np.asarray(b["index"]), np.asarray(b["g"])
+        for v in range(3):
+            boxes, flips = sample(aug["g"][1], idx, height=16, width=16, seed=SEED, epoch=0, view=v)
+            np.testing.assert_array_equal(got[:, v], oracle.gather(decoded, idx, (8, 8), boxes, flips), err_msg=v)
