@@ -63,6 +63,7 @@ ROOMS = [
             "rows",
             "ring",
             "step",
+            "views",
             "native_res",
             "file_sweep",
             "record_source",

@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from tbljax._src.engine import native_res
+from tbljax._src.engine import native_res, views
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.geometric_serving import GeometricServing
@@ -95,8 +95,11 @@ class HostLoader:
         if isinstance(self._native, native_res.BucketServing):
             # Positions count G a step: an epoch is the schedule's steps, whole.
             self._step_parts = Parts.whole(self._native.steps * self._rows.global_batch)
+        self._views = self._view_serving()
         if self._native is not None:
             largest = self._native_row_shape(None)
+        elif self._views is not None:
+            largest = self._views.row_shape
         else:
             # One row shape per entry of a size schedule (one without); the ring is sized once for
             # the largest, and each batch views it at its epoch's size (`Slot.views` in ring.py).
@@ -146,6 +149,24 @@ class HostLoader:
             )
         native_res.check_names(self._fields.names)
         return native_res.serving(self._source.geometry, self._source.n, opts, self._rows.global_batch)
+
+    def _view_serving(self):
+        """Multi-view serving (`engine/views.py`), or None; refuses by name what views are not
+        served with."""
+        opts = self.options
+        if opts.views is None:
+            return None
+        if self._source.mixture is not None:
+            raise ValueError("views with a mixture (tbljax.mix): not served yet")
+        if self._geometric.names:
+            raise ValueError(
+                f"views with the geometric fields {self._geometric.names}: not served yet (pass fields= without them)"
+            )
+        serving = views.ViewServing(opts)
+        clash = sorted(set(serving.names) & set(self._fields.names))
+        if clash:
+            raise ValueError(f"views {clash}: the dataset serves fields of these names; rename the views")
+        return serving
 
     def _native_row_shape(self, cursor) -> tuple[int, ...]:
         """A row under buckets (the bucket of the step at `cursor`; None: the largest) or
@@ -223,6 +244,8 @@ class HostLoader:
         """One row of a batch of `epoch` (under buckets: of the largest bucket)."""
         if self._native is not None:
             return self._native_row_shape(None)
+        if self._views is not None:  # every view's row packed (`engine/views.py`)
+            return self._views.row_shape
         return self._source.row_shape(self.options, epoch)
 
     # ---- the iterator protocol and the state ----
@@ -249,6 +272,7 @@ class HostLoader:
             fields=self._fields,
             native=self._native,
             geometric=self._geometric,
+            views=self._views,
         )
         it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out, on_end=self.pass_ended)
         self._active = weakref.ref(it)

@@ -15,6 +15,7 @@ import numpy as np
 
 from tbljax._src.engine import file_sweep, native_res
 from tbljax._src.engine import step as _step
+from tbljax._src.engine import views as _views
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.geometric_serving import GeometricServing
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
@@ -62,6 +63,9 @@ class HostBatch:
     sources: tuple[np.ndarray, ...] | None = None
     # repeats > 1: which repeat of its record each row is (int32, -1 on padding rows); else None.
     repeats: tuple[np.ndarray, ...] | None = None
+    # views= (`engine/views.py`): {name: per row range (rows, count, *row) views of the slot};
+    # ``images`` then holds the packed rows they view, which no framework layer hands out.
+    views: dict = dataclasses.field(default_factory=dict)
 
     def _one(self, name):
         parts = getattr(self, name)
@@ -124,6 +128,7 @@ class Plan:
         return self.native if isinstance(self.native, native_res.BucketServing) else None
 
     geometric: GeometricServing | None = None  # masks, boxes, ... through the image's geometry
+    views: _views.ViewServing | None = None  # views= (multi-crop): each row's views instead of one image
 
     @property
     def part(self) -> Parts:
@@ -259,6 +264,7 @@ class Plan:
         slot = ring.acquire(stop)
         views = slot.views(self.row_shape(epoch, first))  # a size schedule's size of `epoch`
         labels, indices, valid, sources, served, repeats, hws = [], [], [], [], [], [], []
+        view_blocks = {}
         for (a, b), out, (idx, boxes, flip, records, repeat, ops) in zip(self.layout.ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
             patches = isinstance(self.native, native_res.PatchServing)
@@ -278,6 +284,13 @@ class Plan:
                     started=started,
                 )
                 started = None
+            elif self.views is not None:  # each row's views, drawn here: they are cheap
+                geometry = src.geometry.shifted(self.part.start)
+                vd = self.views.draw(idx, geometry=geometry, epoch=epoch, repeat=repeat)
+                got = self.views.fill(src, records, vd, out, jpeg_dct_scale=opts.jpeg_dct_scale, started=started)
+                started = None
+                for name, block in got.items():
+                    view_blocks.setdefault(name, []).append(block)
             elif nvalid:
                 src.fill(
                     records,
@@ -292,7 +305,8 @@ class Plan:
                     ops=ops,
                 )
                 started = None
-            out[nvalid:] = 0  # padding rows (only at the end of an epoch without drop_remainder)
+            if self.views is None:  # (views zero their own padding rows: their blocks are not out's rows)
+                out[nvalid:] = 0  # padding rows (only at the end of an epoch without drop_remainder)
             pad = rows - nvalid
             indices.append(np.concatenate([idx, np.full(pad, -1)]).astype(np.int32))
             labels.append(np.concatenate([src.labels[records], np.full(pad, -1)]).astype(np.int32))
@@ -329,6 +343,7 @@ class Plan:
             texts,
             tuple(sources) if sources else None,
             tuple(repeats) if repeats else None,
+            {name: tuple(blocks) for name, blocks in view_blocks.items()},
         ), slot
 
     def row_shape(self, epoch, first) -> tuple[int, ...]:
@@ -338,6 +353,8 @@ class Plan:
             return contract.row_shape(self.opts.layout, *self.buckets.out_hw(epoch, first))
         if self.native is not None:
             return self.native.row_shape
+        if self.views is not None:
+            return self.views.row_shape
         return self.source.row_shape(self.opts, epoch)
 
     def finish_host(self, host: HostBatch, slot: Slot):

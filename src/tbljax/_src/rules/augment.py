@@ -26,6 +26,8 @@ overflow since H, W <= 65535). Random words: attempt t uses counters 4t .. 4t+3;
 counter 40 (flip when its top bit is set), also when cropping is off, so a sample flips the
 same way with and without the crop. Repeat r of a sample (``repeats=``) adds 64 r to these
 counters: repeat 0 is the crop without repeats; r < 1024 stays below RandAugment's words.
+View v of a sample (``views=``, multi-crop) adds ``0x1000000 v`` (past every repeat's RandAugment
+and erasing words, so at most 256 views): view 0 is the crop without views.
 Quantizing s and log r to 4096 levels changes nothing visible (steps of 2.3e-4 in area fraction
 and 1.4e-4 in log ratio).
 
@@ -57,7 +59,17 @@ from tbljax._src.rules import contract, order, quantiles, randaug
 from tbljax._src.rules.erasing import RandomErasing
 from tbljax._src.rules.record_geometry import RecordGeometry
 
-__all__ = ["MAX_REPEATS", "PRESETS", "Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
+__all__ = [
+    "MAX_REPEATS",
+    "MAX_VIEWS",
+    "PRESETS",
+    "Augment",
+    "RecordGeometry",
+    "sample",
+    "crop_boxes",
+    "center_boxes",
+    "flips",
+]
 
 # The augmentations a name stands for (`Augment.from_spec`, the CLI's --augment): Augment(**kw).
 PRESETS: dict[str, dict] = {"rrc_flip": {}, "flip": {"crop": False}}
@@ -66,6 +78,9 @@ _WORDS_PER_ATTEMPT = 4
 _FLIP_COUNTER = _ATTEMPTS * _WORDS_PER_ATTEMPT
 _REPEAT_STRIDE = 64  # repeat r's counters: + 64 r (past the buckets' 48..49), below randaug's 0x10000
 MAX_REPEATS = 0x10000 // _REPEAT_STRIDE
+# View v's counters: + 0x1000000 v, above repeats' RandAugment words (< 0x410000); uint32 holds 256.
+_VIEW_STRIDE = 0x1000000
+MAX_VIEWS = (1 << 32) // _VIEW_STRIDE
 # TBL stores sides as u16, which keeps the placement product in uint32.
 _MAX_SIDE = contract.MAX_SIDE
 
@@ -235,11 +250,13 @@ def crop_boxes(
     ratio=(3 / 4, 4 / 3),
     geometry=None,
     repeat=0,
+    view: int = 0,
     xp=np,
 ):
     """int32 (B, 4) random-resized-crop boxes (y0, x0, h, w) in source pixels for samples
     `indices`: of an H×W image (`height`, `width`), or each of its own record's size
-    (`geometry`: a `RecordGeometry` indexed by sample index); `repeat`: an int or (B,) ints.
+    (`geometry`: a `RecordGeometry` indexed by sample index); `repeat`: an int or (B,) ints;
+    `view`: which view of the sample (``views=``; 0: the crop without views).
 
     >>> b = crop_boxes(np.arange(3), height=32, width=32, seed=0, epoch=0)
     >>> bool(((b[:, 0] + b[:, 2] <= 32) & (b[:, 1] + b[:, 3] <= 32)).all())
@@ -255,7 +272,7 @@ def crop_boxes(
     rec_w = geo.gather(geo.widths, indices, xp)[:, None]
     sqrt_area = geo.gather(geo.sqrt_area_table(), indices, xp)[:, None]
     counters = xp.arange(_ATTEMPTS * _WORDS_PER_ATTEMPT, dtype=xp.uint32).reshape(_ATTEMPTS, _WORDS_PER_ATTEMPT)
-    u = order.random_bits(indices[:, None, None], _keyed(counters, repeat, 2, xp), seed, epoch, xp=xp)
+    u = order.random_bits(indices[:, None, None], _keyed(counters, repeat, 2, xp, view), seed, epoch, xp=xp)
     shift = xp.uint32(32 - quantiles.BITS)
     side = sqrt_area * sqrt_scale[u[..., 0] >> shift]
     kr = u[..., 1] >> shift
@@ -289,20 +306,24 @@ def center_boxes(
     return xp.broadcast_to(box, (indices.shape[0], 4))
 
 
-def flips(indices, *, seed: int, epoch: int, repeat=0, xp=np):
+def flips(indices, *, seed: int, epoch: int, repeat=0, view: int = 0, xp=np):
     """bool (B,): flip sample `indices` horizontally (probability 1/2, fixed per sample and epoch).
 
     >>> flips(np.arange(4), seed=0, epoch=0).dtype
     dtype('bool')
     """
-    u = order.random_bits(xp.asarray(indices), _keyed(_FLIP_COUNTER, repeat, 0, xp), seed, epoch, xp=xp)
+    u = order.random_bits(xp.asarray(indices), _keyed(_FLIP_COUNTER, repeat, 0, xp, view), seed, epoch, xp=xp)
     return (u >> 31) == 1
 
 
-def _keyed(counters, repeat, ndim, xp):
-    """uint32 `counters` of repeat `repeat` (an int, or (B,) ints broadcast over `ndim` more axes)."""
+def _keyed(counters, repeat, ndim, xp, view: int = 0):
+    """uint32 `counters` of repeat `repeat` (an int, or (B,) ints broadcast over `ndim` more axes)
+    and view `view` (an int)."""
+    if not contract.is_integer(view) or not 0 <= view < MAX_VIEWS:
+        raise ValueError(f"view must be an integer in [0, {MAX_VIEWS}), got {view!r}")
     r = xp.asarray(repeat).astype(xp.uint32)
-    return xp.asarray(counters, dtype=xp.uint32) + r.reshape(r.shape + (1,) * ndim) * xp.uint32(_REPEAT_STRIDE)
+    keyed = xp.asarray(counters, dtype=xp.uint32) + r.reshape(r.shape + (1,) * ndim) * xp.uint32(_REPEAT_STRIDE)
+    return keyed + xp.uint32(int(view) * _VIEW_STRIDE) if view else keyed
 
 
 def sample(
@@ -315,11 +336,13 @@ def sample(
     epoch: int,
     geometry=None,
     repeat=0,
+    view: int = 0,
     xp=np,
 ):
     """(boxes or None, flips or None) for a batch of sample indices under options `aug`, for
     H×W records (`height`, `width`) or records of their own sizes (`geometry`); `repeat`:
-    which repeat of each sample (an int, or (B,) ints)."""
+    which repeat of each sample (an int, or (B,) ints); `view`: which view (``views=``; the
+    center crop is the same in every view, its flip is not)."""
     boxes = None
     if aug.crop == "center":
         boxes = center_boxes(
@@ -336,7 +359,8 @@ def sample(
             ratio=aug.ratio,
             geometry=geometry,
             repeat=repeat,
+            view=view,
             xp=xp,
         )
-    flip = flips(indices, seed=seed, epoch=epoch, repeat=repeat, xp=xp) if aug.flip else None
+    flip = flips(indices, seed=seed, epoch=epoch, repeat=repeat, view=view, xp=xp) if aug.flip else None
     return boxes, flip
