@@ -9,7 +9,6 @@ given by the loader layered on top (`jax/loader.py`, the torch and MLX adapters)
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -117,13 +116,12 @@ class Plan:
     parts: Parts | None = None
     fields: FieldServing | None = None  # the record fields served beside the image
 
-    # Computed once (a Plan is immutable), not on each of a step's several reads.
-    @functools.cached_property
+    @property
     def part(self) -> Parts:
         """The parts the steps of an epoch are counted over (`tbljax.order.Parts`)."""
         return self.parts if self.parts is not None else Parts.whole(self.source.n)
 
-    @functools.cached_property
+    @property
     def slots(self) -> Parts:
         """The positions of an epoch in every part: its records times `repeats`."""
         return self.part.times(self.opts.repeats)
