@@ -17,7 +17,7 @@ from PIL import Image
 
 import tbljax
 from tbljax._src.engine import kernels, pixel_program
-from tbljax._src.rules import erasing, pixel_ops, randaug
+from tbljax._src.rules import erasing, pixel_filters, pixel_ops, randaug
 
 import oracle
 
@@ -60,7 +60,7 @@ def _op(name, mag, ra):
     return randaug.op_arg(ra, name, abs(mag), mag < 0)
 
 
-@pytest.mark.parametrize("interp", ["bilinear"])
+@pytest.mark.parametrize("interp", pixel_ops.INTERPOLATIONS)
 def test_every_op_equals_pixel_ops_on_the_kernels_own_output(interp):
     src, idx, crop, flip, base = _setup()
     ra = randaug.RandAugment(num_ops=1, interpolation=interp, fill=(10, 200, 30))
@@ -350,17 +350,12 @@ def test_paths_not_covered_refuse_by_name(kodak_files):
     # main's new rules (nearest, codes 19-25) are not yet in the C++ stage: refused, not served unlike pixel_ops.
     for ops, name in [
         ([tbljax.TrivialAugment()], "TrivialAugment"),
-        ([randaug.RandAugment(interpolation="nearest")], r"RandAugment\(interpolation='nearest'\)"),
     ]:
         with pytest.raises(ValueError, match=name + " is not yet in the fused pass"):
             tbljax.HostLoader(ds, tbljax.LoaderOptions(batch_size=2, augment=tbljax.Augment(size=(24, 24), ops=ops)))
     codes, args = np.full((1, 1), 19, np.uint8), np.zeros((1, 1), np.int32)
     with pytest.raises(ValueError, match="Grayscale is not yet in the fused pass"):
         kernels.pixel_program(codes, args, (8, 8), policies=(randaug.RandAugment(num_ops=1),))
-    with pytest.raises(ValueError, match="interpolation='nearest' is not yet in the fused pass"):
-        kernels.pixel_program(
-            codes * 0 + 1, args, (8, 8), policies=(randaug.RandAugment(num_ops=1, interpolation="nearest"),)
-        )
     jax = pytest.importorskip("jax")
     res = tbljax.ResidentDataset(kodak_files["raw"]) if hasattr(tbljax, "ResidentDataset") else None
     if res is None:
@@ -369,12 +364,13 @@ def test_paths_not_covered_refuse_by_name(kodak_files):
         res.batch(jax.numpy.int32(0), batch_size=2, augment=aug)
 
 
-def test_affine_ops_equal_pixel_ops_over_many_matrices():
+@pytest.mark.parametrize("interp", pixel_ops.INTERPOLATIONS)
+def test_affine_ops_equal_pixel_ops_over_many_matrices(interp):
     """The affine stage's vectorized coordinates (issue 47's Fast) against pixel_ops over 60
     random signed magnitudes per op: every byte, fill and clamped edges included."""
     src, idx, crop, flip, base = _setup()
     rng = np.random.default_rng(47)
-    ra = randaug.RandAugment(num_ops=1, fill=(10, 200, 30))
+    ra = randaug.RandAugment(num_ops=1, fill=(10, 200, 30), interpolation=interp)
     names = [n for n, c in pixel_ops.CODES.items() if c in pixel_ops.AFFINE]
     rows = [(name, float(m)) for name in names for m in rng.uniform(-10, 10, 60)]
     ops = np.array([_op(name, m, ra) for name, m in rows], np.int64)
@@ -390,5 +386,46 @@ def test_affine_ops_equal_pixel_ops_over_many_matrices():
             ops[:, :1].astype(np.uint8), ops[:, 1:].astype(np.int32), base.shape[1:3], policies=(ra,)
         ),
     )
-    want = np.stack([pixel_ops.apply(base[p], c, a, fill=ra.fill) for p, (c, a) in zip(pick, ops)])
+    want = np.stack(
+        [pixel_ops.apply(base[p], c, a, fill=ra.fill, interpolation=interp) for p, (c, a) in zip(pick, ops)]
+    )
+    np.testing.assert_array_equal(out, want)
+
+
+def _random_matrices(rng, n, h, w):
+    """Affine matrices of every kind Pillow's nearest sweep tells apart: pure scales and
+    translations (b = d = 0), general maps within its 16.16 range, and maps whose corners leave
+    +-32768 (its float64 row sums), with fractions that land exactly on pixel edges."""
+    out = []
+    for i in range(n):
+        a, e = rng.uniform(-2, 2, 2)
+        b, d = (0.0, 0.0) if i % 3 == 0 else rng.uniform(-1.5, 1.5, 2)
+        if i % 3 == 2:  # one steep axis: row or column 0 inside, the far corners past 32768
+            b, d = (rng.choice([-1, 1]) * 1300.0, d) if i % 2 else (b, rng.choice([-1, 1]) * 1300.0)
+        # the centre mapped near the centre, so most maps sample the image
+        c = w / 2 - (a * w / 2 + b * h / 2) + rng.uniform(-w / 4, w / 4)
+        f = h / 2 - (d * w / 2 + e * h / 2) + rng.uniform(-h / 4, h / 4)
+        if i % 3 == 2:
+            c, f = (rng.uniform(0, w) - b / 2, f) if i % 2 else (c, rng.uniform(0, h) - d / 2)
+        if i % 5 == 0:  # dyadic values: coordinates exactly on pixel edges
+            a, b, c, d, e, f = (round(v * 8) / 8 for v in (a, b, c, d, e, f))
+        out.append((a, b, c, d, e, f))
+    return np.array(out, np.float64)
+
+
+def test_nearest_equals_pixel_filters_over_random_matrices():
+    """Nearest resampling (Pillow's sweep, all three of its cases) against pixel_filters over
+    300 random matrices, every byte and the fill."""
+    src, idx, crop, flip, base = _setup()
+    rng = np.random.default_rng(48)
+    n, fill = 300, (10, 200, 30)
+    pick = np.arange(n) % len(idx)
+    mats = _random_matrices(rng, n, *base.shape[1:3])
+    ra = randaug.RandAugment(num_ops=1, fill=fill, interpolation="nearest")
+    codes = np.full((n, 1), pixel_ops.CODES["Rotate"], np.uint8)
+    prog = list(kernels.pixel_program(codes, np.zeros((n, 1), np.int32), base.shape[1:3], policies=(ra,)))
+    prog[2] = np.ascontiguousarray(mats[:, None])  # the matrices column: any map, not only timm's
+    out = np.zeros((n, *base.shape[1:]), np.uint8)
+    kernels.gather(src, idx[pick], out, crop=crop[pick], flip=flip[pick], ops=pixel_program.PixelProgram(prog))
+    want = np.stack([pixel_filters.affine_transform(base[p], m, "nearest", fill) for p, m in zip(pick, mats)])
     np.testing.assert_array_equal(out, want)

@@ -73,8 +73,6 @@ def pixel_program(
         matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), h, w, ra.translate_const, ra.translate_pct)
     fill = np.array([ra.fill for ra in slots], np.uint8).reshape(k, 3)
     nearest = np.array([ra.interpolation == "nearest" for ra in slots], np.uint8).reshape(k)
-    if nearest.any():  # main's nearest rule (Pillow's 16.16 fixed point) is not yet in the C++ stage
-        raise ValueError("interpolation='nearest' is not yet in the fused pass")
     if erase_boxes is None:
         boxes, keys = np.zeros((b, 0, 4), np.int32), np.zeros(b, np.uint32)
     else:

@@ -74,12 +74,10 @@ def check_ops(opts: LoaderOptions) -> None:
     C++ stage, and erasing with uint8 output
     (timm erases the normalized values; there are none in uint8)."""
     for policy in opts.augment.ops if opts.augment is not None else ():
-        # The C++ stage runs RandAugment's ops (codes 1-18) with bilinear resampling; the rest
-        # (codes 19-25, main's nearest rule) are in pixel_ops only, so refused rather than served unlike it.
+        # The C++ stage runs RandAugment's ops (codes 1-18); the rest (codes 19-25) are in
+        # pixel_ops only, so refused rather than served unlike it.
         if not isinstance(policy, randaug.RandAugment):
             raise ValueError(f"{type(policy).__name__} is not yet in the fused pass")
-        if policy.interpolation == "nearest":
-            raise ValueError("RandAugment(interpolation='nearest') is not yet in the fused pass")
     if has_ops(opts.augment) and opts.augment.erasing is not None and opts.out_dtype == np.uint8:
         raise ValueError(
             "Augment(erasing=...) sets normalized values (as timm's RandomErasing): it needs "
