@@ -29,9 +29,10 @@ import tbljax
 from tbljax._src.datasets.host_part import PartDataset
 from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.file.format import FORMATS
-from tbljax._src.rules import naflex
+from tbljax._src.rules import naflex, pixel_ops
 from tbljax._src.rules.augment import sample
 from tbljax._src.rules.dataset import RecordDataset, members
+from tbljax._src.rules.randaug import decide
 from tbljax._src.rules.record_geometry import RecordGeometry
 
 import _matrix_data as M
@@ -427,6 +428,39 @@ def test_per_image_ops_and_checked_records(matrix, kind, layout):
     for batch in tbljax.loader(files[kind, layout], B, augment=invert, verify_records=True, **kw):
         idx = _host(batch["index"])
         np.testing.assert_array_equal(_host(batch["image"]), 255 - expected(refs[kind, layout], idx, RRC))
+
+
+# Every per-image op class at once (codes 1-25, nearest and bilinear): one batch a cell.
+POLICY_OPS = [
+    tbljax.TrivialAugment(),
+    tbljax.ThreeAugment(),
+    tbljax.ColorJitter(0.3, 0.3, 0.3),
+    tbljax.Grayscale(p=0.3),
+]
+POLICY_OPS_2 = [tbljax.Solarize(p=0.5), tbljax.GaussianBlur(p=0.5), tbljax.RandAugment.from_big_vision("randaug(2,15)")]
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_every_policy_class(matrix, kind, layout):
+    """The "policy ops" row: every op class served equals pixel_ops applied, slot by slot with
+    its policy's fill and interpolation, to the oracle's crop (first batch of each cell)."""
+    files, refs = matrix
+    for ops in (POLICY_OPS, POLICY_OPS_2):
+        aug = tbljax.Augment(size=M.OUT, ops=ops)
+        loader = tbljax.loader(files[kind, layout], B, augment=aug, seed=SEED, dtype="uint8", **serve(kind))
+        batch = next(iter(loader))
+        loader.close()
+        idx = _host(batch["index"])
+        codes, args = decide(ops, idx.astype(np.int64), seed=SEED, epoch=0)
+        slots = [p for p in ops for _ in range(getattr(p, "num_slots", getattr(p, "num_ops", 1)))]
+        want = []
+        for img, cs, a_s in zip(expected(refs[kind, layout], idx, aug), codes, args):
+            for code, arg, p in zip(cs.tolist(), a_s.tolist(), slots):
+                if code:
+                    kw = {k: getattr(p, k) for k in ("fill", "interpolation") if hasattr(p, k)}
+                    img = pixel_ops.apply(img, code, arg, **kw)
+            want.append(img)
+        np.testing.assert_array_equal(_host(batch["image"]), np.stack(want))
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)

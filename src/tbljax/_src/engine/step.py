@@ -70,16 +70,9 @@ def has_ops(aug) -> bool:
 
 
 def check_ops(opts: LoaderOptions) -> None:
-    """Refuses, by name, per-image ops the host loaders do not serve: policies not yet in the
-    C++ stage, and erasing with uint8 output
-    (timm erases the normalized values; there are none in uint8)."""
-    for policy in opts.augment.ops if opts.augment is not None else ():
-        # The C++ stage runs RandAugment's ops (codes 1-18) with bilinear resampling; the rest
-        # (codes 19-25, main's nearest rule) are in pixel_ops only, so refused rather than served unlike it.
-        if not isinstance(policy, randaug.RandAugment):
-            raise ValueError(f"{type(policy).__name__} is not yet in the fused pass")
-        if policy.interpolation == "nearest":
-            raise ValueError("RandAugment(interpolation='nearest') is not yet in the fused pass")
+    """Refuses, by name, per-image ops the host loaders do not serve: erasing with uint8 output
+    (timm erases the normalized values; there are none in uint8). Every policy
+    (`randaug.POLICIES`) is served: the C++ stage runs all of `pixel_ops.CODES`."""
     if has_ops(opts.augment) and opts.augment.erasing is not None and opts.out_dtype == np.uint8:
         raise ValueError(
             "Augment(erasing=...) sets normalized values (as timm's RandomErasing): it needs "
