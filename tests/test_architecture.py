@@ -41,6 +41,7 @@ ROOMS = [
             "randaug",
             "erasing",
             "record_geometry",
+            "bbox_crop",
             "augment",
             "buckets",
             "naflex",

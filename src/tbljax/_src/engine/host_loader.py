@@ -81,6 +81,7 @@ class HostLoader:
         self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad, opts.batch_size)
         self.check_fields(dataset, [n for n in self._fields.names if n not in self._fields.fns])
         self._geometric = GeometricServing(dataset, self._fields.geometric, opts, opts.threads or 0)
+        self._bbox_field = self._bbox_crop_field()
         if parts is not None and parts.n != self._source.n:
             raise ValueError(
                 f"part {parts.index} should hold {parts.n} records, the dataset given holds {self._source.n}"
@@ -130,6 +131,22 @@ class HostLoader:
         self._ring = Ring(
             self._rows, largest, opts.out_dtype, opts.prefetch + RING_EXTRA, alloc=alloc, before_reuse=before_reuse
         )
+
+    def _bbox_crop_field(self) -> str | None:
+        """The boxes field Augment(crop="bbox") keeps objects of, or None without it; refuses by
+        name what it is not served with."""
+        aug = self.options.augment
+        if aug is None or aug.crop != "bbox":
+            return None
+        boxes = self._geometric.boxes
+        if len(boxes) != 1:
+            raise ValueError(
+                "Augment(crop='bbox') crops around each record's boxes: it needs exactly one boxes field "
+                f"(tbljax.Boxes) among the fields served, got {boxes}; name it in fields="
+            )
+        if self._source.mixture is not None:
+            raise ValueError("Augment(crop='bbox') with a mixture (tbljax.mix): not served yet")
+        return boxes[0]
 
     def _native_resolution(self, dataset, parts):
         """Buckets' or patches' serving (`engine/native_res.py`), or None; refuses by name what
@@ -273,6 +290,7 @@ class HostLoader:
             native=self._native,
             geometric=self._geometric,
             views=self._views,
+            bbox_field=self._bbox_field,
         )
         it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out, on_end=self.pass_ended)
         self._active = weakref.ref(it)

@@ -129,6 +129,7 @@ class Plan:
 
     geometric: GeometricServing | None = None  # masks, boxes, ... through the image's geometry
     views: _views.ViewServing | None = None  # views= (multi-crop): each row's views instead of one image
+    bbox_field: str | None = None  # Augment(crop="bbox"): the boxes field its crops keep
 
     @property
     def part(self) -> Parts:
@@ -246,7 +247,9 @@ class Plan:
                 continue
             nvalid = int(np.clip(self.slots.n - (first + a), 0, b - a))
             pos = np.arange(first + a, first + a + nvalid, dtype=np.int64)
-            idx, boxes, flip, repeat = src.draw(pos, opts, epoch, first_index, self.step_rows(first))
+            idx, boxes, flip, repeat = src.draw(
+                pos, opts, epoch, first_index, self.step_rows(first), boxes_field=self.bbox_field
+            )
             ops = None
             if out_hw is not None:
                 ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw, repeat=0 if repeat is None else repeat)

@@ -19,7 +19,7 @@ import numpy as np
 
 from tbljax._src.engine import kernels
 from tbljax._src.rules import augment as _augment
-from tbljax._src.rules import erasing, order, randaug
+from tbljax._src.rules import bbox_crop, erasing, order, randaug
 from tbljax._src.rules.options import LoaderOptions
 
 __all__ = ["RowOps", "draw", "draw_ops", "records"]
@@ -43,14 +43,26 @@ def records(positions, opts: LoaderOptions, *, num_records: int, epoch, step=Non
     )
 
 
-def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, xp=np, first_index: int = 0, step=None):
+def draw(
+    positions,
+    opts: LoaderOptions,
+    *,
+    num_records: int,
+    image_hw,
+    epoch,
+    xp=np,
+    first_index: int = 0,
+    step=None,
+    objects=None,
+):
     """(sample indices, crop boxes or None, flips or None, repeats or None) for `positions` of
     epoch `epoch` (`step`: as `records` takes it, with repeats).
 
     `image_hw`: (H, W) of every record, or a `tbljax.augment.RecordGeometry` (records of their
     own sizes, each sample's looked up by its index). `first_index`: the records are global
     indices [first_index, first_index + num_records) (a host part, `tbljax.order.Parts`);
-    crops and flips are keyed by the global index and the repeat."""
+    crops and flips are keyed by the global index and the repeat. `objects`: crop="bbox" only,
+    a function of global sample indices → each record's (n, 4) xyxy object boxes."""
     if xp is not np and has_ops(opts.augment):
         raise ValueError(NOT_IN_JIT)
     idx, repeat = records(positions, opts, num_records=num_records, epoch=epoch, step=step, xp=xp)
@@ -58,8 +70,18 @@ def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, x
     if opts.augment is None:
         return idx, None, None, repeat
     geometry = _augment.RecordGeometry.of(image_hw).shifted(first_index)
+    held = None
+    if opts.augment.crop == "bbox" and objects is not None:
+        held = bbox_crop.pad_boxes(objects(idx))
     boxes, flips = _augment.sample(
-        opts.augment, idx, geometry=geometry, seed=opts.seed, epoch=epoch, repeat=0 if repeat is None else repeat, xp=xp
+        opts.augment,
+        idx,
+        geometry=geometry,
+        seed=opts.seed,
+        epoch=epoch,
+        repeat=0 if repeat is None else repeat,
+        objects=held,
+        xp=xp,
     )
     return idx, boxes, flips, repeat
 

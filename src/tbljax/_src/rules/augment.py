@@ -36,6 +36,9 @@ sample's own record, gathered by sample index. What needs float64 (``float32(sqr
 fallback crop, the center crop) is computed once per record on the host as a table and gathered
 the same way, so jax.numpy never recomputes it in float32 and both give the same boxes.
 
+**Detection crop** (``crop="bbox"``): SSD / DALI ``random_bbox_crop``'s window that keeps an
+object, drawn on the host from each record's boxes (`bbox_crop.py` states the loop and its counters).
+
 **Center crop** (``crop="center"``, evaluation): the central square of side
 c = max(1, int(center_fraction * min(H, W))) at ((H - c) // 2, (W - c) // 2), as FFCV's
 ``CenterCropRGBImageDecoder``; the kernel resizes it to ``size``.
@@ -55,7 +58,7 @@ import math
 
 import numpy as np
 
-from tbljax._src.rules import contract, order, quantiles, randaug
+from tbljax._src.rules import bbox_crop, contract, order, quantiles, randaug
 from tbljax._src.rules.erasing import RandomErasing
 from tbljax._src.rules.record_geometry import RecordGeometry
 
@@ -129,6 +132,35 @@ def _size_or_schedule(size):
     return pair
 
 
+def _check_bbox(aug: "Augment") -> dict:
+    """The detection crop's arguments (`bbox_crop.py`), validated, each error naming the value."""
+    t = aug.min_object_covered
+    t = (t,) if contract.is_real(t) else t
+    if not (
+        isinstance(t, (tuple, list))
+        and t
+        and all(contract.is_real(v) and 0 <= v <= 1 and not isinstance(v, bool) for v in t)
+    ):
+        raise ValueError(f"min_object_covered must be a number in [0, 1] or a non-empty list of them, got {t!r}")
+    if aug.bbox_metric not in bbox_crop.METRICS:
+        raise ValueError(f"bbox_metric must be one of {bbox_crop.METRICS}, got {aug.bbox_metric!r}")
+    scaling = _pair("bbox_scaling", aug.bbox_scaling, lambda v: v > 0)
+    if scaling[1] > 1:
+        raise ValueError(f"bbox_scaling must lie in (0, 1] (a side's fraction of the image's), got {scaling!r}")
+    n = aug.bbox_attempts
+    if not contract.is_integer(n) or not 1 <= n <= bbox_crop.MAX_ATTEMPTS:
+        raise ValueError(f"bbox_attempts must be an integer in [1, {bbox_crop.MAX_ATTEMPTS}], got {n!r}")
+    if not isinstance(aug.allow_no_crop, (bool, np.bool_)):
+        raise ValueError(f"allow_no_crop must be True or False, got {aug.allow_no_crop!r}")
+    return dict(
+        min_object_covered=tuple(float(v) for v in t),
+        bbox_scaling=scaling,
+        bbox_aspect_ratio=_pair("bbox_aspect_ratio", aug.bbox_aspect_ratio, lambda v: v > 0),
+        bbox_attempts=int(n),
+        allow_no_crop=bool(aug.allow_no_crop),
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Augment:
     """Training augmentation (random-resized-crop and flip) or the evaluation center crop.
@@ -149,6 +181,16 @@ class Augment:
         they change no box or flip.
       erasing: a `RandomErasing` applied to the normalized output, or None.
 
+    Detection crops, ``crop="bbox"`` (SSD; DALI ``fn.random_bbox_crop``'s arguments; the loop
+    is `tbljax._src.rules.bbox_crop`'s): needs the loader to serve a boxes field.
+      min_object_covered: thresholds (DALI ``thresholds``): each try picks one uniformly (or no
+        crop, with allow_no_crop), then a window with ``bbox_metric`` at least it for some box.
+      bbox_metric: "iou" (intersection over union) or "overlap" (intersection over the box's area).
+      bbox_scaling: range of each side of the window as a fraction of the image's.
+      bbox_aspect_ratio: range of (w / W) / (h / H) of the window.
+      bbox_attempts: windows tried per threshold picked (DALI ``num_attempts``).
+      allow_no_crop: the whole image is one of the options.
+
     ``"rrc_flip"`` is ``Augment()``; ``"flip"`` is ``Augment(crop=False)``.
 
     >>> Augment(size=(128, 128), scale=(0.25, 1.0)).size
@@ -165,12 +207,23 @@ class Augment:
     center_fraction: float = 0.875
     ops: tuple = ()
     erasing: "RandomErasing | None" = None
+    # Detection crops (crop="bbox"): SSD's defaults as DALI's SSD example sets them.
+    min_object_covered: tuple = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
+    bbox_metric: str = "iou"
+    bbox_scaling: tuple[float, float] = (0.3, 1.0)
+    bbox_aspect_ratio: tuple[float, float] = (0.5, 2.0)
+    bbox_attempts: int = 50
+    allow_no_crop: bool = True
 
     def __post_init__(self):
         if isinstance(self.crop, (bool, np.bool_)):
             object.__setattr__(self, "crop", bool(self.crop))
-        elif not (isinstance(self.crop, str) and self.crop == "center"):
-            raise ValueError(f"crop must be True (random-resized-crop), 'center' or False, got {self.crop!r}")
+        elif not (isinstance(self.crop, str) and self.crop in ("center", "bbox")):
+            raise ValueError(
+                f"crop must be True (random-resized-crop), 'center', 'bbox' (detection) or False, got {self.crop!r}"
+            )
+        for k, v in _check_bbox(self).items():
+            object.__setattr__(self, k, v)
         if not isinstance(self.flip, (bool, np.bool_)):
             raise ValueError(f"flip must be True or False, got {self.flip!r}")
         object.__setattr__(self, "flip", bool(self.flip))
@@ -337,14 +390,39 @@ def sample(
     geometry=None,
     repeat=0,
     view: int = 0,
+    objects=None,
     xp=np,
 ):
     """(boxes or None, flips or None) for a batch of sample indices under options `aug`, for
     H×W records (`height`, `width`) or records of their own sizes (`geometry`); `repeat`:
     which repeat of each sample (an int, or (B,) ints); `view`: which view (``views=``; the
-    center crop is the same in every view, its flip is not)."""
+    center crop is the same in every view, its flip is not); `objects`: crop="bbox" only, each
+    sample's object boxes (`bbox_crop.pad_boxes`: (B, n, 4) xyxy source pixels, counts)."""
     boxes = None
-    if aug.crop == "center":
+    if aug.crop == "bbox":
+        if objects is None or xp is not np:
+            raise ValueError(
+                "Augment(crop='bbox') draws from each record's boxes on the host: serve it with a loader "
+                "(tbljax.loader, HostLoader, tbljax.torch.loader, tbljax.mlx.loader) and a boxes field"
+            )
+        geo = _geometry(height, width, geometry)
+        idx = np.asarray(indices, np.int64)
+        boxes = bbox_crop.crop_boxes(
+            idx,
+            *objects,
+            np.broadcast_to(geo.gather(geo.heights, idx), idx.shape),
+            np.broadcast_to(geo.gather(geo.widths, idx), idx.shape),
+            seed=seed,
+            epoch=epoch,
+            thresholds=aug.min_object_covered,
+            metric_kind=aug.bbox_metric,
+            scaling=aug.bbox_scaling,
+            aspect_ratio=aug.bbox_aspect_ratio,
+            num_attempts=aug.bbox_attempts,
+            allow_no_crop=aug.allow_no_crop,
+            repeat=repeat,
+        )
+    elif aug.crop == "center":
         boxes = center_boxes(
             indices, fraction=aug.center_fraction, height=height, width=width, geometry=geometry, xp=xp
         )
