@@ -57,7 +57,10 @@ def main() -> None:
     names = a.ops.split(",") if a.ops else [n for n, c in pixel_ops.CODES.items() if 0 < c < pixel_ops.CODES["Cutout"]]
     base = timed(src, out, None, a.runs)
     print(f"# {machine()}; tbljax kernel target {tbljax.kernels.kernel_target()}")
-    print(f"# {len(src)} rows of {SIZE}x{SIZE}, median of {a.runs} runs; no-op gather {1e6 * base / len(src):.1f} µs/image")
+    print(
+        f"# {len(src)} rows of {SIZE}x{SIZE}, median of {a.runs} runs;"
+        f" no-op gather {1e6 * base / len(src):.1f} µs/image"
+    )
     print(f"{'op':<16}{'interp':<10}{'µs/image':>10}")
     for name in names:
         affine = pixel_ops.CODES[name] in pixel_ops.AFFINE
