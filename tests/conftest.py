@@ -78,6 +78,13 @@ SLOW_CASES = {
     "test_interrupt.py::test_ctrl_c_at_random_moments_many_times": "~60 s of interrupts; test_ctrl_c_at_random_moments_is_a_plain_keyboard_interrupt runs 10 a loader kind",
     "test_torch.py::test_two_gloo_processes_split_an_epoch": "5 s; test_gloo_ranks_read_only_their_host_parts[2] and the matrix's gloo run stay",
     "test_fullaspect_paths.py::test_lz4_file_serves_what_its_raw_twin_does": "5 s; the matrix's lz4 rows stay",
+    "test_decode.py::test_resize_every_simd_target_matches_the_reference": "12 s on a busy host; test_decode_resize_same_on_every_simd_target and test_kernel_ops' every-target test stay",
+    "test_decode.py::test_crop_aware_decode_kodak": "6 s; the caltech101 and synthetic cases stay",
+    "test_decode.py::test_crop_aware_decode_synthetic[129x640]": "4 s; the other synthetic shapes stay",
+    "test_decode.py::test_crop_aware_decode_synthetic[640x129]": "3 s; the other synthetic shapes stay",
+    "test_matrix.py::test_mixture_of_host_parts_in_two_processes": "12 s of two JAX processes; the host-partition two-process row and the one-process host-part mixture row stay",
+    "test_examples.py::test_train_contrastive_loss_falls[synthetic]": "14 s; train_segmentation[synthetic] keeps an example training in the default run",
+    "test_hardening.py::test_four_processes_and_four_threads_read_one_file": "10 s; test_loader's two-process run stays",
 }
 
 
