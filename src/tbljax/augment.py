@@ -5,7 +5,7 @@ per-image ops' decisions (RandAugment, random erasing), keyed the same way.
 >>> boxes, flips = tbljax.augment.sample(tbljax.Augment(size=160), idx, geometry=geometry, seed=0, epoch=0)
 """
 
-from tbljax._src.rules.augment import Augment, center_boxes, crop_boxes, flips, sample
+from tbljax._src.rules.augment import Augment, canvas_boxes, center_boxes, crop_boxes, flips, sample
 from tbljax._src.rules.erasing import RandomErasing, decide_erasing
 from tbljax._src.rules.image_ops import ColorJitter, GaussianBlur, Grayscale, Solarize, ThreeAugment, TrivialAugment
 from tbljax._src.rules.randaug import RandAugment, decide, op_arg
@@ -17,6 +17,7 @@ __all__ = [
     "sample",
     "crop_boxes",
     "center_boxes",
+    "canvas_boxes",
     "flips",
     "RandAugment",
     "RandomErasing",

@@ -22,13 +22,19 @@ from tbljax._src.rules import augment as _augment
 from tbljax._src.rules import erasing, order, randaug
 from tbljax._src.rules.options import LoaderOptions
 
-__all__ = ["RowOps", "draw", "draw_ops", "records"]
+__all__ = ["RowOps", "draw", "draw_extents", "draw_ops", "records"]
 
 # The one refusal of the per-image ops outside the host loaders.
 NOT_IN_JIT = (
     "Augment(ops=..., erasing=...) is served by the host loaders (tbljax.loader, HostLoader, "
     "tbljax.torch.loader, tbljax.mlx.loader); in jit (ResidentDataset, tbljax.ops.gather_normalize): "
     "not yet"
+)
+
+CANVAS_NOT_IN_JIT = (
+    "Augment(scale_jitter=...) and Augment(crop='longer_pad') are served by the host loaders "
+    "(tbljax.loader, HostLoader, tbljax.torch.loader, tbljax.mlx.loader); in jit (ResidentDataset, "
+    "tbljax.ops.gather_normalize): not yet"
 )
 
 
@@ -53,6 +59,8 @@ def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, x
     crops and flips are keyed by the global index and the repeat."""
     if xp is not np and has_ops(opts.augment):
         raise ValueError(NOT_IN_JIT)
+    if xp is not np and opts.augment is not None and opts.augment.canvas:
+        raise ValueError(CANVAS_NOT_IN_JIT)
     idx, repeat = records(positions, opts, num_records=num_records, epoch=epoch, step=step, xp=xp)
     idx = idx + first_index if first_index else idx
     if opts.augment is None:
@@ -62,6 +70,19 @@ def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, x
         opts.augment, idx, geometry=geometry, seed=opts.seed, epoch=epoch, repeat=0 if repeat is None else repeat, xp=xp
     )
     return idx, boxes, flips, repeat
+
+
+def draw_extents(indices, opts: LoaderOptions, *, image_hw, epoch: int, first_index: int = 0, repeat=None):
+    """The valid extents (B, 2) of sample `indices` (global) under a canvas augmentation
+    (`Augment.canvas`: scale_jitter, crop='longer_pad'), drawn with the boxes `draw` returned
+    (`augment.canvas_boxes`); None for any other augmentation."""
+    aug = opts.augment
+    if aug is None or not aug.canvas:
+        return None
+    geometry = _augment.RecordGeometry.of(image_hw).shifted(first_index)
+    return _augment.canvas_boxes(
+        aug, indices, geometry=geometry, seed=opts.seed, epoch=epoch, repeat=0 if repeat is None else repeat
+    )[1]
 
 
 def has_ops(aug) -> bool:

@@ -53,7 +53,7 @@ import math
 
 import numpy as np
 
-from tbljax._src.rules import contract, order, quantiles, randaug
+from tbljax._src.rules import contract, order, quantiles, randaug, scale_jitter
 from tbljax._src.rules.erasing import RandomErasing
 from tbljax._src.rules.record_geometry import RecordGeometry
 
@@ -134,6 +134,15 @@ class Augment:
         they change no box or flip.
       erasing: a `RandomErasing` applied to the normalized output, or None.
 
+    Detection (`tbljax._src.rules.scale_jitter`): each row is a record resized to fit ``size``
+    at the top-left, then padded (0 after normalization); ``batch["image_valid"]`` (B, H, W)
+    bool marks the real pixels, geometric fields follow (masks padded with ``ignore``):
+      scale_jitter: (lo, hi): large-scale jitter (detectron2's ``ResizeScale`` +
+        ``FixedSizeCrop``): resized to fit ``size`` times s ~ U(lo, hi), then a random crop of
+        ``size`` where larger; needs a fixed ``size`` (crop=True, the default, is replaced).
+      crop="longer_pad": evaluation: resized to fit ``size`` keeping the aspect (the longer
+        side to S at ``size=(S, S)``) and padded.
+
     ``"rrc_flip"`` is ``Augment()``; ``"flip"`` is ``Augment(crop=False)``.
 
     >>> Augment(size=(128, 128), scale=(0.25, 1.0)).size
@@ -150,12 +159,16 @@ class Augment:
     center_fraction: float = 0.875
     ops: tuple = ()
     erasing: "RandomErasing | None" = None
+    # Detection: rows on a padded canvas (`_check_canvas`, `rules/scale_jitter.py`).
+    scale_jitter: tuple[float, float] | None = None
 
     def __post_init__(self):
         if isinstance(self.crop, (bool, np.bool_)):
             object.__setattr__(self, "crop", bool(self.crop))
-        elif not (isinstance(self.crop, str) and self.crop == "center"):
-            raise ValueError(f"crop must be True (random-resized-crop), 'center' or False, got {self.crop!r}")
+        elif not (isinstance(self.crop, str) and self.crop in ("center", "longer_pad")):
+            raise ValueError(
+                f"crop must be True (random-resized-crop), 'center', 'longer_pad' or False, got {self.crop!r}"
+            )
         if not isinstance(self.flip, (bool, np.bool_)):
             raise ValueError(f"flip must be True or False, got {self.flip!r}")
         object.__setattr__(self, "flip", bool(self.flip))
@@ -184,6 +197,27 @@ class Augment:
         object.__setattr__(self, "ops", tuple(self.ops))
         if self.erasing is not None and not isinstance(self.erasing, RandomErasing):
             raise ValueError(f"erasing must be a tbljax.RandomErasing or None, got {self.erasing!r}")
+        self._check_canvas()
+
+    def _check_canvas(self) -> None:
+        """scale_jitter and crop='longer_pad': a fixed size, no other crop, no per-image ops."""
+        if self.scale_jitter is not None:
+            object.__setattr__(self, "scale_jitter", _pair("scale_jitter", self.scale_jitter, lambda v: v > 0))
+        what = "scale_jitter" if self.scale_jitter is not None else "crop='longer_pad'" if self.canvas else None
+        if what is None:
+            return
+        if self.scale_jitter is not None and self.crop is not True:
+            raise ValueError(f"scale_jitter with crop={self.crop!r}: the jitter decides the crop (leave crop=True)")
+        if self.size is None or isinstance(self.size[0], tuple):
+            raise ValueError(f"{what} needs a fixed output size=(height, width), got size={self.size!r}")
+        if self.ops or self.erasing is not None:
+            raise ValueError(f"{what} with Augment(ops=/erasing=): not served yet")
+
+    @property
+    def canvas(self) -> bool:
+        """Whether rows are a resized record at the top-left of a padded canvas (scale_jitter,
+        crop='longer_pad')."""
+        return self.scale_jitter is not None or self.crop == "longer_pad"
 
     @classmethod
     def from_spec(cls, spec) -> "Augment | None":
@@ -299,6 +333,17 @@ def flips(indices, *, seed: int, epoch: int, repeat=0, xp=np):
     return (u >> 31) == 1
 
 
+def canvas_boxes(aug: Augment, indices, *, geometry, seed: int, epoch: int, repeat=0):
+    """(source boxes (B, 4), valid extents (B, 2)) of a canvas augmentation (`Augment.canvas`)
+    for sample `indices` of records `geometry` (a `RecordGeometry` indexed by sample index):
+    `scale_jitter.decide`, host NumPy only."""
+    geo = RecordGeometry.of(geometry)
+    idx = np.asarray(indices, np.int64)
+    hw = np.stack([geo.gather(geo.heights, idx, np), geo.gather(geo.widths, idx, np)], -1)
+    hw = np.broadcast_to(hw, (len(idx), 2))
+    return scale_jitter.decide(idx, hw, size=aug.size, scale=aug.scale_jitter, seed=seed, epoch=epoch, repeat=repeat)
+
+
 def _keyed(counters, repeat, ndim, xp):
     """uint32 `counters` of repeat `repeat` (an int, or (B,) ints broadcast over `ndim` more axes)."""
     r = xp.asarray(repeat).astype(xp.uint32)
@@ -321,7 +366,11 @@ def sample(
     H×W records (`height`, `width`) or records of their own sizes (`geometry`); `repeat`:
     which repeat of each sample (an int, or (B,) ints)."""
     boxes = None
-    if aug.crop == "center":
+    if aug.canvas:
+        boxes = canvas_boxes(
+            aug, indices, geometry=_geometry(height, width, geometry), seed=seed, epoch=epoch, repeat=repeat
+        )[0]
+    elif aug.crop == "center":
         boxes = center_boxes(
             indices, fraction=aug.center_fraction, height=height, width=width, geometry=geometry, xp=xp
         )
