@@ -27,6 +27,9 @@ as detectron2's ``ResizeShortestEdge(S, max_size=S)`` of ViTDet's evaluation (up
 round-half-up of the side).
 
 The flip (counter 40, `augment.flips`) mirrors the resized rh x rw region, as with a crop.
+Padding: ViTDet runs FixedSizeCrop with pad=False and pads the normalized batch with 0
+(ImageList); the loaders pad with 0 after normalization likewise (FixedSizeCrop's own
+pad_value=128 would be before it).
 
 >>> import numpy as np
 >>> boxes, ext = decide(np.arange(2), [[480, 640]] * 2, size=(1024, 1024), scale=None, seed=0, epoch=0)
