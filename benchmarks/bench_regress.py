@@ -1,7 +1,8 @@
 """Two builds side by side on the figures a decoder change must not move: RAW and compact
 serving, and conversion. Each `--trees` entry is a checkout with its native modules built in place
 (`scripts/dev-build.sh`); its workers run with PYTHONPATH=<tree>/src, each configuration in its
-own process, the trees interleaved round by round; medians over rounds.
+own process, the trees interleaved round by round, which of the two runs first alternating (use an
+even --rounds); medians over rounds.
 
 - serve: ../shared/data/kodak converted RAW at shorter side 256, aspect kept (~256×341);
   `HostLoader`, batch 256, RRC to 224 px + flip, float32 (ImageNet normalize) and uint8,
@@ -13,7 +14,7 @@ own process, the trees interleaved round by round; medians over rounds.
 - convert: `tbljax.convert` of the 312 kodak photos at shorter side 256, RAW and compact (JPEG
   q90 4:2:0), 2 threads, to a fresh file; img/s of the whole call.
 
-    python benchmarks/bench_regress.py --trees /path/to/old-checkout . [--rounds 5] [--batches 60]
+    python benchmarks/bench_regress.py --trees /path/to/old-checkout . [--rounds 6] [--batches 60]
         [--simd scalar|avx2|avx512] [--jobs "serve float32" "serve compact float32" ...]
 
 --simd runs every worker with TBLJAX_SIMD set (both trees on the same target); --jobs runs only
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import kodak_photos, machine, median, rounds  # noqa: E402
+from _common import kodak_photos, machine, median, run_worker  # noqa: E402
 
 B, WARMUP, SIDE = 256, 8, 256
 
@@ -67,7 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", nargs=1, metavar="SPEC")
     ap.add_argument("--trees", nargs=2, required=False, metavar=("BEFORE", "AFTER"))
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--batches", type=int, default=60)
     ap.add_argument("--simd", default=None, help="TBLJAX_SIMD for every worker (default: unset)")
     ap.add_argument("--jobs", nargs="+", default=None, metavar="NAME")
@@ -118,12 +119,21 @@ def main() -> None:
                 env[key] = {"PYTHONPATH": str(tree / "src"), "TBLJAX_NUM_THREADS": "2"}
                 if a.simd:
                     env[key]["TBLJAX_SIMD"] = a.simd
-        res = rounds(Path(__file__), configs, a.rounds, env)
+        res = {key: [] for key in configs}
+        for r in range(a.rounds):
+            for name, _ in jobs:
+                # A configuration's two trees run back to back, and which runs first alternates
+                # round by round, so running second cannot favour one tree: over an even number
+                # of rounds each runs first as often.
+                pair = [f"{name} | before", f"{name} | after"]
+                for key in pair if r % 2 == 0 else pair[::-1]:
+                    res[key].append(run_worker(Path(__file__), configs[key], env[key]))
+                    print(f"  round {r + 1}/{a.rounds} {key}: {json.dumps(res[key][-1])}", file=sys.stderr, flush=True)
     for key, runs in res.items():  # each worker imported its own tree's tbljax
         tree = trees[0] if key.endswith("before") else trees[1]
         assert all(Path(r["tbljax"]).is_relative_to(tree) for r in runs), (key, runs[0]["tbljax"])
     print(
-        f"\nbench_regress: kodak at shorter side {SIDE}, {a.rounds} interleaved rounds, "
+        f"\nbench_regress: kodak at shorter side {SIDE}, {a.rounds} interleaved rounds (first tree alternating), "
         f"medians; TBLJAX_SIMD={a.simd or '(unset)'}\nbefore: {trees[0]}\nafter:  {trees[1]}\n"
         f"machine: {machine()}\n"
     )

@@ -162,3 +162,53 @@ def references(files: dict) -> dict[tuple[str, str], list[np.ndarray]]:
             paths = [tw] if isinstance(tw, str) else tw
         refs[kind, layout] = [img for p in paths for img in _stored(p)]
     return refs
+
+
+# The geometric row (issue 48): every record kind's conversion of the same photos from one TAR
+# whose records carry a mask (.seg.png, the photo's size) and boxes with labels (.boxes.json).
+GEO_FIELDS = {"seg": tbljax.Mask("seg.png", ignore=255), "boxes": tbljax.Boxes("boxes.json", labels="box_labels")}
+# Original JPEG bytes keep the photo's own geometry: the conversion refuses geometric fields there.
+GEO_REFUSED = ("original_jpeg",)
+GEO_KINDS = {k: kw for k, kw in KINDS.items() if k not in ("fields", *GEO_REFUSED)}
+MAXB = 3
+
+
+def geometric_values(src: list[Path]) -> list[dict]:
+    """Record i's source mask (labels 0..3 at the photo's size) and 1..4 boxes inside the photo."""
+    from PIL import Image
+
+    rng = np.random.default_rng(13)
+    out = []
+    for i, p in enumerate(src):
+        with Image.open(p) as im:
+            w, h = im.size
+        n = i % 4 + 1
+        xy = rng.uniform(0, [w / 2, h / 2], (n, 2))
+        boxes = np.concatenate([xy, xy + rng.uniform(3, [w / 2, h / 2], (n, 2))], 1)
+        out.append({"seg": rng.integers(0, 4, (h, w)).astype(np.uint8), "boxes": boxes, "labels": np.arange(n) + i})
+    return out
+
+
+def make_geometric(d: Path) -> dict[str, str]:
+    """{kind: path} of each record kind converted from the geometric TAR (one file each)."""
+    from PIL import Image
+
+    src = photos(d / "src")
+    values = geometric_values(src)
+    tar = d / "geo.tar"
+    with tarfile.open(tar, "w") as tf:
+        for i, (p, v) in enumerate(zip(src, values)):
+            png = io.BytesIO()
+            Image.fromarray(v["seg"]).save(png, "PNG")
+            boxes = {"boxes": v["boxes"].tolist(), "labels": v["labels"].tolist()}
+            members = {"jpg": p.read_bytes(), "cls": str(i).encode(), "seg.png": png.getvalue()}
+            members["boxes.json"] = json.dumps(boxes).encode()
+            for ext, data in members.items():
+                ti = tarfile.TarInfo(f"rec{i:02d}.{ext}")
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+    out = {"tar": str(tar)}
+    for kind, kw in GEO_KINDS.items():
+        out[kind] = str(d / f"geo-{kind}.tbl")
+        tbljax.convert([str(tar)], out[kind], image_size=S, progress=False, fields=GEO_FIELDS, **kw)
+    return out

@@ -63,6 +63,7 @@ SLOW_CASES = {
     "test_examples.py::test_train_jax_on_two_devices_resumes_the_stream": "8 s; test_train_mlx_resumes_the_stream stays",
     "test_examples.py::test_train_contrastive_loss_falls[photos]": "5 s; [synthetic] stays",
     "test_examples.py::test_train_vit_deit_recipe_loss_falls[photos]": "30 s on 2 busy cores",
+    "test_examples.py::test_train_segmentation_loss_falls[photos]": "6 s of CPU (80 steps on kodak photos); [synthetic] stays",
     "test_examples.py::test_train_vit_deit_recipe_loss_falls[synthetic]": "12 s of jit and 40 steps; test_matrix's ops rows serve the recipe's loader every default run",
     "test_partition.py::test_processes_read_only_their_parts[4-1]": "6 s; [2-2] stays",
     "test_pod.py::test_stage_then_read_host_parts[4]": "5 s; [2] stays",

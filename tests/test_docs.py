@@ -61,9 +61,40 @@ def shards(tmp_path_factory) -> Path:
     return d
 
 
+def _coco(d: Path, n: int = 40) -> None:
+    """instances_train2017.json + train2017/: the detection recipe's COCO, n photos-like JPEGs
+    with 1-3 boxes each (COCO's xywh, category ids 1-3)."""
+    import json
+
+    rng = np.random.default_rng(1)
+    (d / "train2017").mkdir()
+    images, annotations = [], []
+    for i in range(n):
+        (d / "train2017" / f"{i:012d}.jpg").write_bytes(_jpeg(rng))
+        images.append({"id": i, "file_name": f"{i:012d}.jpg", "height": SIDE, "width": SIDE})
+        for _ in range(rng.integers(1, 4)):
+            x, y = rng.uniform(0, SIDE / 2, 2)
+            w, h = rng.uniform(4, SIDE / 2, 2)
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": i,
+                    "category_id": int(rng.integers(1, 4)),
+                    "bbox": [x, y, w, h],
+                    "area": w * h,
+                    "iscrowd": 0,
+                }
+            )
+    categories = [{"id": k, "name": f"c{k}"} for k in (1, 2, 3)]
+    (d / "instances_train2017.json").write_text(
+        json.dumps({"images": images, "annotations": annotations, "categories": categories})
+    )
+
+
 def _folder(shards: Path, tmp_path: Path, *, converted: bool) -> Path:
     for p in shards.iterdir():
         (tmp_path / p.name).symlink_to(p)
+    _coco(tmp_path)
     pattern = str(tmp_path / "train-{000..099}.tar")
     for i in range(16):  # what the README's cluster conversion (a bash block) leaves behind
         tbljax.convert(pattern, str(tmp_path / "train-{shard}.tbl"), image_size=32, shard=(i, 16))

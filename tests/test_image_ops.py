@@ -202,9 +202,3 @@ def test_bad_values_are_refused_by_name():
     ):
         with pytest.raises(ValueError, match=match):
             make()
-    # Not yet in the kernel's fused pass: the host loaders refuse it at construction, by name.
-    from tbljax._src.engine import step
-
-    aug = tbljax.Augment(size=(8, 8), ops=[tbljax.ThreeAugment()])
-    with pytest.raises(ValueError, match="ThreeAugment is not yet in the fused pass"):
-        step.check_ops(tbljax.LoaderOptions(batch_size=2, augment=aug))

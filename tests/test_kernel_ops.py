@@ -17,12 +17,21 @@ from PIL import Image
 
 import tbljax
 from tbljax._src.engine import kernels, pixel_program
-from tbljax._src.rules import erasing, pixel_ops, randaug
+from tbljax._src.rules import erasing, pixel_filters, pixel_ops, randaug
 
 import oracle
 
-# RandAugment's ops, the ones the C++ stage runs (codes 19-25 are refused: test_paths_not_covered_refuse_by_name).
-OPS = [n for n, c in pixel_ops.CODES.items() if 0 < c <= pixel_program.FUSED_MAX_CODE and n != "Cutout"]
+# RandAugment's ops (codes 1-17; Cutout apart), then the other policies' (19-25) with their argument ranges.
+OPS = [n for n, c in pixel_ops.CODES.items() if 0 < c < pixel_ops.CODES["Cutout"]]
+MORE_OPS = {
+    "Grayscale": lambda m: 0,
+    "GaussianBlur": lambda m: pixel_ops.f32_arg(abs(m) / 4),  # radius 0..2.5 (DeiT's 0.1..2)
+    "TvRotate": lambda m: pixel_ops.f32_arg(m * 13.5),  # degrees, TrivialAugmentWide's +-135
+    "TvShearX": lambda m: pixel_ops.f32_arg(m * 0.099),
+    "TvShearY": lambda m: pixel_ops.f32_arg(m * 0.099),
+    "TvTranslateX": lambda m: int(m * 3.2),  # whole pixels
+    "TvTranslateY": lambda m: int(m * 3.2),
+}
 MAGNITUDES = (0.0, 1.0, 4.5, 9.0, 10.0, -3.0, -9.0)  # negative: the op's sign drawn negative
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
 
@@ -55,16 +64,18 @@ def _setup(out_hw=(40, 44)):
 
 
 def _op(name, mag, ra):
+    if name in MORE_OPS:
+        return pixel_ops.CODES[name], MORE_OPS[name](mag)
     if name == "Cutout":
         return pixel_ops.CODES["Cutout"], (int(abs(mag) * 4) << 24) | (1234 << 12) | 3000
     return randaug.op_arg(ra, name, abs(mag), mag < 0)
 
 
-@pytest.mark.parametrize("interp", ["bilinear"])
+@pytest.mark.parametrize("interp", pixel_ops.INTERPOLATIONS)
 def test_every_op_equals_pixel_ops_on_the_kernels_own_output(interp):
     src, idx, crop, flip, base = _setup()
     ra = randaug.RandAugment(num_ops=1, interpolation=interp, fill=(10, 200, 30))
-    for name in OPS + ["Cutout"]:
+    for name in OPS + ["Cutout", *MORE_OPS]:
         for mag in MAGNITUDES:
             code, arg = _op(name, mag, ra)
             codes = np.full((len(idx), 1), code, np.uint8)
@@ -84,7 +95,7 @@ def test_every_op_equals_pixel_ops_on_the_kernels_own_output(interp):
 
 def _program_batch(rng, n, k, ra):
     """Random pixel programs of k slots (some empty) over n rows, as `decide` would give."""
-    names = OPS
+    names = OPS + list(MORE_OPS)
     codes = np.zeros((n, k), np.uint8)
     args = np.zeros((n, k), np.int32)
     for b in range(n):
@@ -148,7 +159,7 @@ def _every_stage_batch():
     boxes, from real photos and edge images."""
     src, idx, crop, flip, _ = _setup()
     rng = np.random.default_rng(9)
-    pols = (randaug.RandAugment(num_ops=2), randaug.RandAugment(num_ops=2, fill=(0, 0, 0)))
+    pols = (randaug.RandAugment(num_ops=2), randaug.RandAugment(num_ops=2, fill=(0, 0, 0), interpolation="nearest"))
     codes, args = _program_batch(rng, len(idx), 4, pols[0])
     boxes, keys = erasing.decide_erasing(
         tbljax.RandomErasing(p=1.0, max_count=2), idx, height=40, width=44, seed=0, epoch=0
@@ -217,6 +228,15 @@ def test_bad_ops_are_refused_by_name():
             crop=crop,
             ops=kernels.pixel_program(codes, np.full(codes.shape, 9, np.int32), (40, 44)),
         )
+    codes[:] = pixel_ops.CODES["GaussianBlur"]
+    with pytest.raises(ValueError, match="row 0, slot 0: GaussianBlur radius -1.0+ is not in"):
+        kernels.gather(
+            src,
+            idx,
+            base.copy(),
+            crop=crop,
+            ops=kernels.pixel_program(codes, np.full(codes.shape, pixel_ops.f32_arg(-1.0), np.int32), (40, 44)),
+        )
     boxes = np.zeros((len(idx), 1, 4), np.int32)
     boxes[2, 0] = (30, 0, 20, 5)
     prog = kernels.pixel_program(
@@ -257,6 +277,17 @@ def kodak_files(tmp_path_factory):
     return out
 
 
+def _program(img, codes, args, policies):
+    """pixel_ops.apply of a row's slots in order, each with its policy's fill, interpolation and
+    translation constants (the policy's own attributes, as its peer applies them)."""
+    slots = [p for p in policies for _ in range(p.num_ops if isinstance(p, randaug.RandAugment) else p.num_slots)]
+    keys = ("fill", "interpolation", "translate_const", "translate_pct")
+    for code, arg, p in zip(codes.tolist(), args.tolist(), slots, strict=True):
+        if code:
+            img = pixel_ops.apply(img, code, arg, **{k: getattr(p, k) for k in keys if hasattr(p, k)})
+    return img
+
+
 def _reference(ds, opts, hb, epoch=0):
     """The NumPy pipeline: the oracle's crop-resize and flip of the decided boxes, pixel_ops'
     program, the oracle's normalize, pixel_ops' erasing."""
@@ -270,7 +301,7 @@ def _reference(ds, opts, hb, epoch=0):
     for b, i in enumerate(idx):
         img = oracle.crop_resize(ds.read(int(i)), boxes[b], oh, ow)
         img = img[:, ::-1] if flips[b] else img
-        rows.append(pixel_ops.apply_all(np.ascontiguousarray(img), codes[b], args[b], fill=aug.ops[0].fill))
+        rows.append(_program(np.ascontiguousarray(img), codes[b], args[b], aug.ops))
     pix = np.stack(rows)
     if opts.out_dtype == np.uint8:
         return pix
@@ -299,6 +330,30 @@ def test_loader_batch_is_the_numpy_pipeline(kodak_files, fmt, dtype):
     want = _reference(ds, opts, hb)
     got = hb.image
     np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
+
+
+POLICIES = {
+    "TrivialAugment": [tbljax.TrivialAugment()],
+    "ColorJitter": [tbljax.ColorJitter(0.4, 0.4, 0.4)],
+    "ThreeAugment": [tbljax.ThreeAugment(), tbljax.ColorJitter(0.3, 0.3, 0.3)],  # DeiT III's recipe
+    "Grayscale": [tbljax.Grayscale(p=0.5)],
+    "Solarize": [tbljax.Solarize(p=0.5)],
+    "GaussianBlur": [tbljax.GaussianBlur(p=0.7)],
+    "RandAugment nearest": [tbljax.RandAugment.from_big_vision("randaug(2,15)")],
+}
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_every_policy_in_the_loader_is_the_numpy_pipeline(kodak_files, name):
+    """Each policy served by the host loader (JPEG records, float32, erasing): the oracle's crop
+    with the decided ops applied by pixel_ops, normalized and erased -- and the ops did act."""
+    ds = tbljax.open(kodak_files["jpeg"])
+    aug = tbljax.Augment(size=(24, 28), ops=POLICIES[name], erasing=tbljax.RandomErasing(p=0.5))
+    opts = tbljax.LoaderOptions(batch_size=10, seed=5, dtype="float32", augment=aug)
+    hb = next(iter(tbljax.HostLoader(ds, opts)))
+    codes, _ = randaug.decide(aug.ops, hb.index.astype(np.int64), seed=5, epoch=0)
+    assert (codes != 0).any(axis=1).sum() >= 3  # most rows got an op
+    np.testing.assert_array_equal(hb.image.view(np.uint32), _reference(ds, opts, hb).view(np.uint32))
 
 
 def test_same_batches_across_threads_torch_and_mlx(kodak_files):
@@ -347,20 +402,6 @@ def test_paths_not_covered_refuse_by_name(kodak_files):
     aug = tbljax.Augment(size=(24, 24), **_RECIPE)
     with pytest.raises(ValueError, match="needs dtype='float32' or 'bfloat16', not uint8"):
         tbljax.HostLoader(ds, tbljax.LoaderOptions(batch_size=2, dtype="uint8", augment=aug))
-    # main's new rules (nearest, codes 19-25) are not yet in the C++ stage: refused, not served unlike pixel_ops.
-    for ops, name in [
-        ([tbljax.TrivialAugment()], "TrivialAugment"),
-        ([randaug.RandAugment(interpolation="nearest")], r"RandAugment\(interpolation='nearest'\)"),
-    ]:
-        with pytest.raises(ValueError, match=name + " is not yet in the fused pass"):
-            tbljax.HostLoader(ds, tbljax.LoaderOptions(batch_size=2, augment=tbljax.Augment(size=(24, 24), ops=ops)))
-    codes, args = np.full((1, 1), 19, np.uint8), np.zeros((1, 1), np.int32)
-    with pytest.raises(ValueError, match="Grayscale is not yet in the fused pass"):
-        kernels.pixel_program(codes, args, (8, 8), policies=(randaug.RandAugment(num_ops=1),))
-    with pytest.raises(ValueError, match="interpolation='nearest' is not yet in the fused pass"):
-        kernels.pixel_program(
-            codes * 0 + 1, args, (8, 8), policies=(randaug.RandAugment(num_ops=1, interpolation="nearest"),)
-        )
     jax = pytest.importorskip("jax")
     res = tbljax.ResidentDataset(kodak_files["raw"]) if hasattr(tbljax, "ResidentDataset") else None
     if res is None:
@@ -369,12 +410,13 @@ def test_paths_not_covered_refuse_by_name(kodak_files):
         res.batch(jax.numpy.int32(0), batch_size=2, augment=aug)
 
 
-def test_affine_ops_equal_pixel_ops_over_many_matrices():
+@pytest.mark.parametrize("interp", pixel_ops.INTERPOLATIONS)
+def test_affine_ops_equal_pixel_ops_over_many_matrices(interp):
     """The affine stage's vectorized coordinates (issue 47's Fast) against pixel_ops over 60
     random signed magnitudes per op: every byte, fill and clamped edges included."""
     src, idx, crop, flip, base = _setup()
     rng = np.random.default_rng(47)
-    ra = randaug.RandAugment(num_ops=1, fill=(10, 200, 30))
+    ra = randaug.RandAugment(num_ops=1, fill=(10, 200, 30), interpolation=interp)
     names = [n for n, c in pixel_ops.CODES.items() if c in pixel_ops.AFFINE]
     rows = [(name, float(m)) for name in names for m in rng.uniform(-10, 10, 60)]
     ops = np.array([_op(name, m, ra) for name, m in rows], np.int64)
@@ -390,5 +432,46 @@ def test_affine_ops_equal_pixel_ops_over_many_matrices():
             ops[:, :1].astype(np.uint8), ops[:, 1:].astype(np.int32), base.shape[1:3], policies=(ra,)
         ),
     )
-    want = np.stack([pixel_ops.apply(base[p], c, a, fill=ra.fill) for p, (c, a) in zip(pick, ops)])
+    want = np.stack(
+        [pixel_ops.apply(base[p], c, a, fill=ra.fill, interpolation=interp) for p, (c, a) in zip(pick, ops)]
+    )
+    np.testing.assert_array_equal(out, want)
+
+
+def _random_matrices(rng, n, h, w):
+    """Affine matrices of every kind Pillow's nearest sweep tells apart: pure scales and
+    translations (b = d = 0), general maps within its 16.16 range, and maps whose corners leave
+    +-32768 (its float64 row sums), with fractions that land exactly on pixel edges."""
+    out = []
+    for i in range(n):
+        a, e = rng.uniform(-2, 2, 2)
+        b, d = (0.0, 0.0) if i % 3 == 0 else rng.uniform(-1.5, 1.5, 2)
+        if i % 3 == 2:  # one steep axis: row or column 0 inside, the far corners past 32768
+            b, d = (rng.choice([-1, 1]) * 1300.0, d) if i % 2 else (b, rng.choice([-1, 1]) * 1300.0)
+        # the centre mapped near the centre, so most maps sample the image
+        c = w / 2 - (a * w / 2 + b * h / 2) + rng.uniform(-w / 4, w / 4)
+        f = h / 2 - (d * w / 2 + e * h / 2) + rng.uniform(-h / 4, h / 4)
+        if i % 3 == 2:
+            c, f = (rng.uniform(0, w) - b / 2, f) if i % 2 else (c, rng.uniform(0, h) - d / 2)
+        if i % 5 == 0:  # dyadic values: coordinates exactly on pixel edges
+            a, b, c, d, e, f = (round(v * 8) / 8 for v in (a, b, c, d, e, f))
+        out.append((a, b, c, d, e, f))
+    return np.array(out, np.float64)
+
+
+def test_nearest_equals_pixel_filters_over_random_matrices():
+    """Nearest resampling (Pillow's sweep, all three of its cases) against pixel_filters over
+    300 random matrices, every byte and the fill."""
+    src, idx, crop, flip, base = _setup()
+    rng = np.random.default_rng(48)
+    n, fill = 300, (10, 200, 30)
+    pick = np.arange(n) % len(idx)
+    mats = _random_matrices(rng, n, *base.shape[1:3])
+    ra = randaug.RandAugment(num_ops=1, fill=fill, interpolation="nearest")
+    codes = np.full((n, 1), pixel_ops.CODES["Rotate"], np.uint8)
+    prog = list(kernels.pixel_program(codes, np.zeros((n, 1), np.int32), base.shape[1:3], policies=(ra,)))
+    prog[2] = np.ascontiguousarray(mats[:, None])  # the matrices column: any map, not only timm's
+    out = np.zeros((n, *base.shape[1:]), np.uint8)
+    kernels.gather(src, idx[pick], out, crop=crop[pick], flip=flip[pick], ops=pixel_program.PixelProgram(prog))
+    want = np.stack([pixel_filters.affine_transform(base[p], m, "nearest", fill) for p, m in zip(pick, mats)])
     np.testing.assert_array_equal(out, want)

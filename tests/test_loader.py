@@ -377,6 +377,32 @@ def test_ctrl_c_while_a_pass_closes_still_stops_its_threads(data, monkeypatch):
     assert len(loader_threads()) == before
 
 
+def test_a_ctrl_c_that_breaks_a_threading_lock_is_still_a_keyboard_interrupt(data, monkeypatch):
+    """CPython 3.11: a Ctrl-C landing while Condition.wait takes its lock back surfaces as
+    "RuntimeError: release unlocked lock" with the KeyboardInterrupt as its context (seen in
+    Thread.start, test_interrupt's mixture child). The loader raises the interrupt, and leaves
+    no thread behind."""
+    _, _, path = data
+    real_start, calls = threading.Thread.start, []
+
+    def start(self):
+        calls.append(self)
+        if len(calls) == 2:
+            real_start(self)
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise RuntimeError("release unlocked lock")  # noqa: B904 - its context is the point
+        return real_start(self)
+
+    before = len(loader_threads())
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        iter(tbljax.loader(path, G, prefetch=2))
+    monkeypatch.undo()
+    assert len(loader_threads()) == before
+
+
 def test_producer_errors_reach_the_consumer(data, monkeypatch):
     _, _, path = data
     real, calls = kernels.prepare_gather, []

@@ -12,7 +12,10 @@ sequences), torch, MLX (and both with `mixup=`, against
 processes (JAX and torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the
 dataset contract itself on every dataset kind. The "fields" row's records carry a str, a json,
 a fixed and a ragged ndarray field: every path that serves them is checked against the values
-the source TAR held (`check_fields`)."""
+the source TAR held (`check_fields`). The geometric row: each record kind converted with a
+mask and boxes (original JPEG bytes refused by name), served through RRC + flip by the JAX and
+torch loaders, against `rules/geometry`'s conversion and serving rules of the source's values at
+the crop `tbljax.augment.sample` draws."""
 
 from __future__ import annotations
 
@@ -29,9 +32,10 @@ import tbljax
 from tbljax._src.datasets.host_part import PartDataset
 from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.file.format import FORMATS
-from tbljax._src.rules import naflex
+from tbljax._src.rules import geometry, naflex, pixel_ops
 from tbljax._src.rules.augment import sample
 from tbljax._src.rules.dataset import RecordDataset, members
+from tbljax._src.rules.randaug import decide
 from tbljax._src.rules.record_geometry import RecordGeometry
 
 import _matrix_data as M
@@ -427,6 +431,39 @@ def test_per_image_ops_and_checked_records(matrix, kind, layout):
     for batch in tbljax.loader(files[kind, layout], B, augment=invert, verify_records=True, **kw):
         idx = _host(batch["index"])
         np.testing.assert_array_equal(_host(batch["image"]), 255 - expected(refs[kind, layout], idx, RRC))
+
+
+# Every per-image op class at once (codes 1-25, nearest and bilinear): one batch a cell.
+POLICY_OPS = [
+    tbljax.TrivialAugment(),
+    tbljax.ThreeAugment(),
+    tbljax.ColorJitter(0.3, 0.3, 0.3),
+    tbljax.Grayscale(p=0.3),
+]
+POLICY_OPS_2 = [tbljax.Solarize(p=0.5), tbljax.GaussianBlur(p=0.5), tbljax.RandAugment.from_big_vision("randaug(2,15)")]
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_every_policy_class(matrix, kind, layout):
+    """The "policy ops" row: every op class served equals pixel_ops applied, slot by slot with
+    its policy's fill and interpolation, to the oracle's crop (first batch of each cell)."""
+    files, refs = matrix
+    for ops in (POLICY_OPS, POLICY_OPS_2):
+        aug = tbljax.Augment(size=M.OUT, ops=ops)
+        loader = tbljax.loader(files[kind, layout], B, augment=aug, seed=SEED, dtype="uint8", **serve(kind))
+        batch = next(iter(loader))
+        loader.close()
+        idx = _host(batch["index"])
+        codes, args = decide(ops, idx.astype(np.int64), seed=SEED, epoch=0)
+        slots = [p for p in ops for _ in range(getattr(p, "num_slots", getattr(p, "num_ops", 1)))]
+        want = []
+        for img, cs, a_s in zip(expected(refs[kind, layout], idx, aug), codes, args):
+            for code, arg, p in zip(cs.tolist(), a_s.tolist(), slots):
+                if code:
+                    kw = {k: getattr(p, k) for k in ("fill", "interpolation") if hasattr(p, k)}
+                    img = pixel_ops.apply(img, code, arg, **kw)
+            want.append(img)
+        np.testing.assert_array_equal(_host(batch["image"]), np.stack(want))
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
@@ -911,3 +948,67 @@ def test_new_sources_write_the_matrix_records_and_serve(matrix, source, kind, tm
     for batch in tbljax.loader(dst, B, seed=SEED, dtype="uint8", augment=RRC, num_epochs=1):
         idx = _host(batch["index"])
         np.testing.assert_array_equal(_host(batch["image"]), expected(ref, idx, RRC))
+
+
+# ---- the geometric row (issue 48): a mask and boxes follow RRC + flip on every record kind ----
+
+
+@pytest.fixture(scope="module")
+def geo(tmp_path_factory):
+    pytest.importorskip("PIL")
+    d = tmp_path_factory.mktemp("geo")
+    files = M.make_geometric(d)
+    return files, M.geometric_values(M.photos(d / "src"))
+
+
+def _geo_reference(ds, values, k, box, flip):
+    """Record k's mask and boxes served through crop `box` and `flip`, from the source's values:
+    stored at the conversion's geometry by `rules/geometry`'s conversion rules, then served."""
+    v = values[k]
+    h, w = v["seg"].shape
+    kw = M.GEO_KINDS[ds]
+    plan = geometry.resize_plan(h, w, M.S, kw["resize"], 0)
+    mask = geometry.resize_nearest(v["seg"], plan.int_box, (plan.out_h, plan.out_w))
+    xyxy, keep = geometry.stored_boxes(v["boxes"], plan)
+    want = geometry.serve_boxes(xyxy, v["labels"][keep], box, M.OUT, flip, max_boxes=M.MAXB)
+    return geometry.serve_mask(mask, box, M.OUT, flip), want, (plan.out_h, plan.out_w), int(keep.sum())
+
+
+def _check_geo(kind, values, index, f, epoch, where):
+    index = np.asarray(index, np.int64)
+    real = index[index >= 0]
+    hws = [_geo_reference(kind, values, k, (0, 0, 1, 1), False)[2] for k in range(M.N)]
+    geo_of = RecordGeometry(np.array([h for h, _ in hws]), np.array([w for _, w in hws]))
+    boxes, flips = sample(RRC, real, geometry=geo_of, seed=SEED, epoch=epoch)
+    for r, k in enumerate(real.tolist()):
+        mask, want, _, count = _geo_reference(kind, values, k, tuple(boxes[r]), bool(flips[r]))
+        np.testing.assert_array_equal(f["seg"][r], mask, err_msg=f"{where} record {k}")
+        np.testing.assert_allclose(f["boxes"][r], want["boxes"], atol=1e-4, err_msg=f"{where} record {k}")
+        assert f["boxes_valid"][r].tolist() == want["boxes_valid"].tolist(), (where, k)
+        assert f["box_labels"][r].tolist() == want["box_labels"].tolist(), (where, k)
+        assert f["boxes_count"][r] == count, (where, k)
+    for r in np.flatnonzero(index < 0).tolist():  # padding rows: no source pixel, no box
+        assert (f["seg"][r] == 255).all() and not f["boxes_valid"][r].any(), where
+
+
+@pytest.mark.parametrize("kind", list(M.GEO_KINDS))
+def test_geometric_fields_follow_rrc_and_flip_on_every_record_kind(geo, kind):
+    files, values = geo
+    kw = dict(augment=RRC, dtype="uint8", seed=SEED, max_boxes=M.MAXB, drop_remainder=False)
+    seen, kept, steps = [], 0, -(-M.N // B)
+    for s, b in enumerate(tbljax.loader(files[kind], B, num_epochs=2, **kw)):
+        b = {k: np.asarray(v) for k, v in b.items()}
+        _check_geo(kind, values, b["index"], b, s // steps, f"jax step {s}")
+        seen += b["index"][b["index"] >= 0].tolist()
+        kept += int(b["boxes_valid"].sum())
+    assert sorted(seen) == sorted(list(range(M.N)) * 2) and kept > 0
+    torch_mod = pytest.importorskip("tbljax.torch")
+    for b in torch_mod.loader(files[kind], B, layout="NHWC", **kw):
+        _check_geo(kind, values, b.index.numpy(), {k: v.numpy() for k, v in b.fields.items()}, 0, "torch")
+
+
+def test_geometric_fields_are_refused_by_name_where_the_conversion_keeps_original_bytes(geo, tmp_path):
+    files, _ = geo
+    for kind in M.GEO_REFUSED:
+        with pytest.raises(ValueError, match=r"geometric fields \(boxes, seg\) are stored at the record's geometry"):
+            tbljax.convert([files["tar"]], tmp_path / "x.tbl", image_size=M.S, fields=M.GEO_FIELDS, **M.KINDS[kind])

@@ -106,6 +106,8 @@ def test_lsj_refused_where_not_served(data, path):
         tbljax.Augment(scale_jitter=(0.1, 2.0), size=(8, 8), ops=[tbljax.RandAugment()])
     with pytest.raises(ValueError, match="scale_jitter must satisfy"):
         tbljax.Augment(scale_jitter=(0.0, 2.0), size=(8, 8))
+    with pytest.raises(ValueError, match=r"views\['a'\]: Augment\(scale_jitter=/crop='longer_pad'\) per view"):
+        tbljax.LoaderOptions(batch_size=2, views={"a": (2, LSJ)})
     with pytest.raises(ValueError, match="buckets with an Augment crop"):
         tbljax.LoaderOptions(batch_size=2, augment=LSJ, buckets=tbljax.Buckets())
     with pytest.raises(ValueError, match=r"crop='longer_pad'\) with a mixture"):

@@ -73,11 +73,24 @@ Status ServeNearest(const NearestRequest& r, ThreadPool* pool) {
     if (r.flips != nullptr && r.flips[b] != 0) std::reverse(cb, cb + r.out_w);
     NearestIndex(c ? c[0] : 0, c ? c[2] : r.heights[b], r.out_h, lines.data() + b * r.out_h);
   }
+  // A unit is a block of a row's output lines: a line that reads the same source line as the
+  // one before it (an enlarging crop repeats most lines) is a copy of it, not a second gather.
   const int64_t line_bytes = r.out_w * r.elem_bytes;
-  pool->ParallelFor(r.batch * r.out_h, [&](int64_t u) {
-    const int64_t b = u / r.out_h;
-    const uint8_t* src = r.rows[b] + lines[u] * r.widths[b] * r.elem_bytes;
-    GatherRow(src, cols.data() + b * r.out_w, r.out_w, r.elem_bytes, r.out + u * line_bytes);
+  constexpr int64_t kBlock = 16;
+  const int64_t blocks = (r.out_h + kBlock - 1) / kBlock;
+  pool->ParallelFor(r.batch * blocks, [&](int64_t unit) {
+    const int64_t b = unit / blocks, first = (unit % blocks) * kBlock;
+    const int64_t end = std::min(first + kBlock, r.out_h);
+    for (int64_t o = first; o < end; ++o) {
+      const int64_t u = b * r.out_h + o;
+      uint8_t* dst = r.out + u * line_bytes;
+      if (o > first && lines[u] == lines[u - 1]) {
+        std::memcpy(dst, dst - line_bytes, static_cast<size_t>(line_bytes));
+        continue;
+      }
+      const uint8_t* src = r.rows[b] + lines[u] * r.widths[b] * r.elem_bytes;
+      GatherRow(src, cols.data() + b * r.out_w, r.out_w, r.elem_bytes, dst);
+    }
   });
   return Status::Ok();
 }

@@ -2,6 +2,7 @@
 // lives in pixel_program.inc, compiled once per SIMD target (simd_dispatch.h).
 #include "pixel_program.h"
 
+#include <cstring>
 #include <string>
 
 #define TBLJAX_SIMD_INC "pixel_program.inc"
@@ -38,6 +39,12 @@ namespace {
 std::string Row(int64_t b, int64_t k) {
   return "row " + std::to_string(b) + ", slot " + std::to_string(k);
 }
+
+float F32Bits(int32_t arg) {
+  float r;
+  std::memcpy(&r, &arg, 4);
+  return r;
+}
 }  // namespace
 
 Status CheckOps(const OpsRequest& o, int64_t batch, OutDType dtype, int64_t oh, int64_t ow) {
@@ -53,7 +60,7 @@ Status CheckOps(const OpsRequest& o, int64_t batch, OutDType dtype, int64_t oh, 
     for (int64_t k = 0; k < o.num_ops; ++k) {
       const int code = o.codes[b * o.num_ops + k];
       const int32_t arg = o.args[b * o.num_ops + k];
-      if (code > kOpCutout)
+      if (code > kOpTvTranslateY)
         return InvalidArgument("ops: " + Row(b, k) + ": unknown op code " + std::to_string(code));
       const bool bad = (code == kOpPosterize && (arg < 0 || arg > 8)) ||
                        (code == kOpSolarize && (arg < 0 || arg > 256)) ||
@@ -61,6 +68,11 @@ Status CheckOps(const OpsRequest& o, int64_t batch, OutDType dtype, int64_t oh, 
       if (bad)
         return InvalidArgument("ops: " + Row(b, k) + ": argument " + std::to_string(arg) +
                                " out of range for op code " + std::to_string(code));
+      // GaussianBlur's sigma range: no NaN, no box wider than any image.
+      const float radius = F32Bits(arg);
+      if (code == kOpGaussianBlur && !(radius >= 0.0f && radius <= 1000.0f))
+        return InvalidArgument("ops: " + Row(b, k) + ": GaussianBlur radius " +
+                               std::to_string(radius) + " is not in [0, 1000]");
     }
   }
   if (o.num_erase == 0 || batch == 0) return Status::Ok();

@@ -33,6 +33,7 @@ class TensorBatch(tuple):
     else None;
     ``fields``: the record fields served, by name (arrays of the framework for numeric fields,
     ragged ones padded with their ``name + "_length"``; Python lists for str/json fields).
+    With ``views=``, ``images`` is a dict {view name: (B, count, ...) array}.
     """
 
     def __new__(cls, images, labels, *, index, valid, epoch: int, position: int, source=None, fields=None, repeat=None):
@@ -112,6 +113,8 @@ class EpochLoader(HostLoader):
             rows = rows.process_local(world_size)
         super().__init__(dataset, opts, rows, parts=parts, **ring)
         self.mixup = mixup
+        if mixup is not None and opts.views is not None:
+            raise ValueError("mixup= with views=: not served yet (mixup mixes one image per row)")
         if mixup is not None:
             self._check_mixup(dataset)
 

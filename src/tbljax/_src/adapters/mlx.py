@@ -43,7 +43,7 @@ def _to_mlx(host) -> tuple[_adapter.TensorBatch, list]:
     # Only constructors here, no lazy MLX op: this runs in the producer thread, and MLX binds
     # ops to the stream of the thread that makes them ("no Stream(cpu, 0) in current thread").
     # mx.array takes ml_dtypes' bfloat16 bit for bit (tested over every finite value).
-    images = mx.array(host.image)
+    images = {n: mx.array(a[0]) for n, a in host.views.items()} if host.views else mx.array(host.image)
     valid = None if host.valid is None else mx.array(host.valid)
     batch = _adapter.TensorBatch(
         images,

@@ -55,11 +55,14 @@ def _to_torch(host) -> tuple[_adapter.TensorBatch, list]:
     reference to the NumPy view, so the slot counts as in use for as long as the tensor (or
     any tensor sharing its storage: slices, permutes, .view) lives."""
     torch = _torch()
-    img = host.image
-    if img.dtype.name == "bfloat16":  # torch.from_numpy knows no ml_dtypes: same bits as int16
-        images = torch.from_numpy(img.view(np.int16)).view(torch.bfloat16)
-    else:
-        images = torch.from_numpy(img)
+
+    def tensor(img):
+        if img.dtype.name == "bfloat16":  # torch.from_numpy knows no ml_dtypes: same bits as int16
+            return torch.from_numpy(img.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(img)
+
+    # views=: {name: (B, count, ...)} in place of the images tensor, each viewing the slot.
+    images = {n: tensor(a[0]) for n, a in host.views.items()} if host.views else tensor(host.image)
     valid = None if host.valid is None else torch.from_numpy(host.valid)
     label = host.label  # class ids as int64 (what cross_entropy takes); mixup='s soft targets float32
     labels = torch.from_numpy(label if label.dtype == np.float32 else label.astype(np.int64))
@@ -74,7 +77,7 @@ def _to_torch(host) -> tuple[_adapter.TensorBatch, list]:
         repeat=None if host.repeats is None else torch.from_numpy(host.repeats[0]),
         fields={**{n: torch.from_numpy(np.ascontiguousarray(a[0])) for n, a in host.fields.items()}, **host.texts},
     )
-    return batch, [images]
+    return batch, list(images.values()) if host.views else [images]
 
 
 class TorchLoader(_adapter.EpochLoader):

@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from tbljax._src.engine import native_res
+from tbljax._src.engine import native_res, views
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.canvas import CANVAS_KEYS, CanvasServing
@@ -25,7 +25,7 @@ from tbljax._src.engine.producer import Metrics, Pass
 from tbljax._src.engine.record_source import open_source
 from tbljax._src.engine.ring import Ring, aligned_empty
 from tbljax._src.engine.rows import RowLayout
-from tbljax._src.rules import contract, resume
+from tbljax._src.rules import contract, resume, scale_jitter
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.rules.parts import Parts
 
@@ -82,6 +82,7 @@ class HostLoader:
         self._fields = FieldServing(dataset, opts.fields, opts.field_fn, opts.pad, opts.batch_size)
         self.check_fields(dataset, [n for n in self._fields.names if n not in self._fields.fns])
         self._geometric = GeometricServing(dataset, self._fields.geometric, opts, opts.threads or 0)
+        self._bbox_field = self._bbox_crop_field()
         if parts is not None and parts.n != self._source.n:
             raise ValueError(
                 f"part {parts.index} should hold {parts.n} records, the dataset given holds {self._source.n}"
@@ -97,8 +98,11 @@ class HostLoader:
         if isinstance(self._native, native_res.BucketServing):
             # Positions count G a step: an epoch is the schedule's steps, whole.
             self._step_parts = Parts.whole(self._native.steps * self._rows.global_batch)
+        self._views = self._view_serving()
         if self._native is not None:
             largest = self._native_row_shape(None)
+        elif self._views is not None:
+            largest = self._views.row_shape
         else:
             # One row shape per entry of a size schedule (one without); the ring is sized once for
             # the largest, and each batch views it at its epoch's size (`Slot.views` in ring.py).
@@ -130,6 +134,22 @@ class HostLoader:
             self._rows, largest, opts.out_dtype, opts.prefetch + RING_EXTRA, alloc=alloc, before_reuse=before_reuse
         )
 
+    def _bbox_crop_field(self) -> str | None:
+        """The boxes field Augment(crop="bbox") keeps objects of, or None without it; refuses by
+        name what it is not served with."""
+        aug = self.options.augment
+        if aug is None or aug.crop != "bbox":
+            return None
+        boxes = self._geometric.boxes
+        if len(boxes) != 1:
+            raise ValueError(
+                "Augment(crop='bbox') crops around each record's boxes: it needs exactly one boxes field "
+                f"(tbljax.Boxes) among the fields served, got {boxes}; name it in fields="
+            )
+        if self._source.mixture is not None:
+            raise ValueError("Augment(crop='bbox') with a mixture (tbljax.mix): not served yet")
+        return boxes[0]
+
     def _native_resolution(self, dataset, parts):
         """Buckets' or patches' serving (`engine/native_res.py`), or None; refuses by name what
         they are not served with."""
@@ -153,7 +173,7 @@ class HostLoader:
         """Canvas rows' serving (Augment(scale_jitter=...), crop='longer_pad'), or None;
         refuses by name what they are not served with (buckets and patches: `LoaderOptions`)."""
         aug = self.options.augment
-        if aug is None or not aug.canvas:
+        if not scale_jitter.on_canvas(aug):
             return None
         what = "Augment(scale_jitter=...)" if aug.scale_jitter is not None else "Augment(crop='longer_pad')"
         if self._source.mixture is not None:
@@ -165,6 +185,24 @@ class HostLoader:
                 "leave them out with fields=[...]"
             )
         return CanvasServing()
+
+    def _view_serving(self):
+        """Multi-view serving (`engine/views.py`), or None; refuses by name what views are not
+        served with."""
+        opts = self.options
+        if opts.views is None:
+            return None
+        if self._source.mixture is not None:
+            raise ValueError("views with a mixture (tbljax.mix): not served yet")
+        if self._geometric.names:
+            raise ValueError(
+                f"views with the geometric fields {self._geometric.names}: not served yet (pass fields= without them)"
+            )
+        serving = views.ViewServing(opts)
+        clash = sorted(set(serving.names) & set(self._fields.names))
+        if clash:
+            raise ValueError(f"views {clash}: the dataset serves fields of these names; rename the views")
+        return serving
 
     def _native_row_shape(self, cursor) -> tuple[int, ...]:
         """A row under buckets (the bucket of the step at `cursor`; None: the largest) or
@@ -242,6 +280,8 @@ class HostLoader:
         """One row of a batch of `epoch` (under buckets: of the largest bucket)."""
         if self._native is not None:
             return self._native_row_shape(None)
+        if self._views is not None:  # every view's row packed (`engine/views.py`)
+            return self._views.row_shape
         return self._source.row_shape(self.options, epoch)
 
     # ---- the iterator protocol and the state ----
@@ -269,6 +309,8 @@ class HostLoader:
             native=self._native,
             geometric=self._geometric,
             canvas=self._canvas,
+            views=self._views,
+            bbox_field=self._bbox_field,
         )
         it = Pass(plan, self._ring, self._metrics, on_step=self._handed_out, on_end=self.pass_ended)
         self._active = weakref.ref(it)

@@ -1,7 +1,6 @@
 """The per-image ops of a batch's rows as the C++ kernel takes them (`pixel_program`): the
 decisions of `rules/randaug.py` and `rules/erasing.py` turned into the kernel's arrays (op codes,
-integer arguments, the affine ops' float64 matrices, fills, erasing boxes and keys), with the op
-codes the C++ stage does not run yet refused by name."""
+integer arguments, the affine ops' float64 matrices, fills, erasing boxes and keys)."""
 
 from __future__ import annotations
 
@@ -25,17 +24,18 @@ def ops_arg(ops):
     raise TypeError(f"ops must be a tbljax.kernels.pixel_program(...) or None, got {type(ops).__name__}")
 
 
-# The op codes the C++ pixel program runs (pixel_ops.CODES 1..18, RandAugment's); 19-25
-# (Grayscale, GaussianBlur, the torchvision geometric ops) are not yet in it.
-FUSED_MAX_CODE = 18
+# The largest op code the C++ pixel program runs: every one of pixel_ops.CODES.
+FUSED_MAX_CODE = max(pixel_ops.CODES.values())
 
 
 @functools.lru_cache(maxsize=4096)
 def _matrix(code: int, arg: int, height: int, width: int, translate_const: float, translate_pct: float):
-    level = pixel_ops.affine_level(
-        code, float(np.array(arg, np.int32).view(np.float32)), translate_const, translate_pct
-    )
-    return pixel_ops.affine_matrix(code, level, height, width)
+    return pixel_ops.op_matrix(code, arg, height, width, translate_const, translate_pct)
+
+
+def _slots(policy):
+    """A policy's K columns: its num_ops (RandAugment) or num_slots slots."""
+    return policy.num_ops if isinstance(policy, randaug.RandAugment) else policy.num_slots
 
 
 def pixel_program(
@@ -49,32 +49,29 @@ def pixel_program(
     ``erase_keys[b]``) on the written float32 values (bfloat16: those values rounded to
     nearest even). Erasing needs a float32 or bfloat16 output.
 
-    `policies`: the `RandAugment` policies whose ``num_ops`` slots the K columns are, in order
-    (each slot's fill, interpolation and translation constants); () takes `RandAugment`'s
-    defaults for every slot. `out_hw`: the output (height, width), which the affine ops'
-    matrices (built here, in float64, by `pixel_ops.affine_matrix`) depend on.
+    `policies`: the policies (`RandAugment`'s ``num_ops`` slots, the others' ``num_slots``)
+    whose slots the K columns are, in order (each slot's fill, interpolation and translation
+    constants); () takes `RandAugment`'s defaults for every slot. `out_hw`: the output
+    (height, width), which the affine ops' matrices (built here, in float64, by
+    `pixel_ops.op_matrix`) depend on.
     """
     codes = np.ascontiguousarray(codes, np.uint8)
     args = np.ascontiguousarray(args, np.int32)
     if codes.ndim != 2 or args.shape != codes.shape:
         raise ValueError(f"codes and args must both be (B, K), got {codes.shape} and {args.shape}")
     b, k = codes.shape
-    late = codes[codes > FUSED_MAX_CODE]
-    if late.size:  # their rules are in pixel_ops, not yet in the C++ stage: no bytes that differ
-        name = {v: n for n, v in pixel_ops.CODES.items()}[int(late[0])]
-        raise ValueError(f"{name} is not yet in the fused pass")
-    slots = [ra for ra in policies for _ in range(ra.num_ops)] or [randaug.RandAugment()] * k
+    slots = [p for p in policies for _ in range(_slots(p))] or [randaug.RandAugment()] * k
     if len(slots) != k:
         raise ValueError(f"the policies have {len(slots)} op slots but codes has {k} columns")
     h, w = (int(v) for v in out_hw)
     matrices = np.zeros((b, k, 6), np.float64)
-    for i, j in zip(*np.nonzero(np.isin(codes, sorted(pixel_ops.AFFINE)))):
-        ra = slots[j]
-        matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), h, w, ra.translate_const, ra.translate_pct)
-    fill = np.array([ra.fill for ra in slots], np.uint8).reshape(k, 3)
-    nearest = np.array([ra.interpolation == "nearest" for ra in slots], np.uint8).reshape(k)
-    if nearest.any():  # main's nearest rule (Pillow's 16.16 fixed point) is not yet in the C++ stage
-        raise ValueError("interpolation='nearest' is not yet in the fused pass")
+    for i, j in zip(*np.nonzero(np.isin(codes, sorted(pixel_ops.AFFINE | pixel_ops.TV_AFFINE)))):
+        p = slots[j]
+        tc, tp = getattr(p, "translate_const", 100.0), getattr(p, "translate_pct", 0.45)
+        matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), h, w, tc, tp)
+    # Policies without affine ops or Cutout (ColorJitter, ThreeAugment, ...) have no fill to use.
+    fill = np.array([getattr(p, "fill", (0, 0, 0)) for p in slots], np.uint8).reshape(k, 3)
+    nearest = np.array([getattr(p, "interpolation", "bilinear") == "nearest" for p in slots], np.uint8).reshape(k)
     if erase_boxes is None:
         boxes, keys = np.zeros((b, 0, 4), np.int32), np.zeros(b, np.uint32)
     else:

@@ -15,6 +15,7 @@ import numpy as np
 
 from tbljax._src.engine import file_sweep, native_res
 from tbljax._src.engine import step as _step
+from tbljax._src.engine import views as _views
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.canvas import CanvasServing
 from tbljax._src.engine.geometric_serving import GeometricServing
@@ -63,6 +64,9 @@ class HostBatch:
     sources: tuple[np.ndarray, ...] | None = None
     # repeats > 1: which repeat of its record each row is (int32, -1 on padding rows); else None.
     repeats: tuple[np.ndarray, ...] | None = None
+    # views= (`engine/views.py`): {name: per row range (rows, count, *row) views of the slot};
+    # ``images`` then holds the packed rows they view, which no framework layer hands out.
+    views: dict = dataclasses.field(default_factory=dict)
 
     def _one(self, name):
         parts = getattr(self, name)
@@ -128,6 +132,8 @@ class Plan:
     geometric: GeometricServing | None = None  # masks, boxes, ... through the image's geometry
     # Canvas rows (Augment(scale_jitter=...), crop='longer_pad'): what fills them; or None.
     canvas: CanvasServing | None = None
+    views: _views.ViewServing | None = None  # views= (multi-crop): each row's views instead of one image
+    bbox_field: str | None = None  # Augment(crop="bbox"): the boxes field its crops keep
 
     @property
     def part(self) -> Parts:
@@ -245,7 +251,9 @@ class Plan:
                 continue
             nvalid = int(np.clip(self.slots.n - (first + a), 0, b - a))
             pos = np.arange(first + a, first + a + nvalid, dtype=np.int64)
-            idx, boxes, flip, repeat = src.draw(pos, opts, epoch, first_index, self.step_rows(first))
+            idx, boxes, flip, repeat = src.draw(
+                pos, opts, epoch, first_index, self.step_rows(first), boxes_field=self.bbox_field
+            )
             ops = None
             if out_hw is not None:
                 ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw, repeat=0 if repeat is None else repeat)
@@ -266,6 +274,7 @@ class Plan:
         slot = ring.acquire(stop)
         views = slot.views(self.row_shape(epoch, first))  # a size schedule's size of `epoch`
         labels, indices, valid, sources, served, repeats, hws = [], [], [], [], [], [], []
+        view_blocks = {}
         for (a, b), out, (idx, boxes, flip, records, repeat, ops, ext) in zip(self.layout.ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
             patches = isinstance(self.native, native_res.PatchServing)
@@ -300,6 +309,13 @@ class Plan:
                     started=started,
                 )
                 started = None
+            elif self.views is not None:  # each row's views, drawn here: they are cheap
+                geometry = src.geometry.shifted(self.part.start)
+                vd = self.views.draw(idx, geometry=geometry, epoch=epoch, repeat=repeat)
+                got = self.views.fill(src, records, vd, out, jpeg_dct_scale=opts.jpeg_dct_scale, started=started)
+                started = None
+                for name, block in got.items():
+                    view_blocks.setdefault(name, []).append(block)
             elif nvalid:
                 src.fill(
                     records,
@@ -314,7 +330,8 @@ class Plan:
                     ops=ops,
                 )
                 started = None
-            out[nvalid:] = 0  # padding rows (only at the end of an epoch without drop_remainder)
+            if self.views is None:  # (views zero their own padding rows: their blocks are not out's rows)
+                out[nvalid:] = 0  # padding rows (only at the end of an epoch without drop_remainder)
             pad = rows - nvalid
             indices.append(np.concatenate([idx, np.full(pad, -1)]).astype(np.int32))
             labels.append(np.concatenate([src.labels[records], np.full(pad, -1)]).astype(np.int32))
@@ -354,6 +371,7 @@ class Plan:
             texts,
             tuple(sources) if sources else None,
             tuple(repeats) if repeats else None,
+            {name: tuple(blocks) for name, blocks in view_blocks.items()},
         ), slot
 
     def row_shape(self, epoch, first) -> tuple[int, ...]:
@@ -363,6 +381,8 @@ class Plan:
             return contract.row_shape(self.opts.layout, *self.buckets.out_hw(epoch, first))
         if self.native is not None:
             return self.native.row_shape
+        if self.views is not None:
+            return self.views.row_shape
         return self.source.row_shape(self.opts, epoch)
 
     def finish_host(self, host: HostBatch, slot: Slot):

@@ -166,6 +166,16 @@ def _finish(plan: Plan, built: queue.Queue, room: threading.Semaphore, q: queue.
         stop.set()
 
 
+def _as_interrupt(e: BaseException) -> BaseException:
+    """The Ctrl-C behind `e`, when `e` is CPython's "release unlocked lock": on 3.11 a
+    KeyboardInterrupt that lands while `Condition.wait` takes its lock back leaves the lock
+    released, and the `with` around the wait then fails with that RuntimeError, the interrupt
+    only its context. The user pressed Ctrl-C: that is what they get."""
+    if isinstance(e, RuntimeError) and isinstance(e.__context__, KeyboardInterrupt):
+        return e.__context__
+    return e
+
+
 class _Stage(threading.Thread):
     """A daemon thread running one stage `fn(*args)` of a pass, that the pass can always join.
 
@@ -190,7 +200,12 @@ class _Stage(threading.Thread):
 
     def start(self) -> None:
         self._launched = True
-        super().start()
+        try:
+            super().start()
+        except RuntimeError as e:
+            if _as_interrupt(e) is not e:
+                raise _as_interrupt(e) from None
+            raise
         self._running = True
 
     def run(self) -> None:
@@ -280,8 +295,10 @@ class Pass:
             raise StopIteration
         try:
             return self._next()
-        except BaseException:  # the end, an error or a Ctrl-C anywhere in here: stop the threads
+        except BaseException as e:  # the end, an error or a Ctrl-C anywhere in here: stop the threads
             self.close()
+            if _as_interrupt(e) is not e:
+                raise _as_interrupt(e) from None
             raise
 
     def _next(self):

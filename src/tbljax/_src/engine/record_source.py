@@ -108,13 +108,14 @@ class RecordSource:
             self._packed = np.empty(0, np.uint8)  # decoded records of different sizes
         self._threads = threads or 0
 
-    def draw(self, positions, opts: LoaderOptions, epoch: int, first_index: int = 0, step=None):
+    def draw(self, positions, opts: LoaderOptions, epoch: int, first_index: int = 0, step=None, boxes_field=None):
         """(sample indices, crop boxes or None, flips or None, repeats or None) of `positions`
         of `epoch`: the epoch's permutation, then crops and flips keyed by the sample index
-        (engine/step.py; `step` as it takes it)."""
-        return _step.draw(
-            positions, opts, num_records=self.n, image_hw=self.geometry, epoch=epoch, first_index=first_index, step=step
-        )
+        (engine/step.py; `step` as it takes it). `boxes_field`: the field crop="bbox" reads
+        each record's object boxes from."""
+        objects = boxes_field and (lambda idx: self._ds.field_rows(boxes_field, np.asarray(idx) - first_index))
+        kw = dict(num_records=self.n, image_hw=self.geometry, epoch=epoch, first_index=first_index, step=step)
+        return _step.draw(positions, opts, objects=objects or None, **kw)
 
     def source_ids(self, records) -> None:
         """Which source each record comes from: None, one dataset is one source."""
@@ -342,7 +343,7 @@ class MixtureSource:
         except ValueError as e:
             raise ValueError(f"{self._mix!r}: its sources' records differ in size; {e}") from None
 
-    def draw(self, positions, opts: LoaderOptions, epoch: int, first_index: int = 0, step=None):
+    def draw(self, positions, opts: LoaderOptions, epoch: int, first_index: int = 0, step=None, boxes_field=None):
         positions = np.asarray(positions, np.int64)
         if not len(positions):
             return positions, None, None, None

@@ -19,7 +19,7 @@ import numpy as np
 
 from tbljax._src.engine import kernels
 from tbljax._src.rules import augment as _augment
-from tbljax._src.rules import erasing, order, randaug
+from tbljax._src.rules import bbox_crop, erasing, order, randaug, scale_jitter
 from tbljax._src.rules.options import LoaderOptions
 
 __all__ = ["RowOps", "draw", "draw_extents", "draw_ops", "records"]
@@ -49,38 +49,60 @@ def records(positions, opts: LoaderOptions, *, num_records: int, epoch, step=Non
     )
 
 
-def draw(positions, opts: LoaderOptions, *, num_records: int, image_hw, epoch, xp=np, first_index: int = 0, step=None):
+def draw(
+    positions,
+    opts: LoaderOptions,
+    *,
+    num_records: int,
+    image_hw,
+    epoch,
+    xp=np,
+    first_index: int = 0,
+    step=None,
+    objects=None,
+):
     """(sample indices, crop boxes or None, flips or None, repeats or None) for `positions` of
     epoch `epoch` (`step`: as `records` takes it, with repeats).
 
     `image_hw`: (H, W) of every record, or a `tbljax.augment.RecordGeometry` (records of their
     own sizes, each sample's looked up by its index). `first_index`: the records are global
     indices [first_index, first_index + num_records) (a host part, `tbljax.order.Parts`);
-    crops and flips are keyed by the global index and the repeat."""
+    crops and flips are keyed by the global index and the repeat. `objects`: crop="bbox" only,
+    a function of global sample indices → each record's (n, 4) xyxy object boxes."""
     if xp is not np and has_ops(opts.augment):
         raise ValueError(NOT_IN_JIT)
-    if xp is not np and opts.augment is not None and opts.augment.canvas:
+    if xp is not np and scale_jitter.on_canvas(opts.augment):
         raise ValueError(CANVAS_NOT_IN_JIT)
     idx, repeat = records(positions, opts, num_records=num_records, epoch=epoch, step=step, xp=xp)
     idx = idx + first_index if first_index else idx
     if opts.augment is None:
         return idx, None, None, repeat
     geometry = _augment.RecordGeometry.of(image_hw).shifted(first_index)
+    held = None
+    if opts.augment.crop == "bbox" and objects is not None:
+        held = bbox_crop.pad_boxes(objects(idx))
     boxes, flips = _augment.sample(
-        opts.augment, idx, geometry=geometry, seed=opts.seed, epoch=epoch, repeat=0 if repeat is None else repeat, xp=xp
+        opts.augment,
+        idx,
+        geometry=geometry,
+        seed=opts.seed,
+        epoch=epoch,
+        repeat=0 if repeat is None else repeat,
+        objects=held,
+        xp=xp,
     )
     return idx, boxes, flips, repeat
 
 
 def draw_extents(indices, opts: LoaderOptions, *, image_hw, epoch: int, first_index: int = 0, repeat=None):
     """The valid extents (B, 2) of sample `indices` (global) under a canvas augmentation
-    (`Augment.canvas`: scale_jitter, crop='longer_pad'), drawn with the boxes `draw` returned
+    (`scale_jitter.on_canvas`: scale_jitter, crop='longer_pad'), drawn with the boxes `draw` returned
     (`augment.canvas_boxes`); None for any other augmentation."""
     aug = opts.augment
-    if aug is None or not aug.canvas:
+    if not scale_jitter.on_canvas(aug):
         return None
     geometry = _augment.RecordGeometry.of(image_hw).shifted(first_index)
-    return _augment.canvas_boxes(
+    return scale_jitter.canvas_boxes(
         aug, indices, geometry=geometry, seed=opts.seed, epoch=epoch, repeat=0 if repeat is None else repeat
     )[1]
 
@@ -91,16 +113,9 @@ def has_ops(aug) -> bool:
 
 
 def check_ops(opts: LoaderOptions) -> None:
-    """Refuses, by name, per-image ops the host loaders do not serve: policies not yet in the
-    C++ stage, and erasing with uint8 output
-    (timm erases the normalized values; there are none in uint8)."""
-    for policy in opts.augment.ops if opts.augment is not None else ():
-        # The C++ stage runs RandAugment's ops (codes 1-18) with bilinear resampling; the rest
-        # (codes 19-25, main's nearest rule) are in pixel_ops only, so refused rather than served unlike it.
-        if not isinstance(policy, randaug.RandAugment):
-            raise ValueError(f"{type(policy).__name__} is not yet in the fused pass")
-        if policy.interpolation == "nearest":
-            raise ValueError("RandAugment(interpolation='nearest') is not yet in the fused pass")
+    """Refuses, by name, per-image ops the host loaders do not serve: erasing with uint8 output
+    (timm erases the normalized values; there are none in uint8). Every policy
+    (`randaug.POLICIES`) is served: the C++ stage runs all of `pixel_ops.CODES`."""
     if has_ops(opts.augment) and opts.augment.erasing is not None and opts.out_dtype == np.uint8:
         raise ValueError(
             "Augment(erasing=...) sets normalized values (as timm's RandomErasing): it needs "

@@ -32,11 +32,12 @@ def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
     """The JAX layer: a HostBatch → (a dict of global jax.Arrays, no copy on CPU; the arrays
     in it that view the ring slot)."""
     row_shape = host.images[0].shape[1:]  # the batch's own: a size schedule changes it
-    result = {
-        "image": to_global(rows, host.images, row_shape),
-        "label": to_global(rows, host.labels),
-        "index": to_global(rows, host.indices),
-    }
+    if host.views:  # views=: one array per view group, (B, count, *row), instead of "image"
+        result = {name: to_global(rows, pieces, pieces[0].shape[1:]) for name, pieces in host.views.items()}
+    else:
+        result = {"image": to_global(rows, host.images, row_shape)}
+    result["label"] = to_global(rows, host.labels)
+    result["index"] = to_global(rows, host.indices)
     if host.valids is not None:
         result["valid"] = to_global(rows, host.valids)
     if host.sources is not None:  # a mixture: which source each row came from
@@ -47,7 +48,7 @@ def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
         check_fits(name, pieces, f"at epoch {host.epoch}, position {host.position}")  # a field_fn's
         result[name] = to_global(rows, pieces, pieces[0].shape[1:])
     result.update(host.texts)  # str/json fields: this process's rows, as Python lists
-    return result, [result["image"]]
+    return result, [result[name] for name in host.views] if host.views else [result["image"]]
 
 
 class Loader(HostLoader):

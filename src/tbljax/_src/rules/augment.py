@@ -26,6 +26,8 @@ overflow since H, W <= 65535). Random words: attempt t uses counters 4t .. 4t+3;
 counter 40 (flip when its top bit is set), also when cropping is off, so a sample flips the
 same way with and without the crop. Repeat r of a sample (``repeats=``) adds 64 r to these
 counters: repeat 0 is the crop without repeats; r < 1024 stays below RandAugment's words.
+View v of a sample (``views=``, multi-crop) adds ``0x1000000 v`` (past every repeat's RandAugment
+and erasing words, so at most 256 views): view 0 is the crop without views.
 Quantizing s and log r to 4096 levels changes nothing visible (steps of 2.3e-4 in area fraction
 and 1.4e-4 in log ratio).
 
@@ -33,6 +35,9 @@ and 1.4e-4 in log ratio).
 sample's own record, gathered by sample index. What needs float64 (``float32(sqrt(H*W))``, the
 fallback crop, the center crop) is computed once per record on the host as a table and gathered
 the same way, so jax.numpy never recomputes it in float32 and both give the same boxes.
+
+**Detection crop** (``crop="bbox"``): SSD / DALI ``random_bbox_crop``'s window that keeps an
+object, drawn on the host from each record's boxes (`bbox_crop.py` states the loop and its counters).
 
 **Center crop** (``crop="center"``, evaluation): the central square of side
 c = max(1, int(center_fraction * min(H, W))) at ((H - c) // 2, (W - c) // 2), as FFCV's
@@ -53,11 +58,21 @@ import math
 
 import numpy as np
 
-from tbljax._src.rules import contract, order, quantiles, randaug, scale_jitter
+from tbljax._src.rules import bbox_crop, contract, order, quantiles, randaug, scale_jitter
 from tbljax._src.rules.erasing import RandomErasing
 from tbljax._src.rules.record_geometry import RecordGeometry
 
-__all__ = ["MAX_REPEATS", "PRESETS", "Augment", "RecordGeometry", "sample", "crop_boxes", "center_boxes", "flips"]
+__all__ = [
+    "MAX_REPEATS",
+    "MAX_VIEWS",
+    "PRESETS",
+    "Augment",
+    "RecordGeometry",
+    "sample",
+    "crop_boxes",
+    "center_boxes",
+    "flips",
+]
 
 # The augmentations a name stands for (`Augment.from_spec`, the CLI's --augment): Augment(**kw).
 PRESETS: dict[str, dict] = {"rrc_flip": {}, "flip": {"crop": False}}
@@ -66,6 +81,9 @@ _WORDS_PER_ATTEMPT = 4
 _FLIP_COUNTER = _ATTEMPTS * _WORDS_PER_ATTEMPT
 _REPEAT_STRIDE = 64  # repeat r's counters: + 64 r (past the buckets' 48..49), below randaug's 0x10000
 MAX_REPEATS = 0x10000 // _REPEAT_STRIDE
+# View v's counters: + 0x1000000 v, above repeats' RandAugment words (< 0x410000); uint32 holds 256.
+_VIEW_STRIDE = 0x1000000
+MAX_VIEWS = (1 << 32) // _VIEW_STRIDE
 # TBL stores sides as u16, which keeps the placement product in uint32.
 _MAX_SIDE = contract.MAX_SIDE
 
@@ -114,6 +132,35 @@ def _size_or_schedule(size):
     return pair
 
 
+def _check_bbox(aug: "Augment") -> dict:
+    """The detection crop's arguments (`bbox_crop.py`), validated, each error naming the value."""
+    t = aug.min_object_covered
+    t = (t,) if contract.is_real(t) else t
+    if not (
+        isinstance(t, (tuple, list))
+        and t
+        and all(contract.is_real(v) and 0 <= v <= 1 and not isinstance(v, bool) for v in t)
+    ):
+        raise ValueError(f"min_object_covered must be a number in [0, 1] or a non-empty list of them, got {t!r}")
+    if aug.bbox_metric not in bbox_crop.METRICS:
+        raise ValueError(f"bbox_metric must be one of {bbox_crop.METRICS}, got {aug.bbox_metric!r}")
+    scaling = _pair("bbox_scaling", aug.bbox_scaling, lambda v: v > 0)
+    if scaling[1] > 1:
+        raise ValueError(f"bbox_scaling must lie in (0, 1] (a side's fraction of the image's), got {scaling!r}")
+    n = aug.bbox_attempts
+    if not contract.is_integer(n) or not 1 <= n <= bbox_crop.MAX_ATTEMPTS:
+        raise ValueError(f"bbox_attempts must be an integer in [1, {bbox_crop.MAX_ATTEMPTS}], got {n!r}")
+    if not isinstance(aug.allow_no_crop, (bool, np.bool_)):
+        raise ValueError(f"allow_no_crop must be True or False, got {aug.allow_no_crop!r}")
+    return dict(
+        min_object_covered=tuple(float(v) for v in t),
+        bbox_scaling=scaling,
+        bbox_aspect_ratio=_pair("bbox_aspect_ratio", aug.bbox_aspect_ratio, lambda v: v > 0),
+        bbox_attempts=int(n),
+        allow_no_crop=bool(aug.allow_no_crop),
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Augment:
     """Training augmentation (random-resized-crop and flip) or the evaluation center crop.
@@ -134,14 +181,15 @@ class Augment:
         they change no box or flip.
       erasing: a `RandomErasing` applied to the normalized output, or None.
 
-    Detection (`tbljax._src.rules.scale_jitter`): each row is a record resized to fit ``size``
-    at the top-left, then padded (0 after normalization); ``batch["image_valid"]`` (B, H, W)
-    bool marks the real pixels, geometric fields follow (masks padded with ``ignore``):
-      scale_jitter: (lo, hi): large-scale jitter (detectron2's ``ResizeScale`` +
-        ``FixedSizeCrop``): resized to fit ``size`` times s ~ U(lo, hi), then a random crop of
-        ``size`` where larger; needs a fixed ``size`` (crop=True, the default, is replaced).
-      crop="longer_pad": evaluation: resized to fit ``size`` keeping the aspect (the longer
-        side to S at ``size=(S, S)``) and padded.
+    Detection crops, ``crop="bbox"`` (SSD; DALI ``fn.random_bbox_crop``'s arguments; the loop
+    is `tbljax._src.rules.bbox_crop`'s): needs the loader to serve a boxes field.
+      min_object_covered: thresholds (DALI ``thresholds``): each try picks one uniformly (or no
+        crop, with allow_no_crop), then a window with ``bbox_metric`` at least it for some box.
+      bbox_metric: "iou" (intersection over union) or "overlap" (intersection over the box's area).
+      bbox_scaling: range of each side of the window as a fraction of the image's.
+      bbox_aspect_ratio: range of (w / W) / (h / H) of the window.
+      bbox_attempts: windows tried per threshold picked (DALI ``num_attempts``).
+      allow_no_crop: the whole image is one of the options.
 
     ``"rrc_flip"`` is ``Augment()``; ``"flip"`` is ``Augment(crop=False)``.
 
@@ -159,16 +207,24 @@ class Augment:
     center_fraction: float = 0.875
     ops: tuple = ()
     erasing: "RandomErasing | None" = None
-    # Detection: rows on a padded canvas (`_check_canvas`, `rules/scale_jitter.py`).
-    scale_jitter: tuple[float, float] | None = None
+    # Detection crops (crop="bbox"): SSD's defaults as DALI's SSD example sets them.
+    min_object_covered: tuple = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
+    bbox_metric: str = "iou"
+    bbox_scaling: tuple[float, float] = (0.3, 1.0)
+    bbox_aspect_ratio: tuple[float, float] = (0.5, 2.0)
+    bbox_attempts: int = 50
+    allow_no_crop: bool = True
+    scale_jitter: tuple[float, float] | None = None  # LSJ; with crop="longer_pad": a canvas (rules/scale_jitter.py)
 
     def __post_init__(self):
         if isinstance(self.crop, (bool, np.bool_)):
             object.__setattr__(self, "crop", bool(self.crop))
-        elif not (isinstance(self.crop, str) and self.crop in ("center", "longer_pad")):
+        elif not (isinstance(self.crop, str) and self.crop in ("center", "bbox", "longer_pad")):
             raise ValueError(
-                f"crop must be True (random-resized-crop), 'center', 'longer_pad' or False, got {self.crop!r}"
+                f"crop must be True (random-resized-crop), 'center', 'bbox', 'longer_pad' or False, got {self.crop!r}"
             )
+        for k, v in _check_bbox(self).items():
+            object.__setattr__(self, k, v)
         if not isinstance(self.flip, (bool, np.bool_)):
             raise ValueError(f"flip must be True or False, got {self.flip!r}")
         object.__setattr__(self, "flip", bool(self.flip))
@@ -197,27 +253,8 @@ class Augment:
         object.__setattr__(self, "ops", tuple(self.ops))
         if self.erasing is not None and not isinstance(self.erasing, RandomErasing):
             raise ValueError(f"erasing must be a tbljax.RandomErasing or None, got {self.erasing!r}")
-        self._check_canvas()
-
-    def _check_canvas(self) -> None:
-        """scale_jitter and crop='longer_pad': a fixed size, no other crop, no per-image ops."""
-        if self.scale_jitter is not None:
-            object.__setattr__(self, "scale_jitter", _pair("scale_jitter", self.scale_jitter, lambda v: v > 0))
-        what = "scale_jitter" if self.scale_jitter is not None else "crop='longer_pad'" if self.canvas else None
-        if what is None:
-            return
-        if self.scale_jitter is not None and self.crop is not True:
-            raise ValueError(f"scale_jitter with crop={self.crop!r}: the jitter decides the crop (leave crop=True)")
-        if self.size is None or isinstance(self.size[0], tuple):
-            raise ValueError(f"{what} needs a fixed output size=(height, width), got size={self.size!r}")
-        if self.ops or self.erasing is not None:
-            raise ValueError(f"{what} with Augment(ops=/erasing=): not served yet")
-
-    @property
-    def canvas(self) -> bool:
-        """Whether rows are a resized record at the top-left of a padded canvas (scale_jitter,
-        crop='longer_pad')."""
-        return self.scale_jitter is not None or self.crop == "longer_pad"
+        if scale_jitter.on_canvas(self):
+            object.__setattr__(self, "scale_jitter", scale_jitter.check(self, _pair))
 
     @classmethod
     def from_spec(cls, spec) -> "Augment | None":
@@ -269,11 +306,13 @@ def crop_boxes(
     ratio=(3 / 4, 4 / 3),
     geometry=None,
     repeat=0,
+    view: int = 0,
     xp=np,
 ):
     """int32 (B, 4) random-resized-crop boxes (y0, x0, h, w) in source pixels for samples
     `indices`: of an H×W image (`height`, `width`), or each of its own record's size
-    (`geometry`: a `RecordGeometry` indexed by sample index); `repeat`: an int or (B,) ints.
+    (`geometry`: a `RecordGeometry` indexed by sample index); `repeat`: an int or (B,) ints;
+    `view`: which view of the sample (``views=``; 0: the crop without views).
 
     >>> b = crop_boxes(np.arange(3), height=32, width=32, seed=0, epoch=0)
     >>> bool(((b[:, 0] + b[:, 2] <= 32) & (b[:, 1] + b[:, 3] <= 32)).all())
@@ -289,7 +328,7 @@ def crop_boxes(
     rec_w = geo.gather(geo.widths, indices, xp)[:, None]
     sqrt_area = geo.gather(geo.sqrt_area_table(), indices, xp)[:, None]
     counters = xp.arange(_ATTEMPTS * _WORDS_PER_ATTEMPT, dtype=xp.uint32).reshape(_ATTEMPTS, _WORDS_PER_ATTEMPT)
-    u = order.random_bits(indices[:, None, None], _keyed(counters, repeat, 2, xp), seed, epoch, xp=xp)
+    u = order.random_bits(indices[:, None, None], _keyed(counters, repeat, 2, xp, view), seed, epoch, xp=xp)
     shift = xp.uint32(32 - quantiles.BITS)
     side = sqrt_area * sqrt_scale[u[..., 0] >> shift]
     kr = u[..., 1] >> shift
@@ -323,31 +362,24 @@ def center_boxes(
     return xp.broadcast_to(box, (indices.shape[0], 4))
 
 
-def flips(indices, *, seed: int, epoch: int, repeat=0, xp=np):
+def flips(indices, *, seed: int, epoch: int, repeat=0, view: int = 0, xp=np):
     """bool (B,): flip sample `indices` horizontally (probability 1/2, fixed per sample and epoch).
 
     >>> flips(np.arange(4), seed=0, epoch=0).dtype
     dtype('bool')
     """
-    u = order.random_bits(xp.asarray(indices), _keyed(_FLIP_COUNTER, repeat, 0, xp), seed, epoch, xp=xp)
+    u = order.random_bits(xp.asarray(indices), _keyed(_FLIP_COUNTER, repeat, 0, xp, view), seed, epoch, xp=xp)
     return (u >> 31) == 1
 
 
-def canvas_boxes(aug: Augment, indices, *, geometry, seed: int, epoch: int, repeat=0):
-    """(source boxes (B, 4), valid extents (B, 2)) of a canvas augmentation (`Augment.canvas`)
-    for sample `indices` of records `geometry` (a `RecordGeometry` indexed by sample index):
-    `scale_jitter.decide`, host NumPy only."""
-    geo = RecordGeometry.of(geometry)
-    idx = np.asarray(indices, np.int64)
-    hw = np.stack([geo.gather(geo.heights, idx, np), geo.gather(geo.widths, idx, np)], -1)
-    hw = np.broadcast_to(hw, (len(idx), 2))
-    return scale_jitter.decide(idx, hw, size=aug.size, scale=aug.scale_jitter, seed=seed, epoch=epoch, repeat=repeat)
-
-
-def _keyed(counters, repeat, ndim, xp):
-    """uint32 `counters` of repeat `repeat` (an int, or (B,) ints broadcast over `ndim` more axes)."""
+def _keyed(counters, repeat, ndim, xp, view: int = 0):
+    """uint32 `counters` of repeat `repeat` (an int, or (B,) ints broadcast over `ndim` more axes)
+    and view `view` (an int)."""
+    if not contract.is_integer(view) or not 0 <= view < MAX_VIEWS:
+        raise ValueError(f"view must be an integer in [0, {MAX_VIEWS}), got {view!r}")
     r = xp.asarray(repeat).astype(xp.uint32)
-    return xp.asarray(counters, dtype=xp.uint32) + r.reshape(r.shape + (1,) * ndim) * xp.uint32(_REPEAT_STRIDE)
+    keyed = xp.asarray(counters, dtype=xp.uint32) + r.reshape(r.shape + (1,) * ndim) * xp.uint32(_REPEAT_STRIDE)
+    return keyed + xp.uint32(int(view) * _VIEW_STRIDE) if view else keyed
 
 
 def sample(
@@ -360,16 +392,42 @@ def sample(
     epoch: int,
     geometry=None,
     repeat=0,
+    view: int = 0,
+    objects=None,
     xp=np,
 ):
     """(boxes or None, flips or None) for a batch of sample indices under options `aug`, for
     H×W records (`height`, `width`) or records of their own sizes (`geometry`); `repeat`:
-    which repeat of each sample (an int, or (B,) ints)."""
+    which repeat of each sample (an int, or (B,) ints); `view`: which view (``views=``; the
+    center crop is the same in every view, its flip is not); `objects`: crop="bbox" only, each
+    sample's object boxes (`bbox_crop.pad_boxes`: (B, n, 4) xyxy source pixels, counts)."""
     boxes = None
-    if aug.canvas:
-        boxes = canvas_boxes(
-            aug, indices, geometry=_geometry(height, width, geometry), seed=seed, epoch=epoch, repeat=repeat
-        )[0]
+    if scale_jitter.on_canvas(aug):
+        geo = _geometry(height, width, geometry)
+        boxes = scale_jitter.canvas_boxes(aug, indices, geometry=geo, seed=seed, epoch=epoch, repeat=repeat)[0]
+    elif aug.crop == "bbox":
+        if objects is None or xp is not np:
+            raise ValueError(
+                "Augment(crop='bbox') draws from each record's boxes on the host: serve it with a loader "
+                "(tbljax.loader, HostLoader, tbljax.torch.loader, tbljax.mlx.loader) and a boxes field"
+            )
+        geo = _geometry(height, width, geometry)
+        idx = np.asarray(indices, np.int64)
+        boxes = bbox_crop.crop_boxes(
+            idx,
+            *objects,
+            np.broadcast_to(geo.gather(geo.heights, idx), idx.shape),
+            np.broadcast_to(geo.gather(geo.widths, idx), idx.shape),
+            seed=seed,
+            epoch=epoch,
+            thresholds=aug.min_object_covered,
+            metric_kind=aug.bbox_metric,
+            scaling=aug.bbox_scaling,
+            aspect_ratio=aug.bbox_aspect_ratio,
+            num_attempts=aug.bbox_attempts,
+            allow_no_crop=aug.allow_no_crop,
+            repeat=repeat,
+        )
     elif aug.crop == "center":
         boxes = center_boxes(
             indices, fraction=aug.center_fraction, height=height, width=width, geometry=geometry, xp=xp
@@ -385,7 +443,8 @@ def sample(
             ratio=aug.ratio,
             geometry=geometry,
             repeat=repeat,
+            view=view,
             xp=xp,
         )
-    flip = flips(indices, seed=seed, epoch=epoch, repeat=repeat, xp=xp) if aug.flip else None
+    flip = flips(indices, seed=seed, epoch=epoch, repeat=repeat, view=view, xp=xp) if aug.flip else None
     return boxes, flip

@@ -17,12 +17,15 @@ import math
 
 import numpy as np
 
-from tbljax._src.rules import contract
-from tbljax._src.rules.augment import MAX_REPEATS, Augment
+from tbljax._src.rules import contract, scale_jitter
+from tbljax._src.rules.augment import MAX_REPEATS, MAX_VIEWS, Augment
 from tbljax._src.rules.buckets import Buckets
 from tbljax._src.rules.naflex import Patches
 
-__all__ = ["LoaderOptions", "front_end"]
+__all__ = ["VIEW_RESERVED", "LoaderOptions", "front_end"]
+
+# The batch keys a view's name may not take (`LoaderOptions.views`).
+VIEW_RESERVED = ("image", "label", "index", "valid", "repeat", "source")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +99,12 @@ class LoaderOptions:
         to `max_boxes` per row; a box whose clipped side is under `min_size` pixels, clipped
         area under `min_area`, or under `min_visibility` of its area before clipping is dropped
         (torchvision v2's SanitizeBoundingBoxes).
+      views: multi-crop (DINO): ``{name: (count, Augment(size=...)), ...}`` serves each record
+        as ``count`` views per name, ``batch[name]`` (B, count, H, W, 3) (NCHW: (B, count, 3,
+        H, W)) at that Augment's size, instead of ``image``. Views are numbered in the dict's
+        order across names; view v's crop and flip are keyed by (seed, epoch, index, v), so
+        view 0 is what ``augment=`` that Augment serves. Not with ``augment=`` (each view has
+        its own), buckets/patches, a mixture or geometric fields.
     """
 
     batch_size: int
@@ -125,6 +134,8 @@ class LoaderOptions:
     min_size: float = 1.0
     min_area: float = 1.0
     min_visibility: float = 0.0
+    # Multi-view (issue 47, DINO multi-crop): {name: (count, Augment)}, kept as ((name, count, Augment), ...).
+    views: dict | None = None
 
     def __post_init__(self):
         integer, Arg, ArgumentError = contract.is_integer, contract.Arg, contract.ArgumentError
@@ -169,6 +180,53 @@ class LoaderOptions:
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         self._check_native_resolution()
+        self._check_views()
+
+    def _check_views(self) -> None:
+        """``views``: a non-empty {name: (count >= 1, Augment with a fixed size)}, kept as a tuple
+        of (name, count, Augment); refuses by name what views are not served with."""
+        if self.views is None:
+            return
+        views = self.views
+        if isinstance(views, tuple) and all(isinstance(v, tuple) and len(v) == 3 for v in views):
+            views = {n: (c, a) for n, c, a in views}  # already kept (dataclasses.replace runs this again)
+        if not isinstance(views, dict) or not views:
+            raise ValueError(f"views must be a non-empty dict {{name: (count, tbljax.Augment)}}, got {self.views!r}")
+        kept = []
+        for name, value in views.items():
+            where = f"views[{name!r}]"
+            if not isinstance(name, str) or not name.isidentifier() or name in VIEW_RESERVED:
+                raise ValueError(
+                    f"views: {name!r} is not a view name: use an identifier other than the batch's keys {VIEW_RESERVED}"
+                )
+            if not (isinstance(value, (tuple, list)) and len(value) == 2):
+                raise ValueError(f"{where} must be (count, tbljax.Augment(size=...)), got {value!r}")
+            count, aug = value
+            if not contract.is_integer(count) or count < 1:
+                raise ValueError(f"{where}: count must be an integer >= 1, got {count!r}")
+            if not isinstance(aug, Augment):
+                raise ValueError(f"{where}: the augmentation must be a tbljax.Augment, got {aug!r}")
+            if aug.size is None or isinstance(aug.size[0], tuple):
+                raise ValueError(
+                    f"{where}: the Augment needs a fixed size=(height, width) (each view's output), "
+                    f"got size={aug.size!r}"
+                )
+            if aug.ops or aug.erasing is not None:
+                raise ValueError(f"{where}: Augment(ops=/erasing=) per view: not served yet")
+            if scale_jitter.on_canvas(aug):
+                raise ValueError(f"{where}: Augment(scale_jitter=/crop='longer_pad') per view: not served yet")
+            kept.append((name, int(count), aug))
+        total = sum(c for _, c, _ in kept)
+        refused = [
+            (total > MAX_VIEWS, f"views of {total} crops in all (at most {MAX_VIEWS})"),
+            (self.augment is not None, "augment= with views= (each view has its own Augment): pass one of them"),
+            (self.buckets is not None, "views with buckets: not served yet"),
+            (self.patches is not None, "views with patches: not served yet"),
+        ]
+        for bad, words in refused:
+            if bad:
+                raise ValueError(words)
+        object.__setattr__(self, "views", tuple(kept))
 
     def _check_native_resolution(self) -> None:
         """Refuses by name what buckets and patches are not served with."""

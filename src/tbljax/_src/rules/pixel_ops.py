@@ -71,6 +71,7 @@ __all__ = [
     "f32_arg",
     "gaussian_blur",
     "normal_table",
+    "op_matrix",
     "tv_affine_matrix",
 ]
 
@@ -235,6 +236,18 @@ def tv_affine_matrix(code: int, level: float, height: int, width: int) -> tuple[
     return tuple(m)
 
 
+def op_matrix(
+    code: int, arg: int, height: int, width: int, translate_const: float = 100.0, translate_pct: float = 0.45
+) -> tuple[float, ...]:
+    """The (a, b, c, d, e, f) an affine op (`AFFINE`, `TV_AFFINE`) with integer argument `arg`
+    resamples an image of `height` x `width` by (the kernel takes it built here)."""
+    if code in TV_AFFINE:
+        tv_translate = code in (CODES["TvTranslateX"], CODES["TvTranslateY"])  # whole pixels, not float bits
+        return tv_affine_matrix(code, float(arg) if tv_translate else float(_f32(arg)), height, width)
+    level = affine_level(code, float(_f32(arg)), translate_const, translate_pct)
+    return affine_matrix(code, level, height, width)
+
+
 def _cutout(image, arg, fill):
     h, w = image.shape[:2]
     pad, cy, cx = (arg >> 24) & 0xFF, (arg >> 12) & 0xFFF, arg & 0xFFF
@@ -292,21 +305,12 @@ def apply(
         return _cutout(image, arg, fill)
     if name == "Grayscale":
         return np.repeat(_luma(image)[..., None], 3, axis=2)
-    if name in ("TvTranslateX", "TvTranslateY"):
-        return pixel_filters.affine_transform(
-            image, tv_affine_matrix(code, float(arg), *image.shape[:2]), _check(interpolation), fill
-        )
+    if code in AFFINE | TV_AFFINE:
+        matrix = op_matrix(code, arg, *image.shape[:2], translate_const, translate_pct)
+        return pixel_filters.affine_transform(image, matrix, _check(interpolation), fill)
     level = _f32(arg)
     if name == "GaussianBlur":
         return gaussian_blur(image, level)
-    if code in TV_AFFINE:
-        return pixel_filters.affine_transform(
-            image, tv_affine_matrix(code, float(level), *image.shape[:2]), _check(interpolation), fill
-        )
-    if code in AFFINE:
-        level = affine_level(code, float(level), translate_const, translate_pct)
-        matrix = affine_matrix(code, level, *image.shape[:2])
-        return pixel_filters.affine_transform(image, matrix, _check(interpolation), fill)
     if name == "Brightness":
         degenerate = np.uint8(0)
     elif name == "Color":

@@ -42,8 +42,9 @@ from __future__ import annotations
 import numpy as np
 
 from tbljax._src.rules import order
+from tbljax._src.rules.record_geometry import RecordGeometry
 
-__all__ = ["decide"]
+__all__ = ["canvas_boxes", "check", "decide", "on_canvas"]
 
 _SCALE_COUNTER, _OFFSET_COUNTER = 50, 51  # + 64 r for repeat r (augment's _REPEAT_STRIDE)
 _REPEAT_STRIDE = 64
@@ -76,3 +77,35 @@ def decide(indices, record_hw, *, size, scale, seed: int, epoch: int, repeat=0):
     bw = np.minimum(w - x0, np.maximum(1, np.rint(rw * w / big_w)))
     boxes = np.stack([y0, x0, bh, bw], -1).astype(np.int32)
     return boxes, np.stack([rh, rw], -1).astype(np.int32)
+
+
+def on_canvas(aug) -> bool:
+    """Whether `Augment` `aug` (or None) puts rows on a padded canvas: scale_jitter or
+    crop='longer_pad'."""
+    return aug is not None and (aug.scale_jitter is not None or aug.crop == "longer_pad")
+
+
+def check(aug, pair):
+    """`aug.scale_jitter` read by `pair` (augment's rule for a (lo, hi) range), having refused by
+    name what an `Augment` on a canvas is not served with: another crop beside the jitter, no
+    fixed size, per-image ops."""
+    jitter = None if aug.scale_jitter is None else pair("scale_jitter", aug.scale_jitter, lambda v: v > 0)
+    what = "scale_jitter" if aug.scale_jitter is not None else "crop='longer_pad'"
+    if aug.scale_jitter is not None and aug.crop is not True:
+        raise ValueError(f"scale_jitter with crop={aug.crop!r}: the jitter decides the crop (leave crop=True)")
+    if aug.size is None or isinstance(aug.size[0], tuple):
+        raise ValueError(f"{what} needs a fixed output size=(height, width), got size={aug.size!r}")
+    if aug.ops or aug.erasing is not None:
+        raise ValueError(f"{what} with Augment(ops=/erasing=): not served yet")
+    return jitter
+
+
+def canvas_boxes(aug, indices, *, geometry, seed: int, epoch: int, repeat=0):
+    """(source boxes (B, 4), valid extents (B, 2)) of `Augment` `aug` with scale_jitter or
+    crop='longer_pad', for sample `indices` of records `geometry` (a `RecordGeometry` indexed
+    by sample index): `decide`, host NumPy only."""
+    geo = RecordGeometry.of(geometry)
+    idx = np.asarray(indices, np.int64)
+    hw = np.stack([geo.gather(geo.heights, idx, np), geo.gather(geo.widths, idx, np)], -1)
+    hw = np.broadcast_to(hw, (len(idx), 2))
+    return decide(idx, hw, size=aug.size, scale=aug.scale_jitter, seed=seed, epoch=epoch, repeat=repeat)

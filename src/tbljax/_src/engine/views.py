@@ -1,0 +1,96 @@
+"""Multi-view serving (``views=``, issue 47, DINO's multi-crop): each row of a step served as
+several crops, ``batch[name]`` (rows, count, *row) per view group. View v (numbered over the
+groups in order) is drawn by `tbljax.augment.sample` keyed by (seed, epoch, index, repeat, v),
+so view 0 is what the loader serves with ``augment=`` its Augment.
+
+A ring slot holds one row of all views packed (``row_shape``: one flat axis); each group is a
+contiguous block of the slot's range, (rows, count, *row), filled by one kernel call with each
+record listed once per view (record-major): RAW records are gathered from the mapping per view;
+compact JPEG records decode each view's box (so a record is decoded once per view); other
+records are decoded by the dataset once per view.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tbljax._src.rules import augment as _augment
+from tbljax._src.rules import contract
+from tbljax._src.rules.options import LoaderOptions
+
+__all__ = ["ViewServing"]
+
+
+class ViewServing:
+    """The view groups of ``opts.views``: their row shapes, each step's boxes and flips, and
+    their rows written into a slot's packed rows."""
+
+    def __init__(self, opts: LoaderOptions):
+        self.opts = opts
+        self.groups = opts.views  # ((name, count, Augment), ...)
+        self.rows_of = {n: contract.row_shape(opts.layout, *aug.size) for n, _, aug in self.groups}
+        sizes = [c * int(np.prod(self.rows_of[n])) for n, c, _ in self.groups]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.row_shape = (int(self.offsets[-1]),)  # one packed row of every view
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _, _ in self.groups)
+
+    def draw(self, indices, *, geometry, epoch: int, repeat=None):
+        """Per group, (boxes (n, count, 4) or None, flips (n, count) or None) of sample
+        `indices` (global; `geometry` indexed by them)."""
+        opts, out, v = self.opts, [], 0
+        for _, count, aug in self.groups:
+            drawn = [
+                _augment.sample(
+                    aug,
+                    indices,
+                    geometry=geometry,
+                    seed=opts.seed,
+                    epoch=epoch,
+                    repeat=0 if repeat is None else repeat,
+                    view=v + k,
+                )
+                for k in range(count)
+            ]
+            v += count
+            boxes = None if drawn[0][0] is None else np.stack([b for b, _ in drawn], axis=1)
+            flips = None if drawn[0][1] is None else np.stack([f for _, f in drawn], axis=1)
+            out.append((boxes, flips))
+        return out
+
+    def blocks(self, packed: np.ndarray) -> dict:
+        """{name: (rows, count, *row)} contiguous blocks of a slot range's packed rows."""
+        rows = packed.shape[0]
+        flat = packed.reshape(-1)
+        return {
+            n: flat[rows * int(self.offsets[g]) : rows * int(self.offsets[g + 1])].reshape(rows, c, *self.rows_of[n])
+            for g, (n, c, _) in enumerate(self.groups)
+        }
+
+    def fill(self, src, records, drawn, packed, *, jpeg_dct_scale=False, started=None) -> dict:
+        """Writes the views of `records` (the source's, `drawn` their `draw`) into `packed`
+        (rows, *row_shape), padding rows zero; {name: (rows, count, *row) view of it}."""
+        mean, std = self.opts.normalization
+        n = len(records)
+        out = self.blocks(packed)
+        for (name, count, _), (boxes, flips) in zip(self.groups, drawn):
+            block = out[name]
+            if n:
+                src.fill(
+                    np.repeat(records, count),  # record-major: row i's views are rows i*count ...
+                    block.reshape(-1, *block.shape[2:])[: n * count],
+                    layout=self.opts.layout,
+                    crop=None if boxes is None else boxes.reshape(-1, 4),
+                    flip=None if flips is None else flips.reshape(-1),
+                    mean=mean,
+                    std=std,
+                    jpeg_dct_scale=jpeg_dct_scale,
+                    started=started,
+                )
+                started = None
+            block[n:] = 0
+        if started is not None:
+            started()
+        return out
