@@ -10,6 +10,7 @@ from tbljax._src.rules.erasing import RandomErasing, decide_erasing
 from tbljax._src.rules.image_ops import ColorJitter, GaussianBlur, Grayscale, Solarize, ThreeAugment, TrivialAugment
 from tbljax._src.rules.randaug import RandAugment, decide, op_arg
 from tbljax._src.rules.record_geometry import RecordGeometry
+from tbljax._src.rules.scale_jitter import canvas_boxes
 
 __all__ = [
     "Augment",
@@ -17,6 +18,7 @@ __all__ = [
     "sample",
     "crop_boxes",
     "center_boxes",
+    "canvas_boxes",
     "flips",
     "RandAugment",
     "RandomErasing",

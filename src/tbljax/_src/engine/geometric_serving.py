@@ -77,18 +77,25 @@ class GeometricServing:
     def build(self, geometry, records, drawn, rows: list[int], out_hw: tuple[int, int]) -> dict[str, tuple]:
         """One step's geometric fields per row range: `records[r]` the valid records of range
         r (of `rows[r]` rows), `drawn[r]` its `RowsDrawn` (crop boxes and flips), `geometry`
-        the source's `RecordGeometry`, out_hw the image rows' size."""
+        the source's `RecordGeometry`, out_hw the image rows' size. Canvas rows (`d.extents`,
+        `engine/canvas.py`): each row's fields go to its extent at the top-left, maps padded
+        with their fill value, boxes clipped to the extent, keypoints outside it invisible."""
         out: dict[str, list] = {}
         for recs, d, nrows in zip(records, drawn, rows):
             hw = _record_hw(geometry, recs)
             for n in self.maps:
-                out.setdefault(n, []).append(self._map(n, recs, hw, d.boxes, d.flips, nrows, out_hw))
+                if d.extents is None:
+                    m = self._map(n, recs, hw, d.boxes, d.flips, nrows, out_hw)
+                else:
+                    m = self._canvas_map(n, recs, hw, d.boxes, d.flips, d.extents, nrows, out_hw)
+                out.setdefault(n, []).append(m)
             crops = _crops_of(d.boxes, hw)
+            row_hw = out_hw if d.extents is None else d.extents
             for n in self.boxes:
-                for k, v in self._boxes(n, recs, crops, d.flips, nrows, out_hw).items():
+                for k, v in self._boxes(n, recs, crops, d.flips, nrows, row_hw).items():
                     out.setdefault(k, []).append(v)
             for n in self.keypoints:
-                for k, v in self._keypoints(n, recs, crops, d.flips, nrows, out_hw).items():
+                for k, v in self._keypoints(n, recs, crops, d.flips, nrows, row_hw).items():
                     out.setdefault(k, []).append(v)
         return {n: tuple(v) for n, v in out.items()}
 
@@ -120,6 +127,20 @@ class GeometricServing:
             out[:k],
             self.threads,
         )
+        return out
+
+    def _canvas_map(self, name, recs, hw, crops, flips, extents, nrows, out_hw) -> np.ndarray:
+        """`_map` onto each row's extent (rows of one extent at a time), at the top-left of
+        rows of the fill value."""
+        info = self.infos[name]
+        trail = info.shape[2:] if not _role(info).get("flat") else info.shape[1:]
+        out = np.full((nrows, *out_hw, *trail), self.fill_value(name), info.dtype)
+        keys, group = np.unique(np.asarray(extents), axis=0, return_inverse=True)
+        group = group.reshape(-1)
+        for g, (h, w) in enumerate(keys.tolist()):
+            m = np.flatnonzero(group == g)
+            part = self._map(name, recs[m], hw[m], crops[m], None if flips is None else flips[m], len(m), (h, w))
+            out[m, :h, :w] = part
         return out
 
     def _ragged(self, name, recs) -> tuple[np.ndarray, np.ndarray]:

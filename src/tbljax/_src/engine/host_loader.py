@@ -18,13 +18,14 @@ import numpy as np
 from tbljax._src.engine import native_res, views
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
+from tbljax._src.engine.canvas import CANVAS_KEYS, CanvasServing
 from tbljax._src.engine.geometric_serving import GeometricServing
 from tbljax._src.engine.plan import Plan
 from tbljax._src.engine.producer import Metrics, Pass
 from tbljax._src.engine.record_source import open_source
 from tbljax._src.engine.ring import Ring, aligned_empty
 from tbljax._src.engine.rows import RowLayout
-from tbljax._src.rules import contract, resume
+from tbljax._src.rules import contract, resume, scale_jitter
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.rules.parts import Parts
 
@@ -93,6 +94,7 @@ class HostLoader:
         self._step_parts = self._record_parts.times(opts.repeats)
         self._rows = rows if rows is not None else RowLayout.for_rank(opts.batch_size, 0, 1)
         self._native = self._native_resolution(dataset, parts)
+        self._canvas = self._canvas_serving()
         if isinstance(self._native, native_res.BucketServing):
             # Positions count G a step: an epoch is the schedule's steps, whole.
             self._step_parts = Parts.whole(self._native.steps * self._rows.global_batch)
@@ -166,6 +168,23 @@ class HostLoader:
             )
         native_res.check_names(self._fields.names)
         return native_res.serving(self._source.geometry, self._source.n, opts, self._rows.global_batch)
+
+    def _canvas_serving(self) -> CanvasServing | None:
+        """Canvas rows' serving (Augment(scale_jitter=...), crop='longer_pad'), or None;
+        refuses by name what they are not served with (buckets and patches: `LoaderOptions`)."""
+        aug = self.options.augment
+        if not scale_jitter.on_canvas(aug):
+            return None
+        what = "Augment(scale_jitter=...)" if aug.scale_jitter is not None else "Augment(crop='longer_pad')"
+        if self._source.mixture is not None:
+            raise ValueError(f"{what} with a mixture (tbljax.mix): not served yet")
+        clash = sorted(set(self._fields.names) & set(CANVAS_KEYS))
+        if clash:
+            raise ValueError(
+                f"the dataset's field(s) {clash} have the name of the batch key {what} adds; "
+                "leave them out with fields=[...]"
+            )
+        return CanvasServing()
 
     def _view_serving(self):
         """Multi-view serving (`engine/views.py`), or None; refuses by name what views are not
@@ -289,6 +308,7 @@ class HostLoader:
             fields=self._fields,
             native=self._native,
             geometric=self._geometric,
+            canvas=self._canvas,
             views=self._views,
             bbox_field=self._bbox_field,
         )

@@ -20,7 +20,7 @@ from tbljax._src.rules import buckets as _buckets
 from tbljax._src.rules import naflex
 from tbljax._src.rules.options import LoaderOptions
 
-__all__ = ["CONDITIONING", "PATCH_KEYS", "BucketServing", "PatchServing", "serving"]
+__all__ = ["CONDITIONING", "PATCH_KEYS", "BucketServing", "PatchServing", "Scratch", "fill_by_size", "serving"]
 
 CONDITIONING = ("orig_hw", "crop_yx", "bucket")  # the batch keys buckets add
 PATCH_KEYS = ("patch_yx", "patch_valid")  # the batch keys patches add
@@ -118,7 +118,7 @@ class PatchServing:
         self.heights, self.widths = _sizes_of(geometry, n)
         p = self.patches
         self.row_shape = (p.max_tokens, p.size * p.size * 3)
-        self._buf = np.empty(0, np.uint8)  # the kernel's scratch images (`_scratch`)
+        self._scratch = Scratch()  # the kernel's scratch images
 
     def boxes(self, idx, boxes):
         """The drawn boxes, or each record whole."""
@@ -134,42 +134,22 @@ class PatchServing:
 
     def fill(self, src, records, out, *, boxes, flip, mean, std, **kw):
         """Writes records `records` (boxes `boxes`) as patch rows into `out` (rows, T, p·p·3):
-        the kernel once per distinct output size into a scratch image, then each row's patch
-        copy."""
+        the kernel once per distinct output size into a scratch image (`fill_by_size`), then
+        each row's patch copy."""
         p = self.patches.size
         th, tw = self.sizes(boxes)
         hw = np.stack([th, tw], -1)
-        keys, group = np.unique(hw, axis=0, return_inverse=True)
-        group = group.reshape(-1)
-        for g, (h, w) in enumerate(keys.tolist()):
-            m = np.flatnonzero(group == g)
-            img = self._scratch(len(m) * h * w * 3, out.dtype).reshape(len(m), h, w, 3)
-            src.fill(
-                records[m],
-                img,
-                layout="NHWC",
-                crop=boxes[m],
-                flip=None if flip is None else flip[m],
-                mean=mean,
-                std=std,
-                **kw,
-            )
-            gh, gw = h // p, w // p
+        rows = fill_by_size(
+            src, records, hw, self._scratch, boxes=boxes, flip=flip, dtype=out.dtype, mean=mean, std=std, **kw
+        )
+        for m, img in rows:
+            gh, gw = img.shape[1] // p, img.shape[2] // p
             # naflex.patchify's layout: patch (gy, gx) at row gy·gw + gx, its pixels (py, px, c),
             # one strided copy a row (a fancy-indexed `out[m]` would copy twice through a temporary).
             for k, r in enumerate(m.tolist()):
                 out[r, : gh * gw].reshape(gh, gw, p, p, 3)[...] = img[k].reshape(gh, p, gw, p, 3).swapaxes(1, 2)
                 out[r, gh * gw :] = 0
-            kw.pop("started", None)  # called once, before the first kernel call
         return hw
-
-    def _scratch(self, size: int, dtype) -> np.ndarray:
-        """A flat buffer of `size` values, reused across steps (only the loader's build thread
-        fills): fresh memory each call costs its first-touch page faults, about as much as
-        the kernel."""
-        if self._buf.dtype != dtype or self._buf.size < size:
-            self._buf = np.empty(size, dtype)
-        return self._buf[:size]
 
     def arrays(self, hws, rows) -> dict:
         """``patch_yx`` (B, T, 2) int32 and ``patch_valid`` (B, T) bool per range (zeros and
@@ -184,6 +164,36 @@ class PatchServing:
             out["patch_yx"].append(yx)
             out["patch_valid"].append(valid)
         return out
+
+
+class Scratch:
+    """A flat buffer reused across steps (only the loader's build thread fills it): fresh
+    memory each call costs its first-touch page faults, about as much as the kernel."""
+
+    def __init__(self):
+        self._buf = np.empty(0, np.uint8)
+
+    def __call__(self, size: int, dtype) -> np.ndarray:
+        """`size` values of `dtype` (the previous call's are overwritten)."""
+        if self._buf.dtype != dtype or self._buf.size < size:
+            self._buf = np.empty(size, dtype)
+        return self._buf[:size]
+
+
+def fill_by_size(src, records, hw, scratch: Scratch, *, boxes, flip, dtype, **kw):
+    """Rows whose output sizes differ: for each distinct (h, w) of `hw` (rows, 2), the kernel
+    once (`src.fill`, NHWC) on its rows' `boxes` and `flip` into a `scratch` image of `dtype`;
+    yields (the rows, an index array; their (len, h, w, 3) images, valid until the next item).
+    `kw`: the rest of `src.fill`'s arguments (``started`` is called before the first kernel
+    call only)."""
+    keys, group = np.unique(np.asarray(hw), axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    for g, (h, w) in enumerate(keys.tolist()):
+        m = np.flatnonzero(group == g)
+        img = scratch(len(m) * h * w * 3, dtype).reshape(len(m), h, w, 3)
+        src.fill(records[m], img, layout="NHWC", crop=boxes[m], flip=None if flip is None else flip[m], **kw)
+        kw.pop("started", None)  # called once, before the first kernel call
+        yield m, img
 
 
 def serving(geometry, n: int, opts: LoaderOptions, global_batch: int):

@@ -17,6 +17,7 @@ from tbljax._src.engine import file_sweep, native_res
 from tbljax._src.engine import step as _step
 from tbljax._src.engine import views as _views
 from tbljax._src.engine.batch_fields import FieldServing
+from tbljax._src.engine.canvas import CanvasServing
 from tbljax._src.engine.geometric_serving import GeometricServing
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
 from tbljax._src.engine.ring import Slot
@@ -101,6 +102,7 @@ class RowsDrawn(NamedTuple):
     records: np.ndarray  # the source's own record numbers of the samples
     repeats: np.ndarray | None  # each row's repeat (repeats > 1), or None
     ops: object | None = None  # the per-image op columns (`step.RowOps`), or None
+    extents: np.ndarray | None = None  # canvas rows (`engine/canvas.py`): each row's (rh, rw), or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +130,8 @@ class Plan:
         return self.native if isinstance(self.native, native_res.BucketServing) else None
 
     geometric: GeometricServing | None = None  # masks, boxes, ... through the image's geometry
+    # Canvas rows (Augment(scale_jitter=...), crop='longer_pad'): what fills them; or None.
+    canvas: CanvasServing | None = None
     views: _views.ViewServing | None = None  # views= (multi-crop): each row's views instead of one image
     bbox_field: str | None = None  # Augment(crop="bbox"): the boxes field its crops keep
 
@@ -253,7 +257,10 @@ class Plan:
             ops = None
             if out_hw is not None:
                 ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw, repeat=0 if repeat is None else repeat)
-            drawn.append(RowsDrawn(idx, boxes, flip, src.local_records(idx, first_index), repeat, ops))
+            ext = _step.draw_extents(
+                idx, opts, image_hw=src.geometry, epoch=epoch, first_index=first_index, repeat=repeat
+            )
+            drawn.append(RowsDrawn(idx, boxes, flip, src.local_records(idx, first_index), repeat, ops, ext))
         return tuple(drawn)
 
     def build_host(self, ring, epoch, first, stop=None, drawn=None, started=None) -> tuple[HostBatch, Slot]:
@@ -268,7 +275,7 @@ class Plan:
         views = slot.views(self.row_shape(epoch, first))  # a size schedule's size of `epoch`
         labels, indices, valid, sources, served, repeats, hws = [], [], [], [], [], [], []
         view_blocks = {}
-        for (a, b), out, (idx, boxes, flip, records, repeat, ops) in zip(self.layout.ranges, views, drawn):
+        for (a, b), out, (idx, boxes, flip, records, repeat, ops, ext) in zip(self.layout.ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
             patches = isinstance(self.native, native_res.PatchServing)
             if patches:
@@ -281,6 +288,21 @@ class Plan:
                     out[:nvalid],
                     boxes=boxes,
                     flip=flip,
+                    mean=mean,
+                    std=std,
+                    jpeg_dct_scale=opts.jpeg_dct_scale,
+                    started=started,
+                )
+                started = None
+            elif nvalid and ext is not None:
+                self.canvas.fill(
+                    src,
+                    records,
+                    out[:nvalid],
+                    extents=ext,
+                    boxes=boxes,
+                    flip=flip,
+                    layout=opts.layout,
                     mean=mean,
                     std=std,
                     jpeg_dct_scale=opts.jpeg_dct_scale,
@@ -330,9 +352,12 @@ class Plan:
             arrays.update(self.buckets.arrays(epoch, first, drawn, rows))
         elif self.native is not None:
             arrays.update(self.native.arrays(hws, rows))
-        if self.geometric:  # not with buckets or patches (refused at construction)
+        if self.canvas is not None or self.geometric:  # neither with buckets or patches (refused)
             row = src.row_shape(opts, epoch)
             out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
+        if self.canvas is not None:
+            arrays.update(self.canvas.arrays(drawn, rows, out_hw))
+        if self.geometric:
             arrays.update(self.geometric.build(src.geometry, served, drawn, rows, out_hw))
         return HostBatch(
             epoch,

@@ -19,16 +19,22 @@ import numpy as np
 
 from tbljax._src.engine import kernels
 from tbljax._src.rules import augment as _augment
-from tbljax._src.rules import bbox_crop, erasing, order, randaug
+from tbljax._src.rules import bbox_crop, erasing, order, randaug, scale_jitter
 from tbljax._src.rules.options import LoaderOptions
 
-__all__ = ["RowOps", "draw", "draw_ops", "records"]
+__all__ = ["RowOps", "draw", "draw_extents", "draw_ops", "records"]
 
 # The one refusal of the per-image ops outside the host loaders.
 NOT_IN_JIT = (
     "Augment(ops=..., erasing=...) is served by the host loaders (tbljax.loader, HostLoader, "
     "tbljax.torch.loader, tbljax.mlx.loader); in jit (ResidentDataset, tbljax.ops.gather_normalize): "
     "not yet"
+)
+
+CANVAS_NOT_IN_JIT = (
+    "Augment(scale_jitter=...) and Augment(crop='longer_pad') are served by the host loaders "
+    "(tbljax.loader, HostLoader, tbljax.torch.loader, tbljax.mlx.loader); in jit (ResidentDataset, "
+    "tbljax.ops.gather_normalize): not yet"
 )
 
 
@@ -65,6 +71,8 @@ def draw(
     a function of global sample indices → each record's (n, 4) xyxy object boxes."""
     if xp is not np and has_ops(opts.augment):
         raise ValueError(NOT_IN_JIT)
+    if xp is not np and scale_jitter.on_canvas(opts.augment):
+        raise ValueError(CANVAS_NOT_IN_JIT)
     idx, repeat = records(positions, opts, num_records=num_records, epoch=epoch, step=step, xp=xp)
     idx = idx + first_index if first_index else idx
     if opts.augment is None:
@@ -84,6 +92,19 @@ def draw(
         xp=xp,
     )
     return idx, boxes, flips, repeat
+
+
+def draw_extents(indices, opts: LoaderOptions, *, image_hw, epoch: int, first_index: int = 0, repeat=None):
+    """The valid extents (B, 2) of sample `indices` (global) under a canvas augmentation
+    (`scale_jitter.on_canvas`: scale_jitter, crop='longer_pad'), drawn with the boxes `draw` returned
+    (`augment.canvas_boxes`); None for any other augmentation."""
+    aug = opts.augment
+    if not scale_jitter.on_canvas(aug):
+        return None
+    geometry = _augment.RecordGeometry.of(image_hw).shifted(first_index)
+    return scale_jitter.canvas_boxes(
+        aug, indices, geometry=geometry, seed=opts.seed, epoch=epoch, repeat=0 if repeat is None else repeat
+    )[1]
 
 
 def has_ops(aug) -> bool:

@@ -58,7 +58,7 @@ import math
 
 import numpy as np
 
-from tbljax._src.rules import bbox_crop, contract, order, quantiles, randaug
+from tbljax._src.rules import bbox_crop, contract, order, quantiles, randaug, scale_jitter
 from tbljax._src.rules.erasing import RandomErasing
 from tbljax._src.rules.record_geometry import RecordGeometry
 
@@ -214,13 +214,14 @@ class Augment:
     bbox_aspect_ratio: tuple[float, float] = (0.5, 2.0)
     bbox_attempts: int = 50
     allow_no_crop: bool = True
+    scale_jitter: tuple[float, float] | None = None  # LSJ; with crop="longer_pad": a canvas (rules/scale_jitter.py)
 
     def __post_init__(self):
         if isinstance(self.crop, (bool, np.bool_)):
             object.__setattr__(self, "crop", bool(self.crop))
-        elif not (isinstance(self.crop, str) and self.crop in ("center", "bbox")):
+        elif not (isinstance(self.crop, str) and self.crop in ("center", "bbox", "longer_pad")):
             raise ValueError(
-                f"crop must be True (random-resized-crop), 'center', 'bbox' (detection) or False, got {self.crop!r}"
+                f"crop must be True (random-resized-crop), 'center', 'bbox', 'longer_pad' or False, got {self.crop!r}"
             )
         for k, v in _check_bbox(self).items():
             object.__setattr__(self, k, v)
@@ -252,6 +253,8 @@ class Augment:
         object.__setattr__(self, "ops", tuple(self.ops))
         if self.erasing is not None and not isinstance(self.erasing, RandomErasing):
             raise ValueError(f"erasing must be a tbljax.RandomErasing or None, got {self.erasing!r}")
+        if scale_jitter.on_canvas(self):
+            object.__setattr__(self, "scale_jitter", scale_jitter.check(self, _pair))
 
     @classmethod
     def from_spec(cls, spec) -> "Augment | None":
@@ -399,7 +402,10 @@ def sample(
     center crop is the same in every view, its flip is not); `objects`: crop="bbox" only, each
     sample's object boxes (`bbox_crop.pad_boxes`: (B, n, 4) xyxy source pixels, counts)."""
     boxes = None
-    if aug.crop == "bbox":
+    if scale_jitter.on_canvas(aug):
+        geo = _geometry(height, width, geometry)
+        boxes = scale_jitter.canvas_boxes(aug, indices, geometry=geo, seed=seed, epoch=epoch, repeat=repeat)[0]
+    elif aug.crop == "bbox":
         if objects is None or xp is not np:
             raise ValueError(
                 "Augment(crop='bbox') draws from each record's boxes on the host: serve it with a loader "

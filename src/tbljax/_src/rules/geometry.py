@@ -277,20 +277,22 @@ def serve_boxes_batch(
     min_visibility: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """`serve_boxes` over a batch, vectorised: row r's first counts[r] of `xyxy` (B, n, 4) and
-    `labels` (B, n) through crop boxes[r] (y0, x0, h, w) and flips[r] (None: no flip).
-    Returns `boxes` (B, max_boxes, 4) float32, `boxes_valid` (B, max_boxes), `box_labels`
-    (B, max_boxes) int64 and `boxes_count` (B,) int64."""
+    `labels` (B, n) through crop boxes[r] (y0, x0, h, w) and flips[r] (None: no flip), onto
+    `out_hw` (h, w), or each row's own (B, 2) (a canvas row's valid extent). Returns `boxes`
+    (B, max_boxes, 4) float32, `boxes_valid` (B, max_boxes), `box_labels` (B, max_boxes) int64
+    and `boxes_count` (B,) int64."""
     b = np.asarray(xyxy, np.float64).reshape(len(counts), -1, 4)
     nb, n = b.shape[:2]
     crop = np.asarray(boxes, np.float64).reshape(nb, 4)
     y0, x0, h, w = (crop[:, i, None] for i in range(4))
+    oh, ow = _out_sides(out_hw, nb)
     # map_points' arithmetic, per row: (x - x0) * (out_w / w); a flip mirrors x to out_w - x.
-    xs = (b[..., 0::2] - x0[..., None]) * (out_hw[1] / w)[..., None]
-    ys = (b[..., 1::2] - y0[..., None]) * (out_hw[0] / h)[..., None]
+    xs = (b[..., 0::2] - x0[..., None]) * (ow / w)[..., None]
+    ys = (b[..., 1::2] - y0[..., None]) * (oh / h)[..., None]
     if flips is not None:
-        xs = np.where(np.asarray(flips, bool)[:, None, None], out_hw[1] - xs, xs)
+        xs = np.where(np.asarray(flips, bool)[:, None, None], ow[..., None] - xs, xs)
     mapped = np.stack([xs.min(-1), ys.min(-1), xs.max(-1), ys.max(-1)], axis=-1)  # a flip swaps x0, x1
-    clipped = np.clip(mapped, 0, [out_hw[1], out_hw[0], out_hw[1], out_hw[0]])
+    clipped = np.clip(mapped, 0, np.stack([ow, oh, ow, oh], -1))
     ws, hs = clipped[..., 2] - clipped[..., 0], clipped[..., 3] - clipped[..., 1]
     area = ws * hs
     before = (mapped[..., 2] - mapped[..., 0]) * (mapped[..., 3] - mapped[..., 1])
@@ -307,6 +309,12 @@ def serve_boxes_batch(
     valid = np.zeros((nb, max_boxes), bool)
     valid[rows, rank[rows, cols]] = True
     return {"boxes": out, "boxes_valid": valid, "box_labels": lab, "boxes_count": cnt}
+
+
+def _out_sides(out_hw, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(out_h, out_w), each (rows, 1) float64, of one (h, w) for every row or (rows, 2) sizes."""
+    hw = np.broadcast_to(np.asarray(out_hw, np.float64).reshape(-1, 2), (rows, 2))
+    return hw[:, :1], hw[:, 1:]
 
 
 def serve_keypoints(
@@ -332,18 +340,19 @@ def serve_keypoints_batch(
     flip_permutation: Any = None,
 ) -> np.ndarray:
     """`serve_keypoints` over a batch, vectorised: row r's keypoints `kpts[r]` (B, n, K, 3)
-    through crop boxes[r] (y0, x0, h, w) and flips[r] (None: no flip). Returns (B, n, K, 3)
-    float32."""
+    through crop boxes[r] (y0, x0, h, w) and flips[r] (None: no flip), onto `out_hw` (h, w) or
+    each row's own (B, 2). Returns (B, n, K, 3) float32."""
     k = np.asarray(kpts, np.float64)
     crop = np.asarray(boxes, np.float64).reshape(len(k), 4)
     y0, x0, h, w = (crop[:, i, None, None] for i in range(4))
+    oh, ow = (v[..., None] for v in _out_sides(out_hw, len(k)))
     # map_points' arithmetic, per row: (x - x0) * (out_w / w)
-    x = (k[..., 0] - x0) * (out_hw[1] / w)
-    y = (k[..., 1] - y0) * (out_hw[0] / h)
+    x = (k[..., 0] - x0) * (ow / w)
+    y = (k[..., 1] - y0) * (oh / h)
     flip = np.zeros(len(k), bool) if flips is None else np.asarray(flips, bool)
     # A keypoint is a pixel index, not an edge: torchvision mirrors it to out_w - 1 - x.
-    x = np.where(flip[:, None, None], out_hw[1] - 1 - x, x)
-    inside = (x >= 0) & (x < out_hw[1]) & (y >= 0) & (y < out_hw[0])
+    x = np.where(flip[:, None, None], ow - 1 - x, x)
+    inside = (x >= 0) & (x < ow) & (y >= 0) & (y < oh)
     out = np.stack([x, y, np.where(inside, k[..., 2], 0)], axis=-1)
     if flip_permutation is not None:
         perm = np.asarray(flip_permutation)

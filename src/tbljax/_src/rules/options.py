@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from tbljax._src.rules import contract
+from tbljax._src.rules import contract, scale_jitter
 from tbljax._src.rules.augment import MAX_REPEATS, MAX_VIEWS, Augment
 from tbljax._src.rules.buckets import Buckets
 from tbljax._src.rules.naflex import Patches
@@ -213,6 +213,8 @@ class LoaderOptions:
                 )
             if aug.ops or aug.erasing is not None:
                 raise ValueError(f"{where}: Augment(ops=/erasing=) per view: not served yet")
+            if scale_jitter.on_canvas(aug):
+                raise ValueError(f"{where}: Augment(scale_jitter=/crop='longer_pad') per view: not served yet")
             kept.append((name, int(count), aug))
         total = sum(c for _, c, _ in kept)
         refused = [
