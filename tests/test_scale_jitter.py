@@ -115,6 +115,13 @@ def test_lsj_refused_where_not_served(data, path):
             tbljax.mix({"a": data, "b": data}, {"a": 1, "b": 1}, steps_per_epoch=2),
             tbljax.LoaderOptions(batch_size=2, augment=PAD),
         )
+    pytest.importorskip("torch")
+    pytest.importorskip("tbljax.torch")
+    for aug, what in ((LSJ, "scale_jitter="), (PAD, "crop='longer_pad'")):
+        with pytest.raises(ValueError, match=rf"mixup= with Augment\({what}\): Mixup/CutMix would blend the padding"):
+            tbljax.torch.loader(
+                path, 2, augment=aug, layout="NHWC", fields=None, mixup=tbljax.ops.Mixup(num_classes=50)
+            )
     res = tbljax.ResidentDataset(path)
     with pytest.raises(ValueError, match=r"scale_jitter=...\) and Augment\(crop='longer_pad'\) are served by the host"):
         res.batch(0, batch_size=2, seed=0, augment=LSJ)

@@ -129,6 +129,13 @@ class EpochLoader(HostLoader):
                 f"mixup= with the geometric fields {self.geometric_fields}: Mixup/CutMix blends and pastes the "
                 "pixels without them; leave the fields out with fields= or mixup= out"
             )
+        a = o.augment
+        if a is not None and (a.scale_jitter is not None or a.crop == "longer_pad"):
+            what = "scale_jitter=" if a.scale_jitter is not None else "crop='longer_pad'"
+            raise ValueError(
+                f"mixup= with Augment({what}): Mixup/CutMix would blend the padding into the image, and "
+                "image_valid would no longer say which pixels are real"
+            )
         schedule = o.augment.schedule if o.augment is not None else ((0, None),)
         for epoch, _ in schedule:  # shapes and dtypes only: arrays of no memory
             shape = (b, *self.row_shape_at(epoch))
