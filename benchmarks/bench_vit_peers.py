@@ -87,7 +87,14 @@ def torch_worker(path: str, which: str, batches: int, batch_size: int) -> dict:
 
     _torchvision()
     if which == "timm":
+        from PIL import Image, ImageOps
         from timm.data import create_transform
+
+        # timm's PosterizeIncreasing reaches 0 bits at the top magnitudes (mstd draws there);
+        # Pillow >= 11 refuses bits=0, which older Pillow (and timm's authors) served as an
+        # all-zero image. Give timm that result, so its pipeline runs: what tbljax serves too.
+        posterize = ImageOps.posterize
+        ImageOps.posterize = lambda img, bits: Image.new(img.mode, img.size) if bits == 0 else posterize(img, bits)
 
         transform = create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
     else:
