@@ -95,3 +95,17 @@ def peak_rss_mib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def torchvision_schemas() -> None:
+    """Defines the two operator schemas torchvision registers at import, so that its Python v2
+    transforms import beside the CPU-only torch here (its compiled ops library does not load)."""
+    import torch
+
+    try:
+        lib = torch.library.Library("torchvision", "DEF")
+        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        torchvision_schemas.lib = lib  # kept alive: the schemas go with it
+    except RuntimeError:
+        pass  # defined already

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import kodak_photos, machine, median, rounds  # noqa: E402
+from _common import kodak_photos, machine, median, rounds, torchvision_schemas  # noqa: E402
 
 OUT, SIDE, BOXES = 512, 512, 50
 WARMUP = 8  # > the ring's slots: every slot has been written once before the clock starts
@@ -103,20 +103,6 @@ def tbljax_worker(path: str, which: str, batches: int, batch_size: int) -> dict:
     }
 
 
-def _torchvision():
-    """torchvision with the two operator schemas it registers at import defined first (the
-    CPU-only torch here has no torchvision ops library; its v2 transforms are Python)."""
-    import torch
-
-    try:
-        lib = torch.library.Library("torchvision", "DEF")
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _torchvision.lib = lib  # kept alive: the schemas go with it
-    except RuntimeError:
-        pass  # defined already
-
-
 class _Records:
     """The RAW file's decoded records: (uint8 CHW image, HW mask) tv_tensors, transformed."""
 
@@ -144,7 +130,7 @@ class _Records:
 def torch_worker(path: str, batches: int, batch_size: int) -> dict:
     import torch
 
-    _torchvision()
+    torchvision_schemas()
     from torchvision import tv_tensors
     from torchvision.transforms import v2
 

@@ -20,24 +20,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import kodak_photos, machine, median, rounds  # noqa: E402
+from _common import kodak_photos, machine, median, rounds, torchvision_schemas  # noqa: E402
 
 WARMUP = 2
 CONFIGS = ("tbljax raw", "tbljax compact", "timm", "torchvision v2")
-
-
-def _torchvision():
-    """torchvision with the two operator schemas it registers at import defined first (the
-    CPU-only torch here has no torchvision ops library)."""
-    import torch
-
-    try:
-        lib = torch.library.Library("torchvision", "DEF")
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _torchvision.lib = lib  # kept alive: the schemas go with it
-    except RuntimeError:
-        pass  # defined already
 
 
 def tbljax_worker(path: str, batches: int, batch_size: int) -> dict:
@@ -85,7 +71,7 @@ class _Records:
 def torch_worker(path: str, which: str, batches: int, batch_size: int) -> dict:
     import torch
 
-    _torchvision()
+    torchvision_schemas()
     if which == "timm":
         from PIL import Image, ImageOps
         from timm.data import create_transform
