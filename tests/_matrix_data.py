@@ -212,3 +212,9 @@ def make_geometric(d: Path) -> dict[str, str]:
         out[kind] = str(d / f"geo-{kind}.tbl")
         tbljax.convert([str(tar)], out[kind], image_size=S, progress=False, fields=GEO_FIELDS, **kw)
     return out
+
+
+def geometric_references(files: dict) -> dict[str, list[np.ndarray]]:
+    """{kind: every geometric record's reference pixels}: read from the file's bytes as
+    `references` does (records decoded and resized at serve time: their RAW twin's)."""
+    return {kind: _stored(files[TWIN.get(kind, kind)]) for kind in GEO_KINDS}

@@ -15,7 +15,12 @@ a fixed and a ragged ndarray field: every path that serves them is checked again
 the source TAR held (`check_fields`). The geometric row: each record kind converted with a
 mask and boxes (original JPEG bytes refused by name), served through RRC + flip by the JAX and
 torch loaders, against `rules/geometry`'s conversion and serving rules of the source's values at
-the crop `tbljax.augment.sample` draws."""
+the crop `tbljax.augment.sample` draws. The detection-crop row (`Augment(crop="bbox")`): the
+same files through the JAX loader, pixels against the oracle and masks/boxes against
+`rules/geometry` at the crop `sample` draws around each record's stored boxes; the
+large-scale-jitter and longer_pad rows: pixels against the oracle's crop-resize at
+`tbljax.augment.canvas_boxes`' box and extent on a zero canvas, `image_valid`, masks/boxes
+served onto the extent."""
 
 from __future__ import annotations
 
@@ -29,10 +34,11 @@ import numpy as np
 import pytest
 
 import tbljax
+from tbljax import augment as tba
 from tbljax._src.datasets.host_part import PartDataset
 from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.file.format import FORMATS
-from tbljax._src.rules import geometry, naflex, pixel_ops
+from tbljax._src.rules import bbox_crop, geometry, naflex, pixel_ops
 from tbljax._src.rules.augment import sample
 from tbljax._src.rules.dataset import RecordDataset, members
 from tbljax._src.rules.randaug import decide
@@ -961,27 +967,46 @@ def geo(tmp_path_factory):
     return files, M.geometric_values(M.photos(d / "src"))
 
 
-def _geo_reference(ds, values, k, box, flip):
-    """Record k's mask and boxes served through crop `box` and `flip`, from the source's values:
-    stored at the conversion's geometry by `rules/geometry`'s conversion rules, then served."""
+def _geo_stored(kind, values, k):
+    """Record k's mask, xyxy boxes and their labels as the conversion stores them, from the
+    source's values by `rules/geometry`'s conversion rules."""
     v = values[k]
     h, w = v["seg"].shape
-    kw = M.GEO_KINDS[ds]
-    plan = geometry.resize_plan(h, w, M.S, kw["resize"], 0)
+    plan = geometry.resize_plan(h, w, M.S, M.GEO_KINDS[kind]["resize"], 0)
     mask = geometry.resize_nearest(v["seg"], plan.int_box, (plan.out_h, plan.out_w))
     xyxy, keep = geometry.stored_boxes(v["boxes"], plan)
-    want = geometry.serve_boxes(xyxy, v["labels"][keep], box, M.OUT, flip, max_boxes=M.MAXB)
-    return geometry.serve_mask(mask, box, M.OUT, flip), want, (plan.out_h, plan.out_w), int(keep.sum())
+    return mask, xyxy, v["labels"][keep]
 
 
-def _check_geo(kind, values, index, f, epoch, where):
+def _geo_geometry(kind, values) -> RecordGeometry:
+    hws = [_geo_stored(kind, values, k)[0].shape for k in range(M.N)]
+    return RecordGeometry(np.array([h for h, _ in hws]), np.array([w for _, w in hws]))
+
+
+def _geo_reference(kind, values, k, box, flip, ext=None):
+    """Record k's mask and boxes served through crop `box` and `flip` (onto the top-left `ext`
+    of an M.OUT canvas, where given), from the source's values: stored at the conversion's
+    geometry by `rules/geometry`'s conversion rules, then served."""
+    mask, xyxy, labels = _geo_stored(kind, values, k)
+    out = M.OUT if ext is None else tuple(ext)
+    want = geometry.serve_boxes(xyxy, labels, box, out, flip, max_boxes=M.MAXB)
+    if ext is None:
+        return geometry.serve_mask(mask, box, out, flip), want, mask.shape, len(xyxy)
+    canvas = geometry.serve_mask(mask, box, out, flip, place=(0, 0), canvas_hw=M.OUT, ignore=255)
+    return canvas, want, mask.shape, len(xyxy)
+
+
+def _check_geo(kind, values, index, f, epoch, where, crops=None, ext=None):
+    """A batch's mask and box fields against `_geo_reference` at the crops and flips
+    `tbljax.augment.sample` draws for RRC (or at `crops` = (boxes, flips) given, with `ext`)."""
     index = np.asarray(index, np.int64)
     real = index[index >= 0]
-    hws = [_geo_reference(kind, values, k, (0, 0, 1, 1), False)[2] for k in range(M.N)]
-    geo_of = RecordGeometry(np.array([h for h, _ in hws]), np.array([w for _, w in hws]))
-    boxes, flips = sample(RRC, real, geometry=geo_of, seed=SEED, epoch=epoch)
+    if crops is None:
+        crops = sample(RRC, real, geometry=_geo_geometry(kind, values), seed=SEED, epoch=epoch)
+    boxes, flips = crops
     for r, k in enumerate(real.tolist()):
-        mask, want, _, count = _geo_reference(kind, values, k, tuple(boxes[r]), bool(flips[r]))
+        e = None if ext is None else ext[r]
+        mask, want, _, count = _geo_reference(kind, values, k, tuple(boxes[r]), bool(flips[r]), e)
         np.testing.assert_array_equal(f["seg"][r], mask, err_msg=f"{where} record {k}")
         np.testing.assert_allclose(f["boxes"][r], want["boxes"], atol=1e-4, err_msg=f"{where} record {k}")
         assert f["boxes_valid"][r].tolist() == want["boxes_valid"].tolist(), (where, k)
@@ -1012,3 +1037,72 @@ def test_geometric_fields_are_refused_by_name_where_the_conversion_keeps_origina
     for kind in M.GEO_REFUSED:
         with pytest.raises(ValueError, match=r"geometric fields \(boxes, seg\) are stored at the record's geometry"):
             tbljax.convert([files["tar"]], tmp_path / "x.tbl", image_size=M.S, fields=M.GEO_FIELDS, **M.KINDS[kind])
+
+
+@pytest.fixture(scope="module")
+def geo_refs(geo):
+    return M.geometric_references(geo[0])
+
+
+BBOX = tbljax.Augment(crop="bbox", size=M.OUT)
+LSJ = tbljax.Augment(scale_jitter=(0.3, 2.5), size=M.OUT)
+LONGER_PAD = tbljax.Augment(crop="longer_pad", flip=False, size=M.OUT)
+
+
+@pytest.mark.parametrize("kind", list(M.GEO_KINDS))
+def test_pixels_and_geometric_fields_follow_the_bbox_crop_on_every_record_kind(geo, geo_refs, kind):
+    """The detection crop drawn by `tbljax.augment.sample` around each record's stored boxes
+    (the source's boxes through the conversion rules): pixels against the oracle, masks and
+    boxes against `rules/geometry`."""
+    files, values = geo
+    geo_of, stored = _geo_geometry(kind, values), [_geo_stored(kind, values, k) for k in range(M.N)]
+    kw = dict(augment=BBOX, dtype="uint8", seed=SEED, max_boxes=M.MAXB, drop_remainder=False)
+    seen, cropped = [], 0
+    for s, b in enumerate(tbljax.loader(files[kind], B, num_epochs=1, **kw)):
+        b = {k: np.asarray(v) for k, v in b.items()}
+        real = b["index"][b["index"] >= 0]
+        objects = bbox_crop.pad_boxes([stored[k][1] for k in real])
+        crops, flips = sample(BBOX, real, geometry=geo_of, seed=SEED, epoch=0, objects=objects)
+        want = oracle.gather(geo_refs[kind], real, M.OUT, crop=crops, flip=flips)
+        np.testing.assert_array_equal(b["image"][: len(real)], want, err_msg=f"{kind} step {s}")
+        _check_geo(kind, values, b["index"], b, 0, f"bbox step {s}", crops=(crops, flips))
+        seen += real.tolist()
+        whole = np.array([stored[k][0].shape for k in real])
+        cropped += int((crops[:, 2:] < whole).any(1).sum())
+    assert sorted(seen) == list(range(M.N)) and cropped > 0
+
+
+@pytest.mark.parametrize("aug", [LSJ, LONGER_PAD], ids=["scale_jitter", "longer_pad"])
+@pytest.mark.parametrize("kind", list(M.GEO_KINDS))
+def test_pixels_and_geometric_fields_follow_scale_jitter_and_longer_pad_on_every_record_kind(geo, geo_refs, kind, aug):
+    """Each record's box and extent from `tbljax.augment.canvas_boxes`: pixels the oracle's
+    crop-resize there on a zero canvas, `image_valid` the extent, masks and boxes `rules/geometry`'s
+    serving onto the extent."""
+    files, values = geo
+    geo_of = _geo_geometry(kind, values)
+    kw = dict(augment=aug, dtype="uint8", seed=SEED, max_boxes=M.MAXB, drop_remainder=False)
+    seen, padded = [], 0
+    for s, b in enumerate(tbljax.loader(files[kind], B, num_epochs=1, **kw)):
+        b = {k: np.asarray(v) for k, v in b.items()}
+        real = b["index"][b["index"] >= 0]
+        boxes, ext = tba.canvas_boxes(aug, real, geometry=geo_of, seed=SEED, epoch=0)
+        flips = tba.flips(real, seed=SEED, epoch=0) if aug.flip else np.zeros(len(real), bool)
+        for r, k in enumerate(real.tolist()):
+            (rh, rw), where = ext[r], f"{kind} step {s} record {k}"
+            want = np.zeros((*M.OUT, 3), np.uint8)
+            px = oracle.crop_resize(geo_refs[kind][k], boxes[r], rh, rw)
+            want[:rh, :rw] = px[:, ::-1] if flips[r] else px
+            np.testing.assert_array_equal(b["image"][r], want, err_msg=where)
+            np.testing.assert_array_equal(b["image_valid"][r], _extent(rh, rw), err_msg=where)
+        _check_geo(kind, values, b["index"], b, 0, f"canvas step {s}", crops=(boxes, flips), ext=ext)
+        seen += real.tolist()
+        padded += int((ext < M.OUT).any(1).sum())
+    # Square records fill the canvas at longer_pad's fixed scale; jitter below 1 pads them too.
+    square = M.GEO_KINDS[kind]["resize"] == "center_crop"
+    assert sorted(seen) == list(range(M.N)) and (padded > 0 or (aug is LONGER_PAD and square))
+
+
+def _extent(rh, rw) -> np.ndarray:
+    valid = np.zeros(M.OUT, bool)
+    valid[:rh, :rw] = True
+    return valid
