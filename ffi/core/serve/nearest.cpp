@@ -8,19 +8,41 @@
 #include <string>
 #include <vector>
 
+#define TBLJAX_SIMD_INC "nearest.inc"
+#define TBLJAX_SIMD_TOP 1  // 16-byte shuffles: avx512 runs avx2's
+#include "simd_dispatch.h"
+
 namespace tbljax {
+namespace nearest_detail {
+TBLJAX_SIMD_EXPORT(GatherLine8);
+}  // namespace nearest_detail
+
 namespace {
 
+// A one-byte map's 16-byte chunks, for nearest.inc's GatherLine8: each chunk's source window
+// [base, base + 16) inside the map's row of `width` and its shuffle, or base -1 where the
+// chunk's columns span more than 16 bytes (or the row is narrower).
+void PlanChunks(const int32_t* cols, int64_t n, int64_t width, int32_t* bases, uint8_t* shuffle) {
+  for (int64_t k = 0; 16 * (k + 1) <= n; ++k) {
+    const int32_t* c = cols + 16 * k;
+    const int32_t lo = *std::min_element(c, c + 16), hi = *std::max_element(c, c + 16);
+    bases[k] = -1;
+    if (width < 16 || hi - lo > 15) continue;
+    // hi <= width - 1, so a window pulled back to end at the row's end still holds hi.
+    bases[k] = static_cast<int32_t>(std::min<int64_t>(lo, width - 16));
+    for (int i = 0; i < 16; ++i) shuffle[16 * k + i] = static_cast<uint8_t>(c[i] - bases[k]);
+  }
+}
+
 template <typename T>
-void CopyRow(const uint8_t* src, const int64_t* cols, int64_t n, uint8_t* dst) {
+void CopyRow(const uint8_t* src, const int32_t* cols, int64_t n, uint8_t* dst) {
   const T* s = reinterpret_cast<const T*>(src);
   T* d = reinterpret_cast<T*>(dst);
   for (int64_t x = 0; x < n; ++x) d[x] = s[cols[x]];
 }
 
-void GatherRow(const uint8_t* src, const int64_t* cols, int64_t n, int64_t elem, uint8_t* dst) {
+void GatherRow(const uint8_t* src, const int32_t* cols, int64_t n, int64_t elem, uint8_t* dst) {
   switch (elem) {
-    case 1: return CopyRow<uint8_t>(src, cols, n, dst);
     case 2: return CopyRow<uint16_t>(src, cols, n, dst);
     case 4: return CopyRow<uint32_t>(src, cols, n, dst);
     case 8: return CopyRow<uint64_t>(src, cols, n, dst);
@@ -63,16 +85,26 @@ Status ServeNearest(const NearestRequest& r, ThreadPool* pool) {
       return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
     }
   }
-  // Each row's column table, built once (flip folded in), then one unit per output line.
-  std::vector<int64_t> cols(static_cast<size_t>(r.batch * r.out_w));
-  std::vector<int64_t> lines(static_cast<size_t>(r.batch * r.out_h));
+  // Each row's column table, built once (flip folded in; int32: a map's width is), then one
+  // unit per output line. One-byte maps also get their chunk plan (PlanChunks).
+  const bool bytes = r.elem_bytes == 1;
+  const int64_t chunks = r.out_w / 16;
+  std::vector<int32_t> cols(static_cast<size_t>(r.batch * r.out_w));
+  std::vector<int64_t> lines(static_cast<size_t>(r.batch * r.out_h)), scratch(r.out_w);
+  std::vector<int32_t> bases(bytes ? static_cast<size_t>(r.batch * chunks) : 0);
+  std::vector<uint8_t> shuffle(bytes ? static_cast<size_t>(r.batch * chunks * 16) : 0);
   for (int64_t b = 0; b < r.batch; ++b) {
     const int32_t* c = r.crops != nullptr ? r.crops + 4 * b : nullptr;
-    int64_t* cb = cols.data() + b * r.out_w;
-    NearestIndex(c ? c[1] : 0, c ? c[3] : r.widths[b], r.out_w, cb);
+    int32_t* cb = cols.data() + b * r.out_w;
+    NearestIndex(c ? c[1] : 0, c ? c[3] : r.widths[b], r.out_w, scratch.data());
+    std::copy(scratch.begin(), scratch.end(), cb);
     if (r.flips != nullptr && r.flips[b] != 0) std::reverse(cb, cb + r.out_w);
     NearestIndex(c ? c[0] : 0, c ? c[2] : r.heights[b], r.out_h, lines.data() + b * r.out_h);
+    if (bytes)
+      PlanChunks(cb, r.out_w, r.widths[b], bases.data() + b * chunks,
+                 shuffle.data() + b * chunks * 16);
   }
+  const auto gather8 = TBLJAX_SIMD_DISPATCH(nearest_detail::GatherLine8);
   // A unit is a block of a row's output lines: a line that reads the same source line as the
   // one before it (an enlarging crop repeats most lines) is a copy of it, not a second gather.
   const int64_t line_bytes = r.out_w * r.elem_bytes;
@@ -89,7 +121,10 @@ Status ServeNearest(const NearestRequest& r, ThreadPool* pool) {
         continue;
       }
       const uint8_t* src = r.rows[b] + lines[u] * r.widths[b] * r.elem_bytes;
-      GatherRow(src, cols.data() + b * r.out_w, r.out_w, r.elem_bytes, dst);
+      if (bytes)
+        gather8(src, cols.data() + b * r.out_w, bases.data() + b * chunks,
+                shuffle.data() + b * chunks * 16, r.out_w, dst);
+      else GatherRow(src, cols.data() + b * r.out_w, r.out_w, r.elem_bytes, dst);
     }
   });
   return Status::Ok();

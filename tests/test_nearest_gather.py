@@ -1,0 +1,53 @@
+"""`_core.serve_nearest` at every SIMD target against plain NumPy: one-byte maps go through
+16-byte shuffles (issue 48) where 16 neighbouring outputs read 16 source bytes, so the cases
+cover enlarging and shrinking crops, flips, crops that end at the row's end (the window pulled
+back) and rows narrower than 16."""
+
+import numpy as np
+import pytest
+
+from tbljax import _core
+
+
+def reference(m, crop, flip, out_hw):
+    # torchvision v2's nearest in float32: start + min(floor(float32(o) * (length / out)), length - 1).
+    def index(start, length, out):
+        scale = np.float32(length) / np.float32(out)
+        return start + np.minimum(np.floor(np.arange(out, dtype=np.float32) * scale).astype(np.int64), length - 1)
+
+    y0, x0, h, w = crop
+    got = m[index(y0, h, out_hw[0])][:, index(x0, w, out_hw[1])]
+    return got[:, ::-1] if flip else got
+
+
+def cases(rng, dtype, trail=()):
+    for h, w, crop, out_hw in [
+        (40, 300, (3, 0, 30, 300), (20, 512)),  # the whole width enlarged
+        (40, 300, (0, 250, 40, 50), (33, 200)),  # ends at the row's end: the window pulled back
+        (40, 300, (5, 9, 20, 290), (9, 270)),  # shrinks a little: some chunks span 17 bytes
+        (40, 300, (5, 1, 20, 299), (9, 64)),  # shrinks a lot: every chunk gathers
+        (9, 12, (1, 2, 7, 10), (5, 77)),  # a row narrower than 16
+        (9, 16, (0, 0, 9, 16), (4, 48)),
+        (30, 100, (2, 84, 20, 16), (7, 33)),
+    ]:
+        m = rng.integers(0, 250, (h, w, *trail)).astype(dtype)
+        for flip in (0, 1):
+            yield m, crop, flip, out_hw
+
+
+@pytest.mark.parametrize("dtype, trail", [(np.uint8, ()), (np.uint16, ()), (np.uint8, (3,))])
+def test_every_simd_target_gathers_as_numpy(dtype, trail):
+    rng = np.random.default_rng(0)
+    try:
+        for target in _core.supported_kernel_targets():
+            _core.set_kernel_target(target)
+            for m, crop, flip, out_hw in cases(rng, dtype, trail):
+                out = np.zeros((2, *out_hw, *trail), dtype)
+                hw = np.array([m.shape[0]] * 2, np.int32), np.array([m.shape[1]] * 2, np.int32)
+                crops, flips = np.array([crop, crop], np.int32), np.array([flip, 1 - flip], np.uint8)
+                _core.serve_nearest([m, m], *hw, crops, flips, out, 0)
+                want = reference(m, crop, flip, out_hw)
+                np.testing.assert_array_equal(out[0], want, err_msg=f"{target} {crop} {out_hw} flip {flip}")
+                np.testing.assert_array_equal(out[1], reference(m, crop, 1 - flip, out_hw), err_msg=target)
+    finally:
+        _core.set_kernel_target("auto")
