@@ -345,6 +345,33 @@ def test_repeats_serve_every_record_repeat_once_with_its_crop(matrix, kind, layo
     assert sorted(seen) == [(i, r) for i in range(M.N) for r in range(2)]
 
 
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_views_serve_each_view_the_oracle_crop_of_its_own_draw(matrix, kind, layout):
+    """The "views" row (issue 47): two view groups of 2 and 1 views, each view v of a record the
+    oracle's pixels at the crop and flip drawn for (seed, epoch, index, v), views numbered across
+    the groups in order; every record once an epoch."""
+    files, refs = matrix
+    small = tbljax.Augment(size=(8, 8), scale=(0.1, 0.5))
+    views = {"big": (2, RRC), "small": (1, small)}
+    seen = []
+    for batch in tbljax.loader(
+        files[kind, layout], B, seed=SEED, dtype="uint8", views=views, num_epochs=1, **serve(kind)
+    ):
+        idx = _host(batch["index"])
+        geometry = _geometry(refs[kind, layout])
+        first = 0
+        for name, (count, aug) in views.items():
+            got = _host(batch[name])
+            assert got.shape == (len(idx), count, *aug.size, 3)
+            for v in range(count):
+                boxes, flips = sample(aug, idx, geometry=geometry, seed=SEED, epoch=0, view=first + v)
+                want = oracle.gather(refs[kind, layout], idx, aug.size, crop=boxes, flip=flips)
+                np.testing.assert_array_equal(got[:, v], want, err_msg=f"{name}[{v}]")
+            first += count
+        seen += idx.tolist()
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == (M.N // B) * B
+
+
 def _bucket_of(h: int, w: int, sizes) -> tuple[int, tuple[int, int]]:
     """(id, (bh, bw)) of the bucket nearest h×w's aspect in log space, ids by aspect w/h."""
     ranked = sorted(sizes, key=lambda s: Fraction(s[1], s[0]))
