@@ -275,23 +275,16 @@ class Plan:
         views = slot.views(self.row_shape(epoch, first))  # a size schedule's size of `epoch`
         labels, indices, valid, sources, served, repeats, hws = [], [], [], [], [], [], []
         view_blocks = {}
+        patches = isinstance(self.native, native_res.PatchServing)
+        pixels = dict(mean=mean, std=std, jpeg_dct_scale=opts.jpeg_dct_scale)  # every fill's
         for (a, b), out, (idx, boxes, flip, records, repeat, ops, ext) in zip(self.layout.ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
-            patches = isinstance(self.native, native_res.PatchServing)
             if patches:
                 boxes = self.native.boxes(idx, boxes)
                 hws.append(np.zeros((0, 2), np.int64))
             if nvalid and patches:
                 hws[-1] = self.native.fill(
-                    src,
-                    records,
-                    out[:nvalid],
-                    boxes=boxes,
-                    flip=flip,
-                    mean=mean,
-                    std=std,
-                    jpeg_dct_scale=opts.jpeg_dct_scale,
-                    started=started,
+                    src, records, out[:nvalid], boxes=boxes, flip=flip, started=started, **pixels
                 )
                 started = None
             elif nvalid and ext is not None:
@@ -303,10 +296,8 @@ class Plan:
                     boxes=boxes,
                     flip=flip,
                     layout=opts.layout,
-                    mean=mean,
-                    std=std,
-                    jpeg_dct_scale=opts.jpeg_dct_scale,
                     started=started,
+                    **pixels,
                 )
                 started = None
             elif self.views is not None:  # each row's views, drawn here: they are cheap
@@ -318,16 +309,7 @@ class Plan:
                     view_blocks.setdefault(name, []).append(block)
             elif nvalid:
                 src.fill(
-                    records,
-                    out[:nvalid],
-                    layout=opts.layout,
-                    crop=boxes,
-                    flip=flip,
-                    mean=mean,
-                    std=std,
-                    jpeg_dct_scale=opts.jpeg_dct_scale,
-                    started=started,
-                    ops=ops,
+                    records, out[:nvalid], layout=opts.layout, crop=boxes, flip=flip, started=started, ops=ops, **pixels
                 )
                 started = None
             if self.views is None:  # (views zero their own padding rows: their blocks are not out's rows)
