@@ -86,6 +86,7 @@ ROOMS = [
             "registration",
             "twin",
             "ffi_call",
+            "program",
             "partitioning",
             "ops",
             "mixup",

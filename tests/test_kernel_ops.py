@@ -406,8 +406,8 @@ def test_paths_not_covered_refuse_by_name(kodak_files):
     res = tbljax.ResidentDataset(kodak_files["raw"]) if hasattr(tbljax, "ResidentDataset") else None
     if res is None:
         pytest.skip("no ResidentDataset")
-    with pytest.raises(ValueError, match="served by the host loaders.*in jit.*not yet"):
-        res.batch(jax.numpy.int32(0), batch_size=2, augment=aug)
+    with pytest.raises(ValueError, match="needs dtype='float32' or 'bfloat16', not uint8"):
+        res.batch(jax.numpy.int32(0), batch_size=2, dtype="uint8", augment=aug)
 
 
 @pytest.mark.parametrize("interp", pixel_ops.INTERPOLATIONS)

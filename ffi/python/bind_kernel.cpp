@@ -378,6 +378,8 @@ void BindKernel(nb::module_& m) {
   }
   m.attr("GATHER_TARGET") = kGatherTarget;
   m.attr("GATHER_PACKED_TARGET") = kGatherPackedTarget;
+  m.attr("GATHER_OPS_TARGET") = kGatherOpsTarget;
+  m.attr("GATHER_PACKED_OPS_TARGET") = kGatherPackedOpsTarget;
   // threads arguments: 0 for the default pool, else a pool of 1..MAX_THREADS (common.h).
   m.attr("MAX_THREADS") = kMaxThreads;
   m.def(

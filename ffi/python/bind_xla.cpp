@@ -7,6 +7,8 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(TbljaxGatherCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(TbljaxGatherPackedCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(TbljaxGatherOpsCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(TbljaxGatherPackedOpsCpu);
 
 namespace tbljax::py {
 
@@ -18,6 +20,9 @@ void BindXla(nb::module_& m) {
         d[xla_ffi::kGatherTarget] = nb::capsule(reinterpret_cast<void*>(&TbljaxGatherCpu));
         d[xla_ffi::kGatherPackedTarget] =
             nb::capsule(reinterpret_cast<void*>(&TbljaxGatherPackedCpu));
+        d[xla_ffi::kGatherOpsTarget] = nb::capsule(reinterpret_cast<void*>(&TbljaxGatherOpsCpu));
+        d[xla_ffi::kGatherPackedOpsTarget] =
+            nb::capsule(reinterpret_cast<void*>(&TbljaxGatherPackedOpsCpu));
         return d;
       },
       "{target name: PyCapsule of its XLA FFI handler for CPU}, for "

@@ -17,6 +17,8 @@ namespace ffi = ::xla::ffi;
 
 // The target names both platforms register are contract.h's kGatherTarget and
 // kGatherPackedTarget (exported to Python by _core).
+using ::tbljax::kGatherOpsTarget;
+using ::tbljax::kGatherPackedOpsTarget;
 using ::tbljax::kGatherPackedTarget;
 using ::tbljax::kGatherTarget;
 
@@ -29,22 +31,56 @@ using TableArg = ffi::Buffer<ffi::S32, 2>;  // (N, 3) int32
 using IndexArg = ffi::AnyBuffer;            // (B,) int32 (JAX without x64) or int64
 using CropArg = ffi::Buffer<ffi::S32, 2>;   // (B, 4) boxes (y0, x0, h, w), or (0, 4): no crop
 using FlipArg = ffi::Buffer<ffi::U8, 1>;    // (B,) nonzero = flip, or (0,): no flip
+// The ops targets only (CPU), after flip: the per-image ops, kernel.h's OpsRequest.
+using CodesArg = ffi::Buffer<ffi::U8, 2>;         // (B, K) op codes, 0 = none
+using OpArgsArg = ffi::Buffer<ffi::S32, 2>;       // (B, K) each op's integer argument
+using MatricesArg = ffi::Buffer<ffi::U32, 4>;     // (B, K, 6, 2) the float64 matrices as their
+                                                  // bits, [low word, high word] (JAX: no x64)
+using FillArg = ffi::Buffer<ffi::U8, 2>;          // (K, 3) each slot's fill
+using NearestArg = ffi::Buffer<ffi::U8, 1>;       // (K,) nonzero: the slot resamples nearest
+using EraseBoxesArg = ffi::Buffer<ffi::S32, 3>;   // (B, E, 4) y0, x0, h, w; h 0: none
+using EraseKeysArg = ffi::Buffer<ffi::U32, 1>;    // (B,) each row's noise key
+using NormalTableArg = ffi::Buffer<ffi::F32, 1>;  // (kNormalTableSize,) pixel_ops.normal_table()
 // Any further operand is a buffer aliased to the result (a donated output); it is not read.
-// Attributes: mean, std (3 float64 each; ignored for uint8), layout ("NHWC" | "NCHW").
+// Attributes: mean, std (3 float64 each; ignored for uint8), layout ("NHWC" | "NCHW"), and
+// for the ops targets erase_mode (int32, EraseMode).
 // Result: the batch, uint8 / float32 / bfloat16, (B, OH, OW, 3) or (B, 3, OH, OW).
 
-// The operands after the records and the attributes, alike in every gather handler's binding:
+// The operands after the records, alike in every gather handler's binding:
 // BindGatherCall(ffi::Ffi::Bind()[.Ctx<...>()].Arg<records>()...).
+// Bindings cannot be moved into a parameter, only chained: the helpers take them by reference.
 template <class Binding>
-auto BindGatherCall(Binding b) {
+auto BindRows(Binding&& b) {
+  return std::move(b).template Arg<IndexArg>().template Arg<CropArg>().template Arg<FlipArg>();
+}
+
+template <class Binding>
+auto BindAttrs(Binding&& b) {
   return std::move(b)
-      .template Arg<IndexArg>()
-      .template Arg<CropArg>()
-      .template Arg<FlipArg>()
       .RemainingArgs()
       .template Attr<ffi::Span<const double>>("mean")
       .template Attr<ffi::Span<const double>>("std")
-      .template Attr<std::string_view>("layout")
+      .template Attr<std::string_view>("layout");
+}
+
+template <class Binding>
+auto BindGatherCall(Binding b) {
+  return BindAttrs(BindRows(std::move(b))).template Ret<ffi::AnyBuffer>();
+}
+
+// The ops targets: the rows' operands, the per-image ops', the attributes and erase_mode.
+template <class Binding>
+auto BindGatherOpsCall(Binding b) {
+  return BindAttrs(BindRows(std::move(b))
+                       .template Arg<CodesArg>()
+                       .template Arg<OpArgsArg>()
+                       .template Arg<MatricesArg>()
+                       .template Arg<FillArg>()
+                       .template Arg<NearestArg>()
+                       .template Arg<EraseBoxesArg>()
+                       .template Arg<EraseKeysArg>()
+                       .template Arg<NormalTableArg>())
+      .template Attr<int32_t>("erase_mode")
       .template Ret<ffi::AnyBuffer>();
 }
 

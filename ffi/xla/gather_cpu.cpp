@@ -3,6 +3,7 @@
 // (gather_call.h) and runs the same tbljax::Gather, on the same thread pool and SIMD target,
 // as the host loader, so the in-jit path and the loader agree bit for bit by construction.
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -32,16 +33,81 @@ void SetIndices(const Call& call, GatherRequest* r) {
                    : WidenIndices(static_cast<const int32_t*>(call.indices), r->batch);
 }
 
-ffi::Error GatherCpu(DataArg data, IndexArg indices, CropArg crops, FlipArg flips,
-                     ffi::RemainingArgs /*aliased output, if any*/, ffi::Span<const double> mean,
-                     ffi::Span<const double> stdev, std::string_view layout,
-                     ffi::Result<ffi::AnyBuffer> out) {
+// The per-image ops of the ops targets as the kernel takes them, their shapes checked against
+// the batch (the values are the kernel's CheckOps). The matrices arrive as float64 bit patterns
+// and are put together in per-thread memory that only grows.
+struct OpsOperands {
+  CodesArg codes;
+  OpArgsArg args;
+  MatricesArg matrices;
+  FillArg fill;
+  NearestArg nearest;
+  EraseBoxesArg boxes;
+  EraseKeysArg keys;
+  NormalTableArg table;
+  int32_t erase_mode;
+};
+
+ffi::Error PrepareOps(const OpsOperands& o, int64_t batch, OpsRequest* r) {
+  auto fail = [](std::string m) { return ffi::Error::InvalidArgument("tbljax gather ops: " + m); };
+  const auto cd = o.codes.dimensions(), ad = o.args.dimensions(), md = o.matrices.dimensions();
+  const auto fd = o.fill.dimensions(), nd = o.nearest.dimensions(), bd = o.boxes.dimensions();
+  const int64_t k = cd[1];
+  if (cd[0] != batch || ad[0] != batch || ad[1] != k)
+    return fail("codes and args must be (B, K) with B = " + std::to_string(batch) + ", got " +
+                Dims(cd) + " and " + Dims(ad));
+  if (md[0] != batch || md[1] != k || md[2] != 6 || md[3] != 2)
+    return fail("matrices must be (B, K, 6, 2) uint32 bits, got " + Dims(md));
+  if (fd[0] != k || fd[1] != 3 || nd[0] != k)
+    return fail("fill must be (K, 3) and nearest (K,) with K = " + std::to_string(k) + ", got " +
+                Dims(fd) + " and " + Dims(nd));
+  if (bd[0] != batch || bd[2] != 4 || o.keys.dimensions()[0] != batch)
+    return fail("erase boxes must be (B, E, 4) and erase keys (B,), got " + Dims(bd) + " and " +
+                Dims(o.keys.dimensions()));
+  if (o.table.dimensions()[0] != kNormalTableSize)
+    return fail("the normal table must have " + std::to_string(kNormalTableSize) +
+                " entries, got " + Dims(o.table.dimensions()));
+  const int64_t n = batch * k * 6;
+  thread_local std::unique_ptr<double[]> matrices;
+  thread_local int64_t capacity = 0;
+  if (capacity < n) {
+    matrices.reset(new double[n]);
+    capacity = n;
+  }
+  const uint32_t* bits = o.matrices.typed_data();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t v = (static_cast<uint64_t>(bits[2 * i + 1]) << 32) | bits[2 * i];
+    std::memcpy(&matrices[i], &v, sizeof v);
+  }
+  r->num_ops = k;
+  r->codes = o.codes.typed_data();
+  r->args = o.args.typed_data();
+  r->matrices = matrices.get();
+  r->fill = o.fill.typed_data();
+  r->nearest = o.nearest.typed_data();
+  r->num_erase = bd[1];
+  r->erase_boxes = o.boxes.typed_data();
+  r->erase_keys = o.keys.typed_data();
+  r->erase_mode = static_cast<EraseMode>(o.erase_mode);
+  r->normal_table = o.table.typed_data();
+  return ffi::Error::Success();
+}
+
+// Records of one size; `ops` null: no per-image ops.
+ffi::Error GatherUniform(DataArg data, IndexArg indices, CropArg crops, FlipArg flips,
+                         ffi::Span<const double> mean, ffi::Span<const double> stdev,
+                         std::string_view layout, ffi::AnyBuffer out, const OpsOperands* ops) {
   SourceShape shape;
   if (ffi::Error e = ShapeOfData(data, &shape); e.failure()) return e;
   Call call;
-  if (ffi::Error e = PrepareCall(shape, indices, crops, flips, mean, stdev, layout, *out, &call);
+  if (ffi::Error e = PrepareCall(shape, indices, crops, flips, mean, stdev, layout, out, &call);
       e.failure())
     return e;
+  OpsRequest ops_request;
+  if (ops) {
+    if (ffi::Error e = PrepareOps(*ops, call.request.batch, &ops_request); e.failure()) return e;
+    call.request.ops = &ops_request;
+  }
   SetIndices(call, &call.request);
   RawSource source;
   if (Status s = RawSource::Create({RawShard{data.typed_data(), call.num_records}}, call.height,
@@ -53,16 +119,20 @@ ffi::Error GatherCpu(DataArg data, IndexArg indices, CropArg crops, FlipArg flip
 
 // Records of different sizes, packed at page starts: the kernel reads each record's own
 // height and width from the table (and checks that the records it reads lie in the pages).
-ffi::Error GatherPackedCpu(PagesArg pages, TableArg table, IndexArg indices, CropArg crops,
-                           FlipArg flips, ffi::RemainingArgs /*aliased output, if any*/,
-                           ffi::Span<const double> mean, ffi::Span<const double> stdev,
-                           std::string_view layout, ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error GatherPacked(PagesArg pages, TableArg table, IndexArg indices, CropArg crops,
+                        FlipArg flips, ffi::Span<const double> mean, ffi::Span<const double> stdev,
+                        std::string_view layout, ffi::AnyBuffer out, const OpsOperands* ops) {
   SourceShape shape;
   if (ffi::Error e = ShapeOfPacked(pages, table, &shape); e.failure()) return e;
   Call call;
-  if (ffi::Error e = PrepareCall(shape, indices, crops, flips, mean, stdev, layout, *out, &call);
+  if (ffi::Error e = PrepareCall(shape, indices, crops, flips, mean, stdev, layout, out, &call);
       e.failure())
     return e;
+  OpsRequest ops_request;
+  if (ops) {
+    if (ffi::Error e = PrepareOps(*ops, call.request.batch, &ops_request); e.failure()) return e;
+    call.request.ops = &ops_request;
+  }
   SetIndices(call, &call.request);
   const auto pd = pages.dimensions();
   RecordTable t;
@@ -79,6 +149,43 @@ ffi::Error GatherPackedCpu(PagesArg pages, TableArg table, IndexArg indices, Cro
   return ToError(Gather(source, call.request));
 }
 
+ffi::Error GatherCpu(DataArg data, IndexArg indices, CropArg crops, FlipArg flips,
+                     ffi::RemainingArgs /*aliased output, if any*/, ffi::Span<const double> mean,
+                     ffi::Span<const double> stdev, std::string_view layout,
+                     ffi::Result<ffi::AnyBuffer> out) {
+  return GatherUniform(data, indices, crops, flips, mean, stdev, layout, *out, nullptr);
+}
+
+ffi::Error GatherPackedCpu(PagesArg pages, TableArg table, IndexArg indices, CropArg crops,
+                           FlipArg flips, ffi::RemainingArgs /*aliased output, if any*/,
+                           ffi::Span<const double> mean, ffi::Span<const double> stdev,
+                           std::string_view layout, ffi::Result<ffi::AnyBuffer> out) {
+  return GatherPacked(pages, table, indices, crops, flips, mean, stdev, layout, *out, nullptr);
+}
+
+ffi::Error GatherOpsCpu(DataArg data, IndexArg indices, CropArg crops, FlipArg flips,
+                        CodesArg codes, OpArgsArg args, MatricesArg matrices, FillArg fill,
+                        NearestArg nearest, EraseBoxesArg boxes, EraseKeysArg keys,
+                        NormalTableArg normal, ffi::RemainingArgs /*aliased output, if any*/,
+                        ffi::Span<const double> mean, ffi::Span<const double> stdev,
+                        std::string_view layout, int32_t erase_mode,
+                        ffi::Result<ffi::AnyBuffer> out) {
+  const OpsOperands ops{codes, args, matrices, fill, nearest, boxes, keys, normal, erase_mode};
+  return GatherUniform(data, indices, crops, flips, mean, stdev, layout, *out, &ops);
+}
+
+ffi::Error GatherPackedOpsCpu(PagesArg pages, TableArg table, IndexArg indices, CropArg crops,
+                              FlipArg flips, CodesArg codes, OpArgsArg args, MatricesArg matrices,
+                              FillArg fill, NearestArg nearest, EraseBoxesArg boxes,
+                              EraseKeysArg keys, NormalTableArg normal,
+                              ffi::RemainingArgs /*aliased output, if any*/,
+                              ffi::Span<const double> mean, ffi::Span<const double> stdev,
+                              std::string_view layout, int32_t erase_mode,
+                              ffi::Result<ffi::AnyBuffer> out) {
+  const OpsOperands ops{codes, args, matrices, fill, nearest, boxes, keys, normal, erase_mode};
+  return GatherPacked(pages, table, indices, crops, flips, mean, stdev, layout, *out, &ops);
+}
+
 }  // namespace
 }  // namespace tbljax::xla_ffi
 
@@ -89,4 +196,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     TbljaxGatherPackedCpu, tbljax::xla_ffi::GatherPackedCpu,
     tbljax::xla_ffi::BindGatherCall(
+        xla::ffi::Ffi::Bind().Arg<tbljax::xla_ffi::PagesArg>().Arg<tbljax::xla_ffi::TableArg>()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    TbljaxGatherOpsCpu, tbljax::xla_ffi::GatherOpsCpu,
+    tbljax::xla_ffi::BindGatherOpsCall(xla::ffi::Ffi::Bind().Arg<tbljax::xla_ffi::DataArg>()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    TbljaxGatherPackedOpsCpu, tbljax::xla_ffi::GatherPackedOpsCpu,
+    tbljax::xla_ffi::BindGatherOpsCall(
         xla::ffi::Ffi::Bind().Arg<tbljax::xla_ffi::PagesArg>().Arg<tbljax::xla_ffi::TableArg>()));

@@ -8,6 +8,7 @@ for platforms without a handler. Importing this module registers the handlers on
 from tbljax._src.jax.mixup import mixup_cutmix
 from tbljax._src.jax.ops import BACKENDS, gather_normalize
 from tbljax._src.jax.packed import PAGE_BYTES, PackedRecords, pack_layout
+from tbljax._src.jax.program import pixel_program
 from tbljax._src.jax.registration import PACKED_TARGET, TARGET, registered_platforms
 from tbljax._src.jax.twin import normalize, twin_gather
 from tbljax._src.rules.mixup import Mixup, mixup_cutmix_host
@@ -21,6 +22,7 @@ __all__ = [
     "gather_normalize",
     "normalize",
     "pack_layout",
+    "pixel_program",
     "registered_platforms",
     "twin_gather",
     "Mixup",

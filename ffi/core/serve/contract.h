@@ -35,9 +35,12 @@ Status ParseLayout(std::string_view name, Layout* out, const char* arg = "layout
 // The XLA custom-call targets of the gather (the CPU handlers in _core and the CUDA ones in
 // _ffi_cuda register under these names; Python reads them as _core.GATHER_TARGET and
 // _core.GATHER_PACKED_TARGET): records of one size in an (N, H, W, 3) array, and records of
-// different sizes packed at page starts.
+// different sizes packed at page starts. The *_ops targets take the per-image ops
+// (kernel.h's OpsRequest) as further operands; only the CPU handlers register them.
 inline constexpr const char* kGatherTarget = "tbljax_gather_normalize";
 inline constexpr const char* kGatherPackedTarget = "tbljax_gather_normalize_packed";
+inline constexpr const char* kGatherOpsTarget = "tbljax_gather_normalize_ops";
+inline constexpr const char* kGatherPackedOpsTarget = "tbljax_gather_normalize_packed_ops";
 
 // ---------------------------------------------------------------------------------------
 // Normalization contract (DESIGN.md §3)

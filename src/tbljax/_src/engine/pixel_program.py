@@ -8,9 +8,19 @@ import functools
 
 import numpy as np
 
-from tbljax._src.rules import erasing, pixel_ops, randaug
+from tbljax._src.rules import erasing, image_ops, pixel_ops, randaug
 
-__all__ = ["FUSED_MAX_CODE", "PixelProgram", "ops_arg", "pixel_program"]
+__all__ = [
+    "FUSED_MAX_CODE",
+    "PixelProgram",
+    "affine_table",
+    "check_drawable",
+    "column_policies",
+    "look_up_matrices",
+    "slot_constants",
+    "ops_arg",
+    "pixel_program",
+]
 
 
 class PixelProgram(tuple):
@@ -33,9 +43,32 @@ def _matrix(code: int, arg: int, height: int, width: int, translate_const: float
     return pixel_ops.op_matrix(code, arg, height, width, translate_const, translate_pct)
 
 
+def _translate(policy) -> tuple[float, float]:
+    """A policy's (translate_const, translate_pct): `RandAugment`'s defaults when it has none."""
+    return getattr(policy, "translate_const", 100.0), getattr(policy, "translate_pct", 0.45)
+
+
 def _slots(policy):
     """A policy's K columns: its num_ops (RandAugment) or num_slots slots."""
     return policy.num_ops if isinstance(policy, randaug.RandAugment) else policy.num_slots
+
+
+def column_policies(policies, k: int) -> list:
+    """The policy of each of the K columns: each policy's slots in order; () takes
+    `RandAugment`'s defaults for every column."""
+    slots = [p for p in policies for _ in range(_slots(p))] or [randaug.RandAugment()] * k
+    if len(slots) != k:
+        raise ValueError(f"the policies have {len(slots)} op slots but codes has {k} columns")
+    return slots
+
+
+def slot_constants(slots) -> tuple[np.ndarray, np.ndarray]:
+    """(fill (K, 3) uint8, nearest (K,) uint8) of the columns' policies (`column_policies`)."""
+    k = len(slots)
+    # Policies without affine ops or Cutout (ColorJitter, ThreeAugment, ...) have no fill to use.
+    fill = np.array([getattr(p, "fill", (0, 0, 0)) for p in slots], np.uint8).reshape(k, 3)
+    nearest = np.array([getattr(p, "interpolation", "bilinear") == "nearest" for p in slots], np.uint8).reshape(k)
+    return fill, nearest
 
 
 def pixel_program(
@@ -60,18 +93,12 @@ def pixel_program(
     if codes.ndim != 2 or args.shape != codes.shape:
         raise ValueError(f"codes and args must both be (B, K), got {codes.shape} and {args.shape}")
     b, k = codes.shape
-    slots = [p for p in policies for _ in range(_slots(p))] or [randaug.RandAugment()] * k
-    if len(slots) != k:
-        raise ValueError(f"the policies have {len(slots)} op slots but codes has {k} columns")
+    slots = column_policies(policies, k)
     h, w = (int(v) for v in out_hw)
     matrices = np.zeros((b, k, 6), np.float64)
     for i, j in zip(*np.nonzero(np.isin(codes, sorted(pixel_ops.AFFINE | pixel_ops.TV_AFFINE)))):
-        p = slots[j]
-        tc, tp = getattr(p, "translate_const", 100.0), getattr(p, "translate_pct", 0.45)
-        matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), h, w, tc, tp)
-    # Policies without affine ops or Cutout (ColorJitter, ThreeAugment, ...) have no fill to use.
-    fill = np.array([getattr(p, "fill", (0, 0, 0)) for p in slots], np.uint8).reshape(k, 3)
-    nearest = np.array([getattr(p, "interpolation", "bilinear") == "nearest" for p in slots], np.uint8).reshape(k)
+        matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), h, w, *_translate(slots[j]))
+    fill, nearest = slot_constants(slots)
     if erase_boxes is None:
         boxes, keys = np.zeros((b, 0, 4), np.int32), np.zeros(b, np.uint32)
     else:
@@ -87,3 +114,70 @@ def pixel_program(
     return PixelProgram(
         (codes, args, matrices, fill, nearest, boxes, keys, erasing.ERASE_MODES.index(erase_mode), table)
     )
+
+
+def _affine_args(policy) -> dict[int, np.ndarray]:
+    """{affine op code: the sorted distinct int32 arguments `policy` can draw for it}: its
+    argument table's rows (`randaug.arg_table`, `TrivialAugment.arg_table`); {} for the
+    policies without affine ops."""
+    if isinstance(policy, randaug.RandAugment):
+        codes = [randaug.op_arg(policy, n, 0.0)[0] for n in policy.ops]
+        table = randaug.arg_table(policy)
+    elif isinstance(policy, image_ops.TrivialAugment):
+        codes, table = [s[1] for s in image_ops.TA_SPACE], policy.arg_table()
+    else:
+        return {}
+    found: dict[int, list] = {}
+    for code, row in zip(codes, table):
+        if code in pixel_ops.AFFINE | pixel_ops.TV_AFFINE:
+            found.setdefault(code, []).append(row.ravel())
+    return {c: np.unique(np.concatenate(rows)).astype(np.int32) for c, rows in sorted(found.items())}
+
+
+@functools.lru_cache(maxsize=32)
+def _affine_entries(policy, h: int, w: int) -> tuple:
+    return tuple(
+        (c, a, np.array([_matrix(c, int(v), h, w, *_translate(policy)) for v in a.tolist()], np.float64))
+        for c, a in _affine_args(policy).items()
+    )
+
+
+def affine_table(slots, out_hw) -> tuple:
+    """Every affine matrix the columns' policies (`column_policies`) can draw at output size
+    `out_hw`, built on the host (`pixel_ops.op_matrix`, once per policy and size) for look-up
+    where the matrices cannot be built per row (in jit): per column, ((column, column + 1),
+    ((code, sorted args (L,) int32, matrices (L, 6) float64), ...))."""
+    h, w = (int(v) for v in out_hw)
+    return tuple(((j, j + 1), _affine_entries(p, h, w)) for j, p in enumerate(slots))
+
+
+def look_up_matrices(codes, args, table, *, zero, xp=np):
+    """The (B, K, 6, ...) matrices of ops (codes, args) looked up in `table` (`affine_table`'s
+    form, its matrices (L, 6, ...) in any representation, e.g. float64 or their bits), `zero`
+    (6, ...) where the op is not affine; in NumPy or jax.numpy. An argument the policy cannot
+    draw finds a neighbour's matrix: `check_drawable` refuses those where they are concrete."""
+    blocks = []
+    for (lo, hi), entries in table:
+        c, a = codes[:, lo:hi], args[:, lo:hi]
+        block = xp.broadcast_to(xp.asarray(zero), (c.shape[0], hi - lo, *zero.shape))
+        for code, sorted_args, matrices in entries:
+            pos = xp.clip(xp.searchsorted(xp.asarray(sorted_args), a), 0, len(sorted_args) - 1)
+            hit = (c == code).reshape(c.shape + (1,) * zero.ndim)
+            block = xp.where(hit, xp.asarray(matrices)[pos], block)
+        blocks.append(block)
+    return xp.concatenate(blocks, axis=1)
+
+
+def check_drawable(codes, args, table) -> None:
+    """ValueError naming the row and column of an affine op whose argument its policy cannot
+    draw (`look_up_matrices` has no matrix for it)."""
+    codes, args = np.asarray(codes), np.asarray(args)
+    for (lo, hi), entries in table:
+        for code, sorted_args, _ in entries:
+            rows, cols = np.nonzero((codes[:, lo:hi] == code) & ~np.isin(args[:, lo:hi], sorted_args))
+            if rows.size:
+                b, k = int(rows[0]), lo + int(cols[0])
+                raise ValueError(
+                    f"ops: row {b} column {k}: op code {code} with argument {int(args[b, k])} is not one "
+                    f"its policy can draw (the affine matrices in jit are looked up among those)"
+                )

@@ -24,11 +24,16 @@ from tbljax._src.rules.options import LoaderOptions
 
 __all__ = ["RowOps", "draw", "draw_extents", "draw_ops", "records"]
 
-# The one refusal of the per-image ops outside the host loaders.
-NOT_IN_JIT = (
-    "Augment(ops=..., erasing=...) is served by the host loaders (tbljax.loader, HostLoader, "
-    "tbljax.torch.loader, tbljax.mlx.loader); in jit (ResidentDataset, tbljax.ops.gather_normalize): "
-    "not yet"
+# The one refusal of the per-image ops in jit: records partitioned over devices are gathered
+# as uint8 and normalized after a sum over devices, where erasing cannot run.
+OPS_NOT_PARTITIONED = (
+    "Augment(ops=..., erasing=...) in ResidentDataset.batch with records partitioned over devices: "
+    "not yet (replicate the records, or use the host loaders)"
+)
+
+ERASE_NEEDS_FLOAT = (
+    "Augment(erasing=...) sets normalized values (as timm's RandomErasing): it needs "
+    "dtype='float32' or 'bfloat16', not uint8"
 )
 
 CANVAS_NOT_IN_JIT = (
@@ -69,8 +74,6 @@ def draw(
     indices [first_index, first_index + num_records) (a host part, `tbljax.order.Parts`);
     crops and flips are keyed by the global index and the repeat. `objects`: crop="bbox" only,
     a function of global sample indices → each record's (n, 4) xyxy object boxes."""
-    if xp is not np and has_ops(opts.augment):
-        raise ValueError(NOT_IN_JIT)
     if xp is not np and scale_jitter.on_canvas(opts.augment):
         raise ValueError(CANVAS_NOT_IN_JIT)
     idx, repeat = records(positions, opts, num_records=num_records, epoch=epoch, step=step, xp=xp)
@@ -117,10 +120,7 @@ def check_ops(opts: LoaderOptions) -> None:
     (timm erases the normalized values; there are none in uint8). Every policy
     (`randaug.POLICIES`) is served: the C++ stage runs all of `pixel_ops.CODES`."""
     if has_ops(opts.augment) and opts.augment.erasing is not None and opts.out_dtype == np.uint8:
-        raise ValueError(
-            "Augment(erasing=...) sets normalized values (as timm's RandomErasing): it needs "
-            "dtype='float32' or 'bfloat16', not uint8"
-        )
+        raise ValueError(ERASE_NEEDS_FLOAT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,10 +143,11 @@ class RowOps:
             self, ops=self.ops[m], op_args=self.op_args[m], erase=erase and erase[0], erase_key=erase and erase[1]
         )
 
-    def program(self) -> kernels.PixelProgram:
-        """The columns as the kernel takes them (`kernels.pixel_program`)."""
+    def program(self, build=kernels.pixel_program) -> kernels.PixelProgram:
+        """The columns as the kernel takes them: `build` is `kernels.pixel_program` (host) or
+        `tbljax.ops.pixel_program` (jit)."""
         er = self.aug.erasing
-        return kernels.pixel_program(
+        return build(
             self.ops,
             self.op_args,
             self.out_hw,
@@ -157,18 +158,19 @@ class RowOps:
         )
 
 
-def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat: int = 0) -> RowOps | None:
+def draw_ops(indices, opts: LoaderOptions, *, epoch, out_hw, repeat=0, xp=np) -> RowOps | None:
     """The per-image op columns of sample `indices` (global) under ``opts.augment``, keyed by
     (seed, epoch, index, repeat) like the crops (`randaug.decide`, `erasing.decide_erasing`), or
-    None when the augmentation has none (the kernel then runs today's pass)."""
+    None when the augmentation has none (the kernel then runs today's pass). In NumPy for the
+    host loaders, in jax.numpy inside `jax.jit` (ResidentDataset)."""
     aug = opts.augment
     if not has_ops(aug):
         return None
-    idx = np.asarray(indices, np.int64)
-    codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch, repeat=repeat)
+    idx = np.asarray(indices, np.int64) if xp is np else xp.asarray(indices)
+    codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch, repeat=repeat, xp=xp)
     boxes = keys = None
     if aug.erasing is not None:
         boxes, keys = erasing.decide_erasing(
-            aug.erasing, idx, height=out_hw[0], width=out_hw[1], seed=opts.seed, epoch=epoch, repeat=repeat
+            aug.erasing, idx, height=out_hw[0], width=out_hw[1], seed=opts.seed, epoch=epoch, repeat=repeat, xp=xp
         )
     return RowOps(aug, (int(out_hw[0]), int(out_hw[1])), codes, args, boxes, keys)

@@ -8,14 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from tbljax._src.jax.packed import PackedRecords
-from tbljax._src.jax.registration import PACKED_TARGET, TARGET
+from tbljax._src.jax.registration import OPS_TARGET, PACKED_OPS_TARGET, PACKED_TARGET, TARGET
 from tbljax._src.rules import contract
 
 __all__ = ["ffi_gather"]
 
 
-def ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, out_size, dtype):
-    """The FFI custom call; `data` is an (N, H, W, 3) array or `PackedRecords`."""
+def ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, out_size, dtype, ops=None, erase_mode=0):
+    """The FFI custom call; `data` is an (N, H, W, 3) array or `PackedRecords`; `ops` None or
+    the eight arrays of a `PixelProgram` (erase_mode apart), the ops targets' operands."""
     oh, ow = out_size
     b = indices.shape[0]  # per shard under shard_map
     result = jax.ShapeDtypeStruct((b, *contract.row_shape(layout, oh, ow)), dtype)
@@ -23,15 +24,15 @@ def ffi_gather(data, indices, crop, flip, out, *, mean, std, layout, out_size, d
     flip_op = jnp.zeros((0,), jnp.uint8) if flip is None else flip.astype(jnp.uint8)
     packed = isinstance(data, PackedRecords)
     records = [data.pages, data.table] if packed else [data]
-    operands = [*records, indices, crop_op, flip_op]
+    operands = [*records, indices, crop_op, flip_op, *(ops or ())]
     aliases = None
     if out is not None:  # write into the caller's (donated) buffer, not a fresh allocation
         aliases = {len(operands): 0}
         operands.append(out)
-    call = jax.ffi.ffi_call(
-        PACKED_TARGET if packed else TARGET, result, vmap_method="sequential", input_output_aliases=aliases
-    )
-    y = call(*operands, mean=np.asarray(mean, np.float64), std=np.asarray(std, np.float64), layout=layout)
+    target = (PACKED_OPS_TARGET if packed else OPS_TARGET) if ops else (PACKED_TARGET if packed else TARGET)
+    call = jax.ffi.ffi_call(target, result, vmap_method="sequential", input_output_aliases=aliases)
+    attrs = dict(erase_mode=np.int32(erase_mode)) if ops else {}
+    y = call(*operands, mean=np.asarray(mean, np.float64), std=np.asarray(std, np.float64), layout=layout, **attrs)
     # Under shard_map the rows vary over the batch axes as the indices do. ffi_call cannot say
     # so, and lax.platform_dependent needs the FFI and twin branches typed alike.
     axes = tuple(sorted(_varying(indices) - _varying(y)))

@@ -25,10 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from tbljax import _core
+from tbljax._src.engine import step as _step
+from tbljax._src.engine.pixel_program import PixelProgram
 from tbljax._src.jax.ffi_call import ffi_gather
 from tbljax._src.jax.packed import PackedRecords, check_packed
 from tbljax._src.jax.partitioning import batch_spec, follow_indices, shard_map_rows
-from tbljax._src.jax.registration import handler_platforms
+from tbljax._src.jax.program import float64_bits
+from tbljax._src.jax.registration import handler_platforms, ops_platforms
 from tbljax._src.jax.twin import normalization_table, out_dtype, twin_gather
 from tbljax._src.rules import contract
 
@@ -57,6 +60,7 @@ def gather_normalize(
     backend: str = "auto",
     sharding=None,
     out=None,
+    ops=None,
 ):
     """``data[indices]`` → optional crop-resize → optional flip → normalize, inside `jax.jit`.
 
@@ -96,6 +100,12 @@ def gather_normalize(
       out: optionally an array of the result's shape and dtype to write into (FFI path). Donate
         it to the enclosing jit (``donate_argnums``) so XLA reuses its memory instead of
         allocating (and page-faulting) a fresh batch each step.
+      ops: the rows' per-image ops, a `tbljax.ops.pixel_program(...)` (or a
+        `tbljax.kernels.pixel_program(...)` built on the host): after the crop-resize and
+        flip, row b's uint8 pixels go through its op program, then are normalized, then its
+        erasing boxes are set, exactly as `tbljax.kernels.gather(ops=...)` and the loader do.
+        Served by the CPU FFI handler (``backend="auto"`` or ``"ffi"`` on CPU); refused by
+        name elsewhere (the CUDA handler and the twin do not run them yet).
 
     Returns:
       The batch as a `jax.Array`.
@@ -132,6 +142,9 @@ def gather_normalize(
     shape = (batch, *contract.row_shape(layout, oh, ow))
     if out is not None and (tuple(out.shape) != shape or out.dtype != out_dt):
         raise ValueError(f"out must be {out_dt} of shape {shape}, got {out.dtype} of shape {tuple(out.shape)}")
+    program, erase_mode = (None,) * 8, 0
+    if ops is not None:
+        program, erase_mode = _checked_ops(ops, batch, out_dt, backend)
     if batch == 0:
         return jnp.zeros(shape, out_dt)
 
@@ -140,10 +153,11 @@ def gather_normalize(
     table = None
     if out_dt != np.uint8 and backend != "ffi":
         table = jnp.asarray(normalization_table(mean_v, std_v, out_dt))
-    body = _body(
-        backend, data.max_side if packed else None, (oh, ow), layout, dict(mean=mean_v, std=std_v, dtype=out_dt)
-    )
-    args = ((data.pages, data.table) if packed else (data, None)) + (indices, crop, flip, out, table)
+    normalization = dict(mean=mean_v, std=std_v, dtype=out_dt)
+    if ops is not None:
+        backend, normalization = "ffi", dict(normalization, erase_mode=erase_mode)
+    body = _body(backend, data.max_side if packed else None, (oh, ow), layout, normalization)
+    args = ((data.pages, data.table) if packed else (data, None)) + (indices, crop, flip, out, table, *program)
     if sharding is not None:
         mesh, spec = batch_spec(sharding)
         return shard_map_rows(body, args, mesh, spec)
@@ -199,20 +213,22 @@ def _checked_crop(crop, batch, data, hw, host_idx, out_hw):
 
 
 def _body(backend, max_side, out_size, layout, normalization):
-    """The per-device body over the seven operands (data, table of packed records, indices,
-    crop, flip, out, normalization table): the twin, the FFI call, or (auto) the FFI call on
-    the platforms with a handler and the twin elsewhere, decided when the program is lowered."""
+    """The per-device body over the operands (data, table of packed records, indices, crop,
+    flip, out, normalization table, then the eight arrays of the per-image ops or Nones): the
+    twin, the FFI call, or (auto) the FFI call on the platforms with a handler and the twin
+    elsewhere, decided when the program is lowered."""
 
     def records(d, r):
         return d if r is None else PackedRecords(d, r, max_side)
 
-    def twin(d, r, i, c, f, o, t):
-        del o
+    def twin(d, r, i, c, f, o, t, *ops):
+        del o, ops  # ops are refused before (_checked_ops)
         return twin_gather(records(d, r), i, crop=c, flip=f, out_size=out_size, table=t, layout=layout)
 
-    def ffi(d, r, i, c, f, o, t):
+    def ffi(d, r, i, c, f, o, t, *ops):
         del t
-        return ffi_gather(records(d, r), i, c, f, o, layout=layout, out_size=out_size, **normalization)
+        ops = None if ops[0] is None else ops
+        return ffi_gather(records(d, r), i, c, f, o, layout=layout, out_size=out_size, ops=ops, **normalization)
 
     if backend == "twin":
         return twin
@@ -223,3 +239,49 @@ def _body(backend, max_side, out_size, layout, normalization):
         return jax.lax.platform_dependent(*args, default=twin, **{p: ffi for p in handler_platforms()})
 
     return auto
+
+
+# The one refusal of the twin's per-image ops (jax/twin_ops.py will serve them here).
+TWIN_OPS_NOT_YET = "backend='twin' with ops=...: the twin's per-image ops: not yet (use backend='ffi' on CPU)"
+
+
+def _checked_ops(ops, batch, out_dt, backend):
+    """(the eight operands of a `PixelProgram` as the ops targets take them, erase mode);
+    refuses by name what is not served: the twin, platforms whose handler has no ops."""
+    if not isinstance(ops, PixelProgram):
+        raise TypeError(f"ops must be a tbljax.ops.pixel_program(...) or None, got {type(ops).__name__}")
+    if backend == "twin":
+        raise ValueError(TWIN_OPS_NOT_YET)
+    platform = jax.default_backend()
+    if platform not in ops_platforms():
+        raise ValueError(
+            f"ops=...: the per-image ops run in the FFI handler on {ops_platforms()}, not on {platform!r} "
+            "(the CUDA handler does not run them yet; the twin's per-image ops: not yet)"
+        )
+    codes, args, matrices, fill, nearest, boxes, keys, mode, normal = ops
+    if getattr(matrices, "dtype", None) == np.float64:  # a host program: its matrices as bits
+        matrices = float64_bits(np.asarray(matrices))
+    want = {
+        "codes": (codes, jnp.uint8, 2),
+        "args": (args, jnp.int32, 2),
+        "matrices": (matrices, jnp.uint32, 4),
+        "fill": (fill, jnp.uint8, 2),
+        "nearest": (nearest, jnp.uint8, 1),
+        "erase_boxes": (boxes, jnp.int32, 3),
+        "erase_keys": (keys, jnp.uint32, 1),
+        "normal_table": (normal, jnp.float32, 1),
+    }
+    arrays = []
+    for name, (a, dt, ndim) in want.items():
+        a = jnp.asarray(a)
+        if a.dtype != dt or a.ndim != ndim:
+            raise ValueError(f"ops: {name} must be {ndim}-D {jnp.dtype(dt).name}, got {a.ndim}-D {a.dtype}")
+        arrays.append(a)
+    k = arrays[0].shape[1]
+    shapes = [(batch, k), (batch, k), (batch, k, 6, 2), (k, 3), (k,), (batch, arrays[5].shape[1], 4), (batch,)]
+    for name, a, shape in zip(want, arrays, shapes):
+        if a.shape != shape:
+            raise ValueError(f"ops: {name} must be of shape {shape} for {batch} rows, got {a.shape}")
+    if arrays[5].shape[1] and out_dt == np.uint8:
+        raise ValueError(_step.ERASE_NEEDS_FLOAT)
+    return tuple(arrays), int(mode)

@@ -15,11 +15,13 @@ __all__ = ["batch_spec", "follow_indices", "shard_map_rows"]
 
 # The op's operands, in order: data (records, or the pages of packed records), the packed
 # records' table (None for records of one size), indices, crop, flip, out, the normalization
-# table. Their axes as factors of a Shardy sharding rule: the batch b is the one factor
-# operands and result share.
-_FACTORS = ("n h w d", "r s", "b", "b k", "b", None, "t v")
+# table, then the per-image ops (None without ops=): codes, args, matrix bits, fill, nearest,
+# erase boxes, erase keys, normal table. Their axes as factors of a Shardy sharding rule: the
+# batch b is the one factor operands and result share.
+_FACTORS = ("n h w d", "r s", "b", "b k", "b", None, "t v", "b o", "b o", "b o m z", "o g", "o", "b e a", "b", "u")
 _INDICES, _OUT = 2, 5
-_BATCHED = (2, 3, 4, 5)  # split like the batch; records and tables are whole on every device
+# Split like the batch; records and tables are whole on every device.
+_BATCHED = (2, 3, 4, 5, 7, 8, 9, 12, 13)
 
 
 def batch_spec(sharding):
@@ -32,7 +34,7 @@ def batch_spec(sharding):
 
 
 def _present(body, args):
-    """body over all seven operands → (fn over the operands that are not None, their slots)."""
+    """body over all the operands (`_FACTORS`) → (fn over the operands that are not None, their slots)."""
     slots = tuple(k for k, a in enumerate(args) if a is not None)
 
     def fn(*local):

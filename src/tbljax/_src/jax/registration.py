@@ -8,15 +8,26 @@ import jax
 
 from tbljax import _core
 
-__all__ = ["PACKED_TARGET", "TARGET", "handler_platforms", "registered_platforms"]
+__all__ = [
+    "PACKED_OPS_TARGET",
+    "PACKED_TARGET",
+    "OPS_TARGET",
+    "TARGET",
+    "handler_platforms",
+    "ops_platforms",
+    "registered_platforms",
+]
 
 TARGET: str = _core.GATHER_TARGET  # records of one size, (N, H, W, 3)
 PACKED_TARGET: str = _core.GATHER_PACKED_TARGET  # records of different sizes, PackedRecords
+OPS_TARGET: str = _core.GATHER_OPS_TARGET  # TARGET with the per-image ops (ops=)
+PACKED_OPS_TARGET: str = _core.GATHER_PACKED_OPS_TARGET
 
 
-def _register() -> tuple[dict[str, str], dict[str, str]]:
-    """({platform as lax.platform_dependent spells it: module}, {platform: why not})."""
-    registered, missing = {}, {}
+def _register() -> tuple[dict[str, str], dict[str, str], tuple[str, ...]]:
+    """({platform as lax.platform_dependent spells it: module}, {platform: why not}, the
+    platforms whose handlers run the per-image ops)."""
+    registered, missing, ops = {}, {}, []
     # The CPU handlers live in _core itself (one thread pool, one SIMD target with the loader);
     # a build without XLA's FFI headers leaves them out, and the twin serves CPU too.
     cpu_registrations = getattr(_core, "xla_registrations", None)
@@ -29,6 +40,7 @@ def _register() -> tuple[dict[str, str], dict[str, str]]:
         for name, capsule in cpu_registrations().items():
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
         registered["cpu"] = "tbljax._core"
+        ops += ["cpu"] if OPS_TARGET in cpu_registrations() else []
     try:
         from tbljax import _ffi_cuda
     except ImportError as e:  # the common case: a build without -DTBLJAX_CUDA=ON
@@ -38,17 +50,23 @@ def _register() -> tuple[dict[str, str], dict[str, str]]:
             for name, capsule in _ffi_cuda.registrations().items():
                 jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
             registered["cuda"] = "tbljax._ffi_cuda"
+            ops += ["cuda"] if OPS_TARGET in _ffi_cuda.registrations() else []
         except Exception as e:  # noqa: BLE001 - jaxlib without a CUDA plugin: not fatal on CPU
             missing["cuda"] = f"tbljax._ffi_cuda could not be registered ({e})"
-    return registered, missing
+    return registered, missing, tuple(ops)
 
 
-_REGISTERED, _MISSING = _register()
+_REGISTERED, _MISSING, _OPS = _register()
 
 
 def handler_platforms() -> tuple[str, ...]:
     """The platforms (as `jax.lax.platform_dependent` spells them) with a registered handler."""
     return tuple(_REGISTERED)
+
+
+def ops_platforms() -> tuple[str, ...]:
+    """The platforms whose handler runs the per-image ops (``gather_normalize(ops=...)``)."""
+    return _OPS
 
 
 def registered_platforms() -> dict[str, str]:

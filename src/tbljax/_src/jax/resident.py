@@ -35,6 +35,7 @@ from tbljax._src.engine import step as _step
 from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.jax import ops as _ops
 from tbljax._src.jax import packed as _packed
+from tbljax._src.jax import program as _program
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.jax import twin as _twin
 from tbljax._src.jax.resident_host import check_device_memory, field_columns, host_rows
@@ -392,8 +393,12 @@ class ResidentDataset:
             )
             rep = jnp.zeros_like(idx) if rep is None else rep
             kw = dict(crop=boxes, flip=flips, out_size=out_size, layout=opts.layout, backend=backend)
+            row_ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_size, repeat=rep, xp=jnp)
+            if row_ops is not None and data_axes:
+                raise ValueError(_step.OPS_NOT_PARTITIONED)
             if not data_axes:
-                image = _ops.gather_normalize(data, idx, dtype=out_dtype, mean=mean, std=std, **kw)
+                ops = None if row_ops is None else row_ops.program(_program.pixel_program)
+                image = _ops.gather_normalize(data, idx, dtype=out_dtype, mean=mean, std=std, ops=ops, **kw)
                 return image, labels[idx], idx, rep, {n: f[idx] for n, f in fields.items()}
             # Records partitioned over data_axes: each device gathers the rows it holds (the
             # others are zero) and a uint8 sum over those axes assembles the batch exactly.

@@ -1,0 +1,94 @@
+"""The per-image ops inside `jax.jit`: `pixel_program` turns op codes and arguments (traced or
+not) into the arrays `gather_normalize(ops=...)` takes -- engine/pixel_program's, with the
+affine ops' float64 matrices looked up in a table built once on the host (they cannot be built
+per row in the graph) and carried as their IEEE bit patterns, uint32 (B, K, 6, 2) [low word,
+high word], since JAX has no float64 by default."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tbljax._src.engine import pixel_program as _program
+from tbljax._src.rules import erasing, pixel_ops
+
+__all__ = ["float64_bits", "pixel_program"]
+
+
+def float64_bits(m) -> np.ndarray:
+    """float64 array → uint32 of one more axis of 2: each value's bits, [low word, high word]."""
+    bits = np.ascontiguousarray(m, np.float64).view(np.uint64)
+    return np.stack([bits & 0xFFFFFFFF, bits >> 32], axis=-1).astype(np.uint32)
+
+
+@functools.lru_cache(maxsize=32)
+def _bits_table(slots: tuple, out_hw: tuple[int, int]) -> tuple:
+    """`affine_table` with each matrix as its bits (built once per policies and size)."""
+    return tuple(
+        (cols, tuple((c, a, float64_bits(m)) for c, a, m in entries))
+        for cols, entries in _program.affine_table(slots, out_hw)
+    )
+
+
+def pixel_program(
+    codes, args, out_hw, *, policies=(), erase_boxes=None, erase_keys=None, erase_mode: str = "pixel"
+) -> _program.PixelProgram:
+    """The rows' per-image ops for `gather_normalize(ops=...)`, inside or outside `jax.jit`:
+    the same as `tbljax.kernels.pixel_program` (same arguments, same meaning) but the arrays
+    are JAX arrays and ``codes`` / ``args`` / ``erase_boxes`` / ``erase_keys`` may be traced.
+
+    The affine ops' arguments must be ones their policy draws (`randaug.decide`, e.g.
+    ``tbljax.RandAugment``'s argument table): their matrices are looked up among those, built
+    once on the host per (policies, out_hw). Concrete arguments are checked (ValueError).
+
+    Example::
+
+        @jax.jit
+        def step(data, idx, boxes, flips, codes, args):
+            prog = ops.pixel_program(codes, args, (224, 224), policies=aug.ops)
+            return ops.gather_normalize(data, idx, crop=boxes, flip=flips, out_size=(224, 224), ops=prog)
+    """
+    codes, args = jnp.asarray(codes), jnp.asarray(args)
+    if codes.ndim != 2 or args.shape != codes.shape:
+        raise ValueError(f"codes and args must both be (B, K), got {codes.shape} and {args.shape}")
+    if not (jnp.issubdtype(codes.dtype, jnp.integer) and jnp.issubdtype(args.dtype, jnp.integer)):
+        raise ValueError(f"codes and args must be integers, got {codes.dtype} and {args.dtype}")
+    codes, args = codes.astype(jnp.uint8), args.astype(jnp.int32)
+    b, k = codes.shape
+    slots = tuple(_program.column_policies(tuple(policies), k))
+    out_hw = tuple(int(v) for v in out_hw)
+    table = _bits_table(slots, out_hw)
+    if not any(isinstance(x, jax.core.Tracer) for x in (codes, args)):
+        _program.check_drawable(np.asarray(codes), np.asarray(args), table)
+    if k:
+        matrices = _program.look_up_matrices(codes, args, table, zero=np.zeros((6, 2), np.uint32), xp=jnp)
+    else:
+        matrices = jnp.zeros((b, 0, 6, 2), jnp.uint32)
+    fill, nearest = _program.slot_constants(slots)
+    if erase_boxes is None:
+        boxes, keys = jnp.zeros((b, 0, 4), jnp.int32), jnp.zeros(b, jnp.uint32)
+    else:
+        boxes, keys = jnp.asarray(erase_boxes).astype(jnp.int32), jnp.asarray(erase_keys).astype(jnp.uint32)
+        if boxes.ndim != 3 or boxes.shape[0] != b or boxes.shape[2] != 4 or keys.shape != (b,):
+            raise ValueError(
+                f"erase_boxes must be ({b}, E, 4) and erase_keys ({b},), got {boxes.shape} and {keys.shape}"
+            )
+    if erase_mode not in erasing.ERASE_MODES:
+        raise ValueError(f"erase_mode must be one of {erasing.ERASE_MODES}, got {erase_mode!r}")
+    normal = pixel_ops.normal_table() if boxes.shape[1] else np.zeros(4096, np.float32)
+    return _program.PixelProgram(
+        (
+            codes,
+            args,
+            matrices,
+            jnp.asarray(fill),
+            jnp.asarray(nearest),
+            boxes,
+            keys,
+            erasing.ERASE_MODES.index(erase_mode),
+            jnp.asarray(normal),
+        )
+    )

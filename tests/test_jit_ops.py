@@ -1,0 +1,193 @@
+"""The per-image ops and random erasing inside `jax.jit` (issue 47): `ResidentDataset.batch`
+serves, byte for byte, what `tbljax.loader` serves for the same (seed, epoch, index, repeat)
+-- records of one size and of different sizes (PackedRecords), float32 and bfloat16,
+repeats=2, RandAugment with its affine ops, erasing in every mode, ThreeAugment, ColorJitter,
+TrivialAugment --; `tbljax.ops.gather_normalize(ops=...)` on the FFI handler equals the host
+kernel (`tbljax.kernels.gather(ops=...)`) and, op by op, the NumPy reference
+(`pixel_ops.apply_all`); what is not served is refused by name."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tbljax
+from tbljax import ops
+from tbljax._src.engine import pixel_program as host_program
+from tbljax._src.rules import erasing, pixel_ops, randaug
+
+SIZE = (16, 16)
+MEAN, STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)
+SEED = 3
+# timm's DeiT string, every chosen op applied (the affine ops' matrices are looked up in jit
+# among every magnitude mstd can draw); a fixed magnitude (two matrices per op) where that
+# suffices, which builds its table faster.
+RAND = tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1", prob=1.0)
+RAND_M9 = tbljax.RandAugment.from_timm("rand-m9-n3", prob=1.0)
+AUGMENTS = {
+    "randaug+pixel": tbljax.Augment(size=SIZE, ops=[RAND], erasing=tbljax.RandomErasing(p=0.7, mode="pixel")),
+    "randaug+rand": tbljax.Augment(size=SIZE, ops=[RAND_M9], erasing=tbljax.RandomErasing(p=0.7, mode="rand")),
+    "three+jitter+const": tbljax.Augment(
+        size=SIZE,
+        ops=[tbljax.ThreeAugment(), tbljax.ColorJitter(0.3, 0.3, 0.3)],
+        erasing=tbljax.RandomErasing(p=0.7, mode="const"),
+    ),
+    "trivial": tbljax.Augment(size=SIZE, ops=[tbljax.TrivialAugment()]),
+}
+
+
+def _write(path, imgs):
+    with tbljax.Writer(path, len(imgs)) as w:
+        for im in imgs:
+            w.add_raw(im)
+        w.set_metadata(labels=np.arange(len(imgs)) % 7)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    d = tmp_path_factory.mktemp("jit_ops")
+    same_size = [rng.integers(0, 256, (24, 20, 3), np.uint8) for _ in range(12)]
+    sizes = [(20, 14), (9, 30), (33, 33), (40, 12), (17, 23), (26, 19), (31, 45), (12, 12), (22, 28), (30, 18)]
+    mixed = [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in sizes]
+    return {"raw": _write(d / "raw.tbl", same_size), "packed": _write(d / "mixed.tbl", mixed), "mixed": mixed}
+
+
+def same(got, want):
+    """Bit for bit (float32 and bfloat16 compared as their bit patterns)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    np.testing.assert_array_equal(got.view(f"u{got.dtype.itemsize}"), want.view(f"u{want.dtype.itemsize}"))
+
+
+@pytest.mark.parametrize(
+    "records, aug, dtype, repeats",
+    [
+        ("raw", "randaug+pixel", "float32", 1),
+        ("raw", "three+jitter+const", "bfloat16", 2),
+        ("packed", "randaug+rand", "bfloat16", 2),
+        ("packed", "trivial", "float32", 1),
+    ],
+)
+def test_resident_batch_in_jit_equals_the_loader(files, records, aug, dtype, repeats):
+    augment = AUGMENTS[aug]
+    kw = dict(seed=SEED, augment=augment, mean=MEAN, std=STD, dtype=dtype, repeats=repeats)
+    ds = tbljax.ResidentDataset(files[records])
+    assert isinstance(ds.data, tbljax.ops.PackedRecords) == (records == "packed")
+    step = jax.jit(lambda d, s: d.batch(s, batch_size=4, **kw))
+    ld = tbljax.loader(files[records], 4, num_epochs=2, **kw)
+    for s, want in enumerate(ld):
+        got = step(ds, s)
+        np.testing.assert_array_equal(np.asarray(got["index"]), np.asarray(want["index"]))
+        if repeats > 1:
+            np.testing.assert_array_equal(np.asarray(got["repeat"]), np.asarray(want["repeat"]))
+        same(got["image"], np.asarray(want["image"]))
+    assert s + 1 == 2 * ds.steps_per_epoch(4, repeats)
+    # The case exercises the ops: most rows drew some (the loader applies them, so a path that
+    # dropped them would differ above).
+    codes, _ = randaug.decide(augment.ops, np.arange(len(ds)), seed=SEED, epoch=0)
+    assert (codes != 0).any(axis=1).mean() > 0.5
+
+
+def _program_case(batch=12, policies=(RAND,), out=(16, 16), erase=None, seed=1):
+    """(data, indices, crops, flips, codes, args, boxes, keys) of a small case."""
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, (10, 30, 28, 3), np.uint8)
+    idx = rng.integers(0, 10, batch)
+    crops = np.array([[rng.integers(0, 10), rng.integers(0, 8), 20, 20] for _ in range(batch)], np.int32)
+    flips = rng.integers(0, 2, batch).astype(bool)
+    codes, args = randaug.decide(policies, np.arange(batch), seed=seed, epoch=0)
+    boxes = keys = None
+    if erase is not None:
+        boxes, keys = erasing.decide_erasing(erase, np.arange(batch), height=out[0], width=out[1], seed=seed, epoch=0)
+    return data, idx, crops, flips, codes, args, boxes, keys
+
+
+@pytest.mark.parametrize("mode", ["pixel", "rand", "const"])
+def test_gather_normalize_ops_in_jit_equals_the_host_kernel(mode):
+    er = tbljax.RandomErasing(p=1.0, mode=mode)
+    data, idx, crops, flips, codes, args, boxes, keys = _program_case(erase=er)
+    assert np.isin(codes, sorted(pixel_ops.AFFINE)).any() and (boxes[..., 2] > 0).any()
+    norm = dict(mean=MEAN, std=STD)
+    want = np.zeros((len(idx), 3, 16, 16), np.float32)
+    prog = host_program.pixel_program(
+        codes, args, SIZE, policies=(RAND,), erase_boxes=boxes, erase_keys=keys, erase_mode=mode
+    )
+    tbljax.kernels.gather(data, idx, want, layout="NCHW", crop=crops, flip=flips, ops=prog, **norm)
+
+    @jax.jit
+    def step(d, i, c, f, co, a, b, k):
+        p = ops.pixel_program(co, a, SIZE, policies=(RAND,), erase_boxes=b, erase_keys=k, erase_mode=mode)
+        return ops.gather_normalize(d, i, crop=c, flip=f, out_size=SIZE, layout="NCHW", ops=p, **norm)
+
+    same(step(data, idx, crops, flips, codes, args, boxes, keys), want)
+    # A host program (float64 matrices) is taken as it is, outside jit.
+    eager = ops.gather_normalize(data, idx, crop=crops, flip=flips, out_size=SIZE, layout="NCHW", ops=prog, **norm)
+    same(eager, want)
+
+
+def test_gather_normalize_ops_of_packed_records_equals_the_host_kernel(files):
+    pols = (tbljax.TrivialAugment(), tbljax.ColorJitter(0.4, 0.4, 0.4))
+    ds = tbljax.ResidentDataset(files["packed"])
+    imgs = files["mixed"]
+    idx = np.arange(len(imgs))[::-1].copy()
+    crops = np.array([[1, 2, imgs[i].shape[0] - 1, imgs[i].shape[1] - 2] for i in idx], np.int32)
+    codes, args = randaug.decide(pols, idx, seed=4, epoch=1)
+    want = np.zeros((len(idx), 16, 16, 3), np.uint8)
+    for b, i in enumerate(idx):  # each record alone, through the host kernel
+        prog = host_program.pixel_program(codes[b : b + 1], args[b : b + 1], SIZE, policies=pols)
+        tbljax.kernels.gather(imgs[i][None], [0], want[b : b + 1], crop=crops[b : b + 1], ops=prog)
+    step = jax.jit(
+        lambda d, i, c, co, a: ops.gather_normalize(
+            d, i, crop=c, out_size=SIZE, dtype=jnp.uint8, ops=ops.pixel_program(co, a, SIZE, policies=pols)
+        )
+    )
+    same(step(ds.data, idx, crops, codes, args), want)
+
+
+def test_gather_normalize_ops_equal_the_numpy_reference_op_by_op():
+    """uint8 output: row b is pixel_ops.apply_all (NumPy) of the same row served without ops."""
+    pols = (RAND, tbljax.TrivialAugment())
+    data, idx, crops, flips, codes, args, _, _ = _program_case(policies=pols, seed=2)
+    kw = dict(crop=crops, flip=flips, out_size=SIZE, dtype=jnp.uint8)
+    plain = np.asarray(ops.gather_normalize(data, idx, **kw))
+    got = np.asarray(
+        jax.jit(lambda c, a: ops.gather_normalize(data, idx, ops=ops.pixel_program(c, a, SIZE, policies=pols), **kw))(
+            codes, args
+        )
+    )
+    slots = host_program.column_policies(pols, codes.shape[1])
+    for b in range(len(idx)):
+        want = plain[b]
+        for j, (code, arg) in enumerate(zip(codes[b].tolist(), args[b].tolist())):
+            p = slots[j]
+            if code:
+                want = pixel_ops.apply(
+                    want,
+                    code,
+                    arg,
+                    fill=p.fill,
+                    interpolation=p.interpolation,
+                    translate_const=getattr(p, "translate_const", 100.0),
+                    translate_pct=getattr(p, "translate_pct", 0.45),
+                )
+        np.testing.assert_array_equal(got[b], want, err_msg=f"row {b}: ops {codes[b]} args {args[b]}")
+
+
+def test_what_is_not_served_in_jit_is_refused_by_name():
+    er = tbljax.RandomErasing(p=1.0)
+    data, idx, crops, flips, codes, args, boxes, keys = _program_case(batch=4, erase=er)
+    prog = ops.pixel_program(codes, args, SIZE, policies=(RAND,), erase_boxes=boxes, erase_keys=keys)
+    kw = dict(crop=crops, flip=flips, out_size=SIZE)
+    with pytest.raises(ValueError, match="the twin's per-image ops: not yet"):
+        ops.gather_normalize(data, idx, backend="twin", ops=prog, **kw)
+    with pytest.raises(ValueError, match="needs dtype='float32' or 'bfloat16', not uint8"):
+        ops.gather_normalize(data, idx, dtype=jnp.uint8, ops=prog, **kw)
+    with pytest.raises(TypeError, match="ops must be a tbljax.ops.pixel_program"):
+        ops.gather_normalize(data, idx, ops=(codes, args), **kw)
+    rotate = np.zeros((4, 2), np.uint8) + pixel_ops.CODES["Rotate"]
+    with pytest.raises(ValueError, match="row 0 column 0: op code .* argument 12345 is not one its policy can draw"):
+        ops.pixel_program(rotate, np.full((4, 2), 12345, np.int32), SIZE, policies=(RAND,))
