@@ -86,6 +86,7 @@ SLOW_CASES = {
     "test_examples.py::test_train_contrastive_loss_falls[synthetic]": "14 s; train_segmentation[synthetic] keeps an example training in the default run",
     "test_hardening.py::test_four_processes_and_four_threads_read_one_file": "10 s; test_loader's two-process run stays",
     "test_jit_ops.py::test_resident_batch_in_jit_equals_the_loader[raw-three+jitter+const-bfloat16-2]": "6 s of jit on busy cores; the [raw-randaug+pixel-float32-1] case stays",
+    "test_jit_ops.py::test_ops_in_jit_on_8_cpu_devices": "16 s of a process on 8 devices; the one-device cases stay",
     "test_jit_ops.py::test_resident_batch_in_jit_equals_the_loader[packed-randaug+rand-bfloat16-2]": "7 s of jit on busy cores; the [packed-trivial-float32-1] case stays",
 }
 

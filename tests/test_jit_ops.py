@@ -8,6 +8,11 @@ kernel (`tbljax.kernels.gather(ops=...)`) and, op by op, the NumPy reference
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -191,3 +196,72 @@ def test_what_is_not_served_in_jit_is_refused_by_name():
     rotate = np.zeros((4, 2), np.uint8) + pixel_ops.CODES["Rotate"]
     with pytest.raises(ValueError, match="row 0 column 0: op code .* argument 12345 is not one its policy can draw"):
         ops.pixel_program(rotate, np.full((4, 2), 12345, np.int32), SIZE, policies=(RAND,))
+
+
+_EIGHT_DEVICES = textwrap.dedent("""
+    import numpy as np, jax, jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import tbljax
+    from tbljax import ops
+    from tbljax._src.engine import pixel_program as host_program
+    from tbljax._src.rules import erasing, randaug
+    assert jax.device_count() == 8
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 256, (24, 18, 20, 3), np.uint8)
+    with tbljax.Writer("eight.tbl", len(imgs)) as w:
+        for im in imgs:
+            w.add_raw(im)
+        w.set_metadata(labels=np.arange(len(imgs)))
+    ra = tbljax.RandAugment.from_timm("rand-m9-n3", prob=1.0)
+    er = tbljax.RandomErasing(p=0.8, mode="pixel")
+    aug = tbljax.Augment(size=(12, 12), ops=[ra], erasing=er)
+    kw = dict(seed=2, augment=aug, mean=(0.5,) * 3, std=(0.25,) * 3)
+
+    # ResidentDataset: a copy per device, each device drawing and serving its rows.
+    ds = tbljax.ResidentDataset("eight.tbl")
+    f = jax.jit(lambda d, s: d.batch(s, batch_size=16, **kw))
+    for s, want in enumerate(tbljax.loader("eight.tbl", 16, num_epochs=2, **kw)):
+        got = f(ds, s)
+        assert np.array_equal(np.asarray(got["index"]), np.asarray(want["index"])), s
+        assert np.array_equal(np.asarray(got["image"]), np.asarray(want["image"])), s
+    assert got["image"].sharding.shard_shape(got["image"].shape)[0] == 2
+
+    # gather_normalize(ops=): following sharded indices, and under sharding=.
+    mesh = Mesh(np.array(jax.devices()), ("b",))
+    rows = NamedSharding(mesh, P("b"))
+    idx = rng.integers(0, 24, 16).astype(np.int32)
+    crop = np.tile(np.array([[1, 2, 15, 16]], np.int32), (16, 1))
+    codes, args = randaug.decide((ra,), idx, seed=5, epoch=0)
+    boxes, keys = erasing.decide_erasing(er, idx, height=12, width=12, seed=5, epoch=0)
+    norm = dict(mean=(0.5,) * 3, std=(0.25,) * 3)
+    want = np.zeros((16, 12, 12, 3), np.float32)
+    prog = host_program.pixel_program(codes, args, (12, 12), policies=(ra,), erase_boxes=boxes, erase_keys=keys)
+    tbljax.kernels.gather(imgs, idx, want, crop=crop, ops=prog, **norm)
+    for sharding in (None, mesh):
+        def step(d, i, c, co, a, b, k):
+            p = ops.pixel_program(co, a, (12, 12), policies=(ra,), erase_boxes=b, erase_keys=k)
+            return ops.gather_normalize(d, i, crop=c, out_size=(12, 12), ops=p, sharding=sharding, **norm)
+        got = jax.jit(step)(imgs, *(jax.device_put(x, rows) for x in (idx, crop, codes, args, boxes, keys)))
+        assert np.array_equal(np.asarray(got), want), sharding
+        assert got.sharding.shard_shape(got.shape)[0] == 2, got.sharding
+
+    # Records partitioned over devices: refused by name.
+    grid = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "d"))
+    part = tbljax.ResidentDataset("eight.tbl", NamedSharding(grid, P("d")))
+    try:
+        jax.jit(lambda d, s: d.batch(s, batch_size=8, **kw))(part, 0)
+        raise AssertionError("not refused")
+    except ValueError as e:
+        assert "records partitioned over devices: not yet" in str(e), e
+    print("OK")
+""")
+
+
+def test_ops_in_jit_on_8_cpu_devices(tmp_path):
+    """Each device draws and serves its own rows (ResidentDataset, gather_normalize following the
+    indices or under sharding=): the same bytes as the loader and the host kernel."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    r = subprocess.run(
+        [sys.executable, "-c", _EIGHT_DEVICES], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
