@@ -7,18 +7,18 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
 loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped and `patches=` NaFlex
-sequences), torch, MLX (and both with `mixup=`, against
-`tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit`, `partition="host"` in two real
-processes (JAX and torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the
-dataset contract itself on every dataset kind. The "fields" row's records carry a str, a json,
-a fixed and a ragged ndarray field: every path that serves them is checked against the values
-the source TAR held (`check_fields`). The geometric row: each record kind converted with a
-mask and boxes (original JPEG bytes refused by name), served through RRC + flip by the JAX and
-torch loaders, against `rules/geometry`'s conversion and serving rules of the source's values at
-the crop `tbljax.augment.sample` draws. The detection-crop row (`Augment(crop="bbox")`): the
-same files through the JAX loader, pixels against the oracle and masks/boxes against
-`rules/geometry` at the crop `sample` draws around each record's stored boxes; the
-large-scale-jitter and longer_pad rows: pixels against the oracle's crop-resize at
+sequences), torch, MLX (and both with `mixup=`, against `tbljax.ops.mixup_cutmix`),
+`ResidentDataset` inside `jax.jit` (with per-image ops drawn and run there), `partition="host"`
+in two real processes (JAX and torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW;
+and the dataset contract itself on every dataset kind. The "fields" row's records carry a str,
+a json, a fixed and a ragged ndarray field: every path that serves them is checked against the
+values the source TAR held (`check_fields`). The geometric row: each record kind converted with
+a mask and boxes (original JPEG bytes refused by name), served through RRC + flip by the JAX
+and torch loaders, against `rules/geometry`'s conversion and serving rules of the source's
+values at the crop `tbljax.augment.sample` draws. The detection-crop row
+(`Augment(crop="bbox")`): the same files through the JAX loader, pixels against the oracle and
+masks/boxes against `rules/geometry` at the crop `sample` draws around each record's stored
+boxes; the large-scale-jitter and longer_pad rows: pixels against the oracle's crop-resize at
 `tbljax.augment.canvas_boxes`' box and extent on a zero canvas, `image_valid`, masks/boxes
 served onto the extent."""
 
@@ -558,11 +558,18 @@ def test_resident_dataset_inside_jit(matrix, kind, layout):
 
     files, refs = matrix
     rd = tbljax.ResidentDataset(files[kind, layout], **serve(kind))
-    step = jax.jit(lambda ds, s: ds.batch(s, batch_size=B, seed=SEED, augment=RRC, dtype="uint8"))
+    # The "ops in jit" row rides in the same program, once per record kind (its file cell): the
+    # per-image ops drawn and run in jit (an Invert-only RandAugment: 255 minus the oracle's crop).
+    invert = tbljax.Augment(size=M.OUT, ops=[tbljax.RandAugment(num_ops=1, ops=["Invert"], prob=1.0)])
+    augs = (RRC, invert) if layout == "file" else (RRC,)
+    step = jax.jit(lambda ds, s: [ds.batch(s, batch_size=B, seed=SEED, augment=a, dtype="uint8") for a in augs])
     for s in range(M.N // B):
-        batch = step(rd, s)
+        batch, *inverted = step(rd, s)
         idx = _host(batch["index"])
         np.testing.assert_array_equal(_host(batch["image"]), expected(refs[kind, layout], idx, RRC))
+        for b in inverted:
+            np.testing.assert_array_equal(_host(b["index"]), idx)
+            np.testing.assert_array_equal(_host(b["image"]), 255 - expected(refs[kind, layout], idx, RRC))
         if kind == "fields":  # the numeric fields, drawn in jit by the same indices
             got = _jax_fields(batch)
             assert sorted(got) == ["emb", "tok", "tok_length"]
