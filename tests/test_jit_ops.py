@@ -134,6 +134,30 @@ def test_gather_normalize_ops_in_jit_equals_the_host_kernel(mode):
     same(eager, want)
 
 
+def test_erasing_without_ops_in_jit_equals_the_host_kernel():
+    """K = 0 op columns, erasing only (bfloat16)."""
+    er = tbljax.RandomErasing(p=1.0, mode="rand", max_count=2)
+    data, idx, crops, flips, codes, args, boxes, keys = _program_case(policies=(), erase=er)
+    assert codes.shape == (12, 0) and (boxes[..., 2] > 0).any()
+    prog = host_program.pixel_program(codes, args, SIZE, erase_boxes=boxes, erase_keys=keys, erase_mode="rand")
+    want = np.zeros((12, 16, 16, 3), jnp.bfloat16)
+    tbljax.kernels.gather(data, idx, want, crop=crops, flip=flips, ops=prog, mean=MEAN, std=STD)
+    step = jax.jit(
+        lambda c, a, b, k: ops.gather_normalize(
+            data,
+            idx,
+            crop=crops,
+            flip=flips,
+            out_size=SIZE,
+            dtype=jnp.bfloat16,
+            mean=MEAN,
+            std=STD,
+            ops=ops.pixel_program(c, a, SIZE, erase_boxes=b, erase_keys=k, erase_mode="rand"),
+        )
+    )
+    same(step(codes, args, boxes, keys), want)
+
+
 def test_gather_normalize_ops_of_packed_records_equals_the_host_kernel(files):
     pols = (tbljax.TrivialAugment(), tbljax.ColorJitter(0.4, 0.4, 0.4))
     ds = tbljax.ResidentDataset(files["packed"])

@@ -121,7 +121,7 @@ def _affine_args(policy) -> dict[int, np.ndarray]:
     argument table's rows (`randaug.arg_table`, `TrivialAugment.arg_table`); {} for the
     policies without affine ops."""
     if isinstance(policy, randaug.RandAugment):
-        codes = [randaug.op_arg(policy, n, 0.0)[0] for n in policy.ops]
+        codes = [randaug.op_arg(policy, n, 0.0)[0] for n in policy.ops]  # each op name's code
         table = randaug.arg_table(policy)
     elif isinstance(policy, image_ops.TrivialAugment):
         codes, table = [s[1] for s in image_ops.TA_SPACE], policy.arg_table()
@@ -145,10 +145,10 @@ def _affine_entries(policy, h: int, w: int) -> tuple:
 def affine_table(slots, out_hw) -> tuple:
     """Every affine matrix the columns' policies (`column_policies`) can draw at output size
     `out_hw`, built on the host (`pixel_ops.op_matrix`, once per policy and size) for look-up
-    where the matrices cannot be built per row (in jit): per column, ((column, column + 1),
-    ((code, sorted args (L,) int32, matrices (L, 6) float64), ...))."""
+    where the matrices cannot be built per row (in jit): per column, ((code, sorted args (L,)
+    int32, matrices (L, 6) float64), ...)."""
     h, w = (int(v) for v in out_hw)
-    return tuple(((j, j + 1), _affine_entries(p, h, w)) for j, p in enumerate(slots))
+    return tuple(_affine_entries(p, h, w) for p in slots)
 
 
 def look_up_matrices(codes, args, table, *, zero, xp=np):
@@ -156,27 +156,27 @@ def look_up_matrices(codes, args, table, *, zero, xp=np):
     form, its matrices (L, 6, ...) in any representation, e.g. float64 or their bits), `zero`
     (6, ...) where the op is not affine; in NumPy or jax.numpy. An argument the policy cannot
     draw finds a neighbour's matrix: `check_drawable` refuses those where they are concrete."""
-    blocks = []
-    for (lo, hi), entries in table:
-        c, a = codes[:, lo:hi], args[:, lo:hi]
-        block = xp.broadcast_to(xp.asarray(zero), (c.shape[0], hi - lo, *zero.shape))
+    columns = []
+    for j, entries in enumerate(table):
+        c, a = codes[:, j], args[:, j]
+        column = xp.broadcast_to(xp.asarray(zero), (c.shape[0], *zero.shape))
         for code, sorted_args, matrices in entries:
             pos = xp.clip(xp.searchsorted(xp.asarray(sorted_args), a), 0, len(sorted_args) - 1)
             hit = (c == code).reshape(c.shape + (1,) * zero.ndim)
-            block = xp.where(hit, xp.asarray(matrices)[pos], block)
-        blocks.append(block)
-    return xp.concatenate(blocks, axis=1)
+            column = xp.where(hit, xp.asarray(matrices)[pos], column)
+        columns.append(column)
+    return xp.stack(columns, axis=1)
 
 
 def check_drawable(codes, args, table) -> None:
     """ValueError naming the row and column of an affine op whose argument its policy cannot
     draw (`look_up_matrices` has no matrix for it)."""
     codes, args = np.asarray(codes), np.asarray(args)
-    for (lo, hi), entries in table:
+    for k, entries in enumerate(table):
         for code, sorted_args, _ in entries:
-            rows, cols = np.nonzero((codes[:, lo:hi] == code) & ~np.isin(args[:, lo:hi], sorted_args))
+            (rows,) = np.nonzero((codes[:, k] == code) & ~np.isin(args[:, k], sorted_args))
             if rows.size:
-                b, k = int(rows[0]), lo + int(cols[0])
+                b = int(rows[0])
                 raise ValueError(
                     f"ops: row {b} column {k}: op code {code} with argument {int(args[b, k])} is not one "
                     f"its policy can draw (the affine matrices in jit are looked up among those)"

@@ -27,10 +27,7 @@ def float64_bits(m) -> np.ndarray:
 @functools.lru_cache(maxsize=32)
 def _bits_table(slots: tuple, out_hw: tuple[int, int]) -> tuple:
     """`affine_table` with each matrix as its bits (built once per policies and size)."""
-    return tuple(
-        (cols, tuple((c, a, float64_bits(m)) for c, a, m in entries))
-        for cols, entries in _program.affine_table(slots, out_hw)
-    )
+    return tuple(tuple((c, a, float64_bits(m)) for c, a, m in col) for col in _program.affine_table(slots, out_hw))
 
 
 def pixel_program(
@@ -65,7 +62,7 @@ def pixel_program(
         _program.check_drawable(np.asarray(codes), np.asarray(args), table)
     if k:
         matrices = _program.look_up_matrices(codes, args, table, zero=np.zeros((6, 2), np.uint32), xp=jnp)
-    else:
+    else:  # nothing to stack
         matrices = jnp.zeros((b, 0, 6, 2), jnp.uint32)
     fill, nearest = _program.slot_constants(slots)
     if erase_boxes is None:
