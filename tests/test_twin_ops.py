@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -18,6 +17,7 @@ from tbljax._src.rules import image_ops, pixel_filters, pixel_ops, randaug
 C = pixel_ops.CODES
 AFFINE = sorted(pixel_ops.AFFINE | pixel_ops.TV_AFFINE)
 OTHER = [c for c in C.values() if c and c not in AFFINE]
+APPLY = jax.jit(twin_ops.apply_program, static_argnames="affine")
 
 
 @functools.cache
@@ -65,20 +65,26 @@ def _reference(px, codes, args, fill, interpolation):
     for b in range(len(px)):
         img = px[b]
         for k in range(codes.shape[1]):
-            img = pixel_ops.apply_all(img, codes[b, k : k + 1], args[b, k : k + 1], fill=fill[k], interpolation=interpolation[k])
+            img = pixel_ops.apply_all(
+                img, codes[b, k : k + 1], args[b, k : k + 1], fill=fill[k], interpolation=interpolation[k]
+            )
         out.append(img)
     return np.stack(out)
 
 
-def _run(px, codes, args, fill, nearest, affine):
-    h, w = px.shape[1:3]
+def _matrices(codes, args, h, w):
+    """float64 (B, K, 6): each affine slot's matrix (pixel_ops.op_matrix), zeros elsewhere."""
     mats = np.zeros(codes.shape + (6,), np.float64)
     for (b, k), c in np.ndenumerate(codes):
         if c in AFFINE:
             mats[b, k] = pixel_ops.op_matrix(int(c), int(args[b, k]), h, w)
-    bits = mats.view(np.uint32).reshape(codes.shape + (6, 2)) if affine else None
-    fn = jax.jit(twin_ops.apply_program, static_argnames="affine")
-    return np.asarray(fn(px, codes, args, bits, fill, nearest, affine=affine))
+    return mats
+
+
+def _run(px, codes, args, fill, nearest, mats=None):
+    """The jitted twin; `mats` (float64 (B, K, 6)) passed as matrix_bits, None: affine=False."""
+    bits = None if mats is None else mats.view(np.uint32).reshape(codes.shape + (6, 2))
+    return np.asarray(APPLY(px, codes, args, bits, fill, nearest, affine=mats is not None))
 
 
 @pytest.mark.parametrize("shape, k", [((9, 12), 2), ((2, 3), 1)], ids=["9x12-two-slots", "2x3"])
@@ -89,39 +95,35 @@ def test_every_op_equals_pixel_ops(shape, k):
     code[:, 1:][np.isin(code[:, 1:], AFFINE)] = 0  # affine slots need x64: test_affine_ops_under_x64
     px = _images(rng, len(code), *shape)
     fill = rng.integers(0, 256, (k, 3), dtype=np.uint8)
-    got = _run(px, code, arg, fill, np.zeros(k, np.uint8), affine=False)
+    got = _run(px, code, arg, fill, np.zeros(k, np.uint8))
     want = _reference(px, code, arg, fill, ["bilinear"] * k)
     for b in range(len(px)):
         np.testing.assert_array_equal(got[b], want[b], err_msg=f"row {b}: codes {code[b]} args {arg[b]}")
 
 
 def test_affine_ops_under_x64():
+    """Every affine op, bilinear and nearest, with other ops in the second slot; and three rows
+    whose matrices the policies never make, for Pillow's three nearest sweeps (a pure scale;
+    16.16 fixed point; float64 row sums when a corner maps beyond 32768), against pixel_filters."""
     rng = np.random.default_rng(47)
+    sweeps = np.array(
+        [(1.37, 0.0, -2.3, 0.0, 0.71, 1.9), (0.9, 0.31, 1.2, -0.2, 1.1, 0.4), (1.0, 0.25, -40003.1, 0.1, 1.0, 2.2)]
+    )
     with jax.enable_x64(True):
         code, arg = _program(rng, np.repeat(AFFINE, 4), 2)
         px = _images(rng, len(code), 7, 9)
         fill = np.array([[1, 2, 3], [250, 0, 9]], np.uint8)
         for nearest in ((0, 1), (1, 0)):
-            got = _run(px, code, arg, fill, np.array(nearest, np.uint8), affine=True)
+            mats = _matrices(code, arg, 7, 9)
+            mats[-3:, 0], code[-3:, 1] = sweeps, 0
+            got = _run(px, code, arg, fill, np.array(nearest, np.uint8), mats)
             want = _reference(px, code, arg, fill, [pixel_ops.INTERPOLATIONS[n] for n in nearest])
+            interpolation = pixel_ops.INTERPOLATIONS[nearest[0]]
+            want[-3:] = [
+                pixel_filters.affine_transform(p, tuple(m), interpolation, fill[0]) for p, m in zip(px[-3:], sweeps)
+            ]
             for b in range(len(px)):
                 np.testing.assert_array_equal(got[b], want[b], err_msg=f"row {b}: {code[b]} {arg[b]} {nearest}")
-
-
-def test_nearest_sweeps_of_every_kind_under_x64():
-    """Pillow's three nearest sweeps (a pure scale; 16.16 fixed point; float64 row sums when a
-    corner maps beyond 32768), from matrices the policies never make, against pixel_filters."""
-    rng = np.random.default_rng(3)
-    mats = np.array(
-        [(1.37, 0.0, -2.3, 0.0, 0.71, 1.9), (0.9, 0.31, 1.2, -0.2, 1.1, 0.4), (1.0, 0.25, -40003.1, 0.1, 1.0, 2.2)]
-    )
-    px = rng.integers(0, 256, (3, 6, 8, 3), dtype=np.uint8)
-    codes, args = np.full((3, 1), C["Rotate"], np.uint8), np.zeros((3, 1), np.int32)
-    with jax.enable_x64(True):
-        bits = mats.view(np.uint32).reshape(3, 1, 6, 2)
-        got = np.asarray(twin_ops.apply_program(px, codes, args, bits, np.full((1, 3), 7, np.uint8), np.ones(1, np.uint8)))
-    for b in range(3):
-        np.testing.assert_array_equal(got[b], pixel_filters.affine_transform(px[b], tuple(mats[b]), "nearest", 7))
 
 
 def test_affine_ops_without_x64_are_refused_by_name():
@@ -152,7 +154,9 @@ def test_erase_equals_pixel_ops(mode):
     b, h, w = 5, 9, 11
     values = rng.standard_normal((b, h, w, 3)).astype(np.float32)
     y0, x0 = rng.integers(0, h, (b, 3)), rng.integers(0, w, (b, 3))
-    boxes = np.stack([y0, x0, rng.integers(-1, h, (b, 3)), rng.integers(1, w + 3, (b, 3))], -1)  # some empty or past the edge
+    boxes = np.stack(
+        [y0, x0, rng.integers(-1, h, (b, 3)), rng.integers(1, w + 3, (b, 3))], -1
+    )  # some empty or past the edge
     keys = rng.integers(0, 2**32, b, dtype=np.uint32)
     got = np.asarray(jax.jit(twin_ops.erase, static_argnames="mode")(values, boxes, keys, mode=mode))
     for i in range(b):

@@ -215,9 +215,8 @@ def _gaussian_blur(xi, code, arg):
     ww = (np.float32(1 << 24) / (box * np.float32(2) + np.float32(1))).astype(jnp.int32)
     fw = ((1 << 24) - (2 * r + 1) * ww) // 2
     out = xi
-    for axis in (2, 1):  # three passes along the rows, then three along the columns
-        for _ in range(3):
-            out = _box_pass(out, r, ww, fw, axis)
+    for axis in (2, 1):  # three passes along the rows, then three along the columns (a loop: compiled once)
+        out = lax.fori_loop(0, 3, lambda _, t, axis=axis: _box_pass(t, r, ww, fw, axis), out)
     keep = (radius == 0) | (box == 0)
     return jnp.where(keep[:, None, None, None], xi, out)
 
@@ -230,7 +229,9 @@ def _check(pixels, codes, args, fill, nearest):
         raise ValueError(f"codes and args must both be (B={b}, K), got {tuple(codes.shape)} and {tuple(args.shape)}")
     k = codes.shape[1]
     if tuple(fill.shape) != (k, 3) or tuple(nearest.shape) != (k,):
-        raise ValueError(f"fill must be (K={k}, 3) and nearest (K={k},), got {tuple(fill.shape)}, {tuple(nearest.shape)}")
+        raise ValueError(
+            f"fill must be (K={k}, 3) and nearest (K={k},), got {tuple(fill.shape)}, {tuple(nearest.shape)}"
+        )
     if h * w > _MAX_PIXELS:
         raise ValueError(f"apply_program takes images of at most {_MAX_PIXELS} pixels, got {h}x{w}")
 
@@ -254,26 +255,30 @@ def apply_program(pixels, codes, args, matrix_bits, fill, nearest, *, affine: bo
     pixels, codes, args = jnp.asarray(pixels), jnp.asarray(codes), jnp.asarray(args)
     fill, nearest = jnp.asarray(fill), jnp.asarray(nearest)
     _check(pixels, codes, args, fill, nearest)
-    matrices = twin_affine.matrices(matrix_bits, codes.shape) if affine else None
-    xi = pixels.astype(jnp.int32)
-    b = xi.shape[0]
-    for k in range(codes.shape[1]):
-        code, arg = codes[:, k].astype(jnp.int32), args[:, k].astype(jnp.int32)
+    matrices = twin_affine.matrices(matrix_bits, codes.shape) if affine else jnp.zeros(codes.shape + (6,))
+    b = pixels.shape[0]
+
+    def slot(xi, per_slot):  # one slot for every row: each family, kept where the code names it
+        code, arg, fill_k, nearest_k, matrix = per_slot
         luts = _luts(xi, code, arg)
         flat = xi.reshape(b, -1, 3)
         lut_out = jnp.take_along_axis(luts, flat.transpose(0, 2, 1), axis=-1).transpose(0, 2, 1).reshape(xi.shape)
         families = [
             (_LUT_OPS, lut_out),
             (_BLEND_OPS, _blends(xi, code, arg)),
-            ((_C["Cutout"],), _cutout(xi, arg, fill[k])),
+            ((_C["Cutout"],), _cutout(xi, arg, fill_k)),
             ((_C["GaussianBlur"],), _gaussian_blur(xi, code, arg)),
         ]
         if affine:
-            families.append((_AFFINE_OPS, twin_affine.resample(xi, matrices[:, k], fill[k], nearest[k])))
+            families.append((_AFFINE_OPS, twin_affine.resample(xi, matrix, fill_k, nearest_k)))
         out = xi
         for ops, result in families:
             out = jnp.where(jnp.isin(code, jnp.asarray(ops))[:, None, None, None], result, out)
-        xi = out
+        return out, None
+
+    # A scan over the slots: one slot's program is compiled, whatever K is.
+    per_slot = (codes.T.astype(jnp.int32), args.T.astype(jnp.int32), fill, nearest, matrices.transpose(1, 0, 2))
+    xi, _ = lax.scan(slot, pixels.astype(jnp.int32), per_slot)
     return xi.astype(jnp.uint8)
 
 
@@ -310,4 +315,3 @@ def erase(values, boxes, keys, mode: str, table=None):
             fill = table[order.hash32([key, jnp.uint32(e), ch, pos], xp=jnp) >> 20]
         out = jnp.where(inside, fill, out)
     return out
-
