@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from tbljax._src.jax import twin_ops
+from tbljax._src.jax import twin_affine, twin_ops
 from tbljax._src.rules import image_ops, pixel_filters, pixel_ops, randaug
 
 C = pixel_ops.CODES
@@ -124,6 +124,25 @@ def test_affine_ops_under_x64():
             ]
             for b in range(len(px)):
                 np.testing.assert_array_equal(got[b], want[b], err_msg=f"row {b}: {code[b]} {arg[b]} {nearest}")
+
+
+def test_products_round_as_numpy_where_xla_fuses_multiply_add():
+    """XLA on CPU fuses ``d + f * t`` into one fused multiply-add (rounded once, NumPy rounds
+    twice): the twin's products (`split` in float32, `mul_exact` in float64) give NumPy's bits."""
+    rng = np.random.default_rng(0)
+    f = rng.uniform(0, 2, (512, 1)).astype(np.float32)
+    t = np.arange(-255, 256, dtype=np.float32)[None]
+    d = np.float32(97)
+
+    def split_product(f, t):
+        hi, lo = twin_ops.split(f)
+        return d + (hi * t + lo * t)
+
+    np.testing.assert_array_equal(np.asarray(jax.jit(split_product)(f, t)), d + f * t)
+    with jax.enable_x64(True):
+        u, v, c = rng.uniform(-255, 255, 4096), rng.uniform(0, 1, 4096), rng.uniform(0, 255, 4096)
+        got = jax.jit(lambda u, v, c: c + twin_affine.mul_exact(u, v))(u, v, c)
+        np.testing.assert_array_equal(np.asarray(got), c + u * v)
 
 
 def test_affine_ops_without_x64_are_refused_by_name():

@@ -6,7 +6,7 @@ and the sampling are float64, as Pillow's.
 Exact under FMA contraction (XLA fuses ``a * b + c`` on CPU and GPU): a product with a small
 integer splits the float into halves whose products are exact (`_mul_small`), and the one
 product of two arbitrary floats (the bilinear row blend) is rounded in integer arithmetic
-(`_mul_exact`), so no fused multiply-add can change a result.
+(`mul_exact`), so no fused multiply-add can change a result.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from jax import lax
 
 from tbljax._src.rules import pixel_ops
 
-__all__ = ["matrices", "resample"]
+__all__ = ["matrices", "mul_exact", "resample"]
 
 _NAMES = ", ".join(n for n, c in pixel_ops.CODES.items() if c in pixel_ops.AFFINE | pixel_ops.TV_AFFINE)
 
@@ -57,7 +57,7 @@ def _parts(x):
     return jnp.where(exp == 0, jnp.uint64(0), man), exp.astype(jnp.int64)
 
 
-def _mul_exact(u, v):
+def mul_exact(u, v):
     """float64(u * v), rounded to nearest even in integer arithmetic (the 106-bit product of the
     mantissas in 32-bit limbs), for normal or zero u, v whose product is normal or zero."""
     u64 = jnp.uint64
@@ -103,7 +103,7 @@ def _bilinear(xi, m, fill):
 
     top = at(ya, xa) + _mul_small(dx, at(ya, xb) - at(ya, xa))
     bottom = at(yb, xa) + _mul_small(dx, at(yb, xb) - at(yb, xa))
-    out = jnp.trunc(top + _mul_exact(bottom - top, dy)).astype(jnp.int32)
+    out = jnp.trunc(top + mul_exact(bottom - top, dy)).astype(jnp.int32)
     return jnp.where(inside[..., None], out, fill)
 
 
