@@ -28,7 +28,12 @@ def _legal_args() -> dict[int, np.ndarray]:
     batches = [
         (randaug.RandAugment(**uniform), randaug.RandAugment.from_big_vision("randaug(2,15)")),
         (image_ops.TrivialAugment(), image_ops.ThreeAugment(), image_ops.ColorJitter(0.4, 0.4, 0.4)),
-        (image_ops.GaussianBlur(p=1.0, sigma=(0.1, 4.0)), image_ops.Solarize(p=1.0), image_ops.Grayscale(p=1.0)),
+        (
+            image_ops.GaussianBlur(p=1.0, sigma=(0.1, 4.0)),
+            image_ops.GaussianBlur(p=1.0, sigma=(4.0, 1000.0)),  # box radii past the image
+            image_ops.Solarize(p=1.0),
+            image_ops.Grayscale(p=1.0),
+        ),
     ]
     pairs = [np.stack(randaug.decide(p, np.arange(600), seed=5, epoch=0), -1).reshape(-1, 2) for p in batches]
     pairs = np.concatenate(pairs)
