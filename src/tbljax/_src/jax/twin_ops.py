@@ -108,6 +108,12 @@ def _luts(xi, code, arg):
     return out
 
 
+def _apply_luts(xi, code, arg):
+    b = xi.shape[0]
+    flat = xi.reshape(b, -1, 3).transpose(0, 2, 1)  # (B, 3, H W)
+    return jnp.take_along_axis(_luts(xi, code, arg), flat, axis=-1).transpose(0, 2, 1).reshape(xi.shape)
+
+
 def _smooth(xi):
     """pixel_filters.smooth: Pillow's SMOOTH, float32 taps in Pillow's order (products exact)."""
     _, h, w, _ = xi.shape
@@ -256,24 +262,24 @@ def apply_program(pixels, codes, args, matrix_bits, fill, nearest, *, affine: bo
     fill, nearest = jnp.asarray(fill), jnp.asarray(nearest)
     _check(pixels, codes, args, fill, nearest)
     matrices = twin_affine.matrices(matrix_bits, codes.shape) if affine else jnp.zeros(codes.shape + (6,))
-    b = pixels.shape[0]
 
     def slot(xi, per_slot):  # one slot for every row: each family, kept where the code names it
         code, arg, fill_k, nearest_k, matrix = per_slot
-        luts = _luts(xi, code, arg)
-        flat = xi.reshape(b, -1, 3)
-        lut_out = jnp.take_along_axis(luts, flat.transpose(0, 2, 1), axis=-1).transpose(0, 2, 1).reshape(xi.shape)
         families = [
-            (_LUT_OPS, lut_out),
-            (_BLEND_OPS, _blends(xi, code, arg)),
-            ((_C["Cutout"],), _cutout(xi, arg, fill_k)),
-            ((_C["GaussianBlur"],), _gaussian_blur(xi, code, arg)),
+            (_LUT_OPS, lambda: _apply_luts(xi, code, arg)),
+            (_BLEND_OPS, lambda: _blends(xi, code, arg)),
+            ((_C["Cutout"],), lambda: _cutout(xi, arg, fill_k)),
+            ((_C["GaussianBlur"],), lambda: _gaussian_blur(xi, code, arg)),
         ]
         if affine:
-            families.append((_AFFINE_OPS, twin_affine.resample(xi, matrix, fill_k, nearest_k)))
+            families.append((_AFFINE_OPS, lambda: twin_affine.resample(xi, matrix, fill_k, nearest_k)))
         out = xi
         for ops, result in families:
-            out = jnp.where(jnp.isin(code, jnp.asarray(ops))[:, None, None, None], result, out)
+            rows = jnp.isin(code, jnp.asarray(ops))
+            # A family no row of this slot uses is skipped (blur and resampling cost the most).
+            out = lax.cond(
+                rows.any(), lambda o, r=rows, f=result: jnp.where(r[:, None, None, None], f(), o), lambda o: o, out
+            )
         return out, None
 
     # A scan over the slots: one slot's program is compiled, whatever K is.
