@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -180,29 +181,26 @@ def _box_thresholds() -> np.ndarray:
     return hi.astype(np.uint32).view(np.float32)
 
 
-def _box_pass(x, r, ww, fw, axis):
-    """pixel_filters._box_pass along `axis` of int32 (B, H, W, 3) with per-row radius r and
-    weights (B,): edge pixels repeated, window sums from prefix sums, uint32 fixed point."""
-    n = x.shape[axis]
-    shape = [1] * 4
-    shape[0] = -1
-    r, ww, fw = (v.reshape(shape) for v in (r, ww, fw))
-    pos_shape = [1] * 4
-    pos_shape[axis] = n
-    p = jnp.arange(n, dtype=jnp.int32).reshape(pos_shape)
-    csum = jnp.cumsum(x, axis=axis)
-    zero = jnp.zeros_like(lax.slice_in_dim(csum, 0, 1, axis=axis))
-    csum = jnp.concatenate([zero, csum], axis=axis)  # csum[j] = sum of x[< j]
+def _box_pass(x, r, ww, fw):
+    """pixel_filters._box_pass along axis 1 of int32 (B, N, M) with per-row radius r and weights
+    (B,), uint32 fixed point. The row is extended by N + 1 edge pixels each side, so a radius
+    r' = min(r, N) reads whole slices of it ((r - r') more of each edge pixel beyond that)."""
+    b, n, _ = x.shape
+    first, last = x[:, :1], x[:, -1:]
+    ext = jnp.concatenate([jnp.repeat(first, n + 1, axis=1), x, jnp.repeat(last, n + 1, axis=1)], axis=1)
+    csum = jnp.concatenate([jnp.zeros_like(first), jnp.cumsum(ext, axis=1)], axis=1)  # csum[q]: ext[< q]
+    rr = jnp.minimum(r, n)
 
-    def take(a, idx):
-        return jnp.take_along_axis(a, jnp.broadcast_to(idx, x.shape[:axis] + (n,) + x.shape[axis + 1 :]), axis=axis)
+    def rows(a, start):  # a[:, start[b] : start[b] + n] for each row b
+        return jax.vmap(lambda v, s0: lax.dynamic_slice_in_dim(v, s0, n, axis=0))(a, start)
 
-    first, last = lax.slice_in_dim(x, 0, 1, axis=axis), lax.slice_in_dim(x, n - 1, n, axis=axis)
-    acc = take(csum, jnp.minimum(p + r, n - 1) + 1) - take(csum, jnp.maximum(p - r, 0))
-    acc += jnp.maximum(r - p, 0) * first + jnp.maximum(p + r - (n - 1), 0) * last
-    left, right = take(x, jnp.clip(p - r - 1, 0, n - 1)), take(x, jnp.clip(p + r + 1, 0, n - 1))
+    # ext[q] is source q - n - 1 (clamped): the window p - r' .. p + r', and p - r - 1, p + r + 1.
+    acc = rows(csum, rr + n + 2) - rows(csum, n + 1 - rr)
+    acc += ((r - rr)[:, None, None]) * (first + last)
+    left, right = rows(ext, n - rr), rows(ext, rr + n + 2)
     u32 = jnp.uint32
-    bulk = acc.astype(u32) * ww.astype(u32) + (left + right).astype(u32) * fw.astype(u32)
+    ww, fw = ww.astype(u32)[:, None, None], fw.astype(u32)[:, None, None]
+    bulk = acc.astype(u32) * ww + (left + right).astype(u32) * fw
     return ((bulk + u32(1 << 23)) >> 24).astype(jnp.int32)
 
 
@@ -220,9 +218,12 @@ def _gaussian_blur(xi, code, arg):
     r = box.astype(jnp.int32)
     ww = (np.float32(1 << 24) / (box * np.float32(2) + np.float32(1))).astype(jnp.int32)
     fw = ((1 << 24) - (2 * r + 1) * ww) // 2
-    out = xi
-    for axis in (2, 1):  # three passes along the rows, then three along the columns (a loop: compiled once)
-        out = lax.fori_loop(0, 3, lambda _, t, axis=axis: _box_pass(t, r, ww, fw, axis), out)
+    bb, h, w, _ = xi.shape
+    # Three passes along the rows, then three along the columns (each a loop: compiled once).
+    out = xi.transpose(0, 2, 1, 3).reshape(bb, w, h * 3)
+    out = lax.fori_loop(0, 3, lambda _, t: _box_pass(t, r, ww, fw), out)
+    out = out.reshape(bb, w, h, 3).transpose(0, 2, 1, 3).reshape(bb, h, w * 3)
+    out = lax.fori_loop(0, 3, lambda _, t: _box_pass(t, r, ww, fw), out).reshape(xi.shape)
     keep = (radius == 0) | (box == 0)
     return jnp.where(keep[:, None, None, None], xi, out)
 
