@@ -1,8 +1,8 @@
 """The pure-JAX twin of the per-image ops (the C++ pixel program, for platforms without an FFI
 handler): `apply_program` and `erase`, bit-identical with `rules/pixel_ops.py`'s `apply_all`
-and `erase`. Rows run different ops, so every slot computes each family (LUT ops, blends,
-Cutout, GaussianBlur, the affine resample of `twin_affine.py`) for the whole batch and each row
-keeps the one its code names.
+and `erase`. Rows run different ops, so each slot computes every family (LUT ops, blends,
+Cutout, GaussianBlur, the affine resample of `twin_affine.py`) that one of its rows uses, for
+the whole batch, and each row keeps the one its code names (an unknown code leaves it as is).
 
 **Exact under FMA contraction.** XLA fuses ``a * b + c`` into one fused multiply-add on CPU and
 GPU (it rounds once where NumPy rounds twice, and no flag of ours turns that off), so every
