@@ -85,6 +85,8 @@ ROOMS = [
             "packed",
             "registration",
             "twin",
+            "twin_affine",
+            "twin_ops",
             "ffi_call",
             "program",
             "partitioning",

@@ -1,0 +1,162 @@
+"""The affine ops of the pure-JAX pixel program (`twin_ops.apply_program`): Pillow's affine
+resampling (`rules/pixel_filters.affine_transform`: bilinear in float64, or nearest by Pillow's
+own sweep) in jax.numpy, bit-identical with the reference. Needs ``jax_enable_x64``: the matrices
+and the sampling are float64, as Pillow's.
+
+Exact under FMA contraction (XLA fuses ``a * b + c`` on CPU and GPU): a product with a small
+integer splits the float into halves whose products are exact (`_mul_small`), and the one
+product of two arbitrary floats (the bilinear row blend) is rounded in integer arithmetic
+(`mul_exact`), so no fused multiply-add can change a result.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from tbljax._src.rules import pixel_ops
+
+__all__ = ["matrices", "mul_exact", "resample"]
+
+_NAMES = ", ".join(n for n, c in pixel_ops.CODES.items() if c in pixel_ops.AFFINE | pixel_ops.TV_AFFINE)
+
+
+def matrices(matrix_bits, codes_shape):
+    """float64 (B, K, 6) from uint32 (B, K, 6, 2) [low word, high word]; refused by name without
+    x64 (at trace time: the affine ops cannot be exact in float32)."""
+    if not jax.config.jax_enable_x64:
+        raise ValueError(
+            f"apply_program: the affine ops ({_NAMES}) resample in float64 to match Pillow bit for "
+            "bit, and jax_enable_x64 is off: enable it (jax.config.update('jax_enable_x64', True) or "
+            "JAX_ENABLE_X64=1), use the FFI backend, or pass affine=False for a program without them"
+        )
+    if matrix_bits is None:
+        raise ValueError("apply_program: matrix_bits (B, K, 6, 2) uint32 is required when affine=True")
+    bits = jnp.asarray(matrix_bits)
+    want = (*codes_shape, 6, 2)
+    if bits.dtype != jnp.uint32 or tuple(bits.shape) != want:
+        raise ValueError(f"matrix_bits must be uint32 {want} [low, high words], got {bits.dtype} {tuple(bits.shape)}")
+    word = bits.astype(jnp.uint64)
+    return lax.bitcast_convert_type((word[..., 1] << 32) | word[..., 0], jnp.float64)
+
+
+def _mul_small(x, t):
+    """float64(x * t) for float64 x and integer or half-integer t below 2**25: x split into its
+    top 26 significant bits and the rest (<= 27 bits), each product exact."""
+    bits = lax.bitcast_convert_type(x, jnp.uint64)
+    hi = lax.bitcast_convert_type(bits & jnp.uint64(~((1 << 27) - 1) & (2**64 - 1)), jnp.float64)
+    return hi * t + (x - hi) * t
+
+
+def _parts(x):
+    """|x| as (53-bit integer mantissa, biased exponent), zero as (0, 0); normal x only."""
+    bits = lax.bitcast_convert_type(x, jnp.uint64)
+    exp = (bits >> 52) & jnp.uint64(0x7FF)
+    man = (bits & jnp.uint64((1 << 52) - 1)) | jnp.uint64(1 << 52)
+    return jnp.where(exp == 0, jnp.uint64(0), man), exp.astype(jnp.int64)
+
+
+def mul_exact(u, v):
+    """float64(u * v), rounded to nearest even in integer arithmetic (the 106-bit product of the
+    mantissas in 32-bit limbs), for normal or zero u, v whose product is normal or zero."""
+    u64 = jnp.uint64
+    mu, eu = _parts(u)
+    mv, ev = _parts(v)
+    m32 = u64(0xFFFFFFFF)
+    a1, a0, b1, b0 = mu >> 32, mu & m32, mv >> 32, mv & m32
+    lo, mid, hi = a0 * b0, a1 * b0 + a0 * b1, a1 * b1
+    lo2 = lo + (mid << 32)
+    hi2 = hi + (mid >> 32) + (lo2 < lo).astype(jnp.uint64)  # the product: hi2 * 2**64 + lo2
+    wide = (hi2 >> 41) & u64(1)  # 106 bits (else 105): keep the top 53
+    s = u64(52) + wide
+    man = (hi2 << (u64(64) - s)) | (lo2 >> s)
+    rem, half = lo2 & ((u64(1) << s) - u64(1)), u64(1) << (s - u64(1))
+    man = man + ((rem > half) | ((rem == half) & ((man & u64(1)) == u64(1)))).astype(jnp.uint64)
+    carry = man >> 53  # rounded up to 2**53
+    man = jnp.where(carry == 1, man >> 1, man)
+    exp = eu + ev - 1075 + s.astype(jnp.int64) + carry.astype(jnp.int64)
+    sign = (lax.bitcast_convert_type(u, jnp.uint64) ^ lax.bitcast_convert_type(v, jnp.uint64)) >> 63
+    bits = (sign << 63) | (exp.astype(jnp.uint64) << 52) | (man & u64((1 << 52) - 1))
+    zero = (mu == 0) | (mv == 0)
+    return jnp.where(zero, jnp.float64(0), lax.bitcast_convert_type(bits, jnp.float64))
+
+
+def _bilinear(xi, m, fill):
+    b, h, w, _ = xi.shape
+    a, bb, c, d, e, f = (m[:, i, None, None] for i in range(6))
+    y = jnp.arange(h, dtype=jnp.float64)[None, :, None] + 0.5
+    x = jnp.arange(w, dtype=jnp.float64)[None, None, :] + 0.5
+    xin = (_mul_small(a, x) + _mul_small(bb, y)) + c
+    yin = (_mul_small(d, x) + _mul_small(e, y)) + f
+    inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
+    xs, ys = jnp.where(inside, xin, 0.5) - 0.5, jnp.where(inside, yin, 0.5) - 0.5
+    x0, y0 = jnp.floor(xs), jnp.floor(ys)
+    dx, dy = (xs - x0)[..., None], (ys - y0)[..., None]
+    xa, xb = (jnp.clip(x0 + k, 0, w - 1).astype(jnp.int32) for k in (0, 1))
+    ya, yb = (jnp.clip(y0 + k, 0, h - 1).astype(jnp.int32) for k in (0, 1))
+    rows = jnp.arange(b)[:, None, None]
+    img = xi.astype(jnp.float64)
+
+    def at(yy, xx):
+        return img[rows, yy, xx]
+
+    top = at(ya, xa) + _mul_small(dx, at(ya, xb) - at(ya, xa))
+    bottom = at(yb, xa) + _mul_small(dx, at(yb, xb) - at(yb, xa))
+    out = jnp.trunc(top + mul_exact(bottom - top, dy)).astype(jnp.int32)
+    return jnp.where(inside[..., None], out, fill)
+
+
+def _sweep(start, step, n):
+    """Pillow's running sums start, start + step, ... (float64, one add at a time) on a new last
+    axis of length n; start and step broadcast together."""
+    start, step = jnp.broadcast_arrays(start, step)
+
+    def add(carry, _):
+        return carry + step, carry
+
+    return jnp.moveaxis(lax.scan(add, start, None, length=n)[1], 0, -1)
+
+
+def _coord(v):
+    return jnp.where(v < 0, -1, jnp.trunc(jnp.where(v < 0, 0, v))).astype(jnp.int64)
+
+
+def _nearest(xi, m, fill):
+    """pixel_filters._nearest's three cases, each computed and selected per row."""
+    b, h, w, _ = xi.shape
+    a, bb, c, d, e, f = (m[:, i] for i in range(6))
+    # A pure scale: float64 sums along each axis.
+    xs1 = _coord(_sweep(c + a * 0.5, a, w))[:, None, :]
+    ys1 = _coord(_sweep(f + e * 0.5, e, h))[:, :, None]
+    # Every corner within +-32768: 16.16 fixed point.
+    corners = [(0, 0), (w, h), (0, h), (w, 0)]
+    near = jnp.ones(b, bool)
+    for x, y in corners:
+        for p, q, r in ((a, bb, c), (d, e, f)):
+            near &= jnp.abs((_mul_small(p, x) + _mul_small(q, y)) + r) < 32768.0
+    vals = (a, bb, c + a * 0.5 + bb * 0.5, d, e, f + d * 0.5 + e * 0.5)
+    fix = [jnp.floor(jnp.where(near, v, 0.0) * 65536.0 + 0.5).astype(jnp.int64)[:, None, None] for v in vals]
+    yy = jnp.arange(h, dtype=jnp.int64)[None, :, None]
+    xx = jnp.arange(w, dtype=jnp.int64)[None, None, :]
+    xs2 = (fix[2] + xx * fix[0] + yy * fix[1]) >> 16
+    ys2 = (fix[5] + xx * fix[3] + yy * fix[4]) >> 16
+    # Otherwise: float64 sums down the first column, then along each row.
+    x0s = _sweep(c + bb * 0.5 + a * 0.5, bb, h)
+    y0s = _sweep(f + e * 0.5 + d * 0.5, e, h)
+    xs3 = _coord(_sweep(x0s, a[:, None], w))
+    ys3 = _coord(_sweep(y0s, d[:, None], w))
+    scale = ((bb == 0) & (d == 0))[:, None, None]
+    near = near[:, None, None]
+    xs = jnp.where(scale, xs1, jnp.where(near, xs2, xs3))
+    ys = jnp.where(scale, ys1, jnp.where(near, ys2, ys3))
+    inside = (xs >= 0) & (xs < w) & (ys >= 0) & (ys < h)
+    out = xi[jnp.arange(b)[:, None, None], jnp.clip(ys, 0, h - 1), jnp.clip(xs, 0, w - 1)]
+    return jnp.where(inside[..., None], out, fill)
+
+
+def resample(xi, m, fill, nearest):
+    """int32 (B, H, W, 3) through each row's float64 matrix ``m`` (B, 6), Pillow's
+    (a, b, c, d, e, f), ``fill`` (3,) outside; nearest (a traced flag) or bilinear: int32."""
+    fill = jnp.asarray(fill).astype(jnp.int32)
+    return jnp.where(nearest != 0, _nearest(xi, m, fill), _bilinear(xi, m, fill))
