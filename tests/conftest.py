@@ -85,6 +85,8 @@ SLOW_CASES = {
     "test_matrix.py::test_mixture_of_host_parts_in_two_processes": "12 s of two JAX processes; the host-partition two-process row and the one-process host-part mixture row stay",
     "test_examples.py::test_train_contrastive_loss_falls[synthetic]": "14 s; train_segmentation[synthetic] keeps an example training in the default run",
     "test_hardening.py::test_four_processes_and_four_threads_read_one_file": "10 s; test_loader's two-process run stays",
+    "test_resident_geometric.py::test_resident_batches_equal_the_loaders_byte_for_byte[flip]": "a jit compile of 2-5 s; the rrc_flip case stays",
+    "test_resident_geometric.py::test_resident_batches_equal_the_loaders_byte_for_byte[none]": "a jit compile of 2-5 s; the rrc_flip case stays",
 }
 
 

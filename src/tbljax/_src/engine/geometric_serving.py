@@ -19,7 +19,7 @@ from tbljax._src.rules import geometry
 from tbljax._src.rules.dataset import FieldInfo
 from tbljax._src.rules.options import LoaderOptions
 
-__all__ = ["GEOMETRIC", "GeometricServing", "geometric_names"]
+__all__ = ["GEOMETRIC", "GeometricServing", "check_options", "geometric_names"]
 
 GEOMETRIC = ("mask", "dense", "boxes", "keypoints")
 
@@ -36,6 +36,15 @@ def geometric_names(infos: dict[str, FieldInfo], names) -> list[str]:
     return out
 
 
+def check_options(names: list[str], opts: LoaderOptions) -> None:
+    """Refuses, by name, the options geometric fields `names` are not served with."""
+    if names and opts.augment is not None and opts.augment.ops:
+        raise ValueError(
+            f"geometric fields {names} with Augment(ops=...): RandAugment's ops move the pixels "
+            "without the mask or boxes; leave the fields out with fields= or the ops out of augment="
+        )
+
+
 def _role(info: FieldInfo) -> dict:
     return info.role or {}
 
@@ -50,21 +59,10 @@ class GeometricServing:
         self.infos = {n: infos[n] for n in names}
         self.maps = [n for n in names if _role(infos[n]).get("role") in ("mask", "dense")]
         self.labels = {n: _role(infos[n])["of"] for n in names if _role(infos[n]).get("role") == "box_labels"}
-        for n in self.maps:
-            role = _role(infos[n])
-            if role.get("role") == "dense" and role.get("interpolation") == "linear":
-                raise ValueError(
-                    f"field {n!r} is a DenseMap(interpolation='linear'): the loaders serve dense maps by the "
-                    "nearest rule only; convert it with interpolation='nearest' or leave it out with fields="
-                )
         self.boxes = [n for n in names if _role(infos[n]).get("role") == "boxes"]
         self.keypoints = [n for n in names if _role(infos[n]).get("role") == "keypoints"]
         self.names = list(names)
-        if self.names and opts.augment is not None and opts.augment.ops:
-            raise ValueError(
-                f"geometric fields {self.names} with Augment(ops=...): RandAugment's ops move the pixels "
-                "without the mask or boxes; leave the fields out with fields= or the ops out of augment="
-            )
+        check_options(self.names, opts)
 
     def __bool__(self) -> bool:
         return bool(self.names)
@@ -118,6 +116,10 @@ class GeometricServing:
                 f"{self.dataset!r}: record {int(recs[j])}: field {name!r} holds {sizes[j]} values where its "
                 f"{hw[j, 0]}x{hw[j, 1]} image needs {want[j]}"
             )
+        role = _role(info)
+        if role.get("interpolation") == "linear":
+            out[:k] = _linear(vals, hw, trail, crops, flips, out_hw, role.get("invalid"))
+            return out
         _core.serve_nearest(
             [np.ascontiguousarray(v) for v in vals],
             np.ascontiguousarray(hw[:, 0]),
@@ -189,6 +191,20 @@ class GeometricServing:
         out = np.zeros((nrows, m, len(perm), 3), np.float32)
         out[: len(served), : min(served.shape[1], m)] = served[:, :m]
         return {name: out, name + "_count": _rows(counts.astype(np.int32), nrows, 0)}
+
+
+def _linear(vals, hw, trail, crops, flips, out_hw, invalid) -> np.ndarray:
+    """Dense maps declared interpolation="linear", row by row (each record its own size):
+    `geometry.serve_linear_batch`, the rule the jit path runs too."""
+    crops = _crops_of(crops, hw)
+    rows = []
+    for r, v in enumerate(vals):
+        a = np.asarray(v).reshape(int(hw[r, 0]), int(hw[r, 1]), *trail)
+        flip = None if flips is None else flips[r : r + 1]
+        rows.append(
+            geometry.serve_linear_batch(lambda ys, xs, a=a: a[ys, xs], crops[r : r + 1], out_hw, flip, invalid)[0]
+        )
+    return np.stack(rows)
 
 
 def _rows(a: np.ndarray, nrows: int, fill) -> np.ndarray:

@@ -17,6 +17,16 @@ at some sizes (e.g. length 2, out 82, o 41). Labels are never blended: every out
 source value. A conversion's box is the image's with its start rounded down to a whole pixel
 (center_crop's start is (H - side) / 2, half a pixel off when H - side is odd).
 
+The linear rule (dense maps declared `interpolation="linear"`). At conversion: bilinear over
+the continuous box (`resize_dense`). Served through an integer crop: `crop_taps` puts output
+`o` at ((2o + 1)·length − out) / (2·out) past the crop's start, clamped to the crop, in
+integers, each tap's weight a multiple of 2^-14. `blend_linear` then sums, in float64, the
+four taps in a fixed order, a tap equal to `invalid` given no weight and the rest
+renormalised (an output with no valid weight is `invalid`), rounded once to float32. Each
+product weight · value is exact in float64 (14 + 14 + 24 bits), so a compiler that fuses a
+multiply and an add (XLA on CPU and GPU does) gets the same sums: NumPy and jit agree bit
+for bit.
+
 Boxes and keypoints are coordinates (x right, y down, pixel edges at integers): mapped by
 `x' = (x - x0) · out_w / w`, in float64; a flip mirrors a box's edges by `x' = out_w - x` (its two
 edges swap) and a keypoint, a pixel index, by `x' = out_w - 1 - x` (torchvision v2's rules).
@@ -35,9 +45,11 @@ import numpy as np
 __all__ = [
     "BOX_FORMATS",
     "INTERPOLATIONS",
+    "WEIGHT_BITS",
     "ResizePlan",
     "blend_linear",
     "boxes_to_xyxy",
+    "crop_taps",
     "linear_taps",
     "map_points",
     "nearest_index",
@@ -178,15 +190,33 @@ def blend_linear(take, ty, tx, invalid: Any = None, xp=np):
     return out.astype(xp.float32)
 
 
+WEIGHT_BITS = 14  # the served linear rule's weights are multiples of 2^-14 (module doc)
+
+
+def crop_taps(start, length, out: int, xp=np):
+    """One axis of the served linear rule, in integers: output o of `out` samples over the
+    integer crop [start, start + length) sits at p = ((2o + 1)·length − out) / (2·out) past
+    start (pixel centres), clamped to [0, length − 1]; its taps are start + ⌊p⌋ and the next
+    (clamped), the second weighing round-half-up((p − ⌊p⌋)·2^14) / 2^14. start, length: (B,)
+    integer arrays. Returns (i0, i1, weight of i1), each (B, out) (int64, int64, float64)."""
+    n = xp.asarray(length).astype(xp.int64).reshape(-1, 1)
+    den = 2 * out
+    num = xp.maximum((2 * xp.arange(out, dtype=xp.int64) + 1)[None, :] * n - out, 0)  # p · den, clamped at 0
+    i0 = num // den
+    q = ((num % den) * (1 << WEIGHT_BITS) + out) // den  # the weight · 2^14, rounded half up
+    top = i0 >= n - 1
+    i0, q = xp.where(top, n - 1, i0), xp.where(top, 0, q)
+    s0 = xp.asarray(start).astype(xp.int64).reshape(-1, 1)
+    return s0 + i0, s0 + xp.minimum(i0 + 1, n - 1), q.astype(xp.float64) / (1 << WEIGHT_BITS)
+
+
 def serve_linear_batch(take, crops, out_hw: tuple[int, int], flips=None, invalid: Any = None, xp=np):
-    """Dense maps served by the linear rule: row r's integer crop crops[r] (y0, x0, h, w)
-    resized to out_hw by `blend_linear` (positions clamped to the crop, as resizing the
-    cropped map), then mirrored where flips[r]. `take(ys, xs)`: as `blend_linear` takes it,
-    in the record's pixels."""
-    c = xp.asarray(crops).astype(xp.float64).reshape(-1, 4)
-    y0, x0, h, w = (c[:, i, None] for i in range(4))
-    ty = linear_taps(y0, h, out_hw[0], y0, y0 + h - 1, xp)
-    tx = linear_taps(x0, w, out_hw[1], x0, x0 + w - 1, xp)
+    """Dense maps served by the linear rule (module doc): row r's integer crop crops[r] (y0,
+    x0, h, w) resized to out_hw by `blend_linear` over `crop_taps`, then mirrored where
+    flips[r]. `take(ys, xs)`: as `blend_linear` takes it, in the record's pixels."""
+    c = xp.asarray(crops).astype(xp.int64).reshape(-1, 4)
+    ty = crop_taps(c[:, 0], c[:, 2], out_hw[0], xp)
+    tx = crop_taps(c[:, 1], c[:, 3], out_hw[1], xp)
     out = blend_linear(take, ty, tx, invalid, xp)
     if flips is None:
         return out
@@ -334,8 +364,9 @@ def serve_boxes_batch(
     # map_points' arithmetic, per row: (x - x0) * (out_w / w); a flip mirrors x to out_w - x.
     xs = (b[..., 0::2] - x0[..., None]) * (ow / w)[..., None]
     ys = (b[..., 1::2] - y0[..., None]) * (oh / h)[..., None]
-    if flips is not None:
-        xs = xp.where(xp.asarray(flips, bool)[:, None, None], ow[..., None] - xs, xs)
+    if flips is not None:  # out_w - x, as (x0 + w - x) · out_w / w: no multiply-add to fuse
+        mirrored = (x0[..., None] + w[..., None] - b[..., 0::2]) * (ow / w)[..., None]
+        xs = xp.where(xp.asarray(flips, bool)[:, None, None], mirrored, xs)
     mapped = xp.stack([xs.min(-1), ys.min(-1), xs.max(-1), ys.max(-1)], axis=-1)  # a flip swaps x0, x1
     clipped = xp.clip(mapped, 0, xp.stack([ow, oh, ow, oh], -1))
     ws, hs = clipped[..., 2] - clipped[..., 0], clipped[..., 3] - clipped[..., 1]
@@ -347,7 +378,7 @@ def serve_boxes_batch(
     # Output place j of a row takes the box of rank j (a one-hot pick: no scatter, so it jits).
     pick = keep[:, :, None] & (rank[:, :, None] == xp.arange(max_boxes))  # (B, n, max_boxes)
     valid = pick.any(axis=1)
-    src = xp.argmax(pick, axis=1)
+    src = (pick * xp.arange(n)[None, :, None]).sum(axis=1)  # the one picked column (0 where none)
     out = xp.where(valid[..., None], xp.take_along_axis(clipped, src[..., None], axis=1), 0)
     lab = xp.where(valid, xp.take_along_axis(lab_in, src, axis=1), -1)
     return {"boxes": out.astype(xp.float32), "boxes_valid": valid, "box_labels": lab, "boxes_count": cnt}
@@ -394,8 +425,9 @@ def serve_keypoints_batch(
     x = (k[..., 0] - x0) * (ow / w)
     y = (k[..., 1] - y0) * (oh / h)
     flip = xp.zeros(k.shape[0], bool) if flips is None else xp.asarray(flips, bool)
-    # A keypoint is a pixel index, not an edge: torchvision mirrors it to out_w - 1 - x.
-    x = xp.where(flip[:, None, None], ow - 1 - x, x)
+    # A keypoint is a pixel index, not an edge: torchvision mirrors it to out_w - 1 - x, here
+    # (x0 + w - x - w / out_w) · out_w / w: no multiply-add for a compiler to fuse.
+    x = xp.where(flip[:, None, None], (x0 + w - k[..., 0] - w / ow) * (ow / w), x)
     inside = (x >= 0) & (x < ow) & (y >= 0) & (y < oh)
     out = xp.stack([x, y, xp.where(inside, k[..., 2], 0)], axis=-1)
     if flip_permutation is not None:
