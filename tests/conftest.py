@@ -87,6 +87,7 @@ SLOW_CASES = {
     "test_hardening.py::test_four_processes_and_four_threads_read_one_file": "10 s; test_loader's two-process run stays",
     "test_resident_geometric.py::test_resident_batches_equal_the_loaders_byte_for_byte[flip]": "a jit compile of 2-5 s; the rrc_flip case stays",
     "test_resident_geometric.py::test_resident_batches_equal_the_loaders_byte_for_byte[none]": "a jit compile of 2-5 s; the rrc_flip case stays",
+    "test_resident_geometric.py::test_eight_devices_serve_the_batch_split_and_refuse_partitioned_records": "12 s of a subprocess with 8 CPU devices",
 }
 
 

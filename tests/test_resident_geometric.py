@@ -8,6 +8,10 @@ fractions here (`_linear_oracle`)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from fractions import Fraction
 
 import jax
@@ -178,3 +182,34 @@ def test_a_boxes_field_without_its_labels_is_served_without_them(files):
     want = _np(next(iter(tbljax.loader(files["square"], 4, augment=RRC, max_boxes=MAXB, fields=["boxes"]))))
     for k in ("boxes", "boxes_count", "boxes_valid"):
         np.testing.assert_array_equal(b[k], want[k], err_msg=k)
+
+
+_EIGHT = textwrap.dedent("""
+    import sys
+    import numpy as np, jax, pytest
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import tbljax
+    path = sys.argv[1]
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("batch", "data"))
+    kw = dict(augment=tbljax.Augment(size=(20, 24), scale=(0.2, 1.0)), dtype="uint8", max_boxes=3, seed=5)
+    ds = tbljax.ResidentDataset(path)  # a copy on every device; the batch over all 8
+    f = jax.jit(lambda ds, s: ds.batch(s, batch_size=8, **kw))
+    for s, want in enumerate(tbljax.loader(path, 8, num_epochs=1, **kw)):
+        got = f(ds, s)
+        assert sorted(got) == sorted(want)
+        for k in want:
+            assert np.array_equal(np.asarray(got[k]), np.asarray(want[k])), (s, k)
+    assert got["seg"].sharding.shard_shape(got["seg"].shape)[0] == 1
+    with pytest.raises(ValueError, match=r"the geometric fields \\['seg', .*\\] are held whole on every device"):
+        tbljax.ResidentDataset(path, NamedSharding(mesh, P("data")))
+    tbljax.ResidentDataset(path, NamedSharding(mesh, P("data")), fields=None)  # left out: held
+    print("OK")
+""")
+
+
+def test_eight_devices_serve_the_batch_split_and_refuse_partitioned_records(files):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    r = subprocess.run(
+        [sys.executable, "-c", _EIGHT, files["square"]], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
