@@ -213,3 +213,25 @@ def test_eight_devices_serve_the_batch_split_and_refuse_partitioned_records(file
         [sys.executable, "-c", _EIGHT, files["square"]], env=env, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+
+
+def test_the_native_linear_rule_is_the_numpy_one_bit_for_bit():
+    # The host loaders' C++ path (`_core.serve_linear`) against the NumPy rule the jit path
+    # runs: channels, enlarging and shrinking crops, flips, with and without `invalid`.
+    from tbljax import _core
+
+    rng = np.random.default_rng(11)
+    for t in range(40):
+        shape = (int(rng.integers(1, 40)), int(rng.integers(1, 40))) + ((), (2,))[t % 2]
+        a = rng.uniform(-5, 5, shape).astype(np.float32)
+        a[rng.random(shape) < 0.3] = 0.0
+        h, w = shape[:2]
+        y0, x0 = rng.integers(0, h, 3), rng.integers(0, w, 3)
+        crops = np.stack([y0, x0, rng.integers(1, h - y0 + 1), rng.integers(1, w - x0 + 1)], 1).astype(np.int32)
+        flips = rng.integers(0, 2, 3).astype(np.uint8)
+        oh, ow = (int(v) for v in rng.integers(1, 60, 2))
+        invalid = None if t % 3 == 0 else 0.0
+        out = np.empty((3, oh, ow, *shape[2:]), np.float32)
+        _core.serve_linear([a] * 3, np.full(3, h, np.int32), np.full(3, w, np.int32), crops, flips, out, invalid, 0)
+        want = geometry.serve_linear_batch(lambda ys, xs, a=a: a[ys, xs], crops, (oh, ow), flips.astype(bool), invalid)
+        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32), err_msg=str(t))

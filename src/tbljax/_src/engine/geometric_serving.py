@@ -1,7 +1,8 @@
 """Geometric fields served through the image's geometry (issue 48): each step's crop boxes and
 flips, the ones the kernel resizes the image with, applied to every mask and dense map (the
-nearest rule, in C++: `_core.serve_nearest`) and to boxes and keypoints (on the host, NumPy,
-`rules/geometry.serve_boxes_batch` / `serve_keypoints_batch`, the one home of those rules).
+nearest rule, in C++: `_core.serve_nearest`; a linear dense map: `_core.serve_linear`) and to
+boxes and keypoints (on the host, NumPy, `rules/geometry.serve_boxes_batch` /
+`serve_keypoints_batch`, the one home of those rules).
 
 Batch keys: a mask or dense field `name` → (rows, out_h, out_w[, C]) of its stored dtype,
 `ignore` / `invalid` (0 when None) on padding rows; a boxes field `name` → (rows, max_boxes, 4)
@@ -117,18 +118,22 @@ class GeometricServing:
                 f"{hw[j, 0]}x{hw[j, 1]} image needs {want[j]}"
             )
         role = _role(info)
-        if role.get("interpolation") == "linear":
+        if role.get("interpolation") == "linear" and info.dtype != np.float32:
             out[:k] = _linear(vals, hw, trail, crops, flips, out_hw, role.get("invalid"))
             return out
-        _core.serve_nearest(
+        args = (
             [np.ascontiguousarray(v) for v in vals],
             np.ascontiguousarray(hw[:, 0]),
             np.ascontiguousarray(hw[:, 1]),
             None if crops is None else np.ascontiguousarray(crops, np.int32),
             None if flips is None else np.ascontiguousarray(flips, np.uint8),
             out[:k],
-            self.threads,
         )
+        if role.get("interpolation") == "linear":  # float32 (as conversion stores it): in C++
+            invalid = role.get("invalid")
+            _core.serve_linear(*args, None if invalid is None else float(invalid), self.threads)
+        else:
+            _core.serve_nearest(*args, self.threads)
         return out
 
     def _canvas_map(self, name, recs, hw, crops, flips, extents, nrows, out_hw) -> np.ndarray:
@@ -194,8 +199,8 @@ class GeometricServing:
 
 
 def _linear(vals, hw, trail, crops, flips, out_hw, invalid) -> np.ndarray:
-    """Dense maps declared interpolation="linear", row by row (each record its own size):
-    `geometry.serve_linear_batch`, the rule the jit path runs too."""
+    """Dense maps declared interpolation="linear" but not float32 (the C++ path's dtype), row
+    by row (each record its own size): `geometry.serve_linear_batch`, the reference."""
     crops = _crops_of(crops, hw)
     rows = []
     for r, v in enumerate(vals):
