@@ -88,6 +88,9 @@ SLOW_CASES = {
     "test_jit_ops.py::test_resident_batch_in_jit_equals_the_loader[raw-three+jitter+const-bfloat16-2]": "6 s of jit on busy cores; the [raw-randaug+pixel-float32-1] case stays",
     "test_jit_ops.py::test_ops_in_jit_on_8_cpu_devices": "16 s of a process on 8 devices; the one-device cases stay",
     "test_jit_ops.py::test_resident_batch_in_jit_equals_the_loader[packed-randaug+rand-bfloat16-2]": "7 s of jit on busy cores; the [packed-trivial-float32-1] case stays",
+    "test_resident_geometric.py::test_resident_batches_equal_the_loaders_byte_for_byte[flip]": "a jit compile of 2-5 s; the rrc_flip case stays",
+    "test_resident_geometric.py::test_resident_batches_equal_the_loaders_byte_for_byte[none]": "a jit compile of 2-5 s; the rrc_flip case stays",
+    "test_resident_geometric.py::test_eight_devices_serve_the_batch_split_and_refuse_partitioned_records": "12 s of a subprocess with 8 CPU devices",
 }
 
 

@@ -95,6 +95,7 @@ ROOMS = [
             "arrays",
             "loader",
             "resident_host",
+            "resident_fields",
             "resident",
         ],
     ),  # JAX arrays, the kernel inside jit

@@ -180,12 +180,6 @@ def test_a_field_fn_on_a_geometric_field_gets_its_stored_values(data):
 
 def test_unserved_combinations_are_refused_by_name(data):
     paths = data[0]
-    for fields in (["seg"], ["boxes", "box_labels"], ["kpts"]):
-        with pytest.raises(ValueError, match=rf"ResidentDataset: field '{fields[0]}' is a geometric field"):
-            tbljax.ResidentDataset(paths, fields=fields, pad={"box_labels": 4} if "box_labels" in fields else None)
-    held = tbljax.ResidentDataset(paths)  # fields="all": left out, and said
-    assert held.fields == {} and sorted(held.left_out) == ["box_labels", "boxes", "kpts", "seg"]
-    assert held.left_out["seg"] == "mask: a geometric field (serve it with tbljax.loader)"
     for framework in ("torch", "mlx"):
         mod = pytest.importorskip(f"tbljax.{framework}")
         mixup = tbljax.ops.Mixup(num_classes=12)

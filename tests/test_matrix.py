@@ -7,15 +7,15 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
 loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped and `patches=` NaFlex
-sequences), torch, MLX (and both with `mixup=`, against `tbljax.ops.mixup_cutmix`),
-`ResidentDataset` inside `jax.jit` (with per-image ops drawn and run there), `partition="host"`
-in two real processes (JAX and torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW;
-and the dataset contract itself on every dataset kind. The "fields" row's records carry a str,
-a json, a fixed and a ragged ndarray field: every path that serves them is checked against the
-values the source TAR held (`check_fields`). The geometric row: each record kind converted with
-a mask and boxes (original JPEG bytes refused by name), served through RRC + flip by the JAX
-and torch loaders, against `rules/geometry`'s conversion and serving rules of the source's
-values at the crop `tbljax.augment.sample` draws. The detection-crop row
+sequences), torch, MLX (and both with `mixup=`, against
+`tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit` (with per-image ops drawn and run there), `partition="host"` in two real
+processes (JAX and torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the
+dataset contract itself on every dataset kind. The "fields" row's records carry a str, a json,
+a fixed and a ragged ndarray field: every path that serves them is checked against the values
+the source TAR held (`check_fields`). The geometric row: each record kind converted with a mask
+and boxes (original JPEG bytes refused by name), served through RRC + flip by the JAX and torch
+loaders and by a `ResidentDataset` in jit, against `rules/geometry`'s conversion and serving
+rules of the source's values at the crop `tbljax.augment.sample` draws. The detection-crop row
 (`Augment(crop="bbox")`): the same files through the JAX loader, pixels against the oracle and
 masks/boxes against `rules/geometry` at the crop `sample` draws around each record's stored
 boxes; the large-scale-jitter and longer_pad rows: pixels against the oracle's crop-resize at
@@ -1064,6 +1064,19 @@ def test_geometric_fields_follow_rrc_and_flip_on_every_record_kind(geo, kind):
     torch_mod = pytest.importorskip("tbljax.torch")
     for b in torch_mod.loader(files[kind], B, layout="NHWC", **kw):
         _check_geo(kind, values, b.index.numpy(), {k: v.numpy() for k, v in b.fields.items()}, 0, "torch")
+
+
+@pytest.mark.parametrize("kind", list(M.GEO_KINDS))
+def test_geometric_fields_follow_rrc_and_flip_in_a_resident_dataset_in_jit(geo, kind):
+    import jax
+
+    files, values = geo
+    rd = tbljax.ResidentDataset(files[kind])
+    step = jax.jit(lambda ds, s: ds.batch(s, batch_size=B, augment=RRC, dtype="uint8", seed=SEED, max_boxes=M.MAXB))
+    spe = rd.steps_per_epoch(B)
+    for s in range(2 * spe):
+        b = {k: np.asarray(v) for k, v in step(rd, s).items()}
+        _check_geo(kind, values, b["index"], b, s // spe, f"resident step {s}")
 
 
 def test_geometric_fields_are_refused_by_name_where_the_conversion_keeps_original_bytes(geo, tmp_path):

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common.h"
+#include "linear_map.h"
 #include "nearest.h"
 #include "serve_jpeg.h"
 
@@ -102,6 +103,59 @@ void ServeNearestPy(const nb::sequence& maps, I32Array heights, I32Array widths,
   Check(s);
 }
 
+// serve_linear: each row's float32 map (maps[b], heights[b] x widths[b] x C) through its crop
+// and flip into out (B, out_h, out_w[, C]) float32 by the linear rule (linear_map.h).
+void ServeLinearPy(const nb::sequence& maps, I32Array heights, I32Array widths,
+                   std::optional<CropArray> crop, std::optional<FlipArray> flip,
+                   nb::ndarray<float, nb::c_contig, nb::device::cpu> out,
+                   std::optional<float> invalid, int threads) {
+  if (out.ndim() < 3 || out.ndim() > 4)
+    Check(InvalidArgument("out must be (B, out_h, out_w[, C]), got " + std::to_string(out.ndim()) +
+                          " dimensions"));
+  LinearRequest r;
+  r.batch = static_cast<int64_t>(out.shape(0));
+  r.out_h = static_cast<int64_t>(out.shape(1));
+  r.out_w = static_cast<int64_t>(out.shape(2));
+  r.channels = out.ndim() == 4 ? static_cast<int64_t>(out.shape(3)) : 1;
+  if (static_cast<int64_t>(nb::len(maps)) != r.batch ||
+      static_cast<int64_t>(heights.shape(0)) != r.batch ||
+      static_cast<int64_t>(widths.shape(0)) != r.batch ||
+      (crop && static_cast<int64_t>(crop->shape(0)) != r.batch) ||
+      (flip && (static_cast<int64_t>(flip->shape(0)) != r.batch || flip->itemsize() != 1)))
+    Check(
+        InvalidArgument("maps, heights, widths, crop and flip (one byte each) need one entry per "
+                        "row of out (" +
+                        std::to_string(r.batch) + ")"));
+  std::vector<const float*> rows(static_cast<size_t>(r.batch));
+  for (int64_t b = 0; b < r.batch; ++b) {
+    AnyArray a = nb::cast<AnyArray>(maps[b]);
+    const int64_t want = int64_t{heights.data()[b]} * widths.data()[b] * r.channels;
+    if (a.dtype() != nb::dtype<float>() || static_cast<int64_t>(a.size()) != want)
+      Check(InvalidArgument("maps[" + std::to_string(b) + "] must hold " + std::to_string(want) +
+                            " float32 values (" + std::to_string(heights.data()[b]) + "x" +
+                            std::to_string(widths.data()[b]) + "x" + std::to_string(r.channels) +
+                            "), got " + std::to_string(a.size())));
+    rows[b] = static_cast<const float*>(a.data());
+  }
+  r.rows = rows.data();
+  r.heights = heights.data();
+  r.widths = widths.data();
+  r.crops = crop ? crop->data() : nullptr;
+  r.flips = flip ? static_cast<const uint8_t*>(flip->data()) : nullptr;
+  r.has_invalid = invalid.has_value();
+  r.invalid = invalid.value_or(0.0f);
+  r.out = out.data();
+  if (threads < 0 || threads > kMaxThreads)
+    Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
+                          std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = ServeLinear(r, &PoolFor(threads));
+  }
+  Check(s);
+}
+
 }  // namespace
 
 void BindServe(nb::module_& m) {
@@ -167,6 +221,15 @@ void BindServe(nb::module_& m) {
         "resize to out's (out_h, out_w) by the nearest rule (float32, as torchvision v2's "
         "Mask) and flip, into out (B, out_h, out_w[, C]). maps[b]: heights[b] x widths[b] "
         "elements of out's dtype. GIL released.");
+  m.def("serve_linear", &ServeLinearPy, nb::arg("maps"), nb::arg("heights").noconvert(),
+        nb::arg("widths").noconvert(), nb::arg("crop").noconvert().none(),
+        nb::arg("flip").noconvert().none(), nb::arg("out").noconvert(), nb::arg("invalid").none(),
+        nb::arg("threads") = 0,
+        "Dense float32 maps through each row's crop (y0, x0, h, w; None: the whole map), "
+        "resize to out's (out_h, out_w) by the linear rule (rules/geometry.crop_taps and "
+        "blend_linear; `invalid` samples given no weight, None: all valid) and flip, into out "
+        "(B, out_h, out_w[, C]) float32. maps[b]: heights[b] x widths[b] x C values. GIL "
+        "released.");
 }
 
 }  // namespace tbljax::py

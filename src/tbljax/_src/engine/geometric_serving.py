@@ -1,7 +1,8 @@
 """Geometric fields served through the image's geometry (issue 48): each step's crop boxes and
 flips, the ones the kernel resizes the image with, applied to every mask and dense map (the
-nearest rule, in C++: `_core.serve_nearest`) and to boxes and keypoints (on the host, NumPy,
-`rules/geometry.serve_boxes_batch` / `serve_keypoints_batch`, the one home of those rules).
+nearest rule, in C++: `_core.serve_nearest`; a linear dense map: `_core.serve_linear`) and to
+boxes and keypoints (on the host, NumPy, `rules/geometry.serve_boxes_batch` /
+`serve_keypoints_batch`, the one home of those rules).
 
 Batch keys: a mask or dense field `name` → (rows, out_h, out_w[, C]) of its stored dtype,
 `ignore` / `invalid` (0 when None) on padding rows; a boxes field `name` → (rows, max_boxes, 4)
@@ -19,7 +20,7 @@ from tbljax._src.rules import geometry
 from tbljax._src.rules.dataset import FieldInfo
 from tbljax._src.rules.options import LoaderOptions
 
-__all__ = ["GEOMETRIC", "GeometricServing", "geometric_names"]
+__all__ = ["GEOMETRIC", "GeometricServing", "check_options", "geometric_names"]
 
 GEOMETRIC = ("mask", "dense", "boxes", "keypoints")
 
@@ -36,6 +37,15 @@ def geometric_names(infos: dict[str, FieldInfo], names) -> list[str]:
     return out
 
 
+def check_options(names: list[str], opts: LoaderOptions) -> None:
+    """Refuses, by name, the options geometric fields `names` are not served with."""
+    if names and opts.augment is not None and opts.augment.ops:
+        raise ValueError(
+            f"geometric fields {names} with Augment(ops=...): RandAugment's ops move the pixels "
+            "without the mask or boxes; leave the fields out with fields= or the ops out of augment="
+        )
+
+
 def _role(info: FieldInfo) -> dict:
     return info.role or {}
 
@@ -50,21 +60,10 @@ class GeometricServing:
         self.infos = {n: infos[n] for n in names}
         self.maps = [n for n in names if _role(infos[n]).get("role") in ("mask", "dense")]
         self.labels = {n: _role(infos[n])["of"] for n in names if _role(infos[n]).get("role") == "box_labels"}
-        for n in self.maps:
-            role = _role(infos[n])
-            if role.get("role") == "dense" and role.get("interpolation") == "linear":
-                raise ValueError(
-                    f"field {n!r} is a DenseMap(interpolation='linear'): the loaders serve dense maps by the "
-                    "nearest rule only; convert it with interpolation='nearest' or leave it out with fields="
-                )
         self.boxes = [n for n in names if _role(infos[n]).get("role") == "boxes"]
         self.keypoints = [n for n in names if _role(infos[n]).get("role") == "keypoints"]
         self.names = list(names)
-        if self.names and opts.augment is not None and opts.augment.ops:
-            raise ValueError(
-                f"geometric fields {self.names} with Augment(ops=...): RandAugment's ops move the pixels "
-                "without the mask or boxes; leave the fields out with fields= or the ops out of augment="
-            )
+        check_options(self.names, opts)
 
     def __bool__(self) -> bool:
         return bool(self.names)
@@ -118,15 +117,23 @@ class GeometricServing:
                 f"{self.dataset!r}: record {int(recs[j])}: field {name!r} holds {sizes[j]} values where its "
                 f"{hw[j, 0]}x{hw[j, 1]} image needs {want[j]}"
             )
-        _core.serve_nearest(
+        role = _role(info)
+        if role.get("interpolation") == "linear" and info.dtype != np.float32:
+            out[:k] = _linear(vals, hw, trail, crops, flips, out_hw, role.get("invalid"))
+            return out
+        args = (
             [np.ascontiguousarray(v) for v in vals],
             np.ascontiguousarray(hw[:, 0]),
             np.ascontiguousarray(hw[:, 1]),
             None if crops is None else np.ascontiguousarray(crops, np.int32),
             None if flips is None else np.ascontiguousarray(flips, np.uint8),
             out[:k],
-            self.threads,
         )
+        if role.get("interpolation") == "linear":  # float32 (as conversion stores it): in C++
+            invalid = role.get("invalid")
+            _core.serve_linear(*args, None if invalid is None else float(invalid), self.threads)
+        else:
+            _core.serve_nearest(*args, self.threads)
         return out
 
     def _canvas_map(self, name, recs, hw, crops, flips, extents, nrows, out_hw) -> np.ndarray:
@@ -189,6 +196,20 @@ class GeometricServing:
         out = np.zeros((nrows, m, len(perm), 3), np.float32)
         out[: len(served), : min(served.shape[1], m)] = served[:, :m]
         return {name: out, name + "_count": _rows(counts.astype(np.int32), nrows, 0)}
+
+
+def _linear(vals, hw, trail, crops, flips, out_hw, invalid) -> np.ndarray:
+    """Dense maps declared interpolation="linear" but not float32 (the C++ path's dtype), row
+    by row (each record its own size): `geometry.serve_linear_batch`, the reference."""
+    crops = _crops_of(crops, hw)
+    rows = []
+    for r, v in enumerate(vals):
+        a = np.asarray(v).reshape(int(hw[r, 0]), int(hw[r, 1]), *trail)
+        flip = None if flips is None else flips[r : r + 1]
+        rows.append(
+            geometry.serve_linear_batch(lambda ys, xs, a=a: a[ys, xs], crops[r : r + 1], out_hw, flip, invalid)[0]
+        )
+    return np.stack(rows)
 
 
 def _rows(a: np.ndarray, nrows: int, fill) -> np.ndarray:

@@ -13,11 +13,10 @@ Example:
     >>> for step in range(num_steps):
     ...     state = train_step(state, ds, step)
 
-Numeric record fields ride along as device arrays drawn by the same indices: every fixed
-ndarray field, and a ragged one cut or zero-padded to `pad[name]` rows (with ``name_length``).
-By default (``fields="all"``) it holds what a device array can hold and says what it left out
-in ``left_out`` (str/json fields; geometric fields, not yet taken through its crop; ragged
-fields without a `pad` length); naming such a field in `fields=` is an error.
+Record fields ride along as device arrays drawn by the same indices: fixed ndarray fields,
+ragged ones cut or zero-padded to `pad[name]` rows (with ``name_length``), geometric ones
+through each step's crop and flip (`resident_fields.py`); ``left_out`` says what was not held
+(str/json fields, ragged ones without a `pad`), and naming one in `fields=` is an error.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.jax import ops as _ops
 from tbljax._src.jax import packed as _packed
 from tbljax._src.jax import program as _program
+from tbljax._src.jax import resident_fields as _geo
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.jax import twin as _twin
 from tbljax._src.jax.resident_host import check_device_memory, field_columns, host_rows
@@ -144,8 +144,9 @@ class ResidentDataset:
             self.data = self._upload(ds, shape, chunk_bytes)
         by_record = NamedSharding(self.sharding.mesh, PartitionSpec(*self.sharding.spec[:1]))
         self.labels = jax.device_put(src.labels.astype(np.int32), by_record)
-        columns, self.left_out = field_columns(ds, fields, pad)
+        columns, self.left_out, geometric = field_columns(ds, fields, pad)
         self.fields = {n: jax.device_put(v, by_record) for n, v in columns.items()}
+        self.geometric = _geo.hold(ds, geometric, self.sharding)  # masks, boxes, ...: through the crop
 
     # ---- pytree: the arrays are leaves, so a jitted step takes the dataset as an argument ----
     def tree_flatten(self):
@@ -157,14 +158,14 @@ class ResidentDataset:
             self.geometry,
             tuple(self.left_out.items()),
         )
-        return (self.data, self.labels, self.fields), aux
+        return (self.data, self.labels, self.fields, self.geometric), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         self = object.__new__(cls)
         self.num_records, self.image_shape, self.fingerprint, self.sharding, self.geometry, left = aux
         self.left_out = dict(left)
-        self.data, self.labels, self.fields = children
+        self.data, self.labels, self.fields, self.geometric = children
         return self
 
     def __len__(self) -> int:
@@ -268,20 +269,24 @@ class ResidentDataset:
         sharding=None,
         backend: str = "auto",
         repeats: int = 1,
+        max_boxes: int = 100,
+        min_size: float = 1.0,
+        min_area: float = 1.0,
+        min_visibility: float = 0.0,
     ):
         """The batch of `step`, computed in the graph: ``{"image", "label", "index"}`` (and
         ``"repeat"`` with repeats > 1) and the dataset's fields (`fields=` at construction) by
-        name, exactly what ``tbljax.loader(path, batch_size, seed=seed, shuffle=shuffle,
-        augment=augment, mean=mean, std=std, dtype=dtype, layout=layout, repeats=repeats)``
-        yields at that step.
+        name (geometric ones through the step's crop and flip), exactly what `tbljax.loader`
+        yields at that step given the same arguments.
 
         Args:
           step: with ``epoch=None``, the global step since the start of training (epoch
             ``step // steps_per_epoch``, then the step within it); with an ``epoch``, the step
             within that epoch. A Python int or a traced int32 (one compiled step serves all).
           batch_size: the global batch G; the batch axes of `sharding` must divide it.
-          seed, shuffle, augment, mean, std, dtype, layout, repeats: as for `tbljax.loader`
-            (per-image ops and erasing too: drawn here, run by the CPU FFI handler).
+          seed, shuffle, augment, mean, std, dtype, layout, repeats, max_boxes, min_size,
+            min_area, min_visibility: as for `tbljax.loader` (per-image ops and erasing too:
+            drawn here, run by the CPU FFI handler).
           sharding: the batch's sharding: None (the batch axis over every mesh axis that does
             not partition the records), or a `NamedSharding` / `Mesh` on the dataset's mesh.
             Each device computes only its own rows.
@@ -300,6 +305,7 @@ class ResidentDataset:
             std=std,
             augment=augment,
             repeats=repeats,
+            **dict(max_boxes=max_boxes, min_size=min_size, min_area=min_area, min_visibility=min_visibility),
         )
         if opts.augment is not None and len(opts.augment.schedule) > 1:
             # The output shape must be static: fix the size of the (concrete) epoch.
@@ -382,7 +388,7 @@ class ResidentDataset:
         mean, std = opts.normalization
         out_dtype = opts.out_dtype
 
-        def per_shard(data, labels, fields, step, epoch):
+        def per_shard(data, labels, fields, geo, step, epoch):
             step = step.astype(jnp.int32)
             if epoch is None:
                 epoch, step = step // spe, step % spe
@@ -400,7 +406,8 @@ class ResidentDataset:
             if not data_axes:
                 ops = None if row_ops is None else row_ops.program(_program.pixel_program)
                 image = _ops.gather_normalize(data, idx, dtype=out_dtype, mean=mean, std=std, ops=ops, **kw)
-                return image, labels[idx], idx, rep, {n: f[idx] for n, f in fields.items()}
+                got = _geo.serve(geo, idx, boxes, flips, out_size, opts, self.geometry)
+                return image, labels[idx], idx, rep, {**{n: f[idx] for n, f in fields.items()}, **got}
             # Records partitioned over data_axes: each device gathers the rows it holds (the
             # others are zero) and a uint8 sum over those axes assembles the batch exactly.
             rows = data.shape[0]
@@ -413,35 +420,25 @@ class ResidentDataset:
             image = (
                 pix if mean is None else _twin.normalize(pix, mean=mean, std=std, dtype=out_dtype, layout=opts.layout)
             )
-            return image, label, idx, rep, {n: _owned_rows(f, local, own, data_axes) for n, f in fields.items()}
+            return image, label, idx, rep, {n: _geo.owned_rows(f, local, own, data_axes) for n, f in fields.items()}
 
         rep, spec = PartitionSpec(), PartitionSpec(batch_axes or None)
         data_spec = PartitionSpec(data_axes or None)
         field_specs = {n: data_spec for n in self.fields}
-        args = [self.data, self.labels, self.fields, step]
-        in_specs = [data_spec, data_spec, field_specs, rep]
+        args = [self.data, self.labels, self.fields, self.geometric, step]
+        in_specs = [data_spec, data_spec, field_specs, jax.tree.map(lambda _: rep, self.geometric), rep]
         if epoch is not None:
             args.append(epoch)
             in_specs.append(rep)
         fn = jax.shard_map(
-            lambda d, lab, f, s, *e: per_shard(d, lab, f, s, e[0] if e else None),
+            lambda d, lab, f, g, s, *e: per_shard(d, lab, f, g, s, e[0] if e else None),
             mesh=mesh,
             in_specs=tuple(in_specs),
-            out_specs=(spec, spec, spec, spec, {n: spec for n in self.fields}),
+            out_specs=(spec, spec, spec, spec, {n: spec for n in [*self.fields, *_geo.output_keys(self.geometric)]}),
         )
         image, label, idx, rep, fields = fn(*args)
         repeat = {"repeat": rep.astype(jnp.int32)} if opts.repeats > 1 else {}
         return {"image": image, "label": label, "index": idx.astype(jnp.int32), **repeat, **fields}
-
-
-def _owned_rows(column, local, own, data_axes):
-    """Rows `local` of a field partitioned over `data_axes`: each device's own rows, the
-    others zero, summed over those axes (exact: one term is not zero)."""
-    rows = column[local]
-    mask = own.reshape(own.shape + (1,) * (rows.ndim - 1))
-    if rows.dtype == jnp.bool_:
-        return jax.lax.psum(jnp.where(mask, rows, False).astype(jnp.uint8), data_axes).astype(jnp.bool_)
-    return jax.lax.psum(jnp.where(mask, rows, jnp.zeros((), rows.dtype)), data_axes)
 
 
 @functools.partial(jax.jit, static_argnames=("opts", "batch_axes", "backend"))

@@ -1,6 +1,7 @@
 """What a resident dataset (`jax/resident.py`) gathers on the host before it uploads: whether
 its records fit each device, its records' rows a chunk at a time (zero-copy from RAW files),
-and the columns of the record fields it holds (with those it leaves out, and why)."""
+and the columns of the record fields it holds (with those it leaves out, and why, and the
+geometric ones `jax/resident_fields.py` holds)."""
 
 from __future__ import annotations
 
@@ -70,21 +71,22 @@ def host_rows(ds, views, starts, a: int, b: int, image_shape) -> np.ndarray:
     return ds.read_into(np.arange(a, b, dtype=np.int64), out)
 
 
-def field_columns(ds, fields, pad) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(the host columns of the fields a resident dataset holds (see ResidentDataset's args):
-    (N, *shape) for a fixed field, (N, pad, *trail) and its (N,) int32 lengths for a ragged one;
-    {name: why} for the fields ``fields="all"`` leaves out)."""
+def field_columns(ds, fields, pad) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+    """(the host columns of the plain fields a resident dataset holds (see ResidentDataset's
+    args): (N, *shape) for a fixed field, (N, pad, *trail) and its (N,) int32 lengths for a
+    ragged one; {name: why} for the fields ``fields="all"`` leaves out; the geometric fields it
+    holds, served through the crop (`jax/resident_fields.py`), as the host loader picks them:
+    a field given a `pad` is served as stored)."""
     infos = ds.fields
     pads = dict(pad or {})
     left_out = {}
-    # Masks, boxes, ...: batch() does not take them through its crop yet (issue 48).
     asked = list(infos) if fields == "all" else [n for n in fields or () if n in infos]  # unknown: below
-    geometric = geometric_names(infos, asked)
+    geometric = geometric_names(infos, [n for n in asked if n not in pads])
     if fields == "all":  # what a device array can hold; the rest said, not refused
         for n, f in infos.items():
             if n in geometric:
-                left_out[n] = f"{infos[n].role['role']}: a geometric field (serve it with tbljax.loader)"
-            elif f.kind != "ndarray":
+                continue
+            if f.kind != "ndarray":
                 left_out[n] = f"{f.kind}: not numeric (serve it with tbljax.loader)"
             elif f.ragged and n not in pads:
                 left_out[n] = "ragged: give pad={name: length} to hold it cut or zero-padded"
@@ -96,14 +98,11 @@ def field_columns(ds, fields, pad) -> tuple[dict[str, np.ndarray], dict[str, str
     for n in list(names) + list(pads):
         if n not in infos:
             raise KeyError(f"ResidentDataset: no field {n!r} in {ds!r}; its fields: {list(infos)}")
+    held = list(names)
+    names = [n for n in names if n not in geometric]
     out = {}
     for n in names:
         info = infos[n]
-        if n in geometric:
-            raise ValueError(
-                f"ResidentDataset: field {n!r} is a geometric field ({info.role['role']}): batch() does not "
-                "serve it through the crop and flip yet; serve it with tbljax.loader, or leave it out with fields="
-            )
         if info.kind != "ndarray":
             raise ValueError(
                 f"ResidentDataset: field {n!r} is {info.kind}, which cannot be a device "
@@ -129,6 +128,6 @@ def field_columns(ds, fields, pad) -> tuple[dict[str, np.ndarray], dict[str, str
         out[n], out[n + "_length"] = col, lengths
     for n in pads:
         if n not in names:
-            raise KeyError(f"pad names field {n!r}, which is not held (fields held: {names})")
+            raise KeyError(f"pad names field {n!r}, which is not held (fields held: {held})")
     check_fields_fit(ds, names, "ResidentDataset")
-    return out, left_out
+    return out, left_out, geometric

@@ -17,6 +17,16 @@ at some sizes (e.g. length 2, out 82, o 41). Labels are never blended: every out
 source value. A conversion's box is the image's with its start rounded down to a whole pixel
 (center_crop's start is (H - side) / 2, half a pixel off when H - side is odd).
 
+The linear rule (dense maps declared `interpolation="linear"`). At conversion: bilinear over
+the continuous box (`resize_dense`). Served through an integer crop: `crop_taps` puts output
+`o` at ((2o + 1)·length − out) / (2·out) past the crop's start, clamped to the crop, in
+integers, each tap's weight a multiple of 2^-14. `blend_linear` then sums, in float64, the
+four taps in a fixed order, a tap equal to `invalid` given no weight and the rest
+renormalised (an output with no valid weight is `invalid`), rounded once to float32. Each
+product weight · value is exact in float64 (14 + 14 + 24 bits), so a compiler that fuses a
+multiply and an add (XLA on CPU and GPU does) gets the same sums: NumPy and jit agree bit
+for bit.
+
 Boxes and keypoints are coordinates (x right, y down, pixel edges at integers): mapped by
 `x' = (x - x0) · out_w / w`, in float64; a flip mirrors a box's edges by `x' = out_w - x` (its two
 edges swap) and a keypoint, a pixel index, by `x' = out_w - 1 - x` (torchvision v2's rules).
@@ -35,10 +45,15 @@ import numpy as np
 __all__ = [
     "BOX_FORMATS",
     "INTERPOLATIONS",
+    "WEIGHT_BITS",
     "ResizePlan",
+    "blend_linear",
     "boxes_to_xyxy",
+    "crop_taps",
+    "linear_taps",
     "map_points",
     "nearest_index",
+    "nearest_rows",
     "resize_dense",
     "resize_nearest",
     "resize_plan",
@@ -46,6 +61,7 @@ __all__ = [
     "serve_boxes_batch",
     "serve_keypoints",
     "serve_keypoints_batch",
+    "serve_linear_batch",
     "serve_mask",
     "stored_boxes",
     "stored_keypoints",
@@ -105,9 +121,15 @@ def resize_plan(h: int, w: int, size: int, mode: str, max_long: int = 0) -> Resi
 
 def nearest_index(start: int, length: int, out: int) -> np.ndarray:
     """The source index of each of `out` samples over [start, start + length) (module doc)."""
-    scale = np.float32(length) / np.float32(out)
-    idx = np.floor(np.arange(out, dtype=np.float32) * scale).astype(np.int64)
-    return start + np.minimum(idx, length - 1)
+    return nearest_rows(np.asarray([start]), np.asarray([length]), out)[0]
+
+
+def nearest_rows(start, length, out: int, xp=np):
+    """`nearest_index` of every row: (B, out) source indices of boxes starting at start (B,)
+    of length (B,) samples; runs under NumPy and jax.numpy (the same float32 arithmetic)."""
+    scale = xp.asarray(length).astype(xp.float32)[:, None] / xp.float32(out)
+    idx = xp.floor(xp.arange(out, dtype=xp.float32)[None, :] * scale).astype(xp.int32)
+    return xp.asarray(start)[:, None] + xp.minimum(idx, xp.asarray(length)[:, None] - 1)
 
 
 def resize_nearest(
@@ -125,35 +147,81 @@ def resize_nearest(
 
 def resize_dense(a: np.ndarray, plan: ResizePlan, interpolation: str, invalid: Any = None) -> np.ndarray:
     """A dense map (depth, flow: (H, W) or (H, W, C)) at the plan's geometry: "nearest" by the
-    nearest rule, "linear" bilinear over the continuous box (pixel centres at +0.5, edges
-    clamped) as float32, source samples equal to `invalid` given no weight; an output whose
-    weights are all invalid is `invalid`."""
+    nearest rule, "linear" by `blend_linear` over the continuous box, positions clamped to the
+    map's edges."""
     if interpolation == "nearest":
         return resize_nearest(a, plan.int_box, (plan.out_h, plan.out_w))
-    src = a.astype(np.float64)
-    ok = np.ones(a.shape, bool) if invalid is None else (a != invalid)
+    ty = linear_taps(plan.box_y, plan.box_h, plan.out_h, 0, a.shape[0] - 1)
+    tx = linear_taps(plan.box_x, plan.box_w, plan.out_w, 0, a.shape[1] - 1)
+    return blend_linear(lambda ys, xs: a[ys, xs], ty, tx, invalid)[0]
 
-    def taps(start: float, length: float, n: int, out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        pos = start + (np.arange(out) + 0.5) * (length / out) - 0.5
-        pos = np.clip(pos, 0, n - 1)
-        lo = np.floor(pos).astype(np.int64)
-        hi = np.minimum(lo + 1, n - 1)
-        return lo, hi, pos - lo
 
-    ylo, yhi, fy = taps(plan.box_y, plan.box_h, a.shape[0], plan.out_h)
-    xlo, xhi, fx = taps(plan.box_x, plan.box_w, a.shape[1], plan.out_w)
-    extra = (None,) * (a.ndim - 2)
-    total = np.zeros((plan.out_h, plan.out_w) + a.shape[2:])
-    weight = np.zeros_like(total)
+def linear_taps(start, length, out: int, lo, hi, xp=np):
+    """One axis of the linear rule: each of `out` samples over the continuous [start, start +
+    length) sits at ``start + (o + 0.5) · length / out - 0.5`` (pixel centres), clamped to the
+    source samples [lo, hi]; returns its two source indices and the weight of the second.
+    start, length, lo, hi: numbers, or (B, 1) arrays (each row its own box)."""
+    pos = start + (xp.arange(out) + 0.5) * (length / out) - 0.5
+    pos = xp.clip(pos, lo, hi)
+    i0 = xp.floor(pos).astype(xp.int64)
+    return i0, xp.minimum(i0 + 1, hi).astype(xp.int64), pos - i0
+
+
+def blend_linear(take, ty, tx, invalid: Any = None, xp=np):
+    """The linear rule (dense maps declared ``interpolation="linear"``): bilinear in float64
+    over the four taps (`linear_taps` of each axis: ty (B, out_h) or (out_h,), tx likewise),
+    where a source sample equal to `invalid` gets no weight and the others' weights are
+    renormalised; an output whose taps are all invalid is `invalid`. `take(ys, xs)` gives
+    the source samples (B, out_h, out_w, *C) at index grids ys (B, out_h, 1), xs (B, 1,
+    out_w). Returns float32 (B, out_h, out_w, *C); runs under NumPy and jax.numpy."""
+    (ylo, yhi, fy), (xlo, xhi, fx) = ([xp.reshape(v, (-1, v.shape[-1])) for v in t] for t in (ty, tx))
+    total = weight = 0.0
     for ys, wy in ((ylo, 1 - fy), (yhi, fy)):
         for xs, wx in ((xlo, 1 - fx), (xhi, fx)):
-            wgt = (wy[:, None] * wx[None, :])[(...,) + extra] * ok[ys[:, None], xs[None, :]]
-            total += wgt * np.where(ok[ys[:, None], xs[None, :]], src[ys[:, None], xs[None, :]], 0)
-            weight += wgt
-    out = np.divide(total, weight, out=np.zeros_like(total), where=weight > 0)
+            v = take(ys[:, :, None], xs[:, None, :])
+            ok = xp.ones(v.shape, bool) if invalid is None else (v != invalid)
+            extra = (None,) * (v.ndim - 3)
+            wgt = (wy[:, :, None] * wx[:, None, :])[(...,) + extra] * ok
+            total = total + wgt * xp.where(ok, v.astype(xp.float64), 0)
+            weight = weight + wgt
+    out = xp.where(weight > 0, total / xp.where(weight > 0, weight, 1), 0)
     if invalid is not None:
-        out[weight == 0] = invalid
-    return out.astype(np.float32)
+        out = xp.where(weight == 0, invalid, out)
+    return out.astype(xp.float32)
+
+
+WEIGHT_BITS = 14  # the served linear rule's weights are multiples of 2^-14 (module doc)
+
+
+def crop_taps(start, length, out: int, xp=np):
+    """One axis of the served linear rule, in integers: output o of `out` samples over the
+    integer crop [start, start + length) sits at p = ((2o + 1)·length − out) / (2·out) past
+    start (pixel centres), clamped to [0, length − 1]; its taps are start + ⌊p⌋ and the next
+    (clamped), the second weighing round-half-up((p − ⌊p⌋)·2^14) / 2^14. start, length: (B,)
+    integer arrays. Returns (i0, i1, weight of i1), each (B, out) (int64, int64, float64)."""
+    n = xp.asarray(length).astype(xp.int64).reshape(-1, 1)
+    den = 2 * out
+    num = xp.maximum((2 * xp.arange(out, dtype=xp.int64) + 1)[None, :] * n - out, 0)  # p · den, clamped at 0
+    i0 = num // den
+    q = ((num % den) * (1 << WEIGHT_BITS) + out) // den  # the weight · 2^14, rounded half up
+    top = i0 >= n - 1
+    i0, q = xp.where(top, n - 1, i0), xp.where(top, 0, q)
+    s0 = xp.asarray(start).astype(xp.int64).reshape(-1, 1)
+    return s0 + i0, s0 + xp.minimum(i0 + 1, n - 1), q.astype(xp.float64) / (1 << WEIGHT_BITS)
+
+
+def serve_linear_batch(take, crops, out_hw: tuple[int, int], flips=None, invalid: Any = None, xp=np):
+    """Dense maps served by the linear rule (module doc): row r's integer crop crops[r] (y0,
+    x0, h, w) resized to out_hw by `blend_linear` over `crop_taps`, then mirrored where
+    flips[r]. `take(ys, xs)`: as `blend_linear` takes it, in the record's pixels."""
+    c = xp.asarray(crops).astype(xp.int64).reshape(-1, 4)
+    ty = crop_taps(c[:, 0], c[:, 2], out_hw[0], xp)
+    tx = crop_taps(c[:, 1], c[:, 3], out_hw[1], xp)
+    out = blend_linear(take, ty, tx, invalid, xp)
+    if flips is None:
+        return out
+    f = xp.asarray(flips, bool).reshape((-1,) + (1,) * (out.ndim - 1))
+    return xp.where(f, out[:, :, ::-1], out)
 
 
 def boxes_to_xyxy(boxes: np.ndarray, fmt: str) -> np.ndarray:
@@ -275,45 +343,50 @@ def serve_boxes_batch(
     min_size: float = 1.0,
     min_area: float = 1.0,
     min_visibility: float = 0.0,
+    xp=np,
 ) -> dict[str, np.ndarray]:
     """`serve_boxes` over a batch, vectorised: row r's first counts[r] of `xyxy` (B, n, 4) and
     `labels` (B, n) through crop boxes[r] (y0, x0, h, w) and flips[r] (None: no flip), onto
     `out_hw` (h, w), or each row's own (B, 2) (a canvas row's valid extent). Returns `boxes`
     (B, max_boxes, 4) float32, `boxes_valid` (B, max_boxes), `box_labels` (B, max_boxes) int64
-    and `boxes_count` (B,) int64."""
-    b = np.asarray(xyxy, np.float64).reshape(len(counts), -1, 4)
-    nb, n = b.shape[:2]
-    crop = np.asarray(boxes, np.float64).reshape(nb, 4)
+    and `boxes_count` (B,) int64. Runs under NumPy and jax.numpy (float64: in jit, inside
+    ``jax.enable_x64``)."""
+    cnt = xp.asarray(counts).astype(xp.int64)
+    nb = cnt.shape[0]
+    b = xp.asarray(xyxy).astype(xp.float64).reshape(nb, -1, 4)
+    lab_in = xp.asarray(labels).astype(xp.int64).reshape(nb, -1)
+    if b.shape[1] == 0:  # no row has a box: one empty column keeps the shapes below
+        b, lab_in = xp.zeros((nb, 1, 4), xp.float64), xp.zeros((nb, 1), xp.int64)
+    n = b.shape[1]
+    crop = xp.asarray(boxes).astype(xp.float64).reshape(nb, 4)
     y0, x0, h, w = (crop[:, i, None] for i in range(4))
-    oh, ow = _out_sides(out_hw, nb)
+    oh, ow = _out_sides(out_hw, nb, xp)
     # map_points' arithmetic, per row: (x - x0) * (out_w / w); a flip mirrors x to out_w - x.
     xs = (b[..., 0::2] - x0[..., None]) * (ow / w)[..., None]
     ys = (b[..., 1::2] - y0[..., None]) * (oh / h)[..., None]
-    if flips is not None:
-        xs = np.where(np.asarray(flips, bool)[:, None, None], ow[..., None] - xs, xs)
-    mapped = np.stack([xs.min(-1), ys.min(-1), xs.max(-1), ys.max(-1)], axis=-1)  # a flip swaps x0, x1
-    clipped = np.clip(mapped, 0, np.stack([ow, oh, ow, oh], -1))
+    if flips is not None:  # out_w - x, as (x0 + w - x) · out_w / w: no multiply-add to fuse
+        mirrored = (x0[..., None] + w[..., None] - b[..., 0::2]) * (ow / w)[..., None]
+        xs = xp.where(xp.asarray(flips, bool)[:, None, None], mirrored, xs)
+    mapped = xp.stack([xs.min(-1), ys.min(-1), xs.max(-1), ys.max(-1)], axis=-1)  # a flip swaps x0, x1
+    clipped = xp.clip(mapped, 0, xp.stack([ow, oh, ow, oh], -1))
     ws, hs = clipped[..., 2] - clipped[..., 0], clipped[..., 3] - clipped[..., 1]
     area = ws * hs
     before = (mapped[..., 2] - mapped[..., 0]) * (mapped[..., 3] - mapped[..., 1])
-    cnt = np.asarray(counts, np.int64)
-    keep = (np.arange(n) < cnt[:, None]) & (ws >= min_size) & (hs >= min_size) & (area >= min_area)
-    keep &= area >= min_visibility * before
-    rank = np.cumsum(keep, axis=1) - 1  # each kept box's place among its row's kept ones
-    keep &= rank < max_boxes
-    rows, cols = np.nonzero(keep)
-    out = np.zeros((nb, max_boxes, 4), np.float32)
-    out[rows, rank[rows, cols]] = clipped[rows, cols]
-    lab = np.full((nb, max_boxes), -1, np.int64)
-    lab[rows, rank[rows, cols]] = np.asarray(labels, np.int64).reshape(nb, n)[rows, cols]
-    valid = np.zeros((nb, max_boxes), bool)
-    valid[rows, rank[rows, cols]] = True
-    return {"boxes": out, "boxes_valid": valid, "box_labels": lab, "boxes_count": cnt}
+    keep = (xp.arange(n) < cnt[:, None]) & (ws >= min_size) & (hs >= min_size) & (area >= min_area)
+    keep = keep & (area >= min_visibility * before)
+    rank = xp.cumsum(keep, axis=1) - 1  # each kept box's place among its row's kept ones
+    # Output place j of a row takes the box of rank j (a one-hot pick: no scatter, so it jits).
+    pick = keep[:, :, None] & (rank[:, :, None] == xp.arange(max_boxes))  # (B, n, max_boxes)
+    valid = pick.any(axis=1)
+    src = (pick * xp.arange(n)[None, :, None]).sum(axis=1)  # the one picked column (0 where none)
+    out = xp.where(valid[..., None], xp.take_along_axis(clipped, src[..., None], axis=1), 0)
+    lab = xp.where(valid, xp.take_along_axis(lab_in, src, axis=1), -1)
+    return {"boxes": out.astype(xp.float32), "boxes_valid": valid, "box_labels": lab, "boxes_count": cnt}
 
 
-def _out_sides(out_hw, rows: int) -> tuple[np.ndarray, np.ndarray]:
+def _out_sides(out_hw, rows: int, xp=np):
     """(out_h, out_w), each (rows, 1) float64, of one (h, w) for every row or (rows, 2) sizes."""
-    hw = np.broadcast_to(np.asarray(out_hw, np.float64).reshape(-1, 2), (rows, 2))
+    hw = xp.broadcast_to(xp.asarray(out_hw).astype(xp.float64).reshape(-1, 2), (rows, 2))
     return hw[:, :1], hw[:, 1:]
 
 
@@ -338,23 +411,26 @@ def serve_keypoints_batch(
     out_hw: tuple[int, int],
     flips=None,
     flip_permutation: Any = None,
+    xp=np,
 ) -> np.ndarray:
     """`serve_keypoints` over a batch, vectorised: row r's keypoints `kpts[r]` (B, n, K, 3)
     through crop boxes[r] (y0, x0, h, w) and flips[r] (None: no flip), onto `out_hw` (h, w) or
-    each row's own (B, 2). Returns (B, n, K, 3) float32."""
-    k = np.asarray(kpts, np.float64)
-    crop = np.asarray(boxes, np.float64).reshape(len(k), 4)
+    each row's own (B, 2). Returns (B, n, K, 3) float32. Runs under NumPy and jax.numpy
+    (float64: in jit, inside ``jax.enable_x64``)."""
+    k = xp.asarray(kpts).astype(xp.float64)
+    crop = xp.asarray(boxes).astype(xp.float64).reshape(k.shape[0], 4)
     y0, x0, h, w = (crop[:, i, None, None] for i in range(4))
-    oh, ow = (v[..., None] for v in _out_sides(out_hw, len(k)))
+    oh, ow = (v[..., None] for v in _out_sides(out_hw, k.shape[0], xp))
     # map_points' arithmetic, per row: (x - x0) * (out_w / w)
     x = (k[..., 0] - x0) * (ow / w)
     y = (k[..., 1] - y0) * (oh / h)
-    flip = np.zeros(len(k), bool) if flips is None else np.asarray(flips, bool)
-    # A keypoint is a pixel index, not an edge: torchvision mirrors it to out_w - 1 - x.
-    x = np.where(flip[:, None, None], ow - 1 - x, x)
+    flip = xp.zeros(k.shape[0], bool) if flips is None else xp.asarray(flips, bool)
+    # A keypoint is a pixel index, not an edge: torchvision mirrors it to out_w - 1 - x, here
+    # (x0 + w - x - w / out_w) · out_w / w: no multiply-add for a compiler to fuse.
+    x = xp.where(flip[:, None, None], (x0 + w - k[..., 0] - w / ow) * (ow / w), x)
     inside = (x >= 0) & (x < ow) & (y >= 0) & (y < oh)
-    out = np.stack([x, y, np.where(inside, k[..., 2], 0)], axis=-1)
+    out = xp.stack([x, y, xp.where(inside, k[..., 2], 0)], axis=-1)
     if flip_permutation is not None:
         perm = np.asarray(flip_permutation)
-        out = np.where(flip[:, None, None, None], out[:, :, perm, :], out)
-    return out.astype(np.float32)
+        out = xp.where(flip[:, None, None, None], out[:, :, perm, :], out)
+    return out.astype(xp.float32)
