@@ -6,8 +6,12 @@ combinations refused by name."""
 
 from __future__ import annotations
 
+import functools
+import io
+
 import numpy as np
 import pytest
+from PIL import Image
 
 import tbljax
 from tbljax._src.engine import native_res
@@ -244,3 +248,94 @@ def test_mixup_cutmix_refuses_a_patch_sequence_batch_by_name(data):
         tbljax.ops.mixup_cutmix(b["image"], b["label"], seed=0, step=0, num_classes=32)
     with pytest.raises(ValueError, match="pass layout='NHWC'"):  # torch's default layout
         _adapter("torch")[0].loader(path, 4, patches=tbljax.Patches(size=4, max_tokens=20))
+
+
+def _patch_row(image: np.ndarray, p: int, t: int) -> np.ndarray:
+    # The NaFlex layout in plain NumPy: patch (gy, gx) at token gy·gw + gx, pixels (py, px, c).
+    hh, ww, c = image.shape
+    gh, gw = hh // p, ww // p
+    row = np.zeros((t, p * p * c), image.dtype)
+    for gy in range(gh):
+        for gx in range(gw):
+            row[gy * gw + gx] = image[gy * p : (gy + 1) * p, gx * p : (gx + 1) * p].reshape(-1)
+    return row
+
+
+@pytest.fixture
+def simd_targets():
+    from tbljax import _core
+
+    yield _core.supported_kernel_targets()
+    _core.set_kernel_target("auto")
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "bfloat16"])
+def test_kernel_writes_each_row_at_its_own_size_straight_into_its_patches(simd_targets, dtype):
+    # One call, each row its own size (up- and downscaled, flipped or not, grids of 1..T
+    # patches, p = 16 so a patch row is one AVX-512 vector of float32 and p = 5 so it is none):
+    # the oracle's resize, normalized by the contract's table, patchified in NumPy, zeros past
+    # each grid; RAW records, and JPEG records (serve_jpeg) against Pillow's decode of them;
+    # every SIMD target.
+    from tbljax import _core
+    from tbljax import kernels as K
+
+    rng = np.random.default_rng(11)
+    imgs = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(70, 50), (20, 90), (33, 33), (48, 112)]]
+    raw_imgs = list(imgs)
+    heights, widths = np.array([im.shape[0] for im in imgs]), np.array([im.shape[1] for im in imgs])
+    offsets = np.concatenate([[0], np.cumsum(heights * widths * 3)[:-1]])
+    raw = K.variable_source([np.concatenate([im.reshape(-1) for im in imgs])], [4], offsets, heights, widths)
+    blobs = []
+    for k, im in enumerate(imgs):
+        f = io.BytesIO()
+        Image.fromarray(im).save(f, "JPEG", quality=90)
+        blobs.append(f.getvalue())
+        with Image.open(f) as j:  # Pillow's decode: libjpeg-turbo, as the kernel's
+            imgs[k] = np.asarray(j.convert("RGB"))
+    lens = np.array([len(b) for b in blobs])
+    buf = np.frombuffer(b"".join(blobs), np.uint8).copy()
+    jpeg = K.jpeg_source([buf], [4], np.concatenate([[0], np.cumsum(lens)[:-1]]), lens, heights, widths)
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    kw = {} if dtype == "uint8" else dict(mean=mean, std=std)
+    np_dtype = oracle.to_bfloat16(np.zeros(1)).dtype if dtype == "bfloat16" else np.dtype(dtype)
+    for p, t, sizes in [
+        (16, 12, [(32, 48), (16, 16), (48, 64), (16, 112)]),
+        (5, 9, [(15, 15), (5, 40), (10, 20), (25, 5)]),
+    ]:
+        idx = np.array([0, 1, 2, 3, 2, 0])
+        boxes = np.array(
+            [[3, 2, 60, 41], [0, 0, 20, 90], [1, 4, 30, 25], [0, 0, 48, 112], [0, 0, 33, 33], [9, 9, 5, 7]]
+        )
+        hw = np.array(sizes + sizes[:2], np.int32)
+        flips = np.array([1, 0, 0, 1, 1, 0], bool)
+        for name, serve in [("raw", functools.partial(K.gather, raw)), ("jpeg", functools.partial(K.serve_jpeg, jpeg))]:
+            source = raw_imgs if name == "raw" else imgs
+            want = np.zeros((6, t, p * p * 3), np_dtype)
+            for r, (i, box, (hh, ww), f) in enumerate(zip(idx, boxes, hw, flips)):
+                px = oracle.crop_resize(source[i], box, hh, ww)
+                px = px[:, ::-1] if f else px
+                px = px if dtype == "uint8" else oracle.normalize(px[None], mean, std, np_dtype)[0]
+                want[r] = _patch_row(px, p, t)
+            for target in simd_targets:
+                _core.set_kernel_target(target)
+                out = np.full((6, t, p * p * 3), 7, np_dtype)  # stale values: every token is written
+                serve(idx, out, crop=boxes, flip=flips, patches=(p, hw), **kw)
+                np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8), err_msg=f"{name} {target} {p}")
+
+
+def test_kernel_refuses_sizes_that_are_not_a_grid_of_at_most_max_tokens_patches():
+    from tbljax import kernels as K
+
+    src = np.zeros((2, 20, 20, 3), np.uint8)
+    out = np.zeros((2, 4, 48), np.uint8)
+    box = [[0, 0, 20, 20]] * 2
+    for hw, words in [
+        ([[8, 8], [4, 6]], r"sizes\[1\] = \(4, 6\) is not a grid of at most 4 patches of 4x4"),
+        ([[8, 12], [4, 4]], r"sizes\[0\] = \(8, 12\) is not a grid of at most 4"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            K.gather(src, [0, 1], out, crop=box, patches=(4, hw))
+    with pytest.raises(ValueError, match=r"need out of shape \(B, T, 48\)"):
+        K.gather(src, [0, 1], np.zeros((2, 4, 16, 3), np.uint8), crop=box, patches=(4, [[4, 4]] * 2))
+    with pytest.raises(ValueError, match="patches need an output size and a crop box per sample"):
+        K.gather(src, [0, 1], out, patches=(4, [[4, 4]] * 2))

@@ -68,6 +68,12 @@ struct Plan {
   // The per-image ops (pixel_program.h); has_ops false: none, today's pass.
   bool has_ops;
   OpsRequest ops;
+  // NaFlex rows (GatherRequest::patch; 0: none): each sample's row of `tokens` patches of
+  // patch x patch pixels. The batch's plan holds the largest size (out_h, out_w); a unit runs
+  // on a copy holding its sample's own (SamplePlan).
+  int64_t patch;
+  int64_t tokens;
+  const int32_t* out_sizes;
 };
 
 // One horizontal tap: byte offsets of the two source pixels within a record row, weights.
@@ -417,6 +423,30 @@ bool PrepareScratch(int64_t out_w, int64_t general_ints, int64_t gx_stride, Scra
 
 namespace {
 
+// A NaFlex request (patch > 0): out (B, T, patch^2, 3) NHWC, a box per sample, and each sample's
+// size a grid of at most T patches. *oh, *ow: the largest height and width of the batch.
+Status CheckPatches(const GatherRequest& r, int64_t* oh, int64_t* ow) {
+  const int64_t P = r.patch, T = r.out_shape[1];
+  if (r.layout != Layout::kNHWC || r.out_shape[2] != P * P)
+    return InvalidArgument("patches of " + std::to_string(P) + "x" + std::to_string(P) +
+                           " need out of shape (B, T, " + std::to_string(P * P) +
+                           ", 3) in layout NHWC, got " + ShapeStr(r.out_shape));
+  if (r.batch > 0 && (r.out_sizes == nullptr || r.crops == nullptr))
+    return InvalidArgument("patches need an output size and a crop box per sample");
+  if (r.ops != nullptr) return InvalidArgument("per-image ops are not served with patches");
+  *oh = *ow = P;
+  for (int64_t b = 0; b < r.batch; ++b) {
+    const int64_t h = r.out_sizes[2 * b], w = r.out_sizes[2 * b + 1];
+    if (h < P || w < P || h % P != 0 || w % P != 0 || (h / P) * (w / P) > T)
+      return InvalidArgument("sizes[" + std::to_string(b) + "] = (" + std::to_string(h) + ", " +
+                             std::to_string(w) + ") is not a grid of at most " + std::to_string(T) +
+                             " patches of " + std::to_string(P) + "x" + std::to_string(P));
+    *oh = std::max(*oh, h);
+    *ow = std::max(*ow, w);
+  }
+  return Status::Ok();
+}
+
 // The output of a request: shape for its layout, dtype, alignment and normalization (not the
 // indices or boxes). *oh, *ow: the output size.
 Status CheckOutput(const GatherRequest& r, int64_t* oh, int64_t* ow) {
@@ -443,6 +473,7 @@ Status CheckOutput(const GatherRequest& r, int64_t* oh, int64_t* ow) {
     return InvalidArgument("out is not aligned to its element size (" + std::to_string(elem) +
                            " bytes)");
   if (r.dtype != OutDType::kUint8) TBLJAX_RETURN_IF_ERROR(CheckNormalization(r.mean, r.std));
+  if (r.patch > 0) return CheckPatches(r, oh, ow);
   return Status::Ok();
 }
 
@@ -461,6 +492,12 @@ Status FillPlan(const GatherRequest& r, int64_t oh, int64_t ow, Plan* p) {
   p->use_affine = false;
   p->use_affine_f32 = false;
   p->stream = r.batch * oh * ow * 3 * elem >= kernel_detail::kStreamMinBytes;
+  p->patch = r.patch;
+  p->tokens = r.patch > 0 ? r.out_shape[1] : 0;
+  p->out_sizes = r.out_sizes;
+  if (r.patch > 0)
+    p->stream =
+        r.batch * p->tokens * r.patch * r.patch * 3 * elem >= kernel_detail::kStreamMinBytes;
   p->has_ops = r.ops != nullptr && (r.ops->num_ops > 0 || r.ops->num_erase > 0);
   if (p->has_ops) p->ops = *r.ops;
   if (r.dtype == OutDType::kFloat32) NormalizeTableF32(r.mean, r.std, p->table_f32);
@@ -545,11 +582,34 @@ bool RunRowWithOps(const Plan& p, int64_t b, const SamplePixels& px, const Scrat
   return true;
 }
 
+// The plan of NaFlex sample b: the batch's with the sample's own output size, on a copy of
+// this thread's (~6 KB, off the pool thread's stack); the batch's plan as it is otherwise.
+// Band 0 of the sample also zeroes its tokens past its grid.
+const Plan* SamplePlan(const Plan& p, int64_t b, int64_t row_begin) {
+  if (p.patch == 0) return &p;
+  thread_local std::unique_ptr<Plan> copy;
+  if (!copy) copy.reset(new (std::nothrow) Plan);
+  if (!copy) return nullptr;
+  *copy = p;
+  copy->out_h = p.out_sizes[2 * b];
+  copy->out_w = p.out_sizes[2 * b + 1];
+  if (row_begin == 0) {
+    const int64_t token = p.patch * p.patch * 3 * p.elem_bytes;
+    const int64_t used = (copy->out_h / p.patch) * (copy->out_w / p.patch);
+    std::memset(p.out + (b * p.tokens + used) * token, 0,
+                static_cast<size_t>((p.tokens - used) * token));
+  }
+  return copy.get();
+}
+
 // Output rows [row_begin, row_end) of sample b from its pixels, on this thread's scratch.
-bool RunRows(const Plan& p, int64_t b, const SamplePixels& px, int64_t general_ints, int64_t taps,
-             int64_t row_begin, int64_t row_end) {
+bool RunRows(const Plan& batch_plan, int64_t b, const SamplePixels& px, int64_t general_ints,
+             int64_t taps, int64_t row_begin, int64_t row_end) {
   Scratch scratch;
-  if (!PrepareScratch(p.out_w, general_ints, taps, &scratch)) return false;
+  if (!PrepareScratch(batch_plan.out_w, general_ints, taps, &scratch)) return false;
+  const Plan* sample_plan = SamplePlan(batch_plan, b, row_begin);
+  if (!sample_plan) return false;
+  const Plan& p = *sample_plan;
   if (p.has_ops && p.ops.num_ops > 0 && RowHasOps(p.ops, b)) {
     if (!RunRowWithOps(p, b, px, scratch)) return false;
   } else {
@@ -576,7 +636,14 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   TBLJAX_RETURN_IF_ERROR(CheckOutput(r, &oh, &ow));
   TBLJAX_RETURN_IF_ERROR(CheckIndices(r.indices, r.batch, src.num_records()));
   if (r.ops) TBLJAX_RETURN_IF_ERROR(CheckOps(*r.ops, r.batch, r.dtype, oh, ow));
-  if (src.uniform()) {
+  if (r.patch > 0) {  // each box against its record and its sample's own size
+    for (int64_t b = 0; b < r.batch; ++b) {
+      TBLJAX_RETURN_IF_ERROR(src.CheckRecord(r.indices[b]));
+      TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, r.crops + 4 * b, src.Height(r.indices[b]),
+                                          src.Width(r.indices[b]), r.out_sizes[2 * b],
+                                          r.out_sizes[2 * b + 1]));
+    }
+  } else if (src.uniform()) {
     TBLJAX_RETURN_IF_ERROR(CheckOutputSize(r.crops != nullptr, oh, ow, src.height(), src.width()));
     if (r.crops != nullptr)
       TBLJAX_RETURN_IF_ERROR(CheckCrops(r.crops, r.batch, src.height(), src.width(), oh, ow));
@@ -595,7 +662,9 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   int64_t max_cw = 0, taps = 2;
   for (int64_t b = 0; r.crops != nullptr && b < r.batch; ++b) {
     const int64_t ch = r.crops[4 * b + 2], cw = r.crops[4 * b + 3];
-    if (TakesGeneralPath(ch, cw, oh, ow, &taps)) max_cw = std::max(max_cw, cw);
+    int64_t sh, sw;
+    SampleOutSize(r, b, oh, ow, &sh, &sw);
+    if (TakesGeneralPath(ch, cw, sh, sw, &taps)) max_cw = std::max(max_cw, cw);
   }
   const int64_t general_ints = GeneralInts(max_cw, taps, ow);
   if (r.batch == 0) return Status::Ok();
@@ -627,7 +696,8 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
     std::atomic<bool> no_memory{false};
   } job{&p, &src, &r, bands, general_ints, taps};
   tp.ParallelFor(r.batch * bands, [j = &job](int64_t u) {
-    const int64_t b = u / j->bands, band = u % j->bands, oh = j->plan->out_h;
+    const int64_t b = u / j->bands, band = u % j->bands;
+    const int64_t oh = j->plan->patch > 0 ? j->plan->out_sizes[2 * b] : j->plan->out_h;
     const int64_t index = j->r->indices[b];
     SamplePixels px;
     px.pixels = j->src->Record(index);
@@ -670,6 +740,12 @@ Status SampleKernel::Prepare(const GatherRequest& r, SampleKernel* out) {
 
 int64_t SampleKernel::out_h() const { return plan_ ? plan_->out_h : 0; }
 int64_t SampleKernel::out_w() const { return plan_ ? plan_->out_w : 0; }
+int64_t SampleKernel::out_h(int64_t b) const {
+  return plan_ && plan_->patch > 0 ? plan_->out_sizes[2 * b] : out_h();
+}
+int64_t SampleKernel::out_w(int64_t b) const {
+  return plan_ && plan_->patch > 0 ? plan_->out_sizes[2 * b + 1] : out_w();
+}
 
 Status SampleKernel::Run(int64_t b, const SamplePixels& px) const {
   if (!plan_) return InvalidArgument("SampleKernel is not prepared");
@@ -678,11 +754,11 @@ Status SampleKernel::Run(int64_t b, const SamplePixels& px) const {
   if (px.pixels == nullptr || px.height > (int64_t{1} << 31) || px.width > (int64_t{1} << 31) / 3 ||
       (px.stride != 0 && px.stride < px.width * 3))
     return InvalidArgument("sample pixels are null, too large or their rows overlap");
-  TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, box, px.height, px.width, plan_->out_h, plan_->out_w));
+  const int64_t oh = out_h(b), ow = out_w(b);
+  TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, box, px.height, px.width, oh, ow));
   int64_t taps = 2;
-  const bool general = TakesGeneralPath(px.h, px.w, plan_->out_h, plan_->out_w, &taps);
-  if (!RunRows(*plan_, b, px, GeneralInts(general ? px.w : 0, taps, plan_->out_w), taps, 0,
-               plan_->out_h))
+  const bool general = TakesGeneralPath(px.h, px.w, oh, ow, &taps);
+  if (!RunRows(*plan_, b, px, GeneralInts(general ? px.w : 0, taps, plan_->out_w), taps, 0, oh))
     return IOError("out of memory for the kernel's per-thread scratch");
   return Status::Ok();
 }
