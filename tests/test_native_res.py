@@ -17,7 +17,7 @@ import tbljax
 from tbljax._src.engine import native_res
 from tbljax._src.rules import augment as _augment
 from tbljax._src.rules import buckets as _buckets
-from tbljax._src.rules import naflex
+from tbljax._src.rules import erasing, naflex, pixel_ops, randaug
 
 import oracle
 
@@ -83,6 +83,36 @@ def test_buckets_serve_every_record_once_at_its_bucket_as_the_oracle_crops_it(da
         assert sorted(seen) == list(range(len(SIZES)))  # every record once
 
 
+def test_buckets_run_the_ops_and_erasing_at_the_buckets_size_as_pixel_ops_does(data):
+    # The per-image ops stage at each step's bucket: each row is the oracle's cover-crop (at
+    # crop_yx, the bucket rule the test above holds) and flip, then pixel_ops' program of the
+    # row's decided ops, the contract's normalization and pixel_ops' erasing at the bucket's size.
+    imgs, path = data
+    ra = tbljax.RandAugment(num_ops=2, magnitude=9, prob=1.0)
+    aug = tbljax.Augment(crop=False, size=None, ops=[ra], erasing=tbljax.RandomErasing(p=1.0, mode="pixel"))
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    ld = _bucket_loader(path, augment=aug, dtype="float32", mean=mean, std=std, num_epochs=1)
+    slot = {k: getattr(ra, k) for k in ("fill", "interpolation", "translate_const", "translate_pct")}
+    h, w = np.array([s[0] for s in SIZES]), np.array([s[1] for s in SIZES])
+    rows = 0
+    for b in ld:
+        valid = np.asarray(b["valid"])
+        idx, image, yx = np.asarray(b["index"])[valid], np.asarray(b["image"]), np.asarray(b["crop_yx"])[valid]
+        oh, ow = image.shape[1:3]
+        codes, args = randaug.decide((ra,), idx.astype(np.int64), seed=SEED, epoch=0)
+        eb, keys = erasing.decide_erasing(aug.erasing, idx.astype(np.int64), height=oh, width=ow, seed=SEED, epoch=0)
+        for r, (i, flip) in enumerate(zip(idx, _flips(idx, 0))):
+            bh, bw = (h[i], round(h[i] * ow / oh)) if w[i] * oh > h[i] * ow else (round(w[i] * oh / ow), w[i])
+            px = oracle.crop_resize(imgs[i], (*yx[r], bh, bw), oh, ow)
+            px = np.ascontiguousarray(px[:, ::-1] if flip else px)
+            px = pixel_ops.apply_all(px, codes[r], args[r], **slot)
+            norm = oracle.normalize(px[None], mean, std, np.float32)[0]
+            want = pixel_ops.erase(norm.transpose(2, 0, 1), eb[r], keys[r], "pixel").transpose(1, 2, 0)
+            np.testing.assert_array_equal(image[r], want)
+            rows += 1
+    assert rows == len(SIZES)
+
+
 def test_buckets_resume_equals_the_tail_and_refuse_other_buckets_mid_epoch(data):
     _, path = data
     full = [{k: np.asarray(v) for k, v in b.items()} for b in _bucket_loader(path, num_epochs=2)]
@@ -145,6 +175,10 @@ def test_patches_rows_unpatchify_to_the_oracle_resize_at_the_sequence_size(data)
         (dict(patches=tbljax.Patches(max_tokens=16, pack=True)), "patches with pack=True"),
         (dict(patches=tbljax.Patches(max_tokens=[16, 32], tokens_per_batch=64)), "list of max_tokens"),
         (dict(patches=tbljax.Patches(), augment=tbljax.Augment(size=(8, 8))), "patches with an Augment size"),
+        (
+            dict(patches=tbljax.Patches(), augment=tbljax.Augment(size=None, ops=[tbljax.TrivialAugment()])),
+            "patches with Augment",
+        ),
         (dict(buckets=(8, 8)), "buckets must be None or a tbljax.Buckets"),
     ],
 )

@@ -240,14 +240,17 @@ class Plan:
         src, opts = self.source, self.opts
         first_index = self.part.start  # source record i is sample first_index + i
         out_hw = None
-        if _step.has_ops(opts.augment):
+        if _step.has_ops(opts.augment) and self.buckets is not None:  # the step's bucket
+            out_hw = self.buckets.out_hw(epoch, first)
+        elif _step.has_ops(opts.augment):
             row = src.row_shape(opts, epoch)
             out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
         drawn = []
         for a, b in self.layout.ranges:
             if self.buckets is not None:
                 idx, boxes, flip = self.buckets.draw(epoch, first, a, b)
-                drawn.append(RowsDrawn(idx, boxes, flip, idx, None))
+                ops = None if out_hw is None else _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw)
+                drawn.append(RowsDrawn(idx, boxes, flip, idx, None, ops))
                 continue
             nvalid = int(np.clip(self.slots.n - (first + a), 0, b - a))
             pos = np.arange(first + a, first + a + nvalid, dtype=np.int64)
