@@ -165,6 +165,37 @@ def test_patches_rows_unpatchify_to_the_oracle_resize_at_the_sequence_size(data)
     assert sorted(seen) == list(range(len(SIZES)))
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+def test_patches_run_the_ops_at_each_rows_own_size_as_pixel_ops_does(data, dtype):
+    # The per-image ops stage at each row's sequence size: the oracle's resize of the random
+    # crop to that size, its flip, pixel_ops' program of the row's decided ops (the affine ops'
+    # matrices at the row's own size), the contract's normalization, patchified in NumPy.
+    imgs, path = data
+    p, t = 4, 20
+    ra = tbljax.RandAugment(num_ops=2, magnitude=9, prob=1.0)
+    aug = tbljax.Augment(size=None, ops=[ra])
+    mean, std = ((0.5, 0.4, 0.3), (0.2, 0.25, 0.3)) if dtype == "float32" else (None, None)
+    opts = dict(patches=tbljax.Patches(size=p, max_tokens=t), seed=SEED, num_epochs=1, drop_remainder=False)
+    ld = tbljax.loader(path, 4, augment=aug, dtype=dtype, mean=mean, std=std, **opts)
+    slot = {k: getattr(ra, k) for k in ("fill", "interpolation", "translate_const", "translate_pct")}
+    geometry = tbljax.augment.RecordGeometry(*np.array(SIZES).T)
+    rows, affine = 0, 0
+    for b in ld:
+        valid = np.asarray(b["valid"])
+        idx, image = np.asarray(b["index"])[valid].astype(np.int64), np.asarray(b["image"])
+        boxes, flips = tbljax.augment.sample(aug, idx, geometry=geometry, seed=SEED, epoch=0)
+        codes, args = randaug.decide((ra,), idx, seed=SEED, epoch=0)
+        th, tw = naflex.sequence_size(boxes[:, 2], boxes[:, 3], p, t)
+        affine += int(np.isin(codes, sorted(pixel_ops.AFFINE)).sum())
+        for r, i in enumerate(idx):
+            px = oracle.crop_resize(imgs[i], boxes[r], int(th[r]), int(tw[r]))
+            px = pixel_ops.apply_all(np.ascontiguousarray(px[:, ::-1] if flips[r] else px), codes[r], args[r], **slot)
+            px = px if dtype == "uint8" else oracle.normalize(px[None], mean, std, np.float32)[0]
+            np.testing.assert_array_equal(image[r], _patch_row(px, p, t))
+            rows += 1
+    assert rows == len(SIZES) and affine > 0  # some rows' matrices are their own size's
+
+
 @pytest.mark.parametrize(
     "kw, words",
     [
@@ -176,8 +207,8 @@ def test_patches_rows_unpatchify_to_the_oracle_resize_at_the_sequence_size(data)
         (dict(patches=tbljax.Patches(max_tokens=[16, 32], tokens_per_batch=64)), "list of max_tokens"),
         (dict(patches=tbljax.Patches(), augment=tbljax.Augment(size=(8, 8))), "patches with an Augment size"),
         (
-            dict(patches=tbljax.Patches(), augment=tbljax.Augment(size=None, ops=[tbljax.TrivialAugment()])),
-            "patches with Augment",
+            dict(patches=tbljax.Patches(), augment=tbljax.Augment(size=None, erasing=tbljax.RandomErasing())),
+            r"patches with Augment\(erasing=",
         ),
         (dict(buckets=(8, 8)), "buckets must be None or a tbljax.Buckets"),
     ],

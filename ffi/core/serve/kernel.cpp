@@ -433,7 +433,8 @@ Status CheckPatches(const GatherRequest& r, int64_t* oh, int64_t* ow) {
                            ", 3) in layout NHWC, got " + ShapeStr(r.out_shape));
   if (r.batch > 0 && (r.out_sizes == nullptr || r.crops == nullptr))
     return InvalidArgument("patches need an output size and a crop box per sample");
-  if (r.ops != nullptr) return InvalidArgument("per-image ops are not served with patches");
+  if (r.ops != nullptr && r.ops->num_erase > 0)  // it writes NHWC rows
+    return InvalidArgument("random erasing is not served with patches");
   *oh = *ow = P;
   for (int64_t b = 0; b < r.batch; ++b) {
     const int64_t h = r.out_sizes[2 * b], w = r.out_sizes[2 * b + 1];
@@ -538,7 +539,8 @@ bool TakesGeneralPath(int64_t ch, int64_t cw, int64_t oh, int64_t ow, int64_t* t
 
 // A row with ops, whole (its plan has one band): resize and flip into a uint8 image of this
 // thread's, the pixel program on it, then normalize and write it as a plain copy (today's
-// no-resize path, so the same bits as a row without ops would get from those pixels).
+// no-resize path, so the same bits as a row without ops would get from those pixels; NaFlex
+// rows: into the sample's patches).
 bool RunRowWithOps(const Plan& p, int64_t b, const SamplePixels& px, const Scratch& scratch) {
   thread_local std::unique_ptr<uint8_t[]> buf;
   thread_local size_t capacity = 0;
@@ -557,6 +559,7 @@ bool RunRowWithOps(const Plan& p, int64_t b, const SamplePixels& px, const Scrat
   plan->layout = Layout::kNHWC;
   plan->elem_bytes = 1;
   plan->stream = false;
+  plan->patch = 0;  // the image, at the sample's own size (its plan's)
   plan->out = buf.get();
   plan->flips = p.flips ? p.flips + b : nullptr;  // its sample 0 is row b
   UnitFor(p.target)(*plan, 0, px, 0, p.out_h, scratch);

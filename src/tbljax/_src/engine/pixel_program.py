@@ -53,7 +53,8 @@ def pixel_program(
     whose slots the K columns are, in order (each slot's fill, interpolation and translation
     constants); () takes `RandAugment`'s defaults for every slot. `out_hw`: the output
     (height, width), which the affine ops' matrices (built here, in float64, by
-    `pixel_ops.op_matrix`) depend on.
+    `pixel_ops.op_matrix`) depend on; or (B, 2), each row's own (NaFlex rows, `gather`'s
+    ``patches=``).
     """
     codes = np.ascontiguousarray(codes, np.uint8)
     args = np.ascontiguousarray(args, np.int32)
@@ -63,12 +64,12 @@ def pixel_program(
     slots = [p for p in policies for _ in range(_slots(p))] or [randaug.RandAugment()] * k
     if len(slots) != k:
         raise ValueError(f"the policies have {len(slots)} op slots but codes has {k} columns")
-    h, w = (int(v) for v in out_hw)
+    hw = np.broadcast_to(np.asarray(out_hw, np.int64), (b, 2))  # each row's output size
     matrices = np.zeros((b, k, 6), np.float64)
     for i, j in zip(*np.nonzero(np.isin(codes, sorted(pixel_ops.AFFINE | pixel_ops.TV_AFFINE)))):
         p = slots[j]
         tc, tp = getattr(p, "translate_const", 100.0), getattr(p, "translate_pct", 0.45)
-        matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), h, w, tc, tp)
+        matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), int(hw[i, 0]), int(hw[i, 1]), tc, tp)
     # Policies without affine ops or Cutout (ColorJitter, ThreeAugment, ...) have no fill to use.
     fill = np.array([getattr(p, "fill", (0, 0, 0)) for p in slots], np.uint8).reshape(k, 3)
     nearest = np.array([getattr(p, "interpolation", "bilinear") == "nearest" for p in slots], np.uint8).reshape(k)

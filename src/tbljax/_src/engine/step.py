@@ -127,10 +127,11 @@ def check_ops(opts: LoaderOptions) -> None:
 class RowOps:
     """The per-image op columns of a step's rows (docs/transforms-design.md): ``ops`` (B, K)
     uint8 and ``op_args`` (B, K) int32 (`randaug.decide`), ``erase`` (B, E, 4) int32 boxes and
-    ``erase_key`` (B,) uint32 (`erasing.decide_erasing`; None without erasing)."""
+    ``erase_key`` (B,) uint32 (`erasing.decide_erasing`; None without erasing). ``out_hw``: the
+    rows' output size, or (B, 2) each row's own (NaFlex rows)."""
 
     aug: _augment.Augment
-    out_hw: tuple[int, int]
+    out_hw: tuple[int, int] | np.ndarray
     ops: np.ndarray
     op_args: np.ndarray
     erase: np.ndarray | None
@@ -139,8 +140,14 @@ class RowOps:
     def rows(self, m) -> "RowOps":
         """The rows `m` (an index array) of these columns."""
         erase = None if self.erase is None else (self.erase[m], self.erase_key[m])
+        hw = self.out_hw if isinstance(self.out_hw, tuple) else self.out_hw[m]
         return dataclasses.replace(
-            self, ops=self.ops[m], op_args=self.op_args[m], erase=erase and erase[0], erase_key=erase and erase[1]
+            self,
+            out_hw=hw,
+            ops=self.ops[m],
+            op_args=self.op_args[m],
+            erase=erase and erase[0],
+            erase_key=erase and erase[1],
         )
 
     def program(self) -> kernels.PixelProgram:
@@ -160,7 +167,8 @@ class RowOps:
 def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat: int = 0) -> RowOps | None:
     """The per-image op columns of sample `indices` (global) under ``opts.augment``, keyed by
     (seed, epoch, index, repeat) like the crops (`randaug.decide`, `erasing.decide_erasing`), or
-    None when the augmentation has none (the kernel then runs today's pass)."""
+    None when the augmentation has none (the kernel then runs today's pass). `out_hw`: (h, w),
+    or (B, 2) each row's own (NaFlex rows: no erasing)."""
     aug = opts.augment
     if not has_ops(aug):
         return None
@@ -171,4 +179,5 @@ def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat: int = 
         boxes, keys = erasing.decide_erasing(
             aug.erasing, idx, height=out_hw[0], width=out_hw[1], seed=opts.seed, epoch=epoch, repeat=repeat
         )
-    return RowOps(aug, (int(out_hw[0]), int(out_hw[1])), codes, args, boxes, keys)
+    hw = (int(out_hw[0]), int(out_hw[1])) if np.ndim(out_hw) == 1 else np.asarray(out_hw, np.int64)
+    return RowOps(aug, hw, codes, args, boxes, keys)

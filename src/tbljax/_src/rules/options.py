@@ -242,8 +242,8 @@ class LoaderOptions:
             (self.buckets is not None and self.patches is not None, "buckets and patches together"),
             (self.repeats > 1, f"{what} with repeats={self.repeats}"),
             (
-                self.patches is not None and aug is not None and bool(aug.ops or aug.erasing is not None),
-                "patches with Augment(ops=/erasing=)",
+                self.patches is not None and aug is not None and aug.erasing is not None,
+                "patches with Augment(erasing=...)",
             ),
             (
                 self.buckets is not None and aug is not None and bool(aug.crop),
