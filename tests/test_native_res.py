@@ -169,17 +169,19 @@ def test_patches_rows_unpatchify_to_the_oracle_resize_at_the_sequence_size(data)
 def test_patches_run_the_ops_at_each_rows_own_size_as_pixel_ops_does(data, dtype):
     # The per-image ops stage at each row's sequence size: the oracle's resize of the random
     # crop to that size, its flip, pixel_ops' program of the row's decided ops (the affine ops'
-    # matrices at the row's own size), the contract's normalization, patchified in NumPy.
+    # matrices at the row's own size), the contract's normalization and (float32) pixel_ops'
+    # erasing at the row's own size, patchified in NumPy.
     imgs, path = data
     p, t = 4, 20
     ra = tbljax.RandAugment(num_ops=2, magnitude=9, prob=1.0)
-    aug = tbljax.Augment(size=None, ops=[ra])
+    er = tbljax.RandomErasing(p=1.0, mode="pixel", max_count=2) if dtype == "float32" else None
+    aug = tbljax.Augment(size=None, ops=[ra], erasing=er)
     mean, std = ((0.5, 0.4, 0.3), (0.2, 0.25, 0.3)) if dtype == "float32" else (None, None)
     opts = dict(patches=tbljax.Patches(size=p, max_tokens=t), seed=SEED, num_epochs=1, drop_remainder=False)
     ld = tbljax.loader(path, 4, augment=aug, dtype=dtype, mean=mean, std=std, **opts)
     slot = {k: getattr(ra, k) for k in ("fill", "interpolation", "translate_const", "translate_pct")}
     geometry = tbljax.augment.RecordGeometry(*np.array(SIZES).T)
-    rows, affine = 0, 0
+    rows, affine, erased = 0, 0, 0
     for b in ld:
         valid = np.asarray(b["valid"])
         idx, image = np.asarray(b["index"])[valid].astype(np.int64), np.asarray(b["image"])
@@ -190,10 +192,17 @@ def test_patches_run_the_ops_at_each_rows_own_size_as_pixel_ops_does(data, dtype
         for r, i in enumerate(idx):
             px = oracle.crop_resize(imgs[i], boxes[r], int(th[r]), int(tw[r]))
             px = pixel_ops.apply_all(np.ascontiguousarray(px[:, ::-1] if flips[r] else px), codes[r], args[r], **slot)
-            px = px if dtype == "uint8" else oracle.normalize(px[None], mean, std, np.float32)[0]
+            if er is not None:
+                eb, keys = erasing.decide_erasing(
+                    er, idx[r : r + 1], height=int(th[r]), width=int(tw[r]), seed=SEED, epoch=0
+                )
+                px = oracle.normalize(px[None], mean, std, np.float32)[0].transpose(2, 0, 1)
+                px = pixel_ops.erase(px, eb[0], keys[0], "pixel").transpose(1, 2, 0)
+                erased += int((eb[0, :, 2] > 0).sum())
             np.testing.assert_array_equal(image[r], _patch_row(px, p, t))
             rows += 1
     assert rows == len(SIZES) and affine > 0  # some rows' matrices are their own size's
+    assert er is None or erased > 0
 
 
 @pytest.mark.parametrize(
@@ -206,10 +215,6 @@ def test_patches_run_the_ops_at_each_rows_own_size_as_pixel_ops_does(data, dtype
         (dict(patches=tbljax.Patches(max_tokens=16, pack=True)), "patches with pack=True"),
         (dict(patches=tbljax.Patches(max_tokens=[16, 32], tokens_per_batch=64)), "list of max_tokens"),
         (dict(patches=tbljax.Patches(), augment=tbljax.Augment(size=(8, 8))), "patches with an Augment size"),
-        (
-            dict(patches=tbljax.Patches(), augment=tbljax.Augment(size=None, erasing=tbljax.RandomErasing())),
-            r"patches with Augment\(erasing=",
-        ),
         (dict(buckets=(8, 8)), "buckets must be None or a tbljax.Buckets"),
     ],
 )
@@ -404,3 +409,16 @@ def test_kernel_refuses_sizes_that_are_not_a_grid_of_at_most_max_tokens_patches(
         K.gather(src, [0, 1], np.zeros((2, 4, 16, 3), np.uint8), crop=box, patches=(4, [[4, 4]] * 2))
     with pytest.raises(ValueError, match="patches need an output size and a crop box per sample"):
         K.gather(src, [0, 1], out, patches=(4, [[4, 4]] * 2))
+
+
+def test_kernel_refuses_an_erasing_box_outside_its_rows_own_size():
+    # Row 1 is 4x4: a box inside the batch's largest size (8x8) but not inside row 1's is refused.
+    from tbljax._src.engine import kernels as K
+
+    src = np.zeros((2, 20, 20, 3), np.uint8)
+    out = np.zeros((2, 4, 48), np.float32)
+    hw = np.array([[8, 8], [4, 4]])
+    boxes = np.array([[[0, 0, 2, 2]], [[3, 3, 2, 2]]], np.int32)
+    ops = K.pixel_program(np.zeros((2, 1)), np.zeros((2, 1)), hw, erase_boxes=boxes, erase_keys=np.zeros(2))
+    with pytest.raises(ValueError, match=r"sizes\[1\] = \(4, 4\): erasing: row 0, box 0 \(3, 3, 2, 2\) does not lie"):
+        K.gather(src, [0, 1], out, crop=[[0, 0, 20, 20]] * 2, patches=(4, hw), ops=ops)

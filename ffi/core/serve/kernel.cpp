@@ -433,17 +433,27 @@ Status CheckPatches(const GatherRequest& r, int64_t* oh, int64_t* ow) {
                            ", 3) in layout NHWC, got " + ShapeStr(r.out_shape));
   if (r.batch > 0 && (r.out_sizes == nullptr || r.crops == nullptr))
     return InvalidArgument("patches need an output size and a crop box per sample");
-  if (r.ops != nullptr && r.ops->num_erase > 0)  // it writes NHWC rows
-    return InvalidArgument("random erasing is not served with patches");
   *oh = *ow = P;
   for (int64_t b = 0; b < r.batch; ++b) {
     const int64_t h = r.out_sizes[2 * b], w = r.out_sizes[2 * b + 1];
+    const std::string size =
+        "sizes[" + std::to_string(b) + "] = (" + std::to_string(h) + ", " + std::to_string(w) + ")";
     if (h < P || w < P || h % P != 0 || w % P != 0 || (h / P) * (w / P) > T)
-      return InvalidArgument("sizes[" + std::to_string(b) + "] = (" + std::to_string(h) + ", " +
-                             std::to_string(w) + ") is not a grid of at most " + std::to_string(T) +
+      return InvalidArgument(size + " is not a grid of at most " + std::to_string(T) +
                              " patches of " + std::to_string(P) + "x" + std::to_string(P));
     *oh = std::max(*oh, h);
     *ow = std::max(*ow, w);
+    if (r.ops != nullptr && r.ops->num_erase > 0) {  // the row's boxes inside its own size
+      const OpsRequest& o = *r.ops;
+      OpsRequest row;
+      row.num_erase = o.num_erase;
+      row.erase_boxes = o.erase_boxes ? o.erase_boxes + b * o.num_erase * 4 : nullptr;
+      row.erase_keys = o.erase_keys ? o.erase_keys + b : nullptr;
+      row.erase_mode = o.erase_mode;
+      row.normal_table = o.normal_table;
+      const Status s = CheckOps(row, 1, r.dtype, h, w);
+      if (!s.ok()) return InvalidArgument(size + ": " + s.message());
+    }
   }
   return Status::Ok();
 }
@@ -605,6 +615,37 @@ const Plan* SamplePlan(const Plan& p, int64_t b, int64_t row_begin) {
   return copy.get();
 }
 
+// Erasing on NaFlex row b (its plan's size): the row's patches put together as an NHWC image
+// of this thread's, erased there (RunErase: the rule's one home) and put back.
+bool ErasePatchRow(const Plan& p, int64_t b) {
+  thread_local std::unique_ptr<uint8_t[]> buf;
+  thread_local size_t capacity = 0;
+  const int64_t P = p.patch, gw = p.out_w / P, piece = P * 3 * p.elem_bytes, token = P * piece;
+  const size_t n = static_cast<size_t>(p.out_h * p.out_w * 3 * p.elem_bytes);
+  if (capacity < n) {
+    buf.reset(new (std::nothrow) uint8_t[n]);
+    capacity = buf ? n : 0;
+    if (!buf) return false;
+  }
+  uint8_t* row = p.out + b * p.tokens * token;
+  const auto copy = [&](bool back) {
+    for (int64_t oy = 0; oy < p.out_h; ++oy) {
+      for (int64_t gx = 0; gx < gw; ++gx) {
+        uint8_t* image = buf.get() + oy * gw * piece + gx * piece;
+        uint8_t* patch = row + ((oy / P) * gw + gx) * token + (oy % P) * piece;
+        std::memcpy(back ? patch : image, back ? image : patch, static_cast<size_t>(piece));
+      }
+    }
+  };
+  copy(false);
+  const OpsRequest& o = p.ops;
+  RunErase(p.target,
+           {buf.get(), p.dtype, Layout::kNHWC, 0, p.out_h, p.out_w, o.num_erase,
+            o.erase_boxes + b * o.num_erase * 4, o.erase_keys[b], o.erase_mode, o.normal_table});
+  copy(true);
+  return true;
+}
+
 // Output rows [row_begin, row_end) of sample b from its pixels, on this thread's scratch.
 bool RunRows(const Plan& batch_plan, int64_t b, const SamplePixels& px, int64_t general_ints,
              int64_t taps, int64_t row_begin, int64_t row_end) {
@@ -621,7 +662,9 @@ bool RunRows(const Plan& batch_plan, int64_t b, const SamplePixels& px, int64_t 
 #if TBLJAX_SIMD_X86
   if (p.stream) _mm_sfence();  // the non-temporal stores land before the pool's "done"
 #endif
-  if (p.has_ops && p.ops.num_erase > 0 && RowHasErase(p.ops, b)) {
+  if (p.has_ops && p.ops.num_erase > 0 && RowHasErase(p.ops, b) && p.patch > 0) {
+    if (!ErasePatchRow(p, b)) return false;
+  } else if (p.has_ops && p.ops.num_erase > 0 && RowHasErase(p.ops, b)) {
     const OpsRequest& o = p.ops;
     RunErase(p.target,
              {p.out, p.dtype, p.layout, b, p.out_h, p.out_w, o.num_erase,

@@ -247,7 +247,7 @@ struct GatherRequest {
   // out_sizes[2b] x out_sizes[2b + 1] (multiples of patch; crops required) and written as its
   // gh x gw patches in NHWC: out is (B, T, patch * patch, 3), patch (gy, gx) is token
   // gy * gw + gx, its pixels (py, px) in row-major order; tokens gh * gw .. T - 1 are zeros.
-  // The pixel program runs at the sample's size; erasing is refused.
+  // The pixel program and erasing run at the sample's size (its erasing boxes inside it).
   int64_t patch = 0;
   const int32_t* out_sizes = nullptr;  // (batch, 2)
 };

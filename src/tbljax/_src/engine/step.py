@@ -175,9 +175,19 @@ def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat: int = 
     idx = np.asarray(indices, np.int64)
     codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch, repeat=repeat)
     boxes = keys = None
-    if aug.erasing is not None:
+    if aug.erasing is not None and np.ndim(out_hw) == 1:
         boxes, keys = erasing.decide_erasing(
             aug.erasing, idx, height=out_hw[0], width=out_hw[1], seed=opts.seed, epoch=epoch, repeat=repeat
         )
+    elif aug.erasing is not None:  # once per distinct size: a row's draw depends on its index, not its batch
+        boxes = np.zeros((len(idx), aug.erasing.max_count, 4), np.int32)
+        keys = np.zeros(len(idx), np.uint32)
+        sizes, group = np.unique(np.asarray(out_hw, np.int64), axis=0, return_inverse=True)
+        for g, (h, w) in enumerate(sizes.tolist()):
+            m = np.flatnonzero(group.reshape(-1) == g)
+            r = repeat if np.ndim(repeat) == 0 else np.asarray(repeat)[m]
+            boxes[m], keys[m] = erasing.decide_erasing(
+                aug.erasing, idx[m], height=h, width=w, seed=opts.seed, epoch=epoch, repeat=r
+            )
     hw = (int(out_hw[0]), int(out_hw[1])) if np.ndim(out_hw) == 1 else np.asarray(out_hw, np.int64)
     return RowOps(aug, hw, codes, args, boxes, keys)

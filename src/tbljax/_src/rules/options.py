@@ -242,10 +242,6 @@ class LoaderOptions:
             (self.buckets is not None and self.patches is not None, "buckets and patches together"),
             (self.repeats > 1, f"{what} with repeats={self.repeats}"),
             (
-                self.patches is not None and aug is not None and aug.erasing is not None,
-                "patches with Augment(erasing=...)",
-            ),
-            (
                 self.buckets is not None and aug is not None and bool(aug.crop),
                 "buckets with an Augment crop (the bucket decides the crop: augment='flip' or None)",
             ),
