@@ -168,7 +168,7 @@ def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat: int = 
     """The per-image op columns of sample `indices` (global) under ``opts.augment``, keyed by
     (seed, epoch, index, repeat) like the crops (`randaug.decide`, `erasing.decide_erasing`), or
     None when the augmentation has none (the kernel then runs today's pass). `out_hw`: (h, w),
-    or (B, 2) each row's own (NaFlex rows: no erasing)."""
+    or (B, 2) each row's own (NaFlex rows)."""
     aug = opts.augment
     if not has_ops(aug):
         return None
