@@ -6,14 +6,18 @@ combinations refused by name."""
 
 from __future__ import annotations
 
+import functools
+import io
+
 import numpy as np
 import pytest
+from PIL import Image
 
 import tbljax
 from tbljax._src.engine import native_res
 from tbljax._src.rules import augment as _augment
 from tbljax._src.rules import buckets as _buckets
-from tbljax._src.rules import naflex
+from tbljax._src.rules import erasing, naflex, pixel_ops, randaug
 
 import oracle
 
@@ -79,6 +83,36 @@ def test_buckets_serve_every_record_once_at_its_bucket_as_the_oracle_crops_it(da
         assert sorted(seen) == list(range(len(SIZES)))  # every record once
 
 
+def test_buckets_run_the_ops_and_erasing_at_the_buckets_size_as_pixel_ops_does(data):
+    # The per-image ops stage at each step's bucket: each row is the oracle's cover-crop (at
+    # crop_yx, the bucket rule the test above holds) and flip, then pixel_ops' program of the
+    # row's decided ops, the contract's normalization and pixel_ops' erasing at the bucket's size.
+    imgs, path = data
+    ra = tbljax.RandAugment(num_ops=2, magnitude=9, prob=1.0)
+    aug = tbljax.Augment(crop=False, size=None, ops=[ra], erasing=tbljax.RandomErasing(p=1.0, mode="pixel"))
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    ld = _bucket_loader(path, augment=aug, dtype="float32", mean=mean, std=std, num_epochs=1)
+    slot = {k: getattr(ra, k) for k in ("fill", "interpolation", "translate_const", "translate_pct")}
+    h, w = np.array([s[0] for s in SIZES]), np.array([s[1] for s in SIZES])
+    rows = 0
+    for b in ld:
+        valid = np.asarray(b["valid"])
+        idx, image, yx = np.asarray(b["index"])[valid], np.asarray(b["image"]), np.asarray(b["crop_yx"])[valid]
+        oh, ow = image.shape[1:3]
+        codes, args = randaug.decide((ra,), idx.astype(np.int64), seed=SEED, epoch=0)
+        eb, keys = erasing.decide_erasing(aug.erasing, idx.astype(np.int64), height=oh, width=ow, seed=SEED, epoch=0)
+        for r, (i, flip) in enumerate(zip(idx, _flips(idx, 0))):
+            bh, bw = (h[i], round(h[i] * ow / oh)) if w[i] * oh > h[i] * ow else (round(w[i] * oh / ow), w[i])
+            px = oracle.crop_resize(imgs[i], (*yx[r], bh, bw), oh, ow)
+            px = np.ascontiguousarray(px[:, ::-1] if flip else px)
+            px = pixel_ops.apply_all(px, codes[r], args[r], **slot)
+            norm = oracle.normalize(px[None], mean, std, np.float32)[0]
+            want = pixel_ops.erase(norm.transpose(2, 0, 1), eb[r], keys[r], "pixel").transpose(1, 2, 0)
+            np.testing.assert_array_equal(image[r], want)
+            rows += 1
+    assert rows == len(SIZES)
+
+
 def test_buckets_resume_equals_the_tail_and_refuse_other_buckets_mid_epoch(data):
     _, path = data
     full = [{k: np.asarray(v) for k, v in b.items()} for b in _bucket_loader(path, num_epochs=2)]
@@ -129,6 +163,46 @@ def test_patches_rows_unpatchify_to_the_oracle_resize_at_the_sequence_size(data)
             np.testing.assert_array_equal(yx[r, : gh * gw], np.stack(np.divmod(np.arange(gh * gw), gw), -1))
         assert not image[~valid].any() and not pv[~valid].any()
     assert sorted(seen) == list(range(len(SIZES)))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+def test_patches_run_the_ops_at_each_rows_own_size_as_pixel_ops_does(data, dtype):
+    # The per-image ops stage at each row's sequence size: the oracle's resize of the random
+    # crop to that size, its flip, pixel_ops' program of the row's decided ops (the affine ops'
+    # matrices at the row's own size), the contract's normalization and (float32) pixel_ops'
+    # erasing at the row's own size, patchified in NumPy.
+    imgs, path = data
+    p, t = 4, 20
+    ra = tbljax.RandAugment(num_ops=2, magnitude=9, prob=1.0)
+    er = tbljax.RandomErasing(p=1.0, mode="pixel", max_count=2) if dtype == "float32" else None
+    aug = tbljax.Augment(size=None, ops=[ra], erasing=er)
+    mean, std = ((0.5, 0.4, 0.3), (0.2, 0.25, 0.3)) if dtype == "float32" else (None, None)
+    opts = dict(patches=tbljax.Patches(size=p, max_tokens=t), seed=SEED, num_epochs=1, drop_remainder=False)
+    ld = tbljax.loader(path, 4, augment=aug, dtype=dtype, mean=mean, std=std, **opts)
+    slot = {k: getattr(ra, k) for k in ("fill", "interpolation", "translate_const", "translate_pct")}
+    geometry = tbljax.augment.RecordGeometry(*np.array(SIZES).T)
+    rows, affine, erased = 0, 0, 0
+    for b in ld:
+        valid = np.asarray(b["valid"])
+        idx, image = np.asarray(b["index"])[valid].astype(np.int64), np.asarray(b["image"])
+        boxes, flips = tbljax.augment.sample(aug, idx, geometry=geometry, seed=SEED, epoch=0)
+        codes, args = randaug.decide((ra,), idx, seed=SEED, epoch=0)
+        th, tw = naflex.sequence_size(boxes[:, 2], boxes[:, 3], p, t)
+        affine += int(np.isin(codes, sorted(pixel_ops.AFFINE)).sum())
+        for r, i in enumerate(idx):
+            px = oracle.crop_resize(imgs[i], boxes[r], int(th[r]), int(tw[r]))
+            px = pixel_ops.apply_all(np.ascontiguousarray(px[:, ::-1] if flips[r] else px), codes[r], args[r], **slot)
+            if er is not None:
+                eb, keys = erasing.decide_erasing(
+                    er, idx[r : r + 1], height=int(th[r]), width=int(tw[r]), seed=SEED, epoch=0
+                )
+                px = oracle.normalize(px[None], mean, std, np.float32)[0].transpose(2, 0, 1)
+                px = pixel_ops.erase(px, eb[0], keys[0], "pixel").transpose(1, 2, 0)
+                erased += int((eb[0, :, 2] > 0).sum())
+            np.testing.assert_array_equal(image[r], _patch_row(px, p, t))
+            rows += 1
+    assert rows == len(SIZES) and affine > 0  # some rows' matrices are their own size's
+    assert er is None or erased > 0
 
 
 @pytest.mark.parametrize(
@@ -244,3 +318,107 @@ def test_mixup_cutmix_refuses_a_patch_sequence_batch_by_name(data):
         tbljax.ops.mixup_cutmix(b["image"], b["label"], seed=0, step=0, num_classes=32)
     with pytest.raises(ValueError, match="pass layout='NHWC'"):  # torch's default layout
         _adapter("torch")[0].loader(path, 4, patches=tbljax.Patches(size=4, max_tokens=20))
+
+
+def _patch_row(image: np.ndarray, p: int, t: int) -> np.ndarray:
+    # The NaFlex layout in plain NumPy: patch (gy, gx) at token gy·gw + gx, pixels (py, px, c).
+    hh, ww, c = image.shape
+    gh, gw = hh // p, ww // p
+    row = np.zeros((t, p * p * c), image.dtype)
+    for gy in range(gh):
+        for gx in range(gw):
+            row[gy * gw + gx] = image[gy * p : (gy + 1) * p, gx * p : (gx + 1) * p].reshape(-1)
+    return row
+
+
+@pytest.fixture
+def simd_targets():
+    from tbljax import _core
+
+    yield _core.supported_kernel_targets()
+    _core.set_kernel_target("auto")
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "bfloat16"])
+def test_kernel_writes_each_row_at_its_own_size_straight_into_its_patches(simd_targets, dtype):
+    # One call, each row its own size (up- and downscaled, flipped or not, grids of 1..T
+    # patches, p = 16 so a patch row is one AVX-512 vector of float32 and p = 5 so it is none):
+    # the oracle's resize, normalized by the contract's table, patchified in NumPy, zeros past
+    # each grid; RAW records, and JPEG records (serve_jpeg) against Pillow's decode of them;
+    # every SIMD target.
+    from tbljax import _core
+    from tbljax import kernels as K
+
+    rng = np.random.default_rng(11)
+    imgs = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(70, 50), (20, 90), (33, 33), (48, 112)]]
+    raw_imgs = list(imgs)
+    heights, widths = np.array([im.shape[0] for im in imgs]), np.array([im.shape[1] for im in imgs])
+    offsets = np.concatenate([[0], np.cumsum(heights * widths * 3)[:-1]])
+    raw = K.variable_source([np.concatenate([im.reshape(-1) for im in imgs])], [4], offsets, heights, widths)
+    blobs = []
+    for k, im in enumerate(imgs):
+        f = io.BytesIO()
+        Image.fromarray(im).save(f, "JPEG", quality=90)
+        blobs.append(f.getvalue())
+        with Image.open(f) as j:  # Pillow's decode: libjpeg-turbo, as the kernel's
+            imgs[k] = np.asarray(j.convert("RGB"))
+    lens = np.array([len(b) for b in blobs])
+    buf = np.frombuffer(b"".join(blobs), np.uint8).copy()
+    jpeg = K.jpeg_source([buf], [4], np.concatenate([[0], np.cumsum(lens)[:-1]]), lens, heights, widths)
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    kw = {} if dtype == "uint8" else dict(mean=mean, std=std)
+    np_dtype = oracle.to_bfloat16(np.zeros(1)).dtype if dtype == "bfloat16" else np.dtype(dtype)
+    for p, t, sizes in [
+        (16, 12, [(32, 48), (16, 16), (48, 64), (16, 112)]),
+        (5, 9, [(15, 15), (5, 40), (10, 20), (25, 5)]),
+    ]:
+        idx = np.array([0, 1, 2, 3, 2, 0])
+        boxes = np.array(
+            [[3, 2, 60, 41], [0, 0, 20, 90], [1, 4, 30, 25], [0, 0, 48, 112], [0, 0, 33, 33], [9, 9, 5, 7]]
+        )
+        hw = np.array(sizes + sizes[:2], np.int32)
+        flips = np.array([1, 0, 0, 1, 1, 0], bool)
+        for name, serve in [("raw", functools.partial(K.gather, raw)), ("jpeg", functools.partial(K.serve_jpeg, jpeg))]:
+            source = raw_imgs if name == "raw" else imgs
+            want = np.zeros((6, t, p * p * 3), np_dtype)
+            for r, (i, box, (hh, ww), f) in enumerate(zip(idx, boxes, hw, flips)):
+                px = oracle.crop_resize(source[i], box, hh, ww)
+                px = px[:, ::-1] if f else px
+                px = px if dtype == "uint8" else oracle.normalize(px[None], mean, std, np_dtype)[0]
+                want[r] = _patch_row(px, p, t)
+            for target in simd_targets:
+                _core.set_kernel_target(target)
+                out = np.full((6, t, p * p * 3), 7, np_dtype)  # stale values: every token is written
+                serve(idx, out, crop=boxes, flip=flips, patches=(p, hw), **kw)
+                np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8), err_msg=f"{name} {target} {p}")
+
+
+def test_kernel_refuses_sizes_that_are_not_a_grid_of_at_most_max_tokens_patches():
+    from tbljax import kernels as K
+
+    src = np.zeros((2, 20, 20, 3), np.uint8)
+    out = np.zeros((2, 4, 48), np.uint8)
+    box = [[0, 0, 20, 20]] * 2
+    for hw, words in [
+        ([[8, 8], [4, 6]], r"sizes\[1\] = \(4, 6\) is not a grid of at most 4 patches of 4x4"),
+        ([[8, 12], [4, 4]], r"sizes\[0\] = \(8, 12\) is not a grid of at most 4"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            K.gather(src, [0, 1], out, crop=box, patches=(4, hw))
+    with pytest.raises(ValueError, match=r"need out of shape \(B, T, 48\)"):
+        K.gather(src, [0, 1], np.zeros((2, 4, 16, 3), np.uint8), crop=box, patches=(4, [[4, 4]] * 2))
+    with pytest.raises(ValueError, match="patches need an output size and a crop box per sample"):
+        K.gather(src, [0, 1], out, patches=(4, [[4, 4]] * 2))
+
+
+def test_kernel_refuses_an_erasing_box_outside_its_rows_own_size():
+    # Row 1 is 4x4: a box inside the batch's largest size (8x8) but not inside row 1's is refused.
+    from tbljax._src.engine import kernels as K
+
+    src = np.zeros((2, 20, 20, 3), np.uint8)
+    out = np.zeros((2, 4, 48), np.float32)
+    hw = np.array([[8, 8], [4, 4]])
+    boxes = np.array([[[0, 0, 2, 2]], [[3, 3, 2, 2]]], np.int32)
+    ops = K.pixel_program(np.zeros((2, 1)), np.zeros((2, 1)), hw, erase_boxes=boxes, erase_keys=np.zeros(2))
+    with pytest.raises(ValueError, match=r"sizes\[1\] = \(4, 4\): erasing: row 0, box 0 \(3, 3, 2, 2\) does not lie"):
+        K.gather(src, [0, 1], out, crop=[[0, 0, 20, 20]] * 2, patches=(4, hw), ops=ops)

@@ -161,6 +161,18 @@ GatherRequest ParseGatherRequest(const IndexArray& indices, const OutArray& out,
   return r;
 }
 
+void SetPatches(GatherRequest* r, int64_t patch, const std::optional<SizeArray>& sizes) {
+  if ((patch > 0) != sizes.has_value() || patch < 0)
+    throw nb::value_error("patch > 0 and sizes go together (NaFlex rows), or neither");
+  if (!sizes) return;
+  if (static_cast<int64_t>(sizes->shape(0)) != r->batch)
+    throw nb::value_error(("sizes has " + std::to_string(sizes->shape(0)) +
+                           " rows but indices has " + std::to_string(r->batch))
+                              .c_str());
+  r->patch = patch;
+  r->out_sizes = sizes->data();
+}
+
 namespace {
 
 // Dimension `dim` of array k of the ops tuple (its first must be `batch`), or ValueError.
@@ -292,10 +304,11 @@ void BindKernel(nb::module_& m) {
       "gather",
       [](const PyRawSource& src, IndexArray indices, OutArray out, const std::string& layout,
          const std::string& out_dtype, std::array<double, 3> mean, std::array<double, 3> std,
-         std::optional<CropArray> crop, std::optional<FlipArray> flip,
-         std::optional<nb::tuple> ops) {
+         std::optional<CropArray> crop, std::optional<FlipArray> flip, std::optional<nb::tuple> ops,
+         int64_t patch, std::optional<SizeArray> sizes) {
         GatherRequest r =
             ParseGatherRequest(indices, out, layout, out_dtype, mean, std, crop, flip);
+        SetPatches(&r, patch, sizes);
         OpsRequest o;
         if (ops) {
           o = ParseOps(*ops, r.batch);
@@ -311,7 +324,8 @@ void BindKernel(nb::module_& m) {
       nb::arg("source"), nb::arg("indices").noconvert(), nb::arg("out").noconvert(),
       nb::arg("layout"), nb::arg("out_dtype"), nb::arg("mean"), nb::arg("std"),
       nb::arg("crop").noconvert().none(), nb::arg("flip").noconvert().none(),
-      nb::arg("ops").none() = nb::none(),
+      nb::arg("ops").none() = nb::none(), nb::arg("patch") = 0,
+      nb::arg("sizes").noconvert().none() = nb::none(),
       "Fused gather -> crop/resize -> flip -> normalize -> dtype/layout into `out` "
       "(see tbljax.kernels.gather, which validates and documents the arguments).");
 

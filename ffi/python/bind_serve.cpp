@@ -179,9 +179,11 @@ void BindServe(nb::module_& m) {
       [](const PyJpegSource& src, IndexArray indices, OutArray out, const std::string& layout,
          const std::string& out_dtype, std::array<double, 3> mean, std::array<double, 3> std,
          std::optional<CropArray> crop, std::optional<FlipArray> flip, bool dct_scale, int threads,
-         nb::object where, std::optional<nb::tuple> ops) {
+         nb::object where, std::optional<nb::tuple> ops, int64_t patch,
+         std::optional<SizeArray> sizes) {
         GatherRequest r =
             ParseGatherRequest(indices, out, layout, out_dtype, mean, std, crop, flip);
+        SetPatches(&r, patch, sizes);
         OpsRequest ops_request;
         if (ops) {
           ops_request = ParseOps(*ops, r.batch);
@@ -209,7 +211,8 @@ void BindServe(nb::module_& m) {
       nb::arg("layout"), nb::arg("out_dtype"), nb::arg("mean"), nb::arg("std"),
       nb::arg("crop").noconvert().none(), nb::arg("flip").noconvert().none(),
       nb::arg("dct_scale") = false, nb::arg("threads") = 0, nb::arg("where").none() = nb::none(),
-      nb::arg("ops").none() = nb::none(),
+      nb::arg("ops").none() = nb::none(), nb::arg("patch") = 0,
+      nb::arg("sizes").noconvert().none() = nb::none(),
       "Decode only each box's part of compact JPEG records, then crop/resize -> flip -> "
       "normalize -> dtype/layout into `out` (see tbljax.kernels.serve_jpeg). where(i) -> str "
       "names record i in the error of a record that fails.");

@@ -31,6 +31,7 @@ inline void Check(const Status& s) {
 // The kernel's array arguments, as every entry that serves a batch takes them.
 using IndexArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using CropArray = nb::ndarray<const int32_t, nb::shape<-1, 4>, nb::c_contig, nb::device::cpu>;
+using SizeArray = nb::ndarray<const int32_t, nb::shape<-1, 2>, nb::c_contig, nb::device::cpu>;
 // uint8 or bool (both one byte, nonzero = flip); checked by ParseGatherRequest.
 using FlipArray = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 // Any dtype: checked against out_dtype (bfloat16 arrives as a uint16 view).
@@ -55,6 +56,9 @@ GatherRequest ParseGatherRequest(const IndexArray& indices, const OutArray& out,
                                  const std::array<double, 3>& std,
                                  const std::optional<CropArray>& crop,
                                  const std::optional<FlipArray>& flip);
+
+// NaFlex rows (GatherRequest::patch): patch > 0 with a (batch, 2) size per sample, or neither.
+void SetPatches(GatherRequest* r, int64_t patch, const std::optional<SizeArray>& sizes);
 
 // The per-image ops of a batch (kernel.h's OpsRequest) from the tuple tbljax.kernels builds:
 // (codes (B, K) uint8, args (B, K) int32, matrices (B, K, 6) float64, fill (K, 3) uint8,

@@ -68,6 +68,12 @@ struct Plan {
   // The per-image ops (pixel_program.h); has_ops false: none, today's pass.
   bool has_ops;
   OpsRequest ops;
+  // NaFlex rows (GatherRequest::patch; 0: none): each sample's row of `tokens` patches of
+  // patch x patch pixels. The batch's plan holds the largest size (out_h, out_w); a unit runs
+  // on a copy holding its sample's own (SamplePlan).
+  int64_t patch;
+  int64_t tokens;
+  const int32_t* out_sizes;
 };
 
 // One horizontal tap: byte offsets of the two source pixels within a record row, weights.
@@ -417,6 +423,41 @@ bool PrepareScratch(int64_t out_w, int64_t general_ints, int64_t gx_stride, Scra
 
 namespace {
 
+// A NaFlex request (patch > 0): out (B, T, patch^2, 3) NHWC, a box per sample, and each sample's
+// size a grid of at most T patches. *oh, *ow: the largest height and width of the batch.
+Status CheckPatches(const GatherRequest& r, int64_t* oh, int64_t* ow) {
+  const int64_t P = r.patch, T = r.out_shape[1];
+  if (r.layout != Layout::kNHWC || r.out_shape[2] != P * P)
+    return InvalidArgument("patches of " + std::to_string(P) + "x" + std::to_string(P) +
+                           " need out of shape (B, T, " + std::to_string(P * P) +
+                           ", 3) in layout NHWC, got " + ShapeStr(r.out_shape));
+  if (r.batch > 0 && (r.out_sizes == nullptr || r.crops == nullptr))
+    return InvalidArgument("patches need an output size and a crop box per sample");
+  *oh = *ow = P;
+  for (int64_t b = 0; b < r.batch; ++b) {
+    const int64_t h = r.out_sizes[2 * b], w = r.out_sizes[2 * b + 1];
+    const std::string size =
+        "sizes[" + std::to_string(b) + "] = (" + std::to_string(h) + ", " + std::to_string(w) + ")";
+    if (h < P || w < P || h % P != 0 || w % P != 0 || (h / P) * (w / P) > T)
+      return InvalidArgument(size + " is not a grid of at most " + std::to_string(T) +
+                             " patches of " + std::to_string(P) + "x" + std::to_string(P));
+    *oh = std::max(*oh, h);
+    *ow = std::max(*ow, w);
+    if (r.ops != nullptr && r.ops->num_erase > 0) {  // the row's boxes inside its own size
+      const OpsRequest& o = *r.ops;
+      OpsRequest row;
+      row.num_erase = o.num_erase;
+      row.erase_boxes = o.erase_boxes ? o.erase_boxes + b * o.num_erase * 4 : nullptr;
+      row.erase_keys = o.erase_keys ? o.erase_keys + b : nullptr;
+      row.erase_mode = o.erase_mode;
+      row.normal_table = o.normal_table;
+      const Status s = CheckOps(row, 1, r.dtype, h, w);
+      if (!s.ok()) return InvalidArgument(size + ": " + s.message());
+    }
+  }
+  return Status::Ok();
+}
+
 // The output of a request: shape for its layout, dtype, alignment and normalization (not the
 // indices or boxes). *oh, *ow: the output size.
 Status CheckOutput(const GatherRequest& r, int64_t* oh, int64_t* ow) {
@@ -443,6 +484,7 @@ Status CheckOutput(const GatherRequest& r, int64_t* oh, int64_t* ow) {
     return InvalidArgument("out is not aligned to its element size (" + std::to_string(elem) +
                            " bytes)");
   if (r.dtype != OutDType::kUint8) TBLJAX_RETURN_IF_ERROR(CheckNormalization(r.mean, r.std));
+  if (r.patch > 0) return CheckPatches(r, oh, ow);
   return Status::Ok();
 }
 
@@ -461,6 +503,12 @@ Status FillPlan(const GatherRequest& r, int64_t oh, int64_t ow, Plan* p) {
   p->use_affine = false;
   p->use_affine_f32 = false;
   p->stream = r.batch * oh * ow * 3 * elem >= kernel_detail::kStreamMinBytes;
+  p->patch = r.patch;
+  p->tokens = r.patch > 0 ? r.out_shape[1] : 0;
+  p->out_sizes = r.out_sizes;
+  if (r.patch > 0)
+    p->stream =
+        r.batch * p->tokens * r.patch * r.patch * 3 * elem >= kernel_detail::kStreamMinBytes;
   p->has_ops = r.ops != nullptr && (r.ops->num_ops > 0 || r.ops->num_erase > 0);
   if (p->has_ops) p->ops = *r.ops;
   if (r.dtype == OutDType::kFloat32) NormalizeTableF32(r.mean, r.std, p->table_f32);
@@ -501,7 +549,8 @@ bool TakesGeneralPath(int64_t ch, int64_t cw, int64_t oh, int64_t ow, int64_t* t
 
 // A row with ops, whole (its plan has one band): resize and flip into a uint8 image of this
 // thread's, the pixel program on it, then normalize and write it as a plain copy (today's
-// no-resize path, so the same bits as a row without ops would get from those pixels).
+// no-resize path, so the same bits as a row without ops would get from those pixels; NaFlex
+// rows: into the sample's patches).
 bool RunRowWithOps(const Plan& p, int64_t b, const SamplePixels& px, const Scratch& scratch) {
   thread_local std::unique_ptr<uint8_t[]> buf;
   thread_local size_t capacity = 0;
@@ -520,6 +569,7 @@ bool RunRowWithOps(const Plan& p, int64_t b, const SamplePixels& px, const Scrat
   plan->layout = Layout::kNHWC;
   plan->elem_bytes = 1;
   plan->stream = false;
+  plan->patch = 0;  // the image, at the sample's own size (its plan's)
   plan->out = buf.get();
   plan->flips = p.flips ? p.flips + b : nullptr;  // its sample 0 is row b
   UnitFor(p.target)(*plan, 0, px, 0, p.out_h, scratch);
@@ -545,11 +595,65 @@ bool RunRowWithOps(const Plan& p, int64_t b, const SamplePixels& px, const Scrat
   return true;
 }
 
+// The plan of NaFlex sample b: the batch's with the sample's own output size, on a copy of
+// this thread's (~6 KB, off the pool thread's stack); the batch's plan as it is otherwise.
+// Band 0 of the sample also zeroes its tokens past its grid.
+const Plan* SamplePlan(const Plan& p, int64_t b, int64_t row_begin) {
+  if (p.patch == 0) return &p;
+  thread_local std::unique_ptr<Plan> copy;
+  if (!copy) copy.reset(new (std::nothrow) Plan);
+  if (!copy) return nullptr;
+  *copy = p;
+  copy->out_h = p.out_sizes[2 * b];
+  copy->out_w = p.out_sizes[2 * b + 1];
+  if (row_begin == 0) {
+    const int64_t token = p.patch * p.patch * 3 * p.elem_bytes;
+    const int64_t used = (copy->out_h / p.patch) * (copy->out_w / p.patch);
+    std::memset(p.out + (b * p.tokens + used) * token, 0,
+                static_cast<size_t>((p.tokens - used) * token));
+  }
+  return copy.get();
+}
+
+// Erasing on NaFlex row b (its plan's size): the row's patches put together as an NHWC image
+// of this thread's, erased there (RunErase: the rule's one home) and put back.
+bool ErasePatchRow(const Plan& p, int64_t b) {
+  thread_local std::unique_ptr<uint8_t[]> buf;
+  thread_local size_t capacity = 0;
+  const int64_t P = p.patch, gw = p.out_w / P, piece = P * 3 * p.elem_bytes, token = P * piece;
+  const size_t n = static_cast<size_t>(p.out_h * p.out_w * 3 * p.elem_bytes);
+  if (capacity < n) {
+    buf.reset(new (std::nothrow) uint8_t[n]);
+    capacity = buf ? n : 0;
+    if (!buf) return false;
+  }
+  uint8_t* row = p.out + b * p.tokens * token;
+  const auto copy = [&](bool back) {
+    for (int64_t oy = 0; oy < p.out_h; ++oy) {
+      for (int64_t gx = 0; gx < gw; ++gx) {
+        uint8_t* image = buf.get() + oy * gw * piece + gx * piece;
+        uint8_t* patch = row + ((oy / P) * gw + gx) * token + (oy % P) * piece;
+        std::memcpy(back ? patch : image, back ? image : patch, static_cast<size_t>(piece));
+      }
+    }
+  };
+  copy(false);
+  const OpsRequest& o = p.ops;
+  RunErase(p.target,
+           {buf.get(), p.dtype, Layout::kNHWC, 0, p.out_h, p.out_w, o.num_erase,
+            o.erase_boxes + b * o.num_erase * 4, o.erase_keys[b], o.erase_mode, o.normal_table});
+  copy(true);
+  return true;
+}
+
 // Output rows [row_begin, row_end) of sample b from its pixels, on this thread's scratch.
-bool RunRows(const Plan& p, int64_t b, const SamplePixels& px, int64_t general_ints, int64_t taps,
-             int64_t row_begin, int64_t row_end) {
+bool RunRows(const Plan& batch_plan, int64_t b, const SamplePixels& px, int64_t general_ints,
+             int64_t taps, int64_t row_begin, int64_t row_end) {
   Scratch scratch;
-  if (!PrepareScratch(p.out_w, general_ints, taps, &scratch)) return false;
+  if (!PrepareScratch(batch_plan.out_w, general_ints, taps, &scratch)) return false;
+  const Plan* sample_plan = SamplePlan(batch_plan, b, row_begin);
+  if (!sample_plan) return false;
+  const Plan& p = *sample_plan;
   if (p.has_ops && p.ops.num_ops > 0 && RowHasOps(p.ops, b)) {
     if (!RunRowWithOps(p, b, px, scratch)) return false;
   } else {
@@ -558,7 +662,9 @@ bool RunRows(const Plan& p, int64_t b, const SamplePixels& px, int64_t general_i
 #if TBLJAX_SIMD_X86
   if (p.stream) _mm_sfence();  // the non-temporal stores land before the pool's "done"
 #endif
-  if (p.has_ops && p.ops.num_erase > 0 && RowHasErase(p.ops, b)) {
+  if (p.has_ops && p.ops.num_erase > 0 && RowHasErase(p.ops, b) && p.patch > 0) {
+    if (!ErasePatchRow(p, b)) return false;
+  } else if (p.has_ops && p.ops.num_erase > 0 && RowHasErase(p.ops, b)) {
     const OpsRequest& o = p.ops;
     RunErase(p.target,
              {p.out, p.dtype, p.layout, b, p.out_h, p.out_w, o.num_erase,
@@ -576,7 +682,14 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   TBLJAX_RETURN_IF_ERROR(CheckOutput(r, &oh, &ow));
   TBLJAX_RETURN_IF_ERROR(CheckIndices(r.indices, r.batch, src.num_records()));
   if (r.ops) TBLJAX_RETURN_IF_ERROR(CheckOps(*r.ops, r.batch, r.dtype, oh, ow));
-  if (src.uniform()) {
+  if (r.patch > 0) {  // each box against its record and its sample's own size
+    for (int64_t b = 0; b < r.batch; ++b) {
+      TBLJAX_RETURN_IF_ERROR(src.CheckRecord(r.indices[b]));
+      TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, r.crops + 4 * b, src.Height(r.indices[b]),
+                                          src.Width(r.indices[b]), r.out_sizes[2 * b],
+                                          r.out_sizes[2 * b + 1]));
+    }
+  } else if (src.uniform()) {
     TBLJAX_RETURN_IF_ERROR(CheckOutputSize(r.crops != nullptr, oh, ow, src.height(), src.width()));
     if (r.crops != nullptr)
       TBLJAX_RETURN_IF_ERROR(CheckCrops(r.crops, r.batch, src.height(), src.width(), oh, ow));
@@ -595,7 +708,9 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   int64_t max_cw = 0, taps = 2;
   for (int64_t b = 0; r.crops != nullptr && b < r.batch; ++b) {
     const int64_t ch = r.crops[4 * b + 2], cw = r.crops[4 * b + 3];
-    if (TakesGeneralPath(ch, cw, oh, ow, &taps)) max_cw = std::max(max_cw, cw);
+    int64_t sh, sw;
+    SampleOutSize(r, b, oh, ow, &sh, &sw);
+    if (TakesGeneralPath(ch, cw, sh, sw, &taps)) max_cw = std::max(max_cw, cw);
   }
   const int64_t general_ints = GeneralInts(max_cw, taps, ow);
   if (r.batch == 0) return Status::Ok();
@@ -627,7 +742,8 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
     std::atomic<bool> no_memory{false};
   } job{&p, &src, &r, bands, general_ints, taps};
   tp.ParallelFor(r.batch * bands, [j = &job](int64_t u) {
-    const int64_t b = u / j->bands, band = u % j->bands, oh = j->plan->out_h;
+    const int64_t b = u / j->bands, band = u % j->bands;
+    const int64_t oh = j->plan->patch > 0 ? j->plan->out_sizes[2 * b] : j->plan->out_h;
     const int64_t index = j->r->indices[b];
     SamplePixels px;
     px.pixels = j->src->Record(index);
@@ -670,6 +786,12 @@ Status SampleKernel::Prepare(const GatherRequest& r, SampleKernel* out) {
 
 int64_t SampleKernel::out_h() const { return plan_ ? plan_->out_h : 0; }
 int64_t SampleKernel::out_w() const { return plan_ ? plan_->out_w : 0; }
+int64_t SampleKernel::out_h(int64_t b) const {
+  return plan_ && plan_->patch > 0 ? plan_->out_sizes[2 * b] : out_h();
+}
+int64_t SampleKernel::out_w(int64_t b) const {
+  return plan_ && plan_->patch > 0 ? plan_->out_sizes[2 * b + 1] : out_w();
+}
 
 Status SampleKernel::Run(int64_t b, const SamplePixels& px) const {
   if (!plan_) return InvalidArgument("SampleKernel is not prepared");
@@ -678,11 +800,11 @@ Status SampleKernel::Run(int64_t b, const SamplePixels& px) const {
   if (px.pixels == nullptr || px.height > (int64_t{1} << 31) || px.width > (int64_t{1} << 31) / 3 ||
       (px.stride != 0 && px.stride < px.width * 3))
     return InvalidArgument("sample pixels are null, too large or their rows overlap");
-  TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, box, px.height, px.width, plan_->out_h, plan_->out_w));
+  const int64_t oh = out_h(b), ow = out_w(b);
+  TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, box, px.height, px.width, oh, ow));
   int64_t taps = 2;
-  const bool general = TakesGeneralPath(px.h, px.w, plan_->out_h, plan_->out_w, &taps);
-  if (!RunRows(*plan_, b, px, GeneralInts(general ? px.w : 0, taps, plan_->out_w), taps, 0,
-               plan_->out_h))
+  const bool general = TakesGeneralPath(px.h, px.w, oh, ow, &taps);
+  if (!RunRows(*plan_, b, px, GeneralInts(general ? px.w : 0, taps, plan_->out_w), taps, 0, oh))
     return IOError("out of memory for the kernel's per-thread scratch");
   return Status::Ok();
 }

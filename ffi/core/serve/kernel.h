@@ -243,7 +243,21 @@ struct GatherRequest {
   void* out = nullptr;                  // C-contiguous, aligned to its element size
   int64_t out_shape[4] = {0, 0, 0, 0};  // (B, OH, OW, 3) for NHWC, (B, 3, OH, OW) for NCHW
   const OpsRequest* ops = nullptr;      // null: no per-image ops (today's pass, unchanged)
+  // NaFlex rows (issue 49) when patch > 0: sample b is resized to its own size
+  // out_sizes[2b] x out_sizes[2b + 1] (multiples of patch; crops required) and written as its
+  // gh x gw patches in NHWC: out is (B, T, patch * patch, 3), patch (gy, gx) is token
+  // gy * gw + gx, its pixels (py, px) in row-major order; tokens gh * gw .. T - 1 are zeros.
+  // The pixel program and erasing run at the sample's size (its erasing boxes inside it).
+  int64_t patch = 0;
+  const int32_t* out_sizes = nullptr;  // (batch, 2)
 };
+
+// The output size of sample b: its own under patches, else the batch's (oh, ow).
+inline void SampleOutSize(const GatherRequest& r, int64_t b, int64_t oh, int64_t ow, int64_t* h,
+                          int64_t* w) {
+  *h = r.patch > 0 ? r.out_sizes[2 * b] : oh;
+  *w = r.patch > 0 ? r.out_sizes[2 * b + 1] : ow;
+}
 
 // Runs the fused pass over the pool (ThreadPool::Default() when null). Validates everything
 // before touching `out`; on error `out` is unchanged. Allocates nothing per call once each
@@ -279,6 +293,9 @@ class SampleKernel {
   static Status Prepare(const GatherRequest& request, SampleKernel* out);
   int64_t out_h() const;
   int64_t out_w() const;
+  // Sample b's output size: its own under patches (GatherRequest::out_sizes), else out_h/out_w.
+  int64_t out_h(int64_t b) const;
+  int64_t out_w(int64_t b) const;
   // InvalidArgument when the box does not lie inside the pixels or the output is past the
   // exact range (CheckCropBox); IOError when the thread's scratch cannot grow.
   Status Run(int64_t b, const SamplePixels& pixels) const;

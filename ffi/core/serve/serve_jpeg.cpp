@@ -70,8 +70,10 @@ Status CheckRecords(const JpegSource& src, const GatherRequest& r, int64_t oh, i
   TBLJAX_RETURN_IF_ERROR(CheckIndices(r.indices, r.batch, src.num_records()));
   for (int64_t b = 0; b < r.batch; ++b) {
     const int64_t i = r.indices[b], h = src.Height(i), w = src.Width(i);
+    int64_t sh, sw;  // the sample's output size (its own under patches)
+    SampleOutSize(r, b, oh, ow, &sh, &sw);
     if (r.crops != nullptr) {
-      TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, r.crops + 4 * b, h, w, oh, ow));
+      TBLJAX_RETURN_IF_ERROR(CheckCropBox(b, r.crops + 4 * b, h, w, sh, sw));
     } else {
       TBLJAX_RETURN_IF_ERROR(CheckOutputSize(false, oh, ow, h, w));
     }
@@ -114,8 +116,8 @@ Status ServeOne(const JpegSource& src, const GatherRequest& r, const JpegServeOp
   }
   JpegBoxRequest q;
   std::copy(box, box + 4, q.box);
-  q.out_h = static_cast<int>(kernel.out_h());
-  q.out_w = static_cast<int>(kernel.out_w());
+  q.out_h = static_cast<int>(kernel.out_h(b));
+  q.out_w = static_cast<int>(kernel.out_w(b));
   q.dct_scale = o.dct_scale;
   q.expect_h = src.Height(i);
   q.expect_w = src.Width(i);

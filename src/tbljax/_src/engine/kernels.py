@@ -135,6 +135,7 @@ def gather(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     ops=None,
+    patches=None,
 ) -> np.ndarray:
     """Gathers ``source[indices]`` into ``out`` in one fused, parallel pass (GIL released).
 
@@ -162,6 +163,11 @@ def gather(
       flip: ``(B,)`` booleans, or None.
       mean, std: 3 numbers each (float outputs only).
       ops: the rows' per-image ops (`pixel_program`), or None.
+      patches: NaFlex rows, ``(p, sizes)``: row b is resized to its own ``sizes[b] = (h, w)``
+        (multiples of p; ``crop`` required) and written as its (h/p) x (w/p) patches into ``out``
+        of shape ``(B, T, p*p*3)``, NHWC: patch (gy, gx) at token ``gy * (w/p) + gx``, its
+        pixels (py, px, c) in order (`rules/naflex.patchify`'s layout); tokens past the grid are
+        zeros. None: one output size.
 
     Returns:
       ``out``.
@@ -173,7 +179,9 @@ def gather(
         gather(images, idx, batch, crop=boxes, flip=flips,
                mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     """
-    prepare_gather(source, indices, out, layout=layout, crop=crop, flip=flip, mean=mean, std=std, ops=ops)()
+    prepare_gather(
+        source, indices, out, layout=layout, crop=crop, flip=flip, mean=mean, std=std, ops=ops, patches=patches
+    )()
     return out
 
 
@@ -188,13 +196,32 @@ def prepare_gather(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     ops=None,
+    patches=None,
 ) -> Callable[[], None]:
     """`gather`'s checks, then the native call to make (it releases the GIL): the loader's
     producer wakes its next step's draw between the two (engine/record_source.py)."""
     src = raw_source(source)
-    return functools.partial(
-        _core.gather, src, *_batch_args(src.num_records, indices, out, layout, crop, flip, mean, std), ops_arg(ops)
-    )
+    out, patch = _patch_args(out, patches, layout)
+    args = _batch_args(src.num_records, indices, out, layout, crop, flip, mean, std)
+    return functools.partial(_core.gather, src, *args, ops_arg(ops), *patch)
+
+
+def _patch_args(out, patches, layout) -> tuple:
+    """(out as the kernel takes it, (patch, sizes) for the core): a NaFlex `out` (B, T, p·p·3)
+    as its (B, T, p·p, 3) view, the sizes (B, 2) int32; `out` and () without patches."""
+    if patches is None:
+        return out, ()
+    p, sizes = patches
+    if not contract.is_integer(p) or p < 1:
+        raise ValueError(f"patches: the patch size must be a positive integer, got {p!r}")
+    if layout != "NHWC":
+        raise ValueError(f"patches are written in layout NHWC, got layout={layout!r}")
+    if not isinstance(out, np.ndarray) or out.ndim != 3 or out.shape[2] != p * p * 3:
+        raise ValueError(f"patches of {p}x{p} need out of shape (B, T, {p * p * 3}), got {getattr(out, 'shape', out)}")
+    sizes = np.asarray(sizes)
+    if sizes.ndim != 2 or sizes.shape[1] != 2 or sizes.dtype.kind not in "iu":
+        raise ValueError(f"patches: sizes must be (B, 2) integers, got {sizes.dtype} of shape {sizes.shape}")
+    return out.reshape(*out.shape[:2], p * p, 3), (int(p), np.ascontiguousarray(sizes, np.int32))
 
 
 def _batch_args(num_records, indices, out, layout, crop, flip, mean, std) -> tuple:
@@ -296,6 +323,7 @@ def serve_jpeg(
     threads: int = 0,
     where=None,
     ops=None,
+    patches=None,
 ) -> np.ndarray:
     """`gather` from JPEG records: each sample's record is decoded in the C++ pool, only the
     part its box needs (with restart markers dividing the rows, as in compact records: only
@@ -317,7 +345,7 @@ def serve_jpeg(
         (`contract.check_threads`).
       where: ``where(i) -> str`` names record i in the error of a record that fails
         (DecodeError, or CorruptFileError when it does not decode to its index's size).
-      ops: as `gather`.
+      ops, patches: as `gather`.
 
     Example::
 
@@ -337,6 +365,7 @@ def serve_jpeg(
         threads=threads,
         where=where,
         ops=ops,
+        patches=patches,
     )()
     return out
 
@@ -355,15 +384,17 @@ def prepare_serve_jpeg(
     threads: int = 0,
     where=None,
     ops=None,
+    patches=None,
 ) -> Callable[[], None]:
     """`serve_jpeg`'s checks, then the native call to make (as `prepare_gather`)."""
     if not isinstance(source, _core.JpegSource):
         raise TypeError(f"source must be a tbljax.kernels.jpeg_source, got {type(source).__name__}")
     if not isinstance(dct_scale, bool):
         raise TypeError(f"dct_scale must be True or False, got {dct_scale!r}")
+    out, patch = _patch_args(out, patches, layout)
     args = _batch_args(source.num_records, indices, out, layout, crop, flip, mean, std)
     return functools.partial(
-        _core.serve_jpeg, source, *args, dct_scale, contract.check_threads(threads), where, ops_arg(ops)
+        _core.serve_jpeg, source, *args, dct_scale, contract.check_threads(threads), where, ops_arg(ops), *patch
     )
 
 

@@ -118,7 +118,6 @@ class PatchServing:
         self.heights, self.widths = _sizes_of(geometry, n)
         p = self.patches
         self.row_shape = (p.max_tokens, p.size * p.size * 3)
-        self._scratch = Scratch()  # the kernel's scratch images
 
     def boxes(self, idx, boxes):
         """The drawn boxes, or each record whole."""
@@ -134,21 +133,12 @@ class PatchServing:
 
     def fill(self, src, records, out, *, boxes, flip, mean, std, **kw):
         """Writes records `records` (boxes `boxes`) as patch rows into `out` (rows, T, p·p·3):
-        the kernel once per distinct output size into a scratch image (`fill_by_size`), then
-        each row's patch copy."""
-        p = self.patches.size
+        one kernel call, each row resized to its own size and written straight into its
+        patches (`tbljax.kernels.gather`'s patches=)."""
         th, tw = self.sizes(boxes)
         hw = np.stack([th, tw], -1)
-        rows = fill_by_size(
-            src, records, hw, self._scratch, boxes=boxes, flip=flip, dtype=out.dtype, mean=mean, std=std, **kw
-        )
-        for m, img in rows:
-            gh, gw = img.shape[1] // p, img.shape[2] // p
-            # naflex.patchify's layout: patch (gy, gx) at row gy·gw + gx, its pixels (py, px, c),
-            # one strided copy a row (a fancy-indexed `out[m]` would copy twice through a temporary).
-            for k, r in enumerate(m.tolist()):
-                out[r, : gh * gw].reshape(gh, gw, p, p, 3)[...] = img[k].reshape(gh, p, gw, p, 3).swapaxes(1, 2)
-                out[r, gh * gw :] = 0
+        patches = (self.patches.size, hw.astype(np.int32))
+        src.fill(records, out, layout="NHWC", crop=boxes, flip=flip, mean=mean, std=std, patches=patches, **kw)
         return hw
 
     def arrays(self, hws, rows) -> dict:

@@ -86,7 +86,8 @@ def pixel_program(
     whose slots the K columns are, in order (each slot's fill, interpolation and translation
     constants); () takes `RandAugment`'s defaults for every slot. `out_hw`: the output
     (height, width), which the affine ops' matrices (built here, in float64, by
-    `pixel_ops.op_matrix`) depend on.
+    `pixel_ops.op_matrix`) depend on; or (B, 2), each row's own (NaFlex rows, `gather`'s
+    ``patches=``).
     """
     codes = np.ascontiguousarray(codes, np.uint8)
     args = np.ascontiguousarray(args, np.int32)
@@ -94,10 +95,10 @@ def pixel_program(
         raise ValueError(f"codes and args must both be (B, K), got {codes.shape} and {args.shape}")
     b, k = codes.shape
     slots = column_policies(policies, k)
-    h, w = (int(v) for v in out_hw)
+    hw = np.broadcast_to(np.asarray(out_hw, np.int64), (b, 2))  # each row's output size
     matrices = np.zeros((b, k, 6), np.float64)
     for i, j in zip(*np.nonzero(np.isin(codes, sorted(pixel_ops.AFFINE | pixel_ops.TV_AFFINE)))):
-        matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), h, w, *_translate(slots[j]))
+        matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), int(hw[i, 0]), int(hw[i, 1]), *_translate(slots[j]))
     fill, nearest = slot_constants(slots)
     if erase_boxes is None:
         boxes, keys = np.zeros((b, 0, 4), np.int32), np.zeros(b, np.uint32)

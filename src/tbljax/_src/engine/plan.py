@@ -240,14 +240,18 @@ class Plan:
         src, opts = self.source, self.opts
         first_index = self.part.start  # source record i is sample first_index + i
         out_hw = None
-        if _step.has_ops(opts.augment):
+        patches = isinstance(self.native, native_res.PatchServing)  # ops at each row's own size
+        if _step.has_ops(opts.augment) and self.buckets is not None:  # the step's bucket
+            out_hw = self.buckets.out_hw(epoch, first)
+        elif _step.has_ops(opts.augment) and not patches:
             row = src.row_shape(opts, epoch)
             out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
         drawn = []
         for a, b in self.layout.ranges:
             if self.buckets is not None:
                 idx, boxes, flip = self.buckets.draw(epoch, first, a, b)
-                drawn.append(RowsDrawn(idx, boxes, flip, idx, None))
+                ops = None if out_hw is None else _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw)
+                drawn.append(RowsDrawn(idx, boxes, flip, idx, None, ops))
                 continue
             nvalid = int(np.clip(self.slots.n - (first + a), 0, b - a))
             pos = np.arange(first + a, first + a + nvalid, dtype=np.int64)
@@ -255,8 +259,9 @@ class Plan:
                 pos, opts, epoch, first_index, self.step_rows(first), boxes_field=self.bbox_field
             )
             ops = None
-            if out_hw is not None:
-                ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw, repeat=0 if repeat is None else repeat)
+            if _step.has_ops(opts.augment):
+                hw = np.stack(self.native.sizes(self.native.boxes(idx, boxes)), -1) if patches else out_hw
+                ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=hw, repeat=0 if repeat is None else repeat)
             ext = _step.draw_extents(
                 idx, opts, image_hw=src.geometry, epoch=epoch, first_index=first_index, repeat=repeat
             )
@@ -284,7 +289,7 @@ class Plan:
                 hws.append(np.zeros((0, 2), np.int64))
             if nvalid and patches:
                 hws[-1] = self.native.fill(
-                    src, records, out[:nvalid], boxes=boxes, flip=flip, started=started, **pixels
+                    src, records, out[:nvalid], boxes=boxes, flip=flip, started=started, ops=ops, **pixels
                 )
                 started = None
             elif nvalid and ext is not None:

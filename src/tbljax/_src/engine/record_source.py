@@ -209,12 +209,16 @@ class RecordSource:
         except ValueError as e:
             raise ValueError(f"{self._ds!r}: {e}") from None
 
-    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False, started=None, ops=None):
+    def fill(
+        self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False, started=None, ops=None, patches=None
+    ):
         """Writes records `indices` into `out` (the kernel's arguments, `tbljax.kernels.gather`;
         `jpeg_dct_scale`: `tbljax.kernels.serve_jpeg`'s dct_scale, for compact records).
         `started()`, if given, is called just before the first native call that releases the
-        GIL for the batch (`Plan.build_host`). `ops`: the rows' per-image ops (`step.RowOps`)."""
-        kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std, ops=None if ops is None else ops.program())
+        GIL for the batch (`Plan.build_host`). `ops`: the rows' per-image ops (`step.RowOps`).
+        `patches`: NaFlex rows, (p, sizes) (`tbljax.kernels.gather`)."""
+        ops = None if ops is None else ops.program()
+        kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std, ops=ops, patches=patches)
         started = started or _nothing
         if self._verify is not None:
             self._check_records(indices)
@@ -380,8 +384,9 @@ class MixtureSource:
     def local_records(self, indices, first_index: int = 0) -> np.ndarray:
         return self._mix.local_index(indices)
 
-    def fill(self, indices, out, *, layout, crop, flip, mean, std, jpeg_dct_scale=False, started=None, ops=None):
-        """Each source's rows through its own record source, then into their rows of `out`."""
+    def fill(self, indices, out, *, crop, flip, started=None, ops=None, patches=None, **pixels):
+        """Each source's rows through its own record source, then into their rows of `out`
+        (`pixels`: the rest of `RecordSource.fill`'s arguments, the same for every source)."""
         k, r = self._mix.split(indices)
         for s in np.unique(k).tolist():
             m = np.flatnonzero(k == s)
@@ -389,14 +394,12 @@ class MixtureSource:
             self._subs[s].fill(
                 r[m],
                 part,
-                layout=layout,
-                mean=mean,
-                std=std,
                 crop=None if crop is None else np.asarray(crop)[m],
                 flip=None if flip is None else np.asarray(flip)[m],
-                jpeg_dct_scale=jpeg_dct_scale,
                 started=started,
                 ops=None if ops is None else ops.rows(m),
+                patches=None if patches is None else (patches[0], np.asarray(patches[1])[m]),
+                **pixels,
             )
             started = None
             if len(m) > 1:

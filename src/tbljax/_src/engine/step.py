@@ -127,10 +127,11 @@ def check_ops(opts: LoaderOptions) -> None:
 class RowOps:
     """The per-image op columns of a step's rows (docs/transforms-design.md): ``ops`` (B, K)
     uint8 and ``op_args`` (B, K) int32 (`randaug.decide`), ``erase`` (B, E, 4) int32 boxes and
-    ``erase_key`` (B,) uint32 (`erasing.decide_erasing`; None without erasing)."""
+    ``erase_key`` (B,) uint32 (`erasing.decide_erasing`; None without erasing). ``out_hw``: the
+    rows' output size, or (B, 2) each row's own (NaFlex rows)."""
 
     aug: _augment.Augment
-    out_hw: tuple[int, int]
+    out_hw: tuple[int, int] | np.ndarray
     ops: np.ndarray
     op_args: np.ndarray
     erase: np.ndarray | None
@@ -139,8 +140,14 @@ class RowOps:
     def rows(self, m) -> "RowOps":
         """The rows `m` (an index array) of these columns."""
         erase = None if self.erase is None else (self.erase[m], self.erase_key[m])
+        hw = self.out_hw if isinstance(self.out_hw, tuple) else self.out_hw[m]
         return dataclasses.replace(
-            self, ops=self.ops[m], op_args=self.op_args[m], erase=erase and erase[0], erase_key=erase and erase[1]
+            self,
+            out_hw=hw,
+            ops=self.ops[m],
+            op_args=self.op_args[m],
+            erase=erase and erase[0],
+            erase_key=erase and erase[1],
         )
 
     def program(self, build=kernels.pixel_program) -> kernels.PixelProgram:
@@ -161,16 +168,28 @@ class RowOps:
 def draw_ops(indices, opts: LoaderOptions, *, epoch, out_hw, repeat=0, xp=np) -> RowOps | None:
     """The per-image op columns of sample `indices` (global) under ``opts.augment``, keyed by
     (seed, epoch, index, repeat) like the crops (`randaug.decide`, `erasing.decide_erasing`), or
-    None when the augmentation has none (the kernel then runs today's pass). In NumPy for the
-    host loaders, in jax.numpy inside `jax.jit` (ResidentDataset)."""
+    None when the augmentation has none (the kernel then runs today's pass). `out_hw`: (h, w),
+    or (B, 2) each row's own (NaFlex rows, host only). In NumPy for the host loaders, in
+    jax.numpy inside `jax.jit` (ResidentDataset)."""
     aug = opts.augment
     if not has_ops(aug):
         return None
     idx = np.asarray(indices, np.int64) if xp is np else xp.asarray(indices)
     codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch, repeat=repeat, xp=xp)
     boxes = keys = None
-    if aug.erasing is not None:
+    if aug.erasing is not None and np.ndim(out_hw) == 1:
         boxes, keys = erasing.decide_erasing(
             aug.erasing, idx, height=out_hw[0], width=out_hw[1], seed=opts.seed, epoch=epoch, repeat=repeat, xp=xp
         )
-    return RowOps(aug, (int(out_hw[0]), int(out_hw[1])), codes, args, boxes, keys)
+    elif aug.erasing is not None:  # once per distinct size: a row's draw depends on its index, not its batch
+        boxes = np.zeros((len(idx), aug.erasing.max_count, 4), np.int32)
+        keys = np.zeros(len(idx), np.uint32)
+        sizes, group = np.unique(np.asarray(out_hw, np.int64), axis=0, return_inverse=True)
+        for g, (h, w) in enumerate(sizes.tolist()):
+            m = np.flatnonzero(group.reshape(-1) == g)
+            r = repeat if np.ndim(repeat) == 0 else np.asarray(repeat)[m]
+            boxes[m], keys[m] = erasing.decide_erasing(
+                aug.erasing, idx[m], height=h, width=w, seed=opts.seed, epoch=epoch, repeat=r
+            )
+    hw = (int(out_hw[0]), int(out_hw[1])) if np.ndim(out_hw) == 1 else np.asarray(out_hw, np.int64)
+    return RowOps(aug, hw, codes, args, boxes, keys)

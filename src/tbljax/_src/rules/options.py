@@ -241,7 +241,6 @@ class LoaderOptions:
         refused = [
             (self.buckets is not None and self.patches is not None, "buckets and patches together"),
             (self.repeats > 1, f"{what} with repeats={self.repeats}"),
-            (aug is not None and bool(aug.ops or aug.erasing is not None), f"{what} with Augment(ops=/erasing=)"),
             (
                 self.buckets is not None and aug is not None and bool(aug.crop),
                 "buckets with an Augment crop (the bucket decides the crop: augment='flip' or None)",
