@@ -1,12 +1,16 @@
 """`_core.serve_boxes`, the host loader's boxes stage (issue 48), against the rule it implements,
 `rules/geometry.serve_boxes_batch` (itself held to torchvision v2 in tests/test_geometry.py):
 the same bytes over random boxes half outside their crops, flips, per-row output sizes (canvas
-extents), min_size / min_area / min_visibility drops, the max_boxes cut and rows of fewer boxes."""
+extents), min_size / min_area / min_visibility drops, the max_boxes cut and rows of fewer boxes;
+and `GeometricServing` on a step's row range without records."""
 
 import numpy as np
 import pytest
 
+import tbljax
 from tbljax import _core
+from tbljax._src.engine.geometric_serving import GeometricServing
+from tbljax._src.engine.plan import RowsDrawn
 from tbljax._src.rules import geometry
 
 
@@ -83,3 +87,31 @@ def test_serve_boxes_refuses_a_count_past_the_boxes():
             min_area=1.0,
             min_visibility=0.0,
         )
+
+
+def test_a_row_range_without_records_gets_padding_rows(tmp_path):
+    # A step's second row range holds no record (the end of an epoch split over devices): its
+    # boxes are padding rows, the first range's are served as usual.
+    objects = [{"boxes": [[2, 2, 10, 12], [0, 0, 30, 30]], "labels": [3, 4]}] * 3
+    images = [np.zeros((32, 32, 3), np.uint8)] * 3
+    path = tmp_path / "b.tbl"
+    tbljax.convert(
+        {"image": images, "objects": objects},
+        path,
+        image_size=32,
+        progress=False,
+        fields={"boxes": tbljax.Boxes(key="objects", labels="box_labels")},
+    )
+    ds = tbljax.open(path)
+    serving = GeometricServing(ds, ["boxes", "box_labels"], tbljax.LoaderOptions(batch_size=4, max_boxes=3))
+    crops, flips = np.array([[0, 0, 32, 32]]), np.array([False])
+    drawn = [
+        RowsDrawn(np.array([0]), crops, flips, np.array([0]), None),
+        RowsDrawn(np.zeros(0, int), crops[:0], flips[:0], np.zeros(0, int), None),
+    ]
+    got = serving.build(ds.geometry, [np.array([0]), np.zeros(0, int)], drawn, [2, 2], (16, 16))
+    np.testing.assert_array_equal(got["boxes"][0][0], [[1, 1, 5, 6], [0, 0, 15, 15], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(got["box_labels"][0][0], [3, 4, -1])
+    np.testing.assert_array_equal(got["boxes"][1], np.zeros((2, 3, 4)))
+    np.testing.assert_array_equal(got["box_labels"][1], -np.ones((2, 3)))
+    np.testing.assert_array_equal(got["boxes_valid"][1], np.zeros((2, 3), bool))

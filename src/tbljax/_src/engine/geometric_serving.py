@@ -171,9 +171,9 @@ class GeometricServing:
         lab = np.full((nrows, m), -1, np.int32)
         sides = np.broadcast_to(np.asarray(out_hw, np.float64).reshape(-1, 2), (k, 2))
         _core.serve_boxes(
-            xyxy.reshape(k, -1, 4),
+            xyxy,
             counts,
-            None if labels is None else labels.reshape(k, -1),
+            labels,
             np.ascontiguousarray(crops, np.float64),
             np.ascontiguousarray(sides),
             None if flips is None else np.ascontiguousarray(flips, np.uint8),
