@@ -1,7 +1,7 @@
 """`_core.serve_nearest` at every SIMD target against plain NumPy: one-byte maps go through
-16-byte shuffles (issue 48) where 16 neighbouring outputs read 16 source bytes, so the cases
-cover enlarging and shrinking crops, flips, crops that end at the row's end (the window pulled
-back) and rows narrower than 16."""
+shuffles (issue 48) where 16 neighbouring outputs read 16 source bytes, or 32 (a crop that
+shrinks by up to 2x), so the cases cover enlarging and shrinking crops, flips, crops that end at
+the row's end (the window pulled back) and rows narrower than 16 or 32."""
 
 import numpy as np
 import pytest
@@ -26,6 +26,10 @@ def cases(rng, dtype, trail=()):
         (40, 300, (0, 250, 40, 50), (33, 200)),  # ends at the row's end: the window pulled back
         (40, 300, (5, 9, 20, 290), (9, 270)),  # shrinks a little: some chunks span 17 bytes
         (40, 300, (5, 1, 20, 299), (9, 64)),  # shrinks a lot: every chunk gathers
+        (40, 300, (0, 200, 40, 100), (10, 64)),  # shrinks 1.56x: 32-byte windows, the last pulled back
+        (20, 40, (0, 1, 20, 39), (5, 20)),  # shrinks 1.95x: chunks of 31 bytes, and a tail
+        (20, 24, (0, 0, 20, 24), (5, 16)),  # shrinks 1.5x, a row narrower than 32: gathered
+        (30, 500, (1, 3, 25, 300), (40, 368)),  # enlarges over 23 chunks and a tail
         (9, 12, (1, 2, 7, 10), (5, 77)),  # a row narrower than 16
         (9, 16, (0, 0, 9, 16), (4, 48)),
         (30, 100, (2, 84, 20, 16), (7, 33)),

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "boxes.h"
 #include "common.h"
 #include "linear_map.h"
 #include "nearest.h"
@@ -156,6 +157,49 @@ void ServeLinearPy(const nb::sequence& maps, I32Array heights, I32Array widths,
   Check(s);
 }
 
+using F64In = nb::ndarray<const double, nb::c_contig, nb::device::cpu>;
+using I64In = nb::ndarray<const int64_t, nb::c_contig, nb::device::cpu>;
+
+// serve_boxes: rows' xyxy boxes (B, n, 4) through their crops, output sizes and flips into
+// boxes (B, M, 4) float32, valid (B, M) bool and labels (B, M) int32 (boxes.h).
+void ServeBoxesPy(F64In xyxy, I64Array counts, std::optional<I64In> labels, F64In crops,
+                  F64In out_hw, std::optional<FlipArray> flip, double min_size, double min_area,
+                  double min_visibility, nb::ndarray<float, nb::ndim<3>, nb::c_contig> boxes,
+                  nb::ndarray<bool, nb::ndim<2>, nb::c_contig> valid,
+                  nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig> out_labels) {
+  BoxesRequest r;
+  r.batch = static_cast<int64_t>(counts.shape(0));
+  r.n = xyxy.ndim() == 3 ? static_cast<int64_t>(xyxy.shape(1)) : -1;
+  r.max_boxes = static_cast<int64_t>(boxes.shape(1));
+  const auto is = [](const auto& a, std::initializer_list<int64_t> shape) {
+    if (a.ndim() != shape.size()) return false;
+    size_t d = 0;
+    for (int64_t s : shape)
+      if (static_cast<int64_t>(a.shape(d++)) != s) return false;
+    return true;
+  };
+  if (!is(xyxy, {r.batch, r.n, 4}) || (labels && !is(*labels, {r.batch, r.n})) ||
+      !is(crops, {r.batch, 4}) || !is(out_hw, {r.batch, 2}) ||
+      (flip && (static_cast<int64_t>(flip->shape(0)) != r.batch || flip->itemsize() != 1)) ||
+      !is(boxes, {r.batch, r.max_boxes, 4}) || !is(valid, {r.batch, r.max_boxes}) ||
+      !is(out_labels, {r.batch, r.max_boxes}))
+    Check(InvalidArgument(
+        "serve_boxes takes xyxy (B, n, 4), counts (B,), labels (B, n), crops (B, 4), out_hw "
+        "(B, 2), flip (B,) one byte each, and boxes (B, M, 4), valid and labels_out (B, M); B = " +
+        std::to_string(r.batch)));
+  r.xyxy = xyxy.data();
+  r.counts = counts.data();
+  r.labels = labels ? labels->data() : nullptr;
+  r.crops = crops.data();
+  r.out_hw = out_hw.data();
+  r.flips = flip ? static_cast<const uint8_t*>(flip->data()) : nullptr;
+  r.min_size = min_size, r.min_area = min_area, r.min_visibility = min_visibility;
+  r.boxes = boxes.data();
+  r.valid = reinterpret_cast<uint8_t*>(valid.data());
+  r.out_labels = out_labels.data();
+  Check(ServeBoxes(r));
+}
+
 }  // namespace
 
 void BindServe(nb::module_& m) {
@@ -233,6 +277,18 @@ void BindServe(nb::module_& m) {
         "blend_linear; `invalid` samples given no weight, None: all valid) and flip, into out "
         "(B, out_h, out_w[, C]) float32. maps[b]: heights[b] x widths[b] x C values. GIL "
         "released.");
+
+  m.def("serve_boxes", &ServeBoxesPy, nb::arg("xyxy").noconvert(), nb::arg("counts").noconvert(),
+        nb::arg("labels").noconvert().none(), nb::arg("crops").noconvert(),
+        nb::arg("out_hw").noconvert(), nb::arg("flip").noconvert().none(), nb::arg("min_size"),
+        nb::arg("min_area"), nb::arg("min_visibility"), nb::arg("boxes").noconvert(),
+        nb::arg("valid").noconvert(), nb::arg("labels_out").noconvert(),
+        "Rows' xyxy boxes (B, n, 4) float64, the first counts[r] of row r real, through each "
+        "row's crop (B, 4) y0, x0, h, w (float64), onto its out_hw (B, 2) and flip, clipped and "
+        "dropped by tbljax's rules/geometry.serve_boxes_batch (the reference; the same float64 "
+        "arithmetic, so the same bytes) into boxes (B, M, 4) float32, valid (B, M) bool and "
+        "labels_out (B, M) int32 (labels (B, n) int64 carried, -1 past the kept boxes; "
+        "untouched when labels is None). M = max_boxes.");
 }
 
 }  // namespace tbljax::py

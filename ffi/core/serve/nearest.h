@@ -2,7 +2,8 @@
 // rule (tbljax/_src/rules/geometry.py states it and stays the reference): output index o of
 // an axis of `out` samples over a crop of `length` starting at `start` reads
 //   start + min(floor(float32(o) * (float32(length) / float32(out))), length - 1)
-// in float32, exactly as torchvision v2 resizes a tv_tensors.Mask. A gather: no SIMD needed.
+// in float32, exactly as torchvision v2 resizes a tv_tensors.Mask. A gather: one-byte maps by
+// byte shuffles (nearest.inc), the source lines prefetched ahead.
 #pragma once
 #include <cstdint>
 

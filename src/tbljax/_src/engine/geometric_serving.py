@@ -1,8 +1,8 @@
 """Geometric fields served through the image's geometry (issue 48): each step's crop boxes and
 flips, the ones the kernel resizes the image with, applied to every mask and dense map (the
-nearest rule, in C++: `_core.serve_nearest`; a linear dense map: `_core.serve_linear`) and to
-boxes and keypoints (on the host, NumPy, `rules/geometry.serve_boxes_batch` /
-`serve_keypoints_batch`, the one home of those rules).
+nearest rule, in C++: `_core.serve_nearest`; a linear dense map: `_core.serve_linear`), to
+boxes (C++ too, `_core.serve_boxes`) and to keypoints (NumPy); `rules/geometry.py` states every
+rule and is the reference the C++ is held to.
 
 Batch keys: a mask or dense field `name` → (rows, out_h, out_w[, C]) of its stored dtype,
 `ignore` / `invalid` (0 when None) on padding rows; a boxes field `name` → (rows, max_boxes, 4)
@@ -150,41 +150,50 @@ class GeometricServing:
             out[m, :h, :w] = part
         return out
 
-    def _ragged(self, name, recs) -> tuple[np.ndarray, np.ndarray]:
-        """Records' values of a ragged field zero-padded to the longest: (k, n, ...), counts."""
+    def _ragged(self, name, recs, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+        """Records' values of a ragged field zero-padded to the longest: (k, n, ...), counts. A
+        fixed field (every record the same count) is read as one array, no per-record copy."""
+        info = self.infos[name]
+        if info.fixed:
+            vals = np.asarray(self.dataset.field_rows(name, recs), dtype)
+            return vals, np.full(len(vals), info.shape[0], np.int64)
         vals = self.dataset.field_rows(name, recs)
         counts = np.array([len(v) for v in vals], np.int64)
-        trail = self.infos[name].shape[1:]
-        pad = np.zeros((len(vals), int(counts.max(initial=0)), *trail), np.float64)
+        pad = np.zeros((len(vals), int(counts.max(initial=0)), *info.shape[1:]), dtype)
         for r, v in enumerate(vals):
             pad[r, : len(v)] = v
         return pad, counts
 
     def _boxes(self, name, recs, crops, flips, nrows, out_hw) -> dict[str, np.ndarray]:
-        o = self.opts
+        """`geometry.serve_boxes_batch`'s rule (the reference) in one C++ pass over the rows'
+        boxes (`_core.serve_boxes`, the same float64 arithmetic): the NumPy rule cost a tenth
+        of the image kernel per batch."""
+        o, k = self.opts, len(recs)
         xyxy, counts = self._ragged(name, recs)
         lab_name = _role(self.infos[name]).get("labels")
         lab_name = lab_name if lab_name in self.labels else None
-        labels = self._ragged(lab_name, recs)[0] if lab_name else np.zeros(xyxy.shape[:2])
-        got = geometry.serve_boxes_batch(
+        labels = self._ragged(lab_name, recs, np.int64)[0] if lab_name else None
+        m = o.max_boxes
+        boxes, valid = np.zeros((nrows, m, 4), np.float32), np.zeros((nrows, m), bool)
+        lab = np.full((nrows, m), -1, np.int32)
+        sides = np.broadcast_to(np.asarray(out_hw, np.float64).reshape(-1, 2), (k, 2))
+        _core.serve_boxes(
             xyxy,
             counts,
             labels,
-            crops,
-            out_hw,
-            flips,
-            max_boxes=o.max_boxes,
-            min_size=o.min_size,
-            min_area=o.min_area,
-            min_visibility=o.min_visibility,
+            np.ascontiguousarray(crops, np.float64),
+            np.ascontiguousarray(sides),
+            None if flips is None else np.ascontiguousarray(flips, np.uint8),
+            o.min_size,
+            o.min_area,
+            o.min_visibility,
+            boxes[:k],
+            valid[:k],
+            lab[:k],
         )
-        res = {
-            name: _rows(got["boxes"], nrows, 0),
-            name + "_valid": _rows(got["boxes_valid"], nrows, False),
-            name + "_count": _rows(got["boxes_count"].astype(np.int32), nrows, 0),
-        }
+        res = {name: boxes, name + "_valid": valid, name + "_count": _rows(counts.astype(np.int32), nrows, 0)}
         if lab_name:
-            res[lab_name] = _rows(got["box_labels"].astype(np.int32), nrows, -1)
+            res[lab_name] = lab
         return res
 
     def _keypoints(self, name, recs, crops, flips, nrows, out_hw) -> dict[str, np.ndarray]:
