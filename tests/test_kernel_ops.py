@@ -21,7 +21,7 @@ from tbljax._src.rules import erasing, pixel_filters, pixel_ops, randaug
 
 import oracle
 
-# RandAugment's ops (codes 1-17; Cutout apart), then the other policies' (19-25) with their argument ranges.
+# RandAugment's ops (codes 1-17; Cutout apart), then the other policies' (19-26) with their argument ranges.
 OPS = [n for n, c in pixel_ops.CODES.items() if 0 < c < pixel_ops.CODES["Cutout"]]
 MORE_OPS = {
     "Grayscale": lambda m: 0,
@@ -31,6 +31,7 @@ MORE_OPS = {
     "TvShearY": lambda m: pixel_ops.f32_arg(m * 0.099),
     "TvTranslateX": lambda m: int(m * 3.2),  # whole pixels
     "TvTranslateY": lambda m: int(m * 3.2),
+    "Hue": lambda m: int(m * 12.8) & 0xFF,  # the shift mod 256 (ColorJitter's hue +-0.5)
 }
 MAGNITUDES = (0.0, 1.0, 4.5, 9.0, 10.0, -3.0, -9.0)  # negative: the op's sign drawn negative
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
@@ -335,6 +336,7 @@ def test_loader_batch_is_the_numpy_pipeline(kodak_files, fmt, dtype):
 POLICIES = {
     "TrivialAugment": [tbljax.TrivialAugment()],
     "ColorJitter": [tbljax.ColorJitter(0.4, 0.4, 0.4)],
+    "ColorJitter hue": [tbljax.ColorJitter(0.4, 0.4, 0.4, hue=0.1)],
     "ThreeAugment": [tbljax.ThreeAugment(), tbljax.ColorJitter(0.3, 0.3, 0.3)],  # DeiT III's recipe
     "Grayscale": [tbljax.Grayscale(p=0.5)],
     "Solarize": [tbljax.Solarize(p=0.5)],
