@@ -114,13 +114,15 @@ def has_ops(aug) -> bool:
 
 def check_ops(opts: LoaderOptions) -> None:
     """Refuses, by name, per-image ops the host loaders do not serve: erasing with uint8 output
-    (timm erases the normalized values; there are none in uint8). Every policy
+    (timm erases the normalized values; there are none in uint8), also in a view's Augment. Every policy
     (`randaug.POLICIES`) is served: the C++ stage runs all of `pixel_ops.CODES`."""
-    if has_ops(opts.augment) and opts.augment.erasing is not None and opts.out_dtype == np.uint8:
-        raise ValueError(
-            "Augment(erasing=...) sets normalized values (as timm's RandomErasing): it needs "
-            "dtype='float32' or 'bfloat16', not uint8"
-        )
+    augs = [(opts.augment, "Augment")] + [(aug, f"views[{n!r}]: Augment") for n, _, aug in opts.views or ()]
+    for aug, where in augs:
+        if has_ops(aug) and aug.erasing is not None and opts.out_dtype == np.uint8:
+            raise ValueError(
+                f"{where}(erasing=...) sets normalized values (as timm's RandomErasing): it needs "
+                "dtype='float32' or 'bfloat16', not uint8"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,18 +159,26 @@ class RowOps:
         )
 
 
-def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat: int = 0) -> RowOps | None:
-    """The per-image op columns of sample `indices` (global) under ``opts.augment``, keyed by
-    (seed, epoch, index, repeat) like the crops (`randaug.decide`, `erasing.decide_erasing`), or
-    None when the augmentation has none (the kernel then runs today's pass)."""
-    aug = opts.augment
+def draw_ops(indices, opts: LoaderOptions, *, epoch: int, out_hw, repeat=0, aug=None, view: int = 0) -> RowOps | None:
+    """The per-image op columns of sample `indices` (global) under `aug` (default
+    ``opts.augment``), keyed by (seed, epoch, index, repeat, view) like the crops
+    (`randaug.decide`, `erasing.decide_erasing`), or None when the augmentation has none (the
+    kernel then runs today's pass)."""
+    aug = opts.augment if aug is None else aug
     if not has_ops(aug):
         return None
     idx = np.asarray(indices, np.int64)
-    codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch, repeat=repeat)
+    codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch, repeat=repeat, view=view)
     boxes = keys = None
     if aug.erasing is not None:
         boxes, keys = erasing.decide_erasing(
-            aug.erasing, idx, height=out_hw[0], width=out_hw[1], seed=opts.seed, epoch=epoch, repeat=repeat
+            aug.erasing,
+            idx,
+            height=out_hw[0],
+            width=out_hw[1],
+            seed=opts.seed,
+            epoch=epoch,
+            repeat=repeat,
+            view=view,
         )
     return RowOps(aug, (int(out_hw[0]), int(out_hw[1])), codes, args, boxes, keys)
