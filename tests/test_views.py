@@ -291,3 +291,62 @@ def test_compact_jpeg_views_are_crops_of_the_decoded_record(tmp_path):
         for v in range(3):
             boxes, flips = sample(aug["g"][1], idx, height=16, width=16, seed=SEED, epoch=0, view=v)
             np.testing.assert_array_equal(got[:, v], oracle.gather(decoded, idx, (8, 8), boxes, flips), err_msg=v)
+
+
+def test_compact_views_with_ops_decode_once_and_serve_the_decoded_records_bytes(tmp_path):
+    """Compact JPEG records (some stored RAW by the budget), two groups with ops: one kernel
+    pass decodes each record once for all of its views (`kernels.prepare_serve_jpeg_views`), and every
+    view is the oracle's crop of the record decoded whole, through pixel_ops' program."""
+    imgs = T.images(6, 20, 24, seed=7)
+    path = tmp_path / "c.tbl"
+    tbljax.convert(
+        {"image": imgs, "label": np.arange(6)}, path, image_size=20, format="jpeg", quality=90, progress=False
+    )
+    ds = tbljax.open(path)
+    decoded = [ds.read(i) for i in range(len(ds))]
+    views = {"a": (2, OP_LOCAL), "b": (3, tbljax.Augment(size=(7, 6), scale=(0.2, 0.9), ops=DINO_OPS))}
+    b = next(iter(tbljax.loader(path, 6, seed=SEED, views=views, dtype="uint8")))
+    idx, v = np.asarray(b["index"]), 0
+    geo = tbljax.augment.RecordGeometry(*np.array([d.shape[:2] for d in decoded]).T)
+    for name, (count, aug) in views.items():
+        for k in range(count):
+            boxes, flips = sample(aug, idx, geometry=geo, seed=SEED, epoch=0, view=v)
+            codes, args = randaug.decide(aug.ops, idx, seed=SEED, epoch=0, view=v)
+            pix = oracle.gather(decoded, idx, aug.size, boxes, flips)
+            want = np.stack([pixel_ops.apply_all(im, c, a) for im, c, a in zip(pix, codes, args)])
+            np.testing.assert_array_equal(np.asarray(b[name])[:, k], want, err_msg=f"{name} {k}")
+            v += 1
+
+
+def test_prepare_serve_jpeg_views_is_serve_jpeg_per_group_and_refuses_rows_not_record_major(tmp_path):
+    """The one-decode pass writes each group exactly what serve_jpeg writes for it (the path
+    that decodes each view's own box)."""
+    from tbljax._src.engine import kernels
+
+    imgs = T.images(5, 30, 26, seed=2)
+    path = tmp_path / "k.tbl"
+    tbljax.convert(
+        {"image": imgs, "label": np.arange(5)}, path, image_size=26, format="jpeg", quality=85, progress=False
+    )
+    ds = tbljax.open(path)
+    src = kernels.jpeg_source(*ds.jpeg_records())
+    h, w = ds.read(0).shape[:2]
+    rng = np.random.default_rng(0)
+    records = np.array([4, 0, 2], np.int64)
+    groups, want = [], []
+    for count, size in ((2, (9, 8)), (3, (5, 5))):
+        idx = np.repeat(records, count)
+        ys, xs = rng.integers(0, h // 2, len(idx)), rng.integers(0, w // 2, len(idx))
+        crop = np.stack([ys, xs, rng.integers(4, h - ys + 1), rng.integers(4, w - xs + 1)], 1).astype(np.int32)
+        flip = rng.random(len(idx)) < 0.5
+        ref = np.zeros((len(idx), *size, 3), np.float32)
+        kernels.serve_jpeg(src, idx, ref, crop=crop, flip=flip, mean=(0.5,) * 3, std=(0.25,) * 3)
+        want.append(ref)
+        groups.append((count, idx, np.zeros_like(ref), crop, flip, None))
+    kernels.prepare_serve_jpeg_views(src, groups, mean=(0.5,) * 3, std=(0.25,) * 3)()
+    for (_, _, got, _, _, _), ref in zip(groups, want):
+        np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+    count, idx, out, crop, flip, ops = groups[1]
+    bad = (count, idx[::-1].copy(), out, crop, flip, ops)
+    with pytest.raises(ValueError, match=r"views: group 1 row 0 is not its record's view \(record-major\)"):
+        kernels.prepare_serve_jpeg_views(src, [groups[0], bad], mean=(0.5,) * 3, std=(0.25,) * 3)()

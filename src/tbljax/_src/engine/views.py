@@ -6,18 +6,22 @@ erasing (``Augment(ops=, erasing=)``) are drawn the same way, keyed by (seed, ep
 repeat, v) (`step.draw_ops`), and run in the same kernel pass as its crop.
 
 A ring slot holds one row of all views packed (``row_shape``: one flat axis); each group is a
-contiguous block of the slot's range, (rows, count, *row), filled by one kernel call with each
-record listed once per view (record-major): RAW records are gathered from the mapping per view;
-compact JPEG records decode each view's box (so a record is decoded once per view); other
-records are decoded by the dataset once per view.
+contiguous block of the slot's range, (rows, count, *row), its rows record-major (row i's views
+at i*count ...). RAW records are gathered from the mapping per view; compact JPEG records are
+read and decoded once for all of their views, every group in one kernel pass (the union of the
+views' boxes at scale 1, so the bytes are those of a decode per view; with ``jpeg_dct_scale``
+each view decodes its own box at its own scale); other records are decoded by the dataset once
+per view.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
+from tbljax._src.engine import kernels
 from tbljax._src.engine import step as _step
 from tbljax._src.rules import augment as _augment
 from tbljax._src.rules import contract
@@ -82,27 +86,37 @@ class ViewServing:
 
     def fill(self, src, records, drawn, packed, *, jpeg_dct_scale=False, started=None) -> dict:
         """Writes the views of `records` (the source's, `drawn` their `draw`) into `packed`
-        (rows, *row_shape), padding rows zero; {name: (rows, count, *row) view of it}."""
+        (rows, *row_shape), padding rows zero; {name: (rows, count, *row) view of it}. Compact
+        records (without `jpeg_dct_scale`) are read and decoded once for all of their views,
+        every group in one kernel pass (`kernels.prepare_serve_jpeg_views`: the same bytes)."""
         mean, std = self.opts.normalization
         n = len(records)
         out = self.blocks(packed)
+        groups = []  # per group: (count, its rows, record-major: row i's views at i*count ..., crops, flips, ops)
         for (name, count, _), (boxes, flips, ops) in zip(self.groups, drawn):
             block = out[name]
-            if n:
-                src.fill(
-                    np.repeat(records, count),  # record-major: row i's views are rows i*count ...
-                    block.reshape(-1, *block.shape[2:])[: n * count],
-                    layout=self.opts.layout,
-                    crop=None if boxes is None else boxes.reshape(-1, 4),
-                    flip=None if flips is None else flips.reshape(-1),
-                    mean=mean,
-                    std=std,
-                    jpeg_dct_scale=jpeg_dct_scale,
-                    started=started,
-                    ops=ops,
-                )
-                started = None
             block[n:] = 0
+            rows = block.reshape(-1, *block.shape[2:])[: n * count]
+            crop = None if boxes is None else boxes.reshape(-1, 4)
+            groups.append((count, rows, crop, None if flips is None else flips.reshape(-1), ops))
+        pixels = dict(layout=self.opts.layout, mean=mean, std=std)
+        if n and not jpeg_dct_scale:
+            jobs = [(c, np.repeat(records, c), o, b, f, p and p.program()) for c, o, b, f, p in groups]
+            serve = functools.partial(kernels.prepare_serve_jpeg_views, groups=jobs, **pixels)
+            if src.serve_compact(records, serve, started):
+                return out
+        for count, rows, crop, flip, ops in groups if n else ():
+            src.fill(
+                np.repeat(records, count),
+                rows,
+                crop=crop,
+                flip=flip,
+                jpeg_dct_scale=jpeg_dct_scale,
+                started=started,
+                ops=ops,
+                **pixels,
+            )
+            started = None
         if started is not None:
             started()
         return out
