@@ -17,7 +17,6 @@ per view.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 
@@ -100,11 +99,13 @@ class ViewServing:
             crop = None if boxes is None else boxes.reshape(-1, 4)
             groups.append((count, rows, crop, None if flips is None else flips.reshape(-1), ops))
         pixels = dict(layout=self.opts.layout, mean=mean, std=std)
-        if n and not jpeg_dct_scale:
+
+        def serve(source, **kw):  # compact records: every group in one pass
             jobs = [(c, np.repeat(records, c), o, b, f, p and p.program()) for c, o, b, f, p in groups]
-            serve = functools.partial(kernels.prepare_serve_jpeg_views, groups=jobs, **pixels)
-            if src.serve_compact(records, serve, started):
-                return out
+            return kernels.prepare_serve_jpeg_views(source, jobs, **pixels, **kw)
+
+        if n and not jpeg_dct_scale and src.serve_compact(records, serve, started):
+            return out
         for count, rows, crop, flip, ops in groups if n else ():
             src.fill(
                 np.repeat(records, count),
