@@ -477,3 +477,18 @@ def test_nearest_equals_pixel_filters_over_random_matrices():
     kernels.gather(src, idx[pick], out, crop=crop[pick], flip=flip[pick], ops=pixel_program.PixelProgram(prog))
     want = np.stack([pixel_filters.affine_transform(base[p], m, "nearest", fill) for p, m in zip(pick, mats)])
     np.testing.assert_array_equal(out, want)
+
+
+def test_hue_equals_pixel_ops_on_many_colours():
+    """The kernel's Hue (ColorJitter's hue) on 2**16 random colours at shifts of both signs:
+    pixel_ops' rule (itself Pillow's HSV round trip on every colour, test_image_ops)."""
+    rng = np.random.default_rng(5)
+    img = rng.integers(0, 256, (4, 128, 128, 3), np.uint8)
+    crop = np.tile(np.array([[0, 0, 128, 128]], np.int32), (4, 1))
+    code = pixel_ops.CODES["Hue"]
+    for shift in (1, 26, 128, 201, 255):
+        out = np.zeros_like(img)
+        program = kernels.pixel_program(np.full((4, 1), code, np.uint8), np.full((4, 1), shift, np.int32), (128, 128))
+        kernels.gather(img, np.arange(4), out, crop=crop, ops=program)
+        want = np.stack([pixel_ops.apply(im, code, shift) for im in img])
+        np.testing.assert_array_equal(out, want, err_msg=f"shift {shift}")
