@@ -492,3 +492,22 @@ def test_hue_equals_pixel_ops_on_many_colours():
         kernels.gather(img, np.arange(4), out, crop=crop, ops=program)
         want = np.stack([pixel_ops.apply(im, code, shift) for im in img])
         np.testing.assert_array_equal(out, want, err_msg=f"shift {shift}")
+
+
+def test_hue_equals_pillows_hsv_round_trip_on_every_colour():
+    """The kernel's Hue on all 2**24 colours against Pillow itself (convert("HSV"), the hue
+    byte shifted, convert("RGB")), as torchvision's adjust_hue does it: exact."""
+    allc = np.arange(1 << 24, dtype=np.uint32)
+    img = np.stack([(allc >> 16) & 255, (allc >> 8) & 255, allc & 255], -1).astype(np.uint8).reshape(16, 1024, 1024, 3)
+    crop = np.tile(np.array([[0, 0, 1024, 1024]], np.int32), (16, 1))
+    code = pixel_ops.CODES["Hue"]
+    for shift in (37, 219):
+        out = np.zeros_like(img)
+        program = kernels.pixel_program(
+            np.full((16, 1), code, np.uint8), np.full((16, 1), shift, np.int32), (1024, 1024)
+        )
+        kernels.gather(img, np.arange(16), out, crop=crop, ops=program)
+        h, s, v = Image.fromarray(img.reshape(4096, 4096, 3)).convert("HSV").split()
+        h = Image.fromarray((np.asarray(h).astype(np.uint16) + shift).astype(np.uint8), "L")
+        want = np.asarray(Image.merge("HSV", (h, s, v)).convert("RGB")).reshape(img.shape)
+        np.testing.assert_array_equal(out, want, err_msg=f"shift {shift}")
