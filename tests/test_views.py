@@ -253,6 +253,18 @@ def test_repeats_views_are_keyed_by_repeat_and_view(data):
             np.testing.assert_array_equal(got[:, v], oracle.gather(imgs, idx, GLOBAL.size, boxes, flips))
 
 
+def test_repeats_view_ops_are_keyed_by_repeat_and_view(data):
+    imgs, path = data
+    for b in tbljax.loader(path, G, seed=SEED, views={"l": (2, OP_LOCAL)}, repeats=2, dtype="uint8", num_epochs=1):
+        idx, rep, got = np.asarray(b["index"]), np.asarray(b["repeat"]), np.asarray(b["l"])
+        for v in range(2):
+            boxes, flips = sample(OP_LOCAL, idx, height=H, width=W, seed=SEED, epoch=0, repeat=rep, view=v)
+            codes, args = randaug.decide(OP_LOCAL.ops, idx, seed=SEED, epoch=0, repeat=rep, view=v)
+            pix = oracle.gather(imgs, idx, OP_LOCAL.size, boxes, flips)
+            want = np.stack([pixel_ops.apply_all(im, c, a) for im, c, a in zip(pix, codes, args)])
+            np.testing.assert_array_equal(got[:, v], want)
+
+
 def test_host_parts_key_views_by_the_global_index(data):
     imgs, path = data
     ds = tbljax.open(path)
