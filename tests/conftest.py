@@ -47,6 +47,7 @@ def kodak() -> Path:
 # slow here so the README's test command stays within its stated time; CI runs them all
 # (`pytest -m slow` in .ci/run). Measured with `pytest --durations=80` on the 2-core machine.
 SLOW_CASES = {
+    "test_kernel_ops.py::test_hue_equals_pillows_hsv_round_trip_on_every_colour": "4 s: 2**24 colours through Pillow; the 2**16 case stays",
     "test_randaug.py::test_draws_match_timms_distribution": "19 s: 10^5 draws of timm's RandAugment in Python",
     "test_randaug.py::test_decisions_are_the_same_in_numpy_and_jax": "16 s of eager jax.numpy",
     "test_cli.py::test_exit_status_usage_errors_are_2": "16 s of subprocesses; test_exit_status_bad_data_is_1 runs the same path",

@@ -11,9 +11,10 @@ import random
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import shared_dir
 
 import tbljax
-from tbljax._src.rules import image_ops, pixel_ops
+from tbljax._src.rules import image_ops, pixel_ops, quantiles
 
 torch = pytest.importorskip("torch")
 Image = pytest.importorskip("PIL.Image")
@@ -131,14 +132,100 @@ def test_color_jitter_equals_torchvision_given_its_params(tv, images):
             np.testing.assert_array_equal(pixel_ops.apply_all(im, row_c, row_a), want)
 
 
+def _hue_factor(shift):
+    """A hue factor torchvision turns into `shift` (``np.int32(f * 255)`` as uint8)."""
+    k = shift - 256 if shift >= 128 else shift
+    f = (k + 0.5 * np.sign(k)) / 255
+    assert int(np.int32(f * 255).astype(np.uint8)) == shift
+    return f
+
+
+def test_color_jitter_with_hue_equals_torchvision_given_its_params(tv, images):
+    """With hue: four adjustments in a drawn order of four; torchvision's ColorJitter on the PIL
+    image with that order and those factors is equal, byte for byte, on real photos too."""
+    cj = tbljax.ColorJitter(0.3, 0.4, 0.5, hue=(-0.4, 0.3))
+    codes, args = tbljax.augment.decide([cj], np.arange(16), seed=1, epoch=0)
+    names = {
+        pixel_ops.CODES["Brightness"]: ("brightness_factor", 0),
+        pixel_ops.CODES["Contrast"]: ("contrast_factor", 1),
+        pixel_ops.CODES["Color"]: ("saturation_factor", 2),
+        pixel_ops.CODES["Hue"]: ("hue_factor", 3),
+    }
+    assert codes.shape == (16, 4) and len({tuple(r) for r in codes.tolist()}) > 4  # several orders drawn
+    photos = [np.asarray(Image.open(p).convert("RGB").reduce(8)) for p in _kodak_paths()[:3]]
+    t = tv.ColorJitter(0.3, 0.4, 0.5, hue=(-0.4, 0.3))
+    for row_c, row_a in zip(codes.tolist(), args.tolist()):
+        params = dict(fn_idx=torch.tensor([names[c][1] for c in row_c]))
+        for c, a in zip(row_c, row_a):
+            v = _hue_factor(a) if c == pixel_ops.CODES["Hue"] else float(np.array(a, np.int32).view(np.float32))
+            params[names[c][0]] = v
+        for im in images + photos:
+            want = np.asarray(t.transform(Image.fromarray(im), params))
+            np.testing.assert_array_equal(pixel_ops.apply_all(im, row_c, row_a), want)
+
+
+def _kodak_paths():
+    paths = sorted((shared_dir("kodak") / "images").glob("*.jpg"))
+    if not paths:
+        pytest.skip("no kodak photos (../shared/data/kodak)")
+    return paths
+
+
+def test_hue_equals_torchvision_adjust_hue_on_photos_and_every_hue():
+    """pixel_ops' Hue against torchvision's adjust_hue (Pillow's HSV round trip) on kodak photos
+    at shifts covering both signs, and on 2**16 random colours: exact."""
+    ftv = pytest.importorskip("torchvision.transforms._functional_pil")
+    rng = np.random.default_rng(3)
+    colours = rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)
+    photos = [np.asarray(Image.open(p).convert("RGB").reduce(8)) for p in _kodak_paths()[::12]]
+    for factor in (-0.5, -0.37, -0.004, 0.0, 0.05, 0.5):
+        shift = int(np.int32(factor * 255).astype(np.uint8))
+        for im in photos + [colours]:
+            want = np.asarray(ftv.adjust_hue(Image.fromarray(im), factor))
+            np.testing.assert_array_equal(pixel_ops.apply(im, pixel_ops.CODES["Hue"], shift), want, f"hue {factor}")
+
+
+def test_hue_shift_is_torchvisions_over_the_factor_table():
+    """Every hue factor ColorJitter can draw (its float32 quantile table) maps to torchvision's
+    shift ``np.int32(f * 255).astype(np.uint8)``."""
+    cj = tbljax.ColorJitter(hue=0.5)
+    factors = quantiles.uniform_table(-0.5, 0.5)
+    want = [np.int32(f * 255).astype(np.uint8) for f in factors.tolist()]  # torchvision gets a Python float
+    np.testing.assert_array_equal(cj.factor_tables()[3], want)
+
+
+def test_color_jitter_hue_order_and_shift_match_torchvisions_sampler(tv):
+    """χ² homogeneity with hue: the order of the four adjustments (torch.randperm(4)) and the
+    hue shift (uniform_ in [-0.2, 0.2], then torchvision's int(f * 255)). 6000 draws."""
+    n = 6000
+    torch.manual_seed(0)
+    cj = tv.ColorJitter(0.3, 0.3, 0.3, hue=0.2)
+    ps = [cj.make_params([]) for _ in range(n)]
+    orders = [tuple(int(i) for i in p["fn_idx"]) for p in ps]
+    shifts = np.array([int(np.int32(p["hue_factor"] * 255).astype(np.uint8)) for p in ps])
+    codes, args = tbljax.augment.decide([tbljax.ColorJitter(0.3, 0.3, 0.3, hue=0.2)], np.arange(n), seed=2, epoch=0)
+    rank = {pixel_ops.CODES[k]: i for i, k in enumerate(("Brightness", "Contrast", "Color", "Hue"))}
+    ours = [tuple(rank[c] for c in row) for row in codes.tolist()]
+    code_of = {o: i for i, o in enumerate(sorted(set(orders) | set(ours)))}
+    assert len(code_of) == 24
+    assert _chi2(np.array([code_of[o] for o in orders]), np.array([code_of[o] for o in ours])) > 1e-3
+    ours_shift = args[codes == pixel_ops.CODES["Hue"]]
+    assert _chi2((shifts + 128) % 256, (ours_shift + 128) % 256, edges=np.arange(80, 180, 5)) > 1e-3
+
+
 def test_draws_are_the_same_in_numpy_and_jax():
-    pols = [tbljax.TrivialAugment(), tbljax.ColorJitter(0.3, 0.3, 0.3), tbljax.ThreeAugment(), tbljax.GaussianBlur(0.4)]
+    pols = [
+        tbljax.TrivialAugment(),
+        tbljax.ColorJitter(0.3, 0.3, 0.3, hue=0.1),
+        tbljax.ThreeAugment(),
+        tbljax.GaussianBlur(0.4),
+    ]
     idx = np.arange(0, 3000, 7)
     a = tbljax.augment.decide(pols, idx, seed=4, epoch=1, repeat=idx % 2)
     b = tbljax.augment.decide(pols, jnp.asarray(idx), seed=4, epoch=1, repeat=jnp.asarray(idx % 2), xp=jnp)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, np.asarray(y))
-    assert a[0].shape == (len(idx), 6)
+    assert a[0].shape == (len(idx), 7)
 
 
 def _chi2(a, b, edges=None):
@@ -191,7 +278,8 @@ def test_draw_distributions_match_the_peers_samplers(tv):
 
 def test_bad_values_are_refused_by_name():
     for make, match in (
-        (lambda: tbljax.ColorJitter(hue=0.1), "hue"),
+        (lambda: tbljax.ColorJitter(hue=0.6), "hue"),
+        (lambda: tbljax.ColorJitter(hue=(0.2, -0.2)), "hue"),
         (lambda: tbljax.ColorJitter(-1), "brightness"),
         (lambda: tbljax.ColorJitter(contrast=(1.5, 0.5)), "contrast"),
         (lambda: tbljax.GaussianBlur(sigma=(2, 1)), "sigma"),

@@ -21,7 +21,7 @@ from tbljax._src.rules import erasing, pixel_filters, pixel_ops, randaug
 
 import oracle
 
-# RandAugment's ops (codes 1-17; Cutout apart), then the other policies' (19-25) with their argument ranges.
+# RandAugment's ops (codes 1-17; Cutout apart), then the other policies' (19-26) with their argument ranges.
 OPS = [n for n, c in pixel_ops.CODES.items() if 0 < c < pixel_ops.CODES["Cutout"]]
 MORE_OPS = {
     "Grayscale": lambda m: 0,
@@ -31,6 +31,7 @@ MORE_OPS = {
     "TvShearY": lambda m: pixel_ops.f32_arg(m * 0.099),
     "TvTranslateX": lambda m: int(m * 3.2),  # whole pixels
     "TvTranslateY": lambda m: int(m * 3.2),
+    "Hue": lambda m: int(m * 12.8) & 0xFF,  # the shift mod 256 (ColorJitter's hue +-0.5)
 }
 MAGNITUDES = (0.0, 1.0, 4.5, 9.0, 10.0, -3.0, -9.0)  # negative: the op's sign drawn negative
 MEAN, STD = tbljax.IMAGENET_MEAN, tbljax.IMAGENET_STD
@@ -335,6 +336,7 @@ def test_loader_batch_is_the_numpy_pipeline(kodak_files, fmt, dtype):
 POLICIES = {
     "TrivialAugment": [tbljax.TrivialAugment()],
     "ColorJitter": [tbljax.ColorJitter(0.4, 0.4, 0.4)],
+    "ColorJitter hue": [tbljax.ColorJitter(0.4, 0.4, 0.4, hue=0.1)],
     "ThreeAugment": [tbljax.ThreeAugment(), tbljax.ColorJitter(0.3, 0.3, 0.3)],  # DeiT III's recipe
     "Grayscale": [tbljax.Grayscale(p=0.5)],
     "Solarize": [tbljax.Solarize(p=0.5)],
@@ -475,3 +477,37 @@ def test_nearest_equals_pixel_filters_over_random_matrices():
     kernels.gather(src, idx[pick], out, crop=crop[pick], flip=flip[pick], ops=pixel_program.PixelProgram(prog))
     want = np.stack([pixel_filters.affine_transform(base[p], m, "nearest", fill) for p, m in zip(pick, mats)])
     np.testing.assert_array_equal(out, want)
+
+
+def test_hue_equals_pixel_ops_on_many_colours():
+    """The kernel's Hue (ColorJitter's hue) on 2**16 random colours at shifts of both signs:
+    pixel_ops' rule (itself Pillow's HSV round trip on every colour, test_image_ops)."""
+    rng = np.random.default_rng(5)
+    img = rng.integers(0, 256, (4, 128, 128, 3), np.uint8)
+    crop = np.tile(np.array([[0, 0, 128, 128]], np.int32), (4, 1))
+    code = pixel_ops.CODES["Hue"]
+    for shift in (1, 26, 128, 201, 255):
+        out = np.zeros_like(img)
+        program = kernels.pixel_program(np.full((4, 1), code, np.uint8), np.full((4, 1), shift, np.int32), (128, 128))
+        kernels.gather(img, np.arange(4), out, crop=crop, ops=program)
+        want = np.stack([pixel_ops.apply(im, code, shift) for im in img])
+        np.testing.assert_array_equal(out, want, err_msg=f"shift {shift}")
+
+
+def test_hue_equals_pillows_hsv_round_trip_on_every_colour():
+    """The kernel's Hue on all 2**24 colours against Pillow itself (convert("HSV"), the hue
+    byte shifted, convert("RGB")), as torchvision's adjust_hue does it: exact."""
+    allc = np.arange(1 << 24, dtype=np.uint32)
+    img = np.stack([(allc >> 16) & 255, (allc >> 8) & 255, allc & 255], -1).astype(np.uint8).reshape(16, 1024, 1024, 3)
+    crop = np.tile(np.array([[0, 0, 1024, 1024]], np.int32), (16, 1))
+    code = pixel_ops.CODES["Hue"]
+    for shift in (37, 219):
+        out = np.zeros_like(img)
+        program = kernels.pixel_program(
+            np.full((16, 1), code, np.uint8), np.full((16, 1), shift, np.int32), (1024, 1024)
+        )
+        kernels.gather(img, np.arange(16), out, crop=crop, ops=program)
+        h, s, v = Image.fromarray(img.reshape(4096, 4096, 3)).convert("HSV").split()
+        h = Image.fromarray((np.asarray(h).astype(np.uint16) + shift).astype(np.uint8), "L")
+        want = np.asarray(Image.merge("HSV", (h, s, v)).convert("RGB")).reshape(img.shape)
+        np.testing.assert_array_equal(out, want, err_msg=f"shift {shift}")

@@ -9,9 +9,9 @@ swept; float32 centre-crop eval with the last batch padded; a mid-epoch state re
 loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped and `patches=` NaFlex
 sequences), torch, MLX (and both with `mixup=`, against
 `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit` (with per-image ops drawn and
-run there), `partition="host"` in two real processes (JAX and torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the
-dataset contract itself on every dataset kind. The "fields" row's records carry a str, a json,
-a fixed and a ragged ndarray field: every path that serves them is checked against the values
+run there), `partition="host"` in two real processes (JAX and torch.distributed), `show`,
+`bench`, `info`/`verify`, TBL → RAW; and the dataset contract itself on every dataset kind.
+The "fields" row's records carry a str, a json, a fixed and a ragged ndarray field: every path that serves them is checked against the values
 the source TAR held (`check_fields`). The geometric row: each record kind converted with a mask
 and boxes (original JPEG bytes refused by name), served through RRC + flip by the JAX and torch
 loaders and by a `ResidentDataset` in jit, against `rules/geometry`'s conversion and serving

@@ -261,6 +261,54 @@ void BindServe(nb::module_& m) {
       "normalize -> dtype/layout into `out` (see tbljax.kernels.serve_jpeg). where(i) -> str "
       "names record i in the error of a record that fails.");
 
+  m.def(
+      "serve_jpeg_views",
+      [](const PyJpegSource& src, nb::list groups, const std::string& layout,
+         const std::string& out_dtype, std::array<double, 3> mean, std::array<double, 3> std,
+         int threads, nb::object where) {
+        // groups: [(count, indices, out, crop, flip, ops)], one per view group.
+        const size_t g = nb::len(groups);
+        std::vector<GatherRequest> requests(g);
+        std::vector<OpsRequest> ops(g);  // sized once: requests point into it
+        std::vector<int64_t> counts(g);
+        for (size_t k = 0; k < g; ++k) {
+          nb::tuple t = nb::cast<nb::tuple>(groups[k]);
+          counts[k] = nb::cast<int64_t>(t[0]);
+          requests[k] = ParseGatherRequest(
+              nb::cast<IndexArray>(t[1], false), nb::cast<OutArray>(t[2], false), layout, out_dtype,
+              mean, std,
+              t[3].is_none() ? std::nullopt
+                             : std::optional<CropArray>(nb::cast<CropArray>(t[3], false)),
+              t[4].is_none() ? std::nullopt
+                             : std::optional<FlipArray>(nb::cast<FlipArray>(t[4], false)));
+          if (!t[5].is_none()) {
+            ops[k] = ParseOps(nb::cast<nb::tuple>(t[5]), requests[k].batch);
+            requests[k].ops = &ops[k];
+          }
+        }
+        if (threads < 0 || threads > kMaxThreads)
+          Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
+                                std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+        Status s;
+        int64_t record = -1;
+        {
+          nb::gil_scoped_release release;
+          s = ServeJpegViews(src.source, requests.data(), counts.data(), static_cast<int64_t>(g),
+                             &PoolFor(threads), &record);
+        }
+        if (!s.ok() && record >= 0 && !where.is_none()) {
+          const std::string name =
+              nb::cast<std::string>(where(requests[0].indices[record * counts[0]]));
+          s = Status(s.code(), name + ": " + s.message());
+        }
+        Check(s);
+      },
+      nb::arg("source"), nb::arg("groups"), nb::arg("layout"), nb::arg("out_dtype"),
+      nb::arg("mean"), nb::arg("std"), nb::arg("threads") = 0, nb::arg("where").none() = nb::none(),
+      "serve_jpeg for several view groups over the same records, each record decoded once "
+      "for all of its views: groups = [(count, indices, out, crop, flip, ops)], rows "
+      "record-major (see tbljax.kernels.serve_jpeg_views).");
+
   m.def("serve_nearest", &ServeNearestPy, nb::arg("maps"), nb::arg("heights").noconvert(),
         nb::arg("widths").noconvert(), nb::arg("crop").noconvert().none(),
         nb::arg("flip").noconvert().none(), nb::arg("out").noconvert(), nb::arg("threads") = 0,

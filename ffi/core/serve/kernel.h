@@ -207,9 +207,11 @@ class RawSource {
 constexpr int kOpNone = 0, kOpAutoContrast = 1, kOpEqualize = 2, kOpInvert = 3, kOpPosterize = 4,
               kOpSolarize = 5, kOpSolarizeAdd = 6, kOpColor = 7, kOpContrast = 8, kOpBrightness = 9,
               kOpSharpness = 10, kOpRotate = 11, kOpTranslateYRel = 17, kOpCutout = 18,
-              kOpGrayscale = 19, kOpGaussianBlur = 20, kOpTvRotate = 21, kOpTvTranslateY = 25;
+              kOpGrayscale = 19, kOpGaussianBlur = 20, kOpTvRotate = 21, kOpTvTranslateY = 25,
+              kOpHue = 26;
 // 11..17: the affine ops (Rotate, ShearX/Y, TranslateX/Y[Rel]); 21..25 torchvision's (TvRotate,
-// TvShearX/Y, TvTranslateX/Y): all resampled alike from their host-built matrices.
+// TvShearX/Y, TvTranslateX/Y): all resampled alike from their host-built matrices. 26: Hue
+// (torchvision's adjust_hue through Pillow's HSV; arg the hue shift 0..255).
 constexpr int kMaxOps = 64, kMaxEraseBoxes = 16, kNormalTableSize = 4096;
 enum class EraseMode : int { kPixel = 0, kRand = 1, kConst = 2 };  // pixel_ops.erase's modes
 

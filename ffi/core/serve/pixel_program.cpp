@@ -60,11 +60,12 @@ Status CheckOps(const OpsRequest& o, int64_t batch, OutDType dtype, int64_t oh, 
     for (int64_t k = 0; k < o.num_ops; ++k) {
       const int code = o.codes[b * o.num_ops + k];
       const int32_t arg = o.args[b * o.num_ops + k];
-      if (code > kOpTvTranslateY)
+      if (code > kOpHue)
         return InvalidArgument("ops: " + Row(b, k) + ": unknown op code " + std::to_string(code));
       const bool bad = (code == kOpPosterize && (arg < 0 || arg > 8)) ||
                        (code == kOpSolarize && (arg < 0 || arg > 256)) ||
-                       (code == kOpSolarizeAdd && (arg < 0 || arg > 255));
+                       (code == kOpSolarizeAdd && (arg < 0 || arg > 255)) ||
+                       (code == kOpHue && (arg < 0 || arg > 255));
       if (bad)
         return InvalidArgument("ops: " + Row(b, k) + ": argument " + std::to_string(arg) +
                                " out of range for op code " + std::to_string(code));

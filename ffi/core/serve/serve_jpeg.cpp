@@ -144,6 +144,68 @@ Status ServeOne(const JpegSource& src, const GatherRequest& r, const JpegServeOp
   return s;
 }
 
+// Record i's views over every group (ServeJpegViews): the union of their boxes decoded once,
+// then each view's box, shifted into that region, through its group's kernel.
+Status ServeViewsOne(const JpegSource& src, const GatherRequest* r, const int64_t* counts,
+                     int64_t groups, const std::vector<SampleKernel>& kernels, int64_t i) {
+  const int64_t rec = r[0].indices[i * counts[0]], rh = src.Height(rec), rw = src.Width(rec);
+  int64_t y0 = rh, x0 = rw, y1 = 0, x1 = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t k = 0; k < counts[g]; ++k) {
+      const int32_t* c = r[g].crops ? r[g].crops + 4 * (i * counts[g] + k) : nullptr;
+      const int64_t by = c ? c[0] : 0, bx = c ? c[1] : 0, bh = c ? c[2] : rh, bw = c ? c[3] : rw;
+      y0 = std::min(y0, by);
+      x0 = std::min(x0, bx);
+      y1 = std::max(y1, by + bh);
+      x1 = std::max(x1, bx + bw);
+    }
+  }
+  SamplePixels base;       // the record (stored RAW) or the decoded region of the union
+  int64_t oy = 0, ox = 0;  // a record position minus (oy, ox) is the position in base
+  thread_local JpegBoxScratch scratch;
+  if (src.StoredRaw(rec)) {
+    base.pixels = src.Data(rec);
+    base.height = rh;
+    base.width = rw;
+  } else {
+    JpegBoxRequest q;
+    q.box[0] = static_cast<int32_t>(y0);
+    q.box[1] = static_cast<int32_t>(x0);
+    q.box[2] = static_cast<int32_t>(y1 - y0);
+    q.box[3] = static_cast<int32_t>(x1 - x0);
+    q.out_h = q.box[2];
+    q.out_w = q.box[3];
+    q.expect_h = static_cast<int>(rh);
+    q.expect_w = static_cast<int>(rw);
+    JpegBoxRegion region;
+    TBLJAX_RETURN_IF_ERROR(
+        DecodeJpegBox(src.Data(rec), static_cast<size_t>(src.Size(rec)), q, &scratch, &region));
+    base.pixels = region.pixels;
+    base.height = region.height;
+    base.width = region.width;
+    base.stride = region.stride;
+    oy = y0 - region.box[0];
+    ox = x0 - region.box[1];
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t k = 0; k < counts[g]; ++k) {
+      const int64_t row = i * counts[g] + k;
+      const int32_t* c = r[g].crops ? r[g].crops + 4 * row : nullptr;
+      SamplePixels px = base;
+      px.y0 = (c ? c[0] : 0) - oy;
+      px.x0 = (c ? c[1] : 0) - ox;
+      px.h = c ? c[2] : rh;
+      px.w = c ? c[3] : rw;
+      TBLJAX_RETURN_IF_ERROR(kernels[static_cast<size_t>(g)].Run(row, px));
+    }
+  }
+  constexpr size_t kKeep = size_t{32} << 20;
+  if (scratch.pixels.capacity() > kKeep || scratch.part.capacity() > kKeep ||
+      scratch.planes.capacity() > kKeep)
+    scratch = JpegBoxScratch();
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ServeJpeg(const JpegSource& src, const GatherRequest& r, const JpegServeOptions& o,
@@ -172,6 +234,52 @@ Status ServeJpeg(const JpegSource& src, const GatherRequest& r, const JpegServeO
   });
   if (failure.row < 0) return Status::Ok();
   if (failed_row != nullptr) *failed_row = failure.row;
+  return failure.status;
+}
+
+Status ServeJpegViews(const JpegSource& src, const GatherRequest* r, const int64_t* counts,
+                      int64_t groups, ThreadPool* pool, int64_t* failed_record) {
+  if (failed_record != nullptr) *failed_record = -1;
+  if (groups < 1 || r == nullptr || counts == nullptr)
+    return InvalidArgument("views: at least one group is needed");
+  std::vector<SampleKernel> kernels(static_cast<size_t>(groups));
+  int64_t n = -1;
+  for (int64_t g = 0; g < groups; ++g) {
+    TBLJAX_RETURN_IF_ERROR(SampleKernel::Prepare(r[g], &kernels[static_cast<size_t>(g)]));
+    TBLJAX_RETURN_IF_ERROR(CheckRecords(src, r[g], kernels[g].out_h(), kernels[g].out_w()));
+    if (counts[g] < 1 || r[g].batch % counts[g] != 0 || (n >= 0 && r[g].batch / counts[g] != n))
+      return InvalidArgument(
+          "views: group " + std::to_string(g) + " has " + std::to_string(r[g].batch) +
+          " rows, not " + std::to_string(counts[g]) + " per record of the other groups' records");
+    n = r[g].batch / counts[g];
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t row = 0; row < r[g].batch; ++row) {
+      if (r[g].indices[row] != r[0].indices[(row / counts[g]) * counts[0]])
+        return InvalidArgument("views: group " + std::to_string(g) + " row " + std::to_string(row) +
+                               " is not its record's view (record-major)");
+    }
+  }
+  if (n == 0) return Status::Ok();
+  if (pool == nullptr) {
+    try {
+      pool = &ThreadPool::Default();
+    } catch (const std::exception& e) {
+      return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
+    }
+  }
+  FirstFailure failure;
+  std::atomic<bool> failed{false};
+  pool->ParallelFor(n, [&](int64_t i) {
+    if (failed.load(std::memory_order_relaxed)) return;
+    Status s = ServeViewsOne(src, r, counts, groups, kernels, i);
+    if (!s.ok()) {
+      failed.store(true, std::memory_order_relaxed);
+      failure.Note(i, std::move(s));
+    }
+  });
+  if (failure.row < 0) return Status::Ok();
+  if (failed_record != nullptr) *failed_record = failure.row;
   return failure.status;
 }
 

@@ -64,4 +64,15 @@ Status ServeJpeg(const JpegSource& source, const GatherRequest& request,
                  const JpegServeOptions& options, ThreadPool* pool = nullptr,
                  int64_t* failed_row = nullptr);
 
+// Serves `groups` requests over the same n records, each record read and decoded once for all
+// of them (views=, multi-crop): request g's rows are the records each repeated counts[g]
+// times, record-major (row i * counts[g] + k: record i's view k; every request's indices say
+// so, checked). A record's views' boxes are decoded as one region, their union, at scale 1,
+// whose bytes are a whole-image decode's: each row gets exactly the bytes ServeJpeg (without
+// dct_scale) gives it. On a failure *failed_record (when not null) is the lowest failing
+// record's position i, -1 otherwise.
+Status ServeJpegViews(const JpegSource& source, const GatherRequest* requests,
+                      const int64_t* counts, int64_t groups, ThreadPool* pool = nullptr,
+                      int64_t* failed_record = nullptr);
+
 }  // namespace tbljax

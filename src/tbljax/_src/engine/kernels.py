@@ -29,6 +29,7 @@ __all__ = [
     "raw_source",
     "record_crc16",
     "serve_jpeg",
+    "prepare_serve_jpeg_views",
     "variable_source",
 ]
 
@@ -395,6 +396,39 @@ def prepare_serve_jpeg(
     args = _batch_args(source.num_records, indices, out, layout, crop, flip, mean, std)
     return functools.partial(
         _core.serve_jpeg, source, *args, dct_scale, contract.check_threads(threads), where, ops_arg(ops), *patch
+    )
+
+
+def prepare_serve_jpeg_views(
+    source: _core.JpegSource,
+    groups,
+    *,
+    layout: str = "NHWC",
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    threads: int = 0,
+    where=None,
+) -> Callable[[], None]:
+    """`serve_jpeg`'s checks for several view groups over the same records (``views=``), then
+    the native call to make: one pass where each record is read and decoded once for all of its
+    views (the union of their boxes, at scale 1: a whole-image decode's bytes), each view then
+    cropped, resized, flipped, run through its ops and normalized from it -- exactly the bytes
+    `serve_jpeg` (``dct_scale=False``) writes view by view.
+
+    `groups`: ``(count, indices, out, crop, flip, ops)`` per group, its rows record-major (row
+    ``i * count + k`` is the i-th record's view k: indices are the records each repeated
+    ``count`` times, the same records in every group)."""
+    if not isinstance(source, _core.JpegSource):
+        raise TypeError(f"source must be a tbljax.kernels.jpeg_source, got {type(source).__name__}")
+    parsed, dtype = [], None
+    for count, indices, out, crop, flip, ops in groups:
+        idx, buf, lay, name, m, s, crop_arr, flip_arr = _batch_args(
+            source.num_records, indices, out, layout, crop, flip, mean, std
+        )
+        dtype = name
+        parsed.append((int(count), idx, buf, crop_arr, flip_arr, ops_arg(ops)))
+    return functools.partial(
+        _core.serve_jpeg_views, source, parsed, layout, dtype, m, s, contract.check_threads(threads), where
     )
 
 

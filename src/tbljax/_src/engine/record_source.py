@@ -11,6 +11,7 @@ reads from the files' mappings.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import weakref
 
@@ -220,27 +221,13 @@ class RecordSource:
         ops = None if ops is None else ops.program()
         kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std, ops=ops, patches=patches)
         started = started or _nothing
+        # `started()` goes between a kernel's checks and its native call: it wakes the next step's
+        # draw, which takes the GIL (checks after it waited: 0.2-1.0 ms of a 27 ms compact step).
+        serve = functools.partial(kernels.prepare_serve_jpeg, indices=indices, out=out, **kw, dct_scale=jpeg_dct_scale)
+        if self.serve_compact(indices, serve, started):
+            return
         if self._verify is not None:
             self._check_records(indices)
-        # `started()` goes between a kernel's checks and its native call: it wakes the next
-        # step's draw, which takes the GIL, and checks made after it waited for that GIL (0.2-1.0
-        # ms of a 27 ms step of 256 compact records on 2 threads, the pool idle meanwhile).
-        if self._jpeg is not None:
-            files = self._ds.files_of(indices)
-            self._ds.check_unchanged(files)  # the kernel reads the mapping, as for RAW records
-            call = kernels.prepare_serve_jpeg(
-                self._jpeg,
-                indices,
-                out,
-                **kw,
-                dct_scale=jpeg_dct_scale,
-                threads=self._threads,
-                where=self._ds.describe_record,
-            )
-            started()
-            call()
-            self._ds.check_unchanged(files)
-            return
         if self._raw:
             # The kernel reads the files' mappings directly: a file truncated or rewritten in
             # place since it was opened must fail the batch, not fill it with other bytes.
@@ -277,6 +264,22 @@ class RecordSource:
         started()
         self._ds.read_into(indices, scratch, self._threads)
         kernels.gather(scratch, np.arange(b, dtype=np.int64), out, **kw)
+
+    def serve_compact(self, indices, prepare, started=None) -> bool:
+        """Compact JPEG records `indices` through ``prepare(source, threads=, where=)``'s native call
+        (`kernels.prepare_serve_jpeg`, `prepare_serve_jpeg_views`) with `fill`'s checks and `started()`
+        (the files unchanged around it: the kernel reads the mapping); False for other records."""
+        if self._jpeg is None:
+            return False
+        if self._verify is not None:
+            self._check_records(indices)
+        files = self._ds.files_of(indices)
+        self._ds.check_unchanged(files)
+        call = prepare(self._jpeg, threads=self._threads, where=self._ds.describe_record)
+        (started or _nothing)()
+        call()
+        self._ds.check_unchanged(files)
+        return True
 
     def _check_records(self, indices) -> None:
         """CorruptFileError for the first of records `indices` whose payload's CRC-16 is not

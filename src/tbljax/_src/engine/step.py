@@ -117,10 +117,12 @@ def has_ops(aug) -> bool:
 
 def check_ops(opts: LoaderOptions) -> None:
     """Refuses, by name, per-image ops the host loaders do not serve: erasing with uint8 output
-    (timm erases the normalized values; there are none in uint8). Every policy
+    (timm erases the normalized values; there are none in uint8), also in a view's Augment. Every policy
     (`randaug.POLICIES`) is served: the C++ stage runs all of `pixel_ops.CODES`."""
-    if has_ops(opts.augment) and opts.augment.erasing is not None and opts.out_dtype == np.uint8:
-        raise ValueError(ERASE_NEEDS_FLOAT)
+    augs = [(opts.augment, "Augment")] + [(aug, f"views[{n!r}]: Augment") for n, _, aug in opts.views or ()]
+    for aug, where in augs:
+        if has_ops(aug) and aug.erasing is not None and opts.out_dtype == np.uint8:
+            raise ValueError(where + ERASE_NEEDS_FLOAT[len("Augment") :])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,21 +167,29 @@ class RowOps:
         )
 
 
-def draw_ops(indices, opts: LoaderOptions, *, epoch, out_hw, repeat=0, xp=np) -> RowOps | None:
-    """The per-image op columns of sample `indices` (global) under ``opts.augment``, keyed by
-    (seed, epoch, index, repeat) like the crops (`randaug.decide`, `erasing.decide_erasing`), or
-    None when the augmentation has none (the kernel then runs today's pass). `out_hw`: (h, w),
-    or (B, 2) each row's own (NaFlex rows, host only). In NumPy for the host loaders, in
-    jax.numpy inside `jax.jit` (ResidentDataset)."""
-    aug = opts.augment
+def draw_ops(indices, opts: LoaderOptions, *, epoch, out_hw, repeat=0, aug=None, view: int = 0, xp=np) -> RowOps | None:
+    """The per-image op columns of sample `indices` (global) under `aug` (default
+    ``opts.augment``), keyed by (seed, epoch, index, repeat, view) like the crops
+    (`randaug.decide`, `erasing.decide_erasing`), or None when the augmentation has none (the
+    kernel then runs today's pass). `out_hw`: (h, w), or (B, 2) each row's own (NaFlex rows,
+    host only). In NumPy for the host loaders, in jax.numpy inside `jax.jit` (ResidentDataset)."""
+    aug = opts.augment if aug is None else aug
     if not has_ops(aug):
         return None
     idx = np.asarray(indices, np.int64) if xp is np else xp.asarray(indices)
-    codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch, repeat=repeat, xp=xp)
+    codes, args = randaug.decide(aug.ops, idx, seed=opts.seed, epoch=epoch, repeat=repeat, view=view, xp=xp)
     boxes = keys = None
     if aug.erasing is not None and np.ndim(out_hw) == 1:
         boxes, keys = erasing.decide_erasing(
-            aug.erasing, idx, height=out_hw[0], width=out_hw[1], seed=opts.seed, epoch=epoch, repeat=repeat, xp=xp
+            aug.erasing,
+            idx,
+            height=out_hw[0],
+            width=out_hw[1],
+            seed=opts.seed,
+            epoch=epoch,
+            repeat=repeat,
+            view=view,
+            xp=xp,
         )
     elif aug.erasing is not None:  # once per distinct size: a row's draw depends on its index, not its batch
         boxes = np.zeros((len(idx), aug.erasing.max_count, 4), np.int32)

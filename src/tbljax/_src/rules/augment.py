@@ -81,9 +81,7 @@ _WORDS_PER_ATTEMPT = 4
 _FLIP_COUNTER = _ATTEMPTS * _WORDS_PER_ATTEMPT
 _REPEAT_STRIDE = 64  # repeat r's counters: + 64 r (past the buckets' 48..49), below randaug's 0x10000
 MAX_REPEATS = 0x10000 // _REPEAT_STRIDE
-# View v's counters: + 0x1000000 v, above repeats' RandAugment words (< 0x410000); uint32 holds 256.
-_VIEW_STRIDE = 0x1000000
-MAX_VIEWS = (1 << 32) // _VIEW_STRIDE
+MAX_VIEWS = randaug.MAX_VIEWS  # view v's counters: + randaug.view_offset(v), one rule for crops and ops
 # TBL stores sides as u16, which keeps the placement product in uint32.
 _MAX_SIDE = contract.MAX_SIDE
 
@@ -375,11 +373,10 @@ def flips(indices, *, seed: int, epoch: int, repeat=0, view: int = 0, xp=np):
 def _keyed(counters, repeat, ndim, xp, view: int = 0):
     """uint32 `counters` of repeat `repeat` (an int, or (B,) ints broadcast over `ndim` more axes)
     and view `view` (an int)."""
-    if not contract.is_integer(view) or not 0 <= view < MAX_VIEWS:
-        raise ValueError(f"view must be an integer in [0, {MAX_VIEWS}), got {view!r}")
+    offset = randaug.view_offset(view)
     r = xp.asarray(repeat).astype(xp.uint32)
     keyed = xp.asarray(counters, dtype=xp.uint32) + r.reshape(r.shape + (1,) * ndim) * xp.uint32(_REPEAT_STRIDE)
-    return keyed + xp.uint32(int(view) * _VIEW_STRIDE) if view else keyed
+    return keyed + xp.uint32(offset) if view else keyed
 
 
 def sample(

@@ -89,9 +89,12 @@ def _erase_tables(er: RandomErasing, height: int, width: int):
     return (side,) + quantiles.area_aspect_tables((er.min_area, er.max_area), (er.min_aspect, er.max_aspect))
 
 
-def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed: int, epoch: int, repeat=0, xp=np):
+def decide_erasing(
+    er: RandomErasing, indices, *, height: int, width: int, seed: int, epoch: int, repeat=0, view: int = 0, xp=np
+):
     """(boxes (B, E, 4) int32 of (y0, x0, h, w), h = 0 for none; keys (B,) uint32 of their
-    noise) for samples `indices` erased on an output of `height` x `width`; E = max_count."""
+    noise) for samples `indices` erased on an output of `height` x `width`; E = max_count.
+    `view`: which view (``views=``; 0 without)."""
     if not isinstance(er, RandomErasing):
         raise ValueError(f"erasing must be a RandomErasing, got {er!r}")
     height, width = _int("height", height, 1, contract.MAX_SIDE), _int("width", width, 1, contract.MAX_SIDE)
@@ -99,7 +102,7 @@ def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed:
     side_t, frac_t, r_t, inv_r_t = (xp.asarray(t) for t in _erase_tables(er, height, width))
     head = order.random_bits(
         idx[:, None],
-        randaug.counters(np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]), randaug.repeats(repeat, 1, xp), xp),
+        randaug.counters(np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]), randaug.repeats(repeat, 1, xp), xp, view),
         seed,
         epoch,
         xp=xp,
@@ -110,7 +113,11 @@ def decide_erasing(er: RandomErasing, indices, *, height: int, width: int, seed:
     e = er.max_count
     local = _ERASE_BOXES + np.arange(4 * _ATTEMPTS * e).reshape(e, _ATTEMPTS, 4)
     u = order.random_bits(
-        idx[:, None, None, None], randaug.counters(local, randaug.repeats(repeat, 3, xp), xp), seed, epoch, xp=xp
+        idx[:, None, None, None],
+        randaug.counters(local, randaug.repeats(repeat, 3, xp), xp, view),
+        seed,
+        epoch,
+        xp=xp,
     )
     shift = xp.uint32(32 - quantiles.BITS)
     s = side_t[count][:, None, None] * frac_t[u[..., 0] >> shift]

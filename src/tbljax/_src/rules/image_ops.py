@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from typing import ClassVar
 
@@ -71,9 +72,10 @@ TA_SPACE = (
     ("AutoContrast", _C["AutoContrast"], None, False),
     ("Equalize", _C["Equalize"], None, False),
 )
-# ColorJitter's adjustments (index = torchvision's fn_id) and the six orders of three.
-_JITTER_CODES = (_C["Brightness"], _C["Contrast"], _C["Color"])
-_ORDERS = np.array([(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)], np.int32)
+# ColorJitter's adjustments (index = torchvision's fn_id), the six orders of three and, with hue, the 24 of four.
+_JITTER_CODES = (_C["Brightness"], _C["Contrast"], _C["Color"], _C["Hue"])
+_ORDERS = np.array(list(itertools.permutations(range(3))), np.int32)
+_ORDERS_HUE = np.array(list(itertools.permutations(range(4))), np.int32)
 
 
 def number(name, v, lo, hi):
@@ -215,41 +217,73 @@ def _jitter_range(name, v):
     return None if lo == hi == 1.0 else (lo, hi)
 
 
+def _hue_range(v):
+    """torchvision's check of hue (center 0, bound 0.5): a number v in [0, 0.5] is [-v, v], a
+    pair (lo, hi) in [-0.5, 0.5] is itself; (0, 0) is None (not applied)."""
+    if v is None:
+        return None
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        lo, hi = number("hue", v[0], -0.5, 0.5), number("hue", v[1], -0.5, 0.5)
+        if lo > hi:
+            raise ValueError(f"hue must be a number or a pair (lo, hi) with -0.5 <= lo <= hi <= 0.5, got {v!r}")
+    else:
+        v = number("hue", v, 0, 0.5)
+        lo, hi = -v, v
+    return None if lo == hi == 0.0 else (lo, hi)
+
+
+def hue_shift(factor) -> int:
+    """torchvision's ``adjust_hue`` shift for a hue factor: ``np.int32(factor * 255)`` (toward
+    zero) as uint8, i.e. mod 256."""
+    return int(factor * 255) & 0xFF
+
+
 @dataclasses.dataclass(frozen=True)
 class ColorJitter:
-    """torchvision's ``ColorJitter(brightness, contrast, saturation)`` on a PIL image: each
-    factor uniform in [max(0, 1 - v), 1 + v] (or the pair given), the three adjustments
-    (Pillow's ImageEnhance Brightness, Contrast, Color) in a random order per image. Hue is
-    not implemented (refused by name).
+    """torchvision's ``ColorJitter(brightness, contrast, saturation, hue)`` on a PIL image: each
+    factor uniform in [max(0, 1 - v), 1 + v] (or the pair given), the hue factor uniform in
+    [-hue, hue] (or the pair given, within [-0.5, 0.5]); the adjustments (Pillow's ImageEnhance
+    Brightness, Contrast, Color, and torchvision's ``adjust_hue``: Pillow's HSV with the hue
+    shifted by ``int(factor * 255)`` mod 256) in a random order per image.
 
     >>> ColorJitter(0.3, 0.3, 0.3).brightness
     (0.7, 1.3)
+    >>> ColorJitter(hue=0.1).num_slots
+    4
     """
 
     brightness: object = 0.0
     contrast: object = 0.0
     saturation: object = 0.0
-    hue: float = 0.0
-    num_slots: ClassVar[int] = 3
+    hue: object = 0.0
 
     def __post_init__(self):
         for name in ("brightness", "contrast", "saturation"):
             object.__setattr__(self, name, _jitter_range(name, getattr(self, name)))
-        if self.hue not in (0, None):
-            raise ValueError(
-                f"ColorJitter hue={self.hue!r} is not implemented (brightness, contrast and saturation are); pass hue=0"
-            )
+        object.__setattr__(self, "hue", _hue_range(self.hue))
+
+    @property
+    def num_slots(self) -> int:
+        """3, or 4 with hue (without it the order is drawn among the three, as before hue)."""
+        return 3 if self.hue is None else 4
 
     def factor_tables(self) -> tuple:
-        """Per adjustment, int32 (4096,) float32 bits of its factor quantiles, or None."""
-        return tuple(
+        """Per adjustment, int32 (4096,) of its argument at the factor quantiles (float32 bits;
+        hue: the shift), or None."""
+        tables = [
             None if r is None else _table(quantiles.uniform_table(*r))
             for r in (self.brightness, self.contrast, self.saturation)
-        )
+        ]
+        if self.hue is not None:
+            t = np.array([hue_shift(v) for v in quantiles.uniform_table(*self.hue).tolist()], np.int32)
+            t.setflags(write=False)
+            tables.append(t)
+        return tuple(tables)
 
     def draw(self, u, xp):
-        """(codes (B, 3), args (B, 3)) from words u (B, 3, 4): slot 0 word 0 the order, slot a
-        word 2 adjustment a's factor; the slots hold the adjustments in their drawn order."""
+        """(codes (B, S), args (B, S)) from words u (B, S, 4), S = `num_slots`: slot 0 word 0 the
+        order, slot a word 2 adjustment a's factor; the slots hold the adjustments in their drawn
+        order."""
         codes, args = [], []
         for a, t in enumerate(self.factor_tables()):
             if t is None:
@@ -258,7 +292,8 @@ class ColorJitter:
             else:
                 codes.append(xp.full(u.shape[:1], _JITTER_CODES[a], xp.uint8))
                 args.append(xp.asarray(t)[(u[:, a, 2] >> (32 - quantiles.BITS)).astype(xp.int32)])
-        order = xp.asarray(_ORDERS)[choice(u[:, 0, 0], len(_ORDERS), xp)]
+        orders = _ORDERS if self.hue is None else _ORDERS_HUE
+        order = xp.asarray(orders)[choice(u[:, 0, 0], len(orders), xp)]
         return (
             xp.take_along_axis(xp.stack(codes, axis=1), order, axis=1),
             xp.take_along_axis(xp.stack(args, axis=1), order, axis=1),

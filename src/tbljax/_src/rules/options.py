@@ -211,8 +211,6 @@ class LoaderOptions:
                     f"{where}: the Augment needs a fixed size=(height, width) (each view's output), "
                     f"got size={aug.size!r}"
                 )
-            if aug.ops or aug.erasing is not None:
-                raise ValueError(f"{where}: Augment(ops=/erasing=) per view: not served yet")
             if scale_jitter.on_canvas(aug):
                 raise ValueError(f"{where}: Augment(scale_jitter=/crop='longer_pad') per view: not served yet")
             kept.append((name, int(count), aug))

@@ -36,6 +36,9 @@ slow on purpose (whole-image NumPy, a Python loop only over an image's 256-entry
   factor, float32 bits; ``TvTranslateX/Y``: whole pixels): `tv_affine_matrix`, torchvision's
   ``_get_inverse_affine_matrix`` (shears about (0, 0), translations about the centre), Pillow's
   ``rotate`` for ``TvRotate``; resampled as the affine ops above.
+- ``Hue`` (arg = the hue shift, 0..255): torchvision's ``adjust_hue`` on a PIL image: Pillow's
+  ``convert("HSV")``, ``h + shift`` mod 256, ``convert("RGB")`` (`_hue`: Pillow's ``rgb2hsv_row``
+  and ``hsv2rgb`` with their float32/float64 steps written out).
 - ``Cutout`` (big_vision's RandAugment only; arg = ``pad << 24 | cy12 << 12 | cx12``): TF's
   cutout, a square of half-side ``pad`` about ``(cy12 * H >> 12, cx12 * W >> 12)``, clipped to
   the image, set to ``fill``.
@@ -103,6 +106,7 @@ CODES = {
     "TvShearY": 23,
     "TvTranslateX": 24,
     "TvTranslateY": 25,
+    "Hue": 26,
 }
 # torchvision's geometric ops on a PIL image (TrivialAugmentWide): the argument is the level itself.
 TV_AFFINE = frozenset(CODES[n] for n in ("TvRotate", "TvShearX", "TvShearY", "TvTranslateX", "TvTranslateY"))
@@ -164,6 +168,42 @@ def _luma(image):
     """Pillow's RGB -> L: (19595 r + 38470 g + 7471 b + 0x8000) >> 16, as uint8."""
     x = image.astype(np.int64)
     return ((x[..., 0] * 19595 + x[..., 1] * 38470 + x[..., 2] * 7471 + 0x8000) >> 16).astype(np.uint8)
+
+
+def _round(x):
+    """C's round (half away from zero) of non-negative float64 values."""
+    f = np.floor(x)
+    return np.where(x - f >= 0.5, f + 1, f)
+
+
+def _hue(image, shift):
+    """Pillow's RGB -> HSV (``rgb2hsv_row``), ``h += shift`` in uint8, HSV -> RGB (``hsv2rgb``):
+    float32 variables and float64 literals rounded where the C code rounds them."""
+    f32, f64 = np.float32, np.float64
+    x = image.astype(np.int64)
+    r, g, b = x[..., 0], x[..., 1], x[..., 2]
+    maxc, minc = x.max(axis=-1), x.min(axis=-1)
+    gray = maxc == minc
+    cr = np.where(gray, 1, maxc - minc).astype(f32)
+    s = (cr / np.maximum(maxc, 1).astype(f32)).astype(f32)
+    rc, gc, bc = (((maxc - c).astype(f32) / cr).astype(f32).astype(f64) for c in (r, g, b))
+    h = np.where(r == maxc, bc - gc, np.where(g == maxc, 2.0 + rc - bc, 4.0 + gc - rc)).astype(f32)
+    h = np.fmod(h.astype(f64) / 6.0 + 1.0, 1.0).astype(f32)
+    uh = np.where(gray, 0, np.clip(np.trunc(h.astype(f64) * 255.0), 0, 255)).astype(np.int64)
+    us = np.where(gray, 0, np.clip(np.trunc(s.astype(f64) * 255.0), 0, 255)).astype(np.int64)
+    uh = (uh + int(shift)) & 0xFF
+    hh = uh.astype(f64) * 6.0 / 255.0
+    i = np.floor(hh).astype(np.int64)
+    f = (hh - i).astype(f32)
+    fs = (us.astype(f64) / 255.0).astype(f32)
+    v = maxc.astype(f64)
+    p = np.clip(_round(v * (1.0 - fs.astype(f64))), 0, 255)
+    q = np.clip(_round(v * (1.0 - (fs * f).astype(f64))), 0, 255)
+    t = np.clip(_round(v * (1.0 - fs.astype(f64) * (1.0 - f.astype(f64)))), 0, 255)
+    sector = [(v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)]
+    out = np.stack([np.choose(i % 6, [sec[c] for sec in sector]) for c in range(3)], axis=-1)
+    out = np.where((us == 0)[..., None], v[..., None], out)
+    return out.astype(np.uint8)
 
 
 def _blend(degenerate, image, factor):
@@ -303,6 +343,8 @@ def apply(
         return _lut(image, [np.where(i < 128, np.minimum(255, i + arg), i)] * 3)
     if name == "Cutout":
         return _cutout(image, arg, fill)
+    if name == "Hue":
+        return _hue(image, arg)
     if name == "Grayscale":
         return np.repeat(_luma(image)[..., None], 3, axis=2)
     if code in AFFINE | TV_AFFINE:

@@ -8,6 +8,8 @@ counters random erasing (`erasing.py`) shares. The pixels are `pixel_ops`' rules
 ``0x40 * i + 4 * j + {0: which op, 1: apply?, 2: magnitude, 3: sign (Cutout: its centre)}``
 (at most 4 policies of 16 ops); erasing (`erasing.py`) uses 0x100 (apply?), 0x101 (count),
 0x102 (noise key) and ``0x200 + 4 * (10 * box + attempt) + {0: area, 1: aspect, 2: top, 3: left}``.
+View v of a sample (``views=``) adds ``VIEW_STRIDE * v`` to every counter, the crops' included
+(`view_offset`): view 0 is the sample without views.
 
 **Draws, exact on every path.** Which op: ``((w >> 16) * P) >> 16`` (uniform with replacement,
 as timm's ``np.random.choice``). Apply: the top 24 bits against ``round(prob * 2**24)``. The
@@ -39,12 +41,15 @@ from tbljax._src.rules import contract, image_ops, order, pixel_ops, quantiles
 __all__ = [
     "OP_NAMES",
     "POLICIES",
+    "MAX_VIEWS",
     "RandAugment",
+    "VIEW_STRIDE",
     "arg_table",
     "counters",
     "decide",
     "op_arg",
     "repeats",
+    "view_offset",
 ]
 
 # timm's RandAugment op names (LEVEL_TO_ARG) this module has a pixel rule for, and its lists.
@@ -131,6 +136,9 @@ _BIG_VISION = (
 CONVENTIONS = ("timm", "big_vision")
 _BITS = quantiles.BITS
 _BASE, _REPEAT_STRIDE, _POLICY_STRIDE = 0x10000, 0x1000, 0x40
+# View v's counters: + 0x1000000 v, above every repeat's words here (< 0x410000); uint32 holds 256.
+VIEW_STRIDE = 0x1000000
+MAX_VIEWS = (1 << 32) // VIEW_STRIDE
 _MAX_OPS, _MAX_POLICIES = 16, 4
 
 
@@ -338,10 +346,18 @@ def arg_table(ra: RandAugment) -> np.ndarray:
     return t
 
 
-def counters(local, repeat, xp):
-    """A sample's counters: ``0x10000 + 0x1000 * repeat + local`` as uint32 (`repeats` shapes
-    `repeat` to broadcast against `local`)."""
-    return xp.asarray(_BASE + local, xp.uint32) + repeat * xp.uint32(_REPEAT_STRIDE)
+def view_offset(view) -> int:
+    """View `view`'s counter offset, ``VIEW_STRIDE * view``; a ValueError outside [0, MAX_VIEWS)."""
+    if not contract.is_integer(view) or not 0 <= view < MAX_VIEWS:
+        raise ValueError(f"view must be an integer in [0, {MAX_VIEWS}), got {view!r}")
+    return int(view) * VIEW_STRIDE
+
+
+def counters(local, repeat, xp, view: int = 0):
+    """A sample's counters: ``0x10000 + 0x1000 * repeat + local`` (+ `view_offset`) as uint32
+    (`repeats` shapes `repeat` to broadcast against `local`)."""
+    c = xp.asarray(_BASE + local, xp.uint32) + repeat * xp.uint32(_REPEAT_STRIDE)
+    return c + xp.uint32(view_offset(view)) if view else c
 
 
 def repeats(repeat, ndim, xp):
@@ -352,10 +368,10 @@ def repeats(repeat, ndim, xp):
     return r.reshape(r.shape + (1,) * ndim)
 
 
-def decide(policies, indices, *, seed: int, epoch: int, repeat=0, xp=np):
+def decide(policies, indices, *, seed: int, epoch: int, repeat=0, view: int = 0, xp=np):
     """(ops (B, K) uint8, op_args (B, K) int32) for samples `indices` under `policies` (a sequence
     of `RandAugment` and `image_ops` ops, applied in order; K = their slots summed: num_ops for
-    RandAugment); op 0 where an op is not applied."""
+    RandAugment); op 0 where an op is not applied. `view`: which view (``views=``; 0 without)."""
     policies = tuple(policies)
     if len(policies) > _MAX_POLICIES or not all(isinstance(p, POLICIES) for p in policies):
         names = ", ".join(c.__name__ for c in POLICIES)
@@ -366,7 +382,7 @@ def decide(policies, indices, *, seed: int, epoch: int, repeat=0, xp=np):
     for i, ra in enumerate(policies):
         slots = ra.num_ops if isinstance(ra, RandAugment) else ra.num_slots
         local = _POLICY_STRIDE * i + np.arange(4 * slots).reshape(slots, 4)
-        u = order.random_bits(idx[:, None, None], counters(local, rep, xp), seed, epoch, xp=xp)
+        u = order.random_bits(idx[:, None, None], counters(local, rep, xp, view), seed, epoch, xp=xp)
         if not isinstance(ra, RandAugment):
             code, arg = ra.draw(u, xp)
             codes.append(code.astype(xp.uint8))
