@@ -216,13 +216,11 @@ class RecordSource:
         """Writes records `indices` into `out` (the kernel's arguments, `tbljax.kernels.gather`;
         `jpeg_dct_scale`: `tbljax.kernels.serve_jpeg`'s dct_scale, for compact records).
         `started()`, if given, is called just before the first native call that releases the
-        GIL for the batch (`Plan.build_host`). `ops`: the rows' per-image ops (`step.RowOps`).
-        `patches`: NaFlex rows, (p, sizes) (`tbljax.kernels.gather`)."""
+        GIL for the batch (`Plan.build_host`): it wakes the next draw. `ops`: the rows' per-image
+        ops (`step.RowOps`). `patches`: NaFlex rows, (p, sizes) (`tbljax.kernels.gather`)."""
         ops = None if ops is None else ops.program()
         kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std, ops=ops, patches=patches)
         started = started or _nothing
-        # `started()` goes between a kernel's checks and its native call: it wakes the next step's
-        # draw, which takes the GIL (checks after it waited: 0.2-1.0 ms of a 27 ms compact step).
         serve = functools.partial(kernels.prepare_serve_jpeg, indices=indices, out=out, **kw, dct_scale=jpeg_dct_scale)
         if self.serve_compact(indices, serve, started):
             return
@@ -266,9 +264,8 @@ class RecordSource:
         kernels.gather(scratch, np.arange(b, dtype=np.int64), out, **kw)
 
     def serve_compact(self, indices, prepare, started=None) -> bool:
-        """Compact JPEG records `indices` through ``prepare(source, threads=, where=)``'s native call
-        (`kernels.prepare_serve_jpeg`, `prepare_serve_jpeg_views`) with `fill`'s checks and `started()`
-        (the files unchanged around it: the kernel reads the mapping); False for other records."""
+        """Compact records `indices` through ``prepare(source, threads=, where=)``'s native call with
+        `fill`'s checks, `started()` and the files unchanged around it; False for other records."""
         if self._jpeg is None:
             return False
         if self._verify is not None:
