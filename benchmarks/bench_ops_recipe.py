@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import kodak_photos, machine, median, rounds  # noqa: E402
 
-WARMUP = 3
+WARMUP = 6  # past the ring slots' first writes and the first epoch (see bench_vit_peers.py)
 
 
 def worker(path: str, recipe: bool, batches: int, batch_size: int) -> dict:
