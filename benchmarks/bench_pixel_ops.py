@@ -1,7 +1,8 @@
 """The pixel program's cost per op (issue 47's Fast): each RandAugment op code alone (magnitude 9,
 bilinear, and the affine ops also at nearest) on 64 rows of 224 x 224 through `kernels.gather`
 (uint8 out, no crop: the resize is a copy), the median of runs minus the median of the same
-gather with no op, as wall-clock µs per image on the default pool. The active SIMD target is
+gather with no op, as wall-clock µs per image on the default pool, and as CPU µs per image (all
+threads: on a shared host the steadier figure). The active SIMD target is
 TBLJAX_SIMD's (default: the best the CPU has).
 
     python benchmarks/bench_pixel_ops.py [--runs 15] [--ops Rotate,ShearX]
@@ -30,17 +31,19 @@ def photos() -> np.ndarray:
     return np.stack([np.asarray(Image.open(p).convert("RGB").resize((SIZE, SIZE))) for p in paths])
 
 
-def timed(src, out, ops, runs: int) -> float:
+def timed(src, out, ops, runs: int) -> tuple[float, float]:
+    """Median wall-clock and CPU (all threads) seconds of a gather."""
     from tbljax._src.engine import kernels
 
     idx = np.arange(len(src), dtype=np.int64)
     kernels.gather(src, idx, out, ops=ops)  # warm-up
-    times = []
+    wall, cpu = [], []
     for _ in range(runs):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         kernels.gather(src, idx, out, ops=ops)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def main() -> None:
@@ -59,9 +62,9 @@ def main() -> None:
     print(f"# {machine()}; tbljax kernel target {tbljax.kernels.kernel_target()}")
     print(
         f"# {len(src)} rows of {SIZE}x{SIZE}, median of {a.runs} runs;"
-        f" no-op gather {1e6 * base / len(src):.1f} µs/image"
+        f" no-op gather {1e6 * base[0] / len(src):.1f} µs/image"
     )
-    print(f"{'op':<16}{'interp':<10}{'µs/image':>10}")
+    print(f"{'op':<16}{'interp':<10}{'µs/image':>10}{'CPU µs/image':>14}")
     for name in names:
         affine = pixel_ops.CODES[name] in pixel_ops.AFFINE
         for interp in ("bilinear", "nearest") if affine else ("bilinear",):
@@ -70,8 +73,8 @@ def main() -> None:
             codes = np.full((len(src), 1), code, np.uint8)
             args = np.full((len(src), 1), arg, np.int32)
             ops = kernels.pixel_program(codes, args, (SIZE, SIZE), policies=(ra,))
-            dt = timed(src, out, ops, a.runs) - base
-            print(f"{name:<16}{interp:<10}{1e6 * dt / len(src):>10.1f}")
+            wall, cpu = (1e6 * (v - b) / len(src) for v, b in zip(timed(src, out, ops, a.runs), base))
+            print(f"{name:<16}{interp:<10}{wall:>10.1f}{cpu:>14.1f}")
 
 
 if __name__ == "__main__":
