@@ -67,6 +67,7 @@ ROOMS = [
             "step",
             "views",
             "native_res",
+            "naflex_lengths",
             "canvas",
             "file_sweep",
             "record_source",

@@ -13,7 +13,7 @@ import tbljax
 from tbljax._src.engine import native_res
 from tbljax._src.rules import augment as _augment
 from tbljax._src.rules import buckets as _buckets
-from tbljax._src.rules import naflex
+from tbljax._src.rules import naflex, order
 
 import oracle
 
@@ -139,7 +139,6 @@ def test_patches_rows_unpatchify_to_the_oracle_resize_at_the_sequence_size(data)
         (dict(buckets=BUCKETS, repeats=2), "buckets with repeats=2"),
         (dict(patches=tbljax.Patches(), layout="NCHW"), "patches with layout='NCHW'"),
         (dict(patches=tbljax.Patches(max_tokens=16, pack=True)), "patches with pack=True"),
-        (dict(patches=tbljax.Patches(max_tokens=[16, 32], tokens_per_batch=64)), "list of max_tokens"),
         (dict(patches=tbljax.Patches(), augment=tbljax.Augment(size=(8, 8))), "patches with an Augment size"),
         (dict(buckets=(8, 8)), "buckets must be None or a tbljax.Buckets"),
     ],
@@ -244,3 +243,132 @@ def test_mixup_cutmix_refuses_a_patch_sequence_batch_by_name(data):
         tbljax.ops.mixup_cutmix(b["image"], b["label"], seed=0, step=0, num_classes=32)
     with pytest.raises(ValueError, match="pass layout='NHWC'"):  # torch's default layout
         _adapter("torch")[0].loader(path, 4, patches=tbljax.Patches(size=4, max_tokens=20))
+
+
+# A length schedule (issue 49): 16, 36 or 64 patches of 4², 256 tokens a step (at most).
+SCHEDULE = tbljax.Patches(size=4, max_tokens=[36, 64, 16], tokens_per_batch=256, batch_divisor=2)
+
+
+def _schedule_reference(n, seed, epoch, drop_remainder):
+    """The documented rule in plain Python: canonical batch j draws its length from the
+    random word of (seed, epoch 0, j, counter 64), its batch timm's floor(256 / (L·2))·2 (at
+    least 1); batches until they cover n; the epoch permutes them (keyed seed ^ "LENS" << 32)
+    and fills them front to back from the epoch's record order. [(length, records, rows)]."""
+    lengths = [16, 36, 64]
+    batches, covered, j = [], 0, 0
+    while covered < n:
+        u = int(order.random_bits(np.array([j]), np.uint32(64), seed, 0)[0])
+        length = lengths[u * 3 >> 32]
+        rows = max(1, 256 // (length * 2) * 2)
+        batches.append((length, rows, min(rows, n - covered)))
+        covered, j = covered + rows, j + 1
+    if drop_remainder and batches[-1][2] < batches[-1][1]:
+        batches.pop()
+    perm = order.permute(np.arange(len(batches)), len(batches), seed ^ (0x4C454E53 << 32), epoch)
+    out, pos = [], 0
+    for k in perm:
+        length, rows, count = batches[k]
+        out.append((length, order.permute(np.arange(pos, pos + count), n, seed, epoch).tolist(), rows))
+        pos += count
+    return out
+
+
+def _schedule_loader(path, **kw):
+    kw = dict(patches=SCHEDULE, seed=SEED, dtype="uint8", augment="flip", drop_remainder=False) | kw
+    opts = tbljax.LoaderOptions(batch_size=kw.pop("batch_size", 16), **kw)
+    return tbljax.HostLoader(tbljax.open(path), opts)
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_length_schedule_steps_follow_timms_rule_and_each_row_is_the_fixed_length_loaders(data, drop_remainder):
+    """Each step's length, batch size and records are the documented rule's; a row at length L
+    is, bit for bit with its patch keys, the row of a loader at fixed max_tokens=L for the same
+    record; every record once an epoch (the dropped remainder's records skipped)."""
+    _, path = data
+    n = len(SIZES)
+    fixed = {}  # (length, epoch, record) -> its row and patch keys under a fixed max_tokens
+    for length in (16, 36, 64):
+        for epoch in (0, 1):
+            one = tbljax.HostLoader(
+                tbljax.open(path),
+                tbljax.LoaderOptions(
+                    batch_size=n,
+                    patches=tbljax.Patches(size=4, max_tokens=length),
+                    seed=SEED,
+                    dtype="uint8",
+                    augment="flip",
+                    num_epochs=epoch + 1,
+                ),
+            )
+            one.set_epoch(epoch)
+            hb = next(iter(one))
+            for r, i in enumerate(hb.index):
+                fixed[length, epoch, int(i)] = [hb.image[r]] + [hb.fields[k][0][r] for k in native_res.PATCH_KEYS]
+    ld = _schedule_loader(path, num_epochs=2, drop_remainder=drop_remainder)
+    got = list(ld)
+    want = _schedule_reference(n, SEED, 0, drop_remainder) + _schedule_reference(n, SEED, 1, drop_remainder)
+    assert len(got) == len(want) == 2 * len(ld)
+    for hb, (length, records, rows) in zip(got, want):
+        assert hb.image.shape == (rows, length, 48) and rows * length <= 256
+        assert hb.index.tolist() == records + [-1] * (rows - len(records))
+        for r, i in enumerate(records):
+            row = [hb.image[r]] + [hb.fields[k][0][r] for k in native_res.PATCH_KEYS]
+            for a, b in zip(row, fixed[length, hb.epoch, i]):
+                np.testing.assert_array_equal(a, b)
+        assert not hb.image[len(records) :].any() and not hb.fields["patch_valid"][0][len(records) :].any()
+    for epoch in (0, 1):
+        seen = sorted(i for hb in got if hb.epoch == epoch for i in hb.index.tolist() if i >= 0)
+        assert seen == sorted(i for _, rec, _ in _schedule_reference(n, SEED, epoch, drop_remainder) for i in rec)
+        assert drop_remainder or seen == list(range(n))
+
+
+def test_length_schedule_resumes_exactly_and_refuses_a_position_off_its_steps(data):
+    _, path = data
+    full = list(_schedule_loader(path, num_epochs=2))
+    ld = _schedule_loader(path, num_epochs=2)
+    it = iter(ld)
+    for _ in range(3):
+        next(it)
+    state = ld.state_dict()
+    ld.close()
+    again = _schedule_loader(path, num_epochs=2)
+    again.load_state_dict(state)
+    tail = list(again)
+    assert len(tail) == len(full) - 3
+    for a, b in zip(tail, full[3:]):
+        assert (a.epoch, a.position) == (b.epoch, b.position)
+        np.testing.assert_array_equal(a.image, b.image)
+        np.testing.assert_array_equal(a.index, b.index)
+    starts = {hb.position for hb in full if hb.epoch == 0}
+    off = next(p for p in range(1, len(SIZES)) if p not in starts)
+    with pytest.raises(ValueError, match=f"position {off} of epoch 0 is not the start of a step"):
+        again.load_state_dict(dict(state, epoch=0, position=off))
+
+
+@pytest.mark.parametrize("framework", ["torch", "mlx"])
+def test_length_schedule_on_torch_and_mlx_splits_each_step_over_the_ranks(data, framework):
+    _, path = data
+    mod, arr = _adapter(framework)
+    kw = dict(seed=SEED, dtype="uint8", augment="flip", drop_remainder=False, layout="NHWC", patches=SCHEDULE)
+    want = list(_schedule_loader(path, num_epochs=1))
+    for rank in (0, 1):
+        got = list(mod.loader(path, 8, rank=rank, world_size=2, **kw))
+        assert len(got) == len(want)
+        for batch, w in zip(got, want):
+            b = len(w.index) // 2
+            rows = slice(rank * b, rank * b + b)
+            np.testing.assert_array_equal(arr(batch.images), w.image[rows])
+            np.testing.assert_array_equal(arr(batch.index), w.index[rows])
+            for k in native_res.PATCH_KEYS:
+                np.testing.assert_array_equal(arr(batch.fields[k]), w.fields[k][0][rows])
+
+
+def test_length_schedule_refuses_what_it_cannot_serve_by_name(data):
+    _, path = data
+    with pytest.raises(ValueError, match="length schedule.* on tbljax.loader: not served yet"):
+        tbljax.loader(path, 16, patches=SCHEDULE, dtype="uint8")
+    with pytest.raises(ValueError, match="batch_size must be the schedule's largest step, 16 rows"):
+        _schedule_loader(path, batch_size=8)
+    odd = tbljax.Patches(size=4, max_tokens=[16, 36], tokens_per_batch=256, batch_divisor=1)
+    with pytest.raises(ValueError, match=r"\(36, 7\)\] do not split over 2 ranks"):
+        _adapter("torch")[0].loader(path, 8, rank=0, world_size=2, patches=odd, layout="NHWC")

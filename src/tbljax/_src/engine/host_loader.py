@@ -20,6 +20,7 @@ from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.canvas import CANVAS_KEYS, CanvasServing
 from tbljax._src.engine.geometric_serving import GeometricServing
+from tbljax._src.engine.naflex_lengths import LengthServing
 from tbljax._src.engine.plan import Plan
 from tbljax._src.engine.producer import Metrics, Pass
 from tbljax._src.engine.record_source import open_source
@@ -167,6 +168,8 @@ class HostLoader:
                 "the augmentation's crop; pass fields= without them)"
             )
         native_res.check_names(self._fields.names)
+        if opts.patches is not None and isinstance(opts.patches.max_tokens, tuple):
+            return LengthServing(self._source.geometry, self._source.n, opts, self._rows)
         return native_res.serving(self._source.geometry, self._source.n, opts, self._rows.global_batch)
 
     def _canvas_serving(self) -> CanvasServing | None:
@@ -208,6 +211,9 @@ class HostLoader:
         """A row under buckets (the bucket of the step at `cursor`; None: the largest) or
         patches."""
         nr = self._native
+        if isinstance(nr, LengthServing):  # the cursor's step's length (None: what the ring holds)
+            starts = [] if cursor is None else nr.starts(*cursor)
+            return nr.patches(cursor[0], starts[0]).row_shape if starts else nr.row_shape
         if isinstance(nr, native_res.PatchServing):
             return nr.row_shape
         if cursor is None:
@@ -271,6 +277,8 @@ class HostLoader:
         """One row of the next batch: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW (the cursor's
         epoch's size under a size schedule, the cursor's step's bucket under buckets; a batch's
         own shape says what it holds)."""
+        if isinstance(self._native, LengthServing):
+            return self._native_row_shape(self._cursor)
         if self._native is not None:
             epoch, position = self._cursor
             return self._native_row_shape((epoch, min(position, len(self) * self._rows.global_batch - 1)))
@@ -287,6 +295,8 @@ class HostLoader:
     # ---- the iterator protocol and the state ----
     def __len__(self) -> int:
         """Steps in one epoch."""
+        if isinstance(self._native, LengthServing):
+            return self._native.steps()
         return self._step_parts.steps(self._rows.global_batch, drop_remainder=self.options.drop_remainder)
 
     @property
@@ -382,6 +392,9 @@ class HostLoader:
         )
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run
+        if isinstance(self._native, LengthServing):  # a step start (refused otherwise), or the epoch's end
+            self._cursor = (epoch, position) if self._native.starts(epoch, position) else (epoch + 1, 0)
+            return
         self._cursor = self._step_parts.advance(
             epoch, position, self._rows.global_batch, drop_remainder=self.options.drop_remainder
         )

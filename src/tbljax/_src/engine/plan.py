@@ -19,6 +19,7 @@ from tbljax._src.engine import views as _views
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.canvas import CanvasServing
 from tbljax._src.engine.geometric_serving import GeometricServing
+from tbljax._src.engine.naflex_lengths import LengthServing
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
 from tbljax._src.engine.ring import Slot
 from tbljax._src.engine.rows import RowLayout
@@ -122,12 +123,28 @@ class Plan:
     # holds this process's part); None: one part, the whole dataset.
     parts: Parts | None = None
     fields: FieldServing | None = None  # the record fields served beside the image
-    # Buckets or patches (`engine/native_res.py`): what decides a step's rows and shapes; or None.
-    native: native_res.BucketServing | native_res.PatchServing | None = None
+    # Buckets or patches (`engine/native_res.py`, a length schedule's `engine/naflex_lengths.py`):
+    # what decides a step's rows and shapes; or None.
+    native: native_res.BucketServing | native_res.PatchServing | LengthServing | None = None
 
     @property
     def buckets(self) -> native_res.BucketServing | None:
         return self.native if isinstance(self.native, native_res.BucketServing) else None
+
+    @property
+    def lengths(self) -> LengthServing | None:
+        return self.native if isinstance(self.native, LengthServing) else None
+
+    def ranges(self, epoch, first) -> tuple[tuple[int, int], ...]:
+        """This process's row ranges of the step at `first` (a length schedule's change a step)."""
+        return self.layout.ranges if self.lengths is None else self.lengths.ranges(epoch, first)
+
+    def next_cursor(self, epoch, first) -> tuple[int, int]:
+        """The cursor after the step at `first` of `epoch` (the next epoch's start after its last)."""
+        if self.lengths is not None:
+            return self.lengths.next_cursor(epoch, first)
+        g = self.layout.global_batch
+        return self.slots.advance(epoch, first + g, g, drop_remainder=self.opts.drop_remainder)
 
     geometric: GeometricServing | None = None  # masks, boxes, ... through the image's geometry
     # Canvas rows (Augment(scale_jitter=...), crop='longer_pad'): what fills them; or None.
@@ -148,8 +165,10 @@ class Plan:
             return Parts.whole(self.buckets.steps * self.layout.global_batch)
         return self.part.times(self.opts.repeats)
 
-    def step_rows(self, first) -> tuple[int, int]:
+    def step_rows(self, first, epoch=0) -> tuple[int, int]:
         """(first position, real rows) of this process's step starting at `first`."""
+        if self.lengths is not None:
+            return first, self.lengths.step(epoch, first)[3]
         return first, min(self.layout.global_batch, self.slots.n - first)
 
     def steps(self):
@@ -205,8 +224,9 @@ class Plan:
         they were resident already (nothing asked)."""
         src, opts = self.source, self.opts
         resident = True
-        for a, b in self.layout.ranges:
-            pos = np.arange(first + a, min(first + b, self.slots.n), dtype=np.int64)
+        end = sum(self.step_rows(first, epoch))
+        for a, b in self.ranges(epoch, first):
+            pos = np.arange(first + a, min(first + b, end), dtype=np.int64)
             if not len(pos):
                 continue
 
@@ -227,6 +247,10 @@ class Plan:
         part, g = self.slots, self.layout.global_batch
         epoch, position = self.start
         while self.end_epoch is None or epoch < self.end_epoch:
+            if self.lengths is not None:
+                yield from ((epoch, s) for s in self.lengths.starts(epoch, position))
+                epoch, position = epoch + 1, 0
+                continue
             count = part.steps(g, drop_remainder=self.opts.drop_remainder, start=position)
             for s in range(count):
                 yield epoch, position + s * g
@@ -244,15 +268,16 @@ class Plan:
             row = src.row_shape(opts, epoch)
             out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
         drawn = []
-        for a, b in self.layout.ranges:
+        end = sum(self.step_rows(first, epoch))
+        for a, b in self.ranges(epoch, first):
             if self.buckets is not None:
                 idx, boxes, flip = self.buckets.draw(epoch, first, a, b)
                 drawn.append(RowsDrawn(idx, boxes, flip, idx, None))
                 continue
-            nvalid = int(np.clip(self.slots.n - (first + a), 0, b - a))
+            nvalid = int(np.clip(end - (first + a), 0, b - a))
             pos = np.arange(first + a, first + a + nvalid, dtype=np.int64)
             idx, boxes, flip, repeat = src.draw(
-                pos, opts, epoch, first_index, self.step_rows(first), boxes_field=self.bbox_field
+                pos, opts, epoch, first_index, self.step_rows(first, epoch), boxes_field=self.bbox_field
             )
             ops = None
             if out_hw is not None:
@@ -272,20 +297,21 @@ class Plan:
         mean, std = opts.normalization
         drawn = self.draw(epoch, first) if drawn is None else drawn
         slot = ring.acquire(stop)
-        views = slot.views(self.row_shape(epoch, first))  # a size schedule's size of `epoch`
+        ranges = self.ranges(epoch, first)
+        # A size schedule's size of `epoch`; a length schedule's length and rows of the step.
+        views = slot.views(self.row_shape(epoch, first), None if self.lengths is None else [b - a for a, b in ranges])
         labels, indices, valid, sources, served, repeats, hws = [], [], [], [], [], [], []
         view_blocks = {}
-        patches = isinstance(self.native, native_res.PatchServing)
+        native = self.lengths.patches(epoch, first) if self.lengths is not None else self.native
+        patches = isinstance(native, native_res.PatchServing)
         pixels = dict(mean=mean, std=std, jpeg_dct_scale=opts.jpeg_dct_scale)  # every fill's
-        for (a, b), out, (idx, boxes, flip, records, repeat, ops, ext) in zip(self.layout.ranges, views, drawn):
+        for (a, b), out, (idx, boxes, flip, records, repeat, ops, ext) in zip(ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
             if patches:
-                boxes = self.native.boxes(idx, boxes)
+                boxes = native.boxes(idx, boxes)
                 hws.append(np.zeros((0, 2), np.int64))
             if nvalid and patches:
-                hws[-1] = self.native.fill(
-                    src, records, out[:nvalid], boxes=boxes, flip=flip, started=started, **pixels
-                )
+                hws[-1] = native.fill(src, records, out[:nvalid], boxes=boxes, flip=flip, started=started, **pixels)
                 started = None
             elif nvalid and ext is not None:
                 self.canvas.fill(
@@ -328,12 +354,12 @@ class Plan:
             started()
         arrays, texts = {}, {}
         if self.fields:
-            arrays, texts = self.fields.build(served, [b - a for a, b in self.layout.ranges], epoch, first)
-        rows = [b - a for a, b in self.layout.ranges]
+            arrays, texts = self.fields.build(served, [b - a for a, b in ranges], epoch, first)
+        rows = [b - a for a, b in ranges]
         if self.buckets is not None:
             arrays.update(self.buckets.arrays(epoch, first, drawn, rows))
-        elif self.native is not None:
-            arrays.update(self.native.arrays(hws, rows))
+        elif native is not None:
+            arrays.update(native.arrays(hws, rows))
         if self.canvas is not None or self.geometric:  # neither with buckets or patches (refused)
             row = src.row_shape(opts, epoch)
             out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
@@ -344,7 +370,7 @@ class Plan:
         return HostBatch(
             epoch,
             first,
-            self.layout.ranges,
+            ranges,
             tuple(views),
             tuple(labels),
             tuple(indices),
@@ -361,6 +387,8 @@ class Plan:
         sequence of patches under patches, else the size of `epoch`."""
         if self.buckets is not None:
             return contract.row_shape(self.opts.layout, *self.buckets.out_hw(epoch, first))
+        if self.lengths is not None:
+            return self.lengths.patches(epoch, first).row_shape
         if self.native is not None:
             return self.native.row_shape
         if self.views is not None:

@@ -256,10 +256,6 @@ class LoaderOptions:
                 "patches with layout='NCHW' (rows are patch sequences: pass layout='NHWC', "
                 "which tbljax.torch.loader does not default to)",
             ),
-            (
-                self.patches is not None and isinstance(self.patches.max_tokens, tuple),
-                "patches with a list of max_tokens (a length schedule)",
-            ),
             (self.patches is not None and self.patches.pack, "patches with pack=True"),
         ]
         for bad, words in refused:
