@@ -68,6 +68,7 @@ ROOMS = [
             "views",
             "native_res",
             "naflex_lengths",
+            "naflex_pack",
             "canvas",
             "file_sweep",
             "record_source",

@@ -21,6 +21,7 @@ from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.canvas import CANVAS_KEYS, CanvasServing
 from tbljax._src.engine.geometric_serving import GeometricServing
 from tbljax._src.engine.naflex_lengths import LengthServing
+from tbljax._src.engine.naflex_pack import PackServing
 from tbljax._src.engine.plan import Plan
 from tbljax._src.engine.producer import Metrics, Pass
 from tbljax._src.engine.record_source import open_source
@@ -94,6 +95,7 @@ class HostLoader:
         self._record_parts = parts if parts is not None else Parts.whole(self._source.n)
         self._step_parts = self._record_parts.times(opts.repeats)
         self._rows = rows if rows is not None else RowLayout.for_rank(opts.batch_size, 0, 1)
+        self._cursor = (0, 0)  # (epoch, position) of the next batch to hand out
         self._native = self._native_resolution(dataset, parts)
         self._canvas = self._canvas_serving()
         if isinstance(self._native, native_res.BucketServing):
@@ -125,7 +127,6 @@ class HostLoader:
                 contract.Arg("drop_remainder", False),
                 " to serve a padded last batch",
             )
-        self._cursor = (0, 0)
         self._finished = False  # the last pass ran to its end: the next one starts over
         self._metrics = Metrics()
         self._active = None  # weakref to the live Pass
@@ -170,6 +171,13 @@ class HostLoader:
         native_res.check_names(self._fields.names)
         if opts.patches is not None and isinstance(opts.patches.max_tokens, tuple):
             return LengthServing(self._source.geometry, self._source.n, opts, self._rows)
+        if opts.patches is not None and opts.patches.pack:
+            if self._fields.names:
+                raise ValueError(
+                    f"patches with pack=True and the fields {self._fields.names}: not served yet (a row is a "
+                    "sequence of several records; pass fields=None)"
+                )
+            return PackServing(self._source.geometry, self._source.n, opts, self._rows.global_batch)
         return native_res.serving(self._source.geometry, self._source.n, opts, self._rows.global_batch)
 
     def _canvas_serving(self) -> CanvasServing | None:
@@ -214,7 +222,7 @@ class HostLoader:
         if isinstance(nr, LengthServing):  # the cursor's step's length (None: what the ring holds)
             starts = [] if cursor is None else nr.starts(*cursor)
             return nr.patches(cursor[0], starts[0]).row_shape if starts else nr.row_shape
-        if isinstance(nr, native_res.PatchServing):
+        if isinstance(nr, (native_res.PatchServing, PackServing)):
             return nr.row_shape
         if cursor is None:
             oh, ow = nr.largest
@@ -277,7 +285,7 @@ class HostLoader:
         """One row of the next batch: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW (the cursor's
         epoch's size under a size schedule, the cursor's step's bucket under buckets; a batch's
         own shape says what it holds)."""
-        if isinstance(self._native, LengthServing):
+        if isinstance(self._native, (LengthServing, PackServing)):
             return self._native_row_shape(self._cursor)
         if self._native is not None:
             epoch, position = self._cursor
@@ -295,8 +303,8 @@ class HostLoader:
     # ---- the iterator protocol and the state ----
     def __len__(self) -> int:
         """Steps in one epoch."""
-        if isinstance(self._native, LengthServing):
-            return self._native.steps()
+        if isinstance(self._native, (LengthServing, PackServing)):  # (packed: the cursor's epoch's)
+            return self._native.steps(self._cursor[0])
         return self._step_parts.steps(self._rows.global_batch, drop_remainder=self.options.drop_remainder)
 
     @property
@@ -392,7 +400,9 @@ class HostLoader:
         )
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run
-        if isinstance(self._native, LengthServing):  # a step start (refused otherwise), or the epoch's end
+        if isinstance(
+            self._native, (LengthServing, PackServing)
+        ):  # a step start (refused otherwise), or the epoch's end
             self._cursor = (epoch, position) if self._native.starts(epoch, position) else (epoch + 1, 0)
             return
         self._cursor = self._step_parts.advance(

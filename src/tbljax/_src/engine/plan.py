@@ -20,6 +20,7 @@ from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.canvas import CanvasServing
 from tbljax._src.engine.geometric_serving import GeometricServing
 from tbljax._src.engine.naflex_lengths import LengthServing
+from tbljax._src.engine.naflex_pack import PackServing
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
 from tbljax._src.engine.ring import Slot
 from tbljax._src.engine.rows import RowLayout
@@ -104,6 +105,7 @@ class RowsDrawn(NamedTuple):
     repeats: np.ndarray | None  # each row's repeat (repeats > 1), or None
     ops: object | None = None  # the per-image op columns (`step.RowOps`), or None
     extents: np.ndarray | None = None  # canvas rows (`engine/canvas.py`): each row's (rh, rw), or None
+    placed: object | None = None  # packed sequences (`naflex_pack.Placed`): each record's row and offset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +127,7 @@ class Plan:
     fields: FieldServing | None = None  # the record fields served beside the image
     # Buckets or patches (`engine/native_res.py`, a length schedule's `engine/naflex_lengths.py`):
     # what decides a step's rows and shapes; or None.
-    native: native_res.BucketServing | native_res.PatchServing | LengthServing | None = None
+    native: native_res.BucketServing | native_res.PatchServing | LengthServing | PackServing | None = None
 
     @property
     def buckets(self) -> native_res.BucketServing | None:
@@ -135,14 +137,23 @@ class Plan:
     def lengths(self) -> LengthServing | None:
         return self.native if isinstance(self.native, LengthServing) else None
 
+    @property
+    def pack(self) -> PackServing | None:
+        return self.native if isinstance(self.native, PackServing) else None
+
+    @property
+    def stepper(self) -> LengthServing | PackServing | None:
+        """What decides the steps of an epoch when they are not G positions each."""
+        return self.lengths or self.pack
+
     def ranges(self, epoch, first) -> tuple[tuple[int, int], ...]:
         """This process's row ranges of the step at `first` (a length schedule's change a step)."""
         return self.layout.ranges if self.lengths is None else self.lengths.ranges(epoch, first)
 
     def next_cursor(self, epoch, first) -> tuple[int, int]:
         """The cursor after the step at `first` of `epoch` (the next epoch's start after its last)."""
-        if self.lengths is not None:
-            return self.lengths.next_cursor(epoch, first)
+        if self.stepper is not None:
+            return self.stepper.next_cursor(epoch, first)
         g = self.layout.global_batch
         return self.slots.advance(epoch, first + g, g, drop_remainder=self.opts.drop_remainder)
 
@@ -230,7 +241,11 @@ class Plan:
             if not len(pos):
                 continue
 
-            def records(p, a=a):
+            def records(p, a=a, b=b):
+                if self.pack is not None:  # the records packed into this range's sequences
+                    return _step.records(
+                        self.pack.positions(epoch, first, a, b)[0], opts, num_records=src.n, epoch=epoch
+                    )[0]
                 if self.buckets is not None:  # the schedule's rows (p: a prefix of this range's)
                     return self.buckets.draw(epoch, first, a, a + len(p))[0]
                 return _step.records(p, opts, num_records=src.n, epoch=epoch, step=self.step_rows(first))[0]
@@ -247,8 +262,8 @@ class Plan:
         part, g = self.slots, self.layout.global_batch
         epoch, position = self.start
         while self.end_epoch is None or epoch < self.end_epoch:
-            if self.lengths is not None:
-                yield from ((epoch, s) for s in self.lengths.starts(epoch, position))
+            if self.stepper is not None:
+                yield from ((epoch, s) for s in self.stepper.starts(epoch, position))
                 epoch, position = epoch + 1, 0
                 continue
             count = part.steps(g, drop_remainder=self.opts.drop_remainder, start=position)
@@ -270,6 +285,11 @@ class Plan:
         drawn = []
         end = sum(self.step_rows(first, epoch))
         for a, b in self.ranges(epoch, first):
+            if self.pack is not None:
+                pos, placed = self.pack.positions(epoch, first, a, b)
+                idx, boxes, flip, _ = src.draw(pos, opts, epoch, first_index, (first, len(pos)))
+                drawn.append(RowsDrawn(idx, boxes, flip, src.local_records(idx, first_index), None, placed=placed))
+                continue
             if self.buckets is not None:
                 idx, boxes, flip = self.buckets.draw(epoch, first, a, b)
                 drawn.append(RowsDrawn(idx, boxes, flip, idx, None))
@@ -304,9 +324,25 @@ class Plan:
         view_blocks = {}
         native = self.lengths.patches(epoch, first) if self.lengths is not None else self.native
         patches = isinstance(native, native_res.PatchServing)
+        pack_labels = []
         pixels = dict(mean=mean, std=std, jpeg_dct_scale=opts.jpeg_dct_scale)  # every fill's
-        for (a, b), out, (idx, boxes, flip, records, repeat, ops, ext) in zip(ranges, views, drawn):
+        for (a, b), out, (idx, boxes, flip, records, repeat, ops, ext, placed) in zip(ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
+            if self.pack is not None:  # rows are sequences: the per-image keys are per segment
+                hws.append(np.zeros((0, 2), np.int64))
+                out[...] = 0
+                if nvalid:
+                    boxes = self.pack.image.boxes(idx, boxes)
+                    hws[-1] = self.pack.fill(
+                        src, records, out, placed, boxes=boxes, flip=flip, started=started, **pixels
+                    )
+                    started = None
+                filled = int(placed.row.max()) + 1 if nvalid else 0  # sequences are filled as a prefix
+                indices.append(np.full(rows, -1, np.int32))
+                labels.append(np.full(rows, -1, np.int32))
+                valid.append(np.arange(rows) < filled)
+                pack_labels.append(src.labels[records].astype(np.int32))
+                continue
             if patches:
                 boxes = native.boxes(idx, boxes)
                 hws.append(np.zeros((0, 2), np.int64))
@@ -358,6 +394,8 @@ class Plan:
         rows = [b - a for a, b in ranges]
         if self.buckets is not None:
             arrays.update(self.buckets.arrays(epoch, first, drawn, rows))
+        elif self.pack is not None:
+            arrays.update(self.pack.arrays(drawn, hws, pack_labels, rows))
         elif native is not None:
             arrays.update(native.arrays(hws, rows))
         if self.canvas is not None or self.geometric:  # neither with buckets or patches (refused)
@@ -389,7 +427,7 @@ class Plan:
             return contract.row_shape(self.opts.layout, *self.buckets.out_hw(epoch, first))
         if self.lengths is not None:
             return self.lengths.patches(epoch, first).row_shape
-        if self.native is not None:
+        if self.native is not None:  # patches, packed or not
             return self.native.row_shape
         if self.views is not None:
             return self.views.row_shape
