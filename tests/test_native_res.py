@@ -171,10 +171,17 @@ def _adapter(name):
     return tbljax.mlx, np.array
 
 
+# Packing (issue 49): images of at most 16 patches of 4² first-fit-decreasing into sequences of
+# 64, in windows of 8 records of the epoch's order.
+PACK = tbljax.Patches(size=4, max_tokens=64, pack=True, image_tokens=16, pack_window=8)
+
 NATIVE = {
     "buckets": dict(buckets=BUCKETS),
     "patches": dict(patches=tbljax.Patches(size=4, max_tokens=20)),
+    # Ten sequences an epoch (one holds two images): three steps of four.
+    "pack": dict(patches=tbljax.Patches(size=4, max_tokens=16, pack=True, image_tokens=10, pack_window=4)),
 }
+KEYS = {"buckets": native_res.CONDITIONING, "patches": native_res.PATCH_KEYS, "pack": naflex_pack.PACK_KEYS}
 
 
 @pytest.mark.parametrize("framework", ["torch", "mlx"])
@@ -187,7 +194,7 @@ def test_torch_and_mlx_serve_what_the_jax_loader_serves(data, framework, native)
     mod, arr = _adapter(framework)
     kw = dict(seed=SEED, dtype="uint8", augment="flip", drop_remainder=False, layout="NHWC", **NATIVE[native])
     want = [{k: np.asarray(v) for k, v in b.items()} for b in tbljax.loader(path, 4, num_epochs=2, **kw)]
-    keys = native_res.CONDITIONING if native == "buckets" else native_res.PATCH_KEYS
+    keys = KEYS[native]
     for rank in (0, 1):
         ld = mod.loader(path, 2, rank=rank, world_size=2, **kw)
         got = []
@@ -373,11 +380,6 @@ def test_length_schedule_refuses_what_it_cannot_serve_by_name(data):
     odd = tbljax.Patches(size=4, max_tokens=[16, 36], tokens_per_batch=256, batch_divisor=1)
     with pytest.raises(ValueError, match=r"\(36, 7\)\] do not split over 2 ranks"):
         _adapter("torch")[0].loader(path, 8, rank=0, world_size=2, patches=odd, layout="NHWC")
-
-
-# Packing (issue 49): images of at most 16 patches of 4² first-fit-decreasing into sequences of
-# 64, in windows of 8 records of the epoch's order.
-PACK = tbljax.Patches(size=4, max_tokens=64, pack=True, image_tokens=16, pack_window=8)
 
 
 def _pack_reference(tokens, n, seed, epoch):
