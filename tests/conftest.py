@@ -83,6 +83,9 @@ SLOW_CASES = {
     "test_decode.py::test_crop_aware_decode_synthetic[129x640]": "4 s; the other synthetic shapes stay",
     "test_decode.py::test_crop_aware_decode_synthetic[640x129]": "3 s; the other synthetic shapes stay",
     "test_matrix.py::test_mixture_of_host_parts_in_two_processes": "12 s of two JAX processes; the host-partition two-process row and the one-process host-part mixture row stay",
+    "test_examples.py::test_train_naflex_loss_falls[photos]": "10 s of CPU (jit and 40 steps); test_native_res serves its loader",
+    "test_examples.py::test_train_naflex_loss_falls[synthetic]": "10 s of CPU; test_native_res serves its loader",
+    "test_examples.py::test_train_naflex_loss_falls[lengths]": "10 s of CPU, a jit a length; test_native_res serves the schedule",
     "test_examples.py::test_train_contrastive_loss_falls[synthetic]": "14 s; train_segmentation[synthetic] keeps an example training in the default run",
     "test_hardening.py::test_four_processes_and_four_threads_read_one_file": "10 s; test_loader's two-process run stays",
 }
