@@ -57,6 +57,7 @@ class PackServing:
         self.tokens = (th.astype(np.int64) // p.size) * (tw // p.size)  # every record's, fixed
         self.segments = int(self.t // self.tokens.min())  # the most images one sequence can hold
         self.row_shape = (self.t, p.size * p.size * 3)
+        self._scratch = native_res.Scratch()  # each image's rows before they are packed
         self._epoch = functools.lru_cache(maxsize=2)(self._pack)
 
     def _pack(self, epoch: int) -> _Epoch:
@@ -99,7 +100,8 @@ class PackServing:
     def fill(self, src, records, out, placed: Placed, *, boxes, flip, **kw):
         """Writes records `records` into the sequences `out` (rows, T, p·p·3) at `placed`,
         zeros elsewhere; returns each record's (h, w) as resized."""
-        rows = np.zeros((len(records), *self.image.row_shape), out.dtype)
+        shape = (len(records), *self.image.row_shape)
+        rows = self._scratch(int(np.prod(shape)), out.dtype).reshape(shape)  # every row written by fill
         hw = self.image.fill(src, records, rows, boxes=boxes, flip=flip, **kw)
         out[...] = 0
         tok = (hw[:, 0] // self.size) * (hw[:, 1] // self.size)
