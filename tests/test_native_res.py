@@ -458,6 +458,17 @@ def test_packed_sequences_resume_exactly(data):
     assert len(tail) == len(full) - 3
     for a, b in zip(tail, full[3:]):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    # Positions count this packing's sequences: another packing, or none, is refused mid-epoch.
+    for other in (
+        dict(patches=tbljax.Patches(size=4, max_tokens=64, pack=True, image_tokens=16)),
+        dict(patches=None, augment=tbljax.Augment(size=(8, 8))),
+    ):
+        with pytest.raises(ValueError, match="mid-epoch .* with packing"):
+            _pack_loader(path, num_epochs=2, **other).load_state_dict(state)
+    plain = _pack_loader(path, num_epochs=2, patches=None, augment=tbljax.Augment(size=(8, 8)))
+    next(iter(plain))
+    with pytest.raises(ValueError, match="mid-epoch .* with packing None"):
+        _pack_loader(path, num_epochs=2).load_state_dict(plain.state_dict())
 
 
 def imagenet_like_sizes(count, rng):

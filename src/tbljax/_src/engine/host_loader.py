@@ -374,6 +374,7 @@ class HostLoader:
             mixture=self._source.mixture,
             repeats=self.options.repeats,
             buckets=self._bucket_state(),
+            packing=self._packing_state(),
         )
 
     def _bucket_state(self) -> dict | None:
@@ -382,6 +383,13 @@ class HostLoader:
         if not isinstance(nr, native_res.BucketServing):
             return None
         return {"sizes": nr.sizes.tolist(), "global_batch": nr.g}
+
+    def _packing_state(self) -> dict | None:
+        """What a packed loader's positions (sequences) depend on."""
+        if not isinstance(self._native, PackServing):
+            return None
+        p = self.options.patches
+        return {"max_tokens": p.max_tokens, "image_tokens": p.image_tokens, "pack_window": p.pack_window}
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a `state_dict`; the next iteration continues from it. Raises ValueError
@@ -397,6 +405,7 @@ class HostLoader:
             mixture=self._source.mixture,
             repeats=self.options.repeats,
             buckets=self._bucket_state(),
+            packing=self._packing_state(),
         )
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run
