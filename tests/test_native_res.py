@@ -341,6 +341,7 @@ def test_length_schedule_resumes_exactly_and_refuses_a_position_off_its_steps(da
     ld.close()
     again = _schedule_loader(path, num_epochs=2)
     again.load_state_dict(state)
+    assert again.row_shape == full[3].image.shape[1:] and again.row_shape_at(0) == (64, 48)  # the cursor's; the longest
     tail = list(again)
     assert len(tail) == len(full) - 3
     for a, b in zip(tail, full[3:]):

@@ -102,7 +102,9 @@ class HostLoader:
             # Positions count G a step: an epoch is the schedule's steps, whole.
             self._step_parts = Parts.whole(self._native.steps * self._rows.global_batch)
         self._views = self._view_serving()
-        if self._native is not None:
+        if isinstance(self._native, LengthServing):  # (rows × this row holds every step)
+            largest = self._native.ring_row
+        elif self._native is not None:
             largest = self._native_row_shape(None)
         elif self._views is not None:
             largest = self._views.row_shape
@@ -219,7 +221,7 @@ class HostLoader:
         """A row under buckets (the bucket of the step at `cursor`; None: the largest) or
         patches."""
         nr = self._native
-        if isinstance(nr, LengthServing):  # the cursor's step's length (None: what the ring holds)
+        if isinstance(nr, LengthServing):  # the cursor's step's length (None: the longest)
             starts = [] if cursor is None else nr.starts(*cursor)
             return nr.patches(cursor[0], starts[0]).row_shape if starts else nr.row_shape
         if isinstance(nr, (native_res.PatchServing, PackServing)):
@@ -293,7 +295,8 @@ class HostLoader:
         return self.row_shape_at(self._cursor[0])
 
     def row_shape_at(self, epoch: int) -> tuple[int, int, int]:
-        """One row of a batch of `epoch` (under buckets: of the largest bucket)."""
+        """One row of a batch of `epoch` (under buckets: of the largest bucket; under a length
+        schedule: of the longest length)."""
         if self._native is not None:
             return self._native_row_shape(None)
         if self._views is not None:  # every view's row packed (`engine/views.py`)

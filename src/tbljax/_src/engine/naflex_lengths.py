@@ -57,9 +57,10 @@ class LengthServing:
             t: native_res.PatchServing(geometry, n, dataclasses.replace(opts, patches=naflex.Patches(p.size, t)))
             for t in self.lengths
         }
+        self.row_shape = self.serving[self.lengths[-1]].row_shape  # the longest length's row
         # The ring's row: (rows × this) holds every step's rows × length × p·p·3 values.
         most = int(max(b * t for b, t in zip(self.sizes, self.lengths)))
-        self.row_shape = (-(-most // self.biggest), p.size * p.size * 3)
+        self.ring_row = (-(-most // self.biggest), p.size * p.size * 3)
         self._schedule = functools.lru_cache(maxsize=2)(self._epoch)
 
     def _epoch(self, epoch: int) -> naflex.LengthSchedule:
