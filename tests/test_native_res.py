@@ -510,6 +510,39 @@ def test_packing_refuses_what_it_cannot_serve_by_name(tmp_path):
     with pytest.raises(ValueError, match="pack=True and an Augment crop"):
         tbljax.LoaderOptions(batch_size=2, patches=PACK, augment="rrc_flip")
     images = np.zeros((4, 8, 8, 3), np.uint8)
-    tbljax.convert({"image": images, "caption": ["a", "b", "c", "d"]}, tmp_path / "c.tbl", image_size=8, progress=False)
-    with pytest.raises(ValueError, match=r"pack=True and the fields \['caption'\]: not served yet"):
-        _pack_loader(str(tmp_path / "c.tbl"), fields=["caption"])
+    tbljax.convert({"image": images, "segment_ids": [1, 2, 3, 4]}, tmp_path / "c.tbl", image_size=8, progress=False)
+    with pytest.raises(ValueError, match=r"field\(s\) \['segment_ids'\] have the names of batch keys pack=True adds"):
+        _pack_loader(str(tmp_path / "c.tbl"), fields="all")
+
+
+def test_packed_fields_are_served_per_segment(tmp_path):
+    """A str field and a field_fn of it come per segment: (B, S) lists and (B, S, ...) arrays,
+    each segment its record's value, "" / zeros past a sequence's images."""
+    n = 10
+    images = np.random.default_rng(0).integers(0, 256, (n, 8, 8, 3), dtype=np.uint8)
+    captions = [f"record {i}" for i in range(n)]
+    tbljax.convert({"image": images, "caption": captions}, tmp_path / "c.tbl", image_size=8, progress=False)
+
+    def lengths(texts):
+        return np.array([[len(t), 7] for t in texts], np.int32).reshape(-1, 2)
+
+    patches = tbljax.Patches(size=4, max_tokens=16, pack=True, image_tokens=4)  # four 2x2 images a sequence
+    common = dict(patches=patches, seed=SEED, dtype="uint8", num_epochs=1, drop_remainder=False)
+    path = str(tmp_path / "c.tbl")
+    text = tbljax.HostLoader(tbljax.open(path), tbljax.LoaderOptions(batch_size=2, fields=["caption"], **common))
+    made = tbljax.HostLoader(
+        tbljax.open(path),
+        tbljax.LoaderOptions(batch_size=2, fields=["caption"], field_fn={"caption": lengths}, **common),
+    )
+    seen = 0
+    for a, b in zip(text, made):
+        index = a.fields["segment_index"][0]
+        np.testing.assert_array_equal(index, b.fields["segment_index"][0])
+        got, arr = a.texts["caption"], b.fields["caption"][0]
+        assert len(got) == 2 and arr.shape == (2, index.shape[1], 2)
+        for r in range(2):
+            for k, i in enumerate(index[r].tolist()):
+                assert got[r][k] == (captions[i] if i >= 0 else "")
+                assert arr[r, k].tolist() == ([len(captions[i]), 7] if i >= 0 else [0, 0])
+                seen += i >= 0
+    assert seen == n

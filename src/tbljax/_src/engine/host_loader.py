@@ -21,7 +21,7 @@ from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.canvas import CANVAS_KEYS, CanvasServing
 from tbljax._src.engine.geometric_serving import GeometricServing
 from tbljax._src.engine.naflex_lengths import LengthServing
-from tbljax._src.engine.naflex_pack import PackServing
+from tbljax._src.engine.naflex_pack import PACK_KEYS, PackServing
 from tbljax._src.engine.plan import Plan
 from tbljax._src.engine.producer import Metrics, Pass
 from tbljax._src.engine.record_source import open_source
@@ -174,10 +174,11 @@ class HostLoader:
         if opts.patches is not None and isinstance(opts.patches.max_tokens, tuple):
             return LengthServing(self._source.geometry, self._source.n, opts, self._rows)
         if opts.patches is not None and opts.patches.pack:
-            if self._fields.names:
+            clash = sorted(set(self._fields.names) & set(PACK_KEYS))
+            if clash:
                 raise ValueError(
-                    f"patches with pack=True and the fields {self._fields.names}: not served yet (a row is a "
-                    "sequence of several records; pass fields=None)"
+                    f"the dataset's field(s) {clash} have the names of batch keys pack=True adds; "
+                    "leave them out with fields=[...]"
                 )
             return PackServing(self._source.geometry, self._source.n, opts, self._rows.global_batch)
         return native_res.serving(self._source.geometry, self._source.n, opts, self._rows.global_batch)

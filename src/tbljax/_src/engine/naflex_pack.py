@@ -3,7 +3,8 @@ record resized to its sequence size at ``image_tokens`` (`naflex.sequence_size`)
 records packed first-fit-decreasing into sequences of ``max_tokens`` (`naflex.pack`, windows
 of ``pack_window`` records of the epoch's order), G sequences a step. A row of a batch is a
 sequence; positions count sequences, so a step starts at a multiple of G. Each image's patches
-are `native_res.PatchServing`'s at ``image_tokens``, copied to the sequence at its offset.
+are `native_res.PatchServing`'s at ``image_tokens``, copied to the sequence at its offset;
+record fields come per segment (B, S, ...).
 
 >>> ps = PackServing(ds.geometry, len(ds), opts, 8)
 >>> ps.steps(0), ps.segments   # steps of epoch 0; the most images a sequence holds
@@ -34,10 +35,16 @@ class _Epoch(typing.NamedTuple):
 
 
 class Placed(typing.NamedTuple):
-    """Where the drawn records of a row range go: row (in the range) and first token."""
+    """Where the drawn records of a row range go: row (in the range) and first token, sorted
+    by (row, offset)."""
 
     row: np.ndarray  # int64
     offset: np.ndarray  # int64
+
+    @property
+    def segment(self) -> np.ndarray:
+        """Each record's segment in its row: 0, 1, … by offset."""
+        return np.arange(len(self.row)) - np.searchsorted(self.row, self.row, side="left")
 
 
 class PackServing:
@@ -122,8 +129,7 @@ class PackServing:
             index = np.full((r, s), -1, np.int32)
             label = np.full((r, s), -1, np.int32)
             row, off = d.placed
-            # Segments numbered by offset within their row: `positions` lists them so sorted.
-            number = np.arange(len(row)) - np.searchsorted(row, row, side="left")
+            number = d.placed.segment
             for k in range(len(row)):
                 gh, gw = int(hw[k, 0]) // p, int(hw[k, 1]) // p
                 cells = slice(off[k], off[k] + gh * gw)
@@ -137,3 +143,29 @@ class PackServing:
             out["segment_index"].append(index)
             out["segment_label"].append(label)
         return out
+
+    def fields(self, serving, drawn, rows, epoch: int, first: int) -> tuple[dict, dict]:
+        """The record fields per segment (`FieldServing.build` over the step's records, field_fn
+        included): arrays (B, S, ...) per row range, zeros past a sequence's images; lists
+        (this process's rows, each a list of S values, "" / None past its images)."""
+        flat, texts = serving.build([d.records for d in drawn], [len(d.records) for d in drawn], epoch, first)
+        arrays = {}
+        for name, pieces in flat.items():
+            out = []
+            for d, piece, r in zip(drawn, pieces, rows):
+                a = np.zeros((r, self.segments, *piece.shape[1:]), piece.dtype)
+                a[d.placed.row, d.placed.segment] = piece
+                out.append(a)
+            arrays[name] = tuple(out)
+        lists = {}
+        for name, values in texts.items():
+            empty = "" if serving.infos[name].kind == "str" else None
+            grouped, k = [], 0
+            for d, r in zip(drawn, rows):
+                block = [[empty] * self.segments for _ in range(r)]
+                for row, seg in zip(d.placed.row.tolist(), d.placed.segment.tolist()):
+                    block[row][seg] = values[k]
+                    k += 1
+                grouped += block
+            lists[name] = grouped
+        return arrays, lists

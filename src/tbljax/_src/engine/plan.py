@@ -389,9 +389,11 @@ class Plan:
         if started is not None:
             started()
         arrays, texts = {}, {}
-        if self.fields:
-            arrays, texts = self.fields.build(served, [b - a for a, b in ranges], epoch, first)
         rows = [b - a for a, b in ranges]
+        if self.fields and self.pack is not None:  # per segment: a row holds several records
+            arrays, texts = self.pack.fields(self.fields, drawn, rows, epoch, first)
+        elif self.fields:
+            arrays, texts = self.fields.build(served, rows, epoch, first)
         if self.buckets is not None:
             arrays.update(self.buckets.arrays(epoch, first, drawn, rows))
         elif self.pack is not None:
