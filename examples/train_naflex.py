@@ -8,12 +8,15 @@ loss. It prints the loss per step and whether it fell.
     python examples/train_naflex.py                            # the caltech101 photos beside the repo
     python examples/train_naflex.py --synthetic                # generated images, no photos needed
     python examples/train_naflex.py --lengths 16,36,64         # timm's length schedule (HostLoader)
+    python examples/train_naflex.py --pack                     # four images a sequence (NaViT packing)
 
 The photos (or generated images of the demo's classes, each cut to a random aspect ratio) are
 written to a WebDataset shard with their captions and converted keeping their aspect
 (``resize="max_side"``). With ``--lengths`` each step has one sequence length of the list and
 ``tokens_per_batch // length`` rows (timm's NaFlex schedule, served by `tbljax.HostLoader`:
-the JAX loader's global arrays have one batch size): a program is compiled per length.
+the JAX loader's global arrays have one batch size): a program is compiled per length. With
+``--pack`` several images share a sequence (``Patches(pack=True)``): attention stays within an
+image (``segment_ids``), each image is pooled on its own, and the captions come per segment.
 """
 
 from __future__ import annotations
@@ -95,9 +98,11 @@ def init_params(key, patch: int, max_side: int, width: int = 32, dim: int = 32):
     }
 
 
-def encode_images(p, x, yx, valid):
-    """One pre-norm transformer block over a (B, T, p·p·3) batch of patch sequences: padding
-    patches are masked out of attention and out of the mean pooling."""
+def encode_images(p, x, yx, seg, images: int):
+    """One pre-norm transformer block over a (B, T, p·p·3) batch of patch sequences, each
+    holding up to `images` images: `seg` (B, T) numbers each token's image 1, 2, … (0:
+    padding). A token attends to its own image's tokens only; each image is the mean of its
+    tokens. Returns (B·images, dim) unit embeddings (unpacked: seg is patch_valid, images 1)."""
     import jax
     import jax.numpy as jnp
 
@@ -107,24 +112,29 @@ def encode_images(p, x, yx, valid):
     h = x @ p["patch"] + p["row"][yx[..., 0]] + p["col"][yx[..., 1]]
     q, k, v = jnp.split(norm(h) @ p["qkv"], 3, axis=-1)
     logits = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
-    logits = jnp.where(valid[:, None, :], logits, -1e9)
-    h = h + (jax.nn.softmax(logits, axis=-1) @ v) @ p["attn_out"]
+    same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
+    h = h + (jax.nn.softmax(jnp.where(same, logits, -1e9), axis=-1) @ v) @ p["attn_out"]
     h = h + jax.nn.gelu(norm(h) @ p["mlp_in"]) @ p["mlp_out"]
-    w = valid[..., None].astype(h.dtype)
-    z = (norm(h) * w).sum(1) / jnp.maximum(w.sum(1), 1) @ p["img_out"]
-    return z / jnp.linalg.norm(z, axis=-1, keepdims=True)
+    w = (seg[..., None] == jnp.arange(1, images + 1)).astype(h.dtype)  # (B, T, images)
+    pooled = jnp.einsum("bti,btd->bid", w, norm(h)) / jnp.maximum(w.sum(1), 1)[..., None]
+    z = pooled.reshape(-1, pooled.shape[-1]) @ p["img_out"]
+    return z * jax.lax.rsqrt((z * z).sum(-1, keepdims=True) + 1e-12)  # (a padding segment's z is 0)
 
 
-def sigmoid_loss(p, x, yx, valid, rows, tokens):
-    """SigLIP's loss over the real rows (`rows`: False on padding): every (image, text) pair a
-    binary problem, positive where the captions are the same text."""
+def sigmoid_loss(p, x, yx, seg, real, tokens):
+    """SigLIP's loss over the real images (`real`: (B·images,), False on padding): every
+    (image, text) pair a binary problem, positive where the captions are the same text.
+    `tokens`: (B, 48) captions, or (B, images, 48) packed."""
     import jax
     import jax.numpy as jnp
 
-    logits = jnp.exp(p["log_t"]) * encode_images(p, x, yx, valid) @ encode_texts(p, tokens).T + p["b"]
+    images = 1 if tokens.ndim == 2 else tokens.shape[1]
+    # A padding segment's caption is all zeros, which the text encoder cannot normalize: a dummy byte.
+    tokens = jnp.where(real[:, None], tokens.reshape(-1, tokens.shape[-1]), 1)
+    logits = jnp.exp(p["log_t"]) * encode_images(p, x, yx, seg, images) @ encode_texts(p, tokens).T + p["b"]
     same = (tokens[:, None, :] == tokens[None, :, :]).all(-1)
-    pair = rows[:, None] & rows[None, :]
-    loss = -(jax.nn.log_sigmoid(jnp.where(same, 1.0, -1.0) * logits) * pair).sum() / pair.sum()
+    pair = real[:, None] & real[None, :]
+    loss = -jnp.where(pair, jax.nn.log_sigmoid(jnp.where(same, 1.0, -1.0) * logits), 0).sum() / pair.sum()
     return loss
 
 
@@ -140,6 +150,7 @@ def main(argv=None) -> None:
     ap.add_argument("--patch", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--lengths", default=None, help="a length schedule, e.g. 16,36,64 (tokens_per_batch: 32×64)")
+    ap.add_argument("--pack", action="store_true", help="four images a sequence of 4 × max-tokens (NaViT packing)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -170,6 +181,10 @@ def main(argv=None) -> None:
             rows = a.batch_size * max(lengths) // min(lengths)  # the shortest length's batch
             loader = tbljax.HostLoader(ds, tbljax.LoaderOptions(batch_size=rows, patches=patches, **kw))
             longest = max(lengths)
+        elif a.pack:  # each image at most max_tokens, packed into sequences of 4x as many
+            patches = tbljax.Patches(size=a.patch, max_tokens=4 * a.max_tokens, pack=True, image_tokens=a.max_tokens)
+            loader = tbljax.loader(ds, a.batch_size // 4, patches=patches, **kw)
+            longest = 4 * a.max_tokens
         else:
             patches = tbljax.Patches(size=a.patch, max_tokens=a.max_tokens)
             loader = tbljax.loader(ds, a.batch_size, patches=patches, **kw)
@@ -179,8 +194,8 @@ def main(argv=None) -> None:
         opt = jax.tree.map(lambda w: (jnp.zeros_like(w), jnp.zeros_like(w)), params)
 
         @jax.jit
-        def train_step(params, opt, step, x, yx, valid, rows, tokens):  # Adam, by hand
-            loss, grads = jax.value_and_grad(sigmoid_loss)(params, x, yx, valid, rows, tokens)
+        def train_step(params, opt, step, x, yx, seg, real, tokens):  # Adam, by hand
+            loss, grads = jax.value_and_grad(sigmoid_loss)(params, x, yx, seg, real, tokens)
             t = step + 1
             opt = jax.tree.map(
                 lambda o, g: (0.9 * o[0] + 0.1 * g, 0.999 * o[1] + 0.001 * g * g),
@@ -200,12 +215,15 @@ def main(argv=None) -> None:
         for step, batch in zip(range(a.steps), loader):
             if a.lengths:  # a HostBatch: NumPy views of the loader's ring, one row range
                 f = batch.fields
-                x, yx, valid, tokens = batch.image, f["patch_yx"][0], f["patch_valid"][0], f["caption"][0]
-                rows = np.ones(len(x), bool) if batch.valid is None else batch.valid
+                x, yx, seg, tokens = batch.image, f["patch_yx"][0], f["patch_valid"][0], f["caption"][0]
+                real = np.ones(len(x), bool) if batch.valid is None else batch.valid
+            elif a.pack:  # each sequence's images numbered by segment_ids, their captions (B, S, 48)
+                x, yx, seg, tokens = (batch[k] for k in ("image", "patch_yx", "segment_ids", "caption"))
+                real = batch["segment_index"].reshape(-1) >= 0
             else:
-                x, yx, valid, tokens = (batch[k] for k in ("image", "patch_yx", "patch_valid", "caption"))
-                rows = batch["valid"] if "valid" in batch else jnp.ones(len(x), bool)
-            params, opt, loss = train_step(params, opt, step, x, yx, valid, rows, tokens)
+                x, yx, seg, tokens = (batch[k] for k in ("image", "patch_yx", "patch_valid", "caption"))
+                real = batch["valid"] if "valid" in batch else jnp.ones(len(x), bool)
+            params, opt, loss = train_step(params, opt, step, x, yx, jnp.asarray(seg, jnp.int32), real, tokens)
             losses.append(float(loss))
             print(f"step {step + 1} {tuple(x.shape)} loss {losses[-1]:.4f}")
         loader.close()

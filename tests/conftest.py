@@ -86,6 +86,7 @@ SLOW_CASES = {
     "test_examples.py::test_train_naflex_loss_falls[photos]": "10 s of CPU (jit and 40 steps); test_native_res serves its loader",
     "test_examples.py::test_train_naflex_loss_falls[synthetic]": "10 s of CPU; test_native_res serves its loader",
     "test_examples.py::test_train_naflex_loss_falls[lengths]": "10 s of CPU, a jit a length; test_native_res serves the schedule",
+    "test_examples.py::test_train_naflex_loss_falls[pack]": "10 s of CPU; test_native_res serves the packing",
     "test_examples.py::test_train_contrastive_loss_falls[synthetic]": "14 s; train_segmentation[synthetic] keeps an example training in the default run",
     "test_hardening.py::test_four_processes_and_four_threads_read_one_file": "10 s; test_loader's two-process run stays",
 }
