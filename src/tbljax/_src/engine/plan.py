@@ -125,8 +125,8 @@ class Plan:
     # holds this process's part); None: one part, the whole dataset.
     parts: Parts | None = None
     fields: FieldServing | None = None  # the record fields served beside the image
-    # Buckets or patches (`engine/native_res.py`, a length schedule's `engine/naflex_lengths.py`):
-    # what decides a step's rows and shapes; or None.
+    # Buckets or patches (`engine/native_res.py`; a length schedule: `engine/naflex_lengths.py`,
+    # packed sequences: `engine/naflex_pack.py`): what decides a step's rows and shapes; or None.
     native: native_res.BucketServing | native_res.PatchServing | LengthServing | PackServing | None = None
 
     @property
