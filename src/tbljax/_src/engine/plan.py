@@ -176,8 +176,8 @@ class Plan:
             return Parts.whole(self.buckets.steps * self.layout.global_batch)
         return self.part.times(self.opts.repeats)
 
-    def step_rows(self, first, epoch=0) -> tuple[int, int]:
-        """(first position, real rows) of this process's step starting at `first`."""
+    def step_rows(self, epoch, first) -> tuple[int, int]:
+        """(first position, real rows) of this process's step of `epoch` starting at `first`."""
         if self.lengths is not None:
             return first, self.lengths.step(epoch, first)[3]
         return first, min(self.layout.global_batch, self.slots.n - first)
@@ -235,7 +235,7 @@ class Plan:
         they were resident already (nothing asked)."""
         src, opts = self.source, self.opts
         resident = True
-        end = sum(self.step_rows(first, epoch))
+        end = sum(self.step_rows(epoch, first))
         for a, b in self.ranges(epoch, first):
             pos = np.arange(first + a, min(first + b, end), dtype=np.int64)
             if not len(pos):
@@ -248,7 +248,7 @@ class Plan:
                     )[0]
                 if self.buckets is not None:  # the schedule's rows (p: a prefix of this range's)
                     return self.buckets.draw(epoch, first, a, a + len(p))[0]
-                return _step.records(p, opts, num_records=src.n, epoch=epoch, step=self.step_rows(first))[0]
+                return _step.records(p, opts, num_records=src.n, epoch=epoch, step=self.step_rows(epoch, first))[0]
 
             # A few records first: a warm file stops here (~20 us a step).
             if src.resident(records(pos[:_SAMPLE])):
@@ -283,7 +283,7 @@ class Plan:
             row = src.row_shape(opts, epoch)
             out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
         drawn = []
-        end = sum(self.step_rows(first, epoch))
+        end = sum(self.step_rows(epoch, first))
         for a, b in self.ranges(epoch, first):
             if self.pack is not None:
                 pos, placed = self.pack.positions(epoch, first, a, b)
@@ -297,7 +297,7 @@ class Plan:
             nvalid = int(np.clip(end - (first + a), 0, b - a))
             pos = np.arange(first + a, first + a + nvalid, dtype=np.int64)
             idx, boxes, flip, repeat = src.draw(
-                pos, opts, epoch, first_index, self.step_rows(first, epoch), boxes_field=self.bbox_field
+                pos, opts, epoch, first_index, self.step_rows(epoch, first), boxes_field=self.bbox_field
             )
             ops = None
             if out_hw is not None:
