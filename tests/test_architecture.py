@@ -67,6 +67,8 @@ ROOMS = [
             "step",
             "views",
             "native_res",
+            "naflex_lengths",
+            "naflex_pack",
             "canvas",
             "file_sweep",
             "record_source",

@@ -292,6 +292,29 @@ def test_train_contrastive_loss_falls(tmp_path, source):
     assert "loss fell from" in out, out
 
 
+@pytest.mark.parametrize("source", ["photos", "synthetic", "lengths", "pack"])
+def test_train_naflex_loss_falls(tmp_path, source):
+    """The SigLIP 2-style NaFlex example: records at their own aspect, served as patch sequences
+    with the caption; on the real photos beside the repo (else that case is skipped), on
+    generated images, with timm's length schedule (one shape a length) and packed."""
+    photos = REPO.parent / "shared" / "data" / "caltech101" / "images"
+    if source == "photos" and not photos.is_dir():
+        pytest.skip(f"no photos at {photos}")
+    extra = ["--photos", photos, "--classes", 8, "--per-class", 10] if source == "photos" else ["--synthetic", 128]
+    if source in ("lengths", "pack"):
+        extra += ["--lengths", "16,36,64"] if source == "lengths" else ["--pack"]
+    out = run("train_naflex.py", *extra, "--steps", 40, cwd=tmp_path)
+    sizes = int(re.search(r"records of (\d+) sizes", out).group(1))
+    assert sizes > 10 and "e.g. 'a photo of a " in out, out  # many aspects, captions
+    shapes = set(re.findall(r"step \d+ (\(\d+, \d+, 192\))", out))
+    if source == "lengths":  # each length's rows: 2048 tokens a step (the epoch's batches drew two lengths here)
+        assert len(shapes) > 1 and shapes <= {"(128, 16, 192)", "(56, 36, 192)", "(32, 64, 192)"}, shapes
+    else:  # 32 tokens a row, or 8 sequences of 128 holding up to 4 images each
+        assert shapes == {"(8, 128, 192)" if source == "pack" else "(32, 32, 192)"}, shapes
+    assert re.search(r"step 40 \(.*\) loss [\d.]+", out), out
+    assert "loss fell from" in out, out
+
+
 @pytest.mark.parametrize("source", ["photos", "synthetic"])
 def test_train_vit_deit_recipe_loss_falls(tmp_path, source):
     """The ViT example with the DeiT recipe (RandAugment rand-m9-mstd0.5-inc1, erasing 0.25,

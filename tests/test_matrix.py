@@ -6,21 +6,22 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
-loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped and `patches=` NaFlex
-sequences), torch, MLX (and both with `mixup=`, against `tbljax.ops.mixup_cutmix`),
-`ResidentDataset` inside `jax.jit` (with per-image ops drawn and run there), `partition="host"`
-in two real processes (JAX and torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW;
-and the dataset contract itself on every dataset kind. The "fields" row's records carry a str,
-a json, a fixed and a ragged ndarray field: every path that serves them is checked against the
-values the source TAR held (`check_fields`). The geometric row: each record kind converted with
-a mask and boxes (original JPEG bytes refused by name), served through RRC + flip by the JAX
-and torch loaders and by a `ResidentDataset` in jit, against `rules/geometry`'s conversion and
-serving rules of the source's values at the crop `tbljax.augment.sample` draws. The
-detection-crop row (`Augment(crop="bbox")`): the same files through the JAX loader, pixels
-against the oracle and masks/boxes against `rules/geometry` at the crop `sample` draws around
-each record's stored boxes; the large-scale-jitter and longer_pad rows: pixels against the
-oracle's crop-resize at `tbljax.augment.canvas_boxes`' box and extent on a zero canvas,
-`image_valid`, masks/boxes served onto the extent."""
+loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped, `patches=` NaFlex
+sequences, a length schedule of them (HostLoader) and packed NaFlex sequences), torch, MLX (and
+both with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit`
+(with per-image ops drawn and run there), `partition="host"` in two real processes (JAX and
+torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the dataset contract
+itself on every dataset kind. The "fields" row's records carry a str, a json, a fixed and a
+ragged ndarray field: every path that serves them is checked against the values the source TAR
+held (`check_fields`). The geometric row: each record kind converted with a mask and boxes
+(original JPEG bytes refused by name), served through RRC + flip by the JAX and torch loaders
+and by a `ResidentDataset` in jit, against `rules/geometry`'s conversion and serving rules of
+the source's values at the crop `tbljax.augment.sample` draws. The detection-crop row
+(`Augment(crop="bbox")`): the same files through the JAX loader, pixels against the oracle and
+masks/boxes against `rules/geometry` at the crop `sample` draws around each record's stored
+boxes; the large-scale-jitter and longer_pad rows: pixels against the oracle's crop-resize at
+`tbljax.augment.canvas_boxes`' box and extent on a zero canvas, `image_valid`, masks/boxes
+served onto the extent."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import pytest
 import tbljax
 from tbljax import augment as tba
 from tbljax._src.datasets.host_part import PartDataset
+from tbljax._src.engine import naflex_pack
 from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.file.format import FORMATS
 from tbljax._src.rules import bbox_crop, geometry, naflex, pixel_ops
@@ -448,6 +450,92 @@ def test_naflex_patch_sequences_are_the_oracle_crops_patchified(matrix, kind, la
         check_fields(kind, fields, np.where(valid, idx, -1), "patches")
         seen += idx[valid].tolist()
     assert sorted(seen) == list(range(M.N))
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_packed_naflex_sequences_hold_the_oracle_resizes_first_fit_decreasing(matrix, kind, layout, monkeypatch):
+    """The "packed NaFlex" row: each record, whole and flipped as the flip row draws it, resized
+    to its sequence size at image_tokens by the oracle and patchified, at its segment's tokens;
+    the sequences' records those of first-fit-decreasing over the epoch's order (`naflex.pack`
+    on the records' token counts); the fields per segment, each its record's source values.
+    Every step taken as cold, so each step's packed records are read ahead."""
+    files, refs = matrix
+    monkeypatch.setattr(RecordSource, "resident", lambda self, indices: False)
+    p, t, c = 4, 12, 4
+    imgs = refs[kind, layout]
+    kw = dict(seed=SEED, dtype="uint8", augment="flip", num_epochs=1, drop_remainder=False, **serve(kind))
+    patches = tbljax.Patches(size=p, max_tokens=t, pack=True, image_tokens=c, pack_window=4)
+    h, w = np.array([im.shape[0] for im in imgs]), np.array([im.shape[1] for im in imgs])
+    th, tw = naflex.sequence_size(h, w, p, c)
+    tokens = th // p * (tw // p)
+    rec = tbljax.order.permute(np.arange(M.N), M.N, SEED, 0)
+    packing = naflex.pack(tokens[rec], t, 4)
+    rows = []
+    for batch in tbljax.loader(files[kind, layout], B, patches=patches, **kw):
+        image, seg, index = (_host(batch[k]) for k in ("image", "segment_ids", "segment_index"))
+        for r in range(len(image)):
+            rows.append(index[r][index[r] >= 0].tolist())
+            for k, i in enumerate(index[r].tolist()):
+                if i < 0:
+                    continue
+                img = oracle.crop_resize(imgs[i], (0, 0, h[i], w[i]), int(th[i]), int(tw[i]))
+                flip = sample(tbljax.Augment(crop=False), np.array([i]), geometry=_geometry(imgs), seed=SEED, epoch=0)[
+                    1
+                ][0]
+                want = naflex.patchify(img[:, ::-1] if flip else img, p, c)[: tokens[i]]
+                np.testing.assert_array_equal(image[r][seg[r] == k + 1], want, err_msg=f"{kind} {i}")
+            assert not image[r][seg[r] == 0].any()
+        fields = {k: v for k, v in _jax_fields(batch).items() if k not in naflex_pack.PACK_KEYS}
+        flat = {
+            k: [x for row in v for x in row] if isinstance(v, list) else v.reshape(-1, *v.shape[2:])
+            for k, v in fields.items()
+        }
+        check_fields(kind, flat, index.reshape(-1), "pack")
+    # Sequence q holds the records the packing puts there, by offset.
+    by_seq = [[] for _ in range(packing.sequences)]
+    for q in np.lexsort((packing.offset, packing.seq)).tolist():
+        by_seq[packing.seq[q]].append(int(rec[q]))
+    assert rows[: packing.sequences] == by_seq and not any(rows[packing.sequences :])
+
+
+@pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
+def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(matrix, kind, layout, monkeypatch):
+    """The "length schedule" row (`tbljax.HostLoader`; the JAX loader refuses it by name): each
+    step one length of the list and tokens_per_batch // length rows; each row the oracle's
+    random crop and flip (as the RRC row draws them) resized to its sequence size at that
+    length and patchified; every record once an epoch; the fields of each row its record's.
+    Every step taken as cold, so each is read ahead (at its own epoch's schedule)."""
+    files, refs = matrix
+    monkeypatch.setattr(RecordSource, "resident", lambda self, indices: False)
+    imgs = refs[kind, layout]
+    aug = tbljax.Augment(size=None)
+    patches = tbljax.Patches(size=4, max_tokens=[4, 12], tokens_per_batch=24, batch_divisor=1)
+    opts = tbljax.LoaderOptions(
+        batch_size=6,
+        patches=patches,
+        seed=SEED,
+        dtype="uint8",
+        augment=aug,
+        drop_remainder=False,
+        num_epochs=3,  # epoch 2's steps start at other positions than epoch 0's
+        **serve(kind),
+    )
+    seen = {0: [], 1: [], 2: []}
+    for hb in tbljax.HostLoader(tbljax.open(files[kind, layout]), opts):
+        t = hb.image.shape[1]
+        assert hb.image.shape == (24 // t, t, 48)
+        valid = hb.valid
+        idx = hb.index[valid]
+        boxes, flips = sample(aug, idx, geometry=_geometry(imgs), seed=SEED, epoch=hb.epoch)
+        for r, (i, box, flip) in enumerate(zip(idx, boxes, flips)):
+            hh, ww = (int(v[0]) for v in naflex.sequence_size(box[2:3], box[3:4], 4, t))
+            img = oracle.crop_resize(imgs[i], box, hh, ww)
+            np.testing.assert_array_equal(hb.image[r], naflex.patchify(img[:, ::-1] if flip else img, 4, t))
+        assert not hb.image[~valid].any()
+        fields = {k: v[0] for k, v in hb.fields.items() if k not in ("patch_yx", "patch_valid")} | hb.texts
+        check_fields(kind, fields, np.where(valid, hb.index, -1), "length schedule")
+        seen[hb.epoch] += idx.tolist()
+    assert all(sorted(seen[e]) == list(range(M.N)) for e in seen)
 
 
 # ---- torch, MLX, the dataset on device ----

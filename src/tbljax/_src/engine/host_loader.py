@@ -20,6 +20,8 @@ from tbljax._src.engine import step as _step
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.canvas import CANVAS_KEYS, CanvasServing
 from tbljax._src.engine.geometric_serving import GeometricServing
+from tbljax._src.engine.naflex_lengths import LengthServing
+from tbljax._src.engine.naflex_pack import PACK_KEYS, PackServing
 from tbljax._src.engine.plan import Plan
 from tbljax._src.engine.producer import Metrics, Pass
 from tbljax._src.engine.record_source import open_source
@@ -93,13 +95,16 @@ class HostLoader:
         self._record_parts = parts if parts is not None else Parts.whole(self._source.n)
         self._step_parts = self._record_parts.times(opts.repeats)
         self._rows = rows if rows is not None else RowLayout.for_rank(opts.batch_size, 0, 1)
+        self._cursor = (0, 0)  # (epoch, position) of the next batch to hand out
         self._native = self._native_resolution(dataset, parts)
         self._canvas = self._canvas_serving()
         if isinstance(self._native, native_res.BucketServing):
             # Positions count G a step: an epoch is the schedule's steps, whole.
             self._step_parts = Parts.whole(self._native.steps * self._rows.global_batch)
         self._views = self._view_serving()
-        if self._native is not None:
+        if isinstance(self._native, LengthServing):  # (rows × this row holds every step)
+            largest = self._native.ring_row
+        elif self._native is not None:
             largest = self._native_row_shape(None)
         elif self._views is not None:
             largest = self._views.row_shape
@@ -124,7 +129,6 @@ class HostLoader:
                 contract.Arg("drop_remainder", False),
                 " to serve a padded last batch",
             )
-        self._cursor = (0, 0)
         self._finished = False  # the last pass ran to its end: the next one starts over
         self._metrics = Metrics()
         self._active = None  # weakref to the live Pass
@@ -167,6 +171,16 @@ class HostLoader:
                 "the augmentation's crop; pass fields= without them)"
             )
         native_res.check_names(self._fields.names)
+        if opts.patches is not None and isinstance(opts.patches.max_tokens, tuple):
+            return LengthServing(self._source.geometry, self._source.n, opts, self._rows)
+        if opts.patches is not None and opts.patches.pack:
+            clash = sorted(set(self._fields.names) & set(PACK_KEYS))
+            if clash:
+                raise ValueError(
+                    f"the dataset's field(s) {clash} have the names of batch keys pack=True adds; "
+                    "leave them out with fields=[...]"
+                )
+            return PackServing(self._source.geometry, self._source.n, opts, self._rows.global_batch)
         return native_res.serving(self._source.geometry, self._source.n, opts, self._rows.global_batch)
 
     def _canvas_serving(self) -> CanvasServing | None:
@@ -208,7 +222,10 @@ class HostLoader:
         """A row under buckets (the bucket of the step at `cursor`; None: the largest) or
         patches."""
         nr = self._native
-        if isinstance(nr, native_res.PatchServing):
+        if isinstance(nr, LengthServing):  # the cursor's step's length (None: the longest)
+            starts = [] if cursor is None else nr.starts(*cursor)
+            return nr.patches(cursor[0], starts[0]).row_shape if starts else nr.row_shape
+        if isinstance(nr, (native_res.PatchServing, PackServing)):
             return nr.row_shape
         if cursor is None:
             oh, ow = nr.largest
@@ -271,13 +288,16 @@ class HostLoader:
         """One row of the next batch: (OH, OW, 3) in NHWC, (3, OH, OW) in NCHW (the cursor's
         epoch's size under a size schedule, the cursor's step's bucket under buckets; a batch's
         own shape says what it holds)."""
+        if isinstance(self._native, (LengthServing, PackServing)):
+            return self._native_row_shape(self._cursor)
         if self._native is not None:
             epoch, position = self._cursor
             return self._native_row_shape((epoch, min(position, len(self) * self._rows.global_batch - 1)))
         return self.row_shape_at(self._cursor[0])
 
     def row_shape_at(self, epoch: int) -> tuple[int, int, int]:
-        """One row of a batch of `epoch` (under buckets: of the largest bucket)."""
+        """One row of a batch of `epoch` (under buckets: of the largest bucket; under a length
+        schedule: of the longest length)."""
         if self._native is not None:
             return self._native_row_shape(None)
         if self._views is not None:  # every view's row packed (`engine/views.py`)
@@ -287,6 +307,8 @@ class HostLoader:
     # ---- the iterator protocol and the state ----
     def __len__(self) -> int:
         """Steps in one epoch."""
+        if isinstance(self._native, (LengthServing, PackServing)):  # (packed: the cursor's epoch's)
+            return self._native.steps(self._cursor[0])
         return self._step_parts.steps(self._rows.global_batch, drop_remainder=self.options.drop_remainder)
 
     @property
@@ -356,6 +378,7 @@ class HostLoader:
             mixture=self._source.mixture,
             repeats=self.options.repeats,
             buckets=self._bucket_state(),
+            packing=self._packing_state(),
         )
 
     def _bucket_state(self) -> dict | None:
@@ -364,6 +387,13 @@ class HostLoader:
         if not isinstance(nr, native_res.BucketServing):
             return None
         return {"sizes": nr.sizes.tolist(), "global_batch": nr.g}
+
+    def _packing_state(self) -> dict | None:
+        """What a packed loader's positions (sequences) depend on."""
+        if not isinstance(self._native, PackServing):
+            return None
+        p = self.options.patches
+        return {"max_tokens": p.max_tokens, "image_tokens": p.image_tokens, "pack_window": p.pack_window}
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a `state_dict`; the next iteration continues from it. Raises ValueError
@@ -379,9 +409,15 @@ class HostLoader:
             mixture=self._source.mixture,
             repeats=self.options.repeats,
             buckets=self._bucket_state(),
+            packing=self._packing_state(),
         )
         self._close_active()
         self._finished = False  # a restored end state yields nothing, as the original run
+        if isinstance(
+            self._native, (LengthServing, PackServing)
+        ):  # a step start (refused otherwise), or the epoch's end
+            self._cursor = (epoch, position) if self._native.starts(epoch, position) else (epoch + 1, 0)
+            return
         self._cursor = self._step_parts.advance(
             epoch, position, self._rows.global_batch, drop_remainder=self.options.drop_remainder
         )

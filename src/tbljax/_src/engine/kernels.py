@@ -180,9 +180,8 @@ def gather(
         gather(images, idx, batch, crop=boxes, flip=flips,
                mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     """
-    prepare_gather(
-        source, indices, out, layout=layout, crop=crop, flip=flip, mean=mean, std=std, ops=ops, patches=patches
-    )()
+    kw = dict(layout=layout, crop=crop, flip=flip, mean=mean, std=std, ops=ops, patches=patches)
+    prepare_gather(source, indices, out, **kw)()
     return out
 
 
@@ -208,8 +207,7 @@ def prepare_gather(
 
 
 def _patch_args(out, patches, layout) -> tuple:
-    """(out as the kernel takes it, (patch, sizes) for the core): a NaFlex `out` (B, T, p·p·3)
-    as its (B, T, p·p, 3) view, the sizes (B, 2) int32; `out` and () without patches."""
+    """(out as the kernel takes it, (p, sizes (B, 2) int32)); (out, ()) without patches."""
     if patches is None:
         return out, ()
     p, sizes = patches
@@ -410,10 +408,8 @@ def prepare_serve_jpeg_views(
     where=None,
 ) -> Callable[[], None]:
     """`serve_jpeg`'s checks for several view groups over the same records (``views=``), then
-    the native call to make: one pass where each record is read and decoded once for all of its
-    views (the union of their boxes, at scale 1: a whole-image decode's bytes), each view then
-    cropped, resized, flipped, run through its ops and normalized from it -- exactly the bytes
-    `serve_jpeg` (``dct_scale=False``) writes view by view.
+    the native call: each record decoded once for all of its views (the union of their boxes,
+    at scale 1), each view cut from it -- the bytes `serve_jpeg` (``dct_scale=False``) writes.
 
     `groups`: ``(count, indices, out, crop, flip, ops)`` per group, its rows record-major (row
     ``i * count + k`` is the i-th record's view k: indices are the records each repeated

@@ -19,6 +19,8 @@ from tbljax._src.engine import views as _views
 from tbljax._src.engine.batch_fields import FieldServing
 from tbljax._src.engine.canvas import CanvasServing
 from tbljax._src.engine.geometric_serving import GeometricServing
+from tbljax._src.engine.naflex_lengths import LengthServing
+from tbljax._src.engine.naflex_pack import PackServing
 from tbljax._src.engine.record_source import MixtureSource, RecordSource
 from tbljax._src.engine.ring import Slot
 from tbljax._src.engine.rows import RowLayout
@@ -103,6 +105,7 @@ class RowsDrawn(NamedTuple):
     repeats: np.ndarray | None  # each row's repeat (repeats > 1), or None
     ops: object | None = None  # the per-image op columns (`step.RowOps`), or None
     extents: np.ndarray | None = None  # canvas rows (`engine/canvas.py`): each row's (rh, rw), or None
+    placed: object | None = None  # packed sequences (`naflex_pack.Placed`): each record's row and offset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,12 +125,37 @@ class Plan:
     # holds this process's part); None: one part, the whole dataset.
     parts: Parts | None = None
     fields: FieldServing | None = None  # the record fields served beside the image
-    # Buckets or patches (`engine/native_res.py`): what decides a step's rows and shapes; or None.
-    native: native_res.BucketServing | native_res.PatchServing | None = None
+    # Buckets or patches (`engine/native_res.py`; a length schedule: `engine/naflex_lengths.py`,
+    # packed sequences: `engine/naflex_pack.py`): what decides a step's rows and shapes; or None.
+    native: native_res.BucketServing | native_res.PatchServing | LengthServing | PackServing | None = None
 
     @property
     def buckets(self) -> native_res.BucketServing | None:
         return self.native if isinstance(self.native, native_res.BucketServing) else None
+
+    @property
+    def lengths(self) -> LengthServing | None:
+        return self.native if isinstance(self.native, LengthServing) else None
+
+    @property
+    def pack(self) -> PackServing | None:
+        return self.native if isinstance(self.native, PackServing) else None
+
+    @property
+    def stepper(self) -> LengthServing | PackServing | None:
+        """What decides the steps of an epoch when they are not G positions each."""
+        return self.lengths or self.pack
+
+    def ranges(self, epoch, first) -> tuple[tuple[int, int], ...]:
+        """This process's row ranges of the step at `first` (a length schedule's change a step)."""
+        return self.layout.ranges if self.lengths is None else self.lengths.ranges(epoch, first)
+
+    def next_cursor(self, epoch, first) -> tuple[int, int]:
+        """The cursor after the step at `first` of `epoch` (the next epoch's start after its last)."""
+        if self.stepper is not None:
+            return self.stepper.next_cursor(epoch, first)
+        g = self.layout.global_batch
+        return self.slots.advance(epoch, first + g, g, drop_remainder=self.opts.drop_remainder)
 
     geometric: GeometricServing | None = None  # masks, boxes, ... through the image's geometry
     # Canvas rows (Augment(scale_jitter=...), crop='longer_pad'): what fills them; or None.
@@ -148,8 +176,10 @@ class Plan:
             return Parts.whole(self.buckets.steps * self.layout.global_batch)
         return self.part.times(self.opts.repeats)
 
-    def step_rows(self, first) -> tuple[int, int]:
-        """(first position, real rows) of this process's step starting at `first`."""
+    def step_rows(self, epoch, first) -> tuple[int, int]:
+        """(first position, real rows) of this process's step of `epoch` starting at `first`."""
+        if self.lengths is not None:
+            return first, self.lengths.step(epoch, first)[3]
         return first, min(self.layout.global_batch, self.slots.n - first)
 
     def steps(self):
@@ -205,15 +235,20 @@ class Plan:
         they were resident already (nothing asked)."""
         src, opts = self.source, self.opts
         resident = True
-        for a, b in self.layout.ranges:
-            pos = np.arange(first + a, min(first + b, self.slots.n), dtype=np.int64)
+        end = sum(self.step_rows(epoch, first))
+        for a, b in self.ranges(epoch, first):
+            pos = np.arange(first + a, min(first + b, end), dtype=np.int64)
             if not len(pos):
                 continue
 
-            def records(p, a=a):
+            def records(p, a=a, b=b):
+                if self.pack is not None:  # the records packed into this range's sequences
+                    return _step.records(
+                        self.pack.positions(epoch, first, a, b)[0], opts, num_records=src.n, epoch=epoch
+                    )[0]
                 if self.buckets is not None:  # the schedule's rows (p: a prefix of this range's)
                     return self.buckets.draw(epoch, first, a, a + len(p))[0]
-                return _step.records(p, opts, num_records=src.n, epoch=epoch, step=self.step_rows(first))[0]
+                return _step.records(p, opts, num_records=src.n, epoch=epoch, step=self.step_rows(epoch, first))[0]
 
             # A few records first: a warm file stops here (~20 us a step).
             if src.resident(records(pos[:_SAMPLE])):
@@ -227,6 +262,10 @@ class Plan:
         part, g = self.slots, self.layout.global_batch
         epoch, position = self.start
         while self.end_epoch is None or epoch < self.end_epoch:
+            if self.stepper is not None:
+                yield from ((epoch, s) for s in self.stepper.starts(epoch, position))
+                epoch, position = epoch + 1, 0
+                continue
             count = part.steps(g, drop_remainder=self.opts.drop_remainder, start=position)
             for s in range(count):
                 yield epoch, position + s * g
@@ -247,16 +286,22 @@ class Plan:
             row = src.row_shape(opts, epoch)
             out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
         drawn = []
-        for a, b in self.layout.ranges:
+        end = sum(self.step_rows(epoch, first))
+        for a, b in self.ranges(epoch, first):
+            if self.pack is not None:
+                pos, placed = self.pack.positions(epoch, first, a, b)
+                idx, boxes, flip, _ = src.draw(pos, opts, epoch, first_index, (first, len(pos)))
+                drawn.append(RowsDrawn(idx, boxes, flip, src.local_records(idx, first_index), None, placed=placed))
+                continue
             if self.buckets is not None:
                 idx, boxes, flip = self.buckets.draw(epoch, first, a, b)
                 ops = None if out_hw is None else _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_hw)
                 drawn.append(RowsDrawn(idx, boxes, flip, idx, None, ops))
                 continue
-            nvalid = int(np.clip(self.slots.n - (first + a), 0, b - a))
+            nvalid = int(np.clip(end - (first + a), 0, b - a))
             pos = np.arange(first + a, first + a + nvalid, dtype=np.int64)
             idx, boxes, flip, repeat = src.draw(
-                pos, opts, epoch, first_index, self.step_rows(first), boxes_field=self.bbox_field
+                pos, opts, epoch, first_index, self.step_rows(epoch, first), boxes_field=self.bbox_field
             )
             ops = None
             if _step.has_ops(opts.augment):
@@ -277,18 +322,37 @@ class Plan:
         mean, std = opts.normalization
         drawn = self.draw(epoch, first) if drawn is None else drawn
         slot = ring.acquire(stop)
-        views = slot.views(self.row_shape(epoch, first))  # a size schedule's size of `epoch`
+        ranges = self.ranges(epoch, first)
+        # A size schedule's size of `epoch`; a length schedule's length and rows of the step.
+        views = slot.views(self.row_shape(epoch, first), None if self.lengths is None else [b - a for a, b in ranges])
         labels, indices, valid, sources, served, repeats, hws = [], [], [], [], [], [], []
         view_blocks = {}
-        patches = isinstance(self.native, native_res.PatchServing)
+        native = self.lengths.patches(epoch, first) if self.lengths is not None else self.native
+        patches = isinstance(native, native_res.PatchServing)
+        pack_labels = []
         pixels = dict(mean=mean, std=std, jpeg_dct_scale=opts.jpeg_dct_scale)  # every fill's
-        for (a, b), out, (idx, boxes, flip, records, repeat, ops, ext) in zip(self.layout.ranges, views, drawn):
+        for (a, b), out, (idx, boxes, flip, records, repeat, ops, ext, placed) in zip(ranges, views, drawn):
             rows, nvalid = b - a, len(idx)
+            if self.pack is not None:  # rows are sequences: the per-image keys are per segment
+                hws.append(np.zeros((0, 2), np.int64))
+                out[...] = 0
+                if nvalid:
+                    boxes = self.pack.image.boxes(idx, boxes)
+                    hws[-1] = self.pack.fill(
+                        src, records, out, placed, boxes=boxes, flip=flip, started=started, **pixels
+                    )
+                    started = None
+                filled = int(placed.row.max()) + 1 if nvalid else 0  # sequences are filled as a prefix
+                indices.append(np.full(rows, -1, np.int32))
+                labels.append(np.full(rows, -1, np.int32))
+                valid.append(np.arange(rows) < filled)
+                pack_labels.append(src.labels[records].astype(np.int32))
+                continue
             if patches:
-                boxes = self.native.boxes(idx, boxes)
+                boxes = native.boxes(idx, boxes)
                 hws.append(np.zeros((0, 2), np.int64))
             if nvalid and patches:
-                hws[-1] = self.native.fill(
+                hws[-1] = native.fill(
                     src, records, out[:nvalid], boxes=boxes, flip=flip, started=started, ops=ops, **pixels
                 )
                 started = None
@@ -332,13 +396,17 @@ class Plan:
         if started is not None:
             started()
         arrays, texts = {}, {}
-        if self.fields:
-            arrays, texts = self.fields.build(served, [b - a for a, b in self.layout.ranges], epoch, first)
-        rows = [b - a for a, b in self.layout.ranges]
+        rows = [b - a for a, b in ranges]
+        if self.fields and self.pack is not None:  # per segment: a row holds several records
+            arrays, texts = self.pack.fields(self.fields, drawn, rows, epoch, first)
+        elif self.fields:
+            arrays, texts = self.fields.build(served, rows, epoch, first)
         if self.buckets is not None:
             arrays.update(self.buckets.arrays(epoch, first, drawn, rows))
-        elif self.native is not None:
-            arrays.update(self.native.arrays(hws, rows))
+        elif self.pack is not None:
+            arrays.update(self.pack.arrays(drawn, hws, pack_labels, rows))
+        elif native is not None:
+            arrays.update(native.arrays(hws, rows))
         if self.canvas is not None or self.geometric:  # neither with buckets or patches (refused)
             row = src.row_shape(opts, epoch)
             out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
@@ -349,7 +417,7 @@ class Plan:
         return HostBatch(
             epoch,
             first,
-            self.layout.ranges,
+            ranges,
             tuple(views),
             tuple(labels),
             tuple(indices),
@@ -366,7 +434,9 @@ class Plan:
         sequence of patches under patches, else the size of `epoch`."""
         if self.buckets is not None:
             return contract.row_shape(self.opts.layout, *self.buckets.out_hw(epoch, first))
-        if self.native is not None:
+        if self.lengths is not None:
+            return self.lengths.patches(epoch, first).row_shape
+        if self.native is not None:  # patches, packed or not
             return self.native.row_shape
         if self.views is not None:
             return self.views.row_shape

@@ -117,7 +117,6 @@ def _produce(
     pipeline at a time, as many ring slots as unpipelined. Otherwise `q` gets the finished
     batches directly."""
     try:
-        rows = plan.layout.local_rows
         # The steps `_draw` runs through too (it reads ahead; this does not).
         for step in plan.positions():
             item = _get(drawn, stop)
@@ -134,7 +133,7 @@ def _produce(
             host, slot = plan.build_host(ring, epoch, first, stop, drawn=step_rows, started=go.release)
             # Producing, not waiting for the consumer to release a slot.
             metrics.produce_seconds += time.perf_counter() - t0 - (ring.wait_seconds - waited)
-            metrics.images += rows
+            metrics.images += sum(b - a for a, b in host.ranges)
             metrics.slots_replaced = ring.replaced
             metrics.slot_wait_seconds = ring.wait_seconds
             # Pipelined, the slot travels with its batch to `_finish`, which watches it.
@@ -255,8 +254,7 @@ class Pass:
         self._threads: list[_Stage] = []
         self._queue: queue.Queue = queue.Queue()  # the last of these: see __del__
         self._on_step, self._on_end = on_step, on_end
-        self._step_parts, self._g = plan.slots, plan.layout.global_batch
-        self._drop = plan.opts.drop_remainder
+        self._plan = plan  # its next_cursor: the state after each step handed out
         self._metrics = metrics
         self._ring = ring
         prefetch = plan.opts.prefetch
@@ -332,7 +330,7 @@ class Pass:
             raise item.exc
         epoch, first, result = item
         # The state counts what was handed over, not what the producer prefetched.
-        self._on_step(self._step_parts.advance(epoch, first + self._g, self._g, drop_remainder=self._drop))
+        self._on_step(self._plan.next_cursor(epoch, first))
         m.steps += 1
         return result
 

@@ -86,14 +86,19 @@ class Slot:
         self._row_bytes = row_bytes
         self._watched: list[weakref.ref] = []  # see watch
 
-    def views(self, row_shape: tuple[int, ...] | None = None) -> list[np.ndarray]:
-        """Fresh typed (rows, *row_shape) views, one per range (default: the slot's row shape).
+    def views(self, row_shape: tuple[int, ...] | None = None, rows=None) -> list[np.ndarray]:
+        """Fresh typed (rows, *row_shape) views, one per range (default: the slot's row shape;
+        `rows`: each range's row count, when a step's differ from the slot's, in no more bytes).
         Drop them once handed to JAX."""
         shape = self.row_shape if row_shape is None else tuple(row_shape)
         row_bytes = int(np.prod(shape)) * self.dtype.itemsize
-        if row_bytes > self._row_bytes:
-            raise ValueError(f"rows of {shape} do not fit this slot's rows of {self.row_shape}")
-        return [self._mem[o : o + r * row_bytes].view(self.dtype).reshape(r, *shape) for o, r in self._regions]
+        counts = [r for _, r in self._regions] if rows is None else list(rows)
+        if any(c * row_bytes > r * self._row_bytes for c, (_, r) in zip(counts, self._regions)):
+            raise ValueError(f"{counts} rows of {shape} do not fit this slot's rows of {self.row_shape}")
+        return [
+            self._mem[o : o + c * row_bytes].view(self.dtype).reshape(c, *shape)
+            for (o, _), c in zip(self._regions, counts)
+        ]
 
     @property
     def owner(self) -> np.ndarray:

@@ -1,6 +1,7 @@
 """NaFlex patch sequences: the size each record is resized to, the patch layout of a row, the
 sequence-length schedule and the packing of several images per sequence. Pure decision
-functions; the kernel and the loader (a later round) consume their tables.
+functions; the loader consumes their tables (`engine/native_res.py`, `engine/naflex_lengths.py`,
+`engine/naflex_pack.py`).
 
 **Size** (`sequence_size`): big_vision's ``resize_to_sequence`` (SigLIP 2's
 ``pp/proj/image_text/ops_naflex.py``), integer for integer: a bisection on the scale ratio in

@@ -93,7 +93,9 @@ class LoaderOptions:
         augmentation's random crop and flip, or the whole record) resized keeping its aspect to
         big_vision's ``resize_to_sequence`` size and served as ``image`` (B, max_tokens,
         size·size·3) in `naflex.patchify`'s layout, with ``patch_yx`` (B, max_tokens, 2) int32
-        and ``patch_valid`` (B, max_tokens) bool.
+        and ``patch_valid`` (B, max_tokens) bool. A list of max_tokens: a length schedule, each
+        step one length and ``tokens_per_batch // length`` rows (timm's rule); ``pack=True``:
+        several images a sequence with ``segment_ids`` (docs/reference.md).
       max_boxes, min_size, min_area, min_visibility: a boxes field (`tbljax.Boxes`) served
         through the crop, resize and flip (docs/reference.md, "Geometric fields"): padded or cut
         to `max_boxes` per row; a box whose clipped side is under `min_size` pixels, clipped
@@ -254,10 +256,17 @@ class LoaderOptions:
                 "which tbljax.torch.loader does not default to)",
             ),
             (
-                self.patches is not None and isinstance(self.patches.max_tokens, tuple),
-                "patches with a list of max_tokens (a length schedule)",
+                self.patches is not None
+                and (isinstance(self.patches.max_tokens, tuple) or self.patches.pack)
+                and aug is not None
+                and bool(aug.ops or aug.erasing is not None),
+                "patches with a length schedule or pack=True and Augment(ops=/erasing=)",
             ),
-            (self.patches is not None and self.patches.pack, "patches with pack=True"),
+            (
+                self.patches is not None and self.patches.pack and aug is not None and bool(aug.crop),
+                "patches with pack=True and an Augment crop (a record's tokens come from its stored size: "
+                "augment='flip' or None)",
+            ),
         ]
         for bad, words in refused:
             if bad:

@@ -23,6 +23,7 @@ def make_state(
     mixture: dict | None = None,
     repeats: int = 1,
     buckets: dict | None = None,
+    packing: dict | None = None,
 ) -> dict:
     """The resumable state: a small versioned dict of plain ints and strings. A
     partition="host" loader gives `processes` (P): its state also says ``"partition":
@@ -31,7 +32,9 @@ def make_state(
     fingerprints), kept under ``"mixture"`` so that a state of another mixture is refused
     saying what differs. With `repeats` > 1 the state says so (its positions count k·N an epoch).
     A bucketed loader gives `buckets` ({sizes, global_batch}: what its steps depend on), kept
-    under ``"buckets"``; its position is the steps handed out times the global batch.
+    under ``"buckets"``; its position is the steps handed out times the global batch. A loader of
+    packed NaFlex sequences gives `packing` ({max_tokens, image_tokens, pack_window}), kept under
+    ``"packing"``; its position counts sequences.
 
     >>> make_state(seed=0, epoch=1, position=512, fingerprint="ab12")["version"]
     1
@@ -52,6 +55,8 @@ def make_state(
         state["repeats"] = int(repeats)
     if buckets is not None:
         state["buckets"] = buckets
+    if packing is not None:
+        state["packing"] = packing
     return state
 
 
@@ -65,6 +70,7 @@ def check_state(
     mixture: dict | None = None,
     repeats: int = 1,
     buckets: dict | None = None,
+    packing: dict | None = None,
 ) -> tuple[int, int]:
     """Validates a state from `make_state` against this run; returns (epoch, position).
 
@@ -72,8 +78,8 @@ def check_state(
     partition="host" loader, None for the global order. A host-part state resumes at another
     process count only at an epoch boundary: mid-epoch the parts hold other records, so the
     rest of that epoch has no exact continuation, and this refuses it (the error says how to
-    go on). Likewise a state of other `buckets` (or of none, or to a loader without them)
-    resumes only at an epoch boundary: its steps are other steps. Raises ValueError naming the
+    go on). Likewise a state of other `buckets` or `packing` (or of none, or to a loader without
+    them) resumes only at an epoch boundary: its steps are other steps. Raises ValueError naming the
     offending value and what was expected.
     """
     if not isinstance(state, dict):
@@ -112,13 +118,14 @@ def check_state(
     check_seed_epoch(seed, epoch)
     if not is_integer(position) or not 0 <= position <= n:
         raise ValueError(f"state position must be an integer in [0, {n}], got {position!r}")
-    if state.get("buckets") != buckets and position != 0:
-        raise ValueError(
-            f"state was saved mid-epoch (epoch {epoch}, position {position}) with buckets "
-            f"{state.get('buckets')!r} and this loader has buckets {buckets!r}: its steps are "
-            f"other steps, so the rest of epoch {epoch} has no exact continuation. Resume at an "
-            f"epoch boundary: loader.set_epoch({epoch + 1}), or create the loader as the state's was"
-        )
+    for name, mine in (("buckets", buckets), ("packing", packing)):
+        if state.get(name) != mine and position != 0:
+            raise ValueError(
+                f"state was saved mid-epoch (epoch {epoch}, position {position}) with {name} "
+                f"{state.get(name)!r} and this loader has {name} {mine!r}: its steps are "
+                f"other steps, so the rest of epoch {epoch} has no exact continuation. Resume at an "
+                f"epoch boundary: loader.set_epoch({epoch + 1}), or create the loader as the state's was"
+            )
     if processes is not None:
         saved_p = state.get("processes")
         if not is_integer(saved_p) or saved_p < 1:
