@@ -341,13 +341,18 @@ _EIGHT_DEVICES = textwrap.dedent("""
     want = np.zeros((16, 12, 12, 3), np.float32)
     prog = host_program.pixel_program(codes, args, (12, 12), policies=(ra,), erase_boxes=boxes, erase_keys=keys)
     tbljax.kernels.gather(imgs, idx, want, crop=crop, ops=prog, **norm)
-    for sharding in (None, mesh):
+    # The twin too, split the same way: its affine ops under x64, set globally (XLA partitions
+    # the op following the indices on its own thread, outside a jax.enable_x64 context).
+    for backend, sharding in [("ffi", None), ("ffi", mesh), ("twin", None), ("twin", mesh)]:
         def step(d, i, c, co, a, b, k):
             p = ops.pixel_program(co, a, (12, 12), policies=(ra,), erase_boxes=b, erase_keys=k)
-            return ops.gather_normalize(d, i, crop=c, out_size=(12, 12), ops=p, sharding=sharding, **norm)
+            return ops.gather_normalize(
+                d, i, crop=c, out_size=(12, 12), ops=p, sharding=sharding, backend=backend, **norm)
+        jax.config.update("jax_enable_x64", backend == "twin")
         got = jax.jit(step)(imgs, *(jax.device_put(x, rows) for x in (idx, crop, codes, args, boxes, keys)))
-        assert np.array_equal(np.asarray(got), want), sharding
+        assert np.array_equal(np.asarray(got), want), (backend, sharding)
         assert got.sharding.shard_shape(got.shape)[0] == 2, got.sharding
+    jax.config.update("jax_enable_x64", False)
 
     # Records partitioned over devices: refused by name.
     grid = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "d"))
@@ -363,7 +368,8 @@ _EIGHT_DEVICES = textwrap.dedent("""
 
 def test_ops_in_jit_on_8_cpu_devices(tmp_path):
     """Each device draws and serves its own rows (ResidentDataset, gather_normalize following the
-    indices or under sharding=): the same bytes as the loader and the host kernel."""
+    indices or under sharding=, on the FFI handler and the twin): the same bytes as the loader
+    and the host kernel."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     r = subprocess.run(
         [sys.executable, "-c", _EIGHT_DEVICES], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
