@@ -213,31 +213,41 @@ COLOUR = tbljax.RandAugment(num_ops=2, magnitude=9, ops=["Color", "Contrast", "P
 TWIN_SIZE = (8, 8)
 
 
-def _twin_and_ffi(data, idx, crops, flips, codes, args, boxes, keys, *, policies, mode="pixel", **kw):
+def _gathered(backend, data, idx, crops, flips, codes, args, boxes, keys, *, policies, mode="pixel", **kw):
+    """gather_normalize(ops=...) in jit on `backend`: (the batch, the compiled program's text)."""
+
+    def step(d, i, c, f, co, a, b, k):
+        p = ops.pixel_program(co, a, TWIN_SIZE, policies=policies, erase_boxes=b, erase_keys=k, erase_mode=mode)
+        return ops.gather_normalize(d, i, crop=c, flip=f, out_size=TWIN_SIZE, ops=p, backend=backend, **kw)
+
+    compiled = jax.jit(step).lower(data, idx, crops, flips, codes, args, boxes, keys).compile()
+    return compiled(data, idx, crops, flips, codes, args, boxes, keys), compiled.as_text()
+
+
+def _twin_and_ffi(*case, **kw):
     """gather_normalize(ops=...) in jit on the twin and on the FFI handler: (twin, ffi)."""
-
-    def run(backend):
-        def step(d, i, c, f, co, a, b, k):
-            p = ops.pixel_program(co, a, TWIN_SIZE, policies=policies, erase_boxes=b, erase_keys=k, erase_mode=mode)
-            return ops.gather_normalize(d, i, crop=c, flip=f, out_size=TWIN_SIZE, ops=p, backend=backend, **kw)
-
-        return jax.jit(step)(data, idx, crops, flips, codes, args, boxes, keys)
-
-    return run("twin"), run("ffi")
+    return _gathered("twin", *case, **kw)[0], _gathered("ffi", *case, **kw)[0]
 
 
 @pytest.mark.parametrize(
-    "mode, dtype, layout", [("pixel", "float32", "NHWC"), ("rand", "bfloat16", "NCHW"), ("const", "bfloat16", "NHWC")]
+    "mode, dtype, layout, backend",
+    [("pixel", "float32", "NHWC", "twin"), ("rand", "bfloat16", "NCHW", "auto"), ("const", "bfloat16", "NHWC", "twin")],
 )
-def test_twin_ops_equal_the_ffi_handler(mode, dtype, layout):
-    """backend='twin' without x64: colour ops, then erasing (bfloat16: the noise rounded as the
-    kernel rounds it; NCHW), byte for byte the FFI handler's (itself the host kernel's, above)."""
+def test_twin_ops_equal_the_ffi_handler(monkeypatch, mode, dtype, layout, backend):
+    """backend='twin' (and 'auto' on a platform whose handler has no ops, as CUDA) without x64:
+    colour ops, then erasing (bfloat16: the noise rounded as the kernel rounds it; NCHW), byte
+    for byte the FFI handler's (itself the host kernel's, above)."""
     er = tbljax.RandomErasing(p=0.8, mode=mode)
     case = _program_case(batch=6, policies=(COLOUR,), out=TWIN_SIZE, erase=er)
     codes, boxes = case[4], case[6]
     assert (codes != 0).any() and (boxes[..., 2] > 0).any() and (boxes[..., 2] == 0).any()
-    twin, ffi = _twin_and_ffi(*case, policies=(COLOUR,), mode=mode, dtype=dtype, layout=layout, mean=MEAN, std=STD)
-    same(twin, ffi)
+    kw = dict(policies=(COLOUR,), mode=mode, dtype=dtype, layout=layout, mean=MEAN, std=STD)
+    with monkeypatch.context() as m:
+        if backend == "auto":
+            m.setattr(_ops_module, "ops_platforms", lambda: ())
+        twin, program = _gathered(backend, *case, **kw)
+    assert "tbljax_gather" not in program  # no custom call: the twin ran
+    same(twin, _gathered("ffi", *case, **kw)[0])
 
 
 def test_twin_affine_ops_equal_the_ffi_handler_with_x64():
