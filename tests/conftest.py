@@ -88,12 +88,12 @@ SLOW_CASES = {
     "test_jit_ops.py::test_resident_batch_in_jit_equals_the_loader[raw-three+jitter+const-bfloat16-2]": "6 s of jit on busy cores; the [raw-randaug+pixel-float32-1] case stays",
     "test_jit_ops.py::test_ops_in_jit_on_8_cpu_devices": "16 s of a process on 8 devices; the one-device cases stay",
     "test_jit_ops.py::test_resident_batch_in_jit_equals_the_loader[packed-randaug+rand-bfloat16-2]": "7 s of jit on busy cores; the [packed-trivial-float32-1] case stays",
-    "test_twin_ops.py::test_every_op_equals_pixel_ops[9x12-two-slots]": "9 s of the twin's compile; [2x3] stays",
-    "test_jit_ops.py::test_twin_ops_equal_the_ffi_handler[pixel-float32-NHWC-twin]": "8 s of the twin's compile; [rand-bfloat16-NCHW-auto] stays",
-    "test_jit_ops.py::test_twin_ops_equal_the_ffi_handler[const-bfloat16-NHWC-twin]": "7 s of the twin's compile; [rand-bfloat16-NCHW-auto] stays",
-    "test_jit_ops.py::test_twin_affine_ops_equal_the_ffi_handler_with_x64": "12 s of the twin's compile; test_twin_ops::test_affine_ops_under_x64 stays",
-    "test_jit_ops.py::test_resident_batch_on_the_twin_equals_the_loader": "10 s of the twin's compile; test_twin_ops_equal_the_ffi_handler[rand-bfloat16-NCHW-auto] stays",
-    "test_jit_ops.py::test_twin_ops_of_packed_records_equal_the_ffi_handler": "5 s of the twin's compile; test_twin_ops_equal_the_ffi_handler[rand-bfloat16-NCHW-auto] stays",
+    "test_twin_ops.py::test_every_op_equals_pixel_ops[9x12-two-slots]": "9 s of the twin's compile on busy cores; [2x3] stays",
+    "test_jit_ops.py::test_twin_ops_equal_the_ffi_handler[pixel-float32-NHWC-twin]": "8 s of the twin's compile on busy cores; [rand-bfloat16-NCHW-auto] stays",
+    "test_jit_ops.py::test_twin_ops_equal_the_ffi_handler[const-bfloat16-NHWC-twin]": "7 s of the twin's compile on busy cores; [rand-bfloat16-NCHW-auto] stays",
+    "test_jit_ops.py::test_twin_affine_ops_equal_the_ffi_handler_with_x64": "12 s of the twin's compile on busy cores; test_twin_ops::test_affine_ops_under_x64 stays",
+    "test_jit_ops.py::test_resident_batch_on_the_twin_equals_the_loader": "10 s of the twin's compile on busy cores; test_twin_ops_equal_the_ffi_handler[rand-bfloat16-NCHW-auto] stays",
+    "test_jit_ops.py::test_twin_ops_of_packed_records_equal_the_ffi_handler": "5 s of the twin's compile on busy cores; test_twin_ops_equal_the_ffi_handler[rand-bfloat16-NCHW-auto] stays",
 }
 
 
