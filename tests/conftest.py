@@ -96,6 +96,12 @@ SLOW_CASES = {
     "test_resident_geometric.py::test_resident_batches_equal_the_loaders_byte_for_byte[flip]": "a jit compile of 2-5 s; the rrc_flip case stays",
     "test_resident_geometric.py::test_resident_batches_equal_the_loaders_byte_for_byte[none]": "a jit compile of 2-5 s; the rrc_flip case stays",
     "test_resident_geometric.py::test_eight_devices_serve_the_batch_split_and_refuse_partitioned_records": "12 s of a subprocess with 8 CPU devices",
+    "test_twin_ops.py::test_every_op_equals_pixel_ops[9x12-two-slots]": "9 s of the twin's compile on busy cores; [2x3] stays",
+    "test_jit_ops.py::test_twin_ops_equal_the_ffi_handler[pixel-float32-NHWC-twin]": "8 s of the twin's compile on busy cores; [rand-bfloat16-NCHW-auto] stays",
+    "test_jit_ops.py::test_twin_ops_equal_the_ffi_handler[const-bfloat16-NHWC-twin]": "7 s of the twin's compile on busy cores; [rand-bfloat16-NCHW-auto] stays",
+    "test_jit_ops.py::test_twin_affine_ops_equal_the_ffi_handler_with_x64": "12 s of the twin's compile on busy cores; test_twin_ops::test_affine_ops_under_x64 stays",
+    "test_jit_ops.py::test_resident_batch_on_the_twin_equals_the_loader": "10 s of the twin's compile on busy cores; test_twin_ops_equal_the_ffi_handler[rand-bfloat16-NCHW-auto] stays",
+    "test_jit_ops.py::test_twin_ops_of_packed_records_equal_the_ffi_handler": "5 s of the twin's compile on busy cores; test_twin_ops_equal_the_ffi_handler[rand-bfloat16-NCHW-auto] stays",
 }
 
 

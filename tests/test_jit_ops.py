@@ -21,6 +21,7 @@ import pytest
 import tbljax
 from tbljax import ops
 from tbljax._src.engine import pixel_program as host_program
+from tbljax._src.jax import ops as _ops_module
 from tbljax._src.rules import erasing, pixel_ops, randaug
 
 SIZE = (16, 16)
@@ -206,13 +207,102 @@ def test_gather_normalize_ops_equal_the_numpy_reference_op_by_op():
         np.testing.assert_array_equal(got[b], want, err_msg=f"row {b}: ops {codes[b]} args {args[b]}")
 
 
-def test_what_is_not_served_in_jit_is_refused_by_name():
+# Colour-only RandAugment (no affine op: the twin runs it without x64), and the small images
+# and batches of the twin's cases (its compile time dominates).
+COLOUR = tbljax.RandAugment(num_ops=2, magnitude=9, ops=["Color", "Contrast", "Posterize", "Solarize", "Equalize"])
+TWIN_SIZE = (8, 8)
+
+
+def _gathered(backend, data, idx, crops, flips, codes, args, boxes, keys, *, policies, mode="pixel", **kw):
+    """gather_normalize(ops=...) in jit on `backend`: (the batch, the compiled program's text)."""
+
+    def step(d, i, c, f, co, a, b, k):
+        p = ops.pixel_program(co, a, TWIN_SIZE, policies=policies, erase_boxes=b, erase_keys=k, erase_mode=mode)
+        return ops.gather_normalize(d, i, crop=c, flip=f, out_size=TWIN_SIZE, ops=p, backend=backend, **kw)
+
+    compiled = jax.jit(step).lower(data, idx, crops, flips, codes, args, boxes, keys).compile()
+    return compiled(data, idx, crops, flips, codes, args, boxes, keys), compiled.as_text()
+
+
+def _twin_and_ffi(*case, **kw):
+    """gather_normalize(ops=...) in jit on the twin and on the FFI handler: (twin, ffi)."""
+    return _gathered("twin", *case, **kw)[0], _gathered("ffi", *case, **kw)[0]
+
+
+@pytest.mark.parametrize(
+    "mode, dtype, layout, backend",
+    [("pixel", "float32", "NHWC", "twin"), ("rand", "bfloat16", "NCHW", "auto"), ("const", "bfloat16", "NHWC", "twin")],
+)
+def test_twin_ops_equal_the_ffi_handler(monkeypatch, mode, dtype, layout, backend):
+    """backend='twin' (and 'auto' on a platform whose handler has no ops, as CUDA) without x64:
+    colour ops, then erasing (bfloat16: the noise rounded as the kernel rounds it; NCHW), byte
+    for byte the FFI handler's (itself the host kernel's, above)."""
+    er = tbljax.RandomErasing(p=0.8, mode=mode)
+    case = _program_case(batch=6, policies=(COLOUR,), out=TWIN_SIZE, erase=er)
+    codes, boxes = case[4], case[6]
+    assert (codes != 0).any() and (boxes[..., 2] > 0).any() and (boxes[..., 2] == 0).any()
+    kw = dict(policies=(COLOUR,), mode=mode, dtype=dtype, layout=layout, mean=MEAN, std=STD)
+    with monkeypatch.context() as m:
+        if backend == "auto":
+            m.setattr(_ops_module, "ops_platforms", lambda: ())
+        twin, program = _gathered(backend, *case, **kw)
+    assert "tbljax_gather" not in program  # no custom call: the twin ran
+    same(twin, _gathered("ffi", *case, **kw)[0])
+
+
+def test_twin_affine_ops_equal_the_ffi_handler_with_x64():
+    """DeiT's RandAugment (Rotate, Shear, Translate...) on the twin needs x64: refused by name
+    without it, the FFI handler's bytes with it."""
+    case = _program_case(batch=6, policies=(RAND,), out=TWIN_SIZE, erase=tbljax.RandomErasing(p=0.8))
+    assert np.isin(case[4], sorted(pixel_ops.AFFINE)).any()
+    kw = dict(policies=(RAND,), layout="NCHW", mean=MEAN, std=STD)
+    with pytest.raises(ValueError, match="jax_enable_x64 is off"):
+        _twin_and_ffi(*case, **kw)
+    with jax.enable_x64(True):
+        twin, ffi = _twin_and_ffi(*case, **kw)
+    same(twin, ffi)
+
+
+def test_twin_ops_of_packed_records_equal_the_ffi_handler(tmp_path):
+    # Small records: the twin's resize unrolls taps in proportion to the largest side.
+    rng = np.random.default_rng(5)
+    imgs = [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in [(9, 12), (12, 7), (8, 8), (11, 10)]]
+    ds = tbljax.ResidentDataset(_write(tmp_path / "small.tbl", imgs))
+    assert isinstance(ds.data, tbljax.ops.PackedRecords)
+    idx = np.array([3, 0, 1, 2, 0, 3], np.int32)
+    crops = np.array([[1, 0, imgs[i].shape[0] - 1, imgs[i].shape[1]] for i in idx], np.int32)
+    flips = np.array([True, False, True, False, False, True])
+    codes, args = randaug.decide((COLOUR,), idx, seed=4, epoch=1)
+    twin, ffi = _twin_and_ffi(ds.data, idx, crops, flips, codes, args, None, None, policies=(COLOUR,), dtype="uint8")
+    assert (codes != 0).any()
+    same(twin, ffi)
+
+
+def test_resident_batch_on_the_twin_equals_the_loader(files):
+    """ResidentDataset.batch(backend='twin'): DeiT's RandAugment (affine ops: x64) and erasing."""
+    augment = tbljax.Augment(size=TWIN_SIZE, ops=[RAND], erasing=tbljax.RandomErasing(p=0.7, mode="rand"))
+    kw = dict(seed=SEED, augment=augment, mean=MEAN, std=STD, dtype="bfloat16")
+    ds = tbljax.ResidentDataset(files["raw"])
+    with jax.enable_x64(True):
+        step = jax.jit(lambda d, s: d.batch(s, batch_size=6, backend="twin", **kw))
+        for s, want in enumerate(tbljax.loader(files["raw"], 6, num_epochs=1, **kw)):
+            got = step(ds, s)
+            np.testing.assert_array_equal(np.asarray(got["index"]), np.asarray(want["index"]))
+            same(got["image"], np.asarray(want["image"]))
+    assert s == 1
+    codes, _ = randaug.decide(augment.ops, np.arange(len(ds)), seed=SEED, epoch=0)
+    assert np.isin(codes, sorted(pixel_ops.AFFINE)).any()
+
+
+def test_what_is_not_served_in_jit_is_refused_by_name(monkeypatch):
     er = tbljax.RandomErasing(p=1.0)
     data, idx, crops, flips, codes, args, boxes, keys = _program_case(batch=4, erase=er)
     prog = ops.pixel_program(codes, args, SIZE, policies=(RAND,), erase_boxes=boxes, erase_keys=keys)
     kw = dict(crop=crops, flip=flips, out_size=SIZE)
-    with pytest.raises(ValueError, match="the twin's per-image ops: not yet"):
-        ops.gather_normalize(data, idx, backend="twin", ops=prog, **kw)
+    with monkeypatch.context() as m:  # a platform whose handler has no ops (CUDA): the twin, not 'ffi'
+        m.setattr(_ops_module, "ops_platforms", lambda: ())
+        with pytest.raises(ValueError, match="backend='ffi' with ops=...: .* use backend='auto' or 'twin'"):
+            ops.gather_normalize(data, idx, backend="ffi", ops=prog, **kw)
     with pytest.raises(ValueError, match="needs dtype='float32' or 'bfloat16', not uint8"):
         ops.gather_normalize(data, idx, dtype=jnp.uint8, ops=prog, **kw)
     with pytest.raises(TypeError, match="ops must be a tbljax.ops.pixel_program"):
@@ -261,13 +351,18 @@ _EIGHT_DEVICES = textwrap.dedent("""
     want = np.zeros((16, 12, 12, 3), np.float32)
     prog = host_program.pixel_program(codes, args, (12, 12), policies=(ra,), erase_boxes=boxes, erase_keys=keys)
     tbljax.kernels.gather(imgs, idx, want, crop=crop, ops=prog, **norm)
-    for sharding in (None, mesh):
+    # The twin too, split the same way: its affine ops under x64, set globally (XLA partitions
+    # the op following the indices on its own thread, outside a jax.enable_x64 context).
+    for backend, sharding in [("ffi", None), ("ffi", mesh), ("twin", None), ("twin", mesh)]:
         def step(d, i, c, co, a, b, k):
             p = ops.pixel_program(co, a, (12, 12), policies=(ra,), erase_boxes=b, erase_keys=k)
-            return ops.gather_normalize(d, i, crop=c, out_size=(12, 12), ops=p, sharding=sharding, **norm)
+            return ops.gather_normalize(
+                d, i, crop=c, out_size=(12, 12), ops=p, sharding=sharding, backend=backend, **norm)
+        jax.config.update("jax_enable_x64", backend == "twin")
         got = jax.jit(step)(imgs, *(jax.device_put(x, rows) for x in (idx, crop, codes, args, boxes, keys)))
-        assert np.array_equal(np.asarray(got), want), sharding
+        assert np.array_equal(np.asarray(got), want), (backend, sharding)
         assert got.sharding.shard_shape(got.shape)[0] == 2, got.sharding
+    jax.config.update("jax_enable_x64", False)
 
     # Records partitioned over devices: refused by name.
     grid = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "d"))
@@ -283,7 +378,8 @@ _EIGHT_DEVICES = textwrap.dedent("""
 
 def test_ops_in_jit_on_8_cpu_devices(tmp_path):
     """Each device draws and serves its own rows (ResidentDataset, gather_normalize following the
-    indices or under sharding=): the same bytes as the loader and the host kernel."""
+    indices or under sharding=, on the FFI handler and the twin): the same bytes as the loader
+    and the host kernel."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     r = subprocess.run(
         [sys.executable, "-c", _EIGHT_DEVICES], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path

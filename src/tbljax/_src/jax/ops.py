@@ -27,13 +27,14 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.pixel_program import PixelProgram
+from tbljax._src.jax import twin_ops
 from tbljax._src.jax.ffi_call import ffi_gather
 from tbljax._src.jax.packed import PackedRecords, check_packed
 from tbljax._src.jax.partitioning import batch_spec, follow_indices, shard_map_rows
 from tbljax._src.jax.program import float64_bits
 from tbljax._src.jax.registration import handler_platforms, ops_platforms
-from tbljax._src.jax.twin import normalization_table, out_dtype, twin_gather
-from tbljax._src.rules import contract
+from tbljax._src.jax.twin import lookup, normalization_table, out_dtype, twin_gather
+from tbljax._src.rules import contract, pixel_ops
 
 __all__ = ["BACKENDS", "gather_normalize"]
 
@@ -104,8 +105,10 @@ def gather_normalize(
         `tbljax.kernels.pixel_program(...)` built on the host): after the crop-resize and
         flip, row b's uint8 pixels go through its op program, then are normalized, then its
         erasing boxes are set, exactly as `tbljax.kernels.gather(ops=...)` and the loader do.
-        Served by the CPU FFI handler (``backend="auto"`` or ``"ffi"`` on CPU); refused by
-        name elsewhere (the CUDA handler and the twin do not run them yet).
+        Served by the CPU FFI handler (``"auto"`` or ``"ffi"`` on CPU) and by the twin
+        (``"twin"``, and ``"auto"`` on platforms whose handler has no ops: CUDA, TPU), with
+        the same bytes. The twin's affine ops (Rotate, Shear, Translate) resample in float64:
+        they need ``jax_enable_x64`` (refused by name without it).
 
     Returns:
       The batch as a `jax.Array`.
@@ -142,9 +145,9 @@ def gather_normalize(
     shape = (batch, *contract.row_shape(layout, oh, ow))
     if out is not None and (tuple(out.shape) != shape or out.dtype != out_dt):
         raise ValueError(f"out must be {out_dt} of shape {shape}, got {out.dtype} of shape {tuple(out.shape)}")
-    program, erase_mode = (None,) * 8, 0
+    program, program_kw = (None,) * 8, {}
     if ops is not None:
-        program, erase_mode = _checked_ops(ops, batch, out_dt, backend)
+        program, program_kw = _checked_ops(ops, batch, out_dt, backend)
     if batch == 0:
         return jnp.zeros(shape, out_dt)
 
@@ -154,9 +157,7 @@ def gather_normalize(
     if out_dt != np.uint8 and backend != "ffi":
         table = jnp.asarray(normalization_table(mean_v, std_v, out_dt))
     normalization = dict(mean=mean_v, std=std_v, dtype=out_dt)
-    if ops is not None:
-        backend, normalization = "ffi", dict(normalization, erase_mode=erase_mode)
-    body = _body(backend, data.max_side if packed else None, (oh, ow), layout, normalization)
+    body = _body(backend, data.max_side if packed else None, (oh, ow), layout, normalization, **program_kw)
     args = ((data.pages, data.table) if packed else (data, None)) + (indices, crop, flip, out, table, *program)
     if sharding is not None:
         mesh, spec = batch_spec(sharding)
@@ -212,51 +213,68 @@ def _checked_crop(crop, batch, data, hw, host_idx, out_hw):
     return crop.astype(jnp.int32)
 
 
-def _body(backend, max_side, out_size, layout, normalization):
+def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None, affine=False):
     """The per-device body over the operands (data, table of packed records, indices, crop,
     flip, out, normalization table, then the eight arrays of the per-image ops or Nones): the
-    twin, the FFI call, or (auto) the FFI call on the platforms with a handler and the twin
-    elsewhere, decided when the program is lowered."""
+    twin, the FFI call, or (auto) the FFI call on the platforms with a handler (with ops: one
+    that runs them) and the twin elsewhere, decided when the program is lowered. `erase_mode`
+    (an index of ERASE_MODES) is None without ops; `affine`: whether the ops may be affine."""
 
     def records(d, r):
         return d if r is None else PackedRecords(d, r, max_side)
 
     def twin(d, r, i, c, f, o, t, *ops):
-        del o, ops  # ops are refused before (_checked_ops)
-        return twin_gather(records(d, r), i, crop=c, flip=f, out_size=out_size, table=t, layout=layout)
+        del o
+        if erase_mode is None:
+            return twin_gather(records(d, r), i, crop=c, flip=f, out_size=out_size, table=t, layout=layout)
+        codes, args, matrices, fill, nearest, boxes, keys, normal = ops
+        pix = twin_gather(records(d, r), i, crop=c, flip=f, out_size=out_size)  # uint8 NHWC
+        pix = twin_ops.apply_program(pix, codes, args, matrices, fill, nearest, affine=affine)
+        out = pix if t is None else lookup(pix, t, channel_axis=-1)
+        if boxes.shape[1]:
+            # The kernel writes float32 noise rounded to the output dtype (bfloat16: to nearest
+            # even, as astype): erasing a NaN canvas says where, and with what.
+            noise = jnp.full(pix.shape, jnp.nan, jnp.float32)
+            noise = twin_ops.erase(noise, boxes, keys, twin_ops.ERASE_MODES[erase_mode], normal)
+            out = jnp.where(jnp.isnan(noise), out, noise.astype(out.dtype))
+        return out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
 
     def ffi(d, r, i, c, f, o, t, *ops):
         del t
         ops = None if ops[0] is None else ops
-        return ffi_gather(records(d, r), i, c, f, o, layout=layout, out_size=out_size, ops=ops, **normalization)
+        kw = {} if erase_mode is None else dict(erase_mode=erase_mode)
+        return ffi_gather(records(d, r), i, c, f, o, layout=layout, out_size=out_size, ops=ops, **normalization, **kw)
 
+    # Under jit the twin's tables (twin_ops' look-ups) are constants of its own program, so
+    # custom_partitioning, which traces the body without constants, accepts it.
+    twin = jax.jit(twin)
     if backend == "twin":
         return twin
     if backend == "ffi":
         return ffi
+    platforms = handler_platforms() if erase_mode is None else ops_platforms()
+    if erase_mode is not None and affine and not jax.config.jax_enable_x64:
+        # The twin's affine ops cannot be traced without x64: pick the body here, where
+        # platform_dependent would trace both (the twin then raises its named error).
+        return ffi if jax.default_backend() in platforms else twin
 
     def auto(*args):
-        return jax.lax.platform_dependent(*args, default=twin, **{p: ffi for p in handler_platforms()})
+        return jax.lax.platform_dependent(*args, default=twin, **{p: ffi for p in platforms})
 
     return auto
 
 
-# The one refusal of the twin's per-image ops (jax/twin_ops.py will serve them here).
-TWIN_OPS_NOT_YET = "backend='twin' with ops=...: the twin's per-image ops: not yet (use backend='ffi' on CPU)"
-
-
 def _checked_ops(ops, batch, out_dt, backend):
-    """(the eight operands of a `PixelProgram` as the ops targets take them, erase mode);
-    refuses by name what is not served: the twin, platforms whose handler has no ops."""
+    """(the eight operands of a `PixelProgram` as the ops targets take them, the body's
+    keywords: erase mode and whether an op may be affine); refuses by name backend='ffi' on
+    platforms whose handler has no ops."""
     if not isinstance(ops, PixelProgram):
         raise TypeError(f"ops must be a tbljax.ops.pixel_program(...) or None, got {type(ops).__name__}")
-    if backend == "twin":
-        raise ValueError(TWIN_OPS_NOT_YET)
     platform = jax.default_backend()
-    if platform not in ops_platforms():
+    if backend == "ffi" and platform not in ops_platforms():
         raise ValueError(
-            f"ops=...: the per-image ops run in the FFI handler on {ops_platforms()}, not on {platform!r} "
-            "(the CUDA handler does not run them yet; the twin's per-image ops: not yet)"
+            f"backend='ffi' with ops=...: the per-image ops run in the FFI handler on {ops_platforms()}, "
+            f"not on {platform!r} (the CUDA handler does not run them yet): use backend='auto' or 'twin'"
         )
     codes, args, matrices, fill, nearest, boxes, keys, mode, normal = ops
     if getattr(matrices, "dtype", None) == np.float64:  # a host program: its matrices as bits
@@ -284,4 +302,13 @@ def _checked_ops(ops, batch, out_dt, backend):
             raise ValueError(f"ops: {name} must be of shape {shape} for {batch} rows, got {a.shape}")
     if arrays[5].shape[1] and out_dt == np.uint8:
         raise ValueError(_step.ERASE_NEEDS_FLOAT)
-    return tuple(arrays), int(mode)
+    return tuple(arrays), dict(erase_mode=int(mode), affine=_may_be_affine(ops))
+
+
+def _may_be_affine(ops) -> bool:
+    """Whether a row of `ops` may run an affine op (static): what its concrete codes say, else
+    what its policies can draw (`tbljax.ops.pixel_program` records it)."""
+    codes = ops[0]
+    if _is_concrete(codes):
+        return bool(np.isin(np.asarray(codes), sorted(pixel_ops.AFFINE | pixel_ops.TV_AFFINE)).any())
+    return getattr(ops, "affine", True)

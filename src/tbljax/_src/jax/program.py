@@ -15,7 +15,17 @@ import numpy as np
 from tbljax._src.engine import pixel_program as _program
 from tbljax._src.rules import erasing, pixel_ops
 
-__all__ = ["float64_bits", "pixel_program"]
+__all__ = ["JitPixelProgram", "float64_bits", "pixel_program"]
+
+
+class JitPixelProgram(_program.PixelProgram):
+    """A `PixelProgram` of JAX arrays that also says, statically, whether its policies can draw
+    an affine op (``affine``): the twin resamples, in float64, only then."""
+
+    def __new__(cls, arrays, *, affine: bool):
+        self = super().__new__(cls, arrays)
+        self.affine = affine
+        return self
 
 
 def float64_bits(m) -> np.ndarray:
@@ -76,7 +86,7 @@ def pixel_program(
     if erase_mode not in erasing.ERASE_MODES:
         raise ValueError(f"erase_mode must be one of {erasing.ERASE_MODES}, got {erase_mode!r}")
     normal = pixel_ops.normal_table() if boxes.shape[1] else np.zeros(4096, np.float32)
-    return _program.PixelProgram(
+    return JitPixelProgram(
         (
             codes,
             args,
@@ -87,5 +97,6 @@ def pixel_program(
             keys,
             erasing.ERASE_MODES.index(erase_mode),
             jnp.asarray(normal),
-        )
+        ),
+        affine=any(table),
     )
