@@ -96,7 +96,12 @@ def test_build_info_describes_both_front_ends():
     # jax (for jax.ffi.include_dir()) is a build requirement: every build has the handlers.
     assert info["xla_cpu"] is True and hasattr(_core, "xla_registrations")
     assert info["xla_ffi_api"].count(".") == 1
-    assert set(_core.xla_registrations()) == {"tbljax_gather_normalize", "tbljax_gather_normalize_packed"}
+    assert set(_core.xla_registrations()) == {
+        "tbljax_gather_normalize",
+        "tbljax_gather_normalize_packed",
+        "tbljax_gather_normalize_ops",
+        "tbljax_gather_normalize_packed_ops",
+    }
     assert isinstance(info["xla_cuda"], bool)
     assert info["xla_cuda"] or info["xla_cuda_error"]
     for key in ("version", "compiler", "libjpeg_turbo", "lz4", "cpu_features", "nanobind"):
