@@ -500,7 +500,8 @@ def test_packed_naflex_sequences_hold_the_oracle_resizes_first_fit_decreasing(ma
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(matrix, kind, layout, monkeypatch):
-    """The "length schedule" row (`tbljax.HostLoader`; the JAX loader refuses it by name): each
+    """The "length schedule" row (`tbljax.HostLoader`; `tbljax.loader` serves the same steps, held
+    by `test_native_res.py`): each
     step one length of the list and tokens_per_batch // length rows; each row the oracle's
     random crop and flip (as the RRC row draws them) resized to its sequence size at that
     length and patchified; every record once an epoch; the fields of each row its record's.

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import functools
 import io
+import os
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -549,10 +552,70 @@ def test_length_schedule_on_torch_and_mlx_splits_each_step_over_the_ranks(data, 
                 np.testing.assert_array_equal(arr(batch.fields[k]), w.fields[k][0][rows])
 
 
+# tbljax.loader with a length schedule over 2 CPU devices, against HostLoader (in the parent).
+JAX_LENGTHS_CHILD = r"""
+import sys
+import numpy as np, jax
+import tbljax
+assert len(jax.devices()) == 2
+path, out = sys.argv[1], sys.argv[2]
+sched = tbljax.Patches(size=4, max_tokens=[36, 64, 16], tokens_per_batch=256, batch_divisor=2)
+kw = dict(patches=sched, seed=5, dtype="uint8", augment="flip", drop_remainder=False, num_epochs=2)
+keys = ["image", "index", "label", "valid", "patch_yx", "patch_valid"]
+got = {}
+for s, b in enumerate(tbljax.loader(path, 16, **kw)):
+    assert b["image"].sharding.spec[0] == "batch" and len(b["image"].addressable_shards) == 2
+    assert {x.data.shape[0] for x in b["image"].addressable_shards} == {b["image"].shape[0] // 2}
+    got.update({f"{s}|{k}": np.asarray(b[k]) for k in keys})
+ld = tbljax.loader(path, 16, **kw)
+it = iter(ld)
+next(it), next(it), next(it)
+state = ld.state_dict()
+ld.close()
+again = tbljax.loader(path, 16, **kw)
+again.load_state_dict(state)
+got.update({f"tail{s}|{k}": np.asarray(b[k]) for s, b in enumerate(again) for k in keys})
+odd = tbljax.Patches(size=4, max_tokens=[16, 36], tokens_per_batch=256, batch_divisor=1)
+try:
+    tbljax.loader(path, 16, patches=odd)
+except ValueError as e:
+    got["refused"] = np.array(str(e))
+np.savez(out, **got)
+"""
+
+
+def test_length_schedule_on_the_jax_loader_is_hostloaders_steps_sharded_over_devices(data, tmp_path):
+    """tbljax.loader over 2 CPU devices: each step a global array of that step's rows, split
+    over the devices, equal step for step to HostLoader's (shapes, pixels, patch keys, index);
+    a state saved mid-epoch resumes the same tail; a schedule whose batches do not split over
+    the devices is refused by name."""
+    _, path = data
+    out = tmp_path / "got.npz"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    p = subprocess.run(
+        [sys.executable, "-c", JAX_LENGTHS_CHILD, path, str(out)], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = dict(np.load(out))
+    want = list(_schedule_loader(path, num_epochs=2, seed=5))  # (seed 5 draws all three lengths)
+    assert len({w.image.shape for w in want}) == 3  # every length of the schedule is served
+
+    def check(prefix, ws):
+        assert not any(k.startswith(f"{prefix}{len(ws)}|") for k in got)
+        for s, w in enumerate(ws):
+            row = {"image": w.image, "index": w.index, "label": w.label, "valid": w.valid}
+            row |= {k: w.fields[k][0] for k in native_res.PATCH_KEYS}
+            for k, v in row.items():
+                assert got[f"{prefix}{s}|{k}"].shape == v.shape, (prefix, s, k)
+                np.testing.assert_array_equal(got[f"{prefix}{s}|{k}"], v, err_msg=f"{prefix}{s}|{k}")
+
+    check("", want)
+    check("tail", want[3:])
+    assert "(36, 7)] do not split over the 2 batch shards of the sharding" in str(got["refused"])
+
+
 def test_length_schedule_refuses_what_it_cannot_serve_by_name(data):
     _, path = data
-    with pytest.raises(ValueError, match="length schedule.* on tbljax.loader: not served yet"):
-        tbljax.loader(path, 16, patches=SCHEDULE, dtype="uint8")
     with pytest.raises(ValueError, match="batch_size must be the schedule's largest step, 16 rows"):
         _schedule_loader(path, batch_size=8)
     odd = tbljax.Patches(size=4, max_tokens=[16, 36], tokens_per_batch=256, batch_divisor=1)

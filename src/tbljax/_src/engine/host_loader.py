@@ -279,6 +279,11 @@ class HostLoader:
         return list(self._geometric.names)
 
     @property
+    def lengths(self) -> LengthServing | None:
+        """The length schedule (`Patches(max_tokens=[...])`): each step's length and rows; else None."""
+        return self._native if isinstance(self._native, LengthServing) else None
+
+    @property
     def ring(self) -> Ring:
         """The ring of host buffers this loader builds batches in (kept across passes)."""
         return self._ring
