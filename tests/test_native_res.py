@@ -6,6 +6,7 @@ combinations refused by name."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import os
@@ -245,6 +246,121 @@ def _adapter(name):
     import tbljax.mlx
 
     return tbljax.mlx, np.array
+
+
+def _patch_rows(path, epoch=0, **kw):
+    """{record: (image, patch_yx, patch_valid)} of epoch `epoch` of the single-file loader at
+    max_tokens=20: the reference a host part's or a mixture's row of the same record must equal."""
+    opts = tbljax.LoaderOptions(
+        batch_size=len(SIZES), patches=tbljax.Patches(size=4, max_tokens=20), seed=SEED, dtype="uint8", **kw
+    )
+    ld = tbljax.HostLoader(tbljax.open(path), dataclasses.replace(opts, num_epochs=epoch + 1))
+    ld.set_epoch(epoch)
+    hb = next(iter(ld))
+    return {int(i): (hb.image[r], *(hb.fields[k][0][r] for k in native_res.PATCH_KEYS)) for r, i in enumerate(hb.index)}
+
+
+def _check_patch_row(got, want, what):
+    for a, b, k in zip(got, want, ("image",) + native_res.PATCH_KEYS):
+        np.testing.assert_array_equal(a, b, err_msg=f"{what}: {k}")
+
+
+def test_patches_over_host_parts_serve_each_record_as_the_single_file_loader(data):
+    """partition="host" (two ranks, each opening its part of the file; their part sizes exchanged
+    by two threads): each rank's rows are the single-file loader's rows for the same records
+    (flipped by the same (seed, epoch, index)), every record once an epoch over the ranks."""
+    import threading
+
+    from tbljax._src.datasets import opening
+
+    _, path = data
+    want = {epoch: _patch_rows(path, epoch, augment="flip") for epoch in (0, 1)}
+    barrier, rows, got = threading.Barrier(2), [None, None], {}
+
+    def allgather(rank):
+        def gather(row):
+            rows[rank] = np.asarray(row)
+            barrier.wait()
+            return np.stack(rows)
+
+        return gather
+
+    def serve(rank):
+        ds, parts = opening.open_host_part(path, 4, rank, 2, allgather(rank))
+        opts = tbljax.LoaderOptions(
+            batch_size=4,
+            patches=tbljax.Patches(size=4, max_tokens=20),
+            seed=SEED,
+            dtype="uint8",
+            augment="flip",
+            drop_remainder=False,
+            num_epochs=2,
+        )
+        try:
+            got[rank] = list(
+                tbljax.HostLoader(ds, opts, tbljax.RowLayout.for_rank(4, rank, 2).process_local(2), parts=parts)
+            )
+        except Exception as e:  # raised in the test's thread below
+            got[rank] = e
+
+    threads = [threading.Thread(target=serve, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    seen = {0: [], 1: []}
+    for rank in (0, 1):
+        if isinstance(got.get(rank), Exception):
+            raise got[rank]
+        assert got.get(rank), f"rank {rank} served nothing"
+        for hb in got[rank]:
+            for r, i in enumerate(hb.index.tolist()):
+                if i < 0:
+                    assert not hb.image[r].any() and not hb.fields["patch_valid"][0][r].any()
+                    continue
+                row = (hb.image[r], *(hb.fields[k][0][r] for k in native_res.PATCH_KEYS))
+                _check_patch_row(row, want[hb.epoch][i], f"rank {rank}, epoch {hb.epoch}, record {i}")
+                seen[hb.epoch].append(i)
+    assert sorted(seen[0]) == sorted(seen[1]) == list(range(len(SIZES)))
+
+
+def test_patches_over_a_mixture_serve_each_record_as_the_single_file_loader(data):
+    """tbljax.loader over tbljax.mix of the file twice (weights 1:2): each row is the
+    single-file loader's row of its source's record, `source` and `index` saying which."""
+    _, path = data
+    want = _patch_rows(path)
+    mixture = tbljax.mix({"a": path, "b": path}, weights={"a": 1, "b": 2}, steps_per_epoch=3)
+    kw = dict(patches=tbljax.Patches(size=4, max_tokens=20), seed=SEED, dtype="uint8", num_epochs=2)
+    served = 0
+    for b in tbljax.loader(mixture, 6, **kw):
+        assert b["image"].shape == (6, 20, 48)
+        source, index = np.asarray(b["source"]), np.asarray(b["index"])
+        for r in range(6):
+            record = int(index[r]) - int(mixture.offsets[source[r]])
+            row = (np.asarray(b["image"][r]), *(np.asarray(b[k][r]) for k in native_res.PATCH_KEYS))
+            _check_patch_row(row, want[record], f"row {r}: source {source[r]}, record {record}")
+            served += 1
+    assert served == 36
+
+
+@pytest.mark.parametrize(
+    "native, words",
+    [
+        (dict(buckets=BUCKETS), "buckets with"),
+        (
+            dict(patches=tbljax.Patches(size=4, max_tokens=[16, 36], tokens_per_batch=256, batch_divisor=2)),
+            "patches with a length schedule with",
+        ),
+        (dict(patches=tbljax.Patches(size=4, max_tokens=16, pack=True)), "patches with pack=True with"),
+    ],
+)
+def test_schedules_over_host_parts_or_mixtures_are_refused_by_name(data, native, words):
+    _, path = data
+    mixture = tbljax.mix({"a": path, "b": path}, weights={"a": 1, "b": 2}, steps_per_epoch=3)
+    with pytest.raises(ValueError, match=f"{words} a mixture \\(tbljax.mix\\): not served yet"):
+        tbljax.loader(mixture, 16, dtype="uint8", **native)
+    with pytest.raises(ValueError, match=f"{words} partition='host': not served yet"):
+        tbljax.loader(path, 16, dtype="uint8", partition="host", **native)
 
 
 # Packing (issue 49): images of at most 16 patches of 4² first-fit-decreasing into sequences of
