@@ -265,41 +265,25 @@ def _check_patch_row(got, want, what):
         np.testing.assert_array_equal(a, b, err_msg=f"{what}: {k}")
 
 
-def test_patches_over_host_parts_serve_each_record_as_the_single_file_loader(data):
-    """partition="host" (two ranks, each opening its part of the file; their part sizes exchanged
-    by two threads): each rank's rows are the single-file loader's rows for the same records
-    (flipped by the same (seed, epoch, index)), every record once an epoch over the ranks."""
+def _two_host_parts(what, opts):
+    """Each rank's HostBatches of `what` (a path or a tbljax.mix) under partition="host" at 2
+    ranks: two threads open their parts, exchanging their sizes as the processes of a job do."""
     import threading
 
     from tbljax._src.datasets import opening
 
-    _, path = data
-    want = {epoch: _patch_rows(path, epoch, augment="flip") for epoch in (0, 1)}
     barrier, rows, got = threading.Barrier(2), [None, None], {}
 
-    def allgather(rank):
-        def gather(row):
+    def serve(rank):
+        def allgather(row):
             rows[rank] = np.asarray(row)
             barrier.wait()
             return np.stack(rows)
 
-        return gather
-
-    def serve(rank):
-        ds, parts = opening.open_host_part(path, 4, rank, 2, allgather(rank))
-        opts = tbljax.LoaderOptions(
-            batch_size=4,
-            patches=tbljax.Patches(size=4, max_tokens=20),
-            seed=SEED,
-            dtype="uint8",
-            augment="flip",
-            drop_remainder=False,
-            num_epochs=2,
-        )
         try:
-            got[rank] = list(
-                tbljax.HostLoader(ds, opts, tbljax.RowLayout.for_rank(4, rank, 2).process_local(2), parts=parts)
-            )
+            ds, parts = opening.open_host_part(what, opts.batch_size, rank, 2, allgather)
+            layout = tbljax.RowLayout.for_rank(opts.batch_size, rank, 2).process_local(2)
+            got[rank] = list(tbljax.HostLoader(ds, opts, layout, parts=parts))
         except Exception as e:  # raised in the test's thread below
             got[rank] = e
 
@@ -308,25 +292,48 @@ def test_patches_over_host_parts_serve_each_record_as_the_single_file_loader(dat
         t.start()
     for t in threads:
         t.join(60)
-    seen = {0: [], 1: []}
     for rank in (0, 1):
         if isinstance(got.get(rank), Exception):
             raise got[rank]
         assert got.get(rank), f"rank {rank} served nothing"
-        for hb in got[rank]:
+    return [got[0], got[1]]
+
+
+def _rows_of(hb, r):
+    return (hb.image[r], *(hb.fields[k][0][r] for k in native_res.PATCH_KEYS))
+
+
+def test_patches_over_host_parts_serve_each_record_as_the_single_file_loader(data):
+    """partition="host" at two ranks, each reading its part of the file: each rank's rows are
+    the single-file loader's rows for the same records (flipped by the same (seed, epoch,
+    index)), every record once an epoch over the ranks."""
+    _, path = data
+    want = {epoch: _patch_rows(path, epoch, augment="flip") for epoch in (0, 1)}
+    opts = tbljax.LoaderOptions(
+        batch_size=4,
+        patches=tbljax.Patches(size=4, max_tokens=20),
+        seed=SEED,
+        dtype="uint8",
+        augment="flip",
+        drop_remainder=False,
+        num_epochs=2,
+    )
+    seen = {0: [], 1: []}
+    for rank, batches in enumerate(_two_host_parts(path, opts)):
+        for hb in batches:
             for r, i in enumerate(hb.index.tolist()):
                 if i < 0:
                     assert not hb.image[r].any() and not hb.fields["patch_valid"][0][r].any()
                     continue
-                row = (hb.image[r], *(hb.fields[k][0][r] for k in native_res.PATCH_KEYS))
-                _check_patch_row(row, want[hb.epoch][i], f"rank {rank}, epoch {hb.epoch}, record {i}")
+                _check_patch_row(_rows_of(hb, r), want[hb.epoch][i], f"rank {rank}, epoch {hb.epoch}, record {i}")
                 seen[hb.epoch].append(i)
     assert sorted(seen[0]) == sorted(seen[1]) == list(range(len(SIZES)))
 
 
 def test_patches_over_a_mixture_serve_each_record_as_the_single_file_loader(data):
-    """tbljax.loader over tbljax.mix of the file twice (weights 1:2): each row is the
-    single-file loader's row of its source's record, `source` and `index` saying which."""
+    """tbljax.loader over tbljax.mix of the file twice (weights 1:2), and that mixture's host
+    parts at two ranks: each row is the single-file loader's row of its source's record,
+    `source` and `index` saying which."""
     _, path = data
     want = _patch_rows(path)
     mixture = tbljax.mix({"a": path, "b": path}, weights={"a": 1, "b": 2}, steps_per_epoch=3)
@@ -340,6 +347,15 @@ def test_patches_over_a_mixture_serve_each_record_as_the_single_file_loader(data
             row = (np.asarray(b["image"][r]), *(np.asarray(b[k][r]) for k in native_res.PATCH_KEYS))
             _check_patch_row(row, want[record], f"row {r}: source {source[r]}, record {record}")
             served += 1
+    assert served == 36
+    served = 0
+    for rank, batches in enumerate(_two_host_parts(mixture, tbljax.LoaderOptions(batch_size=6, **kw))):
+        for hb in batches:
+            assert hb.image.shape == (3, 20, 48)
+            for r, (k, i) in enumerate(zip(hb.sources[0].tolist(), hb.index.tolist())):
+                record = i - int(mixture.offsets[k])
+                _check_patch_row(_rows_of(hb, r), want[record], f"rank {rank}: source {k}, record {record}")
+                served += 1
     assert served == 36
 
 
