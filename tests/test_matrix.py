@@ -500,8 +500,8 @@ def test_packed_naflex_sequences_hold_the_oracle_resizes_first_fit_decreasing(ma
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(matrix, kind, layout, monkeypatch):
-    """The "length schedule" row (`tbljax.HostLoader`; `tbljax.loader` serves the same steps, held
-    by `test_native_res.py`): each
+    """The "length schedule" row (`tbljax.HostLoader`, and `tbljax.loader` the same steps as
+    global arrays): each
     step one length of the list and tokens_per_batch // length rows; each row the oracle's
     random crop and flip (as the RRC row draws them) resized to its sequence size at that
     length and patchified; every record once an epoch; the fields of each row its record's.
@@ -511,7 +511,7 @@ def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(m
     imgs = refs[kind, layout]
     aug = tbljax.Augment(size=None)
     patches = tbljax.Patches(size=4, max_tokens=[4, 12], tokens_per_batch=24, batch_divisor=1)
-    opts = tbljax.LoaderOptions(
+    kw = dict(
         batch_size=6,
         patches=patches,
         seed=SEED,
@@ -522,7 +522,13 @@ def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(m
         **serve(kind),
     )
     seen = {0: [], 1: [], 2: []}
-    for hb in tbljax.HostLoader(tbljax.open(files[kind, layout]), opts):
+    host = list(tbljax.HostLoader(tbljax.open(files[kind, layout]), tbljax.LoaderOptions(**kw)))
+    jax_batches = list(tbljax.loader(files[kind, layout], **kw))
+    assert len(jax_batches) == len(host)
+    for hb, jb in zip(host, jax_batches):  # tbljax.loader: the same steps as global arrays
+        for name, want in [("image", hb.image), ("index", hb.index)] + [(k, v[0]) for k, v in hb.fields.items()]:
+            np.testing.assert_array_equal(np.asarray(jb[name]), want, err_msg=name)
+    for hb in host:
         t = hb.image.shape[1]
         assert hb.image.shape == (24 // t, t, 48)
         valid = hb.valid
