@@ -7,7 +7,7 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
 loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped, `patches=` NaFlex
-sequences, a length schedule of them (HostLoader) and packed NaFlex sequences), torch, MLX (and
+sequences, a length schedule of them (HostLoader, tbljax.loader) and packed NaFlex sequences), torch, MLX (and
 both with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit`
 (with per-image ops drawn and run there), `partition="host"` in two real processes (JAX and
 torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the dataset contract
