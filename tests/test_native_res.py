@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -744,6 +745,28 @@ def test_length_schedule_on_the_jax_loader_is_hostloaders_steps_sharded_over_dev
     check("", want)
     check("tail", want[3:])
     assert "(36, 7)] do not split over the 2 batch shards of the sharding" in str(got["refused"])
+
+
+def test_length_schedule_on_the_jax_loader_in_two_processes_splits_each_step_over_them(data, tmp_path):
+    """Two real JAX processes on localhost: each step a global batch of that step's rows, each
+    process holding its half, which is HostLoader's rows of that half (pixels, patch keys,
+    index)."""
+    pytest.importorskip("torch")  # the workers join a gloo group too (`_two_jobs.join`)
+    import _two_jobs
+
+    _, path = data
+    outs = _two_jobs.run(Path(__file__).with_name("_lengths_worker.py"), Path(path), tmp_path)
+    want = list(_schedule_loader(path, num_epochs=1, seed=5))
+    for rank, got in enumerate(outs):
+        assert not any(k.startswith(f"{len(want)}|") for k in got)
+        for s, w in enumerate(want):
+            assert tuple(got[f"{s}|shape"]) == w.image.shape
+            b = len(w.index) // 2
+            rows = slice(rank * b, rank * b + b)
+            row = {"image": w.image, "index": w.index, "label": w.label, "valid": w.valid}
+            row |= {k: w.fields[k][0] for k in native_res.PATCH_KEYS}
+            for k, v in row.items():
+                np.testing.assert_array_equal(got[f"{s}|{k}"], v[rows], err_msg=f"rank {rank}, step {s}: {k}")
 
 
 def test_length_schedule_refuses_what_it_cannot_serve_by_name(data):
