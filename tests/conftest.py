@@ -88,6 +88,7 @@ SLOW_CASES = {
     "test_examples.py::test_train_naflex_loss_falls[synthetic]": "10 s of CPU; test_native_res serves its loader",
     "test_examples.py::test_train_naflex_loss_falls[lengths]": "10 s of CPU, a jit a length; test_native_res serves the schedule",
     "test_examples.py::test_train_naflex_loss_falls[pack]": "10 s of CPU; test_native_res serves the packing",
+    "test_native_res.py::test_length_schedule_on_the_jax_loader_in_two_processes_splits_each_step_over_them": "23 s of two JAX processes; the 2-device case stays",
     "test_examples.py::test_train_contrastive_loss_falls[synthetic]": "14 s; train_segmentation[synthetic] keeps an example training in the default run",
     "test_hardening.py::test_four_processes_and_four_threads_read_one_file": "10 s; test_loader's two-process run stays",
     "test_jit_ops.py::test_resident_batch_in_jit_equals_the_loader[raw-three+jitter+const-bfloat16-2]": "6 s of jit on busy cores; the [raw-randaug+pixel-float32-1] case stays",

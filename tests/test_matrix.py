@@ -7,7 +7,7 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
 loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped, `patches=` NaFlex
-sequences, a length schedule of them (HostLoader) and packed NaFlex sequences), torch, MLX (and
+sequences, a length schedule of them (HostLoader, tbljax.loader) and packed NaFlex sequences), torch, MLX (and
 both with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit`
 (with per-image ops drawn and run there), `partition="host"` in two real processes (JAX and
 torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the dataset contract
@@ -500,7 +500,8 @@ def test_packed_naflex_sequences_hold_the_oracle_resizes_first_fit_decreasing(ma
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(matrix, kind, layout, monkeypatch):
-    """The "length schedule" row (`tbljax.HostLoader`; the JAX loader refuses it by name): each
+    """The "length schedule" row (`tbljax.HostLoader`, and `tbljax.loader` the same steps as
+    global arrays): each
     step one length of the list and tokens_per_batch // length rows; each row the oracle's
     random crop and flip (as the RRC row draws them) resized to its sequence size at that
     length and patchified; every record once an epoch; the fields of each row its record's.
@@ -510,7 +511,7 @@ def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(m
     imgs = refs[kind, layout]
     aug = tbljax.Augment(size=None)
     patches = tbljax.Patches(size=4, max_tokens=[4, 12], tokens_per_batch=24, batch_divisor=1)
-    opts = tbljax.LoaderOptions(
+    kw = dict(
         batch_size=6,
         patches=patches,
         seed=SEED,
@@ -521,7 +522,13 @@ def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(m
         **serve(kind),
     )
     seen = {0: [], 1: [], 2: []}
-    for hb in tbljax.HostLoader(tbljax.open(files[kind, layout]), opts):
+    host = list(tbljax.HostLoader(tbljax.open(files[kind, layout]), tbljax.LoaderOptions(**kw)))
+    jax_batches = list(tbljax.loader(files[kind, layout], **kw))
+    assert len(jax_batches) == len(host)
+    for hb, jb in zip(host, jax_batches):  # tbljax.loader: the same steps as global arrays
+        for name, want in [("image", hb.image), ("index", hb.index)] + [(k, v[0]) for k, v in hb.fields.items()]:
+            np.testing.assert_array_equal(np.asarray(jb[name]), want, err_msg=name)
+    for hb in host:
         t = hb.image.shape[1]
         assert hb.image.shape == (24 // t, t, 48)
         valid = hb.valid

@@ -6,9 +6,14 @@ combinations refused by name."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
+import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,6 +247,137 @@ def _adapter(name):
     import tbljax.mlx
 
     return tbljax.mlx, np.array
+
+
+def _patch_rows(path, epoch=0, **kw):
+    """{record: (image, patch_yx, patch_valid)} of epoch `epoch` of the single-file loader at
+    max_tokens=20: the reference a host part's or a mixture's row of the same record must equal."""
+    opts = tbljax.LoaderOptions(
+        batch_size=len(SIZES), patches=tbljax.Patches(size=4, max_tokens=20), seed=SEED, dtype="uint8", **kw
+    )
+    ld = tbljax.HostLoader(tbljax.open(path), dataclasses.replace(opts, num_epochs=epoch + 1))
+    ld.set_epoch(epoch)
+    hb = next(iter(ld))
+    return {int(i): (hb.image[r], *(hb.fields[k][0][r] for k in native_res.PATCH_KEYS)) for r, i in enumerate(hb.index)}
+
+
+def _check_patch_row(got, want, what):
+    for a, b, k in zip(got, want, ("image",) + native_res.PATCH_KEYS):
+        np.testing.assert_array_equal(a, b, err_msg=f"{what}: {k}")
+
+
+def _two_host_parts(what, opts):
+    """Each rank's HostBatches of `what` (a path or a tbljax.mix) under partition="host" at 2
+    ranks: two threads open their parts, exchanging their sizes as the processes of a job do."""
+    import threading
+
+    from tbljax._src.datasets import opening
+
+    barrier, rows, got = threading.Barrier(2), [None, None], {}
+
+    def serve(rank):
+        def allgather(row):
+            rows[rank] = np.asarray(row)
+            barrier.wait()
+            return np.stack(rows)
+
+        try:
+            ds, parts = opening.open_host_part(what, opts.batch_size, rank, 2, allgather)
+            layout = tbljax.RowLayout.for_rank(opts.batch_size, rank, 2).process_local(2)
+            got[rank] = list(tbljax.HostLoader(ds, opts, layout, parts=parts))
+        except Exception as e:  # raised in the test's thread below
+            got[rank] = e
+
+    threads = [threading.Thread(target=serve, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for rank in (0, 1):
+        if isinstance(got.get(rank), Exception):
+            raise got[rank]
+        assert got.get(rank), f"rank {rank} served nothing"
+    return [got[0], got[1]]
+
+
+def _rows_of(hb, r):
+    return (hb.image[r], *(hb.fields[k][0][r] for k in native_res.PATCH_KEYS))
+
+
+def test_patches_over_host_parts_serve_each_record_as_the_single_file_loader(data):
+    """partition="host" at two ranks, each reading its part of the file: each rank's rows are
+    the single-file loader's rows for the same records (flipped by the same (seed, epoch,
+    index)), every record once an epoch over the ranks."""
+    _, path = data
+    want = {epoch: _patch_rows(path, epoch, augment="flip") for epoch in (0, 1)}
+    opts = tbljax.LoaderOptions(
+        batch_size=4,
+        patches=tbljax.Patches(size=4, max_tokens=20),
+        seed=SEED,
+        dtype="uint8",
+        augment="flip",
+        drop_remainder=False,
+        num_epochs=2,
+    )
+    seen = {0: [], 1: []}
+    for rank, batches in enumerate(_two_host_parts(path, opts)):
+        for hb in batches:
+            for r, i in enumerate(hb.index.tolist()):
+                if i < 0:
+                    assert not hb.image[r].any() and not hb.fields["patch_valid"][0][r].any()
+                    continue
+                _check_patch_row(_rows_of(hb, r), want[hb.epoch][i], f"rank {rank}, epoch {hb.epoch}, record {i}")
+                seen[hb.epoch].append(i)
+    assert sorted(seen[0]) == sorted(seen[1]) == list(range(len(SIZES)))
+
+
+def test_patches_over_a_mixture_serve_each_record_as_the_single_file_loader(data):
+    """tbljax.loader over tbljax.mix of the file twice (weights 1:2), and that mixture's host
+    parts at two ranks: each row is the single-file loader's row of its source's record,
+    `source` and `index` saying which."""
+    _, path = data
+    want = _patch_rows(path)
+    mixture = tbljax.mix({"a": path, "b": path}, weights={"a": 1, "b": 2}, steps_per_epoch=3)
+    kw = dict(patches=tbljax.Patches(size=4, max_tokens=20), seed=SEED, dtype="uint8", num_epochs=2)
+    served = 0
+    for b in tbljax.loader(mixture, 6, **kw):
+        assert b["image"].shape == (6, 20, 48)
+        source, index = np.asarray(b["source"]), np.asarray(b["index"])
+        for r in range(6):
+            record = int(index[r]) - int(mixture.offsets[source[r]])
+            row = (np.asarray(b["image"][r]), *(np.asarray(b[k][r]) for k in native_res.PATCH_KEYS))
+            _check_patch_row(row, want[record], f"row {r}: source {source[r]}, record {record}")
+            served += 1
+    assert served == 36
+    served = 0
+    for rank, batches in enumerate(_two_host_parts(mixture, tbljax.LoaderOptions(batch_size=6, **kw))):
+        for hb in batches:
+            assert hb.image.shape == (3, 20, 48)
+            for r, (k, i) in enumerate(zip(hb.sources[0].tolist(), hb.index.tolist())):
+                record = i - int(mixture.offsets[k])
+                _check_patch_row(_rows_of(hb, r), want[record], f"rank {rank}: source {k}, record {record}")
+                served += 1
+    assert served == 36
+
+
+@pytest.mark.parametrize(
+    "native, words",
+    [
+        (dict(buckets=BUCKETS), "buckets with"),
+        (
+            dict(patches=tbljax.Patches(size=4, max_tokens=[16, 36], tokens_per_batch=256, batch_divisor=2)),
+            "patches with a length schedule with",
+        ),
+        (dict(patches=tbljax.Patches(size=4, max_tokens=16, pack=True)), "patches with pack=True with"),
+    ],
+)
+def test_schedules_over_host_parts_or_mixtures_are_refused_by_name(data, native, words):
+    _, path = data
+    mixture = tbljax.mix({"a": path, "b": path}, weights={"a": 1, "b": 2}, steps_per_epoch=3)
+    with pytest.raises(ValueError, match=f"{words} a mixture \\(tbljax.mix\\): not served yet"):
+        tbljax.loader(mixture, 16, dtype="uint8", **native)
+    with pytest.raises(ValueError, match=f"{words} partition='host': not served yet"):
+        tbljax.loader(path, 16, dtype="uint8", partition="host", **native)
 
 
 # Packing (issue 49): images of at most 16 patches of 4² first-fit-decreasing into sequences of
@@ -549,10 +685,92 @@ def test_length_schedule_on_torch_and_mlx_splits_each_step_over_the_ranks(data, 
                 np.testing.assert_array_equal(arr(batch.fields[k]), w.fields[k][0][rows])
 
 
+# tbljax.loader with a length schedule over 2 CPU devices, against HostLoader (in the parent).
+JAX_LENGTHS_CHILD = r"""
+import sys
+import numpy as np, jax
+import tbljax
+assert len(jax.devices()) == 2
+path, out = sys.argv[1], sys.argv[2]
+sched = tbljax.Patches(size=4, max_tokens=[36, 64, 16], tokens_per_batch=256, batch_divisor=2)
+kw = dict(patches=sched, seed=5, dtype="uint8", augment="flip", drop_remainder=False, num_epochs=2)
+keys = ["image", "index", "label", "valid", "patch_yx", "patch_valid"]
+got = {}
+for s, b in enumerate(tbljax.loader(path, 16, **kw)):
+    assert b["image"].sharding.spec[0] == "batch" and len(b["image"].addressable_shards) == 2
+    assert {x.data.shape[0] for x in b["image"].addressable_shards} == {b["image"].shape[0] // 2}
+    got.update({f"{s}|{k}": np.asarray(b[k]) for k in keys})
+ld = tbljax.loader(path, 16, **kw)
+it = iter(ld)
+next(it), next(it), next(it)
+state = ld.state_dict()
+ld.close()
+again = tbljax.loader(path, 16, **kw)
+again.load_state_dict(state)
+got.update({f"tail{s}|{k}": np.asarray(b[k]) for s, b in enumerate(again) for k in keys})
+odd = tbljax.Patches(size=4, max_tokens=[16, 36], tokens_per_batch=256, batch_divisor=1)
+try:
+    tbljax.loader(path, 16, patches=odd)
+except ValueError as e:
+    got["refused"] = np.array(str(e))
+np.savez(out, **got)
+"""
+
+
+def test_length_schedule_on_the_jax_loader_is_hostloaders_steps_sharded_over_devices(data, tmp_path):
+    """tbljax.loader over 2 CPU devices: each step a global array of that step's rows, split
+    over the devices, equal step for step to HostLoader's (shapes, pixels, patch keys, index);
+    a state saved mid-epoch resumes the same tail; a schedule whose batches do not split over
+    the devices is refused by name."""
+    _, path = data
+    out = tmp_path / "got.npz"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    p = subprocess.run(
+        [sys.executable, "-c", JAX_LENGTHS_CHILD, path, str(out)], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = dict(np.load(out))
+    want = list(_schedule_loader(path, num_epochs=2, seed=5))  # (seed 5 draws all three lengths)
+    assert len({w.image.shape for w in want}) == 3  # every length of the schedule is served
+
+    def check(prefix, ws):
+        assert not any(k.startswith(f"{prefix}{len(ws)}|") for k in got)
+        for s, w in enumerate(ws):
+            row = {"image": w.image, "index": w.index, "label": w.label, "valid": w.valid}
+            row |= {k: w.fields[k][0] for k in native_res.PATCH_KEYS}
+            for k, v in row.items():
+                assert got[f"{prefix}{s}|{k}"].shape == v.shape, (prefix, s, k)
+                np.testing.assert_array_equal(got[f"{prefix}{s}|{k}"], v, err_msg=f"{prefix}{s}|{k}")
+
+    check("", want)
+    check("tail", want[3:])
+    assert "(36, 7)] do not split over the 2 batch shards of the sharding" in str(got["refused"])
+
+
+def test_length_schedule_on_the_jax_loader_in_two_processes_splits_each_step_over_them(data, tmp_path):
+    """Two real JAX processes on localhost: each step a global batch of that step's rows, each
+    process holding its half, which is HostLoader's rows of that half (pixels, patch keys,
+    index)."""
+    pytest.importorskip("torch")  # the workers join a gloo group too (`_two_jobs.join`)
+    import _two_jobs
+
+    _, path = data
+    outs = _two_jobs.run(Path(__file__).with_name("_lengths_worker.py"), Path(path), tmp_path)
+    want = list(_schedule_loader(path, num_epochs=1, seed=5))
+    for rank, got in enumerate(outs):
+        assert not any(k.startswith(f"{len(want)}|") for k in got)
+        for s, w in enumerate(want):
+            assert tuple(got[f"{s}|shape"]) == w.image.shape
+            b = len(w.index) // 2
+            rows = slice(rank * b, rank * b + b)
+            row = {"image": w.image, "index": w.index, "label": w.label, "valid": w.valid}
+            row |= {k: w.fields[k][0] for k in native_res.PATCH_KEYS}
+            for k, v in row.items():
+                np.testing.assert_array_equal(got[f"{s}|{k}"], v[rows], err_msg=f"rank {rank}, step {s}: {k}")
+
+
 def test_length_schedule_refuses_what_it_cannot_serve_by_name(data):
     _, path = data
-    with pytest.raises(ValueError, match="length schedule.* on tbljax.loader: not served yet"):
-        tbljax.loader(path, 16, patches=SCHEDULE, dtype="uint8")
     with pytest.raises(ValueError, match="batch_size must be the schedule's largest step, 16 rows"):
         _schedule_loader(path, batch_size=8)
     odd = tbljax.Patches(size=4, max_tokens=[16, 36], tokens_per_batch=256, batch_divisor=1)

@@ -155,16 +155,20 @@ class HostLoader:
         return boxes[0]
 
     def _native_resolution(self, dataset, parts):
-        """Buckets' or patches' serving (`engine/native_res.py`), or None; refuses by name what
-        they are not served with."""
+        """Buckets' or patches' serving (`engine/native_res.py`, over len(dataset) records: a
+        mixture's positions, `MixtureSource.n`, are not its records), or None; refuses by name
+        what they are not served with."""
         opts = self.options
         what = "buckets" if opts.buckets is not None else "patches" if opts.patches is not None else None
         if what is None:
             return None
-        if parts is not None:
-            raise ValueError(f"{what} with partition='host': not served yet (the schedule covers the whole dataset)")
-        if self._source.mixture is not None:
-            raise ValueError(f"{what} with a mixture (tbljax.mix): not served yet")
+        # A schedule over the records needs every record's size on every process, and a mixture
+        # draws its rows by weight: one max_tokens alone is served over host parts and mixtures.
+        schedule = native_res.schedule_name(opts)
+        if schedule and parts is not None:
+            raise ValueError(f"{schedule} with partition='host': not served yet (a schedule of the whole dataset)")
+        if schedule and self._source.mixture is not None:
+            raise ValueError(f"{schedule} with a mixture (tbljax.mix): not served yet (its rows are drawn by weight)")
         if self._geometric.names:
             raise ValueError(
                 f"{what} with the geometric fields {self._geometric.names}: not served yet (they follow "
@@ -181,7 +185,7 @@ class HostLoader:
                     "leave them out with fields=[...]"
                 )
             return PackServing(self._source.geometry, self._source.n, opts, self._rows.global_batch)
-        return native_res.serving(self._source.geometry, self._source.n, opts, self._rows.global_batch)
+        return native_res.serving(self._source.geometry, len(dataset), opts, self._rows.global_batch)
 
     def _canvas_serving(self) -> CanvasServing | None:
         """Canvas rows' serving (Augment(scale_jitter=...), crop='longer_pad'), or None;
@@ -277,6 +281,11 @@ class HostLoader:
     def geometric_fields(self) -> list[str]:
         """The fields served through each row's crop and flip (masks, boxes, ...; issue 48)."""
         return list(self._geometric.names)
+
+    @property
+    def lengths(self) -> LengthServing | None:
+        """The length schedule (`Patches(max_tokens=[...])`): each step's length and rows; else None."""
+        return self._native if isinstance(self._native, LengthServing) else None
 
     @property
     def ring(self) -> Ring:

@@ -24,34 +24,37 @@ __all__ = ["LengthServing"]
 
 
 class LengthServing:
-    """The length schedule of a loader over n records with rows `rows` (one range of a rank of
-    ``world_size``, `RowLayout.for_rank`: the JAX loader's sharded layouts are refused)."""
+    """The length schedule of a loader over n records with rows `rows` (a rank's range,
+    `RowLayout.for_rank`, or a JAX sharding's: each step's rows are its placement at that step's
+    batch size, `RowLayout.resized`)."""
 
     def __init__(self, geometry, n: int, opts: LoaderOptions, rows: RowLayout):
         p = opts.patches
         self.opts, self.n = opts, int(n)
         self.lengths = p.max_tokens
         self.sizes = naflex.length_batch_size(p.tokens_per_batch, np.array(self.lengths), p.batch_divisor)
-        if rows.sharding is not None or len(rows.ranges) != 1:
+        if rows.sharding is None and len(rows.ranges) != 1:
             raise ValueError(
-                "patches with a list of max_tokens (a length schedule) on tbljax.loader: not served yet "
-                "(its batches change size a step); use tbljax.torch.loader, tbljax.mlx.loader or tbljax.HostLoader"
+                f"patches with a list of max_tokens (a length schedule): the rows {rows.ranges} are several ranges "
+                "without a sharding; pass RowLayout.for_rank(...) or a JAX sharding"
             )
         self.biggest = int(self.sizes.max())  # the batch of the shortest length
-        local = rows.local_rows
-        self.world, self.rank = rows.global_batch // local, rows.ranges[0][0] // local
+        self.world = rows.shards  # ranks, or the sharding's batch shards
+        where = f"{self.world} ranks" if rows.sharding is None else f"the {self.world} batch shards of the sharding"
         if rows.global_batch != self.biggest:
             raise ValueError(
                 f"patches={p}: batch_size must be the schedule's largest step, {self.biggest} rows "
                 f"(tokens_per_batch // {self.lengths[0]}, the shortest length; "
-                f"{self.biggest // self.world} a rank of {self.world}), got {rows.global_batch}"
+                f"{self.biggest // self.world} each of {where}), got {rows.global_batch}"
             )
         odd = [(int(t), int(b)) for t, b in zip(self.lengths, self.sizes) if b % self.world]
         if odd:
             raise ValueError(
-                f"patches={p}: the batch sizes (length, rows) {odd} do not split over {self.world} ranks; "
+                f"patches={p}: the batch sizes (length, rows) {odd} do not split over {where}; "
                 f"set batch_divisor to a multiple of {self.world}"
             )
+        # Each step's rows on this process: the same placement at the step's batch size.
+        self.layouts = {int(b): rows.resized(int(b)) for b in self.sizes}
         # One PatchServing a length: what a fixed max_tokens serves, at the step's length.
         self.serving = {
             t: native_res.PatchServing(geometry, n, dataclasses.replace(opts, patches=naflex.Patches(p.size, t)))
@@ -100,10 +103,14 @@ class LengthServing:
         s, k = self._schedule(int(epoch)), self._index(epoch, first)
         return (epoch, int(s.first[k + 1])) if k + 1 < len(s.first) else (epoch + 1, 0)
 
+    def layout(self, epoch: int, first: int) -> RowLayout:
+        """This process's rows of the step at `first` (its batch split evenly over the ranks or
+        the sharding's batch shards, as the loader's batch_size is)."""
+        return self.layouts[self.step(epoch, first)[1]]
+
     def ranges(self, epoch: int, first: int) -> tuple[tuple[int, int], ...]:
-        """This rank's rows of the step at `first` (its batch split evenly over the ranks)."""
-        b = self.step(epoch, first)[1] // self.world
-        return ((self.rank * b, (self.rank + 1) * b),)
+        """This process's row ranges of the step at `first`."""
+        return self.layout(epoch, first).ranges
 
     def patches(self, epoch: int, first: int) -> native_res.PatchServing:
         """The serving of the step's length."""

@@ -20,7 +20,16 @@ from tbljax._src.rules import buckets as _buckets
 from tbljax._src.rules import naflex
 from tbljax._src.rules.options import LoaderOptions
 
-__all__ = ["CONDITIONING", "PATCH_KEYS", "BucketServing", "PatchServing", "Scratch", "fill_by_size", "serving"]
+__all__ = [
+    "CONDITIONING",
+    "PATCH_KEYS",
+    "BucketServing",
+    "PatchServing",
+    "Scratch",
+    "fill_by_size",
+    "schedule_name",
+    "serving",
+]
 
 CONDITIONING = ("orig_hw", "crop_yx", "bucket")  # the batch keys buckets add
 PATCH_KEYS = ("patch_yx", "patch_valid")  # the batch keys patches add
@@ -192,6 +201,19 @@ def serving(geometry, n: int, opts: LoaderOptions, global_batch: int):
         return BucketServing(geometry, n, opts, global_batch)
     if opts.patches is not None:
         return PatchServing(geometry, n, opts)
+    return None
+
+
+def schedule_name(opts: LoaderOptions) -> str | None:
+    """The name of the schedule of records `opts` serves by (buckets, a length schedule, packing),
+    or None (one max_tokens, or neither: each row its own record's, whatever the order)."""
+    p = opts.patches
+    if opts.buckets is not None:
+        return "buckets"
+    if p is not None and p.pack:
+        return "patches with pack=True"
+    if p is not None and isinstance(p.max_tokens, tuple):
+        return "patches with a length schedule"
     return None
 
 

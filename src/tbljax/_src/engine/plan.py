@@ -303,14 +303,15 @@ class Plan:
             idx, boxes, flip, repeat = src.draw(
                 pos, opts, epoch, first_index, self.step_rows(epoch, first), boxes_field=self.bbox_field
             )
+            records = src.local_records(idx, first_index)  # (host parts, mixtures: the source's numbering)
             ops = None
             if _step.has_ops(opts.augment):
-                hw = np.stack(self.native.sizes(self.native.boxes(idx, boxes)), -1) if patches else out_hw
+                hw = np.stack(self.native.sizes(self.native.boxes(records, boxes)), -1) if patches else out_hw
                 ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=hw, repeat=0 if repeat is None else repeat)
             ext = _step.draw_extents(
                 idx, opts, image_hw=src.geometry, epoch=epoch, first_index=first_index, repeat=repeat
             )
-            drawn.append(RowsDrawn(idx, boxes, flip, src.local_records(idx, first_index), repeat, ops, ext))
+            drawn.append(RowsDrawn(idx, boxes, flip, records, repeat, ops, ext))
         return tuple(drawn)
 
     def build_host(self, ring, epoch, first, stop=None, drawn=None, started=None) -> tuple[HostBatch, Slot]:
@@ -349,7 +350,7 @@ class Plan:
                 pack_labels.append(src.labels[records].astype(np.int32))
                 continue
             if patches:
-                boxes = native.boxes(idx, boxes)
+                boxes = native.boxes(records, boxes)
                 hws.append(np.zeros((0, 2), np.int64))
             if nvalid and patches:
                 hws[-1] = native.fill(

@@ -66,6 +66,22 @@ class RowLayout:
         b = global_batch // world_size
         return cls(None, global_batch, ((rank * b, (rank + 1) * b),), ())
 
+    def resized(self, global_batch: int) -> "RowLayout":
+        """The same placement for a batch of `global_batch` rows (a length schedule's steps
+        change size): the same sharding's rows, or the same rank of the same world size."""
+        if self.sharding is not None:
+            return RowLayout.create(self.sharding, global_batch)
+        if len(self.ranges) != 1:
+            raise ValueError(f"a layout of several row ranges without a sharding cannot be resized: {self.ranges}")
+        local = self.local_rows
+        return RowLayout.for_rank(global_batch, self.ranges[0][0] // local, self.global_batch // local)
+
+    @property
+    def shards(self) -> int:
+        """How many pieces the batch axis is cut into (ranks, or a sharding's batch shards)."""
+        a, b = self.ranges[0]
+        return self.global_batch // (b - a)
+
     @property
     def local_rows(self) -> int:
         return sum(b - a for a, b in self.ranges)

@@ -28,9 +28,12 @@ from tbljax._src.rules.parts import Parts
 __all__ = ["Loader", "loader", "to_jax"]
 
 
-def to_jax(rows: RowLayout, host: HostBatch) -> tuple[dict, list]:
+def to_jax(rows: RowLayout, host: HostBatch, step_rows=None) -> tuple[dict, list]:
     """The JAX layer: a HostBatch → (a dict of global jax.Arrays, no copy on CPU; the arrays
-    in it that view the ring slot)."""
+    in it that view the ring slot). `step_rows(epoch, position)`: the step's own rows, when
+    steps change batch size (a length schedule, `LengthServing.layout`)."""
+    if step_rows is not None:
+        rows = step_rows(host.epoch, host.position)
     row_shape = host.images[0].shape[1:]  # the batch's own: a size schedule changes it
     if host.views:  # views=: one array per view group, (B, count, *row), instead of "image"
         result = {name: to_global(rows, pieces, pieces[0].shape[1:]) for name, pieces in host.views.items()}
@@ -81,7 +84,9 @@ class Loader(HostLoader):
         check_fields_fit(dataset, names, "tbljax.loader")
 
     def finisher(self):
-        return functools.partial(to_jax, self._global_rows)
+        # A length schedule: each step's global arrays at its own batch size (the same on every process).
+        lengths = self.lengths
+        return functools.partial(to_jax, self._global_rows, step_rows=lengths and lengths.layout)
 
 
 @front_end("tbljax.loader")
