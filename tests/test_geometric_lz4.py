@@ -41,6 +41,7 @@ def test_lz4_maps_round_trip_bit_exact_through_the_loader(tmp_path, kind):
     raw_path, _, _ = _convert(tmp_path, kind, None)
     ds, raw = tbljax.open(path), tbljax.open(raw_path)
     assert ds.field_bytes("seg") < raw.field_bytes("seg")  # blocky masks compress well
+    assert ds.verify() == []  # the values, offsets and blocks blocks' CRC-32s
     for k in range(len(ds)):  # stored: the source maps, whatever the record's layout
         np.testing.assert_array_equal(np.asarray(ds.field("seg")[k]).reshape(32, 32), seg[k])
         np.testing.assert_array_equal(np.asarray(ds.field("depth")[k]).reshape(32, 32, 2), depth[k])
