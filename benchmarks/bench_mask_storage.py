@@ -6,7 +6,9 @@ index) and the mask field's bytes as the file stores it today (its values block 
 records), beside what each mask would take losslessly compressed per record: LZ4 (the
 library the core links for LZ4 image records, `LZ4_compress_default`, through ctypes) and PNG
 (Pillow, compress_level 6), with each one's decode time per record (single thread) and a
-bit-exact round-trip check. The masks:
+bit-exact round-trip check; and the JPEG file again with its masks declared
+`Mask(compress="lz4")` (the field's stored bytes, and the serve CPU of image + mask from each
+JPEG file). The masks:
 
   brightness  4 classes of brightness (`bench_dense.py`'s mask)
   kmeans      8 colour classes by k-means over the photo's RGB (a semantic segmentation map)
@@ -107,16 +109,20 @@ def make_files(dst: Path, count: int) -> dict[str, Path]:
         masks["kmeans"].append(km)
         masks["instances"].append(instance_labels(km))
     files = {}
-    for fmt, extra in (("raw", {}), ("jpeg", {"quality": 90})):
-        files[fmt] = dst / f"{fmt}.tbl"
+    for name, fmt, compress, extra in (
+        ("raw", "raw", None, {}),
+        ("jpeg", "jpeg", None, {"quality": 90}),
+        ("jpeg_lz4", "jpeg", "lz4", {"quality": 90}),
+    ):
+        files[name] = dst / f"{name}.tbl"
         tbljax.convert(
             {"image": images, **masks},
-            files[fmt],
+            files[name],
             image_size=SIDE,
             resize="shorter_side",
             format=fmt,
             progress=False,
-            fields={m: tbljax.Mask(ignore=255) for m in MASKS},
+            fields={m: tbljax.Mask(ignore=255, compress=compress) for m in MASKS},
             **extra,
         )
     return files
@@ -173,6 +179,8 @@ def measure(files: dict[str, Path]) -> dict:
     }
     runs = {"serve_raw_us": (files["raw"], None), "serve_raw_mask_us": (files["raw"], ["kmeans"])}
     runs["serve_jpeg_us"] = (files["jpeg"], None)
+    runs["serve_jpeg_mask_us"] = (files["jpeg"], ["kmeans"])
+    runs["serve_jpeg_lz4_mask_us"] = (files["jpeg_lz4"], ["kmeans"])
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(ROUNDS):  # interleaved rounds, medians: the neighbours' load swings
         for k, (path, fields) in runs.items():
@@ -203,6 +211,7 @@ def measure(files: dict[str, Path]) -> dict:
         out[m] = {
             "stored_bytes": stored / n,
             "lz4_bytes": lz4_b / n,
+            "lz4_field_bytes": tbljax.open(str(files["jpeg_lz4"])).field_bytes(m) / n,  # compress="lz4"
             "png_bytes": png_b / n,
             "lz4_decode_us": 1e6 * lz4_t / n,
             "png_decode_us": 1e6 * png_t / n,
@@ -235,7 +244,12 @@ def main() -> None:
         )
     print(
         f"serve CPU per record (RRC + flip to {SIDE}, 1 thread): RAW image {r['serve_raw_us']:.0f} us, RAW image + "
-        f"kmeans mask {r['serve_raw_mask_us']:.0f} us, JPEG q90 image {r['serve_jpeg_us']:.0f} us"
+        f"kmeans mask {r['serve_raw_mask_us']:.0f} us, JPEG q90 image {r['serve_jpeg_us']:.0f} us, + kmeans mask "
+        f"{r['serve_jpeg_mask_us']:.0f} us, + kmeans mask stored compress='lz4' {r['serve_jpeg_lz4_mask_us']:.0f} us"
+    )
+    print(
+        "stored compress='lz4' (KiB a record, blocks and offsets included): "
+        + ", ".join(f"{m} {r[m]['lz4_field_bytes'] / 1024:.1f}" for m in MASKS)
     )
     print(json.dumps(r))
 

@@ -167,6 +167,8 @@ def references(files: dict) -> dict[tuple[str, str], list[np.ndarray]]:
 # The geometric row (issue 48): every record kind's conversion of the same photos from one TAR
 # whose records carry a mask (.seg.png, the photo's size) and boxes with labels (.boxes.json).
 GEO_FIELDS = {"seg": tbljax.Mask("seg.png", ignore=255), "boxes": tbljax.Boxes("boxes.json", labels="box_labels")}
+# One kind stores its masks compress="lz4" (compact files' option): every geometric row serves it.
+GEO_LZ4 = ("compact_full_aspect",)
 # Original JPEG bytes keep the photo's own geometry: the conversion refuses geometric fields there.
 GEO_REFUSED = ("original_jpeg",)
 GEO_KINDS = {k: kw for k, kw in KINDS.items() if k not in ("fields", *GEO_REFUSED)}
@@ -210,7 +212,10 @@ def make_geometric(d: Path) -> dict[str, str]:
     out = {"tar": str(tar)}
     for kind, kw in GEO_KINDS.items():
         out[kind] = str(d / f"geo-{kind}.tbl")
-        tbljax.convert([str(tar)], out[kind], image_size=S, progress=False, fields=GEO_FIELDS, **kw)
+        fields = (
+            {**GEO_FIELDS, "seg": tbljax.Mask("seg.png", ignore=255, compress="lz4")} if kind in GEO_LZ4 else GEO_FIELDS
+        )
+        tbljax.convert([str(tar)], out[kind], image_size=S, progress=False, fields=fields, **kw)
     return out
 
 

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "common.h"
+#include "lz4_blocks.h"
 #include "tbl_format.h"
 #include "thread_pool.h"
 
@@ -34,6 +35,51 @@ nb::bytes BytesOf(std::string_view s) { return nb::bytes(s.data(), s.size()); }
 }  // namespace
 
 void BindFormat(nb::module_& m) {
+  m.def(
+      "lz4_compress",
+      [](U8Bytes data) {
+        std::vector<uint8_t> out;
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          st = tbl::Lz4CompressBlock(data.data(), static_cast<int64_t>(data.shape(0)), &out);
+        }
+        Check(st);
+        return nb::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+      },
+      nb::arg("data"), "data (uint8, 1-D) as one LZ4 block.");
+  m.def(
+      "lz4_decode_blocks",
+      [](U8Bytes src, I64Array begin, I64Array end,
+         nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> out, I64Array out_offsets,
+         int threads) {
+        const int64_t n = static_cast<int64_t>(begin.shape(0));
+        if (static_cast<int64_t>(end.shape(0)) != n ||
+            static_cast<int64_t>(out_offsets.shape(0)) != n + 1 || out_offsets.data()[0] < 0 ||
+            out_offsets.data()[n] > static_cast<int64_t>(out.shape(0)))
+          Check(
+              InvalidArgument("begin and end need one entry per row and out_offsets one more, "
+                              "rising inside out"));
+        for (int64_t b = 0; b < n; ++b)
+          if (out_offsets.data()[b + 1] < out_offsets.data()[b])
+            Check(InvalidArgument("out_offsets must rise"));
+        if (threads < 0 || threads > kMaxThreads)
+          Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
+                                std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+        int64_t bad;
+        {
+          nb::gil_scoped_release release;
+          bad = tbl::Lz4DecodeBlocks(src.data(), static_cast<int64_t>(src.shape(0)), begin.data(),
+                                     end.data(), n, out.data(), out_offsets.data(),
+                                     &PoolFor(threads));
+        }
+        return bad;
+      },
+      nb::arg("src"), nb::arg("begin").noconvert(), nb::arg("end").noconvert(),
+      nb::arg("out").noconvert(), nb::arg("out_offsets").noconvert(), nb::arg("threads") = 0,
+      "Row b's LZ4 block src[begin[b]:end[b]] into out[out_offsets[b]:out_offsets[b + 1]], "
+      "exactly that many bytes, rows in parallel with the GIL released. Returns the first row "
+      "whose block does not decompress to its size, -1 when all did.");
   m.attr("MAGIC") = nb::bytes(tbl::kMagic, 4);
   m.attr("VERSION") = tbl::kVersion;
   m.attr("HEADER_BYTES") = tbl::kHeaderBytes;

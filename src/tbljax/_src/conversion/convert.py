@@ -302,7 +302,9 @@ def _convert_images(sources: Any, dst: str, opts: ConvertOptions) -> ConvertSumm
     t0 = time.perf_counter()
     exts = opts.fields if isinstance(opts.fields, dict) else {}  # TAR members, sidecar files
     geo = GeometricFields(opts.geometric, int(opts.image_size), opts.resize, opts.max_long_side or 0)
-    columns = _fields.Columns({**src.field_kinds, **geo.kinds}, exts, os.path.dirname(os.path.abspath(dst)), geo.roles)
+    columns = _fields.Columns(
+        {**src.field_kinds, **geo.kinds}, exts, os.path.dirname(os.path.abspath(dst)), geo.roles, geo.encodings
+    )
     records = RecordWriter(dst, opts, LabelTable(src.classes, sharded=opts.shard is not None), columns, geo)
     bar.start(total)
     with (

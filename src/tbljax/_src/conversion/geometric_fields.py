@@ -28,6 +28,8 @@ class GeometricFields:
         self.flat = mode not in SQUARE_RESIZE_MODES
         self.roles: dict[str, dict[str, Any]] = {}
         self.kinds: dict[str, str] = {}
+        # A map field's storage (Columns' encodings): compress="lz4" or raw.
+        self.encodings = {n: s.compress for n, s in self.specs.items() if getattr(s, "compress", None)}
         for name, spec in self.specs.items():
             self.roles[name] = {
                 **spec.role(),

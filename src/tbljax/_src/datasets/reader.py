@@ -22,6 +22,7 @@ import numpy.lib.recfunctions  # noqa: F401 - np.lib.recfunctions.repack_fields
 from tbljax import _core
 from tbljax._src.datasets import decoding, stats
 from tbljax._src.file.field_columns import Column, open_columns
+from tbljax._src.file.fields import FIELD_BLOCKS
 from tbljax._src.file.format import (
     FORMAT_NAMES,
     FORMATS,
@@ -208,7 +209,7 @@ class Dataset(RecordDataset):
                     col.info.kind,
                     str(col.info.dtype),
                     list(col.info.shape),
-                    [[fc.meta[b]["crc32"] for b in ("values", "offsets") if b in fc.meta] for fc in col.files],
+                    [[fc.meta[b]["crc32"] for b in FIELD_BLOCKS if b in fc.meta] for fc in col.files],
                 ]
                 for name, col in self._columns.items()
             ]
@@ -367,9 +368,7 @@ class Dataset(RecordDataset):
 
     def field_bytes(self, name: str) -> int:
         """Bytes field `name` takes in the files (its values and offsets blocks)."""
-        return sum(
-            fc.meta[b]["bytes"] for fc in self._column(name).files for b in ("values", "offsets") if b in fc.meta
-        )
+        return sum(fc.meta[b]["bytes"] for fc in self._column(name).files for b in FIELD_BLOCKS if b in fc.meta)
 
 
 def open(paths: PathLike | Sequence[PathLike]) -> Dataset:  # noqa: A001 - the natural name

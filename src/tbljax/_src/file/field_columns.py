@@ -13,7 +13,7 @@ import numpy as np
 
 from tbljax import _core
 from tbljax._src.file.field_meta import info_of
-from tbljax._src.file.fields import COPY_BYTES, FieldInfo
+from tbljax._src.file.fields import COPY_BYTES, FIELD_BLOCKS, FieldInfo
 
 __all__ = ["Column", "FieldValues", "FileColumn", "merge_infos", "open_columns"]
 
@@ -27,12 +27,15 @@ class FileColumn:
         self.values = self._block(view, "values")
         self.offsets: np.ndarray | None = None
         if "offsets" in meta and not self.info.fixed:
-            off = self._block(view, "offsets")
-            if off.size != 8 * (n + 1):
-                raise _core.CorruptFileError(
-                    f"{path}: field {name!r}: offsets block of {off.size} bytes for {n} records"
-                )
-            self.offsets = off.view("<i8")
+            self.offsets = self._int64s(view, "offsets")
+        self.encoding = meta.get("encoding")  # "lz4": values are per-record blocks (`decode`)
+        self.blocks: np.ndarray | None = None
+        if self.encoding is not None:
+            self.blocks = self._int64s(view, "blocks")
+            trail = self.info.shape[1:] if self.info.ragged else self.info.shape
+            self.row_bytes = int(np.prod(trail, dtype=np.int64)) * self.info.dtype.itemsize
+            self._checked = False
+            return
         if self.info.kind == "ndarray":
             dt = self.info.dtype
             trail = self.info.shape[1:] if self.info.ragged else self.info.shape
@@ -54,6 +57,15 @@ class FileColumn:
             self.array = self.values.view(dt).reshape(shape)
         self._checked = False
 
+    def _int64s(self, view: np.ndarray, which: str) -> np.ndarray:
+        """An (N+1,) int64 block (offsets, blocks)."""
+        blk = self._block(view, which)
+        if blk.size != 8 * (self.n + 1):
+            raise _core.CorruptFileError(
+                f"{self.path}: field {self.name!r}: {which} block of {blk.size} bytes for {self.n} records"
+            )
+        return blk.view("<i8")
+
     def _block(self, view: np.ndarray, which: str) -> np.ndarray:
         blk = self.meta[which]
         lo, size = blk["offset"], blk["bytes"]
@@ -65,27 +77,65 @@ class FileColumn:
         return view[lo : lo + size]
 
     def check_offsets(self) -> None:
-        """The offsets rise from 0 to the values' end (done once, at first use: O(N))."""
-        if self._checked or self.offsets is None:
+        """The offsets rise from 0 to the values' end (done once, at first use: O(N)); an
+        encoded field's blocks to the values' end, its offsets (rows) from 0."""
+        if self._checked:
             return
-        off = self.offsets
-        end = self.array.shape[0] if self.info.kind == "ndarray" else self.values.size
-        if off[0] != 0 or off[-1] != end or np.any(np.diff(off) < 0):
+        if self.encoding is not None:
+            self._rise(self.blocks, "blocks", self.values.size)
+            if self.offsets is not None:
+                self._rise(self.offsets, "offsets", None)
+        elif self.offsets is not None:
+            end = self.array.shape[0] if self.info.kind == "ndarray" else self.values.size
+            self._rise(self.offsets, "offsets", end)
+        self._checked = True
+
+    def _rise(self, off: np.ndarray, which: str, end: int | None) -> None:
+        if off[0] != 0 or (end is not None and off[-1] != end) or np.any(np.diff(off) < 0):
             falls = np.flatnonzero(np.diff(off) < 0)
             where = f" (record {int(falls[0])} ends before it starts)" if len(falls) else ""
             raise _core.CorruptFileError(
-                f"{self.path}: field {self.name!r}: offsets do not rise from 0 to {end}{where}"
+                f"{self.path}: field {self.name!r}: {which} do not rise from 0 to {end}{where}"
             )
-        self._checked = True
+
+    def decode(self, local: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """An encoded field's records `local`: their bytes back to back (into `out`, uint8, when
+        given) and each one's (len+1,) byte offsets in them; LZ4 in C++, rows in parallel."""
+        self.check_offsets()
+        local = np.asarray(local, np.int64)
+        if self.offsets is None:  # fixed: row_bytes is the whole record
+            rows = np.ones(len(local), np.int64)
+        else:
+            rows = self.offsets[local + 1] - self.offsets[local]
+        at = np.zeros(len(local) + 1, np.int64)
+        np.cumsum(rows * self.row_bytes, out=at[1:])
+        if out is None:
+            out = np.empty(int(at[-1]), np.uint8)
+        begin = np.ascontiguousarray(self.blocks[local])
+        end = np.ascontiguousarray(self.blocks[local + 1])
+        bad = _core.lz4_decode_blocks(self.values, begin, end, out, at)
+        if bad >= 0:
+            raise _core.CorruptFileError(
+                f"{self.path}: record {int(local[bad])}: field {self.name!r}: its LZ4 block does not "
+                f"decompress to the {int(at[bad + 1] - at[bad])} bytes its shape declares; "
+                "`tbljax verify` checks the blocks' checksums"
+            )
+        return out, at
+
+    def decoded(self, local: np.ndarray) -> list[np.ndarray]:
+        """An encoded field's records `local` as arrays (views of one decoded buffer)."""
+        buf, at = self.decode(local)
+        shape = (-1, *self.info.shape[1:]) if self.info.ragged else self.info.shape
+        return [buf[at[r] : at[r + 1]].view(self.info.dtype).reshape(shape) for r in range(len(local))]
 
     def verify(self) -> list[str]:
         """Problems with the blocks' CRC-32s (empty: all good)."""
         out = []
-        for which in ("values", "offsets"):
+        for which in FIELD_BLOCKS:
             blk = self.meta.get(which)
             if blk is None or (which == "offsets" and self.offsets is None):
                 continue
-            data = self.values if which == "values" else self.offsets.view(np.uint8)
+            data = {"values": self.values, "offsets": self.offsets, "blocks": self.blocks}[which].view(np.uint8)
             crc = 0
             for lo in range(0, data.size, COPY_BYTES):
                 crc = _core.crc32(data[lo : lo + COPY_BYTES], crc)
@@ -97,6 +147,8 @@ class FileColumn:
 
     def value(self, j: int) -> Any:
         """Record j's value (a view for ndarray fields)."""
+        if self.encoding is not None:
+            return self.decoded(np.array([j]))[0]
         if self.info.fixed:
             return self.array[j]
         self.check_offsets()
@@ -143,6 +195,10 @@ class Column:
     def whole(self) -> Any:
         """The column: a read-only (N, *shape) array for a fixed field (zero-copy for one
         file), else a sequence of the records' values."""
+        if self.info.fixed and any(f.encoding for f in self.files):
+            out = self.rows(np.arange(int(self.starts[-1]), dtype=np.int64))
+            out.flags.writeable = False
+            return out
         if self.info.fixed:
             if len(self.files) == 1:
                 return self.files[0].array
@@ -171,13 +227,21 @@ class Column:
             if out is None:
                 out = np.empty((len(idx), *self.info.shape), self.info.dtype)
             for f, rows, local in self._split(idx):
-                if len(rows) == len(idx):
+                if f.encoding is not None and len(rows) == len(idx) and out.flags.c_contiguous:
+                    f.decode(local, out.reshape(-1).view(np.uint8))  # straight into the batch
+                elif f.encoding is not None:
+                    out[rows] = np.stack(f.decoded(local))
+                elif len(rows) == len(idx):
                     np.take(f.array, local, axis=0, out=out)
                 else:
                     out[rows] = f.array[local]
             return out
         vals: list[Any] = [None] * len(idx)
         for f, rows, local in self._split(idx):
+            if f.encoding is not None:  # one parallel decode per file
+                for r, v in zip(rows.tolist(), f.decoded(local)):
+                    vals[r] = v
+                continue
             for r, j in zip(rows.tolist(), local.tolist()):
                 vals[r] = f.value(j)
         return vals
@@ -188,6 +252,13 @@ class Column:
         per-record Python: the producer thread builds this every step."""
         steps = np.arange(length)
         for f, rows, local in self._split(idx):
+            if f.encoding is not None:  # a compressed map read whole (not a geometric serve)
+                for r, v in zip(rows.tolist(), f.decoded(local)):
+                    k = min(len(v), length)
+                    lengths[r] = len(v)
+                    out[r, :k] = v[:k]
+                    out[r, k:] = 0
+                continue
             if f.info.fixed:  # one file's records all of one length k: ragged over the shards
                 k = f.info.shape[0]
                 flat = f.array.reshape(-1, *f.info.shape[1:])

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from tbljax import _core
-from tbljax._src.file.fields import GEOMETRIC_ROLES, check_name
+from tbljax._src.file.fields import ENCODINGS, GEOMETRIC_ROLES, check_name
 from tbljax._src.rules import contract
 from tbljax._src.rules.dataset import FIELD_KINDS, FieldInfo
 from tbljax._src.rules.errors import shown
@@ -62,6 +62,15 @@ def check_field_meta(name: Any, meta: Any, path: str) -> None:
     elif shape or meta.get("dtype") is not None:
         bad("an object whose str/json field has dtype null and shape []")
     blocks = ["values"] + ([] if meta["kind"] == "ndarray" and shape[:1] != [None] else ["offsets"])
+    if "encoding" in meta:  # compress= (fields.py): a reader must know it or refuse the field
+        if meta["encoding"] not in ENCODINGS:
+            raise _core.CorruptFileError(
+                f"{path}: field {name!r} is stored with encoding {shown(json.dumps(meta['encoding']), 40)}, "
+                f"which this tbljax does not read (it reads {list(ENCODINGS)}): written by a newer tbljax?"
+            )
+        if meta["kind"] != "ndarray":
+            bad("an ndarray field when it has an encoding")
+        blocks.append("blocks")
     for b in blocks:
         blk = meta.get(b)
         if not (
