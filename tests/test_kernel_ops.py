@@ -537,3 +537,32 @@ def test_bilinear_equals_pixel_filters_over_random_matrices_on_every_target(out_
             np.testing.assert_array_equal(out, want, err_msg=target)
     finally:
         _core.set_kernel_target("auto")
+
+
+@pytest.mark.parametrize("interp", pixel_ops.INTERPOLATIONS)
+@pytest.mark.parametrize("out_hw", [(23, 37), (31, 70), (5, 9)])
+def test_row_affine_ops_equal_pixel_ops_on_every_target(interp, out_hw):
+    """ShearX and TranslateX/Y (one y per output row: rows of fill, contiguous pair loads, steps
+    wholly outside) against pixel_ops over 40 random signed magnitudes each plus whole-pixel
+    and zero shifts, at odd sizes, on every SIMD target: every byte."""
+    src, idx, crop, flip, base = _setup(out_hw)
+    rng = np.random.default_rng(50)
+    ra = randaug.RandAugment(num_ops=1, fill=(10, 200, 30), interpolation=interp)
+    names = ("ShearX", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel")
+    mags = [*rng.uniform(-10, 10, 40), 0.0, 0.1, -0.3, 10.0, -10.0]
+    ops = np.array([_op(name, float(m), ra) for name in names for m in mags], np.int64)
+    pick = np.arange(len(ops)) % len(idx)
+    want = np.stack(
+        [pixel_ops.apply(base[p], c, a, fill=ra.fill, interpolation=interp) for p, (c, a) in zip(pick, ops)]
+    )
+    prog = kernels.pixel_program(
+        ops[:, :1].astype(np.uint8), ops[:, 1:].astype(np.int32), base.shape[1:3], policies=(ra,)
+    )
+    try:
+        for target in _core.supported_kernel_targets():
+            _core.set_kernel_target(target)
+            out = np.zeros_like(want)
+            kernels.gather(src, idx[pick], out, crop=crop[pick], flip=flip[pick], ops=prog)
+            np.testing.assert_array_equal(out, want, err_msg=target)
+    finally:
+        _core.set_kernel_target("auto")
