@@ -537,3 +537,62 @@ def test_bilinear_equals_pixel_filters_over_random_matrices_on_every_target(out_
             np.testing.assert_array_equal(out, want, err_msg=target)
     finally:
         _core.set_kernel_target("auto")
+
+
+@pytest.mark.parametrize("interp", pixel_ops.INTERPOLATIONS)
+@pytest.mark.parametrize("out_hw", [(23, 37), (31, 70), (5, 9)])
+def test_row_affine_ops_equal_pixel_ops_on_every_target(interp, out_hw):
+    """ShearX and TranslateX/Y (one y per output row: rows of fill, contiguous pair loads, steps
+    wholly outside) against pixel_ops over 40 random signed magnitudes each plus whole-pixel
+    and zero shifts, at odd sizes, on every SIMD target: every byte."""
+    src, idx, crop, flip, base = _setup(out_hw)
+    rng = np.random.default_rng(50)
+    ra = randaug.RandAugment(num_ops=1, fill=(10, 200, 30), interpolation=interp)
+    names = ("ShearX", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel")
+    mags = [*rng.uniform(-10, 10, 40), 0.0, 0.1, -0.3, 10.0, -10.0]
+    ops = np.array([_op(name, float(m), ra) for name in names for m in mags], np.int64)
+    pick = np.arange(len(ops)) % len(idx)
+    want = np.stack(
+        [pixel_ops.apply(base[p], c, a, fill=ra.fill, interpolation=interp) for p, (c, a) in zip(pick, ops)]
+    )
+    prog = kernels.pixel_program(
+        ops[:, :1].astype(np.uint8), ops[:, 1:].astype(np.int32), base.shape[1:3], policies=(ra,)
+    )
+    try:
+        for target in _core.supported_kernel_targets():
+            _core.set_kernel_target(target)
+            out = np.zeros_like(want)
+            kernels.gather(src, idx[pick], out, crop=crop[pick], flip=flip[pick], ops=prog)
+            np.testing.assert_array_equal(out, want, err_msg=target)
+    finally:
+        _core.set_kernel_target("auto")
+
+
+@pytest.mark.parametrize("hw", [(3, 3), (2, 5), (7, 100), (33, 181)])
+def test_sharpness_equals_pixel_ops_on_every_target(hw):
+    """Sharpness (Pillow's SMOOTH, a row in chunks of values, then the blend) on noise and photo
+    crops at many factors of both signs, widths across several chunks and the smallest images,
+    on every SIMD target: pixel_ops' rule, every byte."""
+    h, w = hw
+    rng = np.random.default_rng(51)
+    photo = _photos(1, (h, w))[0]
+    img = np.stack([rng.integers(0, 256, (h, w, 3), np.uint8), photo, 255 - photo])
+    ra = randaug.RandAugment(num_ops=1)
+    ops = np.array([randaug.op_arg(ra, "Sharpness", float(m), bool(m < 0)) for m in (0.0, 1.0, 4.5, 9.0, 10.0)])
+    rows = [(p, c, a) for p in range(len(img)) for c, a in ops] + [
+        (0, ops[0][0], pixel_ops.f32_arg(s)) for s in (0.0, 1.0)
+    ]
+    pick = np.array([p for p, _, _ in rows])
+    crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
+    want = np.stack([pixel_ops.apply(img[p], c, a) for p, c, a in rows])
+    prog = kernels.pixel_program(
+        np.array([[c] for _, c, _ in rows], np.uint8), np.array([[a] for _, _, a in rows], np.int32), (h, w)
+    )
+    try:
+        for target in _core.supported_kernel_targets():
+            _core.set_kernel_target(target)
+            out = np.zeros_like(want)
+            kernels.gather(img, pick, out, crop=crop, ops=prog)
+            np.testing.assert_array_equal(out, want, err_msg=target)
+    finally:
+        _core.set_kernel_target("auto")
