@@ -362,9 +362,8 @@ _EIGHT_DEVICES = textwrap.dedent("""
         got = jax.jit(step)(imgs, *(jax.device_put(x, rows) for x in (idx, crop, codes, args, boxes, keys)))
         assert np.array_equal(np.asarray(got), want), (backend, sharding)
         assert got.sharding.shard_shape(got.shape)[0] == 2, got.sharding
-    jax.config.update("jax_enable_x64", False)
 
-    # Records partitioned over devices: refused by name.
+    # Records partitioned over devices (uploaded under x64, still on): refused by name.
     grid = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "d"))
     part = tbljax.ResidentDataset("eight.tbl", NamedSharding(grid, P("d")))
     try:
