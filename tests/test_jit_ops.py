@@ -22,6 +22,7 @@ import tbljax
 from tbljax import ops
 from tbljax._src.engine import pixel_program as host_program
 from tbljax._src.jax import ops as _ops_module
+from tbljax._src.jax import program as _program_module
 from tbljax._src.rules import erasing, pixel_ops, randaug
 
 SIZE = (16, 16)
@@ -261,6 +262,37 @@ def test_twin_affine_ops_equal_the_ffi_handler_with_x64():
     with jax.enable_x64(True):
         twin, ffi = _twin_and_ffi(*case, **kw)
     same(twin, ffi)
+
+
+def test_twin_colour_jitter_with_hue_equals_the_ffi_handler():
+    """ColorJitter with hue (Pillow's HSV round trip) on the twin, without x64: the FFI
+    handler's bytes."""
+    jitter = tbljax.ColorJitter(0.3, 0.3, 0.3, hue=0.5)
+    case = _program_case(batch=6, policies=(jitter,), out=TWIN_SIZE)
+    assert (case[4] == pixel_ops.CODES["Hue"]).any()
+    twin, ffi = _twin_and_ffi(*case, policies=(jitter,), dtype="uint8")
+    same(twin, ffi)
+
+
+def test_the_codes_a_program_may_draw_are_the_policies_draws():
+    """The op codes the twin compiles for (`program.drawable_codes`, static) are those the
+    policies draw (`randaug.decide` over many rows), policy by policy."""
+    policies = [
+        RAND,
+        COLOUR,
+        tbljax.RandAugment.from_big_vision("randaug(2,15)"),
+        tbljax.TrivialAugment(),
+        tbljax.ThreeAugment(),
+        tbljax.ColorJitter(0.4, 0.0, 0.4, hue=0.1),
+        tbljax.Grayscale(0.1),
+        tbljax.GaussianBlur(0.1),
+        tbljax.Solarize(0.0),  # never applied: no code
+    ]
+    for p in policies:
+        codes, _ = randaug.decide((p,), np.arange(20000), seed=1, epoch=0)
+        slots = tuple(host_program.column_policies((p,), codes.shape[1]))
+        want = tuple(sorted(set(np.unique(codes).tolist()) - {0}))
+        assert _program_module.drawable_codes(slots) == want, p
 
 
 def test_twin_ops_of_packed_records_equal_the_ffi_handler(tmp_path):
