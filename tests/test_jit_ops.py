@@ -337,6 +337,12 @@ def test_what_is_not_served_in_jit_is_refused_by_name(monkeypatch):
             ops.gather_normalize(data, idx, backend="ffi", ops=prog, **kw)
     with pytest.raises(ValueError, match="needs dtype='float32' or 'bfloat16', not uint8"):
         ops.gather_normalize(data, idx, dtype=jnp.uint8, ops=prog, **kw)
+    bad = codes.copy()
+    bad[2, 1] = 99  # no op has code 99: the twin has no rule for it
+    prog_bad = ops.pixel_program(bad, args, SIZE, policies=(RAND,), erase_boxes=boxes, erase_keys=keys)
+    for backend in ("twin", "ffi"):
+        with pytest.raises(ValueError, match=r"ops: row 2 column 1: op code 99 is not one of pixel_ops.CODES"):
+            ops.gather_normalize(data, idx, ops=prog_bad, backend=backend, **kw)
     with pytest.raises(TypeError, match="ops must be a tbljax.ops.pixel_program"):
         ops.gather_normalize(data, idx, ops=(codes, args), **kw)
     rotate = np.zeros((4, 2), np.uint8) + pixel_ops.CODES["Rotate"]

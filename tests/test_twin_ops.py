@@ -227,5 +227,5 @@ def test_hue_equals_pixel_ops_on_random_colours_at_several_shifts():
 def test_unknown_concrete_codes_are_refused_by_name():
     px, fill, near = np.zeros((2, 4, 4, 3), np.uint8), np.zeros((2, 3), np.uint8), np.zeros(2, np.uint8)
     codes, args = np.array([[3, 0], [C["Hue"], 200]], np.uint8), np.zeros((2, 2), np.int32)
-    with pytest.raises(ValueError, match=r"row 1 column 1: op code 200 is not one of pixel_ops.CODES"):
+    with pytest.raises(ValueError, match=r"ops: row 1 column 1: op code 200 is not one of pixel_ops.CODES"):
         twin_ops.apply_program(px, codes, args, None, fill, near, affine=False)

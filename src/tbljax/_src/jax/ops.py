@@ -307,10 +307,12 @@ def _checked_ops(ops, batch, out_dt, backend):
 
 
 def _may_draw(ops) -> tuple[int, ...] | None:
-    """The op codes the rows of `ops` may hold (static): its concrete codes, else what its
-    policies can draw (`tbljax.ops.pixel_program` records it), else None (any)."""
+    """The op codes the rows of `ops` may hold (static): its concrete codes (refused where one is
+    not an op code), else what its policies can draw (`tbljax.ops.pixel_program` records it),
+    else None (any)."""
     codes = ops[0]
     if _is_concrete(codes):
+        twin_ops.check_codes(codes)
         return tuple(np.unique(np.asarray(codes)).tolist())
     return getattr(ops, "may_draw", None)
 

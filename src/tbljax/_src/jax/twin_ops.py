@@ -27,7 +27,7 @@ from jax import lax
 from tbljax._src.jax import twin_affine, twin_hue
 from tbljax._src.rules import order, pixel_ops
 
-__all__ = ["ERASE_MODES", "apply_program", "erase", "split"]
+__all__ = ["ERASE_MODES", "apply_program", "check_codes", "erase", "split"]
 
 _C = pixel_ops.CODES
 _LUT_OPS = tuple(_C[n] for n in ("AutoContrast", "Equalize", "Invert", "Posterize", "Solarize", "SolarizeAdd"))
@@ -245,6 +245,18 @@ def _check(pixels, codes, args, fill, nearest):
         raise ValueError(f"apply_program takes images of at most {_MAX_PIXELS} pixels, got {h}x{w}")
 
 
+def check_codes(codes) -> None:
+    """ValueError naming the first row and column of concrete (B, K) `codes` holding a code that
+    is not an op code (`pixel_ops.CODES`, or 0): the twin has no rule for it."""
+    codes = np.asarray(codes)
+    unknown = ~np.isin(codes, [0, *_C.values()])
+    if unknown.any():
+        b, k = np.argwhere(unknown)[0]
+        raise ValueError(
+            f"ops: row {b} column {k}: op code {codes[b, k]} is not one of pixel_ops.CODES ({sorted(_C.values())})"
+        )
+
+
 def apply_program(pixels, codes, args, matrix_bits, fill, nearest, *, affine: bool = True, may_draw=None):
     """Each row of uint8 (B, H, W, 3) `pixels` through its ops ``codes[b, k]`` (`pixel_ops.CODES`,
     0: none) with integer arguments ``args[b, k]``, k in order: uint8, bit-identical with
@@ -268,15 +280,8 @@ def apply_program(pixels, codes, args, matrix_bits, fill, nearest, *, affine: bo
     fill, nearest = jnp.asarray(fill), jnp.asarray(nearest)
     _check(pixels, codes, args, fill, nearest)
     if not isinstance(codes, jax.core.Tracer):
-        concrete = np.asarray(codes)
-        unknown = ~np.isin(concrete, [0, *_C.values()])
-        if unknown.any():
-            b, k = np.argwhere(unknown)[0]
-            raise ValueError(
-                f"apply_program: row {b} column {k}: op code {concrete[b, k]} is not one of pixel_ops.CODES "
-                f"({sorted(_C.values())})"
-            )
-        may_draw = np.unique(concrete) if may_draw is None else may_draw
+        check_codes(codes)
+        may_draw = np.unique(np.asarray(codes)) if may_draw is None else may_draw
     drawn = set(_C.values()) if may_draw is None else {int(c) for c in may_draw}
     matrices = twin_affine.matrices(matrix_bits, codes.shape) if affine else jnp.zeros(codes.shape + (6,))
 
