@@ -81,7 +81,7 @@ def _tables() -> dict[str, np.ndarray]:
     head = y.astype(np.float32)
     scale = 2.0 ** (150 - (head.view(np.uint32) >> 23).astype(np.int64))
     tail = ((y - head.astype(np.float64)) * scale).astype(np.float32)
-    return dict(sat=sat.astype(np.int32), sector=(sector % 6).astype(np.int32), rem=rem, fs=fs, head=head, tail=tail)
+    return dict(sat=sat.astype(np.uint8), sector=(sector % 6).astype(np.int32), rem=rem, fs=fs, head=head, tail=tail)
 
 
 def _round_down_product(v, y, tail=None):
@@ -124,7 +124,7 @@ def hue(xi, shift):
     h = jnp.where(lo_second, base - q, base + q)
     starts, values = _hue_steps()
     uh = jnp.asarray(values)[jnp.searchsorted(jnp.asarray(starts), h, side="right") - 1]
-    us = t["sat"][cr, v]
+    us = t["sat"][cr, v].astype(jnp.int32)
     uh = (uh + shift[:, None, None]) & 0xFF
     fs, f = t["fs"][us], t["rem"][uh]
     p = v - _round_down_product(v, fs)
