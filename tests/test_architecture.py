@@ -88,6 +88,7 @@ ROOMS = [
             "registration",
             "twin",
             "twin_affine",
+            "twin_hue",
             "twin_ops",
             "ffi_call",
             "program",

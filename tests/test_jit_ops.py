@@ -22,6 +22,7 @@ import tbljax
 from tbljax import ops
 from tbljax._src.engine import pixel_program as host_program
 from tbljax._src.jax import ops as _ops_module
+from tbljax._src.jax import program as _program_module
 from tbljax._src.rules import erasing, pixel_ops, randaug
 
 SIZE = (16, 16)
@@ -263,6 +264,37 @@ def test_twin_affine_ops_equal_the_ffi_handler_with_x64():
     same(twin, ffi)
 
 
+def test_twin_colour_jitter_with_hue_equals_the_ffi_handler():
+    """ColorJitter with hue (Pillow's HSV round trip) on the twin, without x64: the FFI
+    handler's bytes."""
+    jitter = tbljax.ColorJitter(0.3, 0.3, 0.3, hue=0.5)
+    case = _program_case(batch=6, policies=(jitter,), out=TWIN_SIZE)
+    assert (case[4] == pixel_ops.CODES["Hue"]).any()
+    twin, ffi = _twin_and_ffi(*case, policies=(jitter,), dtype="uint8")
+    same(twin, ffi)
+
+
+def test_the_codes_a_program_may_draw_are_the_policies_draws():
+    """The op codes the twin compiles for (`program.drawable_codes`, static) are those the
+    policies draw (`randaug.decide` over many rows), policy by policy."""
+    policies = [
+        RAND,
+        COLOUR,
+        tbljax.RandAugment.from_big_vision("randaug(2,15)"),
+        tbljax.TrivialAugment(),
+        tbljax.ThreeAugment(),
+        tbljax.ColorJitter(0.4, 0.0, 0.4, hue=0.1),
+        tbljax.Grayscale(0.1),
+        tbljax.GaussianBlur(0.1),
+        tbljax.Solarize(0.0),  # never applied: no code
+    ]
+    for p in policies:
+        codes, _ = randaug.decide((p,), np.arange(20000), seed=1, epoch=0)
+        slots = tuple(host_program.column_policies((p,), codes.shape[1]))
+        want = tuple(sorted(set(np.unique(codes).tolist()) - {0}))
+        assert _program_module.drawable_codes(slots) == want, p
+
+
 def test_twin_ops_of_packed_records_equal_the_ffi_handler(tmp_path):
     # Small records: the twin's resize unrolls taps in proportion to the largest side.
     rng = np.random.default_rng(5)
@@ -305,6 +337,12 @@ def test_what_is_not_served_in_jit_is_refused_by_name(monkeypatch):
             ops.gather_normalize(data, idx, backend="ffi", ops=prog, **kw)
     with pytest.raises(ValueError, match="needs dtype='float32' or 'bfloat16', not uint8"):
         ops.gather_normalize(data, idx, dtype=jnp.uint8, ops=prog, **kw)
+    bad = codes.copy()
+    bad[2, 1] = 99  # no op has code 99: the twin has no rule for it
+    prog_bad = ops.pixel_program(bad, args, SIZE, policies=(RAND,), erase_boxes=boxes, erase_keys=keys)
+    for backend in ("twin", "ffi"):
+        with pytest.raises(ValueError, match=r"ops: row 2 column 1: op code 99 is not one of pixel_ops.CODES"):
+            ops.gather_normalize(data, idx, ops=prog_bad, backend=backend, **kw)
     with pytest.raises(TypeError, match="ops must be a tbljax.ops.pixel_program"):
         ops.gather_normalize(data, idx, ops=(codes, args), **kw)
     rotate = np.zeros((4, 2), np.uint8) + pixel_ops.CODES["Rotate"]
@@ -362,9 +400,8 @@ _EIGHT_DEVICES = textwrap.dedent("""
         got = jax.jit(step)(imgs, *(jax.device_put(x, rows) for x in (idx, crop, codes, args, boxes, keys)))
         assert np.array_equal(np.asarray(got), want), (backend, sharding)
         assert got.sharding.shard_shape(got.shape)[0] == 2, got.sharding
-    jax.config.update("jax_enable_x64", False)
 
-    # Records partitioned over devices: refused by name.
+    # Records partitioned over devices (uploaded under x64, still on): refused by name.
     grid = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "d"))
     part = tbljax.ResidentDataset("eight.tbl", NamedSharding(grid, P("d")))
     try:

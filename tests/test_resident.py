@@ -309,3 +309,20 @@ def test_eight_devices_fields_with_records_partitioned(with_fields, tmp_path):
         timeout=300,
     )
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+
+
+def test_upload_under_x64_same_and_different_sizes(data, tmp_path):
+    """Under jax_enable_x64 the upload's start indices and zeros agree in dtype (int64 literals
+    beside an int32 start were a TypeError), for same-size rows and packed pages alike."""
+    path, imgs, _ = data
+    small = np.random.default_rng(1).integers(0, 256, (2, 5, 7, 3), dtype=np.uint8)
+    mixed = _write(tmp_path / "mixed.tbl", [imgs[0], small[0], small[1]], np.arange(3))
+    with jax.enable_x64(True):
+        rows = ResidentDataset(path, chunk_bytes=H * W * 3 * 7)
+        packed = ResidentDataset(mixed, chunk_bytes=1)  # a chunk per record: several page writes
+    assert np.array_equal(np.asarray(rows.data), imgs)
+    pages, table = np.asarray(packed.data.pages).reshape(-1), np.asarray(packed.data.table)
+    for want, (page, h, w) in zip([imgs[0], small[0], small[1]], table):
+        start = int(page) * 4096
+        assert (h, w) == want.shape[:2]
+        assert np.array_equal(pages[start : start + want.size], want.reshape(-1))

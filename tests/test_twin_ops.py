@@ -27,7 +27,7 @@ def _legal_args() -> dict[int, np.ndarray]:
     uniform = dict(num_ops=4, ops=timm_ops, prob=1.0, magnitude=10, magnitude_std=float("inf"))
     batches = [
         (randaug.RandAugment(**uniform), randaug.RandAugment.from_big_vision("randaug(2,15)")),
-        (image_ops.TrivialAugment(), image_ops.ThreeAugment(), image_ops.ColorJitter(0.4, 0.4, 0.4)),
+        (image_ops.TrivialAugment(), image_ops.ThreeAugment(), image_ops.ColorJitter(0.4, 0.4, 0.4, hue=0.5)),
         (
             image_ops.GaussianBlur(p=1.0, sigma=(0.1, 4.0)),
             image_ops.GaussianBlur(p=1.0, sigma=(4.0, 1000.0)),  # box radii past the image
@@ -187,3 +187,45 @@ def test_erase_equals_pixel_ops(mode):
         want = pixel_ops.erase(values[i].transpose(2, 0, 1), boxes[i], keys[i], mode).transpose(1, 2, 0)
         np.testing.assert_array_equal(got[i], want)
     assert (got != values).any()  # something was erased
+
+
+def test_hue_equals_pixel_ops_on_random_colours_at_several_shifts():
+    """Hue (ColorJitter's hue: Pillow's HSV round trip) on 2**16 random colours plus the grays
+    and two-equal-channel colours (Pillow's branch ties), at several shifts, against the
+    reference (the twin was checked on all 2**24 colours at shifts 0, 1, 77, 128, 200, 255)."""
+    rng = np.random.default_rng(26)
+    colours = rng.integers(0, 256, (1 << 16, 3), dtype=np.uint8)
+    u = np.arange(256, dtype=np.uint8)
+    ties = [
+        np.stack([u, u, u], -1),
+        np.stack([u, u, 255 - u], -1),
+        np.stack([u, np.zeros_like(u), u], -1),
+        np.stack([np.full_like(u, 9), u, u], -1),
+    ]
+    colours[: 4 * 256] = np.concatenate(ties)
+    shifts = np.array([0, 1, 25, 128, 231, 255], np.int32)
+    px = np.broadcast_to(colours.reshape(1, 256, 256, 3), (len(shifts), 256, 256, 3))
+    codes = np.full((len(shifts), 1), C["Hue"], np.uint8)
+    apply = jax.jit(twin_ops.apply_program, static_argnames=("affine", "may_draw"))
+    got = np.asarray(
+        apply(
+            px,
+            codes,
+            shifts[:, None],
+            None,
+            np.zeros((1, 3), np.uint8),
+            np.zeros(1, np.uint8),
+            affine=False,
+            may_draw=(C["Hue"],),
+        )
+    )
+    for b, s in enumerate(shifts):
+        np.testing.assert_array_equal(got[b], pixel_ops.apply_all(px[b], [C["Hue"]], [s]), err_msg=f"shift {s}")
+    assert (got[1] != px[1]).any()  # the shift changed colours
+
+
+def test_unknown_concrete_codes_are_refused_by_name():
+    px, fill, near = np.zeros((2, 4, 4, 3), np.uint8), np.zeros((2, 3), np.uint8), np.zeros(2, np.uint8)
+    codes, args = np.array([[3, 0], [C["Hue"], 200]], np.uint8), np.zeros((2, 2), np.int32)
+    with pytest.raises(ValueError, match=r"ops: row 1 column 1: op code 200 is not one of pixel_ops.CODES"):
+        twin_ops.apply_program(px, codes, args, None, fill, near, affine=False)

@@ -213,12 +213,13 @@ def _checked_crop(crop, batch, data, hw, host_idx, out_hw):
     return crop.astype(jnp.int32)
 
 
-def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None, affine=False):
+def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None, affine=False, may_draw=None):
     """The per-device body over the operands (data, table of packed records, indices, crop,
     flip, out, normalization table, then the eight arrays of the per-image ops or Nones): the
     twin, the FFI call, or (auto) the FFI call on the platforms with a handler (with ops: one
     that runs them) and the twin elsewhere, decided when the program is lowered. `erase_mode`
-    (an index of ERASE_MODES) is None without ops; `affine`: whether the ops may be affine."""
+    (an index of ERASE_MODES) is None without ops; `affine`: whether the ops may be affine;
+    `may_draw`: the op codes the rows may hold (None: any), the twin's ops to compile."""
 
     def records(d, r):
         return d if r is None else PackedRecords(d, r, max_side)
@@ -229,7 +230,7 @@ def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None
             return twin_gather(records(d, r), i, crop=c, flip=f, out_size=out_size, table=t, layout=layout)
         codes, args, matrices, fill, nearest, boxes, keys, normal = ops
         pix = twin_gather(records(d, r), i, crop=c, flip=f, out_size=out_size)  # uint8 NHWC
-        pix = twin_ops.apply_program(pix, codes, args, matrices, fill, nearest, affine=affine)
+        pix = twin_ops.apply_program(pix, codes, args, matrices, fill, nearest, affine=affine, may_draw=may_draw)
         out = pix if t is None else lookup(pix, t, channel_axis=-1)
         if boxes.shape[1]:
             # The kernel writes float32 noise rounded to the output dtype (bfloat16: to nearest
@@ -302,13 +303,21 @@ def _checked_ops(ops, batch, out_dt, backend):
             raise ValueError(f"ops: {name} must be of shape {shape} for {batch} rows, got {a.shape}")
     if arrays[5].shape[1] and out_dt == np.uint8:
         raise ValueError(_step.ERASE_NEEDS_FLOAT)
-    return tuple(arrays), dict(erase_mode=int(mode), affine=_may_be_affine(ops))
+    return tuple(arrays), dict(erase_mode=int(mode), affine=_may_be_affine(ops), may_draw=_may_draw(ops))
+
+
+def _may_draw(ops) -> tuple[int, ...] | None:
+    """The op codes the rows of `ops` may hold (static): its concrete codes (refused where one is
+    not an op code), else what its policies can draw (`tbljax.ops.pixel_program` records it),
+    else None (any)."""
+    codes = ops[0]
+    if _is_concrete(codes):
+        twin_ops.check_codes(codes)
+        return tuple(np.unique(np.asarray(codes)).tolist())
+    return getattr(ops, "may_draw", None)
 
 
 def _may_be_affine(ops) -> bool:
-    """Whether a row of `ops` may run an affine op (static): what its concrete codes say, else
-    what its policies can draw (`tbljax.ops.pixel_program` records it)."""
-    codes = ops[0]
-    if _is_concrete(codes):
-        return bool(np.isin(np.asarray(codes), sorted(pixel_ops.AFFINE | pixel_ops.TV_AFFINE)).any())
-    return getattr(ops, "affine", True)
+    """Whether a row of `ops` may run an affine op (static), by `_may_draw`."""
+    may = _may_draw(ops)
+    return may is None or not (pixel_ops.AFFINE | pixel_ops.TV_AFFINE).isdisjoint(may)

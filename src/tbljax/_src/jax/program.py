@@ -13,19 +13,38 @@ import jax.numpy as jnp
 import numpy as np
 
 from tbljax._src.engine import pixel_program as _program
-from tbljax._src.rules import erasing, pixel_ops
+from tbljax._src.rules import erasing, pixel_ops, randaug
 
-__all__ = ["JitPixelProgram", "float64_bits", "pixel_program"]
+__all__ = ["JitPixelProgram", "drawable_codes", "float64_bits", "pixel_program"]
 
 
 class JitPixelProgram(_program.PixelProgram):
-    """A `PixelProgram` of JAX arrays that also says, statically, whether its policies can draw
-    an affine op (``affine``): the twin resamples, in float64, only then."""
+    """A `PixelProgram` of JAX arrays that also says, statically, which op codes its policies
+    can draw (``may_draw``): the twin compiles only those ops (and resamples, in float64, only
+    when an affine op is among them)."""
 
-    def __new__(cls, arrays, *, affine: bool):
+    def __new__(cls, arrays, *, may_draw: tuple[int, ...]):
         self = super().__new__(cls, arrays)
-        self.affine = affine
+        self.may_draw = may_draw
         return self
+
+
+@functools.lru_cache(maxsize=32)
+def drawable_codes(slots: tuple) -> tuple[int, ...]:
+    """The op codes (sorted, 0 left out) the columns' policies (`column_policies`) can draw."""
+    codes = set()
+    for p in set(slots):
+        if isinstance(p, randaug.RandAugment):
+            codes |= {randaug.op_arg(p, name, 0.0)[0] for name in p.ops}
+        else:
+            # The other policies draw from words whose top 16 bits pick each choice
+            # (`image_ops.choice`) and apply with probability p when the top bits are small
+            # (`image_ops.applied`): every top-16-bit value reaches every code they can draw.
+            words = np.broadcast_to(
+                (np.arange(1 << 16, dtype=np.uint32) << 16)[:, None, None], (1 << 16, p.num_slots, 4)
+            )
+            codes |= set(np.unique(p.draw(words, np)[0]).tolist())
+    return tuple(sorted(codes - {0}))
 
 
 def float64_bits(m) -> np.ndarray:
@@ -98,5 +117,5 @@ def pixel_program(
             erasing.ERASE_MODES.index(erase_mode),
             jnp.asarray(normal),
         ),
-        affine=any(table),
+        may_draw=drawable_codes(slots),
     )

@@ -50,13 +50,15 @@ _CHUNK_BYTES = 64 << 20  # host staging per upload step: bounded, whatever the d
 
 @functools.partial(jax.jit, donate_argnums=0)
 def _write_rows(buf, rows, start):
-    # Donated: the device buffer is updated in place, chunk after chunk.
-    return jax.lax.dynamic_update_slice(buf, rows, (start, 0, 0, 0))
+    # Donated: the device buffer is updated in place, chunk after chunk. The zeros take the
+    # start's dtype: a literal 0 is int64 under jax_enable_x64, and the indices must agree.
+    zero = jnp.zeros_like(start)
+    return jax.lax.dynamic_update_slice(buf, rows, (start, zero, zero, zero))
 
 
 @functools.partial(jax.jit, donate_argnums=0)
 def _write_pages(buf, rows, start):
-    return jax.lax.dynamic_update_slice(buf, rows, (start, 0))
+    return jax.lax.dynamic_update_slice(buf, rows, (start, jnp.zeros_like(start)))
 
 
 @jax.tree_util.register_pytree_node_class

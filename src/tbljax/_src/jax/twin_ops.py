@@ -1,8 +1,10 @@
 """The pure-JAX twin of the per-image ops (the C++ pixel program, for platforms without an FFI
 handler): `apply_program` and `erase`, bit-identical with `rules/pixel_ops.py`'s `apply_all`
 and `erase`. Rows run different ops, so each slot computes every family (LUT ops, blends,
-Cutout, GaussianBlur, the affine resample of `twin_affine.py`) that one of its rows uses, for
-the whole batch, and each row keeps the one its code names (an unknown code leaves it as is).
+Cutout, GaussianBlur, Hue (`twin_hue.py`), the affine resample of `twin_affine.py`) that one of
+its rows uses, for the whole batch, and each row keeps the one its code names. Only the families
+of the codes the policies can draw are compiled (``may_draw``); concrete unknown codes are
+refused by name.
 
 **Exact under FMA contraction.** XLA fuses ``a * b + c`` into one fused multiply-add on CPU and
 GPU (it rounds once where NumPy rounds twice, and no flag of ours turns that off), so every
@@ -22,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tbljax._src.jax import twin_affine
+from tbljax._src.jax import twin_affine, twin_hue
 from tbljax._src.rules import order, pixel_ops
 
-__all__ = ["ERASE_MODES", "apply_program", "erase", "split"]
+__all__ = ["ERASE_MODES", "apply_program", "check_codes", "erase", "split"]
 
 _C = pixel_ops.CODES
 _LUT_OPS = tuple(_C[n] for n in ("AutoContrast", "Equalize", "Invert", "Posterize", "Solarize", "SolarizeAdd"))
@@ -243,7 +245,19 @@ def _check(pixels, codes, args, fill, nearest):
         raise ValueError(f"apply_program takes images of at most {_MAX_PIXELS} pixels, got {h}x{w}")
 
 
-def apply_program(pixels, codes, args, matrix_bits, fill, nearest, *, affine: bool = True):
+def check_codes(codes) -> None:
+    """ValueError naming the first row and column of concrete (B, K) `codes` holding a code that
+    is not an op code (`pixel_ops.CODES`, or 0): the twin has no rule for it."""
+    codes = np.asarray(codes)
+    unknown = ~np.isin(codes, [0, *_C.values()])
+    if unknown.any():
+        b, k = np.argwhere(unknown)[0]
+        raise ValueError(
+            f"ops: row {b} column {k}: op code {codes[b, k]} is not one of pixel_ops.CODES ({sorted(_C.values())})"
+        )
+
+
+def apply_program(pixels, codes, args, matrix_bits, fill, nearest, *, affine: bool = True, may_draw=None):
     """Each row of uint8 (B, H, W, 3) `pixels` through its ops ``codes[b, k]`` (`pixel_ops.CODES`,
     0: none) with integer arguments ``args[b, k]``, k in order: uint8, bit-identical with
     ``pixel_ops.apply_all``. ``matrix_bits`` uint32 (B, K, 6, 2): the affine ops' float64
@@ -251,6 +265,9 @@ def apply_program(pixels, codes, args, matrix_bits, fill, nearest, *, affine: bo
     (K, 3) and ``nearest`` (K,) (1: nearest, 0: bilinear) per slot. `affine` (static) says
     whether an affine op may occur: they need float64 (``jax_enable_x64``); with
     ``affine=False`` an affine code leaves its row unchanged and matrix_bits may be None.
+    `may_draw` (static): the codes the rows may hold (what their policies can draw), so only
+    their ops are compiled; None: every code, or where `codes` is concrete, the ones it holds.
+    Concrete codes that are not `pixel_ops.CODES` are refused (ValueError).
 
     >>> import jax.numpy as jnp
     >>> px = jnp.full((1, 2, 2, 3), 10, jnp.uint8)
@@ -262,6 +279,10 @@ def apply_program(pixels, codes, args, matrix_bits, fill, nearest, *, affine: bo
     pixels, codes, args = jnp.asarray(pixels), jnp.asarray(codes), jnp.asarray(args)
     fill, nearest = jnp.asarray(fill), jnp.asarray(nearest)
     _check(pixels, codes, args, fill, nearest)
+    if not isinstance(codes, jax.core.Tracer):
+        check_codes(codes)
+        may_draw = np.unique(np.asarray(codes)) if may_draw is None else may_draw
+    drawn = set(_C.values()) if may_draw is None else {int(c) for c in may_draw}
     matrices = twin_affine.matrices(matrix_bits, codes.shape) if affine else jnp.zeros(codes.shape + (6,))
 
     def slot(xi, per_slot):  # one slot for every row: each family, kept where the code names it
@@ -271,11 +292,14 @@ def apply_program(pixels, codes, args, matrix_bits, fill, nearest, *, affine: bo
             (_BLEND_OPS, lambda: _blends(xi, code, arg)),
             ((_C["Cutout"],), lambda: _cutout(xi, arg, fill_k)),
             ((_C["GaussianBlur"],), lambda: _gaussian_blur(xi, code, arg)),
+            ((_C["Hue"],), lambda: twin_hue.hue(xi, arg)),
         ]
         if affine:
             families.append((_AFFINE_OPS, lambda: twin_affine.resample(xi, matrix, fill_k, nearest_k)))
         out = xi
         for ops, result in families:
+            if drawn.isdisjoint(ops):  # not compiled: no row can hold these codes
+                continue
             rows = jnp.isin(code, jnp.asarray(ops))
             # A family no row of this slot uses is skipped (blur and resampling cost the most).
             out = lax.cond(
