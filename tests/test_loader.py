@@ -425,11 +425,11 @@ def test_producer_errors_reach_the_consumer(data, monkeypatch):
     monkeypatch.setattr(kernels, "prepare_gather", real)
     real_to_jax, finished = jax_loader.to_jax, []
 
-    def failing_to_jax(*args):
+    def failing_to_jax(*args, **kw):
         finished.append(1)
         if len(finished) == 4:
             raise RuntimeError("device lost")
-        return real_to_jax(*args)
+        return real_to_jax(*args, **kw)
 
     monkeypatch.setattr(jax_loader, "to_jax", failing_to_jax)
     for consumer_pause in (0.0, 0.05):  # a slow consumer: the queue is full when it fails
