@@ -1,6 +1,8 @@
 // Dense maps through the image's crop, resize and flip by the linear rule (linear_map.h).
 #include "linear_map.h"
 
+#include "nearest.h"
+
 #include <algorithm>
 #include <exception>
 #include <string>
@@ -32,26 +34,9 @@ void AxisTaps(int64_t start, int64_t length, int64_t out, Tap* taps) {
 Status ServeLinear(const LinearRequest& r, ThreadPool* pool) {
   if (r.out_h < 1 || r.out_w < 1 || r.channels < 1)
     return InvalidArgument("out must have rows and columns of at least one element");
-  for (int64_t b = 0; b < r.batch; ++b) {
-    const int64_t hh = r.heights[b], ww = r.widths[b];
-    int64_t y0 = 0, x0 = 0, h = hh, w = ww;
-    if (r.crops != nullptr) {
-      y0 = r.crops[4 * b], x0 = r.crops[4 * b + 1], h = r.crops[4 * b + 2], w = r.crops[4 * b + 3];
-    }
-    if (hh < 1 || ww < 1 || y0 < 0 || x0 < 0 || h < 1 || w < 1 || y0 + h > hh || x0 + w > ww)
-      return InvalidArgument("row " + std::to_string(b) + ": crop (y0, x0, h, w) = (" +
-                             std::to_string(y0) + ", " + std::to_string(x0) + ", " +
-                             std::to_string(h) + ", " + std::to_string(w) + ") is not inside its " +
-                             std::to_string(hh) + "x" + std::to_string(ww) + " map");
-  }
+  if (Status s = CheckMapCrops(r.batch, r.heights, r.widths, r.crops); !s.ok()) return s;
   if (r.batch == 0) return Status::Ok();
-  if (pool == nullptr) {
-    try {
-      pool = &ThreadPool::Default();
-    } catch (const std::exception& e) {
-      return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
-    }
-  }
+  if (Status s = DefaultPool(&pool); !s.ok()) return s;
   std::vector<Tap> ys(static_cast<size_t>(r.batch * r.out_h));
   std::vector<Tap> xs(static_cast<size_t>(r.batch * r.out_w));
   for (int64_t b = 0; b < r.batch; ++b) {

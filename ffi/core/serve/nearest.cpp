@@ -72,29 +72,38 @@ void NearestIndex(int64_t start, int64_t length, int64_t out, int64_t* idx) {
   }
 }
 
-Status ServeNearest(const NearestRequest& r, ThreadPool* pool) {
-  if (r.out_h < 1 || r.out_w < 1 || r.elem_bytes < 1)
-    return InvalidArgument("out must have rows and columns of at least one element");
-  for (int64_t b = 0; b < r.batch; ++b) {
-    const int64_t hh = r.heights[b], ww = r.widths[b];
+Status CheckMapCrops(int64_t batch, const int32_t* heights, const int32_t* widths,
+                     const int32_t* crops) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t hh = heights[b], ww = widths[b];
     int64_t y0 = 0, x0 = 0, h = hh, w = ww;
-    if (r.crops != nullptr) {
-      y0 = r.crops[4 * b], x0 = r.crops[4 * b + 1], h = r.crops[4 * b + 2], w = r.crops[4 * b + 3];
-    }
+    if (crops != nullptr)
+      y0 = crops[4 * b], x0 = crops[4 * b + 1], h = crops[4 * b + 2], w = crops[4 * b + 3];
     if (hh < 1 || ww < 1 || y0 < 0 || x0 < 0 || h < 1 || w < 1 || y0 + h > hh || x0 + w > ww)
       return InvalidArgument("row " + std::to_string(b) + ": crop (y0, x0, h, w) = (" +
                              std::to_string(y0) + ", " + std::to_string(x0) + ", " +
                              std::to_string(h) + ", " + std::to_string(w) + ") is not inside its " +
                              std::to_string(hh) + "x" + std::to_string(ww) + " map");
   }
-  if (r.batch == 0) return Status::Ok();
-  if (pool == nullptr) {
-    try {
-      pool = &ThreadPool::Default();
-    } catch (const std::exception& e) {
-      return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
-    }
+  return Status::Ok();
+}
+
+Status DefaultPool(ThreadPool** pool) {
+  if (*pool != nullptr) return Status::Ok();
+  try {
+    *pool = &ThreadPool::Default();
+  } catch (const std::exception& e) {
+    return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
   }
+  return Status::Ok();
+}
+
+Status ServeNearest(const NearestRequest& r, ThreadPool* pool) {
+  if (r.out_h < 1 || r.out_w < 1 || r.elem_bytes < 1)
+    return InvalidArgument("out must have rows and columns of at least one element");
+  if (Status s = CheckMapCrops(r.batch, r.heights, r.widths, r.crops); !s.ok()) return s;
+  if (r.batch == 0) return Status::Ok();
+  if (Status s = DefaultPool(&pool); !s.ok()) return s;
   // Each row's column table, built once (flip folded in; int32: a map's width is), then one
   // unit per output line. One-byte maps also get their chunk plan (PlanChunks).
   const bool bytes = r.elem_bytes == 1;

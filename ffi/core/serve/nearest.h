@@ -12,6 +12,14 @@
 
 namespace tbljax {
 
+// Each row's crop (y0, x0, h, w; crops null: the whole map) inside its heights[b] x widths[b]
+// map, or InvalidArgument naming the row: the check the map stages (nearest, linear) share.
+Status CheckMapCrops(int64_t batch, const int32_t* heights, const int32_t* widths,
+                     const int32_t* crops);
+
+// *pool, or the default pool when null (IOError when it cannot start).
+Status DefaultPool(ThreadPool** pool);
+
 struct NearestRequest {
   int64_t batch = 0;
   const uint8_t* const* rows = nullptr;  // row b's map: heights[b] x widths[b] elements
