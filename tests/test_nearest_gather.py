@@ -55,3 +55,19 @@ def test_every_simd_target_gathers_as_numpy(dtype, trail):
                 np.testing.assert_array_equal(out[1], reference(m, crop, 1 - flip, out_hw), err_msg=target)
     finally:
         _core.set_kernel_target("auto")
+
+
+@pytest.mark.parametrize("stage", ["nearest", "linear"])
+def test_a_crop_outside_its_map_is_refused_naming_the_row(stage):
+    # Row 1's box runs one pixel past its 6x8 map (y0 + h = 7 > 6): refused before any work,
+    # naming the row, the box and the map, by both map stages.
+    maps = [np.zeros((6, 8), np.float32)] * 2
+    hw = np.array([6, 6], np.int32), np.array([8, 8], np.int32)
+    crops = np.array([[0, 0, 6, 8], [1, 2, 6, 3]], np.int32)
+    out = np.zeros((2, 4, 4), np.float32)
+    words = r"row 1: crop \(y0, x0, h, w\) = \(1, 2, 6, 3\) is not inside its 6x8 map"
+    with pytest.raises(ValueError, match=words):
+        if stage == "nearest":
+            _core.serve_nearest(maps, *hw, crops, None, out, 0)
+        else:
+            _core.serve_linear(maps, *hw, crops, None, out, None, 0)
