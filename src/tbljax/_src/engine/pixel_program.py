@@ -100,11 +100,18 @@ def pixel_program(
     for i, j in zip(*np.nonzero(np.isin(codes, sorted(pixel_ops.AFFINE | pixel_ops.TV_AFFINE)))):
         matrices[i, j] = _matrix(int(codes[i, j]), int(args[i, j]), int(hw[i, 0]), int(hw[i, 1]), *_translate(slots[j]))
     fill, nearest = slot_constants(slots)
+    boxes, keys, mode, table = erase_args(b, erase_boxes, erase_keys, erase_mode)
+    boxes, keys = np.ascontiguousarray(boxes), np.ascontiguousarray(keys)
+    return PixelProgram((codes, args, matrices, fill, nearest, boxes, keys, mode, table))
+
+
+def erase_args(b: int, erase_boxes, erase_keys, erase_mode: str, xp=np) -> tuple:
+    """A program's erasing arguments for `b` rows, checked: (boxes (b, E, 4) int32, keys (b,)
+    uint32, the mode's index, the normal table); no boxes: E = 0. NumPy or jax.numpy arrays."""
     if erase_boxes is None:
-        boxes, keys = np.zeros((b, 0, 4), np.int32), np.zeros(b, np.uint32)
+        boxes, keys = xp.zeros((b, 0, 4), xp.int32), xp.zeros(b, xp.uint32)
     else:
-        boxes = np.ascontiguousarray(erase_boxes, np.int32)
-        keys = np.ascontiguousarray(erase_keys, np.uint32)
+        boxes, keys = xp.asarray(erase_boxes).astype(xp.int32), xp.asarray(erase_keys).astype(xp.uint32)
         if boxes.ndim != 3 or boxes.shape[0] != b or boxes.shape[2] != 4 or keys.shape != (b,):
             raise ValueError(
                 f"erase_boxes must be ({b}, E, 4) and erase_keys ({b},), got {boxes.shape} and {keys.shape}"
@@ -112,9 +119,7 @@ def pixel_program(
     if erase_mode not in erasing.ERASE_MODES:
         raise ValueError(f"erase_mode must be one of {erasing.ERASE_MODES}, got {erase_mode!r}")
     table = pixel_ops.normal_table() if boxes.shape[1] else np.zeros(4096, np.float32)
-    return PixelProgram(
-        (codes, args, matrices, fill, nearest, boxes, keys, erasing.ERASE_MODES.index(erase_mode), table)
-    )
+    return boxes, keys, erasing.ERASE_MODES.index(erase_mode), table
 
 
 def _affine_args(policy) -> dict[int, np.ndarray]:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tbljax._src.engine import pixel_program as _program
-from tbljax._src.rules import erasing, pixel_ops, randaug
+from tbljax._src.rules import randaug
 
 __all__ = ["JitPixelProgram", "drawable_codes", "float64_bits", "pixel_program"]
 
@@ -94,28 +94,8 @@ def pixel_program(
     else:  # nothing to stack
         matrices = jnp.zeros((b, 0, 6, 2), jnp.uint32)
     fill, nearest = _program.slot_constants(slots)
-    if erase_boxes is None:
-        boxes, keys = jnp.zeros((b, 0, 4), jnp.int32), jnp.zeros(b, jnp.uint32)
-    else:
-        boxes, keys = jnp.asarray(erase_boxes).astype(jnp.int32), jnp.asarray(erase_keys).astype(jnp.uint32)
-        if boxes.ndim != 3 or boxes.shape[0] != b or boxes.shape[2] != 4 or keys.shape != (b,):
-            raise ValueError(
-                f"erase_boxes must be ({b}, E, 4) and erase_keys ({b},), got {boxes.shape} and {keys.shape}"
-            )
-    if erase_mode not in erasing.ERASE_MODES:
-        raise ValueError(f"erase_mode must be one of {erasing.ERASE_MODES}, got {erase_mode!r}")
-    normal = pixel_ops.normal_table() if boxes.shape[1] else np.zeros(4096, np.float32)
+    boxes, keys, mode, normal = _program.erase_args(b, erase_boxes, erase_keys, erase_mode, xp=jnp)
     return JitPixelProgram(
-        (
-            codes,
-            args,
-            matrices,
-            jnp.asarray(fill),
-            jnp.asarray(nearest),
-            boxes,
-            keys,
-            erasing.ERASE_MODES.index(erase_mode),
-            jnp.asarray(normal),
-        ),
+        (codes, args, matrices, jnp.asarray(fill), jnp.asarray(nearest), boxes, keys, mode, jnp.asarray(normal)),
         may_draw=drawable_codes(slots),
     )
