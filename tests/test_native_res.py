@@ -834,19 +834,28 @@ def _pack_loader(path, **kw):
     return tbljax.loader(path, kw.pop("batch_size", 2), **kw)
 
 
-def test_packed_segments_unpack_to_the_unpacked_loaders_rows_as_first_fit_decreasing_places_them(data):
+@pytest.mark.parametrize("ops", [False, True])
+def test_packed_segments_unpack_to_the_unpacked_loaders_rows_as_first_fit_decreasing_places_them(data, ops):
     """Every sequence holds the reference's records at its offsets; each segment's tokens (its
     segment_ids) are, bit for bit, the row and patch_yx a loader at max_tokens=image_tokens
-    serves for that record; segment_index/segment_label name it; every record once an epoch."""
+    serves for that record (with `ops`: both running RandAugment and erasing, each image at its
+    own resized size); segment_index/segment_label name it; every record once an epoch."""
     _, path = data
     n = len(SIZES)
-    tokens = [int(h // 4 * (w // 4)) for h, w in zip(*naflex.sequence_size(*np.array(SIZES).T, 4, 16))]
+    hw = naflex.sequence_size(*np.array(SIZES).T, 4, 16)
+    tokens = [int(h // 4 * (w // 4)) for h, w in zip(*hw)]
+    kw = dict(augment=dataclasses.replace(OPS_AUG, crop=False), dtype="float32") if ops else {}
+    if ops:  # some images' affine matrices and erasing boxes are their own size's
+        drawn = [_ops_drawn(kw["augment"], np.arange(n), epoch, list(zip(*hw))) for epoch in (0, 1)]
+        assert all(a > 0 and e > 0 for a, e in drawn), drawn
     for epoch in (0, 1):
-        one = _pack_loader(path, batch_size=n, patches=tbljax.Patches(size=4, max_tokens=16), num_epochs=epoch + 1)
+        one = _pack_loader(
+            path, batch_size=n, patches=tbljax.Patches(size=4, max_tokens=16), num_epochs=epoch + 1, **kw
+        )
         one.set_epoch(epoch)
         b = next(iter(one))
         fixed = {int(i): (np.asarray(b["image"])[r], np.asarray(b["patch_yx"])[r]) for r, i in enumerate(b["index"])}
-        ld = _pack_loader(path, num_epochs=epoch + 1)
+        ld = _pack_loader(path, num_epochs=epoch + 1, **kw)
         ld.set_epoch(epoch)
         rows = [{k: np.asarray(v)[r] for k, v in b.items()} for b in ld for r in range(2)]
         want = _pack_reference(tokens, n, SEED, epoch)
