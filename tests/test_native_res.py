@@ -600,13 +600,34 @@ def _schedule_loader(path, **kw):
     return tbljax.HostLoader(tbljax.open(path), opts)
 
 
-@pytest.mark.parametrize("drop_remainder", [False, True])
-def test_length_schedule_steps_follow_timms_rule_and_each_row_is_the_fixed_length_loaders(data, drop_remainder):
+# The per-image ops with a length schedule or packing: RandAugment and erasing at each row's
+# (each packed image's) own size; float32, where erasing's pixel mode writes its noise.
+OPS_AUG = tbljax.Augment(
+    size=None,
+    ops=[tbljax.RandAugment(num_ops=2, magnitude=9, prob=1.0)],
+    erasing=tbljax.RandomErasing(p=1.0, mode="pixel", max_count=2),
+)
+
+
+def _ops_drawn(aug, idx, epoch, sizes):
+    """How many affine ops and erasing boxes the rules decide for samples `idx` at (h, w) `sizes`."""
+    codes, _ = randaug.decide(tuple(aug.ops), idx, seed=SEED, epoch=epoch)
+    boxes = [
+        erasing.decide_erasing(aug.erasing, np.array([i]), height=int(h), width=int(w), seed=SEED, epoch=epoch)[0]
+        for i, (h, w) in zip(idx.tolist(), sizes)
+    ]
+    return int(np.isin(codes, sorted(pixel_ops.AFFINE)).sum()), sum(int((b[0, :, 2] > 0).sum()) for b in boxes)
+
+
+@pytest.mark.parametrize("drop_remainder, ops", [(False, False), (True, False), (False, True)])
+def test_length_schedule_steps_follow_timms_rule_and_each_row_is_the_fixed_length_loaders(data, drop_remainder, ops):
     """Each step's length, batch size and records are the documented rule's; a row at length L
     is, bit for bit with its patch keys, the row of a loader at fixed max_tokens=L for the same
-    record; every record once an epoch (the dropped remainder's records skipped)."""
+    record (with `ops`: both running RandAugment and erasing, at the row's own size); every
+    record once an epoch (the dropped remainder's records skipped)."""
     _, path = data
     n = len(SIZES)
+    kw = dict(augment=OPS_AUG, dtype="float32") if ops else dict(augment="flip", dtype="uint8")
     fixed = {}  # (length, epoch, record) -> its row and patch keys under a fixed max_tokens
     for length in (16, 36, 64):
         for epoch in (0, 1):
@@ -616,21 +637,30 @@ def test_length_schedule_steps_follow_timms_rule_and_each_row_is_the_fixed_lengt
                     batch_size=n,
                     patches=tbljax.Patches(size=4, max_tokens=length),
                     seed=SEED,
-                    dtype="uint8",
-                    augment="flip",
                     num_epochs=epoch + 1,
+                    **kw,
                 ),
             )
             one.set_epoch(epoch)
             hb = next(iter(one))
             for r, i in enumerate(hb.index):
                 fixed[length, epoch, int(i)] = [hb.image[r]] + [hb.fields[k][0][r] for k in native_res.PATCH_KEYS]
-    ld = _schedule_loader(path, num_epochs=2, drop_remainder=drop_remainder)
+    ld = _schedule_loader(path, num_epochs=2, drop_remainder=drop_remainder, **kw)
     got = list(ld)
+    if ops:  # some rows' affine matrices and erasing boxes are their own length's
+        geometry = tbljax.augment.RecordGeometry(*np.array(SIZES).T)
+        drawn = np.zeros(2, int)
+        for hb in got:
+            idx = hb.index[hb.index >= 0].astype(np.int64)
+            boxes, _ = tbljax.augment.sample(OPS_AUG, idx, geometry=geometry, seed=SEED, epoch=hb.epoch)
+            sizes = zip(*naflex.sequence_size(boxes[:, 2], boxes[:, 3], 4, hb.image.shape[1]))
+            drawn += _ops_drawn(OPS_AUG, idx, hb.epoch, list(sizes))
+        assert (drawn > 0).all(), drawn
     want = _schedule_reference(n, SEED, 0, drop_remainder) + _schedule_reference(n, SEED, 1, drop_remainder)
     assert len(got) == len(want) == 2 * len(ld)
     for hb, (length, records, rows) in zip(got, want):
         assert hb.image.shape == (rows, length, 48) and rows * length <= 256
+        assert hb.image.dtype == np.dtype(kw["dtype"])
         assert hb.index.tolist() == records + [-1] * (rows - len(records))
         for r, i in enumerate(records):
             row = [hb.image[r]] + [hb.fields[k][0][r] for k in native_res.PATCH_KEYS]
@@ -804,19 +834,28 @@ def _pack_loader(path, **kw):
     return tbljax.loader(path, kw.pop("batch_size", 2), **kw)
 
 
-def test_packed_segments_unpack_to_the_unpacked_loaders_rows_as_first_fit_decreasing_places_them(data):
+@pytest.mark.parametrize("ops", [False, True])
+def test_packed_segments_unpack_to_the_unpacked_loaders_rows_as_first_fit_decreasing_places_them(data, ops):
     """Every sequence holds the reference's records at its offsets; each segment's tokens (its
     segment_ids) are, bit for bit, the row and patch_yx a loader at max_tokens=image_tokens
-    serves for that record; segment_index/segment_label name it; every record once an epoch."""
+    serves for that record (with `ops`: both running RandAugment and erasing, each image at its
+    own resized size); segment_index/segment_label name it; every record once an epoch."""
     _, path = data
     n = len(SIZES)
-    tokens = [int(h // 4 * (w // 4)) for h, w in zip(*naflex.sequence_size(*np.array(SIZES).T, 4, 16))]
+    hw = naflex.sequence_size(*np.array(SIZES).T, 4, 16)
+    tokens = [int(h // 4 * (w // 4)) for h, w in zip(*hw)]
+    kw = dict(augment=dataclasses.replace(OPS_AUG, crop=False), dtype="float32") if ops else {}
+    if ops:  # some images' affine matrices and erasing boxes are their own size's
+        drawn = [_ops_drawn(kw["augment"], np.arange(n), epoch, list(zip(*hw))) for epoch in (0, 1)]
+        assert all(a > 0 and e > 0 for a, e in drawn), drawn
     for epoch in (0, 1):
-        one = _pack_loader(path, batch_size=n, patches=tbljax.Patches(size=4, max_tokens=16), num_epochs=epoch + 1)
+        one = _pack_loader(
+            path, batch_size=n, patches=tbljax.Patches(size=4, max_tokens=16), num_epochs=epoch + 1, **kw
+        )
         one.set_epoch(epoch)
         b = next(iter(one))
         fixed = {int(i): (np.asarray(b["image"])[r], np.asarray(b["patch_yx"])[r]) for r, i in enumerate(b["index"])}
-        ld = _pack_loader(path, num_epochs=epoch + 1)
+        ld = _pack_loader(path, num_epochs=epoch + 1, **kw)
         ld.set_epoch(epoch)
         rows = [{k: np.asarray(v)[r] for k, v in b.items()} for b in ld for r in range(2)]
         want = _pack_reference(tokens, n, SEED, epoch)

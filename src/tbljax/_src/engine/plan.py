@@ -279,10 +279,12 @@ class Plan:
         src, opts = self.source, self.opts
         first_index = self.part.start  # source record i is sample first_index + i
         out_hw = None
-        patches = isinstance(self.native, native_res.PatchServing)  # ops at each row's own size
+        # Ops at each row's own size: the step's patch serving (a length schedule's, as `build_host`).
+        native = self.lengths.patches(epoch, first) if self.lengths is not None else self.native
+        patches = isinstance(native, native_res.PatchServing)
         if _step.has_ops(opts.augment) and self.buckets is not None:  # the step's bucket
             out_hw = self.buckets.out_hw(epoch, first)
-        elif _step.has_ops(opts.augment) and not patches:
+        elif _step.has_ops(opts.augment) and not patches and self.pack is None:
             row = src.row_shape(opts, epoch)
             out_hw = row[1:] if contract.channel_axis(opts.layout) == 1 else row[:2]
         drawn = []
@@ -291,7 +293,12 @@ class Plan:
             if self.pack is not None:
                 pos, placed = self.pack.positions(epoch, first, a, b)
                 idx, boxes, flip, _ = src.draw(pos, opts, epoch, first_index, (first, len(pos)))
-                drawn.append(RowsDrawn(idx, boxes, flip, src.local_records(idx, first_index), None, placed=placed))
+                ops = None
+                if _step.has_ops(opts.augment):  # each image's at its own resized size
+                    hw = np.stack(self.pack.image.sizes(self.pack.image.boxes(idx, boxes)), -1)
+                    ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=hw)
+                records = src.local_records(idx, first_index)
+                drawn.append(RowsDrawn(idx, boxes, flip, records, None, ops, placed=placed))
                 continue
             if self.buckets is not None:
                 idx, boxes, flip = self.buckets.draw(epoch, first, a, b)
@@ -306,7 +313,7 @@ class Plan:
             records = src.local_records(idx, first_index)  # (host parts, mixtures: the source's numbering)
             ops = None
             if _step.has_ops(opts.augment):
-                hw = np.stack(self.native.sizes(self.native.boxes(records, boxes)), -1) if patches else out_hw
+                hw = np.stack(native.sizes(native.boxes(records, boxes)), -1) if patches else out_hw
                 ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=hw, repeat=0 if repeat is None else repeat)
             ext = _step.draw_extents(
                 idx, opts, image_hw=src.geometry, epoch=epoch, first_index=first_index, repeat=repeat
@@ -340,7 +347,7 @@ class Plan:
                 if nvalid:
                     boxes = self.pack.image.boxes(idx, boxes)
                     hws[-1] = self.pack.fill(
-                        src, records, out, placed, boxes=boxes, flip=flip, started=started, **pixels
+                        src, records, out, placed, boxes=boxes, flip=flip, started=started, ops=ops, **pixels
                     )
                     started = None
                 filled = int(placed.row.max()) + 1 if nvalid else 0  # sequences are filled as a prefix

@@ -256,13 +256,6 @@ class LoaderOptions:
                 "which tbljax.torch.loader does not default to)",
             ),
             (
-                self.patches is not None
-                and (isinstance(self.patches.max_tokens, tuple) or self.patches.pack)
-                and aug is not None
-                and bool(aug.ops or aug.erasing is not None),
-                "patches with a length schedule or pack=True and Augment(ops=/erasing=)",
-            ),
-            (
                 self.patches is not None and self.patches.pack and aug is not None and bool(aug.crop),
                 "patches with pack=True and an Augment crop (a record's tokens come from its stored size: "
                 "augment='flip' or None)",
