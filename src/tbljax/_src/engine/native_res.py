@@ -140,6 +140,10 @@ class PatchServing:
         p = self.patches
         return naflex.sequence_size(boxes[:, 2], boxes[:, 3], p.size, p.max_tokens)
 
+    def row_sizes(self, idx, boxes) -> np.ndarray:
+        """Each row's (h, w) at its sequence size, (rows, 2): the size its ops are drawn at."""
+        return np.stack(self.sizes(self.boxes(idx, boxes)), -1)
+
     def fill(self, src, records, out, *, boxes, flip, mean, std, **kw):
         """Writes records `records` (boxes `boxes`) as patch rows into `out` (rows, T, p·p·3):
         one kernel call, each row resized to its own size and written straight into its

@@ -273,13 +273,11 @@ class Plan:
 
     def draw(self, epoch, first) -> tuple[RowsDrawn, ...]:
         """This process's rows of the step starting at position `first`, per row range of the
-        layout (`RowsDrawn`). Pure
-        (`engine/step.py`): the producer draws a step ahead, while the kernel builds the one
-        before (engine/producer.py)."""
+        layout (`RowsDrawn`). Pure (`engine/step.py`): the producer draws a step ahead, while the
+        kernel builds the one before (engine/producer.py)."""
         src, opts = self.source, self.opts
         first_index = self.part.start  # source record i is sample first_index + i
-        out_hw = None
-        # Ops at each row's own size: the step's patch serving (a length schedule's, as `build_host`).
+        out_hw = None  # the ops' size; patches: each row's own, from the step's patch serving
         native = self.lengths.patches(epoch, first) if self.lengths is not None else self.native
         patches = isinstance(native, native_res.PatchServing)
         if _step.has_ops(opts.augment) and self.buckets is not None:  # the step's bucket
@@ -293,10 +291,8 @@ class Plan:
             if self.pack is not None:
                 pos, placed = self.pack.positions(epoch, first, a, b)
                 idx, boxes, flip, _ = src.draw(pos, opts, epoch, first_index, (first, len(pos)))
-                ops = None
-                if _step.has_ops(opts.augment):  # each image's at its own resized size
-                    hw = np.stack(self.pack.image.sizes(self.pack.image.boxes(idx, boxes)), -1)
-                    ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=hw)
+                hw = self.pack.image.row_sizes(idx, boxes) if _step.has_ops(opts.augment) else None
+                ops = None if hw is None else _step.draw_ops(idx, opts, epoch=epoch, out_hw=hw)  # each image's size
                 records = src.local_records(idx, first_index)
                 drawn.append(RowsDrawn(idx, boxes, flip, records, None, ops, placed=placed))
                 continue
@@ -311,10 +307,9 @@ class Plan:
                 pos, opts, epoch, first_index, self.step_rows(epoch, first), boxes_field=self.bbox_field
             )
             records = src.local_records(idx, first_index)  # (host parts, mixtures: the source's numbering)
-            ops = None
-            if _step.has_ops(opts.augment):
-                hw = np.stack(native.sizes(native.boxes(records, boxes)), -1) if patches else out_hw
-                ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=hw, repeat=0 if repeat is None else repeat)
+            hw = native.row_sizes(records, boxes) if patches and _step.has_ops(opts.augment) else out_hw
+            rep = 0 if repeat is None else repeat
+            ops = None if hw is None else _step.draw_ops(idx, opts, epoch=epoch, out_hw=hw, repeat=rep)
             ext = _step.draw_extents(
                 idx, opts, image_hw=src.geometry, epoch=epoch, first_index=first_index, repeat=repeat
             )
@@ -365,17 +360,8 @@ class Plan:
                 )
                 started = None
             elif nvalid and ext is not None:
-                self.canvas.fill(
-                    src,
-                    records,
-                    out[:nvalid],
-                    extents=ext,
-                    boxes=boxes,
-                    flip=flip,
-                    layout=opts.layout,
-                    started=started,
-                    **pixels,
-                )
+                kw = dict(extents=ext, boxes=boxes, flip=flip, layout=opts.layout, started=started)
+                self.canvas.fill(src, records, out[:nvalid], **kw, **pixels)
                 started = None
             elif self.views is not None:  # each row's views, drawn here: they are cheap
                 geometry = src.geometry.shifted(self.part.start)
