@@ -142,3 +142,19 @@ def test_a_long_value_in_a_message_is_cut_and_says_so(call, value):
     text = repr(value)
     assert text[:200] in str(e.value) and f"... ({len(text)} characters)" in str(e.value)
     assert len(str(e.value)) < 1000
+
+
+def test_record_numbers_against_numpy():
+    """In-range indices come back as they are (int64), negative ones count from the end, and
+    one past either end is an IndexError naming it: the plain-NumPy rule, whichever path."""
+    from tbljax._src.rules.contract import record_numbers
+
+    n = 10
+    for given in ([3, 0, 9], np.array([3, 0, 9], np.int32), np.array([-1, 2, -10], np.int64), np.array([], np.int64)):
+        want = np.asarray(given, np.int64) % n if len(given) else np.zeros(0, np.int64)
+        got = record_numbers(given, n)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, want)
+    for bad, first in (([0, 10], 10), ([-11, 1], -11)):
+        with pytest.raises(IndexError, match=f"record {first} out of range"):
+            record_numbers(bad, n)

@@ -507,6 +507,35 @@ def test_cli_field_role_spelling(tmp_path, capsys):
         assert said in capsys.readouterr().err
 
 
+def test_cli_field_compress_spelling(tmp_path, capsys):
+    """--field seg=png:mask,compress=lz4 declares Mask("png", compress="lz4") (DenseMap alike):
+    the masks stored as LZ4 blocks, fewer bytes than the raw file, the same values; an unknown
+    encoding is a usage error naming the field."""
+    from tbljax._src.tools import cli, cli_commands
+
+    assert cli_commands._field_args(["d=npy:dense,compress=lz4"]) == {"d": tbljax.DenseMap("npy", compress="lz4")}
+    photos = _photos(2)
+    (tmp_path / "JPEGImages").mkdir()
+    (tmp_path / "Seg").mkdir()
+    masks = {}
+    for p in photos:
+        (tmp_path / "JPEGImages" / p.name).write_bytes(p.read_bytes())
+        masks[p.name] = _classes(_rgb(p))
+        (tmp_path / "Seg" / (p.stem + ".png")).write_bytes(_png(masks[p.name]))
+
+    def convert(out, spec):
+        args = ["convert", str(tmp_path / "JPEGImages"), "-o", str(tmp_path / out), "-s", "24", "-q"]
+        return cli.main([*args, "--field", f"seg=png:mask,folder={tmp_path / 'Seg'}{spec}"])
+
+    assert convert("lz4.tbl", ",compress=lz4") == 0 and convert("raw.tbl", "") == 0
+    lz4, raw = tbljax.open(tmp_path / "lz4.tbl"), tbljax.open(tmp_path / "raw.tbl")
+    assert lz4.field_bytes("seg") < raw.field_bytes("seg")
+    for k, key in enumerate(lz4.keys):
+        np.testing.assert_array_equal(lz4.field("seg")[k], _center_crop_mask(masks[key], 24))
+    assert convert("bad.tbl", ",compress=zstd") == 2  # a usage error, one line on stderr
+    assert "--field seg: Mask(compress=) must be None (raw) or one of ('lz4',)" in capsys.readouterr().err
+
+
 def test_exif_rotated_photo_fields_are_read_in_the_displayed_frame(tmp_path):
     """A real photo re-saved with EXIF orientation 6 (displayed turned 90° clockwise): the
     decoder applies it, so the record is the displayed photo, and a mask or boxes given in the

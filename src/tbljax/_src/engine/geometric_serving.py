@@ -176,13 +176,16 @@ class GeometricServing:
         m = o.max_boxes
         boxes, valid = np.zeros((nrows, m, 4), np.float32), np.zeros((nrows, m), bool)
         lab = np.full((nrows, m), -1, np.int32)
-        sides = np.broadcast_to(np.asarray(out_hw, np.float64).reshape(-1, 2), (k, 2))
+        sides = np.empty((k, 2), np.float64)
+        sides[:] = out_hw  # one (h, w) for every row, or each canvas row's extent
+        count = np.zeros(nrows, np.int32)
+        count[:k] = counts
         _core.serve_boxes(
             xyxy,
             counts,
             labels,
-            np.ascontiguousarray(crops, np.float64),
-            np.ascontiguousarray(sides),
+            crops.astype(np.float64),
+            sides,
             None if flips is None else np.ascontiguousarray(flips, np.uint8),
             o.min_size,
             o.min_area,
@@ -191,7 +194,7 @@ class GeometricServing:
             valid[:k],
             lab[:k],
         )
-        res = {name: boxes, name + "_valid": valid, name + "_count": _rows(counts.astype(np.int32), nrows, 0)}
+        res = {name: boxes, name + "_valid": valid, name + "_count": count}
         if lab_name:
             res[lab_name] = lab
         return res

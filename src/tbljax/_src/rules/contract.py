@@ -98,6 +98,8 @@ def record_numbers(indices, n: int, what: str = "a dataset") -> np.ndarray:
     from the end); IndexError naming `what` and the first index past either end."""
     idx = np.asarray(indices)
     idx = host_indices(idx, n) if idx.size else np.zeros(0, np.int64)  # [] is float64 to NumPy
+    if not idx.size or (idx.min() >= 0 and idx.max() < n):  # the common case: two reductions, no copy
+        return idx
     bad = (idx < -n) | (idx >= n)
     if bad.any():
         raise IndexError(f"record {int(idx[bad][0])} out of range for {what} of {n} records")

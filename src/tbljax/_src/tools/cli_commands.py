@@ -71,7 +71,8 @@ def _field_args(given: list[str] | None) -> dict[str, Any] | list[str] | None:
 
 def _declaration(name: str, ext: str, spec: str) -> Any:
     """EXT and ROLE[,OPTION=VALUE]... -> tbljax.Mask / DenseMap / Boxes / Keypoints (EXT may be
-    empty: read by key=, or by the field's name). Values: flip_permutation=1/0/2, normalized=true."""
+    empty: read by key=, or by the field's name). Values: flip_permutation=1/0/2, normalized=true,
+    compress=lz4 (a mask or dense map stored as LZ4 blocks)."""
     import dataclasses
 
     from tbljax._src.file.fields import GEOMETRIC_ROLES
@@ -103,7 +104,10 @@ def _declaration(name: str, ext: str, spec: str) -> Any:
                 f"--field {name}: {key}={value!r} is not a valid value (ignore: an int, invalid: a "
                 "number, flip_permutation: ints joined by /, normalized: true or false)"
             ) from None
-    return cls(ext or None, **kw)
+    try:
+        return cls(ext or None, **kw)
+    except ValueError as e:  # the declaration's own check (e.g. compress=zstd): say which --field
+        raise ValueError(f"--field {name}: {e}") from None
 
 
 def _cmd_stage(a: argparse.Namespace) -> int:

@@ -193,7 +193,8 @@ def _add_convert(sub) -> None:
         "sidecar file) with extension EXT: caption=txt (str), tags=json (json), emb=emb.npy "
         "(ndarray). Parquet, TFRecord, ArrayRecord: NAME, the column or feature. A geometric "
         "field adds :ROLE (mask, dense, boxes, keypoints) and the declaration's options: "
-        "seg=png:mask,ignore=0,folder=VOC/SegmentationClass; boxes=boxes.json:boxes,format=xywh,"
+        "seg=png:mask,ignore=0,folder=VOC/SegmentationClass (compress=lz4: stored as LZ4 blocks); "
+        "boxes=boxes.json:boxes,format=xywh,"
         "labels=box_labels; kpts=kpts.npy:keypoints,flip_permutation=1/0/2; "
         "bbox:boxes,key=objects/bbox,format=yxyx,normalized=true",
     )
