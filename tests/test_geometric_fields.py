@@ -512,6 +512,7 @@ def test_cli_field_compress_spelling(tmp_path, capsys):
     parsing gives :dense its compress=): the masks stored as LZ4 blocks, fewer bytes than the raw
     file, the same values; an unknown encoding is a usage error naming the field."""
     from tbljax._src.tools import cli
+
     photos = _photos(2)
     (tmp_path / "JPEGImages").mkdir()
     (tmp_path / "Seg").mkdir()
