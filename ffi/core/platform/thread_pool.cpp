@@ -1,6 +1,8 @@
 // Persistent thread pool (see thread_pool.h).
 #include "thread_pool.h"
 
+#include <exception>
+
 #include <pthread.h>
 #include <sched.h>
 
@@ -121,5 +123,15 @@ ThreadPool& ThreadPool::Default() {
 }
 
 ThreadPool* ThreadPool::DefaultIfStarted() { return g_default.load(std::memory_order_acquire); }
+
+Status DefaultPool(ThreadPool** pool) {
+  if (*pool != nullptr) return Status::Ok();
+  try {
+    *pool = &ThreadPool::Default();
+  } catch (const std::exception& e) {
+    return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
+  }
+  return Status::Ok();
+}
 
 }  // namespace tbljax

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "status.h"
+
 namespace tbljax {
 
 class ThreadPool {
@@ -51,5 +53,9 @@ class ThreadPool {
   uint64_t generation_ = 0;  // bumps once per job so workers wake exactly once
   bool stop_ = false;
 };
+
+// *pool, or the process-wide pool when null, started on first use. The OS may refuse threads
+// (EAGAIN seen when another process held thousands): that is an IOError, not a throw.
+Status DefaultPool(ThreadPool** pool);
 
 }  // namespace tbljax

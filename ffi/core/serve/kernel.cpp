@@ -717,15 +717,7 @@ Status Gather(const RawSource& src, const GatherRequest& r, ThreadPool* pool) {
   Plan p;
   TBLJAX_RETURN_IF_ERROR(FillPlan(r, oh, ow, &p));
 
-  if (pool == nullptr) {
-    // The first call starts the process-wide pool; the OS may refuse threads (EAGAIN seen
-    // here when another process held thousands), which must be an error, not a throw.
-    try {
-      pool = &ThreadPool::Default();
-    } catch (const std::exception& e) {
-      return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
-    }
-  }
+  TBLJAX_RETURN_IF_ERROR(DefaultPool(&pool));
   ThreadPool& tp = *pool;
   // Samples are the unit of work; small batches are also split into row bands so every
   // thread has work (about 4 units per thread, as the pool hands out chunks).

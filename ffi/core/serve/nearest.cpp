@@ -88,16 +88,6 @@ Status CheckMapCrops(int64_t batch, const int32_t* heights, const int32_t* width
   return Status::Ok();
 }
 
-Status DefaultPool(ThreadPool** pool) {
-  if (*pool != nullptr) return Status::Ok();
-  try {
-    *pool = &ThreadPool::Default();
-  } catch (const std::exception& e) {
-    return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
-  }
-  return Status::Ok();
-}
-
 Status ServeNearest(const NearestRequest& r, ThreadPool* pool) {
   if (r.out_h < 1 || r.out_w < 1 || r.elem_bytes < 1)
     return InvalidArgument("out must have rows and columns of at least one element");

@@ -17,9 +17,6 @@ namespace tbljax {
 Status CheckMapCrops(int64_t batch, const int32_t* heights, const int32_t* widths,
                      const int32_t* crops);
 
-// *pool, or the default pool when null (IOError when it cannot start).
-Status DefaultPool(ThreadPool** pool);
-
 struct NearestRequest {
   int64_t batch = 0;
   const uint8_t* const* rows = nullptr;  // row b's map: heights[b] x widths[b] elements

@@ -215,13 +215,7 @@ Status ServeJpeg(const JpegSource& src, const GatherRequest& r, const JpegServeO
   TBLJAX_RETURN_IF_ERROR(SampleKernel::Prepare(r, &kernel));
   TBLJAX_RETURN_IF_ERROR(CheckRecords(src, r, kernel.out_h(), kernel.out_w()));
   if (r.batch == 0) return Status::Ok();
-  if (pool == nullptr) {
-    try {
-      pool = &ThreadPool::Default();
-    } catch (const std::exception& e) {
-      return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
-    }
-  }
+  TBLJAX_RETURN_IF_ERROR(DefaultPool(&pool));
   FirstFailure failure;
   std::atomic<bool> failed{false};
   pool->ParallelFor(r.batch, [&](int64_t b) {
@@ -261,13 +255,7 @@ Status ServeJpegViews(const JpegSource& src, const GatherRequest* r, const int64
     }
   }
   if (n == 0) return Status::Ok();
-  if (pool == nullptr) {
-    try {
-      pool = &ThreadPool::Default();
-    } catch (const std::exception& e) {
-      return IOError(std::string("could not start the kernel's thread pool: ") + e.what());
-    }
-  }
+  TBLJAX_RETURN_IF_ERROR(DefaultPool(&pool));
   FirstFailure failure;
   std::atomic<bool> failed{false};
   pool->ParallelFor(n, [&](int64_t i) {
