@@ -561,11 +561,11 @@ def test_per_image_ops_and_checked_records(matrix, kind, layout):
         np.testing.assert_array_equal(_host(batch["image"]), 255 - expected(refs[kind, layout], idx, RRC))
 
 
-# Every per-image op class at once (codes 1-25, nearest and bilinear): one batch a cell.
+# Every per-image op class at once (codes 1-26, nearest and bilinear; hue: 26): one batch a cell.
 POLICY_OPS = [
     tbljax.TrivialAugment(),
     tbljax.ThreeAugment(),
-    tbljax.ColorJitter(0.3, 0.3, 0.3),
+    tbljax.ColorJitter(0.3, 0.3, 0.3, hue=0.1),
     tbljax.Grayscale(p=0.3),
 ]
 POLICY_OPS_2 = [tbljax.Solarize(p=0.5), tbljax.GaussianBlur(p=0.5), tbljax.RandAugment.from_big_vision("randaug(2,15)")]
