@@ -92,9 +92,7 @@ void BindDecode(nb::module_& m) {
       "decode_resize_into",
       [](nb::list payloads, Batch out, const std::string& mode_name, int threads) {
         const ResizeMode mode = ModeOf(mode_name);
-        if (threads < 0 || threads > kMaxThreads)
-          Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
-                                std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+        CheckThreads(threads);
         if (!ResizeModeIsSquare(mode))
           Check(
               InvalidArgument(std::string("decode_resize_into needs a fixed output size: mode '") +
@@ -277,9 +275,7 @@ void BindDecode(nb::module_& m) {
         o.quality = quality;
         o.restart_mcus = restart_mcus;
         o.subsampling = SubsamplingOf(subsampling);
-        if (threads < 0 || threads > kMaxThreads)
-          Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
-                                std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+        CheckThreads(threads);
         using Image = nb::ndarray<const uint8_t, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
         const size_t n = nb::len(images);
         std::vector<Image> views;  // holds a reference to each array while the GIL is released
@@ -318,6 +314,12 @@ void BindDecode(nb::module_& m) {
       "bytes, one image per task on the thread pool without the GIL (threads 0: the default\n"
       "pool). Same bytes as encode_jpeg with the same quality, subsampling and restart_mcus.\n\n"
       "    blobs = _core.encode_jpeg_batch([img0, img1], quality=90, subsampling='420')");
+}
+
+void CheckThreads(int threads) {
+  if (threads < 0 || threads > kMaxThreads)
+    Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
+                          std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
 }
 
 ThreadPool& PoolFor(int threads) {

@@ -63,9 +63,7 @@ void BindFormat(nb::module_& m) {
         for (int64_t b = 0; b < n; ++b)
           if (out_offsets.data()[b + 1] < out_offsets.data()[b])
             Check(InvalidArgument("out_offsets must rise"));
-        if (threads < 0 || threads > kMaxThreads)
-          Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
-                                std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+        CheckThreads(threads);
         int64_t bad;
         {
           nb::gil_scoped_release release;
@@ -210,10 +208,7 @@ void BindFormat(nb::module_& m) {
           [](const PyTblFile& s, int threads) {
             // Checks every record's CRC-16 in parallel; returns [(record, message)] of failures.
             // The pool is made per call; kMaxThreads keeps a typo from starting a million.
-            if (threads < 0 || threads > kMaxThreads)
-              Raise(InvalidArgument("threads must be 0 (the default pool) or 1.." +
-                                    std::to_string(kMaxThreads) + ", got " +
-                                    std::to_string(threads)));
+            CheckThreads(threads);
             const uint64_t n = s.f->num_records();
             std::vector<std::tuple<uint64_t, std::string>> bad;
             {

@@ -93,9 +93,7 @@ void ServeNearestPy(const nb::sequence& maps, I32Array heights, I32Array widths,
   r.crops = crop ? crop->data() : nullptr;
   r.flips = flip ? static_cast<const uint8_t*>(flip->data()) : nullptr;
   r.out = static_cast<uint8_t*>(out.data());
-  if (threads < 0 || threads > kMaxThreads)
-    Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
-                          std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+  CheckThreads(threads);
   Status s;
   {
     nb::gil_scoped_release release;
@@ -146,9 +144,7 @@ void ServeLinearPy(const nb::sequence& maps, I32Array heights, I32Array widths,
   r.has_invalid = invalid.has_value();
   r.invalid = invalid.value_or(0.0f);
   r.out = out.data();
-  if (threads < 0 || threads > kMaxThreads)
-    Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
-                          std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+  CheckThreads(threads);
   Status s;
   {
     nb::gil_scoped_release release;
@@ -233,9 +229,7 @@ void BindServe(nb::module_& m) {
           ops_request = ParseOps(*ops, r.batch);
           r.ops = &ops_request;
         }
-        if (threads < 0 || threads > kMaxThreads)
-          Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
-                                std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+        CheckThreads(threads);
         JpegServeOptions o;
         o.dct_scale = dct_scale;
         Status s;
@@ -286,9 +280,7 @@ void BindServe(nb::module_& m) {
             requests[k].ops = &ops[k];
           }
         }
-        if (threads < 0 || threads > kMaxThreads)
-          Check(InvalidArgument("threads must be 0 (the default pool) or 1.." +
-                                std::to_string(kMaxThreads) + ", got " + std::to_string(threads)));
+        CheckThreads(threads);
         Status s;
         int64_t record = -1;
         {

@@ -75,6 +75,9 @@ void BindServe(nb::module_& m);
 // once per size and kept (bind_decode.cpp), so a call never spawns threads.
 constexpr int kMaxThreads = 1024;
 ThreadPool& PoolFor(int threads);
+// Raises ValueError unless threads is 0 or 1..kMaxThreads; call with the GIL held, before
+// releasing it for PoolFor (a typo must not start a million threads).
+void CheckThreads(int threads);
 #if TBLJAX_XLA_CPU
 // bind_xla.cpp, compiled only where XLA's FFI headers were found.
 void BindXla(nb::module_& m);
