@@ -52,6 +52,22 @@ PyJpegSource MakeJpegSource(const nb::sequence& shards, I64Array counts, I64Arra
 using AnyArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 using MapOut = nb::ndarray<nb::c_contig, nb::device::cpu>;
 
+// The map stages' per-row arguments: maps, heights, widths, crop and flip (one byte each), one
+// entry per row of out.
+void CheckMapArgs(const nb::sequence& maps, const I32Array& heights, const I32Array& widths,
+                  const std::optional<CropArray>& crop, const std::optional<FlipArray>& flip,
+                  int64_t batch) {
+  if (static_cast<int64_t>(nb::len(maps)) != batch ||
+      static_cast<int64_t>(heights.shape(0)) != batch ||
+      static_cast<int64_t>(widths.shape(0)) != batch ||
+      (crop && static_cast<int64_t>(crop->shape(0)) != batch) ||
+      (flip && (static_cast<int64_t>(flip->shape(0)) != batch || flip->itemsize() != 1)))
+    Check(
+        InvalidArgument("maps, heights, widths, crop and flip (one byte each) need one entry per "
+                        "row of out (" +
+                        std::to_string(batch) + ")"));
+}
+
 // serve_nearest: each row's map (maps[b], any dtype equal to out's, heights[b] x widths[b]
 // elements of out's trailing shape) through its crop and flip into out (B, out_h, out_w, ...).
 void ServeNearestPy(const nb::sequence& maps, I32Array heights, I32Array widths,
@@ -67,15 +83,7 @@ void ServeNearestPy(const nb::sequence& maps, I32Array heights, I32Array widths,
   int64_t trail = 1;
   for (size_t d = 3; d < out.ndim(); ++d) trail *= static_cast<int64_t>(out.shape(d));
   r.elem_bytes = trail * out.itemsize();
-  const int64_t n = static_cast<int64_t>(nb::len(maps));
-  if (n != r.batch || static_cast<int64_t>(heights.shape(0)) != r.batch ||
-      static_cast<int64_t>(widths.shape(0)) != r.batch ||
-      (crop && static_cast<int64_t>(crop->shape(0)) != r.batch) ||
-      (flip && (static_cast<int64_t>(flip->shape(0)) != r.batch || flip->itemsize() != 1)))
-    Check(
-        InvalidArgument("maps, heights, widths, crop and flip (one byte each) need one entry per "
-                        "row of out (" +
-                        std::to_string(r.batch) + ")"));
+  CheckMapArgs(maps, heights, widths, crop, flip, r.batch);
   std::vector<const uint8_t*> rows(static_cast<size_t>(r.batch));
   for (int64_t b = 0; b < r.batch; ++b) {
     AnyArray a = nb::cast<AnyArray>(maps[b]);
@@ -116,15 +124,7 @@ void ServeLinearPy(const nb::sequence& maps, I32Array heights, I32Array widths,
   r.out_h = static_cast<int64_t>(out.shape(1));
   r.out_w = static_cast<int64_t>(out.shape(2));
   r.channels = out.ndim() == 4 ? static_cast<int64_t>(out.shape(3)) : 1;
-  if (static_cast<int64_t>(nb::len(maps)) != r.batch ||
-      static_cast<int64_t>(heights.shape(0)) != r.batch ||
-      static_cast<int64_t>(widths.shape(0)) != r.batch ||
-      (crop && static_cast<int64_t>(crop->shape(0)) != r.batch) ||
-      (flip && (static_cast<int64_t>(flip->shape(0)) != r.batch || flip->itemsize() != 1)))
-    Check(
-        InvalidArgument("maps, heights, widths, crop and flip (one byte each) need one entry per "
-                        "row of out (" +
-                        std::to_string(r.batch) + ")"));
+  CheckMapArgs(maps, heights, widths, crop, flip, r.batch);
   std::vector<const float*> rows(static_cast<size_t>(r.batch));
   for (int64_t b = 0; b < r.batch; ++b) {
     AnyArray a = nb::cast<AnyArray>(maps[b]);
