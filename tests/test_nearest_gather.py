@@ -71,3 +71,24 @@ def test_a_crop_outside_its_map_is_refused_naming_the_row(stage):
             _core.serve_nearest(maps, *hw, crops, None, out, 0)
         else:
             _core.serve_linear(maps, *hw, crops, None, out, None, 0)
+
+
+@pytest.mark.parametrize("stage", ["nearest", "linear"])
+@pytest.mark.parametrize("short", ["maps", "heights", "crop", "flip"])
+def test_per_row_arguments_need_one_entry_per_row_of_out(stage, short):
+    # Two rows of out; one argument has a single entry: refused before any work, by both stages.
+    args = {
+        "maps": [np.zeros((6, 8), np.float32)] * 2,
+        "heights": np.array([6, 6], np.int32),
+        "crop": np.array([[0, 0, 6, 8]] * 2, np.int32),
+        "flip": np.zeros(2, np.uint8),
+    }
+    args[short] = args[short][:1]
+    out = np.zeros((2, 4, 4), np.float32)
+    widths = np.array([8, 8], np.int32)
+    words = r"need one entry per row of out \(2\)"
+    with pytest.raises(ValueError, match=words):
+        if stage == "nearest":
+            _core.serve_nearest(args["maps"], args["heights"], widths, args["crop"], args["flip"], out, 0)
+        else:
+            _core.serve_linear(args["maps"], args["heights"], widths, args["crop"], args["flip"], out, None, 0)
