@@ -171,8 +171,13 @@ def test_a_traced_bucket_a_wrong_bucket_and_closed_over_plans_are_refused(data):
         ds.batch(plan.steps, batch_size=G, seed=SEED, plan=plan, bucket=0)
 
 
-def test_bucket_plan_refuses_patches_and_a_batch_no_bucket_fills(data):
-    _, ds = data
+def test_bucket_plan_refuses_patches_partitioned_records_and_a_batch_no_bucket_fills(data):
+    path, ds = data
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    by_record = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("data",)), PartitionSpec("data"))
+    with pytest.raises(ValueError, match="buckets with records partitioned over devices"):
+        tbljax.ResidentDataset(path, by_record).bucket_plan(G, BUCKETS["center"])
     with pytest.raises(ValueError, match="bucket_plan takes a tbljax.Buckets, got Patches"):
         ds.bucket_plan(G, tbljax.Patches())
     with pytest.raises(ValueError, match="no step"):
