@@ -29,7 +29,8 @@ inside the record, ``(H, round(H·w/h))`` when the record is wider than the buck
 ``(round(W·h/w), W)`` (integer rounding half up, at least 1 pixel). ``crop="center"`` centres
 it; ``crop="random"`` places it at ``((u >> 16) · (span + 1)) >> 16`` along each axis, u the
 record's `order.random_bits` (counters 48 for y, 49 for x) keyed by (seed, epoch, index):
-the same placement on every host and after a resume.
+the same placement on every host and after a resume. `cover` is that arithmetic alone, in
+uint32 under NumPy or jax.numpy (a resident dataset's step draws its boxes in the graph).
 
 **The schedule** of epoch e (`epoch_schedule`): the records in the epoch's order
 (`order.permute` keyed (seed, e)), grouped by bucket keeping that order; each bucket cut into
@@ -40,8 +41,8 @@ all when its bucket's remainder is dropped); every step is one bucket, so a job 
 program per bucket. It is computed on the host, vectorised (1.28 M records in well under a
 second), identical on every host since it depends on (seed, epoch, the bucket table) only; a
 resume position is a step number. The resident (in-jit) path takes it as a host-computed
-array; no jax.numpy version is needed. Every process computes it over the whole dataset's
-bucket table: host parts (``partition="host"``, each process reading only its part) need a
+array (`ResidentDataset.bucket_plan`); no jax.numpy version is needed. Every process computes
+it over the whole dataset's bucket table: host parts (``partition="host"``, each process reading only its part) need a
 per-part schedule and are not covered by this rule.
 
 Example:
