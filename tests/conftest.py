@@ -74,6 +74,7 @@ SLOW_CASES = {
     "test_examples.py::test_convert_imagenet_webdataset_shards_read_as_one": "4 s; the folder run of the example stays",
     "test_variable_kernel.py::test_uniform_data_shrinks_with_antialiasing_on_every_path": "5 s; the oracle cases of every path stay",
     "test_native.py::test_tbljax_simd_sets_the_one_target_of_kernel_resize_and_crc": "6 s of processes; test_kernel's forced-scalar process and target tests stay",
+    "test_resident_buckets.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_bucket[twin-center-uint8-NHWC]": "8 s of twin jit on 2 busy cores; [twin-random-bfloat16-NHWC] stays",
     "test_resident.py::test_eight_devices_replicated_and_records_partitioned": "6 s; test_eight_devices_fields_with_records_partitioned stays",
     "test_ops.py::test_without_sharding_the_op_follows_the_indices_on_8_cpu_devices": "5 s; test_sharded_indices_run_per_shard_on_8_cpu_devices stays",
     "test_interrupt.py::test_ctrl_c_at_random_moments_many_times": "~60 s of interrupts; test_ctrl_c_at_random_moments_is_a_plain_keyboard_interrupt runs 10 a loader kind",

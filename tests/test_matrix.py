@@ -6,7 +6,8 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
-loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped, `patches=` NaFlex
+loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped (and in jit, a `ResidentDataset`'s
+bucket plan, on RAW and compact full-aspect files), `patches=` NaFlex
 sequences, a length schedule of them (HostLoader, tbljax.loader) and packed NaFlex sequences), torch, MLX (and
 both with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit`
 (with per-image ops drawn and run there), `partition="host"` in two real processes (JAX and
@@ -390,8 +391,9 @@ def test_buckets_serve_each_record_covered_and_center_cropped_to_its_bucket(matr
     sizes = [(8, 12), (8, 8), (12, 8)]
     buckets = tbljax.Buckets(sizes=sizes, crop="center")
     kw = dict(seed=SEED, dtype="uint8", augment="flip", num_epochs=1, drop_remainder=False, **serve(kind))
-    seen, shapes = [], set()
+    seen, shapes, served = [], set(), []
     for batch in tbljax.loader(files[kind, layout], B, buckets=buckets, **kw):
+        served.append({k: _host(v) for k, v in batch.items()})
         shapes.add(np.shape(batch["image"])[1:3])
         idx, valid, image = (_host(batch[k]) for k in ("index", "valid", "image"))
         flips = tbljax.augment.flips(idx, seed=SEED, epoch=0)
@@ -416,6 +418,21 @@ def test_buckets_serve_each_record_covered_and_center_cropped_to_its_bucket(matr
     assert sorted(seen) == list(range(M.N))
     if kind in ("raw_shorter_side", "compact_full_aspect"):  # photos of more than one aspect
         assert len(shapes) > 1
+    if kind in ("raw_shorter_side", "compact_full_aspect") and layout == "file":  # in jit: each step the loader's
+        import jax
+
+        rd = tbljax.ResidentDataset(files[kind, layout], **serve(kind))
+        plan = rd.bucket_plan(B, buckets, seed=SEED)
+        step = jax.jit(
+            lambda ds, p, s, k: ds.batch(s, batch_size=B, seed=SEED, plan=p, bucket=k, augment="flip", dtype="uint8"),
+            static_argnums=3,
+        )
+        assert plan.steps == len(served)
+        for s, want in enumerate(served):
+            got = step(rd, plan, s, int(plan.bucket[s]))
+            assert sorted(got) == sorted(want), kind
+            for k, v in want.items():
+                np.testing.assert_array_equal(_host(got[k]), v, err_msg=f"{kind} step {s} {k}")
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)

@@ -27,7 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from tbljax._src.datasets import reader
 from tbljax._src.engine import step as _step
@@ -35,6 +35,7 @@ from tbljax._src.engine.record_source import RecordSource
 from tbljax._src.jax import ops as _ops
 from tbljax._src.jax import packed as _packed
 from tbljax._src.jax import program as _program
+from tbljax._src.jax import resident_buckets as _buckets
 from tbljax._src.jax import resident_fields as _geo
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.jax import twin as _twin
@@ -255,6 +256,12 @@ class ResidentDataset:
         as the loader does)."""
         return steps_in_epoch(self.num_records * repeats, batch_size, drop_remainder=True)
 
+    def bucket_plan(self, batch_size: int, buckets, *, seed=0, epoch=0, shuffle=True, drop_remainder=False):
+        """Epoch `epoch` under `buckets` (a `tbljax.Buckets`) as `tbljax.loader(..., buckets=)`
+        schedules it: a pytree for `batch(plan=, bucket=)`, the same static part every epoch."""
+        kw = dict(seed=seed, epoch=epoch, shuffle=shuffle, drop_remainder=drop_remainder)
+        return _buckets.plan(self, batch_size, buckets, **kw)
+
     def batch(
         self,
         step,
@@ -275,6 +282,8 @@ class ResidentDataset:
         min_size: float = 1.0,
         min_area: float = 1.0,
         min_visibility: float = 0.0,
+        plan=None,
+        bucket=None,
     ):
         """The batch of `step`, computed in the graph: ``{"image", "label", "index"}`` (and
         ``"repeat"`` with repeats > 1) and the dataset's fields (`fields=` at construction) by
@@ -294,6 +303,8 @@ class ResidentDataset:
             not partition the records), or a `NamedSharding` / `Mesh` on the dataset's mesh.
             Each device computes only its own rows.
           backend: passed to `tbljax.ops.gather_normalize` ("auto", "ffi", "twin").
+          plan, bucket: aspect-ratio buckets: step `step` of a `bucket_plan`'s epoch at its bucket
+            ``bucket`` (static: ``int(plan.bucket[step])``), one program per bucket (`resident_buckets.py`).
 
         Call it inside a jitted function that receives this dataset as an argument; outside
         jit it runs a cached jitted program.
@@ -310,12 +321,15 @@ class ResidentDataset:
             repeats=repeats,
             **dict(max_boxes=max_boxes, min_size=min_size, min_area=min_area, min_visibility=min_visibility),
         )
+        if plan is not None or bucket is not None:
+            kw = dict(plan=plan, bucket=bucket, opts=opts, epoch=epoch, sharding=sharding, backend=backend)
+            return _buckets.batch(self, step, **kw)
         if opts.augment is not None and len(opts.augment.schedule) > 1:
             # The output shape must be static: fix the size of the (concrete) epoch.
             opts = dataclasses.replace(
                 opts, augment=opts.augment.at_epoch(self._concrete_epoch(step, epoch, batch_size, repeats))
             )
-        mesh, batch_axes = self._batch_axes(sharding)
+        mesh, batch_axes = _sharding.batch_axes(self.sharding, sharding)
         parts = _sharding.parts(self.sharding, batch_axes)
         if batch_size % parts:
             raise ValueError(
@@ -361,23 +375,6 @@ class ResidentDataset:
                 "jitted step per size, passing augment=aug.at_epoch(epoch) (a static argument, "
                 "fixed in Python) for the epoch being run"
             ) from None
-
-    def _batch_axes(self, sharding) -> tuple[Mesh, tuple[str, ...]]:
-        mesh = self.sharding.mesh
-        data_axes = self._data_axes()
-        if sharding is None:
-            return mesh, tuple(a for a in mesh.axis_names if a not in data_axes)
-        if isinstance(sharding, Mesh):
-            sharding = NamedSharding(sharding, PartitionSpec(sharding.axis_names))
-        if not isinstance(sharding, NamedSharding) or sharding.mesh.shape != mesh.shape:
-            raise ValueError(
-                f"sharding must be a NamedSharding (or Mesh) on the dataset's mesh {mesh}, got {sharding!r}"
-            )
-        axes = _sharding.mesh_axes(sharding)
-        both = sorted(set(axes) & set(data_axes))
-        if both:
-            raise ValueError(f"the batch cannot be split over {both}, which already partition the records")
-        return mesh, axes
 
     def _batch(self, step, epoch, *, opts, batch_axes, backend):
         n = self.num_records

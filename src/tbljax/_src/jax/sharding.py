@@ -11,7 +11,7 @@ import numpy as np
 
 from tbljax._src.engine.rows import RowLayout, register_from_sharding
 
-__all__ = ["batch_sharding", "data_sharding", "mesh_axes", "parts", "row_layout"]
+__all__ = ["batch_axes", "batch_sharding", "data_sharding", "mesh_axes", "parts", "row_layout"]
 
 
 def _leading_only(sharding, what: str):
@@ -80,6 +80,27 @@ def parts(sharding, axes: tuple[str, ...] | None = None) -> int:
     axes = mesh_axes(sharding) if axes is None else axes
     mesh = getattr(sharding, "mesh", None)
     return int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64)) if axes else 1
+
+
+def batch_axes(data, sharding):
+    """(mesh, the mesh axes a resident batch's rows split over) for a resident dataset placed
+    by `data` (from `data_sharding`) and the batch's `sharding=`: None (every mesh axis that does
+    not partition the records), or a `NamedSharding` / `Mesh` on the dataset's mesh."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = data.mesh
+    data_axes = mesh_axes(data)
+    if sharding is None:
+        return mesh, tuple(a for a in mesh.axis_names if a not in data_axes)
+    if isinstance(sharding, Mesh):
+        sharding = NamedSharding(sharding, PartitionSpec(sharding.axis_names))
+    if not isinstance(sharding, NamedSharding) or sharding.mesh.shape != mesh.shape:
+        raise ValueError(f"sharding must be a NamedSharding (or Mesh) on the dataset's mesh {mesh}, got {sharding!r}")
+    axes = mesh_axes(sharding)
+    both = sorted(set(axes) & set(data_axes))
+    if both:
+        raise ValueError(f"the batch cannot be split over {both}, which already partition the records")
+    return mesh, axes
 
 
 def row_layout(sharding, global_batch: int) -> RowLayout:

@@ -29,7 +29,8 @@ inside the record, ``(H, round(H·w/h))`` when the record is wider than the buck
 ``(round(W·h/w), W)`` (integer rounding half up, at least 1 pixel). ``crop="center"`` centres
 it; ``crop="random"`` places it at ``((u >> 16) · (span + 1)) >> 16`` along each axis, u the
 record's `order.random_bits` (counters 48 for y, 49 for x) keyed by (seed, epoch, index):
-the same placement on every host and after a resume.
+the same placement on every host and after a resume. `cover` is that arithmetic alone, in
+uint32 under NumPy or jax.numpy (a resident dataset's step draws its boxes in the graph).
 
 **The schedule** of epoch e (`epoch_schedule`): the records in the epoch's order
 (`order.permute` keyed (seed, e)), grouped by bucket keeping that order; each bucket cut into
@@ -40,8 +41,8 @@ all when its bucket's remainder is dropped); every step is one bucket, so a job 
 program per bucket. It is computed on the host, vectorised (1.28 M records in well under a
 second), identical on every host since it depends on (seed, epoch, the bucket table) only; a
 resume position is a step number. The resident (in-jit) path takes it as a host-computed
-array; no jax.numpy version is needed. Every process computes it over the whole dataset's
-bucket table: host parts (``partition="host"``, each process reading only its part) need a
+array (`ResidentDataset.bucket_plan`); no jax.numpy version is needed. Every process computes
+it over the whole dataset's bucket table: host parts (``partition="host"``, each process reading only its part) need a
 per-part schedule and are not covered by this rule.
 
 Example:
@@ -70,6 +71,7 @@ __all__ = [
     "assign",
     "auto_sizes",
     "bucket_sizes",
+    "cover",
     "cover_boxes",
     "epoch_schedule",
 ]
@@ -268,23 +270,38 @@ def cover_boxes(indices, heights, widths, bucket, sizes, *, crop: str, seed: int
     ...             np.array([[100, 100]]), crop="center", seed=0, epoch=0).tolist()
     [[0, 150, 300, 300]]
     """
-    if crop not in CROPS:
-        raise ValueError(f"crop must be one of {CROPS}, got {crop!r}")
     idx = np.asarray(indices, np.int64)
     h, w = _check_records(heights, widths)
-    H, W = h[idx], w[idx]
     bh, bw = (np.asarray(sizes, np.int64)[np.asarray(bucket)[idx]]).T
+    return cover(idx, h[idx], w[idx], (bh, bw), crop=crop, seed=seed, epoch=epoch)
+
+
+def cover(indices, heights, widths, size, *, crop: str, seed: int, epoch, xp=np):
+    """`cover_boxes`' arithmetic for rows already gathered: records `indices` (the random
+    placement's key) of stored sizes `heights`/`widths` (B,) in buckets of size ``size = (bh,
+    bw)`` (ints or (B,) each). Under NumPy or jax.numpy (`epoch` may be traced): exact uint32
+    integer math, since sides <= 65535 and bucket sides <= 32767 keep every product below 2^32.
+
+    >>> cover(np.array([0]), np.array([300]), np.array([600]), (100, 100), crop="center", seed=0, epoch=0).tolist()
+    [[0, 150, 300, 300]]
+    """
+    if crop not in CROPS:
+        raise ValueError(f"crop must be one of {CROPS}, got {crop!r}")
+    u32 = xp.uint32
+    H, W = xp.asarray(heights).astype(u32), xp.asarray(widths).astype(u32)
+    bh, bw = (xp.asarray(v).astype(u32) for v in size)
     wider = W * bh > H * bw  # the record is wider than its bucket
-    box_w = np.where(wider, np.clip((2 * H * bw + bh) // (2 * bh), 1, W), W)
-    box_h = np.where(wider, H, np.clip((2 * W * bh + bw) // (2 * bw), 1, H))
+    box_w = xp.where(wider, xp.clip((2 * H * bw + bh) // (2 * bh), 1, W), W)
+    box_h = xp.where(wider, H, xp.clip((2 * W * bh + bw) // (2 * bw), 1, H))
     span_y, span_x = H - box_h, W - box_w
     if crop == "center":
         y0, x0 = span_y // 2, span_x // 2
     else:
-        u = order.random_bits(idx[:, None], np.array([_COUNTER_Y, _COUNTER_X], np.uint32), seed, epoch)
-        y0 = ((u[:, 0] >> 16).astype(np.int64) * (span_y + 1)) >> 16
-        x0 = ((u[:, 1] >> 16).astype(np.int64) * (span_x + 1)) >> 16
-    return np.stack([y0, x0, box_h, box_w], axis=-1).astype(np.int32)
+        counters = xp.asarray([_COUNTER_Y, _COUNTER_X], dtype=u32)
+        u = order.random_bits(xp.asarray(indices)[:, None], counters, seed, epoch, xp=xp)
+        y0 = ((u[:, 0] >> 16) * (span_y + 1)) >> 16
+        x0 = ((u[:, 1] >> 16) * (span_x + 1)) >> 16
+    return xp.stack([y0, x0, box_h, box_w], axis=-1).astype(xp.int32)
 
 
 class BucketSchedule(typing.NamedTuple):
