@@ -99,6 +99,7 @@ ROOMS = [
             "loader",
             "resident_host",
             "resident_fields",
+            "resident_patches",
             "resident",
         ],
     ),  # JAX arrays, the kernel inside jit
