@@ -58,6 +58,8 @@ SLOW_CASES = {
     "test_loader.py::test_dropped_batches_recycle_the_ring_and_held_ones_stay_intact": "11 s; the ring tests of test_torch stay",
     "test_variable_kernel.py::test_packed_records_in_jit_match_the_oracle_and_the_kernel[twin-uint8-NHWC]": "12 s of jit; the ffi cases stay",
     "test_fullaspect_paths.py::test_resident_dataset_in_jit_equals_the_loader_and_the_oracle[twin-rrc-bfloat16-NCHW]": "12 s of jit; the ffi cases stay",
+    "test_resident_patches.py::test_resident_batches_equal_the_loaders_patch_batches[mixed-flip-float32-twin]": "5 s of jit; the twin's crop case [mixed-augment3-uint8-twin] stays",
+    "test_resident_patches.py::test_resident_batches_equal_the_loaders_patch_batches[same-flip-uint8-twin]": "4 s of jit; test_op_ffi_and_twin_write_the_kernels_patches runs the twin on records of one size",
     "test_fullaspect_paths.py::test_gather_normalize_of_packed_records_equals_the_oracle[twin-float32-NHWC]": "11 s of jit; the ffi cases stay",
     "test_fullaspect_paths.py::test_show_and_bench_say_what_to_pass_without_an_output_size[show]": "5 s; test_matrix::test_bench checks the words",
     "test_fullaspect_paths.py::test_show_and_bench_say_what_to_pass_without_an_output_size[bench]": "6 s; test_matrix::test_bench checks the words",

@@ -100,6 +100,7 @@ ROOMS = [
             "resident_host",
             "resident_fields",
             "resident_buckets",
+            "resident_patches",
             "resident",
         ],
     ),  # JAX arrays, the kernel inside jit

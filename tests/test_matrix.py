@@ -10,7 +10,7 @@ loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped (and in
 bucket plan, on RAW and compact full-aspect files), `patches=` NaFlex
 sequences, a length schedule of them (HostLoader, tbljax.loader) and packed NaFlex sequences), torch, MLX (and
 both with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit`
-(with per-image ops drawn and run there), `partition="host"` in two real processes (JAX and
+(with per-image ops drawn and run there, and NaFlex patch sequences), `partition="host"` in two real processes (JAX and
 torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the dataset contract
 itself on every dataset kind. The "fields" row's records carry a str, a json, a fixed and a
 ragged ndarray field: every path that serves them is checked against the values the source TAR
@@ -435,6 +435,22 @@ def test_buckets_serve_each_record_covered_and_center_cropped_to_its_bucket(matr
                 np.testing.assert_array_equal(_host(got[k]), v, err_msg=f"{kind} step {s} {k}")
 
 
+def _oracle_patches(imgs, idx, aug, p, t):
+    """[(row (t, p·p·3) uint8, its grid (gh, gw))] of samples `idx`: the random crop and flip `sample`
+    draws, resized by the oracle to its sequence size, patch (gy, gx) at row gy·gw + gx, zeros after."""
+    boxes, flips = sample(aug, np.asarray(idx, np.int64), geometry=_geometry(imgs), seed=SEED, epoch=0)
+    out = []
+    for i, box, flip in zip(idx, boxes, flips):
+        hh, ww = (int(v[0]) for v in naflex.sequence_size(box[2:3], box[3:4], p, t))
+        img = oracle.crop_resize(imgs[i], box, hh, ww)
+        img = img[:, ::-1] if flip else img
+        gh, gw = hh // p, ww // p
+        want = np.zeros((t, p * p * 3), np.uint8)
+        want[: gh * gw] = [img[y * p : y * p + p, x * p : x * p + p].reshape(-1) for y in range(gh) for x in range(gw)]
+        out.append((want, (gh, gw)))
+    return out
+
+
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_naflex_patch_sequences_are_the_oracle_crops_patchified(matrix, kind, layout):
     """The "NaFlex" row: each sample's random crop and flip (as the RRC row draws them) resized
@@ -449,19 +465,12 @@ def test_naflex_patch_sequences_are_the_oracle_crops_patchified(matrix, kind, la
     for batch in tbljax.loader(files[kind, layout], B, patches=patches, **kw):
         idx, valid, image = (_host(batch[k]) for k in ("index", "valid", "image"))
         yx, pv = _host(batch["patch_yx"]), _host(batch["patch_valid"])
-        boxes, flips = sample(aug, idx[valid], geometry=_geometry(refs[kind, layout]), seed=SEED, epoch=0)
-        for r, (i, box, flip) in enumerate(zip(idx[valid], boxes, flips)):
-            hh, ww = (int(v[0]) for v in naflex.sequence_size(box[2:3], box[3:4], p, t))
-            img = oracle.crop_resize(refs[kind, layout][i], box, hh, ww)
-            img = img[:, ::-1] if flip else img
-            gh, gw = hh // p, ww // p
-            want = np.zeros((t, p * p * 3), np.uint8)  # patch (gy, gx) at row gy*gw + gx
-            want[: gh * gw] = [
-                img[y * p : y * p + p, x * p : x * p + p].reshape(-1) for y in range(gh) for x in range(gw)
+        for r, (want, grid) in enumerate(_oracle_patches(refs[kind, layout], idx[valid], aug, p, t)):
+            np.testing.assert_array_equal(image[r], want, err_msg=f"{kind} {idx[r]}")
+            assert yx[r].tolist() == [
+                [k // grid[1], k % grid[1]] if k < grid[0] * grid[1] else [0, 0] for k in range(t)
             ]
-            np.testing.assert_array_equal(image[r], want, err_msg=f"{kind} {i}")
-            assert yx[r].tolist() == [[k // gw, k % gw] if k < gh * gw else [0, 0] for k in range(t)]
-            assert pv[r].tolist() == [k < gh * gw for k in range(t)]
+            assert pv[r].tolist() == [k < grid[0] * grid[1] for k in range(t)]
         assert not image[~valid].any() and not pv[~valid].any()
         fields = {k: v for k, v in _jax_fields(batch).items() if k not in ("patch_yx", "patch_valid")}
         check_fields(kind, fields, np.where(valid, idx, -1), "patches")
@@ -672,11 +681,24 @@ def test_resident_dataset_inside_jit(matrix, kind, layout):
     rd = tbljax.ResidentDataset(files[kind, layout], **serve(kind))
     # The "ops in jit" row rides in the same program, once per record kind (its file cell): the
     # per-image ops drawn and run in jit (an Invert-only RandAugment: 255 minus the oracle's crop).
+    # The "patches × ResidentDataset jit" row too: NaFlex rows of the RRC row's crop and flip
+    # (Augment(size=None)), against the NaFlex row's oracle.
     invert = tbljax.Augment(size=M.OUT, ops=[tbljax.RandAugment(num_ops=1, ops=["Invert"], prob=1.0)])
     augs = (RRC, invert) if layout == "file" else (RRC,)
-    step = jax.jit(lambda ds, s: [ds.batch(s, batch_size=B, seed=SEED, augment=a, dtype="uint8") for a in augs])
+    nf, p, t = tbljax.Augment(size=None), 4, 12
+    patches = tbljax.Patches(size=p, max_tokens=t) if layout == "file" else None
+
+    def run(ds, s):
+        extra = [ds.batch(s, batch_size=B, seed=SEED, augment=nf, dtype="uint8", patches=patches)] if patches else []
+        return [ds.batch(s, batch_size=B, seed=SEED, augment=a, dtype="uint8") for a in augs], extra
+
+    step = jax.jit(run)
     for s in range(M.N // B):
-        batch, *inverted = step(rd, s)
+        (batch, *inverted), naflex_rows = step(rd, s)
+        for nb in naflex_rows:
+            rows = _oracle_patches(refs[kind, layout], _host(nb["index"]), nf, p, t)
+            np.testing.assert_array_equal(_host(nb["image"]), np.stack([r for r, _ in rows]), err_msg=kind)
+            np.testing.assert_array_equal(_host(nb["patch_valid"]).sum(1), [gh * gw for _, (gh, gw) in rows])
         idx = _host(batch["index"])
         np.testing.assert_array_equal(_host(batch["image"]), expected(refs[kind, layout], idx, RRC))
         for b in inverted:

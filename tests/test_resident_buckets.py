@@ -133,6 +133,7 @@ def _refused(ds, made, **kw):
         (dict(bucket=3), r"bucket must be an int in \[0, 3\)"),
         (dict(bucket=None), "plan.bucket"),
         (dict(plan="p"), "plan must be a plan from ds.bucket_plan"),
+        (dict(patches=tbljax.Patches(size=8, max_tokens=16)), "buckets and patches together"),
     ],
 )
 def test_what_cannot_work_is_refused_by_name(data, kw, words):

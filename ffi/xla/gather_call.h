@@ -41,9 +41,13 @@ using NearestArg = ffi::Buffer<ffi::U8, 1>;       // (K,) nonzero: the slot resa
 using EraseBoxesArg = ffi::Buffer<ffi::S32, 3>;   // (B, E, 4) y0, x0, h, w; h 0: none
 using EraseKeysArg = ffi::Buffer<ffi::U32, 1>;    // (B,) each row's noise key
 using NormalTableArg = ffi::Buffer<ffi::F32, 1>;  // (kNormalTableSize,) pixel_ops.normal_table()
+// The ops targets only, after the ops: NaFlex rows (kernel.h's GatherRequest::patch), each
+// row's (h, w), or (0, 2) with the attribute patch 0 (no patches). With patches the result is
+// (B, T, patch * patch, 3) NHWC; an empty program (K = 0, E = 0) runs no ops.
+using SizesArg = ffi::Buffer<ffi::S32, 2>;  // (B, 2) or (0, 2)
 // Any further operand is a buffer aliased to the result (a donated output); it is not read.
 // Attributes: mean, std (3 float64 each; ignored for uint8), layout ("NHWC" | "NCHW"), and
-// for the ops targets erase_mode (int32, EraseMode).
+// for the ops targets erase_mode (int32, EraseMode) and patch (int64, 0: none).
 // Result: the batch, uint8 / float32 / bfloat16, (B, OH, OW, 3) or (B, 3, OH, OW).
 
 // The operands after the records, alike in every gather handler's binding:
@@ -68,7 +72,8 @@ auto BindGatherCall(Binding b) {
   return BindAttrs(BindRows(std::move(b))).template Ret<ffi::AnyBuffer>();
 }
 
-// The ops targets: the rows' operands, the per-image ops', the attributes and erase_mode.
+// The ops targets: the rows' operands, the per-image ops', the patch sizes, the attributes,
+// erase_mode and patch.
 template <class Binding>
 auto BindGatherOpsCall(Binding b) {
   return BindAttrs(BindRows(std::move(b))
@@ -79,8 +84,10 @@ auto BindGatherOpsCall(Binding b) {
                        .template Arg<NearestArg>()
                        .template Arg<EraseBoxesArg>()
                        .template Arg<EraseKeysArg>()
-                       .template Arg<NormalTableArg>())
+                       .template Arg<NormalTableArg>()
+                       .template Arg<SizesArg>())
       .template Attr<int32_t>("erase_mode")
+      .template Attr<int64_t>("patch")
       .template Ret<ffi::AnyBuffer>();
 }
 

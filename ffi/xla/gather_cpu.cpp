@@ -46,6 +46,8 @@ struct OpsOperands {
   EraseKeysArg keys;
   NormalTableArg table;
   int32_t erase_mode;
+  SizesArg sizes;  // NaFlex rows' (h, w) when patch > 0
+  int64_t patch;
 };
 
 ffi::Error PrepareOps(const OpsOperands& o, int64_t batch, OpsRequest* r) {
@@ -93,6 +95,19 @@ ffi::Error PrepareOps(const OpsOperands& o, int64_t batch, OpsRequest* r) {
   return ffi::Error::Success();
 }
 
+// The NaFlex rows of an ops call (the kernel checks each size against the patch and T).
+ffi::Error PreparePatches(const OpsOperands& o, GatherRequest* r) {
+  const auto sd = o.sizes.dimensions();
+  if (o.patch < 0 || (o.patch > 0) != (sd[0] != 0) || sd[1] != 2 ||
+      (sd[0] != 0 && sd[0] != r->batch))
+    return ffi::Error::InvalidArgument(
+        "tbljax gather: patch > 0 needs sizes (B, 2) = (" + std::to_string(r->batch) +
+        ", 2), patch 0 sizes (0, 2); got patch " + std::to_string(o.patch) + " and " + Dims(sd));
+  r->patch = o.patch;
+  r->out_sizes = o.patch > 0 ? o.sizes.typed_data() : nullptr;
+  return ffi::Error::Success();
+}
+
 // Records of one size; `ops` null: no per-image ops.
 ffi::Error GatherUniform(DataArg data, IndexArg indices, CropArg crops, FlipArg flips,
                          ffi::Span<const double> mean, ffi::Span<const double> stdev,
@@ -106,6 +121,7 @@ ffi::Error GatherUniform(DataArg data, IndexArg indices, CropArg crops, FlipArg 
   OpsRequest ops_request;
   if (ops) {
     if (ffi::Error e = PrepareOps(*ops, call.request.batch, &ops_request); e.failure()) return e;
+    if (ffi::Error e = PreparePatches(*ops, &call.request); e.failure()) return e;
     call.request.ops = &ops_request;
   }
   SetIndices(call, &call.request);
@@ -131,6 +147,7 @@ ffi::Error GatherPacked(PagesArg pages, TableArg table, IndexArg indices, CropAr
   OpsRequest ops_request;
   if (ops) {
     if (ffi::Error e = PrepareOps(*ops, call.request.batch, &ops_request); e.failure()) return e;
+    if (ffi::Error e = PreparePatches(*ops, &call.request); e.failure()) return e;
     call.request.ops = &ops_request;
   }
   SetIndices(call, &call.request);
@@ -166,23 +183,25 @@ ffi::Error GatherPackedCpu(PagesArg pages, TableArg table, IndexArg indices, Cro
 ffi::Error GatherOpsCpu(DataArg data, IndexArg indices, CropArg crops, FlipArg flips,
                         CodesArg codes, OpArgsArg args, MatricesArg matrices, FillArg fill,
                         NearestArg nearest, EraseBoxesArg boxes, EraseKeysArg keys,
-                        NormalTableArg normal, ffi::RemainingArgs /*aliased output, if any*/,
-                        ffi::Span<const double> mean, ffi::Span<const double> stdev,
-                        std::string_view layout, int32_t erase_mode,
-                        ffi::Result<ffi::AnyBuffer> out) {
-  const OpsOperands ops{codes, args, matrices, fill, nearest, boxes, keys, normal, erase_mode};
+                        NormalTableArg normal, SizesArg sizes,
+                        ffi::RemainingArgs /*aliased output, if any*/, ffi::Span<const double> mean,
+                        ffi::Span<const double> stdev, std::string_view layout, int32_t erase_mode,
+                        int64_t patch, ffi::Result<ffi::AnyBuffer> out) {
+  const OpsOperands ops{codes, args,   matrices,   fill,  nearest, boxes,
+                        keys,  normal, erase_mode, sizes, patch};
   return GatherUniform(data, indices, crops, flips, mean, stdev, layout, *out, &ops);
 }
 
 ffi::Error GatherPackedOpsCpu(PagesArg pages, TableArg table, IndexArg indices, CropArg crops,
                               FlipArg flips, CodesArg codes, OpArgsArg args, MatricesArg matrices,
                               FillArg fill, NearestArg nearest, EraseBoxesArg boxes,
-                              EraseKeysArg keys, NormalTableArg normal,
+                              EraseKeysArg keys, NormalTableArg normal, SizesArg sizes,
                               ffi::RemainingArgs /*aliased output, if any*/,
                               ffi::Span<const double> mean, ffi::Span<const double> stdev,
-                              std::string_view layout, int32_t erase_mode,
+                              std::string_view layout, int32_t erase_mode, int64_t patch,
                               ffi::Result<ffi::AnyBuffer> out) {
-  const OpsOperands ops{codes, args, matrices, fill, nearest, boxes, keys, normal, erase_mode};
+  const OpsOperands ops{codes, args,   matrices,   fill,  nearest, boxes,
+                        keys,  normal, erase_mode, sizes, patch};
   return GatherPacked(pages, table, indices, crops, flips, mean, stdev, layout, *out, &ops);
 }
 

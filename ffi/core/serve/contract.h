@@ -36,7 +36,8 @@ Status ParseLayout(std::string_view name, Layout* out, const char* arg = "layout
 // _ffi_cuda register under these names; Python reads them as _core.GATHER_TARGET and
 // _core.GATHER_PACKED_TARGET): records of one size in an (N, H, W, 3) array, and records of
 // different sizes packed at page starts. The *_ops targets take the per-image ops
-// (kernel.h's OpsRequest) as further operands; only the CPU handlers register them.
+// (kernel.h's OpsRequest) and NaFlex rows (GatherRequest::patch, out_sizes) as further
+// operands; only the CPU handlers register them.
 inline constexpr const char* kGatherTarget = "tbljax_gather_normalize";
 inline constexpr const char* kGatherPackedTarget = "tbljax_gather_normalize_packed";
 inline constexpr const char* kGatherOpsTarget = "tbljax_gather_normalize_ops";

@@ -33,7 +33,7 @@ from tbljax._src.jax.packed import PackedRecords, check_packed
 from tbljax._src.jax.partitioning import batch_spec, follow_indices, shard_map_rows
 from tbljax._src.jax.program import float64_bits
 from tbljax._src.jax.registration import handler_platforms, ops_platforms
-from tbljax._src.jax.twin import lookup, normalization_table, out_dtype, twin_gather
+from tbljax._src.jax.twin import lookup, normalization_table, out_dtype, twin_gather, twin_patches
 from tbljax._src.rules import contract, pixel_ops
 
 __all__ = ["BACKENDS", "gather_normalize"]
@@ -62,6 +62,7 @@ def gather_normalize(
     sharding=None,
     out=None,
     ops=None,
+    patches=None,
 ):
     """``data[indices]`` → optional crop-resize → optional flip → normalize, inside `jax.jit`.
 
@@ -109,6 +110,14 @@ def gather_normalize(
         (``"twin"``, and ``"auto"`` on platforms whose handler has no ops: CUDA, TPU), with
         the same bytes. The twin's affine ops (Rotate, Shear, Translate) resample in float64:
         they need ``jax_enable_x64`` (refused by name without it).
+      patches: NaFlex rows, ``(p, sizes)`` as `tbljax.kernels.gather` takes them: row b's box
+        ``crop[b]`` (required) is resized to its own ``sizes[b] = (h, w)`` ((B, 2) integers,
+        may be traced; multiples of p, a grid of at most T patches), flipped where ``flip[b]``,
+        and written as its (h/p)·(w/p) patches: the result is ``(B, T, p·p·3)`` with
+        ``out_size=(T, p·p·3)`` (required), patch (gy, gx) at row gy·(w/p) + gx, its pixels
+        (py, px, c) in that order, zeros past the grid; NHWC only. The CPU FFI handler and the
+        twin write the same bytes as `tbljax.kernels.gather(patches=...)`. Not with ``ops=``
+        (refused by name: a jit program's ops are built at one output size).
 
     Returns:
       The batch as a `jax.Array`.
@@ -135,19 +144,29 @@ def gather_normalize(
     contract.check_unnormalized(out_dt.name, mean, std)
     mean_v, std_v = contract.normalization(mean, std)
     packed = isinstance(data, PackedRecords)
-    oh, ow = contract.output_size(hw if not packed else out_size, out_size, cropped=crop is not None)
-    crop = _checked_crop(crop, batch, data, hw, host_idx, (oh, ow))
+    p, sizes = 0, None
+    if patches is not None:  # NaFlex rows: (B, T, p·p·3), each row's resize checked by its size
+        p, sizes = _checked_patches(patches, batch, layout, crop, ops, out_size)
+        oh, ow = out_size
+    else:
+        oh, ow = contract.output_size(hw if not packed else out_size, out_size, cropped=crop is not None)
+    crop = _checked_crop(crop, batch, data, hw, host_idx, (0, 0) if p else (oh, ow))
     if flip is not None:
         flip = jnp.asarray(flip)
         contract.check_flip(flip.dtype, flip.shape, batch)
         flip = flip != 0 if flip.dtype != jnp.bool_ else flip
 
-    shape = (batch, *contract.row_shape(layout, oh, ow))
+    shape = (batch, oh, ow) if p else (batch, *contract.row_shape(layout, oh, ow))
     if out is not None and (tuple(out.shape) != shape or out.dtype != out_dt):
         raise ValueError(f"out must be {out_dt} of shape {shape}, got {out.dtype} of shape {tuple(out.shape)}")
     program, program_kw = (None,) * 8, {}
     if ops is not None:
         program, program_kw = _checked_ops(ops, batch, out_dt, backend)
+    if p and backend == "ffi" and jax.default_backend() not in ops_platforms():
+        raise ValueError(
+            f"backend='ffi' with patches=...: NaFlex rows run in the FFI handler on {ops_platforms()}, "
+            f"not on {jax.default_backend()!r}: use backend='auto' or 'twin'"
+        )
     if batch == 0:
         return jnp.zeros(shape, out_dt)
 
@@ -157,8 +176,9 @@ def gather_normalize(
     if out_dt != np.uint8 and backend != "ffi":
         table = jnp.asarray(normalization_table(mean_v, std_v, out_dt))
     normalization = dict(mean=mean_v, std=std_v, dtype=out_dt)
-    body = _body(backend, data.max_side if packed else None, (oh, ow), layout, normalization, **program_kw)
-    args = ((data.pages, data.table) if packed else (data, None)) + (indices, crop, flip, out, table, *program)
+    max_side = data.max_side if packed else None
+    body = _body(backend, max_side, (oh, ow), layout, normalization, patch=p, **program_kw)
+    args = ((data.pages, data.table) if packed else (data, None)) + (indices, crop, flip, out, table, *program, sizes)
     if sharding is not None:
         mesh, spec = batch_spec(sharding)
         return shard_map_rows(body, args, mesh, spec)
@@ -184,6 +204,44 @@ def _checked_records(data, crop, out_size):
         )
     n, h, w, _ = (int(v) for v in data.shape)
     return data, n, (h, w)
+
+
+def _checked_patches(patches, batch, layout, crop, ops, out_size):
+    """(p, int32 sizes (B, 2)) of ``patches=(p, sizes)``, checked (concrete sizes: each row a
+    grid of at most T patches); refuses by name what NaFlex rows are not served with."""
+    try:
+        p, sizes = patches
+    except (TypeError, ValueError):
+        raise ValueError(f"patches must be (p, sizes), got {type(patches).__name__}") from None
+    if not contract.is_integer(p) or not 1 <= p <= contract.MAX_OUT_SIDE:
+        raise ValueError(f"patches: the patch size must be an integer in [1, {contract.MAX_OUT_SIDE}], got {p!r}")
+    p = int(p)
+    if layout != "NHWC":
+        raise ValueError(f"patches are written in layout NHWC, got layout={layout!r}")
+    if ops is not None:
+        raise ValueError(
+            "patches with ops=...: not served in jit (a pixel_program's ops are built at one output "
+            "size, a NaFlex row has its own): use tbljax.kernels.gather(ops=..., patches=...) on the host"
+        )
+    if crop is None:
+        raise ValueError("patches need a crop box per row (crop=...; the whole record is (0, 0, h, w))")
+    if out_size is None or len(out_size) != 2 or not contract.is_integer(out_size[0]) or out_size[0] < 1:
+        raise ValueError(f"patches of {p}x{p} need out_size=(T, {p * p * 3}), T >= 1 tokens, got {out_size!r}")
+    if out_size[1] != p * p * 3:
+        raise ValueError(f"patches of {p}x{p} need out_size=(T, {p * p * 3}), got {tuple(out_size)!r}")
+    t = int(out_size[0])
+    sizes = jnp.asarray(sizes)
+    if sizes.shape != (batch, 2) or not jnp.issubdtype(sizes.dtype, jnp.integer):
+        raise ValueError(f"patches: sizes must be ({batch}, 2) integers, got {sizes.dtype} of shape {sizes.shape}")
+    if _is_concrete(sizes):
+        s = np.asarray(sizes, np.int64)
+        bad = (s < p).any(1) | (s % p != 0).any(1) | ((s[:, 0] // p) * (s[:, 1] // p) > t)
+        if bad.any():
+            b = int(np.argmax(bad))
+            raise ValueError(
+                f"patches: sizes[{b}] = ({s[b, 0]}, {s[b, 1]}) is not a grid of at most {t} patches of {p}x{p}"
+            )
+    return p, sizes.astype(jnp.int32)
 
 
 def _device_indices(indices):
@@ -213,9 +271,10 @@ def _checked_crop(crop, batch, data, hw, host_idx, out_hw):
     return crop.astype(jnp.int32)
 
 
-def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None, affine=False, may_draw=None):
+def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None, affine=False, may_draw=None, patch=0):
     """The per-device body over the operands (data, table of packed records, indices, crop,
-    flip, out, normalization table, then the eight arrays of the per-image ops or Nones): the
+    flip, out, normalization table, the eight arrays of the per-image ops or Nones, then the
+    NaFlex rows' sizes or None; `patch` > 0: NaFlex rows, `out_size` (T, p·p·3)): the
     twin, the FFI call, or (auto) the FFI call on the platforms with a handler (with ops: one
     that runs them) and the twin elsewhere, decided when the program is lowered. `erase_mode`
     (an index of ERASE_MODES) is None without ops; `affine`: whether the ops may be affine;
@@ -226,6 +285,9 @@ def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None
 
     def twin(d, r, i, c, f, o, t, *ops):
         del o
+        ops, s = ops[:8], ops[8]
+        if patch:
+            return twin_patches(records(d, r), i, c, f, s, patch=patch, tokens=out_size[0], table=t)
         if erase_mode is None:
             return twin_gather(records(d, r), i, crop=c, flip=f, out_size=out_size, table=t, layout=layout)
         codes, args, matrices, fill, nearest, boxes, keys, normal = ops
@@ -242,8 +304,10 @@ def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None
 
     def ffi(d, r, i, c, f, o, t, *ops):
         del t
+        ops, s = ops[:8], ops[8]
         ops = None if ops[0] is None else ops
         kw = {} if erase_mode is None else dict(erase_mode=erase_mode)
+        kw |= dict(patches=(patch, s)) if patch else {}
         return ffi_gather(records(d, r), i, c, f, o, layout=layout, out_size=out_size, ops=ops, **normalization, **kw)
 
     # Under jit the twin's tables (twin_ops' look-ups) are constants of its own program, so
@@ -253,7 +317,7 @@ def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None
         return twin
     if backend == "ffi":
         return ffi
-    platforms = handler_platforms() if erase_mode is None else ops_platforms()
+    platforms = handler_platforms() if erase_mode is None and not patch else ops_platforms()
     if erase_mode is not None and affine and not jax.config.jax_enable_x64:
         # The twin's affine ops cannot be traced without x64: pick the body here, where
         # platform_dependent would trace both (the twin then raises its named error).

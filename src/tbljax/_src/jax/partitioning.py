@@ -16,12 +16,30 @@ __all__ = ["batch_spec", "follow_indices", "shard_map_rows"]
 # The op's operands, in order: data (records, or the pages of packed records), the packed
 # records' table (None for records of one size), indices, crop, flip, out, the normalization
 # table, then the per-image ops (None without ops=): codes, args, matrix bits, fill, nearest,
-# erase boxes, erase keys, normal table. Their axes as factors of a Shardy sharding rule: the
-# batch b is the one factor operands and result share.
-_FACTORS = ("n h w d", "r s", "b", "b k", "b", None, "t v", "b o", "b o", "b o m z", "o g", "o", "b e a", "b", "u")
-_INDICES, _OUT = 2, 5
+# erase boxes, erase keys, normal table, then the NaFlex rows' sizes (None without patches).
+# Their axes as factors of a Shardy sharding rule: the batch b is the one factor operands and
+# result share (a result of NaFlex rows is (b, y, x): tokens and their values).
+_FACTORS = (
+    "n h w d",
+    "r s",
+    "b",
+    "b k",
+    "b",
+    None,
+    "t v",
+    "b o",
+    "b o",
+    "b o m z",
+    "o g",
+    "o",
+    "b e a",
+    "b",
+    "u",
+    "b j",
+)
+_INDICES, _OUT, _SIZES = 2, 5, 15
 # Split like the batch; records and tables are whole on every device.
-_BATCHED = (2, 3, 4, 5, 7, 8, 9, 12, 13)
+_BATCHED = (2, 3, 4, 5, 7, 8, 9, 12, 13, 15)
 
 
 def batch_spec(sharding):
@@ -95,7 +113,7 @@ def follow_indices(body, args, layout):
         rows, in_shardings = placement(mesh, arg_shapes)
         return mesh, fn, rows, in_shardings
 
-    result = "b y x c" if layout == "NHWC" else "b c y x"
+    result = "b y x" if args[_SIZES] is not None else "b y x c" if layout == "NHWC" else "b c y x"
     data_factors = "n h w d" if args[0].ndim == 4 else "p q"
     factors = [result if k == _OUT else data_factors if k == 0 else _FACTORS[k] for k in slots]
     op = custom_partitioning(fn)

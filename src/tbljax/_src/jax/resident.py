@@ -37,9 +37,10 @@ from tbljax._src.jax import packed as _packed
 from tbljax._src.jax import program as _program
 from tbljax._src.jax import resident_buckets as _buckets
 from tbljax._src.jax import resident_fields as _geo
+from tbljax._src.jax import resident_patches as _patches
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.jax import twin as _twin
-from tbljax._src.jax.resident_host import check_device_memory, field_columns, host_rows
+from tbljax._src.jax.resident_host import check_device_memory, field_columns, host_rows, upload_packed
 from tbljax._src.rules.contract import IMAGENET_MEAN, IMAGENET_STD
 from tbljax._src.rules.options import LoaderOptions
 from tbljax._src.rules.parts import steps_in_epoch
@@ -55,11 +56,6 @@ def _write_rows(buf, rows, start):
     # start's dtype: a literal 0 is int64 under jax_enable_x64, and the indices must agree.
     zero = jnp.zeros_like(start)
     return jax.lax.dynamic_update_slice(buf, rows, (start, zero, zero, zero))
-
-
-@functools.partial(jax.jit, donate_argnums=0)
-def _write_pages(buf, rows, start):
-    return jax.lax.dynamic_update_slice(buf, rows, (start, jnp.zeros_like(start)))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -130,7 +126,7 @@ class ResidentDataset:
             table, pages = _packed.pack_layout(self.geometry.heights, self.geometry.widths)
             self._check_fits((pages, _packed.PAGE_BYTES), max_bytes)
             self.data = _packed.PackedRecords(
-                self._upload_packed(ds, table, pages, chunk_bytes),
+                upload_packed(ds, table, pages, chunk_bytes, self.sharding),
                 jax.device_put(table, NamedSharding(self.sharding.mesh, PartitionSpec())),
                 int(max(self.geometry.heights.max(), self.geometry.widths.max())),
             )
@@ -216,40 +212,6 @@ class ResidentDataset:
             pieces.append(buf)
         return jax.make_array_from_single_device_arrays(shape, self.sharding, pieces)
 
-    def _upload_packed(self, ds, table, pages, chunk_bytes):
-        """The records packed from page starts (`tbljax.ops.pack_layout`), uploaded a chunk of
-        records at a time into a (pages, PAGE_BYTES) array on every device."""
-        page = _packed.PAGE_BYTES
-        raw = ds.record_format == "raw"
-        if raw:
-            views, counts, offsets, _, _ = ds.raw_records()
-            starts = np.concatenate([[0], np.cumsum(counts)])
-        bufs = {d: jnp.zeros((pages, page), jnp.uint8, device=d) for d in self.sharding.addressable_devices}
-        first_page = table[:, 0].astype(np.int64)
-        end_page = np.append(first_page[1:], pages)
-        a = 0
-        while a < self.num_records:
-            # Records [a, b) fill pages [first_page[a], end_page[b - 1]): about chunk_bytes.
-            b = int(np.searchsorted(first_page, first_page[a] + max(1, chunk_bytes // page), side="right"))
-            b = max(b, a + 1)
-            chunk = np.zeros((int(end_page[b - 1] - first_page[a]), page), np.uint8)
-            flat = chunk.reshape(-1)
-            for i in range(a, b):
-                if raw:
-                    k = int(np.searchsorted(starts, i, side="right") - 1)
-                    o, n = int(offsets[i]), int(table[i, 1]) * int(table[i, 2]) * 3
-                    pixels = views[k][o : o + n]
-                else:
-                    pixels = ds.read(i).reshape(-1)
-                at = int(first_page[i] - first_page[a]) * page
-                flat[at : at + pixels.size] = pixels
-            for d in bufs:
-                bufs[d] = _write_pages(bufs[d], jax.device_put(chunk, d), np.int32(first_page[a]))
-            a = b
-        pieces = [bufs[d] for d in self.sharding.addressable_devices]
-        rep = NamedSharding(self.sharding.mesh, PartitionSpec())
-        return jax.make_array_from_single_device_arrays((pages, page), rep, pieces)
-
     # ---- batches ----
     def steps_per_epoch(self, batch_size: int, repeats: int = 1) -> int:
         """Steps in one epoch of ``repeats`` × the records (the last partial batch is dropped,
@@ -282,6 +244,7 @@ class ResidentDataset:
         min_size: float = 1.0,
         min_area: float = 1.0,
         min_visibility: float = 0.0,
+        patches=None,
         plan=None,
         bucket=None,
     ):
@@ -296,7 +259,8 @@ class ResidentDataset:
             within that epoch. A Python int or a traced int32 (one compiled step serves all).
           batch_size: the global batch G; the batch axes of `sharding` must divide it.
           seed, shuffle, augment, mean, std, dtype, layout, repeats, max_boxes, min_size,
-            min_area, min_visibility: as for `tbljax.loader` (per-image ops and erasing too:
+            min_area, min_visibility, patches: as for `tbljax.loader` (patches: one max_tokens,
+            not with per-image ops; resident_patches.py; per-image ops and erasing too:
             drawn here, run by the CPU FFI handler or the twin, whose affine ops need
             ``jax_enable_x64``).
           sharding: the batch's sharding: None (the batch axis over every mesh axis that does
@@ -320,10 +284,12 @@ class ResidentDataset:
             augment=augment,
             repeats=repeats,
             **dict(max_boxes=max_boxes, min_size=min_size, min_area=min_area, min_visibility=min_visibility),
+            patches=patches,
         )
         if plan is not None or bucket is not None:
             kw = dict(plan=plan, bucket=bucket, opts=opts, epoch=epoch, sharding=sharding, backend=backend)
             return _buckets.batch(self, step, **kw)
+        _patches.check(opts, self._data_axes(), list(self.fields), _geo.output_keys(self.geometric))
         if opts.augment is not None and len(opts.augment.schedule) > 1:
             # The output shape must be static: fix the size of the (concrete) epoch.
             opts = dataclasses.replace(
@@ -382,7 +348,7 @@ class ResidentDataset:
         g = opts.batch_size
         mesh = self.sharding.mesh
         data_axes = self._data_axes()
-        out_size = opts.output_size(self.image_shape)
+        out_size = None if opts.patches else opts.output_size(self.image_shape)
         local_b = g // _sharding.parts(self.sharding, batch_axes)
         spe = self.steps_per_epoch(g, opts.repeats)
         mean, std = opts.normalization
@@ -399,6 +365,9 @@ class ResidentDataset:
                 positions, opts, num_records=n, image_hw=image_hw, epoch=epoch, step=(step * g, g), xp=jnp
             )
             rep = jnp.zeros_like(idx) if rep is None else rep
+            if opts.patches is not None:  # NaFlex rows (resident_patches.py)
+                image, got = _patches.serve(data, idx, boxes, flips, opts, self.geometry, backend=backend)
+                return image, labels[idx], idx, rep, {**{n: f[idx] for n, f in fields.items()}, **got}
             kw = dict(crop=boxes, flip=flips, out_size=out_size, layout=opts.layout, backend=backend)
             row_ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_size, repeat=rep, xp=jnp)
             if row_ops is not None and data_axes:
@@ -434,7 +403,13 @@ class ResidentDataset:
             lambda d, lab, f, g, s, *e: per_shard(d, lab, f, g, s, e[0] if e else None),
             mesh=mesh,
             in_specs=tuple(in_specs),
-            out_specs=(spec, spec, spec, spec, {n: spec for n in [*self.fields, *_geo.output_keys(self.geometric)]}),
+            out_specs=(
+                spec,
+                spec,
+                spec,
+                spec,
+                {n: spec for n in [*self.fields, *_geo.output_keys(self.geometric), *_patches.keys(opts)]},
+            ),
         )
         image, label, idx, rep, fields = fn(*args)
         repeat = {"repeat": rep.astype(jnp.int32)} if opts.repeats > 1 else {}

@@ -1,19 +1,26 @@
 """What a resident dataset (`jax/resident.py`) gathers on the host before it uploads: whether
 its records fit each device, its records' rows a chunk at a time (zero-copy from RAW files),
-and the columns of the record fields it holds (with those it leaves out, and why, and the
-geometric ones `jax/resident_fields.py` holds)."""
+records of different sizes packed into pages and uploaded, and the columns of the record fields
+it holds (with those it leaves out, and why, and the geometric ones `jax/resident_fields.py`
+holds)."""
 
 from __future__ import annotations
 
+import functools
+
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from tbljax._src.engine import memory
 from tbljax._src.engine.batch_fields import check_pad
 from tbljax._src.engine.geometric_serving import geometric_names
+from tbljax._src.jax import packed as _packed
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.jax.arrays import check_fields_fit
 
-__all__ = ["check_device_memory", "field_columns", "host_rows"]
+__all__ = ["check_device_memory", "field_columns", "host_rows", "upload_packed"]
 
 
 def check_device_memory(shape, sharding, max_bytes: int | None, *, num_records: int = 0) -> None:
@@ -131,3 +138,43 @@ def field_columns(ds, fields, pad) -> tuple[dict[str, np.ndarray], dict[str, str
             raise KeyError(f"pad names field {n!r}, which is not held (fields held: {held})")
     check_fields_fit(ds, names, "ResidentDataset")
     return out, left_out, geometric
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_pages(buf, rows, start):
+    return jax.lax.dynamic_update_slice(buf, rows, (start, jnp.zeros_like(start)))
+
+
+def upload_packed(ds, table, pages: int, chunk_bytes: int, sharding):
+    """The records of `ds` packed from page starts (`tbljax.ops.pack_layout`'s `table`), uploaded
+    a chunk of records at a time into a (pages, PAGE_BYTES) array on every device of `sharding`."""
+    page = _packed.PAGE_BYTES
+    raw = ds.record_format == "raw"
+    if raw:
+        views, counts, offsets, _, _ = ds.raw_records()
+        starts = np.concatenate([[0], np.cumsum(counts)])
+    bufs = {d: jnp.zeros((pages, page), jnp.uint8, device=d) for d in sharding.addressable_devices}
+    first_page = table[:, 0].astype(np.int64)
+    end_page = np.append(first_page[1:], pages)
+    a, num_records = 0, len(table)
+    while a < num_records:
+        # Records [a, b) fill pages [first_page[a], end_page[b - 1]): about chunk_bytes.
+        b = int(np.searchsorted(first_page, first_page[a] + max(1, chunk_bytes // page), side="right"))
+        b = max(b, a + 1)
+        chunk = np.zeros((int(end_page[b - 1] - first_page[a]), page), np.uint8)
+        flat = chunk.reshape(-1)
+        for i in range(a, b):
+            if raw:
+                k = int(np.searchsorted(starts, i, side="right") - 1)
+                o, n = int(offsets[i]), int(table[i, 1]) * int(table[i, 2]) * 3
+                pixels = views[k][o : o + n]
+            else:
+                pixels = ds.read(i).reshape(-1)
+            at = int(first_page[i] - first_page[a]) * page
+            flat[at : at + pixels.size] = pixels
+        for d in bufs:
+            bufs[d] = _write_pages(bufs[d], jax.device_put(chunk, d), np.int32(first_page[a]))
+        a = b
+    pieces = [bufs[d] for d in sharding.addressable_devices]
+    rep = NamedSharding(sharding.mesh, PartitionSpec())
+    return jax.make_array_from_single_device_arrays((pages, page), rep, pieces)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -13,7 +14,7 @@ from tbljax._src.engine import kernels as _kernels
 from tbljax._src.jax.packed import PAGE_BYTES, PackedRecords
 from tbljax._src.rules import contract
 
-__all__ = ["lookup", "normalization_table", "normalize", "out_dtype", "twin_gather"]
+__all__ = ["lookup", "normalization_table", "normalize", "out_dtype", "twin_gather", "twin_patches"]
 
 _ONE_BITS = contract.RESIZE_WEIGHT_BITS
 _ROUND_SHIFT = 2 * _ONE_BITS  # acc carries weights of 2^11 on each axis
@@ -27,13 +28,15 @@ def _max_taps(length: int, out_len: int) -> int:
 def _axis_weights(o, length, out_len: int, taps: int):
     """kernel.h's taps of output coordinates `o` (..., O) for box lengths `length` (..., 1):
     the first box pixel (..., O) and `taps` weights each (..., O, taps), zero past the run.
+    `out_len`: an int, or each row's own as an int32 array shaped like `length`.
     int32 throughout; exact (kernel.h bounds every intermediate below 2^31)."""
     m2 = 2 * jnp.maximum(length, out_len)
     c = (2 * o + 1) * length - out_len
     lo = jnp.maximum((c - m2) // (2 * out_len) + 1, 0)  # floor division, as kernel.h
     j = lo[..., None] + jnp.arange(taps, dtype=jnp.int32)
     length = length[..., None]
-    d = jnp.abs((2 * j + 1) * out_len - (2 * o[..., None] + 1) * length)
+    n = out_len[..., None] if jnp.ndim(out_len) else out_len  # per-row sizes (NaFlex rows): (..., 1, 1)
+    d = jnp.abs((2 * j + 1) * n - (2 * o[..., None] + 1) * length)
     u = jnp.where(j < length, jnp.maximum(m2[..., None] - d, 0), 0)
     total = jnp.sum(u, axis=-1, keepdims=True)
     n = u * (1 << _ONE_BITS)
@@ -96,6 +99,67 @@ def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=Non
         pix = ((acc + (1 << (_ROUND_SHIFT - 1))) >> _ROUND_SHIFT).astype(jnp.uint8)
     out = pix if table is None else lookup(pix, table, channel_axis=-1)
     return out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
+
+
+def twin_patches(data, indices, crop, flip, sizes, *, patch: int, tokens: int, table=None):
+    """NaFlex rows (kernel.h's GatherRequest::patch): row b's box ``crop[b]`` resized to its own
+    ``sizes[b] = (h, w)`` (int32 (B, 2), multiples of `patch`, may be traced), flipped where
+    ``flip[b]``, written as its (h/p)·(w/p) patches: (B, tokens, p·p·3) NHWC, zeros past the
+    grid. The resize of `twin_gather`, evaluated at each token's pixels (y = gy·p + py,
+    x = gx·p + px), so it is bit-exact with the kernel's patches as twin_gather is with its rows."""
+    p, packed = patch, isinstance(data, PackedRecords)
+    if packed:
+        rec = data.table[indices]  # (B, 3)
+        first, rec_w = rec[:, 0, None, None, None, None], rec[:, 2, None, None, None]
+        max_side = data.max_side
+
+        def at(sy, sx):  # (B, T, p) each -> (B, T, p, p, 3) int32
+            o = (sy[..., :, None] * rec_w + sx[..., None, :]) * 3
+            o = o[..., None] + jnp.arange(3, dtype=jnp.int32)
+            return data.pages[first + o // PAGE_BYTES, o % PAGE_BYTES].astype(jnp.int32)
+    else:
+        idx, max_side = indices[:, None, None, None], max(data.shape[1], data.shape[2])
+
+        def at(sy, sx):
+            return data[idx, sy[..., :, None], sx[..., None, :]].astype(jnp.int32)
+
+    crop, sizes = crop.astype(jnp.int32), sizes.astype(jnp.int32)
+    h, w = (jnp.maximum(sizes[:, a, None, None], p) for a in (0, 1))  # (B, 1, 1)
+    gw = w // p
+    k = jnp.arange(tokens, dtype=jnp.int32)[None, :, None]
+    valid = k < (h // p) * gw  # (B, T, 1)
+    q = jnp.arange(p, dtype=jnp.int32)
+    oy = jnp.where(valid, (k // gw) * p + q, 0)  # (B, T, p) output rows of each token's pixels
+    ox = jnp.where(valid, (k % gw) * p + q, 0)
+    if flip is not None:  # flip mirrors the row's own columns
+        ox = jnp.where(flip[:, None, None] & valid, w - 1 - ox, ox)
+    box_h, box_w = crop[:, 2, None, None], crop[:, 3, None, None]
+    taps = _max_taps(max_side, p)  # static: enough for any row (a side is at least p)
+    ly, wy = _axis_weights(oy, box_h, h, taps)  # (B, T, p), (B, T, p, taps)
+    lx, wx = _axis_weights(ox, box_w, w, taps)
+    # The rows' own tap counts bound the loops (the static bound may be far larger).
+    ky = jnp.max(2 * jnp.maximum(box_h, h) // h + 1).clip(1, taps)
+    kx = jnp.max(2 * jnp.maximum(box_w, w) // w + 1).clip(1, taps)
+    sy0, sx0 = crop[:, 0, None, None] + ly, crop[:, 1, None, None] + lx
+    y_last, x_last = crop[:, 0, None, None] + box_h - 1, crop[:, 1, None, None] + box_w - 1
+
+    def tap_row(a, acc):
+        sy = jnp.minimum(sy0 + a, y_last)
+        wa = jnp.take(wy, a, axis=-1)[..., :, None, None]
+
+        def tap(b, row):
+            sx = jnp.minimum(sx0 + b, x_last)
+            return row + jnp.take(wx, b, axis=-1)[..., None, :, None] * at(sy, sx)
+
+        return acc + wa * jax.lax.fori_loop(0, kx, tap, acc * 0)
+
+    # Zeros from the indices, so that under jax.shard_map the carry varies as the rows do.
+    zero = jnp.zeros((1, tokens, p, p, 3), jnp.int32) + (indices * 0).astype(jnp.int32)[:, None, None, None, None]
+    acc = jax.lax.fori_loop(0, ky, tap_row, zero)
+    pix = ((acc + (1 << (_ROUND_SHIFT - 1))) >> _ROUND_SHIFT).astype(jnp.uint8)
+    out = pix if table is None else lookup(pix, table, channel_axis=-1)
+    out = jnp.where(valid[..., None, None], out, jnp.zeros((), out.dtype))
+    return out.reshape(indices.shape[0], tokens, p * p * 3)
 
 
 def lookup(pix, table, channel_axis: int):

@@ -206,8 +206,9 @@ def sequence_size(heights, widths, patch: int, max_tokens: int, *, xp=np):
     h = xp.asarray(heights).astype(xp.float32)
     w = xp.asarray(widths).astype(xp.float32)
     target, step = _bisect_state(h, w, patch, max_tokens, xp)
-    lb = xp.full(h.shape, _LO, xp.float32)
-    rb = xp.full(h.shape, _HI, xp.float32)
+    # From h, not xp.full: inside jax.shard_map the loop's carry must vary over the axes h does.
+    lb = h * np.float32(0) + _LO
+    rb = h * np.float32(0) + _HI
     if xp is np:
         while ((rb - lb) >= _EPS).any():
             lb, rb = step(lb, rb)
