@@ -351,10 +351,12 @@ def test_repeats_serve_every_record_repeat_once_with_its_crop(matrix, kind, layo
 def test_views_serve_each_view_the_oracle_crop_of_its_own_draw(matrix, kind, layout):
     """The "views" row (issue 47): two view groups of 2 and 1 views, each view v of a record the
     oracle's pixels at the crop and flip drawn for (seed, epoch, index, v), views numbered across
-    the groups in order; every record once an epoch."""
+    the groups in order; the second group with its own ops (per-view ops): pixel_ops' program of
+    the ops decided for (seed, epoch, index, v) on that crop; every record once an epoch."""
     files, refs = matrix
-    small = tbljax.Augment(size=(8, 8), scale=(0.1, 0.5))
+    small = tbljax.Augment(size=(8, 8), scale=(0.1, 0.5), ops=[tbljax.RandAugment(num_ops=2, magnitude=9, prob=0.7)])
     views = {"big": (2, RRC), "small": (1, small)}
+    drawn = 0
     seen = []
     for batch in tbljax.loader(
         files[kind, layout], B, seed=SEED, dtype="uint8", views=views, num_epochs=1, **serve(kind)
@@ -368,10 +370,13 @@ def test_views_serve_each_view_the_oracle_crop_of_its_own_draw(matrix, kind, lay
             for v in range(count):
                 boxes, flips = sample(aug, idx, geometry=geometry, seed=SEED, epoch=0, view=first + v)
                 want = oracle.gather(refs[kind, layout], idx, aug.size, crop=boxes, flip=flips)
+                if aug.ops:
+                    codes, args = decide(aug.ops, idx, seed=SEED, epoch=0, view=first + v)
+                    want, drawn = _ops_applied(want, codes, args, aug.ops), drawn + int(codes.any(1).sum())
                 np.testing.assert_array_equal(got[:, v], want, err_msg=f"{name}[{v}]")
             first += count
         seen += idx.tolist()
-    assert sorted(seen) == sorted(set(seen)) and len(seen) == (M.N // B) * B
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == (M.N // B) * B and drawn > 0
 
 
 def _bucket_of(h: int, w: int, sizes) -> tuple[int, tuple[int, int]]:
@@ -583,15 +588,57 @@ def test_every_policy_class(matrix, kind, layout):
         loader.close()
         idx = _host(batch["index"])
         codes, args = decide(ops, idx.astype(np.int64), seed=SEED, epoch=0)
-        slots = [p for p in ops for _ in range(getattr(p, "num_slots", getattr(p, "num_ops", 1)))]
-        want = []
-        for img, cs, a_s in zip(expected(refs[kind, layout], idx, aug), codes, args):
-            for code, arg, p in zip(cs.tolist(), a_s.tolist(), slots):
-                if code:
-                    kw = {k: getattr(p, k) for k in ("fill", "interpolation") if hasattr(p, k)}
-                    img = pixel_ops.apply(img, code, arg, **kw)
-            want.append(img)
-        np.testing.assert_array_equal(_host(batch["image"]), np.stack(want))
+        want = _ops_applied(expected(refs[kind, layout], idx, aug), codes, args, ops)
+        np.testing.assert_array_equal(_host(batch["image"]), want)
+
+
+def _ops_applied(imgs, codes, args, ops) -> np.ndarray:
+    """Each uint8 row of `imgs` through pixel_ops, slot by slot with its policy's fill and
+    interpolation: the NumPy rule of the per-image ops."""
+    slots = [p for p in ops for _ in range(getattr(p, "num_slots", getattr(p, "num_ops", 1)))]
+    want = []
+    for img, cs, a_s in zip(imgs, codes, args):
+        for code, arg, p in zip(cs.tolist(), a_s.tolist(), slots):
+            if code:
+                kw = {k: getattr(p, k) for k in ("fill", "interpolation") if hasattr(p, k)}
+                img = pixel_ops.apply(img, code, arg, **kw)
+        want.append(img)
+    return np.stack(want)
+
+
+# One affine op (the twin's float64 matrices: x64) and two colour ops, each row two of them.
+TWIN_OPS = [tbljax.RandAugment(num_ops=2, magnitude=9, ops=["Rotate", "Solarize", "Color"], prob=1.0)]
+
+
+@pytest.mark.parametrize("kind", ["raw_square", "raw_shorter_side"], ids=["one-size", "packed"])
+@pytest.mark.parametrize("backend", ["ffi", "twin"])
+def test_gather_normalize_runs_per_image_ops_on_either_backend_as_pixel_ops(matrix, backend, kind):
+    """The "twin ops" row: `gather_normalize(ops=pixel_program(...))` in jit, under x64 (the
+    twin's affine op needs it), over a `ResidentDataset`'s records (one size, and a
+    `PackedRecords` of full-aspect ones): pixel_ops' program of the oracle's crop, normalized by
+    the contract, on the FFI handler and on the twin -- so the twin's bytes are the handler's."""
+    import jax
+
+    files, refs = matrix
+    aug = tbljax.Augment(size=M.OUT, ops=TWIN_OPS)
+    data = tbljax.ResidentDataset(files[kind, "file"]).data
+    assert isinstance(data, tbljax.ops.PackedRecords) == (kind in FULL_ASPECT)
+    idx = np.array([0, 3, 5, 9, 2, 7])
+    crops, flips = sample(aug, idx, geometry=_geometry(refs[kind, "file"]), seed=SEED, epoch=0)
+    codes, args = decide(aug.ops, idx, seed=SEED, epoch=0)
+    assert np.isin(codes, sorted(pixel_ops.AFFINE)).any()
+    want = _ops_applied(expected(refs[kind, "file"], idx, aug), codes, args, aug.ops)
+    want = oracle.normalize(want, MEAN, STD, np.float32)
+
+    def step(d, i, c, f, co, a):
+        prog = tbljax.ops.pixel_program(co, a, M.OUT, policies=tuple(aug.ops))
+        return tbljax.ops.gather_normalize(
+            d, i, crop=c, flip=f, out_size=M.OUT, ops=prog, backend=backend, mean=MEAN, std=STD
+        )
+
+    with jax.enable_x64(True):
+        got = np.asarray(jax.jit(step)(data, idx.astype(np.int32), crops.astype(np.int32), flips, codes, args))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
