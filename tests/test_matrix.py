@@ -386,13 +386,30 @@ def _bucket_of(h: int, w: int, sizes) -> tuple[int, tuple[int, int]]:
     return k, ranked[k]
 
 
+BUCKET_SIZES = [(8, 12), (8, 8), (12, 8)]
+
+
+def _bucket_crop(img, sizes) -> tuple[int, tuple[int, int], np.ndarray]:
+    """(bucket id, crop_yx, pixels): the oracle's resize to img's bucket of the largest box of
+    the bucket's aspect (sides rounded half up) centred in img, unflipped."""
+    h, w = img.shape[:2]
+    k, (bh, bw) = _bucket_of(h, w, sizes)
+    half = Fraction(1, 2)
+    if w * bh > h * bw:  # wider than the bucket: full height
+        box = (h, min(w, max(1, math.floor(Fraction(h * bw, bh) + half))))
+    else:
+        box = (min(h, max(1, math.floor(Fraction(w * bh, bw) + half))), w)
+    y0, x0 = (h - box[0]) // 2, (w - box[1]) // 2
+    return k, (y0, x0), oracle.crop_resize(img, (y0, x0, *box), bh, bw)
+
+
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_buckets_serve_each_record_covered_and_center_cropped_to_its_bucket(matrix, kind, layout):
     """The "buckets" row: every record once, each step one bucket; a row is the oracle's resize
     of the largest box of its bucket's aspect (sides rounded half up) centred in the record,
     flipped by `tbljax.augment.flips`; orig_hw/crop_yx/bucket the record's conditioning."""
     files, refs = matrix
-    sizes = [(8, 12), (8, 8), (12, 8)]
+    sizes = BUCKET_SIZES
     buckets = tbljax.Buckets(sizes=sizes, crop="center")
     kw = dict(seed=SEED, dtype="uint8", augment="flip", num_epochs=1, drop_remainder=False, **serve(kind))
     seen, shapes = [], set()
@@ -403,15 +420,8 @@ def test_buckets_serve_each_record_covered_and_center_cropped_to_its_bucket(matr
         for r in np.flatnonzero(valid):
             i = int(idx[r])
             h, w = refs[kind, layout][i].shape[:2]
-            k, (bh, bw) = _bucket_of(h, w, sizes)
-            assert image.shape[1:3] == (bh, bw) and int(_host(batch["bucket"])[r]) == k, (kind, i)
-            half = Fraction(1, 2)
-            if w * bh > h * bw:  # wider than the bucket: full height
-                box = (h, min(w, max(1, math.floor(Fraction(h * bw, bh) + half))))
-            else:
-                box = (min(h, max(1, math.floor(Fraction(w * bh, bw) + half))), w)
-            y0, x0 = (h - box[0]) // 2, (w - box[1]) // 2
-            want = oracle.crop_resize(refs[kind, layout][i], (y0, x0, *box), bh, bw)
+            k, (y0, x0), want = _bucket_crop(refs[kind, layout][i], sizes)
+            assert image.shape[1:3] == want.shape[:2] and int(_host(batch["bucket"])[r]) == k, (kind, i)
             np.testing.assert_array_equal(image[r], want[:, ::-1] if flips[r] else want, err_msg=f"{kind} {i}")
             assert _host(batch["orig_hw"])[r].tolist() == [h, w] and _host(batch["crop_yx"])[r].tolist() == [y0, x0]
         assert not image[~valid].any()
@@ -548,6 +558,90 @@ def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(m
         check_fields(kind, fields, np.where(valid, hb.index, -1), "length schedule")
         seen[hb.epoch] += idx.tolist()
     assert all(sorted(seen[e]) == list(range(M.N)) for e in seen)
+
+
+# The per-image ops with native resolution: RandAugment's default ops (affine ones too, their
+# matrices at each row's own size), on some rows only; one cell per path the kernel takes
+# (gather, gather_variable, jpeg_boxes over RAW and JPEG records, decode), both layouts.
+NATIVE_OPS = [tbljax.RandAugment(num_ops=2, magnitude=9, prob=0.7)]
+NATIVE_OPS_CELLS = [
+    ("raw_square", "file"),
+    ("raw_shorter_side", "shards"),
+    ("compact_raw_budget", "file"),
+    ("lz4", "shards"),
+]
+
+
+def _native_rows(native, path, imgs, kind):
+    """(record, epoch, served row, the oracle's image before the ops, image -> row) of every
+    record served with NATIVE_OPS under `native`: "buckets", "patches" (one max_tokens),
+    "schedule" (a length schedule, HostLoader) or "pack" (packed sequences, per segment)."""
+    geo, p = _geometry(imgs), 4
+    kw = dict(seed=SEED, dtype="uint8", drop_remainder=False, **serve(kind))
+    whole = tbljax.Augment(crop=False, size=None, ops=NATIVE_OPS)  # buckets and packing: no crop
+    crop = tbljax.Augment(size=None, ops=NATIVE_OPS)  # patches: RRC's random crop and flip
+    if native == "buckets":
+        b_kw = dict(buckets=tbljax.Buckets(sizes=BUCKET_SIZES, crop="center"), augment=whole, num_epochs=1)
+        for b in tbljax.loader(path, B, **b_kw, **kw):
+            idx, valid, image = (_host(b[k]) for k in ("index", "valid", "image"))
+            for r in np.flatnonzero(valid):
+                want = _bucket_crop(imgs[idx[r]], BUCKET_SIZES)[2]
+                flip = tba.flips(idx[r : r + 1], seed=SEED, epoch=0)[0]
+                yield int(idx[r]), 0, image[r], want[:, ::-1] if flip else want, lambda x: x
+    elif native in ("patches", "schedule"):
+        if native == "patches":
+            t_kw = dict(patches=tbljax.Patches(size=p, max_tokens=12), augment=crop, num_epochs=1)
+            steps = [(0, _host(b["index"]), _host(b["image"])) for b in tbljax.loader(path, B, **t_kw, **kw)]
+        else:
+            lengths = tbljax.Patches(size=p, max_tokens=[4, 12], tokens_per_batch=24, batch_divisor=1)
+            opts = tbljax.LoaderOptions(batch_size=6, patches=lengths, augment=crop, num_epochs=2, **kw)
+            steps = [(hb.epoch, hb.index, hb.image) for hb in tbljax.HostLoader(tbljax.open(path), opts)]
+        for epoch, idx, image in steps:
+            t = image.shape[1]
+            boxes, flips = sample(crop, idx[idx >= 0], geometry=geo, seed=SEED, epoch=epoch)
+            for r, (i, box, flip) in enumerate(zip(idx[idx >= 0], boxes, flips)):
+                hh, ww = (int(v[0]) for v in naflex.sequence_size(box[2:3], box[3:4], p, t))
+                want = oracle.crop_resize(imgs[i], box, hh, ww)
+                yield int(i), epoch, image[r], want[:, ::-1] if flip else want, lambda x, t=t: naflex.patchify(x, p, t)
+    else:
+        packing = tbljax.Patches(size=p, max_tokens=12, pack=True, image_tokens=4, pack_window=4)
+        for b in tbljax.loader(path, B, patches=packing, augment=whole, num_epochs=1, **kw):
+            image, seg, index = (_host(b[k]) for k in ("image", "segment_ids", "segment_index"))
+            for r, k in zip(*np.nonzero(index >= 0)):
+                i = int(index[r, k])
+                h, w = imgs[i].shape[:2]
+                th, tw = (int(v[0]) for v in naflex.sequence_size(np.array([h]), np.array([w]), p, 4))
+                want = oracle.crop_resize(imgs[i], (0, 0, h, w), th, tw)
+                flip = sample(whole, np.array([i]), geometry=geo, seed=SEED, epoch=0)[1][0]
+                tokens = th // p * (tw // p)
+                yield (
+                    i,
+                    0,
+                    image[r][seg[r] == k + 1],
+                    want[:, ::-1] if flip else want,
+                    lambda x, n=tokens: naflex.patchify(x, p, 4)[:n],
+                )
+
+
+@pytest.mark.parametrize("native", ["buckets", "patches", "schedule", "pack"])
+@pytest.mark.parametrize("kind,layout", NATIVE_OPS_CELLS, ids=[f"{k}-{layout}" for k, layout in NATIVE_OPS_CELLS])
+def test_per_image_ops_with_buckets_patches_a_length_schedule_and_packing(matrix, kind, layout, native):
+    """The "native ops" row: with buckets, NaFlex patches, a length schedule and packing, each
+    row (each packed image) is pixel_ops' program of the ops decided for (seed, epoch, index),
+    run on the oracle's image at that row's own size (the bucket's; the sequence size of its
+    crop at the row's length; of the whole record at image_tokens), then laid out as served;
+    every record once an epoch."""
+    files, refs = matrix
+    rows = list(_native_rows(native, files[kind, layout], refs[kind, layout], kind))
+    for epoch in sorted({e for _, e, *_ in rows}):
+        assert sorted(i for i, e, *_ in rows if e == epoch) == list(range(M.N)), epoch
+    drawn = 0
+    for i, epoch, got, plain, to_row in rows:
+        codes, args = decide(NATIVE_OPS, np.array([i]), seed=SEED, epoch=epoch)
+        want = to_row(_ops_applied(plain[None], codes, args, NATIVE_OPS)[0])
+        np.testing.assert_array_equal(got, want, err_msg=f"{native}: record {i}, epoch {epoch}")
+        drawn += int(codes.any())
+    assert drawn > 0
 
 
 # ---- torch, MLX, the dataset on device ----
