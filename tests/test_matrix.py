@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import types
 from fractions import Fraction
 from pathlib import Path
 
@@ -49,7 +50,7 @@ from tbljax._src.rules.record_geometry import RecordGeometry
 import _matrix_data as M
 import _two_jobs
 import oracle
-from _loader_testing import spans, spy_on_sweeps
+from _loader_testing import spans, spy_on_sweeps, two_host_parts
 
 SEED, B = 3, 4
 RRC = tbljax.Augment(size=M.OUT)
@@ -561,10 +562,11 @@ def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(m
 
 
 # The per-image ops with native resolution: RandAugment's default ops (affine ones too, their
-# matrices at each row's own size), on some rows only; one cell per path the kernel takes
-# (gather, gather_variable, jpeg_boxes over RAW and JPEG records, decode), both layouts.
+# matrices at each row's own size), on some rows only.
 NATIVE_OPS = [tbljax.RandAugment(num_ops=2, magnitude=9, prob=0.7)]
-NATIVE_OPS_CELLS = [
+# One cell per path the kernel takes (gather, gather_variable, jpeg_boxes over RAW and JPEG
+# records, decode), both layouts: the rows of combinations each path serves alike.
+PATH_CELLS = [
     ("raw_square", "file"),
     ("raw_shorter_side", "shards"),
     ("compact_raw_budget", "file"),
@@ -624,7 +626,7 @@ def _native_rows(native, path, imgs, kind):
 
 
 @pytest.mark.parametrize("native", ["buckets", "patches", "schedule", "pack"])
-@pytest.mark.parametrize("kind,layout", NATIVE_OPS_CELLS, ids=[f"{k}-{layout}" for k, layout in NATIVE_OPS_CELLS])
+@pytest.mark.parametrize("kind,layout", PATH_CELLS, ids=[f"{k}-{layout}" for k, layout in PATH_CELLS])
 def test_per_image_ops_with_buckets_patches_a_length_schedule_and_packing(matrix, kind, layout, native):
     """The "native ops" row: with buckets, NaFlex patches, a length schedule and packing, each
     row (each packed image) is pixel_ops' program of the ops decided for (seed, epoch, index),
@@ -642,6 +644,84 @@ def test_per_image_ops_with_buckets_patches_a_length_schedule_and_packing(matrix
         np.testing.assert_array_equal(got, want, err_msg=f"{native}: record {i}, epoch {epoch}")
         drawn += int(codes.any())
     assert drawn > 0
+
+
+PATCHES = tbljax.Patches(size=4, max_tokens=12)
+PATCH_KEYS = ("image", "patch_yx", "patch_valid")
+
+
+def _whole_patch_rows(path, epochs=1, **kw) -> dict[tuple[int, int], list[np.ndarray]]:
+    """{(epoch, record): [image, patch_yx, patch_valid]} of the whole-dataset loader at PATCHES
+    (HostLoader, every record in one step): what a host part's or a mixture's row must equal."""
+    opts = tbljax.LoaderOptions(batch_size=M.N, patches=PATCHES, seed=SEED, dtype="uint8", num_epochs=epochs, **kw)
+    return {
+        (hb.epoch, int(i)): [hb.image[r], *(hb.fields[k][0][r] for k in PATCH_KEYS[1:])]
+        for hb in tbljax.HostLoader(tbljax.open(path), opts)
+        for r, i in enumerate(hb.index)
+    }
+
+
+def _check_patch_rows(hb, want, where, epoch=None):
+    """Each row of HostBatch `hb` against `want` (keyed (epoch, index) by default), padding rows
+    empty; returns the rows' indices."""
+    served = []
+    for r, i in enumerate(hb.index.tolist()):
+        got = [hb.image[r], *(hb.fields[k][0][r] for k in PATCH_KEYS[1:])]
+        if i < 0:
+            assert not got[0].any() and not got[2].any(), where
+            continue
+        for a, b, k in zip(got, want[(hb.epoch if epoch is None else epoch, i)], PATCH_KEYS):
+            np.testing.assert_array_equal(a, b, err_msg=f"{where}: record {i} {k}")
+        served.append(i)
+    return served
+
+
+@pytest.mark.parametrize("kind,layout", PATH_CELLS, ids=[f"{k}-{layout}" for k, layout in PATH_CELLS])
+def test_patches_over_host_parts_serve_the_whole_dataset_loaders_rows(matrix, kind, layout):
+    """The "patches over host parts" row: partition="host" at two ranks (threads exchanging
+    their parts' sizes), each reading its `tbljax.host_part` (a shard file; a single file's
+    records): every row, with its random crop and flip, the whole-dataset loader's row for that
+    record, patch keys included; every record once an epoch over the ranks."""
+    files, _ = matrix
+    path = files[kind, layout]
+    kw = dict(augment=tbljax.Augment(size=None), drop_remainder=False, **serve(kind))
+    want = _whole_patch_rows(path, epochs=2, **kw)
+    if layout == "shards":  # whole files: the records of the rank's file
+        ends = np.cumsum([0] + [len(tbljax.open(f)) for f in path])
+        part = [range(ends[f], ends[f + 1]) for f in (tbljax.host_part(2, r, 2)[0] for r in (0, 1))]
+    else:
+        part = [tbljax.host_part(M.N, r, 2) for r in (0, 1)]
+    opts = tbljax.LoaderOptions(batch_size=4, patches=PATCHES, seed=SEED, dtype="uint8", num_epochs=2, **kw)
+    seen = {0: [], 1: []}
+    for rank, batches in enumerate(two_host_parts(path, opts)):
+        for hb in batches:
+            served = _check_patch_rows(hb, want, f"rank {rank} epoch {hb.epoch}")
+            assert set(served) <= set(part[rank]), rank
+            seen[hb.epoch] += served
+    assert sorted(seen[0]) == sorted(seen[1]) == list(range(M.N))
+
+
+def test_patches_over_a_mixture_and_its_host_parts_serve_each_sources_rows(matrix, mixed):
+    """The "patches over a mixture" row: `tbljax.mix` of a RAW square file and compact
+    full-aspect shards, served whole (no augmentation), by `tbljax.loader` and by the mixture's
+    host parts at two ranks: each row is its source's record as that source alone serves it."""
+    files, _ = matrix
+    mixture, _ = mixed
+    cells = {"square": ("raw_square", "file"), "full": ("compact_full_aspect", "shards")}
+    want = {}  # (0, mixture index) -> the source alone's row of that record
+    for k, name in enumerate(mixture.sources):
+        for (_, r), row in _whole_patch_rows(files[cells[name]]).items():
+            want[0, int(mixture.offsets[k]) + r] = row
+    served = []
+    for b in tbljax.loader(mixture, 8, patches=PATCHES, seed=SEED, dtype="uint8", num_epochs=1):
+        hb = types.SimpleNamespace(index=_host(b["index"]), image=_host(b["image"]), epoch=0)
+        hb.fields = {k: [_host(b[k])] for k in PATCH_KEYS[1:]}
+        served += _check_patch_rows(hb, want, "mixture")
+    opts = tbljax.LoaderOptions(batch_size=8, patches=PATCHES, seed=SEED, dtype="uint8", num_epochs=1)
+    for rank, batches in enumerate(two_host_parts(mixture, opts)):
+        for hb in batches:
+            served += _check_patch_rows(hb, want, f"mixture rank {rank}", epoch=0)
+    assert len(served) == 2 * 5 * 8 and {i >= M.N for i in served} == {False, True}
 
 
 # ---- torch, MLX, the dataset on device ----
