@@ -1472,3 +1472,40 @@ def _extent(rh, rw) -> np.ndarray:
     valid = np.zeros(M.OUT, bool)
     valid[:rh, :rw] = True
     return valid
+
+
+# ---- the linear dense-map row: DenseMap(interpolation="linear") on two record kinds ----
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    pytest.importorskip("PIL")
+    return M.make_dense(tmp_path_factory.mktemp("dense"))
+
+
+@pytest.mark.parametrize("kind", M.DENSE_KINDS)
+def test_a_linear_dense_map_is_served_by_the_numpy_linear_rule(dense, kind):
+    """Each record's map stored by `rules/geometry`'s conversion rule (`resize_dense`, linear,
+    from the source's values), then served through the crop and flip `tbljax.augment.sample`
+    draws by its serving rule (`serve_linear_batch`, invalid samples given no weight): the
+    loader's float32 values bit for bit."""
+    files, values = dense
+    resize = M.KINDS[kind]["resize"]
+    stored = []
+    for v in values:
+        plan = geometry.resize_plan(*v.shape, M.S, resize, 0)
+        stored.append(geometry.resize_dense(v, plan, "linear", M.DENSE.invalid))
+    seen, invalid = [], 0
+    for b in tbljax.loader(files[kind], B, augment=RRC, seed=SEED, dtype="uint8", num_epochs=1, drop_remainder=False):
+        idx, depth = _host(b["index"]), _host(b["depth"])
+        real = idx[idx >= 0]
+        crops, flips = sample(RRC, real, geometry=_geometry(stored), seed=SEED, epoch=0)
+        for r, i in enumerate(real.tolist()):
+            want = geometry.serve_linear_batch(
+                lambda ys, xs, a=stored[i]: a[ys, xs], crops[r : r + 1], M.OUT, flips[r : r + 1], 0.0
+            )
+            assert depth.dtype == np.float32
+            np.testing.assert_array_equal(depth[r], want[0], err_msg=f"{kind} record {i}")
+            invalid += int((want[0] == 0).sum())
+        seen += real.tolist()
+    assert sorted(seen) == list(range(M.N)) and invalid > 0
