@@ -6,22 +6,27 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
-loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped, `patches=` NaFlex
-sequences, a length schedule of them (HostLoader, tbljax.loader) and packed NaFlex sequences), torch, MLX (and
+loader; `repeats=2`, each repeat its own crop; `views=`, each view its own crop and a group
+with its own ops; `buckets=` centre-cropped, `patches=` NaFlex sequences, a length schedule of
+them (HostLoader, tbljax.loader) and packed NaFlex sequences; per-image ops (pixel_ops' rules)
+with each of those four, at each row's own size, on one cell per kernel path), torch, MLX (and
 both with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit`
-(with per-image ops drawn and run there), `partition="host"` in two real processes (JAX and
-torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the dataset contract
-itself on every dataset kind. The "fields" row's records carry a str, a json, a fixed and a
-ragged ndarray field: every path that serves them is checked against the values the source TAR
-held (`check_fields`). The geometric row: each record kind converted with a mask and boxes
-(original JPEG bytes refused by name), served through RRC + flip by the JAX and torch loaders
-and by a `ResidentDataset` in jit, against `rules/geometry`'s conversion and serving rules of
-the source's values at the crop `tbljax.augment.sample` draws. The detection-crop row
-(`Augment(crop="bbox")`): the same files through the JAX loader, pixels against the oracle and
-masks/boxes against `rules/geometry` at the crop `sample` draws around each record's stored
-boxes; the large-scale-jitter and longer_pad rows: pixels against the oracle's crop-resize at
-`tbljax.augment.canvas_boxes`' box and extent on a zero canvas, `image_valid`, masks/boxes
-served onto the extent."""
+(with per-image ops drawn and run there), `gather_normalize(ops=)` on the FFI handler and on
+the pure-JAX twin (records of one size and packed; the twin's cases slow), `partition="host"`
+in two real processes (JAX and torch.distributed), `patches=` over host parts and over a
+mixture and its host parts (each row the whole dataset's or its source's), `show`, `bench`,
+`info`/`verify`, TBL → RAW; and the dataset contract itself on every dataset kind. The "fields"
+row's records carry a str, a json, a fixed and a ragged ndarray field: every path that serves
+them is checked against the values the source TAR held (`check_fields`). The geometric row:
+each record kind converted with a mask and boxes (original JPEG bytes refused by name), served
+through RRC + flip by the JAX and torch loaders and by a `ResidentDataset` in jit, against
+`rules/geometry`'s conversion and serving rules of the source's values at the crop
+`tbljax.augment.sample` draws; a linear `DenseMap` the same way on two record kinds. The
+detection-crop row (`Augment(crop="bbox")`): the same files through the JAX loader, pixels
+against the oracle and masks/boxes against `rules/geometry` at the crop `sample` draws around
+each record's stored boxes; the large-scale-jitter and longer_pad rows: pixels against the
+oracle's crop-resize at `tbljax.augment.canvas_boxes`' box and extent on a zero canvas,
+`image_valid`, masks/boxes served onto the extent."""
 
 from __future__ import annotations
 
