@@ -1,5 +1,6 @@
 """Helpers for the loader tests and their subprocesses: small TBL files, the normalization
-oracle (tests/oracle.py), the rows a process holds, and a spy on the whole-source sweep."""
+oracle (tests/oracle.py), the rows a process holds, a spy on the whole-source sweep, and two
+host parts served side by side in threads."""
 
 from __future__ import annotations
 
@@ -76,3 +77,39 @@ def spans(calls, inode):
         else:
             out.append([a, a + n])
     return [tuple(x) for x in out]
+
+
+def two_host_parts(what, opts):
+    """Each rank's HostBatches of `what` (a path or a tbljax.mix) under partition="host" at 2
+    ranks: two threads open their parts, exchanging their sizes as the processes of a job do."""
+    import tbljax
+    from tbljax._src.datasets import opening
+
+    barrier, exchanged, got = threading.Barrier(2), [None, None], {}
+
+    def serve(rank):
+        def allgather(row):
+            exchanged[rank] = np.asarray(row)
+            barrier.wait()
+            out = np.stack(exchanged)
+            barrier.wait()  # both read before either writes its next row (a mixture: one a source)
+            return out
+
+        try:
+            ds, parts = opening.open_host_part(what, opts.batch_size, rank, 2, allgather)
+            layout = tbljax.RowLayout.for_rank(opts.batch_size, rank, 2).process_local(2)
+            got[rank] = list(tbljax.HostLoader(ds, opts, layout, parts=parts))
+        except Exception as e:  # raised in the test's thread below
+            got[rank] = e
+            barrier.abort()  # the other rank stops waiting for this one
+
+    threads = [threading.Thread(target=serve, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for rank in (0, 1):
+        if isinstance(got.get(rank), Exception):
+            raise got[rank]
+        assert got.get(rank), f"rank {rank} served nothing"
+    return [got[0], got[1]]

@@ -223,3 +223,42 @@ def geometric_references(files: dict) -> dict[str, list[np.ndarray]]:
     """{kind: every geometric record's reference pixels}: read from the file's bytes as
     `references` does (records decoded and resized at serve time: their RAW twin's)."""
     return {kind: _stored(files[TWIN.get(kind, kind)]) for kind in GEO_KINDS}
+
+
+# The linear dense-map row: a float32 map a record (the photo's size; 0 = invalid on about a
+# third of its samples, and on its left third in every other record, so that some served
+# values have no valid tap) stored DenseMap(interpolation="linear"), on two record kinds.
+DENSE = tbljax.DenseMap("depth.npy", interpolation="linear", invalid=0.0)
+DENSE_KINDS = ("raw_square", "compact_full_aspect")
+
+
+def dense_values(src: list[Path]) -> list[np.ndarray]:
+    from PIL import Image
+
+    rng = np.random.default_rng(17)
+    out = []
+    for i, p in enumerate(src):
+        with Image.open(p) as im:
+            w, h = im.size
+        a = rng.uniform(1, 10, (h, w)).astype(np.float32)
+        a[rng.random((h, w)) < 0.3] = 0
+        a[:, : w // 3 if i % 2 else 0] = 0
+        out.append(a)
+    return out
+
+
+def make_dense(d: Path) -> tuple[dict[str, str], list[np.ndarray]]:
+    """({kind: path} of DENSE_KINDS converted from a TAR of the photos and their maps, the maps)."""
+    src = photos(d / "src")
+    values = dense_values(src)
+    tar = d / "dense.tar"
+    with tarfile.open(tar, "w") as tf:
+        for i, (p, v) in enumerate(zip(src, values)):
+            for ext, data in {"jpg": p.read_bytes(), "cls": str(i).encode(), "depth.npy": _npy(v)}.items():
+                ti = tarfile.TarInfo(f"rec{i:02d}.{ext}")
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+    out = {k: str(d / f"dense-{k}.tbl") for k in DENSE_KINDS}
+    for kind, path in out.items():
+        tbljax.convert([str(tar)], path, image_size=S, progress=False, fields={"depth": DENSE}, **KINDS[kind])
+    return out, values

@@ -91,6 +91,8 @@ SLOW_CASES = {
     "test_matrix.py::test_geometric_fields_follow_rrc_and_flip_in_a_resident_dataset_in_jit[compact_square]": "a jit compile a kind (~1 s); the raw_square and compact_full_aspect (LZ4 masks) kinds stay",
     "test_matrix.py::test_geometric_fields_follow_rrc_and_flip_in_a_resident_dataset_in_jit[compact_raw_budget]": "a jit compile a kind (~1 s); the raw_square and compact_full_aspect (LZ4 masks) kinds stay",
     "test_matrix.py::test_geometric_fields_follow_rrc_and_flip_in_a_resident_dataset_in_jit[lz4]": "a jit compile a kind (~1 s); the raw_square and compact_full_aspect (LZ4 masks) kinds stay",
+    "test_matrix.py::test_gather_normalize_runs_per_image_ops_on_either_backend_as_pixel_ops[twin-one-size]": "11 s of the twin's compile on busy cores; [ffi-one-size] and test_twin_ops::test_affine_ops_under_x64 stay",
+    "test_matrix.py::test_gather_normalize_runs_per_image_ops_on_either_backend_as_pixel_ops[twin-packed]": "11 s of the twin's compile on busy cores; [ffi-packed] and test_twin_ops::test_affine_ops_under_x64 stay",
     "test_matrix.py::test_mixture_of_host_parts_in_two_processes": "12 s of two JAX processes; the host-partition two-process row and the one-process host-part mixture row stay",
     "test_examples.py::test_train_naflex_loss_falls[photos]": "10 s of CPU (jit and 40 steps); test_native_res serves its loader",
     "test_examples.py::test_train_naflex_loss_falls[synthetic]": "10 s of CPU; test_native_res serves its loader",

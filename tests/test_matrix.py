@@ -6,29 +6,35 @@ Tiny images, so the whole matrix runs in seconds; every new feature adds its row
 
 Paths: the JAX loader (uint8 random-resized crop; the same on a cold file, read ahead and
 swept; float32 centre-crop eval with the last batch padded; a mid-epoch state resumed by a new
-loader; `repeats=2`, each repeat its own crop; `buckets=` centre-cropped (and in jit, a `ResidentDataset`'s
-bucket plan, on RAW and compact full-aspect files), `patches=` NaFlex
-sequences, a length schedule of them (HostLoader, tbljax.loader) and packed NaFlex sequences), torch, MLX (and
-both with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit`
-(with per-image ops drawn and run there, and NaFlex patch sequences), `partition="host"` in two real processes (JAX and
-torch.distributed), `show`, `bench`, `info`/`verify`, TBL → RAW; and the dataset contract
-itself on every dataset kind. The "fields" row's records carry a str, a json, a fixed and a
-ragged ndarray field: every path that serves them is checked against the values the source TAR
-held (`check_fields`). The geometric row: each record kind converted with a mask and boxes
-(original JPEG bytes refused by name), served through RRC + flip by the JAX and torch loaders
-and by a `ResidentDataset` in jit, against `rules/geometry`'s conversion and serving rules of
-the source's values at the crop `tbljax.augment.sample` draws. The detection-crop row
-(`Augment(crop="bbox")`): the same files through the JAX loader, pixels against the oracle and
-masks/boxes against `rules/geometry` at the crop `sample` draws around each record's stored
-boxes; the large-scale-jitter and longer_pad rows: pixels against the oracle's crop-resize at
-`tbljax.augment.canvas_boxes`' box and extent on a zero canvas, `image_valid`, masks/boxes
-served onto the extent."""
+loader; `repeats=2`, each repeat its own crop; `views=`, each view its own crop and a group
+with its own ops; `buckets=` centre-cropped (and in jit, a `ResidentDataset`'s bucket plan, on
+RAW and compact full-aspect files), `patches=` NaFlex sequences, a length schedule of them
+(HostLoader, tbljax.loader) and packed NaFlex sequences; per-image ops (pixel_ops' rules) with
+each of those four, at each row's own size, on one cell per kernel path), torch, MLX (and both
+with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit` (with
+per-image ops drawn and run there, and NaFlex patch sequences), `gather_normalize(ops=)` on the
+FFI handler and on the pure-JAX twin (records of one size and packed; the twin's cases slow),
+`partition="host"` in two real processes (JAX and torch.distributed), `patches=` over host
+parts and over a mixture and its host parts (each row the whole dataset's or its source's),
+`show`, `bench`, `info`/`verify`, TBL → RAW; and the dataset contract itself on every dataset
+kind. The "fields" row's records carry a str, a json, a fixed and a ragged ndarray field: every
+path that serves them is checked against the values the source TAR held (`check_fields`). The
+geometric row: each record kind converted with a mask and boxes (original JPEG bytes refused by
+name), served through RRC + flip by the JAX and torch loaders and by a `ResidentDataset` in
+jit, against `rules/geometry`'s conversion and serving rules of the source's values at the crop
+`tbljax.augment.sample` draws; a linear `DenseMap` the same way on two record kinds. The
+detection-crop row (`Augment(crop="bbox")`): the same files through the JAX loader, pixels
+against the oracle and masks/boxes against `rules/geometry` at the crop `sample` draws around
+each record's stored boxes; the large-scale-jitter and longer_pad rows: pixels against the
+oracle's crop-resize at `tbljax.augment.canvas_boxes`' box and extent on a zero canvas,
+`image_valid`, masks/boxes served onto the extent."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import types
 from fractions import Fraction
 from pathlib import Path
 
@@ -50,7 +56,7 @@ from tbljax._src.rules.record_geometry import RecordGeometry
 import _matrix_data as M
 import _two_jobs
 import oracle
-from _loader_testing import spans, spy_on_sweeps
+from _loader_testing import spans, spy_on_sweeps, two_host_parts
 
 SEED, B = 3, 4
 RRC = tbljax.Augment(size=M.OUT)
@@ -352,10 +358,12 @@ def test_repeats_serve_every_record_repeat_once_with_its_crop(matrix, kind, layo
 def test_views_serve_each_view_the_oracle_crop_of_its_own_draw(matrix, kind, layout):
     """The "views" row (issue 47): two view groups of 2 and 1 views, each view v of a record the
     oracle's pixels at the crop and flip drawn for (seed, epoch, index, v), views numbered across
-    the groups in order; every record once an epoch."""
+    the groups in order; the second group with its own ops (per-view ops): pixel_ops' program of
+    the ops decided for (seed, epoch, index, v) on that crop; every record once an epoch."""
     files, refs = matrix
-    small = tbljax.Augment(size=(8, 8), scale=(0.1, 0.5))
+    small = tbljax.Augment(size=(8, 8), scale=(0.1, 0.5), ops=[tbljax.RandAugment(num_ops=2, magnitude=9, prob=0.7)])
     views = {"big": (2, RRC), "small": (1, small)}
+    drawn = 0
     seen = []
     for batch in tbljax.loader(
         files[kind, layout], B, seed=SEED, dtype="uint8", views=views, num_epochs=1, **serve(kind)
@@ -369,10 +377,13 @@ def test_views_serve_each_view_the_oracle_crop_of_its_own_draw(matrix, kind, lay
             for v in range(count):
                 boxes, flips = sample(aug, idx, geometry=geometry, seed=SEED, epoch=0, view=first + v)
                 want = oracle.gather(refs[kind, layout], idx, aug.size, crop=boxes, flip=flips)
+                if aug.ops:
+                    codes, args = decide(aug.ops, idx, seed=SEED, epoch=0, view=first + v)
+                    want, drawn = _ops_applied(want, codes, args, aug.ops), drawn + int(codes.any(1).sum())
                 np.testing.assert_array_equal(got[:, v], want, err_msg=f"{name}[{v}]")
             first += count
         seen += idx.tolist()
-    assert sorted(seen) == sorted(set(seen)) and len(seen) == (M.N // B) * B
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == (M.N // B) * B and drawn > 0
 
 
 def _bucket_of(h: int, w: int, sizes) -> tuple[int, tuple[int, int]]:
@@ -382,13 +393,30 @@ def _bucket_of(h: int, w: int, sizes) -> tuple[int, tuple[int, int]]:
     return k, ranked[k]
 
 
+BUCKET_SIZES = [(8, 12), (8, 8), (12, 8)]
+
+
+def _bucket_crop(img, sizes) -> tuple[int, tuple[int, int], np.ndarray]:
+    """(bucket id, crop_yx, pixels): the oracle's resize to img's bucket of the largest box of
+    the bucket's aspect (sides rounded half up) centred in img, unflipped."""
+    h, w = img.shape[:2]
+    k, (bh, bw) = _bucket_of(h, w, sizes)
+    half = Fraction(1, 2)
+    if w * bh > h * bw:  # wider than the bucket: full height
+        box = (h, min(w, max(1, math.floor(Fraction(h * bw, bh) + half))))
+    else:
+        box = (min(h, max(1, math.floor(Fraction(w * bh, bw) + half))), w)
+    y0, x0 = (h - box[0]) // 2, (w - box[1]) // 2
+    return k, (y0, x0), oracle.crop_resize(img, (y0, x0, *box), bh, bw)
+
+
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
 def test_buckets_serve_each_record_covered_and_center_cropped_to_its_bucket(matrix, kind, layout):
     """The "buckets" row: every record once, each step one bucket; a row is the oracle's resize
     of the largest box of its bucket's aspect (sides rounded half up) centred in the record,
     flipped by `tbljax.augment.flips`; orig_hw/crop_yx/bucket the record's conditioning."""
     files, refs = matrix
-    sizes = [(8, 12), (8, 8), (12, 8)]
+    sizes = BUCKET_SIZES
     buckets = tbljax.Buckets(sizes=sizes, crop="center")
     kw = dict(seed=SEED, dtype="uint8", augment="flip", num_epochs=1, drop_remainder=False, **serve(kind))
     seen, shapes, served = [], set(), []
@@ -400,15 +428,8 @@ def test_buckets_serve_each_record_covered_and_center_cropped_to_its_bucket(matr
         for r in np.flatnonzero(valid):
             i = int(idx[r])
             h, w = refs[kind, layout][i].shape[:2]
-            k, (bh, bw) = _bucket_of(h, w, sizes)
-            assert image.shape[1:3] == (bh, bw) and int(_host(batch["bucket"])[r]) == k, (kind, i)
-            half = Fraction(1, 2)
-            if w * bh > h * bw:  # wider than the bucket: full height
-                box = (h, min(w, max(1, math.floor(Fraction(h * bw, bh) + half))))
-            else:
-                box = (min(h, max(1, math.floor(Fraction(w * bh, bw) + half))), w)
-            y0, x0 = (h - box[0]) // 2, (w - box[1]) // 2
-            want = oracle.crop_resize(refs[kind, layout][i], (y0, x0, *box), bh, bw)
+            k, (y0, x0), want = _bucket_crop(refs[kind, layout][i], sizes)
+            assert image.shape[1:3] == want.shape[:2] and int(_host(batch["bucket"])[r]) == k, (kind, i)
             np.testing.assert_array_equal(image[r], want[:, ::-1] if flips[r] else want, err_msg=f"{kind} {i}")
             assert _host(batch["orig_hw"])[r].tolist() == [h, w] and _host(batch["crop_yx"])[r].tolist() == [y0, x0]
         assert not image[~valid].any()
@@ -571,6 +592,169 @@ def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(m
     assert all(sorted(seen[e]) == list(range(M.N)) for e in seen)
 
 
+# The per-image ops with native resolution: RandAugment's default ops (affine ones too, their
+# matrices at each row's own size), on some rows only.
+NATIVE_OPS = [tbljax.RandAugment(num_ops=2, magnitude=9, prob=0.7)]
+# One cell per path the kernel takes (gather, gather_variable, jpeg_boxes over RAW and JPEG
+# records, decode), both layouts: the rows of combinations each path serves alike.
+PATH_CELLS = [
+    ("raw_square", "file"),
+    ("raw_shorter_side", "shards"),
+    ("compact_raw_budget", "file"),
+    ("lz4", "shards"),
+]
+
+
+def _native_rows(native, path, imgs, kind):
+    """(record, epoch, served row, the oracle's image before the ops, image -> row) of every
+    record served with NATIVE_OPS under `native`: "buckets", "patches" (one max_tokens),
+    "schedule" (a length schedule, HostLoader) or "pack" (packed sequences, per segment)."""
+    geo, p = _geometry(imgs), 4
+    kw = dict(seed=SEED, dtype="uint8", drop_remainder=False, **serve(kind))
+    whole = tbljax.Augment(crop=False, size=None, ops=NATIVE_OPS)  # buckets and packing: no crop
+    crop = tbljax.Augment(size=None, ops=NATIVE_OPS)  # patches: RRC's random crop and flip
+    if native == "buckets":
+        b_kw = dict(buckets=tbljax.Buckets(sizes=BUCKET_SIZES, crop="center"), augment=whole, num_epochs=1)
+        for b in tbljax.loader(path, B, **b_kw, **kw):
+            idx, valid, image = (_host(b[k]) for k in ("index", "valid", "image"))
+            for r in np.flatnonzero(valid):
+                want = _bucket_crop(imgs[idx[r]], BUCKET_SIZES)[2]
+                flip = tba.flips(idx[r : r + 1], seed=SEED, epoch=0)[0]
+                yield int(idx[r]), 0, image[r], want[:, ::-1] if flip else want, lambda x: x
+    elif native in ("patches", "schedule"):
+        if native == "patches":
+            t_kw = dict(patches=tbljax.Patches(size=p, max_tokens=12), augment=crop, num_epochs=1)
+            steps = [(0, _host(b["index"]), _host(b["image"])) for b in tbljax.loader(path, B, **t_kw, **kw)]
+        else:
+            lengths = tbljax.Patches(size=p, max_tokens=[4, 12], tokens_per_batch=24, batch_divisor=1)
+            opts = tbljax.LoaderOptions(batch_size=6, patches=lengths, augment=crop, num_epochs=2, **kw)
+            steps = [(hb.epoch, hb.index, hb.image) for hb in tbljax.HostLoader(tbljax.open(path), opts)]
+        for epoch, idx, image in steps:
+            t = image.shape[1]
+            boxes, flips = sample(crop, idx[idx >= 0], geometry=geo, seed=SEED, epoch=epoch)
+            for r, (i, box, flip) in enumerate(zip(idx[idx >= 0], boxes, flips)):
+                hh, ww = (int(v[0]) for v in naflex.sequence_size(box[2:3], box[3:4], p, t))
+                want = oracle.crop_resize(imgs[i], box, hh, ww)
+                yield int(i), epoch, image[r], want[:, ::-1] if flip else want, lambda x, t=t: naflex.patchify(x, p, t)
+    else:
+        packing = tbljax.Patches(size=p, max_tokens=12, pack=True, image_tokens=4, pack_window=4)
+        for b in tbljax.loader(path, B, patches=packing, augment=whole, num_epochs=1, **kw):
+            image, seg, index = (_host(b[k]) for k in ("image", "segment_ids", "segment_index"))
+            for r, k in zip(*np.nonzero(index >= 0)):
+                i = int(index[r, k])
+                h, w = imgs[i].shape[:2]
+                th, tw = (int(v[0]) for v in naflex.sequence_size(np.array([h]), np.array([w]), p, 4))
+                want = oracle.crop_resize(imgs[i], (0, 0, h, w), th, tw)
+                flip = sample(whole, np.array([i]), geometry=geo, seed=SEED, epoch=0)[1][0]
+                tokens = th // p * (tw // p)
+                yield (
+                    i,
+                    0,
+                    image[r][seg[r] == k + 1],
+                    want[:, ::-1] if flip else want,
+                    lambda x, n=tokens: naflex.patchify(x, p, 4)[:n],
+                )
+
+
+@pytest.mark.parametrize("native", ["buckets", "patches", "schedule", "pack"])
+@pytest.mark.parametrize("kind,layout", PATH_CELLS, ids=[f"{k}-{layout}" for k, layout in PATH_CELLS])
+def test_per_image_ops_with_buckets_patches_a_length_schedule_and_packing(matrix, kind, layout, native):
+    """The "native ops" row: with buckets, NaFlex patches, a length schedule and packing, each
+    row (each packed image) is pixel_ops' program of the ops decided for (seed, epoch, index),
+    run on the oracle's image at that row's own size (the bucket's; the sequence size of its
+    crop at the row's length; of the whole record at image_tokens), then laid out as served;
+    every record once an epoch."""
+    files, refs = matrix
+    rows = list(_native_rows(native, files[kind, layout], refs[kind, layout], kind))
+    for epoch in sorted({e for _, e, *_ in rows}):
+        assert sorted(i for i, e, *_ in rows if e == epoch) == list(range(M.N)), epoch
+    drawn = 0
+    for i, epoch, got, plain, to_row in rows:
+        codes, args = decide(NATIVE_OPS, np.array([i]), seed=SEED, epoch=epoch)
+        want = to_row(_ops_applied(plain[None], codes, args, NATIVE_OPS)[0])
+        np.testing.assert_array_equal(got, want, err_msg=f"{native}: record {i}, epoch {epoch}")
+        drawn += int(codes.any())
+    assert drawn > 0
+
+
+PATCHES = tbljax.Patches(size=4, max_tokens=12)
+PATCH_KEYS = ("image", "patch_yx", "patch_valid")
+
+
+def _whole_patch_rows(path, epochs=1, **kw) -> dict[tuple[int, int], list[np.ndarray]]:
+    """{(epoch, record): [image, patch_yx, patch_valid]} of the whole-dataset loader at PATCHES
+    (HostLoader, every record in one step): what a host part's or a mixture's row must equal."""
+    opts = tbljax.LoaderOptions(batch_size=M.N, patches=PATCHES, seed=SEED, dtype="uint8", num_epochs=epochs, **kw)
+    return {
+        (hb.epoch, int(i)): [hb.image[r], *(hb.fields[k][0][r] for k in PATCH_KEYS[1:])]
+        for hb in tbljax.HostLoader(tbljax.open(path), opts)
+        for r, i in enumerate(hb.index)
+    }
+
+
+def _check_patch_rows(hb, want, where, epoch=None):
+    """Each row of HostBatch `hb` against `want` (keyed (epoch, index) by default), padding rows
+    empty; returns the rows' indices."""
+    served = []
+    for r, i in enumerate(hb.index.tolist()):
+        got = [hb.image[r], *(hb.fields[k][0][r] for k in PATCH_KEYS[1:])]
+        if i < 0:
+            assert not got[0].any() and not got[2].any(), where
+            continue
+        for a, b, k in zip(got, want[(hb.epoch if epoch is None else epoch, i)], PATCH_KEYS):
+            np.testing.assert_array_equal(a, b, err_msg=f"{where}: record {i} {k}")
+        served.append(i)
+    return served
+
+
+@pytest.mark.parametrize("kind,layout", PATH_CELLS, ids=[f"{k}-{layout}" for k, layout in PATH_CELLS])
+def test_patches_over_host_parts_serve_the_whole_dataset_loaders_rows(matrix, kind, layout):
+    """The "patches over host parts" row: partition="host" at two ranks (threads exchanging
+    their parts' sizes), each reading its `tbljax.host_part` (a shard file; a single file's
+    records): every row, with its random crop and flip, the whole-dataset loader's row for that
+    record, patch keys included; every record once an epoch over the ranks."""
+    files, _ = matrix
+    path = files[kind, layout]
+    kw = dict(augment=tbljax.Augment(size=None), drop_remainder=False, **serve(kind))
+    want = _whole_patch_rows(path, epochs=2, **kw)
+    if layout == "shards":  # whole files: the records of the rank's file
+        ends = np.cumsum([0] + [len(tbljax.open(f)) for f in path])
+        part = [range(ends[f], ends[f + 1]) for f in (tbljax.host_part(2, r, 2)[0] for r in (0, 1))]
+    else:
+        part = [tbljax.host_part(M.N, r, 2) for r in (0, 1)]
+    opts = tbljax.LoaderOptions(batch_size=4, patches=PATCHES, seed=SEED, dtype="uint8", num_epochs=2, **kw)
+    seen = {0: [], 1: []}
+    for rank, batches in enumerate(two_host_parts(path, opts)):
+        for hb in batches:
+            served = _check_patch_rows(hb, want, f"rank {rank} epoch {hb.epoch}")
+            assert set(served) <= set(part[rank]), rank
+            seen[hb.epoch] += served
+    assert sorted(seen[0]) == sorted(seen[1]) == list(range(M.N))
+
+
+def test_patches_over_a_mixture_and_its_host_parts_serve_each_sources_rows(matrix, mixed):
+    """The "patches over a mixture" row: `tbljax.mix` of a RAW square file and compact
+    full-aspect shards, served whole (no augmentation), by `tbljax.loader` and by the mixture's
+    host parts at two ranks: each row is its source's record as that source alone serves it."""
+    files, _ = matrix
+    mixture, _ = mixed
+    cells = {"square": ("raw_square", "file"), "full": ("compact_full_aspect", "shards")}
+    want = {}  # (0, mixture index) -> the source alone's row of that record
+    for k, name in enumerate(mixture.sources):
+        for (_, r), row in _whole_patch_rows(files[cells[name]]).items():
+            want[0, int(mixture.offsets[k]) + r] = row
+    served = []
+    for b in tbljax.loader(mixture, 8, patches=PATCHES, seed=SEED, dtype="uint8", num_epochs=1):
+        hb = types.SimpleNamespace(index=_host(b["index"]), image=_host(b["image"]), epoch=0)
+        hb.fields = {k: [_host(b[k])] for k in PATCH_KEYS[1:]}
+        served += _check_patch_rows(hb, want, "mixture")
+    opts = tbljax.LoaderOptions(batch_size=8, patches=PATCHES, seed=SEED, dtype="uint8", num_epochs=1)
+    for rank, batches in enumerate(two_host_parts(mixture, opts)):
+        for hb in batches:
+            served += _check_patch_rows(hb, want, f"mixture rank {rank}", epoch=0)
+    assert len(served) == 2 * 5 * 8 and {i >= M.N for i in served} == {False, True}
+
+
 # ---- torch, MLX, the dataset on device ----
 
 
@@ -609,15 +793,57 @@ def test_every_policy_class(matrix, kind, layout):
         loader.close()
         idx = _host(batch["index"])
         codes, args = decide(ops, idx.astype(np.int64), seed=SEED, epoch=0)
-        slots = [p for p in ops for _ in range(getattr(p, "num_slots", getattr(p, "num_ops", 1)))]
-        want = []
-        for img, cs, a_s in zip(expected(refs[kind, layout], idx, aug), codes, args):
-            for code, arg, p in zip(cs.tolist(), a_s.tolist(), slots):
-                if code:
-                    kw = {k: getattr(p, k) for k in ("fill", "interpolation") if hasattr(p, k)}
-                    img = pixel_ops.apply(img, code, arg, **kw)
-            want.append(img)
-        np.testing.assert_array_equal(_host(batch["image"]), np.stack(want))
+        want = _ops_applied(expected(refs[kind, layout], idx, aug), codes, args, ops)
+        np.testing.assert_array_equal(_host(batch["image"]), want)
+
+
+def _ops_applied(imgs, codes, args, ops) -> np.ndarray:
+    """Each uint8 row of `imgs` through pixel_ops, slot by slot with its policy's fill and
+    interpolation: the NumPy rule of the per-image ops."""
+    slots = [p for p in ops for _ in range(getattr(p, "num_slots", getattr(p, "num_ops", 1)))]
+    want = []
+    for img, cs, a_s in zip(imgs, codes, args):
+        for code, arg, p in zip(cs.tolist(), a_s.tolist(), slots):
+            if code:
+                kw = {k: getattr(p, k) for k in ("fill", "interpolation") if hasattr(p, k)}
+                img = pixel_ops.apply(img, code, arg, **kw)
+        want.append(img)
+    return np.stack(want)
+
+
+# One affine op (the twin's float64 matrices: x64) and two colour ops, each row two of them.
+TWIN_OPS = [tbljax.RandAugment(num_ops=2, magnitude=9, ops=["Rotate", "Solarize", "Color"], prob=1.0)]
+
+
+@pytest.mark.parametrize("kind", ["raw_square", "raw_shorter_side"], ids=["one-size", "packed"])
+@pytest.mark.parametrize("backend", ["ffi", "twin"])
+def test_gather_normalize_runs_per_image_ops_on_either_backend_as_pixel_ops(matrix, backend, kind):
+    """The "twin ops" row: `gather_normalize(ops=pixel_program(...))` in jit, under x64 (the
+    twin's affine op needs it), over a `ResidentDataset`'s records (one size, and a
+    `PackedRecords` of full-aspect ones): pixel_ops' program of the oracle's crop, normalized by
+    the contract, on the FFI handler and on the twin -- so the twin's bytes are the handler's."""
+    import jax
+
+    files, refs = matrix
+    aug = tbljax.Augment(size=M.OUT, ops=TWIN_OPS)
+    data = tbljax.ResidentDataset(files[kind, "file"]).data
+    assert isinstance(data, tbljax.ops.PackedRecords) == (kind in FULL_ASPECT)
+    idx = np.array([0, 3, 5, 9, 2, 7])
+    crops, flips = sample(aug, idx, geometry=_geometry(refs[kind, "file"]), seed=SEED, epoch=0)
+    codes, args = decide(aug.ops, idx, seed=SEED, epoch=0)
+    assert np.isin(codes, sorted(pixel_ops.AFFINE)).any()
+    want = _ops_applied(expected(refs[kind, "file"], idx, aug), codes, args, aug.ops)
+    want = oracle.normalize(want, MEAN, STD, np.float32)
+
+    def step(d, i, c, f, co, a):
+        prog = tbljax.ops.pixel_program(co, a, M.OUT, policies=tuple(aug.ops))
+        return tbljax.ops.gather_normalize(
+            d, i, crop=c, flip=f, out_size=M.OUT, ops=prog, backend=backend, mean=MEAN, std=STD
+        )
+
+    with jax.enable_x64(True):
+        got = np.asarray(jax.jit(step)(data, idx.astype(np.int32), crops.astype(np.int32), flips, codes, args))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)
@@ -1290,3 +1516,40 @@ def _extent(rh, rw) -> np.ndarray:
     valid = np.zeros(M.OUT, bool)
     valid[:rh, :rw] = True
     return valid
+
+
+# ---- the linear dense-map row: DenseMap(interpolation="linear") on two record kinds ----
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    pytest.importorskip("PIL")
+    return M.make_dense(tmp_path_factory.mktemp("dense"))
+
+
+@pytest.mark.parametrize("kind", M.DENSE_KINDS)
+def test_a_linear_dense_map_is_served_by_the_numpy_linear_rule(dense, kind):
+    """Each record's map stored by `rules/geometry`'s conversion rule (`resize_dense`, linear,
+    from the source's values), then served through the crop and flip `tbljax.augment.sample`
+    draws by its serving rule (`serve_linear_batch`, invalid samples given no weight): the
+    loader's float32 values bit for bit."""
+    files, values = dense
+    resize = M.KINDS[kind]["resize"]
+    stored = []
+    for v in values:
+        plan = geometry.resize_plan(*v.shape, M.S, resize, 0)
+        stored.append(geometry.resize_dense(v, plan, "linear", M.DENSE.invalid))
+    seen, invalid = [], 0
+    for b in tbljax.loader(files[kind], B, augment=RRC, seed=SEED, dtype="uint8", num_epochs=1, drop_remainder=False):
+        idx, depth = _host(b["index"]), _host(b["depth"])
+        real = idx[idx >= 0]
+        crops, flips = sample(RRC, real, geometry=_geometry(stored), seed=SEED, epoch=0)
+        for r, i in enumerate(real.tolist()):
+            want = geometry.serve_linear_batch(
+                lambda ys, xs, a=stored[i]: a[ys, xs], crops[r : r + 1], M.OUT, flips[r : r + 1], 0.0
+            )
+            assert depth.dtype == np.float32
+            np.testing.assert_array_equal(depth[r], want[0], err_msg=f"{kind} record {i}")
+            invalid += int((want[0] == 0).sum())
+        seen += real.tolist()
+    assert sorted(seen) == list(range(M.N)) and invalid > 0

@@ -26,6 +26,7 @@ from tbljax._src.rules import buckets as _buckets
 from tbljax._src.rules import erasing, naflex, order, pixel_ops, randaug
 
 import oracle
+from _loader_testing import two_host_parts
 
 SIZES = [(20, 14), (9, 30), (33, 33), (5, 7), (40, 12), (17, 23), (64, 48), (12, 61), (26, 19), (48, 64), (8, 8)]
 BUCKETS = tbljax.Buckets(sizes=[(8, 16), (12, 12), (16, 8)], crop="random")
@@ -266,40 +267,6 @@ def _check_patch_row(got, want, what):
         np.testing.assert_array_equal(a, b, err_msg=f"{what}: {k}")
 
 
-def _two_host_parts(what, opts):
-    """Each rank's HostBatches of `what` (a path or a tbljax.mix) under partition="host" at 2
-    ranks: two threads open their parts, exchanging their sizes as the processes of a job do."""
-    import threading
-
-    from tbljax._src.datasets import opening
-
-    barrier, rows, got = threading.Barrier(2), [None, None], {}
-
-    def serve(rank):
-        def allgather(row):
-            rows[rank] = np.asarray(row)
-            barrier.wait()
-            return np.stack(rows)
-
-        try:
-            ds, parts = opening.open_host_part(what, opts.batch_size, rank, 2, allgather)
-            layout = tbljax.RowLayout.for_rank(opts.batch_size, rank, 2).process_local(2)
-            got[rank] = list(tbljax.HostLoader(ds, opts, layout, parts=parts))
-        except Exception as e:  # raised in the test's thread below
-            got[rank] = e
-
-    threads = [threading.Thread(target=serve, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    for rank in (0, 1):
-        if isinstance(got.get(rank), Exception):
-            raise got[rank]
-        assert got.get(rank), f"rank {rank} served nothing"
-    return [got[0], got[1]]
-
-
 def _rows_of(hb, r):
     return (hb.image[r], *(hb.fields[k][0][r] for k in native_res.PATCH_KEYS))
 
@@ -320,7 +287,7 @@ def test_patches_over_host_parts_serve_each_record_as_the_single_file_loader(dat
         num_epochs=2,
     )
     seen = {0: [], 1: []}
-    for rank, batches in enumerate(_two_host_parts(path, opts)):
+    for rank, batches in enumerate(two_host_parts(path, opts)):
         for hb in batches:
             for r, i in enumerate(hb.index.tolist()):
                 if i < 0:
@@ -350,7 +317,7 @@ def test_patches_over_a_mixture_serve_each_record_as_the_single_file_loader(data
             served += 1
     assert served == 36
     served = 0
-    for rank, batches in enumerate(_two_host_parts(mixture, tbljax.LoaderOptions(batch_size=6, **kw))):
+    for rank, batches in enumerate(two_host_parts(mixture, tbljax.LoaderOptions(batch_size=6, **kw))):
         for hb in batches:
             assert hb.image.shape == (3, 20, 48)
             for r, (k, i) in enumerate(zip(hb.sources[0].tolist(), hb.index.tolist())):
