@@ -584,11 +584,11 @@ bool RunRowWithOps(const Plan& p, int64_t b, const SamplePixels& px, const Scrat
                              o.matrices + b * o.num_ops * 6,
                              o.fill,
                              o.nearest};
-  RunPixelProgram(p.target, job);
+  const uint8_t* result = RunPixelProgram(p.target, job);
   *plan = p;
   plan->flips = nullptr;  // flipped already
   SamplePixels image;
-  image.pixels = buf.get();
+  image.pixels = result;
   image.height = image.h = p.out_h;
   image.width = image.w = p.out_w;
   UnitFor(p.target)(*plan, b, image, 0, p.out_h, scratch);

@@ -15,8 +15,8 @@ TBLJAX_SIMD_EXPORT(Erase);
 
 namespace tbljax {
 
-void RunPixelProgram(SimdTarget t, const ops_detail::ProgramJob& job) {
-  TBLJAX_SIMD_DISPATCH_FOR(t, ops_detail::Program)(job);
+uint8_t* RunPixelProgram(SimdTarget t, const ops_detail::ProgramJob& job) {
+  return TBLJAX_SIMD_DISPATCH_FOR(t, ops_detail::Program)(job);
 }
 
 void RunErase(SimdTarget t, const ops_detail::EraseJob& job) {

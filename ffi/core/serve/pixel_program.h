@@ -12,8 +12,9 @@
 namespace tbljax {
 namespace ops_detail {
 
-// One row's pixel program: `image` (h x w x 3, packed) is rewritten in place; `tmp` is scratch
-// of the same size.
+// One row's pixel program on `image` (h x w x 3, packed), with `tmp` (the same size, not
+// overlapping it) as the other buffer: the result ends in one of the two (RunPixelProgram says
+// which), the other is scratch.
 struct ProgramJob {
   uint8_t* image;
   uint8_t* tmp;
@@ -48,8 +49,9 @@ Status CheckOps(const OpsRequest& o, int64_t batch, OutDType dtype, int64_t oh, 
 // Whether row b has anything to do (an op or an erasing box).
 bool RowHasOps(const OpsRequest& o, int64_t b);
 bool RowHasErase(const OpsRequest& o, int64_t b);
-// The stages on target t (every target gives the same bytes).
-void RunPixelProgram(SimdTarget t, const ops_detail::ProgramJob& job);
+// The stages on target t (every target gives the same bytes). RunPixelProgram returns the buffer
+// that holds the result: job.image or job.tmp.
+uint8_t* RunPixelProgram(SimdTarget t, const ops_detail::ProgramJob& job);
 void RunErase(SimdTarget t, const ops_detail::EraseJob& job);
 
 }  // namespace tbljax
