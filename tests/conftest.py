@@ -20,6 +20,20 @@ if os.environ.get("PYTHONPATH"):
     )
 
 
+# XLA's CPU backend compiles without LLVM's optimization passes in the tests: the compiled
+# programs are checked for their bytes, which the passes do not change (tbljax's in-graph
+# arithmetic is exact), and compiling is most of a jit test's time (-25-30% on the jit-heavy
+# files). Child processes inherit it; a flag the caller set wins.
+# Tests that train in a child process (the demo, the examples) pass the caller's own flags
+# back (TBLJAX_TESTS_USER_XLA_FLAGS): there the step's run time, not its compile, dominates.
+_TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+os.environ.setdefault("TBLJAX_TESTS_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+os.environ["XLA_FLAGS"] = " ".join(
+    [f for f in _TEST_XLA_FLAGS if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]
+    + [os.environ.get("XLA_FLAGS", "")]
+).strip()
+
+
 @pytest.fixture(autouse=True)
 def _run_in_scratch_dir(tmp_path_factory, monkeypatch):
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
@@ -113,11 +127,82 @@ SLOW_CASES = {
     "test_jit_ops.py::test_twin_affine_ops_equal_the_ffi_handler_with_x64": "12 s of the twin's compile on busy cores; test_twin_ops::test_affine_ops_under_x64 stays",
     "test_jit_ops.py::test_resident_batch_on_the_twin_equals_the_loader": "10 s of the twin's compile on busy cores; test_twin_ops_equal_the_ffi_handler[rand-bfloat16-NCHW-auto] stays",
     "test_jit_ops.py::test_twin_ops_of_packed_records_equal_the_ffi_handler": "5 s of the twin's compile on busy cores; test_twin_ops_equal_the_ffi_handler[rand-bfloat16-NCHW-auto] stays",
+    "test_fullaspect_paths.py::test_show_draws_center_crops_of_full_aspect_records": "4.6 s; test_tools::test_show_cli_writes_png stays",
+    "test_pod.py::test_stage_cli_host_outside_a_job_says_what_to_do": "2.4 s; test_stage_cli_finds_its_part_in_the_job stays",
+    "test_tools.py::test_bench_first_run_warms_up_before_timing": "2.7 s; test_bench_cli_json_and_verdict stays",
+    "test_decode.py::test_crop_aware_decode_still_fails_on_damage_outside_the_window": "2.9 s; test_hostile's damaged records stay",
+    "test_matrix.py::test_host_partition_in_two_processes_serves_the_one_process_crops": "5.7 s of two JAX processes; test_partition's [2-2] and test_loader::test_two_processes stay",
+    "test_cli.py::test_issue45_cli_errors_name_flags_and_files": "5.7 s of subprocesses; test_exit_status_bad_data_is_1 stays",
+    "test_kernel_ops.py::test_every_simd_target_gives_the_same_bytes": "6.6 s; the per-op tests on every target (test_lut_ops_equal_pixel_ops_on_every_target and the affine ones) stay",
+    "test_mixup.py::test_each_of_4_cpu_devices_mixes_its_own_rows": "4.7 s of a 4-device process; test_in_jit_equals_the_host_bit_for_bit stays",
+    "test_pod.py::test_stage_then_read_host_parts[2]": "3.3 s; test_stage_cli_finds_its_part_in_the_job stays",
+    "test_ops.py::test_sharded_indices_run_per_shard_on_8_cpu_devices": "3.1 s of an 8-device process; test_loader::test_eight_devices_in_one_process stays",
+    "test_native_res.py::test_length_schedule_on_the_jax_loader_is_hostloaders_steps_sharded_over_devices": "2.5 s; test_matrix's length-schedule row on tbljax.loader stays",
+    "test_loader.py::test_keyboard_interrupt_exits_promptly": "2.3 s; test_interrupt's random-moment interrupts stay",
+    "test_loader.py::test_interpreter_exit_with_a_running_loader_does_not_hang": "2.1 s; test_shutdown_is_clean_on_break_error_del_and_close stays",
+    "test_convert.py::test_interrupted_convert_leaves_no_file[ctrl-c]": "1.6 s; [kill] stays",
+    "test_resident_patches.py::test_op_ffi_and_twin_write_the_kernels_patches[float32]": "1.5 s; [uint8] stays",
+}
+
+
+# Parametrized tests whose cases repeat one path at other dtypes, layouts or sizes: the default
+# run keeps the cases named here (one per path they take), `-m slow` runs the others.
+# Measured on a 2-core 2.1 GHz Intel Xeon, where the whole default run had reached 7 min.
+DEFAULT_PARAMS = {
+    "test_matrix.py::test_resident_dataset_inside_jit": (
+        {"raw_shorter_side-file", "compact_full_aspect-file"},
+        "~2 s of jit a record kind: packed and decoded-on-upload records stay (uniform ones: test_resident)",
+    ),
+    "test_ops.py::test_ffi_twin_host_and_reference_agree": (
+        {"uint8-NHWC-crop-flip", "float32-NCHW-crop-noflip", "bfloat16-NHWC-nocrop-flip", "float32-NHWC-nocrop-noflip"},
+        "~1.2 s of jit a case: each dtype, layout, crop and flip stays in one case",
+    ),
+    "test_decode.py::test_crop_aware_decode_synthetic": (
+        {"64x96", "97x33"},
+        "~2-3 s a shape: a small and an odd shape stay (and test_crop_aware_decode_caltech101's photos)",
+    ),
+    "test_decode.py::test_decode_resize_matches_pillow": (
+        {"224-center_crop", "160-max_side", "64-shorter_side", "32-squash"},
+        "each resize mode stays at one size",
+    ),
+    "test_mixup_adapters.py::test_batches_equal_the_jit_op_on_the_unmixed_batch": (
+        {"torch-uint8-pair", "torch-bfloat16-elem", "mlx-uint8-elem", "mlx-float32-pair", "mlx-bfloat16-batch"},
+        "2.4 s; torch's batch mode runs on MLX in the default run",
+    ),
+    "test_fullaspect_paths.py::test_bench_measures_full_aspect_records": (
+        set(),
+        "2.4 s a case of bench's subprocess; test_tools::test_bench_cli_json_and_verdict stays",
+    ),
+    "test_fullaspect_paths.py::test_adapters_equal_the_loader_and_the_oracle": (
+        {"rrc-torch", "rrc-mlx", "center-mlx"},
+        "2 s of torch: its random crop stays, MLX runs both",
+    ),
+    "test_decode.py::test_decode_matches_pillow": ({"kodak"}, "2 s; the kodak photos stay"),
+    "test_resident.py::test_batches_equal_the_loader_over_two_epochs": (
+        {"rrc_flip", "plain"},
+        "dtypes: test_resident_buckets",
+    ),
+    "test_resident_buckets.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_bucket": (
+        {"twin-random-bfloat16-NHWC", "ffi-center-float32-NCHW"},
+        "the random crop and the ffi handler each stay in one case",
+    ),
 }
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    seen: dict[str, set[str]] = {}
     for item in items:
-        if item.nodeid.split("/")[-1] in SLOW_CASES:
+        node = item.nodeid.split("/")[-1]
+        base, _, param = node.partition("[")
+        kept = DEFAULT_PARAMS.get(base)
+        if kept is not None:
+            seen.setdefault(base, set()).add(param[:-1])
+        if node in SLOW_CASES or (kept is not None and param and param[:-1] not in kept[0]):
             item.add_marker(pytest.mark.slow)
+    whole = not config.getoption("keyword") and not any("[" in a for a in config.args)
+    for base, params in seen.items():  # a renamed case must not send its whole test to -m slow
+        if whole and DEFAULT_PARAMS[base][0] - params and len(params) > 1:
+            raise pytest.UsageError(
+                f"conftest DEFAULT_PARAMS: {base} has no case {sorted(DEFAULT_PARAMS[base][0] - params)}"
+            )

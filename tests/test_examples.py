@@ -40,7 +40,8 @@ def tiny(tmp_path_factory):
 def start(script, *args, cwd, **env):
     # The example imports the installed tbljax (or the developer's absolute PYTHONPATH, see
     # conftest.py), as a user's script would.
-    full_env = dict(os.environ, **env)
+    # The caller's XLA flags (conftest compiles the other tests unoptimized): the examples train.
+    full_env = {**os.environ, "XLA_FLAGS": os.environ.get("TBLJAX_TESTS_USER_XLA_FLAGS", ""), **env}
     return subprocess.Popen(
         [sys.executable, str(EXAMPLES / script), *map(str, args)],
         cwd=cwd,
