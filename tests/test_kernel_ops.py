@@ -514,6 +514,19 @@ def test_hue_equals_pillows_hsv_round_trip_on_every_colour():
         np.testing.assert_array_equal(out, want, err_msg=f"shift {shift}")
 
 
+def _gather_on_every_target(want, src, pick, crop, flip=None, ops=None):
+    """``kernels.gather(src, pick, ...)`` at every SIMD target this CPU runs: each equal to
+    `want`, every byte (the target named in a failure)."""
+    try:
+        for target in _core.supported_kernel_targets():
+            _core.set_kernel_target(target)
+            out = np.zeros_like(want)
+            kernels.gather(src, pick, out, crop=crop, flip=flip, ops=ops)
+            np.testing.assert_array_equal(out, want, err_msg=target)
+    finally:
+        _core.set_kernel_target("auto")
+
+
 @pytest.mark.parametrize("out_hw", [(23, 37), (9, 2), (1, 3)])
 def test_bilinear_equals_pixel_filters_over_random_matrices_on_every_target(out_hw):
     """Bilinear resampling (the SIMD sampler: float64 lanes, paired gathers, edge and end-of-image
@@ -529,14 +542,7 @@ def test_bilinear_equals_pixel_filters_over_random_matrices_on_every_target(out_
     prog = list(kernels.pixel_program(codes, np.zeros((n, 1), np.int32), out_hw, policies=(ra,)))
     prog[2] = np.ascontiguousarray(mats[:, None])  # any map, not only timm's
     want = np.stack([pixel_filters.affine_transform(base[p], m, "bilinear", fill) for p, m in zip(pick, mats)])
-    try:
-        for target in _core.supported_kernel_targets():
-            _core.set_kernel_target(target)
-            out = np.zeros((n, *base.shape[1:]), np.uint8)
-            kernels.gather(src, idx[pick], out, crop=crop[pick], flip=flip[pick], ops=pixel_program.PixelProgram(prog))
-            np.testing.assert_array_equal(out, want, err_msg=target)
-    finally:
-        _core.set_kernel_target("auto")
+    _gather_on_every_target(want, src, idx[pick], crop[pick], flip[pick], pixel_program.PixelProgram(prog))
 
 
 @pytest.mark.parametrize("interp", pixel_ops.INTERPOLATIONS)
@@ -558,14 +564,7 @@ def test_row_affine_ops_equal_pixel_ops_on_every_target(interp, out_hw):
     prog = kernels.pixel_program(
         ops[:, :1].astype(np.uint8), ops[:, 1:].astype(np.int32), base.shape[1:3], policies=(ra,)
     )
-    try:
-        for target in _core.supported_kernel_targets():
-            _core.set_kernel_target(target)
-            out = np.zeros_like(want)
-            kernels.gather(src, idx[pick], out, crop=crop[pick], flip=flip[pick], ops=prog)
-            np.testing.assert_array_equal(out, want, err_msg=target)
-    finally:
-        _core.set_kernel_target("auto")
+    _gather_on_every_target(want, src, idx[pick], crop[pick], flip[pick], prog)
 
 
 @pytest.mark.parametrize("hw", [(3, 3), (2, 5), (7, 100), (33, 181)])
@@ -588,14 +587,7 @@ def test_sharpness_equals_pixel_ops_on_every_target(hw):
     prog = kernels.pixel_program(
         np.array([[c] for _, c, _ in rows], np.uint8), np.array([[a] for _, _, a in rows], np.int32), (h, w)
     )
-    try:
-        for target in _core.supported_kernel_targets():
-            _core.set_kernel_target(target)
-            out = np.zeros_like(want)
-            kernels.gather(img, pick, out, crop=crop, ops=prog)
-            np.testing.assert_array_equal(out, want, err_msg=target)
-    finally:
-        _core.set_kernel_target("auto")
+    _gather_on_every_target(want, img, pick, crop, ops=prog)
 
 
 @pytest.mark.parametrize("hw", [(1, 1), (7, 5), (33, 181)])
@@ -613,11 +605,4 @@ def test_lut_ops_equal_pixel_ops_on_every_target(hw):
     crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
     want = np.stack([pixel_ops.apply(img[p], c, 0) for p, c in rows])
     prog = kernels.pixel_program(np.array([[c] for _, c in rows], np.uint8), np.zeros((len(rows), 1), np.int32), (h, w))
-    try:
-        for target in _core.supported_kernel_targets():
-            _core.set_kernel_target(target)
-            out = np.zeros_like(want)
-            kernels.gather(img, pick, out, crop=crop, ops=prog)
-            np.testing.assert_array_equal(out, want, err_msg=target)
-    finally:
-        _core.set_kernel_target("auto")
+    _gather_on_every_target(want, img, pick, crop, ops=prog)
