@@ -2,7 +2,8 @@
 # The aarch64 wheel proved under emulation (qemu-user-static): Debian's arm64 CPython 3.11,
 # unpacked into a sysroot, with the wheel and numpy/jax/jaxlib/ml_dtypes/pillow/pytest wheels for
 # manylinux aarch64 installed into a folder of their own. Under qemu the wheel imports and names
-# its SIMD targets, converts 16 real photos, serves a batch from RAW and from JPEG records and runs
+# its SIMD targets, converts 16 real photos (16 seeded synthetic images where PHOTOS has none),
+# serves a batch from RAW and from JPEG records and runs
 # the in-jit op (scripts/manylinux/batch_bytes.py), byte for byte equal to the x86-64 wheel's on
 # this machine; then the kernel tests (every SIMD target the CPU has: on aarch64, scalar) run there.
 # Usage: scripts/check-manylinux-aarch64.sh   (after scripts/build-manylinux.sh; PYTHON=... the

@@ -1,7 +1,8 @@
-"""Converts real photos with the installed tbljax, serves one batch from RAW and one from compact
-JPEG records, and runs the in-jit op; writes each result to WORKDIR/out/*.npy, so that the wheels
-of two machines can be compared byte for byte (scripts/check-manylinux-aarch64.sh: the aarch64
-wheel under qemu against the x86-64 wheel).
+"""Converts real photos with the installed tbljax (16 seeded synthetic images where PHOTO_DIR has
+none: a clone without ../shared), serves one batch from RAW and one from compact JPEG records,
+and runs the in-jit op; writes each result to WORKDIR/out/*.npy, so that the wheels of two
+machines can be compared byte for byte (scripts/check-manylinux-aarch64.sh: the aarch64 wheel
+under qemu against the x86-64 wheel).
 
 Usage: python batch_bytes.py PHOTO_DIR WORKDIR
 """
@@ -17,11 +18,25 @@ import numpy as np
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
+def synthetic_images(n: int) -> list[np.ndarray]:
+    """n uint8 RGB images of several sizes, the same on every machine (PCG64 is platform-free):
+    smooth gradients with noise, so their JPEG records have detail in every block."""
+    rng = np.random.default_rng(2026)
+    images = []
+    for k in range(n):
+        h, w = 100 + 7 * k, 180 - 5 * k
+        y, x = np.mgrid[0:h, 0:w]
+        base = np.stack([(x * 255) // w, (y * 255) // h, ((x + y) * 255) // (h + w)], -1)
+        images.append(np.clip(base + rng.integers(-40, 41, (h, w, 3)), 0, 255).astype(np.uint8))
+    return images
+
+
 def main() -> None:
     photo_dir, work = Path(sys.argv[1]), Path(sys.argv[2])
     photos = sorted(str(p) for p in photo_dir.rglob("*.jpg"))[:16]
-    if len(photos) < 16:
-        raise SystemExit(f"batch_bytes: needs 16 JPEG photos under {photo_dir}, found {len(photos)}")
+    if len(photos) < 16:  # a clone without ../shared beside it: the same images on both machines
+        print(f"batch_bytes: {len(photos)} JPEG photos under {photo_dir}, 16 needed: 16 seeded synthetic images")
+        photos = synthetic_images(16)
     import jax
     import jax.numpy as jnp
 
