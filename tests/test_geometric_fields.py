@@ -288,15 +288,22 @@ def test_dict_source_declares_which_keys_are_geometric(tmp_path):
         )
 
 
-def test_parallel_folder_masks_voc_layout(tmp_path):
-    photos = _photos(3)
-    (tmp_path / "JPEGImages").mkdir()
-    (tmp_path / "SegmentationClass").mkdir()
+def _voc_folder(root, photos, mask_dir: str) -> dict:
+    """The VOC layout under `root`: the photos in JPEGImages, each one's class mask (from its
+    own pixels) as a PNG of its stem in `mask_dir`; returns {photo name: mask}."""
+    (root / "JPEGImages").mkdir()
+    (root / mask_dir).mkdir()
     masks = {}
     for p in photos:
-        (tmp_path / "JPEGImages" / p.name).write_bytes(p.read_bytes())
+        (root / "JPEGImages" / p.name).write_bytes(p.read_bytes())
         masks[p.name] = _classes(_rgb(p))
-        (tmp_path / "SegmentationClass" / (p.stem + ".png")).write_bytes(_png(masks[p.name]))
+        (root / mask_dir / (p.stem + ".png")).write_bytes(_png(masks[p.name]))
+    return masks
+
+
+def test_parallel_folder_masks_voc_layout(tmp_path):
+    photos = _photos(3)
+    masks = _voc_folder(tmp_path, photos, "SegmentationClass")
     (tmp_path / "SegmentationClass" / (photos[2].stem + ".png")).unlink()  # one photo without its mask
     s = tbljax.convert(
         tmp_path / "JPEGImages",
@@ -513,14 +520,7 @@ def test_cli_field_compress_spelling(tmp_path, capsys):
     file, the same values; an unknown encoding is a usage error naming the field."""
     from tbljax._src.tools import cli
 
-    photos = _photos(2)
-    (tmp_path / "JPEGImages").mkdir()
-    (tmp_path / "Seg").mkdir()
-    masks = {}
-    for p in photos:
-        (tmp_path / "JPEGImages" / p.name).write_bytes(p.read_bytes())
-        masks[p.name] = _classes(_rgb(p))
-        (tmp_path / "Seg" / (p.stem + ".png")).write_bytes(_png(masks[p.name]))
+    masks = _voc_folder(tmp_path, _photos(2), "Seg")
 
     def convert(out, spec):
         args = ["convert", str(tmp_path / "JPEGImages"), "-o", str(tmp_path / out), "-s", "24", "-q"]
