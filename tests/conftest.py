@@ -142,6 +142,7 @@ SLOW_CASES = {
     "test_loader.py::test_interpreter_exit_with_a_running_loader_does_not_hang": "2.1 s; test_shutdown_is_clean_on_break_error_del_and_close stays",
     "test_convert.py::test_interrupted_convert_leaves_no_file[ctrl-c]": "1.6 s; [kill] stays",
     "test_resident_patches.py::test_op_ffi_and_twin_write_the_kernels_patches[float32]": "1.5 s; [uint8] stays",
+    "test_resident_pack.py::test_a_batch_split_over_two_devices_is_the_loaders": "4.6 s of a 2-device subprocess; the one-device cases (the same per-device code, one device) stay",
 }
 
 
@@ -185,6 +186,14 @@ DEFAULT_PARAMS = {
     "test_resident_buckets.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_bucket": (
         {"twin-random-bfloat16-NHWC", "ffi-center-float32-NCHW"},
         "the random crop and the ffi handler each stay in one case",
+    ),
+    "test_resident_pack.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_in_one_trace": (
+        {"mixed-twin-flip-float32-False", "same-ffi-flip-bfloat16-True"},
+        "1.7 s; the ffi handler on records of their own sizes stays in test_matrix's packed jit row",
+    ),
+    "test_matrix.py::test_packed_naflex_sequences_in_jit_hold_the_oracle_resizes": (
+        {"raw_shorter_side-ffi"},
+        "1.3 s; per-segment fields in jit stay in test_resident_pack (bit for bit against the loader's)",
     ),
 }
 

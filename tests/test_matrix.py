@@ -512,37 +512,77 @@ def test_packed_naflex_sequences_hold_the_oracle_resizes_first_fit_decreasing(ma
     imgs = refs[kind, layout]
     kw = dict(seed=SEED, dtype="uint8", augment="flip", num_epochs=1, drop_remainder=False, **serve(kind))
     patches = tbljax.Patches(size=p, max_tokens=t, pack=True, image_tokens=c, pack_window=4)
-    h, w = np.array([im.shape[0] for im in imgs]), np.array([im.shape[1] for im in imgs])
-    th, tw = naflex.sequence_size(h, w, p, c)
-    tokens = th // p * (tw // p)
-    rec = tbljax.order.permute(np.arange(M.N), M.N, SEED, 0)
-    packing = naflex.pack(tokens[rec], t, 4)
     rows = []
     for batch in tbljax.loader(files[kind, layout], B, patches=patches, **kw):
-        image, seg, index = (_host(batch[k]) for k in ("image", "segment_ids", "segment_index"))
-        for r in range(len(image)):
-            rows.append(index[r][index[r] >= 0].tolist())
-            for k, i in enumerate(index[r].tolist()):
-                if i < 0:
-                    continue
-                img = oracle.crop_resize(imgs[i], (0, 0, h[i], w[i]), int(th[i]), int(tw[i]))
-                flip = sample(tbljax.Augment(crop=False), np.array([i]), geometry=_geometry(imgs), seed=SEED, epoch=0)[
-                    1
-                ][0]
-                want = naflex.patchify(img[:, ::-1] if flip else img, p, c)[: tokens[i]]
-                np.testing.assert_array_equal(image[r][seg[r] == k + 1], want, err_msg=f"{kind} {i}")
-            assert not image[r][seg[r] == 0].any()
+        rows += _packed_rows_hold_the_oracle(kind, imgs, batch, p, c)
         fields = {k: v for k, v in _jax_fields(batch).items() if k not in naflex_pack.PACK_KEYS}
         flat = {
             k: [x for row in v for x in row] if isinstance(v, list) else v.reshape(-1, *v.shape[2:])
             for k, v in fields.items()
         }
-        check_fields(kind, flat, index.reshape(-1), "pack")
-    # Sequence q holds the records the packing puts there, by offset.
-    by_seq = [[] for _ in range(packing.sequences)]
+        check_fields(kind, flat, _host(batch["segment_index"]).reshape(-1), "pack")
+    assert rows == _packing_by_sequence(imgs, p, t, c, len(rows))
+
+
+def _packed_rows_hold_the_oracle(kind, imgs, batch, p, c):
+    """Each packed image of `batch` is its record, whole and flipped as the flip row draws it,
+    resized by the oracle to its sequence size at `c` tokens and patchified, at its segment's
+    tokens; zeros elsewhere. Returns each sequence's records, by offset."""
+    h, w = np.array([im.shape[0] for im in imgs]), np.array([im.shape[1] for im in imgs])
+    th, tw = naflex.sequence_size(h, w, p, c)
+    image, seg, index = (_host(batch[k]) for k in ("image", "segment_ids", "segment_index"))
+    rows = []
+    for r in range(len(image)):
+        rows.append(index[r][index[r] >= 0].tolist())
+        for k, i in enumerate(index[r].tolist()):
+            if i < 0:
+                continue
+            img = oracle.crop_resize(imgs[i], (0, 0, h[i], w[i]), int(th[i]), int(tw[i]))
+            flip = sample(tbljax.Augment(crop=False), np.array([i]), geometry=_geometry(imgs), seed=SEED, epoch=0)[1]
+            want = naflex.patchify(img[:, ::-1] if flip[0] else img, p, c)[: th[i] // p * (tw[i] // p)]
+            np.testing.assert_array_equal(image[r][seg[r] == k + 1], want, err_msg=f"{kind} {i}")
+        assert not image[r][seg[r] == 0].any()
+    return rows
+
+
+def _packing_by_sequence(imgs, p, t, c, rows):
+    """Epoch 0's `rows` sequences: each the records `naflex.pack` puts there (first-fit-decreasing
+    over the epoch's order, windows of 4), by offset; empty past the packing's."""
+    h, w = np.array([im.shape[0] for im in imgs]), np.array([im.shape[1] for im in imgs])
+    th, tw = naflex.sequence_size(h, w, p, c)
+    rec = tbljax.order.permute(np.arange(M.N), M.N, SEED, 0)
+    packing = naflex.pack((th // p * (tw // p))[rec], t, 4)
+    by_seq = [[] for _ in range(max(rows, packing.sequences))]
     for q in np.lexsort((packing.offset, packing.seq)).tolist():
         by_seq[packing.seq[q]].append(int(rec[q]))
-    assert rows[: packing.sequences] == by_seq and not any(rows[packing.sequences :])
+    return by_seq
+
+
+@pytest.mark.parametrize("kind, backend", [("raw_shorter_side", "ffi"), ("fields", "twin")])
+def test_packed_naflex_sequences_in_jit_hold_the_oracle_resizes(matrix, kind, backend):
+    """The "packed NaFlex × ResidentDataset jit" row: `pack_plan` and `batch(plan=)` in one jitted
+    step, each packed image against the oracle as the packed row checks the loader's, the
+    sequences those of `naflex.pack`, the numeric fields per segment the source's values."""
+    import jax
+
+    files, refs = matrix
+    imgs, p, t, c = refs[kind, "file"], 4, 12, 4
+    rd = tbljax.ResidentDataset(files[kind, "file"], **serve(kind))
+    patches = tbljax.Patches(size=p, max_tokens=t, pack=True, image_tokens=c, pack_window=4)
+    plan = rd.pack_plan(B, patches, seed=SEED)
+    kw = dict(batch_size=B, seed=SEED, augment="flip", dtype="uint8", backend=backend)
+    step = jax.jit(lambda ds, plan, s: ds.batch(s, plan=plan, **kw))
+    rows = []
+    for s in range(plan.steps):
+        batch = step(rd, plan, s)
+        rows += _packed_rows_hold_the_oracle(kind, imgs, batch, p, c)
+        index = _host(batch["segment_index"]).reshape(-1)
+        flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in _jax_fields(batch).items() if k not in naflex_pack.PACK_KEYS}
+        texts = {
+            n: [VALUES[i][n] if i >= 0 else e for i in index.tolist()] for n, e in (("caption", ""), ("tags", None))
+        }
+        check_fields(kind, {**flat, **texts}, index, "resident pack")
+    assert rows == _packing_by_sequence(imgs, p, t, c, len(rows))
 
 
 @pytest.mark.parametrize("kind,layout", CELLS, ids=IDS)

@@ -37,6 +37,7 @@ from tbljax._src.jax import packed as _packed
 from tbljax._src.jax import program as _program
 from tbljax._src.jax import resident_buckets as _buckets
 from tbljax._src.jax import resident_fields as _geo
+from tbljax._src.jax import resident_pack as _pack
 from tbljax._src.jax import resident_patches as _patches
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.jax import twin as _twin
@@ -224,6 +225,12 @@ class ResidentDataset:
         kw = dict(seed=seed, epoch=epoch, shuffle=shuffle, drop_remainder=drop_remainder)
         return _buckets.plan(self, batch_size, buckets, **kw)
 
+    def pack_plan(self, batch_size: int, patches, *, seed=0, epoch=0, shuffle=True, drop_remainder=False):
+        """Epoch `epoch` packed as `tbljax.loader(patches=patches)` packs it (`Patches(pack=True)`):
+        a pytree for `batch(plan=)`, the same shapes every epoch (`resident_pack.py`)."""
+        kw = dict(seed=seed, epoch=epoch, shuffle=shuffle, drop_remainder=drop_remainder)
+        return _pack.plan(self, batch_size, patches, **kw)
+
     def batch(
         self,
         step,
@@ -268,7 +275,8 @@ class ResidentDataset:
             Each device computes only its own rows.
           backend: passed to `tbljax.ops.gather_normalize` ("auto", "ffi", "twin").
           plan, bucket: aspect-ratio buckets: step `step` of a `bucket_plan`'s epoch at its bucket
-            ``bucket`` (static: ``int(plan.bucket[step])``), one program per bucket (`resident_buckets.py`).
+            ``bucket`` (static: ``int(plan.bucket[step])``), one program per bucket (`resident_buckets.py`);
+            or packed NaFlex sequences: step `step` of a `pack_plan`'s epoch (`resident_pack.py`).
 
         Call it inside a jitted function that receives this dataset as an argument; outside
         jit it runs a cached jitted program.
@@ -286,8 +294,10 @@ class ResidentDataset:
             **dict(max_boxes=max_boxes, min_size=min_size, min_area=min_area, min_visibility=min_visibility),
             patches=patches,
         )
+        kw = dict(plan=plan, bucket=bucket, opts=opts, epoch=epoch, sharding=sharding, backend=backend)
+        if isinstance(plan, _pack.PackPlan) or (opts.patches is not None and opts.patches.pack):
+            return _pack.batch(self, step, **kw)  # packed NaFlex sequences (resident_pack.py)
         if plan is not None or bucket is not None:
-            kw = dict(plan=plan, bucket=bucket, opts=opts, epoch=epoch, sharding=sharding, backend=backend)
             return _buckets.batch(self, step, **kw)
         _patches.check(opts, self._data_axes(), list(self.fields), _geo.output_keys(self.geometric))
         if opts.augment is not None and len(opts.augment.schedule) > 1:
