@@ -9,7 +9,8 @@ swept; float32 centre-crop eval with the last batch padded; a mid-epoch state re
 loader; `repeats=2`, each repeat its own crop; `views=`, each view its own crop and a group
 with its own ops; `buckets=` centre-cropped (and in jit, a `ResidentDataset`'s bucket plan, on
 RAW and compact full-aspect files), `patches=` NaFlex sequences, a length schedule of them
-(HostLoader, tbljax.loader) and packed NaFlex sequences; per-image ops (pixel_ops' rules) with
+(HostLoader, tbljax.loader) and packed NaFlex sequences (and in jit, a `ResidentDataset`'s pack
+plan, on the FFI handler and the twin); per-image ops (pixel_ops' rules) with
 each of those four, at each row's own size, on one cell per kernel path), torch, MLX (and both
 with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit` (with
 per-image ops drawn and run there, and NaFlex patch sequences), `gather_normalize(ops=)` on the
