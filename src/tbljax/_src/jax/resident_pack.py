@@ -8,7 +8,8 @@ positions in the epoch's order, sequences and first tokens, flat arrays of N + G
 (S: the most images a sequence can hold), so its shapes, and its static part, are the same
 every epoch, however many sequences an epoch packs: a new epoch's plan reuses the compiled
 program. Step s finds its first record by a binary search for sequence s·G and takes G·S
-entries from there (a step holds at most that many images). Each image is drawn as the loader
+entries from there (a step holds at most that many images); with the batch split over P
+devices, each device does so for its own G/P sequences. Each image is drawn as the loader
 draws it (`engine/step.draw`: the record and flip of its position), written at ``image_tokens``
 by `resident_patches.serve` (the one-image NaFlex rows, bit for bit the loader's), and placed at
 its offset through a (G, T) map token -> (image, token in it): each image marks its first token,
