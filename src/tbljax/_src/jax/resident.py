@@ -366,7 +366,9 @@ class ResidentDataset:
             )
             rep = jnp.zeros_like(idx) if rep is None else rep
             if opts.patches is not None:  # NaFlex rows (resident_patches.py)
-                image, got = _patches.serve(data, idx, boxes, flips, opts, self.geometry, backend=backend)
+                image, got = _patches.serve(
+                    data, idx, boxes, flips, opts, self.geometry, backend=backend, epoch=epoch, repeat=rep
+                )
                 return image, labels[idx], idx, rep, {**{n: f[idx] for n, f in fields.items()}, **got}
             kw = dict(crop=boxes, flip=flips, out_size=out_size, layout=opts.layout, backend=backend)
             row_ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_size, repeat=rep, xp=jnp)
