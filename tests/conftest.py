@@ -154,6 +154,10 @@ DEFAULT_PARAMS = {
         {"raw_shorter_side-file", "compact_full_aspect-file"},
         "~2 s of jit a record kind: packed and decoded-on-upload records stay (uniform ones: test_resident)",
     ),
+    "test_resident_patch_ops.py::test_resident_patch_rows_with_ops_equal_the_loaders": (
+        {"affine-erasing"},
+        "~3 s of jit and loading a case: every affine op and erasing stay; timm's recipe is slow",
+    ),
     "test_ops.py::test_ffi_twin_host_and_reference_agree": (
         {"uint8-NHWC-crop-flip", "float32-NCHW-crop-noflip", "bfloat16-NHWC-nocrop-flip", "float32-NHWC-nocrop-noflip"},
         "~1.2 s of jit a case: each dtype, layout, crop and flip stays in one case",

@@ -100,6 +100,7 @@ ROOMS = [
             "resident_host",
             "resident_fields",
             "resident_buckets",
+            "resident_patch_ops",
             "resident_patches",
             "resident_pack",
             "resident",

@@ -13,7 +13,8 @@ RAW and compact full-aspect files), `patches=` NaFlex sequences, a length schedu
 plan, on the FFI handler and the twin); per-image ops (pixel_ops' rules) with
 each of those four, at each row's own size, on one cell per kernel path), torch, MLX (and both
 with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit` (with
-per-image ops drawn and run there, and NaFlex patch sequences), `gather_normalize(ops=)` on the
+per-image ops drawn and run there, and NaFlex patch sequences, with per-image ops too: "ops ×
+patches in jit"), `gather_normalize(ops=)` on the
 FFI handler and on the pure-JAX twin (records of one size and packed; the twin's cases slow),
 `partition="host"` in two real processes (JAX and torch.distributed), `patches=` over host
 parts and over a mixture and its host parts (each row the whole dataset's or its source's),
@@ -459,13 +460,18 @@ def test_buckets_serve_each_record_covered_and_center_cropped_to_its_bucket(matr
 
 def _oracle_patches(imgs, idx, aug, p, t):
     """[(row (t, p·p·3) uint8, its grid (gh, gw))] of samples `idx`: the random crop and flip `sample`
-    draws, resized by the oracle to its sequence size, patch (gy, gx) at row gy·gw + gx, zeros after."""
+    draws, resized by the oracle to its sequence size (through pixel_ops' program of the ops
+    `aug.ops` decide for (seed, epoch 0, index), if any, at that size), patch (gy, gx) at row
+    gy·gw + gx, zeros after."""
     boxes, flips = sample(aug, np.asarray(idx, np.int64), geometry=_geometry(imgs), seed=SEED, epoch=0)
     out = []
     for i, box, flip in zip(idx, boxes, flips):
         hh, ww = (int(v[0]) for v in naflex.sequence_size(box[2:3], box[3:4], p, t))
         img = oracle.crop_resize(imgs[i], box, hh, ww)
         img = img[:, ::-1] if flip else img
+        if aug.ops:
+            codes, args = decide(aug.ops, np.array([i]), seed=SEED, epoch=0)
+            img = _ops_applied(img[None], codes, args, aug.ops)[0]
         gh, gw = hh // p, ww // p
         want = np.zeros((t, p * p * 3), np.uint8)
         want[: gh * gw] = [img[y * p : y * p + p, x * p : x * p + p].reshape(-1) for y in range(gh) for x in range(gw)]
@@ -949,21 +955,25 @@ def test_resident_dataset_inside_jit(matrix, kind, layout):
     # The "ops in jit" row rides in the same program, once per record kind (its file cell): the
     # per-image ops drawn and run in jit (an Invert-only RandAugment: 255 minus the oracle's crop).
     # The "patches × ResidentDataset jit" row too: NaFlex rows of the RRC row's crop and flip
-    # (Augment(size=None)), against the NaFlex row's oracle.
+    # (Augment(size=None)), against the NaFlex row's oracle; and the "ops × patches in jit" row:
+    # those rows through NATIVE_OPS at each row's own size (the CPU FFI handler).
     invert = tbljax.Augment(size=M.OUT, ops=[tbljax.RandAugment(num_ops=1, ops=["Invert"], prob=1.0)])
     augs = (RRC, invert) if layout == "file" else (RRC,)
     nf, p, t = tbljax.Augment(size=None), 4, 12
-    patches = tbljax.Patches(size=p, max_tokens=t) if layout == "file" else None
+    nf_augs = (nf,) if layout == "file" else ()
+    if kind == "compact_full_aspect" and layout == "file":  # one cell: ~1 s of jit
+        nf_augs += (tbljax.Augment(size=None, ops=NATIVE_OPS),)
+    patches = tbljax.Patches(size=p, max_tokens=t)
 
     def run(ds, s):
-        extra = [ds.batch(s, batch_size=B, seed=SEED, augment=nf, dtype="uint8", patches=patches)] if patches else []
+        extra = [ds.batch(s, batch_size=B, seed=SEED, augment=a, dtype="uint8", patches=patches) for a in nf_augs]
         return [ds.batch(s, batch_size=B, seed=SEED, augment=a, dtype="uint8") for a in augs], extra
 
     step = jax.jit(run)
     for s in range(M.N // B):
         (batch, *inverted), naflex_rows = step(rd, s)
-        for nb in naflex_rows:
-            rows = _oracle_patches(refs[kind, layout], _host(nb["index"]), nf, p, t)
+        for nb, a in zip(naflex_rows, nf_augs):
+            rows = _oracle_patches(refs[kind, layout], _host(nb["index"]), a, p, t)
             np.testing.assert_array_equal(_host(nb["image"]), np.stack([r for r, _ in rows]), err_msg=kind)
             np.testing.assert_array_equal(_host(nb["patch_valid"]).sum(1), [gh * gw for _, (gh, gw) in rows])
         idx = _host(batch["index"])

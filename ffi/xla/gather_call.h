@@ -88,6 +88,7 @@ auto BindGatherOpsCall(Binding b) {
                        .template Arg<SizesArg>())
       .template Attr<int32_t>("erase_mode")
       .template Attr<int64_t>("patch")
+      .template Attr<int32_t>("size_free")
       .template Ret<ffi::AnyBuffer>();
 }
 

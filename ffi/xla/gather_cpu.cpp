@@ -48,7 +48,32 @@ struct OpsOperands {
   int32_t erase_mode;
   SizesArg sizes;  // NaFlex rows' (h, w) when patch > 0
   int64_t patch;
+  int32_t size_free;  // 1: the matrices are size-free templates, finished at each row's size
 };
+
+// The size-dependent entries of one affine matrix, at its row's output size h x w, from the
+// size-free template of tbljax.ops.pixel_program (jit, NaFlex rows): the float64 operations of
+// rules/pixel_ops.affine_matrix / tv_affine_matrix in their order (this file is compiled with
+// -ffp-contract=off: one rounding per operation, as Python's). Templates: Rotate and TvRotate
+// (0..4 without the centre), TranslateX/YRel (the level in 2 or 5), TvTranslateX/Y (tx in 2,
+// ty in 5); the other ops' matrices do not depend on the size.
+constexpr int kOpTranslateXRel = 16, kOpTvTranslateX = 24;  // beside kernel.h's kOp* codes
+
+void FinishAtSize(uint8_t code, int32_t h, int32_t w, double* m) {
+  const double cx = w / 2.0, cy = h / 2.0;
+  if (code == kOpRotate || code == kOpTvRotate) {
+    m[2] = m[0] * -cx + m[1] * -cy + cx;
+    m[5] = m[3] * -cx + m[4] * -cy + cy;
+  } else if (code == kOpTranslateXRel) {
+    m[2] = m[2] * w;
+  } else if (code == kOpTranslateYRel) {
+    m[5] = m[5] * h;
+  } else if (code == kOpTvTranslateX || code == kOpTvTranslateY) {
+    const double tx = m[2], ty = m[5], x = -cx - tx, y = -cy - ty;
+    m[2] = 0.0 + (m[0] * x + m[1] * y) + cx;
+    m[5] = 0.0 + (m[3] * x + m[4] * y) + cy;
+  }
+}
 
 ffi::Error PrepareOps(const OpsOperands& o, int64_t batch, OpsRequest* r) {
   auto fail = [](std::string m) { return ffi::Error::InvalidArgument("tbljax gather ops: " + m); };
@@ -92,6 +117,16 @@ ffi::Error PrepareOps(const OpsOperands& o, int64_t batch, OpsRequest* r) {
   r->erase_keys = o.keys.typed_data();
   r->erase_mode = static_cast<EraseMode>(o.erase_mode);
   r->normal_table = o.table.typed_data();
+  if (o.size_free) {  // NaFlex rows in jit: each row's matrices finished at its own size
+    const auto sd = o.sizes.dimensions();
+    if (o.patch <= 0 || sd[0] != batch || sd[1] != 2)
+      return fail("size-free matrices need patch > 0 and sizes (B, 2), got patch " +
+                  std::to_string(o.patch) + " and " + Dims(sd));
+    const int32_t* hw = o.sizes.typed_data();
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t j = 0; j < k; ++j)
+        FinishAtSize(r->codes[b * k + j], hw[2 * b], hw[2 * b + 1], &matrices[(b * k + j) * 6]);
+  }
   return ffi::Error::Success();
 }
 
@@ -186,9 +221,9 @@ ffi::Error GatherOpsCpu(DataArg data, IndexArg indices, CropArg crops, FlipArg f
                         NormalTableArg normal, SizesArg sizes,
                         ffi::RemainingArgs /*aliased output, if any*/, ffi::Span<const double> mean,
                         ffi::Span<const double> stdev, std::string_view layout, int32_t erase_mode,
-                        int64_t patch, ffi::Result<ffi::AnyBuffer> out) {
+                        int64_t patch, int32_t size_free, ffi::Result<ffi::AnyBuffer> out) {
   const OpsOperands ops{codes, args,   matrices,   fill,  nearest, boxes,
-                        keys,  normal, erase_mode, sizes, patch};
+                        keys,  normal, erase_mode, sizes, patch,   size_free};
   return GatherUniform(data, indices, crops, flips, mean, stdev, layout, *out, &ops);
 }
 
@@ -199,9 +234,9 @@ ffi::Error GatherPackedOpsCpu(PagesArg pages, TableArg table, IndexArg indices, 
                               ffi::RemainingArgs /*aliased output, if any*/,
                               ffi::Span<const double> mean, ffi::Span<const double> stdev,
                               std::string_view layout, int32_t erase_mode, int64_t patch,
-                              ffi::Result<ffi::AnyBuffer> out) {
+                              int32_t size_free, ffi::Result<ffi::AnyBuffer> out) {
   const OpsOperands ops{codes, args,   matrices,   fill,  nearest, boxes,
-                        keys,  normal, erase_mode, sizes, patch};
+                        keys,  normal, erase_mode, sizes, patch,   size_free};
   return GatherPacked(pages, table, indices, crops, flips, mean, stdev, layout, *out, &ops);
 }
 

@@ -14,6 +14,7 @@ __all__ = [
     "FUSED_MAX_CODE",
     "PixelProgram",
     "affine_table",
+    "size_free_table",
     "check_drawable",
     "column_policies",
     "look_up_matrices",
@@ -155,6 +156,43 @@ def affine_table(slots, out_hw) -> tuple:
     int32, matrices (L, 6) float64), ...)."""
     h, w = (int(v) for v in out_hw)
     return tuple(_affine_entries(p, h, w) for p in slots)
+
+
+# The affine ops whose matrices depend on the output size, and what their size-free templates
+# hold where the size enters (the FFI handler finishes them per row: gather_cpu.cpp's FinishAtSize).
+_C = pixel_ops.CODES
+_ROTATIONS = (_C["Rotate"], _C["TvRotate"])  # 2 and 5: 0 (the centre's terms come from the size)
+_TV_SHIFTS = {_C["TvTranslateX"]: 0, _C["TvTranslateY"]: 1}  # 2, 5: (tx, ty) whole pixels
+
+
+@functools.lru_cache(maxsize=4096)
+def _template(code: int, arg: int, translate_const: float, translate_pct: float) -> tuple[float, ...]:
+    """The matrix of an affine op with its size-dependent entries replaced by what they are
+    built from: the entries that do not depend on the size are those of any size (1 x 1 here);
+    TranslateX/YRel's level * width (height) at 1 x 1 is the level itself."""
+    m = list(_matrix(code, arg, 1, 1, translate_const, translate_pct))
+    if code in _ROTATIONS:
+        m[2] = m[5] = 0.0
+    elif code in _TV_SHIFTS:
+        m[2], m[5] = 0.0, 0.0
+        m[2 + 3 * _TV_SHIFTS[code]] = float(arg)
+    return tuple(m)
+
+
+@functools.lru_cache(maxsize=32)
+def _free_entries(policy) -> tuple:
+    return tuple(
+        (c, a, np.array([_template(c, int(v), *_translate(policy)) for v in a.tolist()], np.float64))
+        for c, a in _affine_args(policy).items()
+    )
+
+
+def size_free_table(slots) -> tuple:
+    """`affine_table` with size-free templates for NaFlex rows (each row its own size): the
+    matrices with the size-dependent entries (Rotate's and TvRotate's centre terms,
+    TranslateX/YRel's level, TvTranslateX/Y's shift) left for the CPU FFI handler to finish at
+    each row's size, in `pixel_ops.affine_matrix`'s float64 operations."""
+    return tuple(_free_entries(p) for p in slots)
 
 
 def look_up_matrices(codes, args, table, *, zero, xp=np):

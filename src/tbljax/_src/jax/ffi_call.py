@@ -17,11 +17,26 @@ NORMAL_TABLE_SIZE = 4096  # kernel.h's kNormalTableSize (pixel_ops.normal_table)
 
 
 def ffi_gather(
-    data, indices, crop, flip, out, *, mean, std, layout, out_size, dtype, ops=None, erase_mode=0, patches=None
+    data,
+    indices,
+    crop,
+    flip,
+    out,
+    *,
+    mean,
+    std,
+    layout,
+    out_size,
+    dtype,
+    ops=None,
+    erase_mode=0,
+    patches=None,
+    size_free=False,
 ):
     """The FFI custom call; `data` is an (N, H, W, 3) array or `PackedRecords`; `ops` None or
     the eight arrays of a `PixelProgram` (erase_mode apart), the ops targets' operands;
-    `patches` None or (p, int32 sizes (B, 2)): NaFlex rows, `out_size` then (T, p·p·3)."""
+    `patches` None or (p, int32 sizes (B, 2)): NaFlex rows, `out_size` then (T, p·p·3);
+    `size_free`: the matrices are templates the handler finishes at each row's size."""
     oh, ow = out_size
     b = indices.shape[0]  # per shard under shard_map
     result = jax.ShapeDtypeStruct((b, *contract.row_shape(layout, oh, ow)), dtype)
@@ -41,7 +56,7 @@ def ffi_gather(
         operands.append(out)
     target = (PACKED_OPS_TARGET if packed else OPS_TARGET) if ops else (PACKED_TARGET if packed else TARGET)
     call = jax.ffi.ffi_call(target, result, vmap_method="sequential", input_output_aliases=aliases)
-    attrs = dict(erase_mode=np.int32(erase_mode), patch=np.int64(p)) if ops else {}
+    attrs = dict(erase_mode=np.int32(erase_mode), patch=np.int64(p), size_free=np.int32(size_free)) if ops else {}
     y = call(*operands, mean=np.asarray(mean, np.float64), std=np.asarray(std, np.float64), layout=layout, **attrs)
     y = y.reshape(b, oh, ow) if p else y
     # Under shard_map the rows vary over the batch axes as the indices do. ffi_call cannot say

@@ -116,8 +116,10 @@ def gather_normalize(
         and written as its (h/p)·(w/p) patches: the result is ``(B, T, p·p·3)`` with
         ``out_size=(T, p·p·3)`` (required), patch (gy, gx) at row gy·(w/p) + gx, its pixels
         (py, px, c) in that order, zeros past the grid; NHWC only. The CPU FFI handler and the
-        twin write the same bytes as `tbljax.kernels.gather(patches=...)`. Not with ``ops=``
-        (refused by name: a jit program's ops are built at one output size).
+        twin write the same bytes as `tbljax.kernels.gather(patches=...)`. With ``ops=``: a
+        `tbljax.ops.pixel_program` built with ``out_hw=sizes`` (each row's own), run by the CPU
+        FFI handler only (``"ffi"``, ``"auto"`` on CPU; the twin is refused by name: its ops run
+        at one output size for every row); a program of one output size is refused by name.
 
     Returns:
       The batch as a `jax.Array`.
@@ -162,6 +164,7 @@ def gather_normalize(
     program, program_kw = (None,) * 8, {}
     if ops is not None:
         program, program_kw = _checked_ops(ops, batch, out_dt, backend)
+        _check_size_free(ops, p, backend)
     if p and backend == "ffi" and jax.default_backend() not in ops_platforms():
         raise ValueError(
             f"backend='ffi' with patches=...: NaFlex rows run in the FFI handler on {ops_platforms()}, "
@@ -218,10 +221,11 @@ def _checked_patches(patches, batch, layout, crop, ops, out_size):
     p = int(p)
     if layout != "NHWC":
         raise ValueError(f"patches are written in layout NHWC, got layout={layout!r}")
-    if ops is not None:
+    if ops is not None and not getattr(ops, "size_free", False):
         raise ValueError(
-            "patches with ops=...: not served in jit (a pixel_program's ops are built at one output "
-            "size, a NaFlex row has its own): use tbljax.kernels.gather(ops=..., patches=...) on the host"
+            "patches with ops=...: the program's affine ops were built at one output size and each "
+            "NaFlex row has its own: build it with tbljax.ops.pixel_program(codes, args, sizes, ...), "
+            "the rows' (B, 2) sizes"
         )
     if crop is None:
         raise ValueError("patches need a crop box per row (crop=...; the whole record is (0, 0, h, w))")
@@ -271,14 +275,27 @@ def _checked_crop(crop, batch, data, hw, host_idx, out_hw):
     return crop.astype(jnp.int32)
 
 
-def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None, affine=False, may_draw=None, patch=0):
+def _body(
+    backend,
+    max_side,
+    out_size,
+    layout,
+    normalization,
+    *,
+    erase_mode=None,
+    affine=False,
+    may_draw=None,
+    patch=0,
+    size_free=False,
+):
     """The per-device body over the operands (data, table of packed records, indices, crop,
     flip, out, normalization table, the eight arrays of the per-image ops or Nones, then the
     NaFlex rows' sizes or None; `patch` > 0: NaFlex rows, `out_size` (T, p·p·3)): the
     twin, the FFI call, or (auto) the FFI call on the platforms with a handler (with ops: one
     that runs them) and the twin elsewhere, decided when the program is lowered. `erase_mode`
     (an index of ERASE_MODES) is None without ops; `affine`: whether the ops may be affine;
-    `may_draw`: the op codes the rows may hold (None: any), the twin's ops to compile."""
+    `may_draw`: the op codes the rows may hold (None: any), the twin's ops to compile;
+    `size_free`: the matrices are templates the FFI handler finishes at each NaFlex row's size."""
 
     def records(d, r):
         return d if r is None else PackedRecords(d, r, max_side)
@@ -307,7 +324,7 @@ def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None
         ops, s = ops[:8], ops[8]
         ops = None if ops[0] is None else ops
         kw = {} if erase_mode is None else dict(erase_mode=erase_mode)
-        kw |= dict(patches=(patch, s)) if patch else {}
+        kw |= dict(patches=(patch, s), size_free=size_free) if patch else {}
         return ffi_gather(records(d, r), i, c, f, o, layout=layout, out_size=out_size, ops=ops, **normalization, **kw)
 
     # Under jit the twin's tables (twin_ops' look-ups) are constants of its own program, so
@@ -315,7 +332,7 @@ def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None
     twin = jax.jit(twin)
     if backend == "twin":
         return twin
-    if backend == "ffi":
+    if backend == "ffi" or size_free:  # size_free: checked to run on an ops platform
         return ffi
     platforms = handler_platforms() if erase_mode is None and not patch else ops_platforms()
     if erase_mode is not None and affine and not jax.config.jax_enable_x64:
@@ -327,6 +344,21 @@ def _body(backend, max_side, out_size, layout, normalization, *, erase_mode=None
         return jax.lax.platform_dependent(*args, default=twin, **{p: ffi for p in platforms})
 
     return auto
+
+
+def _check_size_free(ops, p, backend):
+    """Refuses by name a program of per-row sizes without patches, and NaFlex rows with ops
+    where only the twin would serve them (its ops run at one output size for every row)."""
+    if not getattr(ops, "size_free", False):
+        return
+    if not p:
+        raise ValueError("ops: a pixel_program of per-row sizes (out_hw (B, 2)) is for NaFlex rows: pass patches=")
+    if backend == "twin" or jax.default_backend() not in ops_platforms():
+        raise ValueError(
+            f"patches with ops=...: NaFlex rows with per-image ops run in the FFI handler on {ops_platforms()} "
+            f"only (the twin's ops run at one output size for every row), not backend={backend!r} on "
+            f"{jax.default_backend()!r}"
+        )
 
 
 def _checked_ops(ops, batch, out_dt, backend):
@@ -367,7 +399,8 @@ def _checked_ops(ops, batch, out_dt, backend):
             raise ValueError(f"ops: {name} must be of shape {shape} for {batch} rows, got {a.shape}")
     if arrays[5].shape[1] and out_dt == np.uint8:
         raise ValueError(_step.ERASE_NEEDS_FLOAT)
-    return tuple(arrays), dict(erase_mode=int(mode), affine=_may_be_affine(ops), may_draw=_may_draw(ops))
+    kw = dict(erase_mode=int(mode), affine=_may_be_affine(ops), may_draw=_may_draw(ops))
+    return tuple(arrays), kw | dict(size_free=bool(getattr(ops, "size_free", False)))
 
 
 def _may_draw(ops) -> tuple[int, ...] | None:

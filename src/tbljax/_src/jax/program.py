@@ -23,9 +23,10 @@ class JitPixelProgram(_program.PixelProgram):
     can draw (``may_draw``): the twin compiles only those ops (and resamples, in float64, only
     when an affine op is among them)."""
 
-    def __new__(cls, arrays, *, may_draw: tuple[int, ...]):
+    def __new__(cls, arrays, *, may_draw: tuple[int, ...], size_free: bool = False):
         self = super().__new__(cls, arrays)
         self.may_draw = may_draw
+        self.size_free = size_free  # per-row sizes: the FFI handler finishes the matrices
         return self
 
 
@@ -54,9 +55,11 @@ def float64_bits(m) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=32)
-def _bits_table(slots: tuple, out_hw: tuple[int, int]) -> tuple:
-    """`affine_table` with each matrix as its bits (built once per policies and size)."""
-    return tuple(tuple((c, a, float64_bits(m)) for c, a, m in col) for col in _program.affine_table(slots, out_hw))
+def _bits_table(slots: tuple, out_hw: tuple[int, int] | None) -> tuple:
+    """`affine_table` (None: `size_free_table`) with each matrix as its bits (built once per
+    policies and size)."""
+    table = _program.size_free_table(slots) if out_hw is None else _program.affine_table(slots, out_hw)
+    return tuple(tuple((c, a, float64_bits(m)) for c, a, m in col) for col in table)
 
 
 def pixel_program(
@@ -69,6 +72,9 @@ def pixel_program(
     The affine ops' arguments must be ones their policy draws (`randaug.decide`, e.g.
     ``tbljax.RandAugment``'s argument table): their matrices are looked up among those, built
     once on the host per (policies, out_hw). Concrete arguments are checked (ValueError).
+    ``out_hw`` (B, 2), each row's own size (NaFlex rows; may be traced): the matrices are
+    size-free templates that the CPU FFI handler finishes at the sizes of
+    `gather_normalize`'s ``patches=(p, sizes)`` (pass those sizes here).
 
     Example::
 
@@ -85,8 +91,10 @@ def pixel_program(
     codes, args = codes.astype(jnp.uint8), args.astype(jnp.int32)
     b, k = codes.shape
     slots = tuple(_program.column_policies(tuple(policies), k))
-    out_hw = tuple(int(v) for v in out_hw)
-    table = _bits_table(slots, out_hw)
+    per_row = np.ndim(out_hw) == 2
+    if per_row and tuple(np.shape(out_hw)) != (b, 2):
+        raise ValueError(f"out_hw must be (h, w) or ({b}, 2), got shape {tuple(np.shape(out_hw))}")
+    table = _bits_table(slots, None if per_row else tuple(int(v) for v in out_hw))
     if not any(isinstance(x, jax.core.Tracer) for x in (codes, args)):
         _program.check_drawable(np.asarray(codes), np.asarray(args), table)
     if k:
@@ -98,4 +106,5 @@ def pixel_program(
     return JitPixelProgram(
         (codes, args, matrices, jnp.asarray(fill), jnp.asarray(nearest), boxes, keys, mode, jnp.asarray(normal)),
         may_draw=drawable_codes(slots),
+        size_free=per_row,
     )

@@ -267,9 +267,9 @@ class ResidentDataset:
           batch_size: the global batch G; the batch axes of `sharding` must divide it.
           seed, shuffle, augment, mean, std, dtype, layout, repeats, max_boxes, min_size,
             min_area, min_visibility, patches: as for `tbljax.loader` (patches: one max_tokens,
-            not with per-image ops; resident_patches.py; per-image ops and erasing too:
-            drawn here, run by the CPU FFI handler or the twin, whose affine ops need
-            ``jax_enable_x64``).
+            resident_patches.py, with ops on the CPU FFI handler only; per-image ops and
+            erasing too: drawn here, run by the CPU FFI handler or the twin, whose affine ops
+            need ``jax_enable_x64``).
           sharding: the batch's sharding: None (the batch axis over every mesh axis that does
             not partition the records), or a `NamedSharding` / `Mesh` on the dataset's mesh.
             Each device computes only its own rows.
@@ -376,7 +376,9 @@ class ResidentDataset:
             )
             rep = jnp.zeros_like(idx) if rep is None else rep
             if opts.patches is not None:  # NaFlex rows (resident_patches.py)
-                image, got = _patches.serve(data, idx, boxes, flips, opts, self.geometry, backend=backend)
+                image, got = _patches.serve(
+                    data, idx, boxes, flips, opts, self.geometry, backend=backend, epoch=epoch, repeat=rep
+                )
                 return image, labels[idx], idx, rep, {**{n: f[idx] for n, f in fields.items()}, **got}
             kw = dict(crop=boxes, flip=flips, out_size=out_size, layout=opts.layout, backend=backend)
             row_ops = _step.draw_ops(idx, opts, epoch=epoch, out_hw=out_size, repeat=rep, xp=jnp)

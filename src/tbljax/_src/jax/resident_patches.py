@@ -9,8 +9,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from tbljax._src.engine import native_res
-from tbljax._src.engine import step as _step
 from tbljax._src.jax import ops as _ops
+from tbljax._src.jax import resident_patch_ops
 from tbljax._src.rules import naflex
 
 __all__ = ["check", "keys", "serve"]
@@ -18,7 +18,7 @@ __all__ = ["check", "keys", "serve"]
 
 def check(opts, data_axes, fields, geometric) -> None:
     """Refuses by name, when `opts` has patches, what a resident batch does not serve with them:
-    a length schedule or packing, per-image ops or erasing, records partitioned over
+    a length schedule or packing, records partitioned over
     `data_axes`, `geometric` fields, `fields` named like a key patches add."""
     if opts.patches is None:
         return
@@ -28,11 +28,6 @@ def check(opts, data_axes, fields, geometric) -> None:
             f"ResidentDataset.batch with {name}: a jitted step has one static shape and its rows "
             "by (seed, epoch, step), but this schedule sets each step's shape or rows from the whole "
             "epoch's records: serve it with tbljax.loader / HostLoader, or give one max_tokens"
-        )
-    if _step.has_ops(opts.augment):
-        raise ValueError(
-            "ResidentDataset.batch with patches and per-image ops or erasing: in jit their programs "
-            "are built at one output size, and each NaFlex row has its own (tbljax.loader serves them)"
         )
     if data_axes:
         raise ValueError(f"ResidentDataset.batch with patches: the records are partitioned over {data_axes}")
@@ -49,9 +44,10 @@ def keys(opts) -> tuple[str, ...]:
     return native_res.PATCH_KEYS if opts.patches is not None else ()
 
 
-def serve(data, idx, boxes, flips, opts, geometry, *, backend):
+def serve(data, idx, boxes, flips, opts, geometry, *, backend, epoch=0, repeat=0):
     """(image (B, T, p·p·3), {"patch_yx": (B, T, 2) int32, "patch_valid": (B, T) bool}) of
-    samples `idx` (traced) with the drawn `boxes` (None: each record whole) and `flips`."""
+    samples `idx` (traced) with the drawn `boxes` (None: each record whole) and `flips`; the
+    per-image ops and erasing of (epoch, repeat) at each row's size (resident_patch_ops.py)."""
     p, t = opts.patches.size, opts.patches.max_tokens
     if boxes is None:
         at = idx if len(geometry.heights) > 1 else jnp.zeros_like(idx)  # one size: one entry
@@ -61,17 +57,20 @@ def serve(data, idx, boxes, flips, opts, geometry, *, backend):
     boxes = boxes.astype(jnp.int32)
     th, tw = naflex.sequence_size(boxes[:, 2], boxes[:, 3], p, t, xp=jnp)
     mean, std = opts.normalization
+    sizes = jnp.stack([th, tw], -1)
+    ops = resident_patch_ops.program(idx, opts, sizes, epoch=epoch, repeat=repeat)
     image = _ops.gather_normalize(
         data,
         idx,
         crop=boxes,
         flip=flips,
-        patches=(p, jnp.stack([th, tw], -1)),
+        patches=(p, sizes),
         out_size=(t, p * p * 3),
         mean=mean,
         std=std,
         dtype=opts.out_dtype,
         backend=backend,
+        ops=ops,
     )
     yx, valid = naflex.patch_coords(th // p, tw // p, t, xp=jnp)
     return image, {"patch_yx": yx, "patch_valid": valid}

@@ -25,7 +25,7 @@ import numpy as np
 
 from tbljax._src.rules import contract, image_ops, order, quantiles, randaug
 
-__all__ = ["ERASE_MODES", "RandomErasing", "decide_erasing"]
+__all__ = ["ERASE_MODES", "RandomErasing", "decide_erasing", "decide_erasing_rows", "side_table"]
 
 ERASE_MODES = ("pixel", "rand", "const")
 _MAX_BOXES, _ATTEMPTS = 16, 10
@@ -83,10 +83,19 @@ class RandomErasing:
 def _erase_tables(er: RandomErasing, height: int, width: int):
     """float32 tables: sqrt(H W / count) per count, then `quantiles.area_aspect_tables`:
     sqrt(U(min_area, max_area)), sqrt(aspect) and 1 / sqrt(aspect) at 4096 quantiles."""
+    return (side_table(height * width, 1)[1],) + quantiles.area_aspect_tables(
+        (er.min_area, er.max_area), (er.min_aspect, er.max_aspect)
+    )
+
+
+def side_table(unit: int, units: int) -> np.ndarray:
+    """float32 (units + 1, 17): row n is sqrt(n · unit / count) per box count (count 0 as 1),
+    in float64 then rounded: the erasing side of an output of n · unit pixels (NaFlex rows in
+    jit: n patches of unit = p² pixels, looked up per row where the size is traced)."""
     counts = np.arange(_MAX_BOXES + 1, dtype=np.float64)
     counts[0] = 1
-    side = np.sqrt(height * width / counts).astype(np.float32)
-    return (side,) + quantiles.area_aspect_tables((er.min_area, er.max_area), (er.min_aspect, er.max_aspect))
+    area = np.arange(units + 1, dtype=np.int64)[:, None] * unit
+    return np.sqrt(area / counts).astype(np.float32)
 
 
 def decide_erasing(
@@ -98,8 +107,30 @@ def decide_erasing(
     if not isinstance(er, RandomErasing):
         raise ValueError(f"erasing must be a RandomErasing, got {er!r}")
     height, width = _int("height", height, 1, contract.MAX_SIDE), _int("width", width, 1, contract.MAX_SIDE)
+    side_t = xp.asarray(_erase_tables(er, height, width)[0])
+    return _decide(er, indices, lambda count: side_t[count], height, width, seed, epoch, repeat, view, xp)
+
+
+def decide_erasing_rows(er: RandomErasing, indices, *, heights, widths, sides, seed: int, epoch: int, repeat=0, xp=np):
+    """`decide_erasing` with each row its own output size: ``heights``, ``widths`` (B,)
+    integers (may be traced) and ``sides`` (B, 17) float32, each row's `side_table` row (the
+    same draws as `decide_erasing` at that row's size)."""
+    if not isinstance(er, RandomErasing):
+        raise ValueError(f"erasing must be a RandomErasing, got {er!r}")
+    sides = xp.asarray(sides)
+
+    def side(count):
+        return xp.take_along_axis(sides, count[:, None], axis=1)[:, 0]
+
+    h, w = (xp.asarray(a)[:, None, None] for a in (heights, widths))
+    return _decide(er, indices, side, h, w, seed, epoch, repeat, 0, xp)
+
+
+def _decide(er, indices, side, height, width, seed, epoch, repeat, view, xp):
+    """`decide_erasing`'s draws; `side(count)`: the (B,) float32 sides of the rows' counts;
+    height, width: ints, or (B, 1, 1) each row's."""
     idx = xp.asarray(indices)
-    side_t, frac_t, r_t, inv_r_t = (xp.asarray(t) for t in _erase_tables(er, height, width))
+    _, frac_t, r_t, inv_r_t = (xp.asarray(t) for t in _erase_tables(er, 1, 1))
     head = order.random_bits(
         idx[:, None],
         randaug.counters(np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]), randaug.repeats(repeat, 1, xp), xp, view),
@@ -120,7 +151,7 @@ def decide_erasing(
         xp=xp,
     )
     shift = xp.uint32(32 - quantiles.BITS)
-    s = side_t[count][:, None, None] * frac_t[u[..., 0] >> shift]
+    s = side(count)[:, None, None] * frac_t[u[..., 0] >> shift]
     kr = u[..., 1] >> shift
     h = xp.rint(s * r_t[kr]).astype(xp.int32)
     w = xp.rint(s * inv_r_t[kr]).astype(xp.int32)
