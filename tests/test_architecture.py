@@ -101,6 +101,7 @@ ROOMS = [
             "resident_fields",
             "resident_buckets",
             "resident_patches",
+            "resident_lengths",
             "resident",
         ],
     ),  # JAX arrays, the kernel inside jit

@@ -7,6 +7,7 @@ loaders serve (`engine/native_res.py`'s `PatchServing`: the same rules, so the s
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from tbljax._src.engine import native_res
 from tbljax._src.engine import step as _step
@@ -28,6 +29,11 @@ def check(opts, data_axes, fields, geometric) -> None:
             f"ResidentDataset.batch with {name}: a jitted step has one static shape and its rows "
             "by (seed, epoch, step), but this schedule sets each step's shape or rows from the whole "
             "epoch's records: serve it with tbljax.loader / HostLoader, or give one max_tokens"
+            + (
+                " (a length schedule in jit: ds.length_plan(...), batch(plan=, max_tokens=))"
+                if "length" in name
+                else ""
+            )
         )
     if _step.has_ops(opts.augment):
         raise ValueError(
@@ -61,6 +67,7 @@ def serve(data, idx, boxes, flips, opts, geometry, *, backend):
     boxes = boxes.astype(jnp.int32)
     th, tw = naflex.sequence_size(boxes[:, 2], boxes[:, 3], p, t, xp=jnp)
     mean, std = opts.normalization
+    side = int(max(np.max(geometry.heights), np.max(geometry.widths)))  # boxes lie in the records
     image = _ops.gather_normalize(
         data,
         idx,
@@ -72,6 +79,7 @@ def serve(data, idx, boxes, flips, opts, geometry, *, backend):
         std=std,
         dtype=opts.out_dtype,
         backend=backend,
+        max_taps=naflex.max_taps(side, p, t),  # NaFlex sizes: the twin's weights stay small
     )
     yx, valid = naflex.patch_coords(th // p, tw // p, t, xp=jnp)
     return image, {"patch_yx": yx, "patch_valid": valid}
