@@ -1,6 +1,6 @@
 """The twin's NaFlex tap bound (issue 49): `naflex.max_taps` against kernel.h's tap count of every
 size `naflex.sequence_size` gives over a sweep of box sizes, and `gather_normalize(patches=...,
-max_taps=)` on the twin writing the same bytes as the FFI handler (and so as the twin without it)."""
+max_taps=)` on the twin writing the host kernel's bytes with weights of that many taps."""
 
 from __future__ import annotations
 
@@ -32,43 +32,40 @@ def test_the_bound_holds_for_every_swept_box_and_is_far_below_any_shrinks(side):
     assert naflex.max_taps(4000, 16, 256) == 33  # the twin's weights: 33 taps per axis instead of 501
 
 
-def test_the_twin_writes_the_handlers_bytes_within_the_bound(tmp_path):
+def test_the_twin_writes_the_kernels_bytes_within_the_bound_with_weights_of_that_many_taps(tmp_path):
     rng = np.random.default_rng(3)
     sizes = [(90, 7), (3, 88), (64, 64), (17, 90), (90, 90), (5, 5)]
+    imgs = [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in sizes]
     path = str(tmp_path / "mixed.tbl")
     with tbljax.Writer(path, len(sizes)) as wr:
-        for h, w in sizes:
-            wr.add_raw(rng.integers(0, 256, (h, w, 3), np.uint8))
+        for im in imgs:
+            wr.add_raw(im)
     data = tbljax.ResidentDataset(path).data
     p, t = 4, 16
     hw = np.array(sizes)
     boxes = np.concatenate([np.zeros_like(hw), hw], 1).astype(np.int32)
     boxes[2] = (5, 9, 50, 41)  # a crop inside its record
     seq = np.stack(naflex.sequence_size(boxes[:, 2], boxes[:, 3], p, t), -1).astype(np.int32)
-    bound = naflex.max_taps(90, p, t)
-    assert bound < 2 * 90 // p + 1 and int(_taps(boxes[:, 2], boxes[:, 3], seq[:, 0], seq[:, 1]).max()) > 3
+    bound, generic = naflex.max_taps(90, p, t), 2 * 90 // p + 1
+    assert bound < generic and int(_taps(boxes[:, 2], boxes[:, 3], seq[:, 0], seq[:, 1]).max()) > 3
     flips = np.array([True, False, True, False, True, False])
-    idx = jnp.arange(len(sizes), dtype=jnp.int32)
+    want = np.zeros((len(sizes), t, p * p * 3), np.uint8)  # the host kernel, a record at a time
+    for r, im in enumerate(imgs):
+        tbljax.kernels.gather(
+            im[None], np.zeros(1, np.int64), want[r : r + 1], crop=boxes[r : r + 1], flip=flips[r : r + 1],
+            patches=(p, seq[r : r + 1]),
+        )  # fmt: skip
 
-    def run(backend, taps):
-        f = jax.jit(
-            lambda d, i, c, fl, s: tbljax.ops.gather_normalize(
-                d,
-                i,
-                crop=c,
-                flip=fl,
-                patches=(p, s),
-                out_size=(t, p * p * 3),
-                dtype="uint8",
-                backend=backend,
-                max_taps=taps,
-            )
-        )
-        return np.asarray(f(data, idx, boxes, flips, seq))
+    def twin(d, c, fl, s, taps):
+        i = jnp.arange(len(sizes), dtype=jnp.int32)
+        kw = dict(crop=c, flip=fl, patches=(p, s), out_size=(t, p * p * 3), dtype="uint8", backend="twin")
+        return tbljax.ops.gather_normalize(d, i, max_taps=taps, **kw)
 
-    want = run("ffi", None)  # (the twin without a bound: tests/test_resident_patches.py)
-    assert want.any()
-    np.testing.assert_array_equal(run("twin", bound), want)
+    got = jax.jit(lambda d, c, fl, s: twin(d, c, fl, s, bound))(data, boxes, flips, seq)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    for taps, k in ((bound, bound), (None, generic)):  # the weights (B, T, p, taps) per axis
+        text = str(jax.make_jaxpr(lambda d, c, fl, s, taps=taps: twin(d, c, fl, s, taps))(data, boxes, flips, seq))
+        assert f"i32[6,16,4,{k}]" in text and (k == generic or f"i32[6,16,4,{generic}]" not in text), (taps, k)
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,17 @@ a new epoch's plan runs again; what cannot work is refused by name."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax
 import numpy as np
 import pytest
 
 import tbljax
+from tbljax._src.rules import naflex
 
 SIZES = [(20, 14), (9, 30), (33, 33), (5, 7), (40, 12), (17, 23), (48, 36), (12, 41), (26, 19), (8, 8), (30, 30)]
 SEED = 5  # epochs 0 and 1 order their steps differently, and epoch 0 pads a step
@@ -83,13 +89,26 @@ def test_drop_remainder_and_the_eager_call_serve_what_the_loader_serves(data):
     path, ds = data
     want = _loader(path, 1, drop_remainder=True)
     plan = ds.length_plan(LENGTHS, seed=SEED, epoch=1, drop_remainder=True)
-    assert plan.steps == len(want)
-    for s, w in enumerate(want):  # outside jit: a cached jitted program per length
-        got = ds.batch(
-            s, batch_size=G, seed=SEED, plan=plan, max_tokens=int(plan.length[s]), augment="flip", dtype="uint8"
-        )
-        _same(got, w, f"step {s}")
+    assert plan.steps == len(want) and plan.length.tolist() == [w["image"].shape[1] for w in want]
+    at_8 = [s for s in range(plan.steps) if plan.length[s] == 8]  # one length: one program to compile
+    assert at_8
+    for s in at_8:  # outside jit: a cached jitted program per length
+        got = ds.batch(s, batch_size=G, seed=SEED, plan=plan, max_tokens=8, augment="flip", dtype="uint8")
+        _same(got, want[s], f"step {s}")
         assert "valid" not in got
+
+
+def test_the_twin_sizes_its_weights_by_the_naflex_bound_of_the_steps_length(data):
+    _, ds = data
+    plan = ds.length_plan(LENGTHS, seed=SEED)
+    side = max(max(hw) for hw in SIZES)  # the records' largest side (stored at their own sizes)
+    for t, b in zip(plan.lengths, plan.sizes):
+        step = jax.make_jaxpr(
+            lambda ds, plan, t=t: ds.batch(0, batch_size=G, seed=SEED, plan=plan, max_tokens=t, backend="twin")
+        )
+        text = str(step(ds, plan))
+        k = naflex.max_taps(side, 4, t)
+        assert k < 2 * side // 4 + 1 and f"i32[{b},{t},4,{k}]" in text, (t, k)
 
 
 def _refused(ds, made, **kw):
@@ -140,3 +159,44 @@ def test_a_traced_length_a_wrong_length_and_closed_over_plans_are_refused(data):
     by_record = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("data",)), PartitionSpec("data"))
     with pytest.raises(ValueError, match="records are partitioned over"):
         tbljax.ResidentDataset(path, by_record).length_plan(LENGTHS)
+
+
+_TWO = textwrap.dedent("""
+    import sys
+    import numpy as np, jax
+    import tbljax
+    path, seed = sys.argv[1], int(sys.argv[2])
+    assert jax.device_count() == 2
+    ds = tbljax.ResidentDataset(path)  # a copy per device: each step's rows split over the 2
+    odd = tbljax.Patches(size=4, max_tokens=[8, 20], tokens_per_batch=40, batch_divisor=1)  # 5 and 2 rows
+    plan = ds.length_plan(odd, seed=seed)
+    try:
+        ds.batch(0, batch_size=5, seed=seed, plan=plan, max_tokens=int(plan.length[0]))
+        raise SystemExit("not refused")
+    except ValueError as e:
+        words = ("(8, 5)] do not split over the 2 batch shards", "set batch_divisor to a multiple of 2")
+        assert all(w in str(e) for w in words), e
+    even = tbljax.Patches(size=4, max_tokens=[8, 20], tokens_per_batch=40, batch_divisor=2)  # 4 and 2 rows
+    step = jax.jit(lambda ds, p, s, t: ds.batch(s, batch_size=4, seed=seed, plan=p, max_tokens=t, augment="flip",
+                                               dtype="uint8", backend="twin"), static_argnums=3)
+    plan = ds.length_plan(even, seed=seed)
+    want = list(tbljax.loader(path, 4, patches=even, seed=seed, augment="flip", dtype="uint8", num_epochs=1,
+                             drop_remainder=False))
+    assert len(want) == plan.steps
+    for s, w in enumerate(want):
+        got = step(ds, plan, s, int(plan.length[s]))
+        assert sorted(got) == sorted(w), (sorted(got), sorted(w))
+        for k in w:
+            assert np.array_equal(np.asarray(got[k]), np.asarray(w[k])), (s, k)
+        rows = got["image"].sharding.shard_shape(got["image"].shape)[0]
+        assert rows == int(plan.batch_size[s]) // 2, rows
+    print("OK")
+""")
+
+
+def test_two_devices_split_each_steps_rows_and_a_batch_that_does_not_split_is_refused(data):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    r = subprocess.run(
+        [sys.executable, "-c", _TWO, data[0], str(SEED)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
