@@ -129,6 +129,8 @@ def _refused(ds, made, **kw):
         (dict(augment=tbljax.Augment(size=None, ops=[tbljax.RandAugment(num_ops=1)])), "per-image ops"),
         (dict(augment=tbljax.Augment(size=(8, 8))), "patches with an Augment size"),
         (dict(repeats=2), "patches with repeats=2"),
+        (dict(shuffle=False), "shuffle=False is not the plan's True"),
+        (dict(bucket=0), "bucket=0 with a length plan"),
     ],
 )
 def test_what_cannot_work_is_refused_by_name(data, kw, words):

@@ -299,7 +299,7 @@ class ResidentDataset:
         )
         if max_tokens is not None or isinstance(plan, _lengths.LengthPlan):
             kw = dict(plan=plan, max_tokens=max_tokens, opts=opts, epoch=epoch, sharding=sharding, backend=backend)
-            return _lengths.batch(self, step, **kw)
+            return _lengths.batch(self, step, bucket=bucket, **kw)
         if plan is not None or bucket is not None:
             kw = dict(plan=plan, bucket=bucket, opts=opts, epoch=epoch, sharding=sharding, backend=backend)
             return _buckets.batch(self, step, **kw)

@@ -173,8 +173,15 @@ def _check_call(ds, plan, max_tokens, opts: LoaderOptions, epoch) -> LoaderOptio
     return at
 
 
-def batch(ds, step, *, plan: LengthPlan, max_tokens: int, opts: LoaderOptions, epoch, sharding, backend: str):
+def batch(
+    ds, step, *, plan: LengthPlan, max_tokens: int, opts: LoaderOptions, epoch, sharding, backend: str, bucket=None
+):
     """Step `step` of `plan` at its length `max_tokens` (static): `ResidentDataset.batch(plan=, max_tokens=)`."""
+    if bucket is not None:
+        raise ValueError(
+            f"bucket={bucket!r} with a length plan: a step of a length schedule is chosen by max_tokens="
+            "int(plan.length[step]) (bucket= is for ds.bucket_plan)"
+        )
     at = _check_call(ds, plan, max_tokens, opts, epoch)
     _, batch_axes = _sharding.batch_axes(ds.sharding, sharding)
     parts = _sharding.parts(ds.sharding, batch_axes)
