@@ -142,7 +142,7 @@ SLOW_CASES = {
     "test_loader.py::test_interpreter_exit_with_a_running_loader_does_not_hang": "2.1 s; test_shutdown_is_clean_on_break_error_del_and_close stays",
     "test_convert.py::test_interrupted_convert_leaves_no_file[ctrl-c]": "1.6 s; [kill] stays",
     "test_resident_patches.py::test_op_ffi_and_twin_write_the_kernels_patches[float32]": "1.5 s; [uint8] stays",
-    "test_resident_lengths.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_length[twin-flip-uint8]": "2.3 s; test_matrix's length-schedule row runs the twin in jit",
+    "test_resident_lengths.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_length[ffi-augment1-float32]": "2 s; test_matrix's length-schedule row runs the FFI handler in jit on random crops",
     "test_resident_lengths.py::test_two_devices_split_each_steps_rows_and_a_batch_that_does_not_split_is_refused": "7 s of a 2-device subprocess; the one-device tests of the file stay",
 }
 

@@ -9,8 +9,8 @@ swept; float32 centre-crop eval with the last batch padded; a mid-epoch state re
 loader; `repeats=2`, each repeat its own crop; `views=`, each view its own crop and a group
 with its own ops; `buckets=` centre-cropped (and in jit, a `ResidentDataset`'s bucket plan, on
 RAW and compact full-aspect files), `patches=` NaFlex sequences, a length schedule of them
-(HostLoader, tbljax.loader, and in jit a `ResidentDataset`'s length plan on the twin, on compact
-full-aspect files) and packed NaFlex sequences; per-image ops (pixel_ops' rules) with
+(HostLoader, tbljax.loader, and in jit a `ResidentDataset`'s length plan, on compact full-aspect
+files) and packed NaFlex sequences; per-image ops (pixel_ops' rules) with
 each of those four, at each row's own size, on one cell per kernel path), torch, MLX (and both
 with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit` (with
 per-image ops drawn and run there, and NaFlex patch sequences), `gather_normalize(ops=)` on the
@@ -591,11 +591,11 @@ def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(m
         check_fields(kind, fields, np.where(valid, hb.index, -1), "length schedule")
         seen[hb.epoch] += idx.tolist()
     assert all(sorted(seen[e]) == list(range(M.N)) for e in seen)
-    if kind == "compact_full_aspect" and layout == "file":  # in jit, on the twin: each step the loader's
+    if kind == "compact_full_aspect" and layout == "file":  # in jit (the FFI handler on CPU): each step the loader's
         import jax
 
         rd = tbljax.ResidentDataset(files[kind, layout], **serve(kind))
-        kw = dict(batch_size=6, seed=SEED, augment=aug, dtype="uint8", backend="twin")
+        kw = dict(batch_size=6, seed=SEED, augment=aug, dtype="uint8")
         step = jax.jit(lambda ds, p, s, t: ds.batch(s, plan=p, max_tokens=t, **kw), static_argnums=3)
         got = []
         for epoch in range(3):
