@@ -103,6 +103,7 @@ ROOMS = [
             "resident_patch_ops",
             "resident_patches",
             "resident_pack",
+            "resident_lengths",
             "resident",
         ],
     ),  # JAX arrays, the kernel inside jit

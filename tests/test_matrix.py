@@ -9,8 +9,9 @@ swept; float32 centre-crop eval with the last batch padded; a mid-epoch state re
 loader; `repeats=2`, each repeat its own crop; `views=`, each view its own crop and a group
 with its own ops; `buckets=` centre-cropped (and in jit, a `ResidentDataset`'s bucket plan, on
 RAW and compact full-aspect files), `patches=` NaFlex sequences, a length schedule of them
-(HostLoader, tbljax.loader) and packed NaFlex sequences (and in jit, a `ResidentDataset`'s pack
-plan, on the FFI handler and the twin); per-image ops (pixel_ops' rules) with
+(HostLoader, tbljax.loader, and in jit a `ResidentDataset`'s length plan, on compact full-aspect
+files) and packed NaFlex sequences (and in jit, a `ResidentDataset`'s pack plan, on the FFI
+handler and the twin); per-image ops (pixel_ops' rules) with
 each of those four, at each row's own size, on one cell per kernel path), torch, MLX (and both
 with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit` (with
 per-image ops drawn and run there, and NaFlex patch sequences, with per-image ops too: "ops ×
@@ -637,6 +638,21 @@ def test_naflex_length_schedule_rows_are_the_oracle_crops_at_each_steps_length(m
         check_fields(kind, fields, np.where(valid, hb.index, -1), "length schedule")
         seen[hb.epoch] += idx.tolist()
     assert all(sorted(seen[e]) == list(range(M.N)) for e in seen)
+    if kind == "compact_full_aspect" and layout == "file":  # in jit (the FFI handler on CPU): each step the loader's
+        import jax
+
+        rd = tbljax.ResidentDataset(files[kind, layout], **serve(kind))
+        kw = dict(batch_size=6, seed=SEED, augment=aug, dtype="uint8")
+        step = jax.jit(lambda ds, p, s, t: ds.batch(s, plan=p, max_tokens=t, **kw), static_argnums=3)
+        got = []
+        for epoch in range(3):
+            plan = rd.length_plan(patches, seed=SEED, epoch=epoch)
+            got += [step(rd, plan, s, int(plan.length[s])) for s in range(plan.steps)]
+        assert len(got) == len(jax_batches)
+        for s, (g, want) in enumerate(zip(got, jax_batches)):
+            assert sorted(g) == sorted(want), kind
+            for k, v in want.items():
+                np.testing.assert_array_equal(_host(g[k]), _host(v), err_msg=f"{kind} step {s} {k}")
 
 
 # The per-image ops with native resolution: RandAugment's default ops (affine ones too, their

@@ -22,6 +22,12 @@ SIZES = [(20, 14), (9, 30), (33, 33), (5, 7), (40, 12), (17, 23), (48, 36), (12,
 PACK = tbljax.Patches(size=4, max_tokens=12, pack=True, image_tokens=6, pack_window=3)
 SEED, G = 3, 2
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+RECIPE = tbljax.Augment(
+    crop=False,
+    size=None,
+    ops=[tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1")],
+    erasing=tbljax.RandomErasing(p=0.5),
+)
 
 
 def _convert(path, sizes, rng):
@@ -61,7 +67,7 @@ def _same(got, want, where):
     "kind, backend, augment, dtype, drop",
     [
         ("mixed", "twin", "flip", "float32", False),
-        ("mixed", "ffi", None, "uint8", False),
+        ("mixed", "ffi", RECIPE, "float32", False),  # per-image ops and erasing at image_tokens
         ("same", "ffi", "flip", "bfloat16", True),  # outside jit: a cached program of its own
     ],
 )
@@ -144,10 +150,8 @@ def test_a_batch_split_over_two_devices_is_the_loaders(data, tmp_path):
 def test_what_packed_batches_do_not_serve_is_refused_by_name(data):
     _, ds = data["mixed"]
     plan = ds.pack_plan(G, PACK, seed=SEED)
-    ops = tbljax.Augment(crop=False, size=None, ops=[tbljax.RandAugment(num_ops=1, ops=["Invert"], prob=1.0)])
     cases = [
         (dict(patches=PACK), "pass plan=ds.pack_plan"),
-        (dict(plan=plan, augment=ops), "pack=True and per-image ops or erasing"),
         (dict(plan=plan, augment=tbljax.Augment(size=None)), "pack=True and an Augment crop"),
         (dict(plan=plan, epoch=0), "the plan holds the epoch"),
         (dict(plan=plan, seed=SEED + 1), "is not the plan's"),

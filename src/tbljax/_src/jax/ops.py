@@ -63,6 +63,7 @@ def gather_normalize(
     out=None,
     ops=None,
     patches=None,
+    max_taps=None,
 ):
     """``data[indices]`` → optional crop-resize → optional flip → normalize, inside `jax.jit`.
 
@@ -120,6 +121,11 @@ def gather_normalize(
         `tbljax.ops.pixel_program` built with ``out_hw=sizes`` (each row's own), run by the CPU
         FFI handler only (``"ffi"``, ``"auto"`` on CPU; the twin is refused by name: its ops run
         at one output size for every row); a program of one output size is refused by name.
+      max_taps: patches only: a bound on every row's resize taps per axis (kernel.h's
+        ``2·max(box side, size side) // size side + 1``), or None (any shrink of the largest
+        record side to one patch). The twin sizes its tap weights by it (`naflex.max_taps`: ~33
+        instead of 501 at 4000-px records, p 16, T 256). Checked when crop and sizes are
+        concrete; rows past it are unspecified in jit (the FFI handler does not use it).
 
     Returns:
       The batch as a `jax.Array`.
@@ -153,6 +159,7 @@ def gather_normalize(
     else:
         oh, ow = contract.output_size(hw if not packed else out_size, out_size, cropped=crop is not None)
     crop = _checked_crop(crop, batch, data, hw, host_idx, (0, 0) if p else (oh, ow))
+    max_taps = _checked_taps(max_taps, p, sizes, crop)
     if flip is not None:
         flip = jnp.asarray(flip)
         contract.check_flip(flip.dtype, flip.shape, batch)
@@ -180,7 +187,7 @@ def gather_normalize(
         table = jnp.asarray(normalization_table(mean_v, std_v, out_dt))
     normalization = dict(mean=mean_v, std=std_v, dtype=out_dt)
     max_side = data.max_side if packed else None
-    body = _body(backend, max_side, (oh, ow), layout, normalization, patch=p, **program_kw)
+    body = _body(backend, max_side, (oh, ow), layout, normalization, patch=p, taps=max_taps, **program_kw)
     args = ((data.pages, data.table) if packed else (data, None)) + (indices, crop, flip, out, table, *program, sizes)
     if sharding is not None:
         mesh, spec = batch_spec(sharding)
@@ -248,6 +255,27 @@ def _checked_patches(patches, batch, layout, crop, ops, out_size):
     return p, sizes.astype(jnp.int32)
 
 
+def _checked_taps(max_taps, p, sizes, crop):
+    """`max_taps` as an int (or None), refused by name when it is not one, without patches, or
+    (concrete crop and sizes) below a row's taps."""
+    if max_taps is None:
+        return None
+    if not p:
+        raise ValueError("max_taps bounds the resize of NaFlex rows: it needs patches=(p, sizes)")
+    if not contract.is_integer(max_taps) or max_taps < 3:
+        raise ValueError(f"max_taps must be an integer >= 3 (a resize reads at least 3 taps), got {max_taps!r}")
+    if _is_concrete(sizes) and _is_concrete(crop):
+        box, s = np.asarray(crop, np.int64)[:, 2:], np.maximum(np.asarray(sizes, np.int64), p)
+        taps = (2 * np.maximum(box, s) // s + 1).max(1)
+        if (taps > max_taps).any():
+            b = int(np.argmax(taps > max_taps))
+            raise ValueError(
+                f"max_taps={max_taps}: row {b}'s box {tuple(box[b].tolist())} resized to {tuple(s[b].tolist())} reads "
+                f"{taps[b]} taps per axis"
+            )
+    return int(max_taps)
+
+
 def _device_indices(indices):
     """Indices as the custom call takes them: int64 stays int64 (x64 mode); everything else
     becomes int32, which JAX always has."""
@@ -287,10 +315,12 @@ def _body(
     may_draw=None,
     patch=0,
     size_free=False,
+    taps=None,
 ):
     """The per-device body over the operands (data, table of packed records, indices, crop,
     flip, out, normalization table, the eight arrays of the per-image ops or Nones, then the
-    NaFlex rows' sizes or None; `patch` > 0: NaFlex rows, `out_size` (T, p·p·3)): the
+    NaFlex rows' sizes or None; `patch` > 0: NaFlex rows, `out_size` (T, p·p·3), `taps` their
+    resize's bound or None): the
     twin, the FFI call, or (auto) the FFI call on the platforms with a handler (with ops: one
     that runs them) and the twin elsewhere, decided when the program is lowered. `erase_mode`
     (an index of ERASE_MODES) is None without ops; `affine`: whether the ops may be affine;
@@ -304,7 +334,7 @@ def _body(
         del o
         ops, s = ops[:8], ops[8]
         if patch:
-            return twin_patches(records(d, r), i, c, f, s, patch=patch, tokens=out_size[0], table=t)
+            return twin_patches(records(d, r), i, c, f, s, patch=patch, tokens=out_size[0], table=t, taps=taps)
         if erase_mode is None:
             return twin_gather(records(d, r), i, crop=c, flip=f, out_size=out_size, table=t, layout=layout)
         codes, args, matrices, fill, nearest, boxes, keys, normal = ops

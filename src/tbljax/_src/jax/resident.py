@@ -37,6 +37,7 @@ from tbljax._src.jax import packed as _packed
 from tbljax._src.jax import program as _program
 from tbljax._src.jax import resident_buckets as _buckets
 from tbljax._src.jax import resident_fields as _geo
+from tbljax._src.jax import resident_lengths as _lengths
 from tbljax._src.jax import resident_pack as _pack
 from tbljax._src.jax import resident_patches as _patches
 from tbljax._src.jax import sharding as _sharding
@@ -231,6 +232,12 @@ class ResidentDataset:
         kw = dict(seed=seed, epoch=epoch, shuffle=shuffle, drop_remainder=drop_remainder)
         return _pack.plan(self, batch_size, patches, **kw)
 
+    def length_plan(self, patches, *, seed=0, epoch=0, shuffle=True, drop_remainder=False):
+        """Epoch `epoch` under a NaFlex length schedule (a `tbljax.Patches` with a list of max_tokens)
+        as `tbljax.loader(patches=)` schedules it: a pytree for `batch(plan=, max_tokens=)`."""
+        kw = dict(seed=seed, epoch=epoch, shuffle=shuffle, drop_remainder=drop_remainder)
+        return _lengths.plan(self, patches, **kw)
+
     def batch(
         self,
         step,
@@ -254,6 +261,7 @@ class ResidentDataset:
         patches=None,
         plan=None,
         bucket=None,
+        max_tokens=None,
     ):
         """The batch of `step`, computed in the graph: ``{"image", "label", "index"}`` (and
         ``"repeat"`` with repeats > 1) and the dataset's fields (`fields=` at construction) by
@@ -277,6 +285,9 @@ class ResidentDataset:
           plan, bucket: aspect-ratio buckets: step `step` of a `bucket_plan`'s epoch at its bucket
             ``bucket`` (static: ``int(plan.bucket[step])``), one program per bucket (`resident_buckets.py`);
             or packed NaFlex sequences: step `step` of a `pack_plan`'s epoch (`resident_pack.py`).
+          plan, max_tokens: a NaFlex length schedule: step `step` of a `length_plan`'s epoch at its
+            length ``max_tokens`` (static: ``int(plan.length[step])``), one program per length
+            (`resident_lengths.py`).
 
         Call it inside a jitted function that receives this dataset as an argument; outside
         jit it runs a cached jitted program.
@@ -294,6 +305,9 @@ class ResidentDataset:
             **dict(max_boxes=max_boxes, min_size=min_size, min_area=min_area, min_visibility=min_visibility),
             patches=patches,
         )
+        if max_tokens is not None or isinstance(plan, _lengths.LengthPlan):
+            kw = dict(plan=plan, max_tokens=max_tokens, opts=opts, epoch=epoch, sharding=sharding, backend=backend)
+            return _lengths.batch(self, step, bucket=bucket, **kw)
         kw = dict(plan=plan, bucket=bucket, opts=opts, epoch=epoch, sharding=sharding, backend=backend)
         if isinstance(plan, _pack.PackPlan) or (opts.patches is not None and opts.patches.pack):
             return _pack.batch(self, step, **kw)  # packed NaFlex sequences (resident_pack.py)

@@ -86,11 +86,6 @@ class PackPlan:
 def _check_dataset(ds, opts: LoaderOptions) -> None:
     """What a packed resident batch does not serve, refused by name (`resident_patches.check`
     refuses every schedule, packing included, so its other checks are repeated here)."""
-    if _step.has_ops(opts.augment):
-        raise ValueError(
-            "ResidentDataset.batch with pack=True and per-image ops or erasing: not served in jit yet "
-            "(tbljax.loader serves them)"
-        )
     if _sharding.mesh_axes(ds.sharding):
         raise ValueError(f"ResidentDataset.batch with pack=True: the records are partitioned over {ds.sharding}")
     geometric = [s.name for s in ds.geometric.specs]
@@ -216,7 +211,7 @@ def _serve(ds, plan: PackPlan, step, *, opts: LoaderOptions, batch_axes, backend
         number = k - jax.lax.cummax(jnp.where(new_row, k, 0))  # each image's segment in its sequence
         hw = ds.image_shape or ds.geometry
         idx, boxes, flips, _ = _step.draw(jnp.where(ok, pos, 0), opts, num_records=n, image_hw=hw, epoch=epoch, xp=jnp)
-        rows, got = _patches.serve(data, idx, boxes, flips, image_opts, ds.geometry, backend=backend)
+        rows, got = _patches.serve(data, idx, boxes, flips, image_opts, ds.geometry, backend=backend, epoch=epoch)
         tokens = got["patch_valid"].sum(-1, dtype=jnp.int32)
         # Token (r, j) -> the image starting last at or before it in sequence r, and its token.
         starts = jnp.full(g * t, -1, jnp.int32).at[jnp.where(ok, row * t + off, g * t)].set(k, mode="drop")

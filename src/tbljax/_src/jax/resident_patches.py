@@ -7,6 +7,7 @@ loaders serve (`engine/native_res.py`'s `PatchServing`: the same rules, so the s
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from tbljax._src.engine import native_res
 from tbljax._src.jax import ops as _ops
@@ -28,6 +29,11 @@ def check(opts, data_axes, fields, geometric) -> None:
             f"ResidentDataset.batch with {name}: a jitted step has one static shape and its rows "
             "by (seed, epoch, step), but this schedule sets each step's shape or rows from the whole "
             "epoch's records: serve it with tbljax.loader / HostLoader, or give one max_tokens"
+            + (
+                " (a length schedule in jit: ds.length_plan(...), batch(plan=, max_tokens=))"
+                if "length" in name
+                else ""
+            )
         )
     if data_axes:
         raise ValueError(f"ResidentDataset.batch with patches: the records are partitioned over {data_axes}")
@@ -59,6 +65,7 @@ def serve(data, idx, boxes, flips, opts, geometry, *, backend, epoch=0, repeat=0
     mean, std = opts.normalization
     sizes = jnp.stack([th, tw], -1)
     ops = resident_patch_ops.program(idx, opts, sizes, epoch=epoch, repeat=repeat)
+    side = int(max(np.max(geometry.heights), np.max(geometry.widths)))  # boxes lie in the records
     image = _ops.gather_normalize(
         data,
         idx,
@@ -71,6 +78,7 @@ def serve(data, idx, boxes, flips, opts, geometry, *, backend, epoch=0, repeat=0
         dtype=opts.out_dtype,
         backend=backend,
         ops=ops,
+        max_taps=naflex.max_taps(side, p, t),  # NaFlex sizes: the twin's weights stay small
     )
     yx, valid = naflex.patch_coords(th // p, tw // p, t, xp=jnp)
     return image, {"patch_yx": yx, "patch_valid": valid}

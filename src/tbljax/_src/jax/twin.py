@@ -101,12 +101,15 @@ def twin_gather(data, indices, *, crop=None, flip=None, out_size=None, table=Non
     return out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
 
 
-def twin_patches(data, indices, crop, flip, sizes, *, patch: int, tokens: int, table=None):
+def twin_patches(data, indices, crop, flip, sizes, *, patch: int, tokens: int, table=None, taps=None):
     """NaFlex rows (kernel.h's GatherRequest::patch): row b's box ``crop[b]`` resized to its own
     ``sizes[b] = (h, w)`` (int32 (B, 2), multiples of `patch`, may be traced), flipped where
     ``flip[b]``, written as its (h/p)·(w/p) patches: (B, tokens, p·p·3) NHWC, zeros past the
     grid. The resize of `twin_gather`, evaluated at each token's pixels (y = gy·p + py,
-    x = gx·p + px), so it is bit-exact with the kernel's patches as twin_gather is with its rows."""
+    x = gx·p + px), so it is bit-exact with the kernel's patches as twin_gather is with its rows.
+    `taps`: a bound on every row's taps per axis (`naflex.max_taps` for NaFlex sizes), or None
+    (any shrink to one patch): the weights are (B, T, p, taps) per axis, so a smaller bound
+    holds less memory; the same bytes while the rows stay within it."""
     p, packed = patch, isinstance(data, PackedRecords)
     if packed:
         rec = data.table[indices]  # (B, 3)
@@ -134,7 +137,8 @@ def twin_patches(data, indices, crop, flip, sizes, *, patch: int, tokens: int, t
     if flip is not None:  # flip mirrors the row's own columns
         ox = jnp.where(flip[:, None, None] & valid, w - 1 - ox, ox)
     box_h, box_w = crop[:, 2, None, None], crop[:, 3, None, None]
-    taps = _max_taps(max_side, p)  # static: enough for any row (a side is at least p)
+    most = _max_taps(max_side, p)  # static: enough for any row (a side is at least p)
+    taps = most if taps is None else min(int(taps), most)
     ly, wy = _axis_weights(oy, box_h, h, taps)  # (B, T, p), (B, T, p, taps)
     lx, wx = _axis_weights(ox, box_w, w, taps)
     # The rows' own tap counts bound the loops (the static bound may be far larger).

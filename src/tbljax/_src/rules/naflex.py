@@ -70,6 +70,7 @@ __all__ = [
     "Patches",
     "length_batch_size",
     "length_schedule",
+    "max_taps",
     "pack",
     "patch_coords",
     "patchify",
@@ -216,6 +217,33 @@ def sequence_size(heights, widths, patch: int, max_tokens: int, *, xp=np):
         loop = order.while_loop(xp)
         lb, rb = loop(lambda s: xp.any((s[1] - s[0]) >= _EPS), lambda s: step(*s), (lb, rb))
     return target(lb)
+
+
+def max_taps(max_side: int, patch: int, max_tokens: int) -> int:
+    """A bound on the resize taps per axis (kernel.h: ``2·max(s, n) // n + 1`` for a box side s
+    resized to n) of every box of sides at most `max_side` resized to its `sequence_size` at
+    (`patch`, `max_tokens`): what the pure-JAX twin sizes its weights by for NaFlex rows, instead
+    of the ``2·max_side // patch + 1`` any shrink to one patch needs.
+
+    Why it holds: with q = floor(sqrt(max_tokens)), every ratio r <= r_f = p·(q - 1/2) / max_side
+    is feasible (each side's ceil(side·r / p) <= q, float32's rounding far inside the half, so
+    q·q <= max_tokens patches), and feasibility grows with r, so the bisection's upper end stays
+    above min(r_f, 100) and its last feasible ratio lb above that less 2·1e-5 (and >= 1e-6). A side
+    s goes to n >= s·lb (up to float32's rounding), so 2·s / n <= 2 / lb, and 3 taps when n >= s.
+    tests/test_naflex_taps.py sweeps sizes against it.
+
+    >>> max_taps(4000, 16, 256), 2 * 4000 // 16 + 1
+    (33, 501)
+    """
+    p, side = _positive("patch", patch, contract.MAX_OUT_SIDE), _positive("max_side", max_side)
+    q = int(np.sqrt(_positive("max_tokens", max_tokens)))
+    while (q + 1) * (q + 1) <= max_tokens:  # floor(sqrt) exactly, whatever the float rounding
+        q += 1
+    while q * q > max_tokens:
+        q -= 1
+    lb = max(min(p * (q - 0.5) / side, float(_HI)) - 2 * float(_EPS), float(_LO))
+    bound = max(3, int(2 / (lb * (1 - 1e-6))) + 1)
+    return min(bound, 2 * max(side, p) // p + 1)
 
 
 def patch_coords(grid_h, grid_w, max_tokens: int, *, xp=np):
