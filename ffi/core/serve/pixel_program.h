@@ -14,9 +14,9 @@ namespace ops_detail {
 
 // Where the program hands its result on, a band of rows at a time (the kernel's normalize and
 // write): called for rows [y0, y1) of `result` (h x w x 3) once they are final, every row once,
-// in order. The last op calls it as it makes its rows (the affine ops, Sharpness; the per-value
-// ops and LUTs in bands), so the output's stores overlap the op's work instead of stalling in
-// one burst over the whole image afterwards.
+// in order. The last op calls it row by row as it makes them where it makes a new image (the
+// affine ops, Sharpness), so the output's stores overlap the op's work instead of stalling in
+// one pass over the whole image afterwards; after the other ops, once for the whole image.
 struct RowSink {
   void (*put)(void* ctx, const uint8_t* result, int64_t y0, int64_t y1) = nullptr;
   void* ctx = nullptr;
