@@ -527,6 +527,35 @@ def _gather_on_every_target(want, src, pick, crop, flip=None, ops=None):
         _core.set_kernel_target("auto")
 
 
+@pytest.mark.parametrize("out_hw", [(21, 30), (8, 9)])
+def test_the_last_op_hands_its_rows_to_the_normalize_on_every_target(out_hw):
+    """The program's last op hands its rows on to the normalize and write as it makes them:
+    every op last, alone (slot 0, slot 1 empty) and after Rotate (which trades the buffers), at
+    an odd height and a short one, float32 NHWC out, against the reference's pixels normalized,
+    on every SIMD target: every bit."""
+    src, idx, crop, flip, base = _setup(out_hw)
+    ra = randaug.RandAugment(num_ops=2, fill=(10, 200, 30))
+    names = OPS + ["Cutout", *MORE_OPS]
+    rotate = _op("Rotate", 5.0, ra)
+    codes = np.zeros((2 * len(names), 2), np.uint8)
+    args = np.zeros((2 * len(names), 2), np.int32)
+    for i, name in enumerate(names):
+        codes[2 * i, 0], args[2 * i, 0] = _op(name, 7.0, ra)
+        codes[2 * i + 1], args[2 * i + 1] = (rotate[0], codes[2 * i, 0]), (rotate[1], args[2 * i, 0])
+    pick = np.arange(len(codes)) % len(idx)
+    pix = np.stack([pixel_ops.apply_all(base[p], c, a, fill=ra.fill) for p, c, a in zip(pick, codes, args)])
+    want = oracle.normalize(pix, MEAN, STD, np.float32)
+    prog = kernels.pixel_program(codes, args, out_hw, policies=(ra,))
+    try:
+        for target in _core.supported_kernel_targets():
+            _core.set_kernel_target(target)
+            out = np.zeros_like(want)
+            kernels.gather(src, idx[pick], out, crop=crop[pick], flip=flip[pick], mean=MEAN, std=STD, ops=prog)
+            np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32), err_msg=target)
+    finally:
+        _core.set_kernel_target("auto")
+
+
 @pytest.mark.parametrize("out_hw", [(23, 37), (9, 2), (1, 3)])
 def test_bilinear_equals_pixel_filters_over_random_matrices_on_every_target(out_hw):
     """Bilinear resampling (the SIMD sampler: float64 lanes, paired gathers, edge and end-of-image

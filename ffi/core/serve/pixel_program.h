@@ -12,6 +12,16 @@
 namespace tbljax {
 namespace ops_detail {
 
+// Where the program hands its result on, a band of rows at a time (the kernel's normalize and
+// write): called for rows [y0, y1) of `result` (h x w x 3) once they are final, every row once,
+// in order. The last op calls it row by row as it makes them where it makes a new image (the
+// affine ops, Sharpness), so the output's stores overlap the op's work instead of stalling in
+// one pass over the whole image afterwards; after the other ops, once for the whole image.
+struct RowSink {
+  void (*put)(void* ctx, const uint8_t* result, int64_t y0, int64_t y1) = nullptr;
+  void* ctx = nullptr;
+};
+
 // One row's pixel program on `image` (h x w x 3, packed), with `tmp` (the same size, not
 // overlapping it) as the other buffer: the result ends in one of the two (RunPixelProgram says
 // which), the other is scratch.
@@ -25,6 +35,7 @@ struct ProgramJob {
   const double* matrices;  // (k, 6)
   const uint8_t* fill;     // (k, 3)
   const uint8_t* nearest;  // (k,)
+  RowSink sink;            // put nullptr: none
 };
 
 // One row's erasing, on sample b of the written output.
@@ -50,7 +61,7 @@ Status CheckOps(const OpsRequest& o, int64_t batch, OutDType dtype, int64_t oh, 
 bool RowHasOps(const OpsRequest& o, int64_t b);
 bool RowHasErase(const OpsRequest& o, int64_t b);
 // The stages on target t (every target gives the same bytes). RunPixelProgram returns the buffer
-// that holds the result: job.image or job.tmp.
+// that holds the result: job.image or job.tmp; with a sink, every row went through it.
 uint8_t* RunPixelProgram(SimdTarget t, const ops_detail::ProgramJob& job);
 void RunErase(SimdTarget t, const ops_detail::EraseJob& job);
 
