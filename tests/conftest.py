@@ -61,6 +61,8 @@ def kodak() -> Path:
 # slow here so the README's test command stays within its stated time; CI runs them all
 # (`pytest -m slow` in .ci/run). Measured with `pytest --durations=80` on the 2-core machine.
 SLOW_CASES = {
+    "test_resident_lengths.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_length[twin-augment2-float32]": "9 s of the twin's compile (two lengths, x64); [ffi-augment1-float32] and test_resident_patch_ops' [stats-erasing] twin case stay",
+    "test_twin_patch_ops.py::test_nearest_sweeps_past_the_fixed_point_range_equal_the_kernel": "3 s of the twin's compile under x64; test_twin_ops::test_affine_ops_under_x64 and the [stats-erasing] resident twin case stay",
     "test_twin_patch_ops.py::test_every_op_code_on_rows_of_several_sizes_equals_the_kernel": "9 s of the twin's compile under x64; test_resident_patch_ops' [stats-erasing] twin case stays",
     "test_twin_patch_ops.py::test_pointwise_and_neighbourhood_ops_with_erasing_equal_the_kernel[pixel]": "5 s of the twin's compile; test_resident_patch_ops' [stats-erasing] twin case stays",
     "test_twin_patch_ops.py::test_pointwise_and_neighbourhood_ops_with_erasing_equal_the_kernel[rand]": "4 s of the twin's compile; test_resident_patch_ops' [stats-erasing] twin case stays",

@@ -122,3 +122,43 @@ def test_pointwise_and_neighbourhood_ops_with_erasing_equal_the_kernel(erase_mod
     # Cutout's and erasing's coordinates, each erasing mode (bfloat16 rounds its noise).
     names = ["AutoContrast", "Equalize", "Contrast", "Sharpness", "Cutout", "Posterize", "Hue", "Color"]
     _case([C[n] for n in names], seed=2, erase_mode=erase_mode, dtype="bfloat16" if erase_mode == "rand" else "float32")
+
+
+def test_nearest_sweeps_past_the_fixed_point_range_equal_the_kernel(x64):
+    # Pillow's third nearest case (a corner past +-32768: float64 sums down the first column,
+    # then along each row), which no policy draws: a hand-made matrix in TrivialAugment's
+    # nearest column, beside a bilinear one in RandAugment's; wide rows take the third case,
+    # narrow ones the fixed-point one. The host kernel's program holds the same matrices.
+    rng = np.random.default_rng(4)
+    n = len(SIZES)
+    data = rng.integers(0, 256, (n, 30, 36, 3), dtype=np.uint8)
+    boxes = np.tile(np.array([[0, 0, 30, 36]], np.int32), (n, 1))
+    codes = np.tile(np.array([[C["ShearX"], C["TvShearX"]]], np.uint8), (n, 1))
+    legal = _legal()  # arguments its policy draws (the matrices are replaced below)
+    args = np.tile(np.array([[legal[C["ShearX"]][0][1], legal[C["TvShearX"]][0][1]]], np.int32), (n, 1))
+    m = np.array([[1.0, 0.25, -0.5, 0.125, 1.0, 0.5], [2000.5, -0.25, -2000.5 * 3.5 + 5.2, 0.125, 1.0, 0.5]])
+    mats = np.broadcast_to(m, (n, 2, 6)).copy()
+    fill, nearest = pixel_program.slot_constants(pixel_program.column_policies(POLICIES, 2))
+    assert nearest.tolist() == [0, 1]
+    empty = (np.zeros((n, 0, 4), np.int32), np.zeros(n, np.uint32), 0, np.zeros(4096, np.float32))
+    host = pixel_program.PixelProgram((codes, args, mats, fill, nearest, *empty))
+    want = np.zeros((n, T, P * P * 3), np.uint8)
+    tbljax.kernels.gather(data, np.arange(n), want, crop=boxes, patches=(P, SIZES), ops=host)
+    jit_prog = tbljax.ops.pixel_program(codes, args, SIZES, policies=POLICIES)
+    bits = mats.view(np.uint32).reshape(n, 2, 6, 2)  # little-endian: [low word, high word]
+    prog = type(jit_prog)((jit_prog[0], jit_prog[1], bits, *jit_prog[3:]), may_draw=jit_prog.may_draw, size_free=True)
+    for backend in ("ffi", "twin"):
+        got = jax.jit(
+            lambda d, b=backend: tbljax.ops.gather_normalize(
+                d,
+                np.arange(n),
+                crop=boxes,
+                patches=(P, SIZES),
+                ops=prog,
+                out_size=(T, P * P * 3),
+                dtype="uint8",
+                backend=b,
+            )
+        )(data)
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=backend)
+    assert (want != 0).any()
