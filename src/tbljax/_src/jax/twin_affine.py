@@ -125,6 +125,19 @@ def _sweep(start, step, n):
     return jnp.moveaxis(lax.scan(add, start, None, length=n)[1], 0, -1)
 
 
+def _sweep_upto(start, step, n: int, upto):
+    """`_sweep` of (B,) `start` and `step` to static length `n`, the sums past the traced `upto`
+    left 0: a NaFlex row's sides are far below the largest one its tokens allow."""
+
+    def add(k, acc):
+        out, carry = acc
+        return lax.dynamic_update_slice_in_dim(out, carry[:, None], k, axis=1), carry + step
+
+    # Zeros from `start`, so that under jax.shard_map the buffer varies as the rows do.
+    zeros = jnp.zeros(start.shape + (n,), jnp.float64) + jnp.where(jnp.isfinite(start), start * 0, 0.0)[:, None]
+    return lax.fori_loop(0, upto, add, (zeros, start))[0]
+
+
 def _coord(v):
     return jnp.where(v < 0, -1, jnp.trunc(jnp.where(v < 0, 0, v))).astype(jnp.int64)
 
@@ -168,8 +181,8 @@ def nearest_at(m, y, x, h, w, at, fill, max_side: int):
     (the per-row sweeps to the pixel's own column, only where a row needs them)."""
     a, bb, c, d, e, f = (m[:, i] for i in range(6))
     hf, wf = h.astype(jnp.float64)[:, 0], w.astype(jnp.float64)[:, 0]
-    xs1 = jnp.take_along_axis(_coord(_sweep(c + a * 0.5, a, max_side)), x, axis=1)
-    ys1 = jnp.take_along_axis(_coord(_sweep(f + e * 0.5, e, max_side)), y, axis=1)
+    xs1 = jnp.take_along_axis(_coord(_sweep_upto(c + a * 0.5, a, max_side, jnp.max(w))), x, axis=1)
+    ys1 = jnp.take_along_axis(_coord(_sweep_upto(f + e * 0.5, e, max_side, jnp.max(h))), y, axis=1)
     near = jnp.ones(a.shape, bool)
     for cx, cy in ((0.0, 0.0), (wf, hf), (0.0, hf), (wf, 0.0)):
         for p, q, r in ((a, bb, c), (d, e, f)):
@@ -182,8 +195,8 @@ def nearest_at(m, y, x, h, w, at, fill, max_side: int):
     scale = (bb == 0) & (d == 0)
 
     def swept(_):  # down the first column, then x steps along the pixel's row, one add at a time
-        xv = jnp.take_along_axis(_sweep(c + bb * 0.5 + a * 0.5, bb, max_side), y, axis=1)
-        yv = jnp.take_along_axis(_sweep(f + e * 0.5 + d * 0.5, e, max_side), y, axis=1)
+        xv = jnp.take_along_axis(_sweep_upto(c + bb * 0.5 + a * 0.5, bb, max_side, jnp.max(h)), y, axis=1)
+        yv = jnp.take_along_axis(_sweep_upto(f + e * 0.5 + d * 0.5, e, max_side, jnp.max(h)), y, axis=1)
 
         def step(k, v):
             more = x > k

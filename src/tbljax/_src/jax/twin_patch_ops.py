@@ -143,9 +143,12 @@ def _resample(xi, code, m, fill, nearest, g: _Grid, max_side: int):
     y, x, h, w = g.y.reshape(b, -1), g.x.reshape(b, -1), g.h.reshape(b, 1), g.w.reshape(b, 1)
     at = g.reader(xi)
     fill = jnp.asarray(fill).astype(jnp.int32)
-    near = twin_affine.nearest_at(m, y, x, h, w, at, fill, max_side)
-    bil = twin_affine.bilinear_at(m, y, x, h, w, at, fill)
-    return jnp.where(nearest != 0, near, bil).reshape(xi.shape)
+    out = lax.cond(  # the slot's one resampling only (nearest's sweeps are sequential)
+        nearest != 0,
+        lambda: twin_affine.nearest_at(m, y, x, h, w, at, fill, max_side),
+        lambda: twin_affine.bilinear_at(m, y, x, h, w, at, fill),
+    )
+    return out.reshape(xi.shape)
 
 
 def serve(pix, sizes, program, *, patch: int, table=None, erase_mode: str = "pixel", affine=True, may_draw=None):
