@@ -162,3 +162,22 @@ def test_nearest_sweeps_past_the_fixed_point_range_equal_the_kernel(x64):
         )(data)
         np.testing.assert_array_equal(np.asarray(got), want, err_msg=backend)
     assert (want != 0).any()
+
+
+def test_affine_ops_on_the_twin_without_x64_are_refused_by_name():
+    # The affine ops resample in float64: without x64 the twin refuses them at trace time.
+    legal = _legal()
+    codes = np.array([[C["Rotate"], 0], [0, C["TvShearX"]]], np.uint8)
+    args = np.array([[legal[C["Rotate"]][0][1], 0], [0, legal[C["TvShearX"]][0][1]]], np.int32)
+    sizes = SIZES[:2]
+    prog = tbljax.ops.pixel_program(codes, args, sizes, policies=POLICIES)
+    with pytest.raises(ValueError, match="jax_enable_x64 is off"):
+        tbljax.ops.gather_normalize(
+            np.zeros((2, 20, 20, 3), np.uint8),
+            np.arange(2),
+            crop=np.array([[0, 0, 20, 20]] * 2, np.int32),
+            patches=(P, sizes),
+            ops=prog,
+            out_size=(T, P * P * 3),
+            backend="twin",
+        )
