@@ -42,6 +42,7 @@ def _legal() -> dict[int, list[tuple[int, int]]]:
         image_ops.ThreeAugment(),
         image_ops.ColorJitter(0.4, 0.4, 0.4, hue=0.5),
         image_ops.GaussianBlur(p=1.0, sigma=(0.1, 4.0)),
+        image_ops.GaussianBlur(p=1.0, sigma=(4.0, 1000.0)),  # box radii past the row's sides
     )
     for col, policy in [(0, RA), (1, TA)] + [(None, p) for p in others]:
         codes, args = randaug.decide([policy], np.arange(300), seed=3, epoch=0)
@@ -102,6 +103,7 @@ def _case(codes_wanted, seed, erase_mode, dtype="float32"):
 
         got = run(data, jnp.asarray(idx, jnp.int32), boxes, flips, sizes)
         np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{backend} (codes {codes.tolist()})")
+    return codes, args
 
 
 @pytest.fixture
@@ -120,8 +122,12 @@ def test_every_op_code_on_rows_of_several_sizes_equals_the_kernel(x64):
 def test_pointwise_and_neighbourhood_ops_with_erasing_equal_the_kernel(erase_mode):
     # No affine op (no x64 needed): the statistics over valid tokens only, Sharpness's border,
     # Cutout's and erasing's coordinates, each erasing mode (bfloat16 rounds its noise).
-    names = ["AutoContrast", "Equalize", "Contrast", "Sharpness", "Cutout", "Posterize", "Hue", "Color"]
-    _case([C[n] for n in names], seed=2, erase_mode=erase_mode, dtype="bfloat16" if erase_mode == "rand" else "float32")
+    names = ["AutoContrast", "Equalize", "Contrast", "Sharpness", "Cutout", "GaussianBlur", "Hue", "GaussianBlur"]
+    codes, args = _case(
+        [C[n] for n in names], seed=3, erase_mode=erase_mode, dtype="bfloat16" if erase_mode == "rand" else "float32"
+    )
+    radii = args[codes == C["GaussianBlur"]].view(np.float32)
+    assert (radii < 4).any() and (radii > 24).any(), radii  # a box within the row and one past its sides
 
 
 def test_nearest_sweeps_past_the_fixed_point_range_equal_the_kernel(x64):
