@@ -61,6 +61,12 @@ def kodak() -> Path:
 # slow here so the README's test command stays within its stated time; CI runs them all
 # (`pytest -m slow` in .ci/run). Measured with `pytest --durations=80` on the 2-core machine.
 SLOW_CASES = {
+    "test_resident_lengths.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_length[twin-augment2-float32]": "9 s of the twin's compile (two lengths, x64); [ffi-augment1-float32] and test_resident_patch_ops' [stats-erasing] twin case stay",
+    "test_twin_patch_ops.py::test_nearest_sweeps_past_the_fixed_point_range_equal_the_kernel": "3 s of the twin's compile under x64; test_twin_ops::test_affine_ops_under_x64 and the [stats-erasing] resident twin case stay",
+    "test_twin_patch_ops.py::test_every_op_code_on_rows_of_several_sizes_equals_the_kernel": "9 s of the twin's compile under x64; test_resident_patch_ops' [stats-erasing] twin case stays",
+    "test_twin_patch_ops.py::test_pointwise_and_neighbourhood_ops_with_erasing_equal_the_kernel[pixel]": "5 s of the twin's compile; test_resident_patch_ops' [stats-erasing] twin case stays",
+    "test_twin_patch_ops.py::test_pointwise_and_neighbourhood_ops_with_erasing_equal_the_kernel[rand]": "4 s of the twin's compile; test_resident_patch_ops' [stats-erasing] twin case stays",
+    "test_twin_patch_ops.py::test_pointwise_and_neighbourhood_ops_with_erasing_equal_the_kernel[const]": "4 s of the twin's compile; test_resident_patch_ops' [stats-erasing] twin case stays",
     "test_kernel_ops.py::test_hue_equals_pillows_hsv_round_trip_on_every_colour": "4 s: 2**24 colours through Pillow; the 2**16 case stays",
     "test_randaug.py::test_draws_match_timms_distribution": "19 s: 10^5 draws of timm's RandAugment in Python",
     "test_randaug.py::test_decisions_are_the_same_in_numpy_and_jax": "16 s of eager jax.numpy",
@@ -158,6 +164,11 @@ DEFAULT_PARAMS = {
     "test_resident_patch_ops.py::test_resident_patch_rows_with_ops_equal_the_loaders": (
         {"affine-erasing"},
         "~3 s of jit and loading a case: every affine op and erasing stay; timm's recipe is slow",
+    ),
+    "test_resident_patch_ops.py::test_resident_patch_rows_with_ops_on_the_twin_equal_the_loaders": (
+        {"stats-erasing"},
+        "5-8 s of the twin's compile a case: the statistics over valid tokens, Sharpness and erasing stay; "
+        "test_twin_patch_ops (slow) runs every op code against the kernel",
     ),
     "test_ops.py::test_ffi_twin_host_and_reference_agree": (
         {"uint8-NHWC-crop-flip", "float32-NCHW-crop-noflip", "bfloat16-NHWC-nocrop-flip", "float32-NHWC-nocrop-noflip"},

@@ -90,6 +90,7 @@ ROOMS = [
             "twin_affine",
             "twin_hue",
             "twin_ops",
+            "twin_patch_ops",
             "ffi_call",
             "program",
             "partitioning",

@@ -54,20 +54,23 @@ def mixed(tmp_path_factory):
 
 
 def _check_equal_to_loader(path, ds, augment, dtype, epochs, backend="ffi"):
-    """Every full batch of `epochs` epochs in jit equals the loader's; returns the drawn (codes)."""
+    """Every full batch of `epochs` epochs in jit equals the loader's; returns the drawn (codes).
+    The twin runs under x64 (its affine ops resample in float64), the loader's batches read first."""
     norm = dict(mean=MEAN, std=STD) if dtype != "uint8" else {}
     kw = dict(augment=augment, dtype=dtype, patches=PATCHES, seed=SEED, **norm)
     per = ds.steps_per_epoch(G)
     ld = tbljax.loader(path, G, num_epochs=epochs, drop_remainder=True, **kw)
+    batches = [{k: np.asarray(v) for k, v in b.items()} for b in ld]
 
     @jax.jit
     def step(ds, s, e):
         return ds.batch(s, epoch=e, batch_size=G, backend=backend, **kw)
 
     codes = []
-    for n, want in enumerate(ld):
+    with jax.enable_x64(backend == "twin"):
+        got_all = [step(ds, jnp.int32(n % per), jnp.int32(n // per)) for n in range(len(batches))]
+    for n, (want, got) in enumerate(zip(batches, got_all)):
         e, s = n // per, n % per
-        got = step(ds, jnp.int32(s), jnp.int32(e))
         for k in ("image", "label", "index", "patch_yx", "patch_valid"):
             np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]), err_msg=f"epoch {e} step {s}: {k}")
         idx = np.asarray(want["index"], np.int64)
@@ -107,12 +110,50 @@ def test_resident_patch_rows_with_ops_equal_the_loaders(mixed, augment, dtype, e
 
 
 @pytest.mark.parametrize(
+    "augment, dtype, epochs",
+    [
+        (
+            tbljax.Augment(
+                size=None,
+                ops=[
+                    tbljax.RandAugment(num_ops=2, prob=1.0, ops=["AutoContrast", "Equalize", "Contrast", "Sharpness"])
+                ],
+                erasing=tbljax.RandomErasing(p=1.0, max_count=2),
+            ),
+            "float32",
+            1,
+        ),
+        (
+            tbljax.Augment(size=None, scale=(0.3, 1.0), ops=[TIMM], erasing=tbljax.RandomErasing(p=0.5)),
+            "float32",
+            2,
+        ),
+        (
+            tbljax.Augment(
+                size=None,
+                scale=(0.4, 1.0),
+                ops=[AFFINE, tbljax.TrivialAugment(), tbljax.ThreeAugment()],
+                erasing=tbljax.RandomErasing(p=1.0, max_count=3, mode="rand"),
+            ),
+            "bfloat16",
+            1,
+        ),
+    ],
+    ids=["stats-erasing", "timm-erasing", "affine-three-erasing"],
+)
+def test_resident_patch_rows_with_ops_on_the_twin_equal_the_loaders(mixed, augment, dtype, epochs):
+    # The pure-JAX twin (what runs on TPU / GPU without our handler): the same bytes as the loader.
+    path, ds = mixed
+    _check_equal_to_loader(path, ds, augment, dtype, epochs, backend="twin")
+
+
+@pytest.mark.parametrize(
     "patches, backend, words",
     [
-        ((P, np.array([[8, 8], [4, 12]])), "twin", "NaFlex rows with per-image ops run in the FFI handler"),
         (None, "ffi", r"a pixel_program of per-row sizes \(out_hw \(B, 2\)\) is for NaFlex rows"),
+        (None, "twin", r"a pixel_program of per-row sizes \(out_hw \(B, 2\)\) is for NaFlex rows"),
     ],
-    ids=["twin", "no-patches"],
+    ids=["no-patches-ffi", "no-patches-twin"],
 )
 def test_op_refuses_a_program_of_per_row_sizes_where_it_is_not_served_by_name(patches, backend, words):
     sizes = np.array([[8, 8], [4, 12]])

@@ -27,7 +27,7 @@ import numpy as np
 from tbljax import _core
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.pixel_program import PixelProgram
-from tbljax._src.jax import twin_ops
+from tbljax._src.jax import twin_ops, twin_patch_ops
 from tbljax._src.jax.ffi_call import ffi_gather
 from tbljax._src.jax.packed import PackedRecords, check_packed
 from tbljax._src.jax.partitioning import batch_spec, follow_indices, shard_map_rows
@@ -118,9 +118,9 @@ def gather_normalize(
         ``out_size=(T, p·p·3)`` (required), patch (gy, gx) at row gy·(w/p) + gx, its pixels
         (py, px, c) in that order, zeros past the grid; NHWC only. The CPU FFI handler and the
         twin write the same bytes as `tbljax.kernels.gather(patches=...)`. With ``ops=``: a
-        `tbljax.ops.pixel_program` built with ``out_hw=sizes`` (each row's own), run by the CPU
-        FFI handler only (``"ffi"``, ``"auto"`` on CPU; the twin is refused by name: its ops run
-        at one output size for every row); a program of one output size is refused by name.
+        `tbljax.ops.pixel_program` built with ``out_hw=sizes`` (each row's own), run at each
+        row's size by the CPU FFI handler or the twin (in token space, `twin_patch_ops`); a
+        program of one output size is refused by name.
       max_taps: patches only: a bound on every row's resize taps per axis (kernel.h's
         ``2·max(box side, size side) // size side + 1``), or None (any shrink of the largest
         record side to one patch). The twin sizes its tap weights by it (`naflex.max_taps`: ~33
@@ -171,7 +171,7 @@ def gather_normalize(
     program, program_kw = (None,) * 8, {}
     if ops is not None:
         program, program_kw = _checked_ops(ops, batch, out_dt, backend)
-        _check_size_free(ops, p, backend)
+        _check_size_free(ops, p)
     if p and backend == "ffi" and jax.default_backend() not in ops_platforms():
         raise ValueError(
             f"backend='ffi' with patches=...: NaFlex rows run in the FFI handler on {ops_platforms()}, "
@@ -333,8 +333,15 @@ def _body(
     def twin(d, r, i, c, f, o, t, *ops):
         del o
         ops, s = ops[:8], ops[8]
-        if patch:
-            return twin_patches(records(d, r), i, c, f, s, patch=patch, tokens=out_size[0], table=t, taps=taps)
+        if patch:  # with ops: written as uint8, then run where they lie (twin_patch_ops)
+            tt = t if erase_mode is None else None
+            pix = twin_patches(records(d, r), i, c, f, s, patch=patch, tokens=out_size[0], table=tt, taps=taps)
+            if erase_mode is None:
+                return pix
+            mode = twin_ops.ERASE_MODES[erase_mode]
+            return twin_patch_ops.serve(
+                pix, s, ops, patch=patch, table=t, erase_mode=mode, affine=affine, may_draw=may_draw
+            )
         if erase_mode is None:
             return twin_gather(records(d, r), i, crop=c, flip=f, out_size=out_size, table=t, layout=layout)
         codes, args, matrices, fill, nearest, boxes, keys, normal = ops
@@ -362,7 +369,7 @@ def _body(
     twin = jax.jit(twin)
     if backend == "twin":
         return twin
-    if backend == "ffi" or size_free:  # size_free: checked to run on an ops platform
+    if backend == "ffi":
         return ffi
     platforms = handler_platforms() if erase_mode is None and not patch else ops_platforms()
     if erase_mode is not None and affine and not jax.config.jax_enable_x64:
@@ -376,19 +383,10 @@ def _body(
     return auto
 
 
-def _check_size_free(ops, p, backend):
-    """Refuses by name a program of per-row sizes without patches, and NaFlex rows with ops
-    where only the twin would serve them (its ops run at one output size for every row)."""
-    if not getattr(ops, "size_free", False):
-        return
-    if not p:
+def _check_size_free(ops, p):
+    """Refuses by name a program of per-row sizes (its matrices size-free) without NaFlex rows."""
+    if getattr(ops, "size_free", False) and not p:
         raise ValueError("ops: a pixel_program of per-row sizes (out_hw (B, 2)) is for NaFlex rows: pass patches=")
-    if backend == "twin" or jax.default_backend() not in ops_platforms():
-        raise ValueError(
-            f"patches with ops=...: NaFlex rows with per-image ops run in the FFI handler on {ops_platforms()} "
-            f"only (the twin's ops run at one output size for every row), not backend={backend!r} on "
-            f"{jax.default_backend()!r}"
-        )
 
 
 def _checked_ops(ops, batch, out_dt, backend):

@@ -26,7 +26,7 @@ class JitPixelProgram(_program.PixelProgram):
     def __new__(cls, arrays, *, may_draw: tuple[int, ...], size_free: bool = False):
         self = super().__new__(cls, arrays)
         self.may_draw = may_draw
-        self.size_free = size_free  # per-row sizes: the FFI handler finishes the matrices
+        self.size_free = size_free  # per-row sizes: the FFI handler or the twin finishes the matrices
         return self
 
 
@@ -73,7 +73,7 @@ def pixel_program(
     ``tbljax.RandAugment``'s argument table): their matrices are looked up among those, built
     once on the host per (policies, out_hw). Concrete arguments are checked (ValueError).
     ``out_hw`` (B, 2), each row's own size (NaFlex rows; may be traced): the matrices are
-    size-free templates that the CPU FFI handler finishes at the sizes of
+    size-free templates that the CPU FFI handler (or the twin) finishes at the sizes of
     `gather_normalize`'s ``patches=(p, sizes)`` (pass those sizes here).
 
     Example::

@@ -275,7 +275,7 @@ class ResidentDataset:
           batch_size: the global batch G; the batch axes of `sharding` must divide it.
           seed, shuffle, augment, mean, std, dtype, layout, repeats, max_boxes, min_size,
             min_area, min_visibility, patches: as for `tbljax.loader` (patches: one max_tokens,
-            resident_patches.py, with ops on the CPU FFI handler only; per-image ops and
+            resident_patches.py, with ops at each row's size too); per-image ops and
             erasing too: drawn here, run by the CPU FFI handler or the twin, whose affine ops
             need ``jax_enable_x64``).
           sharding: the batch's sharding: None (the batch axis over every mesh axis that does

@@ -2,7 +2,8 @@
 `jax.jit`: each row's ops drawn by (seed, epoch, index, repeat) as the host loaders draw them
 (`randaug.decide`), its erasing boxes at its own traced size (`erasing.decide_erasing_rows`, the
 size's float32 side looked up in a host table of every grid of at most max_tokens patches), and
-its affine matrices as size-free templates that the CPU FFI handler finishes at the row's size
+its affine matrices as size-free templates that the CPU FFI handler (or the twin,
+`twin_patch_ops.finish_at_size`) finishes at the row's size
 (`tbljax.ops.pixel_program` with per-row sizes): the bytes of `engine/native_res.PatchServing`."""
 
 from __future__ import annotations

@@ -38,11 +38,11 @@ def _axis_weights(o, length, out_len: int, taps: int):
     n = out_len[..., None] if jnp.ndim(out_len) else out_len  # per-row sizes (NaFlex rows): (..., 1, 1)
     d = jnp.abs((2 * j + 1) * n - (2 * o[..., None] + 1) * length)
     u = jnp.where(j < length, jnp.maximum(m2[..., None] - d, 0), 0)
-    total = jnp.sum(u, axis=-1, keepdims=True)
+    total = jnp.sum(u, axis=-1, keepdims=True, dtype=jnp.int32)  # int32 under x64 too
     n = u * (1 << _ONE_BITS)
     q, r = n // total, n % total
     w = q + (r >= total - r).astype(jnp.int32) * (u > 0)
-    rest = (1 << _ONE_BITS) - jnp.sum(w, axis=-1, keepdims=True)
+    rest = (1 << _ONE_BITS) - jnp.sum(w, axis=-1, keepdims=True, dtype=jnp.int32)
     big = jnp.argmax(w, axis=-1)[..., None]  # the first largest
     w = w + jnp.where(jnp.arange(taps, dtype=jnp.int32) == big, rest, 0)
     return lo, w

@@ -4,7 +4,7 @@ own sweep) in jax.numpy, bit-identical with the reference. Needs ``jax_enable_x6
 and the sampling are float64, as Pillow's.
 
 Exact under FMA contraction (XLA fuses ``a * b + c`` on CPU and GPU): a product with a small
-integer splits the float into halves whose products are exact (`_mul_small`), and the one
+integer splits the float into halves whose products are exact (`mul_small`), and the one
 product of two arbitrary floats (the bilinear row blend) is rounded in integer arithmetic
 (`mul_exact`), so no fused multiply-add can change a result.
 """
@@ -17,7 +17,7 @@ from jax import lax
 
 from tbljax._src.rules import pixel_ops
 
-__all__ = ["matrices", "mul_exact", "resample"]
+__all__ = ["bilinear_at", "matrices", "mul_exact", "mul_small", "nearest_at", "resample"]
 
 _NAMES = ", ".join(n for n, c in pixel_ops.CODES.items() if c in pixel_ops.AFFINE | pixel_ops.TV_AFFINE)
 
@@ -41,7 +41,7 @@ def matrices(matrix_bits, codes_shape):
     return lax.bitcast_convert_type((word[..., 1] << 32) | word[..., 0], jnp.float64)
 
 
-def _mul_small(x, t):
+def mul_small(x, t):
     """float64(x * t) for float64 x and integer or half-integer t below 2**25: x split into its
     top 26 significant bits and the rest (<= 27 bits), each product exact."""
     bits = lax.bitcast_convert_type(x, jnp.uint64)
@@ -84,25 +84,32 @@ def mul_exact(u, v):
 
 def _bilinear(xi, m, fill):
     b, h, w, _ = xi.shape
-    a, bb, c, d, e, f = (m[:, i, None, None] for i in range(6))
-    y = jnp.arange(h, dtype=jnp.float64)[None, :, None] + 0.5
-    x = jnp.arange(w, dtype=jnp.float64)[None, None, :] + 0.5
-    xin = (_mul_small(a, x) + _mul_small(bb, y)) + c
-    yin = (_mul_small(d, x) + _mul_small(e, y)) + f
+    rows = jnp.arange(b)[:, None, None]
+    y, x = jnp.arange(h)[None, :, None], jnp.arange(w)[None, None, :]
+    return bilinear_at(m, y, x, h, w, lambda yy, xx: xi[rows, yy, xx], fill)
+
+
+def bilinear_at(m, y, x, h, w, at, fill):
+    """Pillow's bilinear affine sample of the pixels at int (y, x) (B, ...) (or broadcasting to
+    it) of images of sizes (h, w) (ints, or (B, 1, ...) arrays), matrices ``m`` (B, 6):
+    ``at(yy, xx)`` reads the int32 source pixels (..., 3); int32 (B, ..., 3)."""
+    a, bb, c, d, e, f = (m[:, i].reshape((-1,) + (1,) * (jnp.ndim(y) - 1)) for i in range(6))
+    y = y.astype(jnp.float64) + 0.5
+    x = x.astype(jnp.float64) + 0.5
+    xin = (mul_small(a, x) + mul_small(bb, y)) + c
+    yin = (mul_small(d, x) + mul_small(e, y)) + f
     inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
     xs, ys = jnp.where(inside, xin, 0.5) - 0.5, jnp.where(inside, yin, 0.5) - 0.5
     x0, y0 = jnp.floor(xs), jnp.floor(ys)
     dx, dy = (xs - x0)[..., None], (ys - y0)[..., None]
     xa, xb = (jnp.clip(x0 + k, 0, w - 1).astype(jnp.int32) for k in (0, 1))
     ya, yb = (jnp.clip(y0 + k, 0, h - 1).astype(jnp.int32) for k in (0, 1))
-    rows = jnp.arange(b)[:, None, None]
-    img = xi.astype(jnp.float64)
 
-    def at(yy, xx):
-        return img[rows, yy, xx]
+    def at_f(yy, xx):
+        return at(yy, xx).astype(jnp.float64)
 
-    top = at(ya, xa) + _mul_small(dx, at(ya, xb) - at(ya, xa))
-    bottom = at(yb, xa) + _mul_small(dx, at(yb, xb) - at(yb, xa))
+    top = at_f(ya, xa) + mul_small(dx, at_f(ya, xb) - at_f(ya, xa))
+    bottom = at_f(yb, xa) + mul_small(dx, at_f(yb, xb) - at_f(yb, xa))
     out = jnp.trunc(top + mul_exact(bottom - top, dy)).astype(jnp.int32)
     return jnp.where(inside[..., None], out, fill)
 
@@ -116,6 +123,19 @@ def _sweep(start, step, n):
         return carry + step, carry
 
     return jnp.moveaxis(lax.scan(add, start, None, length=n)[1], 0, -1)
+
+
+def _sweep_upto(start, step, n: int, upto):
+    """`_sweep` of (B,) `start` and `step` to static length `n`, the sums past the traced `upto`
+    left 0: a NaFlex row's sides are far below the largest one its tokens allow."""
+
+    def add(k, acc):
+        out, carry = acc
+        return lax.dynamic_update_slice_in_dim(out, carry[:, None], k, axis=1), carry + step
+
+    # Zeros from `start`, so that under jax.shard_map the buffer varies as the rows do.
+    zeros = jnp.zeros(start.shape + (n,), jnp.float64) + jnp.where(jnp.isfinite(start), start * 0, 0.0)[:, None]
+    return lax.fori_loop(0, upto, add, (zeros, start))[0]
 
 
 def _coord(v):
@@ -134,7 +154,7 @@ def _nearest(xi, m, fill):
     near = jnp.ones(b, bool)
     for x, y in corners:
         for p, q, r in ((a, bb, c), (d, e, f)):
-            near &= jnp.abs((_mul_small(p, x) + _mul_small(q, y)) + r) < 32768.0
+            near &= jnp.abs((mul_small(p, x) + mul_small(q, y)) + r) < 32768.0
     vals = (a, bb, c + a * 0.5 + bb * 0.5, d, e, f + d * 0.5 + e * 0.5)
     fix = [jnp.floor(jnp.where(near, v, 0.0) * 65536.0 + 0.5).astype(jnp.int64)[:, None, None] for v in vals]
     yy = jnp.arange(h, dtype=jnp.int64)[None, :, None]
@@ -153,6 +173,45 @@ def _nearest(xi, m, fill):
     inside = (xs >= 0) & (xs < w) & (ys >= 0) & (ys < h)
     out = xi[jnp.arange(b)[:, None, None], jnp.clip(ys, 0, h - 1), jnp.clip(xs, 0, w - 1)]
     return jnp.where(inside[..., None], out, fill)
+
+
+def nearest_at(m, y, x, h, w, at, fill, max_side: int):
+    """`_nearest` at the pixels int (y, x) (B, N) of images of sizes (h, w) (B, 1) no side of
+    which exceeds the static `max_side`: the same three cases, each sum run as Pillow runs it
+    (the per-row sweeps to the pixel's own column, only where a row needs them)."""
+    a, bb, c, d, e, f = (m[:, i] for i in range(6))
+    hf, wf = h.astype(jnp.float64)[:, 0], w.astype(jnp.float64)[:, 0]
+    xs1 = jnp.take_along_axis(_coord(_sweep_upto(c + a * 0.5, a, max_side, jnp.max(w))), x, axis=1)
+    ys1 = jnp.take_along_axis(_coord(_sweep_upto(f + e * 0.5, e, max_side, jnp.max(h))), y, axis=1)
+    near = jnp.ones(a.shape, bool)
+    for cx, cy in ((0.0, 0.0), (wf, hf), (0.0, hf), (wf, 0.0)):
+        for p, q, r in ((a, bb, c), (d, e, f)):
+            near &= jnp.abs((mul_small(p, cx) + mul_small(q, cy)) + r) < 32768.0
+    vals = (a, bb, c + a * 0.5 + bb * 0.5, d, e, f + d * 0.5 + e * 0.5)
+    fix = [jnp.floor(jnp.where(near, v, 0.0) * 65536.0 + 0.5).astype(jnp.int64)[:, None] for v in vals]
+    xx, yy = x.astype(jnp.int64), y.astype(jnp.int64)
+    xs2 = (fix[2] + xx * fix[0] + yy * fix[1]) >> 16
+    ys2 = (fix[5] + xx * fix[3] + yy * fix[4]) >> 16
+    scale = (bb == 0) & (d == 0)
+
+    def swept(_):  # down the first column, then x steps along the pixel's row, one add at a time
+        xv = jnp.take_along_axis(_sweep_upto(c + bb * 0.5 + a * 0.5, bb, max_side, jnp.max(h)), y, axis=1)
+        yv = jnp.take_along_axis(_sweep_upto(f + e * 0.5 + d * 0.5, e, max_side, jnp.max(h)), y, axis=1)
+
+        def step(k, v):
+            more = x > k
+            return jnp.where(more, v[0] + a[:, None], v[0]), jnp.where(more, v[1] + d[:, None], v[1])
+
+        xv, yv = lax.fori_loop(0, jnp.max(w), step, (xv, yv))
+        return _coord(xv), _coord(yv)
+
+    xs3, ys3 = lax.cond((~scale & ~near).any(), swept, lambda _: (xs2, ys2), None)
+    scale, near = scale[:, None], near[:, None]
+    xs = jnp.where(scale, xs1, jnp.where(near, xs2, xs3))
+    ys = jnp.where(scale, ys1, jnp.where(near, ys2, ys3))
+    inside = (xs >= 0) & (xs < w) & (ys >= 0) & (ys < h)
+    out = at(jnp.clip(ys, 0, h - 1).astype(jnp.int32), jnp.clip(xs, 0, w - 1).astype(jnp.int32))
+    return jnp.where(inside[..., None], out, jnp.asarray(fill).astype(jnp.int32))
 
 
 def resample(xi, m, fill, nearest):

@@ -27,12 +27,28 @@ from jax import lax
 from tbljax._src.jax import twin_affine, twin_hue
 from tbljax._src.rules import order, pixel_ops
 
-__all__ = ["ERASE_MODES", "apply_program", "check_codes", "erase", "split"]
+__all__ = [
+    "AFFINE_OPS",
+    "BLEND_OPS",
+    "ERASE_MODES",
+    "LUT_OPS",
+    "apply_luts",
+    "apply_program",
+    "blends",
+    "blur_weights",
+    "check_codes",
+    "cutout",
+    "erase",
+    "erase_at",
+    "mul",
+    "run_slots",
+    "split",
+]
 
 _C = pixel_ops.CODES
-_LUT_OPS = tuple(_C[n] for n in ("AutoContrast", "Equalize", "Invert", "Posterize", "Solarize", "SolarizeAdd"))
-_BLEND_OPS = tuple(_C[n] for n in ("Color", "Contrast", "Brightness", "Sharpness", "Grayscale"))
-_AFFINE_OPS = tuple(sorted(pixel_ops.AFFINE | pixel_ops.TV_AFFINE))
+LUT_OPS = tuple(_C[n] for n in ("AutoContrast", "Equalize", "Invert", "Posterize", "Solarize", "SolarizeAdd"))
+BLEND_OPS = tuple(_C[n] for n in ("Color", "Contrast", "Brightness", "Sharpness", "Grayscale"))
+AFFINE_OPS = tuple(sorted(pixel_ops.AFFINE | pixel_ops.TV_AFFINE))
 ERASE_MODES = ("pixel", "rand", "const")
 _MAX_PIXELS = 1 << 22  # Contrast's rounded mean (2 S + N) // 2N stays below 2**31 in int32
 _MAX_BOX = 1024  # GaussianBlur's box radius: radii up to ~1024 (the policies allow 1000)
@@ -47,7 +63,7 @@ def split(x):
     return hi, x - hi
 
 
-def _mul(x, t):
+def mul(x, t):
     """float32(x * t) for float32 x and integer-valued float32 t, |t| < 2**12 (see `split`)."""
     hi, lo = split(x)
     return hi * t + lo * t
@@ -75,14 +91,23 @@ def _autocontrast_exceptions() -> np.ndarray:
     return np.sort(np.concatenate(keys)).astype(np.int32)
 
 
-def _luts(xi, code, arg):
-    """The LUT ops' per-row, per-channel tables (B, 3, 256) int32 (identity for other codes)."""
+def _luts(xi, code, arg, valid=None):
+    """The LUT ops' per-row, per-channel tables (B, 3, 256) int32 (identity for other codes).
+    `valid` (B, N) bool over the pixels in order, or None (all): the statistics' pixels."""
     b = xi.shape[0]
     flat = xi.reshape(b, -1, 3)
     i = jnp.arange(256, dtype=jnp.int32)
     rows = jnp.arange(b)[:, None, None]
-    hist = jnp.zeros((b, 3, 256), jnp.int32).at[rows, jnp.arange(3)[None, None, :], flat].add(1)
-    lo, hi = flat.min(axis=1)[..., None], flat.max(axis=1)[..., None]  # (B, 3, 1)
+    if valid is None:
+        hist = jnp.zeros((b, 3, 256), jnp.int32).at[rows, jnp.arange(3)[None, None, :], flat].add(1)
+        lo, hi = flat.min(axis=1)[..., None], flat.max(axis=1)[..., None]  # (B, 3, 1)
+        count = flat.shape[1]
+    else:
+        v = valid.reshape(b, -1, 1)
+        hist = jnp.zeros((b, 3, 256), jnp.int32).at[rows, jnp.arange(3)[None, None, :], flat].add(v.astype(jnp.int32))
+        lo = jnp.where(v, flat, 255).min(axis=1)[..., None]
+        hi = jnp.where(v, flat, 0).max(axis=1)[..., None]
+        count = v.sum(axis=(1, 2), dtype=jnp.int32)[:, None, None]
     # AutoContrast: the exact quotient less the reference's rounding exceptions.
     keys = jnp.asarray(_autocontrast_exceptions())
     key = (lo << 16) | (hi << 8) | i
@@ -92,7 +117,7 @@ def _luts(xi, code, arg):
     # Equalize: Pillow's integer LUT.
     n_used = (hist > 0).sum(axis=-1, keepdims=True)
     last = jnp.take_along_axis(hist, hi, axis=-1)
-    step = jnp.where(n_used > 1, (flat.shape[1] - last) // 255, 0)
+    step = jnp.where(n_used > 1, (count - last) // 255, 0)
     cum = jnp.cumsum(hist, axis=-1) - hist
     eq = jnp.where(step > 0, jnp.minimum((step // 2 + cum) // jnp.maximum(step, 1), 255), i)
     a = arg[:, None, None]
@@ -111,10 +136,11 @@ def _luts(xi, code, arg):
     return out
 
 
-def _apply_luts(xi, code, arg):
+def apply_luts(xi, code, arg, valid=None):
+    """The LUT ops of int32 (B, ..., 3) `xi` (statistics over `valid` (B, N) pixels, or all)."""
     b = xi.shape[0]
     flat = xi.reshape(b, -1, 3).transpose(0, 2, 1)  # (B, 3, H W)
-    return jnp.take_along_axis(_luts(xi, code, arg), flat, axis=-1).transpose(0, 2, 1).reshape(xi.shape)
+    return jnp.take_along_axis(_luts(xi, code, arg, valid), flat, axis=-1).transpose(0, 2, 1).reshape(xi.shape)
 
 
 def _smooth(xi):
@@ -127,38 +153,48 @@ def _smooth(xi):
     acc = None
     for r, dy in enumerate((2, 1, 0)):
         row = x[:, dy : dy + h - 2]
-        part = _mul(k[3 * r], row[:, :, 0 : w - 2]) + _mul(k[3 * r + 1], row[:, :, 1 : w - 1])
-        part = part + _mul(k[3 * r + 2], row[:, :, 2:w])
+        part = mul(k[3 * r], row[:, :, 0 : w - 2]) + mul(k[3 * r + 1], row[:, :, 1 : w - 1])
+        part = part + mul(k[3 * r + 2], row[:, :, 2:w])
         acc = part if acc is None else acc + part  # the reference's 0 + part is part
     inner = jnp.clip(jnp.trunc(acc + np.float32(0.5)), 0, 255).astype(jnp.int32)
     return xi.at[:, 1:-1, 1:-1].set(inner)
 
 
-def _blends(xi, code, arg):
-    """Color / Contrast / Brightness / Sharpness / Grayscale (factor 0 of Color): int32."""
+def blends(xi, code, arg, valid=None, smooth=None):
+    """Color / Contrast / Brightness / Sharpness / Grayscale (factor 0 of Color) of int32
+    (B, H, W, 3) `xi`: int32. `valid` (B, H, W) bool: Contrast's mean over those pixels only
+    (None: all); `smooth`: Sharpness's SMOOTH filter, a function of `xi` (None: the image's)."""
     b, h, w, _ = xi.shape
     luma = _luma(xi)[..., None]
-    n = h * w
-    mean = (2 * luma.sum(axis=(1, 2, 3)) + n) // (2 * n)  # int(float64 mean + 0.5), exactly
+    if valid is None:
+        n = h * w
+    else:
+        luma_sum = jnp.where(valid[..., None], luma, 0)
+        n = valid.sum(axis=(1, 2), dtype=jnp.int32)
+    mean = (2 * (luma if valid is None else luma_sum).sum(axis=(1, 2, 3)) + n) // (2 * n)  # int(mean + 0.5)
     c = code[:, None, None, None]
     d = jnp.where(c == _C["Contrast"], mean[:, None, None, None], luma)
     d = jnp.where(c == _C["Brightness"], 0, d)
-    d = jnp.where(c == _C["Sharpness"], _smooth(xi), d)
+    d = jnp.where(c == _C["Sharpness"], (smooth or _smooth)(xi), d)
     f = lax.bitcast_convert_type(arg, jnp.float32)
     f = jnp.where(code == _C["Grayscale"], np.float32(0), f)[:, None, None, None]
-    v = d.astype(jnp.float32) + _mul(f, (xi - d).astype(jnp.float32))
+    v = d.astype(jnp.float32) + mul(f, (xi - d).astype(jnp.float32))
     return jnp.clip(jnp.trunc(v), 0, 255).astype(jnp.int32)
 
 
-def _cutout(xi, arg, fill):
-    """TF's cutout (pixel_ops' ``Cutout``): a clipped square about the decoded centre, filled."""
-    _, h, w, _ = xi.shape
+def cutout(xi, arg, fill, coords=None):
+    """TF's cutout (pixel_ops' ``Cutout``): a clipped square about the decoded centre, filled.
+    `coords`: (y, x, h, w), each pixel's coordinates shaped as ``xi[..., 0]`` and each row's
+    size (B,), for pixels not laid out as (B, H, W); None: the image's."""
+    if coords is None:
+        _, h, w, _ = xi.shape
+        y, x = jnp.arange(h)[None, :, None], jnp.arange(w)[None, None, :]
+    else:
+        y, x, h, w = coords
     pad, cy, cx = (arg >> 24) & 0xFF, (arg >> 12) & 0xFFF, arg & 0xFFF
     cy, cx = (cy * h) >> 12, (cx * w) >> 12
-    y = jnp.arange(h)[None, :, None]
-    x = jnp.arange(w)[None, None, :]
-    inside = (y >= (cy - pad)[:, None, None]) & (y < (cy + pad)[:, None, None])
-    inside &= (x >= (cx - pad)[:, None, None]) & (x < (cx + pad)[:, None, None])
+    pad, cy, cx = (v.reshape((-1,) + (1,) * (xi.ndim - 2)) for v in (pad, cy, cx))
+    inside = (y >= cy - pad) & (y < cy + pad) & (x >= cx - pad) & (x < cx + pad)
     return jnp.where(inside[..., None], jnp.asarray(fill, jnp.int32), xi)
 
 
@@ -206,8 +242,9 @@ def _box_pass(x, r, ww, fw):
     return ((bulk + u32(1 << 23)) >> 24).astype(jnp.int32)
 
 
-def _gaussian_blur(xi, code, arg):
-    """pixel_filters.gaussian_blur with per-row float32 radii (the arguments' bits)."""
+def blur_weights(code, arg):
+    """GaussianBlur's per-row box (pixel_filters.gaussian_blur) from float32 radii (the
+    arguments' bits): (keep: rows left as they are, radius r, weights ww and fw), each (B,)."""
     # Other rows' arguments are not radii (NaN, negative...): radius 0 copies them.
     radius = jnp.where(code == _C["GaussianBlur"], lax.bitcast_convert_type(arg, jnp.float32), np.float32(0))
     sigma2 = (radius * radius) / np.float32(3)
@@ -220,13 +257,18 @@ def _gaussian_blur(xi, code, arg):
     r = box.astype(jnp.int32)
     ww = (np.float32(1 << 24) / (box * np.float32(2) + np.float32(1))).astype(jnp.int32)
     fw = ((1 << 24) - (2 * r + 1) * ww) // 2
+    return (radius == 0) | (box == 0), r, ww, fw
+
+
+def _gaussian_blur(xi, code, arg):
+    """pixel_filters.gaussian_blur with per-row float32 radii (the arguments' bits)."""
+    keep, r, ww, fw = blur_weights(code, arg)
     bb, h, w, _ = xi.shape
     # Three passes along the rows, then three along the columns (each a loop: compiled once).
     out = xi.transpose(0, 2, 1, 3).reshape(bb, w, h * 3)
     out = lax.fori_loop(0, 3, lambda _, t: _box_pass(t, r, ww, fw), out)
     out = out.reshape(bb, w, h, 3).transpose(0, 2, 1, 3).reshape(bb, h, w * 3)
     out = lax.fori_loop(0, 3, lambda _, t: _box_pass(t, r, ww, fw), out).reshape(xi.shape)
-    keep = (radius == 0) | (box == 0)
     return jnp.where(keep[:, None, None, None], xi, out)
 
 
@@ -282,29 +324,40 @@ def apply_program(pixels, codes, args, matrix_bits, fill, nearest, *, affine: bo
     if not isinstance(codes, jax.core.Tracer):
         check_codes(codes)
         may_draw = np.unique(np.asarray(codes)) if may_draw is None else may_draw
-    drawn = set(_C.values()) if may_draw is None else {int(c) for c in may_draw}
     matrices = twin_affine.matrices(matrix_bits, codes.shape) if affine else jnp.zeros(codes.shape + (6,))
 
-    def slot(xi, per_slot):  # one slot for every row: each family, kept where the code names it
-        code, arg, fill_k, nearest_k, matrix = per_slot
-        families = [
-            (_LUT_OPS, lambda: _apply_luts(xi, code, arg)),
-            (_BLEND_OPS, lambda: _blends(xi, code, arg)),
-            ((_C["Cutout"],), lambda: _cutout(xi, arg, fill_k)),
+    def families(xi, code, arg, fill_k, nearest_k, matrix):
+        out = [
+            (LUT_OPS, lambda: apply_luts(xi, code, arg)),
+            (BLEND_OPS, lambda: blends(xi, code, arg)),
+            ((_C["Cutout"],), lambda: cutout(xi, arg, fill_k)),
             ((_C["GaussianBlur"],), lambda: _gaussian_blur(xi, code, arg)),
             ((_C["Hue"],), lambda: twin_hue.hue(xi, arg)),
         ]
         if affine:
-            families.append((_AFFINE_OPS, lambda: twin_affine.resample(xi, matrix, fill_k, nearest_k)))
+            out.append((AFFINE_OPS, lambda: twin_affine.resample(xi, matrix, fill_k, nearest_k)))
+        return out
+
+    return run_slots(pixels, codes, args, matrices, fill, nearest, families, may_draw)
+
+
+def run_slots(pixels, codes, args, matrices, fill, nearest, families, may_draw):
+    """uint8 `pixels` (B, ...) through the slots of a program (`apply_program`'s arrays, the
+    matrices float64 (B, K, 6)): ``families(xi, code, arg, fill_k, nearest_k, matrix)`` lists
+    (op codes, result thunk) for int32 `xi`; each row keeps the result its code names. Only the
+    families of `may_draw` (None: every code) are compiled."""
+    drawn = set(_C.values()) if may_draw is None else {int(c) for c in may_draw}
+    expand = (slice(None),) + (None,) * (pixels.ndim - 1)
+
+    def slot(xi, per_slot):  # one slot for every row: each family, kept where the code names it
         out = xi
-        for ops, result in families:
+        code = per_slot[0]
+        for ops, result in families(xi, *per_slot):
             if drawn.isdisjoint(ops):  # not compiled: no row can hold these codes
                 continue
             rows = jnp.isin(code, jnp.asarray(ops))
             # A family no row of this slot uses is skipped (blur and resampling cost the most).
-            out = lax.cond(
-                rows.any(), lambda o, r=rows, f=result: jnp.where(r[:, None, None, None], f(), o), lambda o: o, out
-            )
+            out = lax.cond(rows.any(), lambda o, r=rows, f=result: jnp.where(r[expand], f(), o), lambda o: o, out)
         return out, None
 
     # A scan over the slots: one slot's program is compiled, whatever K is.
@@ -327,18 +380,27 @@ def erase(values, boxes, keys, mode: str, table=None):
     boxes = jnp.asarray(boxes).astype(jnp.int32)
     if boxes.ndim != 3 or boxes.shape[0] != b or boxes.shape[2] != 4:
         raise ValueError(f"boxes must be (B={b}, E, 4) (y0, x0, h, w), got {tuple(boxes.shape)}")
+    y, x = jnp.arange(h)[None, :, None], jnp.arange(w)[None, None, :]
+    return erase_at(values, y, x, jnp.full((b,), w, jnp.int32), boxes, keys, mode, table)
+
+
+def erase_at(values, y, x, w, boxes, keys, mode: str, table=None):
+    """`erase` of float32 (B, ..., 3) `values` whose pixels lie at (y, x) (int, shaped as
+    ``values[..., 0]`` or broadcasting to it) of images of widths `w` (B,): the same noise as
+    the image's (`pixel`: hashed by each pixel's y * w + x)."""
+    b, nd = values.shape[0], values.ndim
     table = jnp.asarray(pixel_ops.normal_table() if table is None else table, jnp.float32)
-    key = jnp.asarray(keys).astype(jnp.uint32).reshape(b, 1, 1, 1)
-    ch = jnp.arange(3, dtype=jnp.uint32).reshape(1, 1, 1, 3)
+    key = jnp.asarray(keys).astype(jnp.uint32).reshape((b,) + (1,) * (nd - 1))
+    ch = jnp.arange(3, dtype=jnp.uint32).reshape((1,) * (nd - 1) + (3,))
+    y, x = y[..., None], x[..., None]
     if mode == "pixel":
-        pos = (jnp.arange(h, dtype=jnp.uint32)[:, None] * np.uint32(w) + jnp.arange(w, dtype=jnp.uint32))[..., None]
+        row_w = jnp.asarray(w).astype(jnp.uint32).reshape(key.shape)
+        pos = y.astype(jnp.uint32) * row_w + x.astype(jnp.uint32)
     else:
         pos = jnp.uint32(0xFFFF)
-    y = jnp.arange(h)[None, :, None, None]
-    x = jnp.arange(w)[None, None, :, None]
     out = values
     for e in range(boxes.shape[1]):
-        y0, x0, bh, bw = (boxes[:, e, i].reshape(b, 1, 1, 1) for i in range(4))
+        y0, x0, bh, bw = (boxes[:, e, i].reshape(key.shape) for i in range(4))
         inside = (bh > 0) & (y >= y0) & (y < y0 + bh) & (x >= x0) & (x < x0 + bw)
         if mode == "const":
             fill = jnp.float32(0)
