@@ -1,8 +1,9 @@
 """GPU tests of the CUDA handler (tbljax._ffi_cuda): on the GPU it must give what the host
 kernel gives, bit for bit, for every dtype x layout x crop x flip; all 256 values per channel;
 out-of-range rows never read outside the dataset; donated outputs; a ResidentDataset on the
-GPU serves the loader's batches. Without a CUDA device (or without the module) every test
-skips; with TBLJAX_REQUIRE_CUDA=1 (benchmarks/gpu_check.sh sets it) they fail instead."""
+GPU serves the loader's batches, NaFlex rows with timm's recipe (the twin) too. Without a CUDA
+device (or without the module) every test skips; with TBLJAX_REQUIRE_CUDA=1
+(benchmarks/gpu_check.sh sets it) they fail instead."""
 
 import os
 
@@ -174,3 +175,30 @@ def test_resident_dataset_on_the_gpu_serves_the_loaders_batches(gpu, tmp_path):
         got = f(ds, s)
         for k in ("image", "label", "index"):
             assert _same(got[k], want[k]), (s, k)
+
+
+def test_naflex_rows_with_timms_recipe_on_the_gpu_serve_the_loaders_batches(gpu, tmp_path):
+    # The twin in token space on the GPU (the CUDA handler has no ops): NaFlex rows of records of
+    # several aspects with timm's RandAugment and erasing, the bytes of the host loader's batches.
+    import tbljax
+
+    rng = np.random.default_rng(3)
+    sizes = [(20, 14), (9, 30), (33, 33), (40, 12), (17, 23), (48, 36), (12, 41), (26, 19)]
+    path = str(tmp_path / "mixed.tbl")
+    src = {"image": [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in sizes], "label": np.arange(8) % 3}
+    tbljax.convert(src, path, image_size=48, resize="max_side", progress=False)
+    aug = tbljax.Augment(
+        size=None,
+        ops=[tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1")],
+        erasing=tbljax.RandomErasing(p=0.5),
+    )
+    patches = tbljax.Patches(size=4, max_tokens=24)
+    kw = dict(seed=2, augment=aug, dtype="float32", patches=patches)
+    with jax.enable_x64(True):  # the affine ops resample in float64, as Pillow
+        ds = tbljax.ResidentDataset(path, jax.sharding.Mesh(np.array([gpu]), ("batch",)))
+        f = jax.jit(lambda ds, s: ds.batch(s, batch_size=4, **kw))
+        cpu = jax.sharding.Mesh(np.array([jax.devices("cpu")[0]]), ("batch",))
+        for s, want in enumerate(tbljax.loader(path, 4, num_epochs=1, sharding=cpu, **kw)):
+            got = f(ds, s)
+            for k in ("image", "label", "index", "patch_yx", "patch_valid"):
+                assert _same(np.asarray(got[k]), np.asarray(want[k])), (s, k)
