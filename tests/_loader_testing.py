@@ -1,7 +1,7 @@
-"""Helpers for the loader tests and their subprocesses: small TBL files, the normalization
-oracle (tests/oracle.py), one epoch of the host loader and a bit-for-bit comparison of batches,
-the rows a process holds, a spy on the whole-source sweep, and two host parts served side by
-side in threads."""
+"""Helpers for the loader tests and their subprocesses: small TBL files (and resident ones of
+records at many sizes), the normalization oracle (tests/oracle.py), one epoch of the host
+loader and a bit-for-bit comparison of batches, the rows a process holds, a spy on the
+whole-source sweep, and two host parts served side by side in threads."""
 
 from __future__ import annotations
 
@@ -25,6 +25,20 @@ def write_tbl(path, imgs, labels):
             w.add_raw(im)
         w.set_metadata(labels=labels)
     return path
+
+
+def resident_of_sizes(path, sizes, rng, image_size):
+    """A TBL file of random RGB records at `sizes` (h, w), labels i % 5 and a float16 "emb" field
+    of 3, stored at their own sizes up to `image_size`: (path, its ResidentDataset)."""
+    import tbljax
+
+    src = {
+        "image": [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in sizes],
+        "label": np.arange(len(sizes)) % 5,
+        "emb": rng.standard_normal((len(sizes), 3)).astype(np.float16),
+    }
+    tbljax.convert(src, path, image_size=image_size, resize="max_side", progress=False)
+    return path, tbljax.ResidentDataset(path)
 
 
 def normalize(pixels, mean, std, dtype=np.float32, layout="NHWC"):

@@ -12,7 +12,7 @@ import pytest
 
 import tbljax
 
-from _loader_testing import loader_epoch, same_batch
+from _loader_testing import loader_epoch, resident_of_sizes, same_batch
 
 # Four aspect ratios (2:1, 1:2, 1:1, 3:4) at several sizes, stored at their own sizes.
 SIZES = [
@@ -35,15 +35,8 @@ SEED, G = 3, 4
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    rng = np.random.default_rng(11)
-    src = {
-        "image": [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in SIZES],
-        "label": np.arange(len(SIZES)) % 5,
-        "emb": rng.standard_normal((len(SIZES), 3)).astype(np.float16),
-    }
     path = str(tmp_path_factory.mktemp("resident_buckets") / "mixed.tbl")
-    tbljax.convert(src, path, image_size=28, resize="max_side", progress=False)
-    return path, tbljax.ResidentDataset(path)
+    return resident_of_sizes(path, SIZES, np.random.default_rng(11), 28)
 
 
 def _loader(path, buckets, epoch, **kw):

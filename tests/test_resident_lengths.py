@@ -18,7 +18,7 @@ import pytest
 import tbljax
 from tbljax._src.rules import naflex
 
-from _loader_testing import loader_epoch, same_batch
+from _loader_testing import loader_epoch, resident_of_sizes, same_batch
 
 SIZES = [(20, 14), (9, 30), (33, 33), (5, 7), (40, 12), (17, 23), (48, 36), (12, 41), (26, 19), (8, 8), (30, 30)]
 SEED = 5  # epochs 0 and 1 order their steps differently, and epoch 0 pads a step
@@ -35,15 +35,8 @@ RECIPE = tbljax.Augment(
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    rng = np.random.default_rng(11)
-    src = {
-        "image": [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in SIZES],
-        "label": np.arange(len(SIZES)) % 5,
-        "emb": rng.standard_normal((len(SIZES), 3)).astype(np.float16),
-    }
     path = str(tmp_path_factory.mktemp("resident_lengths") / "mixed.tbl")
-    tbljax.convert(src, path, image_size=48, resize="max_side", progress=False)
-    return path, tbljax.ResidentDataset(path)
+    return resident_of_sizes(path, SIZES, np.random.default_rng(11), 48)
 
 
 def _loader(path, epoch, **kw):

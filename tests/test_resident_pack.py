@@ -17,7 +17,7 @@ import pytest
 
 import tbljax
 
-from _loader_testing import loader_epoch, same_batch
+from _loader_testing import loader_epoch, resident_of_sizes, same_batch
 
 SIZES = [(20, 14), (9, 30), (33, 33), (5, 7), (40, 12), (17, 23), (48, 36), (12, 41), (26, 19), (8, 8), (30, 10)]
 # 3 to 6 tokens an image, up to 4 a sequence; epochs 0 and 1 pack 6 and 7 sequences (3 and 4 steps).
@@ -32,22 +32,12 @@ RECIPE = tbljax.Augment(
 )
 
 
-def _convert(path, sizes, rng):
-    src = {
-        "image": [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in sizes],
-        "label": np.arange(len(sizes)) % 5,
-        "emb": rng.standard_normal((len(sizes), 3)).astype(np.float16),
-    }
-    tbljax.convert(src, path, image_size=48, resize="max_side", progress=False)
-    return path, tbljax.ResidentDataset(path)
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d, rng = tmp_path_factory.mktemp("resident_pack"), np.random.default_rng(11)
     return {
-        "mixed": _convert(str(d / "mixed.tbl"), SIZES, rng),
-        "same": _convert(str(d / "same.tbl"), [(18, 30)] * 9, rng),
+        "mixed": resident_of_sizes(str(d / "mixed.tbl"), SIZES, rng, 48),
+        "same": resident_of_sizes(str(d / "same.tbl"), [(18, 30)] * 9, rng, 48),
     }
 
 

@@ -55,7 +55,7 @@ class PlanKey(typing.NamedTuple):
 
 
 @jax.tree_util.register_pytree_node_class
-class BucketPlan:
+class BucketPlan(_plans.Plan):
     """One epoch of a resident dataset under aspect-ratio buckets (`ResidentDataset.bucket_plan`).
 
     ``indices``: int32 (S, G) device array, step s's global record indices (-1: padding);
@@ -64,15 +64,10 @@ class BucketPlan:
     k of size ``sizes[k]``. The leaves change with the epoch, the static part does not.
     """
 
+    LEAVES = ("indices", "epoch")
+
     def __init__(self, indices, epoch, key: PlanKey, bucket=None):
         self.indices, self.epoch, self.key, self.bucket = indices, epoch, key, bucket
-
-    def tree_flatten(self):
-        return (self.indices, self.epoch), self.key
-
-    @classmethod
-    def tree_unflatten(cls, key, children):
-        return cls(*children, key)
 
     @property
     def steps(self) -> int:
@@ -86,21 +81,6 @@ class BucketPlan:
         return f"BucketPlan({self.steps} steps of {self.key.batch_size} over buckets {list(self.sizes)})"
 
 
-def _check_dataset(ds, what: str) -> None:
-    if _sharding.mesh_axes(ds.sharding):
-        raise ValueError(
-            f"{what} with records partitioned over devices ({ds.sharding}): not yet (replicate the "
-            "records: ResidentDataset(path) or sharding=a Mesh)"
-        )
-    geometric = [s.name for s in ds.geometric.specs]
-    if geometric:
-        raise ValueError(
-            f"{what} with the geometric fields {geometric}: not served yet (they follow the "
-            "augmentation's crop; leave them out with ResidentDataset(..., fields=[...]))"
-        )
-    native_res.check_names(ds.fields)
-
-
 def plan(
     ds, batch_size: int, buckets, *, seed: int = 0, epoch: int = 0, shuffle: bool = True, drop_remainder: bool = False
 ) -> BucketPlan:
@@ -110,7 +90,7 @@ def plan(
             f"bucket_plan takes a tbljax.Buckets, got {type(buckets).__name__} (patch sequences are not "
             "served with buckets)"
         )
-    _check_dataset(ds, "buckets")
+    _plans.check_dataset(ds, "buckets")
     opts = LoaderOptions(
         batch_size=batch_size, seed=seed, shuffle=shuffle, buckets=buckets, drop_remainder=drop_remainder
     )
@@ -149,7 +129,7 @@ def _check_call(ds, plan, bucket, opts: LoaderOptions, epoch) -> LoaderOptions:
         raise ValueError(f"bucket must be an int in [0, {k}) (plan.bucket[step]), got {bucket!r}")
     key = plan.key
     _plans.check_key(ds, key, opts, epoch, method="bucket_plan", batch_size=key.batch_size, repeats="buckets")
-    _check_dataset(ds, "buckets")
+    _plans.check_dataset(ds, "buckets")
     # The loader's own refusals (an Augment crop: the bucket decides the crop).
     return dataclasses.replace(opts, buckets=key.buckets, drop_remainder=key.drop_remainder)
 

@@ -52,7 +52,7 @@ class PlanKey(typing.NamedTuple):
 
 
 @jax.tree_util.register_pytree_node_class
-class LengthPlan:
+class LengthPlan(_plans.Plan):
     """One epoch of a resident dataset under a NaFlex length schedule (`ResidentDataset.length_plan`).
 
     ``first``, ``count``: int32 (S,) device arrays, step s's first position in the epoch's order
@@ -62,16 +62,11 @@ class LengthPlan:
     and ``sizes`` their batch sizes; ``biggest`` the largest step's rows (the loader's batch_size).
     """
 
+    LEAVES = ("first", "count", "epoch")
+
     def __init__(self, first, count, epoch, key: PlanKey, length=None, batch_size=None):
         self.first, self.count, self.epoch, self.key = first, count, epoch, key
         self.length, self.batch_size = length, batch_size
-
-    def tree_flatten(self):
-        return (self.first, self.count, self.epoch), self.key
-
-    @classmethod
-    def tree_unflatten(cls, key, children):
-        return cls(*children, key)
 
     @property
     def steps(self) -> int:

@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tbljax._src.engine import native_res
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.naflex_pack import PACK_KEYS, PackServing
 from tbljax._src.jax import resident_patches as _patches
@@ -58,7 +57,7 @@ class PackKey(typing.NamedTuple):
 
 
 @jax.tree_util.register_pytree_node_class
-class PackPlan:
+class PackPlan(_plans.Plan):
     """One epoch of a resident dataset packed into NaFlex sequences (`ResidentDataset.pack_plan`).
 
     ``position``, ``sequence``, ``offset``: int32 (N + G·S,) device arrays, the epoch's records
@@ -68,16 +67,11 @@ class PackPlan:
     the static part does not.
     """
 
+    LEAVES = ("position", "sequence", "offset", "epoch")
+
     def __init__(self, position, sequence, offset, epoch, key: PackKey, steps=None):
         self.position, self.sequence, self.offset, self.epoch = position, sequence, offset, epoch
         self.key, self.steps = key, steps
-
-    def tree_flatten(self):
-        return (self.position, self.sequence, self.offset, self.epoch), self.key
-
-    @classmethod
-    def tree_unflatten(cls, key, children):
-        return cls(*children, key)
 
     def __repr__(self) -> str:
         p = self.key.patches
@@ -86,16 +80,8 @@ class PackPlan:
 
 def _check_dataset(ds, opts: LoaderOptions) -> None:
     """What a packed resident batch does not serve, refused by name (`resident_patches.check`
-    refuses every schedule, packing included, so its other checks are repeated here)."""
-    if _sharding.mesh_axes(ds.sharding):
-        raise ValueError(f"ResidentDataset.batch with pack=True: the records are partitioned over {ds.sharding}")
-    geometric = [s.name for s in ds.geometric.specs]
-    if geometric:
-        raise ValueError(
-            f"ResidentDataset.batch with pack=True: the geometric fields {geometric} are not served with "
-            "packed sequences: leave them out with fields=[...]"
-        )
-    native_res.check_names(ds.fields)
+    refuses every schedule, packing included: the plans' dataset checks, and the packed keys')."""
+    _plans.check_dataset(ds, "pack=True")
     clash = sorted(set(ds.fields) & {*PACK_KEYS, "valid"})
     if clash:
         raise ValueError(f"the dataset's field(s) {clash} have the names of keys packing adds: leave them out")

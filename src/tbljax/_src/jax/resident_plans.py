@@ -2,18 +2,53 @@
 `resident_pack.py` and `resident_lengths.py` each plan an epoch on the host into a pytree and
 serve its steps in the graph; the call's options must be the plan's, its step in range, its
 rows split over the batch shards, and the dataset and the plan arguments of the jitted function
-(closed over, they would be constants of the compiled program). Each plan keeps its own checks
-(its static arguments, its dataset refusals) and words its method and batch size."""
+(closed over, they would be constants of the compiled program); and what the dataset does not
+serve with a plan (partitioned records, geometric fields). Each plan keeps its own checks (its
+static arguments) and words its method and batch size. `Plan`: the pytree plumbing they share."""
 
 from __future__ import annotations
 
 import jax
 
+from tbljax._src.engine import native_res
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.rules import contract
 from tbljax._src.rules.options import LoaderOptions
 
-__all__ = ["check_key", "check_step", "split", "traced"]
+__all__ = ["Plan", "check_dataset", "check_key", "check_step", "split", "traced"]
+
+
+class Plan:
+    """An epoch's plan as a pytree: its device arrays (the attributes named by ``LEAVES``) change
+    with the epoch, its ``key`` (the static part) does not, so a new epoch's plan reuses the
+    compiled programs. ``__init__`` takes the leaves, then the key, then host-only attributes
+    (None once unflattened inside jit). Subclasses are registered with
+    `jax.tree_util.register_pytree_node_class`."""
+
+    LEAVES: tuple[str, ...] = ()
+
+    def tree_flatten(self):
+        return tuple(getattr(self, n) for n in self.LEAVES), self.key
+
+    @classmethod
+    def tree_unflatten(cls, key, children):
+        return cls(*children, key)
+
+
+def check_dataset(ds, what: str) -> None:
+    """A ValueError if `ds` holds what `what` (a plan's schedule) does not serve."""
+    if _sharding.mesh_axes(ds.sharding):
+        raise ValueError(
+            f"{what} with records partitioned over devices ({ds.sharding}): not yet (replicate the "
+            "records: ResidentDataset(path) or sharding=a Mesh)"
+        )
+    geometric = [s.name for s in ds.geometric.specs]
+    if geometric:
+        raise ValueError(
+            f"{what} with the geometric fields {geometric}: not served yet (leave them out with "
+            "ResidentDataset(..., fields=[...]))"
+        )
+    native_res.check_names(ds.fields)
 
 
 def check_key(
