@@ -1,6 +1,7 @@
-"""Helpers for the loader tests and their subprocesses: small TBL files, the normalization
-oracle (tests/oracle.py), the rows a process holds, a spy on the whole-source sweep, and two
-host parts served side by side in threads."""
+"""Helpers for the loader tests and their subprocesses: small TBL files (and resident ones of
+records at many sizes), the normalization oracle (tests/oracle.py), one epoch of the host
+loader and a bit-for-bit comparison of batches, the rows a process holds, a spy on the
+whole-source sweep, and two host parts served side by side in threads."""
 
 from __future__ import annotations
 
@@ -26,9 +27,41 @@ def write_tbl(path, imgs, labels):
     return path
 
 
+def resident_of_sizes(path, sizes, rng, image_size):
+    """A TBL file of random RGB records at `sizes` (h, w), labels i % 5 and a float16 "emb" field
+    of 3, stored at their own sizes up to `image_size`: (path, its ResidentDataset)."""
+    import tbljax
+
+    src = {
+        "image": [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in sizes],
+        "label": np.arange(len(sizes)) % 5,
+        "emb": rng.standard_normal((len(sizes), 3)).astype(np.float16),
+    }
+    tbljax.convert(src, path, image_size=image_size, resize="max_side", progress=False)
+    return path, tbljax.ResidentDataset(path)
+
+
 def normalize(pixels, mean, std, dtype=np.float32, layout="NHWC"):
     """The normalization contract (tests/oracle.py)."""
     return oracle.normalize(pixels, mean, std, dtype, layout)
+
+
+def loader_epoch(path, batch_size, epoch, **kw):
+    """Epoch `epoch` of the host loader `tbljax.loader(path, batch_size, **kw)`, its batches as NumPy."""
+    import tbljax
+
+    ld = tbljax.loader(path, batch_size, num_epochs=epoch + 1, **kw)
+    ld.set_epoch(epoch)
+    return [{k: np.asarray(v) for k, v in b.items()} for b in ld]
+
+
+def same_batch(got, want, where):
+    """`got` is the batch `want` bit for bit: the same keys, each of the same dtype, shape and bytes."""
+    assert sorted(got) == sorted(want), where
+    for k in want:
+        a, b = np.asarray(got[k]), want[k]
+        assert a.dtype == b.dtype and a.shape == b.shape, (where, k, a.dtype, a.shape, b.dtype, b.shape)
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=f"{where}: {k}")
 
 
 def rows(arr):

@@ -100,6 +100,7 @@ ROOMS = [
             "loader",
             "resident_host",
             "resident_fields",
+            "resident_plans",
             "resident_buckets",
             "resident_patch_ops",
             "resident_patches",

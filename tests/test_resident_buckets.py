@@ -12,6 +12,8 @@ import pytest
 
 import tbljax
 
+from _loader_testing import loader_epoch, resident_of_sizes, same_batch
+
 # Four aspect ratios (2:1, 1:2, 1:1, 3:4) at several sizes, stored at their own sizes.
 SIZES = [
     (24, 12),
@@ -33,30 +35,13 @@ SEED, G = 3, 4
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    rng = np.random.default_rng(11)
-    src = {
-        "image": [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in SIZES],
-        "label": np.arange(len(SIZES)) % 5,
-        "emb": rng.standard_normal((len(SIZES), 3)).astype(np.float16),
-    }
     path = str(tmp_path_factory.mktemp("resident_buckets") / "mixed.tbl")
-    tbljax.convert(src, path, image_size=28, resize="max_side", progress=False)
-    return path, tbljax.ResidentDataset(path)
+    return resident_of_sizes(path, SIZES, np.random.default_rng(11), 28)
 
 
 def _loader(path, buckets, epoch, **kw):
     kw = dict(seed=SEED, augment="flip", dtype="uint8", drop_remainder=False) | kw
-    ld = tbljax.loader(path, G, buckets=buckets, num_epochs=epoch + 1, **kw)
-    ld.set_epoch(epoch)
-    return [{k: np.asarray(v) for k, v in b.items()} for b in ld]
-
-
-def _same(got, want, where):
-    assert sorted(got) == sorted(want), where
-    for k in want:
-        a, b = np.asarray(got[k]), want[k]
-        assert a.dtype == b.dtype and a.shape == b.shape, (where, k, a.dtype, a.shape, b.dtype, b.shape)
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=f"{where}: {k}")
+    return loader_epoch(path, G, epoch, buckets=buckets, **kw)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +71,7 @@ def test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_buc
         want = _loader(path, BUCKETS[crop], epoch, dtype=dtype, layout=layout)
         assert plan.steps == len(want) and plan.bucket.tolist() == [int(b["bucket"][0]) for b in want]
         for s, w in enumerate(want):
-            _same(step(ds, plan, s, int(plan.bucket[s])), w, f"epoch {epoch} step {s}")
+            same_batch(step(ds, plan, s, int(plan.bucket[s])), w, f"epoch {epoch} step {s}")
             padded += int((~w["valid"]).sum())
     assert padded  # the padding rows were compared too
     assert sorted(traced) == [0, 1, 2]  # one program per bucket: the second epoch traced nothing
@@ -103,7 +88,7 @@ def test_ops_and_erasing_run_at_the_buckets_size_as_the_loader_runs_them(data):
         static_argnums=3,
     )
     for s, w in enumerate(want):
-        _same(step(ds, plan, s, int(plan.bucket[s])), w, f"step {s}")
+        same_batch(step(ds, plan, s, int(plan.bucket[s])), w, f"step {s}")
 
 
 def test_drop_remainder_and_the_eager_call_serve_what_the_loader_serves(data):
@@ -113,7 +98,7 @@ def test_drop_remainder_and_the_eager_call_serve_what_the_loader_serves(data):
     assert plan.steps == len(want)
     for s, w in enumerate(want):  # outside jit: a cached jitted program per bucket
         got = ds.batch(s, batch_size=G, seed=SEED, plan=plan, bucket=int(plan.bucket[s]), augment="flip", dtype="uint8")
-        _same(got, w, f"step {s}")
+        same_batch(got, w, f"step {s}")
         assert "valid" not in got
 
 

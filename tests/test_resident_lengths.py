@@ -18,65 +18,38 @@ import pytest
 import tbljax
 from tbljax._src.rules import naflex
 
+from _loader_testing import loader_epoch, resident_of_sizes, same_batch
+
 SIZES = [(20, 14), (9, 30), (33, 33), (5, 7), (40, 12), (17, 23), (48, 36), (12, 41), (26, 19), (8, 8), (30, 30)]
 SEED = 5  # epochs 0 and 1 order their steps differently, and epoch 0 pads a step
 # Lengths 8 and 20 tokens of 4x4 patches, 40 tokens a step: 5 rows of 8 or 2 rows of 20.
 LENGTHS = tbljax.Patches(size=4, max_tokens=[8, 20], tokens_per_batch=40, batch_divisor=1)
 G = 5  # the largest step's rows: the loader's batch_size
+RECIPE = tbljax.Augment(
+    size=None,
+    scale=(0.3, 1.0),
+    ops=[tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1")],
+    erasing=tbljax.RandomErasing(p=0.5),
+)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    rng = np.random.default_rng(11)
-    src = {
-        "image": [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in SIZES],
-        "label": np.arange(len(SIZES)) % 5,
-        "emb": rng.standard_normal((len(SIZES), 3)).astype(np.float16),
-    }
     path = str(tmp_path_factory.mktemp("resident_lengths") / "mixed.tbl")
-    tbljax.convert(src, path, image_size=48, resize="max_side", progress=False)
-    return path, tbljax.ResidentDataset(path)
+    return resident_of_sizes(path, SIZES, np.random.default_rng(11), 48)
 
 
 def _loader(path, epoch, **kw):
     kw = dict(seed=SEED, augment="flip", dtype="uint8", drop_remainder=False) | kw
-    ld = tbljax.loader(path, G, patches=LENGTHS, num_epochs=epoch + 1, **kw)
-    ld.set_epoch(epoch)
-    return [{k: np.asarray(v) for k, v in b.items()} for b in ld]
-
-
-def _same(got, want, where):
-    assert sorted(got) == sorted(want), where
-    for k in want:
-        a, b = np.asarray(got[k]), want[k]
-        assert a.dtype == b.dtype and a.shape == b.shape, (where, k, a.dtype, a.shape, b.dtype, b.shape)
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=f"{where}: {k}")
+    return loader_epoch(path, G, epoch, patches=LENGTHS, **kw)
 
 
 @pytest.mark.parametrize(
     "backend, augment, dtype",
     [
         ("twin", "flip", "uint8"),
-        (
-            "ffi",
-            tbljax.Augment(
-                size=None,
-                scale=(0.3, 1.0),
-                ops=[tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1")],
-                erasing=tbljax.RandomErasing(p=0.5),
-            ),
-            "float32",
-        ),  # per-image ops and erasing at each step's length
-        (
-            "twin",
-            tbljax.Augment(
-                size=None,
-                scale=(0.3, 1.0),
-                ops=[tbljax.RandAugment.from_timm("rand-m9-mstd0.5-inc1")],
-                erasing=tbljax.RandomErasing(p=0.5),
-            ),
-            "float32",
-        ),  # the same on the twin (its affine ops under x64)
+        ("ffi", RECIPE, "float32"),  # per-image ops and erasing at each step's length
+        ("twin", RECIPE, "float32"),  # the same on the twin (its affine ops under x64)
     ],
 )
 def test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_length(data, backend, augment, dtype):
@@ -100,7 +73,7 @@ def test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_len
         for s, w in enumerate(want):
             with jax.enable_x64(backend == "twin" and not isinstance(augment, str)):
                 got = step(ds, plan, s, int(plan.length[s]))
-            _same(got, w, f"epoch {epoch} step {s}")
+            same_batch(got, w, f"epoch {epoch} step {s}")
             padded += int((~w["valid"]).sum())
     assert padded  # the padding rows were compared too
     assert sorted(traced) == [8, 20]  # one program per length: the second epoch traced nothing
@@ -115,7 +88,7 @@ def test_drop_remainder_and_the_eager_call_serve_what_the_loader_serves(data):
     assert at_8
     for s in at_8:  # outside jit: a cached jitted program per length
         got = ds.batch(s, batch_size=G, seed=SEED, plan=plan, max_tokens=8, augment="flip", dtype="uint8")
-        _same(got, want[s], f"step {s}")
+        same_batch(got, want[s], f"step {s}")
         assert "valid" not in got
 
 

@@ -17,6 +17,8 @@ import pytest
 
 import tbljax
 
+from _loader_testing import loader_epoch, resident_of_sizes, same_batch
+
 SIZES = [(20, 14), (9, 30), (33, 33), (5, 7), (40, 12), (17, 23), (48, 36), (12, 41), (26, 19), (8, 8), (30, 10)]
 # 3 to 6 tokens an image, up to 4 a sequence; epochs 0 and 1 pack 6 and 7 sequences (3 and 4 steps).
 PACK = tbljax.Patches(size=4, max_tokens=12, pack=True, image_tokens=6, pack_window=3)
@@ -30,37 +32,17 @@ RECIPE = tbljax.Augment(
 )
 
 
-def _convert(path, sizes, rng):
-    src = {
-        "image": [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in sizes],
-        "label": np.arange(len(sizes)) % 5,
-        "emb": rng.standard_normal((len(sizes), 3)).astype(np.float16),
-    }
-    tbljax.convert(src, path, image_size=48, resize="max_side", progress=False)
-    return path, tbljax.ResidentDataset(path)
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d, rng = tmp_path_factory.mktemp("resident_pack"), np.random.default_rng(11)
     return {
-        "mixed": _convert(str(d / "mixed.tbl"), SIZES, rng),
-        "same": _convert(str(d / "same.tbl"), [(18, 30)] * 9, rng),
+        "mixed": resident_of_sizes(str(d / "mixed.tbl"), SIZES, rng, 48),
+        "same": resident_of_sizes(str(d / "same.tbl"), [(18, 30)] * 9, rng, 48),
     }
 
 
 def _loader(path, epoch, **kw):
-    ld = tbljax.loader(path, G, patches=PACK, seed=SEED, num_epochs=epoch + 1, **kw)
-    ld.set_epoch(epoch)
-    return [{k: np.asarray(v) for k, v in b.items()} for b in ld]
-
-
-def _same(got, want, where):
-    assert sorted(got) == sorted(want), where
-    for k in want:
-        a, b = np.asarray(got[k]), want[k]
-        assert a.dtype == b.dtype and a.shape == b.shape, (where, k, a.dtype, a.shape, b.dtype, b.shape)
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=f"{where}: {k}")
+    return loader_epoch(path, G, epoch, patches=PACK, seed=SEED, **kw)
 
 
 @pytest.mark.parametrize(
@@ -94,7 +76,7 @@ def test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_in_one_trace(
         for s, w in enumerate(want):
             with jax.enable_x64(backend == "twin" and not isinstance(augment, str)):
                 got = step(ds, plan, s)
-            _same(got, w, f"epoch {epoch} step {s}")
+            same_batch(got, w, f"epoch {epoch} step {s}")
     if kind == "mixed":
         assert len(traced) == 1  # one program for every step of both epochs
         assert steps == [3, 4]  # epoch 1 packs one more sequence: its last step holds a padding sequence
@@ -145,7 +127,7 @@ def test_a_batch_split_over_two_devices_is_the_loaders(data, tmp_path):
     n = 0
     for epoch in (0, 1):
         for s, w in enumerate(_loader(path, epoch, augment="flip", dtype="uint8", drop_remainder=False)):
-            _same({k: got[f"{epoch}|{s}|{k}"] for k in w}, w, f"epoch {epoch} step {s}")
+            same_batch({k: got[f"{epoch}|{s}|{k}"] for k in w}, w, f"epoch {epoch} step {s}")
             n += len(w)
     assert len(got) == n
 

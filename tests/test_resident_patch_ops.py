@@ -40,6 +40,13 @@ AFFINE = tbljax.RandAugment(
     prob=1.0,
     ops=["Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"],
 )
+TIMM_ERASING = tbljax.Augment(size=None, scale=(0.3, 1.0), ops=[TIMM], erasing=tbljax.RandomErasing(p=0.5))
+
+
+def _affine_erasing(third):
+    """AFFINE and TrivialAugment, then `third`, with up to 3 erasing boxes of random pixels a row."""
+    erasing = tbljax.RandomErasing(p=1.0, max_count=3, mode="rand")
+    return tbljax.Augment(size=None, scale=(0.4, 1.0), ops=[AFFINE, tbljax.TrivialAugment(), third], erasing=erasing)
 
 
 @pytest.fixture(scope="module")
@@ -82,19 +89,9 @@ def _check_equal_to_loader(path, ds, augment, dtype, epochs, backend="ffi"):
 @pytest.mark.parametrize(
     "augment, dtype, epochs, want_codes",
     [
+        (TIMM_ERASING, "float32", 2, ()),
         (
-            tbljax.Augment(size=None, scale=(0.3, 1.0), ops=[TIMM], erasing=tbljax.RandomErasing(p=0.5)),
-            "float32",
-            2,
-            (),
-        ),
-        (
-            tbljax.Augment(
-                size=None,
-                scale=(0.4, 1.0),
-                ops=[AFFINE, tbljax.TrivialAugment(), tbljax.TrivialAugment()],
-                erasing=tbljax.RandomErasing(p=1.0, max_count=3, mode="rand"),
-            ),
+            _affine_erasing(tbljax.TrivialAugment()),
             "bfloat16",
             2,
             (*AFFINE.ops, "TvRotate", "TvShearX", "TvShearY", "TvTranslateX", "TvTranslateY"),
@@ -123,21 +120,8 @@ def test_resident_patch_rows_with_ops_equal_the_loaders(mixed, augment, dtype, e
             "float32",
             1,
         ),
-        (
-            tbljax.Augment(size=None, scale=(0.3, 1.0), ops=[TIMM], erasing=tbljax.RandomErasing(p=0.5)),
-            "float32",
-            2,
-        ),
-        (
-            tbljax.Augment(
-                size=None,
-                scale=(0.4, 1.0),
-                ops=[AFFINE, tbljax.TrivialAugment(), tbljax.ThreeAugment()],
-                erasing=tbljax.RandomErasing(p=1.0, max_count=3, mode="rand"),
-            ),
-            "bfloat16",
-            1,
-        ),
+        (TIMM_ERASING, "float32", 2),
+        (_affine_erasing(tbljax.ThreeAugment()), "bfloat16", 1),
     ],
     ids=["stats-erasing", "timm-erasing", "affine-three-erasing"],
 )

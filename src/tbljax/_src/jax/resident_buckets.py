@@ -31,6 +31,7 @@ from tbljax._src.engine import native_res
 from tbljax._src.engine import step as _step
 from tbljax._src.jax import ops as _ops
 from tbljax._src.jax import program as _program
+from tbljax._src.jax import resident_plans as _plans
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.rules import augment as _augment
 from tbljax._src.rules import buckets as _buckets
@@ -54,7 +55,7 @@ class PlanKey(typing.NamedTuple):
 
 
 @jax.tree_util.register_pytree_node_class
-class BucketPlan:
+class BucketPlan(_plans.Plan):
     """One epoch of a resident dataset under aspect-ratio buckets (`ResidentDataset.bucket_plan`).
 
     ``indices``: int32 (S, G) device array, step s's global record indices (-1: padding);
@@ -63,15 +64,10 @@ class BucketPlan:
     k of size ``sizes[k]``. The leaves change with the epoch, the static part does not.
     """
 
+    LEAVES = ("indices", "epoch")
+
     def __init__(self, indices, epoch, key: PlanKey, bucket=None):
         self.indices, self.epoch, self.key, self.bucket = indices, epoch, key, bucket
-
-    def tree_flatten(self):
-        return (self.indices, self.epoch), self.key
-
-    @classmethod
-    def tree_unflatten(cls, key, children):
-        return cls(*children, key)
 
     @property
     def steps(self) -> int:
@@ -85,21 +81,6 @@ class BucketPlan:
         return f"BucketPlan({self.steps} steps of {self.key.batch_size} over buckets {list(self.sizes)})"
 
 
-def _check_dataset(ds, what: str) -> None:
-    if _sharding.mesh_axes(ds.sharding):
-        raise ValueError(
-            f"{what} with records partitioned over devices ({ds.sharding}): not yet (replicate the "
-            "records: ResidentDataset(path) or sharding=a Mesh)"
-        )
-    geometric = [s.name for s in ds.geometric.specs]
-    if geometric:
-        raise ValueError(
-            f"{what} with the geometric fields {geometric}: not served yet (they follow the "
-            "augmentation's crop; leave them out with ResidentDataset(..., fields=[...]))"
-        )
-    native_res.check_names(ds.fields)
-
-
 def plan(
     ds, batch_size: int, buckets, *, seed: int = 0, epoch: int = 0, shuffle: bool = True, drop_remainder: bool = False
 ) -> BucketPlan:
@@ -109,7 +90,7 @@ def plan(
             f"bucket_plan takes a tbljax.Buckets, got {type(buckets).__name__} (patch sequences are not "
             "served with buckets)"
         )
-    _check_dataset(ds, "buckets")
+    _plans.check_dataset(ds, "buckets")
     opts = LoaderOptions(
         batch_size=batch_size, seed=seed, shuffle=shuffle, buckets=buckets, drop_remainder=drop_remainder
     )
@@ -147,18 +128,8 @@ def _check_call(ds, plan, bucket, opts: LoaderOptions, epoch) -> LoaderOptions:
     if not contract.is_integer(bucket) or not 0 <= bucket < k:
         raise ValueError(f"bucket must be an int in [0, {k}) (plan.bucket[step]), got {bucket!r}")
     key = plan.key
-    wrong = [
-        (epoch is not None, f"epoch={epoch!r}: the plan holds the epoch (ds.bucket_plan(..., epoch=e)); leave it out"),
-        (opts.repeats > 1, f"repeats={opts.repeats} with buckets: an epoch's plan serves each record once (repeats=1)"),
-        (key.fingerprint != ds.fingerprint, "the plan was made for another dataset (its fingerprint differs)"),
-        (opts.batch_size != key.batch_size, f"batch_size {opts.batch_size} is not the plan's {key.batch_size}"),
-        (opts.seed != key.seed, f"seed {opts.seed} is not the plan's {key.seed}: pass the same seed to both"),
-        (opts.shuffle != key.shuffle, f"shuffle={opts.shuffle} is not the plan's {key.shuffle}"),
-    ]
-    for bad, words in wrong:
-        if bad:
-            raise ValueError(words)
-    _check_dataset(ds, "buckets")
+    _plans.check_key(ds, key, opts, epoch, method="bucket_plan", batch_size=key.batch_size, repeats="buckets")
+    _plans.check_dataset(ds, "buckets")
     # The loader's own refusals (an Augment crop: the bucket decides the crop).
     return dataclasses.replace(opts, buckets=key.buckets, drop_remainder=key.drop_remainder)
 
@@ -167,30 +138,13 @@ def batch(ds, step, *, plan: BucketPlan, bucket: int, opts: LoaderOptions, epoch
     """Step `step` of `plan` at bucket `bucket` (static): `ResidentDataset.batch(plan=, bucket=)`."""
     opts = _check_call(ds, plan, bucket, opts, epoch)
     bucket = int(bucket)
-    _, batch_axes = _sharding.batch_axes(ds.sharding, sharding)
-    parts = _sharding.parts(ds.sharding, batch_axes)
-    if opts.batch_size % parts:
-        raise ValueError(
-            f"batch_size {opts.batch_size} does not split evenly over the {parts} batch shards {batch_axes}: "
-            f"use a multiple of {parts}"
-        )
-    if not isinstance(step, jax.core.Tracer) and not (contract.is_integer(step) and 0 <= step < plan.steps):
-        raise ValueError(f"step must be an int in [0, {plan.steps}) (the plan's steps), got {step!r}")
-    if not isinstance(ds.labels, jax.core.Tracer):
-        if isinstance(step, jax.core.Tracer) or isinstance(plan.indices, jax.core.Tracer):
-            raise ValueError(
-                "ResidentDataset.batch is being traced with the dataset closed over: it would be embedded "
-                "in the compiled program as a constant. Pass the dataset as an argument of the jitted function"
-            )
+    batch_axes, _ = _plans.split(ds, sharding, opts.batch_size)
+    _plans.check_step(step, plan.steps)
+    if not _plans.traced(ds, step, plan.indices):
         if plan.bucket is not None and int(plan.bucket[int(step)]) != bucket:
             raise ValueError(f"step {int(step)} of the plan is bucket {int(plan.bucket[int(step)])}, not {bucket}")
         return _eager(
             ds, plan, jnp.asarray(step, jnp.int32), bucket=bucket, opts=opts, batch_axes=batch_axes, backend=backend
-        )
-    if not isinstance(plan.indices, jax.core.Tracer):
-        raise ValueError(
-            "the plan is closed over: its indices would be a constant of the compiled program, compiled "
-            "again every epoch. Pass the plan as an argument of the jitted function"
         )
     return _serve(ds, plan, step, bucket=bucket, opts=opts, batch_axes=batch_axes, backend=backend)
 

@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tbljax._src.engine import step as _step
 from tbljax._src.jax import resident_fields as _geo
 from tbljax._src.jax import resident_patches as _patches
+from tbljax._src.jax import resident_plans as _plans
 from tbljax._src.jax import sharding as _sharding
 from tbljax._src.rules import contract, naflex, order
 from tbljax._src.rules.options import LoaderOptions
@@ -51,7 +52,7 @@ class PlanKey(typing.NamedTuple):
 
 
 @jax.tree_util.register_pytree_node_class
-class LengthPlan:
+class LengthPlan(_plans.Plan):
     """One epoch of a resident dataset under a NaFlex length schedule (`ResidentDataset.length_plan`).
 
     ``first``, ``count``: int32 (S,) device arrays, step s's first position in the epoch's order
@@ -61,16 +62,11 @@ class LengthPlan:
     and ``sizes`` their batch sizes; ``biggest`` the largest step's rows (the loader's batch_size).
     """
 
+    LEAVES = ("first", "count", "epoch")
+
     def __init__(self, first, count, epoch, key: PlanKey, length=None, batch_size=None):
         self.first, self.count, self.epoch, self.key = first, count, epoch, key
         self.length, self.batch_size = length, batch_size
-
-    def tree_flatten(self):
-        return (self.first, self.count, self.epoch), self.key
-
-    @classmethod
-    def tree_unflatten(cls, key, children):
-        return cls(*children, key)
 
     @property
     def steps(self) -> int:
@@ -148,24 +144,8 @@ def _check_call(ds, plan, max_tokens, opts: LoaderOptions, epoch) -> LoaderOptio
     if not contract.is_integer(max_tokens) or int(max_tokens) not in plan.lengths:
         raise ValueError(f"max_tokens must be one of the plan's lengths {list(plan.lengths)}, got {max_tokens!r}")
     key = plan.key
-    wrong = [
-        (epoch is not None, f"epoch={epoch!r}: the plan holds the epoch (ds.length_plan(..., epoch=e)); leave it out"),
-        (key.fingerprint != ds.fingerprint, "the plan was made for another dataset (its fingerprint differs)"),
-        (
-            opts.patches is not None and opts.patches != key.patches,
-            f"patches={opts.patches} is not the plan's {key.patches}: leave it out (the plan holds it)",
-        ),
-        (
-            opts.batch_size != plan.biggest,
-            f"batch_size {opts.batch_size} is not the plan's {plan.biggest} (the schedule's largest step, as the "
-            "loader's batch_size; each step serves its own length's rows)",
-        ),
-        (opts.seed != key.seed, f"seed {opts.seed} is not the plan's {key.seed}: pass the same seed to both"),
-        (opts.shuffle != key.shuffle, f"shuffle={opts.shuffle} is not the plan's {key.shuffle}"),
-    ]
-    for bad, words in wrong:
-        if bad:
-            raise ValueError(words)
+    why = " (the schedule's largest step, as the loader's batch_size; each step serves its own length's rows)"
+    _plans.check_key(ds, key, opts, epoch, method="length_plan", batch_size=plan.biggest, why=why, patches=key.patches)
     full = dataclasses.replace(opts, patches=key.patches, drop_remainder=key.drop_remainder)  # the loader's checks
     rows = plan.sizes[plan.lengths.index(int(max_tokens))]
     at = _at(full, int(max_tokens), rows)
@@ -183,30 +163,18 @@ def batch(
             "int(plan.length[step]) (bucket= is for ds.bucket_plan)"
         )
     at = _check_call(ds, plan, max_tokens, opts, epoch)
-    _, batch_axes = _sharding.batch_axes(ds.sharding, sharding)
-    parts = _sharding.parts(ds.sharding, batch_axes)
+    batch_axes, parts = _plans.split(ds, sharding)
     odd = [(t, b) for t, b in zip(plan.lengths, plan.sizes) if b % parts]
     if odd:
         raise ValueError(
             f"{plan.key.patches}: the batch sizes (length, rows) {odd} do not split over the {parts} batch "
             f"shards {batch_axes}: set batch_divisor to a multiple of {parts}"
         )
-    if not isinstance(step, jax.core.Tracer) and not (contract.is_integer(step) and 0 <= step < plan.steps):
-        raise ValueError(f"step must be an int in [0, {plan.steps}) (the plan's steps), got {step!r}")
-    if not isinstance(ds.labels, jax.core.Tracer):
-        if isinstance(step, jax.core.Tracer) or isinstance(plan.first, jax.core.Tracer):
-            raise ValueError(
-                "ResidentDataset.batch is being traced with the dataset closed over: it would be embedded "
-                "in the compiled program as a constant. Pass the dataset as an argument of the jitted function"
-            )
+    _plans.check_step(step, plan.steps)
+    if not _plans.traced(ds, step, plan.first):
         if plan.length is not None and int(plan.length[int(step)]) != int(max_tokens):
             raise ValueError(f"step {int(step)} of the plan has length {int(plan.length[int(step)])}, not {max_tokens}")
         return _eager(ds, plan, jnp.asarray(step, jnp.int32), opts=at, batch_axes=batch_axes, backend=backend)
-    if not isinstance(plan.first, jax.core.Tracer):
-        raise ValueError(
-            "the plan is closed over: its steps would be constants of the compiled program, compiled "
-            "again every epoch. Pass the plan as an argument of the jitted function"
-        )
     return _serve(ds, plan, step, opts=at, batch_axes=batch_axes, backend=backend)
 
 

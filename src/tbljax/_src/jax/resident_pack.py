@@ -31,12 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tbljax._src.engine import native_res
 from tbljax._src.engine import step as _step
 from tbljax._src.engine.naflex_pack import PACK_KEYS, PackServing
 from tbljax._src.jax import resident_patches as _patches
+from tbljax._src.jax import resident_plans as _plans
 from tbljax._src.jax import sharding as _sharding
-from tbljax._src.rules import contract, naflex, order
+from tbljax._src.rules import naflex, order
 from tbljax._src.rules.options import LoaderOptions
 
 __all__ = ["PackPlan", "batch", "plan"]
@@ -57,7 +57,7 @@ class PackKey(typing.NamedTuple):
 
 
 @jax.tree_util.register_pytree_node_class
-class PackPlan:
+class PackPlan(_plans.Plan):
     """One epoch of a resident dataset packed into NaFlex sequences (`ResidentDataset.pack_plan`).
 
     ``position``, ``sequence``, ``offset``: int32 (N + G·S,) device arrays, the epoch's records
@@ -67,16 +67,11 @@ class PackPlan:
     the static part does not.
     """
 
+    LEAVES = ("position", "sequence", "offset", "epoch")
+
     def __init__(self, position, sequence, offset, epoch, key: PackKey, steps=None):
         self.position, self.sequence, self.offset, self.epoch = position, sequence, offset, epoch
         self.key, self.steps = key, steps
-
-    def tree_flatten(self):
-        return (self.position, self.sequence, self.offset, self.epoch), self.key
-
-    @classmethod
-    def tree_unflatten(cls, key, children):
-        return cls(*children, key)
 
     def __repr__(self) -> str:
         p = self.key.patches
@@ -85,16 +80,8 @@ class PackPlan:
 
 def _check_dataset(ds, opts: LoaderOptions) -> None:
     """What a packed resident batch does not serve, refused by name (`resident_patches.check`
-    refuses every schedule, packing included, so its other checks are repeated here)."""
-    if _sharding.mesh_axes(ds.sharding):
-        raise ValueError(f"ResidentDataset.batch with pack=True: the records are partitioned over {ds.sharding}")
-    geometric = [s.name for s in ds.geometric.specs]
-    if geometric:
-        raise ValueError(
-            f"ResidentDataset.batch with pack=True: the geometric fields {geometric} are not served with "
-            "packed sequences: leave them out with fields=[...]"
-        )
-    native_res.check_names(ds.fields)
+    refuses every schedule, packing included: the plans' dataset checks, and the packed keys')."""
+    _plans.check_dataset(ds, "pack=True")
     clash = sorted(set(ds.fields) & {*PACK_KEYS, "valid"})
     if clash:
         raise ValueError(f"the dataset's field(s) {clash} have the names of keys packing adds: leave them out")
@@ -136,21 +123,8 @@ def plan(
 def _check_call(ds, plan, opts: LoaderOptions, epoch) -> LoaderOptions:
     """The loader's options of a packed batch, or a ValueError naming what is wrong."""
     key = plan.key
-    wrong = [
-        (epoch is not None, f"epoch={epoch!r}: the plan holds the epoch (ds.pack_plan(..., epoch=e)); leave it out"),
-        (opts.repeats > 1, f"repeats={opts.repeats} with pack=True: an epoch's plan serves each record once"),
-        (key.fingerprint != ds.fingerprint, "the plan was made for another dataset (its fingerprint differs)"),
-        (opts.batch_size != key.batch_size, f"batch_size {opts.batch_size} is not the plan's {key.batch_size}"),
-        (opts.seed != key.seed, f"seed {opts.seed} is not the plan's {key.seed}: pass the same seed to both"),
-        (opts.shuffle != key.shuffle, f"shuffle={opts.shuffle} is not the plan's {key.shuffle}"),
-        (
-            opts.patches is not None and opts.patches != key.patches,
-            f"patches={opts.patches!r} is not the plan's {key.patches!r} (leave patches out: the plan holds it)",
-        ),
-    ]
-    for bad, words in wrong:
-        if bad:
-            raise ValueError(words)
+    kw = dict(method="pack_plan", batch_size=key.batch_size, repeats="pack=True", patches=key.patches)
+    _plans.check_key(ds, key, opts, epoch, **kw)
     # The loader's own refusals (an Augment crop: a record's tokens come from its stored size).
     opts = dataclasses.replace(opts, patches=key.patches, drop_remainder=key.drop_remainder)
     _check_dataset(ds, opts)
@@ -167,27 +141,10 @@ def batch(ds, step, *, plan, bucket, opts: LoaderOptions, epoch, sharding, backe
     if bucket is not None:
         raise ValueError(f"bucket={bucket!r} with a pack plan: packed sequences have no buckets; leave it out")
     opts = _check_call(ds, plan, opts, epoch)
-    _, batch_axes = _sharding.batch_axes(ds.sharding, sharding)
-    parts = _sharding.parts(ds.sharding, batch_axes)
-    if opts.batch_size % parts:
-        raise ValueError(
-            f"batch_size {opts.batch_size} does not split evenly over the {parts} batch shards {batch_axes}: "
-            f"use a multiple of {parts}"
-        )
-    if not isinstance(plan.position, jax.core.Tracer) and not isinstance(ds.labels, jax.core.Tracer):
-        if isinstance(step, jax.core.Tracer):
-            raise ValueError(
-                "ResidentDataset.batch is being traced with the dataset and the plan closed over: they "
-                "would be constants of the compiled program. Pass both as arguments of the jitted function"
-            )
-        if plan.steps is not None and not (contract.is_integer(step) and 0 <= step < plan.steps):
-            raise ValueError(f"step must be an int in [0, {plan.steps}) (the plan's steps), got {step!r}")
+    batch_axes, _ = _plans.split(ds, sharding, opts.batch_size)
+    _plans.check_step(step, plan.steps)
+    if not _plans.traced(ds, step, plan.position):
         return _eager(ds, plan, jnp.asarray(step, jnp.int32), opts=opts, batch_axes=batch_axes, backend=backend)
-    if not isinstance(plan.position, jax.core.Tracer) or not isinstance(ds.labels, jax.core.Tracer):
-        raise ValueError(
-            "the dataset or the plan is closed over: it would be a constant of the compiled program "
-            "(the plan's, compiled again every epoch). Pass both as arguments of the jitted function"
-        )
     return _serve(ds, plan, step, opts=opts, batch_axes=batch_axes, backend=backend)
 
 
