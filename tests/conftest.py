@@ -96,7 +96,7 @@ SLOW_CASES = {
     "test_examples.py::test_convert_imagenet_webdataset_shards_read_as_one": "4 s; the folder run of the example stays",
     "test_variable_kernel.py::test_uniform_data_shrinks_with_antialiasing_on_every_path": "5 s; the oracle cases of every path stay",
     "test_native.py::test_tbljax_simd_sets_the_one_target_of_kernel_resize_and_crc": "6 s of processes; test_kernel's forced-scalar process and target tests stay",
-    "test_resident_buckets.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_bucket[twin-center-uint8-NHWC]": "8 s of twin jit on 2 busy cores; [twin-random-bfloat16-NHWC] stays",
+    "test_resident_buckets.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_bucket[twin-center-uint8-NHWC]": "8 s of twin jit on 2 busy cores; [ffi-center-float32-NCHW] stays",
     "test_resident.py::test_eight_devices_replicated_and_records_partitioned": "6 s; test_eight_devices_fields_with_records_partitioned stays",
     "test_ops.py::test_without_sharding_the_op_follows_the_indices_on_8_cpu_devices": "5 s; test_sharded_indices_run_per_shard_on_8_cpu_devices stays",
     "test_interrupt.py::test_ctrl_c_at_random_moments_many_times": "~60 s of interrupts; test_ctrl_c_at_random_moments_is_a_plain_keyboard_interrupt runs 10 a loader kind",
@@ -163,8 +163,10 @@ DEFAULT_PARAMS = {
         "~2 s of jit a record kind: packed and decoded-on-upload records stay (uniform ones: test_resident)",
     ),
     "test_resident_patch_ops.py::test_resident_patch_rows_with_ops_equal_the_loaders": (
-        {"affine-erasing"},
-        "~3 s of jit and loading a case: every affine op and erasing stay; timm's recipe is slow",
+        set(),
+        "~3 s of jit and loading a case: test_matrix's \"ops × patches in jit\" row (the FFI handler against "
+        "pixel_ops at each row's size), test_resident_pack's and test_resident_lengths' FFI cases with timm's "
+        "recipe stay",
     ),
     "test_resident_patch_ops.py::test_resident_patch_rows_with_ops_on_the_twin_equal_the_loaders": (
         {"stats-erasing"},
@@ -201,8 +203,9 @@ DEFAULT_PARAMS = {
         "dtypes: test_resident_buckets",
     ),
     "test_resident_buckets.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_bucket": (
-        {"twin-random-bfloat16-NHWC", "ffi-center-float32-NCHW"},
-        "the random crop and the ffi handler each stay in one case",
+        {"ffi-center-float32-NCHW"},
+        "3.5 s a twin case: the ffi handler stays (the twin's resize and ops in jit: test_resident_patch_ops "
+        "[stats-erasing], test_resident_pack's twin case, test_resident's)",
     ),
     "test_resident_pack.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_in_one_trace": (
         {"mixed-twin-flip-float32-False", "mixed-ffi-augment1-float32-False"},
