@@ -164,7 +164,7 @@ DEFAULT_PARAMS = {
     ),
     "test_resident_patch_ops.py::test_resident_patch_rows_with_ops_equal_the_loaders": (
         set(),
-        "~3 s of jit and loading a case: test_matrix's \"ops × patches in jit\" row (the FFI handler against "
+        "~3 s of jit and loading a case: test_matrix's ops-with-patches-in-jit row (the FFI handler against "
         "pixel_ops at each row's size), test_resident_pack's and test_resident_lengths' FFI cases with timm's "
         "recipe stay",
     ),
