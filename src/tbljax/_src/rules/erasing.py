@@ -80,14 +80,6 @@ class RandomErasing:
 
 
 @functools.lru_cache(maxsize=16)
-def _erase_tables(er: RandomErasing, height: int, width: int):
-    """float32 tables: sqrt(H W / count) per count, then `quantiles.area_aspect_tables`:
-    sqrt(U(min_area, max_area)), sqrt(aspect) and 1 / sqrt(aspect) at 4096 quantiles."""
-    return (side_table(height * width, 1)[1],) + quantiles.area_aspect_tables(
-        (er.min_area, er.max_area), (er.min_aspect, er.max_aspect)
-    )
-
-
 def side_table(unit: int, units: int) -> np.ndarray:
     """float32 (units + 1, 17): row n is sqrt(n · unit / count) per box count (count 0 as 1),
     in float64 then rounded: the erasing side of an output of n · unit pixels (NaFlex rows in
@@ -107,7 +99,7 @@ def decide_erasing(
     if not isinstance(er, RandomErasing):
         raise ValueError(f"erasing must be a RandomErasing, got {er!r}")
     height, width = _int("height", height, 1, contract.MAX_SIDE), _int("width", width, 1, contract.MAX_SIDE)
-    side_t = xp.asarray(_erase_tables(er, height, width)[0])
+    side_t = xp.asarray(side_table(height * width, 1)[1])
     return _decide(er, indices, lambda count: side_t[count], height, width, seed, epoch, repeat, view, xp)
 
 
@@ -130,7 +122,9 @@ def _decide(er, indices, side, height, width, seed, epoch, repeat, view, xp):
     """`decide_erasing`'s draws; `side(count)`: the (B,) float32 sides of the rows' counts;
     height, width: ints, or (B, 1, 1) each row's."""
     idx = xp.asarray(indices)
-    _, frac_t, r_t, inv_r_t = (xp.asarray(t) for t in _erase_tables(er, 1, 1))
+    # sqrt(U(min_area, max_area)), sqrt(aspect) and 1 / sqrt(aspect) at 4096 quantiles (float32)
+    tables = quantiles.area_aspect_tables((er.min_area, er.max_area), (er.min_aspect, er.max_aspect))
+    frac_t, r_t, inv_r_t = (xp.asarray(t) for t in tables)
     head = order.random_bits(
         idx[:, None],
         randaug.counters(np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]), randaug.repeats(repeat, 1, xp), xp, view),
