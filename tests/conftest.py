@@ -150,6 +150,7 @@ SLOW_CASES = {
     "test_resident_patches.py::test_op_ffi_and_twin_write_the_kernels_patches[float32]": "1.5 s; [uint8] stays",
     "test_resident_pack.py::test_a_batch_split_over_two_devices_is_the_loaders": "4.6 s of a 2-device subprocess; the one-device cases (the same per-device code, one device) stay",
     "test_resident_lengths.py::test_every_step_of_two_epochs_equals_the_loaders_bit_for_bit_one_trace_a_length[twin-flip-uint8]": "2.4 s; the twin's NaFlex rows stay in test_resident_patch_ops [stats-erasing] and test_resident_pack, the length plan in [ffi-augment1-float32]",
+    "test_matrix.py::test_ops_on_naflex_rows_in_jit_on_the_twin_hold_the_oracle": "5 s of the twin's compile under x64; test_resident_dataset_inside_jit runs the same row on the FFI handler and test_resident_patch_ops [stats-erasing] the twin",
     "test_resident_lengths.py::test_two_devices_split_each_steps_rows_and_a_batch_that_does_not_split_is_refused": "7 s of a 2-device subprocess; the one-device tests of the file stay",
 }
 

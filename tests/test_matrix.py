@@ -9,13 +9,12 @@ swept; float32 centre-crop eval with the last batch padded; a mid-epoch state re
 loader; `repeats=2`, each repeat its own crop; `views=`, each view its own crop and a group
 with its own ops; `buckets=` centre-cropped (and in jit, a `ResidentDataset`'s bucket plan, on
 RAW and compact full-aspect files), `patches=` NaFlex sequences, a length schedule of them
-(HostLoader, tbljax.loader, and in jit a `ResidentDataset`'s length plan, on compact full-aspect
-files) and packed NaFlex sequences (and in jit, a `ResidentDataset`'s pack plan, on the FFI
-handler and the twin); per-image ops (pixel_ops' rules) with
-each of those four, at each row's own size, on one cell per kernel path), torch, MLX (and both
+(HostLoader, tbljax.loader, and in jit a `ResidentDataset`'s length plan, on compact
+full-aspect files) and packed NaFlex sequences (and in jit, a `ResidentDataset`'s pack plan,
+on the FFI handler and the twin); per-image ops (pixel_ops' rules) with each of those four, at each row's own size, on one cell per kernel path), torch, MLX (and both
 with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit` (with
 per-image ops drawn and run there, and NaFlex patch sequences, with per-image ops too: "ops ×
-patches in jit"), `gather_normalize(ops=)` on the
+patches in jit", on the FFI handler and, slow, on the twin), `gather_normalize(ops=)` on the
 FFI handler and on the pure-JAX twin (records of one size and packed; the twin's cases slow),
 `partition="host"` in two real processes (JAX and torch.distributed), `patches=` over host
 parts and over a mixture and its host parts (each row the whole dataset's or its source's),
@@ -1006,6 +1005,25 @@ def test_resident_dataset_inside_jit(matrix, kind, layout):
                 idx,
                 "resident",
             )
+
+
+def test_ops_on_naflex_rows_in_jit_on_the_twin_hold_the_oracle(matrix):
+    # The "ops × patches in jit" row on the pure-JAX twin (token space, x64 for the affine ops):
+    # NATIVE_OPS on each NaFlex row at its own size, against the NaFlex row's oracle, on the cell
+    # where test_resident_dataset_inside_jit runs the same row on the CPU FFI handler.
+    import jax
+
+    files, refs = matrix
+    cell, aug, p, t = ("compact_full_aspect", "file"), tbljax.Augment(size=None, ops=NATIVE_OPS), 4, 12
+    kw = dict(batch_size=B, seed=SEED, augment=aug, dtype="uint8", patches=tbljax.Patches(size=p, max_tokens=t))
+    with jax.enable_x64(True):
+        rd = tbljax.ResidentDataset(files[cell], **serve(cell[0]))
+        step = jax.jit(lambda ds, s: ds.batch(s, backend="twin", **kw))
+        for s in range(M.N // B):
+            nb = step(rd, s)
+            rows = _oracle_patches(refs[cell], _host(nb["index"]), aug, p, t)
+            np.testing.assert_array_equal(_host(nb["image"]), np.stack([r for r, _ in rows]), err_msg=f"step {s}")
+            np.testing.assert_array_equal(_host(nb["patch_valid"]).sum(1), [gh * gw for _, (gh, gw) in rows])
 
 
 # ---- host-local reading in two real processes ----
