@@ -11,7 +11,8 @@ with its own ops; `buckets=` centre-cropped (and in jit, a `ResidentDataset`'s b
 RAW and compact full-aspect files), `patches=` NaFlex sequences, a length schedule of them
 (HostLoader, tbljax.loader, and in jit a `ResidentDataset`'s length plan, on compact
 full-aspect files) and packed NaFlex sequences (and in jit, a `ResidentDataset`'s pack plan,
-on the FFI handler and the twin); per-image ops (pixel_ops' rules) with each of those four, at each row's own size, on one cell per kernel path), torch, MLX (and both
+on the FFI handler and the twin); per-image ops (pixel_ops' rules) with each of those four,
+at each row's own size, on one cell per kernel path), torch, MLX (and both
 with `mixup=`, against `tbljax.ops.mixup_cutmix`), `ResidentDataset` inside `jax.jit` (with
 per-image ops drawn and run there, and NaFlex patch sequences, with per-image ops too: "ops ×
 patches in jit", on the FFI handler and, slow, on the twin), `gather_normalize(ops=)` on the
