@@ -125,25 +125,20 @@ def _decide(er, indices, side, height, width, seed, epoch, repeat, view, xp):
     # sqrt(U(min_area, max_area)), sqrt(aspect) and 1 / sqrt(aspect) at 4096 quantiles (float32)
     tables = quantiles.area_aspect_tables((er.min_area, er.max_area), (er.min_aspect, er.max_aspect))
     frac_t, r_t, inv_r_t = (xp.asarray(t) for t in tables)
-    head = order.random_bits(
+    e = er.max_count
+    # Every word of a row in one hash call (each word depends on its counter alone): the head's,
+    # then the boxes' (box, attempt, 4).
+    words = order.random_bits(
         idx[:, None],
-        randaug.counters(np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]), randaug.repeats(repeat, 1, xp), xp, view),
+        randaug.counters(_local(e), randaug.repeats(repeat, 1, xp), xp, view),
         seed,
         epoch,
         xp=xp,
     )
+    head, u = words[:, :3], words[:, 3:].reshape(-1, e, _ATTEMPTS, 4)
     applied = image_ops.applied(head[:, 0], er.p, xp)
     span = er.max_count - er.min_count + 1
     count = image_ops.choice(head[:, 1], span, xp) + er.min_count
-    e = er.max_count
-    local = _ERASE_BOXES + np.arange(4 * _ATTEMPTS * e).reshape(e, _ATTEMPTS, 4)
-    u = order.random_bits(
-        idx[:, None, None, None],
-        randaug.counters(local, randaug.repeats(repeat, 3, xp), xp, view),
-        seed,
-        epoch,
-        xp=xp,
-    )
     shift = xp.uint32(32 - quantiles.BITS)
     s = side(count)[:, None, None] * frac_t[u[..., 0] >> shift]
     kr = u[..., 1] >> shift
@@ -157,3 +152,12 @@ def _decide(er, indices, side, height, width, seed, epoch, repeat, view, xp):
     chosen = xp.take_along_axis(boxes, first[:, :, None, None], axis=2)[:, :, 0]
     keep = xp.any(fits, axis=2) & applied[:, None] & (xp.arange(e)[None, :] < count[:, None])
     return xp.where(keep[..., None], chosen, 0).astype(xp.int32), head[:, 2]
+
+
+@functools.lru_cache(maxsize=_MAX_BOXES)
+def _local(e: int) -> np.ndarray:
+    """A row's local counters with `e` boxes: apply?, count, key, then the boxes' (e * attempts * 4)."""
+    boxes = _ERASE_BOXES + np.arange(4 * _ATTEMPTS * e)
+    c = np.concatenate([np.array([_ERASE_APPLY, _ERASE_COUNT, _ERASE_KEY]), boxes])
+    c.setflags(write=False)
+    return c

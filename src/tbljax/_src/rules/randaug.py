@@ -346,6 +346,14 @@ def arg_table(ra: RandAugment) -> np.ndarray:
     return t
 
 
+@functools.lru_cache(maxsize=16)
+def _tables(ra: RandAugment) -> tuple[np.ndarray, np.ndarray]:
+    """(`arg_table`, op codes (P,) uint8) of `ra`: what `decide` looks up, built once."""
+    codes = np.array([_code(n) for n in ra.ops], np.uint8)
+    codes.setflags(write=False)
+    return arg_table(ra), codes
+
+
 def view_offset(view) -> int:
     """View `view`'s counter offset, ``VIEW_STRIDE * view``; a ValueError outside [0, MAX_VIEWS)."""
     if not contract.is_integer(view) or not 0 <= view < MAX_VIEWS:
@@ -388,15 +396,15 @@ def decide(policies, indices, *, seed: int, epoch: int, repeat=0, view: int = 0,
             codes.append(code.astype(xp.uint8))
             args.append(arg.astype(xp.int32))
             continue
-        table = xp.asarray(arg_table(ra))
-        op_codes = xp.asarray(np.array([_code(n) for n in ra.ops], np.uint8))
+        table, op_codes = (xp.asarray(t) for t in _tables(ra))
         which = image_ops.choice(u[..., 0], len(ra.ops), xp)
         applied = image_ops.applied(u[..., 1], ra.prob, xp)
         sign = (u[..., 3] >> 31).astype(xp.int32)
         arg = table[which, sign, (u[..., 2] >> (32 - _BITS)).astype(xp.int32)]
         code = op_codes[which]
-        cutout = code == pixel_ops.CODES["Cutout"]
-        arg = xp.where(cutout, arg | (u[..., 3] >> 8).astype(xp.int32), arg)
+        if "Cutout" in ra.ops:  # its centre bits
+            cutout = code == pixel_ops.CODES["Cutout"]
+            arg = xp.where(cutout, arg | (u[..., 3] >> 8).astype(xp.int32), arg)
         codes.append(xp.where(applied, code, xp.uint8(0)))
         args.append(xp.where(applied, arg, 0).astype(xp.int32))
     if not codes:
