@@ -595,6 +595,7 @@ def test_row_affine_ops_equal_pixel_ops_on_every_target(interp, out_hw):
     )
     _gather_on_every_target(want, src, idx[pick], crop[pick], flip[pick], prog)
 
+
 def _row_matrices(rng, h, w):
     """(1, b, c, 0, e, f) maps (one y per output row, x stepping by one): whole-pixel shifts (the
     taps' fractions all 0), half ones (fx or fy 0 alone), random ones, shears, rows and runs of
