@@ -599,11 +599,21 @@ def test_row_affine_ops_equal_pixel_ops_on_every_target(interp, out_hw):
 def _row_matrices(rng, h, w):
     """(1, b, c, 0, e, f) maps (one y per output row, x stepping by one): whole-pixel shifts (the
     taps' fractions all 0), half ones (fx or fy 0 alone; c = 0.5 puts x coordinates on powers of
-    2), random shifts, shears and both, rows and runs of pixels outside, and c = 1 - 2**-50, whose
+    2), random shifts, shears and both, rows and runs of pixels outside, shifts past the image
+    (the edges of the inside found by bisection), and c = 1 - 2**-50, whose
     x + 0.5 + c rounds up past an integer from a few pixels on (the taps of a run step by 2 once:
     float64 rounding, not the map)."""
     mats = [(1.0, 0.0, 0.0, 0.0, 1.0, 0.0), (1.0, 0.0, 1 - 2.0**-50, 0.0, 1.0, 0.0)]
-    for c, f in [(3.0, -2.0), (-1.0, 0.25), (0.5, 1.0), (0.37, -0.61), (w * 0.6, 0.0), (-w * 0.3, h * 0.4)]:
+    for c, f in [
+        (3.0, -2.0),
+        (-1.0, 0.25),
+        (0.5, 1.0),
+        (0.37, -0.61),
+        (w * 0.6, 0.0),
+        (-w * 0.3, h * 0.4),
+        (5.0 * w, 0.0),
+        (-5.0 * w, 0.0),
+    ]:
         mats.append((1.0, 0.0, c, 0.0, 1.0, f))
     for i in range(24):  # shears (c = 0), shifts (b = 0) and both: the sampler tells them apart
         b, c = rng.uniform(-0.4, 0.4) * (i % 3 != 1), rng.uniform(-w / 3, w / 3) * (i % 3 != 0)
