@@ -638,6 +638,74 @@ def test_row_affine_ops_equal_pixel_ops_on_every_target(interp, out_hw):
     _gather_on_every_target(want, src, idx[pick], crop[pick], flip[pick], prog)
 
 
+def _row_matrices(rng, h, w):
+    """(1, b, c, 0, e, f) maps (one y per output row, x stepping by one): whole-pixel shifts (the
+    taps' fractions all 0), half ones (fx or fy 0 alone; c = 0.5 puts x coordinates on powers of
+    2), random shifts, shears and both, rows and runs of pixels outside, shifts past the image
+    (the edges of the inside found by bisection), and c = 1 - 2**-50, whose
+    x + 0.5 + c rounds up past an integer from a few pixels on (the taps of a run step by 2 once:
+    float64 rounding, not the map)."""
+    mats = [(1.0, 0.0, 0.0, 0.0, 1.0, 0.0), (1.0, 0.0, 1 - 2.0**-50, 0.0, 1.0, 0.0)]
+    for c, f in [
+        (3.0, -2.0),
+        (-1.0, 0.25),
+        (0.5, 1.0),
+        (0.37, -0.61),
+        (w * 0.6, 0.0),
+        (-w * 0.3, h * 0.4),
+        (5.0 * w, 0.0),
+        (-5.0 * w, 0.0),
+    ]:
+        mats.append((1.0, 0.0, c, 0.0, 1.0, f))
+    for i in range(24):  # shears (c = 0), shifts (b = 0) and both: the sampler tells them apart
+        b, c = rng.uniform(-0.4, 0.4) * (i % 3 != 1), rng.uniform(-w / 3, w / 3) * (i % 3 != 0)
+        e, f = rng.choice([1.0, rng.uniform(0.5, 1.5)]), rng.choice([0.0, rng.uniform(-h / 3, h / 3)])
+        mats.append((1.0, b, c, 0.0, e, f))
+    return np.array(mats, np.float64)
+
+
+def _row_cases(mats, h, w):
+    """Which of the one-y-per-row sampler's cases the maps reach (pixel_filters' coordinates):
+    fill, taps clamped at an edge, and runs of contiguous taps with fractions (fx all 0, fy 0)
+    of each kind, and a run whose taps step by 2."""
+    cases = set()
+    for a, b, c, d, e, f in mats:
+        x, y = np.arange(w) + 0.5, np.arange(h)[:, None] + 0.5
+        xin, yin = a * x + b * y + c, np.broadcast_to(d * x + e * y + f, (h, w))
+        inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
+        xs, ys = xin - 0.5, yin - 0.5
+        xt, fx, fy = np.floor(xs), xs - np.floor(xs), (ys - np.floor(ys))[:, 0]
+        run = inside & (xt >= 0) & (xt <= w - 2)
+        cases |= {"fill"} if (~inside).any() else set()
+        cases |= {"edge"} if (inside & ~run).any() else set()
+        for r in np.flatnonzero(run.any(1)):
+            cases.add(("fy 0" if fy[r] == 0 else "fy") + (", fx 0" if (fx[r] == 0).all() else ", fx"))
+        steps = np.diff(xt, axis=1)[run[:, 1:] & run[:, :-1]]
+        cases |= {"step 2"} if (steps == 2).any() else set()
+    return cases
+
+
+@pytest.mark.parametrize("out_hw", [(7, 300), (9, 37), (4, 1), (3, 2), (5, 3)])
+def test_row_bilinear_equals_pixel_filters_on_every_target(out_hw):
+    """The one-y-per-row bilinear sampler (a == 1, d == 0: runs of contiguous taps blended
+    value-major, a pixel with a clamped tap alone, fill) against pixel_filters over maps that
+    reach each of its cases (checked here on the reference's coordinates), at widths over several
+    chunks and vectors and of 1 to 3 pixels, on every SIMD target: every byte."""
+    src, idx, crop, flip, base = _setup(out_hw)
+    h, w = out_hw
+    mats = _row_matrices(np.random.default_rng(53), h, w)
+    if w >= 9:
+        assert _row_cases(mats, h, w) == {"fill", "edge", "fy 0, fx 0", "fy 0, fx", "fy, fx 0", "fy, fx", "step 2"}
+    n, fill = len(mats), (10, 200, 30)
+    pick = np.arange(n) % len(idx)
+    ra = randaug.RandAugment(num_ops=1, fill=fill)
+    codes = np.full((n, 1), pixel_ops.CODES["ShearX"], np.uint8)
+    prog = list(kernels.pixel_program(codes, np.zeros((n, 1), np.int32), out_hw, policies=(ra,)))
+    prog[2] = np.ascontiguousarray(mats[:, None])  # any such map, not only timm's
+    want = np.stack([pixel_filters.affine_transform(base[p], m, "bilinear", fill) for p, m in zip(pick, mats)])
+    _gather_on_every_target(want, src, idx[pick], crop[pick], flip[pick], pixel_program.PixelProgram(prog))
+
+
 @pytest.mark.parametrize("hw", [(3, 3), (2, 5), (7, 100), (33, 181)])
 def test_sharpness_equals_pixel_ops_on_every_target(hw):
     """Sharpness (Pillow's SMOOTH, a row in chunks of values, then the blend) on noise and photo
