@@ -635,3 +635,24 @@ def test_lut_ops_equal_pixel_ops_on_every_target(hw):
     want = np.stack([pixel_ops.apply(img[p], c, 0) for p, c in rows])
     prog = kernels.pixel_program(np.array([[c] for _, c in rows], np.uint8), np.zeros((len(rows), 1), np.int32), (h, w))
     _gather_on_every_target(want, img, pick, crop, ops=prog)
+
+
+@pytest.mark.parametrize("hw", [(1, 1), (7, 5), (33, 181)])
+def test_luma_blends_equal_pixel_ops_on_every_target(hw):
+    """Color and Contrast (each pixel's luma, 16 pixels a step on AVX-512, plus a tail; the
+    luma sum) on noise, a photo crop and a flat image, at factors of both signs, 0 and large, on
+    every SIMD target: pixel_ops' rule, every byte."""
+    h, w = hw
+    rng = np.random.default_rng(53)
+    photo = _photos(1, (h, w))[0]
+    img = np.stack([rng.integers(0, 256, (h, w, 3), np.uint8), photo, np.full((h, w, 3), 200, np.uint8)])
+    codes = [pixel_ops.CODES["Color"], pixel_ops.CODES["Contrast"]]
+    factors = (0.0, 0.1, 0.73, 1.9, 3.5, -0.6)
+    rows = [(p, c, pixel_ops.f32_arg(f)) for p in range(len(img)) for c in codes for f in factors]
+    pick = np.array([p for p, _, _ in rows])
+    crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
+    want = np.stack([pixel_ops.apply(img[p], c, a) for p, c, a in rows])
+    prog = kernels.pixel_program(
+        np.array([[c] for _, c, _ in rows], np.uint8), np.array([[a] for _, _, a in rows], np.int32), (h, w)
+    )
+    _gather_on_every_target(want, img, pick, crop, ops=prog)
