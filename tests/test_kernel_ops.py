@@ -596,11 +596,11 @@ def test_row_affine_ops_equal_pixel_ops_on_every_target(interp, out_hw):
     _gather_on_every_target(want, src, idx[pick], crop[pick], flip[pick], prog)
 
 
-@pytest.mark.parametrize("hw", [(3, 3), (2, 5), (7, 100), (33, 181)])
+@pytest.mark.parametrize("hw", [(3, 3), (2, 5), (7, 100), (33, 181), (4, 300), (3, 517)])
 def test_sharpness_equals_pixel_ops_on_every_target(hw):
-    """Sharpness (Pillow's SMOOTH, a row in chunks of values, then the blend) on noise and photo
-    crops at many factors of both signs, widths across several chunks and the smallest images,
-    on every SIMD target: pixel_ops' rule, every byte."""
+    """Sharpness (Pillow's SMOOTH, the rows in strips of up to 768 values, then the blend) on noise
+    and photo crops at many factors of both signs, rows of one, two and three strips and the
+    smallest images, on every SIMD target: pixel_ops' rule, every byte."""
     h, w = hw
     rng = np.random.default_rng(51)
     photo = _photos(1, (h, w))[0]
