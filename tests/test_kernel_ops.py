@@ -656,3 +656,21 @@ def test_luma_blends_equal_pixel_ops_on_every_target(hw):
         np.array([[c] for _, c, _ in rows], np.uint8), np.array([[a] for _, _, a in rows], np.int32), (h, w)
     )
     _gather_on_every_target(want, img, pick, crop, ops=prog)
+
+
+def test_value_maps_equal_pixel_ops_on_every_target():
+    """The ops that are one map of the value (Solarize at every threshold, SolarizeAdd, Brightness,
+    a map of 256 bytes on AVX-512 VBMI, the rule per value elsewhere) on an image holding every
+    byte value, 837 values (13 steps of 64 and a tail), on every SIMD target: pixel_ops' rule."""
+    h, w = 9, 31
+    img = (np.arange(h * w * 3) * 7 % 256).astype(np.uint8).reshape(1, h, w, 3)
+    rows = [(pixel_ops.CODES["Solarize"], t) for t in range(257)]
+    rows += [(pixel_ops.CODES["SolarizeAdd"], a) for a in (0, 1, 77, 127, 128, 200, 255)]
+    rows += [(pixel_ops.CODES["Brightness"], pixel_ops.f32_arg(f)) for f in (0.0, 0.1, 0.73, 1.9, 3.5)]
+    pick = np.zeros(len(rows), np.int64)
+    crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
+    want = np.stack([pixel_ops.apply(img[0], c, a) for c, a in rows])
+    prog = kernels.pixel_program(
+        np.array([[c] for c, _ in rows], np.uint8), np.array([[a] for _, a in rows], np.int32), (h, w)
+    )
+    _gather_on_every_target(want, img, pick, crop, ops=prog)
