@@ -706,11 +706,11 @@ def test_row_bilinear_equals_pixel_filters_on_every_target(out_hw):
     _gather_on_every_target(want, src, idx[pick], crop[pick], flip[pick], pixel_program.PixelProgram(prog))
 
 
-@pytest.mark.parametrize("hw", [(3, 3), (2, 5), (7, 100), (33, 181)])
+@pytest.mark.parametrize("hw", [(3, 3), (2, 5), (7, 100), (33, 181), (4, 300), (3, 517)])
 def test_sharpness_equals_pixel_ops_on_every_target(hw):
-    """Sharpness (Pillow's SMOOTH, a row in chunks of values, then the blend) on noise and photo
-    crops at many factors of both signs, widths across several chunks and the smallest images,
-    on every SIMD target: pixel_ops' rule, every byte."""
+    """Sharpness (Pillow's SMOOTH, the rows in strips of up to 768 values, then the blend) on noise
+    and photo crops at many factors of both signs, rows of one, two and three strips and the
+    smallest images, on every SIMD target: pixel_ops' rule, every byte."""
     h, w = hw
     rng = np.random.default_rng(51)
     photo = _photos(1, (h, w))[0]
@@ -744,4 +744,43 @@ def test_lut_ops_equal_pixel_ops_on_every_target(hw):
     crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
     want = np.stack([pixel_ops.apply(img[p], c, 0) for p, c in rows])
     prog = kernels.pixel_program(np.array([[c] for _, c in rows], np.uint8), np.zeros((len(rows), 1), np.int32), (h, w))
+    _gather_on_every_target(want, img, pick, crop, ops=prog)
+
+
+@pytest.mark.parametrize("hw", [(1, 1), (7, 5), (33, 181)])
+def test_luma_blends_equal_pixel_ops_on_every_target(hw):
+    """Color and Contrast (each pixel's luma, 16 pixels a step on AVX-512, plus a tail; the
+    luma sum) on noise, a photo crop and a flat image, at factors of both signs, 0 and large, on
+    every SIMD target: pixel_ops' rule, every byte."""
+    h, w = hw
+    rng = np.random.default_rng(53)
+    photo = _photos(1, (h, w))[0]
+    img = np.stack([rng.integers(0, 256, (h, w, 3), np.uint8), photo, np.full((h, w, 3), 200, np.uint8)])
+    codes = [pixel_ops.CODES["Color"], pixel_ops.CODES["Contrast"]]
+    factors = (0.0, 0.1, 0.73, 1.9, 3.5, -0.6)
+    rows = [(p, c, pixel_ops.f32_arg(f)) for p in range(len(img)) for c in codes for f in factors]
+    pick = np.array([p for p, _, _ in rows])
+    crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
+    want = np.stack([pixel_ops.apply(img[p], c, a) for p, c, a in rows])
+    prog = kernels.pixel_program(
+        np.array([[c] for _, c, _ in rows], np.uint8), np.array([[a] for _, _, a in rows], np.int32), (h, w)
+    )
+    _gather_on_every_target(want, img, pick, crop, ops=prog)
+
+
+def test_value_maps_equal_pixel_ops_on_every_target():
+    """The ops that are one map of the value (Solarize at every threshold, SolarizeAdd, Brightness,
+    a map of 256 bytes on AVX-512 VBMI, the rule per value elsewhere) on an image holding every
+    byte value, 837 values (13 steps of 64 and a tail), on every SIMD target: pixel_ops' rule."""
+    h, w = 9, 31
+    img = (np.arange(h * w * 3) * 7 % 256).astype(np.uint8).reshape(1, h, w, 3)
+    rows = [(pixel_ops.CODES["Solarize"], t) for t in range(257)]
+    rows += [(pixel_ops.CODES["SolarizeAdd"], a) for a in (0, 1, 77, 127, 128, 200, 255)]
+    rows += [(pixel_ops.CODES["Brightness"], pixel_ops.f32_arg(f)) for f in (0.0, 0.1, 0.73, 1.9, 3.5)]
+    pick = np.zeros(len(rows), np.int64)
+    crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
+    want = np.stack([pixel_ops.apply(img[0], c, a) for c, a in rows])
+    prog = kernels.pixel_program(
+        np.array([[c] for c, _ in rows], np.uint8), np.array([[a] for _, a in rows], np.int32), (h, w)
+    )
     _gather_on_every_target(want, img, pick, crop, ops=prog)
