@@ -556,17 +556,29 @@ def test_hue_equals_pillows_hsv_round_trip_on_every_colour():
         np.testing.assert_array_equal(out, want, err_msg=f"shift {shift}")
 
 
-def _gather_on_every_target(want, src, pick, crop, flip=None, ops=None):
-    """``kernels.gather(src, pick, ...)`` at every SIMD target this CPU runs: each equal to
-    `want`, every byte (the target named in a failure)."""
+def _each_target():
+    """Sets each SIMD target this CPU runs in turn and yields its name; avx512 twice where the
+    CPU has AVX-512 VBMI, the second time with VBMI off (its code without VBMI: the same bytes)."""
     try:
         for target in _core.supported_kernel_targets():
             _core.set_kernel_target(target)
-            out = np.zeros_like(want)
-            kernels.gather(src, pick, out, crop=crop, flip=flip, ops=ops)
-            np.testing.assert_array_equal(out, want, err_msg=target)
+            yield target
+            if target == "avx512":
+                _core.set_vbmi_allowed(False)
+                yield "avx512 without VBMI"
+                _core.set_vbmi_allowed(True)
     finally:
+        _core.set_vbmi_allowed(True)
         _core.set_kernel_target("auto")
+
+
+def _gather_on_every_target(want, src, pick, crop, flip=None, ops=None):
+    """``kernels.gather(src, pick, ...)`` at every SIMD target this CPU runs: each equal to
+    `want`, every byte (the target named in a failure)."""
+    for target in _each_target():
+        out = np.zeros_like(want)
+        kernels.gather(src, pick, out, crop=crop, flip=flip, ops=ops)
+        np.testing.assert_array_equal(out, want, err_msg=target)
 
 
 @pytest.mark.parametrize("out_hw", [(21, 30), (8, 9)])
@@ -588,14 +600,10 @@ def test_the_last_op_hands_its_rows_to_the_normalize_on_every_target(out_hw):
     pix = np.stack([pixel_ops.apply_all(base[p], c, a, fill=ra.fill) for p, c, a in zip(pick, codes, args)])
     want = oracle.normalize(pix, MEAN, STD, np.float32)
     prog = kernels.pixel_program(codes, args, out_hw, policies=(ra,))
-    try:
-        for target in _core.supported_kernel_targets():
-            _core.set_kernel_target(target)
-            out = np.zeros_like(want)
-            kernels.gather(src, idx[pick], out, crop=crop[pick], flip=flip[pick], mean=MEAN, std=STD, ops=prog)
-            np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32), err_msg=target)
-    finally:
-        _core.set_kernel_target("auto")
+    for target in _each_target():
+        out = np.zeros_like(want)
+        kernels.gather(src, idx[pick], out, crop=crop[pick], flip=flip[pick], mean=MEAN, std=STD, ops=prog)
+        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32), err_msg=target)
 
 
 @pytest.mark.parametrize("out_hw", [(23, 37), (9, 2), (1, 3)])
