@@ -714,6 +714,65 @@ def test_row_bilinear_equals_pixel_filters_on_every_target(out_hw):
     _gather_on_every_target(want, src, idx[pick], crop[pick], flip[pick], pixel_program.PixelProgram(prog))
 
 
+def _column_cases(mats, h, w):
+    """Which of the x-is-its-own-column sampler's cases the maps reach (pixel_filters'
+    coordinates): fill, a tap clamped at an edge, and chunks of 128 columns whose runs of one
+    row offset (yt - y) are long (fewer than one change per 8 columns: block copies) or short;
+    for ShearY itself (e == 1, f == 0: a pixel's key and fy carried down its column), a column
+    whose y coordinate passes a power of 2 between two rows of runs, and one outside above that
+    comes inside."""
+    cases = set()
+    for _, _, _, d, e, f in mats:
+        x, y = np.arange(w) + 0.5, np.arange(h)[:, None] + 0.5
+        yin = d * x + e * y + f
+        inside = (yin >= 0) & (yin < h)
+        yt = np.floor(np.where(inside, yin, 0.5) - 0.5)
+        run = inside & (yt >= 0) & (yt <= h - 2)
+        cases |= {"fill"} if (~inside).any() else set()
+        cases |= {"edge"} if (inside & ~run).any() else set()
+        if e == 1 and f == 0:
+            binade = np.floor(np.log2(np.maximum(yin, 1)))
+            cases |= {"binade"} if (run[1:] & run[:-1] & (yin[:-1] >= 1) & (binade[1:] != binade[:-1])).any() else set()
+            cases |= {"fill above"} if ((yin[:-1] < 0) & inside[1:]).any() else set()
+        key = np.where(run, yt - np.arange(h)[:, None], np.where(inside, -1e9, -2e9))
+        for x0 in range(0, w, 128):
+            k = key[:, x0 : x0 + 128]
+            changes = (k[:, 1:] != k[:, :-1]).sum(1)
+            cases |= {"long runs"} if (run[:, x0 : x0 + 128].any(1) & (changes * 8 < k.shape[1])).any() else set()
+            cases |= {"short runs"} if (run[:, x0 : x0 + 128].any(1) & (changes * 8 >= k.shape[1])).any() else set()
+    return cases
+
+
+@pytest.mark.parametrize("out_hw", [(224, 224), (7, 300), (300, 7), (1, 5), (5, 1), (3, 2)])
+def test_sheary_equals_pixel_filters_on_every_target(out_hw):
+    """ShearY's sampler (a == 1, b == c == 0: every pixel's taps in its own column, copied as
+    runs or pixel by pixel, one blend with each pixel's fy; for ShearY itself coordinates carried
+    down a column within a binade) against
+    pixel_filters over shears of both signs from 1e-17 to 50 (fill visible) and maps with other
+    e and f, on noise and a photo, at sizes over several chunks and of 1 to 3 pixels, on every
+    SIMD target: every byte; the sampler's cases checked reached on the reference's coordinates."""
+    h, w = out_hw
+    rng = np.random.default_rng(54)
+    img = np.stack([rng.integers(0, 256, (h, w, 3), np.uint8), _photos(1, (h, w))[0]])
+    mags = [1e-17, 1e-9, 0.004, 0.05, 0.27, 0.3, 1.0, 3.0, 50.0]
+    mats = [(1.0, 0.0, 0.0, s * m, 1.0, 0.0) for m in mags for s in (1, -1)]
+    mats += [(1.0, 0.0, 0.0, 0.2, 0.7, 3.3), (1.0, 0.0, 0.0, -0.15, 1.3, -h * 0.3), (1.0, 0.0, 0.0, 0.01, 1.0, 0.5)]
+    mats = np.array(mats, np.float64)
+    if h >= 7 and w >= 7:  # 7 rows: too few for a shear's short runs inside
+        want_cases = {"fill", "edge", "long runs", "short runs", "binade", "fill above"}
+        want_cases -= {"short runs"} if h < 8 else set()
+        assert _column_cases(mats, h, w) == want_cases
+    n, fill = len(mats), (10, 200, 30)
+    pick = np.arange(n) % len(img)
+    crop = np.tile(np.array([[0, 0, h, w]], np.int32), (n, 1))
+    ra = randaug.RandAugment(num_ops=1, fill=fill)
+    codes = np.full((n, 1), pixel_ops.CODES["ShearY"], np.uint8)
+    prog = list(kernels.pixel_program(codes, np.zeros((n, 1), np.int32), out_hw, policies=(ra,)))
+    prog[2] = np.ascontiguousarray(mats[:, None])  # any such map, not only timm's
+    want = np.stack([pixel_filters.affine_transform(img[p], m, "bilinear", fill) for p, m in zip(pick, mats)])
+    _gather_on_every_target(want, img, pick, crop, ops=pixel_program.PixelProgram(prog))
+
+
 @pytest.mark.parametrize("hw", [(3, 3), (2, 5), (7, 100), (33, 181), (4, 300), (3, 517)])
 def test_sharpness_equals_pixel_ops_on_every_target(hw):
     """Sharpness (Pillow's SMOOTH, the rows in strips of up to 768 values, then the blend) on noise
