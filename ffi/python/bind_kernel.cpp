@@ -16,7 +16,6 @@
 #include "common.h"
 #include "kernel.h"
 #include "order.h"
-#include "pixel_program.h"
 #include "simd.h"
 
 namespace tbljax::py {
@@ -458,7 +457,7 @@ void BindKernel(nb::module_& m) {
       "check_crops where box b lies in a record of its own heights[b] x widths[b].");
 
   m.def(
-      "set_vbmi_allowed", [](bool allowed) { SetVbmiAllowed(allowed); }, nb::arg("allowed"),
+      "set_vbmi_allowed", [](bool allowed) { SetSimdVbmi(allowed); }, nb::arg("allowed"),
       "Whether the avx512 target may use AVX-512 VBMI where the CPU has it (default True); off, "
       "it runs its code without VBMI, the same bytes. For tests.");
   m.def(

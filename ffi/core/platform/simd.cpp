@@ -40,10 +40,11 @@ CpuFeatures Detect() {
   }
   const bool os_avx = bit(ecx1, 28) && (xcr0 & 0x6) == 0x6;
   const bool os_avx512 = os_avx && (xcr0 & 0xe0) == 0xe0;
-  unsigned ebx7 = 0;
+  unsigned ebx7 = 0, ecx7 = 0;
   if (max_leaf >= 7) {
     Cpuid(7, 0, r);
     ebx7 = r[1];
+    ecx7 = r[2];
   }
   f.pclmul = bit(ecx1, 1);
   f.popcnt = bit(ecx1, 23);
@@ -56,6 +57,7 @@ CpuFeatures Detect() {
   f.avx512dq = os_avx512 && bit(ebx7, 17);
   f.avx512bw = os_avx512 && bit(ebx7, 30);
   f.avx512vl = os_avx512 && bit(ebx7, 31);
+  f.avx512vbmi = os_avx512 && bit(ecx7, 1);
 #endif
   return f;
 }
@@ -71,7 +73,7 @@ constexpr NamedFeature kFeatures[] = {
     {"f16c", &CpuFeatures::f16c},         {"popcnt", &CpuFeatures::popcnt},
     {"pclmul", &CpuFeatures::pclmul},     {"avx512f", &CpuFeatures::avx512f},
     {"avx512bw", &CpuFeatures::avx512bw}, {"avx512vl", &CpuFeatures::avx512vl},
-    {"avx512dq", &CpuFeatures::avx512dq},
+    {"avx512dq", &CpuFeatures::avx512dq}, {"avx512vbmi", &CpuFeatures::avx512vbmi},
 };
 
 // Whether f has every feature of a target string ("avx2,fma,..."): the string the code is
@@ -193,5 +195,15 @@ Status SetSimdTarget(const std::string& name) {
   g_target_set = true;
   return Status::Ok();
 }
+
+namespace {
+std::atomic<bool> g_vbmi_allowed{true};
+}  // namespace
+
+bool SimdVbmi() {
+  return DetectedCpuFeatures().avx512vbmi && g_vbmi_allowed.load(std::memory_order_relaxed);
+}
+
+void SetSimdVbmi(bool allowed) { g_vbmi_allowed.store(allowed, std::memory_order_relaxed); }
 
 }  // namespace tbljax

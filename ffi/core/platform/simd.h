@@ -33,6 +33,7 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, bmi = false, bmi2 = false, f16c = false, popcnt = false,
        pclmul = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512vbmi = false;  // not part of a target: see SimdVbmi
 };
 const CpuFeatures& DetectedCpuFeatures();
 // The names of the features present, in the spelling of the target strings above.
@@ -54,5 +55,12 @@ std::vector<SimdTarget> SupportedSimdTargets();
 Status ActiveSimdTarget(SimdTarget* out);
 // Sets the target by name: "auto" (the best supported), or one this CPU supports.
 Status SetSimdTarget(const std::string& name);
+
+// AVX-512 VBMI (byte permutes) is not in the avx512 target (CPUs before Ice Lake and Zen 4 lack
+// it): the avx512 copy of a kernel may use it in functions marked TBLJAX_AVX512_VBMI
+// (simd_dispatch.h), taken only where SimdVbmi() is true: the CPU has it and it is allowed.
+// SetSimdVbmi(false) makes the avx512 copies run their code without it (for tests).
+bool SimdVbmi();
+void SetSimdVbmi(bool allowed);
 
 }  // namespace tbljax

@@ -2,7 +2,6 @@
 // lives in pixel_program.inc, compiled once per SIMD target (simd_dispatch.h).
 #include "pixel_program.h"
 
-#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -15,13 +14,6 @@ TBLJAX_SIMD_EXPORT(Erase);
 }  // namespace tbljax::ops_detail
 
 namespace tbljax {
-
-namespace {
-std::atomic<bool> vbmi_allowed{true};
-}  // namespace
-
-void SetVbmiAllowed(bool allowed) { vbmi_allowed.store(allowed, std::memory_order_relaxed); }
-bool VbmiAllowed() { return vbmi_allowed.load(std::memory_order_relaxed); }
 
 uint8_t* RunPixelProgram(SimdTarget t, const ops_detail::ProgramJob& job) {
   return TBLJAX_SIMD_DISPATCH_FOR(t, ops_detail::Program)(job);

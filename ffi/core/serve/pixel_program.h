@@ -64,9 +64,5 @@ bool RowHasErase(const OpsRequest& o, int64_t b);
 // that holds the result: job.image or job.tmp; with a sink, every row went through it.
 uint8_t* RunPixelProgram(SimdTarget t, const ops_detail::ProgramJob& job);
 void RunErase(SimdTarget t, const ops_detail::EraseJob& job);
-// Whether the avx512 target may use AVX-512 VBMI where the CPU has it (default true). Off, it
-// runs its code without VBMI (the same bytes): for tests, which reach that code on a VBMI CPU.
-void SetVbmiAllowed(bool allowed);
-bool VbmiAllowed();
 
 }  // namespace tbljax
