@@ -53,6 +53,7 @@ CPUINFO_FLAGS = {
     "avx512bw": "avx512bw",
     "avx512vl": "avx512vl",
     "avx512dq": "avx512dq",
+    "avx512vbmi": "avx512vbmi",
 }
 
 
