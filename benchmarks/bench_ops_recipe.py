@@ -9,12 +9,18 @@ process's CPU time (all threads; on a shared host the steadier of the two). The 
 same pixels: bench_vit_peers.py.
 
     python benchmarks/bench_ops_recipe.py [--rounds 3] [--batches 12] [--batch-size 64]
+        [--builds BEFORE_SRC,AFTER_SRC]
+
+``--builds``: the host-loader rows once per build (each a ``src`` folder with its built
+``_core``, put first on the workers' PYTHONPATH), interleaved in every round, and the ratio per
+round as well as of the medians: before/after of a change on a host whose speed drifts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -79,6 +85,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--builds", default="", help="comma-separated src folders to compare (host loader only)")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
@@ -96,6 +103,8 @@ def main() -> None:
             photos, files["compact"], image_size=256, resize="shorter_side", format="jpeg", quality=90, progress=False
         )
         common = ["--batches", str(a.batches), "--batch-size", str(a.batch_size)]
+        if a.builds:
+            return _compare_builds(a, files, common)
         configs = {
             f"{kind} {what}": [*common, str(files[kind]), flag]
             for kind in files
@@ -113,6 +122,31 @@ def main() -> None:
             print(
                 f"{kind:8s} {what} rrc+flip {plain:8.1f} ms/batch  +randaug+erasing {ops:8.1f} ms/batch"
                 f"  ratio {ops / plain:.2f}x"
+            )
+
+
+def _compare_builds(a, files, common) -> None:
+    """The host-loader rows of each build in `a.builds`, interleaved round by round."""
+    builds = [str(Path(b).resolve()) for b in a.builds.split(",")]
+    configs, env = {}, {}
+    for i, src in enumerate(builds):
+        for kind in files:
+            for what, flag in (("rrc+flip", "0"), ("+randaug+erasing", "1")):
+                name = f"build{i} {kind} {what}"
+                configs[name] = [*common, str(files[kind]), flag]
+                env[name] = {"PYTHONPATH": src}
+    res = rounds(Path(__file__), configs, a.rounds, env=env)
+    print(f"# {machine()}; builds: " + ", ".join(f"build{i} = {b}" for i, b in enumerate(builds)))
+    print(f"# batch {a.batch_size}, {a.batches} timed batches after {WARMUP} warm-up, {a.rounds} rounds; CPU ms/batch")
+    for i in range(len(builds)):
+        for kind in files:
+            plain = [r["cpu_ms_per_batch"] for r in res[f"build{i} {kind} rrc+flip"]]
+            ops = [r["cpu_ms_per_batch"] for r in res[f"build{i} {kind} +randaug+erasing"]]
+            per_round = sorted(o / p for o, p in zip(ops, plain))
+            p_ms, o_ms = statistics.median(plain), statistics.median(ops)
+            print(
+                f"build{i} {kind:8s} rrc+flip {p_ms:7.1f}  +randaug+erasing {o_ms:7.1f}  ratio {o_ms / p_ms:.2f}x;"
+                " per round " + " ".join(f"{r:.2f}" for r in per_round)
             )
 
 
