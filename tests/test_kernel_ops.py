@@ -581,6 +581,19 @@ def _gather_on_every_target(want, src, pick, crop, flip=None, ops=None):
         np.testing.assert_array_equal(out, want, err_msg=target)
 
 
+def _one_op_rows_on_every_target(img, rows):
+    """Rows (image index, op code, argument) of whole images `img` (N, h, w, 3), one op each,
+    through the kernel on every SIMD target against pixel_ops.apply: every byte."""
+    h, w = img.shape[1:3]
+    pick = np.array([p for p, _, _ in rows])
+    crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
+    want = np.stack([pixel_ops.apply(img[p], c, a) for p, c, a in rows])
+    prog = kernels.pixel_program(
+        np.array([[c] for _, c, _ in rows], np.uint8), np.array([[a] for _, _, a in rows], np.int32), (h, w)
+    )
+    _gather_on_every_target(want, img, pick, crop, ops=prog)
+
+
 @pytest.mark.parametrize("out_hw", [(21, 30), (8, 9)])
 def test_the_last_op_hands_its_rows_to_the_normalize_on_every_target(out_hw):
     """The program's last op hands its rows on to the normalize and write as it makes them:
@@ -787,13 +800,7 @@ def test_sharpness_equals_pixel_ops_on_every_target(hw):
     rows = [(p, c, a) for p in range(len(img)) for c, a in ops] + [
         (0, ops[0][0], pixel_ops.f32_arg(s)) for s in (0.0, 1.0)
     ]
-    pick = np.array([p for p, _, _ in rows])
-    crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
-    want = np.stack([pixel_ops.apply(img[p], c, a) for p, c, a in rows])
-    prog = kernels.pixel_program(
-        np.array([[c] for _, c, _ in rows], np.uint8), np.array([[a] for _, _, a in rows], np.int32), (h, w)
-    )
-    _gather_on_every_target(want, img, pick, crop, ops=prog)
+    _one_op_rows_on_every_target(img, rows)
 
 
 @pytest.mark.parametrize("hw", [(1, 1), (7, 5), (33, 181)])
@@ -806,12 +813,7 @@ def test_lut_ops_equal_pixel_ops_on_every_target(hw):
     photo = _photos(1, (h, w))[0]
     img = np.stack([rng.integers(0, 256, (h, w, 3), np.uint8), photo, np.full((h, w, 3), 9, np.uint8)])
     codes = [pixel_ops.CODES["Equalize"], pixel_ops.CODES["AutoContrast"]]
-    rows = [(p, c) for p in range(len(img)) for c in codes]
-    pick = np.array([p for p, _ in rows])
-    crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
-    want = np.stack([pixel_ops.apply(img[p], c, 0) for p, c in rows])
-    prog = kernels.pixel_program(np.array([[c] for _, c in rows], np.uint8), np.zeros((len(rows), 1), np.int32), (h, w))
-    _gather_on_every_target(want, img, pick, crop, ops=prog)
+    _one_op_rows_on_every_target(img, [(p, c, 0) for p in range(len(img)) for c in codes])
 
 
 @pytest.mark.parametrize("hw", [(1, 1), (7, 5), (33, 181)])
@@ -826,13 +828,7 @@ def test_luma_blends_equal_pixel_ops_on_every_target(hw):
     codes = [pixel_ops.CODES["Color"], pixel_ops.CODES["Contrast"]]
     factors = (0.0, 0.1, 0.73, 1.9, 3.5, -0.6)
     rows = [(p, c, pixel_ops.f32_arg(f)) for p in range(len(img)) for c in codes for f in factors]
-    pick = np.array([p for p, _, _ in rows])
-    crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
-    want = np.stack([pixel_ops.apply(img[p], c, a) for p, c, a in rows])
-    prog = kernels.pixel_program(
-        np.array([[c] for _, c, _ in rows], np.uint8), np.array([[a] for _, _, a in rows], np.int32), (h, w)
-    )
-    _gather_on_every_target(want, img, pick, crop, ops=prog)
+    _one_op_rows_on_every_target(img, rows)
 
 
 def test_value_maps_equal_pixel_ops_on_every_target():
@@ -844,10 +840,4 @@ def test_value_maps_equal_pixel_ops_on_every_target():
     rows = [(pixel_ops.CODES["Solarize"], t) for t in range(257)]
     rows += [(pixel_ops.CODES["SolarizeAdd"], a) for a in (0, 1, 77, 127, 128, 200, 255)]
     rows += [(pixel_ops.CODES["Brightness"], pixel_ops.f32_arg(f)) for f in (0.0, 0.1, 0.73, 1.9, 3.5)]
-    pick = np.zeros(len(rows), np.int64)
-    crop = np.tile(np.array([[0, 0, h, w]], np.int32), (len(rows), 1))
-    want = np.stack([pixel_ops.apply(img[0], c, a) for c, a in rows])
-    prog = kernels.pixel_program(
-        np.array([[c] for c, _ in rows], np.uint8), np.array([[a] for _, a in rows], np.int32), (h, w)
-    )
-    _gather_on_every_target(want, img, pick, crop, ops=prog)
+    _one_op_rows_on_every_target(img, [(0, c, a) for c, a in rows])
