@@ -119,13 +119,14 @@ def test_every_simd_kernel_goes_through_the_one_dispatch_header():
     assert own == [], "\n".join(own)
     incs = [p for p in _sources() if p.suffix == ".inc"]
     assert incs, "no per-target .inc"
+
+    def drivers(inc):
+        return [p for p in _sources() if f'#define TBLJAX_SIMD_INC "{inc.name}"' in p.read_text()]
+
     for inc in incs:
-        drivers = [p for p in _sources() if f'#define TBLJAX_SIMD_INC "{inc.name}"' in p.read_text()]
-        # a part of a kernel's .inc (one family of its code) is text of that .inc, inside its
-        # per-target namespace: included by exactly one .inc that a driver compiles
+        # A part of a kernel's .inc (one family of its code) is text of that .inc, inside its
+        # per-target namespace: included by exactly one .inc, its home, that a driver compiles.
         parents = [p for p in incs if f'#include "{inc.name}"' in p.read_text()]
-        if not drivers and len(parents) == 1:
-            inc = parents[0]
-            drivers = [p for p in _sources() if f'#define TBLJAX_SIMD_INC "{inc.name}"' in p.read_text()]
-        assert len(drivers) == 1, f"{inc.name} is compiled by {drivers}, not one driver"
-        assert "TBLJAX_SIMD_NS" in inc.read_text(), f"{inc.name} has no per-target namespace"
+        home = parents[0] if not drivers(inc) and len(parents) == 1 else inc
+        assert len(drivers(home)) == 1, f"{inc.name} is compiled by {drivers(home)}, not one driver"
+        assert "TBLJAX_SIMD_NS" in home.read_text(), f"{home.name} (home of {inc.name}) has no per-target namespace"
