@@ -347,11 +347,11 @@ def arg_table(ra: RandAugment) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=16)
-def _tables(ra: RandAugment) -> tuple[np.ndarray, np.ndarray]:
-    """(`arg_table`, op codes (P,) uint8) of `ra`: what `decide` looks up, built once."""
+def _op_codes(ra: RandAugment) -> np.ndarray:
+    """The op codes (P,) uint8 of `ra`'s ops, built once (`decide` looks them up per batch)."""
     codes = np.array([_code(n) for n in ra.ops], np.uint8)
     codes.setflags(write=False)
-    return arg_table(ra), codes
+    return codes
 
 
 def view_offset(view) -> int:
@@ -396,7 +396,7 @@ def decide(policies, indices, *, seed: int, epoch: int, repeat=0, view: int = 0,
             codes.append(code.astype(xp.uint8))
             args.append(arg.astype(xp.int32))
             continue
-        table, op_codes = (xp.asarray(t) for t in _tables(ra))
+        table, op_codes = xp.asarray(arg_table(ra)), xp.asarray(_op_codes(ra))
         which = image_ops.choice(u[..., 0], len(ra.ops), xp)
         applied = image_ops.applied(u[..., 1], ra.prob, xp)
         sign = (u[..., 3] >> 31).astype(xp.int32)
